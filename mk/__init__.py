@@ -1,0 +1,8 @@
+"""mk: a throughput megakernel for Llama-family LLM inference.
+
+`import mk` never touches CUDA: GPU-only modules (mk.megakernel, mk.comm) load on first use.
+"""
+
+__version__ = "0.1.0"
+
+from mk.config import ConfigError, KernelConfig, ModelConfig, ParallelConfig  # noqa: F401

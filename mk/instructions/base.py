@@ -1,0 +1,112 @@
+"""What every instruction family provides, and the registry that maps opcodes to families.
+
+A family file in mk/instructions/ holds three faces of its opcodes side by side:
+
+1. `accesses(instr, ctx)`: the buffer regions the instruction reads and writes, for the planner and
+   the static verifier (mk.verify). Regions are rectangles of named 2D buffers, on a rank.
+2. `run_torch(instr, state)`: its exact semantics in torch, for the CPU interpreter (mk.vm).
+3. its CuTe DSL device body, for the megakernel (mk.megakernel), imported only on the GPU path:
+   keep `import cutlass` inside the body module or function so that `import mk` needs no GPU.
+
+Families register with `@register`; `family_of(opcode)` finds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+from mk.ir import Instruction, Op
+
+
+class Buf(IntEnum):
+    """Named activation buffers of one rank, each 2D [rows, width] (rows = token rows unless said).
+
+    The instruction-stream work adds the buffers of the model's instructions here.
+    """
+
+    HIDDEN = 0      # residual stream [T, H]
+    NORMED = 1      # rmsnorm output [T, H]
+    SCRATCH = 2     # tests: a second [T, H] buffer
+
+
+class NormWeight(IntEnum):
+    """Which stacked norm weight an RMSNORM instruction applies (its ARG0+2)."""
+
+    ATTN = 0    # weights.attn_norm[layer]
+    MLP = 1     # weights.mlp_norm[layer]
+    FINAL = 2   # weights.final_norm
+
+
+@dataclass(frozen=True)
+class Region:
+    """Rows [row0, row1) x columns [col0, col1) of buffer `buf` on rank `rank`."""
+
+    buf: int
+    row0: int
+    row1: int
+    col0: int
+    col1: int
+    rank: int = 0
+
+    def overlaps(self, other: "Region") -> bool:
+        return (self.buf == other.buf and self.rank == other.rank
+                and self.row0 < other.row1 and other.row0 < self.row1
+                and self.col0 < other.col1 and other.col0 < self.col1)
+
+
+@dataclass(frozen=True)
+class Accesses:
+    reads: tuple[Region, ...]
+    writes: tuple[Region, ...]
+
+
+class ExecState(Protocol):
+    """What run_torch sees: one rank's buffers and weights (mk.vm provides it)."""
+
+    rank: int
+
+    def buf(self, buf_id: int, rank: int | None = None):  # -> torch.Tensor [rows, width]
+        ...
+
+
+class InstructionFamily:
+    opcodes: tuple[Op, ...] = ()
+
+    def accesses(self, instr: Instruction, rank: int) -> Accesses:
+        raise NotImplementedError
+
+    def run_torch(self, instr: Instruction, state: ExecState) -> None:
+        raise NotImplementedError
+
+
+_REGISTRY: dict[int, InstructionFamily] = {}
+
+
+def register(cls):
+    family = cls()
+    for op in cls.opcodes:
+        if int(op) in _REGISTRY:
+            raise RuntimeError(f"opcode {op!r} registered twice")
+        _REGISTRY[int(op)] = family
+    return cls
+
+
+def family_of(opcode: int) -> InstructionFamily:
+    _load_all()
+    try:
+        return _REGISTRY[int(opcode)]
+    except KeyError:
+        raise ValueError(f"unknown opcode {opcode}") from None
+
+
+def _load_all():
+    # Importing the family modules registers them; the list grows with the opcode table.
+    import importlib
+    import pkgutil
+
+    import mk.instructions as pkg
+    for m in pkgutil.iter_modules(pkg.__path__):
+        if m.name != "base" and not m.name.startswith("_"):
+            importlib.import_module(f"mk.instructions.{m.name}")
