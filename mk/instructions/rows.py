@@ -1,0 +1,85 @@
+"""Row-wise instructions on [token rows x columns] tiles: NOOP, COPY, RESIDUAL_ADD, RMSNORM.
+
+Arguments (words after ARG0):
+    ARG0 + 0  source buffer (Buf)       COPY, RESIDUAL_ADD, RMSNORM
+    ARG0 + 1  destination buffer (Buf)  COPY, RESIDUAL_ADD, RMSNORM
+    ARG0 + 2  norm weight (NormWeight)  RMSNORM
+Rows [row0, row0 + rows). COPY and RESIDUAL_ADD act on columns [col0, col0 + cols); RMSNORM always
+normalises whole rows (its statistic needs every column), so its col0/cols must span the width.
+
+The CuTe DSL bodies live in mk/instructions/rows_kernel.py (GPU path only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mk.instructions.base import Accesses, Buf, InstructionFamily, NormWeight, Region, register
+from mk.ir import ARG0, Instruction, Op
+
+A_SRC = ARG0
+A_DST = ARG0 + 1
+A_NORM_WEIGHT = ARG0 + 2
+
+
+def rows_instruction(op: Op, src: Buf, dst: Buf, row0: int, rows: int, col0: int, cols: int,
+                     layer: int = 0, norm_weight: NormWeight = NormWeight.ATTN, **header) -> Instruction:
+    args = [0] * (32 - ARG0)
+    args[A_SRC - ARG0], args[A_DST - ARG0], args[A_NORM_WEIGHT - ARG0] = int(src), int(dst), int(norm_weight)
+    return Instruction(opcode=op, layer=layer, row0=row0, rows=rows, col0=col0, cols=cols,
+                       args=args, **header)
+
+
+def _arg(instr: Instruction, word: int) -> int:
+    return instr.args[word - ARG0]
+
+
+@register
+class RowsFamily(InstructionFamily):
+    opcodes = (Op.NOOP, Op.COPY, Op.RESIDUAL_ADD, Op.RMSNORM)
+
+    def accesses(self, instr: Instruction, rank: int) -> Accesses:
+        if instr.opcode == Op.NOOP:
+            return Accesses((), ())
+        r0, r1 = instr.row0, instr.row0 + instr.rows
+        c0, c1 = instr.col0, instr.col0 + instr.cols
+        src = Region(_arg(instr, A_SRC), r0, r1, c0, c1, rank)
+        dst = Region(_arg(instr, A_DST), r0, r1, c0, c1, rank)
+        if instr.opcode == Op.RESIDUAL_ADD:
+            return Accesses((src, dst), (dst,))
+        return Accesses((src,), (dst,))
+
+    def run_torch(self, instr: Instruction, state) -> None:
+        op = instr.opcode
+        if op == Op.NOOP:
+            return
+        r0, r1 = instr.row0, instr.row0 + instr.rows
+        c0, c1 = instr.col0, instr.col0 + instr.cols
+        src = state.buf(_arg(instr, A_SRC))[r0:r1, c0:c1]
+        dst = state.buf(_arg(instr, A_DST))[r0:r1, c0:c1]
+        if op == Op.COPY:
+            dst.copy_(src)
+        elif op == Op.RESIDUAL_ADD:
+            dst.copy_(dst + src)
+        elif op == Op.RMSNORM:
+            weight = norm_weight(state.weights, _arg(instr, A_NORM_WEIGHT), instr.layer)
+            dst.copy_(rmsnorm(src, weight, state.weights.config.rms_norm_eps))
+        else:
+            raise ValueError(f"RowsFamily cannot run opcode {op}")
+
+
+def norm_weight(weights, which: int, layer: int) -> torch.Tensor:
+    if which == NormWeight.ATTN:
+        return weights.attn_norm[layer]
+    if which == NormWeight.MLP:
+        return weights.mlp_norm[layer]
+    if which == NormWeight.FINAL:
+        return weights.final_norm
+    raise ValueError(f"unknown norm weight {which}")
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face LlamaRMSNorm: statistic in float32, scale applied in the model dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
