@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mk.ir import Instruction, Op
+
+if TYPE_CHECKING:
+    from mk.weights import RankWeights
 
 
 class Buf(IntEnum):
@@ -66,6 +69,7 @@ class ExecState(Protocol):
     """What run_torch sees: one rank's buffers and weights (mk.vm provides it)."""
 
     rank: int
+    weights: "RankWeights"  # this rank's weights (mk.weights)
 
     def buf(self, buf_id: int, rank: int | None = None):  # -> torch.Tensor [rows, width]
         ...

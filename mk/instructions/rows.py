@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from mk.instructions.base import Accesses, Buf, InstructionFamily, NormWeight, Region, register
-from mk.ir import ARG0, Instruction, Op
+from mk.ir import ARG0, NUM_ARGS, Instruction, Op
 
 A_SRC = ARG0
 A_DST = ARG0 + 1
@@ -24,7 +24,7 @@ A_NORM_WEIGHT = ARG0 + 2
 
 def rows_instruction(op: Op, src: Buf, dst: Buf, row0: int, rows: int, col0: int, cols: int,
                      layer: int = 0, norm_weight: NormWeight = NormWeight.ATTN, **header) -> Instruction:
-    args = [0] * (32 - ARG0)
+    args = [0] * NUM_ARGS
     args[A_SRC - ARG0], args[A_DST - ARG0], args[A_NORM_WEIGHT - ARG0] = int(src), int(dst), int(norm_weight)
     return Instruction(opcode=op, layer=layer, row0=row0, rows=rows, col0=col0, cols=cols,
                        args=args, **header)
