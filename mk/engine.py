@@ -1,0 +1,341 @@
+"""The backend API: KV page manager, continuous batching, sampling, generate / step.
+
+    engine = Engine.from_pretrained(model_dir)              # TP over the torch.distributed world
+    outs = engine.generate(prompts, max_new_tokens=64)      # list of new token ids per prompt
+    logits = engine.step(batch)                             # one StepBatch -> [num_seqs, V] float32
+
+Backends
+--------
+A backend runs one step: `forward(batch: StepBatch) -> logits [num_seqs, vocab] float32` of each
+sequence's last new token, the full vocabulary on every rank. It owns its KV cache of
+`kernel.kv_pages` pages of `kernel.page_size` tokens; the engine owns the page ids (PageManager)
+and hands each sequence's page table in SeqChunk.pages.
+
+Backends are created by name through a registry: a module registers a factory with
+
+    @register_backend("vm")
+    def make_vm_backend(weights: RankWeights, kernel: KernelConfig, group) -> Backend: ...
+
+"reference" (mk.reference, plain torch) is built in; "vm" (mk.vm) and "megakernel"
+(mk.megakernel) are imported on first use when their modules exist, and must register themselves
+on import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+
+from mk.batch import SeqChunk, StepBatch
+from mk.config import KernelConfig, ModelConfig, ParallelConfig
+from mk.sampling import SamplingParams, broadcast_tokens, make_generator, sample
+from mk.weights import RankWeights
+
+
+# KV pages ------------------------------------------------------------------------------------------
+class OutOfPagesError(RuntimeError):
+    """The KV cache has too few free pages for a request."""
+
+
+class PageManager:
+    """Hands out KV cache page ids to sequences; pages return to the pool when a sequence is freed."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        if num_pages <= 0 or page_size <= 0:
+            raise ValueError(f"PageManager needs positive sizes, got {num_pages} pages of {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self._free: deque[int] = deque(range(num_pages))
+        self._tables: dict[object, list[int]] = {}
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def can_allocate(self, seq_id, num_tokens: int) -> bool:
+        have = len(self._tables.get(seq_id, ()))
+        return self.pages_for(num_tokens) - have <= len(self._free)
+
+    def allocate(self, seq_id, num_tokens: int) -> list[int]:
+        """Grow seq_id's page table to cover num_tokens tokens; returns the whole table."""
+        table = self._tables.setdefault(seq_id, [])
+        need = self.pages_for(num_tokens) - len(table)
+        if need > len(self._free):
+            if not table:
+                del self._tables[seq_id]
+            raise OutOfPagesError(
+                f"KV cache out of pages: sequence {seq_id!r} needs {need} more page(s) of "
+                f"{self.page_size} tokens for {num_tokens} tokens, {len(self._free)} of "
+                f"{self.num_pages} are free (raise num_kv_pages / max_seqs x max_context, or "
+                f"shorten the requests)")
+        for _ in range(max(0, need)):
+            table.append(self._free.popleft())
+        return list(table)
+
+    def pages(self, seq_id) -> list[int]:
+        if seq_id not in self._tables:
+            raise KeyError(f"sequence {seq_id!r} holds no KV pages")
+        return list(self._tables[seq_id])
+
+    def free(self, seq_id) -> None:
+        for p in self._tables.pop(seq_id, []):
+            self._free.append(p)
+
+
+# Backends ------------------------------------------------------------------------------------------
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """logits [num_seqs, vocab_size] float32 of each sequence's last new token."""
+        ...
+
+
+BackendFactory = Callable[[RankWeights, KernelConfig, object], Backend]
+_BACKENDS: dict[str, BackendFactory] = {}
+# Backends whose module registers them on import (loaded on first use, listed when present).
+_LAZY_BACKENDS = {"vm": "mk.vm", "megakernel": "mk.megakernel"}
+
+
+def register_backend(name: str):
+    """Decorator: register `factory(weights, kernel, group) -> Backend` under `name`."""
+    def deco(factory: BackendFactory) -> BackendFactory:
+        _BACKENDS[name] = factory
+        return factory
+    return deco
+
+
+def available_backends() -> list[str]:
+    names = list(_BACKENDS)
+    for name, module in _LAZY_BACKENDS.items():
+        if name not in names:
+            try:
+                if importlib.util.find_spec(module) is not None:
+                    names.append(name)
+            except (ImportError, ValueError):
+                pass
+    return names
+
+
+def create_backend(name: str, weights: RankWeights, kernel: KernelConfig, group=None) -> Backend:
+    if name not in _BACKENDS and name in _LAZY_BACKENDS and name in available_backends():
+        importlib.import_module(_LAZY_BACKENDS[name])
+        if name not in _BACKENDS:
+            raise ValueError(f"backend {name!r}: module {_LAZY_BACKENDS[name]} does not register it "
+                             f"(decorate its factory with @mk.engine.register_backend({name!r}))")
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known backends: "
+                         f"{', '.join(available_backends())}")
+    return _BACKENDS[name](weights, kernel, group)
+
+
+class ReferenceBackend:
+    """The plain torch oracle (mk.reference) as a backend."""
+
+    name = "reference"
+
+    def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None):
+        from mk.reference import PagedKVCache, ReferenceModel
+        self.kv_cache = PagedKVCache.for_weights(weights, kernel.kv_pages, kernel.page_size)
+        self.model = ReferenceModel(weights, self.kv_cache, group=group)
+
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        return self.model.forward(batch)
+
+
+register_backend("reference")(ReferenceBackend)
+
+
+# Engine --------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Seq:
+    index: int                      # position in the generate() call's prompt list
+    prompt: list[int]
+    generator: torch.Generator | None
+    cached: int = 0                 # tokens whose K/V are in the cache
+    out: list[int] = field(default_factory=list)
+    admitted: bool = False
+    done: bool = False
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cached < len(self.prompt)
+
+
+def default_kernel_config(model: ModelConfig, **overrides) -> KernelConfig:
+    """Modest defaults for the engine: 64 sequences of up to 4096 tokens (or the model's max)."""
+    kw = dict(max_seqs=64, max_context=min(4096, model.max_position_embeddings))
+    kw.update(overrides)
+    return KernelConfig(**kw)
+
+
+class Engine:
+    """Generation over one backend, tensor-parallel over `group` (every rank runs the same calls)."""
+
+    def __init__(self, weights: RankWeights, backend: str = "reference",
+                 kernel: KernelConfig | None = None, group=None):
+        self.weights = weights
+        self.config: ModelConfig = weights.config
+        self.parallel: ParallelConfig = weights.parallel
+        self.kernel = kernel or default_kernel_config(self.config)
+        self.group = group
+        self.device = weights.qkv.device
+        self.backend_name = backend
+        self.backend = create_backend(backend, weights, self.kernel, group)
+        self.pages = PageManager(self.kernel.kv_pages, self.kernel.page_size)
+
+    @classmethod
+    def from_pretrained(cls, model_dir, backend: str = "reference", dtype: torch.dtype = torch.bfloat16,
+                        device=None, group=None, kernel: KernelConfig | None = None,
+                        progress: bool | None = None, **kernel_overrides) -> "Engine":
+        """Load rank r's shard of a HF Llama checkpoint and build the engine.
+
+        TP: the given group, else the whole torch.distributed world when it is initialized, else
+        one rank. device: default cuda:LOCAL_RANK when a GPU is visible, else the CPU.
+        kernel_overrides: KernelConfig fields (page_size, num_kv_pages, max_seqs, max_context, ...).
+        """
+        from mk import dist as mkdist
+        from mk import weights as mkweights
+        if backend not in available_backends():
+            raise ValueError(f"unknown backend {backend!r}; known backends: "
+                             f"{', '.join(available_backends())}")
+        group, tp, rank = mkdist.tp_group_and_rank(group)
+        device = torch.device(device) if device is not None else mkdist.default_device()
+        parallel = ParallelConfig(tp_size=tp, rank=rank)
+        model = ModelConfig.from_pretrained(model_dir)
+        parallel.validate_for(model)
+        if kernel is None:
+            kernel = default_kernel_config(model, **kernel_overrides)
+        elif kernel_overrides:
+            kernel = replace(kernel, **kernel_overrides)
+        weights = mkweights.load_rank_weights(model_dir, parallel, dtype=dtype, device=device,
+                                              progress=(rank == 0) if progress is None else progress)
+        return cls(weights, backend=backend, kernel=kernel, group=group)
+
+    # one step --------------------------------------------------------------------------------------
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        """Run one batch: logits [num_seqs, vocab_size] float32 of each sequence's last new token.
+
+        The caller owns the page tables (e.g. from engine.pages.allocate).
+        """
+        batch.validate(self.kernel.page_size, self.kernel.kv_pages,
+                       max_tokens=self.kernel.max_batch_tokens, max_context=self.kernel.max_context)
+        if len(batch.seqs) > self.kernel.max_seqs:
+            raise ValueError(f"batch has {len(batch.seqs)} sequences, over the maximum "
+                             f"{self.kernel.max_seqs}")
+        return self.backend.forward(batch)
+
+    # generation ------------------------------------------------------------------------------------
+    def _check_prompts(self, prompts, max_new_tokens: int) -> None:
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("generate() needs a non-empty list of prompts (lists of token ids)")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        V = self.config.vocab_size
+        for i, p in enumerate(prompts):
+            if not isinstance(p, (list, tuple)) or len(p) == 0:
+                raise ValueError(f"prompt {i} is empty: every prompt needs at least one token id")
+            bad = [t for t in p if not isinstance(t, int) or not 0 <= t < V]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids outside [0, {V}): {bad[:8]}")
+            total = len(p) + max_new_tokens
+            if total > self.kernel.max_context:
+                raise ValueError(f"prompt {i}: {len(p)} prompt tokens + {max_new_tokens} new tokens "
+                                 f"exceed the maximum context {self.kernel.max_context}")
+            if self.pages.pages_for(max(1, total - 1)) > self.pages.num_pages:
+                raise OutOfPagesError(
+                    f"prompt {i}: {total} tokens need {self.pages.pages_for(total - 1)} KV pages, the "
+                    f"cache has {self.pages.num_pages} in all")
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int = 32,
+                 sampling: SamplingParams | None = None, *, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 ignore_eos: bool = False, stop_token_ids: list[int] | None = None,
+                 max_tokens_per_step: int | None = None) -> list[list[int]]:
+        """New token ids of every prompt (EOS included when it stops a sequence).
+
+        Continuous batching: each step holds one decode token of every running sequence, then
+        prefill chunks of waiting prompts up to `max_tokens_per_step` tokens (default
+        kernel.max_batch_tokens) and kernel.max_seqs sequences. A prompt is admitted when the KV
+        pages for its whole request (prompt + max_new_tokens) are free, so an admitted sequence
+        never runs out of pages; finished sequences free theirs at once.
+        """
+        params = sampling or SamplingParams()
+        over = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                      seed=seed).items() if v is not None}
+        if over:
+            params = replace(params, **over)
+        self._check_prompts(prompts, max_new_tokens)
+        if max_new_tokens == 0:
+            return [[] for _ in prompts]
+        budget = max_tokens_per_step or self.kernel.max_batch_tokens
+        if budget <= 0:
+            raise ValueError(f"max_tokens_per_step must be positive, got {budget}")
+        budget = min(budget, self.kernel.max_batch_tokens)
+        stops = set(self.config.eos_token_id) if stop_token_ids is None else set(stop_token_ids)
+        if ignore_eos:
+            stops = set()
+        seqs = [_Seq(i, list(p), None if params.greedy else
+                     make_generator(params.seed, i, self.device)) for i, p in enumerate(prompts)]
+        waiting = deque(seqs)           # not yet fully prefilled, in arrival order
+        running: list[_Seq] = []        # prefilled, decoding
+        key = lambda s: ("gen", id(self), s.index)  # noqa: E731
+        try:
+            while waiting or running:
+                chunks: list[tuple[_Seq, SeqChunk]] = []
+                room = budget
+                for s in running:
+                    if room == 0 or len(chunks) == self.kernel.max_seqs:
+                        break
+                    chunks.append((s, SeqChunk([s.out[-1]], s.cached, self.pages.pages(key(s)))))
+                    room -= 1
+                for s in list(waiting):
+                    if room == 0 or len(chunks) == self.kernel.max_seqs:
+                        break
+                    if not s.admitted:
+                        need = len(s.prompt) + max_new_tokens - 1
+                        if not self.pages.can_allocate(key(s), need):
+                            break           # wait for running sequences to free pages (FIFO)
+                        self.pages.allocate(key(s), need)
+                        s.admitted = True
+                    n = min(room, len(s.prompt) - s.cached)
+                    chunks.append((s, SeqChunk(s.prompt[s.cached:s.cached + n], s.cached,
+                                               self.pages.pages(key(s)))))
+                    room -= n
+                if not chunks:
+                    raise OutOfPagesError(
+                        f"cannot schedule any sequence: {self.pages.free_pages} of "
+                        f"{self.pages.num_pages} KV pages free")
+                logits = self.step(StepBatch([c for _, c in chunks]))
+                rows = [j for j, (s, c) in enumerate(chunks) if c.end_pos >= len(s.prompt)]
+                if rows:
+                    gens = [chunks[j][0].generator for j in rows]
+                    toks = sample(logits[rows], params, None if params.greedy else gens)
+                    toks = broadcast_tokens(toks, self.group, self.device).tolist()
+                else:
+                    toks = []
+                for s, c in chunks:
+                    s.cached = c.end_pos
+                for j, t in zip(rows, toks):
+                    s = chunks[j][0]
+                    if s in waiting:
+                        waiting.remove(s)
+                        running.append(s)
+                    s.out.append(int(t))
+                    if len(s.out) >= max_new_tokens or int(t) in stops:
+                        s.done = True
+                        running.remove(s)
+                        self.pages.free(key(s))
+        finally:
+            for s in seqs:
+                self.pages.free(key(s))
+        return [s.out for s in seqs]
