@@ -89,7 +89,13 @@ class ModelConfig:
         rope = _rope_from_dict(cfg, source)
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
-        head_dim = cfg.get("head_dim") or hidden // num_heads
+        head_dim = cfg.get("head_dim")
+        if not head_dim:
+            if not isinstance(hidden, int) or not isinstance(num_heads, int) or num_heads <= 0 \
+                    or hidden % num_heads:
+                raise ConfigError(f"{source}: hidden_size ({hidden}) is not a multiple of "
+                                  f"num_attention_heads ({num_heads}) and no head_dim is given")
+            head_dim = hidden // num_heads
         eos = cfg.get("eos_token_id")
         eos_t = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
