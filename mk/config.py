@@ -40,7 +40,7 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    rms_norm_eps: float = 1e-5
+    rms_norm_eps: float = 1e-6  # HF LlamaConfig default
     tie_word_embeddings: bool = False
     rope: RopeConfig = field(default_factory=RopeConfig)
     max_position_embeddings: int = 8192
