@@ -1,0 +1,337 @@
+"""CuTe DSL device bodies of the rows family (NOOP, COPY, RESIDUAL_ADD, RMSNORM) for mk.megakernel.
+
+GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
+registry (mk.instructions.base._load_all) never imports it. The torch faces stay in rows.py.
+
+Page geometry (one page of the megakernel's shared-memory pool = 16 KiB):
+    a page holds a *chunk* of PR=8 token rows x PC=1024 columns (bf16) of one activation buffer,
+    stored as NBOX=4 consecutive TMA boxes of 8 rows x 256 columns (row-major, 512 B per box row).
+Per instruction the chunks are walked row group by row group (PR rows), and inside a row group
+column chunk by column chunk (PC columns). Every role (loader, consumer, storer) walks the same
+sequence, so each computes the same page numbers from a running page count `pg`:
+    page = pg % NPAGES, phase = (pg // NPAGES) & 1.
+    COPY:          1 page per chunk (src), stored from the same page.
+    RESIDUAL_ADD:  2 pages per chunk (src, then dst); the sum is written in place into the dst page
+                   and stored; the src page is freed by the consumer right after its last read.
+    RMSNORM:       1 page per chunk; a row group's chunks are all resident at once (pass 1: sum of
+                   squares, pass 2: scale in place), so ceil(H / PC) <= NPAGES is required.
+Roles and their arrivals on the page barriers:
+    full[p]   loader arrive_and_expect_tx (count 1) + TMA bytes
+    done[p]   consumer (one thread, count 1) once the page holds the result to store
+    empty[p]  storer (count 1) after the stores read the page; for RESIDUAL_ADD's src page the
+              consumer (count 1), as soon as it has read it
+Loads are TMA (cp.async.bulk.tensor, async proxy); stores are 16-byte st.global by the storer warps
+with exact row/column masks (a TMA store would write whole boxes, clobbering neighbours' rows).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64
+
+from mk.ir import Op
+
+PR = 8                 # token rows per page
+BOXC = 256             # columns per TMA box (the TMA box limit)
+NBOX = 4               # boxes per page
+PC = BOXC * NBOX       # columns per page (1024)
+PAGE = 16384           # bytes per page
+BOX_BYTES = PR * BOXC * 2
+ROW_BYTES = BOXC * 2   # bytes per box row
+assert NBOX * BOX_BYTES == PAGE
+
+OP_NOOP = int(Op.NOOP)
+OP_COPY = int(Op.COPY)
+OP_RMSNORM = int(Op.RMSNORM)
+OP_RESIDUAL_ADD = int(Op.RESIDUAL_ADD)
+
+# error kinds written to the megakernel's error record (see mk.megakernel)
+ERR_COUNTER_WAIT = 1
+ERR_PAGE_EMPTY = 2
+ERR_PAGE_FULL = 3
+ERR_PAGE_DONE = 4
+ERR_INSTR_SLOT = 5
+ERR_BAD_OPCODE = 6
+
+
+def uses_pages(op) -> bool:
+    return op in (OP_COPY, OP_RMSNORM, OP_RESIDUAL_ADD)
+
+
+@cute.jit
+def ceil_div(a: Int32, b: cutlass.Constexpr) -> Int32:
+    return (a + (b - 1)) // b
+
+
+@cute.jit
+def nbox_of(col: Int32, col_end: Int32) -> Int32:
+    """Boxes of a chunk starting at column `col` that hold columns < col_end."""
+    n = (col_end - col + (BOXC - 1)) // BOXC
+    r = Int32(NBOX)
+    if n < NBOX:
+        r = n
+    return r
+
+
+@cute.jit
+def bounded_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
+                     kind: cutlass.Constexpr, ticket: Int32):
+    """mbarrier parity wait with a deadline; on timeout write an error record and raise abort.
+
+    Intra-CTA waits only time out on a megakernel bug; the record names the barrier kind."""
+    if not cute.arch.mbarrier_try_wait(bar, phase):
+        t0 = cute.arch.globaltimer()
+        st = Int32(0)
+        while st == 0:
+            if cute.arch.mbarrier_try_wait(bar, phase):
+                st = Int32(1)
+            elif cute.arch.globaltimer() - t0 > timeout_ns:
+                st = Int32(2)
+        if st == 2:
+            write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+
+
+# state words (an Int32 tensor of STATE_WORDS, see mk.megakernel)
+S_HEAD = 0
+S_EXIT = 1
+S_ABORT = 2
+S_ERR_FLAG = 4
+S_ERR_KIND = 5
+S_ERR_INSTR = 6
+S_ERR_COUNTER = 7
+S_ERR_VALUE = 8
+S_ERR_TARGET = 9
+S_ERR_SM = 10
+S_ERR_CTA = 11
+STATE_WORDS = 16
+
+
+@cute.jit
+def write_error(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, counter: Int32,
+                value: Int32, target: Int32):
+    """First error wins (CAS on the flag); every error raises the abort flag."""
+    old = cute.arch.atomic_cas((state.iterator + S_ERR_FLAG).llvm_ptr, cmp=Int32(0), val=Int32(1),
+                               sem="relaxed", scope="gpu")
+    if old == 0:
+        bidx, _, _ = cute.arch.block_idx()
+        state[S_ERR_KIND] = Int32(kind)
+        state[S_ERR_INSTR] = ticket
+        state[S_ERR_COUNTER] = counter
+        state[S_ERR_VALUE] = value
+        state[S_ERR_TARGET] = target
+        state[S_ERR_SM] = cute.arch.smid()
+        state[S_ERR_CTA] = Int32(bidx)
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.atomic_exch((state.iterator + S_ABORT).llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+
+
+# ------------------------------------------------------------------------------------ loader
+@cute.jit
+def load_chunk(tma: cute.CopyAtom, mT: cute.Tensor, buf: Int32, row: Int32, col: Int32,
+               col_end: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
+               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
+    """Warp-wide: wait for page pg to be empty, then TMA the chunk (rows row.., cols col..) in."""
+    page = pg % npages
+    phase = (pg // npages) & 1
+    bounded_bar_wait(empty + page, phase ^ 1, timeout_ns, state, ERR_PAGE_EMPTY, ticket)
+    nbox = nbox_of(col, col_end)
+    with cute.arch.elect_one():
+        cute.arch.mbarrier_arrive_and_expect_tx(full + page, nbox * BOX_BYTES)
+    g2 = mT[None, None, buf]
+    for b in cutlass.range_constexpr(NBOX):
+        if b < nbox:
+            gt = cute.local_tile(cute.domain_offset((row, col + b * BOXC), g2), (PR, BOXC), (0, 0))
+            sp = cute.make_ptr(BFloat16, pool + page * PAGE + b * BOX_BYTES,
+                               cute.AddressSpace.smem, assumed_align=128)
+            st = cute.make_tensor(sp, cute.make_layout((PR, BOXC), stride=(BOXC, 1)))
+            tas, tag = cute.nvgpu.cpasync.tma_partition(
+                tma, 0, cute.make_layout(1), cute.group_modes(st, 0, 2), cute.group_modes(gt, 0, 2))
+            cute.copy(tma, tag, tas, tma_bar_ptr=full + page)
+
+
+@cute.jit
+def rows_load(tma: cute.CopyAtom, mT: cute.Tensor, op: Int32, src: Int32, dst: Int32, row0: Int32,
+              rows: Int32, col0: Int32, cols: Int32, pool: Int32, full: cute.Pointer,
+              empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64,
+              state: cute.Tensor, ticket: Int32) -> Int32:
+    """Loader warp body of COPY / RESIDUAL_ADD / RMSNORM; returns the new page count."""
+    # The rows were written by generic-proxy stores (other CTAs, made visible by the controller's
+    # acquire); order them before this warp's async-proxy (TMA) reads.
+    cute.arch.fence_proxy("async.global")
+    nrg = ceil_div(rows, PR)
+    ncc = ceil_div(cols, PC)
+    col_end = col0 + cols
+    for g in range(nrg):
+        for cc in range(ncc):
+            c = col0 + cc * PC
+            load_chunk(tma, mT, src, row0 + g * PR, c, col_end, pool, full, empty, pg, npages,
+                       timeout_ns, state, ticket)
+            pg = pg + 1
+            if op == OP_RESIDUAL_ADD:
+                load_chunk(tma, mT, dst, row0 + g * PR, c, col_end, pool, full, empty, pg, npages,
+                           timeout_ns, state, ticket)
+                pg = pg + 1
+    return pg
+
+
+# ------------------------------------------------------------------------------------ consumer
+@cute.jit
+def smem_vec(addr: Int32):
+    """8 bf16 (16 bytes) of shared memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.smem, assumed_align=16),
+                            cute.make_layout(8))
+
+
+@cute.jit
+def warp_allreduce_sum(x: Float32) -> Float32:
+    for i in cutlass.range_constexpr(5):
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=1 << (4 - i))
+    return x
+
+
+@cute.jit
+def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32, which: Int32,
+                 normw: cute.Tensor, n_layers: Int32, eps: Float32, pool: Int32,
+                 full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
+                 npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
+                 nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                 ticket: Int32) -> Int32:
+    """Consumer warpgroup body (128 threads). Warp w owns rows 2w, 2w+1 of every page; lane l owns
+    the 16-byte vectors at column l*8 of each of the 4 boxes."""
+    cw = ctid // 32
+    lane = ctid % 32
+    ra = cw * 2
+    nrg = ceil_div(rows, PR)
+    ncc = ceil_div(cols, PC)
+    col_end = col0 + cols
+    if op == OP_COPY:
+        for i in range(nrg * ncc):
+            page = pg % npages
+            phase = (pg // npages) & 1
+            bounded_bar_wait(full + page, phase, timeout_ns, state, ERR_PAGE_FULL, ticket)
+            if ctid == 0:
+                cute.arch.mbarrier_arrive(done + page)
+            pg = pg + 1
+    elif op == OP_RESIDUAL_ADD:
+        for i in range(nrg * ncc):
+            cc = i % ncc
+            pa = pg % npages
+            pha = (pg // npages) & 1
+            pb = (pg + 1) % npages
+            phb = ((pg + 1) // npages) & 1
+            bounded_bar_wait(full + pa, pha, timeout_ns, state, ERR_PAGE_FULL, ticket)
+            bounded_bar_wait(full + pb, phb, timeout_ns, state, ERR_PAGE_FULL, ticket)
+            nbox = nbox_of(col0 + cc * PC, col_end)
+            for v in cutlass.range_constexpr(NBOX):
+                if v < nbox:
+                    for r in cutlass.range_constexpr(2):
+                        off = v * BOX_BYTES + (ra + r) * ROW_BYTES + lane * 16
+                        ta = smem_vec(pool + pa * PAGE + off)
+                        tb = smem_vec(pool + pb * PAGE + off)
+                        s = ta.load().to(Float32) + tb.load().to(Float32)
+                        tb.store(s.to(BFloat16))
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+            if ctid == 0:
+                cute.arch.mbarrier_arrive(empty + pa)   # src page: last read done, free it now
+                cute.arch.mbarrier_arrive(done + pb)
+            pg = pg + 2
+    elif op == OP_RMSNORM:
+        wrow = which * n_layers + layer
+        fcols = Float32(cols)
+        for g in range(nrg):
+            ss0 = Float32(0.0)
+            ss1 = Float32(0.0)
+            for cc in range(ncc):
+                q = pg + cc
+                page = q % npages
+                bounded_bar_wait(full + page, (q // npages) & 1, timeout_ns, state, ERR_PAGE_FULL,
+                                 ticket)
+                nbox = nbox_of(col0 + cc * PC, col_end)
+                for v in cutlass.range_constexpr(NBOX):
+                    if v < nbox:
+                        off = pool + page * PAGE + v * BOX_BYTES + ra * ROW_BYTES + lane * 16
+                        x0 = smem_vec(off).load().to(Float32)
+                        x1 = smem_vec(off + ROW_BYTES).load().to(Float32)
+                        ss0 = ss0 + (x0 * x0).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                        ss1 = ss1 + (x1 * x1).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            ss0 = warp_allreduce_sum(ss0)
+            ss1 = warp_allreduce_sum(ss1)
+            rs0 = cute.math.rsqrt(ss0 / fcols + eps)
+            rs1 = cute.math.rsqrt(ss1 / fcols + eps)
+            for cc in range(ncc):
+                q = pg + cc
+                page = q % npages
+                nbox = nbox_of(col0 + cc * PC, col_end)
+                for v in cutlass.range_constexpr(NBOX):
+                    c = col0 + cc * PC + v * BOXC + lane * 8
+                    if v < nbox:
+                        if c < col_end:
+                            wp = cute.make_ptr(BFloat16, (normw.iterator + (wrow * normw.shape[1] + c)).toint(),
+                                               cute.AddressSpace.gmem, assumed_align=16)
+                            w = cute.make_tensor(wp, cute.make_layout(8)).load().to(Float32)
+                            off = pool + page * PAGE + v * BOX_BYTES + ra * ROW_BYTES + lane * 16
+                            t0 = smem_vec(off)
+                            t1 = smem_vec(off + ROW_BYTES)
+                            y0 = (t0.load().to(Float32) * rs0).to(BFloat16).to(Float32) * w
+                            y1 = (t1.load().to(Float32) * rs1).to(BFloat16).to(Float32) * w
+                            t0.store(y0.to(BFloat16))
+                            t1.store(y1.to(BFloat16))
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+                if ctid == 0:
+                    cute.arch.mbarrier_arrive(done + page)
+            pg = pg + ncc
+    return pg
+
+
+# ------------------------------------------------------------------------------------ storer
+@cute.jit
+def rows_store(op: Int32, dst: Int32, row0: Int32, rows: Int32, col0: Int32, cols: Int32,
+               bufs: cute.Tensor, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
+               npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
+               nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+               ticket: Int32) -> Int32:
+    """Storer warps (nthreads threads): copy each result page to global memory with exact masks,
+    then free the page. bufs is the arena (T, H, NBUF) with H contiguous."""
+    T = bufs.shape[0]
+    H = bufs.shape[1]
+    nrg = ceil_div(rows, PR)
+    ncc = ceil_div(cols, PC)
+    row_end = row0 + rows
+    col_end = col0 + cols
+    step = Int32(1)
+    if op == OP_RESIDUAL_ADD:
+        step = Int32(2)
+    base = bufs.iterator + dst * (T * H)
+    for i in range(nrg * ncc):
+        g = i // ncc
+        cc = i % ncc
+        q = pg + step - 1          # the result page of this chunk
+        page = q % npages
+        bounded_bar_wait(done + page, (q // npages) & 1, timeout_ns, state, ERR_PAGE_DONE, ticket)
+        r0 = row0 + g * PR
+        c0 = col0 + cc * PC
+        for it in range(PR * (PC // 8) // nthreads):
+            vi = it * nthreads + sid
+            rr = vi // (PC // 8)
+            cv = vi % (PC // 8)
+            row = r0 + rr
+            col = c0 + cv * 8
+            if row < row_end:
+                if col < col_end:
+                    box = cv // (BOXC // 8)
+                    within = cv % (BOXC // 8)
+                    s = cute.make_tensor(
+                        cute.make_ptr(Int32, pool + page * PAGE + box * BOX_BYTES + rr * ROW_BYTES
+                                      + within * 16, cute.AddressSpace.smem, assumed_align=16),
+                        cute.make_layout(4))
+                    d = cute.make_tensor(
+                        cute.make_ptr(Int32, (base + (row * H + col)).toint(), cute.AddressSpace.gmem,
+                                      assumed_align=16),
+                        cute.make_layout(4))
+                    d.store(s.load())
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        if sid == 0:
+            cute.arch.mbarrier_arrive(empty + page)
+        pg = pg + step
+    return pg
