@@ -102,11 +102,142 @@ def deserialize(stream: torch.Tensor) -> list[Instruction]:
 
 
 class Op(IntEnum):
-    """The opcode table. Each opcode's three faces live in one file of mk/instructions/."""
+    """The opcode table. Each opcode's three faces live in one file of mk/instructions/.
 
-    NOOP = 0            # does nothing but wait and signal (dispatch-overhead tests)
-    COPY = 1            # dst rows <- src rows
-    RMSNORM = 2         # dst rows <- rmsnorm(src rows) * weight[layer]
-    RESIDUAL_ADD = 3    # dst rows <- dst rows + src rows
-    # The model's instructions (QKV + RoPE, attention, O-proj, gate/up, down, LM head and the TP
-    # communication steps) are added by the instruction-stream work, numbered from 8 up.
+    Opcode -> family file; the argument words of each opcode are documented in its family file.
+    """
+
+    NOOP = 0            # rows.py       does nothing but wait and signal (also: dependency joins)
+    COPY = 1            # rows.py       dst rows <- src rows
+    RMSNORM = 2         # rows.py       dst rows <- rmsnorm(src rows) * weight[layer]
+    RESIDUAL_ADD = 3    # rows.py       dst rows <- dst rows + src rows
+    # The model's instructions, numbered from 8 up.
+    EMBED = 8           # embed.py      hidden rows <- embed[token ids] (vocab shard; TP: scatter)
+    QKV_ROPE = 9        # qkv.py        GEMM tile of qkv; RoPE on q/k; q -> Q, k/v -> KV cache pages
+    ATTENTION = 10      # attention.py  causal attention of one sequence's rows x KV heads x KV split
+    ATTN_REDUCE = 11    # attention.py  combine the KV splits of one segment (log-sum-exp weights)
+    O_PROJ = 12         # matmul.py     GEMM tile of o_proj; epilogue: += residual, or TP scatter
+    GATE_UP = 13        # matmul.py     GEMM tile of gate and up; epilogue silu(gate) * up
+    DOWN = 14           # matmul.py     GEMM tile of down_proj; epilogue: += residual, or TP scatter
+    TP_REDUCE = 15      # comm.py       sum n partials in rank order (+ residual), write all ranks
+    LM_NORM = 16        # lm.py         gather each sequence's last row, final rmsnorm
+    LM_HEAD = 17        # matmul.py     GEMM tile of lm_head -> float32 logits (vocab shard)
+
+
+def op_name(opcode: int) -> str:
+    try:
+        return Op(opcode).name
+    except ValueError:
+        return f"OP{opcode}"
+
+
+# Readable dump ------------------------------------------------------------------------------------
+def format_instruction(instr: "Instruction | list[int]", index: int | None = None,
+                       arg_names: tuple[str, ...] | None = None) -> str:
+    """One line: index, opcode, layer, rows, cols, waits, signal, named (or raw) args."""
+    if not isinstance(instr, Instruction):
+        instr = Instruction.decode(instr)
+    if arg_names is None:
+        arg_names = _arg_names(instr.opcode)
+    waits = " ".join(f"c{c}>={t}" for c, t in instr.waits) or "-"
+    if instr.signal == NO_COUNTER:
+        sig = "-"
+    else:
+        where = f"@r{instr.signal_rank}" if instr.signal_scope == SignalScope.PEER else (
+            "@all" if instr.signal_scope == SignalScope.ALL else "")
+        sig = f"c{instr.signal}+={instr.signal_count}{where}"
+    last = max([i + 1 for i, a in enumerate(instr.args) if a] + [len(arg_names)])
+    args = " ".join(f"{arg_names[i] if i < len(arg_names) else i}={instr.args[i]}"
+                    for i in range(min(last, NUM_ARGS)))
+    head = f"{index:7d} " if index is not None else ""
+    return (f"{head}{op_name(instr.opcode):<12} L{instr.layer:<3} rows[{instr.row0}:+{instr.rows}] "
+            f"cols[{instr.col0}:+{instr.cols}] wait[{waits}] sig[{sig}] {args}").rstrip()
+
+
+def _arg_names(opcode: int) -> tuple[str, ...]:
+    """Argument names from the opcode's family (ARG_NAMES: {Op: names}), if it declares them."""
+    try:
+        from mk.instructions.base import family_of
+        fam = family_of(opcode)
+    except (ImportError, ValueError):
+        return ()
+    names = getattr(fam, "ARG_NAMES", {}).get(int(opcode))
+    if names is None:
+        names = _ROWS_ARG_NAMES.get(int(opcode), ())
+    return tuple(names)
+
+
+_ROWS_ARG_NAMES = {1: ("src", "dst"), 2: ("src", "dst", "norm"), 3: ("src", "dst")}
+
+
+def dump(stream: torch.Tensor, start: int = 0, stop: int | None = None, opcode: int | None = None,
+         layer: int | None = None) -> str:
+    """Readable text of the rows [start, stop) of a stream, optionally one opcode / layer only."""
+    if stream.dtype != torch.int32 or stream.dim() != 2 or stream.shape[1] != INSTR_WORDS:
+        raise ValueError(f"an instruction stream is int32 [N, {INSTR_WORDS}], got "
+                         f"{stream.dtype} {list(stream.shape)}")
+    rows = stream.tolist()
+    stop = len(rows) if stop is None else min(stop, len(rows))
+    lines = []
+    for i in range(start, stop):
+        w = rows[i]
+        if opcode is not None and w[W_OPCODE] != opcode:
+            continue
+        if layer is not None and w[W_LAYER] != layer:
+            continue
+        lines.append(format_instruction(w, i))
+    return "\n".join(lines)
+
+
+def summary(stream: torch.Tensor) -> str:
+    """Counts per opcode."""
+    import collections
+    cnt = collections.Counter(stream[:, W_OPCODE].tolist())
+    return ", ".join(f"{op_name(k)}={v}" for k, v in sorted(cnt.items()))
+
+
+def load_stream(path) -> torch.Tensor:
+    """An int32 [N, 32] tensor saved with torch.save, or a dict holding one under 'instrs'/'stream'
+    (a saved StepPlan's dict, for example)."""
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict):
+        for key in ("instrs", "stream", "instructions"):
+            if key in obj:
+                obj = obj[key]
+                break
+        else:
+            raise ValueError(f"{path}: a dict without an 'instrs' / 'stream' entry: {sorted(obj)}")
+    if not isinstance(obj, torch.Tensor):
+        raise ValueError(f"{path}: holds a {type(obj).__name__}, not an instruction tensor")
+    return obj
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(prog="python -m mk.ir", description="Inspect instruction streams.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump", help="print a stream saved with torch.save (int32 [N, 32])")
+    d.add_argument("file")
+    d.add_argument("--start", type=int, default=0)
+    d.add_argument("--stop", type=int, default=None)
+    d.add_argument("--op", default=None, help="only this opcode (name or number)")
+    d.add_argument("--layer", type=int, default=None)
+    d.add_argument("--summary", action="store_true", help="only the counts per opcode")
+    args = p.parse_args(argv)
+    try:
+        stream = load_stream(args.file)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    op = None
+    if args.op is not None:
+        op = int(args.op) if args.op.isdigit() else int(Op[args.op.upper()])
+    print(f"# {stream.shape[0]} instructions: {summary(stream)}")
+    if not args.summary:
+        print(dump(stream, args.start, args.stop, op, args.layer))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -32,6 +32,18 @@ class Buf(IntEnum):
     HIDDEN = 0      # residual stream [T, H]
     NORMED = 1      # rmsnorm output [T, H]
     SCRATCH = 2     # tests: a second [T, H] buffer
+    # The model's buffers (shapes: mk.plan.buffer_shapes; T = KernelConfig.max_batch_tokens,
+    # hq/hkv = local q/KV heads, D = head_dim, I = intermediate_size, V = vocab_size, n = TP size)
+    Q = 3               # post-RoPE queries [T, hq*D]
+    ATTN_OUT = 4        # attention output [T, hq*D]
+    MLP_ACT = 5         # silu(gate) * up [T, I/n]
+    RECV = 6            # TP partial sums [n*T, H]: rows p*T + t hold source rank p's partial of row t
+    ATTN_PARTIAL = 7    # split-KV partial outputs, float32 [P, hq*D]; rows are slots (mk.plan)
+    ATTN_LSE = 8        # split-KV log-sum-exp, float32 [P, hq]
+    LAST_NORMED = 9     # final-norm rows of each sequence's last token [max_seqs, H]
+    LOGITS = 10         # float32 [max_seqs, V/n] (this rank's vocab shard)
+    K_CACHE = 11        # [L*num_pages*page_size, hkv*D]: row (layer*num_pages + page)*page_size + slot
+    V_CACHE = 12        # same layout as K_CACHE
 
 
 class NormWeight(IntEnum):

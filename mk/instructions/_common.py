@@ -1,0 +1,61 @@
+"""Helpers shared by the model's instruction families (not a family: names starting with _ are not
+auto-loaded by the registry).
+
+Step metadata: every instruction that needs per-token or per-sequence data (token ids, positions,
+KV slots, page tables, last rows) reads it from the step's int32 metadata buffer (mk.plan.StepMeta),
+whose header words are fixed here so that the families, the planner and the megakernel agree.
+"""
+
+from __future__ import annotations
+
+from mk.ir import ARG0, Instruction
+
+# Step metadata header (int32 words at the start of the metadata buffer) ----------------------------
+M_NUM_TOKENS = 0        # T: token rows of the step
+M_NUM_SEQS = 1          # S: sequences of the step
+M_OFF_TOKENS = 2        # tokens[T]       token id of each row
+M_OFF_POS = 3           # positions[T]    position of each row in its sequence
+M_OFF_SLOT = 4          # kv_slot[T]      page * page_size + position % page_size (KV append slot)
+M_OFF_SEQ = 5           # seqs[S, SEQ_WORDS]
+M_OFF_LAST = 6          # last_rows[S]    row of each sequence's last new token
+M_OFF_PAGES = 7         # page tables, concatenated (seq s's table at seqs[s].page_off)
+M_PAGE_SIZE = 8
+M_KV_LAYER_STRIDE = 9   # rows of one layer in K_CACHE / V_CACHE (= num_pages * page_size)
+M_WORDS = 10            # total words of the metadata buffer
+META_HEADER = 16
+
+# seqs[s] words
+SEQ_ROW0 = 0            # first token row of the sequence in the step
+SEQ_ROWS = 1            # its new tokens
+SEQ_START_POS = 2       # position of its first new token
+SEQ_PAGE_OFF = 3        # absolute word offset of its page table in the metadata buffer
+SEQ_WORDS = 4
+
+
+def arg(instr: Instruction, word: int) -> int:
+    return instr.args[word - ARG0]
+
+
+def rows_of(instr: Instruction) -> tuple[int, int]:
+    return instr.row0, instr.row0 + instr.rows
+
+
+def cols_of(instr: Instruction) -> tuple[int, int]:
+    return instr.col0, instr.col0 + instr.cols
+
+
+def runs(values) -> list[tuple[int, int]]:
+    """Sorted integers -> maximal runs [a, b) of consecutive values (for compact Regions)."""
+    out: list[tuple[int, int]] = []
+    for v in sorted(int(x) for x in values):
+        if out and out[-1][1] == v:
+            out[-1] = (out[-1][0], v + 1)
+        elif not out or out[-1][1] < v:
+            out.append((v, v + 1))
+    return out
+
+
+def need_meta(meta, op) -> None:
+    if meta is None:
+        raise ValueError(f"accesses of {op!r} depend on the step metadata: pass meta=plan.meta "
+                         f"(or use mk.plan.StepPlan.accesses)")

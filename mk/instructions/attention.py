@@ -1,0 +1,153 @@
+"""ATTENTION and ATTN_REDUCE: causal attention over the paged KV cache, split over KV ranges.
+
+ATTENTION: the query rows [row0, row0+rows) of ONE sequence (consecutive positions pos0, pos0+1, ..)
+x KV heads [col0, col0+cols) of this rank (with their q heads: q head h reads KV head h // qpk)
+x keys at positions [kv0, kv1). Row i attends to keys [kv0, min(kv1, pos0 + i + 1)). Keys live in
+K_CACHE / V_CACHE rows layer * kv_layer_stride + page * page_size + pos % page_size, page =
+metadata[page_off + pos // page_size].
+    mode 0 (the whole context in one instruction): exactly the reference's math:
+        scores = (q @ k^T) * D^-0.5 in the model dtype, causal mask, softmax in float32 cast back,
+        probs @ v in the model dtype -> ATTN_OUT[rows, q head columns].
+    mode 1 (one split of several): float32 partial output o_i = softmax-weighted v of the split
+        (normalised within the split) -> ATTN_PARTIAL[slot + i, q head columns] and its
+        log-sum-exp -> ATTN_LSE[slot + i, q heads] (-inf where the split holds no key for the row).
+ATTN_REDUCE: rows x KV heads of one segment whose splits j = 0..nsplit-1 sit at slots
+slot0 + j*rows: out = sum_j exp(lse_j - M) o_j / sum_j exp(lse_j - M), M = max_j lse_j, cast to the
+model dtype -> ATTN_OUT.
+
+ATTENTION arguments:                       ATTN_REDUCE arguments:
+    ARG0 + 0  sequence index                  ARG0 + 0  slot0
+    ARG0 + 1  pos0 (position of row0)         ARG0 + 1  nsplit
+    ARG0 + 2  kv0                             ARG0 + 6  qpk
+    ARG0 + 3  kv1                             ARG0 + 7  head_dim
+    ARG0 + 4  page table offset (metadata word)
+    ARG0 + 5  mode: 0 direct, 1 partial
+    ARG0 + 6  qpk: q heads per KV head on this rank
+    ARG0 + 7  head_dim
+    ARG0 + 8  slot (mode 1): first ATTN_PARTIAL / ATTN_LSE row of this split
+
+The CuTe DSL bodies will live in mk/instructions/attention_kernel.py (GPU path only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mk.instructions._common import (M_KV_LAYER_STRIDE, M_PAGE_SIZE, arg, need_meta, rows_of,
+                                     runs)
+from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
+from mk.ir import ARG0, Instruction, Op
+
+A_SEQ = ARG0
+A_POS0 = ARG0 + 1
+A_KV0 = ARG0 + 2
+A_KV1 = ARG0 + 3
+A_PAGE_OFF = ARG0 + 4
+A_MODE = ARG0 + 5
+A_QPK = ARG0 + 6
+A_HEAD_DIM = ARG0 + 7
+A_SLOT = ARG0 + 8
+# ATTN_REDUCE
+A_SLOT0 = ARG0
+A_NSPLIT = ARG0 + 1
+
+MODE_DIRECT, MODE_PARTIAL = 0, 1
+
+
+def kv_cache_rows(meta_tensor: torch.Tensor, layer: int, page_off: int, kv0: int, kv1: int) -> torch.Tensor:
+    """K/V cache rows of positions [kv0, kv1) of the sequence whose page table is at page_off."""
+    ps = int(meta_tensor[M_PAGE_SIZE])
+    pos = torch.arange(kv0, kv1)
+    pages = meta_tensor[page_off + pos // ps].long()
+    return layer * int(meta_tensor[M_KV_LAYER_STRIDE]) + pages * ps + pos % ps
+
+
+def _heads(instr: Instruction):
+    qpk, D = arg(instr, A_QPK), arg(instr, A_HEAD_DIM)
+    h0, h1 = instr.col0 * qpk, (instr.col0 + instr.cols) * qpk
+    return qpk, D, h0, h1
+
+
+@register
+class AttentionFamily(InstructionFamily):
+    opcodes = (Op.ATTENTION, Op.ATTN_REDUCE)
+    ARG_NAMES = {int(Op.ATTENTION): ("seq", "pos0", "kv0", "kv1", "page_off", "mode", "qpk", "D", "slot"),
+                 int(Op.ATTN_REDUCE): ("slot0", "nsplit", "_", "_", "_", "_", "qpk", "D")}
+
+    # accesses ---------------------------------------------------------------------------------
+    def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
+        r0, r1 = rows_of(instr)
+        qpk, D, h0, h1 = _heads(instr)
+        if instr.opcode == Op.ATTN_REDUCE:
+            s0, ns = arg(instr, A_SLOT0), arg(instr, A_NSPLIT)
+            reads = (Region(Buf.ATTN_PARTIAL, s0, s0 + ns * instr.rows, h0 * D, h1 * D, rank),
+                     Region(Buf.ATTN_LSE, s0, s0 + ns * instr.rows, h0, h1, rank))
+            return Accesses(reads, (Region(Buf.ATTN_OUT, r0, r1, h0 * D, h1 * D, rank),))
+        need_meta(meta, Op.ATTENTION)
+        kv0 = arg(instr, A_KV0)
+        kv1 = min(arg(instr, A_KV1), arg(instr, A_POS0) + instr.rows)
+        kc0, kc1 = instr.col0 * D, (instr.col0 + instr.cols) * D
+        reads = [Region(Buf.Q, r0, r1, h0 * D, h1 * D, rank)]
+        for a, b in runs(kv_cache_rows(meta.tensor, instr.layer, arg(instr, A_PAGE_OFF), kv0,
+                                       kv1).tolist()):
+            reads += [Region(Buf.K_CACHE, a, b, kc0, kc1, rank), Region(Buf.V_CACHE, a, b, kc0, kc1, rank)]
+        if arg(instr, A_MODE) == MODE_DIRECT:
+            writes = (Region(Buf.ATTN_OUT, r0, r1, h0 * D, h1 * D, rank),)
+        else:
+            s = arg(instr, A_SLOT)
+            writes = (Region(Buf.ATTN_PARTIAL, s, s + instr.rows, h0 * D, h1 * D, rank),
+                      Region(Buf.ATTN_LSE, s, s + instr.rows, h0, h1, rank))
+        return Accesses(tuple(reads), writes)
+
+    # torch semantics --------------------------------------------------------------------------
+    def run_torch(self, instr: Instruction, state) -> None:
+        if instr.opcode == Op.ATTN_REDUCE:
+            return self._reduce(instr, state)
+        r0, r1 = rows_of(instr)
+        R = r1 - r0
+        qpk, D, h0, h1 = _heads(instr)
+        pos0, kv0 = arg(instr, A_POS0), arg(instr, A_KV0)
+        kv1 = min(arg(instr, A_KV1), pos0 + R)
+        m = state.meta.tensor
+        idx = kv_cache_rows(m, instr.layer, arg(instr, A_PAGE_OFF), kv0, kv1)
+        kc0, kc1 = instr.col0 * D, (instr.col0 + instr.cols) * D
+        k = state.buf(Buf.K_CACHE)[idx, kc0:kc1].view(-1, instr.cols, D)
+        v = state.buf(Buf.V_CACHE)[idx, kc0:kc1].view(-1, instr.cols, D)
+        q = state.buf(Buf.Q)[r0:r1, h0 * D:h1 * D].view(R, h1 - h0, D)
+        qh = q.transpose(0, 1)                                        # [heads, R, D]
+        kh = k.transpose(0, 1).repeat_interleave(qpk, dim=0)          # [heads, C, D]
+        vh = v.transpose(0, 1).repeat_interleave(qpk, dim=0)
+        scores = torch.matmul(qh, kh.transpose(1, 2)) * (D ** -0.5)   # model dtype, as reference
+        qpos = torch.arange(pos0, pos0 + R)[:, None]
+        kpos = torch.arange(kv0, kv1)[None, :]
+        masked = kpos > qpos                                          # [R, C]
+        if arg(instr, A_MODE) == MODE_DIRECT:
+            if bool(masked.any()):
+                scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(probs, vh)                             # [heads, R, D]
+            state.buf(Buf.ATTN_OUT)[r0:r1, h0 * D:h1 * D].copy_(out.transpose(0, 1).reshape(R, -1))
+            return
+        s = scores.float().masked_fill(masked, float("-inf"))
+        mx = s.amax(dim=-1, keepdim=True)                             # -inf: no key for the row
+        mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+        p = torch.exp(s - mx)
+        den = p.sum(dim=-1, keepdim=True)
+        o = torch.matmul(p, vh.float()) / torch.where(den > 0, den, torch.ones_like(den))
+        lse = torch.where(den > 0, mx + torch.log(den), torch.full_like(den, float("-inf")))
+        slot = arg(instr, A_SLOT)
+        state.buf(Buf.ATTN_PARTIAL)[slot:slot + R, h0 * D:h1 * D].copy_(o.transpose(0, 1).reshape(R, -1))
+        state.buf(Buf.ATTN_LSE)[slot:slot + R, h0:h1].copy_(lse[..., 0].transpose(0, 1))
+
+    def _reduce(self, instr: Instruction, state) -> None:
+        r0, r1 = rows_of(instr)
+        R = r1 - r0
+        qpk, D, h0, h1 = _heads(instr)
+        s0, ns = arg(instr, A_SLOT0), arg(instr, A_NSPLIT)
+        o = state.buf(Buf.ATTN_PARTIAL)[s0:s0 + ns * R, h0 * D:h1 * D].view(ns, R, h1 - h0, D)
+        lse = state.buf(Buf.ATTN_LSE)[s0:s0 + ns * R, h0:h1].view(ns, R, h1 - h0)
+        mx = lse.amax(dim=0, keepdim=True)
+        wgt = torch.exp(lse - mx)                                     # [ns, R, heads]
+        out = (wgt[..., None] * o).sum(dim=0) / wgt.sum(dim=0)[..., None]
+        dst = state.buf(Buf.ATTN_OUT)
+        dst[r0:r1, h0 * D:h1 * D].copy_(out.reshape(R, -1).to(dst.dtype))

@@ -1,0 +1,578 @@
+"""The planner: one forward step's batch -> the int32 instruction stream, counters and metadata.
+
+    plan = plan_step(batch, model, parallel, kernel, PlanConfig())
+    plan.instrs          int32 [N, 32] for rank parallel.rank (mk.ir format)
+    plan.meta            StepMeta: the step's int32 metadata buffer (token ids, positions, KV slots,
+                         sequence table, last rows, page tables), the same on every rank
+    plan.targets         int32 [num_counters]: each counter's value once the step is done
+    plan.for_rank(r)     the stream of another rank (only TP_REDUCE's column slice differs)
+
+Per layer (token block b = rows [b*B, (b+1)*B), B = KernelConfig.token_block):
+    RMSNORM(attn, b) -> QKV_ROPE tiles (b x head-aligned column tiles of one q/k/v section)
+    -> ATTENTION per segment (sequence s's rows in block b) x KV-head group x KV split
+       [-> ATTN_REDUCE per split segment]  -> O_PROJ tiles [-> TP_REDUCE]
+    -> RMSNORM(mlp, b) -> GATE_UP tiles -> DOWN tiles [-> TP_REDUCE]
+then LM_NORM (per block holding last rows) -> LM_HEAD tiles (sequence blocks x vocab tiles).
+Before layer 0, EMBED tiles (on the DOWN tile grid) [-> TP_REDUCE without residual].
+
+Prefill chunks spanning several blocks: attention of block b needs the K/V of the sequence's rows
+in every earlier block of this step. A chain of NOOP joins per sequence carries that: JOIN(s, b)
+waits QKV(b) and JOIN(s, b-1); ATTENTION(s, b) waits QKV(b) and JOIN(s, b-1). (Two waits each.)
+
+Tensor parallelism: reduce-scatter + all-gather fused into epilogues.
+    O_PROJ / DOWN (and EMBED) tiles on rank p compute a partial sum of (token block b, column tile
+    c); column tiles never straddle the ranks' H/n slices; the tile of rank q's slice is stored
+    into rank q's RECV rows [p*T + rows] (SCATTER epilogue) and signals rank q's counter RS(b)
+    (scope PEER). Rank q's TP_REDUCE(b) waits RS(b) = n x (tiles per slice), sums the n partials
+    in the fixed rank order 0..n-1 (deterministic), adds the residual, and writes HIDDEN[rows,
+    slice q] on every rank, signalling HID(b) on every rank (scope ALL; target n). The next
+    RMSNORM(b) waits HID(b) = n. At TP 1 the epilogue adds the residual in place (RESIDUAL) and
+    HID(b)'s target is the number of column tiles. Logits stay vocab-sharded in each rank's LOGITS;
+    the host (VM / engine) gathers them.
+    Traffic per layer and token: 2 x (n-1)/n x H partials out, (n-1)/n x H gathered back per
+    reduce, the same bytes as a ring all-reduce, with no extra pass over HBM.
+
+Counters: one int32 array per rank, zero at the start of a step (the megakernel may instead keep
+them monotonic and add step x target). Layout, relative to a layer's counter block of CPL
+counters (block 0 is the prelude "layer -1" of EMBED; layer l uses block l+1):
+    NA[b] attn norm done, QKV[b], ATTN[b], ORS[b], HA[b], NM[b], GU[b], DRS[b], HM[b],
+    JOIN[segment], SPLIT[segment]; then LMN and DONE after the last block. Targets are exact: the
+    number of signals the counter receives in the step (see StepPlan.targets, checked by the VM).
+
+Queue order (PlanConfig.policy), always a topological order (every wait's producers come earlier
+in every rank's queue, and the ranks' queues have the same structure):
+    "op_major"     per layer: all norms, all QKV tiles, all attention, all O tiles, ...
+    "block_major"  per layer: everything of block 0, then block 1, ...
+    "interleave"   per layer, a software pipeline: instruction (stage s, block b) at time b + s;
+                   within a time slice the stages are interleaved proportionally, so memory-bound
+                   work (attention, norms, reduces) of one block sits between compute-bound GEMM
+                   tiles of others.
+Speed: one layer's template is built with numpy (vectorised over blocks, tiles, segments) and
+replicated over layers by adding layer x CPL to its counter ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mk.batch import StepBatch
+from mk.config import KernelConfig, ModelConfig, ParallelConfig
+from mk.instructions import _common as mc
+from mk.instructions import attention as at
+from mk.instructions import comm as cm
+from mk.instructions import embed as em
+from mk.instructions import lm as lmn
+from mk.instructions import matmul as mm
+from mk.instructions import qkv as qk
+from mk.instructions import rows as rw
+from mk.instructions.base import Accesses, Buf, NormWeight, family_of
+from mk.ir import (INSTR_WORDS, MAX_WAITS, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0,
+                   W_ROWS, W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0,
+                   Instruction, Op, SignalScope)
+
+POLICIES = ("op_major", "block_major", "interleave")
+COUNTER_WORDS = [W_WAIT0 + 2 * i for i in range(MAX_WAITS)] + [W_SIGNAL]
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    policy: str = "interleave"
+    qkv_tile: int = 128         # qkv output columns per tile (rounded to whole heads)
+    o_tile: int = 256           # o_proj output columns per tile (within a rank's H/n slice)
+    mlp_tile: int = 256         # gate/up output columns per tile (of I/n; each computes gate and up)
+    down_tile: int = 256        # down output columns per tile (within a rank's H/n slice)
+    lm_tile: int = 256          # vocab columns per LM_HEAD tile
+    kv_split: int = 1024        # keys per attention split (a context longer than this is split)
+    attn_kv_heads: int = 1      # KV heads per attention instruction
+    partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown queue policy {self.policy!r}; one of {POLICIES}")
+        for name in ("qkv_tile", "o_tile", "mlp_tile", "down_tile", "lm_tile", "kv_split",
+                     "attn_kv_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PlanConfig.{name} must be positive")
+
+    def max_partial_rows(self, kernel: KernelConfig) -> int:
+        return self.partial_rows or kernel.max_batch_tokens * math.ceil(kernel.max_context / self.kv_split)
+
+
+# Buffers ------------------------------------------------------------------------------------------
+def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelConfig,
+                  plan_cfg: PlanConfig = PlanConfig()) -> dict[Buf, tuple[int, int]]:
+    """[rows, width] of every named buffer of one rank (the VM and the megakernel allocate these)."""
+    T, H, D = kernel.max_batch_tokens, model.hidden_size, model.head_dim
+    hq, hkv = parallel.heads_local(model), parallel.kv_heads_local(model)
+    n = parallel.tp_size
+    P = plan_cfg.max_partial_rows(kernel)
+    kv_rows = model.num_layers * kernel.kv_pages * kernel.page_size
+    return {
+        Buf.HIDDEN: (T, H), Buf.NORMED: (T, H), Buf.SCRATCH: (T, H),
+        Buf.Q: (T, hq * D), Buf.ATTN_OUT: (T, hq * D),
+        Buf.MLP_ACT: (T, parallel.intermediate_local(model)),
+        Buf.RECV: (n * T, H),
+        Buf.ATTN_PARTIAL: (P, hq * D), Buf.ATTN_LSE: (P, hq),
+        Buf.LAST_NORMED: (kernel.max_seqs, H),
+        Buf.LOGITS: (kernel.max_seqs, parallel.vocab_local(model)),
+        Buf.K_CACHE: (kv_rows, hkv * D), Buf.V_CACHE: (kv_rows, hkv * D),
+    }
+
+
+FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS)
+
+
+def buffer_dtype(buf: Buf, model_dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if buf in FLOAT32_BUFFERS else model_dtype
+
+
+# Step metadata ------------------------------------------------------------------------------------
+@dataclass
+class StepMeta:
+    """The step's int32 metadata buffer (layout: mk.instructions._common, M_* and SEQ_*)."""
+
+    tensor: torch.Tensor            # int32 [words]
+    num_tokens: int
+    num_seqs: int
+    seq_row0: np.ndarray            # per sequence (host-side copies, for the planner)
+    seq_rows: np.ndarray
+    seq_start: np.ndarray
+    page_off: np.ndarray            # absolute word offset of each sequence's page table
+    last_rows: np.ndarray
+
+    def word(self, i: int) -> int:
+        return int(self.tensor[i])
+
+    def section(self, header_word: int, length: int) -> torch.Tensor:
+        off = self.word(header_word)
+        return self.tensor[off:off + length]
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.section(mc.M_OFF_TOKENS, self.num_tokens)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.section(mc.M_OFF_POS, self.num_tokens)
+
+    @property
+    def kv_slots(self) -> torch.Tensor:
+        return self.section(mc.M_OFF_SLOT, self.num_tokens)
+
+
+def build_meta(batch: StepBatch, kernel: KernelConfig) -> StepMeta:
+    ps = kernel.page_size
+    seqs = batch.seqs
+    S = len(seqs)
+    lens = np.fromiter((len(s.tokens) for s in seqs), np.int64, S)
+    start = np.fromiter((s.start_pos for s in seqs), np.int64, S)
+    T = int(lens.sum())
+    row0 = np.zeros(S, np.int64)
+    np.cumsum(lens[:-1], out=row0[1:])
+    npages = -(-(start + lens) // ps)
+    tokens = np.fromiter((t for s in seqs for t in s.tokens), np.int64, T)
+    pages = np.fromiter((p for s, k in zip(seqs, npages.tolist()) for p in s.pages[:k]), np.int64,
+                        int(npages.sum()))
+    seq_of = np.repeat(np.arange(S), lens)
+    pos = np.arange(T) - row0[seq_of] + start[seq_of]
+    poff_rel = np.zeros(S, np.int64)
+    np.cumsum(npages[:-1], out=poff_rel[1:])
+    slot = pages[poff_rel[seq_of] + pos // ps] * ps + pos % ps
+    off_tokens = mc.META_HEADER
+    off_pos = off_tokens + T
+    off_slot = off_pos + T
+    off_seq = off_slot + T
+    off_last = off_seq + S * mc.SEQ_WORDS
+    off_pages = off_last + S
+    words = off_pages + len(pages)
+    m = np.zeros(words, np.int64)
+    m[mc.M_NUM_TOKENS], m[mc.M_NUM_SEQS] = T, S
+    m[mc.M_OFF_TOKENS], m[mc.M_OFF_POS], m[mc.M_OFF_SLOT] = off_tokens, off_pos, off_slot
+    m[mc.M_OFF_SEQ], m[mc.M_OFF_LAST], m[mc.M_OFF_PAGES] = off_seq, off_last, off_pages
+    m[mc.M_PAGE_SIZE], m[mc.M_KV_LAYER_STRIDE] = ps, kernel.kv_pages * ps
+    m[mc.M_WORDS] = words
+    m[off_tokens:off_pos], m[off_pos:off_slot], m[off_slot:off_seq] = tokens, pos, slot
+    page_off = off_pages + poff_rel
+    st = np.stack([row0, lens, start, page_off], axis=1)
+    m[off_seq:off_last] = st.reshape(-1)
+    last = row0 + lens - 1
+    m[off_last:off_pages] = last
+    m[off_pages:] = pages
+    return StepMeta(torch.from_numpy(m.astype(np.int32)), T, S, row0, lens, start, page_off, last)
+
+
+# The plan -----------------------------------------------------------------------------------------
+@dataclass
+class StepPlan:
+    instrs: torch.Tensor            # int32 [N, 32], rank `rank`'s stream
+    meta: StepMeta
+    targets: torch.Tensor           # int32 [num_counters]
+    rank: int
+    tp: int
+    hidden_slice: int               # H / n: TP_REDUCE columns of rank r are [r*slice, (r+1)*slice)
+    layout: dict = field(default_factory=dict)  # counter layout (for describe_counter)
+
+    @property
+    def num_counters(self) -> int:
+        return int(self.targets.numel())
+
+    def __len__(self) -> int:
+        return int(self.instrs.shape[0])
+
+    def for_rank(self, r: int) -> "StepPlan":
+        if r == self.rank:
+            return self
+        instrs = self.instrs.clone()
+        red = instrs[:, W_OPCODE] == int(Op.TP_REDUCE)
+        instrs[red, W_COL0] += (r - self.rank) * self.hidden_slice
+        return StepPlan(instrs, self.meta, self.targets, r, self.tp, self.hidden_slice, self.layout)
+
+    def instructions(self) -> list[Instruction]:
+        return [Instruction.decode(w) for w in self.instrs.tolist()]
+
+    def accesses(self, i: int | Instruction, rank: int | None = None) -> Accesses:
+        instr = Instruction.decode(self.instrs[i].tolist()) if isinstance(i, int) else i
+        return instruction_accesses(instr, self.rank if rank is None else rank, self.meta)
+
+    def describe_counter(self, c: int) -> str:
+        lay = self.layout
+        if not lay:
+            return f"c{c}"
+        cpl, L = lay["cpl"], lay["num_layers"]
+        if c >= (L + 1) * cpl:
+            return ["LM_NORM done", "LM_HEAD done"][c - (L + 1) * cpl] + f" (c{c})"
+        blk, rel = divmod(c, cpl)
+        where = "prelude (embed)" if blk == 0 else f"layer {blk - 1}"
+        for name, (off, size) in lay["groups"].items():
+            if off <= rel < off + size:
+                return f"{where} {name}[{rel - off}] (c{c})"
+        return f"c{c}"
+
+    def save(self, path) -> None:
+        torch.save({"instrs": self.instrs, "meta": self.meta.tensor, "targets": self.targets}, path)
+
+
+def instruction_accesses(instr: Instruction, rank: int, meta: StepMeta | None) -> Accesses:
+    """Accesses of any instruction: families of the model's opcodes take the step metadata."""
+    fam = family_of(instr.opcode)
+    if instr.opcode in (Op.NOOP, Op.COPY, Op.RESIDUAL_ADD, Op.RMSNORM):
+        return fam.accesses(instr, rank)
+    return fam.accesses(instr, rank, meta)
+
+
+# Template construction ----------------------------------------------------------------------------
+class _Group:
+    __slots__ = ("words", "stage", "block")
+
+    def __init__(self, words, stage, block):
+        self.words, self.stage, self.block = words, stage, block
+
+
+def _emit(groups: list, stage: int, op: int, block, *, row0, rows, col0, cols, waits=(),
+          signal=NO_COUNTER, scope=SignalScope.LOCAL, srank=0, args: dict | None = None) -> None:
+    block = np.asarray(block, np.int64)
+    n = block.shape[0]
+    if n == 0:
+        return
+    w = np.zeros((n, INSTR_WORDS), np.int64)
+    w[:, W_OPCODE] = int(op)
+    w[:, W_ROW0], w[:, W_ROWS], w[:, W_COL0], w[:, W_COLS] = row0, rows, col0, cols
+    for i in range(MAX_WAITS):
+        w[:, W_WAIT0 + 2 * i] = NO_COUNTER
+    for i, (c, t) in enumerate(waits):
+        w[:, W_WAIT0 + 2 * i], w[:, W_WAIT0 + 2 * i + 1] = c, t
+    w[:, W_SIGNAL], w[:, W_SIGNAL_SCOPE], w[:, W_SIGNAL_RANK], w[:, W_SIGNAL_COUNT] = signal, int(scope), srank, 1
+    for word, v in (args or {}).items():
+        w[:, word] = v
+    groups.append(_Group(w, stage, block))
+
+
+def _tiles(width: int, tile: int, slices: int = 1):
+    """Column tiles [c0, c0+w) of `width` split in `slices` equal slices, no tile crossing one."""
+    sl = width // slices
+    starts, widths, owner = [], [], []
+    for s in range(slices):
+        for c in range(0, sl, tile):
+            starts.append(s * sl + c)
+            widths.append(min(tile, sl - c))
+            owner.append(s)
+    return np.array(starts), np.array(widths), np.array(owner)
+
+
+def _grid(nb: int, ntiles: int):
+    """(block, tile) index arrays of an nb x ntiles grid, block-major."""
+    return np.repeat(np.arange(nb), ntiles), np.tile(np.arange(ntiles), nb)
+
+
+def _order(groups: list, policy: str, stage_count: int) -> np.ndarray:
+    """Concatenate the groups in the queue order of `policy`."""
+    words = np.concatenate([g.words for g in groups])
+    stage = np.concatenate([np.full(len(g.block), g.stage) for g in groups])
+    block = np.concatenate([g.block for g in groups])
+    gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
+    seq = np.arange(len(block))
+    if policy == "op_major":
+        idx = np.lexsort((seq, block, stage))
+    elif policy == "block_major":
+        idx = np.lexsort((seq, stage, block))
+    else:
+        # position of each instruction within its (group, block) run, as a fraction of the run
+        key = gid * (block.max() + 1) + block
+        o = np.lexsort((seq, key))
+        sk = key[o]
+        first = np.r_[0, np.flatnonzero(sk[1:] != sk[:-1]) + 1]
+        counts = np.diff(np.r_[first, len(sk)])
+        run = np.repeat(np.arange(len(first)), counts)
+        frac = np.empty(len(sk))
+        frac[o] = (np.arange(len(sk)) - first[run]) / counts[run]
+        idx = np.lexsort((seq, stage, frac, block + stage))
+    return words[idx]
+
+
+# Stages (the pipeline order within a layer)
+(S_NORM_A, S_QKV, S_JOIN, S_ATTN, S_ATTN_RED, S_O, S_O_RED, S_NORM_M, S_GU, S_DOWN,
+ S_D_RED) = range(11)
+NUM_STAGES = 11
+
+
+def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
+              kernel: KernelConfig = KernelConfig(), cfg: PlanConfig = PlanConfig(),
+              validate: bool = True) -> StepPlan:
+    if validate:
+        batch.validate(kernel.page_size, kernel.kv_pages, max_tokens=kernel.max_batch_tokens,
+                       max_context=kernel.max_context)
+        if len(batch.seqs) > kernel.max_seqs:
+            raise ValueError(f"batch has {len(batch.seqs)} sequences, over max_seqs {kernel.max_seqs}")
+        parallel.validate_for(model)
+    meta = build_meta(batch, kernel)
+    n, rank = parallel.tp_size, parallel.rank
+    T, S, B = meta.num_tokens, meta.num_seqs, kernel.token_block
+    TM = kernel.max_batch_tokens
+    H, D, L = model.hidden_size, model.head_dim, model.num_layers
+    hq, hkv = parallel.heads_local(model), parallel.kv_heads_local(model)
+    qpk = hq // hkv
+    I_loc, V_loc = parallel.intermediate_local(model), parallel.vocab_local(model)
+    nb = -(-T // B)
+    blocks = np.arange(nb)
+    brow0 = blocks * B
+    brows = np.minimum(B, T - brow0)
+    slice_w = H // n
+    if H % n:
+        raise ValueError(f"TP size {n} does not divide hidden_size {H}")
+
+    # tiles ----------------------------------------------------------------------------------------
+    qt = max(1, cfg.qkv_tile // D) * D
+    sec_c0, sec_w, sec_id = [], [], []
+    for sec, (c0, width) in enumerate(((0, hq * D), (hq * D, hkv * D), ((hq + hkv) * D, hkv * D))):
+        st, wd, _ = _tiles(width, qt)
+        sec_c0 += list(c0 + st)
+        sec_w += list(wd)
+        sec_id += [sec] * len(st)
+    qkv_c0, qkv_w, qkv_sec = np.array(sec_c0), np.array(sec_w), np.array(sec_id)
+    qkv_base = np.array([0, hq * D, (hq + hkv) * D])[qkv_sec]
+    o_c0, o_w, o_own = _tiles(H, cfg.o_tile, n)
+    d_c0, d_w, d_own = _tiles(H, cfg.down_tile, n)
+    g_c0, g_w, _ = _tiles(I_loc, cfg.mlp_tile)
+    n_qkv, n_o, n_d, n_g = len(qkv_c0), len(o_c0), len(d_c0), len(g_c0)
+    o_per_slice, d_per_slice = n_o // n, n_d // n
+
+    # segments: the rows of one sequence inside one block ---------------------------------------
+    r0s, lens = meta.seq_row0, meta.seq_rows
+    b_first = r0s // B
+    b_last = (r0s + lens - 1) // B
+    nseg_s = b_last - b_first + 1
+    seg_seq = np.repeat(np.arange(S), nseg_s)
+    seg_first = np.zeros(S, np.int64)
+    np.cumsum(nseg_s[:-1], out=seg_first[1:])
+    seg_k = np.arange(len(seg_seq)) - seg_first[seg_seq]         # index within its sequence
+    seg_blk = b_first[seg_seq] + seg_k
+    seg_r0 = np.maximum(r0s[seg_seq], seg_blk * B)
+    seg_r1 = np.minimum(r0s[seg_seq] + lens[seg_seq], (seg_blk + 1) * B)
+    seg_rows = seg_r1 - seg_r0
+    seg_pos0 = meta.seq_start[seg_seq] + (seg_r0 - r0s[seg_seq])
+    seg_ctx = seg_pos0 + seg_rows
+    seg_nsplit = -(-seg_ctx // cfg.kv_split)
+    seg_is_first = seg_k == 0
+    seg_is_last = seg_k == nseg_s[seg_seq] - 1
+    nseg = len(seg_seq)
+    split = seg_nsplit > 1
+    slot_need = np.where(split, seg_rows * seg_nsplit, 0)
+    seg_slot = np.zeros(nseg, np.int64)
+    np.cumsum(slot_need[:-1], out=seg_slot[1:])
+    P = cfg.max_partial_rows(kernel)
+    if nseg and int(seg_slot[-1] + slot_need[-1]) > P:
+        raise ValueError(f"attention splits need {int(seg_slot[-1] + slot_need[-1])} ATTN_PARTIAL "
+                         f"rows, the buffer has {P} (raise PlanConfig.kv_split or partial_rows)")
+    gh = min(cfg.attn_kv_heads, hkv)
+    grp_c0 = np.arange(0, hkv, gh)
+    grp_w = np.minimum(gh, hkv - grp_c0)
+    ngrp = len(grp_c0)
+
+    # counter layout -------------------------------------------------------------------------------
+    names = ["NA", "QKV", "ATTN", "ORS", "HA", "NM", "GU", "DRS", "HM"]
+    groups_layout, off = {}, 0
+    for nm in names:
+        groups_layout[nm] = (off, nb)
+        off += nb
+    groups_layout["JOIN"] = (off, nseg)
+    off += nseg
+    groups_layout["SPLIT"] = (off, nseg)
+    off += nseg
+    CPL = off
+    C = {nm: groups_layout[nm][0] + CPL for nm in groups_layout}    # absolute ids of layer 0
+    prev_HM = groups_layout["HM"][0]                                  # block 0 = prelude
+    tp1 = n == 1
+    hid_a_target = n_o if tp1 else n
+    hid_m_target = n_d if tp1 else n
+
+    attn_target = np.zeros(nb, np.int64)
+    np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp))
+
+    g: list = []
+    # RMSNORM attn
+    _emit(g, S_NORM_A, Op.RMSNORM, blocks, row0=brow0, rows=brows, col0=0, cols=H,
+          waits=[(prev_HM + blocks, hid_m_target)], signal=C["NA"] + blocks,
+          args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: NormWeight.ATTN})
+    # QKV tiles
+    b, t = _grid(nb, n_qkv)
+    _emit(g, S_QKV, Op.QKV_ROPE, b, row0=brow0[b], rows=brows[b], col0=qkv_c0[t], cols=qkv_w[t],
+          waits=[(C["NA"] + b, 1)], signal=C["QKV"] + b,
+          args={qk.A_SRC: Buf.NORMED, qk.A_DST: Buf.Q, qk.A_SECTION: qkv_sec[t],
+                qk.A_SEC_COL0: qkv_base[t], qk.A_HEAD_DIM: D, qk.A_K: H})
+    # joins and attention
+    seg_ids = np.arange(nseg)
+    jw_prev = np.where(seg_is_first, NO_COUNTER, C["JOIN"] + seg_ids - 1)
+    jw_prev_t = np.where(seg_is_first, 0, 1)
+    js = seg_ids[~seg_is_last]
+    _emit(g, S_JOIN, Op.NOOP, seg_blk[js], row0=seg_r0[js], rows=seg_rows[js], col0=0, cols=0,
+          waits=[(C["QKV"] + seg_blk[js], n_qkv), (jw_prev[js], jw_prev_t[js])],
+          signal=C["JOIN"] + js)
+    # attention instructions: segment x group x split
+    reps = ngrp * seg_nsplit
+    a_seg = np.repeat(seg_ids, reps)
+    within = np.arange(len(a_seg)) - np.repeat(np.cumsum(reps) - reps, reps)
+    a_grp = within // seg_nsplit[a_seg]
+    a_spl = within % seg_nsplit[a_seg]
+    a_split = split[a_seg]
+    a_kv0 = a_spl * cfg.kv_split
+    a_kv1 = np.minimum(a_kv0 + cfg.kv_split, seg_ctx[a_seg])
+    _emit(g, S_ATTN, Op.ATTENTION, seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
+          col0=grp_c0[a_grp], cols=grp_w[a_grp],
+          waits=[(C["QKV"] + seg_blk[a_seg], n_qkv), (jw_prev[a_seg], jw_prev_t[a_seg])],
+          signal=np.where(a_split, C["SPLIT"] + a_seg, C["ATTN"] + seg_blk[a_seg]),
+          args={at.A_SEQ: seg_seq[a_seg], at.A_POS0: seg_pos0[a_seg], at.A_KV0: a_kv0,
+                at.A_KV1: a_kv1, at.A_PAGE_OFF: meta.page_off[seg_seq[a_seg]],
+                at.A_MODE: np.where(a_split, at.MODE_PARTIAL, at.MODE_DIRECT), at.A_QPK: qpk,
+                at.A_HEAD_DIM: D,
+                at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0)})
+    ss = seg_ids[split]
+    _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
+          cols=hkv, waits=[(C["SPLIT"] + ss, ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],
+          args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss], at.A_QPK: qpk, at.A_HEAD_DIM: D})
+
+    def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
+        c0, wd, own = tiles
+        b, t = _grid(nb, len(c0))
+        common = dict(row0=brow0[b], rows=brows[b], col0=c0[t], cols=wd[t])
+        targs = {mm.A_SRC: src, mm.A_K: K} if op != Op.EMBED else {}
+        waits = [] if wait_c is None else [(wait_c + b, np.asarray(wait_t)[b] if np.ndim(wait_t) else wait_t)]
+        if tp1:
+            epi = mm.Epi.RESIDUAL if residual else mm.Epi.STORE
+            if op == Op.EMBED:
+                targs.update({em.A_DST: Buf.HIDDEN, em.A_EPI: epi})
+            else:
+                targs.update({mm.A_DST: Buf.HIDDEN, mm.A_EPI: epi})
+            _emit(g, stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
+            return
+        if op == Op.EMBED:
+            targs.update({em.A_DST: Buf.RECV, em.A_EPI: mm.Epi.SCATTER, em.A_SLOT_STRIDE: TM})
+        else:
+            targs.update({mm.A_DST: Buf.RECV, mm.A_EPI: mm.Epi.SCATTER, mm.A_SLOT_STRIDE: TM})
+        _emit(g, stage, op, b, waits=waits, signal=rs + b, scope=SignalScope.PEER, srank=own[t],
+              args=targs, **common)
+        _emit(g, red_stage, Op.TP_REDUCE, blocks, row0=brow0, rows=brows, col0=rank * slice_w,
+              cols=slice_w, waits=[(rs + blocks, n * (len(c0) // n))], signal=hid + blocks,
+              scope=SignalScope.ALL,
+              args={cm.A_SRC: Buf.RECV, cm.A_DST: Buf.HIDDEN, cm.A_RESIDUAL: int(residual),
+                    cm.A_SLOT_STRIDE: TM, cm.A_NRANKS: n})
+
+    proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
+         C["ORS"], C["HA"], True)
+    _emit(g, S_NORM_M, Op.RMSNORM, blocks, row0=brow0, rows=brows, col0=0, cols=H,
+          waits=[(C["HA"] + blocks, hid_a_target)], signal=C["NM"] + blocks,
+          args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: NormWeight.MLP})
+    b, t = _grid(nb, n_g)
+    _emit(g, S_GU, Op.GATE_UP, b, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
+          waits=[(C["NM"] + b, 1)], signal=C["GU"] + b,
+          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
+    proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"], n_g,
+         C["DRS"], C["HM"], True)
+    template = _order(g, cfg.policy, NUM_STAGES)
+
+    # prelude: EMBED on the DOWN grid, counters of block 0 ---------------------------------------
+    g = []
+    proj(S_DOWN, S_D_RED, Op.EMBED, 0, 0, (d_c0, d_w, d_own), None, 0,
+         groups_layout["DRS"][0], groups_layout["HM"][0], False)
+    prelude = _order(g, "op_major", NUM_STAGES)
+
+    # final: LM_NORM per block holding last rows, LM_HEAD tiles --------------------------------
+    LMN, DONE = (L + 1) * CPL, (L + 1) * CPL + 1
+    last_blk = meta.last_rows // B
+    ub, first_seq = np.unique(last_blk, return_index=True)
+    cnt = np.diff(np.r_[first_seq, S])
+    hm_last = L * CPL + groups_layout["HM"][0]
+    g = []
+    off_last = meta.word(mc.M_OFF_LAST)
+    _emit(g, 0, Op.LM_NORM, ub, row0=first_seq, rows=cnt, col0=0, cols=H,
+          waits=[(hm_last + ub, hid_m_target)], signal=LMN,
+          args={lmn.A_SRC: Buf.HIDDEN, lmn.A_DST: Buf.LAST_NORMED, lmn.A_LAST_OFF: off_last + first_seq,
+                lmn.A_WIDTH: H})
+    lm_c0, lm_w, _ = _tiles(V_loc, cfg.lm_tile)
+    nsb = -(-S // B)
+    b, t = _grid(nsb, len(lm_c0))
+    _emit(g, 1, Op.LM_HEAD, b, row0=b * B, rows=np.minimum(B, S - b * B), col0=lm_c0[t], cols=lm_w[t],
+          waits=[(LMN, len(ub))], signal=DONE,
+          args={mm.A_SRC: Buf.LAST_NORMED, mm.A_DST: Buf.LOGITS, mm.A_EPI: mm.Epi.STORE, mm.A_K: H})
+    final = _order(g, "op_major", 2)
+    for arr in (template, prelude, final):
+        arr[:, W_LAYER] = 0
+    final[:, W_LAYER] = L
+
+    # replicate the layer template ---------------------------------------------------------------
+    m = template.shape[0]
+    N = len(prelude) + L * m + len(final)
+    out = np.empty((N, INSTR_WORDS), np.int32)
+    out[:len(prelude)] = prelude
+    body = out[len(prelude):len(prelude) + L * m].reshape(L, m, INSTR_WORDS)
+    body[:] = template.astype(np.int32)[None]
+    body[:, :, W_LAYER] = np.arange(L, dtype=np.int32)[:, None]
+    shift = (np.arange(L, dtype=np.int32) * CPL)[:, None]
+    for wd in COUNTER_WORDS:
+        has = template[:, wd] != NO_COUNTER
+        if has.any():
+            body[:, has, wd] += shift
+    out[len(prelude) + L * m:] = final
+    instrs = torch.from_numpy(out)
+
+    targets = counter_targets(out, (L + 1) * CPL + 2, n, rank)
+    layout = {"cpl": CPL, "num_layers": L, "groups": groups_layout}
+    return StepPlan(instrs, meta, torch.from_numpy(targets), rank, n, slice_w, layout)
+
+
+def counter_targets(words: np.ndarray, num_counters: int, n: int, rank: int) -> np.ndarray:
+    """Final value of every counter of `rank` when every rank runs a stream of this structure."""
+    sig = words[:, W_SIGNAL].astype(np.int64)
+    scope = words[:, W_SIGNAL_SCOPE]
+    cnt = words[:, W_SIGNAL_COUNT].astype(np.int64)
+    has = sig != NO_COUNTER
+    local = has & (scope == SignalScope.LOCAL)
+    peer = has & (scope == SignalScope.PEER) & (words[:, W_SIGNAL_RANK] == rank)
+    every = has & (scope == SignalScope.ALL)
+    t = np.bincount(sig[local], cnt[local], minlength=num_counters)
+    t += n * np.bincount(sig[peer], cnt[peer], minlength=num_counters)
+    t += n * np.bincount(sig[every], cnt[every], minlength=num_counters)
+    return t.astype(np.int32)
