@@ -164,7 +164,7 @@ class MegakernelDSL:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         NP = self.npages
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
         ifull = st.ifull.data_ptr()
         iempty = st.iempty.data_ptr()
@@ -383,7 +383,7 @@ def compile_megakernel(args, journal: bool, verbose: bool = True):
     key = (journal,)
     if key not in _COMPILED:
         t0 = time.time()
-        _COMPILED[key] = cute.compile(MegakernelDSL(journal=journal), *args)
+        _COMPILED[key] = cute.compile[cute.KeepCUBIN](MegakernelDSL(journal=journal), *args)
         if verbose:
             print(f"[mk.megakernel] compiled variant journal={journal} in {time.time() - t0:.1f} s",
                   flush=True)

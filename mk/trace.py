@@ -1,0 +1,200 @@
+"""Megakernel journal -> Chrome/Perfetto trace JSON and a PNG timeline.
+
+The journal (mk.megakernel, compiled with journal=True) holds per instruction ticket:
+    sm, cta, opcode, t_fetch (ticket taken), t_ready (waits satisfied), t_end (signalled), ticket
+in globaltimer nanoseconds, and per CTA: t_entry, t_exit, sm.
+
+    python -m mk.trace journal.pt out.json out.png
+
+CPU-only (no cutlass import). The PNG is drawn with matplotlib when it is installed, else with a
+tiny built-in rasteriser (zlib + struct), so the timeline exists everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import zlib
+
+OP_NAMES = {0: "NOOP", 1: "COPY", 2: "RMSNORM", 3: "RESIDUAL_ADD"}
+OP_COLORS = {0: (160, 160, 160), 1: (66, 133, 244), 2: (219, 68, 55), 3: (15, 157, 88)}
+WAIT_COLOR = (251, 188, 5)
+
+
+def _op_name(op: int) -> str:
+    try:
+        from mk.ir import Op
+        return Op(op).name
+    except Exception:  # noqa: BLE001
+        return OP_NAMES.get(op, f"op{op}")
+
+
+def events(journal, jcta, n: int):
+    """Normalised rows: dicts with sm, cta, op, ticket, fetch/ready/end in ns from the first entry."""
+    j = [list(map(int, r)) for r in (journal[:n].tolist() if hasattr(journal, "tolist") else journal[:n])]
+    c = [list(map(int, r)) for r in (jcta.tolist() if hasattr(jcta, "tolist") else jcta)]
+    starts = [r[0] for r in c if r[0] > 0]
+    t0 = min(starts) if starts else min(r[3] for r in j if r[3] > 0)
+    ev = []
+    for r in j:
+        sm, cta, op, tf, tr, te, tk = r[:7]
+        if tf == 0:
+            continue
+        ev.append(dict(sm=sm, cta=cta, op=op, ticket=tk, fetch=tf - t0, ready=tr - t0,
+                       end=(te - t0) if te else tr - t0))
+    ctas = [dict(cta=i, sm=r[2], entry=r[0] - t0, exit=r[1] - t0) for i, r in enumerate(c) if r[0] > 0]
+    return ev, ctas
+
+
+def chrome_trace(journal, jcta, n: int) -> dict:
+    """Chrome trace: one track per SM; 'wait' slices (ticket -> waits met) and instruction slices
+    (waits met -> signalled), plus each CTA's life."""
+    ev, ctas = events(journal, jcta, n)
+    out = []
+    for e in ev:
+        if e["ready"] > e["fetch"]:
+            out.append(dict(name="wait", cat="wait", ph="X", pid=0, tid=e["sm"], ts=e["fetch"] / 1e3,
+                            dur=(e["ready"] - e["fetch"]) / 1e3, args=dict(ticket=e["ticket"])))
+        out.append(dict(name=_op_name(e["op"]), cat="instr", ph="X", pid=0, tid=e["sm"],
+                        ts=e["ready"] / 1e3, dur=max(e["end"] - e["ready"], 1) / 1e3,
+                        args=dict(ticket=e["ticket"], cta=e["cta"])))
+    for c in ctas:
+        out.append(dict(name=f"CTA {c['cta']}", cat="cta", ph="X", pid=1, tid=c["sm"],
+                        ts=c["entry"] / 1e3, dur=max(c["exit"] - c["entry"], 1) / 1e3))
+    meta = [dict(name="process_name", ph="M", pid=0, args=dict(name="instructions by SM")),
+            dict(name="process_name", ph="M", pid=1, args=dict(name="CTA lifetimes by SM"))]
+    return {"traceEvents": meta + out, "displayTimeUnit": "ns"}
+
+
+def write_chrome_trace(path: str, journal, jcta, n: int) -> dict:
+    tr = chrome_trace(journal, jcta, n)
+    with open(path, "w") as f:
+        json.dump(tr, f)
+    return tr
+
+
+def summary(journal, jcta, n: int) -> dict:
+    """Figures read off the journal: launch-to-first-instruction, busy/wait fractions, hops."""
+    ev, ctas = events(journal, jcta, n)
+    if not ev:
+        return {}
+    first_ready = min(e["ready"] for e in ev)
+    first_fetch = min(e["fetch"] for e in ev)
+    span = max(e["end"] for e in ev) - min(c["entry"] for c in ctas) if ctas else 0
+    busy = sum(e["end"] - e["ready"] for e in ev)
+    wait = sum(e["ready"] - e["fetch"] for e in ev)
+    by_ticket = sorted(ev, key=lambda e: e["ticket"])
+    cross = sum(1 for a, b in zip(by_ticket, by_ticket[1:]) if a["sm"] != b["sm"])
+    return dict(instructions=len(ev), ctas=len(ctas),
+                first_cta_entry_to_first_fetch_ns=first_fetch,
+                first_cta_entry_to_first_ready_ns=first_ready,
+                last_cta_entry_ns=max(c["entry"] for c in ctas) if ctas else None,
+                span_ns=span, busy_ns=busy, wait_ns=wait,
+                consecutive_tickets_on_different_sm=cross / max(len(by_ticket) - 1, 1),
+                sms_used=len({e["sm"] for e in ev}))
+
+
+# ------------------------------------------------------------------------------------ PNG
+def _png(path: str, w: int, h: int, pix: bytearray) -> None:
+    raw = b"".join(b"\x00" + bytes(pix[y * w * 3:(y + 1) * w * 3]) for y in range(h))
+
+    def chunk(tag, data):
+        c = struct.pack(">I", len(data)) + tag + data
+        return c + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+
+
+def _raster_timeline(path: str, ev, ctas, width: int = 1600) -> None:
+    sms = sorted({e["sm"] for e in ev} | {c["sm"] for c in ctas})
+    row = {s: i for i, s in enumerate(sms)}
+    lane_h = 6
+    top, left = 10, 10
+    h = top * 2 + lane_h * len(sms)
+    w = width
+    tmax = max([e["end"] for e in ev] + [c["exit"] for c in ctas] + [1])
+    pix = bytearray([255]) * (w * h * 3)
+
+    def rect(x0, x1, y0, y1, col):
+        x0 = max(left, min(w - 1, left + int(x0 * (w - 2 * left) / tmax)))
+        x1 = max(x0 + 1, min(w - 1, left + int(x1 * (w - 2 * left) / tmax)))
+        for y in range(y0, y1):
+            base = (y * w) * 3
+            for x in range(x0, x1):
+                pix[base + 3 * x:base + 3 * x + 3] = bytes(col)
+    for c in ctas:
+        y = top + row[c["sm"]] * lane_h
+        rect(c["entry"], c["exit"], y + lane_h - 1, y + lane_h, (200, 200, 200))
+    for e in ev:
+        y = top + row[e["sm"]] * lane_h
+        if e["ready"] > e["fetch"]:
+            rect(e["fetch"], e["ready"], y + 1, y + lane_h - 2, WAIT_COLOR)
+        rect(e["ready"], e["end"], y, y + lane_h - 1, OP_COLORS.get(e["op"], (0, 0, 0)))
+    _png(path, w, h, pix)
+
+
+def draw_timeline(path: str, journal, jcta, n: int, title: str = "megakernel timeline") -> str:
+    """PNG: one lane per SM; instruction bodies coloured by opcode, waits (ticket taken -> waits
+    met) in amber, CTA lifetimes as a grey baseline. Returns the renderer used."""
+    ev, ctas = events(journal, jcta, n)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        _raster_timeline(path, ev, ctas)
+        return "builtin"
+    sms = sorted({e["sm"] for e in ev} | {c["sm"] for c in ctas})
+    row = {s: i for i, s in enumerate(sms)}
+    fig, ax = plt.subplots(figsize=(16, max(4, len(sms) * 0.09)))
+    for c in ctas:
+        ax.broken_barh([(c["entry"] / 1e3, (c["exit"] - c["entry"]) / 1e3)], (row[c["sm"]] - 0.45, 0.1),
+                       color="0.8")
+    waits = [[] for _ in sms]
+    bodies = {}
+    for e in ev:
+        if e["ready"] > e["fetch"]:
+            waits[row[e["sm"]]].append((e["fetch"] / 1e3, (e["ready"] - e["fetch"]) / 1e3))
+        bodies.setdefault(e["op"], [[] for _ in sms])[row[e["sm"]]].append(
+            (e["ready"] / 1e3, max(e["end"] - e["ready"], 1) / 1e3))
+    for i, segs in enumerate(waits):
+        if segs:
+            ax.broken_barh(segs, (i - 0.25, 0.5), color=tuple(c / 255 for c in WAIT_COLOR))
+    for op, rows in bodies.items():
+        col = tuple(c / 255 for c in OP_COLORS.get(op, (0, 0, 0)))
+        for i, segs in enumerate(rows):
+            if segs:
+                ax.broken_barh(segs, (i - 0.35, 0.7), color=col)
+    ax.set_xlabel("time since first CTA entry (us)")
+    ax.set_ylabel("SM")
+    ax.set_yticks(range(0, len(sms), max(1, len(sms) // 16)))
+    ax.set_yticklabels([sms[i] for i in range(0, len(sms), max(1, len(sms) // 16))])
+    ax.set_title(title)
+    handles = [Patch(color=tuple(c / 255 for c in OP_COLORS[k]), label=_op_name(k)) for k in bodies
+               if k in OP_COLORS] + [Patch(color=tuple(c / 255 for c in WAIT_COLOR), label="wait")]
+    ax.legend(handles=handles, loc="upper right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return "matplotlib"
+
+
+def main(argv=None):
+    import torch
+    argv = argv or sys.argv[1:]
+    if len(argv) < 2:
+        print("usage: python -m mk.trace journal.pt out.json [out.png]")
+        return 2
+    d = torch.load(argv[0])
+    write_chrome_trace(argv[1], d["journal"], d["jcta"], int(d["n"]))
+    if len(argv) > 2:
+        print("timeline drawn with", draw_timeline(argv[2], d["journal"], d["jcta"], int(d["n"])))
+    print(json.dumps(summary(d["journal"], d["jcta"], int(d["n"])), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
