@@ -128,7 +128,11 @@ def available_backends() -> list[str]:
 
 def create_backend(name: str, weights: RankWeights, kernel: KernelConfig, group=None) -> Backend:
     if name not in _BACKENDS and name in _LAZY_BACKENDS and name in available_backends():
-        importlib.import_module(_LAZY_BACKENDS[name])
+        try:
+            importlib.import_module(_LAZY_BACKENDS[name])
+        except ImportError as e:
+            raise ValueError(f"backend {name!r} is unavailable: importing {_LAZY_BACKENDS[name]} "
+                             f"failed ({e})") from e
         if name not in _BACKENDS:
             raise ValueError(f"backend {name!r}: module {_LAZY_BACKENDS[name]} does not register it "
                              f"(decorate its factory with @mk.engine.register_backend({name!r}))")
