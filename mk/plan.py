@@ -54,6 +54,7 @@ replicated over layers by adding layer x CPL to its counter ids.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -164,19 +165,34 @@ class StepMeta:
         return self.section(mc.M_OFF_SLOT, self.num_tokens)
 
 
-def build_meta(batch: StepBatch, kernel: KernelConfig) -> StepMeta:
+def build_meta(batch: StepBatch, kernel: KernelConfig, validate: bool = True) -> StepMeta:
+    """The metadata buffer; with `validate`, refuse a batch the shapes or the KV cache cannot hold
+    (the checks of StepBatch.validate, vectorised)."""
     ps = kernel.page_size
     seqs = batch.seqs
     S = len(seqs)
-    lens = np.fromiter((len(s.tokens) for s in seqs), np.int64, S)
+    if S == 0:
+        raise ValueError("empty batch")
+    lens = np.fromiter(map(len, (s.tokens for s in seqs)), np.int64, S)
     start = np.fromiter((s.start_pos for s in seqs), np.int64, S)
     T = int(lens.sum())
     row0 = np.zeros(S, np.int64)
     np.cumsum(lens[:-1], out=row0[1:])
     npages = -(-(start + lens) // ps)
-    tokens = np.fromiter((t for s in seqs for t in s.tokens), np.int64, T)
-    pages = np.fromiter((p for s, k in zip(seqs, npages.tolist()) for p in s.pages[:k]), np.int64,
-                        int(npages.sum()))
+    have = np.fromiter(map(len, (s.pages for s in seqs)), np.int64, S)
+    if validate:
+        _validate(batch, kernel, lens, start, npages, have, T)
+    tokens = np.fromiter(chain.from_iterable(s.tokens for s in seqs), np.int64, T)
+    if bool((have == npages).all()):
+        pages = np.fromiter(chain.from_iterable(s.pages for s in seqs), np.int64, int(npages.sum()))
+    else:
+        pages = np.fromiter(chain.from_iterable(s.pages[:k] for s, k in zip(seqs, npages.tolist())),
+                            np.int64, int(npages.sum()))
+    if validate and len(pages) and (int(pages.min()) < 0 or int(pages.max()) >= kernel.kv_pages):
+        bad = int(np.flatnonzero((pages < 0) | (pages >= kernel.kv_pages))[0])
+        s_bad = int(np.searchsorted(np.cumsum(npages), bad, side="right"))
+        raise ValueError(f"sequence {s_bad} has KV page id {int(pages[bad])} outside "
+                         f"[0, {kernel.kv_pages})")
     seq_of = np.repeat(np.arange(S), lens)
     pos = np.arange(T) - row0[seq_of] + start[seq_of]
     poff_rel = np.zeros(S, np.int64)
@@ -203,6 +219,27 @@ def build_meta(batch: StepBatch, kernel: KernelConfig) -> StepMeta:
     m[off_last:off_pages] = last
     m[off_pages:] = pages
     return StepMeta(torch.from_numpy(m.astype(np.int32)), T, S, row0, lens, start, page_off, last)
+
+
+def _validate(batch, kernel, lens, start, npages, have, T) -> None:
+    def first(mask):
+        return int(np.flatnonzero(mask)[0])
+    if T > kernel.max_batch_tokens:
+        raise ValueError(f"batch has {T} tokens, over the maximum {kernel.max_batch_tokens}")
+    if len(lens) > kernel.max_seqs:
+        raise ValueError(f"batch has {len(lens)} sequences, over max_seqs {kernel.max_seqs}")
+    if (lens == 0).any():
+        raise ValueError(f"sequence {first(lens == 0)} has no new tokens")
+    if (start < 0).any():
+        raise ValueError(f"sequence {first(start < 0)} has negative start_pos")
+    if (start + lens > kernel.max_context).any():
+        i = first(start + lens > kernel.max_context)
+        raise ValueError(f"sequence {i} reaches context {int(start[i] + lens[i])}, over the maximum "
+                         f"{kernel.max_context}")
+    if (have < npages).any():
+        i = first(have < npages)
+        raise ValueError(f"sequence {i} needs {int(npages[i])} KV pages for {int(start[i] + lens[i])} "
+                         f"tokens, its page table has {int(have[i])}")
 
 
 # The plan -----------------------------------------------------------------------------------------
@@ -339,16 +376,33 @@ def _order(groups: list, policy: str, stage_count: int) -> np.ndarray:
 NUM_STAGES = 11
 
 
+class Planner:
+    """plan_step with a reusable output arena (no fresh 10-100 MB allocation per step).
+
+    The stream of a returned plan is a view of the arena: valid until the next `plan` call."""
+
+    def __init__(self, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
+                 kernel: KernelConfig = KernelConfig(), cfg: PlanConfig = PlanConfig()):
+        parallel.validate_for(model)
+        self.model, self.parallel, self.kernel, self.cfg = model, parallel, kernel, cfg
+        self._arena = np.empty((0, INSTR_WORDS), np.int32)
+
+    def _out(self, n: int) -> np.ndarray:
+        if self._arena.shape[0] < n:
+            self._arena = np.empty((int(n * 1.25) + 1024, INSTR_WORDS), np.int32)
+        return self._arena[:n]
+
+    def plan(self, batch: StepBatch, validate: bool = True) -> StepPlan:
+        return plan_step(batch, self.model, self.parallel, self.kernel, self.cfg, validate=validate,
+                         _alloc=self._out)
+
+
 def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
               kernel: KernelConfig = KernelConfig(), cfg: PlanConfig = PlanConfig(),
-              validate: bool = True) -> StepPlan:
-    if validate:
-        batch.validate(kernel.page_size, kernel.kv_pages, max_tokens=kernel.max_batch_tokens,
-                       max_context=kernel.max_context)
-        if len(batch.seqs) > kernel.max_seqs:
-            raise ValueError(f"batch has {len(batch.seqs)} sequences, over max_seqs {kernel.max_seqs}")
+              validate: bool = True, _alloc=None) -> StepPlan:
+    if validate and _alloc is None:
         parallel.validate_for(model)
-    meta = build_meta(batch, kernel)
+    meta = build_meta(batch, kernel, validate)
     n, rank = parallel.tp_size, parallel.rank
     T, S, B = meta.num_tokens, meta.num_seqs, kernel.token_block
     TM = kernel.max_batch_tokens
@@ -418,10 +472,14 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     for nm in names:
         groups_layout[nm] = (off, nb)
         off += nb
-    groups_layout["JOIN"] = (off, nseg)
-    off += nseg
-    groups_layout["SPLIT"] = (off, nseg)
-    off += nseg
+    # JOIN counters only for segments followed by another of their sequence, SPLIT counters only
+    # for split segments
+    join_id = np.cumsum(~seg_is_last) - 1                         # valid where ~seg_is_last
+    split_id = np.cumsum(split) - 1                               # valid where split
+    groups_layout["JOIN"] = (off, int((~seg_is_last).sum()))
+    off += groups_layout["JOIN"][1]
+    groups_layout["SPLIT"] = (off, int(split.sum()))
+    off += groups_layout["SPLIT"][1]
     CPL = off
     C = {nm: groups_layout[nm][0] + CPL for nm in groups_layout}    # absolute ids of layer 0
     prev_HM = groups_layout["HM"][0]                                  # block 0 = prelude
@@ -445,12 +503,13 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 qk.A_SEC_COL0: qkv_base[t], qk.A_HEAD_DIM: D, qk.A_K: H})
     # joins and attention
     seg_ids = np.arange(nseg)
-    jw_prev = np.where(seg_is_first, NO_COUNTER, C["JOIN"] + seg_ids - 1)
+    prev_join = join_id[np.maximum(seg_ids - 1, 0)] if nseg else seg_ids
+    jw_prev = np.where(seg_is_first, NO_COUNTER, C["JOIN"] + prev_join)
     jw_prev_t = np.where(seg_is_first, 0, 1)
     js = seg_ids[~seg_is_last]
     _emit(g, S_JOIN, Op.NOOP, seg_blk[js], row0=seg_r0[js], rows=seg_rows[js], col0=0, cols=0,
           waits=[(C["QKV"] + seg_blk[js], n_qkv), (jw_prev[js], jw_prev_t[js])],
-          signal=C["JOIN"] + js)
+          signal=C["JOIN"] + join_id[js])
     # attention instructions: segment x group x split
     reps = ngrp * seg_nsplit
     a_seg = np.repeat(seg_ids, reps)
@@ -463,7 +522,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     _emit(g, S_ATTN, Op.ATTENTION, seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
           col0=grp_c0[a_grp], cols=grp_w[a_grp],
           waits=[(C["QKV"] + seg_blk[a_seg], n_qkv), (jw_prev[a_seg], jw_prev_t[a_seg])],
-          signal=np.where(a_split, C["SPLIT"] + a_seg, C["ATTN"] + seg_blk[a_seg]),
+          signal=np.where(a_split, C["SPLIT"] + split_id[a_seg], C["ATTN"] + seg_blk[a_seg]),
           args={at.A_SEQ: seg_seq[a_seg], at.A_POS0: seg_pos0[a_seg], at.A_KV0: a_kv0,
                 at.A_KV1: a_kv1, at.A_PAGE_OFF: meta.page_off[seg_seq[a_seg]],
                 at.A_MODE: np.where(a_split, at.MODE_PARTIAL, at.MODE_DIRECT), at.A_QPK: qpk,
@@ -471,7 +530,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0)})
     ss = seg_ids[split]
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
-          cols=hkv, waits=[(C["SPLIT"] + ss, ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],
+          cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],
           args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss], at.A_QPK: qpk, at.A_HEAD_DIM: D})
 
     def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
@@ -542,37 +601,49 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         arr[:, W_LAYER] = 0
     final[:, W_LAYER] = L
 
-    # replicate the layer template ---------------------------------------------------------------
+    # replicate the layer template: layer l = template + l * incr (layer word, counter words) ------
     m = template.shape[0]
     N = len(prelude) + L * m + len(final)
-    out = np.empty((N, INSTR_WORDS), np.int32)
+    out = np.empty((N, INSTR_WORDS), np.int32) if _alloc is None else _alloc(N)
     out[:len(prelude)] = prelude
-    body = out[len(prelude):len(prelude) + L * m].reshape(L, m, INSTR_WORDS)
-    body[:] = template.astype(np.int32)[None]
-    body[:, :, W_LAYER] = np.arange(L, dtype=np.int32)[:, None]
-    shift = (np.arange(L, dtype=np.int32) * CPL)[:, None]
+    tmpl32 = template.astype(np.int32)
+    incr = np.zeros_like(tmpl32)
+    incr[:, W_LAYER] = 1
     for wd in COUNTER_WORDS:
-        has = template[:, wd] != NO_COUNTER
-        if has.any():
-            body[:, has, wd] += shift
+        incr[:, wd] = np.where(tmpl32[:, wd] != NO_COUNTER, CPL, 0)
+    body = out[len(prelude):len(prelude) + L * m].reshape(L, m, INSTR_WORDS)
+    step = np.zeros_like(tmpl32)
+    for layer in range(L):
+        np.add(tmpl32, step, out=body[layer])
+        step += incr
     out[len(prelude) + L * m:] = final
     instrs = torch.from_numpy(out)
 
-    targets = counter_targets(out, (L + 1) * CPL + 2, n, rank)
+    # targets: the template's per-layer targets repeated, plus prelude and final -------------------
+    NC = (L + 1) * CPL + 2
+    t_layer = counter_targets(tmpl32, 2 * CPL, n, rank)          # ids in blocks 0 (prev) and 1
+    targets = np.zeros(NC, np.int32)
+    targets[CPL:(L + 1) * CPL] = np.tile(t_layer[CPL:], L)
+    assert not t_layer[:CPL].any(), "a layer's instructions signal only their own layer's counters"
+    targets[:CPL] += counter_targets(prelude, CPL, n, rank)
+    targets[(L + 1) * CPL:] += counter_targets(final, 2, n, rank, base=(L + 1) * CPL)
     layout = {"cpl": CPL, "num_layers": L, "groups": groups_layout}
     return StepPlan(instrs, meta, torch.from_numpy(targets), rank, n, slice_w, layout)
 
 
-def counter_targets(words: np.ndarray, num_counters: int, n: int, rank: int) -> np.ndarray:
-    """Final value of every counter of `rank` when every rank runs a stream of this structure."""
-    sig = words[:, W_SIGNAL].astype(np.int64)
+def counter_targets(words: np.ndarray, num_counters: int, n: int, rank: int,
+                    base: int = 0) -> np.ndarray:
+    """Final values of counters [base, base + num_counters) of `rank` when every rank runs a stream
+    of this structure (the streams of all ranks have the same signals)."""
+    sig = words[:, W_SIGNAL].astype(np.int64) - base
     scope = words[:, W_SIGNAL_SCOPE]
     cnt = words[:, W_SIGNAL_COUNT].astype(np.int64)
-    has = sig != NO_COUNTER
+    has = words[:, W_SIGNAL] != NO_COUNTER
     local = has & (scope == SignalScope.LOCAL)
     peer = has & (scope == SignalScope.PEER) & (words[:, W_SIGNAL_RANK] == rank)
     every = has & (scope == SignalScope.ALL)
-    t = np.bincount(sig[local], cnt[local], minlength=num_counters)
-    t += n * np.bincount(sig[peer], cnt[peer], minlength=num_counters)
-    t += n * np.bincount(sig[every], cnt[every], minlength=num_counters)
+    t = np.zeros(num_counters, np.int64)
+    for mask, mult in ((local, 1), (peer, n), (every, n)):
+        if mask.any():
+            t += mult * np.bincount(sig[mask], cnt[mask], minlength=num_counters).astype(np.int64)
     return t.astype(np.int32)
