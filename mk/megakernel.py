@@ -374,13 +374,14 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
     from cutlass.cute.runtime import from_dlpack
     x = from_dlpack(t, assumed_align=align)
     if dynamic:
-        x = x.mark_layout_dynamic(leading_dim=t.dim() - 1 if t.stride(-1) == 1 else None)
+        lead = [i for i in range(t.dim()) if t.stride(i) == 1 and t.shape[i] > 1]
+        x = x.mark_layout_dynamic(leading_dim=lead[0] if lead else t.dim() - 1)
     return x
 
 
-def compile_megakernel(args, journal: bool, verbose: bool = True):
-    """cute.compile with an in-process cache per variant (shapes are dynamic)."""
-    key = (journal,)
+def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=()):
+    """cute.compile with an in-process cache per variant and arena/norm-table shape."""
+    key = (journal,) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](MegakernelDSL(journal=journal), *args)
@@ -503,7 +504,7 @@ class Megakernel:
         self._grid_override = grid
         self.grid = None
         self.occupancy_source = None
-        self._cached_plan = None
+        self._shape_key = (tuple(arena.shape), tuple(self.normw.shape))
 
     # -- compile & launch ---------------------------------------------------------------------
     def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream):
@@ -530,7 +531,8 @@ class Megakernel:
         cs = drv.CUstream(torch.cuda.current_stream().cuda_stream)
         if self.grid is None:
             self.grid = 1
-            comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose)
+            comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
+                                      self._shape_key)
             nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
@@ -541,7 +543,8 @@ class Megakernel:
             if self.verbose:
                 print(f"[mk.megakernel] grid {self.grid} = {self.num_sms} SMs x {nb} blocks/SM "
                       f"({src})", flush=True)
-        return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False), cs
+        return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
+                                  self._shape_key), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -551,6 +554,19 @@ class Megakernel:
         comp(*args)
         if check:
             self.check()
+
+    def launcher(self, prepared):
+        """A no-argument launch on the then-current stream (for CUDA-graph capture / benchmarks)."""
+        s, n, n_ctr = prepared
+        comp, _ = self._ensure_compiled(s, n_ctr)
+
+        def go():
+            import cuda.bindings.driver as drv
+            cs = drv.CUstream(torch.cuda.current_stream().cuda_stream)
+            args = self._args(s, n_ctr, cs)
+            args[1] = Int32(n)
+            comp(*args)
+        return go
 
     def run(self, stream: torch.Tensor, check: bool = True):
         self.launch(self.prepare(stream), check)
@@ -698,7 +714,8 @@ def plan_layers(T: int, H: int, n_layers: int, seed: int = 0, tile_rows=(8, 16, 
 def plan_chain(n: int, T: int, H: int, rows: int = 8, ops=("copy", "add"), chains: int = 1):
     """`chains` independent dependency chains of n instructions each (interleaved in the queue, so
     consecutive links run on different SMs): instruction i of a chain waits for link i-1's counter.
-    ops cycles through 'copy' (HIDDEN->SCRATCH), 'add' (SCRATCH->HIDDEN), 'norm', 'noop'."""
+    ops cycles through 'copy' (HIDDEN->SCRATCH), 'add' (SCRATCH->NORMED), 'norm' (HIDDEN->NORMED),
+    'noop'."""
     from mk.ir import serialize
     instrs = []
     for i in range(n):
@@ -710,7 +727,7 @@ def plan_chain(n: int, T: int, H: int, rows: int = 8, ops=("copy", "add"), chain
             if kind == "copy":
                 ins = _ri(Op.COPY, Buf.HIDDEN, Buf.SCRATCH, r0, rows, 0, H, waits, c)
             elif kind == "add":
-                ins = _ri(Op.RESIDUAL_ADD, Buf.SCRATCH, Buf.HIDDEN, r0, rows, 0, H, waits, c)
+                ins = _ri(Op.RESIDUAL_ADD, Buf.SCRATCH, Buf.NORMED, r0, rows, 0, H, waits, c)
             elif kind == "norm":
                 ins = _ri(Op.RMSNORM, Buf.HIDDEN, Buf.NORMED, r0, rows, 0, H, waits, c)
             else:

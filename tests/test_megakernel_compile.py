@@ -14,6 +14,11 @@ import pytest
 
 pytestmark = pytest.mark.compile
 
+# before cutlass is imported (its env is read once): sm_90a, and dumps into a scratch folder
+_DUMP = tempfile.mkdtemp(prefix="mk_dump_")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", _DUMP)
+
 REQUIRED_PTX = {
     "setmaxnreg": r"setmaxnreg\.(inc|dec)",
     "cp.async.bulk.tensor": r"cp\.async\.bulk\.tensor",
@@ -35,9 +40,6 @@ def _find_ptxas():
 
 def compile_to_ptx(journal: bool, dump_dir: str) -> str:
     """Compile the megakernel with fake (dynamic-shape) tensors; return its PTX text."""
-    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-    os.environ["CUTE_DSL_KEEP"] = "ptx,cubin"
-    os.environ["CUTE_DSL_DUMP_DIR"] = dump_dir
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int32, Int64
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
@@ -90,7 +92,7 @@ def ptxas_report(ptx: str, workdir: str) -> str:
 @pytest.fixture(scope="module")
 def dump_dir():
     pytest.importorskip("cutlass")
-    d = tempfile.mkdtemp(prefix="mk_dump_")
+    d = _DUMP
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
