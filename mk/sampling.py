@@ -3,7 +3,8 @@
 Each sequence draws from its own torch.Generator seeded from (seed, sequence index), so a
 sequence's tokens do not depend on which other sequences share its steps. Under tensor parallelism
 every rank holds the same full logits and the same generators, so every rank draws the same token;
-`broadcast_tokens` makes that a guarantee (rank 0's choice wins).
+`broadcast_tokens` makes that a guarantee (rank 0's choice wins). Generators live on the logits'
+device, so a seed reproduces its tokens on the same kind of device (CPU and CUDA streams differ).
 """
 
 from __future__ import annotations
