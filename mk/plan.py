@@ -293,9 +293,14 @@ class StepPlan:
         torch.save({"instrs": self.instrs, "meta": self.meta.tensor, "targets": self.targets}, path)
 
 
+_FAMILIES: dict = {}
+
+
 def instruction_accesses(instr: Instruction, rank: int, meta: StepMeta | None) -> Accesses:
     """Accesses of any instruction: families of the model's opcodes take the step metadata."""
-    fam = family_of(instr.opcode)
+    fam = _FAMILIES.get(instr.opcode)
+    if fam is None:
+        fam = _FAMILIES[instr.opcode] = family_of(instr.opcode)
     if instr.opcode in (Op.NOOP, Op.COPY, Op.RESIDUAL_ADD, Op.RMSNORM):
         return fam.accesses(instr, rank)
     return fam.accesses(instr, rank, meta)

@@ -131,6 +131,7 @@ class VM:
                     self.world[r] = _Shadow(self.shapes, self.dtype, device)
         self.last_plan: StepPlan | None = None
         self.executed = 0
+        self._families: dict = {}
 
     # ---------------------------------------------------------------------------------------------
     def plan(self, batch: StepBatch) -> StepPlan:
@@ -138,9 +139,11 @@ class VM:
                          self.kernel, self.plan_cfg)
 
     @torch.inference_mode()
-    def step(self, batch: StepBatch, mode: str = "queue", sms: int = 4, seed: int = 0) -> torch.Tensor:
+    def step(self, batch: StepBatch, mode: str = "queue", sms: int = 4, seed: int = 0,
+             stream_hook=None) -> torch.Tensor:
         """Run one step; logits [num_seqs, V] float32 of each sequence's last token (all ranks'
-        vocab shards, gathered)."""
+        vocab shards, gathered). stream_hook(rank, instrs) -> instrs may alter a rank's int32
+        stream before it runs (tests: drop a wait and see the random mode catch it)."""
         if mode not in ("queue", "random"):
             raise ValueError(f"unknown VM mode {mode!r} (queue or random)")
         base = self.plan(batch)
@@ -152,7 +155,8 @@ class VM:
             st.meta = p.meta
             st.reset_activations()
             st.counters = [0] * p.num_counters
-            queues[r] = _Queue(p.instructions())
+            instrs = p.instrs if stream_hook is None else stream_hook(r, p.instrs.clone())
+            queues[r] = _Queue([Instruction.decode(w) for w in instrs.tolist()])
         rng = random.Random(seed)
         self._slots = {r: [] for r in queues}
         if self.distributed:
@@ -176,9 +180,15 @@ class VM:
                 return False
         return True
 
+    def _family(self, opcode: int):
+        fam = self._families.get(opcode)
+        if fam is None:
+            fam = self._families[opcode] = family_of(opcode)
+        return fam
+
     def _execute(self, r: int, ins: Instruction, outbox=None) -> None:
         st = self.world[r]
-        family_of(ins.opcode).run_torch(ins, st)
+        self._family(ins.opcode).run_torch(ins, st)
         self.executed += 1
         if outbox is not None:
             for reg in instruction_accesses(ins, r, st.meta).writes:

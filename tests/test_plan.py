@@ -1,0 +1,214 @@
+"""The planner: exact counter targets, topological queue order, tiling, TP symmetry, errors."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+from mk.batch import SeqChunk, StepBatch
+from mk.config import KernelConfig, ModelConfig, ParallelConfig
+from mk.ir import (MAX_WAITS, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
+                   W_SIGNAL, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0, Op, SignalScope)
+from mk.plan import POLICIES, PlanConfig, Planner, build_meta, plan_step
+
+MODEL = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8, num_kv_heads=2,
+                    head_dim=8, vocab_size=256)
+KERNEL = KernelConfig(token_block=8, page_size=4, max_batch_tokens=96, max_seqs=8, max_context=128,
+                      num_kv_pages=200)
+CFG = PlanConfig(kv_split=16, o_tile=8, down_tile=8, mlp_tile=16, lm_tile=32, qkv_tile=8)
+
+
+def mixed_batch():
+    """Prefill from 0 over several blocks, a prefill chunk at start_pos > 0, decodes with long
+    contexts (split KV), a short decode."""
+    return StepBatch([
+        SeqChunk(list(range(1, 20)), 0, list(range(0, 5))),
+        SeqChunk([3], 40, list(range(20, 31))),
+        SeqChunk(list(range(30, 52)), 9, list(range(40, 48))),
+        SeqChunk([7], 2, [60]),
+        SeqChunk(list(range(5, 13)), 33, list(range(70, 81))),
+    ])
+
+
+def waits_of(w):
+    return [(int(w[W_WAIT0 + 2 * i]), int(w[W_WAIT0 + 2 * i + 1])) for i in range(MAX_WAITS)
+            if w[W_WAIT0 + 2 * i] != NO_COUNTER]
+
+
+def receivers(w, rank, n):
+    scope = int(w[W_SIGNAL_SCOPE])
+    if scope == SignalScope.LOCAL:
+        return [rank]
+    if scope == SignalScope.PEER:
+        return [int(w[W_SIGNAL_RANK])]
+    return list(range(n))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_targets_exact_and_order_topological(tp, policy):
+    cfg = PlanConfig(**{**CFG.__dict__, "policy": policy})
+    plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
+    streams = [p.instrs.numpy() for p in plans]
+    # final counter values when every rank runs its stream
+    final = np.zeros((tp, plans[0].num_counters), np.int64)
+    # producers[rank][counter]: queue indices (in the producer's stream) of its signals
+    last_producer = np.full((tp, plans[0].num_counters), -1, np.int64)
+    for p, s in enumerate(streams):
+        for i, w in enumerate(s):
+            if w[W_SIGNAL] == NO_COUNTER:
+                continue
+            for q in receivers(w, p, tp):
+                final[q, w[W_SIGNAL]] += 1
+                last_producer[q, w[W_SIGNAL]] = max(last_producer[q, w[W_SIGNAL]], i)
+    for r, (plan, s) in enumerate(zip(plans, streams)):
+        assert np.array_equal(final[r], plan.targets.numpy()), f"rank {r} targets"
+        for i, w in enumerate(s):
+            for c, t in waits_of(w):
+                assert t == final[r, c], (f"rank {r} instr {i} waits {plan.describe_counter(c)} >= "
+                                          f"{t}, counter ends at {final[r, c]}")
+                # the ranks' streams have one structure: index order is a global topological order
+                assert last_producer[r, c] < i, f"rank {r} instr {i} waits on a later producer"
+
+
+def test_ranks_differ_only_in_reduce_slice():
+    plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(4, r), KERNEL, CFG) for r in range(4)]
+    base = plans[0].instrs
+    red = base[:, W_OPCODE] == int(Op.TP_REDUCE)
+    assert red.any()
+    for r, p in enumerate(plans):
+        assert torch.equal(p.instrs[~red], base[~red])
+        assert (p.instrs[red, W_COL0] == r * MODEL.hidden_size // 4).all()
+        assert torch.equal(plans[0].for_rank(r).instrs, p.instrs)
+
+
+def test_layers_are_one_template():
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 0), KERNEL, CFG)
+    s = plan.instrs.numpy()
+    layers = [s[s[:, W_LAYER] == layer] for layer in range(MODEL.num_layers)]
+    body = [x[~np.isin(x[:, W_OPCODE], [Op.EMBED, Op.LM_NORM, Op.LM_HEAD])] for x in layers]
+    body[0] = body[0][~((body[0][:, W_OPCODE] == Op.TP_REDUCE) & (body[0][:, W_SIGNAL] < plan.layout["cpl"]))]
+    cpl = plan.layout["cpl"]
+    for layer in range(1, MODEL.num_layers):
+        a, b = body[0].copy(), body[layer].copy()
+        assert a.shape == b.shape
+        for wd in [W_WAIT0 + 2 * i for i in range(MAX_WAITS)] + [W_SIGNAL]:
+            has = a[:, wd] != NO_COUNTER
+            assert (b[has, wd] - a[has, wd] == layer * cpl).all()
+            a[has, wd] = b[has, wd]
+        a[:, W_LAYER] = layer
+        assert np.array_equal(a, b)
+
+
+def test_policies_same_instructions_different_order():
+    seen = {}
+    for policy in POLICIES:
+        p = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 0), KERNEL,
+                      PlanConfig(**{**CFG.__dict__, "policy": policy}))
+        seen[policy] = p.instrs
+    rows = {k: sorted(map(tuple, v.tolist())) for k, v in seen.items()}
+    assert rows["op_major"] == rows["block_major"] == rows["interleave"]
+    assert not torch.equal(seen["op_major"], seen["interleave"])
+    # interleave: attention (memory-bound) sits between GEMM tiles of other blocks
+    ops = seen["interleave"][:, W_OPCODE].tolist()
+    first_attn = ops.index(Op.ATTENTION)
+    assert Op.QKV_ROPE in ops[first_attn:first_attn + 40]
+
+
+def tiles_cover(plan, op, width):
+    s = plan.instrs.numpy()
+    s = s[(s[:, W_OPCODE] == op) & (s[:, W_LAYER] == 0)]
+    cover = collections.Counter()
+    for w in s:
+        for r in range(w[W_ROW0], w[W_ROW0] + w[W_ROWS]):
+            for c in range(w[W_COL0], w[W_COL0] + w[W_COLS]):
+                cover[r, c] += 1
+    T = plan.meta.num_tokens
+    return cover == collections.Counter({(r, c): 1 for r in range(T) for c in range(width)})
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tiles_cover_outputs_once(tp):
+    par = ParallelConfig(tp, 0)
+    plan = plan_step(mixed_batch(), MODEL, par, KERNEL, CFG)
+    H, D = MODEL.hidden_size, MODEL.head_dim
+    qkv_w = (par.heads_local(MODEL) + 2 * par.kv_heads_local(MODEL)) * D
+    assert tiles_cover(plan, Op.QKV_ROPE, qkv_w)
+    assert tiles_cover(plan, Op.O_PROJ, H)
+    assert tiles_cover(plan, Op.DOWN, H)
+    assert tiles_cover(plan, Op.GATE_UP, par.intermediate_local(MODEL))
+    s = plan.instrs.numpy()
+    for op in (Op.O_PROJ, Op.DOWN, Op.EMBED):
+        t = s[s[:, W_OPCODE] == op]
+        sl = H // tp
+        assert (t[:, W_COL0] // sl == (t[:, W_COL0] + t[:, W_COLS] - 1) // sl).all(), "tile straddles ranks"
+        if tp > 1:
+            assert (t[:, W_SIGNAL_RANK] == t[:, W_COL0] // sl).all()
+
+
+def test_attention_segments_and_splits():
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, CFG)
+    from mk.instructions import attention as at
+    ins = [i for i in plan.instructions() if i.opcode == Op.ATTENTION and i.layer == 0]
+    a = lambda i, w: i.args[w - at.A_SEQ]  # noqa: E731
+    # every (row, kv head) is covered by splits that tile [0, pos+1) exactly
+    seen = collections.defaultdict(list)
+    for i in ins:
+        for r in range(i.rows):
+            pos = a(i, at.A_POS0) + r
+            for h in range(i.col0, i.col0 + i.cols):
+                lo, hi = a(i, at.A_KV0), min(a(i, at.A_KV1), pos + 1)
+                if hi > lo:
+                    seen[i.row0 + r, h].append((lo, hi))
+    pos = plan.meta.positions.tolist()
+    for (row, h), ranges in seen.items():
+        ranges.sort()
+        assert ranges[0][0] == 0 and ranges[-1][1] == pos[row] + 1
+        assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))
+    assert len(seen) == plan.meta.num_tokens * ParallelConfig(1, 0).kv_heads_local(MODEL)
+    nred = sum(1 for i in plan.instructions() if i.opcode == Op.ATTN_REDUCE and i.layer == 0)
+    assert nred > 0, "long contexts must be split"
+    nj = sum(1 for i in plan.instructions() if i.opcode == Op.NOOP and i.layer == 0)
+    B = KERNEL.token_block
+    r0, n = plan.meta.seq_row0, plan.meta.seq_rows
+    assert nj == int(((r0 + n - 1) // B - r0 // B).sum()) == 6   # one join per extra block spanned
+
+
+def test_meta_layout():
+    b = mixed_batch()
+    meta = build_meta(b, KERNEL)
+    assert meta.tokens.tolist() == b.token_ids().tolist()
+    assert meta.positions.tolist() == b.positions().tolist()
+    ps = KERNEL.page_size
+    slots = [s.pages[p // ps] * ps + p % ps for s in b.seqs for p in range(s.start_pos, s.end_pos)]
+    assert meta.kv_slots.tolist() == slots
+    assert meta.last_rows.tolist() == b.last_token_rows().tolist()
+
+
+def test_planner_reuses_arena():
+    pl = Planner(MODEL, ParallelConfig(2, 1), KERNEL, CFG)
+    a = pl.plan(mixed_batch())
+    ref = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 1), KERNEL, CFG)
+    assert torch.equal(a.instrs, ref.instrs) and torch.equal(a.targets, ref.targets)
+
+
+def test_refuses_bad_batches():
+    ok = SeqChunk([1, 2], 0, [0])
+    with pytest.raises(ValueError, match="over the maximum 96"):
+        plan_step(StepBatch([SeqChunk([1] * 97, 0, list(range(25)))]), MODEL, kernel=KERNEL)
+    with pytest.raises(ValueError, match="needs 2 KV pages"):
+        plan_step(StepBatch([ok, SeqChunk([1], 4, [3])]), MODEL, kernel=KERNEL)
+    with pytest.raises(ValueError, match="KV page id 500"):
+        plan_step(StepBatch([ok, SeqChunk([1], 0, [500])]), MODEL, kernel=KERNEL)
+    with pytest.raises(ValueError, match="no new tokens"):
+        plan_step(StepBatch([ok, SeqChunk([], 0, [1])]), MODEL, kernel=KERNEL)
+    with pytest.raises(ValueError, match="context 129"):
+        plan_step(StepBatch([SeqChunk([1], 128, list(range(33)))]), MODEL, kernel=KERNEL)
+    with pytest.raises(ValueError, match="ATTN_PARTIAL"):
+        plan_step(StepBatch([SeqChunk([1] * 40, 60, list(range(25)))]), MODEL, kernel=KERNEL,
+                  cfg=PlanConfig(kv_split=4, partial_rows=64))
+    with pytest.raises(ValueError, match="unknown queue policy"):
+        PlanConfig(policy="fastest")
