@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import heapq
+import inspect
 import sys
 from dataclasses import dataclass
 
@@ -428,7 +429,14 @@ class _Cells:
         return [(i, j) for i in range(i0, i1) for j in range(j0, j1)]
 
 
-def _accesses(p: _Plan):
+def _takes_meta(fam) -> bool:
+    try:
+        return len(inspect.signature(fam.accesses).parameters) >= 3
+    except (TypeError, ValueError):
+        return False
+
+
+def _accesses(p: _Plan, meta):
     fams = {}
     acc = []
     for gid in range(p.N):
@@ -436,9 +444,11 @@ def _accesses(p: _Plan):
         op = int(w[W_OPCODE])
         fam = fams.get(op)
         if fam is None:
-            fam = fams[op] = family_of(op)
+            f = family_of(op)
+            fam = fams[op] = (f, _takes_meta(f))
         ins = Instruction.decode(w)
-        a = fam.accesses(ins, int(p.rank_of[gid]))
+        rank = int(p.rank_of[gid])
+        a = fam[0].accesses(ins, rank, meta) if fam[1] else fam[0].accesses(ins, rank)
         acc.append(([r for r in a.reads if _nonempty(r)], [r for r in a.writes if _nonempty(r)]))
     return acc
 
@@ -447,8 +457,9 @@ def _nonempty(r: Region) -> bool:
     return r.row1 > r.row0 and r.col1 > r.col0
 
 
-def _check_races(p: _Plan, order, signalers, totals, waits, max_races: int) -> list[Finding]:
-    acc = _accesses(p)
+def _check_races(p: _Plan, order, signalers, totals, waits, max_races: int,
+                 meta=None) -> list[Finding]:
+    acc = _accesses(p, meta)
     # grids
     bounds: dict[tuple[int, int], tuple[set, set]] = {}
     for reads, writes in acc:
@@ -557,11 +568,14 @@ def _check_races(p: _Plan, order, signalers, totals, waits, max_races: int) -> l
 # Entry points
 # ------------------------------------------------------------------------------------------------
 
-def check(streams, num_counters: int, *, initial=None, max_races: int = 1000) -> list[Finding]:
+def check(streams, num_counters: int, *, meta=None, initial=None,
+          max_races: int = 1000) -> list[Finding]:
     """Every finding of the checks above (empty for a plan that is safe to run).
 
     streams: one int32 [N_r, 32] tensor (or array) per rank, or a single tensor for TP 1.
     num_counters: the size of each rank's counter array.
+    meta: the step's metadata (mk.plan.StepMeta), passed to the families whose accesses depend on
+    it (attention reads KV pages through the page tables, ...).
     initial: optional [tp, num_counters] counter values at the start of the step (monotonic
     counters); zeros by default.
     """
@@ -574,13 +588,13 @@ def check(streams, num_counters: int, *, initial=None, max_races: int = 1000) ->
     order, ptr, val, waits = _schedule(p, signalers)
     findings += _check_deadlock(p, signalers, ptr, val, waits, set(order))
     full = _full_order(p, order, signalers, totals, waits)
-    findings += _check_races(p, full, signalers, totals, waits, max_races)
+    findings += _check_races(p, full, signalers, totals, waits, max_races, meta)
     return findings
 
 
-def verify(streams, num_counters: int, *, initial=None) -> None:
+def verify(streams, num_counters: int, *, meta=None, initial=None) -> None:
     """Raise PlanError if the plan can deadlock, race, or miscount; return None if it is safe."""
-    findings = check(streams, num_counters, initial=initial, max_races=50)
+    findings = check(streams, num_counters, meta=meta, initial=initial, max_races=50)
     if findings:
         head = "\n  ".join(str(f) for f in findings[:10])
         more = f"\n  ... and {len(findings) - 10} more" if len(findings) > 10 else ""

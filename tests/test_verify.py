@@ -1,0 +1,239 @@
+"""The static schedule verifier (mk.verify): it accepts every valid plan (hand-built row plans at TP
+1-4, the planner's plans over batch shapes, TP sizes, tile sizes and queue policies) and rejects
+mutated ones; each rejection is real (a run in the executor stalls or ends wrong), each accepted
+mutant is equivalent (no run tried shows a difference). See mk/mutate.py for the mutation classes
+and for how equivalence is decided.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mk import mutate as M
+from mk.instructions.base import Buf, NormWeight
+from mk.instructions.rows import rows_instruction
+from mk.ir import W_WAIT0, Op, SignalScope, serialize
+from mk.verify import PlanError, check, main, schedule, verify
+
+
+def _s(*instrs):
+    return serialize(list(instrs))
+
+
+def copy(src, dst, row0=0, rows=4, col0=0, cols=8, **hdr):
+    return rows_instruction(Op.COPY, src, dst, row0, rows, col0, cols, **hdr)
+
+
+def kinds(findings):
+    return sorted({(f.kind, f.detail) for f in findings})
+
+
+# ------------------------------------------------------------------------------------------------
+# Small hand-written plans: each check, and what the messages name
+# ------------------------------------------------------------------------------------------------
+
+def test_chain_accepted_and_schedule():
+    s = _s(copy(Buf.HIDDEN, Buf.NORMED, signal=0),
+           copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 1)], signal=1),
+           rows_instruction(Op.RESIDUAL_ADD, Buf.SCRATCH, Buf.HIDDEN, 0, 4, 0, 8, waits=[(1, 1)]))
+    verify([s], 2)
+    verify(s, 2)        # a single tensor is TP 1
+    assert schedule([s], 2) == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_read_after_write_race_names_both_and_region():
+    s = _s(copy(Buf.HIDDEN, Buf.NORMED, signal=0),
+           copy(Buf.NORMED, Buf.SCRATCH, row0=2, rows=4, col0=3, cols=2))   # no wait
+    with pytest.raises(PlanError) as e:
+        verify([s], 1)
+    msg = str(e.value)
+    assert "read-after-write race" in msg
+    assert "rank 0 #1 COPY layer 0" in msg and "rank 0 #0 COPY layer 0" in msg
+    assert "NORMED on rank 0 rows [2, 4) cols [3, 5)" in msg
+    f = e.value.findings[0]
+    assert f.instrs == ((0, 0), (0, 1)) and f.region.row0 == 2 and f.region.col1 == 5
+
+
+def test_write_after_read_race_buffer_reused_across_layers():
+    # layer 0 reads NORMED; layer 1's norm rewrites it, ordered only after the layer-0 writer
+    s = _s(rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.NORMED, 0, 4, 0, 8, layer=0, signal=0),
+           copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 1)], layer=0),
+           rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.NORMED, 0, 4, 0, 8, layer=1,
+                            norm_weight=NormWeight.MLP, waits=[(0, 1)]))
+    f = check([s], 1)
+    assert kinds(f) == [("race", "war")]
+    assert "rank 0 #2 RMSNORM layer 1" in f[0].message and "still read by rank 0 #1 COPY" in f[0].message
+
+
+def test_write_after_write_race():
+    s = _s(copy(Buf.HIDDEN, Buf.SCRATCH), copy(Buf.NORMED, Buf.SCRATCH, row0=3, rows=2))
+    assert kinds(check([s], 1)) == [("race", "waw")]
+
+
+def test_transitive_order_is_enough_queue_order_is_not():
+    a = copy(Buf.HIDDEN, Buf.NORMED, signal=0)
+    b = rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, waits=[(0, 1)], signal=1)
+    c = copy(Buf.NORMED, Buf.SCRATCH, waits=[(1, 1)])
+    verify([_s(a, b, c)], 2)
+    # the same queue without the NOOP's signal: c runs after a in the queue, but on another CTA
+    c2 = copy(Buf.NORMED, Buf.SCRATCH)
+    assert kinds(check([_s(a, c2)], 2)) == [("race", "raw")]
+
+
+def test_deadlock_names_instruction_counter_value_target():
+    s = _s(copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 1)], layer=3),   # waits on a later producer
+           copy(Buf.HIDDEN, Buf.NORMED, signal=0))
+    f = check([s], 1)
+    dl = [x for x in f if x.kind == "deadlock"]
+    assert dl and dl[0].instrs == ((0, 0),) and dl[0].counter == (0, 0)
+    assert ("rank 0 #0 COPY layer 3" in dl[0].message and "counter 0 of rank 0 to reach 1" in dl[0].message
+            and "stays at 0" in dl[0].message and "later in rank 0's own queue" in dl[0].message)
+    with pytest.raises(PlanError, match="deadlock"):
+        schedule([s], 1)
+
+
+def test_cross_rank_cycle_is_a_deadlock():
+    # rank 0 waits for rank 1's signal before signalling rank 1, and vice versa
+    r0 = _s(rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, waits=[(0, 1)]),
+            rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, signal=0, signal_scope=SignalScope.PEER,
+                             signal_rank=1))
+    r1 = _s(rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, waits=[(0, 1)]),
+            rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, signal=0, signal_scope=SignalScope.PEER,
+                             signal_rank=0))
+    f = check([r0, r1], 1)
+    assert [x.kind for x in f] == ["deadlock"] and set(f[0].instrs) == {(0, 0), (1, 0)}
+    # swapped on one rank: rank 1 signals first, then everything runs
+    verify([r0, _s(*serialize_rows(r1)[::-1])], 1)
+
+
+def serialize_rows(stream):
+    from mk.ir import deserialize
+    return deserialize(stream)
+
+
+def test_counter_targets_exact():
+    w = copy(Buf.HIDDEN, Buf.NORMED, cols=4, signal=0)
+    w2 = copy(Buf.HIDDEN, Buf.NORMED, col0=4, cols=4, signal=0)
+    lo = _s(w, w2, copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 1)]))
+    f = check([lo], 1)
+    assert ("counter", "below") in kinds(f)
+    assert "to reach 1, below the 2 it reaches" in [x for x in f if x.kind == "counter"][0].message
+    hi = _s(w, w2, copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 3)]))
+    assert {("counter", "above"), ("deadlock", "")} <= set(kinds(check([hi], 1)))
+    never = _s(copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 1)]))
+    assert ("counter", "unsignalled") in kinds(check([never], 1))
+    # monotonic counters: the step starts at 10, targets are 10 + signals
+    mono = _s(w, w2, copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 12)]))
+    verify([mono], 1, initial=[[10]])
+    assert check([mono], 1)
+
+
+def test_overflow_and_format():
+    big = copy(Buf.HIDDEN, Buf.NORMED, cols=4, signal=0, signal_count=2**31 - 1)
+    s = _s(big, copy(Buf.HIDDEN, Buf.NORMED, col0=4, cols=4, signal=0),
+           copy(Buf.NORMED, Buf.SCRATCH, waits=[(0, 2**31 - 1)]))
+    assert "overflow" in {f.kind for f in check([s], 1)}
+    bad = [copy(Buf.HIDDEN, Buf.NORMED, waits=[(5, 1)]),
+           copy(Buf.HIDDEN, Buf.NORMED, signal=7),
+           copy(Buf.HIDDEN, Buf.NORMED, signal=0, signal_scope=SignalScope.PEER, signal_rank=2),
+           copy(Buf.HIDDEN, Buf.NORMED, signal=0, signal_count=0),
+           copy(Buf.HIDDEN, Buf.NORMED, signal=0, signal_scope=5)]
+    for ins in bad:
+        f = check([_s(ins)], 2)
+        assert [x.kind for x in f] == ["format"], f
+    from mk.ir import INSTR_WORDS
+    junk = torch.zeros(1, INSTR_WORDS, dtype=torch.int32)
+    junk[0, 0] = 999
+    assert "unknown opcode 999" in check([junk], 1)[0].message
+    with pytest.raises(PlanError, match="int32"):
+        check([torch.zeros(1, INSTR_WORDS, dtype=torch.int64)], 1)
+
+
+def test_peer_write_race_and_fix():
+    # rank 0 copies into rank 1's SCRATCH; rank 1 reads it. With a PEER signal + wait: fine.
+    put = M.peer_copy(Buf.NORMED, Buf.SCRATCH, 1, 0, 4, 0, 8, signal=0,
+                      signal_scope=SignalScope.PEER, signal_rank=1)
+    use = copy(Buf.SCRATCH, Buf.HIDDEN, waits=[(0, 1)])
+    verify([_s(put), _s(use)], 1)
+    # signal to the wrong rank: rank 1 never gets it (deadlock); with no wait at all: a race
+    # on rank 1's buffer
+    put_local = M.peer_copy(Buf.NORMED, Buf.SCRATCH, 1, 0, 4, 0, 8, signal=0)
+    assert "deadlock" in {f.kind for f in check([_s(put_local), _s(use)], 1)}
+    f = check([_s(put), _s(copy(Buf.SCRATCH, Buf.HIDDEN))], 1)
+    assert ("race", "raw") in kinds(f)
+    assert "SCRATCH on rank 1" in [x for x in f if x.kind == "race"][0].message
+
+
+def test_cli(tmp_path, capsys):
+    p = M.build_plan(tp=2, seed=3)
+    torch.save({"streams": p.tensors(), "num_counters": p.num_counters}, tmp_path / "ok.pt")
+    assert main([str(tmp_path / "ok.pt")]) == 0
+    assert "ok: 2 rank(s)" in capsys.readouterr().out
+    m = M.m_drop_signal(p, np.random.default_rng(0))
+    torch.save(m.plan.tensors(), tmp_path / "bad.pt")       # a bare list: counters inferred
+    assert main([str(tmp_path / "bad.pt")]) == 1
+    assert "REFUSED" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# Valid row plans, and 1,000+ mutants of them
+# ------------------------------------------------------------------------------------------------
+
+PLANS = M.valid_plans()
+
+
+@pytest.mark.parametrize("k", range(len(PLANS)))
+def test_valid_row_plans_accepted_and_deterministic(k):
+    p = PLANS[k]
+    assert check(p.tensors(), p.num_counters) == [], p.desc
+    ex = M.Executor(p)
+    status, ref = ex.run(K=1)
+    assert status == "ok"
+    rng = np.random.default_rng(k)
+    for K in (None, 1, 2, 3):
+        status, out = ex.run(K=K, rng=rng, switch_p=0.2)
+        assert status == "ok" and M.same_outputs(out, ref), p.desc
+
+
+def test_mutants_rejected_and_rejections_real():
+    """>= 1,000 mutants over 7 classes. Every mutant the executor can break is rejected; every
+    rejected mutant is broken by the executor (stall or wrong output) in <= 50 interleavings;
+    mutants no interleaving breaks are equivalent (and accepted)."""
+    t0 = time.perf_counter()
+    mutants = M.generate(PLANS, per_class=150, seed=0)
+    assert len(mutants) >= 1000
+    refs = {k: M.Executor(p).run(K=1)[1] for k, p in enumerate(PLANS)}
+    table = collections.defaultdict(collections.Counter)
+    bad = []
+    for n, mut in enumerate(mutants):
+        findings = check(mut.plan.tensors(), mut.plan.num_counters)
+        v = M.judge(PLANS[mut.source], mut, findings, budget=50, seed=n, reference=refs[mut.source])
+        row = table[mut.cls]
+        row["generated"] += 1
+        row["equivalent" if v.outcome == "same" else "bugs"] += 1
+        row["rejected"] += bool(findings)
+        if (v.outcome == "same") == bool(findings):
+            bad.append(f"{mut.cls}: {mut.desc} -> {v.outcome}; "
+                       f"{findings[0] if findings else 'accepted'}")
+    print(f"\n{'class':22s} generated equivalent bugs rejected ({time.perf_counter() - t0:.1f} s)")
+    for cls, row in table.items():
+        print(f"{cls:22s} {row['generated']:9d} {row['equivalent']:10d} {row['bugs']:4d} "
+              f"{row['rejected']:8d}")
+    assert not bad, "\n".join(bad[:20])
+    assert set(table) == set(M.MUTATIONS)
+    for cls, row in table.items():
+        assert row["generated"] >= 100 and row["bugs"] >= 0.9 * row["generated"], (cls, row)
+
+
+def test_scale_50k_instructions():
+    p = M.build_plan(tp=8, T=48, H=16, layers=13, blocks=12, tiles=8, fork=True, order="as built")
+    n = sum(len(s) for s in p.streams)
+    assert n >= 50_000
+    t = time.perf_counter()
+    assert check(p.tensors(), p.num_counters) == []
+    assert time.perf_counter() - t < 10.0
