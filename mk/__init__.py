@@ -6,3 +6,11 @@
 __version__ = "0.1.0"
 
 from mk.config import ConfigError, KernelConfig, ModelConfig, ParallelConfig  # noqa: F401
+
+
+def __getattr__(name):
+    # The engine pulls in torch.distributed and the backends; load it on first use.
+    if name == "Engine":
+        from mk.engine import Engine
+        return Engine
+    raise AttributeError(f"module 'mk' has no attribute {name!r}")
