@@ -406,6 +406,9 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
             cubin = cubin.encode("latin1")
         err, mod = drv.cuModuleLoadData(cubin)
         if err != drv.CUresult.CUDA_SUCCESS:
+            from cutlass.base_dsl.jit_executor import get_escaped_cubin_bytes
+            err, mod = drv.cuModuleLoadData(get_escaped_cubin_bytes(cubin))
+        if err != drv.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuModuleLoadData: {err}")
         err, n = drv.cuModuleGetFunctionCount(mod)
         err, funcs = drv.cuModuleEnumerateFunctions(n, mod)
@@ -481,7 +484,7 @@ class Megakernel:
     journal: compile the variant that writes the per-instruction journal."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
-                 n_counters: int = 4096, journal: bool = False, timeout_s: float = 2.0,
+                 n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
                  journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True):
         assert arena.is_cuda and arena.dtype == torch.bfloat16 and arena.dim() == 3
         assert arena.is_contiguous() and arena.shape[2] % 8 == 0

@@ -25,10 +25,10 @@ if command -v compute-sanitizer >/dev/null; then
     extra=""
     [ "$tool" = memcheck ] && extra="--report-api-errors no"
     echo "== compute-sanitizer --tool $tool" >> "$SAN"
-    timeout 200 compute-sanitizer --tool $tool $extra --kernel-name regex:Megakernel \
+    timeout 200 compute-sanitizer --tool $tool $extra \
         python3 bench/megakernel_core.py --sanitize > "$OUTDIR/san_$tool.tmp" 2>&1
     echo "exit $?" >> "$SAN"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|error|hazard|sanitize plan ok|Error" "$OUTDIR/san_$tool.tmp" | head -40 >> "$SAN"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|rror|azard|sanitize plan ok|Invalid|Race" "$OUTDIR/san_$tool.tmp" | head -40 >> "$SAN"
     rm -f "$OUTDIR/san_$tool.tmp"
   done
 else

@@ -17,7 +17,9 @@ sequence, so each computes the same page numbers from a running page count `pg`:
                    squares, pass 2: scale in place), so ceil(H / PC) <= NPAGES is required.
 Roles and their arrivals on the page barriers:
     full[p]   loader arrive_and_expect_tx (count 1) + TMA bytes
-    done[p]   consumer (one thread, count 1) once the page holds the result to store
+    done[p]   consumer (one thread, count 1) once the page holds the result to store (also for
+              RESIDUAL_ADD's src page, which nobody waits on: one arrival per use keeps every
+              barrier's phase = the page's use count)
     empty[p]  storer (count 1) after the stores read the page; for RESIDUAL_ADD's src page the
               consumer (count 1), as soon as it has read it
 Loads are TMA (cp.async.bulk.tensor, async proxy); stores are 16-byte st.global by the storer warps
@@ -234,6 +236,9 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
             if ctid == 0:
                 cute.arch.mbarrier_arrive(empty + pa)   # src page: last read done, free it now
+                # every use of a page gets exactly one `done` arrival (the storer never waits on
+                # the src page's), so each barrier's phase parity stays (use count) & 1
+                cute.arch.mbarrier_arrive(done + pa)
                 cute.arch.mbarrier_arrive(done + pb)
             pg = pg + 2
     elif op == OP_RMSNORM:
