@@ -741,8 +741,9 @@ def plan_chain(n: int, T: int, H: int, rows: int = 8, ops=("copy", "add"), chain
 
 def plan_noops(n: int, signal: bool = False):
     from mk.ir import serialize
-    return serialize([_ri(Op.NOOP, 0, 0, 0, 0, 0, 0, [], (i if signal else -1)) for i in range(n)]), \
-        (n if signal else 0)
+    nc = min(n, 4096)    # signals spread over 4096 counters nobody waits on
+    return serialize([_ri(Op.NOOP, 0, 0, 0, 0, 0, 0, [], (i % nc if signal else -1))
+                      for i in range(n)]), (nc if signal else 0)
 
 
 def plan_page_cycle(k: int, T: int, H: int, seed: int = 0):
