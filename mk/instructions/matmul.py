@@ -113,7 +113,11 @@ class GemmFamily(InstructionFamily):
         if instr.opcode == Op.GATE_UP:
             half = w.gate_up.shape[1] // 2
             gu = w.gate_up[instr.layer]
-            y = F.silu(gemm_tile(x, gu[c0:c1])) * gemm_tile(x, gu[half + c0:half + c1])
+            # one GEMM over the tile's gate rows then up rows (the whole weight for a full-width
+            # tile: the reference's very call, hence the same float32 summation order)
+            wt = gu if (c0, c1) == (0, half) else torch.cat((gu[c0:c1], gu[half + c0:half + c1]))
+            gy = gemm_tile(x, wt)
+            y = F.silu(gy[:, :c1 - c0]) * gy[:, c1 - c0:]
         else:
             y = gemm_tile(x, weight_rows(instr.opcode, w, instr.layer, c0, c1))
         store_tile(instr, state, y, arg(instr, A_EPI), arg(instr, A_DST), arg(instr, A_SLOT_STRIDE))

@@ -1,0 +1,303 @@
+"""The CPU interpreter against the reference model (mk.reference).
+
+float32: logits bitwise equal to the reference when the step is one token block and no KV split
+(same op order); otherwise within 2e-5 (see EXACTNESS below). bfloat16: identical greedy tokens over
+a generation. Mixed prefill + decode batches (prefill chunks at start_pos > 0, decodes long enough to
+split the KV range), three models, TP 1, 2, 4, 8 simulated, queue and random modes, several seeds.
+
+EXACTNESS: (1) torch's CPU sgemm picks its kernel and blocking by the shape (gemv at M=1, other
+tails for small M), so an 8-row GEMM tile does not always sum its dot products in the order of the
+reference's full-batch matmul (bfloat16 GEMM tiles were bitwise equal in every probe); (2) split-KV
+attention is another algorithm (per-split softmax, log-sum-exp combine); (3) at TP > 1 the reference
+here is the unsharded TP 1 model, and partial sums of TP shards are added in another order.
+Measured differences: <= 3.3e-7 on logits of magnitude ~1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import GQA_LLAMA3, TIED_HEADDIM, TINY_MHA, make_hf_checkpoint
+from mk.batch import SeqChunk, StepBatch
+from mk.config import KernelConfig, ParallelConfig
+from mk.ir import W_OPCODE, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
+from mk.plan import PlanConfig
+from mk.reference import PagedKVCache, ReferenceModel
+from mk.vm import VM, VMError, VMStall
+from mk.weights import load_rank_weights
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"TINY_MHA": TINY_MHA, "GQA_LLAMA3": GQA_LLAMA3, "TIED_HEADDIM": TIED_HEADDIM}
+KERNEL = KernelConfig(token_block=8, page_size=4, max_batch_tokens=48, max_seqs=8, max_context=64,
+                      num_kv_pages=96)
+CFG = PlanConfig(kv_split=8, qkv_tile=16, o_tile=16, mlp_tile=32, down_tile=16, lm_tile=64)
+PROMPT_SEED = 12  # prompts whose reference tokens are the same in float32 and bfloat16
+PAGES = 16      # page-table length of each sequence (pages i*16 .. i*16+15, shuffled)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vm-ckpt")
+    cache = {}
+
+    def get(name, sharp=False):
+        if (name, sharp) not in cache:
+            extra = {"initializer_range": 0.25} if sharp else {}
+            cache[name, sharp] = make_hf_checkpoint(root, seed=3, **MODELS[name], **extra)[0]
+        return cache[name, sharp]
+    return get
+
+
+_WEIGHTS: dict = {}
+
+
+def weights(ckpt, tp, dtype):
+    key = (str(ckpt), tp, dtype)
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = [load_rank_weights(ckpt, ParallelConfig(tp, r), dtype=dtype, progress=False)
+                         for r in range(tp)]
+    return _WEIGHTS[key]
+
+
+def page_table(i):
+    g = torch.Generator().manual_seed(100 + i)
+    return (i * PAGES + torch.randperm(PAGES, generator=g)).tolist()
+
+
+def mixed_steps(vocab):
+    """Three steps: prefills; a decode + a prefill continuation (start_pos 11) + a new prefill;
+    decodes (contexts up to 29 > kv_split 8: split attention)."""
+    g = torch.Generator().manual_seed(7)
+    toks = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()  # noqa: E731
+    return [
+        StepBatch([SeqChunk(toks(19), 0, page_table(0)), SeqChunk(toks(11), 0, page_table(1)),
+                   SeqChunk(toks(5), 0, page_table(2))]),
+        StepBatch([SeqChunk(toks(1), 19, page_table(0)), SeqChunk(toks(9), 11, page_table(1)),
+                   SeqChunk(toks(1), 5, page_table(2)), SeqChunk(toks(6), 0, page_table(3))]),
+        StepBatch([SeqChunk(toks(1), 20, page_table(0)), SeqChunk(toks(1), 20, page_table(1)),
+                   SeqChunk(toks(1), 6, page_table(2)), SeqChunk(toks(1), 6, page_table(3))]),
+    ]
+
+
+def reference(w1, kernel=KERNEL):
+    return ReferenceModel(w1, PagedKVCache.for_weights(w1, kernel.kv_pages, kernel.page_size))
+
+
+CASES = [(m, tp, mode) for m in MODELS for tp in (1, 2, 4, 8) for mode in ("queue", "random")
+         if MODELS[m]["num_attention_heads"] % tp == 0]
+
+
+@pytest.mark.parametrize("name,tp,mode", CASES)
+def test_float32_matches_reference(checkpoints, name, tp, mode):
+    ck = checkpoints(name)
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    vm = VM(weights(ck, tp, torch.float32), KERNEL, CFG)
+    seed = hash((name, tp)) % 1000
+    for i, batch in enumerate(mixed_steps(MODELS[name]["vocab_size"])):
+        want = ref.forward(batch)
+        got = vm.step(batch, mode=mode, sms=4, seed=seed + i)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=f"step {i}")
+    # the VM's KV cache holds what the reference's holds (rank 0's heads)
+    k, v = vm.kv_cache(0)
+    hkv = k.shape[3]
+    kv0 = ParallelConfig(tp, 0).kv_head_start(weights(ck, 1, torch.float32)[0].config)
+    for s in mixed_steps(MODELS[name]["vocab_size"])[2].seqs:
+        slots = ref.cache.slots(s.pages, 0, s.end_pos)
+        rk = ref.cache.k.flatten(1, 2)[:, slots, kv0:kv0 + hkv]
+        torch.testing.assert_close(k.flatten(1, 2)[:, slots], rk, rtol=2e-5, atol=2e-5)
+        rv = ref.cache.v.flatten(1, 2)[:, slots, kv0:kv0 + hkv]
+        torch.testing.assert_close(v.flatten(1, 2)[:, slots], rv, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_interleavings_seeds(checkpoints, seed):
+    ck = checkpoints("GQA_LLAMA3")
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    vm = VM(weights(ck, 4, torch.float32), KERNEL, PlanConfig(**{**CFG.__dict__, "policy": "op_major"}))
+    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        torch.testing.assert_close(vm.step(batch, mode="random", sms=1 + seed * 3, seed=seed),
+                                   ref.forward(batch), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["GQA_LLAMA3", "TIED_HEADDIM"])
+def test_float32_bitwise_same_op_order(checkpoints, name):
+    """One token block per step, whole-width GEMM tiles, no KV split: the VM runs the reference's
+    ops in its order and float32 logits are bitwise equal. (Not TINY_MHA: there the VM's separate
+    q / k / v section GEMMs, N = 64 each, are summed by MKL otherwise than the reference's single
+    N = 192 qkv GEMM: 6.7e-8 off from the second step on.)"""
+    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=48, max_seqs=8,
+                          max_context=64, num_kv_pages=96)
+    ck = checkpoints(name)
+    w1 = weights(ck, 1, torch.float32)
+    ref = reference(w1[0], kernel)
+    vm = VM(w1, kernel, PlanConfig(kv_split=64, qkv_tile=4096, o_tile=4096, mlp_tile=4096,
+                                   down_tile=4096, lm_tile=4096))
+    for batch in mixed_steps(MODELS[name]["vocab_size"]):
+        assert torch.equal(vm.step(batch, mode="random", seed=1), ref.forward(batch))
+
+
+def greedy(step, prompts, new_tokens, chunk):
+    """Greedy generation with chunked prefill: each step holds a decode token of every running
+    sequence and the next prefill chunk (<= chunk tokens) of every prefilling one."""
+    cached = [0] * len(prompts)
+    out = [[] for _ in prompts]
+    while any(len(o) < new_tokens for o in out):
+        seqs, idx = [], []
+        for i, p in enumerate(prompts):
+            if len(out[i]) >= new_tokens:
+                continue
+            if cached[i] < len(p):
+                toks = p[cached[i]:cached[i] + chunk]
+            else:
+                toks = [out[i][-1]]
+            seqs.append(SeqChunk(toks, cached[i], page_table(i)))
+            idx.append(i)
+        logits = step(StepBatch(seqs))
+        for j, (i, s) in enumerate(zip(idx, seqs)):
+            cached[i] = s.end_pos
+            if cached[i] >= len(prompts[i]):
+                out[i].append(int(logits[j].argmax()))
+    return out
+
+
+@pytest.mark.parametrize("name,tp,mode", [("TINY_MHA", 1, "queue"), ("TINY_MHA", 4, "random"),
+                                          ("TINY_MHA", 2, "queue"), ("GQA_LLAMA3", 2, "random"),
+                                          ("GQA_LLAMA3", 8, "queue"), ("TIED_HEADDIM", 4, "random"),
+                                          ("TIED_HEADDIM", 1, "random")])
+def test_bf16_greedy_tokens_match(checkpoints, name, tp, mode):
+    """12 greedy tokens of 3 prompts, chunked prefill (9-token chunks) + decode, KV splits of 8,
+    against the TP 1 reference. HF's default init (std 0.02): with a much sharper init (0.25) the
+    reference's own float32 and bfloat16 generations part after a few tokens, so no other op order
+    can be held to the same tokens there; see the bitwise test below for that case. Likewise the
+    prompts are ones where the reference's float32 and bfloat16 tokens agree (asserted): at a
+    near-tie (top-2 margin 0.02) the VM's float32 split-KV softmax may side with the float32
+    reference against the bfloat16 one (seen with other prompts on TINY_MHA)."""
+    ck = checkpoints(name)
+    V = MODELS[name]["vocab_size"]
+    g = torch.Generator().manual_seed(PROMPT_SEED)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (13, 4, 21)]
+    want = greedy(reference(weights(ck, 1, torch.bfloat16)[0]).forward, prompts, 12, chunk=9)
+    # well-posed: the reference's own tokens do not hang on its precision (no near-tie flips)
+    assert want == greedy(reference(weights(ck, 1, torch.float32)[0]).forward, prompts, 12, chunk=9)
+    vm = VM(weights(ck, tp, torch.bfloat16), KERNEL, CFG)
+    calls = iter(range(1000))
+    got = greedy(lambda b: vm.step(b, mode=mode, seed=next(calls)), prompts, 12, chunk=9)
+    assert got == want
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_bf16_bitwise_without_split_sharp_model(checkpoints, name):
+    """TP 1, 8-token blocks and 16-column tiles, no KV split, a sharp (chaotic) model: bfloat16 GEMM
+    tiles round like the full GEMMs, so logits are bitwise equal and greedy tokens identical."""
+    ck = checkpoints(name, sharp=True)
+    w = weights(ck, 1, torch.bfloat16)
+    ref = reference(w[0])
+    vm = VM(w, KERNEL, PlanConfig(**{**CFG.__dict__, "kv_split": 64}))
+    for batch in mixed_steps(MODELS[name]["vocab_size"]):
+        assert torch.equal(vm.step(batch, mode="random", seed=5), ref.forward(batch))
+    V = MODELS[name]["vocab_size"]
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (13, 4, 21)]
+    ref = reference(w[0])
+    vm = VM(w, KERNEL, PlanConfig(**{**CFG.__dict__, "kv_split": 64}))
+    assert greedy(vm.step, prompts, 12, chunk=9) == greedy(ref.forward, prompts, 12, chunk=9)
+
+
+# The interpreter catches broken streams ---------------------------------------------------------
+def _drop_waits(op):
+    def hook(rank, instrs):
+        sel = instrs[:, W_OPCODE] == int(op)
+        for i in range(4):
+            instrs[sel, W_WAIT0 + 2 * i] = NO_COUNTER
+        return instrs
+    return hook
+
+
+def test_random_mode_exposes_missing_dependency(checkpoints):
+    ck = checkpoints("GQA_LLAMA3")
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    batch = mixed_steps(GQA_LLAMA3["vocab_size"])[0]
+    want = ref.forward(batch)
+    vm = VM(weights(ck, 2, torch.float32), KERNEL, CFG)
+    wrong = 0
+    for seed in range(3):
+        got = vm.step(batch, mode="random", sms=16, seed=seed, stream_hook=_drop_waits(Op.GATE_UP))
+        wrong += not torch.allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert wrong >= 1
+
+
+def test_stall_names_the_stuck_counter(checkpoints):
+    ck = checkpoints("TINY_MHA")
+    vm = VM(weights(ck, 2, torch.float32), KERNEL, CFG)
+
+    def hook(rank, instrs):
+        sel = (instrs[:, W_OPCODE] == int(Op.GATE_UP)).nonzero()[0, 0]
+        instrs[sel, W_WAIT0 + 1] += 1
+        return instrs
+    for mode in ("queue", "random"):
+        with pytest.raises(VMStall, match=r"GATE_UP layer 0 .*layer 0 NM\[0\] \(c\d+\) = 1 \(target 2\)"):
+            vm.step(mixed_steps(256)[0], mode=mode, stream_hook=hook)
+
+
+def test_counters_must_end_on_target(checkpoints):
+    ck = checkpoints("TINY_MHA")
+    vm = VM(weights(ck, 1, torch.float32), KERNEL, CFG)
+
+    def hook(rank, instrs):
+        instrs[instrs[:, W_OPCODE] == int(Op.LM_HEAD), W_SIGNAL] = NO_COUNTER
+        return instrs
+    with pytest.raises(VMError, match="LM_HEAD done"):
+        vm.step(mixed_steps(256)[0], stream_hook=hook)
+
+
+def test_buffers_and_weights_checked(checkpoints):
+    ck = checkpoints("TINY_MHA")
+    with pytest.raises(ValueError, match="give all 2 ranks"):
+        VM(weights(ck, 2, torch.float32)[:1] * 3, KERNEL, CFG)
+
+
+# The engine backend and the launcher --------------------------------------------------------------
+def test_engine_vm_backend_generates_like_reference(checkpoints):
+    from mk.engine import Engine, available_backends
+    assert "vm" in available_backends()
+    ck = checkpoints("GQA_LLAMA3", sharp=True)
+    w = weights(ck, 1, torch.bfloat16)[0]
+    kernel = KernelConfig(token_block=8, page_size=4, max_batch_tokens=16, max_seqs=4,
+                          max_context=64, num_kv_pages=64)
+    prompts = [[1, 15, 27, 3, 99, 42, 7, 8, 9, 10, 11], [1, 100, 5]]
+    want = Engine(w, backend="reference", kernel=kernel).generate(prompts, max_new_tokens=6,
+                                                                  max_tokens_per_step=9)
+    got = Engine(w, backend="vm", kernel=kernel).generate(prompts, max_new_tokens=6,
+                                                          max_tokens_per_step=9)
+    assert got == want
+
+
+def _generate(backend, extra=(), torchrun=0, env_extra=None):
+    env = {**os.environ, "MK_NO_PROGRESS": "1", "MK_VM_MODE": "random", **(env_extra or {})}
+    cmd = [sys.executable]
+    if torchrun:
+        cmd += ["-m", "torch.distributed.run", "--nproc-per-node", str(torchrun), "--master-port",
+                str(29500 + os.getpid() % 1000)]
+    cmd += [str(ROOT / "launch" / "generate.py"), "--backend", backend, "--json",
+            "--max-new-tokens", "4", "--num-kv-pages", "64", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])["tokens"]
+
+
+def test_launch_generate_backend_vm(tmp_path):
+    env = {"MK_CACHE_DIR": str(tmp_path)}
+    assert _generate("vm", env_extra=env) == _generate("reference", env_extra=env)
+
+
+def test_launch_generate_backend_vm_torchrun(tmp_path):
+    env = {"MK_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    assert _generate("vm", torchrun=2, env_extra=env) == _generate("reference", env_extra=env)
