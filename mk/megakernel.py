@@ -774,3 +774,47 @@ def plan_page_cycle(k: int, T: int, H: int, seed: int = 0):
         r += rows
     from mk.ir import serialize
     return serialize(_random_topo(instrs, preds, rng)), ctr
+
+
+# ==================================================================================== backend
+class MegakernelBackend:
+    """`--backend megakernel`. Test mode for now: streams made only of the rows family
+    (NOOP/COPY/RMSNORM/RESIDUAL_ADD) run on the GPU through run_stream(); a model step needs the
+    model's opcodes' GPU bodies, so forward() says which ones are missing."""
+
+    name = "megakernel"
+
+    def __init__(self, weights, kernel=None, group=None):
+        if not torch.cuda.is_available():
+            raise RuntimeError("the megakernel backend needs a CUDA GPU (use --backend vm on CPU)")
+        self.weights = weights
+        self.kernel_config = kernel
+        self._mk = {}
+
+    def run_stream(self, stream: torch.Tensor, arena: torch.Tensor) -> torch.Tensor:
+        """Run a rows-family stream on arena [NBUF, T, H] (any device); returns the new arena."""
+        cfg = self.weights.config
+        key = tuple(arena.shape)
+        if key not in self._mk:
+            buf = torch.zeros(arena.shape, dtype=torch.bfloat16, device="cuda")
+            self._mk[key] = Megakernel(buf, norm_table(self.weights).cuda(), cfg.num_layers,
+                                       cfg.rms_norm_eps)
+        mk = self._mk[key]
+        mk.arena.copy_(arena)
+        mk.run(stream)
+        return mk.arena.to(arena.device, arena.dtype)
+
+    def forward(self, batch):
+        raise NotImplementedError(
+            "megakernel backend: GPU bodies exist for NOOP, COPY, RMSNORM and RESIDUAL_ADD only; "
+            "the model's opcodes (QKV/RoPE, attention, projections, MLP, LM head) are not built "
+            "yet. Use MegakernelBackend.run_stream for rows-family streams, or --backend vm.")
+
+
+try:
+    from mk.engine import register_backend as _register_backend
+except ImportError:  # engine not importable: the backend is still usable directly
+    _register_backend = None
+if _register_backend is not None:
+    _register_backend("megakernel")(lambda weights, kernel, group=None:
+                                     MegakernelBackend(weights, kernel, group))
