@@ -99,8 +99,8 @@ def main():
         return 0
     props = torch.cuda.get_device_properties(0)
     res = dict(date=datetime.date.today().isoformat(),
-               git_commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                         text=True).stdout.strip() or os.environ.get("MK_COMMIT", "?"),
+               git_commit=os.environ.get("MK_COMMIT") or subprocess.run(
+                   ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
                device=props.name, sms=props.multi_processor_count,
                command=" ".join([sys.executable] + sys.argv), torch=torch.__version__)
     T, H, L = 512, 8192, 8
