@@ -1,0 +1,353 @@
+"""A standalone persistent kernel that runs GEMM-tile instructions (mk.ir format, matmul.py's
+argument words) with the megakernel's roles and protocols, so each GEMM body can be compiled,
+checked and timed over a whole matrix before (and independently of) its wiring into
+mk/megakernel.py. One compiled kernel per (opcode, tile config).
+
+Block = 384 threads:
+    warp 0      controller: global queue ticket (atomic add), 32 words into a shared-memory
+                instruction ring slot, bounded counter waits (ld.acquire + nanosleep), publish
+    warp 1      loader: TMA of A/B operand pages and of the residual tile (mk.instructions._gemm_kernel)
+    warps 2-3   storer: 16-byte masked stores of the epilogue pages, then fence + red.release
+                of the instruction's signal counter
+    warps 4-11  two consumer warpgroups: wgmma mainloop + fused epilogue (setmaxregister_increase)
+Pages: NPAGES x 16 KiB in ring order, full (1) / empty (8) / done (8) mbarriers per page.
+Counters and the queue head are reset by the last CTA out (like the megakernel), so a launch can
+be replayed without host memsets; every wait is bounded (state buffer error record, abort flag).
+
+GPU:   python -m bench.gemm          (runs this harness for every GEMM op; see bench/gemm.py)
+CPU:   compile_fake(op, cfg) compiles for sm_90a with fake tensors (tests/test_gemm_compile.py)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.experimental.primitives as prims
+from cutlass import BFloat16, Float32, Int32, Int64
+
+from mk.instructions import _gemm_kernel as gk
+from mk.instructions import _rows_kernel as rk
+from mk.instructions.matmul import A_K as gk_A_K
+from mk.ir import (INSTR_WORDS, MAX_WAITS, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
+                   W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0, Op)
+
+THREADS = 384
+NISLOTS = 4
+NPAGES = 13
+REG_LOW = int(os.environ.get("MK_GEMM_REG_LOW", 64))
+REG_HIGH = int(os.environ.get("MK_GEMM_REG_HIGH", 224))   # 128 x 64 + 256 x 224 = 65536: the whole register file
+OP_END = -1
+BAR_STORER = 2
+N_STORER = 64
+IEMPTY_ARRIVALS = 1 + 2 + gk.NUM_CONSUMER_WARPS   # loader warp, storer warps, consumer warps
+
+
+@cute.jit
+def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int64,
+                 state: cute.Tensor, ticket: Int32) -> Int32:
+    """Spin until counters[c] >= target (ld.acquire.gpu, growing nanosleep, bounded). 1 = ok."""
+    p = (counters.iterator + c).llvm_ptr
+    v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
+    ok = Int32(1)
+    if v < target:
+        t0 = cute.arch.globaltimer()
+        ns = Int32(20)
+        st = Int32(0)
+        while st == 0:
+            prims.nanosleep(ns)
+            if ns < 1000:
+                ns = ns * 2
+            v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
+            if v >= target:
+                st = Int32(1)
+            elif cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                scope="gpu") != 0:
+                st = Int32(3)
+            elif cute.arch.globaltimer() - t0 > timeout_ns:
+                st = Int32(2)
+        if st == 2:
+            rk.write_error(state, rk.ERR_COUNTER_WAIT, ticket, c, v, target)
+        if st != 1:
+            ok = Int32(0)
+    return ok
+
+
+class GemmHarnessDSL:
+    """x: (T, K, NBX) bf16 K-contiguous; w: (N, K, L) bf16 K-contiguous (layer-stacked weights);
+    y: (T, N, NBY) bf16 (or (S, V, 1) float32 for LM_HEAD), N-contiguous, compact."""
+
+    def __init__(self, op, cfg: gk.TileConfig, npages: int = NPAGES):
+        self.op = int(op)
+        self.epi = gk.epi_of(op)
+        self.cfg = cfg.check(gk.out_bytes_of(self.epi), npages)
+        self.npages = npages
+
+    @cute.jit
+    def __call__(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
+                 state: cute.Tensor, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor,
+                 timeout_ns: Int64, grid: Int32, stream):
+        resid = self.epi == gk.EPI_RESIDUAL
+        at = gk.GemmAtoms(self.cfg, x, w, y, residual=resid)
+        tma_r, gR = at.tma_a, at.gA          # placeholders (never used) without a residual
+        if cutlass.const_expr(resid):
+            tma_r, gR = at.tma_r, at.gR
+
+        @cute.struct
+        class Storage:
+            ifull: cute.struct.MemRange[cutlass.Int64, NISLOTS]
+            iempty: cute.struct.MemRange[cutlass.Int64, NISLOTS]
+            full: cute.struct.MemRange[cutlass.Int64, self.npages]
+            empty: cute.struct.MemRange[cutlass.Int64, self.npages]
+            done: cute.struct.MemRange[cutlass.Int64, self.npages]
+            ring: cute.struct.MemRange[cutlass.Int32, NISLOTS * INSTR_WORDS]
+            tick: cute.struct.MemRange[cutlass.Int32, NISLOTS]
+            flag: cute.struct.MemRange[cutlass.Int32, 4]
+            pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * gk.PAGE], 1024]
+        self.storage = Storage
+        self.kernel(instrs, n_instr, counters, n_ctr, state, at.tma_a, at.gA, at.tma_b, at.gB,
+                    tma_r, gR, at.tiled_mma, at.sA_layout, at.sB_layout, y, w,
+                    timeout_ns).launch(
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
+            max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
+               state: cute.Tensor, tma_a: cute.CopyAtom, gA: cute.Tensor, tma_b: cute.CopyAtom,
+               gB: cute.Tensor, tma_r: cute.CopyAtom, gR: cute.Tensor, tiled_mma: cute.TiledMma,
+               sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, y: cute.Tensor,
+               w: cute.Tensor, timeout_ns: Int64):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        NP = self.npages
+        cfg = self.cfg
+        epi = self.epi
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(self.storage)
+        ifull = st.ifull.data_ptr()
+        iempty = st.iempty.data_ptr()
+        full = st.full.data_ptr()
+        empty = st.empty.data_ptr()
+        done = st.done.data_ptr()
+        ring = st.ring.get_tensor(cute.make_layout(NISLOTS * INSTR_WORDS))
+        tick = st.tick.get_tensor(cute.make_layout(NISLOTS))
+        flag = st.flag.get_tensor(cute.make_layout(4))
+        pool = st.pool.data_ptr().toint()
+
+        if warp == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+            if cutlass.const_expr(epi == gk.EPI_RESIDUAL):
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_r)
+            with cute.arch.elect_one():
+                for s in cutlass.range_constexpr(NISLOTS):
+                    cute.arch.mbarrier_init(ifull + s, 1)
+                    cute.arch.mbarrier_init(iempty + s, IEMPTY_ARRIVALS)
+                for p in cutlass.range_constexpr(NP):
+                    cute.arch.mbarrier_init(full + p, 1)
+                    cute.arch.mbarrier_init(empty + p, gk.EMPTY_ARRIVALS)
+                    cute.arch.mbarrier_init(done + p, gk.DONE_ARRIVALS)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp < 4:
+            cute.arch.setmaxregister_decrease(REG_LOW)
+            if warp == 0:
+                # ------------------------------------------------------------ controller
+                islot = Int32(0)
+                iph = Int32(0)
+                live = Int32(1)
+                while live == 1:
+                    rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state,
+                                        rk.ERR_INSTR_SLOT, Int32(-1))
+                    t = Int32(0)
+                    if lane == 0:
+                        t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
+                                                 sem="relaxed", scope="gpu")
+                    t = cute.arch.shuffle_sync(t, 0)
+                    wd = Int32(OP_END)
+                    if t < n_instr:
+                        wd = instrs[t, lane]
+                        wi = W_WAIT0 + 2 * (lane % MAX_WAITS)
+                        c = cute.arch.shuffle_sync(wd, wi)
+                        tg = cute.arch.shuffle_sync(wd, wi + 1)
+                        ok = Int32(1)
+                        if lane < MAX_WAITS:
+                            if c >= 0:
+                                ok = wait_counter(counters, c, tg, timeout_ns, state, t)
+                        if not cute.arch.vote_all_sync(ok == 1):
+                            wd = Int32(OP_END)
+                            live = Int32(0)
+                    else:
+                        live = Int32(0)
+                    if lane == 0:
+                        ring[islot * INSTR_WORDS] = wd
+                        tick[islot] = t
+                    else:
+                        ring[islot * INSTR_WORDS + lane] = wd
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(ifull + islot)
+                    islot = islot + 1
+                    if islot == NISLOTS:
+                        islot = Int32(0)
+                        iph = iph ^ 1
+            elif warp == 1:
+                # ------------------------------------------------------------ TMA loader
+                islot = Int32(0)
+                iph = Int32(0)
+                live = Int32(1)
+                pg = Int32(0)
+                half = w.shape[0] // 2
+                while live == 1:
+                    rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
+                                        Int32(-1))
+                    base = islot * INSTR_WORDS
+                    op = ring[base + W_OPCODE]
+                    t = tick[islot]
+                    layer = ring[base + W_LAYER]
+                    row0 = ring[base + W_ROW0]
+                    col0 = ring[base + W_COL0]
+                    kt = (ring[base + gk_A_K] + (gk.BK - 1)) // gk.BK
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(iempty + islot)
+                    if op == OP_END:
+                        live = Int32(0)
+                    elif op == self.op:
+                        pg = gk.gemm_load(cfg, epi, tma_a, gA, tma_b, gB, tma_r, gR, sA_layout,
+                                          sB_layout, Int32(0), Int32(0), layer, row0, col0,
+                                          half + col0, kt, pool, full, empty, pg, NP, timeout_ns,
+                                          state, t)
+                    islot = islot + 1
+                    if islot == NISLOTS:
+                        islot = Int32(0)
+                        iph = iph ^ 1
+            else:
+                # ------------------------------------------------------------ storer (warps 2-3)
+                sid = tidx - 64
+                islot = Int32(0)
+                iph = Int32(0)
+                live = Int32(1)
+                pg = Int32(0)
+                ld = y.shape[1]
+                while live == 1:
+                    rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
+                                        Int32(-1))
+                    base = islot * INSTR_WORDS
+                    op = ring[base + W_OPCODE]
+                    t = tick[islot]
+                    row0 = ring[base + W_ROW0]
+                    rows = ring[base + W_ROWS]
+                    col0 = ring[base + W_COL0]
+                    cols = ring[base + W_COLS]
+                    kt = (ring[base + gk_A_K] + (gk.BK - 1)) // gk.BK
+                    sig = ring[base + W_SIGNAL]
+                    sigc = ring[base + W_SIGNAL_COUNT]
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(iempty + islot)
+                    if op == OP_END:
+                        live = Int32(0)
+                    elif op == self.op:
+                        pg = gk.gemm_store(cfg, epi, y.iterator, ld, row0, rows, col0, cols, pool,
+                                           empty, done, pg, kt, NP, sid, BAR_STORER, N_STORER,
+                                           timeout_ns, state, t)
+                        # every store of this instruction precedes the storer barrier inside
+                        if sid == 0:
+                            if sig >= 0:
+                                cute.arch.fence_acq_rel_gpu()
+                                cute.arch.red((counters.iterator + sig).llvm_ptr, sigc, op="add",
+                                              dtype="s32", sem="release", scope="gpu")
+                    islot = islot + 1
+                    if islot == NISLOTS:
+                        islot = Int32(0)
+                        iph = iph ^ 1
+        else:
+            # ---------------------------------------------------------------- consumers (2 WGs)
+            cute.arch.setmaxregister_increase(REG_HIGH)
+            ctid = tidx - 128
+            islot = Int32(0)
+            iph = Int32(0)
+            live = Int32(1)
+            pg = Int32(0)
+            while live == 1:
+                rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
+                                    Int32(-1))
+                base = islot * INSTR_WORDS
+                op = ring[base + W_OPCODE]
+                t = tick[islot]
+                kt = (ring[base + gk_A_K] + (gk.BK - 1)) // gk.BK
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(iempty + islot)
+                if op == OP_END:
+                    live = Int32(0)
+                elif op == self.op:
+                    pg = gk.gemm_consume(cfg, epi, tiled_mma, sA_layout, sB_layout, kt, pool,
+                                         full, empty, done, pg, NP, ctid, timeout_ns, state, t)
+                islot = islot + 1
+                if islot == NISLOTS:
+                    islot = Int32(0)
+                    iph = iph ^ 1
+
+        # -------------------------------------------------------------------- teardown
+        cute.arch.sync_threads()
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            old = cute.arch.atomic_add((state.iterator + rk.S_EXIT).llvm_ptr, Int32(1),
+                                       sem="acq_rel", scope="gpu")
+            last = Int32(0)
+            if old == Int32(gdim) - 1:
+                if cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                  scope="gpu") == 0:
+                    last = Int32(1)
+            flag[0] = last
+        cute.arch.sync_threads()
+        if flag[0] == 1:
+            for i in range(tidx, n_ctr, THREADS):
+                counters[i] = Int32(0)
+            if tidx == 0:
+                state[rk.S_HEAD] = Int32(0)
+                state[rk.S_EXIT] = Int32(0)
+
+
+
+# ============================================================================ CPU compile (fake)
+def fake_args(op, M=None, N=None, K=None):
+    """Fake tensors with dynamic shapes for a CPU compile (shapes only fix divisibility)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+    S = cute.sym_int
+    T, Kd, Nd = S(), S(divisibility=64), S(divisibility=8)
+    out_ty = Float32 if gk.epi_of(op) == gk.EPI_STORE_F32 else BFloat16
+    x = make_fake_tensor(BFloat16, (T, Kd, S()), stride=(S(divisibility=64), 1, S(divisibility=64)),
+                         assumed_align=16)
+    w = make_fake_tensor(BFloat16, (Nd, Kd, S()), stride=(S(divisibility=64), 1, S(divisibility=64)),
+                         assumed_align=16)
+    y = make_fake_tensor(out_ty, (T, Nd, S()), stride=(S(divisibility=8), 1, S(divisibility=8)),
+                         assumed_align=16)
+    return [make_fake_compact_tensor(Int32, (S(), INSTR_WORDS), stride_order=(1, 0), assumed_align=4),
+            Int32(1), make_fake_compact_tensor(Int32, (S(),), assumed_align=4), Int32(1),
+            make_fake_compact_tensor(Int32, (rk.STATE_WORDS,), assumed_align=4),
+            x, w, y, Int64(1), Int32(132), make_fake_stream()]
+
+
+def compile_fake(op, cfg: gk.TileConfig, npages: int = NPAGES):
+    """cute.compile for sm_90a on the CPU; returns the compiled object (PTX in __ptx__)."""
+    return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
+        GemmHarnessDSL(op, cfg, npages), *fake_args(op))
+
+
+if __name__ == "__main__":
+    import sys
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    op = Op[sys.argv[1].upper()] if len(sys.argv) > 1 else Op.O_PROJ
+    name = sys.argv[2] if len(sys.argv) > 2 else "m128n256"
+    t0 = time.time()
+    comp = compile_fake(op, gk.TILES[name])
+    print(f"{op.name} {name}: compiled in {time.time() - t0:.1f}s, PTX {len(comp.__ptx__ or '')} chars")

@@ -1,0 +1,505 @@
+"""CuTe DSL device bodies of the GEMM-tile family (O_PROJ, GATE_UP, DOWN, LM_HEAD; QKV_ROPE's GEMM
+core) and their host-side atom/layout builders, for the persistent megakernel (and the standalone
+harness bench/gemm_harness.py, which runs the same bodies with the same roles).
+
+GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
+registry never imports it. The torch faces (the semantics these bodies must match) stay in
+matmul.py / qkv.py; the argument words are theirs (A_SRC, A_DST, A_EPI, A_SLOT_STRIDE, A_K).
+
+Tile shapes (TileConfig, TILE_TABLE, choose_tile)
+-------------------------------------------------
+A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64 (one 128-byte swizzle atom
+of bf16). Every shared-memory operand box is exactly one 16 KiB page of the megakernel's pool:
+    A page   BM x 64 bf16 (BM = 128: the whole page; BM = 64: half of it), SW128 K-major
+    B page   128 weight rows x 64 bf16, SW128 K-major
+so no operand needs two *contiguous* pages, and the pool can be used in plain ring order by every
+role. A stage (one K-step) is 1 A page + NB B pages. Two consumer warpgroups (256 threads) share
+each stage; how they split the tile is the config's `wg` mode:
+    "M"     BM = 128: warpgroup w owns rows [64w, 64w+64) and every B page (one accumulator of
+            64 x 128 per B page: wgmma m64n128k16, two chains for NB = 2)
+    "N"     BM = 64:  warpgroup w owns columns [64w, 64w+64) of every B page (m64n64k16)
+    "PAGE"  BM = 64, NB = 2: warpgroup w owns B page w (m64n128k16)
+GATE_UP always loads two B pages per stage, the gate rows [c0, c0+BNo) and the up rows
+[I + c0, I + c0 + BNo) of the stacked gate_up weight (one TMA descriptor, two coordinates), so each
+thread holds gate and up of the same (row, column) and SiLU(gate) * up is fused in registers
+(the interleaving the issue asks for, done by the loader instead of by a weight shuffle).
+
+Pages of one instruction, in ring order (every role walks the same sequence, so each computes the
+same page numbers from a running page count pg: page = pg % NP, phase = (pg // NP) & 1):
+    kt stages of (1 + NB) pages, then E epilogue pages (output staging).
+Barrier arrivals per page (counts are the megakernel's init counts):
+    full[p]   count 1: loader arrive_and_expect_tx + TMA bytes (operand pages, and epilogue pages
+              holding the residual tile for RESIDUAL), or a plain arrive (epilogue page granted)
+    empty[p]  count EMPTY_ARRIVALS = 8: every consumer warp once it has read the page (operand
+              pages: after the wgmma reading it retired, wait_group(1)); the storer arrives once
+              with arrive_count=8 after storing an epilogue page
+    done[p]   count DONE_ARRIVALS = 8: every consumer warp once its part of the output is in the
+              epilogue page
+Epilogue pages hold the output tile as boxes of BM rows x 128 bytes (64 bf16 or 32 fp32 columns),
+SW128-swizzled like the A operand (byte offset r*128 + ((chunk ^ (r & 7)) << 4)), 128 / BM boxes
+per page; for RESIDUAL the loader TMA-loads the destination's residual tile into them (issued as
+soon as the pages are free, i.e. during the tail of the mainloop), the consumers add in place,
+and the storer writes 16-byte vectors with exact row/column masks (a TMA store would clobber rows
+past the tile's last token) and frees the page.
+
+Mainloop of the consumers (both warpgroups, per K-step): wait full on the stage's pages, wgmma
+fence, 4 k-blocks x NCH wgmma chains, commit, wait_group(1) (so the tensor cores always have the
+next K-step queued), then release the *previous* stage's pages. wait_group(0) after the last step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass.tensor_utils import LayoutEnum
+
+from mk.instructions import _rows_kernel as rk
+from mk.instructions.matmul import Epi
+from mk.ir import Op
+
+PAGE = rk.PAGE                 # 16 KiB
+BK = 64                        # K per stage (one SW128 atom of bf16)
+B_ROWS = 128                   # weight rows per B page
+NUM_CONSUMER_WARPS = 8         # two consumer warpgroups
+CONSUMER_THREADS = 256
+EMPTY_ARRIVALS = NUM_CONSUMER_WARPS
+DONE_ARRIVALS = NUM_CONSUMER_WARPS
+B_PAGE_BYTES = B_ROWS * BK * 2
+
+# epilogue kinds (compile-time: one body per opcode's epilogue)
+EPI_STORE = int(Epi.STORE)          # bf16 store (QKV q section, EMBED-like)
+EPI_RESIDUAL = int(Epi.RESIDUAL)    # dst += y (O_PROJ / DOWN at TP 1)
+EPI_SILU_MUL = int(Epi.SILU_MUL)    # GATE_UP
+EPI_STORE_F32 = 16                  # LM_HEAD: float32 logits
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One tile shape (see the module docstring)."""
+
+    name: str
+    bm: int             # token rows per tile: 64 or 128
+    nb: int             # B pages per stage: 1 or 2
+    wn: int             # wgmma N per chain: 64 or 128
+    wg: str             # "M", "N" or "PAGE"
+    gate_up: bool = False   # B pages are (gate, up) of the same output columns
+
+    @property
+    def bn(self) -> int:
+        """Output columns of a tile."""
+        if self.gate_up:
+            return B_ROWS
+        return B_ROWS * self.nb
+
+    @property
+    def stage_pages(self) -> int:
+        return 1 + self.nb
+
+    def chains(self) -> int:
+        """wgmma accumulators per consumer thread."""
+        return 1 if self.wg == "PAGE" else self.nb
+
+    def atom_layout(self):
+        return {"M": (2, 1, 1), "N": (1, 2, 1), "PAGE": (1, 1, 1)}[self.wg]
+
+    def epi_boxes(self, out_bytes: int) -> int:
+        return self.bn * out_bytes // 128
+
+    def epi_pages(self, out_bytes: int) -> int:
+        bpp = 128 // self.bm
+        return -(-self.epi_boxes(out_bytes) // bpp)
+
+    def acc_regs(self) -> int:
+        """fp32 accumulator registers per consumer thread."""
+        return self.chains() * 64 * self.wn // 128
+
+    def check(self, out_bytes: int = 2, npages: int = 13):
+        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (64, 128)
+        if self.wg == "M":
+            assert self.bm == 128 and self.wn == 128
+        elif self.wg == "N":
+            assert self.bm == 64 and self.wn == 64
+        else:
+            assert self.wg == "PAGE" and self.bm == 64 and self.nb == 2 and self.wn == 128
+            assert not self.gate_up, "PAGE mode puts gate and up in different warpgroups"
+        if self.gate_up:
+            assert self.nb == 2
+        e = self.epi_pages(out_bytes)
+        # deadlock-freedom of the ring: two stages in flight in the consumers, E staging pages
+        assert 2 * self.stage_pages <= npages and e + self.stage_pages <= npages, (self, e)
+        return self
+
+    def stages_in_pool(self, npages: int = 13) -> int:
+        return npages // self.stage_pages
+
+
+# name -> config; the table below picks one per (opcode, M class)
+TILES = {
+    "m128n256": TileConfig("m128n256", 128, 2, 128, "M"),
+    "m128n128": TileConfig("m128n128", 128, 1, 128, "M"),
+    "m64n256": TileConfig("m64n256", 64, 2, 128, "PAGE"),
+    "m64n128": TileConfig("m64n128", 64, 1, 64, "N"),
+    "gu_m128": TileConfig("gu_m128", 128, 2, 128, "M", gate_up=True),
+    "gu_m64": TileConfig("gu_m64", 64, 2, 64, "N", gate_up=True),
+}
+
+# Shape classes: M (token rows of the step, or sequences for LM_HEAD) -> tile per opcode.
+# Rationale (one Llama-70B TP8 rank, 132 SMs): at M >= 1024 the GEMMs are compute-bound and the
+# 128 x 256 tile (2 warpgroups x m64n256 worth of wgmma, 3 pages per stage, 4 stages) has the best
+# smem-bandwidth/FLOP ratio; narrow N (QKV's 1280) and fp32 logits use 128 x 128 (more tiles, and
+# 4 staging pages for fp32). At M <= 256 the GEMMs are weight-bandwidth bound: BM = 64 halves the
+# wasted A rows, BN = 128 doubles the tile count so every SM streams weights.
+TILE_TABLE = {
+    # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
+    Op.O_PROJ: ("m64n128", "m64n256", "m128n256", "m128n256"),
+    Op.DOWN: ("m64n128", "m64n256", "m128n256", "m128n256"),
+    Op.GATE_UP: ("gu_m64", "gu_m64", "gu_m128", "gu_m128"),
+    Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
+    Op.QKV_ROPE: ("m64n128", "m64n128", "m128n128", "m128n128"),
+}
+M_CLASSES = (64, 256, 1024)
+
+
+def choose_tile(op, m: int) -> TileConfig:
+    cls = sum(1 for b in M_CLASSES if m > b)
+    return TILES[TILE_TABLE[Op(op)][cls]]
+
+
+def epi_of(op) -> int:
+    """The epilogue a body of opcode `op` is compiled with (the TP-1 epilogues)."""
+    op = Op(op)
+    if op in (Op.O_PROJ, Op.DOWN):
+        return EPI_RESIDUAL
+    if op == Op.GATE_UP:
+        return EPI_SILU_MUL
+    if op == Op.LM_HEAD:
+        return EPI_STORE_F32
+    return EPI_STORE
+
+
+def out_bytes_of(epi: int) -> int:
+    return 4 if epi == EPI_STORE_F32 else 2
+
+
+def pages_per_instr(cfg: TileConfig, epi: int, kt: int) -> int:
+    return kt * cfg.stage_pages + cfg.epi_pages(out_bytes_of(epi))
+
+
+# ============================================================================ host-side builders
+class GemmAtoms:
+    """Host-side (inside the @cute.jit __call__) TMA atoms, smem layouts and the tiled MMA of one
+    tile config. x: activations (T, K, NBX) K-contiguous; w: weights (N, K, L) K-contiguous;
+    y: destination (T, N, NBY) N-contiguous (bf16; only its residual TMA is built here)."""
+
+    def __init__(self, cfg: TileConfig, x: cute.Tensor, w: cute.Tensor, y=None, residual=False):
+        self.cfg = cfg
+        lay = LayoutEnum.ROW_MAJOR   # K-major A and B
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+            Float32, cfg.atom_layout(), tiler_mn=(64, cfg.wn))
+        self.sA_layout = cute.slice_(sm90_utils.make_smem_layout_a(
+            lay, (cfg.bm, B_ROWS, BK), BFloat16, 1), (None, None, 0))
+        self.sB_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+            lay, (cfg.bm, B_ROWS, BK), BFloat16, 1), (None, None, 0))
+        g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        self.tma_a, self.gA = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, x, self.sA_layout,
+                                                                     (cfg.bm, BK))
+        self.tma_b, self.gB = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, w, self.sB_layout,
+                                                                     (B_ROWS, BK))
+        self.a_bytes = cute.size_in_bytes(BFloat16, self.sA_layout)
+        assert self.a_bytes == cfg.bm * BK * 2 and self.a_bytes <= PAGE
+        assert cute.size_in_bytes(BFloat16, self.sB_layout) == B_PAGE_BYTES
+        # the epilogue box (BM rows x 64 bf16 columns, SW128) has the A page's layout
+        self.tma_r, self.gR = None, None
+        if residual:
+            self.tma_r, self.gR = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, y, self.sA_layout,
+                                                                         (cfg.bm, BK))
+
+    def prefetch(self):
+        cute.nvgpu.cpasync.prefetch_descriptor(self.tma_a)
+        cute.nvgpu.cpasync.prefetch_descriptor(self.tma_b)
+        if self.tma_r is not None:
+            cute.nvgpu.cpasync.prefetch_descriptor(self.tma_r)
+
+
+# ============================================================================ device helpers
+@cute.jit
+def page_of(pg: Int32, npages: cutlass.Constexpr):
+    return pg % npages, (pg // npages) & 1
+
+
+@cute.jit
+def page_tensor(pool: Int32, page: Int32, layout: cute.ComposedLayout):
+    """smem tensor over page `page` (runtime) with a swizzled K-major layout."""
+    p = cute.make_ptr(BFloat16, pool + page * PAGE, cute.AddressSpace.smem, assumed_align=1024)
+    p = cute.recast_ptr(p, layout.inner, dtype=BFloat16)
+    return cute.make_tensor(p, layout.outer)
+
+
+@cute.jit
+def tma_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout, box_m: cutlass.Constexpr,
+            pool: Int32, page: Int32, row: Int32, kcol: Int32, z: Int32, bar: cute.Pointer,
+            sub: cutlass.Constexpr = 0):
+    """TMA one (box_m x 64) box of g (rows, cols, z) at element (row, kcol) into page `page`
+    (at byte offset sub * box_m * 128), completing on mbarrier `bar`."""
+    p = cute.make_ptr(BFloat16, pool + page * PAGE + sub * box_m * 128, cute.AddressSpace.smem,
+                      assumed_align=1024)
+    p = cute.recast_ptr(p, s_layout.inner, dtype=BFloat16)
+    s = cute.make_tensor(p, s_layout.outer)
+    gt = cute.local_tile(cute.domain_offset((row, kcol, z), g), (box_m, BK), (0, 0, 0))
+    ts, tg = cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                              cute.group_modes(gt, 0, 2))
+    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
+
+
+# ============================================================================ loader (1 warp)
+@cute.jit
+def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAtom,
+              gA: cute.Tensor, tma_b: cute.CopyAtom, gB: cute.Tensor, tma_r, gR,
+              sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+              xb: Int32, yb: Int32, layer: Int32, row0: Int32, col0: Int32, up_row0: Int32,
+              kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
+              npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+              ticket: Int32) -> Int32:
+    """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
+    via TMA for RESIDUAL, else a plain grant). Returns the new page count.
+
+    up_row0: first weight row of the second B page for gate_up configs (I + col0); otherwise the
+    second page is weight rows col0 + 128."""
+    # activations were written by generic-proxy stores of other CTAs (acquired by the controller):
+    # order them before this warp's async-proxy reads
+    cute.arch.fence_proxy("async.global")
+    a_bytes = cfg.bm * BK * 2
+    for k in range(kt):
+        kc = k * BK
+        page, ph = page_of(pg, npages)
+        rk.bounded_bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
+        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, row0, kc, xb, full + page)
+        for j in cutlass.range_constexpr(cfg.nb):
+            page, ph = page_of(pg + 1 + j, npages)
+            rk.bounded_bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
+            wrow = col0 + j * B_ROWS
+            if cutlass.const_expr(cfg.gate_up and j == 1):
+                wrow = up_row0
+            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, wrow, kc, layer, full + page)
+        pg = pg + cfg.stage_pages
+    ob = out_bytes_of(epi)
+    nbox = cfg.epi_boxes(ob)
+    bpp = 128 // cfg.bm
+    for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
+        page, ph = page_of(pg + e, npages)
+        rk.bounded_bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        if cutlass.const_expr(epi == EPI_RESIDUAL):
+            nb_here = min(bpp, nbox - e * bpp)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + page, nb_here * cfg.bm * 128)
+            for s in cutlass.range_constexpr(nb_here):
+                tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, row0,
+                        col0 + (e * bpp + s) * 64, yb, full + page, s)
+        else:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(full + page)
+    return pg + cfg.epi_pages(ob)
+
+
+# ============================================================================ consumers (2 WGs)
+@cute.jit
+def epi_addr(pool: Int32, ep0: Int32, r: Int32, c: Int32, bm: cutlass.Constexpr,
+             ob: cutlass.Constexpr, npages: cutlass.Constexpr) -> Int32:
+    """smem byte address of output element (r, c) of the tile in the epilogue pages (first page
+    index ep0, ring-wrapped)."""
+    cb = c * ob
+    box = cb // 128
+    within = cb % 128
+    bpp = 128 // bm
+    pidx = ep0 + box // bpp
+    if pidx >= npages:
+        pidx = pidx - npages
+    return (pool + pidx * PAGE + (box % bpp) * (bm * 128) + r * 128
+            + ((((within // 16) ^ (r % 8))) * 16) + within % 16)
+
+
+@cute.jit
+def silu_mul_bf16(g: Float32, u: Float32) -> Float32:
+    """bf16(silu(bf16(g)) * bf16(u)) like the torch face (F.silu on bf16, then a bf16 product)."""
+    gb = g.to(BFloat16).to(Float32)
+    s = (gb / (Float32(1.0) + cute.math.exp(-gb, fastmath=True))).to(BFloat16).to(Float32)
+    return s * u.to(BFloat16).to(Float32)
+
+
+@cute.jit
+def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute.TiledMma,
+                 sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, kt: Int32,
+                 pool: Int32, full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer,
+                 pg: Int32, npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
+                 state: cute.Tensor, ticket: Int32) -> Int32:
+    """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
+    pages. Returns the new page count."""
+    wg = ctid // 128
+    lane = ctid % 32
+    mma_tid = ctid
+    if cutlass.const_expr(cfg.wg == "PAGE"):
+        mma_tid = ctid % 128
+    thr_mma = tiled_mma.get_slice(mma_tid)
+    nch = cfg.chains()
+    spp = cfg.stage_pages
+
+    # accumulators: one per wgmma chain
+    cC = cute.make_identity_tensor((64 * cfg.atom_layout()[0], cfg.wn * cfg.atom_layout()[1]))
+    tCcC = thr_mma.partition_C(cC)
+    accs = [cute.make_rmem_tensor(tCcC.shape, Float32) for _ in range(nch)]
+    for ch in cutlass.range_constexpr(nch):
+        accs[ch].fill(0.0)
+    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+
+    for k in range(kt):
+        pa, pha = page_of(pg + k * spp, npages)
+        rk.bounded_bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        for j in cutlass.range_constexpr(cfg.nb):
+            pb, phb = page_of(pg + k * spp + 1 + j, npages)
+            rk.bounded_bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(page_tensor(pool, pa, sA_layout)))
+        cute.nvgpu.warpgroup.fence()
+        for ch in cutlass.range_constexpr(nch):
+            jb = ch
+            if cutlass.const_expr(cfg.wg == "PAGE"):
+                jb = wg
+            pb, _ = page_of(pg + k * spp + 1 + jb, npages)
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(page_tensor(pool, pb, sB_layout)))
+            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                cute.gemm(tiled_mma, accs[ch], tCrA[(None, None, kb)], tCrB[(None, None, kb)],
+                          accs[ch])
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(1)
+        if k > 0:
+            # the previous stage's wgmmas retired: free its pages (one arrive per warp)
+            if lane == 0:
+                for j in cutlass.range_constexpr(spp):
+                    pp, _ = page_of(pg + (k - 1) * spp + j, npages)
+                    cute.arch.mbarrier_arrive(empty + pp)
+    cute.nvgpu.warpgroup.wait_group(0)
+    if lane == 0:
+        for j in cutlass.range_constexpr(spp):
+            pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
+            cute.arch.mbarrier_arrive(empty + pp)
+    pg = pg + kt * spp
+
+    # ---------------------------------------------------------------- epilogue into smem pages
+    ob = out_bytes_of(epi)
+    ne = cfg.epi_pages(ob)
+    for e in cutlass.range_constexpr(ne):
+        pe, phe = page_of(pg + e, npages)
+        rk.bounded_bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+    ep0 = pg % npages
+    col_off = Int32(0)
+    if cutlass.const_expr(cfg.wg == "PAGE"):
+        col_off = wg * cfg.wn
+    nout = 1 if cfg.gate_up else nch
+    for ch in cutlass.range_constexpr(nout):
+        acc = accs[ch]
+        for i in cutlass.range_constexpr(cute.size(acc) // 2):
+            r, c = tCcC[2 * i]
+            c = c + col_off + ch * cfg.wn
+            v0 = acc[2 * i]
+            v1 = acc[2 * i + 1]
+            if cutlass.const_expr(cfg.gate_up):
+                v0 = silu_mul_bf16(v0, accs[1][2 * i])
+                v1 = silu_mul_bf16(v1, accs[1][2 * i + 1])
+            a = epi_addr(pool, ep0, r, c, cfg.bm, ob, npages)
+            if cutlass.const_expr(ob == 4):
+                d = cute.make_tensor(cute.make_ptr(Float32, a, cute.AddressSpace.smem,
+                                                   assumed_align=8), cute.make_layout(2))
+                d[0] = v0
+                d[1] = v1
+            else:
+                d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                                   assumed_align=4), cute.make_layout(2))
+                if cutlass.const_expr(epi == EPI_RESIDUAL):
+                    # torch: dst + bf16(y), rounded once more to bf16
+                    v0 = d[0].to(Float32) + v0.to(BFloat16).to(Float32)
+                    v1 = d[1].to(Float32) + v1.to(BFloat16).to(Float32)
+                d[0] = v0.to(BFloat16)
+                d[1] = v1.to(BFloat16)
+    cute.arch.sync_warp()
+    if lane == 0:
+        for e in cutlass.range_constexpr(ne):
+            pe, _ = page_of(pg + e, npages)
+            cute.arch.mbarrier_arrive(done + pe)
+    return pg + ne
+
+
+# ============================================================================ storer (2 warps)
+@cute.jit
+def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, yptr: cute.Pointer, ld: Int32,
+               row0: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
+               empty: cute.Pointer, done: cute.Pointer, pg: Int32, kt: Int32,
+               npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
+               nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+               ticket: Int32) -> Int32:
+    """Storer warps (nthreads threads): copy the epilogue pages to y (element pointer yptr of the
+    destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
+    freeing each page after its stores. Returns the new page count."""
+    pg = pg + kt * cfg.stage_pages
+    ob = out_bytes_of(epi)
+    nbox = cfg.epi_boxes(ob)
+    bpp = 128 // cfg.bm
+    epc = 16 // ob                      # elements per 16-byte chunk
+    chunks = cfg.bm * 8                 # 16-byte chunks per box
+    per_thread = chunks // nthreads
+    UNR = 4                             # independent smem loads in flight before the stores
+    row_end = row0 + rows
+    col_end = col0 + cols
+    ety = Float32 if ob == 4 else BFloat16
+    for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
+        page, ph = page_of(pg + e, npages)
+        rk.bounded_bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
+            box = e * bpp + s
+            sbase = pool + page * PAGE + s * (cfg.bm * 128)
+            for it in range(per_thread // UNR):
+                vals = [None] * UNR
+                for u in cutlass.range_constexpr(UNR):
+                    q = (it * UNR + u) * nthreads + sid
+                    r = q // 8
+                    ch = q % 8
+                    sp = cute.make_ptr(Int32, sbase + r * 128 + ((ch ^ (r % 8)) * 16),
+                                       cute.AddressSpace.smem, assumed_align=16)
+                    vals[u] = cute.make_tensor(sp, cute.make_layout(4)).load()
+                for u in cutlass.range_constexpr(UNR):
+                    q = (it * UNR + u) * nthreads + sid
+                    r = q // 8
+                    ch = q % 8
+                    row = row0 + r
+                    col = col0 + box * (128 // ob) + ch * epc
+                    if row < row_end:
+                        if col < col_end:
+                            gp = cute.make_ptr(ety, (yptr + (row * ld + col)).toint(),
+                                               cute.AddressSpace.gmem, assumed_align=16)
+                            gp = cute.recast_ptr(gp, dtype=Int32)
+                            cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        if sid == 0:
+            # generic reads of the page are done; the next writer may be the TMA (async proxy)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+    return pg + cfg.epi_pages(ob)
+
+
+# ============================================================================ descriptions
+def describe(cfg: TileConfig, epi: int, k: int, npages: int = 13) -> dict:
+    """Numbers for notes/tests: pages, stages in the pool, accumulator registers, FLOP per page."""
+    ob = out_bytes_of(epi)
+    kt = math.ceil(k / BK)
+    return dict(name=cfg.name, bm=cfg.bm, bn=cfg.bn, nb=cfg.nb, wn=cfg.wn, wg=cfg.wg,
+                stage_pages=cfg.stage_pages, stages_in_pool=cfg.stages_in_pool(npages),
+                epi_pages=cfg.epi_pages(ob), pages_per_tile=pages_per_instr(cfg, epi, kt),
+                acc_regs=cfg.acc_regs())
