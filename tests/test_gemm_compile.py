@@ -1,0 +1,121 @@
+"""Compile gate (CPU, CI) of the GEMM-tile bodies (mk/instructions/_gemm_kernel.py), each compiled
+into the standalone persistent harness (bench/gemm_harness.py) with the megakernel's roles, once
+per (opcode, tile config) of the tile table: the PTX holds wgmma.mma_async (with an async chain:
+wait_group 1 in the mainloop), cp.async.bulk.tensor and setmaxnreg; no function calls; ptxas
+reports no spills, no stack frame and no C7506/C7508/C7510; where a disassembler exists, the SASS
+holds HGMMA."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+_DUMP = tempfile.mkdtemp(prefix="mk_gemm_dump_")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", _DUMP)
+
+from test_megakernel_compile import BAD_PTXAS, ptxas_report  # noqa: E402  (shared gate helpers)
+
+REQUIRED_PTX = {
+    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(64|128)k16\.f32\.bf16\.bf16",
+    "wgmma wait_group 1 (async chain)": r"wgmma\.wait_group\.sync\.aligned\s+1;",
+    "cp.async.bulk.tensor": r"cp\.async\.bulk\.tensor",
+    "setmaxnreg.inc": r"setmaxnreg\.inc",
+    "setmaxnreg.dec": r"setmaxnreg\.dec",
+    "release signal": r"red\.release\.gpu",
+    "mbarrier try_wait": r"mbarrier\.try_wait",
+}
+
+# (opcode name, tile name, wgmma instructions per K-step in the PTX)
+CASES = [
+    ("O_PROJ", "m128n256", 8),
+    ("O_PROJ", "m64n256", 4),
+    ("O_PROJ", "m64n128", 4),
+    ("DOWN", "m128n256", 8),
+    ("DOWN", "m64n256", 4),
+    ("DOWN", "m64n128", 4),
+    ("GATE_UP", "gu_m128", 8),
+    ("GATE_UP", "gu_m64", 8),
+    ("LM_HEAD", "m128n128", 4),
+    ("LM_HEAD", "m64n128", 4),
+]
+
+
+def _table_cases():
+    from mk.instructions import _gemm_kernel as gk
+    return sorted({(op.name, name) for op, names in gk.TILE_TABLE.items() for name in names
+                   if op.name != "QKV_ROPE"})
+
+
+@pytest.fixture(scope="module")
+def dump_dir():
+    pytest.importorskip("cutlass")
+    yield _DUMP
+    shutil.rmtree(_DUMP, ignore_errors=True)
+
+
+def test_cases_cover_the_tile_table():
+    pytest.importorskip("cutlass")
+    have = {(o, t) for o, t, _ in CASES}
+    missing = [c for c in _table_cases() if c not in have]
+    assert not missing, f"tile table entries without a compile gate: {missing}"
+
+
+def test_tile_table_fits_the_pool():
+    pytest.importorskip("cutlass")
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op
+    for op, names in gk.TILE_TABLE.items():
+        for name in names:
+            cfg = gk.TILES[name]
+            cfg.check(gk.out_bytes_of(gk.epi_of(op)), 13)
+            assert cfg.gate_up == (op == Op.GATE_UP), (op, name)
+    for m, want in ((64, "m64n128"), (65, "m64n256"), (1024, "m128n256"), (4096, "m128n256")):
+        assert gk.choose_tile(Op.O_PROJ, m).name == want
+
+
+def _sass_tool():
+    for t in ("cuobjdump", "nvdisasm"):
+        p = shutil.which(t)
+        if p:
+            return t, p
+    return None, None
+
+
+@pytest.mark.parametrize("op,tile,wgmma_per_k", CASES, ids=[f"{o}-{t}" for o, t, _ in CASES])
+def test_gemm_body_compiles_for_sm90a(dump_dir, op, tile, wgmma_per_k):
+    from bench.gemm_harness import compile_fake
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op
+
+    comp = compile_fake(Op[op], gk.TILES[tile])
+    ptx = comp.__ptx__
+    assert ptx, "no PTX kept"
+    missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
+    assert not missing, f"PTX lacks {missing}"
+    n = len(re.findall(r"wgmma\.mma_async", ptx))
+    assert n == wgmma_per_k, f"{n} wgmma.mma_async in the PTX, expected {wgmma_per_k} per K-step"
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
+    work = os.path.join(dump_dir, f"{op}_{tile}")
+    os.makedirs(work, exist_ok=True)
+    rep = ptxas_report(ptx, work)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), rep
+    stack = re.findall(r"(\d+) bytes stack frame", rep)
+    assert all(s == "0" for s in stack), rep
+    bad = [c for c in BAD_PTXAS if c in rep]
+    assert not bad, f"ptxas warned {bad}:\n{rep}"
+    tool, path = _sass_tool()
+    cubin = os.path.join(work, "mk.ptx.cubin")
+    if tool and os.path.exists(cubin):
+        args = [path, "--dump-sass", cubin] if tool == "cuobjdump" else [path, cubin]
+        sass = subprocess.run(args, capture_output=True, text=True).stdout
+        assert "HGMMA" in sass, f"no HGMMA in the SASS ({tool})"
+    print(op, tile, [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
