@@ -326,8 +326,9 @@ def hb_graph(plan: Plan) -> _Graph:
 # ------------------------------------------------------------------------------------------------
 
 class _State:
-    def __init__(self, bufs, rank, weights, snapshot=False):
+    def __init__(self, bufs, rank, weights, snapshot=False, meta=None, tp=1):
         self.bufs, self.rank, self.weights, self.snapshot = bufs, rank, weights, snapshot
+        self.meta, self.tp = meta, tp
         self.cache: dict[tuple[int, int], torch.Tensor] = {}
 
     def buf(self, buf_id: int, rank: int | None = None):
@@ -351,14 +352,25 @@ def make_weights(layers: int, H: int, seed: int = 0):
 class Executor:
     """Runs a plan with K virtual SMs per rank (None: one per instruction, all resident)."""
 
-    def __init__(self, plan: Plan, seed: int = 0):
+    def __init__(self, plan: Plan, seed: int = 0, world=None, outputs=OUTPUTS):
+        """world: None for the row plans of this module (random buffers and norm weights), or
+        rank -> a state with .bufs {buf: tensor}, .weights and .meta (e.g. mk.vm's RankState
+        after reset_activations) for the planner's plans; outputs: the buffers compared."""
         self.plan = plan
         self.base, self.locs = _gids(plan)
         self.N = len(self.locs)
-        self.weights = make_weights(plan.layers, plan.H, seed)
-        g = torch.Generator().manual_seed(seed + 1)
-        self.init = {(r, b): torch.randn(plan.T, plan.H, generator=g)
-                     for r in range(plan.tp) for b in BUFFERS}
+        self.outputs = tuple(outputs)
+        if world is None:
+            w = make_weights(plan.layers, plan.H, seed)
+            self.weights = {r: w for r in range(plan.tp)}
+            self.meta = None
+            g = torch.Generator().manual_seed(seed + 1)
+            self.init = {(r, b): torch.randn(plan.T, plan.H, generator=g)
+                         for r in range(plan.tp) for b in BUFFERS}
+        else:
+            self.weights = {r: world[r].weights for r in range(plan.tp)}
+            self.meta = world[0].meta
+            self.init = {(r, int(b)): t.clone() for r in range(plan.tp) for b, t in world[r].bufs.items()}
         self.instrs, self.fams, self.writes, self.waits, self.sigs = [], [], [], [], []
         for r, i in self.locs:
             w = plan.streams[r][i]
@@ -366,7 +378,7 @@ class Executor:
             fam = _family(ins.opcode)
             self.instrs.append(ins)
             self.fams.append(fam)
-            self.writes.append(fam.accesses(ins, r).writes)
+            self.writes.append(_accesses(fam, ins, r, self.meta).writes)
             self.waits.append(_waits(w))
             self.sigs.append([(dr, int(w[W_SIGNAL]), int(w[W_SIGNAL_COUNT]))
                               for dr in _signal_targets(w, r, plan.tp)])
@@ -417,7 +429,7 @@ class Executor:
             _, _, g = heapq.heappop(heap)
             r = self.locs[g][0]
             if phase[g] == 0:           # read and compute
-                st = _State(bufs, r, self.weights, snapshot=True)
+                st = _State(bufs, r, self.weights[r], snapshot=True, meta=self.meta, tp=tp)
                 self.fams[g].run_torch(self.instrs[g], st)
                 shadow[g] = st.cache
                 phase[g] = 1
@@ -446,11 +458,25 @@ class Executor:
             stuck = [self.locs[g] for g in range(N) if phase[g] == 0 and
                      nxt[self.locs[g][0]] > self.locs[g][1]]
             return "stall", f"{N - done[0]} instructions never ran; waiting: {stuck[:4]}"
-        return "ok", {(r, b): bufs[(r, b)] for r in range(tp) for b in OUTPUTS}
+        return "ok", {(r, b): bufs[(r, b)] for r in range(tp) for b in self.outputs}
 
 
 def same_outputs(a, b) -> bool:
-    return all(torch.equal(a[k], b[k]) for k in a)
+    """Bitwise equal (NaN where the other has NaN: buffers may start as NaN)."""
+    return all(torch.equal(a[k], b[k]) or
+               (a[k].is_floating_point() and torch.allclose(a[k], b[k], rtol=0, atol=0, equal_nan=True))
+               for k in a)
+
+
+def _accesses(fam, ins, rank, meta):
+    import inspect
+    takes = _TAKES_META.get(type(fam))
+    if takes is None:
+        takes = _TAKES_META[type(fam)] = len(inspect.signature(fam.accesses).parameters) >= 3
+    return fam.accesses(ins, rank, meta) if takes else fam.accesses(ins, rank)
+
+
+_TAKES_META: dict = {}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -841,14 +867,15 @@ def _finding_hints(mut_plan: Plan, findings) -> list[tuple[int | None, set[int]]
 
 
 def judge(original: Plan, mutant: Mutant, findings=(), budget: int = 50, seed: int = 0,
-          reference=None, executor_seed: int = 0) -> Verdict:
-    """Run the mutant in up to `budget` interleavings; stop at the first stall or wrong output."""
+          reference=None, executor_seed: int = 0, **executor_kw) -> Verdict:
+    """Run the mutant in up to `budget` interleavings; stop at the first stall or wrong output.
+    executor_kw: world/outputs for the planner's plans (see Executor)."""
     rng = np.random.default_rng(seed)
     if reference is None:
-        status, reference = Executor(original, executor_seed).run(K=1)
+        status, reference = Executor(original, executor_seed, **executor_kw).run(K=1)
         assert status == "ok", "the unmutated plan stalls"
     try:
-        ex = Executor(mutant.plan, executor_seed)
+        ex = Executor(mutant.plan, executor_seed, **executor_kw)
     except Exception as e:  # noqa: BLE001 - a mutant the executor cannot even decode
         return Verdict("stall", 0, f"undecodable: {e}")
     N = ex.N
