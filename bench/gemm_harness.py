@@ -318,6 +318,135 @@ class GemmHarnessDSL:
 
 
 
+# ============================================================================ host side (GPU)
+GROUP_M = 8            # tiles raster: GROUP_M row tiles x all column tiles, then the next group
+
+
+def plan_tiles(op, cfg: gk.TileConfig, m: int, n_out: int, k: int, layer: int = 0,
+               src: int = 0, dst: int = 0, signal_base: int | None = 0, group_m: int = GROUP_M):
+    """The instructions of one whole GEMM (rows [0, m) x output columns [0, n_out)), in mk.ir
+    format with matmul.py's argument words, in grouped raster order (group_m row tiles share each
+    weight tile while it is in L2). signal_base: row tile i signals counter signal_base + i (target:
+    the number of column tiles), None for no signals. Returns (int32 [n, 32] tensor, n_counters)."""
+    import torch
+
+    from mk.instructions.matmul import A_EPI, A_K, A_SLOT_STRIDE, A_DST, A_SRC
+    from mk.ir import ARG0, NUM_ARGS, Instruction, serialize
+    mt = -(-m // cfg.bm)
+    nt = -(-n_out // cfg.bn)
+    epi = int(gk.epi_of(op)) if gk.epi_of(op) != gk.EPI_STORE_F32 else 0
+    out = []
+    for g0 in range(0, mt, group_m):
+        for j in range(nt):
+            for i in range(g0, min(mt, g0 + group_m)):
+                args = [0] * NUM_ARGS
+                args[A_SRC - ARG0], args[A_DST - ARG0], args[A_EPI - ARG0] = src, dst, epi
+                args[A_SLOT_STRIDE - ARG0], args[A_K - ARG0] = 0, k
+                r0, c0 = i * cfg.bm, j * cfg.bn
+                out.append(Instruction(
+                    int(op), layer=layer, row0=r0, rows=min(cfg.bm, m - r0), col0=c0,
+                    cols=min(cfg.bn, n_out - c0),
+                    signal=(-1 if signal_base is None else signal_base + i), args=args))
+    return serialize(out), (0 if signal_base is None else signal_base + mt)
+
+
+def _dl(t, align: int = 16, dynamic: bool = True):
+    from cutlass.cute.runtime import from_dlpack
+    x = from_dlpack(t, assumed_align=align)
+    if dynamic:
+        lead = [i for i in range(t.dim()) if t.stride(i) == 1 and t.shape[i] > 1]
+        x = x.mark_layout_dynamic(leading_dim=lead[0] if lead else t.dim() - 1)
+    return x
+
+
+def as3d(t):
+    """torch [R, C] (C contiguous) or [Z, R, C] -> the (R, C, Z) view the kernel takes."""
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    assert t.stride(-1) == 1 and t[0].is_contiguous(), "rows must be C-contiguous"
+    return t.permute(1, 2, 0)
+
+
+_COMPILED: dict = {}
+
+
+class GemmHarness:
+    """Runs plan_tiles() streams of one opcode on the GPU with the harness kernel.
+
+        h = GemmHarness(Op.O_PROJ, gk.TILES["m128n256"])
+        prepared = h.prepare(instrs, x, w, y)    # x [T, K] bf16, w [L, N, K] bf16, y [T, N]
+        h.launch(prepared)                        # raises MegakernelError-like RuntimeError on a
+                                                  # timed-out wait
+    """
+
+    def __init__(self, op, cfg: gk.TileConfig, n_counters: int = 4096, timeout_s: float = 2.0,
+                 npages: int = NPAGES, grid: int | None = None, device=None):
+        import torch
+        self.op, self.cfg, self.npages = Op(op), cfg, npages
+        dev = torch.device(device or "cuda")
+        self.counters = torch.zeros(n_counters, dtype=torch.int32, device=dev)
+        self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
+        self.timeout_ns = int(timeout_s * 1e9)
+        props = torch.cuda.get_device_properties(dev)
+        self.grid = grid or props.multi_processor_count   # 1 CTA/SM: ~210 KB of shared memory
+        self.key = (int(op), cfg.name, npages)
+
+    def prepare(self, instrs, x, w, y):
+        import torch
+        s = instrs.to(self.counters.device, torch.int32).contiguous()
+        n_ctr = int(max(int(s[:, W_SIGNAL].max()) + 1, 1)) if len(s) else 1
+        assert n_ctr <= self.counters.numel()
+        if w.dim() == 2:
+            w = w.unsqueeze(0)
+        args = [_dl(s, 4), Int32(s.shape[0]), _dl(self.counters, 4), Int32(n_ctr),
+                _dl(self.state, 4, dynamic=False), _dl(as3d(x)), _dl(w.permute(1, 2, 0)),
+                _dl(as3d(y)), Int64(self.timeout_ns), Int32(self.grid)]
+        return args, (s, x, w, y)       # keep the tensors alive
+
+    def _compiled(self, args):
+        import cuda.bindings.driver as drv
+        import torch
+        cs = drv.CUstream(torch.cuda.current_stream().cuda_stream)
+        if self.key not in _COMPILED:
+            t0 = time.time()
+            _COMPILED[self.key] = cute.compile(GemmHarnessDSL(self.op, self.cfg, self.npages),
+                                               *args, cs)
+            print(f"[gemm_harness] compiled {self.op.name} {self.cfg.name} in "
+                  f"{time.time() - t0:.1f} s", flush=True)
+        return _COMPILED[self.key], cs
+
+    def launcher(self, prepared):
+        """A no-argument launch on the then-current stream."""
+        args, _keep = prepared
+        comp, _ = self._compiled(args)
+
+        def go():
+            import cuda.bindings.driver as drv
+            import torch
+            comp(*args, drv.CUstream(torch.cuda.current_stream().cuda_stream))
+        return go
+
+    def launch(self, prepared, check: bool = True):
+        self.launcher(prepared)()
+        if check:
+            self.check()
+
+    def check(self):
+        st = self.state.cpu()
+        if int(st[rk.S_ERR_FLAG]) or int(st[rk.S_ABORT]):
+            msg = (f"gemm harness wait timed out: kind {int(st[rk.S_ERR_KIND])} instruction "
+                   f"{int(st[rk.S_ERR_INSTR])} counter {int(st[rk.S_ERR_COUNTER])} = "
+                   f"{int(st[rk.S_ERR_VALUE])} target {int(st[rk.S_ERR_TARGET])} "
+                   f"(SM {int(st[rk.S_ERR_SM])}, CTA {int(st[rk.S_ERR_CTA])})")
+            self.counters.zero_()
+            self.state.zero_()
+            raise RuntimeError(msg)
+        if int(st[rk.S_HEAD]) or int(st[rk.S_EXIT]):
+            raise RuntimeError(f"harness state not reset by the kernel: {st.tolist()}")
+        if int(self.counters.abs().sum()):
+            raise RuntimeError("counters not reset by the kernel")
+
+
 # ============================================================================ CPU compile (fake)
 def fake_args(op, M=None, N=None, K=None):
     """Fake tensors with dynamic shapes for a CPU compile (shapes only fix divisibility)."""
