@@ -212,3 +212,23 @@ def test_refuses_bad_batches():
                   cfg=PlanConfig(kv_split=4, partial_rows=64))
     with pytest.raises(ValueError, match="unknown queue policy"):
         PlanConfig(policy="fastest")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_static_verifier_accepts_plans(tp):
+    """mk.verify (exact targets, no deadlock, no race from the families' accesses) on every policy;
+    and it does see the races when the attention's join waits are dropped."""
+    from mk.ir import W_OPCODE, W_WAIT0
+    from mk.verify import check
+    for policy in POLICIES:
+        cfg = PlanConfig(**{**CFG.__dict__, "policy": policy})
+        plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
+        assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
+    broken = []
+    for p in plans:
+        s = p.instrs.clone()
+        sel = s[:, W_OPCODE] == int(Op.ATTENTION)
+        s[sel, W_WAIT0 + 2], s[sel, W_WAIT0 + 3] = NO_COUNTER, 0
+        broken.append(s)
+    found = check(broken, plans[0].num_counters, meta=plans[0].meta)
+    assert any("race" in str(f) and "K_CACHE" in str(f) for f in found)
