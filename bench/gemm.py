@@ -42,20 +42,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from mk.config import RopeConfig  # noqa: E402
 from mk.instructions.base import Buf  # noqa: E402
 from mk.instructions.matmul import GemmFamily  # noqa: E402
 from mk.ir import Op, deserialize  # noqa: E402
 
 H, I_LOCAL, QKV, V_LOCAL, D_ATTN = 8192, 3584, 1280, 16032, 1024
 MS = (64, 256, 1024, 4096)
-OPS = ("O_PROJ", "GATE_UP", "DOWN", "LM_HEAD")
+OPS = ("QKV_ROPE", "O_PROJ", "GATE_UP", "DOWN", "LM_HEAD")
 # op -> (K, weight rows N, output columns, src buffer, dst buffer)
 SHAPES = {
     "O_PROJ": (D_ATTN, H, H, Buf.ATTN_OUT, Buf.HIDDEN),
     "GATE_UP": (H, 2 * I_LOCAL, I_LOCAL, Buf.NORMED, Buf.MLP_ACT),
     "DOWN": (I_LOCAL, H, H, Buf.MLP_ACT, Buf.HIDDEN),
     "LM_HEAD": (H, V_LOCAL, V_LOCAL, Buf.LAST_NORMED, Buf.LOGITS),
+    "QKV_ROPE": (H, QKV, 1024, Buf.NORMED, Buf.Q),
 }
+HEAD_DIM = 128
+QKV_SECTIONS = [(0, 0, 1024), (1, 1024, 1152), (2, 1152, 1280)]   # q (8 heads), k, v
+KV_PER_LAYER = 8192        # K/V cache rows per layer in the bench (num_pages * page_size)
+# Llama 3.x RoPE (theta 500000, llama3 scaling x8)
+ROPE = RopeConfig(theta=500000.0, scaling_type="llama3", factor=8.0, low_freq_factor=1.0,
+                  high_freq_factor=4.0, original_max_position_embeddings=8192)
 POISON = float("nan")
 
 
@@ -113,12 +121,136 @@ def run_face(op: str, instrs, x, w, y):
     return out
 
 
+def make_qkv_problem(m: int, extra_rows: int = 64, seed: int = 0, layers: int = 2):
+    """x, w [L, 1280, K], Q (poisoned), kv [2, L*KV_PER_LAYER, 128] (poisoned), meta, inv_freq."""
+    from mk.instructions import _common as mc
+    from mk.instructions.qkv import inv_freq
+    K = H
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = m + extra_rows
+    x = torch.randn(T, K, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(layers, QKV, K, device="cuda", generator=g) / math.sqrt(K)).bfloat16()
+    q = torch.full((T, 1024), POISON, device="cuda", dtype=torch.bfloat16)
+    kv = torch.full((2, layers * KV_PER_LAYER, HEAD_DIM), POISON, device="cuda",
+                    dtype=torch.bfloat16)
+    pos = torch.randint(0, 100_000, (T,), device="cuda", generator=g, dtype=torch.int32)
+    slot = torch.randperm(KV_PER_LAYER, device="cuda", generator=g)[:T].int()
+    meta = torch.zeros(mc.META_HEADER + 2 * T, dtype=torch.int32, device="cuda")
+    meta[mc.M_NUM_TOKENS] = T
+    meta[mc.M_OFF_POS] = mc.META_HEADER
+    meta[mc.M_OFF_SLOT] = mc.META_HEADER + T
+    meta[mc.M_KV_LAYER_STRIDE] = KV_PER_LAYER
+    meta[mc.META_HEADER:mc.META_HEADER + T] = pos
+    meta[mc.META_HEADER + T:] = slot
+    invf = inv_freq(HEAD_DIM, ROPE).float().cuda()
+    return x, w, q, kv, meta, invf
+
+
+def run_qkv_face(instrs, x, w, q, kv, meta):
+    from mk.instructions.qkv import QkvFamily
+    qo, kvo = q.clone(), kv.clone()
+    st = FaceState({Buf.NORMED: x, Buf.Q: qo, Buf.K_CACHE: kvo[0], Buf.V_CACHE: kvo[1]},
+                   types.SimpleNamespace(qkv=w, config=types.SimpleNamespace(rope=ROPE)))
+    st.meta = types.SimpleNamespace(tensor=meta)
+    import mk.instructions.qkv as qkv_mod
+    orig = qkv_mod.inv_freq
+    qkv_mod.inv_freq = lambda d, rope: orig(d, rope).to(meta.device)   # the face on the GPU
+    try:
+        fam = QkvFamily()
+        for ins in deserialize(instrs.cpu()):
+            fam.run_torch(ins, st)
+    finally:
+        qkv_mod.inv_freq = orig
+    return qo, kvo
+
+
+def check_qkv(m: int, layer: int = 1, seed: int = 0):
+    from bench.gemm_harness import GemmHarness, plan_qkv
+    from mk.instructions import _gemm_kernel as gk
+    cfg = gk.choose_tile(Op.QKV_ROPE, m)
+    x, w, q, kv, meta, invf = make_qkv_problem(m, seed=seed)
+    instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=layer, src=int(Buf.NORMED),
+                         dst=int(Buf.Q))
+    rq, rkv = run_qkv_face(instrs, x, w, q, kv, meta)
+    h = GemmHarness(Op.QKV_ROPE, cfg)
+    h.launch(h.prepare(instrs, x, w, q, meta, invf, kv))
+    torch.cuda.synchronize()
+    written = ~torch.isnan(rkv)
+    eq = rel_err(q[:m], rq[:m])
+    ekv = rel_err(kv[written], rkv[written])
+    finite = bool(torch.isfinite(q[:m]).all()) and bool(torch.isfinite(kv[written]).all())
+    poison_ok = bool(torch.isnan(q[m:]).all()) and bool(torch.isnan(kv[~written]).all())
+    ok = finite and poison_ok and eq < 1e-2 and ekv < 1e-2
+    return dict(op="QKV_ROPE", m=m, tile=cfg.name, rel_err=max(eq, ekv), rel_err_q=eq,
+                rel_err_kv=ekv, finite=finite, poison_intact=poison_ok, ok=ok,
+                n_instr=int(instrs.shape[0]))
+
+
+def qkv_torch_fn(m, layer=1):
+    """matmul + RoPE (qkv.py's formulas) + Q copy + K/V scatter, eager torch (the unfused peer)."""
+    from mk.instructions.qkv import apply_rope, rope_cos_sin
+
+    def f(x, w, q, kv, pos, slot, invf):
+        y = torch.matmul(x, w.t())
+        cos, sin = rope_cos_sin(pos, invf, y.dtype)
+        qq = apply_rope(y[:, :1024].view(m, 8, HEAD_DIM), cos, sin).reshape(m, 1024)
+        kk = apply_rope(y[:, 1024:1152].view(m, 1, HEAD_DIM), cos, sin).reshape(m, HEAD_DIM)
+        q[:m].copy_(qq)
+        rows = slot.long() + layer * KV_PER_LAYER
+        kv[0].index_copy_(0, rows, kk)
+        kv[1].index_copy_(0, rows, y[:, 1152:1280])
+    return f
+
+
+def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
+    from bench.gemm_harness import GemmHarness, plan_qkv
+    from mk.instructions import _gemm_kernel as gk
+    cfg = gk.choose_tile(Op.QKV_ROPE, m)
+    set_bytes = 2 * QKV * H * 2 + (m + 64) * H * 2
+    R = min(16, max(2, math.ceil(3 * l2_bytes / set_bytes)))
+    sets = [make_qkv_problem(m, seed=100 + i) for i in range(R)]
+    instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=1, src=int(Buf.NORMED),
+                         dst=int(Buf.Q))
+    h = GemmHarness(Op.QKV_ROPE, cfg)
+    mk_us, _ = time_rotating([h.launcher(h.prepare(instrs, x, w, q, meta, invf, kv))
+                              for x, w, q, kv, meta, invf in sets], reps)
+    h.check()
+    from mk.instructions import _common as mc
+    f = qkv_torch_fn(m)
+
+    def args(st):
+        x, w, q, kv, meta, invf = st
+        T = meta[mc.M_NUM_TOKENS].item()
+        pos = meta[mc.META_HEADER:mc.META_HEADER + m]
+        slot = meta[mc.META_HEADER + T:mc.META_HEADER + T + m]
+        return x[:m], w[1], q, kv, pos, slot, invf
+    argl = [args(st) for st in sets]
+    cub_us, _ = time_rotating([(lambda a=a: torch.matmul(a[0], a[1].t())) for a in argl], reps)
+    torch_us, _ = time_rotating([(lambda a=a: f(*a)) for a in argl], reps)
+    comp_us, comp_err = None, None
+    if do_compile:
+        try:
+            fc = torch.compile(f, dynamic=False)
+            comp_us, _ = time_rotating([(lambda a=a: fc(*a)) for a in argl], reps, warm=3)
+        except Exception as e:  # noqa: BLE001
+            comp_err = f"{type(e).__name__}: {str(e)[:200]}"
+    flops = 2.0 * m * QKV * H
+    return dict(op="QKV_ROPE", m=m, n=QKV, k=H, tile=cfg.name, n_instr=int(instrs.shape[0]),
+                buffer_sets=R, mk_us=mk_us, cublas_us=cub_us, torch_us=torch_us,
+                compile_us=comp_us, compile_error=comp_err, mk_tflops=flops / mk_us / 1e6,
+                cublas_tflops=flops / cub_us / 1e6, ratio_vs_torch=mk_us / torch_us,
+                ratio_vs_cublas=mk_us / cub_us,
+                ratio_vs_compile=(mk_us / comp_us) if comp_us else None)
+
+
 def rel_err(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
+    if op == "QKV_ROPE":
+        return check_qkv(m, layer, seed)
     from bench.gemm_harness import GemmHarness, plan_tiles
     from mk.instructions import _gemm_kernel as gk
     K, N, NO, src, dst = SHAPES[op]
@@ -199,6 +331,8 @@ def compiled_fn(op: str):
 
 
 def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
+    if op == "QKV_ROPE":
+        return bench_qkv(m, reps, l2_bytes, do_compile)
     from bench.gemm_harness import GemmHarness, plan_tiles
     from mk.instructions import _gemm_kernel as gk
     K, N, NO, src, dst = SHAPES[op]

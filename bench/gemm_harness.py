@@ -30,7 +30,9 @@ from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk.instructions import _gemm_kernel as gk
 from mk.instructions import _rows_kernel as rk
-from mk.instructions.matmul import A_K as gk_A_K
+from mk.instructions import _common as mc
+from mk.instructions import qkv as qk
+from mk.instructions.matmul import A_K as MM_A_K
 from mk.ir import (INSTR_WORDS, MAX_WAITS, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
                    W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0, Op)
 
@@ -77,7 +79,10 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
 
 class GemmHarnessDSL:
     """x: (T, K, NBX) bf16 K-contiguous; w: (N, K, L) bf16 K-contiguous (layer-stacked weights);
-    y: (T, N, NBY) bf16 (or (S, V, 1) float32 for LM_HEAD), N-contiguous, compact."""
+    y: (T, N, NBY) bf16 (or (S, V, 1) float32 for LM_HEAD), N-contiguous, compact.
+    QKV_ROPE also: meta (int32 step metadata, mk.instructions._common layout), inv_freq (float32
+    [64]), kv: (KVROWS, hkv*D, 2) bf16, z = 0 the K cache, 1 the V cache; y is the Q buffer.
+    Other opcodes get small dummies for these."""
 
     def __init__(self, op, cfg: gk.TileConfig, npages: int = NPAGES):
         self.op = int(op)
@@ -88,6 +93,7 @@ class GemmHarnessDSL:
     @cute.jit
     def __call__(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
                  state: cute.Tensor, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor,
+                 meta: cute.Tensor, inv_freq: cute.Tensor, kv: cute.Tensor,
                  timeout_ns: Int64, grid: Int32, stream):
         resid = self.epi == gk.EPI_RESIDUAL
         at = gk.GemmAtoms(self.cfg, x, w, y, residual=resid)
@@ -108,8 +114,8 @@ class GemmHarnessDSL:
             pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * gk.PAGE], 1024]
         self.storage = Storage
         self.kernel(instrs, n_instr, counters, n_ctr, state, at.tma_a, at.gA, at.tma_b, at.gB,
-                    tma_r, gR, at.tiled_mma, at.sA_layout, at.sB_layout, y, w,
-                    timeout_ns).launch(
+                    tma_r, gR, at.tiled_mma, at.sA_layout, at.sB_layout, y, w, meta, inv_freq,
+                    kv, timeout_ns).launch(
             grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
             max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
 
@@ -118,7 +124,8 @@ class GemmHarnessDSL:
                state: cute.Tensor, tma_a: cute.CopyAtom, gA: cute.Tensor, tma_b: cute.CopyAtom,
                gB: cute.Tensor, tma_r: cute.CopyAtom, gR: cute.Tensor, tiled_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, y: cute.Tensor,
-               w: cute.Tensor, timeout_ns: Int64):
+               w: cute.Tensor, meta: cute.Tensor, inv_freq: cute.Tensor, kv: cute.Tensor,
+               timeout_ns: Int64):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -127,6 +134,8 @@ class GemmHarnessDSL:
         NP = self.npages
         cfg = self.cfg
         epi = self.epi
+        is_qkv = self.op == int(Op.QKV_ROPE)
+        KW = qk.A_K if is_qkv else MM_A_K        # the K word of the opcode's arguments
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
         ifull = st.ifull.data_ptr()
@@ -213,7 +222,7 @@ class GemmHarnessDSL:
                     layer = ring[base + W_LAYER]
                     row0 = ring[base + W_ROW0]
                     col0 = ring[base + W_COL0]
-                    kt = (ring[base + gk_A_K] + (gk.BK - 1)) // gk.BK
+                    kt = (ring[base + KW] + (gk.BK - 1)) // gk.BK
                     cute.arch.sync_warp()
                     if lane == 0:
                         cute.arch.mbarrier_arrive(iempty + islot)
@@ -235,7 +244,11 @@ class GemmHarnessDSL:
                 iph = Int32(0)
                 live = Int32(1)
                 pg = Int32(0)
-                ld = y.shape[1]
+                y_ld = y.shape[1]
+                y_base = y.iterator.toint()
+                kv_ld = kv.shape[1]
+                kv_base = kv.iterator.toint()
+                kv_z = Int64(kv.shape[0]) * Int64(kv.shape[1]) * 2
                 while live == 1:
                     rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
                                         Int32(-1))
@@ -246,18 +259,34 @@ class GemmHarnessDSL:
                     rows = ring[base + W_ROWS]
                     col0 = ring[base + W_COL0]
                     cols = ring[base + W_COLS]
-                    kt = (ring[base + gk_A_K] + (gk.BK - 1)) // gk.BK
+                    kt = (ring[base + KW] + (gk.BK - 1)) // gk.BK
                     sig = ring[base + W_SIGNAL]
                     sigc = ring[base + W_SIGNAL_COUNT]
+                    layer = ring[base + W_LAYER]
+                    sec = ring[base + qk.A_SECTION]
+                    sec_c0 = ring[base + qk.A_SEC_COL0]
                     cute.arch.sync_warp()
                     if lane == 0:
                         cute.arch.mbarrier_arrive(iempty + islot)
                     if op == OP_END:
                         live = Int32(0)
                     elif op == self.op:
-                        pg = gk.gemm_store(cfg, epi, y.iterator, ld, row0, rows, col0, cols, pool,
+                        ybase = y_base
+                        ld = y_ld
+                        rowmap = Int32(-1)
+                        radd = Int32(0)
+                        dcol0 = col0
+                        if cutlass.const_expr(is_qkv):
+                            if sec != gk.SEC_Q:
+                                # K/V rows go to the paged cache: kv_slot[t] + layer * stride
+                                ybase = kv_base + kv_z * Int64(sec - 1)
+                                ld = kv_ld
+                                rowmap = meta[mc.M_OFF_SLOT]
+                                radd = layer * meta[mc.M_KV_LAYER_STRIDE]
+                                dcol0 = col0 - sec_c0
+                        pg = gk.gemm_store(cfg, epi, ybase, ld, row0, rows, col0, cols, pool,
                                            empty, done, pg, kt, NP, sid, BAR_STORER, N_STORER,
-                                           timeout_ns, state, t)
+                                           timeout_ns, state, t, meta, rowmap, radd, dcol0)
                         # every store of this instruction precedes the storer barrier inside
                         if sid == 0:
                             if sig >= 0:
@@ -282,7 +311,10 @@ class GemmHarnessDSL:
                 base = islot * INSTR_WORDS
                 op = ring[base + W_OPCODE]
                 t = tick[islot]
-                kt = (ring[base + gk_A_K] + (gk.BK - 1)) // gk.BK
+                kt = (ring[base + KW] + (gk.BK - 1)) // gk.BK
+                row0 = ring[base + W_ROW0]
+                rows = ring[base + W_ROWS]
+                sec = ring[base + qk.A_SECTION]
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(iempty + islot)
@@ -290,7 +322,8 @@ class GemmHarnessDSL:
                     live = Int32(0)
                 elif op == self.op:
                     pg = gk.gemm_consume(cfg, epi, tiled_mma, sA_layout, sB_layout, kt, pool,
-                                         full, empty, done, pg, NP, ctid, timeout_ns, state, t)
+                                         full, empty, done, pg, NP, ctid, timeout_ns, state, t,
+                                         meta, inv_freq, row0, rows, sec)
                 islot = islot + 1
                 if islot == NISLOTS:
                     islot = Int32(0)
@@ -350,6 +383,29 @@ def plan_tiles(op, cfg: gk.TileConfig, m: int, n_out: int, k: int, layer: int = 
     return serialize(out), (0 if signal_base is None else signal_base + mt)
 
 
+def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, layer: int = 0,
+             src: int = 0, dst: int = 0, signal_base: int | None = 0, group_m: int = GROUP_M):
+    """QKV_ROPE tiles over rows [0, m): sections = [(section, first col, end col)] of the qkv
+    output (q, k, v), column tiles of cfg.bn within each section (qkv.py's argument words)."""
+    from mk.ir import ARG0, NUM_ARGS, Instruction, serialize
+    mt = -(-m // cfg.bm)
+    out = []
+    for g0 in range(0, mt, group_m):
+        for sec, s0, s1 in sections:
+            for c0 in range(s0, s1, cfg.bn):
+                for i in range(g0, min(mt, g0 + group_m)):
+                    args = [0] * NUM_ARGS
+                    for word, v in ((qk.A_SRC, src), (qk.A_DST, dst), (qk.A_SECTION, sec),
+                                    (qk.A_SEC_COL0, s0), (qk.A_HEAD_DIM, head_dim), (qk.A_K, k)):
+                        args[word - ARG0] = v
+                    r0 = i * cfg.bm
+                    out.append(Instruction(
+                        int(Op.QKV_ROPE), layer=layer, row0=r0, rows=min(cfg.bm, m - r0), col0=c0,
+                        cols=min(cfg.bn, s1 - c0),
+                        signal=(-1 if signal_base is None else signal_base + i), args=args))
+    return serialize(out), (0 if signal_base is None else signal_base + mt)
+
+
 def _dl(t, align: int = 16, dynamic: bool = True):
     from cutlass.cute.runtime import from_dlpack
     x = from_dlpack(t, assumed_align=align)
@@ -391,8 +447,17 @@ class GemmHarness:
         self.grid = grid or props.multi_processor_count   # 1 CTA/SM: ~210 KB of shared memory
         self.key = (int(op), cfg.name, npages)
 
-    def prepare(self, instrs, x, w, y):
+    def prepare(self, instrs, x, w, y, meta=None, inv_freq=None, kv=None):
+        """kv: [2, KVROWS, hkv*D] (K cache, V cache) for QKV_ROPE."""
         import torch
+        dev = self.counters.device
+        if meta is None:
+            meta = torch.zeros(16, dtype=torch.int32, device=dev)
+        if inv_freq is None:
+            inv_freq = torch.zeros(64, dtype=torch.float32, device=dev)
+        if kv is None:
+            kv = torch.zeros(2, 8, 8, dtype=torch.bfloat16, device=dev)
+        assert kv.dim() == 3 and kv.shape[0] == 2 and kv.is_contiguous()
         s = instrs.to(self.counters.device, torch.int32).contiguous()
         n_ctr = int(max(int(s[:, W_SIGNAL].max()) + 1, 1)) if len(s) else 1
         assert n_ctr <= self.counters.numel()
@@ -400,8 +465,9 @@ class GemmHarness:
             w = w.unsqueeze(0)
         args = [_dl(s, 4), Int32(s.shape[0]), _dl(self.counters, 4), Int32(n_ctr),
                 _dl(self.state, 4, dynamic=False), _dl(as3d(x)), _dl(w.permute(1, 2, 0)),
-                _dl(as3d(y)), Int64(self.timeout_ns), Int32(self.grid)]
-        return args, (s, x, w, y)       # keep the tensors alive
+                _dl(as3d(y)), _dl(meta.contiguous(), 4), _dl(inv_freq.float().contiguous(), 16),
+                _dl(kv.permute(1, 2, 0)), Int64(self.timeout_ns), Int32(self.grid)]
+        return args, (s, x, w, y, meta, inv_freq, kv)       # keep the tensors alive
 
     def _compiled(self, args):
         import cuda.bindings.driver as drv
@@ -460,10 +526,14 @@ def fake_args(op, M=None, N=None, K=None):
                          assumed_align=16)
     y = make_fake_tensor(out_ty, (T, Nd, S()), stride=(S(divisibility=8), 1, S(divisibility=8)),
                          assumed_align=16)
+    meta = make_fake_compact_tensor(Int32, (S(),), assumed_align=4)
+    inv_freq = make_fake_compact_tensor(Float32, (64,), assumed_align=16)
+    kv = make_fake_tensor(BFloat16, (S(), Nd, 2), stride=(S(divisibility=8), 1, S(divisibility=8)),
+                          assumed_align=16)
     return [make_fake_compact_tensor(Int32, (S(), INSTR_WORDS), stride_order=(1, 0), assumed_align=4),
             Int32(1), make_fake_compact_tensor(Int32, (S(),), assumed_align=4), Int32(1),
             make_fake_compact_tensor(Int32, (rk.STATE_WORDS,), assumed_align=4),
-            x, w, y, Int64(1), Int32(132), make_fake_stream()]
+            x, w, y, meta, inv_freq, kv, Int64(1), Int32(132), make_fake_stream()]
 
 
 def compile_fake(op, cfg: gk.TileConfig, npages: int = NPAGES):

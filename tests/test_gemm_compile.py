@@ -45,13 +45,14 @@ CASES = [
     ("GATE_UP", "gu_m64", 8),
     ("LM_HEAD", "m128n128", 4),
     ("LM_HEAD", "m64n128", 4),
+    ("QKV_ROPE", "m128n128", 4),
+    ("QKV_ROPE", "m64n256", 4),
 ]
 
 
 def _table_cases():
     from mk.instructions import _gemm_kernel as gk
-    return sorted({(op.name, name) for op, names in gk.TILE_TABLE.items() for name in names
-                   if op.name != "QKV_ROPE"})
+    return sorted({(op.name, name) for op, names in gk.TILE_TABLE.items() for name in names})
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,8 @@ EPI_STORE = int(Epi.STORE)          # bf16 store (QKV q section, EMBED-like)
 EPI_RESIDUAL = int(Epi.RESIDUAL)    # dst += y (O_PROJ / DOWN at TP 1)
 EPI_SILU_MUL = int(Epi.SILU_MUL)    # GATE_UP
 EPI_STORE_F32 = 16                  # LM_HEAD: float32 logits
+EPI_ROPE = 17                       # QKV_ROPE: RoPE on q/k sections, K/V rows to the paged cache
+SEC_Q, SEC_K, SEC_V = 0, 1, 2       # qkv.py sections
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,9 @@ TILE_TABLE = {
     Op.DOWN: ("m64n128", "m64n256", "m128n256", "m128n256"),
     Op.GATE_UP: ("gu_m64", "gu_m64", "gu_m128", "gu_m128"),
     Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
-    Op.QKV_ROPE: ("m64n128", "m64n128", "m128n128", "m128n128"),
+    # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
+    # head ("M" or "PAGE" mode); at M <= 256 two heads per tile, one per warpgroup
+    Op.QKV_ROPE: ("m64n256", "m64n256", "m128n128", "m128n128"),
 }
 M_CLASSES = (64, 256, 1024)
 
@@ -179,6 +183,8 @@ def epi_of(op) -> int:
         return EPI_SILU_MUL
     if op == Op.LM_HEAD:
         return EPI_STORE_F32
+    if op == Op.QKV_ROPE:
+        return EPI_ROPE
     return EPI_STORE
 
 
@@ -341,9 +347,14 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, kt: Int32,
                  pool: Int32, full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer,
                  pg: Int32, npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
-                 state: cute.Tensor, ticket: Int32) -> Int32:
+                 state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
+                 row0: Int32, rows: Int32, section: Int32) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
-    pages. Returns the new page count."""
+    pages. Returns the new page count.
+
+    EPI_ROPE only: meta is the step metadata (positions at meta[meta[M_OFF_POS] + row]), inv_freq
+    the head's 64 (llama3-scaled) inverse frequencies in float32 (mk.instructions.qkv.inv_freq),
+    section the qkv section (V: no RoPE). The other epilogues ignore these."""
     wg = ctid // 128
     lane = ctid % 32
     mma_tid = ctid
@@ -404,7 +415,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     if cutlass.const_expr(cfg.wg == "PAGE"):
         col_off = wg * cfg.wn
     nout = 1 if cfg.gate_up else nch
-    for ch in cutlass.range_constexpr(nout):
+    if cutlass.const_expr(epi == EPI_ROPE):
+        rope_epilogue(cfg, accs, tCcC, col_off, pool, ep0, npages, meta, inv_freq, row0, rows,
+                      section)
+    for ch in cutlass.range_constexpr(0 if epi == EPI_ROPE else nout):
         acc = accs[ch]
         for i in cutlass.range_constexpr(cute.size(acc) // 2):
             r, c = tCcC[2 * i]
@@ -437,17 +451,85 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     return pg + ne
 
 
+# 2 pi in three float32 parts (Cody-Waite): k * part is exact for |k| < 2^15 (angles < ~2e5 rad)
+TWO_PI_1 = 6.28125
+TWO_PI_2 = 0.0019353071693331003
+TWO_PI_3 = 1.0253131677018246e-11
+
+
+@cute.jit
+def reduce_2pi(x: Float32) -> Float32:
+    """x - 2 pi k in [-pi, pi] (libdevice's sinf/cosf would pull in the Payne-Hanek slow path with a
+    local-memory table: a stack frame in the consumer)."""
+    k = cute.math.roundeven(x * Float32(1.0 / (2.0 * math.pi)))
+    r = cute.math.fma(-k, Float32(TWO_PI_1), x)
+    r = cute.math.fma(-k, Float32(TWO_PI_2), r)
+    return cute.math.fma(-k, Float32(TWO_PI_3), r)
+
+
+@cute.jit
+def bf(x: Float32) -> Float32:
+    """Round to bf16 and back (the torch face computes in the model dtype)."""
+    return x.to(BFloat16).to(Float32)
+
+
+@cute.jit
+def rope_epilogue(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, col_off: Int32, pool: Int32,
+                  ep0: Int32, npages: cutlass.Constexpr, meta: cute.Tensor, inv_freq: cute.Tensor,
+                  row0: Int32, rows: Int32, section: Int32):
+    """QKV_ROPE: y = bf16(acc); on q/k sections x*cos + rotate_half(x)*sin per 128-wide head, in
+    bf16 steps like qkv.apply_rope (cos/sin from float32 pos * inv_freq, rounded to bf16).
+    Fragment element i = e + 2h + 4j (column 8j + 2(lane%4) + e, row 16w + lane/4 + 8h): the
+    partner column c + 64 of element i (j < 8) is element i + 32 of the same thread."""
+    from mk.instructions._common import M_OFF_POS
+    assert cfg.wn == 128, "RoPE pairs need the whole 128-column head in one wgmma chain"
+    pos_off = meta[M_OFF_POS]
+    rope_on = Float32(1.0)
+    if section == SEC_V:
+        rope_on = Float32(0.0)
+    for ch in cutlass.range_constexpr(cfg.chains()):
+        acc = accs[ch]
+        for ip in cutlass.range_constexpr(16):
+            i = (ip % 2) * 2 + (ip // 2) * 4          # e = 0 element of (h, j), j < 8
+            r, c = tCcC[i]
+            c = c + col_off + ch * cfg.wn
+            rr = r
+            if rr >= rows:
+                rr = rows - 1
+            # V section: angle 0, so cos = 1 and sin = 0 and the values pass through exactly
+            pos = meta[pos_off + row0 + rr].to(Float32) * rope_on
+            y = [bf(acc[i]), bf(acc[i + 1]), bf(acc[i + 32]), bf(acc[i + 33])]
+            o = [y[0], y[1], y[2], y[3]]
+            for e in cutlass.range_constexpr(2):
+                ang = reduce_2pi(pos * inv_freq[(c + e) % 64])
+                cs = bf(cute.math.cos(ang, fastmath=True))
+                sn = bf(cute.math.sin(ang, fastmath=True))
+                o[e] = bf(bf(y[e] * cs) + bf(-y[2 + e] * sn))
+                o[2 + e] = bf(bf(y[2 + e] * cs) + bf(y[e] * sn))
+            for half in cutlass.range_constexpr(2):
+                a = epi_addr(pool, ep0, r, c + half * 64, cfg.bm, 2, npages)
+                d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                                   assumed_align=4), cute.make_layout(2))
+                d[0] = o[2 * half].to(BFloat16)
+                d[1] = o[2 * half + 1].to(BFloat16)
+
+
 # ============================================================================ storer (2 warps)
 @cute.jit
-def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, yptr: cute.Pointer, ld: Int32,
+def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld: Int32,
                row0: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
                empty: cute.Pointer, done: cute.Pointer, pg: Int32, kt: Int32,
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-               ticket: Int32) -> Int32:
-    """Storer warps (nthreads threads): copy the epilogue pages to y (element pointer yptr of the
+               ticket: Int32, meta: cute.Tensor, rowmap_off: Int32, row_add: Int32,
+               dcol0: Int32) -> Int32:
+    """Storer warps (nthreads threads): copy the epilogue pages to y (byte address ybase of the
     destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
-    freeing each page after its stores. Returns the new page count."""
+    freeing each page after its stores. Returns the new page count.
+
+    Tile element (r, c) goes to destination row drow(row0 + r), column dcol0 + c, where
+    drow(t) = t, or meta[rowmap_off + t] + row_add when rowmap_off >= 0 (the K/V cache rows of
+    QKV_ROPE: kv_slot[t] + layer * kv_layer_stride)."""
     pg = pg + kt * cfg.stage_pages
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
@@ -482,7 +564,12 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, yptr: cute.Pointe
                     col = col0 + box * (128 // ob) + ch * epc
                     if row < row_end:
                         if col < col_end:
-                            gp = cute.make_ptr(ety, (yptr + (row * ld + col)).toint(),
+                            drow = row
+                            if cutlass.const_expr(epi == EPI_ROPE):
+                                if rowmap_off >= 0:
+                                    drow = meta[rowmap_off + row] + row_add
+                            dcol = col - col0 + dcol0
+                            gp = cute.make_ptr(ety, ybase + Int64(drow * ld + dcol) * ob,
                                                cute.AddressSpace.gmem, assumed_align=16)
                             gp = cute.recast_ptr(gp, dtype=Int32)
                             cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
