@@ -235,6 +235,27 @@ class GemmAtoms:
 
 # ============================================================================ device helpers
 @cute.jit
+def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
+             kind: cutlass.Constexpr, ticket: Int32):
+    """mbarrier parity wait, bounded: on timeout write the error record (first error wins, raises
+    the abort flag); also gives up at once when another wait has raised the abort flag, so one
+    failure ends the kernel quickly instead of every later wait timing out in turn."""
+    if not cute.arch.mbarrier_try_wait(bar, phase):
+        t0 = cute.arch.globaltimer()
+        st = Int32(0)
+        while st == 0:
+            if cute.arch.mbarrier_try_wait(bar, phase):
+                st = Int32(1)
+            elif cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                scope="gpu") != 0:
+                st = Int32(3)
+            elif cute.arch.globaltimer() - t0 > timeout_ns:
+                st = Int32(2)
+        if st == 2:
+            rk.write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+
+
+@cute.jit
 def page_of(pg: Int32, npages: cutlass.Constexpr):
     return pg % npages, (pg // npages) & 1
 
@@ -284,13 +305,13 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     for k in range(kt):
         kc = k * BK
         page, ph = page_of(pg, npages)
-        rk.bounded_bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, row0, kc, xb, full + page)
         for j in cutlass.range_constexpr(cfg.nb):
             page, ph = page_of(pg + 1 + j, npages)
-            rk.bounded_bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
             wrow = col0 + j * B_ROWS
@@ -303,7 +324,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     bpp = 128 // cfg.bm
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
         page, ph = page_of(pg + e, npages)
-        rk.bounded_bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         if cutlass.const_expr(epi == EPI_RESIDUAL):
             nb_here = min(bpp, nbox - e * bpp)
             with cute.arch.elect_one():
@@ -374,10 +395,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
 
     for k in range(kt):
         pa, pha = page_of(pg + k * spp, npages)
-        rk.bounded_bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         for j in cutlass.range_constexpr(cfg.nb):
             pb, phb = page_of(pg + k * spp + 1 + j, npages)
-            rk.bounded_bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(page_tensor(pool, pa, sA_layout)))
         cute.nvgpu.warpgroup.fence()
         for ch in cutlass.range_constexpr(nch):
@@ -409,7 +430,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     ne = cfg.epi_pages(ob)
     for e in cutlass.range_constexpr(ne):
         pe, phe = page_of(pg + e, npages)
-        rk.bounded_bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
     ep0 = pg % npages
     col_off = Int32(0)
     if cutlass.const_expr(cfg.wg == "PAGE"):
@@ -543,7 +564,7 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     ety = Float32 if ob == 4 else BFloat16
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
         page, ph = page_of(pg + e, npages)
-        rk.bounded_bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
         for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
             box = e * bpp + s
             sbase = pool + page * PAGE + s * (cfg.bm * 128)
