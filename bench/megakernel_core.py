@@ -3,6 +3,9 @@ RMSNorm work vs a CUDA-graph replay of separate torch kernels. Writes one JSON.
 
     python bench/megakernel_core.py --out bench/results/megakernel_core_<date>.json
     python bench/megakernel_core.py --sanitize      # a small plan once (for compute-sanitizer)
+    python bench/megakernel_core.py --ab group:1000,thread:1000,thread:250 --out ...
+        # + the core figures of other compile variants (handoff mode : backoff cap ns), measured
+        #   in the same process for a before/after comparison ("group:1000" = the original kernel)
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ def weights(H, L):
         config=types.SimpleNamespace(rms_norm_eps=1e-5))
 
 
-def make_mk(T, H, L, journal=False, timeout_s=2.0):
+def make_mk(T, H, L, journal=False, timeout_s=2.0, handoff=None, backoff_ns=None):
     w = weights(H, L)
     arena = torch.randn(3, T, H, device="cuda").bfloat16()
     return M.Megakernel(arena, M.norm_table(w).cuda(), L, 1e-5, journal=journal,
-                        timeout_s=timeout_s), w
+                        timeout_s=timeout_s, handoff=handoff or M.DEFAULT_HANDOFF,
+                        backoff_ns=backoff_ns or M.DEFAULT_BACKOFF_NS), w
 
 
 def graph_time_us(fn, per_graph=10, replays=20, warm=3):
@@ -75,8 +79,9 @@ def mk_time_us(mk, stream, per_graph=10, replays=20):
     return us
 
 
-def sanitize_run():
-    mk, w = make_mk(64, 1024, 2, timeout_s=60.0)
+def sanitize_run(handoff=None, backoff_ns=None):
+    mk, w = make_mk(64, 1024, 2, timeout_s=60.0, handoff=handoff, backoff_ns=backoff_ns)
+    print(f"sanitize: handoff {mk.handoff}, backoff_ns {mk.backoff_ns}", flush=True)
     s, n = M.plan_layers(64, 1024, 2, seed=1, noops=8)
     x0 = mk.arena.clone()
     mk.run(s)
@@ -88,14 +93,59 @@ def sanitize_run():
     print("sanitize plan ok")
 
 
+def rmsnorm_plan(T, H, L, rows):
+    from mk.instructions.base import Buf, NormWeight
+    from mk.instructions.rows import rows_instruction
+    from mk.ir import Op, serialize
+    ins = [rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.NORMED, r, rows, 0, H, layer=l,
+                            norm_weight=NormWeight.ATTN, signal=-1)
+           for l in range(L) for r in range(0, T, rows)]
+    return serialize(ins), len(ins)
+
+
+def core_figures(mk, T, H, L):
+    """The figures a hand-off / backoff change can move, for one compiled variant."""
+    G = mk.grid
+    r = dict(handoff=mk.handoff, backoff_ns=mk.backoff_ns)
+    k1, k2 = 50, 550
+    ta = mk_time_us(mk, M.plan_noops(G * k1)[0], per_graph=5, replays=10)
+    tb = mk_time_us(mk, M.plan_noops(G * k2)[0], per_graph=5, replays=10)
+    r["dispatch_ns_per_instr_per_cta"] = round((tb - ta) * 1e3 / (k2 - k1), 1)
+    tsa = mk_time_us(mk, M.plan_noops(G * k1, signal=True)[0], per_graph=5, replays=10)
+    tsb = mk_time_us(mk, M.plan_noops(G * k2, signal=True)[0], per_graph=5, replays=10)
+    r["dispatch_ns_per_instr_per_cta_with_signal"] = round((tsb - tsa) * 1e3 / (k2 - k1), 1)
+    r["noop_plan_us"] = {f"{G * k1}": round(ta, 2), f"{G * k2}": round(tb, 2)}
+    c1, c2 = 200, 1200
+    h1 = mk_time_us(mk, M.plan_chain(c1, T, H, ops=("noop",))[0], per_graph=3, replays=5)
+    h2 = mk_time_us(mk, M.plan_chain(c2, T, H, ops=("noop",))[0], per_graph=3, replays=5)
+    r["handoff_ns_per_link"] = round((h2 - h1) * 1e3 / (c2 - c1), 1)
+    # a chain of real (page-using) instructions: COPY -> RESIDUAL_ADD -> NOOP links across SMs
+    p1 = mk_time_us(mk, M.plan_chain(60, T, H, rows=8, ops=("copy", "add", "noop"))[0],
+                    per_graph=3, replays=5)
+    p2 = mk_time_us(mk, M.plan_chain(360, T, H, rows=8, ops=("copy", "add", "noop"))[0],
+                    per_graph=3, replays=5)
+    r["page_chain_ns_per_link"] = round((p2 - p1) * 1e3 / 300, 1)
+    for rows in (16, 64):
+        r[f"rmsnorm_tile{rows}_us"] = round(mk_time_us(mk, rmsnorm_plan(T, H, L, rows)[0],
+                                                       per_graph=5, replays=10), 2)
+    s, _ = M.plan_layers(T, H, L, seed=5, noops=20)
+    r["layers_plan_us"] = round(mk_time_us(mk, s, per_graph=3, replays=10), 2)
+    r["layers_plan_instructions"] = int(s.shape[0])
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--handoff", default=None, help=f"hand-off mode (default {M.DEFAULT_HANDOFF})")
+    ap.add_argument("--backoff-ns", type=int, default=None,
+                    help=f"counter-wait backoff cap (default {M.DEFAULT_BACKOFF_NS})")
+    ap.add_argument("--ab", default="", help="extra variants MODE:BACKOFF,... (core figures only)")
     ap.add_argument("--trace-dir", default=None)
     a = ap.parse_args()
     if a.sanitize:
-        sanitize_run()
+        sanitize_run(a.handoff, a.backoff_ns)
         return 0
     props = torch.cuda.get_device_properties(0)
     res = dict(date=datetime.date.today().isoformat(),
@@ -104,7 +154,9 @@ def main():
                device=props.name, sms=props.multi_processor_count,
                command=" ".join([sys.executable] + sys.argv), torch=torch.__version__)
     T, H, L = 512, 8192, 8
-    mk, w = make_mk(T, H, L)
+    mk, w = make_mk(T, H, L, handoff=a.handoff, backoff_ns=a.backoff_ns)
+    res["handoff"] = mk.handoff
+    res["backoff_ns"] = mk.backoff_ns
     t0 = time.time()
     mk.run(M.plan_noops(1)[0])
     res["first_run_incl_compile_s"] = round(time.time() - t0, 2)
@@ -112,6 +164,18 @@ def main():
     res["grid"] = G
     res["blocks_per_sm"] = mk.blocks_per_sm
     res["occupancy_source"] = mk.occupancy_source
+    if a.ab:
+        # same process, same GPU state: the default variant first, then each listed one
+        ab = [core_figures(mk, T, H, L)]
+        for spec in a.ab.split(","):
+            mode, _, bo = spec.partition(":")
+            mkv, _ = make_mk(T, H, L, handoff=mode, backoff_ns=int(bo) if bo else None)
+            mkv.arena.copy_(mk.arena)
+            mkv.run(M.plan_noops(1)[0])
+            ab.append(core_figures(mkv, T, H, L))
+            del mkv
+            print(json.dumps(ab[-1]), flush=True)
+        res["ab_core_figures"] = ab
 
     # 1. empty launches and dispatch overhead (NOOPs, no waits)
     t_empty = mk_time_us(mk, M.plan_noops(0)[0])

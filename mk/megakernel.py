@@ -38,17 +38,35 @@ Execution model
   raises MegakernelError naming them.
 * Journal (optional compile variant): per instruction (SM, CTA, opcode, fetch, ready, end
   globaltimer ns) and per CTA (entry, exit, SM); mk.trace turns it into a Chrome trace + PNG.
+
+Test mode (`--backend megakernel` for plans made only of the rows family)
+-------------------------------------------------------------------------
+    python -m mk.megakernel selftest [--model DIR] [--tokens T] [--json]
+builds rows-only plans (norm/residual DAGs of the model's shape in random topological queue orders,
+cross-SM dependency chains, NOOP joins) with the model's norm weights (default: the tiny random
+checkpoint), runs them on the GPU through MegakernelBackend(..., test_mode=True).run_stream and
+compares every buffer with the rows family's torch faces (rows_oracle): bit-exact where the plan has
+no RMSNORM, else within bf16 rounding. Exit code 0 = passed, 1 = mismatch or no usable GPU.
+A model step needs opcodes the megakernel has no GPU body for yet: `--backend megakernel` for a
+model (launch/generate.py, mk.Engine) stops at once with a NotImplementedError naming them.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
-import cutlass
+try:
+    import cutlass
+except ImportError as _e:  # `python -m mk.megakernel ...` without CuTe DSL: a clear message
+    if __name__ == "__main__":
+        sys.exit(f"error: the megakernel needs NVIDIA's CuTe DSL (pip install "
+                 f"nvidia-cutlass-dsl): {_e}")
+    raise
 import cutlass.cute as cute
 import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Float32, Int32, Int64
@@ -71,6 +89,15 @@ JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1
 BAR_STORER = 2
 N_STORER = 64
+N_CONSUMER = 128
+# Generic-proxy hand-offs through the ring and the page pool (see mk/instructions/_rows_kernel.py):
+# "thread" = every accessing thread arrives on the mbarrier (what compute-sanitizer racecheck
+# models; CUTLASS PipelineAsync style); "warp" = __syncwarp + one arrival per warp; "group" = named
+# barrier + one arrival (the original protocol; racecheck reports it).
+DEFAULT_HANDOFF = "thread"
+# Cap of the growing nanosleep in counter waits (ns). A waiter sleeps at most this long between two
+# polls, so the cap bounds the wake-up latency of a cross-SM hand-off.
+DEFAULT_BACKOFF_NS = 200
 SUPPORTED_OPS = (int(Op.NOOP), int(Op.COPY), int(Op.RMSNORM), int(Op.RESIDUAL_ADD))
 
 
@@ -92,8 +119,9 @@ class MegakernelError(RuntimeError):
 # ==================================================================================== device side
 @cute.jit
 def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int64,
-                 state: cute.Tensor, ticket: Int32) -> Int32:
-    """Spin until counters[c] >= target (ld.acquire.gpu, growing nanosleep, bounded). 1 = ok."""
+                 state: cute.Tensor, ticket: Int32, backoff_ns: cutlass.Constexpr) -> Int32:
+    """Spin until counters[c] >= target (ld.acquire.gpu, nanosleep doubling from 20 ns up to
+    backoff_ns, bounded by timeout_ns from globaltimer). 1 = ok."""
     p = (counters.iterator + c).llvm_ptr
     v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
     ok = Int32(1)
@@ -103,8 +131,10 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
         st = Int32(0)
         while st == 0:
             prims.nanosleep(ns)
-            if ns < 1000:
+            if ns < backoff_ns:
                 ns = ns * 2
+                if ns > backoff_ns:
+                    ns = Int32(backoff_ns)
             v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
             if v >= target:
                 st = Int32(1)
@@ -121,11 +151,16 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
 
 
 class MegakernelDSL:
-    """The compiled object: one per (npages, journal) variant; shapes are dynamic."""
+    """The compiled object: one per (journal, npages, handoff, backoff_ns) variant; shapes are
+    dynamic."""
 
-    def __init__(self, journal: bool = False, npages: int = NPAGES):
+    def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
+                 backoff_ns: int = DEFAULT_BACKOFF_NS):
+        assert handoff in rk.HANDOFF_MODES, handoff
         self.journal = journal
         self.npages = npages
+        self.handoff = handoff
+        self.backoff_ns = int(backoff_ns)
 
     @cute.jit
     def __call__(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
@@ -164,6 +199,7 @@ class MegakernelDSL:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         NP = self.npages
+        HM = self.handoff
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
         ifull = st.ifull.data_ptr()
@@ -184,12 +220,14 @@ class MegakernelDSL:
             cute.nvgpu.cpasync.prefetch_descriptor(tma)
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(NISLOTS):
-                    cute.arch.mbarrier_init(ifull + s, 1)
-                    cute.arch.mbarrier_init(iempty + s, 3)   # loader + consumer + storer
+                    cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
+                    # loader + storer + consumer
+                    cute.arch.mbarrier_init(iempty + s, rk.arrivals(HM, 32) + rk.arrivals(HM, N_STORER)
+                                            + rk.arrivals(HM, N_CONSUMER))
                 for p in cutlass.range_constexpr(NP):
                     cute.arch.mbarrier_init(full + p, 1)
-                    cute.arch.mbarrier_init(empty + p, 1)
-                    cute.arch.mbarrier_init(done + p, 1)
+                    cute.arch.mbarrier_init(empty + p, rk.arrivals(HM, N_CONSUMER))
+                    cute.arch.mbarrier_init(done + p, rk.arrivals(HM, N_CONSUMER))
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -218,7 +256,8 @@ class MegakernelDSL:
                         ok = Int32(1)
                         if lane < MAX_WAITS:
                             if c >= 0:
-                                ok = wait_counter(counters, c, tg, timeout_ns, state, t)
+                                ok = wait_counter(counters, c, tg, timeout_ns, state, t,
+                                                  self.backoff_ns)
                         if cute.arch.vote_all_sync(ok == 1):
                             if cutlass.const_expr(self.journal):
                                 if lane == 0:
@@ -239,9 +278,7 @@ class MegakernelDSL:
                         tick[islot] = t
                     else:
                         ring[islot * INSTR_WORDS + lane] = w
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive(ifull + islot)
+                    rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                     islot = islot + 1
                     if islot == NISLOTS:
                         islot = Int32(0)
@@ -266,9 +303,7 @@ class MegakernelDSL:
                                               ring[base + W_ROW0], ring[base + W_ROWS],
                                               ring[base + W_COL0], ring[base + W_COLS], pool,
                                               full, empty, pg, NP, timeout_ns, state, t)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            cute.arch.mbarrier_arrive(iempty + islot)
+                        rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot = islot + 1
                         if islot == NISLOTS:
                             islot = Int32(0)
@@ -293,7 +328,8 @@ class MegakernelDSL:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
                                                ring[base + W_ROWS], ring[base + W_COL0],
                                                ring[base + W_COLS], bufs, pool, empty, done, pg,
-                                               NP, sid, BAR_STORER, N_STORER, timeout_ns, state, t)
+                                               NP, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
+                                               HM)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
@@ -306,7 +342,9 @@ class MegakernelDSL:
                             if cutlass.const_expr(self.journal):
                                 if t < journal.shape[0]:
                                     journal[t, J_END] = cute.arch.globaltimer()
-                            cute.arch.mbarrier_arrive(iempty + islot)
+                        # (the barrier above already ordered the storer threads' ring reads)
+                        rk.release(iempty + islot, rk.arrivals(HM, N_STORER), N_STORER, sid,
+                                   BAR_STORER, HM, sync=(HM == "warp"))
                         islot = islot + 1
                         if islot == NISLOTS:
                             islot = Int32(0)
@@ -333,10 +371,9 @@ class MegakernelDSL:
                                              ring[base + W_COLS], ring[base + W_LAYER],
                                              ring[base + A_NORM_WEIGHT], normw, n_layers, eps,
                                              pool, full, empty, done, pg, NP, ctid, BAR_CONSUMER,
-                                             128, timeout_ns, state, t)
-                    cute.arch.barrier(barrier_id=BAR_CONSUMER, number_of_threads=128)
-                    if ctid == 0:
-                        cute.arch.mbarrier_arrive(iempty + islot)
+                                             N_CONSUMER, timeout_ns, state, t, HM)
+                    rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
+                               BAR_CONSUMER, HM)
                     islot = islot + 1
                     if islot == NISLOTS:
                         islot = Int32(0)
@@ -379,15 +416,17 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
     return x
 
 
-def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=()):
+def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
+                       handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS):
     """cute.compile with an in-process cache per variant and arena/norm-table shape."""
-    key = (journal,) + tuple(shape_key)
+    key = (journal, handoff, int(backoff_ns)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
-        _COMPILED[key] = cute.compile[cute.KeepCUBIN](MegakernelDSL(journal=journal), *args)
+        _COMPILED[key] = cute.compile[cute.KeepCUBIN](
+            MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns), *args)
         if verbose:
-            print(f"[mk.megakernel] compiled variant journal={journal} in {time.time() - t0:.1f} s",
-                  flush=True)
+            print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
+                  f"backoff_ns={backoff_ns} in {time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
 
@@ -481,11 +520,18 @@ class Megakernel:
     """Runs instruction streams of the rows family on one GPU.
 
     arena: [NBUF, T, H] bf16 CUDA tensor (buffers by Buf id); normw: [3L, H] (norm_table);
-    journal: compile the variant that writes the per-instruction journal."""
+    journal: compile the variant that writes the per-instruction journal; handoff / backoff_ns:
+    the compile-time hand-off mode and counter-wait backoff cap (DEFAULT_HANDOFF,
+    DEFAULT_BACKOFF_NS)."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
-                 journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True):
+                 journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True,
+                 handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS):
+        assert handoff in rk.HANDOFF_MODES, f"handoff must be one of {rk.HANDOFF_MODES}"
+        assert 20 <= backoff_ns <= 1_000_000, "backoff_ns must lie in [20 ns, 1 ms]"
+        self.handoff = handoff
+        self.backoff_ns = int(backoff_ns)
         assert arena.is_cuda and arena.dtype == torch.bfloat16 and arena.dim() == 3
         assert arena.is_contiguous() and arena.shape[2] % 8 == 0
         self.arena = arena
@@ -535,7 +581,7 @@ class Megakernel:
         if self.grid is None:
             self.grid = 1
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
-                                      self._shape_key)
+                                      self._shape_key, self.handoff, self.backoff_ns)
             nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
@@ -547,7 +593,7 @@ class Megakernel:
                 print(f"[mk.megakernel] grid {self.grid} = {self.num_sms} SMs x {nb} blocks/SM "
                       f"({src})", flush=True)
         return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
-                                  self._shape_key), cs
+                                  self._shape_key, self.handoff, self.backoff_ns), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -777,16 +823,42 @@ def plan_page_cycle(k: int, T: int, H: int, seed: int = 0):
 
 
 # ==================================================================================== backend
+def missing_opcodes() -> list[str]:
+    """The opcodes of mk.ir without a megakernel GPU body (a model step uses them)."""
+    return [o.name for o in Op if int(o) not in SUPPORTED_OPS]
+
+
+def not_implemented_message() -> str:
+    return ("megakernel backend: a model step needs GPU bodies for opcodes "
+            f"{', '.join(missing_opcodes())}, which the megakernel does not have yet (it runs "
+            "NOOP, COPY, RMSNORM and RESIDUAL_ADD). Test mode: `python -m mk.megakernel selftest` "
+            "runs rows-only plans end to end on the GPU against the torch faces. To generate, use "
+            "--backend vm or --backend reference.")
+
+
+def require_gpu(what: str = "the megakernel backend", hint: str = " (use --backend vm on the CPU)"):
+    """RuntimeError unless a Hopper (sm_90) GPU is visible."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs a CUDA GPU (Hopper, sm_90); none is visible{hint}")
+    cap = torch.cuda.get_device_capability()
+    if cap[0] < 9:
+        raise RuntimeError(f"{what} needs a Hopper GPU (sm_90); this one is sm_{cap[0]}{cap[1]}")
+
+
 class MegakernelBackend:
-    """`--backend megakernel`. Test mode for now: streams made only of the rows family
-    (NOOP/COPY/RMSNORM/RESIDUAL_ADD) run on the GPU through run_stream(); a model step needs the
-    model's opcodes' GPU bodies, so forward() says which ones are missing."""
+    """`--backend megakernel`.
+
+    Test mode (test_mode=True): streams made only of the rows family (NOOP/COPY/RMSNORM/
+    RESIDUAL_ADD) run on the GPU through run_stream() (see `python -m mk.megakernel selftest`).
+    Without test_mode (the engine's factory: a model step) construction fails at once with a
+    NotImplementedError naming the opcodes that have no GPU body yet, before any step runs."""
 
     name = "megakernel"
 
-    def __init__(self, weights, kernel=None, group=None):
-        if not torch.cuda.is_available():
-            raise RuntimeError("the megakernel backend needs a CUDA GPU (use --backend vm on CPU)")
+    def __init__(self, weights, kernel=None, group=None, test_mode: bool = False):
+        require_gpu()
+        if not test_mode:
+            raise NotImplementedError(not_implemented_message())
         self.weights = weights
         self.kernel_config = kernel
         self._mk = {}
@@ -805,10 +877,86 @@ class MegakernelBackend:
         return mk.arena.to(arena.device, arena.dtype)
 
     def forward(self, batch):
-        raise NotImplementedError(
-            "megakernel backend: GPU bodies exist for NOOP, COPY, RMSNORM and RESIDUAL_ADD only; "
-            "the model's opcodes (QKV/RoPE, attention, projections, MLP, LM head) are not built "
-            "yet. Use MegakernelBackend.run_stream for rows-family streams, or --backend vm.")
+        raise NotImplementedError(not_implemented_message())
+
+
+# ==================================================================================== selftest
+def selftest(argv=None) -> int:
+    """`python -m mk.megakernel selftest`: rows-only plans on the GPU vs the torch faces."""
+    import argparse
+    import json
+    import types
+
+    ap = argparse.ArgumentParser(prog="python -m mk.megakernel selftest",
+                                 description=selftest.__doc__)
+    ap.add_argument("--model", default=None, help="HF Llama checkpoint (norm weights and H); "
+                    "default: the tiny random checkpoint")
+    ap.add_argument("--tokens", type=int, default=256, help="token rows T of the buffers")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print one JSON summary line")
+    a = ap.parse_args(argv)
+    try:
+        require_gpu("the megakernel selftest", hint="")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    from pathlib import Path
+
+    from mk.config import ParallelConfig
+    from mk.weights import load_rank_weights
+    if a.model is None:
+        from mk.tiny import tiny_checkpoint
+        model_dir = Path(tiny_checkpoint())
+    else:
+        model_dir = Path(a.model)
+    w = load_rank_weights(model_dir, ParallelConfig(), dtype=torch.bfloat16,
+                          device=torch.device("cpu"), progress=False)
+    cfg = w.config
+    T, H, L = a.tokens, cfg.hidden_size, cfg.num_layers
+    be = MegakernelBackend(w, test_mode=True)
+    wc = types.SimpleNamespace(attn_norm=w.attn_norm, mlp_norm=w.mlp_norm,
+                               final_norm=w.final_norm, config=cfg)
+    plans = [
+        ("layers (RMSNORM/COPY/RESIDUAL_ADD DAG, random queue order)",
+         plan_layers(T, H, L, seed=a.seed, noops=20), False),
+        ("layers without RMSNORM (bit-exact)",
+         plan_layers(T, H, L, seed=a.seed + 1, with_norm=False, noops=10), True),
+        ("8 cross-SM chains of COPY/RESIDUAL_ADD/NOOP (bit-exact)",
+         plan_chain(100, T, H, rows=8, ops=("copy", "add", "noop"), chains=8), True),
+    ]
+    g = torch.Generator().manual_seed(a.seed)
+    results, ok_all = [], True
+    for name, (stream, _n_ctr), exact in plans:
+        x0 = torch.randn(3, T, H, generator=g).bfloat16()
+        t0 = time.time()
+        got = be.run_stream(stream, x0)
+        dt = time.time() - t0
+        want = rows_oracle(stream, x0, wc)
+        if exact:
+            ok = bool(torch.equal(got, want))
+        else:   # RMSNORM's fp32 statistic is summed in another order than torch
+            ok = bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+        err = float((got.float() - want.float()).abs().max())
+        ok_all &= ok
+        results.append(dict(plan=name, instructions=int(stream.shape[0]), exact=exact, ok=ok,
+                            max_abs_err=err, seconds=round(dt, 3)))
+        print(f"[mk.megakernel selftest] {'ok  ' if ok else 'FAIL'} {name}: "
+              f"{stream.shape[0]} instructions, max |err| {err:.3g}, {dt:.2f} s", file=sys.stderr)
+    summary = dict(passed=ok_all, device=torch.cuda.get_device_name(), model=str(model_dir),
+                   T=T, H=H, layers=L, plans=results)
+    if a.json:
+        print(json.dumps(summary), flush=True)
+    print(f"[mk.megakernel selftest] {'passed' if ok_all else 'FAILED'}", file=sys.stderr)
+    return 0 if ok_all else 1
+
+
+def _main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "selftest":
+        print("usage: python -m mk.megakernel selftest [--model DIR] [--tokens T] [--json]",
+              file=sys.stderr)
+        return 2
+    return selftest(argv[1:])
 
 
 try:
@@ -816,5 +964,9 @@ try:
 except ImportError:  # engine not importable: the backend is still usable directly
     _register_backend = None
 if _register_backend is not None:
+    # a model step: fails at construction (no GPU: RuntimeError; else NotImplementedError)
     _register_backend("megakernel")(lambda weights, kernel, group=None:
                                      MegakernelBackend(weights, kernel, group))
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,36 +1,71 @@
 #!/usr/bin/env bash
 # The megakernel core GPU suite, in one command on the device machine (H100/H200):
 #   . .gpu/prelude.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_tests.sh [OUTDIR]
-# Runs: the compile gate, `pytest -m gpu` (megakernel tests), the micro-benchmarks, and
-# compute-sanitizer memcheck / racecheck / synccheck on a small plan. Logs and JSON go to OUTDIR
-# ($OUT on the device tool, else bench/results/).
+# Runs: the compile gate + `pytest -m gpu` (megakernel tests), the micro-benchmarks (with an A/B of
+# compile variants in the same process), compute-sanitizer memcheck / racecheck / synccheck on a
+# small plan, racecheck of other hand-off modes, and the racecheck probe of hand-off patterns
+# (bench/probes/racecheck_mbarrier_probe.py). Logs and JSON go to OUTDIR ($OUT on the device tool,
+# else bench/results/); at most 6 files, the device tool brings back 8.
+# Knobs (environment):
+#   MK_STEPS         steps to run (default "tests bench san probe")
+#   MK_AB            extra bench variants MODE:BACKOFF_NS,... ("" = none); "group:1000" is the
+#                    original kernel (named-barrier hand-offs, 1 us backoff cap)
+#   MK_SAN_EXTRA     other hand-off modes to racecheck as well (default "warp")
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
-export PYTHONUNBUFFERED=1 MK_TRACE_OUT="$OUTDIR"
+export PYTHONUNBUFFERED=1
 DATE=$(date +%Y-%m-%d)
+STEPS=${MK_STEPS:-"tests bench san probe"}
+AB=${MK_AB-"group:1000,warp:1000,thread:1000,thread:500,thread:100,thread:50"}
+SAN_EXTRA=${MK_SAN_EXTRA-"warp"}
+COMMIT=${MK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+export MK_COMMIT=$COMMIT
 rc=0
-{
-  echo "== $(date -u) $(nvidia-smi -L 2>/dev/null | head -1) commit ${MK_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
-  python3 -m pytest -q -m "compile or gpu" tests/test_megakernel_compile.py tests/test_megakernel_gpu.py \
-      -p no:cacheprovider -rA 2>&1
-} > "$OUTDIR/gpu_tests_$DATE.log" 2>&1 || rc=1
-tail -5 "$OUTDIR/gpu_tests_$DATE.log"
-timeout 240 python3 bench/megakernel_core.py --out "$OUTDIR/megakernel_core_$DATE.json" \
-    --trace-dir "$OUTDIR" > "$OUTDIR/bench_$DATE.log" 2>&1 || { rc=1; tail -30 "$OUTDIR/bench_$DATE.log"; }
+step() { echo "== [$(date -u +%H:%M:%S)] $*"; }
+case " $STEPS " in *" tests "*)
+  T0=$SECONDS
+  {
+    echo "== $(date -u) $(nvidia-smi -L 2>/dev/null | head -1) commit $COMMIT"
+    python3 -m pytest -q -m "compile or gpu" tests/test_megakernel_compile.py \
+        tests/test_megakernel_gpu.py tests/test_megakernel_backend.py -p no:cacheprovider -rA 2>&1
+    echo "== tests took $((SECONDS - T0)) s"
+  } > "$OUTDIR/gpu_tests_$DATE.log" 2>&1 || rc=1
+  tail -4 "$OUTDIR/gpu_tests_$DATE.log" ;;
+esac
+case " $STEPS " in *" bench "*)
+  T0=$SECONDS
+  timeout 300 python3 bench/megakernel_core.py --out "$OUTDIR/megakernel_core_$DATE.json" \
+      --trace-dir "$OUTDIR" --ab "$AB" > "$OUTDIR/bench_$DATE.log" 2>&1 \
+      || { rc=1; tail -30 "$OUTDIR/bench_$DATE.log"; }
+  echo "== bench took $((SECONDS - T0)) s" >> "$OUTDIR/bench_$DATE.log" ;;
+esac
 SAN="$OUTDIR/sanitizers_$DATE.log"
 : > "$SAN"
+san() {  # san TOOL HANDOFF LABEL ARGS...
+  local tool=$1 label=$2; shift 2
+  local extra=""
+  [ "$tool" = memcheck ] && extra="--report-api-errors no"
+  local t0=$SECONDS
+  echo "== compute-sanitizer --tool $tool $extra $label" >> "$SAN"
+  timeout 200 compute-sanitizer --tool $tool $extra python3 "$@" > "$OUTDIR/san.tmp" 2>&1
+  echo "exit $? ($((SECONDS - t0)) s)" >> "$SAN"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|rror|azard|sanitize|Invalid|Race|== probe" \
+      "$OUTDIR/san.tmp" | cut -c1-400 | head -60 >> "$SAN"
+  rm -f "$OUTDIR/san.tmp"
+}
 if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck synccheck; do
-    extra=""
-    [ "$tool" = memcheck ] && extra="--report-api-errors no"
-    echo "== compute-sanitizer --tool $tool" >> "$SAN"
-    timeout 200 compute-sanitizer --tool $tool $extra \
-        python3 bench/megakernel_core.py --sanitize > "$OUTDIR/san_$tool.tmp" 2>&1
-    echo "exit $?" >> "$SAN"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|rror|azard|sanitize plan ok|Invalid|Race" "$OUTDIR/san_$tool.tmp" | head -40 >> "$SAN"
-    rm -f "$OUTDIR/san_$tool.tmp"
-  done
+  case " $STEPS " in *" probe "*)
+    san racecheck "(probe: which hand-offs racecheck models)" bench/probes/racecheck_mbarrier_probe.py ;;
+  esac
+  case " $STEPS " in *" san "*)
+    for tool in racecheck memcheck synccheck; do
+      san $tool "(megakernel, default hand-off)" bench/megakernel_core.py --sanitize
+    done
+    for h in $SAN_EXTRA; do
+      san racecheck "(megakernel, handoff $h)" bench/megakernel_core.py --sanitize --handoff "$h"
+    done ;;
+  esac
 else
   echo "compute-sanitizer not found" >> "$SAN"
 fi

@@ -38,7 +38,7 @@ def _find_ptxas():
     return None
 
 
-def compile_to_ptx(journal: bool, dump_dir: str) -> str:
+def compile_to_ptx(journal: bool, dump_dir: str, handoff: str | None = None) -> str:
     """Compile the megakernel with fake (dynamic-shape) tensors; return its PTX text."""
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int32, Int64
@@ -58,7 +58,8 @@ def compile_to_ptx(journal: bool, dump_dir: str) -> str:
             make_fake_compact_tensor(Int64, (S(), 4), stride_order=(1, 0), assumed_align=8),
             Int32(132), make_fake_stream()]
     # KeepPTX as a compile option: works even when cutlass was imported before the env was set
-    comp = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](M.MegakernelDSL(journal=journal), *args)
+    dsl = M.MegakernelDSL(journal=journal, handoff=handoff or M.DEFAULT_HANDOFF)
+    comp = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](dsl, *args)
     ptx = comp.__ptx__
     if not ptx:
         new = sorted(glob.glob(os.path.join(dump_dir, "*.ptx")), key=os.path.getmtime)
@@ -97,9 +98,11 @@ def dump_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.parametrize("journal", [False, True], ids=["plain", "journal"])
-def test_megakernel_compiles_for_sm90a(dump_dir, journal):
-    ptx = compile_to_ptx(journal, dump_dir)
+@pytest.mark.parametrize("journal,handoff", [(False, None), (True, None), (False, "warp"),
+                                             (False, "group")],
+                         ids=["plain", "journal", "handoff-warp", "handoff-group"])
+def test_megakernel_compiles_for_sm90a(dump_dir, journal, handoff):
+    ptx = compile_to_ptx(journal, dump_dir, handoff)
     missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
     assert not missing, f"PTX lacks {missing}"
     rep = ptxas_report(ptx, dump_dir)

@@ -17,13 +17,30 @@ sequence, so each computes the same page numbers from a running page count `pg`:
                    squares, pass 2: scale in place), so ceil(H / PC) <= NPAGES is required.
 Roles and their arrivals on the page barriers:
     full[p]   loader arrive_and_expect_tx (count 1) + TMA bytes
-    done[p]   consumer (one thread, count 1) once the page holds the result to store (also for
-              RESIDUAL_ADD's src page, which nobody waits on: one arrival per use keeps every
-              barrier's phase = the page's use count)
-    empty[p]  storer (count 1) after the stores read the page; for RESIDUAL_ADD's src page the
-              consumer (count 1), as soon as it has read it
+    done[p]   consumer warpgroup once the page holds the result to store (also for RESIDUAL_ADD's
+              src page, which nobody waits on: one completion per use keeps every barrier's phase
+              = the page's use count)
+    empty[p]  storer warps after the stores read the page; for RESIDUAL_ADD's src page the
+              consumer warpgroup, as soon as it has read it
 Loads are TMA (cp.async.bulk.tensor, async proxy); stores are 16-byte st.global by the storer warps
 with exact row/column masks (a TMA store would write whole boxes, clobbering neighbours' rows).
+
+Generic-proxy hand-offs (HANDOFF modes). A page (or an instruction-ring slot) written with plain
+st.shared by one role and read with ld.shared by another is handed over by an mbarrier. By the PTX
+memory model an mbarrier.arrive releases only the *arriving thread's* prior accesses; the other
+threads' accesses reach it through a bar.sync / __syncwarp first. compute-sanitizer racecheck does
+not follow that transitive path (bench/probes/racecheck_mbarrier_probe.py shows which patterns it
+models), so the kernel hands off in one of three compile-time modes:
+    "thread"  every accessing thread arrives itself (CUTLASS PipelineAsync with
+              CooperativeGroup(Agent.Thread, n)): no bar.sync on the hand-off path
+    "warp"    each warp runs __syncwarp, then its lane 0 arrives (arrival count = warps)
+    "group"   the role's threads meet in a named barrier, then one thread arrives (the original
+              protocol: correct, cheapest in arrivals, but racecheck reports every hand-off)
+Every barrier's init count is the sum of its arriving roles' shares (`arrivals`); a role with fewer
+threads than the share arrives with a count > 1 (the storer's share of empty[p]). In the "thread"
+and "warp" modes the consumer also waits on empty[p] (already complete: the loader waited on it)
+before writing a page in place, which makes the storer-read -> consumer-write order of the page's
+previous use direct instead of running through the loader's TMA.
 """
 
 from __future__ import annotations
@@ -57,8 +74,39 @@ ERR_INSTR_SLOT = 5
 ERR_BAD_OPCODE = 6
 
 
+HANDOFF_MODES = ("thread", "warp", "group")
+
+
 def uses_pages(op) -> bool:
     return op in (OP_COPY, OP_RMSNORM, OP_RESIDUAL_ADD)
+
+
+def arrivals(mode: str, nthreads: int) -> int:
+    """Arrivals a role of nthreads threads makes on an mbarrier per hand-off in `mode`."""
+    assert mode in HANDOFF_MODES, mode
+    return nthreads if mode == "thread" else (nthreads // 32 if mode == "warp" else 1)
+
+
+@cute.jit
+def release(bar: cute.Pointer, share: cutlass.Constexpr, nthreads: cutlass.Constexpr, gtid: Int32,
+            bar_id: cutlass.Constexpr, mode: cutlass.Constexpr, sync: cutlass.Constexpr = True):
+    """Hand the prior shared-memory accesses of a role (nthreads threads, gtid 0..nthreads-1) to
+    the waiters of mbarrier `bar`; the role contributes `share` arrivals in all (see HANDOFF)."""
+    if cutlass.const_expr(mode == "thread"):
+        cute.arch.mbarrier_arrive(bar, arrive_count=share // nthreads)
+    elif cutlass.const_expr(mode == "warp"):
+        if cutlass.const_expr(sync):
+            cute.arch.sync_warp()
+        if gtid % 32 == 0:
+            cute.arch.mbarrier_arrive(bar, arrive_count=share // (nthreads // 32))
+    else:
+        if cutlass.const_expr(sync):
+            if cutlass.const_expr(nthreads == 32):
+                cute.arch.sync_warp()
+            else:
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        if gtid == 0:
+            cute.arch.mbarrier_arrive(bar, arrive_count=share)
 
 
 @cute.jit
@@ -198,9 +246,11 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
                  full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
                  npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
                  nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                 ticket: Int32) -> Int32:
+                 ticket: Int32, mode: cutlass.Constexpr) -> Int32:
     """Consumer warpgroup body (128 threads). Warp w owns rows 2w, 2w+1 of every page; lane l owns
-    the 16-byte vectors at column l*8 of each of the 4 boxes."""
+    the 16-byte vectors at column l*8 of each of the 4 boxes (the same bytes in every op, so a
+    consumer thread never races another consumer thread on a page)."""
+    share = arrivals(mode, nthreads)      # done[p] / empty[p] arrivals of the warpgroup
     cw = ctid // 32
     lane = ctid % 32
     ra = cw * 2
@@ -212,8 +262,8 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
             page = pg % npages
             phase = (pg // npages) & 1
             bounded_bar_wait(full + page, phase, timeout_ns, state, ERR_PAGE_FULL, ticket)
-            if ctid == 0:
-                cute.arch.mbarrier_arrive(done + page)
+            if ctid == 0:   # COPY: the consumer never touches the page, one arrival does
+                cute.arch.mbarrier_arrive(done + page, arrive_count=share)
             pg = pg + 1
     elif op == OP_RESIDUAL_ADD:
         for i in range(nrg * ncc):
@@ -224,6 +274,9 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
             phb = ((pg + 1) // npages) & 1
             bounded_bar_wait(full + pa, pha, timeout_ns, state, ERR_PAGE_FULL, ticket)
             bounded_bar_wait(full + pb, phb, timeout_ns, state, ERR_PAGE_FULL, ticket)
+            if cutlass.const_expr(mode != "group"):
+                # the storer's reads of pb's previous use (complete already: the loader waited)
+                bounded_bar_wait(empty + pb, phb ^ 1, timeout_ns, state, ERR_PAGE_EMPTY, ticket)
             nbox = nbox_of(col0 + cc * PC, col_end)
             for v in cutlass.range_constexpr(NBOX):
                 if v < nbox:
@@ -233,13 +286,12 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
                         tb = smem_vec(pool + pb * PAGE + off)
                         s = ta.load().to(Float32) + tb.load().to(Float32)
                         tb.store(s.to(BFloat16))
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-            if ctid == 0:
-                cute.arch.mbarrier_arrive(empty + pa)   # src page: last read done, free it now
-                # every use of a page gets exactly one `done` arrival (the storer never waits on
-                # the src page's), so each barrier's phase parity stays (use count) & 1
-                cute.arch.mbarrier_arrive(done + pa)
-                cute.arch.mbarrier_arrive(done + pb)
+            # src page pa: last read done, free it now; every use of a page gets exactly one
+            # `done` completion (the storer never waits on the src page's), so each barrier's
+            # phase parity stays (use count) & 1
+            release(empty + pa, share, nthreads, ctid, bar_id, mode)
+            release(done + pa, share, nthreads, ctid, bar_id, mode, sync=False)
+            release(done + pb, share, nthreads, ctid, bar_id, mode, sync=False)
             pg = pg + 2
     elif op == OP_RMSNORM:
         wrow = which * n_layers + layer
@@ -267,6 +319,9 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
             for cc in range(ncc):
                 q = pg + cc
                 page = q % npages
+                if cutlass.const_expr(mode != "group"):
+                    bounded_bar_wait(empty + page, ((q // npages) & 1) ^ 1, timeout_ns, state,
+                                     ERR_PAGE_EMPTY, ticket)
                 nbox = nbox_of(col0 + cc * PC, col_end)
                 for v in cutlass.range_constexpr(NBOX):
                     c = col0 + cc * PC + v * BOXC + lane * 8
@@ -282,9 +337,7 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
                             y1 = (t1.load().to(Float32) * rs1).to(BFloat16).to(Float32) * w
                             t0.store(y0.to(BFloat16))
                             t1.store(y1.to(BFloat16))
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-                if ctid == 0:
-                    cute.arch.mbarrier_arrive(done + page)
+                release(done + page, share, nthreads, ctid, bar_id, mode)
             pg = pg + ncc
     return pg
 
@@ -295,9 +348,10 @@ def rows_store(op: Int32, dst: Int32, row0: Int32, rows: Int32, col0: Int32, col
                bufs: cute.Tensor, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-               ticket: Int32) -> Int32:
+               ticket: Int32, mode: cutlass.Constexpr) -> Int32:
     """Storer warps (nthreads threads): copy each result page to global memory with exact masks,
     then free the page. bufs is the arena (T, H, NBUF) with H contiguous."""
+    share = arrivals(mode, 128)           # empty[p] counts the consumer warpgroup's arrivals
     T = bufs.shape[0]
     H = bufs.shape[1]
     nrg = ceil_div(rows, PR)
@@ -335,8 +389,6 @@ def rows_store(op: Int32, dst: Int32, row0: Int32, rows: Int32, col0: Int32, col
                                       assumed_align=16),
                         cute.make_layout(4))
                     d.store(s.load())
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-        if sid == 0:
-            cute.arch.mbarrier_arrive(empty + page)
+        release(empty + page, share, nthreads, sid, bar_id, mode)
         pg = pg + step
     return pg
