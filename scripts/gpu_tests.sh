@@ -22,7 +22,35 @@ SAN_EXTRA=${MK_SAN_EXTRA-"warp"}
 COMMIT=${MK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 export MK_COMMIT=$COMMIT
 rc=0
-step() { echo "== [$(date -u +%H:%M:%S)] $*"; }
+SAN="$OUTDIR/sanitizers_$DATE.log"
+: > "$SAN"
+san() {  # san TOOL HANDOFF LABEL ARGS...
+  local tool=$1 label=$2; shift 2
+  local extra=""
+  [ "$tool" = memcheck ] && extra="--report-api-errors no"
+  local t0=$SECONDS
+  echo "== compute-sanitizer --tool $tool $extra $label" >> "$SAN"
+  timeout ${MK_SAN_TIMEOUT:-150} compute-sanitizer --tool $tool $extra python3 "$@" > "$OUTDIR/san.tmp" 2>&1
+  echo "exit $? ($((SECONDS - t0)) s)" >> "$SAN"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|rror|azard|sanitize|Invalid|Race|== probe" \
+      "$OUTDIR/san.tmp" | cut -c1-400 | head -60 >> "$SAN"
+  echo "== $tool $label: $(tail -n +1 "$OUTDIR/san.tmp" | grep -E "SUMMARY" | tail -1) ($((SECONDS - t0)) s)"
+  rm -f "$OUTDIR/san.tmp"
+}
+HAVE_SAN=0; command -v compute-sanitizer >/dev/null && HAVE_SAN=1
+[ $HAVE_SAN = 1 ] || echo "compute-sanitizer not found" >> "$SAN"
+# most telling first (a run cut short by its time limit still leaves the earlier logs)
+if [ $HAVE_SAN = 1 ]; then
+  case " $STEPS " in *" probe "*)
+    san racecheck "(probe: which hand-offs racecheck models)" bench/probes/racecheck_mbarrier_probe.py ;;
+  esac
+  case " $STEPS " in *" san "*)
+    san racecheck "(megakernel, default hand-off)" bench/megakernel_core.py --sanitize
+    for h in $SAN_EXTRA; do
+      san racecheck "(megakernel, handoff $h)" bench/megakernel_core.py --sanitize --handoff "$h"
+    done ;;
+  esac
+fi
 case " $STEPS " in *" tests "*)
   T0=$SECONDS
   {
@@ -40,34 +68,13 @@ case " $STEPS " in *" bench "*)
       || { rc=1; tail -30 "$OUTDIR/bench_$DATE.log"; }
   echo "== bench took $((SECONDS - T0)) s" >> "$OUTDIR/bench_$DATE.log" ;;
 esac
-SAN="$OUTDIR/sanitizers_$DATE.log"
-: > "$SAN"
-san() {  # san TOOL HANDOFF LABEL ARGS...
-  local tool=$1 label=$2; shift 2
-  local extra=""
-  [ "$tool" = memcheck ] && extra="--report-api-errors no"
-  local t0=$SECONDS
-  echo "== compute-sanitizer --tool $tool $extra $label" >> "$SAN"
-  timeout 200 compute-sanitizer --tool $tool $extra python3 "$@" > "$OUTDIR/san.tmp" 2>&1
-  echo "exit $? ($((SECONDS - t0)) s)" >> "$SAN"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK|rror|azard|sanitize|Invalid|Race|== probe" \
-      "$OUTDIR/san.tmp" | cut -c1-400 | head -60 >> "$SAN"
-  rm -f "$OUTDIR/san.tmp"
-}
-if command -v compute-sanitizer >/dev/null; then
-  case " $STEPS " in *" probe "*)
-    san racecheck "(probe: which hand-offs racecheck models)" bench/probes/racecheck_mbarrier_probe.py ;;
-  esac
+if [ $HAVE_SAN = 1 ]; then
   case " $STEPS " in *" san "*)
-    for tool in racecheck memcheck synccheck; do
+    for tool in memcheck synccheck; do
       san $tool "(megakernel, default hand-off)" bench/megakernel_core.py --sanitize
-    done
-    for h in $SAN_EXTRA; do
-      san racecheck "(megakernel, handoff $h)" bench/megakernel_core.py --sanitize --handoff "$h"
     done ;;
   esac
-else
-  echo "compute-sanitizer not found" >> "$SAN"
 fi
+echo "== sanitizer summary"
 cat "$SAN"
 exit $rc
