@@ -10,7 +10,8 @@ Execution model
     warp 0      controller: takes instruction tickets from the global queue (atomic add on the queue
                 head), copies the 32 header/arg words into a shared-memory instruction ring slot,
                 waits for the instruction's (counter, target) pairs (lanes 0..3, one wait each,
-                ld.acquire.gpu + growing nanosleep, bounded), then publishes the slot (mbarrier).
+                ld.acquire.gpu + nanosleep doubling from 20 ns to backoff_ns = 200 ns, bounded),
+                then publishes the slot (mbarrier).
     warp 1      loader: TMA (cp.async.bulk.tensor) loads of the instruction's row chunks into pages
                 of the shared-memory page pool (full/empty mbarriers per page).
     warps 2-3   storer: 16-byte st.global of result pages with exact masks, frees each page after
@@ -22,6 +23,12 @@ Execution model
   the current instruction's body.
 * Pages: NPAGES x 16 KiB shared-memory pages used in ring order by every role (see
   mk/instructions/_rows_kernel.py for the page geometry); a page is freed at its last read.
+* Hand-offs of shared memory between roles (ring slots, pages written in place) are mbarrier
+  arrivals by *every* thread that accessed the data (handoff="thread", the CUTLASS PipelineAsync
+  pattern), not a bar.sync + one arrival: both are correct by the PTX memory model, but
+  compute-sanitizer racecheck only credits an arrival with the arriving thread's own accesses
+  (bench/probes/racecheck_mbarrier_probe.py), so only the per-thread form is racecheck-clean. It
+  costs nothing measurable (bench/results/megakernel_core_*.json, "ab_core_figures").
 * Buffers: the activation buffers addressed by Buf id (HIDDEN, NORMED, SCRATCH, ...) live in one
   arena tensor [NBUF, T, H] (bf16); the kernel sees it as (T, H, NBUF) with one TMA descriptor for
   all buffers (the buffer id is the TMA's third coordinate). More same-width buffers only grow

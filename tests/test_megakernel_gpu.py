@@ -234,7 +234,7 @@ def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
     ref, _ = _mk()
     var, _ = _mk(handoff=handoff, backoff_ns=backoff_ns)
     for s, n in (M.plan_layers(T, H, L, seed=11, noops=20),
-                 M.plan_page_cycle(3, T, 1024, seed=3)):
+                 M.plan_chain(120, T, H, rows=8, ops=("norm", "copy", "add"), chains=4)):
         outs = []
         for m in (ref, var):
             m.arena.copy_(_arena(T, H, seed=11))
