@@ -62,7 +62,7 @@ def compile_to_ptx(journal: bool, dump_dir: str, handoff: str | None = None) -> 
     comp = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](dsl, *args)
     ptx = comp.__ptx__
     if not ptx:
-        new = sorted(glob.glob(os.path.join(dump_dir, "*.ptx")), key=os.path.getmtime)
+        new = sorted(glob.glob(os.path.join(dump_dir, "*Megakernel*.ptx")), key=os.path.getmtime)
         assert new, f"no PTX kept (KeepPTX / CUTE_DSL_DUMP_DIR={dump_dir})"
         ptx = open(new[-1]).read()
     return ptx
@@ -93,9 +93,13 @@ def ptxas_report(ptx: str, workdir: str) -> str:
 @pytest.fixture(scope="module")
 def dump_dir():
     pytest.importorskip("cutlass")
-    d = _DUMP
+    # CuTe DSL reads CUTE_DSL_DUMP_DIR once per process: another test module may have set it first
+    # (and removed its folder since). Use the folder actually in force, and make sure it exists.
+    d = os.environ["CUTE_DSL_DUMP_DIR"]
+    os.makedirs(d, exist_ok=True)
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    if d == _DUMP:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("journal,handoff", [(False, None), (True, None), (False, "warp"),
