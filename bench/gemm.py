@@ -181,9 +181,18 @@ def check_qkv(m: int, layer: int = 1, seed: int = 0):
     finite = bool(torch.isfinite(q[:m]).all()) and bool(torch.isfinite(kv[written]).all())
     poison_ok = bool(torch.isnan(q[m:]).all()) and bool(torch.isnan(kv[~written]).all())
     ok = finite and poison_ok and eq < 1e-2 and ekv < 1e-2
-    return dict(op="QKV_ROPE", m=m, tile=cfg.name, rel_err=max(eq, ekv), rel_err_q=eq,
-                rel_err_kv=ekv, finite=finite, poison_intact=poison_ok, ok=ok,
-                n_instr=int(instrs.shape[0]))
+    res = dict(op="QKV_ROPE", m=m, tile=cfg.name, rel_err=max(eq, ekv), rel_err_q=eq,
+               rel_err_kv=ekv, finite=finite, poison_intact=poison_ok, ok=ok,
+               n_instr=int(instrs.shape[0]))
+    if not ok:
+        from mk.instructions import _common as mc
+        T = int(meta[mc.M_NUM_TOKENS])
+        rows = meta[mc.META_HEADER + T:mc.META_HEADER + T + m].long() + layer * KV_PER_LAYER
+        res["diag_q"] = diagnose(q[:m], rq[:m], cfg.bm, cfg.bn)
+        res["diag_k"] = diagnose(kv[0, rows], rkv[0, rows], cfg.bm, 128)
+        res["diag_v"] = diagnose(kv[1, rows], rkv[1, rows], cfg.bm, 128)
+        res["kv_written_by_kernel_outside_face_rows"] = int((~torch.isnan(kv) & ~written).sum())
+    return res
 
 
 def qkv_torch_fn(m, layer=1):
@@ -248,6 +257,43 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def diagnose(got, ref, tile_bm: int = 128, tile_bn: int = 128) -> dict:
+    """Where a wrong [m, n] output differs from the face (for a failed check; CPU-side reading):
+    NaN count, bad rows/cols (first few, and as residues mod the tile shape), whether the values of
+    a bad row are a permutation of the face's (fragment mapping) and the error of the worst tile."""
+    g, r = got.float(), ref.float()
+    m, n = r.shape
+    err = (g - r).abs()
+    tol = 1e-2 * r.abs().clamp_min(r.abs().mean())
+    bad = ~(err <= tol)                       # NaN counts as bad
+    out = dict(nan=int(torch.isnan(g).sum()), bad_frac=float(bad.float().mean()))
+    if not bool(bad.any()):
+        return out
+    brow = bad.any(1).nonzero().flatten()
+    bcol = bad.any(0).nonzero().flatten()
+    out.update(bad_rows=int(brow.numel()), bad_cols=int(bcol.numel()),
+               first_bad_rows=brow[:12].tolist(), first_bad_cols=bcol[:12].tolist(),
+               bad_row_residues=sorted(set((brow % tile_bm).tolist()))[:64],
+               bad_col_residues=sorted(set((bcol % tile_bn).tolist()))[:128])
+    i = int(brow[0])
+    a, b = g[i].nan_to_num(0.0).sort().values, r[i].sort().values
+    out["row_is_permutation"] = bool(((a - b).abs() <= 2e-2 * b.abs().clamp_min(1e-3)).all())
+    mt, nt = -(-m // tile_bm), -(-n // tile_bn)
+    terr = torch.zeros(mt, nt)
+    for ti in range(mt):
+        for tj in range(nt):
+            blk = bad[ti * tile_bm:(ti + 1) * tile_bm, tj * tile_bn:(tj + 1) * tile_bn]
+            terr[ti, tj] = blk.float().mean()
+    out["bad_tiles"] = int((terr > 0).sum())
+    out["tiles"] = int(terr.numel())
+    bi = (terr > 0).nonzero()[:8].tolist()
+    out["first_bad_tiles"] = bi
+    # a few (row, col, got, ref) samples
+    idx = bad.nonzero()[:6].tolist()
+    out["samples"] = [(a_, b_, float(g[a_, b_]), float(r[a_, b_])) for a_, b_ in idx]
+    return out
+
+
 def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
     if op == "QKV_ROPE":
         return check_qkv(m, layer, seed)
@@ -266,8 +312,16 @@ def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
     finite = bool(torch.isfinite(y[:m]).all())
     poison_ok = bool(torch.isnan(y[m:]).all())
     ok = finite and poison_ok and inside < 1e-2
-    return dict(op=op, m=m, tile=cfg.name, rel_err=inside, finite=finite, poison_intact=poison_ok,
-                ok=ok, n_instr=int(instrs.shape[0]))
+    res = dict(op=op, m=m, tile=cfg.name, rel_err=inside, finite=finite, poison_intact=poison_ok,
+               ok=ok, n_instr=int(instrs.shape[0]))
+    if not ok:
+        res["diag"] = diagnose(y[:m], ref[:m], cfg.bm, cfg.bn)
+        if op in ("O_PROJ", "DOWN"):
+            # the residual alone: is y - y0 == the GEMM (then only the residual add is wrong)?
+            y0 = make_problem(op, m, seed=seed)[2]
+            prod = (ref[:m].float() - y0[:m].float())
+            res["rel_err_minus_residual"] = rel_err(y[:m].float() - y0[:m].float(), prod)
+    return res
 
 
 # ------------------------------------------------------------------------------------- timing
@@ -388,6 +442,8 @@ def chart(rows, path):
         print("matplotlib missing: no chart")
         return None
     rows = [r for r in rows if r.get("mk_us")]
+    if not rows:
+        return None
     labels = [f"{r['op']}\nM={r['m']}" for r in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(rows)), 4.5))
@@ -410,72 +466,276 @@ def chart(rows, path):
 
 def table(rows):
     hdr = (f"{'op':8s} {'M':>5s} {'tile':9s} {'mk us':>9s} {'cuBLAS':>9s} {'+epi':>9s} "
-           f"{'compile':>9s} {'mk/torch':>8s} {'mk/comp':>8s} {'mk TF/s':>8s}")
+           f"{'compile':>9s} {'mk/torch':>8s} {'mk/cuBL':>8s} {'mk/comp':>8s} {'mk TF/s':>8s} "
+           f"{'cuBL TF/s':>9s}")
     out = [hdr]
     for r in rows:
         if "mk_us" not in r:
-            out.append(f"{r['op']:8s} {r['m']:5d} ERROR {r.get('error', '')[:80]}")
+            out.append(f"{r['op']:8s} {str(r['m']):>5s} ERROR {r.get('error', '')[:120]}")
             continue
         cu = f"{r['compile_us']:9.1f}" if r["compile_us"] else f"{'-':>9s}"
         rc = f"{r['ratio_vs_compile']:8.2f}" if r["ratio_vs_compile"] else f"{'-':>8s}"
         out.append(f"{r['op']:8s} {r['m']:5d} {r['tile']:9s} {r['mk_us']:9.1f} {r['cublas_us']:9.1f} "
-                   f"{r['torch_us']:9.1f} {cu} {r['ratio_vs_torch']:8.2f} {rc} {r['mk_tflops']:8.0f}")
+                   f"{r['torch_us']:9.1f} {cu} {r['ratio_vs_torch']:8.2f} {r['ratio_vs_cublas']:8.2f} {rc} "
+                   f"{r['mk_tflops']:8.0f} {r['cublas_tflops']:9.0f}")
     return "\n".join(out)
+
+
+def _commit():
+    try:
+        return os.environ.get("MK_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=Path(__file__).parent).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _print_check(c):
+    extra = c.get("error", "")
+    if not c["ok"] and "diag" in c:
+        extra += f" diag={json.dumps(c['diag'])[:600]}"
+    if not c["ok"] and "diag_q" in c:
+        extra += (f" q={json.dumps(c['diag_q'])[:300]} k={json.dumps(c['diag_k'])[:300]}"
+                  f" v={json.dumps(c['diag_v'])[:300]}")
+    print(f"[check] {c['op']:8s} M={c['m']:5d} {c.get('tile', '?'):9s} "
+          f"rel_err={c.get('rel_err', float('nan')):.2e} poison_intact={c.get('poison_intact')} "
+          f"-> {'PASS' if c['ok'] else 'FAIL'} {extra}", flush=True)
+
+
+def run_checks(op: str, ms, partial=None):
+    """partial(list): called after each case (the child keeps its results across a later hang)."""
+    out = []
+    for m in ms:
+        print(f"[start] {op} M={m}", flush=True)
+        t0 = time.time()
+        try:
+            c = check_case(op, m, seed=m)
+        except Exception as e:  # noqa: BLE001 - recorded; the run goes on
+            c = dict(op=op, m=m, ok=False, error=f"{type(e).__name__}: {e}",
+                     trace=traceback.format_exc()[-2000:])
+        c["wall_s"] = round(time.time() - t0, 2)
+        out.append(c)
+        _print_check(c)
+        if partial:
+            partial(out)
+        if "HarnessHang" in c.get("error", "") or "launch failure" in c.get("error", "") or \
+                "illegal" in c.get("error", "").lower():
+            # the context is gone (or a kernel still runs): later cases would only repeat this
+            for m2 in ms[ms.index(m) + 1:]:
+                out.append(dict(op=op, m=m2, ok=False, error="skipped: earlier case broke the "
+                                                              "CUDA context"))
+            if partial:
+                partial(out)
+                sys.stdout.flush()
+                os._exit(3)
+            break
+    return out
+
+
+def run_bench(op: str, ms, reps: int, l2: int, do_compile: bool):
+    rows = []
+    for m in ms:
+        try:
+            r = bench_case(op, m, reps, l2, do_compile)
+        except Exception as e:  # noqa: BLE001
+            r = dict(op=op, m=m, error=f"{type(e).__name__}: {e}",
+                     trace=traceback.format_exc()[-2000:])
+        rows.append(r)
+        print(table([r]).splitlines()[-1], flush=True)
+    return rows
+
+
+def child(a, ops, check_ms, bench_ms, l2) -> int:
+    """One opcode in its own process (--suite spawns these): checks, then '@@CHECKS_DONE ok', then
+    waits for 'GO' on stdin (the parent runs the timed parts one at a time), then timing."""
+    op = ops[0]
+    res = dict(checks=[], rows=[])
+
+    def partial(cs):
+        res["checks"] = cs
+        Path(a.out).write_text(json.dumps(res, indent=1))
+    res["checks"] = run_checks(op, check_ms, partial)
+    ok = all(c["ok"] for c in res["checks"])
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(f"@@CHECKS_DONE {int(ok)}", flush=True)
+    if not bench_ms:
+        return 0
+    line = sys.stdin.readline().strip()
+    if line != "GO":
+        return 0
+    torch.cuda.synchronize()
+    res["rows"] = run_bench(op, bench_ms, a.reps, l2, not a.no_compile)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print("@@BENCH_DONE", flush=True)
+    return 0
+
+
+def suite(a, ops, check_ms, bench_ms, res, out: Path) -> bool:
+    """Checks of every op in parallel processes (each with a deadline), then the timing of the ops
+    that passed, one process at a time (same process as its checks: no second compile). A hang or
+    a crash costs one op, not the run."""
+    import threading
+    tmp = out.parent / f".{out.stem}_parts"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for f in tmp.glob("*.json"):
+        f.unlink()
+    procs = {}
+    for op in ops:
+        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--child", "--ops", op,
+               "--m", ",".join(map(str, check_ms)), "--odd-m", "0",
+               "--bench-m", ",".join(map(str, bench_ms)) if bench_ms else "",
+               "--reps", str(a.reps), "--out", str(tmp / f"{op}.json")]
+        if a.no_compile:
+            cmd.append("--no-compile")
+        pr = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, bufsize=1)
+        st = dict(proc=pr, checks_done=threading.Event(), ok=False, bench_done=False, lines=[])
+
+        def reader(op=op, st=st):
+            for line in st["proc"].stdout:
+                line = line.rstrip("\n")
+                st["lines"].append(line)
+                if line.startswith("@@CHECKS_DONE"):
+                    st["ok"] = line.split()[1] == "1"
+                    st["checks_done"].set()
+                elif line.startswith("@@BENCH_DONE"):
+                    st["bench_done"] = True
+                else:
+                    print(f"[{op}] {line}", flush=True)
+            st["checks_done"].set()
+        st["thread"] = threading.Thread(target=reader, daemon=True)
+        st["thread"].start()
+        procs[op] = st
+    deadline = time.time() + a.check_timeout
+    for op, st in procs.items():
+        if not st["checks_done"].wait(max(0.0, deadline - time.time())):
+            print(f"[suite] {op}: checks past the {a.check_timeout:.0f} s deadline: killed", flush=True)
+            st["proc"].kill()
+            st["timeout"] = "checks"
+    for op, st in procs.items():
+        pr = st["proc"]
+        if pr.poll() is not None or not bench_ms:
+            continue
+        if not st["ok"]:
+            pr.stdin.write("QUIT\n")
+            pr.stdin.flush()
+            continue
+        pr.stdin.write("GO\n")
+        pr.stdin.flush()
+        try:
+            pr.wait(a.bench_timeout)
+        except subprocess.TimeoutExpired:
+            print(f"[suite] {op}: timing past {a.bench_timeout:.0f} s: killed", flush=True)
+            pr.kill()
+            st["timeout"] = "bench"
+    all_ok = True
+    for op, st in procs.items():
+        try:
+            st["proc"].wait(30)
+        except subprocess.TimeoutExpired:
+            st["proc"].kill()
+        st["thread"].join(5)
+        part = tmp / f"{op}.json"
+        got = json.loads(part.read_text()) if part.exists() else dict(checks=[], rows=[])
+        died = st["proc"].returncode not in (0, None) and all(c["ok"] for c in got["checks"])
+        if st.get("timeout") == "checks" or not got["checks"] or died:
+            got["checks"].append(dict(op=op, m=None, ok=False,
+                                      error=f"no result ({st.get('timeout', 'process died')}, rc "
+                                            f"{st['proc'].returncode})",
+                                      tail="\n".join(st["lines"][-30:])))
+        for c in got["checks"]:
+            res["checks"].append(c)
+            all_ok &= bool(c["ok"])
+        res["rows"] += got["rows"]
+        if st.get("timeout") == "bench":
+            res["rows"].append(dict(op=op, m=None, error="timing timed out"))
+        part.unlink(missing_ok=True)
+    try:
+        tmp.rmdir()
+    except OSError:
+        pass
+    return all_ok
+
+
+def _dryrun():
+    """MK_GEMM_DRYRUN=1: fake checks/timings (no GPU), to test the --suite orchestration on a CPU.
+    MK_GEMM_DRYRUN=fail:OP makes OP fail, hang:OP makes its checks hang."""
+    g = globals()
+    mode = os.environ["MK_GEMM_DRYRUN"]
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_properties = lambda d: types.SimpleNamespace(
+        name="dryrun", multi_processor_count=132, L2_cache_size=50 << 20)
+    torch.cuda.synchronize = lambda: None
+
+    def fake_check(op, m, layer=1, seed=0):
+        if mode == f"hang:{op}":
+            time.sleep(3600)
+        return dict(op=op, m=m, tile="t", rel_err=1e-3, ok=mode != f"fail:{op}")
+
+    def fake_bench(op, m, reps, l2, do_compile):
+        return dict(op=op, m=m, tile="t", mk_us=10.0, cublas_us=9.0, torch_us=11.0,
+                    compile_us=None, ratio_vs_torch=10 / 11, ratio_vs_cublas=10 / 9,
+                    ratio_vs_compile=None, mk_tflops=1.0, cublas_tflops=1.0)
+    g["check_case"], g["bench_case"] = fake_check, fake_bench
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", default=",".join(OPS))
-    p.add_argument("--m", default=",".join(map(str, MS)))
+    p.add_argument("--m", default=",".join(map(str, MS)), help="check (and timing) M values")
+    p.add_argument("--bench-m", default=None, help="timing M values (default: --m)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--odd-m", type=int, default=200, help="extra correctness M (rows tail); 0: none")
+    p.add_argument("--suite", action="store_true",
+                   help="one process per op: checks in parallel, then timing one op at a time")
+    p.add_argument("--check-timeout", type=float, default=240.0)
+    p.add_argument("--bench-timeout", type=float, default=150.0)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    if os.environ.get("MK_GEMM_DRYRUN"):
+        _dryrun()
     assert torch.cuda.is_available(), "bench/gemm.py needs a GPU"
     ops = [o.strip().upper() for o in a.ops.split(",") if o.strip()]
     ms = [int(v) for v in a.m.split(",") if v.strip()]
+    check_ms = sorted(set(ms + ([a.odd_m] if a.odd_m else [])))     # smallest first
+    bench_ms = [] if a.check_only else (
+        ms if a.bench_m is None else [int(v) for v in a.bench_m.split(",") if v.strip()])
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
+    if a.child:
+        return child(a, ops, check_ms, bench_ms, l2)
     date = datetime.date.today().isoformat()
     out = Path(a.out or Path(__file__).parent / "results" / f"gemm_{date}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        commit = os.environ.get("MK_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = None
     res = dict(device=props.name, sms=props.multi_processor_count, l2_bytes=l2, date=date,
-               git_commit=commit, torch=torch.__version__, checks=[], rows=[])
+               git_commit=_commit(), torch=torch.__version__,
+               command="python bench/gemm.py " + " ".join(sys.argv[1:] if argv is None else argv),
+               reg_split=[int(os.environ.get("MK_GEMM_REG_LOW", 64)),
+                          int(os.environ.get("MK_GEMM_REG_HIGH", 224))],
+               checks=[], rows=[])
     t0 = time.time()
-    all_ok = True
-    for op in ops:
-        for m in ms + ([a.odd_m] if a.odd_m else []):
-            try:
-                c = check_case(op, m, seed=m)
-            except Exception as e:  # noqa: BLE001 - recorded; the run goes on
-                c = dict(op=op, m=m, ok=False, error=f"{type(e).__name__}: {e}",
-                         trace=traceback.format_exc()[-2000:])
-            res["checks"].append(c)
-            all_ok &= bool(c["ok"])
-            print(f"[check] {op:8s} M={m:5d} {c.get('tile', '?'):9s} rel_err={c.get('rel_err', float('nan')):.2e} "
-                  f"poison_intact={c.get('poison_intact')} -> {'PASS' if c['ok'] else 'FAIL'} "
-                  f"{c.get('error', '')}", flush=True)
-    if not a.check_only:
+    if a.suite:
+        all_ok = suite(a, ops, check_ms, bench_ms, res, out)
+    else:
+        all_ok = True
         for op in ops:
-            for m in ms:
-                try:
-                    r = bench_case(op, m, a.reps, l2, not a.no_compile)
-                except Exception as e:  # noqa: BLE001
-                    r = dict(op=op, m=m, error=f"{type(e).__name__}: {e}",
-                             trace=traceback.format_exc()[-2000:])
-                res["rows"].append(r)
-                print(table([r]).splitlines()[-1], flush=True)
-        print(table(res["rows"]))
-        png = chart(res["rows"], str(out.with_suffix(".png")))
-        res["chart"] = png
+            cs = run_checks(op, check_ms)
+            res["checks"] += cs
+            all_ok &= all(c["ok"] for c in cs)
+        for op in ops if bench_ms else ():
+            res["rows"] += run_bench(op, bench_ms, a.reps, l2, not a.no_compile)
+    print("\n== correctness (bf16 rel Frobenius err vs the torch face; < 1e-2, poison intact)")
+    for c in res["checks"]:
+        print(f"  {c['op']:8s} M={str(c['m']):>5s} {c.get('tile', '?'):9s} "
+              f"rel_err={c.get('rel_err', float('nan')):.2e} -> {'PASS' if c['ok'] else 'FAIL'} "
+              f"{c.get('error', '')[:160]}")
+    if res["rows"]:
+        print("\n== timing (median us, cold L2; mk/torch = vs cuBLAS + eager epilogue)")
+        print(table([r for r in res["rows"] if r.get("m") is not None]))
+        res["chart"] = chart(res["rows"], str(out.with_suffix(".png")))
     res["all_checks_pass"] = all_ok
     res["wall_s"] = time.time() - t0
     out.write_text(json.dumps(res, indent=1))

@@ -39,8 +39,21 @@ from mk.ir import (INSTR_WORDS, MAX_WAITS, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_
 THREADS = 384
 NISLOTS = 4
 NPAGES = 13
-REG_LOW = int(os.environ.get("MK_GEMM_REG_LOW", 64))
-REG_HIGH = int(os.environ.get("MK_GEMM_REG_HIGH", 224))   # 128 x 64 + 256 x 224 = 65536: the whole register file
+# setmaxnreg moves registers within the CTA's own pool (PTX ISA: "a pool of available registers is
+# maintained per-CTA"; .inc blocks until the pool has enough): the launch allocates THREADS x
+# LAUNCH_REGS (384 x 168 = 64512, what ptxas uses under .maxntid 384 / .minnctapersm 1), so
+# 128 x REG_LOW + 256 x REG_HIGH must not exceed it. 64/224 (= 65536) left one consumer warp
+# blocked in setmaxnreg.inc forever (first GPU run: hang / unspecified launch failure).
+# 72/216 = 64512 exactly, no spills in any tile config (56/224 spills 36 bytes in QKV m64n256).
+LAUNCH_REGS = (65536 // 384) // 8 * 8     # 168
+REG_LOW = int(os.environ.get("MK_GEMM_REG_LOW", 72))
+REG_HIGH = int(os.environ.get("MK_GEMM_REG_HIGH", 216))
+
+
+def reg_split_ok(low: int = None, high: int = None, launch_regs: int = LAUNCH_REGS) -> bool:
+    low = REG_LOW if low is None else low
+    high = REG_HIGH if high is None else high
+    return 128 * low + 256 * high <= 384 * launch_regs and low % 8 == 0 and high % 8 == 0
 OP_END = -1
 BAR_STORER = 2
 N_STORER = 64
@@ -85,6 +98,8 @@ class GemmHarnessDSL:
     Other opcodes get small dummies for these."""
 
     def __init__(self, op, cfg: gk.TileConfig, npages: int = NPAGES):
+        assert reg_split_ok(), (f"setmaxnreg split {REG_LOW}/{REG_HIGH} over-subscribes the CTA's "
+                                f"{THREADS} x {LAUNCH_REGS} registers")
         self.op = int(op)
         self.epi = gk.epi_of(op)
         self.cfg = cfg.check(gk.out_bytes_of(self.epi), npages)
@@ -426,6 +441,10 @@ def as3d(t):
 _COMPILED: dict = {}
 
 
+class HarnessHang(RuntimeError):
+    """The launch did not finish: the process's GPU context is unusable after this."""
+
+
 class GemmHarness:
     """Runs plan_tiles() streams of one opcode on the GPU with the harness kernel.
 
@@ -446,6 +465,7 @@ class GemmHarness:
         props = torch.cuda.get_device_properties(dev)
         self.grid = grid or props.multi_processor_count   # 1 CTA/SM: ~210 KB of shared memory
         self.key = (int(op), cfg.name, npages)
+        self._host_state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory()
 
     def prepare(self, instrs, x, w, y, meta=None, inv_freq=None, kv=None):
         """kv: [2, KVROWS, hkv*D] (K cache, V cache) for QKV_ROPE."""
@@ -492,10 +512,34 @@ class GemmHarness:
             comp(*args, drv.CUstream(torch.cuda.current_stream().cuda_stream))
         return go
 
-    def launch(self, prepared, check: bool = True):
+    def launch(self, prepared, check: bool = True, hang_s: float = 20.0):
         self.launcher(prepared)()
         if check:
+            self.wait(hang_s)
             self.check()
+
+    def wait(self, hang_s: float = 20.0):
+        """Wait for the launch; if it is still running after hang_s (a wait that is not bounded:
+        setmaxnreg, a named barrier, the teardown's sync), read the state words through a
+        non-blocking side stream and raise HarnessHang with the error record."""
+        import torch
+        ev = torch.cuda.Event()
+        ev.record()
+        t0 = time.time()
+        while not ev.query():
+            if time.time() - t0 > hang_s:
+                side = torch.cuda.Stream(device=self.state.device)
+                with torch.cuda.stream(side):
+                    self._host_state.copy_(self.state, non_blocking=True)
+                    e2 = torch.cuda.Event()
+                    e2.record(side)
+                t1 = time.time()
+                while not e2.query() and time.time() - t1 < 5:
+                    time.sleep(0.01)
+                st = self._host_state.tolist() if e2.query() else None
+                raise HarnessHang(f"kernel still running after {hang_s:.0f} s (a wait that is not "
+                                  f"bounded); state words {st}")
+            time.sleep(0.001)
 
     def check(self):
         st = self.state.cpu()

@@ -111,6 +111,11 @@ def test_gemm_body_compiles_for_sm90a(dump_dir, op, tile, wgmma_per_k):
     assert spills and all(a == "0" and b == "0" for a, b in spills), rep
     stack = re.findall(r"(\d+) bytes stack frame", rep)
     assert all(s == "0" for s in stack), rep
+    # setmaxnreg redistributes the CTA's own registers: 128 x low + 256 x high <= 384 x launch regs
+    from bench.gemm_harness import REG_HIGH, REG_LOW, THREADS
+    used = [int(v) for v in re.findall(r"Used (\d+) registers", rep)]
+    assert used and 128 * REG_LOW + 256 * REG_HIGH <= THREADS * max(used), (
+        f"setmaxnreg {REG_LOW}/{REG_HIGH} needs more than the launch's {THREADS} x {used} registers")
     bad = [c for c in BAD_PTXAS if c in rep]
     assert not bad, f"ptxas warned {bad}:\n{rep}"
     tool, path = _sass_tool()

@@ -34,7 +34,9 @@ Barrier arrivals per page (counts are the megakernel's init counts):
               pages: after the wgmma reading it retired, wait_group(1)); the storer arrives once
               with arrive_count=8 after storing an epilogue page
     done[p]   count DONE_ARRIVALS = 8: every consumer warp once its part of the output is in the
-              epilogue page
+              epilogue page; for operand pages, every consumer warp when it frees the page (just
+              before its empty arrival), so that each use of a page completes exactly one phase of
+              every barrier and the storer's parity (pg // NP) & 1 holds (the rows family's rule)
 Epilogue pages hold the output tile as boxes of BM rows x 128 bytes (64 bf16 or 32 fp32 columns),
 SW128-swizzled like the A operand (byte offset r*128 + ((chunk ^ (r & 7)) << 4)), 128 / BM boxes
 per page; for RESIDUAL the loader TMA-loads the destination's residual tile into them (issued as
@@ -413,15 +415,20 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         cute.nvgpu.warpgroup.commit_group()
         cute.nvgpu.warpgroup.wait_group(1)
         if k > 0:
-            # the previous stage's wgmmas retired: free its pages (one arrive per warp)
+            # the previous stage's wgmmas retired: free its pages (one arrive per warp). `done`
+            # first: every use of a page completes exactly one phase of full, empty AND done (the
+            # storer's done parity is the ring generation, as in the rows family), and a warp's
+            # done arrival for this use must precede anyone's arrival for the page's next use
             if lane == 0:
                 for j in cutlass.range_constexpr(spp):
                     pp, _ = page_of(pg + (k - 1) * spp + j, npages)
+                    cute.arch.mbarrier_arrive(done + pp)
                     cute.arch.mbarrier_arrive(empty + pp)
     cute.nvgpu.warpgroup.wait_group(0)
     if lane == 0:
         for j in cutlass.range_constexpr(spp):
             pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
+            cute.arch.mbarrier_arrive(done + pp)
             cute.arch.mbarrier_arrive(empty + pp)
     pg = pg + kt * spp
 
