@@ -27,16 +27,18 @@ thread holds gate and up of the same (row, column) and SiLU(gate) * up is fused 
 Pages of one instruction, in ring order (every role walks the same sequence, so each computes the
 same page numbers from a running page count pg: page = pg % NP, phase = (pg // NP) & 1):
     kt stages of (1 + NB) pages, then E epilogue pages (output staging).
-Barrier arrivals per page (counts are the megakernel's init counts):
+Barrier arrivals per page (counts are the megakernel's init counts); every use of a page completes
+exactly one phase of each of its three barriers, and every waiter walks the pages in ring order (a
+parity wait cannot tell phase u from u - 2):
     full[p]   count 1: loader arrive_and_expect_tx + TMA bytes (operand pages, and epilogue pages
               holding the residual tile for RESIDUAL), or a plain arrive (epilogue page granted)
-    empty[p]  count EMPTY_ARRIVALS = 8: every consumer warp once it has read the page (operand
-              pages: after the wgmma reading it retired, wait_group(1)); the storer arrives once
-              with arrive_count=8 after storing an epilogue page
-    done[p]   count DONE_ARRIVALS = 8: every consumer warp once its part of the output is in the
-              epilogue page; for operand pages, every consumer warp when it frees the page (just
-              before its empty arrival), so that each use of a page completes exactly one phase of
-              every barrier and the storer's parity (pg // NP) & 1 holds (the rows family's rule)
+    done[p]   count DONE_ARRIVALS = 8: every consumer warp, once its part of the output is in
+              the epilogue page, or (operand pages) once the wgmmas reading the page retired
+              (wait_group(1))
+    empty[p]  count EMPTY_ARRIVALS = 8: the storer (arrive_count=8) after waiting `done`: at once
+              for operand pages, after its stores for epilogue pages. The storer walks every page
+              in ring order, so every use of a page completes exactly one phase of each barrier
+              and no waiter can be two phases behind (parity waits are then unambiguous)
 Epilogue pages hold the output tile as boxes of BM rows x 128 bytes (64 bf16 or 32 fp32 columns),
 SW128-swizzled like the A operand (byte offset r*128 + ((chunk ^ (r & 7)) << 4)), 128 / BM boxes
 per page; for RESIDUAL the loader TMA-loads the destination's residual tile into them (issued as
@@ -46,7 +48,8 @@ past the tile's last token) and frees the page.
 
 Mainloop of the consumers (both warpgroups, per K-step): wait full on the stage's pages, wgmma
 fence, 4 k-blocks x NCH wgmma chains, commit, wait_group(1) (so the tensor cores always have the
-next K-step queued), then release the *previous* stage's pages. wait_group(0) after the last step.
+next K-step queued), then hand the *previous* stage's pages to the storer (`done`; the storer frees
+them in ring order). wait_group(0) after the last step.
 """
 
 from __future__ import annotations
@@ -415,21 +418,18 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         cute.nvgpu.warpgroup.commit_group()
         cute.nvgpu.warpgroup.wait_group(1)
         if k > 0:
-            # the previous stage's wgmmas retired: free its pages (one arrive per warp). `done`
-            # first: every use of a page completes exactly one phase of full, empty AND done (the
-            # storer's done parity is the ring generation, as in the rows family), and a warp's
-            # done arrival for this use must precede anyone's arrival for the page's next use
+            # the previous stage's wgmmas retired: hand its pages to the storer (one `done` arrive
+            # per warp), which frees them (`empty`) in ring order: every use of a page completes
+            # exactly one phase of full, done and empty, and no waiter can fall two phases behind
             if lane == 0:
                 for j in cutlass.range_constexpr(spp):
                     pp, _ = page_of(pg + (k - 1) * spp + j, npages)
                     cute.arch.mbarrier_arrive(done + pp)
-                    cute.arch.mbarrier_arrive(empty + pp)
     cute.nvgpu.warpgroup.wait_group(0)
     if lane == 0:
         for j in cutlass.range_constexpr(spp):
             pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
             cute.arch.mbarrier_arrive(done + pp)
-            cute.arch.mbarrier_arrive(empty + pp)
     pg = pg + kt * spp
 
     # ---------------------------------------------------------------- epilogue into smem pages
@@ -555,9 +555,23 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
     freeing each page after its stores. Returns the new page count.
 
+    The storer walks every page of the instruction in ring order: for the operand pages it waits
+    on `done` (the consumers' wgmmas on it retired) and frees the page (`empty`), like the rows
+    family's storer. A parity wait only tells phase u from u - 1; with the storer releasing every
+    page, no barrier can run two phases ahead of its waiter. Jumping kt stages ahead straight to
+    the epilogue pages (the first GPU runs) waited up to 3 ring generations ahead, passed at once
+    on a stale parity, stored stale operand data (the weights) and freed pages still in use (page
+    waits timed out, launch failures).
+
     Tile element (r, c) goes to destination row drow(row0 + r), column dcol0 + c, where
     drow(t) = t, or meta[rowmap_off + t] + row_add when rowmap_off >= 0 (the K/V cache rows of
     QKV_ROPE: kv_slot[t] + layer * kv_layer_stride)."""
+    for j in range(kt * cfg.stage_pages):
+        # operand pages: the consumers are done with them (their wgmmas retired): free them
+        page, ph = page_of(pg + j, npages)
+        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        if sid == 0:
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
     pg = pg + kt * cfg.stage_pages
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
