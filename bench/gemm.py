@@ -532,7 +532,7 @@ def run_checks(op: str, ms, partial=None):
     return out
 
 
-def run_bench(op: str, ms, reps: int, l2: int, do_compile: bool):
+def run_bench(op: str, ms, reps: int, l2: int, do_compile: bool, partial=None):
     rows = []
     for m in ms:
         try:
@@ -542,6 +542,8 @@ def run_bench(op: str, ms, reps: int, l2: int, do_compile: bool):
                      trace=traceback.format_exc()[-2000:])
         rows.append(r)
         print(table([r]).splitlines()[-1], flush=True)
+        if partial:
+            partial(rows)
     return rows
 
 
@@ -564,7 +566,10 @@ def child(a, ops, check_ms, bench_ms, l2) -> int:
     if line != "GO":
         return 0
     torch.cuda.synchronize()
-    res["rows"] = run_bench(op, bench_ms, a.reps, l2, not a.no_compile)
+    def partial_rows(rows):
+        res["rows"] = rows
+        Path(a.out).write_text(json.dumps(res, indent=1))
+    res["rows"] = run_bench(op, bench_ms, a.reps, l2, not a.no_compile, partial_rows)
     Path(a.out).write_text(json.dumps(res, indent=1))
     print("@@BENCH_DONE", flush=True)
     return 0
