@@ -1,0 +1,742 @@
+"""CuTe DSL device bodies of ATTENTION (paged KV cache, GQA, split-KV; decode and prefill) and
+ATTN_REDUCE, for the persistent megakernel (and the standalone harness in bench/attention.py, which
+runs the same bodies with the same roles).
+
+GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
+registry never imports it. The torch faces (the semantics these bodies match) and the argument words
+are attention.py's: A_SEQ, A_POS0, A_KV0, A_KV1, A_PAGE_OFF, A_MODE, A_QPK, A_HEAD_DIM, A_SLOT;
+ATTN_REDUCE: A_SLOT0, A_NSPLIT, A_QPK, A_HEAD_DIM.
+
+Roles (the megakernel's, after the GEMM wiring: 384 threads, two consumer warpgroups)
+-------------------------------------------------------------------------------------
+    loader (1 warp)      TMA of K and V blocks of the paged cache into pool pages
+    consumers (2 WGs)    Q rows straight from global memory into registers (A operand of wgmma
+                         from registers, "RS"), S = Q K^T (wgmma), online softmax in fp32 in
+                         registers, P (bf16, registers) @ V (wgmma, V from its page as an MN-major
+                         B operand), output into epilogue pages
+    storer (2 warps)     frees K/V pages in ring order, stores the epilogue pages with exact masks
+                         (bf16 ATTN_OUT rows, or fp32 ATTN_PARTIAL rows + ATTN_LSE), then (the
+                         caller) fence + red.release of the signal counter
+
+Work decomposition of one ATTENTION instruction (rows R of one sequence, KV heads
+[col0, col0 + cols), keys [kv0, kv1)): query row m = i * qpk + h (token i, q head h of the KV head)
+so all qpk q heads of a KV head share every K/V page (GQA: one load of the KV head serves them) and
+an M tile of 128 query rows covers 128 / qpk consecutive tokens (tight causal bound per tile).
+A *unit* = (KV head kh, M tile mt); warpgroup w owns the tile's rows [64w, 64w + 64).
+Per unit, the KV range is [kv0, kend) with kend = min(kv1, pos0 + R, pos0 + last token of the tile
++ 1), walked in blocks of KB = 64 keys; a unit with no key (a split after every row of the tile)
+runs no block and writes o = 0, lse = -inf (the face's convention).
+
+Pages of one unit in ring order (page = pg % NP, phase = (pg // NP) & 1; every role walks the same
+sequence):
+    per block: K page, V page (64 keys x 128 dims bf16 = 16 KiB each: two SW128 sub-boxes of
+               64 keys x 64 dims, 8 KiB apart; rows = keys, 128 B per row)
+    then E epilogue pages: mode 0: 2 (bf16 64 rows x 128 per WG), mode 1: 4 (fp32 32 rows x 128)
+               + 1 (LSE, 128 fp32)
+Q never occupies a page: it is loaded into the wgmma A fragment once per unit (a page held for the
+whole unit would block the ring: the storer frees pages in ring order).
+Barrier arrivals (the GEMM family's protocol, bench/GEMM_NOTES.md): full[p] count 1 (loader
+expect_tx + TMA bytes, or a plain grant for epilogue pages), done[p] count 8 (every consumer warp:
+K page once S = QK^T retired, V page once P V retired, epilogue page once written), empty[p]
+count 8 (the storer, arrive_count=8, after `done`, in ring order; after its stores for epilogue
+pages).
+
+K/V loads: a block of 64 positions [kb0, kb0 + 64) spans 64 / PSB cache pages of PSB = min(page
+size, 64) rows; each sub-box is a TMA box of PSB rows x 64 columns (x 2 halves of D) from cache row
+layer * kv_layer_stride + table[p // ps] * ps + p % ps. Sub-boxes past the unit's key end are not
+loaded (their page-table entries may not exist); the consumers zero the V rows past the key end
+(stale smem or unwritten cache rows may hold NaN, and 0 * NaN = NaN in the PV product) and mask the
+S columns (select, so NaN in stale K rows never leaks).
+
+Numerics (the face): s = bf16(bf16(q . k) * D^-0.5) (the face's matmul and scale in the model
+dtype), masked keys -inf, online softmax in fp32 (exp2 with log2(e) folded), P rounded to bf16
+for the PV wgmma (fp32 accumulation), o = acc / l. mode 0: bf16(o) -> ATTN_OUT. mode 1: fp32 o ->
+ATTN_PARTIAL[slot + i], lse = m + ln(l) (-inf, o = 0 where the row has no key) -> ATTN_LSE.
+The face normalises before its bf16 PV product, the body after: equal up to bf16 rounding.
+
+ATTN_REDUCE: pages of 64 (row, head) pairs x 128 dims bf16 (the mode-0 epilogue page layout):
+the loader grants them, the consumers (256 threads: 64 rows x 4 column quarters) read the nsplit
+partials and LSEs straight from global memory (L2-resident, written by this step's ATTENTION
+instructions; visibility through the controller's acquire), combine them exactly like the face
+(M = max lse, w = exp(lse - M), sum w o / sum w), write bf16 into the page; the storer stores.
+
+Epilogue page layout (bf16 and fp32 alike): plain row-major rows of 256 B (bf16) / 512 B (fp32), so
+every fragment store is the thread's base address + an immediate (a per-element swizzle cost ~45
+registers of address math in the consumers and spilled 176 B at 216 registers). The fragment
+writes are 8-way bank-conflicted (8 rows per warp at a 256/512 B pitch); a swizzle whose XOR term
+is per-thread constant (row % 8 == lane // 4 for every row a thread holds) is the known fix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass.tensor_utils import LayoutEnum
+
+from mk.instructions import _common as mc
+from mk.instructions import _rows_kernel as rk
+from mk.instructions import attention as at
+from mk.ir import Op
+
+PAGE = rk.PAGE                  # 16 KiB
+D = 128                         # head dim (Llama-70B); the only one compiled
+KB = 64                         # keys per block (one K page, one V page)
+HALF = 64                       # head-dim half = one SW128 atom column (128 B)
+HALF_BYTES = KB * HALF * 2      # 8 KiB: one (64 keys x 64 dims) sub-box
+MT = 128                        # query rows per M tile (two warpgroups x 64)
+NUM_CONSUMER_WARPS = 8
+CONSUMER_THREADS = 256
+DONE_ARRIVALS = NUM_CONSUMER_WARPS
+EMPTY_ARRIVALS = NUM_CONSUMER_WARPS
+E_DIRECT = 2                    # epilogue pages per unit, mode 0 (bf16)
+E_PARTIAL = 5                   # mode 1: 4 fp32 pages + 1 LSE page
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = float("-inf")
+BAR_ATTN = 3                    # named barrier of the 256 consumer threads (V-tail zeroing)
+OP_ATTENTION = int(Op.ATTENTION)
+OP_ATTN_REDUCE = int(Op.ATTN_REDUCE)
+
+
+def box_rows(page_size: int) -> int:
+    """Rows of one K/V TMA sub-box: the cache page (at most one key block)."""
+    assert page_size >= 8 and page_size & (page_size - 1) == 0, \
+        "KV page size must be a power of two >= 8"
+    return min(page_size, KB)
+
+
+def epi_pages(mode: int) -> int:
+    return E_DIRECT if mode == at.MODE_DIRECT else E_PARTIAL
+
+
+def unit_blocks_host(R: int, qpk: int, pos0: int, kv0: int, kv1: int, mt: int) -> int:
+    """Host mirror of `unit_range` (tests, notes)."""
+    kv_end = min(kv1, pos0 + R)
+    i_hi = min(R - 1, (mt * MT + MT - 1) // qpk)
+    kend = min(kv_end, pos0 + i_hi + 1)
+    return max(0, -(-(kend - kv0) // KB))
+
+
+def pages_per_instr(R: int, qpk: int, cols: int, pos0: int, kv0: int, kv1: int, mode: int) -> int:
+    n = 0
+    for _kh in range(cols):
+        for mt in range(-(-R * qpk // MT)):
+            n += 2 * unit_blocks_host(R, qpk, pos0, kv0, kv1, mt) + epi_pages(mode)
+    return n
+
+
+# ============================================================================ host-side builders
+class AttnAtoms:
+    """Host-side (inside a @cute.jit __call__) TMA atom and wgmma tilings.
+
+    kv: (KVROWS, hkv * D, 2) bf16, columns contiguous; z = 0 the K cache, z = 1 the V cache (one
+    descriptor for both, like the GEMM harness's kv tensor)."""
+
+    def __init__(self, kv: cute.Tensor, page_size: int):
+        self.psb = box_rows(page_size)
+        self.page_size = page_size
+        lay = LayoutEnum.ROW_MAJOR
+        # TMA box: PSB keys x 64 dims, SW128 K-major (rows of 128 B); a (64, 64) sub-box of a page
+        # is 64 / PSB such boxes stacked (the SW128 pattern repeats every 8 rows = 1024 B)
+        self.box_layout = cute.slice_(sm90_utils.make_smem_layout_a(
+            lay, (self.psb, HALF, HALF), BFloat16, 1), (None, None, 0))
+        self.tma, self.gKV = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), kv, self.box_layout, (self.psb, HALF))
+        # K half as the B operand of S = Q K^T: (N = 64 keys, K = 64 dims), K-major
+        self.sK_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+            lay, (64, KB, HALF), BFloat16, 1), (None, None, 0))
+        # V half as the B operand of O = P V: (N = 64 dims, K = 64 keys), MN-major: the same bytes
+        # as the TMA'd (64 keys x 64 dims) K-major box
+        self.sV_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+            LayoutEnum.COL_MAJOR, (64, HALF, KB), BFloat16, 1), (None, None, 0))
+        assert cute.size_in_bytes(BFloat16, self.sK_layout) == HALF_BYTES
+        assert cute.size_in_bytes(BFloat16, self.sV_layout) == HALF_BYTES
+        RS = cute.nvgpu.warpgroup.OperandSource.RMEM
+        K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        self.mma_qk = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K_, K_, Float32,
+                                                        (1, 1, 1), (64, KB), a_source=RS)
+        self.mma_pv = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K_, MN_, Float32,
+                                                        (1, 1, 1), (64, HALF), a_source=RS)
+
+    def prefetch(self):
+        cute.nvgpu.cpasync.prefetch_descriptor(self.tma)
+
+
+# ============================================================================ device helpers
+@cute.jit
+def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
+             kind: cutlass.Constexpr, ticket: Int32):
+    """Bounded mbarrier parity wait that also gives up when the abort flag is raised."""
+    if not cute.arch.mbarrier_try_wait(bar, phase):
+        t0 = cute.arch.globaltimer()
+        st = Int32(0)
+        while st == 0:
+            if cute.arch.mbarrier_try_wait(bar, phase):
+                st = Int32(1)
+            elif cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                scope="gpu") != 0:
+                st = Int32(3)
+            elif cute.arch.globaltimer() - t0 > timeout_ns:
+                st = Int32(2)
+        if st == 2:
+            rk.write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+
+
+@cute.jit
+def page_of(pg: Int32, npages: cutlass.Constexpr):
+    return pg % npages, (pg // npages) & 1
+
+
+@cute.jit
+def swz_tensor(pool: Int32, page: Int32, off: cutlass.Constexpr, layout: cute.ComposedLayout):
+    p = cute.make_ptr(BFloat16, pool + page * PAGE + off, cute.AddressSpace.smem, assumed_align=1024)
+    p = cute.recast_ptr(p, layout.inner, dtype=BFloat16)
+    return cute.make_tensor(p, layout.outer)
+
+
+@cute.jit
+def imin(a: Int32, b: Int32) -> Int32:
+    r = a
+    if b < a:
+        r = b
+    return r
+
+
+@cute.jit
+def unit_range(R: Int32, qpk: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mt: Int32):
+    """(kend, nblk) of M tile mt: keys [kv0, kend) in nblk blocks of KB."""
+    kv_end = imin(kv1, pos0 + R)
+    i_hi = imin(R - 1, (mt * MT + (MT - 1)) // qpk)
+    kend = imin(kv_end, pos0 + i_hi + 1)
+    nblk = Int32(0)
+    if kend > kv0:
+        nblk = (kend - kv0 + (KB - 1)) // KB
+    return kend, nblk
+
+
+# ============================================================================ loader (1 warp)
+@cute.jit
+def kv_box(tma: cute.CopyAtom, g: cute.Tensor, box_layout: cute.ComposedLayout,
+           psb: cutlass.Constexpr, pool: Int32, page: Int32, off: Int32, row: Int32, col: Int32,
+           z: Int32, bar: cute.Pointer):
+    """TMA one (psb x 64) box of g (rows, cols, z) at (row, col, z) to byte `off` of page `page`."""
+    p = cute.make_ptr(BFloat16, pool + page * PAGE + off, cute.AddressSpace.smem, assumed_align=1024)
+    p = cute.recast_ptr(p, box_layout.inner, dtype=BFloat16)
+    s = cute.make_tensor(p, box_layout.outer)
+    gt = cute.local_tile(cute.domain_offset((row, col, z), g), (psb, HALF), (0, 0, 0))
+    ts, tg = cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                              cute.group_modes(gt, 0, 2))
+    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
+
+
+@cute.jit
+def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
+              page_size: cutlass.Constexpr, meta: cute.Tensor, layer: Int32, R: Int32,
+              col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, page_off: Int32,
+              mode: Int32, qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
+              pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+              ticket: Int32) -> Int32:
+    """Loader warp of ATTENTION: per unit, K and V pages of every key block, then the epilogue
+    page grants. Returns the new page count."""
+    psb = min(page_size, KB)
+    nsub = KB // psb
+    # K/V rows were written by generic-proxy stores (QKV_ROPE storers of other CTAs, acquired by the
+    # controller): order them before this warp's async-proxy reads
+    cute.arch.fence_proxy("async.global")
+    lstride = meta[mc.M_KV_LAYER_STRIDE]
+    lrow = layer * lstride
+    n_mt = (R * qpk + (MT - 1)) // MT
+    ne = Int32(E_DIRECT)
+    if mode != at.MODE_DIRECT:
+        ne = Int32(E_PARTIAL)
+    for kh in range(cols):
+        kc = (col0 + kh) * D
+        for mt in range(n_mt):
+            kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            for b in range(nblk):
+                kb0 = kv0 + b * KB
+                nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
+                if nval > nsub:
+                    nval = Int32(nsub)
+                for z in cutlass.range_constexpr(2):        # K page, then V page
+                    page, ph = page_of(pg, npages)
+                    bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(full + page, nval * (2 * psb * HALF * 2))
+                    for s in cutlass.range_constexpr(nsub):
+                        if s < nval:
+                            p = kb0 + s * psb
+                            crow = lrow + meta[page_off + p // page_size] * page_size + p % page_size
+                            for hf in cutlass.range_constexpr(2):
+                                kv_box(tma, gKV, box_layout, psb, pool, page,
+                                       Int32(hf * HALF_BYTES + s * psb * HALF * 2), crow,
+                                       kc + hf * HALF, Int32(z), full + page)
+                    pg = pg + 1
+            for e in range(ne):
+                page, ph = page_of(pg, npages)
+                bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(full + page)
+                pg = pg + 1
+    return pg
+
+
+@cute.jit
+def reduce_load(R: Int32, cols: Int32, qpk: Int32, pool: Int32, full: cute.Pointer,
+                empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64,
+                state: cute.Tensor, ticket: Int32) -> Int32:
+    """Loader warp of ATTN_REDUCE: grant one output page per 64 (row, head) pairs."""
+    npg = (R * cols * qpk + 63) // 64
+    for c in range(npg):
+        page, ph = page_of(pg, npages)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(full + page)
+        pg = pg + 1
+    return pg
+
+
+# ============================================================================ consumers (2 WGs)
+@cute.jit
+def acc_to_frgA_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """sm90 bf16 back-to-back GEMM: the C fragment ((2, 2, N/8), 1, 1) of S (64 x N) read as the
+    A fragment ((2, 2, 2), 1, N/16) of P (64 x K = N): values (column pair, row +8, column +8) of
+    each 16-column block."""
+    l = cute.logical_divide(acc_layout, ((None, None, 2), None, None))
+    return cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
+                (l.stride[0][2][1], l.stride[2])))
+
+
+@cute.jit
+def quad_max(x: Float32) -> Float32:
+    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+    return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+
+
+@cute.jit
+def quad_sum(x: Float32) -> Float32:
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=2)
+
+
+@cute.jit
+def bf(x: Float32) -> Float32:
+    return x.to(BFloat16).to(Float32)
+
+
+@cute.jit
+def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.ComposedLayout,
+                 sV_layout: cute.ComposedLayout, q_base: Int64, ldq: Int32, row0: Int32, R: Int32,
+                 col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mode: Int32,
+                 qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
+                 done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
+                 timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+    """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
+    pitch ldq elements). Returns the new page count."""
+    wg = ctid // 128
+    wtid = ctid % 128
+    lane = ctid % 32
+    thr_qk = mma_qk.get_slice(wtid)
+    thr_pv = mma_pv.get_slice(wtid)
+    tScS = thr_qk.partition_C(cute.make_identity_tensor((64, KB)))
+    tQcQ = thr_qk.partition_A(cute.make_identity_tensor((64, D)))
+    tOcO = thr_pv.partition_C(cute.make_identity_tensor((64, HALF)))
+    tSrQ = thr_qk.make_fragment_A(thr_qk.partition_shape_A((64, D)))
+    accS = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, KB)), Float32)
+    accO0 = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, HALF)), Float32)
+    accO1 = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, HALF)), Float32)
+    rP = cute.make_rmem_tensor(accS.layout, BFloat16)
+    tOrP = cute.make_tensor(rP.iterator, acc_to_frgA_layout(rP.layout))
+    mma_qk.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    mma_pv.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    scale = Float32(D ** -0.5)
+    mtot = R * qpk
+    n_mt = (mtot + (MT - 1)) // MT
+    ne = Int32(E_DIRECT)
+    if mode != at.MODE_DIRECT:
+        ne = Int32(E_PARTIAL)
+    nsv = cute.size(accS)
+    nov = cute.size(accO0)
+    for kh in range(cols):
+        head0 = (col0 + kh) * qpk                 # first q head of this KV head
+        for mt in range(n_mt):
+            kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            mw = mt * MT + wg * 64                # first query row of this warpgroup
+            active = mw < mtot                    # warp-uniform (decode: WG1 idles)
+            # ---- Q rows -> A fragment (registers), zero past the last row
+            for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
+                r, c = tQcQ[2 * v]
+                m = mw + r
+                q0 = Float32(0.0)
+                q1 = Float32(0.0)
+                if m < mtot:
+                    it = m // qpk
+                    h = m - it * qpk
+                    addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
+                    qv = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
+                                                        assumed_align=4), cute.make_layout(2)).load()
+                    q0 = qv[0].to(Float32)
+                    q1 = qv[1].to(Float32)
+                tSrQ[2 * v] = q0.to(BFloat16)
+                tSrQ[2 * v + 1] = q1.to(BFloat16)
+            # ---- per-row causal limits (each thread holds 2 rows: fragment element i is in row
+            #      half (i // 2) % 2); scalars, so the dynamic loops carry them
+            r_a, _ca = tScS[0]
+            r_b, _cb = tScS[2]
+            lim0 = imin(kend, pos0 + (mw + r_a) // qpk + 1)
+            lim1 = imin(kend, pos0 + (mw + r_b) // qpk + 1)
+            mr0 = Float32(NEG_INF)
+            mr1 = Float32(NEG_INF)
+            ls0 = Float32(0.0)
+            ls1 = Float32(0.0)
+            accO0.fill(0.0)
+            accO1.fill(0.0)
+            for b in range(nblk):
+                kb0 = kv0 + b * KB
+                pk, phk = page_of(pg, npages)
+                pv, phv = page_of(pg + 1, npages)
+                bar_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                if active:
+                    accS.fill(0.0)
+                    cute.nvgpu.warpgroup.fence()
+                    for hf in cutlass.range_constexpr(2):
+                        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
+                            swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
+                        for kb in cutlass.range_constexpr(HALF // 16):
+                            cute.gemm(mma_qk, accS, tSrQ[(None, None, hf * (HALF // 16) + kb)],
+                                      tSrK[(None, None, kb)], accS)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                # K page read (S retired): hand it to the storer
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(done + pk)
+                if active:
+                    # ---- online softmax (fp32), the face's roundings of the scores
+                    bm0 = Float32(NEG_INF)
+                    bm1 = Float32(NEG_INF)
+                    for i in cutlass.range_constexpr(nsv):
+                        _r, c = tScS[i]
+                        s = bf(bf(accS[i]) * scale)
+                        if cutlass.const_expr((i // 2) % 2 == 0):
+                            if kb0 + c >= lim0:
+                                s = Float32(NEG_INF)
+                            bm0 = cute.arch.fmax(bm0, s)
+                        else:
+                            if kb0 + c >= lim1:
+                                s = Float32(NEG_INF)
+                            bm1 = cute.arch.fmax(bm1, s)
+                        accS[i] = s
+                    mn0 = cute.arch.fmax(mr0, quad_max(bm0))
+                    mn1 = cute.arch.fmax(mr1, quad_max(bm1))
+                    mu0 = mn0
+                    if mn0 == Float32(NEG_INF):
+                        mu0 = Float32(0.0)
+                    mu1 = mn1
+                    if mn1 == Float32(NEG_INF):
+                        mu1 = Float32(0.0)
+                    al0 = cute.math.exp2((mr0 - mu0) * Float32(LOG2E), fastmath=True)
+                    al1 = cute.math.exp2((mr1 - mu1) * Float32(LOG2E), fastmath=True)
+                    ms0 = mu0 * Float32(LOG2E)
+                    ms1 = mu1 * Float32(LOG2E)
+                    mr0 = mn0
+                    mr1 = mn1
+                    ls0 = ls0 * al0
+                    ls1 = ls1 * al1
+                    for i in cutlass.range_constexpr(nsv):
+                        if cutlass.const_expr((i // 2) % 2 == 0):
+                            p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms0, fastmath=True)
+                            ls0 = ls0 + p
+                            accS[i] = p
+                        else:
+                            p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms1, fastmath=True)
+                            ls1 = ls1 + p
+                            accS[i] = p
+                    for i in cutlass.range_constexpr(nov):
+                        if cutlass.const_expr((i // 2) % 2 == 0):
+                            accO0[i] = accO0[i] * al0
+                            accO1[i] = accO1[i] * al0
+                        else:
+                            accO0[i] = accO0[i] * al1
+                            accO1[i] = accO1[i] * al1
+                    rP.store(accS.load().to(BFloat16))
+                bar_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                nkeys = kend - kb0
+                if nkeys < KB:
+                    # V rows past the key end: unloaded (stale) or unwritten cache rows -> zero
+                    # (0 * NaN would poison the PV product). Both WGs read the whole page.
+                    zrow = nkeys + ctid // 16                 # 16 chunks of 16 B per key row
+                    ch = ctid % 16
+                    while zrow < KB:
+                        hf = ch // 8
+                        zoff = (pool + pv * PAGE + hf * HALF_BYTES + zrow * 128
+                                + (((ch % 8) ^ (zrow % 8)) * 16))
+                        zt = cute.make_tensor(cute.make_ptr(Int32, zoff, cute.AddressSpace.smem,
+                                                            assumed_align=16), cute.make_layout(4))
+                        zt.fill(0)
+                        zrow = zrow + CONSUMER_THREADS // 16
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
+                if active:
+                    cute.nvgpu.warpgroup.fence()
+                    tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(
+                        swz_tensor(pool, pv, 0, sV_layout)))
+                    tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(
+                        swz_tensor(pool, pv, HALF_BYTES, sV_layout)))
+                    for kb in cutlass.range_constexpr(KB // 16):
+                        cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)], tOrV0[(None, None, kb)], accO0)
+                    for kb in cutlass.range_constexpr(KB // 16):
+                        cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(done + pv)
+                pg = pg + 2
+            # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
+            lt0 = quad_sum(ls0)
+            lt1 = quad_sum(ls1)
+            inv0 = Float32(0.0)
+            inv1 = Float32(0.0)
+            lse0 = Float32(NEG_INF)
+            lse1 = Float32(NEG_INF)
+            if lt0 > Float32(0.0):
+                inv0 = Float32(1.0) / lt0
+                lse0 = mr0 + cute.math.log2(lt0, fastmath=True) * Float32(LN2)
+            if lt1 > Float32(0.0):
+                inv1 = Float32(1.0) / lt1
+                lse1 = mr1 + cute.math.log2(lt1, fastmath=True) * Float32(LN2)
+            for e in range(ne):
+                pe, phe = page_of(pg + e, npages)
+                bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            ep0 = pg % npages
+            # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
+            r0, c0 = tOcO[0]
+            if mode == at.MODE_DIRECT:
+                pgw = ep0 + wg
+                if pgw >= npages:
+                    pgw = pgw - npages
+                tb = pool + pgw * PAGE + r0 * 256 + c0 * 2
+                for j in cutlass.range_constexpr(2):
+                    acc = accO0 if j == 0 else accO1
+                    for v in cutlass.range_constexpr(nov // 2):
+                        iv = inv0 if v % 2 == 0 else inv1
+                        d = cute.make_tensor(cute.make_ptr(
+                            BFloat16, tb + ((v % 2) * 8 * 256 + ((v // 2) * 8 + j * HALF) * 2),
+                            cute.AddressSpace.smem, assumed_align=4), cute.make_layout(2))
+                        d[0] = (acc[2 * v] * iv).to(BFloat16)
+                        d[1] = (acc[2 * v + 1] * iv).to(BFloat16)
+            else:
+                pgw = ep0 + wg * 2 + r0 // 32
+                if pgw >= npages:
+                    pgw = pgw - npages
+                tb = pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4
+                for j in cutlass.range_constexpr(2):
+                    acc = accO0 if j == 0 else accO1
+                    for v in cutlass.range_constexpr(nov // 2):
+                        iv = inv0 if v % 2 == 0 else inv1
+                        d = cute.make_tensor(cute.make_ptr(
+                            Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
+                            cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
+                        d[0] = acc[2 * v] * iv
+                        d[1] = acc[2 * v + 1] * iv
+                # LSE page (epilogue page 4): the quad's lane 0 writes its two rows
+                if lane % 4 == 0:
+                    pgl = ep0 + 4
+                    if pgl >= npages:
+                        pgl = pgl - npages
+                    lb = pool + pgl * PAGE + (wg * 64 + r0) * 4
+                    for hh in cutlass.range_constexpr(2):
+                        lp = cute.make_tensor(cute.make_ptr(Float32, lb + hh * 8 * 4,
+                                                            cute.AddressSpace.smem, assumed_align=4),
+                                              cute.make_layout(1))
+                        lp[0] = lse0 if hh == 0 else lse1
+            cute.arch.sync_warp()
+            if lane == 0:
+                for e in range(ne):
+                    pe, _ = page_of(pg + e, npages)
+                    cute.arch.mbarrier_arrive(done + pe)
+            pg = pg + ne
+    return pg
+
+
+@cute.jit
+def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32, col0: Int32,
+                   cols: Int32, slot0: Int32, nsplit: Int32, qpk: Int32, pool: Int32,
+                   full: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                   ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+    """Consumers of ATTN_REDUCE: page c holds (row, head) pairs m = 64c + r (token m // nh, head
+    h0 + m % nh) x D; thread ctid owns row r = ctid // 4, columns (ctid % 4) * 32 + [0, 32).
+    part: ATTN_PARTIAL (P, hq*D) fp32; lse_t: ATTN_LSE (P, hq) fp32."""
+    lane = ctid % 32
+    nh = cols * qpk
+    h0 = col0 * qpk
+    mtot = R * nh
+    npg = (mtot + 63) // 64
+    r = ctid // 4
+    cq = (ctid % 4) * 32
+    ldp = part.shape[1]
+    ldl = lse_t.shape[1]
+    for c in range(npg):
+        page, ph = page_of(pg, npages)
+        bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        m = c * 64 + r
+        if m < mtot:
+            it = m // nh
+            h = h0 + m - it * nh
+            mx = Float32(NEG_INF)
+            for j in range(nsplit):
+                mx = cute.arch.fmax(mx, lse_t[slot0 + j * R + it, h])
+            acc = cute.make_rmem_tensor(cute.make_layout(32), Float32)
+            acc.fill(0.0)
+            den = Float32(0.0)
+            for j in range(nsplit):
+                srow = slot0 + j * R + it
+                w = cute.math.exp2((lse_t[srow, h] - mx) * Float32(LOG2E), fastmath=True)
+                den = den + w
+                for q in cutlass.range_constexpr(8):
+                    off = Int64(srow) * Int64(ldp) + Int64(h * D + cq + q * 4)
+                    pv = cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
+                                                        cute.AddressSpace.gmem, assumed_align=16),
+                                          cute.make_layout(4)).load()
+                    for u in cutlass.range_constexpr(4):
+                        acc[q * 4 + u] = acc[q * 4 + u] + w * pv[u]
+            inv = Float32(1.0) / den
+            for q in cutlass.range_constexpr(4):          # 4 chunks of 8 bf16 (16 B)
+                a = pool + page * PAGE + r * 256 + (cq + q * 8) * 2
+                d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                                   assumed_align=16), cute.make_layout(8))
+                for u in cutlass.range_constexpr(8):
+                    d[u] = (acc[q * 8 + u] * inv).to(BFloat16)
+        cute.arch.sync_warp()
+        if lane == 0:
+            cute.arch.mbarrier_arrive(done + page)
+        pg = pg + 1
+    return pg
+
+
+# ============================================================================ storer (2 warps)
+@cute.jit
+def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_page: cutlass.Constexpr,
+                    mbase: Int32, mtot: Int32, div: Int32, head0: Int32, row0: Int32,
+                    base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr):
+    """Store one epilogue page: page row r = query row m = mbase + r (< mtot) -> destination row
+    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes)."""
+    rb = D * ob                     # bytes per page row
+    cpr = rb // 16                  # 16-byte chunks per row
+    for it in cutlass.range_constexpr(rows_in_page * cpr // nthreads):
+        q = it * nthreads + sid
+        r = q // cpr
+        ch = q % cpr
+        m = mbase + r
+        if m < mtot:
+            i = m // div
+            h = head0 + m - i * div
+            sp = cute.make_ptr(Int32, pool + page * PAGE + r * rb + ch * 16,
+                               cute.AddressSpace.smem, assumed_align=16)
+            v = cute.make_tensor(sp, cute.make_layout(4)).load()
+            gp = cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob + ch * 16,
+                               cute.AddressSpace.gmem, assumed_align=16)
+            cute.make_tensor(gp, cute.make_layout(4)).store(v)
+
+
+@cute.jit
+def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Constexpr,
+              nthreads: cutlass.Constexpr):
+    """After the storer's generic reads of an epilogue page: hand it back to the loader (TMA)."""
+    cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+    if sid == 0:
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+
+
+@cute.jit
+def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_base: Int64,
+               ldl: Int32, row0: Int32, R: Int32, col0: Int32, cols: Int32, pos0: Int32, kv0: Int32,
+               kv1: Int32, mode: Int32, qpk: Int32, slot: Int32, pool: Int32, empty: cute.Pointer,
+               done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, sid: Int32,
+               bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
+               state: cute.Tensor, ticket: Int32) -> Int32:
+    """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
+    with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
+    rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0)."""
+    mtot = R * qpk
+    n_mt = (mtot + (MT - 1)) // MT
+    for kh in range(cols):
+        head0 = (col0 + kh) * qpk
+        for mt in range(n_mt):
+            kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            for j in range(2 * nblk):
+                page, ph = page_of(pg + j, npages)
+                bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                if sid == 0:
+                    cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+            pg = pg + 2 * nblk
+            m0 = mt * MT
+            if mode == at.MODE_DIRECT:
+                for w in cutlass.range_constexpr(E_DIRECT):
+                    page, ph = page_of(pg + w, npages)
+                    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                    store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
+                                    out_base, ldo, sid, nthreads)
+                    free_page(page, empty, sid, bar_id, nthreads)
+                pg = pg + E_DIRECT
+            else:
+                for w in cutlass.range_constexpr(4):
+                    page, ph = page_of(pg + w, npages)
+                    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                    store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
+                                    part_base, ldp, sid, nthreads)
+                    free_page(page, empty, sid, bar_id, nthreads)
+                page, ph = page_of(pg + 4, npages)
+                bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                for u in cutlass.range_constexpr(MT // nthreads):
+                    r = u * nthreads + sid
+                    m = m0 + r
+                    if m < mtot:
+                        i = m // qpk
+                        h = head0 + m - i * qpk
+                        v = cute.make_tensor(cute.make_ptr(Float32, pool + page * PAGE + r * 4,
+                                                           cute.AddressSpace.smem, assumed_align=4),
+                                             cute.make_layout(1))[0]
+                        g = cute.make_tensor(cute.make_ptr(Float32, lse_base + (Int64(slot + i) * Int64(ldl) + Int64(h)) * 4,
+                                                           cute.AddressSpace.gmem, assumed_align=4),
+                                             cute.make_layout(1))
+                        g[0] = v
+                free_page(page, empty, sid, bar_id, nthreads)
+                pg = pg + E_PARTIAL
+    return pg
+
+
+@cute.jit
+def reduce_store(out_base: Int64, ldo: Int32, row0: Int32, R: Int32, col0: Int32, cols: Int32,
+                 qpk: Int32, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
+                 npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
+                 nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                 ticket: Int32) -> Int32:
+    nh = cols * qpk
+    mtot = R * nh
+    npg = (mtot + 63) // 64
+    for c in range(npg):
+        page, ph = page_of(pg, npages)
+        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        store_rows_page(pool, page, 2, 64, c * 64, mtot, nh, col0 * qpk, row0, out_base, ldo,
+                        sid, nthreads)
+        free_page(page, empty, sid, bar_id, nthreads)
+        pg = pg + 1
+    return pg
+
+
+# ============================================================================ descriptions
+def describe(page_size: int = 16) -> dict:
+    return dict(head_dim=D, key_block=KB, m_tile=MT, box_rows=box_rows(page_size),
+                tma_boxes_per_kv_page=2 * (KB // box_rows(page_size)),
+                epilogue_pages={"direct": E_DIRECT, "partial": E_PARTIAL},
+                acc_regs=dict(S=64 * KB // 128, O=64 * D // 128, Q=64 * D // 2 // 128,
+                              P=64 * KB // 2 // 128))
