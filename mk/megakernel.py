@@ -78,25 +78,58 @@ import cutlass.cute as cute
 import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Float32, Int32, Int64
 
+from mk.instructions import _gemm_kernel as gk
+from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
+from mk.instructions import qkv as qk
 from mk.instructions.base import Buf, NormWeight
+from mk.instructions.matmul import A_EPI as MM_A_EPI
+from mk.instructions.matmul import A_K as MM_A_K
+from mk.instructions.matmul import Epi
 from mk.ir import (ARG0, INSTR_WORDS, MAX_WAITS, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
                    W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_SCOPE, W_WAIT0, Op, SignalScope)
 from mk.instructions.rows import A_DST, A_NORM_WEIGHT, A_SRC
 
-THREADS = 256
+THREADS = 384          # controller, loader, 2 storer warps, two consumer warpgroups
 NISLOTS = 4            # instruction ring slots (controller look-ahead)
 NPAGES = 13            # 13 x 16 KiB page pool
-REG_LOW = 56           # controller / loader / storer warpgroup
-REG_HIGH = 232         # consumer warpgroup
+# setmaxnreg moves registers within the CTA's own pool (PTX ISA: "a pool of available registers is
+# maintained per-CTA"; .inc blocks until the pool has enough): the launch allocates THREADS x
+# LAUNCH_REGS (384 x 168 = 64512 under .maxntid 384 / .minnctapersm 1), so 128 x REG_LOW +
+# 256 x REG_HIGH must not exceed it. 64/224 (= 65536) left a consumer warp blocked in
+# setmaxnreg.inc forever on the GPU (bench/GEMM_NOTES.md); 72/216 = 64512 exactly, no spills.
+LAUNCH_REGS = (65536 // THREADS) // 8 * 8      # 168
+REG_LOW = int(os.environ.get("MK_REG_LOW", 72))      # controller / loader / storer warpgroup
+REG_HIGH = int(os.environ.get("MK_REG_HIGH", 216))   # the two consumer warpgroups
+
+
+# QKV_ROPE's storer (the K/V row map) needs more than 72 registers beside the rows storer: 80/208
+# (63488 <= 64512) is its split; 72/216 spilled 72 bytes there (compile gate).
+REG_SPLIT_QKV = (80, 208)
+
+
+def reg_split_ok(low: int = REG_LOW, high: int = REG_HIGH, launch_regs: int = LAUNCH_REGS) -> bool:
+    return 128 * low + 256 * high <= THREADS * launch_regs and low % 8 == 0 and high % 8 == 0
+
+
+def reg_split(gemm: tuple = ()) -> tuple[int, int]:
+    """(low, high) setmaxnreg split of a variant (compile-time)."""
+    if any(g.op == int(Op.QKV_ROPE) for g in gemm) and "MK_REG_LOW" not in os.environ:
+        return REG_SPLIT_QKV
+    return REG_LOW, REG_HIGH
+
+
+assert reg_split_ok(), f"setmaxnreg {REG_LOW}/{REG_HIGH} over-subscribes {THREADS} x {LAUNCH_REGS}"
 OP_END = -1
 JOURNAL_WORDS = 8      # journal row: sm, cta, opcode, t_fetch, t_ready, t_end, ticket, 0
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
-BAR_CONSUMER = 1
+BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
+BAR_WG0 = 3            # consumer warpgroup 0 alone (the rows bodies)
 N_STORER = 64
-N_CONSUMER = 128
+N_CONSUMER = 256       # two consumer warpgroups
+N_WG = 128             # one warpgroup: the rows bodies run in warpgroup 0
 # Generic-proxy hand-offs through the ring and the page pool (see mk/instructions/_rows_kernel.py):
 # "thread" = every accessing thread arrives on the mbarrier (what compute-sanitizer racecheck
 # models; CUTLASS PipelineAsync style); "warp" = __syncwarp + one arrival per warp; "group" = named
@@ -105,7 +138,46 @@ DEFAULT_HANDOFF = "thread"
 # Cap of the growing nanosleep in counter waits (ns). A waiter sleeps at most this long between two
 # polls, so the cap bounds the wake-up latency of a cross-SM hand-off.
 DEFAULT_BACKOFF_NS = 200
-SUPPORTED_OPS = (int(Op.NOOP), int(Op.COPY), int(Op.RMSNORM), int(Op.RESIDUAL_ADD))
+ROWS_OPS = (int(Op.NOOP), int(Op.COPY), int(Op.RMSNORM), int(Op.RESIDUAL_ADD))
+# GEMM-tile family (mk/instructions/_gemm_kernel.py), in kernel-parameter slot order
+GEMM_OPS = (int(Op.QKV_ROPE), int(Op.O_PROJ), int(Op.GATE_UP), int(Op.DOWN), int(Op.LM_HEAD))
+SUPPORTED_OPS = ROWS_OPS + GEMM_OPS
+
+
+def page_share(handoff: str) -> int:
+    """Init count of every page's done[p] and empty[p] barrier (both families share the ring).
+
+    "thread": every consumer thread of both warpgroups (256); the rows bodies' single warpgroup
+    arrives with 2 per thread, the storer's 64 threads with 4 each. "warp" / "group": 8 (one per
+    consumer warp for the GEMM bodies; the rows bodies' warps or thread 0 arrive for the rest)."""
+    return N_CONSUMER if handoff == "thread" else gk.NUM_CONSUMER_WARPS
+
+
+@dataclass(frozen=True)
+class GemmSlot:
+    """One GEMM opcode compiled into a megakernel variant (all compile-time)."""
+
+    op: int
+    tile: str           # gk.TILES name
+    xb: int             # Buf id of z = 0 of the operand tensor x (z = src word - xb)
+    yb: int             # Buf id of z = 0 of the destination y (z = dst word - yb)
+
+    @property
+    def cfg(self) -> gk.TileConfig:
+        return gk.TILES[self.tile]
+
+    @property
+    def epi(self) -> int:
+        return gk.epi_of(self.op)
+
+    @property
+    def kw(self) -> int:
+        """Word of the instruction holding K."""
+        return qk.A_K if self.op == int(Op.QKV_ROPE) else MM_A_K
+
+    @property
+    def slot(self) -> int:
+        return GEMM_OPS.index(self.op)
 
 
 class MegakernelError(RuntimeError):
@@ -121,6 +193,10 @@ class MegakernelError(RuntimeError):
         super().__init__(
             f"megakernel {self.KINDS.get(kind, kind)} timed out: instruction {instr} waited on "
             f"counter {counter} = {value}, target {target} (SM {sm}, CTA {cta})")
+
+
+class MegakernelHang(RuntimeError):
+    """A launch did not finish (Megakernel.wait): the process's GPU context is unusable after it."""
 
 
 # ==================================================================================== device side
@@ -158,25 +234,57 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
 
 
 class MegakernelDSL:
-    """The compiled object: one per (journal, npages, handoff, backoff_ns) variant; shapes are
-    dynamic."""
+    """The compiled object: one per (journal, npages, handoff, backoff_ns, gemm) variant; shapes
+    are dynamic. gemm: the GemmSlots compiled in (one tile config per opcode: the M class of the
+    step, gk.TILE_TABLE); () = the rows family only."""
 
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
-                 backoff_ns: int = DEFAULT_BACKOFF_NS):
+                 backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = ()):
         assert handoff in rk.HANDOFF_MODES, handoff
+        self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
+        self.reg_low, self.reg_high = reg_split(self.gemm)
+        assert reg_split_ok(self.reg_low, self.reg_high), (
+            f"setmaxnreg split {self.reg_low}/{self.reg_high} over-subscribes the CTA's "
+            f"{THREADS} x {LAUNCH_REGS} registers")
         self.journal = journal
         self.npages = npages
         self.handoff = handoff
         self.backoff_ns = int(backoff_ns)
+        self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
+        assert len({g.op for g in self.gemm}) == len(self.gemm), "one tile config per opcode"
+        for g in self.gemm:
+            g.cfg.check(gk.out_bytes_of(g.epi), npages)
 
     @cute.jit
     def __call__(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
                  state: cute.Tensor, bufs: cute.Tensor, normw: cute.Tensor, n_layers: Int32,
                  eps: Float32, timeout_ns: Int64, journal: cute.Tensor, jcta: cute.Tensor,
+                 gx0: cute.Tensor, gw0: cute.Tensor, gy0: cute.Tensor,
+                 gx1: cute.Tensor, gw1: cute.Tensor, gy1: cute.Tensor,
+                 gx2: cute.Tensor, gw2: cute.Tensor, gy2: cute.Tensor,
+                 gx3: cute.Tensor, gw3: cute.Tensor, gy3: cute.Tensor,
+                 gx4: cute.Tensor, gw4: cute.Tensor, gy4: cute.Tensor,
+                 meta: cute.Tensor, inv_freq: cute.Tensor, kv: cute.Tensor,
                  grid: Int32, stream):
+        """GEMM slot i (GEMM_OPS order): gx_i activations (T, K, Z) K-contiguous, gw_i the
+        layer-stacked weights (N, K, L), gy_i the destination (T, N, Z) N-contiguous (float32 for
+        LM_HEAD; the Q buffer for QKV_ROPE), compact in z; small dummies for opcodes not compiled
+        in. meta / inv_freq / kv: QKV_ROPE's step metadata, inverse frequencies and the
+        (rows, hkv*D, 2) K/V caches."""
         box = cute.make_layout((rk.PR, rk.BOXC), stride=(rk.BOXC, 1))
         tma, mT = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), bufs, box, (rk.PR, rk.BOXC))
+        gt = ((gx0, gw0, gy0), (gx1, gw1, gy1), (gx2, gw2, gy2), (gx3, gw3, gy3), (gx4, gw4, gy4))
+        gops = []
+        for g in self.gemm:
+            x, w, y = gt[g.slot]
+            resid = g.epi == gk.EPI_RESIDUAL
+            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid)
+            tma_r, gR = at.tma_a, at.gA          # placeholders (never used) without a residual
+            if cutlass.const_expr(resid):
+                tma_r, gR = at.tma_r, at.gR
+            gops.append((at.tma_a, at.gA, at.tma_b, at.gB, tma_r, gR, at.tiled_mma, at.sA_layout,
+                         at.sB_layout, y, w))
 
         @cute.struct
         class Storage:
@@ -191,7 +299,7 @@ class MegakernelDSL:
             pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
         self.storage = Storage
         self.kernel(instrs, n_instr, counters, n_ctr, state, tma, mT, bufs, normw, n_layers, eps,
-                    timeout_ns, journal, jcta).launch(
+                    timeout_ns, journal, jcta, gops, meta, inv_freq, kv).launch(
             grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
             max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
 
@@ -199,7 +307,8 @@ class MegakernelDSL:
     def kernel(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
                state: cute.Tensor, tma: cute.CopyAtom, mT: cute.Tensor, bufs: cute.Tensor,
                normw: cute.Tensor, n_layers: Int32, eps: Float32, timeout_ns: Int64,
-               journal: cute.Tensor, jcta: cute.Tensor):
+               journal: cute.Tensor, jcta: cute.Tensor, gops: list, meta: cute.Tensor,
+               inv_freq: cute.Tensor, kv: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -207,6 +316,9 @@ class MegakernelDSL:
         lane = cute.arch.lane_idx()
         NP = self.npages
         HM = self.handoff
+        PS = page_share(HM)          # done[p] / empty[p] init count (both families)
+        GS = self.gemm
+        NG = len(GS)
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
         ifull = st.ifull.data_ptr()
@@ -225,6 +337,11 @@ class MegakernelDSL:
                 jcta[bidx, 2] = Int64(cute.arch.smid())
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma)
+            for gi in cutlass.range_constexpr(NG):
+                cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][0])
+                cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][2])
+                if cutlass.const_expr(GS[gi].epi == gk.EPI_RESIDUAL):
+                    cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][4])
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(NISLOTS):
                     cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
@@ -233,13 +350,13 @@ class MegakernelDSL:
                                             + rk.arrivals(HM, N_CONSUMER))
                 for p in cutlass.range_constexpr(NP):
                     cute.arch.mbarrier_init(full + p, 1)
-                    cute.arch.mbarrier_init(empty + p, rk.arrivals(HM, N_CONSUMER))
-                    cute.arch.mbarrier_init(done + p, rk.arrivals(HM, N_CONSUMER))
+                    cute.arch.mbarrier_init(empty + p, PS)
+                    cute.arch.mbarrier_init(done + p, PS)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         if warp < 4:
-            cute.arch.setmaxregister_decrease(REG_LOW)
+            cute.arch.setmaxregister_decrease(self.reg_low)
             if warp == 0:
                 # ------------------------------------------------------------ controller
                 islot = Int32(0)
@@ -310,6 +427,18 @@ class MegakernelDSL:
                                               ring[base + W_ROW0], ring[base + W_ROWS],
                                               ring[base + W_COL0], ring[base + W_COLS], pool,
                                               full, empty, pg, NP, timeout_ns, state, t)
+                        for gi in cutlass.range_constexpr(NG):
+                            if op == GS[gi].op:
+                                g = gops[gi]
+                                col0 = ring[base + W_COL0]
+                                kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
+                                pg = gk.gemm_load(GS[gi].cfg, GS[gi].epi, g[0], g[1], g[2], g[3],
+                                                  g[4], g[5], g[7], g[8],
+                                                  ring[base + A_SRC] - GS[gi].xb,
+                                                  ring[base + A_DST] - GS[gi].yb,
+                                                  ring[base + W_LAYER], ring[base + W_ROW0], col0,
+                                                  g[10].shape[0] // 2 + col0, kt, pool, full,
+                                                  empty, pg, NP, timeout_ns, state, t)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot = islot + 1
                         if islot == NISLOTS:
@@ -336,7 +465,11 @@ class MegakernelDSL:
                                                ring[base + W_ROWS], ring[base + W_COL0],
                                                ring[base + W_COLS], bufs, pool, empty, done, pg,
                                                NP, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
-                                               HM)
+                                               HM, PS)
+                        for gi in cutlass.range_constexpr(NG):
+                            if op == GS[gi].op:
+                                pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
+                                                     empty, done, pg, sid, timeout_ns, state, t)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
@@ -358,7 +491,7 @@ class MegakernelDSL:
                             iph = iph ^ 1
         else:
             # ---------------------------------------------------------------- consumer warpgroup
-            cute.arch.setmaxregister_increase(REG_HIGH)
+            cute.arch.setmaxregister_increase(self.reg_high)
             ctid = tidx - 128
             islot = Int32(0)
             iph = Int32(0)
@@ -374,11 +507,27 @@ class MegakernelDSL:
                 else:
                     t = tick[islot]
                     if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
-                        pg = rk.rows_consume(op, ring[base + W_ROWS], ring[base + W_COL0],
-                                             ring[base + W_COLS], ring[base + W_LAYER],
-                                             ring[base + A_NORM_WEIGHT], normw, n_layers, eps,
-                                             pool, full, empty, done, pg, NP, ctid, BAR_CONSUMER,
-                                             N_CONSUMER, timeout_ns, state, t, HM)
+                        # rows bodies are 128-thread: warpgroup 0 runs them (arriving for both
+                        # warpgroups), warpgroup 1 walks the same pages' `full` phases
+                        npg = pg + rk.rows_pages(op, ring[base + W_ROWS], ring[base + W_COLS])
+                        if ctid < N_WG:
+                            rk.rows_consume(op, ring[base + W_ROWS], ring[base + W_COL0],
+                                            ring[base + W_COLS], ring[base + W_LAYER],
+                                            ring[base + A_NORM_WEIGHT], normw, n_layers, eps,
+                                            pool, full, empty, done, pg, NP, ctid, BAR_WG0,
+                                            N_WG, timeout_ns, state, t, HM, PS)
+                        else:
+                            rk.rows_skip(pg, npg, full, NP, timeout_ns, state, t)
+                        pg = npg
+                    for gi in cutlass.range_constexpr(NG):
+                        if op == GS[gi].op:
+                            g = gops[gi]
+                            kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
+                            pg = gk.gemm_consume(GS[gi].cfg, GS[gi].epi, g[6], g[7], g[8], kt,
+                                                 pool, full, empty, done, pg, NP, ctid, timeout_ns,
+                                                 state, t, meta, inv_freq, ring[base + W_ROW0],
+                                                 ring[base + W_ROWS], ring[base + qk.A_SECTION],
+                                                 PS)
                     rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
                                BAR_CONSUMER, HM)
                     islot = islot + 1
@@ -410,6 +559,40 @@ class MegakernelDSL:
                 state[rk.S_EXIT] = Int32(0)
 
 
+    @cute.jit
+    def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,
+                   meta: cute.Tensor, kv: cute.Tensor, pool: Int32, empty: cute.Pointer,
+                   done: cute.Pointer, pg: Int32, sid: Int32, timeout_ns: Int64,
+                   state: cute.Tensor, t: Int32) -> Int32:
+        """Storer body of one GEMM slot: the destination's base address (z = dst word - yb;
+        QKV_ROPE's K/V sections: the paged cache rows kv_slot[t] + layer * stride), then
+        gk.gemm_store."""
+        y = g[9]
+        ob = gk.out_bytes_of(gs.epi)
+        row0 = ring[base + W_ROW0]
+        col0 = ring[base + W_COL0]
+        kt = (ring[base + gs.kw] + (gk.BK - 1)) // gk.BK
+        yz = ring[base + A_DST] - gs.yb
+        ybase = y.iterator.toint() + Int64(yz) * Int64(y.shape[0]) * Int64(y.shape[1]) * ob
+        ld = y.shape[1]
+        rowmap = Int32(-1)
+        radd = Int32(0)
+        dcol0 = col0
+        if cutlass.const_expr(gs.epi == gk.EPI_ROPE):
+            sec = ring[base + qk.A_SECTION]
+            if sec != gk.SEC_Q:
+                # K/V rows go to the paged cache: kv_slot[t] + layer * stride
+                ybase = kv.iterator.toint() + Int64(kv.shape[0]) * Int64(kv.shape[1]) * 2 * Int64(sec - 1)
+                ld = kv.shape[1]
+                rowmap = meta[mc.M_OFF_SLOT]
+                radd = ring[base + W_LAYER] * meta[mc.M_KV_LAYER_STRIDE]
+                dcol0 = col0 - ring[base + qk.A_SEC_COL0]
+        return gk.gemm_store(gs.cfg, gs.epi, ybase, ld, row0, ring[base + W_ROWS], col0,
+                             ring[base + W_COLS], pool, empty, done, pg, kt, self.npages, sid,
+                             BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
+                             dcol0, page_share(self.handoff))
+
+
 # ==================================================================================== host side
 _COMPILED: dict = {}
 
@@ -424,17 +607,52 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
 
 
 def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
-                       handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS):
-    """cute.compile with an in-process cache per variant and arena/norm-table shape."""
-    key = (journal, handoff, int(backoff_ns)) + tuple(shape_key)
+                       handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
+                       gemm: tuple = ()):
+    """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
+    the M class's tile configs) and arena/norm-table shape."""
+    key = (journal, handoff, int(backoff_ns), tuple(gemm)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
-            MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns), *args)
+            MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm), *args)
         if verbose:
+            tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "rows only"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
-                  f"backoff_ns={backoff_ns} in {time.time() - t0:.1f} s", flush=True)
+                  f"backoff_ns={backoff_ns} gemm={tiles} in {time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
+
+
+@dataclass
+class GemmOperands:
+    """One GEMM opcode's tensors for Megakernel(gemm={op: GemmOperands(...)}).
+
+    x: activations [T, K] or [Z, T, K] bf16 (Z buffers stacked, e.g. the rows arena), standing for
+       Buf ids x_buf .. x_buf + Z - 1 (an instruction's src word picks z = src - x_buf);
+    w: weights [N, K] or layer-stacked [L, N, K] bf16 (GATE_UP: gate rows then up rows);
+    y: destination [T, N] or [Z, T, N] (bf16; float32 for LM_HEAD; the Q buffer for QKV_ROPE),
+       Buf ids y_buf .. (z = dst - y_buf)."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    y: torch.Tensor
+    x_buf: int
+    y_buf: int
+
+
+def _as3d(t: torch.Tensor) -> torch.Tensor:
+    """[R, C] or [Z, R, C] (compact) -> the (R, C, Z) view the kernel takes."""
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    assert t.dim() == 3 and t.is_contiguous(), "GEMM operands must be compact [Z, R, C] / [R, C]"
+    return t.permute(1, 2, 0)
+
+
+def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF) -> tuple:
+    """The compile-time GEMM slots for operands {op: GemmOperands} at M class m (token rows, or
+    sequences for LM_HEAD): one tile config per opcode from gk.choose_tile."""
+    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf))
+                         for op, g in gemm.items()), key=lambda g: g.slot))
 
 
 def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[int, str]:
@@ -469,7 +687,7 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
         per_sm_smem = props.shared_memory_per_multiprocessor
         by_smem = per_sm_smem // (smem_bytes + 1024)
         by_threads = props.max_threads_per_multi_processor // THREADS
-        by_regs = 65536 // (THREADS * 128)   # setmaxnreg budget: 56*128 + 232*128 <= 128/thread avg
+        by_regs = 65536 // (THREADS * LAUNCH_REGS)   # setmaxnreg redistributes 384 x 168
         return int(min(by_smem, by_threads, by_regs)), f"device limits ({type(e).__name__}: {e})"
 
 
@@ -488,13 +706,27 @@ def norm_table(weights, dtype=torch.bfloat16) -> torch.Tensor:
     return t
 
 
-def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES):
-    """Host-side refusal of what this kernel cannot run (before it could hang or fault)."""
+def _gemm_shapes(g: GemmOperands) -> dict:
+    x, w, y = g.x, g.w, g.y
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    y3 = y if y.dim() == 3 else y.unsqueeze(0)
+    w3 = w if w.dim() == 3 else w.unsqueeze(0)
+    return dict(xz=x3.shape[0], xt=x3.shape[1], xk=x3.shape[2], yz=y3.shape[0], yt=y3.shape[1],
+                yn=y3.shape[2], wl=w3.shape[0], wn=w3.shape[1], wk=w3.shape[2])
+
+
+def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
+               gemm: dict | None = None, slots: tuple = (), kv_shape=None):
+    """Host-side refusal of what this kernel cannot run (before it could hang or fault).
+
+    gemm / slots: the GEMM operands and compiled slots of the megakernel (GEMM opcodes without a
+    slot are refused); kv_shape: (2, rows, hkv*D) of QKV_ROPE's K/V caches."""
     s = stream.detach().cpu()
     if s.dtype != torch.int32 or s.dim() != 2 or s.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
     ops = s[:, W_OPCODE]
-    bad = [int(o) for o in ops.unique() if int(o) not in SUPPORTED_OPS]
+    bad = [Op(int(o)).name if int(o) in Op._value2member_map_ else int(o)
+           for o in ops.unique() if int(o) not in SUPPORTED_OPS]
     if bad:
         raise NotImplementedError(f"megakernel has no GPU body for opcodes {bad}")
     if (s[:, W_SIGNAL_SCOPE] != int(SignalScope.LOCAL)).any():
@@ -504,9 +736,9 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     mx = max(int(sig.max()) if len(s) else -1, int(waits.max()) if len(s) else -1)
     if mx >= n_counters:
         raise ValueError(f"plan uses counter {mx}, the megakernel has {n_counters}")
-    pageops = (ops != int(Op.NOOP))
-    if pageops.any():
-        p = s[pageops]
+    rowops = (ops == int(Op.COPY)) | (ops == int(Op.RMSNORM)) | (ops == int(Op.RESIDUAL_ADD))
+    if rowops.any():
+        p = s[rowops]
         if ((p[:, W_COL0] % 8) != 0).any() or ((p[:, W_COLS] % 8) != 0).any():
             raise ValueError("rows tiles must start and end on 8-column boundaries")
         if (p[:, W_ROW0] < 0).any() or (p[:, W_ROW0] + p[:, W_ROWS] > T).any() \
@@ -520,21 +752,123 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         if -(-H // rk.PC) > npages:
             raise ValueError(f"H={H} needs {-(-H // rk.PC)} pages per RMSNORM row group, "
                              f"the pool has {npages}")
+    by_op = {g.op: g for g in slots}
+    for op in GEMM_OPS:
+        p = s[ops == op]
+        if not len(p):
+            continue
+        name = Op(op).name
+        if op not in by_op:
+            raise NotImplementedError(
+                f"megakernel: {name} instructions, but this megakernel was built without "
+                f"{name} operands (Megakernel(..., gemm={{Op.{name}: GemmOperands(...)}}))")
+        g, sh = by_op[op], _gemm_shapes(gemm[Op(op)])
+        cfg = g.cfg
+        K = p[:, g.kw]
+        row0, rows, col0, cols = p[:, W_ROW0], p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS]
+        if op != int(Op.QKV_ROPE):
+            epi = p[:, MM_A_EPI]
+            if (epi == int(Epi.SCATTER)).any():
+                raise NotImplementedError(f"megakernel: {name} with the SCATTER epilogue (TP > 1) "
+                                          "needs mk.comm (not yet)")
+            want = {int(Op.O_PROJ): Epi.RESIDUAL, int(Op.DOWN): Epi.RESIDUAL,
+                    int(Op.GATE_UP): Epi.SILU_MUL, int(Op.LM_HEAD): Epi.STORE}[op]
+            if (epi != int(want)).any():
+                raise ValueError(f"megakernel: {name} runs the {want.name} epilogue only, the plan "
+                                 f"has epilogues {sorted(set(epi.tolist()))}")
+        else:
+            if (p[:, qk.A_HEAD_DIM] != 128).any():
+                raise ValueError("megakernel: QKV_ROPE needs head_dim 128 (RoPE pairs in one "
+                                 "wgmma chain)")
+            sec = p[:, qk.A_SECTION]
+            if ((sec < 0) | (sec > 2)).any():
+                raise ValueError("megakernel: QKV_ROPE section must be q, k or v")
+        if ((K % gk.BK) != 0).any() or (K <= 0).any() or (K > sh["xk"]).any() \
+                or (K > sh["wk"]).any():
+            raise ValueError(f"megakernel: {name} K must be a positive multiple of {gk.BK} within "
+                             f"the operands' {min(sh['xk'], sh['wk'])} columns")
+        if ((col0 % 8) != 0).any() or ((cols % 8) != 0).any() or (cols <= 0).any() \
+                or (cols > cfg.bn).any() or (col0 < 0).any():
+            raise ValueError(f"megakernel: {name} tiles need col0 and cols multiples of 8 and "
+                             f"0 < cols <= {cfg.bn} (tile {cfg.name})")
+        if (rows <= 0).any() or (rows > cfg.bm).any() or (row0 < 0).any() \
+                or (row0 + rows > sh["xt"]).any():
+            raise ValueError(f"megakernel: {name} tiles need 0 < rows <= {cfg.bm} (tile "
+                             f"{cfg.name}) inside the operand's {sh['xt']} rows")
+        nout = sh["wn"] // 2 if op == int(Op.GATE_UP) else sh["wn"]
+        if (col0 + cols > nout).any():
+            raise ValueError(f"megakernel: {name} columns beyond the weight's {nout} outputs")
+        if op != int(Op.QKV_ROPE):
+            if (col0 + cols > sh["yn"]).any() or (row0 + rows > sh["yt"]).any():
+                raise ValueError(f"megakernel: {name} tile outside the destination "
+                                 f"[{sh['yt']}, {sh['yn']}]")
+        else:
+            q = p[p[:, qk.A_SECTION] == gk.SEC_Q]
+            if len(q) and ((q[:, W_COL0] + q[:, W_COLS] > sh["yn"]).any()
+                           or (q[:, W_ROW0] + q[:, W_ROWS] > sh["yt"]).any()):
+                raise ValueError("megakernel: QKV_ROPE q tile outside the Q buffer")
+            kvp = p[p[:, qk.A_SECTION] != gk.SEC_Q]
+            if len(kvp):
+                if kv_shape is None:
+                    raise ValueError("megakernel: QKV_ROPE k/v tiles need the kv caches")
+                d0 = kvp[:, W_COL0] - kvp[:, qk.A_SEC_COL0]
+                if (d0 < 0).any() or (d0 + kvp[:, W_COLS] > kv_shape[2]).any():
+                    raise ValueError("megakernel: QKV_ROPE k/v columns outside the caches")
+        zx = p[:, ARG0] - g.xb          # src word (ARG0 in matmul.py and qkv.py)
+        zy = p[:, ARG0 + 1] - g.yb      # dst word
+        if ((zx < 0) | (zx >= sh["xz"])).any() or ((zy < 0) | (zy >= sh["yz"])).any():
+            raise ValueError(f"megakernel: {name} src/dst buffer ids outside the operands "
+                             f"(x: {g.xb}..{g.xb + sh['xz'] - 1}, y: {g.yb}..{g.yb + sh['yz'] - 1})")
+        if ((p[:, W_LAYER] < 0) | (p[:, W_LAYER] >= sh["wl"])).any():
+            raise ValueError(f"megakernel: {name} layer beyond the stacked weights' {sh['wl']}")
     return mx + 1
 
 
+def gemm_tensor_args(gemm: dict | None, meta=None, inv_freq=None, kv=None, device="cuda"):
+    """The 15 GEMM slot tensors (x, w, y per GEMM_OPS slot; small dummies for absent opcodes)
+    + meta, inv_freq, kv, as torch tensors in kernel-parameter order (views kept alive by the
+    caller)."""
+    gemm = gemm or {}
+    out = []
+    for op in GEMM_OPS:
+        g = gemm.get(Op(op))
+        if g is None:
+            d = torch.zeros(8, 8, dtype=torch.bfloat16, device=device)
+            out += [_as3d(d), _as3d(d), _as3d(d)]
+        else:
+            assert g.x.dtype == torch.bfloat16 and g.w.dtype == torch.bfloat16
+            assert g.y.dtype == (torch.float32 if Op(op) == Op.LM_HEAD else torch.bfloat16)
+            out += [_as3d(g.x), _as3d(g.w), _as3d(g.y)]
+    if meta is None:
+        meta = torch.zeros(16, dtype=torch.int32, device=device)
+    if inv_freq is None:
+        inv_freq = torch.zeros(64, dtype=torch.float32, device=device)
+    if kv is None:
+        kv = torch.zeros(2, 8, 8, dtype=torch.bfloat16, device=device)
+    assert kv.dim() == 3 and kv.shape[0] == 2 and kv.is_contiguous()
+    out += [meta.contiguous(), inv_freq.float().contiguous(), kv.permute(1, 2, 0)]
+    return out
+
+
 class Megakernel:
-    """Runs instruction streams of the rows family on one GPU.
+    """Runs instruction streams of the rows family and the GEMM-tile family on one GPU.
 
     arena: [NBUF, T, H] bf16 CUDA tensor (buffers by Buf id); normw: [3L, H] (norm_table);
     journal: compile the variant that writes the per-instruction journal; handoff / backoff_ns:
     the compile-time hand-off mode and counter-wait backoff cap (DEFAULT_HANDOFF,
-    DEFAULT_BACKOFF_NS)."""
+    DEFAULT_BACKOFF_NS).
+    gemm: {Op: GemmOperands} for the GEMM opcodes the plans use (None: rows family only);
+    gemm_m: the step's M class (token rows; sequences for LM_HEAD) that picks each opcode's tile
+    config (gk.choose_tile; one compiled variant per class, default: the largest x's rows);
+    meta / inv_freq / kv: QKV_ROPE's step metadata (mk.instructions._common layout), float32
+    inverse frequencies [64] and K/V caches [2, rows, hkv*D]."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
                  journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True,
-                 handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS):
+                 handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
+                 gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
+                 kv=None):
         assert handoff in rk.HANDOFF_MODES, f"handoff must be one of {rk.HANDOFF_MODES}"
         assert 20 <= backoff_ns <= 1_000_000, "backoff_ns must lie in [20 ns, 1 ms]"
         self.handoff = handoff
@@ -561,6 +895,13 @@ class Megakernel:
         self.grid = None
         self.occupancy_source = None
         self._shape_key = (tuple(arena.shape), tuple(self.normw.shape))
+        self.gemm = {Op(k): v for k, v in (gemm or {}).items()}
+        if gemm_m is None and self.gemm:
+            gemm_m = max(_gemm_shapes(g)["xt"] for g in self.gemm.values())
+        self.gemm_m = gemm_m
+        self.slots = gemm_slots(self.gemm, gemm_m, handoff) if self.gemm else ()
+        self.kv = kv
+        self._gemm_t = gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
 
     # -- compile & launch ---------------------------------------------------------------------
     def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream):
@@ -568,12 +909,15 @@ class Megakernel:
         return [_dl(stream_dev, 4), Int32(stream_dev.shape[0]), _dl(self.counters, 4),
                 Int32(n_ctr), _dl(self.state, 4, dynamic=False), _dl(bufs, 16),
                 _dl(self.normw, 16), Int32(self.n_layers), Float32(self.eps),
-                Int64(self.timeout_ns), _dl(self.journal, 8), _dl(self.jcta, 8),
+                Int64(self.timeout_ns), _dl(self.journal, 8), _dl(self.jcta, 8)] + [
+                    _dl(t, 4 if t.dtype == torch.int32 else 16) for t in self._gemm_t] + [
                 Int32(self.grid or 1), cu_stream]
 
     def prepare(self, stream: torch.Tensor):
         """Check and upload a plan; returns a handle for launch()."""
-        n_ctr = check_plan(stream, self.nbuf, self.T, self.H, self.counters.numel())
+        n_ctr = check_plan(stream, self.nbuf, self.T, self.H, self.counters.numel(),
+                           gemm=self.gemm, slots=self.slots,
+                           kv_shape=None if self.kv is None else tuple(self.kv.shape))
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -588,7 +932,7 @@ class Megakernel:
         if self.grid is None:
             self.grid = 1
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
-                                      self._shape_key, self.handoff, self.backoff_ns)
+                                      self._shape_key, self.handoff, self.backoff_ns, self.slots)
             nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
@@ -600,7 +944,7 @@ class Megakernel:
                 print(f"[mk.megakernel] grid {self.grid} = {self.num_sms} SMs x {nb} blocks/SM "
                       f"({src})", flush=True)
         return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
-                                  self._shape_key, self.handoff, self.backoff_ns), cs
+                                  self._shape_key, self.handoff, self.backoff_ns, self.slots), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -627,6 +971,29 @@ class Megakernel:
     def run(self, stream: torch.Tensor, check: bool = True):
         self.launch(self.prepare(stream), check)
 
+    def wait(self, hang_s: float = 20.0):
+        """Wait for the launch; if it still runs after hang_s (a wait that is not bounded:
+        setmaxnreg, a named barrier, the teardown's sync), read the state words through a
+        non-blocking side stream and raise MegakernelHang (the process's context is lost then)."""
+        ev = torch.cuda.Event()
+        ev.record()
+        t0 = time.time()
+        while not ev.query():
+            if time.time() - t0 > hang_s:
+                host = torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory()
+                side = torch.cuda.Stream(device=self.state.device)
+                with torch.cuda.stream(side):
+                    host.copy_(self.state, non_blocking=True)
+                    e2 = torch.cuda.Event()
+                    e2.record(side)
+                t1 = time.time()
+                while not e2.query() and time.time() - t1 < 5:
+                    time.sleep(0.01)
+                st = host.tolist() if e2.query() else None
+                raise MegakernelHang(f"megakernel still running after {hang_s:.0f} s (a wait that "
+                                     f"is not bounded); state words {st}")
+            time.sleep(0.001)
+
     def check(self):
         """Synchronise and raise MegakernelError if a bounded wait timed out."""
         st = self.state.cpu()
@@ -649,6 +1016,61 @@ class Megakernel:
 
     def journal_rows(self, n: int):
         return self.journal[:n].cpu(), self.jcta[:self.grid].cpu()
+
+
+# ==================================================================================== CPU compile
+def fake_args(gemm: tuple = ()):
+    """Fake (dynamic-shape) arguments for a CPU compile for sm_90a (the compile gate): the
+    arena, norm table and, for each GEMM slot, x (T, K, Z) / w (N, K, L) / y (T, N, Z) with the
+    divisibility a real plan guarantees (K % 64, N % 8)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+    S = cute.sym_int
+    T, H, NB = S(), S(divisibility=8), S()
+    args = [make_fake_compact_tensor(Int32, (S(), INSTR_WORDS), stride_order=(1, 0),
+                                     assumed_align=4), Int32(1),
+            make_fake_compact_tensor(Int32, (S(),), assumed_align=4), Int32(1),
+            make_fake_compact_tensor(Int32, (rk.STATE_WORDS,), assumed_align=4),
+            make_fake_tensor(BFloat16, (T, H, NB), stride=(S(divisibility=8), 1, S(divisibility=8)),
+                             assumed_align=16),
+            make_fake_tensor(BFloat16, (S(), H), stride=(S(divisibility=8), 1), assumed_align=16),
+            Int32(1), Float32(1e-5), Int64(1),
+            make_fake_compact_tensor(Int64, (S(), JOURNAL_WORDS), stride_order=(1, 0),
+                                     assumed_align=8),
+            make_fake_compact_tensor(Int64, (S(), JCTA_WORDS), stride_order=(1, 0),
+                                     assumed_align=8)]
+    ops = {g.op for g in gemm}
+    for op in GEMM_OPS:
+        out_ty = Float32 if op == int(Op.LM_HEAD) else BFloat16
+        if op in ops:
+            Tg, Kd, Nd = S(), S(divisibility=64), S(divisibility=8)
+            args += [make_fake_tensor(BFloat16, (Tg, Kd, S()), stride=(S(divisibility=64), 1,
+                                      S(divisibility=64)), assumed_align=16),
+                     make_fake_tensor(BFloat16, (Nd, Kd, S()), stride=(S(divisibility=64), 1,
+                                      S(divisibility=64)), assumed_align=16),
+                     make_fake_tensor(out_ty, (Tg, Nd, S()), stride=(S(divisibility=8), 1,
+                                      S(divisibility=8)), assumed_align=16)]
+        else:
+            args += [make_fake_tensor(BFloat16, (S(), S(), S()), stride=(S(), 1, S()),
+                                      assumed_align=16) for _ in range(3)]
+    args += [make_fake_compact_tensor(Int32, (S(),), assumed_align=4),
+             make_fake_compact_tensor(Float32, (64,), assumed_align=16),
+             make_fake_tensor(BFloat16, (S(), S(divisibility=8), 2),
+                              stride=(S(divisibility=8), 1, S(divisibility=8)), assumed_align=16),
+             Int32(132), make_fake_stream()]
+    return args
+
+
+def compile_fake(journal: bool = False, handoff: str = DEFAULT_HANDOFF, gemm: tuple = (),
+                 backoff_ns: int = DEFAULT_BACKOFF_NS):
+    """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX."""
+    dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm)
+    return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](dsl, *fake_args(gemm))
+
+
+def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0) -> tuple:
+    """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0)."""
+    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb) for op in ops),
+                        key=lambda g: g.slot))
 
 
 # ==================================================================================== test plans

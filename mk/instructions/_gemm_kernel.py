@@ -1,6 +1,6 @@
 """CuTe DSL device bodies of the GEMM-tile family (O_PROJ, GATE_UP, DOWN, LM_HEAD; QKV_ROPE's GEMM
-core) and their host-side atom/layout builders, for the persistent megakernel (and the standalone
-harness bench/gemm_harness.py, which runs the same bodies with the same roles).
+core) and their host-side atom/layout builders, for the persistent megakernel (mk/megakernel.py
+compiles them in beside the rows family, one variant per M class of the tile table).
 
 GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
 registry never imports it. The torch faces (the semantics these bodies must match) stay in
@@ -374,9 +374,15 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  pool: Int32, full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer,
                  pg: Int32, npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
                  state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
-                 row0: Int32, rows: Int32, section: Int32) -> Int32:
+                 row0: Int32, rows: Int32, section: Int32,
+                 share: cutlass.Constexpr = DONE_ARRIVALS) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
+
+    share: done[p]'s init count. CONSUMER_THREADS = every consumer thread arrives itself (the
+    megakernel's "thread" hand-off, which compute-sanitizer racecheck credits); otherwise lane 0 of
+    each consumer warp arrives with share // NUM_CONSUMER_WARPS (after __syncwarp for the
+    epilogue pages).
 
     EPI_ROPE only: meta is the step metadata (positions at meta[meta[M_OFF_POS] + row]), inv_freq
     the head's 64 (llama3-scaled) inverse frequencies in float32 (mk.instructions.qkv.inv_freq),
@@ -421,15 +427,13 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             # the previous stage's wgmmas retired: hand its pages to the storer (one `done` arrive
             # per warp), which frees them (`empty`) in ring order: every use of a page completes
             # exactly one phase of full, done and empty, and no waiter can fall two phases behind
-            if lane == 0:
-                for j in cutlass.range_constexpr(spp):
-                    pp, _ = page_of(pg + (k - 1) * spp + j, npages)
-                    cute.arch.mbarrier_arrive(done + pp)
+            for j in cutlass.range_constexpr(spp):
+                pp, _ = page_of(pg + (k - 1) * spp + j, npages)
+                consumer_arrive(done + pp, lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
-    if lane == 0:
-        for j in cutlass.range_constexpr(spp):
-            pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
-            cute.arch.mbarrier_arrive(done + pp)
+    for j in cutlass.range_constexpr(spp):
+        pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
+        consumer_arrive(done + pp, lane, share)
     pg = pg + kt * spp
 
     # ---------------------------------------------------------------- epilogue into smem pages
@@ -438,6 +442,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     for e in cutlass.range_constexpr(ne):
         pe, phe = page_of(pg + e, npages)
         bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        # the storer's reads of the page's previous use (complete already: the loader waited on
+        # it before granting the page): a direct storer-read -> consumer-write edge for racecheck
+        bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
     ep0 = pg % npages
     col_off = Int32(0)
     if cutlass.const_expr(cfg.wg == "PAGE"):
@@ -471,12 +478,22 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                     v1 = d[1].to(Float32) + v1.to(BFloat16).to(Float32)
                 d[0] = v0.to(BFloat16)
                 d[1] = v1.to(BFloat16)
-    cute.arch.sync_warp()
-    if lane == 0:
-        for e in cutlass.range_constexpr(ne):
-            pe, _ = page_of(pg + e, npages)
-            cute.arch.mbarrier_arrive(done + pe)
+    if cutlass.const_expr(share != CONSUMER_THREADS):
+        cute.arch.sync_warp()
+    for e in cutlass.range_constexpr(ne):
+        pe, _ = page_of(pg + e, npages)
+        consumer_arrive(done + pe, lane, share)
     return pg + ne
+
+
+@cute.jit
+def consumer_arrive(bar: cute.Pointer, lane: Int32, share: cutlass.Constexpr):
+    """One consumer thread's part of a `done` hand-off (see gemm_consume's share)."""
+    if cutlass.const_expr(share == CONSUMER_THREADS):
+        cute.arch.mbarrier_arrive(bar)
+    else:
+        if lane == 0:
+            cute.arch.mbarrier_arrive(bar, arrive_count=share // NUM_CONSUMER_WARPS)
 
 
 # 2 pi in three float32 parts (Cody-Waite): k * part is exact for |k| < 2^15 (angles < ~2e5 rad)
@@ -550,7 +567,7 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                ticket: Int32, meta: cute.Tensor, rowmap_off: Int32, row_add: Int32,
-               dcol0: Int32) -> Int32:
+               dcol0: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
     """Storer warps (nthreads threads): copy the epilogue pages to y (byte address ybase of the
     destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
     freeing each page after its stores. Returns the new page count.
@@ -565,13 +582,17 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
 
     Tile element (r, c) goes to destination row drow(row0 + r), column dcol0 + c, where
     drow(t) = t, or meta[rowmap_off + t] + row_add when rowmap_off >= 0 (the K/V cache rows of
-    QKV_ROPE: kv_slot[t] + layer * kv_layer_stride)."""
+    QKV_ROPE: kv_slot[t] + layer * kv_layer_stride).
+
+    share: empty[p]'s init count. A multiple of nthreads = every storer thread frees an epilogue
+    page itself after its own reads (the megakernel's "thread" hand-off); otherwise the storer
+    threads meet in named barrier bar_id and thread 0 arrives with the whole share."""
     for j in range(kt * cfg.stage_pages):
         # operand pages: the consumers are done with them (their wgmmas retired): free them
         page, ph = page_of(pg + j, npages)
         bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
         if sid == 0:
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     pg = pg + kt * cfg.stage_pages
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
@@ -615,11 +636,15 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                                                cute.AddressSpace.gmem, assumed_align=16)
                             gp = cute.recast_ptr(gp, dtype=Int32)
                             cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-        if sid == 0:
+        if cutlass.const_expr(share % nthreads == 0):
             # generic reads of the page are done; the next writer may be the TMA (async proxy)
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share // nthreads)
+        else:
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+            if sid == 0:
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     return pg + cfg.epi_pages(ob)
 
 

@@ -225,6 +225,26 @@ def rows_load(tma: cute.CopyAtom, mT: cute.Tensor, op: Int32, src: Int32, dst: I
     return pg
 
 
+@cute.jit
+def rows_pages(op: Int32, rows: Int32, cols: Int32) -> Int32:
+    """Pages of the ring one COPY / RESIDUAL_ADD / RMSNORM instruction uses."""
+    n = ceil_div(rows, PR) * ceil_div(cols, PC)
+    if op == OP_RESIDUAL_ADD:
+        n = n * 2
+    return n
+
+
+@cute.jit
+def rows_skip(pg: Int32, npg: Int32, full: cute.Pointer, npages: cutlass.Constexpr,
+              timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
+    """A consumer warpgroup that does not run a rows body still walks its pages' `full` phases in
+    ring order (no arrivals): a parity wait cannot tell phase u from u - 2, so a waiter that
+    skipped a page's use could pass a later wait on that page one generation early."""
+    for q in range(pg, npg):
+        bounded_bar_wait(full + q % npages, (q // npages) & 1, timeout_ns, state, ERR_PAGE_FULL,
+                         ticket)
+
+
 # ------------------------------------------------------------------------------------ consumer
 @cute.jit
 def smem_vec(addr: Int32):
@@ -246,11 +266,13 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
                  full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
                  npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
                  nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                 ticket: Int32, mode: cutlass.Constexpr) -> Int32:
+                 ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr) -> Int32:
     """Consumer warpgroup body (128 threads). Warp w owns rows 2w, 2w+1 of every page; lane l owns
     the 16-byte vectors at column l*8 of each of the 4 boxes (the same bytes in every op, so a
-    consumer thread never races another consumer thread on a page)."""
-    share = arrivals(mode, nthreads)      # done[p] / empty[p] arrivals of the warpgroup
+    consumer thread never races another consumer thread on a page).
+
+    share: the done[p] / empty[p] init count (the megakernel's page_share: the barrier counts
+    every consumer thread of both warpgroups in "thread" mode; this warpgroup arrives for all)."""
     cw = ctid // 32
     lane = ctid % 32
     ra = cw * 2
@@ -348,10 +370,10 @@ def rows_store(op: Int32, dst: Int32, row0: Int32, rows: Int32, col0: Int32, col
                bufs: cute.Tensor, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-               ticket: Int32, mode: cutlass.Constexpr) -> Int32:
+               ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr) -> Int32:
     """Storer warps (nthreads threads): copy each result page to global memory with exact masks,
-    then free the page. bufs is the arena (T, H, NBUF) with H contiguous."""
-    share = arrivals(mode, 128)           # empty[p] counts the consumer warpgroup's arrivals
+    then free the page. bufs is the arena (T, H, NBUF) with H contiguous. share: the empty[p]
+    init count (the megakernel's page_share)."""
     T = bufs.shape[0]
     H = bufs.shape[1]
     nrg = ceil_div(rows, PR)
