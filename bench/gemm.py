@@ -11,13 +11,13 @@ Shapes: one Llama-70B TP8 rank (hidden 8192, intermediate 3584 per rank, 8 q hea
 128 -> qkv 1280, vocab shard 16032), M (token rows; sequences for LM_HEAD) in {64, 256, 1024, 4096}.
 Per (opcode, M):
   1. correctness: fresh random inputs, the output poisoned (NaN; for RESIDUAL the rows past M),
-     the harness run over the whole matrix (bench/gemm_harness.py: the megakernel's roles and the
-     GEMM bodies of mk/instructions/_gemm_kernel.py), compared with the opcode's torch face
+     run over the whole matrix through mk.megakernel (its GEMM slot of the M class: the bodies
+     of mk/instructions/_gemm_kernel.py), compared with the opcode's torch face
      (mk.instructions.matmul.GemmFamily.run_torch, instruction by instruction): bf16 relative
      Frobenius error < 1e-2 inside, poison intact outside; plus an odd-M case (rows tail) per op
   2. timing, cold L2 (R buffer sets rotated, R x bytes > 2 x L2), each launch between CUDA events
      behind a GPU sleep (host launch cost hidden), medians:
-        mk          the harness (one persistent launch: the whole GEMM + fused epilogue)
+        mk          mk.megakernel (one persistent launch: the whole GEMM + fused epilogue)
         cublas      torch.matmul alone
         torch       torch.matmul + the epilogue in eager torch (the unfused peer)
         compile     torch.compile of (matmul + epilogue), where it compiles
@@ -68,6 +68,106 @@ KV_PER_LAYER = 8192        # K/V cache rows per layer in the bench (num_pages * 
 ROPE = RopeConfig(theta=500000.0, scaling_type="llama3", factor=8.0, low_freq_factor=1.0,
                   high_freq_factor=4.0, original_max_position_embeddings=8192)
 POISON = float("nan")
+
+
+try:  # GPU path (imports cutlass); the plan builders need it, the CPU-side helpers do not
+    from mk.instructions import _gemm_kernel as gk  # noqa: E402
+except ImportError:  # pragma: no cover
+    gk = None
+from mk.instructions import qkv as qk  # noqa: E402
+
+GROUP_M = 8            # tiles raster: GROUP_M row tiles x all column tiles, then the next group
+
+
+def plan_tiles(op, cfg: gk.TileConfig, m: int, n_out: int, k: int, layer: int = 0,
+               src: int = 0, dst: int = 0, signal_base: int | None = 0, group_m: int = GROUP_M):
+    """The instructions of one whole GEMM (rows [0, m) x output columns [0, n_out)), in mk.ir
+    format with matmul.py's argument words, in grouped raster order (group_m row tiles share each
+    weight tile while it is in L2). signal_base: row tile i signals counter signal_base + i (target:
+    the number of column tiles), None for no signals. Returns (int32 [n, 32] tensor, n_counters)."""
+    import torch
+
+    from mk.instructions.matmul import A_EPI, A_K, A_SLOT_STRIDE, A_DST, A_SRC
+    from mk.ir import ARG0, NUM_ARGS, Instruction, serialize
+    mt = -(-m // cfg.bm)
+    nt = -(-n_out // cfg.bn)
+    epi = int(gk.epi_of(op)) if gk.epi_of(op) != gk.EPI_STORE_F32 else 0
+    out = []
+    for g0 in range(0, mt, group_m):
+        for j in range(nt):
+            for i in range(g0, min(mt, g0 + group_m)):
+                args = [0] * NUM_ARGS
+                args[A_SRC - ARG0], args[A_DST - ARG0], args[A_EPI - ARG0] = src, dst, epi
+                args[A_SLOT_STRIDE - ARG0], args[A_K - ARG0] = 0, k
+                r0, c0 = i * cfg.bm, j * cfg.bn
+                out.append(Instruction(
+                    int(op), layer=layer, row0=r0, rows=min(cfg.bm, m - r0), col0=c0,
+                    cols=min(cfg.bn, n_out - c0),
+                    signal=(-1 if signal_base is None else signal_base + i), args=args))
+    return serialize(out), (0 if signal_base is None else signal_base + mt)
+
+
+def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, layer: int = 0,
+             src: int = 0, dst: int = 0, signal_base: int | None = 0, group_m: int = GROUP_M):
+    """QKV_ROPE tiles over rows [0, m): sections = [(section, first col, end col)] of the qkv
+    output (q, k, v), column tiles of cfg.bn within each section (qkv.py's argument words)."""
+    from mk.ir import ARG0, NUM_ARGS, Instruction, serialize
+    mt = -(-m // cfg.bm)
+    out = []
+    for g0 in range(0, mt, group_m):
+        for sec, s0, s1 in sections:
+            for c0 in range(s0, s1, cfg.bn):
+                for i in range(g0, min(mt, g0 + group_m)):
+                    args = [0] * NUM_ARGS
+                    for word, v in ((qk.A_SRC, src), (qk.A_DST, dst), (qk.A_SECTION, sec),
+                                    (qk.A_SEC_COL0, s0), (qk.A_HEAD_DIM, head_dim), (qk.A_K, k)):
+                        args[word - ARG0] = v
+                    r0 = i * cfg.bm
+                    out.append(Instruction(
+                        int(Op.QKV_ROPE), layer=layer, row0=r0, rows=min(cfg.bm, m - r0), col0=c0,
+                        cols=min(cfg.bn, s1 - c0),
+                        signal=(-1 if signal_base is None else signal_base + i), args=args))
+    return serialize(out), (0 if signal_base is None else signal_base + mt)
+
+
+# ------------------------------------------------------------------------------------- runner
+class MkGemm:
+    """One opcode's whole-matrix plans through mk.megakernel (the GEMM slot of M class m; a
+    small dummy rows arena): h.launch(h.prepare(instrs, x, w, y[, meta, invf, kv])),
+    h.launcher(prepared), h.check()."""
+
+    _dummy = None
+
+    def __init__(self, op, m: int, timeout_s: float = 2.0):
+        self.op, self.m, self.timeout_s = Op(op), m, timeout_s
+        self.last = None
+
+    def prepare(self, instrs, x, w, y, meta=None, inv_freq=None, kv=None):
+        import mk.megakernel as M
+        if MkGemm._dummy is None:
+            MkGemm._dummy = (torch.zeros(3, 64, 1024, dtype=torch.bfloat16, device="cuda"),
+                             torch.zeros(3, 1024, dtype=torch.bfloat16, device="cuda"))
+        arena, normw = MkGemm._dummy
+        _, _, _, src, dst = SHAPES[self.op.name]
+        g = M.GemmOperands(x, w, y, int(src), int(dst))
+        mkk = M.Megakernel(arena, normw, 1, 1e-5, timeout_s=self.timeout_s, verbose=False,
+                           gemm={self.op: g}, gemm_m=self.m, meta=meta, inv_freq=inv_freq, kv=kv)
+        self.last = mkk
+        return mkk, mkk.prepare(instrs)
+
+    def launcher(self, prepared):
+        mkk, p = prepared
+        return mkk.launcher(p)
+
+    def launch(self, prepared, hang_s: float = 20.0):
+        mkk, p = prepared
+        mkk.launch(p, check=False)
+        mkk.wait(hang_s)
+        mkk.check()
+
+    def check(self):
+        if self.last is not None:
+            self.last.check()
 
 
 # ------------------------------------------------------------------------------------- problems
@@ -168,14 +268,13 @@ def run_qkv_face(instrs, x, w, q, kv, meta):
 
 
 def check_qkv(m: int, layer: int = 1, seed: int = 0):
-    from bench.gemm_harness import GemmHarness, plan_qkv
-    from mk.instructions import _gemm_kernel as gk
+        from mk.instructions import _gemm_kernel as gk
     cfg = gk.choose_tile(Op.QKV_ROPE, m)
     x, w, q, kv, meta, invf = make_qkv_problem(m, seed=seed)
     instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=layer, src=int(Buf.NORMED),
                          dst=int(Buf.Q))
     rq, rkv = run_qkv_face(instrs, x, w, q, kv, meta)
-    h = GemmHarness(Op.QKV_ROPE, cfg)
+    h = MkGemm(Op.QKV_ROPE, m)
     h.launch(h.prepare(instrs, x, w, q, meta, invf, kv))
     torch.cuda.synchronize()
     written = ~torch.isnan(rkv)
@@ -215,15 +314,14 @@ def qkv_torch_fn(m, layer=1):
 
 
 def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
-    from bench.gemm_harness import GemmHarness, plan_qkv
-    from mk.instructions import _gemm_kernel as gk
+        from mk.instructions import _gemm_kernel as gk
     cfg = gk.choose_tile(Op.QKV_ROPE, m)
     set_bytes = 2 * QKV * H * 2 + (m + 64) * H * 2
     R = min(16, max(2, math.ceil(3 * l2_bytes / set_bytes)))
     sets = [make_qkv_problem(m, seed=100 + i) for i in range(R)]
     instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=1, src=int(Buf.NORMED),
                          dst=int(Buf.Q))
-    h = GemmHarness(Op.QKV_ROPE, cfg)
+    h = MkGemm(Op.QKV_ROPE, m)
     mk_us, _ = time_rotating([h.launcher(h.prepare(instrs, x, w, q, meta, invf, kv))
                               for x, w, q, kv, meta, invf in sets], reps)
     h.check()
@@ -300,15 +398,14 @@ def diagnose(got, ref, tile_bm: int = 128, tile_bn: int = 128) -> dict:
 def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
     if op == "QKV_ROPE":
         return check_qkv(m, layer, seed)
-    from bench.gemm_harness import GemmHarness, plan_tiles
-    from mk.instructions import _gemm_kernel as gk
+        from mk.instructions import _gemm_kernel as gk
     K, N, NO, src, dst = SHAPES[op]
     cfg = gk.choose_tile(Op[op], m)
     x, w, y = make_problem(op, m, seed=seed)
     lay = 0 if op == "LM_HEAD" else layer
     instrs, nctr = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
     ref = run_face(op, instrs, x, w, y)
-    h = GemmHarness(Op[op], cfg)
+    h = MkGemm(Op[op], m)
     h.launch(h.prepare(instrs, x, w, y))
     torch.cuda.synchronize()
     inside = rel_err(y[:m], ref[:m])
@@ -390,8 +487,7 @@ def compiled_fn(op: str):
 def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
     if op == "QKV_ROPE":
         return bench_qkv(m, reps, l2_bytes, do_compile)
-    from bench.gemm_harness import GemmHarness, plan_tiles
-    from mk.instructions import _gemm_kernel as gk
+        from mk.instructions import _gemm_kernel as gk
     K, N, NO, src, dst = SHAPES[op]
     cfg = gk.choose_tile(Op[op], m)
     wbytes = N * K * 2 * (1 if op == "LM_HEAD" else 2)
@@ -403,7 +499,7 @@ def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
         y.nan_to_num_(0.0)
     lay = 0 if op == "LM_HEAD" else 1
     instrs, _ = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
-    h = GemmHarness(Op[op], cfg)
+    h = MkGemm(Op[op], m)
     mk_fns = [h.launcher(h.prepare(instrs, x, w, y)) for x, w, y in sets]
     mk_us, _ = time_rotating(mk_fns, reps)
     h.check()
@@ -525,7 +621,7 @@ def run_checks(op: str, ms, partial=None):
         _print_check(c)
         if partial:
             partial(out)
-        if "HarnessHang" in c.get("error", "") or "launch failure" in c.get("error", "") or \
+        if "MegakernelHang" in c.get("error", "") or "launch failure" in c.get("error", "") or \
                 "illegal" in c.get("error", "").lower():
             # the context is gone (or a kernel still runs): later cases would only repeat this
             for m2 in ms[ms.index(m) + 1:]:
@@ -732,8 +828,7 @@ def main(argv=None) -> int:
     res = dict(device=props.name, sms=props.multi_processor_count, l2_bytes=l2, date=date,
                git_commit=_commit(), torch=torch.__version__,
                command="python bench/gemm.py " + " ".join(sys.argv[1:] if argv is None else argv),
-               reg_split=[int(os.environ.get("MK_GEMM_REG_LOW", 72)),
-                          int(os.environ.get("MK_GEMM_REG_HIGH", 216))],   # gemm_harness defaults
+               reg_split="mk.megakernel.reg_split: 72/216, 80/208 with QKV_ROPE",
                checks=[], rows=[])
     t0 = time.time()
     if a.suite:

@@ -1,9 +1,9 @@
 """Compile gate (CPU, CI) of the GEMM-tile bodies (mk/instructions/_gemm_kernel.py), each compiled
-into the standalone persistent harness (bench/gemm_harness.py) with the megakernel's roles, once
-per (opcode, tile config) of the tile table: the PTX holds wgmma.mma_async (with an async chain:
-wait_group 1 in the mainloop), cp.async.bulk.tensor and setmaxnreg; no function calls; ptxas
-reports no spills, no stack frame and no C7506/C7508/C7510; where a disassembler exists, the SASS
-holds HGMMA."""
+into the megakernel (mk/megakernel.py: rows family + the GEMM slot) once per (opcode, tile config)
+of the tile table: the PTX holds wgmma.mma_async (with an async chain: wait_group 1 in the
+mainloop), cp.async.bulk.tensor and setmaxnreg; no function calls; ptxas reports no spills, no
+stack frame and no C7506/C7508/C7510, and the variant's setmaxnreg split fits the launch's
+registers; where a disassembler exists, the SASS holds HGMMA."""
 
 from __future__ import annotations
 
@@ -11,17 +11,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 
+from _compile_gate import assert_clean, dump_dir, ptxas_report  # noqa: F401  (env set first)
+
 pytestmark = pytest.mark.compile
-
-_DUMP = tempfile.mkdtemp(prefix="mk_gemm_dump_")
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", _DUMP)
-
-from test_megakernel_compile import BAD_PTXAS, ptxas_report  # noqa: E402  (shared gate helpers)
 
 REQUIRED_PTX = {
     "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(64|128)k16\.f32\.bf16\.bf16",
@@ -55,11 +50,14 @@ def _table_cases():
     return sorted({(op.name, name) for op, names in gk.TILE_TABLE.items() for name in names})
 
 
-@pytest.fixture(scope="module")
-def dump_dir():
-    pytest.importorskip("cutlass")
-    yield _DUMP
-    shutil.rmtree(_DUMP, ignore_errors=True)
+def _class_of(op, tile) -> int:
+    """An M whose class picks `tile` for `op`."""
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op
+    for m in (64, 256, 1024, 4096):
+        if gk.choose_tile(Op[op], m).name == tile:
+            return m
+    raise AssertionError((op, tile))
 
 
 def test_cases_cover_the_tile_table():
@@ -92,11 +90,12 @@ def _sass_tool():
 
 @pytest.mark.parametrize("op,tile,wgmma_per_k", CASES, ids=[f"{o}-{t}" for o, t, _ in CASES])
 def test_gemm_body_compiles_for_sm90a(dump_dir, op, tile, wgmma_per_k):
-    from bench.gemm_harness import compile_fake
-    from mk.instructions import _gemm_kernel as gk
+    import mk.megakernel as M
     from mk.ir import Op
 
-    comp = compile_fake(Op[op], gk.TILES[tile])
+    slots = M.class_slots(_class_of(op, tile), [Op[op]])
+    assert slots[0].tile == tile
+    comp = M.compile_fake(gemm=slots)
     ptx = comp.__ptx__
     assert ptx, "no PTX kept"
     missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
@@ -105,23 +104,17 @@ def test_gemm_body_compiles_for_sm90a(dump_dir, op, tile, wgmma_per_k):
     assert n == wgmma_per_k, f"{n} wgmma.mma_async in the PTX, expected {wgmma_per_k} per K-step"
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
     work = os.path.join(dump_dir, f"{op}_{tile}")
-    os.makedirs(work, exist_ok=True)
     rep = ptxas_report(ptx, work)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
-    assert spills and all(a == "0" and b == "0" for a, b in spills), rep
-    stack = re.findall(r"(\d+) bytes stack frame", rep)
-    assert all(s == "0" for s in stack), rep
+    regs = assert_clean(rep)
     # setmaxnreg redistributes the CTA's own registers: 128 x low + 256 x high <= 384 x launch regs
-    from bench.gemm_harness import REG_HIGH, REG_LOW, THREADS
-    used = [int(v) for v in re.findall(r"Used (\d+) registers", rep)]
-    assert used and 128 * REG_LOW + 256 * REG_HIGH <= THREADS * max(used), (
-        f"setmaxnreg {REG_LOW}/{REG_HIGH} needs more than the launch's {THREADS} x {used} registers")
-    bad = [c for c in BAD_PTXAS if c in rep]
-    assert not bad, f"ptxas warned {bad}:\n{rep}"
+    low, high = M.reg_split(slots)
+    assert M.reg_split_ok(low, high, regs), (
+        f"setmaxnreg {low}/{high} needs more than the launch's {M.THREADS} x {regs} registers")
     tool, path = _sass_tool()
     cubin = os.path.join(work, "mk.ptx.cubin")
     if tool and os.path.exists(cubin):
         args = [path, "--dump-sass", cubin] if tool == "cuobjdump" else [path, cubin]
         sass = subprocess.run(args, capture_output=True, text=True).stdout
         assert "HGMMA" in sass, f"no HGMMA in the SASS ({tool})"
-    print(op, tile, [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
+    print(op, tile, f"split {low}/{high}",
+          [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])

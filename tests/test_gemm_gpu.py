@@ -1,5 +1,5 @@
-"""GPU correctness of the GEMM-tile bodies (mk/instructions/_gemm_kernel.py) through the standalone
-persistent harness (bench/gemm_harness.py): every opcode's fused epilogue against its torch face
+"""GPU correctness of the GEMM-tile bodies (mk/instructions/_gemm_kernel.py) run inside the
+megakernel (mk/megakernel.py, via bench.gemm.MkGemm): every opcode's fused epilogue against its torch face
 (mk.instructions.matmul / qkv), output poisoned outside the tile rows, bf16 relative error < 1e-2.
 `pytest -m gpu tests/test_gemm_gpu.py`; skips cleanly without a Hopper GPU."""
 
@@ -28,20 +28,85 @@ def test_gemm_tile_matches_torch_face(op, m):
     assert r["ok"], r
 
 
-def test_gemm_harness_replays_without_host_reset():
+def test_gemm_megakernel_replays_without_host_reset():
     """Two launches of one prepared plan: the last CTA out resets counters and the queue head."""
-    from bench.gemm import SHAPES, make_problem
-    from bench.gemm_harness import GemmHarness, plan_tiles
+    from bench.gemm import SHAPES, MkGemm, make_problem, plan_tiles
     from mk.instructions import _gemm_kernel as gk
     from mk.ir import Op
-    K, _, NO, _, _ = SHAPES["GATE_UP"]
+    K, _, NO, src, dst = SHAPES["GATE_UP"]
     cfg = gk.choose_tile(Op.GATE_UP, 256)
     x, w, y = make_problem("GATE_UP", 256)
-    instrs, _ = plan_tiles(Op.GATE_UP, cfg, 256, NO, K, layer=1)
-    h = GemmHarness(Op.GATE_UP, cfg)
+    instrs, _ = plan_tiles(Op.GATE_UP, cfg, 256, NO, K, layer=1, src=int(src), dst=int(dst))
+    h = MkGemm(Op.GATE_UP, 256)
     prep = h.prepare(instrs, x, w, y)
     h.launch(prep)
     first = y.clone()
     h.launch(prep)
     torch.cuda.synchronize()
     assert torch.equal(first[:256], y[:256])
+
+
+def test_rows_and_gemm_in_one_megakernel():
+    """RMSNORM (rows family, warpgroup 0) -> GATE_UP (GEMM, both warpgroups) -> RMSNORM of the
+    next layer in one launch and one page ring: GATE_UP reads NORMED from the rows arena
+    (z = src word) and waits on the row tile's RMSNORM counter; compared with the torch faces."""
+    import types
+
+    import mk.megakernel as M
+    from mk.instructions import _gemm_kernel as gk
+    from mk.instructions.base import Buf, NormWeight, family_of
+    from mk.instructions.matmul import A_DST, A_EPI, A_K, A_SRC, Epi
+    from mk.instructions.rows import rows_instruction
+    from mk.ir import ARG0, NUM_ARGS, Instruction, Op, deserialize, serialize
+    T, H, I, L = 256, 1024, 512, 2
+    g = torch.Generator().manual_seed(3)
+    arena = torch.randn(3, T, H, generator=g).bfloat16()
+    w = types.SimpleNamespace(
+        attn_norm=(1 + 0.1 * torch.randn(L, H, generator=g)).bfloat16(),
+        mlp_norm=(1 + 0.1 * torch.randn(L, H, generator=g)).bfloat16(),
+        final_norm=(1 + 0.1 * torch.randn(H, generator=g)).bfloat16(),
+        gate_up=(torch.randn(L, 2 * I, H, generator=g) / H ** 0.5).bfloat16())
+    act = torch.full((T, I), float("nan")).bfloat16()
+    cfg = gk.choose_tile(Op.GATE_UP, T)
+    ins, ctr = [], 0
+    for r0 in range(0, T, cfg.bm):
+        ins.append(rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.NORMED, r0, cfg.bm, 0, H, layer=1,
+                                    norm_weight=NormWeight.MLP, waits=[], signal=ctr))
+        n = 0
+        for c0 in range(0, I, cfg.bn):
+            args = [0] * NUM_ARGS
+            args[A_SRC - ARG0], args[A_DST - ARG0] = int(Buf.NORMED), int(Buf.MLP_ACT)
+            args[A_EPI - ARG0], args[A_K - ARG0] = int(Epi.SILU_MUL), H
+            ins.append(Instruction(int(Op.GATE_UP), layer=1, row0=r0, rows=cfg.bm, col0=c0,
+                                   cols=min(cfg.bn, I - c0), waits=[(ctr, 1)], signal=ctr + 1,
+                                   args=args))
+            n += 1
+        # the next layer's norm of the same rows into SCRATCH, after the GEMM read NORMED
+        ins.append(rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.SCRATCH, r0, cfg.bm, 0, H,
+                                    layer=0, norm_weight=NormWeight.ATTN,
+                                    waits=[(ctr + 1, n)], signal=ctr + 2))
+        ctr += 3
+    stream = serialize(ins)
+
+    bufs = {int(Buf.HIDDEN): arena[0].clone(), int(Buf.NORMED): arena[1].clone(),
+            int(Buf.SCRATCH): arena[2].clone(), int(Buf.MLP_ACT): act.clone()}
+    st = types.SimpleNamespace(weights=w, rank=0, buf=lambda i, rank=None: bufs[int(i)])
+    for x in deserialize(stream):
+        family_of(x.opcode).run_torch(x, st)
+
+    ga, gact = arena.cuda(), act.cuda()
+    gw = w.gate_up.cuda()
+    mkk = M.Megakernel(ga, M.norm_table(w).cuda(), L, 1e-5, verbose=True,
+                       gemm={Op.GATE_UP: M.GemmOperands(ga, gw, gact, 0, int(Buf.MLP_ACT))},
+                       gemm_m=T)
+    mkk.launch(mkk.prepare(stream), check=False)
+    mkk.wait(30)
+    mkk.check()
+    torch.cuda.synchronize()
+    got = ga.cpu()
+    for b in (Buf.HIDDEN, Buf.NORMED, Buf.SCRATCH):
+        assert torch.allclose(got[int(b)].float(), bufs[int(b)].float(), rtol=2e-2, atol=2e-2), b
+    ga_ = gact.cpu().float()
+    ref = bufs[int(Buf.MLP_ACT)].float()
+    assert torch.isfinite(ga_).all()
+    assert ((ga_ - ref).norm() / ref.norm()).item() < 1e-2

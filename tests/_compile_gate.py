@@ -1,0 +1,76 @@
+"""Shared setup of the CPU compile gates (tests/test_megakernel_compile.py,
+tests/test_gemm_compile.py): the CuTe DSL environment, set once per process before cutlass is
+imported (the DSL reads it once), and the ptxas helpers.
+
+    from _compile_gate import BAD_PTXAS, DUMP, dump_dir, ptxas_report, ptxas_figures
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+# before cutlass is imported: sm_90a, and dumps into a scratch folder (CUTE_DSL_DUMP_DIR must
+# exist, or nothing is written and nothing complains)
+DUMP = os.environ.get("CUTE_DSL_DUMP_DIR") or tempfile.mkdtemp(prefix="mk_dump_")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", DUMP)
+BAD_PTXAS = ("C7506", "C7508", "C7510")
+
+
+def _find_ptxas():
+    for c in (shutil.which("ptxas"),
+              os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas")):
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+def ptxas_report(ptx: str, workdir: str) -> str:
+    """ptxas -v on the PTX. A local ptxas older than the DSL's PTX ISA gets the .version line
+    lowered to its own (the kernel uses no newer instruction; ptxas rejects it otherwise)."""
+    ptxas = _find_ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas on this machine")
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "mk.ptx")
+    open(path, "w").write(ptx)
+    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                       capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    m = re.search(r"current version is '(\d+\.\d+)'", out)
+    if r.returncode and m:
+        open(path, "w").write(re.sub(r"^\.version \d+\.\d+", f".version {m.group(1)}", ptx,
+                                     flags=re.M))
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                           capture_output=True, text=True)
+        out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    return out
+
+
+def assert_clean(rep: str):
+    """No spills, no stack frame, no C7506/C7508/C7510; returns the registers ptxas used."""
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), rep
+    stack = re.findall(r"(\d+) bytes stack frame", rep)
+    assert all(s == "0" for s in stack), rep
+    bad = [c for c in BAD_PTXAS if c in rep]
+    assert not bad, f"ptxas warned {bad}:\n{rep}"
+    used = [int(v) for v in re.findall(r"Used (\d+) registers", rep)]
+    assert used, rep
+    return max(used)
+
+
+@pytest.fixture(scope="module")
+def dump_dir():
+    pytest.importorskip("cutlass")
+    # the folder actually in force (read once per process), made sure to exist
+    d = os.environ["CUTE_DSL_DUMP_DIR"]
+    os.makedirs(d, exist_ok=True)
+    yield d
