@@ -96,11 +96,13 @@ def test_rows_and_gemm_in_one_megakernel():
 
     ga, gact = arena.cuda(), act.cuda()
     gw = w.gate_up.cuda()
-    mkk = M.Megakernel(ga, M.norm_table(w).cuda(), L, 1e-5, verbose=True,
+    import os
+    tmo = float(os.environ.get("MK_TEST_TIMEOUT_S", 2.0))   # longer under compute-sanitizer
+    mkk = M.Megakernel(ga, M.norm_table(w).cuda(), L, 1e-5, verbose=True, timeout_s=tmo,
                        gemm={Op.GATE_UP: M.GemmOperands(ga, gw, gact, 0, int(Buf.MLP_ACT))},
                        gemm_m=T)
     mkk.launch(mkk.prepare(stream), check=False)
-    mkk.wait(30)
+    mkk.wait(max(30.0, 4 * tmo))
     mkk.check()
     torch.cuda.synchronize()
     got = ga.cpu()
