@@ -268,7 +268,7 @@ def run_qkv_face(instrs, x, w, q, kv, meta):
 
 
 def check_qkv(m: int, layer: int = 1, seed: int = 0):
-        from mk.instructions import _gemm_kernel as gk
+    from mk.instructions import _gemm_kernel as gk
     cfg = gk.choose_tile(Op.QKV_ROPE, m)
     x, w, q, kv, meta, invf = make_qkv_problem(m, seed=seed)
     instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=layer, src=int(Buf.NORMED),
@@ -314,7 +314,7 @@ def qkv_torch_fn(m, layer=1):
 
 
 def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
-        from mk.instructions import _gemm_kernel as gk
+    from mk.instructions import _gemm_kernel as gk
     cfg = gk.choose_tile(Op.QKV_ROPE, m)
     set_bytes = 2 * QKV * H * 2 + (m + 64) * H * 2
     R = min(16, max(2, math.ceil(3 * l2_bytes / set_bytes)))

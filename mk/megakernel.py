@@ -1260,7 +1260,7 @@ def missing_opcodes() -> list[str]:
 def not_implemented_message() -> str:
     return ("megakernel backend: a model step needs GPU bodies for opcodes "
             f"{', '.join(missing_opcodes())}, which the megakernel does not have yet (it runs "
-            "NOOP, COPY, RMSNORM and RESIDUAL_ADD). Test mode: `python -m mk.megakernel selftest` "
+            "NOOP, COPY, RMSNORM, RESIDUAL_ADD and the GEMM tiles). Test mode: `python -m mk.megakernel selftest` "
             "runs rows-only plans end to end on the GPU against the torch faces. To generate, use "
             "--backend vm or --backend reference.")
 

@@ -65,7 +65,8 @@ def test_rows_and_gemm_in_one_megakernel():
         attn_norm=(1 + 0.1 * torch.randn(L, H, generator=g)).bfloat16(),
         mlp_norm=(1 + 0.1 * torch.randn(L, H, generator=g)).bfloat16(),
         final_norm=(1 + 0.1 * torch.randn(H, generator=g)).bfloat16(),
-        gate_up=(torch.randn(L, 2 * I, H, generator=g) / H ** 0.5).bfloat16())
+        gate_up=(torch.randn(L, 2 * I, H, generator=g) / H ** 0.5).bfloat16(),
+        config=types.SimpleNamespace(rms_norm_eps=1e-5))
     act = torch.full((T, I), float("nan")).bfloat16()
     cfg = gk.choose_tile(Op.GATE_UP, T)
     ins, ctr = [], 0

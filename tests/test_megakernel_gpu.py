@@ -224,7 +224,7 @@ def test_generate_backend_megakernel_fails_fast_on_gpu():
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: NotImplementedError:") and "QKV_ROPE" in last, last
+    assert last.startswith("error: NotImplementedError:") and "ATTENTION" in last, last
     print(f"failed fast in {dt:.1f} s: {last[:120]}")
 
 
