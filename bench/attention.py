@@ -220,10 +220,361 @@ def compile_fake(page_size: int = 16, npages: int = NPAGES):
         AttnHarnessDSL(page_size, npages), *fake_args())
 
 
-if __name__ == "__main__" and "--compile-only" in sys.argv:
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    for ps in (16, 64):
-        t0 = time.time()
-        comp = compile_fake(ps)
-        print(f"page_size {ps}: compiled in {time.time() - t0:.1f}s, PTX {len(comp.__ptx__ or '')} chars")
-    sys.exit(0)
+
+# ============================================================================ problems (mk.plan)
+# Llama-70B at TP 8: one rank holds 8 q heads and 1 KV head of head_dim 128 (qpk = 8)
+LLAMA70B_TP8 = dict(hq=8, hkv=1)
+
+
+def case_list(quick: bool = False):
+    """Named batches: decode at several context lengths (split-KV beyond kv_split), prefill chunks
+    with start_pos > 0 (causal, chunked, variable lengths, segments crossing token blocks), a mix,
+    GQA/grouping variants and page sizes."""
+    C = []
+    dec = [(1, 100), (1, 1000), (1, 1030)]
+    C.append(dict(name="decode-ctx512-b64", seqs=[(1, 511)] * 64, **LLAMA70B_TP8, page_size=16))
+    C.append(dict(name="decode-ctx2048-b64", seqs=[(1, 2047)] * 64, **LLAMA70B_TP8, page_size=16))
+    C.append(dict(name="decode-ctx8192-b32", seqs=[(1, 8191)] * 32, **LLAMA70B_TP8, page_size=16))
+    if not quick:
+        C.append(dict(name="decode-ctx32768-b8", seqs=[(1, 32767)] * 8, **LLAMA70B_TP8,
+                      page_size=16))
+    C.append(dict(name="decode-varlen", seqs=dec + [(1, 1), (1, 63), (1, 64), (1, 3000)],
+                  **LLAMA70B_TP8, page_size=16))
+    C.append(dict(name="prefill-chunks", seqs=[(256, 1000), (100, 37), (300, 0), (5, 2047)],
+                  **LLAMA70B_TP8, page_size=16))
+    C.append(dict(name="prefill-1k-at-3k", seqs=[(1024, 3072)], **LLAMA70B_TP8, page_size=16))
+    C.append(dict(name="mixed-page64", seqs=[(1, 700), (1, 2500), (200, 900), (77, 0)],
+                  **LLAMA70B_TP8, page_size=64))
+    C.append(dict(name="gqa-qpk4-2groups", seqs=[(1, 1500), (130, 600)], hq=8, hkv=2,
+                  page_size=32))
+    C.append(dict(name="gqa-qpk2-heads2", seqs=[(1, 2100), (64, 64)], hq=8, hkv=4,
+                  page_size=16, attn_kv_heads=2))
+    return C
+
+
+def make_problem(case: dict, seed: int = 0, device="cuda", kv_split: int = 1024):
+    """Plan the case's batch with mk.plan; random Q and K/V cache (cache rows no sequence holds
+    are NaN, so a read past a sequence's keys shows); outputs poisoned with NaN.
+    Returns a dict with the plan, the ATTENTION / ATTN_REDUCE streams of the last layer, and the
+    buffers (CPU copies for the oracle, device tensors for the kernel)."""
+    import random
+
+    import torch
+
+    from mk.batch import SeqChunk, StepBatch
+    from mk.config import KernelConfig, ModelConfig, ParallelConfig
+    from mk.instructions.base import Buf
+    from mk.plan import PlanConfig, buffer_dtype, buffer_shapes, plan_step
+
+    hq, hkv, ps = case["hq"], case["hkv"], case["page_size"]
+    seqs = case["seqs"]
+    ctx = max(n + s for n, s in seqs)
+    T = sum(n for n, _ in seqs)
+    npages = sum(-(-(n + s) // ps) for n, s in seqs) + 3
+    model = ModelConfig(hidden_size=hq * ak.D, intermediate_size=256, num_layers=2, num_heads=hq,
+                        num_kv_heads=hkv, head_dim=ak.D, vocab_size=256)
+    kernel = KernelConfig(page_size=ps, max_batch_tokens=T, max_seqs=len(seqs),
+                          max_context=max(ctx, 1), num_kv_pages=npages)
+    nsplit = -(-ctx // kv_split)
+    pcfg = PlanConfig(kv_split=kv_split, attn_kv_heads=case.get("attn_kv_heads", 1),
+                      partial_rows=max(T * nsplit, 1))
+    rng = random.Random(seed)
+    ids = list(range(npages))
+    rng.shuffle(ids)
+    chunks = []
+    for n, s in seqs:
+        need = -(-(n + s) // ps)
+        chunks.append(SeqChunk(tokens=[1] * n, start_pos=s, pages=ids[:need]))
+        ids = ids[need:]
+    batch = StepBatch(chunks)
+    plan = plan_step(batch, model, ParallelConfig(), kernel, pcfg)
+    shapes = buffer_shapes(model, ParallelConfig(), kernel, pcfg)
+    g = torch.Generator().manual_seed(seed)
+    bufs = {b: torch.full(shapes[b], float("nan"), dtype=buffer_dtype(b, torch.bfloat16))
+            for b in (Buf.Q, Buf.ATTN_OUT, Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.K_CACHE, Buf.V_CACHE)}
+    bufs[Buf.Q].copy_(torch.randn(shapes[Buf.Q], generator=g).bfloat16())
+    layer = model.num_layers - 1
+    m = plan.meta.tensor
+    from mk.instructions.attention import kv_cache_rows
+    for si, (n, s) in enumerate(seqs):
+        rows = kv_cache_rows(m, layer, int(plan.meta.page_off[si]), 0, n + s)
+        for b in (Buf.K_CACHE, Buf.V_CACHE):
+            bufs[b][rows] = torch.randn(len(rows), hkv * ak.D, generator=g).bfloat16()
+    s_all = plan.instrs
+    sel = (s_all[:, W_LAYER] == layer)
+    attn = s_all[sel & (s_all[:, W_OPCODE] == int(Op.ATTENTION))].contiguous()
+    red = s_all[sel & (s_all[:, W_OPCODE] == int(Op.ATTN_REDUCE))].contiguous()
+    return dict(case=case, plan=plan, model=model, kernel=kernel, attn=attn, red=red, bufs=bufs,
+                layer=layer, T=T)
+
+
+class _State:
+    def __init__(self, bufs, meta):
+        self.bufs, self.meta, self.rank, self.weights = bufs, meta, 0, None
+
+    def buf(self, i, rank=None):
+        return self.bufs[i]
+
+
+def oracle(prob):
+    """The torch faces (mk/instructions/attention.py) in queue order on CPU copies."""
+    from mk.instructions.base import family_of
+    from mk.ir import deserialize
+    bufs = {k: v.clone() for k, v in prob["bufs"].items()}
+    st = _State(bufs, prob["plan"].meta)
+    for stream in (prob["attn"], prob["red"]):
+        for ins in deserialize(stream):
+            family_of(ins.opcode).run_torch(ins, st)
+    return bufs
+
+
+# ============================================================================ host runner (GPU)
+_COMPILED: dict = {}
+
+
+def _dl(t, align: int = 16, dynamic: bool = True):
+    from cutlass.cute.runtime import from_dlpack
+    x = from_dlpack(t, assumed_align=align)
+    if dynamic:
+        lead = [i for i in range(t.dim()) if t.stride(i) == 1 and t.shape[i] > 1]
+        x = x.mark_layout_dynamic(leading_dim=lead[0] if lead else t.dim() - 1)
+    return x
+
+
+class AttnHarness:
+    """Device buffers of one problem + the compiled harness kernel; run() = the ATTENTION launch
+    then the ATTN_REDUCE launch (stream order is the dependency)."""
+
+    def __init__(self, prob, timeout_s: float = 5.0, grid: int | None = None):
+        import torch
+
+        from mk.instructions.base import Buf
+        self.prob = prob
+        b = prob["bufs"]
+        dev = torch.device("cuda")
+        self.q = b[Buf.Q].to(dev)
+        self.kv = torch.stack([b[Buf.K_CACHE], b[Buf.V_CACHE]], 0).to(dev).contiguous()
+        self.out = b[Buf.ATTN_OUT].to(dev)
+        self.part = b[Buf.ATTN_PARTIAL].to(dev)
+        self.lse = b[Buf.ATTN_LSE].to(dev)
+        self.meta = prob["plan"].meta.tensor.to(dev, torch.int32).contiguous()
+        self.counters = torch.zeros(max(prob["plan"].num_counters, 1), dtype=torch.int32,
+                                    device=dev)
+        self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
+        self.streams = [s.to(dev) for s in (prob["attn"], prob["red"])]
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.grid = grid or torch.cuda.get_device_properties(dev).multi_processor_count
+        self.page_size = prob["case"]["page_size"]
+
+    def _args(self, s):
+        import cuda.bindings.driver as drv
+        import torch
+        n = s.shape[0]
+        if n == 0:
+            s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.q.device)
+        return [_dl(s, 4), Int32(n), _dl(self.counters, 4), _dl(self.state, 4, dynamic=False),
+                _dl(self.meta, 4), _dl(self.q), _dl(self.kv.permute(1, 2, 0)), _dl(self.out),
+                _dl(self.part), _dl(self.lse, 4), Int64(self.timeout_ns), Int32(self.grid),
+                drv.CUstream(torch.cuda.current_stream().cuda_stream)]
+
+    def compiled(self):
+        key = self.page_size
+        if key not in _COMPILED:
+            t0 = time.time()
+            _COMPILED[key] = cute.compile(AttnHarnessDSL(self.page_size),
+                                          *self._args(self.streams[0]))
+            print(f"[attention] compiled page_size={key} in {time.time() - t0:.1f} s", flush=True)
+        return _COMPILED[key]
+
+    def launchers(self):
+        comp = self.compiled()
+        argsets = [self._args(s) for s in self.streams if s.shape[0]]
+
+        def go():
+            for a in argsets:
+                comp(*a)
+        return go
+
+    def check_state(self):
+        st = self.state.cpu()
+        if int(st[rk.S_ERR_FLAG]) or int(st[rk.S_ABORT]):
+            raise RuntimeError(f"attention harness wait timed out: kind {int(st[rk.S_ERR_KIND])} "
+                               f"instruction {int(st[rk.S_ERR_INSTR])} phase "
+                               f"{int(st[rk.S_ERR_TARGET])} (SM {int(st[rk.S_ERR_SM])}, "
+                               f"CTA {int(st[rk.S_ERR_CTA])})")
+
+
+def check_case(case, seed: int = 0, tol: float = 2e-2) -> dict:
+    """Run one case on the GPU and compare ATTN_OUT (every row), the partials and LSEs of split
+    segments, and the signal counters with the torch faces / plan targets."""
+    import torch
+
+    from mk.instructions.base import Buf
+    prob = make_problem(case, seed)
+    want = oracle(prob)
+    h = AttnHarness(prob)
+    h.launchers()()
+    torch.cuda.synchronize()
+    h.check_state()
+    T = prob["T"]
+    got_o = h.out[:T].float().cpu()
+    want_o = want[Buf.ATTN_OUT][:T].float()
+    finite = bool(torch.isfinite(got_o).all())
+    err = float((got_o - want_o).abs().max()) if finite else float("inf")
+    rel = err / max(float(want_o.abs().max()), 1e-6)
+    # partials / lse of the slots the plan used (those the face wrote: not NaN there)
+    used = ~torch.isnan(want[Buf.ATTN_LSE])
+    rel_p, lse_err = 0.0, 0.0
+    if bool(used.any()):
+        gl = h.lse.cpu()
+        wl = want[Buf.ATTN_LSE]
+        both_inf = torch.isinf(gl) & torch.isinf(wl) & used
+        fin = used & ~both_inf
+        lse_err = float((gl[fin] - wl[fin]).abs().max()) if bool(fin.any()) else 0.0
+        rows = used.any(dim=1)
+        gp = h.part[rows.to(h.part.device)].cpu()
+        wp = want[Buf.ATTN_PARTIAL][rows]
+        ok_rows = ~torch.isnan(wp)
+        rel_p = float((gp[ok_rows] - wp[ok_rows]).abs().max()) / max(float(wp[ok_rows].abs().max()), 1e-6)
+    ctr = h.counters.cpu()
+    tg = prob["plan"].targets
+    sig = torch.cat([s[:, W_SIGNAL] for s in (prob["attn"], prob["red"])]).unique()
+    sig = sig[sig >= 0].long()
+    ctr_ok = bool(torch.equal(ctr[sig], tg[sig].to(ctr.dtype)))
+    ok = finite and rel < tol and rel_p < tol and lse_err < 5e-2 and ctr_ok
+    return dict(case=case["name"], ok=ok, finite=finite, rel_err=rel, max_abs_err=err,
+                rel_err_partial=rel_p, lse_abs_err=lse_err, counters_ok=ctr_ok,
+                attention_instrs=int(prob["attn"].shape[0]), reduce_instrs=int(prob["red"].shape[0]),
+                T=T)
+
+
+# ============================================================================ timing
+def _time(fn, reps: int = 20, warm: int = 3) -> float:
+    import torch
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def baselines(prob) -> dict:
+    """torch SDPA on contiguous per-sequence K/V (flash backend where it applies; an explicit
+    bottom-right causal mask for prefill chunks), and flash_attn's paged kv-cache kernel when the
+    package is installed (flash-decoding with split-KV)."""
+    import torch
+    import torch.nn.functional as F
+
+    from mk.instructions.attention import kv_cache_rows
+    from mk.instructions.base import Buf
+    case, b = prob["case"], prob["bufs"]
+    hq, hkv = case["hq"], case["hkv"]
+    m = prob["plan"].meta.tensor
+    dev = torch.device("cuda")
+    q_all = b[Buf.Q].to(dev)
+    Kc, Vc = b[Buf.K_CACHE].to(dev), b[Buf.V_CACHE].to(dev)
+    calls, r0 = [], 0
+    for si, (n, s) in enumerate(case["seqs"]):
+        idx = kv_cache_rows(m, prob["layer"], int(prob["plan"].meta.page_off[si]), 0, n + s).to(dev)
+        k = Kc[idx].view(-1, hkv, ak.D).transpose(0, 1)[None]
+        v = Vc[idx].view(-1, hkv, ak.D).transpose(0, 1)[None]
+        q = q_all[r0:r0 + n].view(n, hq, ak.D).transpose(0, 1)[None]
+        mask = None
+        if n > 1:
+            qp = torch.arange(s, s + n, device=dev)[:, None]
+            mask = torch.arange(0, n + s, device=dev)[None, :] <= qp
+        calls.append((q, k, v, mask))
+        r0 += n
+    same = len({(c[0].shape, c[1].shape) for c in calls}) == 1 and all(c[3] is None for c in calls)
+    if same:   # a uniform decode batch: one batched call
+        qb = torch.cat([c[0] for c in calls])
+        kb = torch.cat([c[1] for c in calls])
+        vb = torch.cat([c[2] for c in calls])
+
+        def sdpa():
+            F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
+    else:
+        def sdpa():
+            for q, k, v, mask in calls:
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    out = {"torch_sdpa_us": _time(sdpa)}
+    try:
+        from flash_attn import flash_attn_with_kvcache  # noqa: F401
+        out["flash_attn"] = "installed (paged baseline not wired yet)"
+    except ImportError:
+        out["flash_attn"] = "not installed"
+    return out
+
+
+def bench_case(case, seed: int = 0) -> dict:
+    prob = make_problem(case, seed)
+    h = AttnHarness(prob)
+    go = h.launchers()
+    t_mk = _time(go)
+    h.check_state()
+    kv_bytes = 0
+    for n, s in case["seqs"]:
+        kv_bytes += 2 * (n + s) * case["hkv"] * ak.D * 2
+    r = dict(case=case["name"], mk_us=t_mk, kv_GBps=kv_bytes / t_mk / 1e3,
+             attention_instrs=int(prob["attn"].shape[0]), reduce_instrs=int(prob["red"].shape[0]))
+    r.update(baselines(prob))
+    r["mk_over_sdpa"] = t_mk / r["torch_sdpa_us"]
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--compile-only", action="store_true", help="CPU compile for sm_90a")
+    ap.add_argument("--quick", action="store_true", help="skip the 32k-context decode case")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="", help="JSON results path (default bench/results/attention_<date>.json)")
+    a = ap.parse_args(argv)
+    if a.compile_only:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+        for ps in (16, 64):
+            t0 = time.time()
+            comp = compile_fake(ps)
+            print(f"page_size {ps}: compiled in {time.time() - t0:.1f}s, PTX "
+                  f"{len(comp.__ptx__ or '')} chars")
+        return 0
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        print("error: needs a Hopper GPU", file=sys.stderr)
+        return 1
+    cases = case_list(a.quick)
+    if a.cases:
+        want = set(a.cases.split(","))
+        cases = [c for c in cases if c["name"] in want]
+    results, ok_all = dict(device=torch.cuda.get_device_name(), checks=[], timing=[]), True
+    for c in cases:
+        try:
+            r = check_case(c, a.seed)
+        except Exception as e:  # noqa: BLE001 - report and go on (a hang ends the process anyway)
+            r = dict(case=c["name"], ok=False, error=f"{type(e).__name__}: {e}")
+        ok_all &= bool(r.get("ok"))
+        results["checks"].append(r)
+        print(f"[attention] {'ok  ' if r.get('ok') else 'FAIL'} {json.dumps(r)}", flush=True)
+    if not a.check_only and ok_all:
+        for c in cases:
+            r = bench_case(c, a.seed)
+            results["timing"].append(r)
+            print(f"[attention] time {json.dumps(r)}", flush=True)
+    path = a.out or str(Path(__file__).parent / "results" / f"attention_{time.strftime('%Y-%m-%d')}.json")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=1))
+    print(f"[attention] {'passed' if ok_all else 'FAILED'}; results in {path}", flush=True)
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

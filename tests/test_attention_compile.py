@@ -1,0 +1,89 @@
+"""Compile gate (CPU, CI) of the ATTENTION / ATTN_REDUCE bodies (mk/instructions/_attention_kernel.py),
+compiled into the standalone harness kernel (bench/attention.py) with the megakernel's roles, per KV
+page size variant (TMA sub-boxes of min(page_size, 64) rows): the PTX holds the RS wgmma
+(m64n64k16, A from registers) of QK^T and PV, the TMA loads of the K/V pages, setmaxnreg, the
+release signal and bounded mbarrier waits; no function calls; ptxas reports no spills, no stack
+frame and no C7506/C7508/C7510; setmaxnreg fits the launch's registers."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+_DUMP = tempfile.mkdtemp(prefix="mk_attn_dump_")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", _DUMP)
+
+from test_megakernel_compile import BAD_PTXAS, ptxas_report  # noqa: E402  (shared gate helpers)
+
+REQUIRED_PTX = {
+    "wgmma.mma_async (RS, bf16)": r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16",
+    "cp.async.bulk.tensor (K/V pages)": r"cp\.async\.bulk\.tensor",
+    "setmaxnreg.inc": r"setmaxnreg\.inc",
+    "setmaxnreg.dec": r"setmaxnreg\.dec",
+    "release signal": r"red\.release\.gpu",
+    "mbarrier try_wait": r"mbarrier\.try_wait",
+    "ex2 (softmax)": r"ex2\.approx",
+    "proxy fence (V tail zeroing / TMA after generic reads)": r"fence\.proxy\.async",
+}
+# QK^T: 2 halves of D x 4 k16 blocks; PV: 2 halves of D x 4 k16 blocks
+WGMMA = 16
+# page size -> TMA copies in the PTX (K/V page: 2 halves x 64 / min(ps, 64) sub-boxes, one loop
+# body emitted for K and one for V)
+CASES = [(16, 16), (64, 4), (256, 4)]
+
+
+@pytest.fixture(scope="module")
+def dump_dir():
+    pytest.importorskip("cutlass")
+    yield _DUMP
+    shutil.rmtree(_DUMP, ignore_errors=True)
+
+
+def test_host_mirror_of_the_unit_ranges():
+    pytest.importorskip("cutlass")
+    from mk.instructions import _attention_kernel as ak
+    # decode: one row, 8 q heads: one M tile, ceil(ctx / 64) blocks
+    assert ak.unit_blocks_host(1, 8, 1000, 0, 1024, 0) == -(-1001 // 64)
+    # a split after every row of the tile: no block
+    assert ak.unit_blocks_host(16, 8, 10, 1024, 2048, 0) == 0
+    # prefill 128 rows x qpk 8 = 8 M tiles, causal bound per tile
+    assert [ak.unit_blocks_host(128, 8, 0, 0, 1024, mt) for mt in range(8)] == \
+        [1, 1, 1, 1, 2, 2, 2, 2]
+    assert ak.pages_per_instr(1, 8, 1, 100, 0, 101, 0) == 2 * 2 + ak.E_DIRECT
+
+
+@pytest.mark.parametrize("page_size,tma", CASES, ids=[f"page{p}" for p, _ in CASES])
+def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma):
+    from bench.attention import LAUNCH_REGS, REG_HIGH, REG_LOW, THREADS, compile_fake
+    comp = compile_fake(page_size)
+    ptx = comp.__ptx__
+    assert ptx, "no PTX kept"
+    missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
+    assert not missing, f"PTX lacks {missing}"
+    n = len(re.findall(r"wgmma\.mma_async", ptx))
+    assert n == WGMMA, f"{n} wgmma.mma_async in the PTX, expected {WGMMA}"
+    # the A operand comes from registers (RS): the wgmma takes a register vector, not a descriptor
+    assert re.search(r"wgmma\.mma_async[^;]*\{[^}]*\},\s*\{%r", ptx), "QK^T / PV are not RS wgmma"
+    nt = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
+    assert nt == tma, f"{nt} TMA copies in the PTX, expected {tma}"
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
+    work = os.path.join(dump_dir, f"attn_page{page_size}")
+    os.makedirs(work, exist_ok=True)
+    rep = ptxas_report(ptx, work)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), rep
+    stack = re.findall(r"(\d+) bytes stack frame", rep)
+    assert all(s == "0" for s in stack), rep
+    used = [int(v) for v in re.findall(r"Used (\d+) registers", rep)]
+    assert used and 128 * REG_LOW + 256 * REG_HIGH <= THREADS * max(used) <= THREADS * LAUNCH_REGS
+    bad = [c for c in BAD_PTXAS if c in rep]
+    assert not bad, f"ptxas warned {bad}:\n{rep}"
+    print(f"page_size {page_size}:", [ln.strip() for ln in rep.splitlines()
+                                      if "registers" in ln or "spill" in ln])
