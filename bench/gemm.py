@@ -396,9 +396,9 @@ def diagnose(got, ref, tile_bm: int = 128, tile_bn: int = 128) -> dict:
 
 
 def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
+    from mk.instructions import _gemm_kernel as gk
     if op == "QKV_ROPE":
         return check_qkv(m, layer, seed)
-        from mk.instructions import _gemm_kernel as gk
     K, N, NO, src, dst = SHAPES[op]
     cfg = gk.choose_tile(Op[op], m)
     x, w, y = make_problem(op, m, seed=seed)
