@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 
 import pytest
 
 pytestmark = pytest.mark.compile
 
-_DUMP = tempfile.mkdtemp(prefix="mk_attn_dump_")
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", _DUMP)
-
-from test_megakernel_compile import BAD_PTXAS, ptxas_report  # noqa: E402  (shared gate helpers)
+from _compile_gate import BAD_PTXAS, dump_dir, ptxas_report  # noqa: F401  (env set first)
 
 REQUIRED_PTX = {
     "wgmma.mma_async (RS, bf16)": r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16",
@@ -37,13 +31,6 @@ WGMMA = 16
 # page size -> TMA copies in the PTX (K/V page: 2 halves x 64 / min(ps, 64) sub-boxes, one loop
 # body emitted for K and one for V)
 CASES = [(16, 16), (64, 4), (256, 4)]
-
-
-@pytest.fixture(scope="module")
-def dump_dir():
-    pytest.importorskip("cutlass")
-    yield _DUMP
-    shutil.rmtree(_DUMP, ignore_errors=True)
 
 
 def test_host_mirror_of_the_unit_ranges():
