@@ -1,0 +1,967 @@
+"""End-to-end step benchmark: one tensor-parallel rank's decode step, megakernel vs PyTorch peers.
+
+    python launch/bench.py                                   # Llama-70B TP8 rank 0, random bf16
+    python launch/bench.py --batch 1,64 --layers 8 --reps 10 # a quick partial run
+    python launch/bench.py --shape tiny --device cpu         # CPU smoke test (eager only)
+    python launch/bench.py --model /ckpt/Llama-3.3-70B --tp 8 --rank 0
+    torchrun --nproc-per-node 8 launch/bench.py --model /ckpt/Llama-3.3-70B
+
+What is timed, per point (decode: B sequences, one new token each, every sequence at the stated
+context C, i.e. its new token is position C-1 and attention reads C cached positions; mixed: the
+decode part plus one prefill chunk of P tokens of a new sequence, positions 0..P-1):
+
+  megakernel  the engine's "megakernel" backend (mk.engine.create_backend), one step through
+              backend.forward(StepBatch); "n/a: <its error>" when it cannot run a model step
+  eager       mk.peers.StepPeer.step(): a good plain-PyTorch step (fused QKV / gate_up GEMMs,
+              contiguous KV cache, SDPA flash attention with GQA packing), launched op by op
+  graph       the same step captured once in a CUDA graph and replayed
+  compile     each layer compiled by torch.compile (--compile-mode), the step captured in a CUDA
+              graph and replayed: the strongest PyTorch peer
+  floor       max(bytes / copy bandwidth, flops / matmul rate), both rates measured in this run
+              (a large device-to-device copy, an N^3 matmul in the model dtype); bytes and flops
+              are counted by step_cost() below
+
+One process = one rank's shard (default: rank 0 of TP 8 for the 70B shape). Tensor-parallel
+communication is NOT simulated: no all-reduce after the o / down projections, no all-gather of the
+logits, in any system. Under torchrun each rank times its own shard (no collective inside a step);
+rank 0 reports the slowest rank per figure.
+
+Timing: CUDA events around each step, the L2 flushed and new token ids copied in before each rep
+(outside the events), --warmup steps first, the median of --reps reps. On the CPU (--device cpu):
+time.perf_counter, no CUDA graphs and no torch.compile (graph and compile are skipped with a note).
+
+Before timing, the peer's step is checked against mk.reference.ReferenceModel on a small model with
+this rank's attention structure (decode and mixed steps; bf16 and float32); the run stops if they
+disagree. The compiled step's logits are checked against the eager step's at every point.
+
+Output: a table (last, on stdout; with --json on stderr, and one JSON object as the last line of
+stdout), the JSON at --out (default bench/results/e2e_<date>.json for the full 70B TP8 run on a GPU,
+e2e_<date>_<shape>_<device>.json otherwise; rewritten after every point), and a PNG next to it
+(tokens/s vs batch per system and the floor) when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# This checkout's mk, even when another copy of mk is installed in the environment.
+sys.path.insert(0, str(ROOT))
+import mk  # noqa: E402,F401
+
+import torch
+
+from mk import dist as mkdist
+from mk.config import ConfigError, KernelConfig, ModelConfig, ParallelConfig, RopeConfig
+from mk.tiny import TINY_CONFIG
+
+# Shapes --------------------------------------------------------------------------------------------
+_LLAMA3_ROPE = RopeConfig(theta=500000.0, scaling_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192)
+LLAMA_70B = ModelConfig(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                        num_kv_heads=8, head_dim=128, vocab_size=128256, rms_norm_eps=1e-5,
+                        rope=_LLAMA3_ROPE, max_position_embeddings=131072, bos_token_id=128000,
+                        eos_token_id=(128001, 128008, 128009))
+LLAMA_8B = replace(LLAMA_70B, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                   num_heads=32)
+# name -> (model config, TP size of the timed rank's shard)
+SHAPES = {
+    "70b-tp8": (LLAMA_70B, 8),
+    "70b-tp4": (LLAMA_70B, 4),
+    "8b": (LLAMA_8B, 1),
+    "8b-tp8": (LLAMA_8B, 8),
+    "tiny": (TINY_CONFIG, 1),
+}
+SYSTEMS = ("megakernel", "eager", "graph", "compile")
+PEERS = ("eager", "graph", "compile")
+DEFAULT_BATCH = "1,16,64,256,1024,4096"
+MAX_BATCH = KernelConfig().max_batch_tokens        # tokens of one step the kernels are built for
+DEFAULT_MIXED = "256:1024:1024"
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16}
+
+
+def default_context(batch: int) -> int:
+    """The stated context per batch size: 1024 up to batch 1024, 256 above (KV cache ~43 GB for one
+    70B TP8 rank at 1024 x 1024 and at 4096 x 256)."""
+    return 1024 if batch <= 1024 else 256
+
+
+class UsageError(Exception):
+    """Bad arguments: reported as `error: ...`, exit code 2."""
+
+
+def log(msg: str) -> None:
+    if mkdist.rank() == 0:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# Points --------------------------------------------------------------------------------------------
+@dataclass
+class Point:
+    kind: str            # "decode" or "mixed"
+    decode: int          # decode sequences (one token each)
+    context: int         # their context length (the new token is position context-1)
+    prefill: int = 0     # prefill tokens of one new sequence (positions 0..prefill-1)
+
+    @property
+    def tokens(self) -> int:
+        return self.decode + self.prefill
+
+    @property
+    def label(self) -> str:
+        if self.kind == "decode":
+            return f"decode B={self.decode} ctx={self.context}"
+        return f"mixed {self.decode}x ctx {self.context} + prefill {self.prefill}"
+
+
+# Cost model ----------------------------------------------------------------------------------------
+def weight_bytes(cfg: ModelConfig, par: ParallelConfig, elt: int = 2) -> int:
+    """Bytes of one rank's weights as RankWeights stores them (embedding and LM head shards, norms,
+    fused QKV, o, fused gate/up, down of every layer)."""
+    L, H, D = cfg.num_layers, cfg.hidden_size, cfg.head_dim
+    hq, hkv = par.heads_local(cfg), par.kv_heads_local(cfg)
+    Il, Vl = par.intermediate_local(cfg), par.vocab_local(cfg)
+    per_layer = (hq + 2 * hkv) * D * H + H * hq * D + 2 * Il * H + H * Il + 2 * H
+    return elt * (2 * Vl * H + H + L * per_layer)
+
+
+def kv_cache_bytes(cfg: ModelConfig, par: ParallelConfig, point: Point, elt: int = 2) -> int:
+    """Bytes of the KV cache a point needs on this rank (K and V, every layer, every position)."""
+    per_token = 2 * cfg.num_layers * par.kv_heads_local(cfg) * cfg.head_dim * elt
+    return per_token * (point.decode * point.context + point.prefill)
+
+
+def activation_bytes_estimate(cfg: ModelConfig, par: ParallelConfig, point: Point,
+                              elt: int = 2) -> int:
+    """A generous estimate of a step's live activations (x4: the eager step and the two CUDA-graph
+    pools hold their own, plus the compiled step's workspace)."""
+    T, H = point.tokens, cfg.hidden_size
+    D, hq, hkv = cfg.head_dim, par.heads_local(cfg), par.kv_heads_local(cfg)
+    per_tok = 4 * H + (hq + 2 * hkv) * D + 3 * par.intermediate_local(cfg) + par.vocab_local(cfg)
+    return 4 * T * per_tok * elt
+
+
+def step_cost(cfg: ModelConfig, par: ParallelConfig, point: Point, elt: int = 2) -> dict:
+    """Bytes that one rank's step must move through HBM and flops it must compute, counted
+    explicitly (the roofline floor is max(bytes / copy bandwidth, flops / matmul rate)).
+
+    bytes:
+      weights       every weight of the shard read once (the embedding table excepted: only the
+                    rows of the step's tokens, see activations): per layer the fused QKV
+                    [(hq+2hkv)*D, H], o [H, hq*D], fused gate/up [2*I/n, H], down [H, I/n] and the
+                    two norm vectors; the final norm and the LM head shard [V/n, H]
+      kv_read       decode: every decode sequence reads `context` cached positions of K and V in
+                    every layer (hkv_local heads of D); the prefill chunk's attention reads its own
+                    fresh K/V, counted as on-chip (0)
+      kv_write      the K and V of every new token, every layer
+      activations   a lower bound: the embedding rows of the step's tokens read once, the residual
+                    stream [T, H] read and written once per layer, the logits [rows, V/n] written
+                    once (everything else is assumed to stay on chip)
+    flops (multiply-add = 2):
+      linear        2 * T * (weights of the four projections) per layer, T = all new tokens
+      lm_head       2 * rows * V/n * H, rows = one per sequence (decode tokens + 1 for the chunk)
+      attention     QK^T and PV: 4 * hq_local * D per (query, key) pair: decode C keys per query,
+                    prefill causal P(P+1)/2 pairs
+      (norms, RoPE, SiLU and softmax are O(T*H) elementwise work: not counted)
+    """
+    L, H, D = cfg.num_layers, cfg.hidden_size, cfg.head_dim
+    hq, hkv = par.heads_local(cfg), par.kv_heads_local(cfg)
+    Il, Vl = par.intermediate_local(cfg), par.vocab_local(cfg)
+    T = point.tokens
+    rows = point.decode + (1 if point.prefill else 0)
+    proj = (hq + 2 * hkv) * D * H + H * hq * D + 2 * Il * H + H * Il
+    b_weights = weight_bytes(cfg, par, elt) - Vl * H * elt     # the embedding shard: rows only
+    b_kv_read = L * 2 * hkv * D * elt * point.decode * point.context
+    b_kv_write = L * 2 * hkv * D * elt * T
+    b_act = elt * (T * H + L * 2 * T * H + rows * Vl)
+    f_linear = 2 * T * proj * L
+    f_lm = 2 * rows * Vl * H
+    pairs = point.decode * point.context + point.prefill * (point.prefill + 1) // 2
+    f_attn = 4 * hq * D * pairs * L
+    return dict(bytes=b_weights + b_kv_read + b_kv_write + b_act,
+                bytes_detail=dict(weights=b_weights, kv_read=b_kv_read, kv_write=b_kv_write,
+                                  activations=b_act),
+                flops=f_linear + f_lm + f_attn,
+                flops_detail=dict(linear=f_linear, lm_head=f_lm, attention=f_attn))
+
+
+def floor_of(cost: dict, bandwidth: float, flops_rate: float) -> dict:
+    t_b = cost["bytes"] / bandwidth
+    t_f = cost["flops"] / flops_rate
+    return dict(ms=1e3 * max(t_b, t_f), bytes_ms=1e3 * t_b, flops_ms=1e3 * t_f,
+                bound="memory" if t_b >= t_f else "compute", **cost)
+
+
+# Timing --------------------------------------------------------------------------------------------
+class Timer:
+    """Median step time over reps: CUDA events (L2 flushed before each rep) or perf_counter."""
+
+    def __init__(self, device: torch.device, flush_mib: int = 256):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._flush = (torch.empty(flush_mib << 20, dtype=torch.uint8, device=device)
+                       if self.cuda else None)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def run(self, fn, warmup: int, reps: int, before=None) -> list[float]:
+        """Milliseconds of each rep of fn(); before(i) runs untimed before rep i."""
+        for i in range(warmup):
+            if before:
+                before(i)
+            fn()
+        self.sync()
+        if not self.cuda:
+            out = []
+            for i in range(reps):
+                if before:
+                    before(i)
+                t0 = time.perf_counter()
+                fn()
+                out.append(1e3 * (time.perf_counter() - t0))
+            return out
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if before:
+                before(i)
+            self._flush.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        self.sync()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def summarize(ms: list[float]) -> dict:
+    q = sorted(ms)
+    pick = lambda f: q[min(len(q) - 1, int(f * len(q)))]  # noqa: E731
+    return dict(ms=statistics.median(q), min_ms=q[0], p10_ms=pick(0.1), p90_ms=pick(0.9),
+                reps=len(q))
+
+
+def measure_rates(device: torch.device, dtype: torch.dtype, timer: Timer, matmul_n: int,
+                  copy_mib: int, reps: int) -> dict:
+    """Copy bandwidth (bytes read + written per second of a large device-to-device copy) and
+    matmul rate (2 N^3 / s of an N x N x N matmul in the model dtype), medians of reps."""
+    src = torch.empty(copy_mib << 20, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    t = summarize(timer.run(lambda: dst.copy_(src), 3, reps))["ms"]
+    bw = 2 * src.numel() / (t * 1e-3)
+    del src, dst
+    a = torch.randn(matmul_n, matmul_n, device=device, dtype=dtype)
+    b = torch.randn(matmul_n, matmul_n, device=device, dtype=dtype)
+    t2 = summarize(timer.run(lambda: torch.matmul(a, b), 3, reps))["ms"]
+    rate = 2 * matmul_n ** 3 / (t2 * 1e-3)
+    del a, b
+    return dict(copy_bandwidth_Bps=bw, copy_bytes=copy_mib << 20, copy_ms=t,
+                matmul_flops_per_s=rate, matmul_n=matmul_n, matmul_ms=t2,
+                matmul_dtype=str(dtype).replace("torch.", ""))
+
+
+# Arguments -----------------------------------------------------------------------------------------
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{what} {text!r}: expected comma-separated integers") from None
+    if not vals:
+        raise UsageError(f"{what} {text!r}: empty list")
+    return vals
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="See the module docstring (launch/bench.py) for what is "
+                                       "timed and how.")
+    p.add_argument("--model", default=None, help="HF Llama checkpoint directory (this rank's "
+                   "shard is loaded); default: random bf16 weights of --shape on the device")
+    p.add_argument("--shape", default="70b-tp8", choices=sorted(SHAPES),
+                   help="synthetic model shape (default 70b-tp8: Llama-3.x-70B, one rank of TP 8)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="TP size of the shard (default: the shape's; with --model: 8; under "
+                        "torchrun: the world size)")
+    p.add_argument("--rank", type=int, default=0, help="which rank's shard (single process)")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N layers")
+    p.add_argument("--batch", default=DEFAULT_BATCH,
+                   help=f"decode batch sizes (default {DEFAULT_BATCH}; at most {MAX_BATCH})")
+    p.add_argument("--context", default=None,
+                   help="context length: one value for every batch, or one per batch (default: "
+                        "1024 for batch <= 1024, 256 above)")
+    p.add_argument("--mixed", default=DEFAULT_MIXED,
+                   help="the mixed step DECODE:CONTEXT:PREFILL (default %(default)s: 256 decode "
+                        "tokens at context 1024 + one 1024-token prefill chunk), or 'none'")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
+    p.add_argument("--compile-mode", default="default",
+                   help="torch.compile mode of the layers (default, max-autotune-no-cudagraphs, ...)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--device", default=None, help="torch device (default: cuda:LOCAL_RANK, else cpu)")
+    p.add_argument("--memory-gb", type=float, default=None,
+                   help="memory to plan for, in GB (default: free GPU memory, or available RAM)")
+    p.add_argument("--matmul-n", type=int, default=None,
+                   help="N of the N^3 matmul measuring the rate (GPU 8192, CPU 512)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-check", action="store_true",
+                   help="do not check the peer against mk.reference before timing (not advised)")
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e_<date>...json)")
+    p.add_argument("--png", default=None, help="PNG path (default: --out with .png)")
+    p.add_argument("--no-png", action="store_true", help="do not draw the PNG")
+    p.add_argument("--json", action="store_true",
+                   help="print the JSON as the last line of stdout (the table goes to stderr)")
+    return p.parse_args(argv)
+
+
+def resolve(args, world: int, rank: int) -> dict:
+    """Validate the arguments; returns the plan of the run (raises UsageError)."""
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad or not systems:
+        raise UsageError(f"--systems: unknown system(s) {', '.join(bad) or '(none)'}; choose from "
+                         f"{', '.join(SYSTEMS)}")
+    batches = _int_list(args.batch, "--batch")
+    for b in batches:
+        if not 1 <= b <= MAX_BATCH:
+            raise UsageError(f"--batch {b}: a step holds 1 to {MAX_BATCH} sequences "
+                             f"(KernelConfig.max_batch_tokens)")
+    if args.context is None:
+        contexts = [default_context(b) for b in batches]
+    else:
+        contexts = _int_list(args.context, "--context")
+        if len(contexts) == 1:
+            contexts = contexts * len(batches)
+        elif len(contexts) != len(batches):
+            raise UsageError(f"--context: give one value or one per batch ({len(batches)}), got "
+                             f"{len(contexts)}")
+    points = [Point("decode", b, c) for b, c in zip(batches, contexts)]
+    if args.mixed and args.mixed.lower() != "none":
+        try:
+            d, c, pf = (int(x) for x in args.mixed.split(":"))
+        except ValueError:
+            raise UsageError(f"--mixed {args.mixed!r}: expected DECODE:CONTEXT:PREFILL such as "
+                             f"{DEFAULT_MIXED}, or none") from None
+        if d < 0 or pf < 1 or (d and c < 1):
+            raise UsageError(f"--mixed {args.mixed!r}: needs DECODE >= 0, CONTEXT >= 1, PREFILL >= 1")
+        if d + pf > MAX_BATCH:
+            raise UsageError(f"--mixed {args.mixed!r}: {d + pf} tokens, over the {MAX_BATCH} "
+                             f"tokens of a step (KernelConfig.max_batch_tokens)")
+        points.append(Point("mixed", d, c, pf))
+    for pt in points:
+        if pt.decode and pt.context < 1:
+            raise UsageError(f"{pt.label}: context must be >= 1")
+    for name in ("reps", "warmup", "layers", "matmul_n"):
+        v = getattr(args, name)
+        if v is not None and v < (0 if name == "warmup" else 1):
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {v}")
+
+    # the model
+    if args.model is not None:
+        model_dir = Path(args.model)
+        if not model_dir.is_dir():
+            raise UsageError(f"--model {model_dir}: not a directory")
+        try:
+            cfg = ModelConfig.from_pretrained(model_dir)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        tp_default = 8
+        shape_name = model_dir.name
+    else:
+        cfg, tp_default = SHAPES[args.shape]
+        shape_name = args.shape
+    if world > 1:
+        if args.tp is not None and args.tp != world:
+            raise UsageError(f"--tp {args.tp} under torchrun with {world} processes: the TP size "
+                             f"is the world size")
+        tp, r = world, rank
+    else:
+        tp = args.tp or tp_default
+        r = args.rank
+    try:
+        par = ParallelConfig(tp_size=tp, rank=r)
+        par.validate_for(cfg)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if args.layers is not None:
+        if args.layers > cfg.num_layers:
+            raise UsageError(f"--layers {args.layers}: the model has {cfg.num_layers} layers")
+        cfg = replace(cfg, num_layers=args.layers)
+    for pt in points:
+        if pt.context + pt.prefill > cfg.max_position_embeddings or \
+                pt.prefill > cfg.max_position_embeddings:
+            raise UsageError(f"{pt.label}: context {max(pt.context, pt.prefill)} is past the "
+                             f"model's max_position_embeddings {cfg.max_position_embeddings}")
+    return dict(systems=systems, points=points, cfg=cfg, par=par, shape=shape_name)
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def check_memory(cfg, par, points: list[Point], memory: int, elt: int,
+                 weights_loaded: bool = False) -> dict:
+    """Refuse (UsageError) any point whose weights + KV cache + activations would not fit."""
+    wb = 0 if weights_loaded else weight_bytes(cfg, par, elt)
+    reserve = (1 << 30) + memory // 50 if memory > (8 << 30) else memory // 20
+    need = {}
+    for pt in points:
+        kv = kv_cache_bytes(cfg, par, pt, elt)
+        act = activation_bytes_estimate(cfg, par, pt, elt)
+        total = wb + kv + act + reserve
+        need[pt.label] = dict(weights=wb, kv_cache=kv, activations=act, reserve=reserve,
+                              total=total)
+        if total > memory:
+            gb = lambda x: f"{x / 1e9:.2f} GB"  # noqa: E731
+            raise UsageError(
+                f"{pt.label}: the KV cache needs {gb(kv)} ({pt.decode * pt.context + pt.prefill} "
+                f"tokens x {kv // max(1, pt.decode * pt.context + pt.prefill)} B), + weights "
+                f"{gb(wb)} + activations ~{gb(act)} + reserve {gb(reserve)} = {gb(total)}, over the "
+                f"{gb(memory)} of memory available; lower --context or --batch (or --layers)")
+    return need
+
+
+# Systems -------------------------------------------------------------------------------------------
+def _err(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:600]
+
+
+def make_megakernel(weights, point: Point):
+    """The engine's megakernel backend sized for the point (raises when it cannot run a step)."""
+    from mk.engine import create_backend
+    page = 16
+    kernel = KernelConfig(page_size=page, max_seqs=max(1, point.decode + (1 if point.prefill else 0)),
+                          max_context=max(point.context, point.prefill, 1),
+                          max_batch_tokens=max(point.tokens, 1))
+    return create_backend("megakernel", weights, kernel), kernel
+
+
+def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):
+    from mk.batch import SeqChunk, StepBatch
+    per = -(-max(point.context, point.prefill, 1) // kernel.page_size)
+    seqs = [SeqChunk([ids[i]], point.context - 1, list(range(i * per, (i + 1) * per)))
+            for i in range(point.decode)]
+    if point.prefill:
+        seqs.append(SeqChunk(ids[point.decode:point.tokens], 0,
+                             list(range(point.decode * per, (point.decode + 1) * per))))
+    return StepBatch(seqs)
+
+
+def check_backend_against_reference(name: str, weights, tol: float = 2e-2) -> dict:
+    """A backend's decode step vs mk.reference on a small TP-1 model: prefill 3 prompts through
+    both, decode one token each, compare logits."""
+    from mk.batch import SeqChunk, StepBatch
+    from mk.engine import create_backend
+    kernel = KernelConfig(page_size=16, max_seqs=4, max_context=64, max_batch_tokens=256)
+    ref = create_backend("reference", weights, kernel)
+    be = create_backend(name, weights, kernel)
+    g = torch.Generator().manual_seed(1)
+    V = weights.config.vocab_size
+    tables = [list(range(i * 4, (i + 1) * 4)) for i in range(3)]
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (36, 20, 7)]
+    pre = StepBatch([SeqChunk(p, 0, tables[i]) for i, p in enumerate(prompts)])
+    ref.forward(pre)
+    be.forward(pre)
+    new = torch.randint(0, V, (3,), generator=g).tolist()
+    dec = StepBatch([SeqChunk([new[i]], len(p), tables[i]) for i, p in enumerate(prompts)])
+    a, b = be.forward(dec).float().cpu(), ref.forward(dec).float().cpu()
+    rel = float((a - b).norm() / b.norm())
+    return dict(rel_err=rel, ok=rel < tol and bool(torch.isfinite(a).all()))
+
+
+def run_point(point: Point, weights, args, systems: list[str], timer: Timer, device,
+              mk_state: dict, floor: dict) -> dict:
+    """Every requested system at one point; a failing system is recorded, the others still run."""
+    from mk.peers import StepPeer
+    res: dict[str, dict] = {}
+    cuda = device.type == "cuda"
+    reps, warm = args.reps, args.warmup
+    gen = torch.Generator(device=device).manual_seed(args.seed + 7)
+    vl = weights.embed.shape[0]
+    v0 = weights.parallel.rank * vl
+    pool = torch.randint(v0, v0 + vl, (max(reps, 1) + warm, point.tokens), generator=gen,
+                         device=device)
+
+    # megakernel ---------------------------------------------------------------------------------
+    if "megakernel" in systems:
+        if mk_state.get("error"):
+            res["megakernel"] = dict(status="n/a", error=mk_state["error"])
+        else:
+            be = None
+            try:
+                be, kernel = make_megakernel(weights, point)
+                batch_ids = pool[0].tolist()
+                batch = megakernel_batch(point, kernel, batch_ids)
+                ms = timer.run(lambda: be.forward(batch), warm, reps)
+                res["megakernel"] = dict(status="ok", **summarize(ms))
+            except Exception as e:  # noqa: BLE001  a backend that cannot run: n/a, keep going
+                res["megakernel"] = dict(status="n/a", error=_err(e))
+            del be
+            _free(device)
+
+    peers = [s for s in PEERS if s in systems]
+    if not peers:
+        return res
+    peer = StepPeer(weights, decode=point.decode, context=point.context, prefill=point.prefill,
+                    seed=args.seed)
+    before = lambda i: peer.set_tokens(pool[i % pool.shape[0]])  # noqa: E731
+    ref_logits = None
+    if "eager" in systems or "compile" in systems:
+        peer.set_tokens(pool[0])
+        ref_logits = peer.step().float()       # the eager step's logits, for the compile check
+        if not bool(torch.isfinite(ref_logits).all()):
+            log(f"{point.label}: warning: the eager step's logits are not all finite")
+    if "eager" in systems:
+        try:
+            res["eager"] = dict(status="ok", **summarize(timer.run(peer.step, warm, reps, before)))
+        except Exception as e:  # noqa: BLE001
+            res["eager"] = dict(status="error", error=_err(e))
+            _free(device)
+    for name in ("graph", "compile"):
+        if name not in systems:
+            continue
+        if not cuda:
+            res[name] = dict(status="skipped", error="CUDA graphs and torch.compile are timed on "
+                             "a GPU only (CPU run)")
+            continue
+        graph = None
+        try:
+            info = {}
+            if name == "compile":
+                t0 = time.perf_counter()
+                peer.compile_layers(args.compile_mode)
+                peer.set_tokens(pool[0])
+                got = peer.step().float()      # compiles (and autotunes)
+                torch.cuda.synchronize(device)
+                info["compile_s"] = round(time.perf_counter() - t0, 1)
+                rel = float((got - ref_logits).norm() / ref_logits.norm().clamp_min(1e-30))
+                info["rel_err_vs_eager"] = rel
+                if not rel < 2e-2:
+                    raise RuntimeError(f"compiled step differs from the eager step: relative "
+                                       f"error {rel:.3g} (bf16 tolerance 2e-2)")
+            graph, out = capture(peer.step, device)
+            peer.set_tokens(pool[0])
+            graph.replay()
+            torch.cuda.synchronize(device)
+            if ref_logits is not None:
+                rel = float((out.float() - ref_logits).norm() / ref_logits.norm().clamp_min(1e-30))
+                info["replay_rel_err_vs_eager"] = rel
+                if not rel < 2e-2:
+                    raise RuntimeError(f"replayed graph differs from the eager step: relative "
+                                       f"error {rel:.3g}")
+            ms = timer.run(graph.replay, warm, reps, before)
+            res[name] = dict(status="ok", **summarize(ms), **info)
+        except Exception as e:  # noqa: BLE001
+            res[name] = dict(status="error", error=_err(e))
+            log(f"{point.label}: {name} failed: {_err(e)}")
+            if os.environ.get("MK_BENCH_TRACEBACK"):
+                traceback.print_exc()
+        finally:
+            peer.eager_layers()
+            del graph
+            _free(device)
+    del peer
+    _free(device)
+    return res
+
+
+def capture(fn, device):
+    """Warm up on a side stream, then capture fn() in a CUDA graph; returns (graph, output)."""
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(s)
+    torch.cuda.synchronize(device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def _free(device) -> None:
+    import gc
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def finish_point(point: Point, res: dict, floor: dict) -> dict:
+    """Figures and ratios of one point: tokens/s, each system / floor, megakernel / best peer."""
+    for r in res.values():
+        if r.get("status") == "ok":
+            r["tokens_per_s"] = point.tokens / (r["ms"] * 1e-3)
+            r["over_floor"] = r["ms"] / floor["ms"]
+    ok_peers = {k: v for k, v in res.items() if k in PEERS and v.get("status") == "ok"}
+    best = min(ok_peers, key=lambda k: ok_peers[k]["ms"]) if ok_peers else None
+    mk = res.get("megakernel", {})
+    return dict(kind=point.kind, batch=point.decode, context=point.context, prefill=point.prefill,
+                tokens=point.tokens, label=point.label, floor=floor, results=res,
+                strongest_peer=best,
+                megakernel_over_strongest_peer=(mk["ms"] / ok_peers[best]["ms"]
+                                                if best and mk.get("status") == "ok" else None),
+                floor_over_strongest_peer=(floor["ms"] / ok_peers[best]["ms"] if best else None))
+
+
+# Output --------------------------------------------------------------------------------------------
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def default_out(shape: str, cfg, full_layers: int, device) -> Path:
+    date = datetime.date.today().isoformat()
+    if shape == "70b-tp8" and cfg.num_layers == full_layers and device.type == "cuda":
+        name = f"e2e_{date}.json"
+    else:
+        lay = f"-L{cfg.num_layers}" if cfg.num_layers != full_layers else ""
+        name = f"e2e_{date}_{shape}{lay}_{device.type}.json"
+    return ROOT / "bench" / "results" / name
+
+
+def fmt_ms(r: dict | None) -> str:
+    if not r:
+        return "-"
+    if r.get("status") == "ok":
+        return f"{r['ms']:.3f} ({r['over_floor']:.2f}x)"
+    return r.get("status", "?")
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def table(report: dict) -> str:
+    systems = report["systems"]
+    head = ["step", "batch", "ctx", "prefill", "floor ms"] + [f"{s} ms (/floor)" for s in systems] \
+        + ["best tok/s", "mk/best peer"]
+    rows = []
+    for p in report["points"]:
+        res = p["results"]
+        best = p["strongest_peer"]
+        tps = f"{res[best]['tokens_per_s']:,.0f} ({best})" if best else "-"
+        ratio = p["megakernel_over_strongest_peer"]
+        rows.append([p["kind"], str(p["batch"]), str(p["context"]), str(p["prefill"] or "-"),
+                     f"{p['floor']['ms']:.3f} {p['floor']['bound'][0]}"]
+                    + [fmt_ms(res.get(s)) for s in systems]
+                    + [tps, f"{ratio:.2f}" if ratio is not None else "n/a"])
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))  # noqa: E731
+    out = [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    m = report["measured"]
+    out.append("")
+    out.append(f"floor = max(bytes / {_si(m['copy_bandwidth_Bps'], 'B/s')} copy, flops / "
+               f"{_si(m['matmul_flops_per_s'], 'FLOP/s')} {m['matmul_dtype']} "
+               f"{m['matmul_n']}^3 matmul), both measured in this run; m/c = memory/compute bound")
+    notes = list(report["notes"])
+    errs = {}
+    for p in report["points"]:
+        for s, r in p["results"].items():
+            if r.get("status") != "ok" and r.get("error"):
+                errs.setdefault((s, r["error"]), []).append(p["label"])
+    for (s, e), where in errs.items():
+        notes.append(f"{s}: {'n/a' if s == 'megakernel' else 'not timed'}: {e}"
+                     + (f" [{len(where)} points]" if len(where) > 1 else f" [{where[0]}]"))
+    out += [f"note: {n}" for n in notes]
+    return "\n".join(out)
+
+
+def draw_png(report: dict, path: Path) -> str | None:
+    """tokens/s vs batch (decode points), one line per timed system and the floor."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no PNG (pip install matplotlib)"
+    pts = [p for p in report["points"] if p["kind"] == "decode"]
+    if not pts:
+        return "no decode points: no PNG"
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    xs = [p["batch"] for p in pts]
+    ax.plot(xs, [p["tokens"] / (p["floor"]["ms"] * 1e-3) for p in pts], "k--", marker="",
+            label="roofline floor")
+    styles = {"megakernel": "o-", "eager": "s:", "graph": "^-.", "compile": "D-"}
+    for s in report["systems"]:
+        xy = [(p["batch"], p["results"][s]["tokens_per_s"]) for p in pts
+              if p["results"].get(s, {}).get("status") == "ok"]
+        if xy:
+            ax.plot(*zip(*xy), styles.get(s, "o-"), label=s)
+        elif s == "megakernel":
+            ax.plot([], [], "o-", label="megakernel (n/a)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{b}\nctx {p['context']}" for b, p in zip(xs, pts)], fontsize=8)
+    ax.set_xlabel("decode batch (sequences), context")
+    ax.set_ylabel("tokens / s (one rank, no TP communication)")
+    ax.set_title(f"{report['shape']['name']} rank {report['shape']['rank']}/{report['shape']['tp']}"
+                 f", {report['shape']['layers']} layers, {report['device']}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def merge_ranks(reports: list[dict]) -> dict:
+    """Rank 0's report with each figure replaced by the slowest rank's (the step's pace)."""
+    base = reports[0]
+    if len(reports) == 1:
+        return base
+    for i, p in enumerate(base["points"]):
+        for s, r in p["results"].items():
+            if r.get("status") != "ok":
+                continue
+            per = [rep["points"][i]["results"].get(s, {}) for rep in reports]
+            if all(x.get("status") == "ok" for x in per):
+                r["per_rank_ms"] = [x["ms"] for x in per]
+                r["ms"] = max(r["per_rank_ms"])
+            else:
+                bad = next(x for x in per if x.get("status") != "ok")
+                p["results"][s] = dict(status=bad.get("status", "error"),
+                                       error="on another rank: " + str(bad.get("error")))
+        base["points"][i] = finish_point(Point(p["kind"], p["batch"], p["context"], p["prefill"]),
+                                         p["results"], p["floor"])
+    base["checks"]["per_rank_ok"] = [rep["checks"].get("peer", {}).get("ok") for rep in reports]
+    return base
+
+
+# Main ----------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        device = torch.device(args.device) if args.device else mkdist.default_device()
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: no CUDA GPU is visible (use --device cpu)")
+    except RuntimeError as e:
+        print(f"error: --device {args.device}: {e}", file=sys.stderr)
+        return 2
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        mkdist.init_distributed(device)
+        return run(args, device)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError, KeyError, OSError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        if os.environ.get("MK_BENCH_TRACEBACK"):
+            traceback.print_exc()
+        return 1
+    finally:
+        mkdist.destroy()
+
+
+def run(args, device: torch.device) -> int:
+    world, rank = mkdist.world_size(), mkdist.rank()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    plan = resolve(args, world, rank)
+    cfg, par, systems, points = plan["cfg"], plan["par"], plan["systems"], plan["points"]
+    dtype = DTYPES[args.dtype]
+    elt = torch.empty((), dtype=dtype).element_size()
+    cuda = device.type == "cuda"
+    args.reps = args.reps or (30 if cuda else 5)
+    args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
+    memory = int(args.memory_gb * 1e9) if args.memory_gb is not None else available_memory(device)
+    need = check_memory(cfg, par, points, memory, elt)
+    full_layers = (ModelConfig.from_pretrained(args.model).num_layers if args.model
+                   else SHAPES[args.shape][0].num_layers)
+    out_path = Path(args.out) if args.out else default_out(plan["shape"], cfg, full_layers, device)
+    where = torch.cuda.get_device_name(device) if cuda else "CPU"
+    log(f"{plan['shape']}: rank {par.rank} of TP {par.tp_size}, {cfg.num_layers} layers, "
+        f"{args.dtype}, on {where} ({device}); {len(points)} points, systems {','.join(systems)}")
+    if not cuda:
+        log("CPU run: perf_counter timing; graph and compile are GPU-only and are skipped")
+
+    notes = [
+        "one rank's shard; tensor-parallel communication is NOT simulated (no all-reduce after "
+        "o/down, no logits all-gather) in any system",
+        "peer = mk.peers.StepPeer: fused QKV and gate/up GEMMs, contiguous KV cache "
+        "[L, B, kv_heads, C, D] written with index_put_, SDPA (flash) decode with GQA packing, "
+        "causal SDPA for the prefill chunk; a step = embedding + all layers + final norm + LM head "
+        "(no sampling)",
+        f"decode points: every sequence at the stated context C (new token at position C-1); "
+        f"timing: {'CUDA events, L2 flushed before each rep' if cuda else 'perf_counter'}, "
+        f"{args.warmup} warm-up, median of {args.reps} reps, new token ids every rep",
+    ]
+    if world > 1:
+        notes.append(f"torchrun: {world} ranks, each timed its own shard; figures are the slowest "
+                     f"rank's")
+
+    # rates for the floor
+    timer = Timer(device)
+    rates = measure_rates(device, dtype, timer, args.matmul_n or (8192 if cuda else 512),
+                          1024 if cuda else 64, 20 if cuda else 3)
+    log(f"measured: copy {_si(rates['copy_bandwidth_Bps'], 'B/s')}, matmul "
+        f"{_si(rates['matmul_flops_per_s'], 'FLOP/s')}")
+
+    # the correctness guard (small model with this rank's attention structure)
+    from mk import peers
+    checks: dict = {}
+    if not args.skip_check:
+        small = peers.check_config(cfg, par)
+        for dt, tol in ((torch.float32, 1e-3), (dtype, 2e-2)):
+            w_small = peers.random_rank_weights(small, ParallelConfig(), device, dtype=dt,
+                                                seed=args.seed)
+            c = peers.check_against_reference(w_small, tol=tol)
+            checks[f"peer_vs_reference_{str(dt).replace('torch.', '')}"] = c
+            if not c["ok"]:
+                raise RuntimeError(f"the PyTorch peer does not match mk.reference on a small "
+                                   f"model ({str(dt)}): {c}; refusing to time it")
+        checks["peer"] = dict(ok=True, model=dict(hidden=small.hidden_size,
+                                                   heads=small.num_heads,
+                                                   kv_heads=small.num_kv_heads,
+                                                   head_dim=small.head_dim,
+                                                   layers=small.num_layers))
+        c = checks[f"peer_vs_reference_{str(dtype).replace('torch.', '')}"]
+        log(f"peer matches mk.reference on a small model (decode + mixed step): relative error "
+            f"{c['decode_rel_err']:.2g} / {c['mixed_rel_err']:.2g} in {args.dtype}, "
+            f"{checks['peer_vs_reference_float32']['decode_rel_err']:.2g} in float32")
+    else:
+        checks["peer"] = dict(ok=None, skipped=True)
+        notes.append("--skip-check: the peer was NOT checked against mk.reference")
+
+    # the megakernel: can it run a model step at all? (checked once, on the small model)
+    mk_state: dict = {}
+    if "megakernel" in systems:
+        try:
+            small = peers.check_config(cfg, par)
+            w_small = peers.random_rank_weights(small, ParallelConfig(), device, dtype=dtype,
+                                                seed=args.seed)
+            c = check_backend_against_reference("megakernel", w_small)
+            checks["megakernel_vs_reference"] = c
+            if not c["ok"]:
+                mk_state["error"] = f"its logits differ from mk.reference on a small model: {c}"
+        except Exception as e:  # noqa: BLE001
+            mk_state["error"] = _err(e)
+        if mk_state.get("error"):
+            log(f"megakernel: n/a: {mk_state['error']}")
+
+    # the weights
+    t0 = time.perf_counter()
+    if args.model:
+        from mk.weights import load_rank_weights
+        weights = load_rank_weights(args.model, par, dtype=dtype, device=device,
+                                    progress=rank == 0)
+        if args.layers:
+            weights = peers.slice_layers(weights, args.layers)
+            _free(device)
+        source = f"checkpoint {args.model}"
+    else:
+        weights = peers.random_rank_weights(cfg, par, device, dtype=dtype, seed=args.seed)
+        source = f"random {args.dtype} weights generated on {device} (seed {args.seed})"
+    log(f"weights: {source}, {weight_bytes(cfg, par, elt) / 1e9:.2f} GB, "
+        f"{time.perf_counter() - t0:.1f} s")
+
+    report = dict(
+        benchmark="e2e step (launch/bench.py)", complete=False,
+        date=datetime.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
+        device=where, device_type=device.type, torch=torch.__version__,
+        cuda=torch.version.cuda, command=" ".join(shlex.quote(a) for a in [
+            "torchrun" if world > 1 else "python", *sys.argv]),
+        world_size=world,
+        shape=dict(name=plan["shape"], hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                   layers=cfg.num_layers, full_layers=full_layers, heads=cfg.num_heads,
+                   kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab=cfg.vocab_size,
+                   tp=par.tp_size, rank=par.rank, heads_local=par.heads_local(cfg),
+                   kv_heads_local=par.kv_heads_local(cfg),
+                   intermediate_local=par.intermediate_local(cfg),
+                   vocab_local=par.vocab_local(cfg), dtype=args.dtype,
+                   weight_bytes=weight_bytes(cfg, par, elt)),
+        weights=source, systems=systems, compile_mode=args.compile_mode,
+        reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
+        measured=rates, checks=checks, notes=notes, points=[])
+
+    for pt in points:
+        cost = step_cost(cfg, par, pt, elt)
+        floor = floor_of(cost, rates["copy_bandwidth_Bps"], rates["matmul_flops_per_s"])
+        t0 = time.perf_counter()
+        res = run_point(pt, weights, args, systems, timer, device, mk_state, floor)
+        entry = finish_point(pt, res, floor)
+        report["points"].append(entry)
+        best = entry["strongest_peer"]
+        log(f"{pt.label}: floor {floor['ms']:.3f} ms; " + ", ".join(
+            f"{s} {r['ms']:.3f} ms" if r.get("status") == "ok" else f"{s} {r.get('status')}"
+            for s, r in res.items()) + (f"; best peer {best}" if best else "")
+            + f" ({time.perf_counter() - t0:.0f} s)")
+        if rank == 0 and world == 1:
+            write_json(report, out_path)        # partial results survive a time limit
+
+    if world > 1:
+        import torch.distributed as dist
+        gathered = [None] * world
+        dist.all_gather_object(gathered, report)
+        report = merge_ranks(gathered)
+    if rank != 0:
+        return 0
+    report["complete"] = True
+    write_json(report, out_path)
+    msg_png = None
+    if not args.no_png:
+        png = Path(args.png) if args.png else out_path.with_suffix(".png")
+        msg_png = draw_png(report, png)
+        if msg_png is None:
+            report["png"] = str(png)
+            write_json(report, out_path)
+    text = table(report)
+    log(f"wrote {out_path}" + (f" and {report['png']}" if report.get("png") else ""))
+    if msg_png:
+        log(msg_png)
+    if args.json:
+        print(text, file=sys.stderr, flush=True)
+        print(json.dumps(report, default=str), flush=True)
+    else:
+        print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

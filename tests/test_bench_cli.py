@@ -1,0 +1,133 @@
+"""launch/bench.py: a tiny CPU run end to end (as a user runs it) and clear refusals of bad arguments."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "launch" / "bench.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("mk_launch_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod           # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load_bench()
+
+
+def test_tiny_cpu_run_writes_json_table_and_png(tmp_path):
+    out = tmp_path / "e2e.json"
+    env = dict(os.environ, MK_NO_PROGRESS="1")
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--device", "cpu",
+                        "--batch", "1,4", "--context", "64", "--mixed", "2:32:8", "--reps", "3",
+                        "--warmup", "1", "--json", "--out", str(out)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout.strip().splitlines()[-1])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(rep))
+    for key in ("date", "git_commit", "device", "command", "shape", "measured", "checks", "notes",
+                "systems", "points", "complete"):
+        assert key in rep, key
+    assert rep["complete"] is True and rep["device_type"] == "cpu"
+    assert "--shape tiny" in rep["command"]
+    assert rep["systems"] == ["megakernel", "eager", "graph", "compile"]
+    assert rep["shape"]["name"] == "tiny" and rep["shape"]["layers"] == 4
+    m = rep["measured"]
+    assert m["copy_bandwidth_Bps"] > 1e8 and m["matmul_flops_per_s"] > 1e7
+    # the correctness guard ran and passed: float32 is exact to rounding, bf16 within tolerance
+    checks = rep["checks"]
+    assert checks["peer"]["ok"] is True
+    assert checks["peer_vs_reference_float32"]["decode_rel_err"] < 1e-4
+    assert checks["peer_vs_reference_bfloat16"]["mixed_rel_err"] < 2e-2
+    assert any("NOT simulated" in n for n in rep["notes"])
+
+    kinds = [(pt["kind"], pt["batch"], pt["context"], pt["prefill"]) for pt in rep["points"]]
+    assert kinds == [("decode", 1, 64, 0), ("decode", 4, 64, 0), ("mixed", 2, 32, 8)]
+    for pt in rep["points"]:
+        fl = pt["floor"]
+        assert fl["ms"] > 0 and fl["bytes"] > 0 and fl["flops"] > 0
+        assert fl["ms"] == pytest.approx(max(fl["bytes_ms"], fl["flops_ms"]))
+        assert fl["bytes"] == sum(fl["bytes_detail"].values())
+        eager = pt["results"]["eager"]
+        assert eager["status"] == "ok" and eager["reps"] == 3
+        assert 0 < eager["min_ms"] <= eager["ms"] < 10_000 and math.isfinite(eager["ms"])
+        assert eager["tokens_per_s"] == pytest.approx(pt["tokens"] / (eager["ms"] / 1e3))
+        assert eager["over_floor"] == pytest.approx(eager["ms"] / fl["ms"])
+        assert eager["over_floor"] > 0.2              # a floor far above the step would be wrong
+        # no GPU: the megakernel column is n/a with the backend's reason; graph/compile skipped
+        mk = pt["results"]["megakernel"]
+        assert mk["status"] == "n/a" and "GPU" in mk["error"]
+        for s in ("graph", "compile"):
+            assert pt["results"][s]["status"] == "skipped"
+        assert pt["strongest_peer"] == "eager" and pt["megakernel_over_strongest_peer"] is None
+    assert rep["points"][2]["tokens"] == 10
+
+    # the table comes last on stderr (stdout's last line is the JSON with --json)
+    assert "mk/best peer" in p.stderr and "n/a" in p.stderr and "floor = max(" in p.stderr
+    assert "Traceback" not in p.stderr
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert Path(rep["png"]).is_file() and Path(rep["png"]).stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "1,8192"], "--batch 8192: a step holds 1 to 4096"),
+    (["--batch", "0"], "--batch 0"),
+    (["--batch", "1,x"], "expected comma-separated integers"),
+    (["--batch", "16", "--context", "4096", "--memory-gb", "0.05"], "the KV cache needs"),
+    (["--systems", "eager,warp"], "unknown system(s) warp"),
+    (["--batch", "1,4,16", "--context", "64,64"], "one value or one per batch"),
+    (["--mixed", "1:2"], "expected DECODE:CONTEXT:PREFILL"),
+    (["--mixed", "4000:64:200"], "over the 4096 tokens"),
+    (["--context", "99999"], "max_position_embeddings"),
+    (["--layers", "9"], "the model has 4 layers"),
+    (["--model", "/nonexistent/ckpt"], "not a directory"),
+    (["--tp", "3"], "TP size 3 does not divide"),
+])
+def test_bad_args_fail_clearly(bench, capsys, args, message):
+    rc = bench.main(["--shape", "tiny", "--device", "cpu", "--out", os.devnull, *args])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert message in err and err.startswith("error: "), err
+    assert "Traceback" not in err
+
+
+def test_memory_refusal_names_the_sizes(bench, capsys):
+    rc = bench.main(["--shape", "70b-tp8", "--device", "cpu", "--batch", "4096", "--context", "1024",
+                     "--memory-gb", "139", "--mixed", "none"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "171.80 GB" in err and "lower --context or --batch" in err
+
+
+def test_unknown_shape_is_an_argparse_error(bench, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--shape", "nope"])
+    assert e.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_floor_counts_the_70b_rank_like_design_md(bench):
+    """The byte / flop counts reproduce the floors DESIGN.md quotes at 4.2 TB/s and 751 TF/s."""
+    from mk.config import ParallelConfig
+    cfg, tp = bench.SHAPES["70b-tp8"]
+    par = ParallelConfig(tp, 0)
+    want = {1: 4.1, 64: 4.8, 256: 6.7, 1024: 24.2, 4096: 95}
+    for b, ms in want.items():
+        pt = bench.Point("decode", b, bench.default_context(b))
+        fl = bench.floor_of(bench.step_cost(cfg, par, pt), 4.2e12, 751e12)
+        assert fl["ms"] == pytest.approx(ms, rel=0.05), (b, fl)
+    assert bench.weight_bytes(cfg, par) / 1e9 == pytest.approx(17.6, abs=0.1)
