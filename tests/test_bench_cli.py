@@ -29,7 +29,7 @@ def bench():
     return _load_bench()
 
 
-def test_tiny_cpu_run_writes_json_table_and_png(tmp_path):
+def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     out = tmp_path / "e2e.json"
     env = dict(os.environ, MK_NO_PROGRESS="1")
     env.pop("PYTHONPATH", None)
@@ -82,6 +82,19 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path):
     assert "Traceback" not in p.stderr
     if importlib.util.find_spec("matplotlib") is not None:
         assert Path(rep["png"]).is_file() and Path(rep["png"]).stat().st_size > 1000
+
+    # --merge: points of two runs (a run split for a time limit) in one report, no timing
+    other = json.loads(out.read_text())
+    other["points"] = [dict(pt, batch=8, label="decode B=8 ctx=64") for pt in other["points"][:1]]
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    rc = bench.main(["--merge", str(out), str(tmp_path / "b.json"), "--out",
+                     str(tmp_path / "m.json"), "--no-png"])
+    assert rc == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert [(pt["kind"], pt["batch"]) for pt in merged["points"]] == \
+        [("decode", 1), ("decode", 4), ("decode", 8), ("mixed", 2)]
+    assert len(merged["merged_from"]) == 2
+    assert "mk/best peer" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
