@@ -16,11 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-try:
-    import mk  # noqa: F401
-except ImportError:  # run from a checkout without installation
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import mk  # noqa: F401
+# The checkout this script lives in comes first: an mk installed from another copy must not shadow it.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import mk  # noqa: F401, E402
 
 import torch
 
