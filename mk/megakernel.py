@@ -78,6 +78,7 @@ import cutlass.cute as cute
 import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Float32, Int32, Int64
 
+from mk import tiles
 from mk.instructions import _gemm_kernel as gk
 from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
@@ -783,16 +784,16 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
             sec = p[:, qk.A_SECTION]
             if ((sec < 0) | (sec > 2)).any():
                 raise ValueError("megakernel: QKV_ROPE section must be q, k or v")
-        if ((K % gk.BK) != 0).any() or (K <= 0).any() or (K > sh["xk"]).any() \
-                or (K > sh["wk"]).any():
+        qkv = op == int(Op.QKV_ROPE)
+        err = tiles.gemm_tile_error(name, cfg, row0, rows, col0, cols, K,
+                                    p[:, qk.A_HEAD_DIM] if qkv else None,
+                                    p[:, qk.A_SEC_COL0] if qkv else None)
+        if err:
+            raise ValueError(f"megakernel: {err}")
+        if (K > sh["xk"]).any() or (K > sh["wk"]).any():
             raise ValueError(f"megakernel: {name} K must be a positive multiple of {gk.BK} within "
                              f"the operands' {min(sh['xk'], sh['wk'])} columns")
-        if ((col0 % 8) != 0).any() or ((cols % 8) != 0).any() or (cols <= 0).any() \
-                or (cols > cfg.bn).any() or (col0 < 0).any():
-            raise ValueError(f"megakernel: {name} tiles need col0 and cols multiples of 8 and "
-                             f"0 < cols <= {cfg.bn} (tile {cfg.name})")
-        if (rows <= 0).any() or (rows > cfg.bm).any() or (row0 < 0).any() \
-                or (row0 + rows > sh["xt"]).any():
+        if (row0 + rows > sh["xt"]).any():
             raise ValueError(f"megakernel: {name} tiles need 0 < rows <= {cfg.bm} (tile "
                              f"{cfg.name}) inside the operand's {sh['xt']} rows")
         nout = sh["wn"] // 2 if op == int(Op.GATE_UP) else sh["wn"]

@@ -7,12 +7,17 @@
     plan.targets         int32 [num_counters]: each counter's value once the step is done
     plan.for_rank(r)     the stream of another rank (only TP_REDUCE's column slice differs)
 
-Per layer (token block b = rows [b*B, (b+1)*B), B = KernelConfig.token_block):
+Tiling (PlanConfig.step_tiles, StepPlan.tiles): by default from the GEMM tile table (mk.tiles) for
+the step's M class (token count): GEMM column tiles = the tile's BN (QKV: whole heads), token block
+B = the smallest BM of the class's token GEMMs, capped by KernelConfig.token_block; LM_HEAD row
+tiles of min(B, LM_HEAD's BM) sequences. Explicit PlanConfig values override.
+
+Per layer (token block b = rows [b*B, (b+1)*B), B = the step's token block):
     RMSNORM(attn, b) -> QKV_ROPE tiles (b x head-aligned column tiles of one q/k/v section)
     -> ATTENTION per segment (sequence s's rows in block b) x KV-head group x KV split
        [-> ATTN_REDUCE per split segment]  -> O_PROJ tiles [-> TP_REDUCE]
     -> RMSNORM(mlp, b) -> GATE_UP tiles -> DOWN tiles [-> TP_REDUCE]
-then LM_NORM (per block holding last rows) -> LM_HEAD tiles (sequence blocks x vocab tiles).
+then LM_NORM (per block holding last rows) -> LM_HEAD tiles (sequence row tiles x vocab tiles).
 Before layer 0, EMBED tiles (on the DOWN tile grid) [-> TP_REDUCE without residual].
 
 Prefill chunks spanning several blocks: attention of block b needs the K/V of the sequence's rows
@@ -60,6 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mk import tiles
 from mk.batch import StepBatch
 from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.instructions import _common as mc
@@ -79,14 +85,26 @@ POLICIES = ("op_major", "block_major", "interleave")
 COUNTER_WORDS = [W_WAIT0 + 2 * i for i in range(MAX_WAITS)] + [W_SIGNAL]
 
 
+TILE_FIELDS = ("qkv_tile", "o_tile", "mlp_tile", "down_tile", "lm_tile", "token_block")
+
+
 @dataclass(frozen=True)
 class PlanConfig:
+    """How a step is tiled and queued.
+
+    Tile widths and the token block left at None come from the GEMM tile table (mk.tiles) for the
+    step's M class (its token count), so a default plan is one the GPU bodies accept: column tiles
+    = the tile's BN (QKV: whole heads), token blocks <= every token GEMM's BM (capped by
+    KernelConfig.token_block). Values given here override the table (tests use tiny tiles); they
+    are validated once, at the edge (here, and against the model by `validate_for`)."""
+
     policy: str = "interleave"
-    qkv_tile: int = 128         # qkv output columns per tile (rounded to whole heads)
-    o_tile: int = 256           # o_proj output columns per tile (within a rank's H/n slice)
-    mlp_tile: int = 256         # gate/up output columns per tile (of I/n; each computes gate and up)
-    down_tile: int = 256        # down output columns per tile (within a rank's H/n slice)
-    lm_tile: int = 256          # vocab columns per LM_HEAD tile
+    qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
+    o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
+    mlp_tile: int | None = None     # gate/up output columns per tile (of I/n; each computes gate and up)
+    down_tile: int | None = None    # down output columns per tile (within a rank's H/n slice)
+    lm_tile: int | None = None      # vocab columns per LM_HEAD tile
+    token_block: int | None = None  # token rows per block; None: min(table BM, KernelConfig's)
     kv_split: int = 1024        # keys per attention split (a context longer than this is split)
     attn_kv_heads: int = 1      # KV heads per attention instruction
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
@@ -94,10 +112,32 @@ class PlanConfig:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"unknown queue policy {self.policy!r}; one of {POLICIES}")
-        for name in ("qkv_tile", "o_tile", "mlp_tile", "down_tile", "lm_tile", "kv_split",
-                     "attn_kv_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"PlanConfig.{name} must be positive")
+        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads"):
+            v = getattr(self, name)
+            if v is None and name in TILE_FIELDS:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"PlanConfig.{name} must be a positive integer"
+                                 f"{' or None (from the tile table)' if name in TILE_FIELDS else ''}"
+                                 f", got {v!r}")
+        if self.partial_rows < 0:
+            raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
+
+    def validate_for(self, model: ModelConfig) -> None:
+        """The explicit values against the model: QKV tiles hold whole heads, so qkv_tile is a
+        multiple of head_dim (a value below head_dim means the minimum, one head per tile)."""
+        D = model.head_dim
+        if self.qkv_tile is not None and self.qkv_tile > D and self.qkv_tile % D:
+            raise ValueError(f"PlanConfig.qkv_tile={self.qkv_tile} is not a multiple of head_dim "
+                             f"{D} (QKV_ROPE tiles hold whole heads)")
+
+    def step_tiles(self, num_tokens: int, num_seqs: int, model: ModelConfig,
+                   kernel: KernelConfig) -> tiles.StepTiles:
+        """The tiling of a step of num_tokens rows and num_seqs sequences."""
+        qkv = None if self.qkv_tile is None else max(self.qkv_tile, model.head_dim)
+        return tiles.step_tiles(num_tokens, num_seqs, model.head_dim, kernel.token_block,
+                                token_block=self.token_block, qkv=qkv, o=self.o_tile,
+                                mlp=self.mlp_tile, down=self.down_tile, lm=self.lm_tile)
 
     def max_partial_rows(self, kernel: KernelConfig) -> int:
         return self.partial_rows or kernel.max_batch_tokens * math.ceil(kernel.max_context / self.kv_split)
@@ -252,6 +292,7 @@ class StepPlan:
     tp: int
     hidden_slice: int               # H / n: TP_REDUCE columns of rank r are [r*slice, (r+1)*slice)
     layout: dict = field(default_factory=dict)  # counter layout (for describe_counter)
+    tiles: "tiles.StepTiles | None" = None      # the step's tiling (token block, tile widths)
 
     @property
     def num_counters(self) -> int:
@@ -266,7 +307,8 @@ class StepPlan:
         instrs = self.instrs.clone()
         red = instrs[:, W_OPCODE] == int(Op.TP_REDUCE)
         instrs[red, W_COL0] += (r - self.rank) * self.hidden_slice
-        return StepPlan(instrs, self.meta, self.targets, r, self.tp, self.hidden_slice, self.layout)
+        return StepPlan(instrs, self.meta, self.targets, r, self.tp, self.hidden_slice, self.layout,
+                        self.tiles)
 
     def instructions(self) -> list[Instruction]:
         return [Instruction.decode(w) for w in self.instrs.tolist()]
@@ -389,6 +431,7 @@ class Planner:
     def __init__(self, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
                  kernel: KernelConfig = KernelConfig(), cfg: PlanConfig = PlanConfig()):
         parallel.validate_for(model)
+        cfg.validate_for(model)
         self.model, self.parallel, self.kernel, self.cfg = model, parallel, kernel, cfg
         self._arena = np.empty((0, INSTR_WORDS), np.int32)
 
@@ -407,9 +450,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
               validate: bool = True, _alloc=None) -> StepPlan:
     if validate and _alloc is None:
         parallel.validate_for(model)
+        cfg.validate_for(model)
     meta = build_meta(batch, kernel, validate)
     n, rank = parallel.tp_size, parallel.rank
-    T, S, B = meta.num_tokens, meta.num_seqs, kernel.token_block
+    T, S = meta.num_tokens, meta.num_seqs
+    tl = cfg.step_tiles(T, S, model, kernel)
+    B = tl.token_block
     TM = kernel.max_batch_tokens
     H, D, L = model.hidden_size, model.head_dim, model.num_layers
     hq, hkv = parallel.heads_local(model), parallel.kv_heads_local(model)
@@ -424,7 +470,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         raise ValueError(f"TP size {n} does not divide hidden_size {H}")
 
     # tiles ----------------------------------------------------------------------------------------
-    qt = max(1, cfg.qkv_tile // D) * D
+    qt = tl.qkv
     sec_c0, sec_w, sec_id = [], [], []
     for sec, (c0, width) in enumerate(((0, hq * D), (hq * D, hkv * D), ((hq + hkv) * D, hkv * D))):
         st, wd, _ = _tiles(width, qt)
@@ -433,9 +479,9 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         sec_id += [sec] * len(st)
     qkv_c0, qkv_w, qkv_sec = np.array(sec_c0), np.array(sec_w), np.array(sec_id)
     qkv_base = np.array([0, hq * D, (hq + hkv) * D])[qkv_sec]
-    o_c0, o_w, o_own = _tiles(H, cfg.o_tile, n)
-    d_c0, d_w, d_own = _tiles(H, cfg.down_tile, n)
-    g_c0, g_w, _ = _tiles(I_loc, cfg.mlp_tile)
+    o_c0, o_w, o_own = _tiles(H, tl.o, n)
+    d_c0, d_w, d_own = _tiles(H, tl.down, n)
+    g_c0, g_w, _ = _tiles(I_loc, tl.mlp)
     n_qkv, n_o, n_d, n_g = len(qkv_c0), len(o_c0), len(d_c0), len(g_c0)
     o_per_slice, d_per_slice = n_o // n, n_d // n
 
@@ -595,10 +641,11 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           waits=[(hm_last + ub, hid_m_target)], signal=LMN,
           args={lmn.A_SRC: Buf.HIDDEN, lmn.A_DST: Buf.LAST_NORMED, lmn.A_LAST_OFF: off_last + first_seq,
                 lmn.A_WIDTH: H})
-    lm_c0, lm_w, _ = _tiles(V_loc, cfg.lm_tile)
-    nsb = -(-S // B)
+    lm_c0, lm_w, _ = _tiles(V_loc, tl.lm)
+    LB = tl.lm_block
+    nsb = -(-S // LB)
     b, t = _grid(nsb, len(lm_c0))
-    _emit(g, 1, Op.LM_HEAD, b, row0=b * B, rows=np.minimum(B, S - b * B), col0=lm_c0[t], cols=lm_w[t],
+    _emit(g, 1, Op.LM_HEAD, b, row0=b * LB, rows=np.minimum(LB, S - b * LB), col0=lm_c0[t], cols=lm_w[t],
           waits=[(LMN, len(ub))], signal=DONE,
           args={mm.A_SRC: Buf.LAST_NORMED, mm.A_DST: Buf.LOGITS, mm.A_EPI: mm.Epi.STORE, mm.A_K: H})
     final = _order(g, "op_major", 2)
@@ -633,7 +680,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     targets[:CPL] += counter_targets(prelude, CPL, n, rank)
     targets[(L + 1) * CPL:] += counter_targets(final, 2, n, rank, base=(L + 1) * CPL)
     layout = {"cpl": CPL, "num_layers": L, "groups": groups_layout}
-    return StepPlan(instrs, meta, torch.from_numpy(targets), rank, n, slice_w, layout)
+    return StepPlan(instrs, meta, torch.from_numpy(targets), rank, n, slice_w, layout, tl)
 
 
 def counter_targets(words: np.ndarray, num_counters: int, n: int, rank: int,

@@ -214,6 +214,43 @@ def test_refuses_bad_batches():
         PlanConfig(policy="fastest")
 
 
+def test_plan_config_validation():
+    """Explicit tile values are checked once, at the edge, with the field named."""
+    for kw in ({"qkv_tile": 0}, {"o_tile": -8}, {"mlp_tile": 1.5}, {"token_block": 0},
+               {"lm_tile": True}, {"kv_split": None}):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=f"PlanConfig.{name} must be a positive integer"):
+            PlanConfig(**kw)
+    bad = PlanConfig(qkv_tile=12)                       # head_dim 8: 1.5 heads
+    with pytest.raises(ValueError, match="qkv_tile=12 is not a multiple of head_dim 8"):
+        Planner(MODEL, ParallelConfig(1, 0), KERNEL, bad)
+    with pytest.raises(ValueError, match="whole heads"):
+        plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, bad)
+    # below one head: the minimum, one head per tile
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, PlanConfig(qkv_tile=4))
+    assert plan.tiles.qkv == 8
+    s = plan.instrs.numpy()
+    assert (s[s[:, W_OPCODE] == Op.QKV_ROPE, W_COLS] == 8).all()
+
+
+def test_default_tiles_from_the_table_and_overrides():
+    """No explicit widths: the tile table's for the step's M class (token block capped by
+    KernelConfig.token_block); explicit values win, token_block included."""
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, PlanConfig(kv_split=16))
+    t = plan.tiles
+    assert (t.token_block, t.lm_block) == (KERNEL.token_block, KERNEL.token_block)
+    assert (t.o, t.down, t.mlp, t.lm, t.qkv) == (128, 128, 128, 128, 256)    # M = 51: class 0
+    assert plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, CFG).tiles.qkv == 8
+    big = KernelConfig(**{**KERNEL.__dict__, "token_block": 128})
+    assert plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), big).tiles.token_block == 64
+    cfg = PlanConfig(**{**CFG.__dict__, "token_block": 16})
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 0), big, cfg)
+    assert plan.tiles.token_block == 16 and plan.for_rank(1).tiles == plan.tiles
+    s = plan.instrs.numpy()
+    norms = s[(s[:, W_OPCODE] == Op.RMSNORM) & (s[:, W_LAYER] == 0)]
+    assert (norms[:, W_ROW0] % 16 == 0).all() and norms[:, W_ROWS].max() == 16
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_static_verifier_accepts_plans(tp):
     """mk.verify (exact targets, no deadlock, no race from the families' accesses) on every policy;

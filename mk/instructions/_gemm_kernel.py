@@ -6,8 +6,8 @@ GPU path only: this module imports cutlass at the top, so its name starts with "
 registry never imports it. The torch faces (the semantics these bodies must match) stay in
 matmul.py / qkv.py; the argument words are theirs (A_SRC, A_DST, A_EPI, A_SLOT_STRIDE, A_K).
 
-Tile shapes (TileConfig, TILE_TABLE, choose_tile)
--------------------------------------------------
+Tile shapes (TileConfig, TILE_TABLE, choose_tile; the table itself lives in mk/tiles.py)
+-----------------------------------------------------------------------------------------
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64 (one 128-byte swizzle atom
 of bf16). Every shared-memory operand box is exactly one 16 KiB page of the megakernel's pool:
     A page   BM x 64 bf16 (BM = 128: the whole page; BM = 64: half of it), SW128 K-major
@@ -54,6 +54,7 @@ them in ring order). wait_group(0) after the last step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -63,13 +64,14 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.tensor_utils import LayoutEnum
 
+from mk import tiles
 from mk.instructions import _rows_kernel as rk
 from mk.instructions.matmul import Epi
 from mk.ir import Op
 
 PAGE = rk.PAGE                 # 16 KiB
-BK = 64                        # K per stage (one SW128 atom of bf16)
-B_ROWS = 128                   # weight rows per B page
+BK = tiles.BK                  # K per stage (one SW128 atom of bf16)
+B_ROWS = tiles.B_ROWS          # weight rows per B page
 NUM_CONSUMER_WARPS = 8         # two consumer warpgroups
 CONSUMER_THREADS = 256
 EMPTY_ARRIVALS = NUM_CONSUMER_WARPS
@@ -86,22 +88,8 @@ SEC_Q, SEC_K, SEC_V = 0, 1, 2       # qkv.py sections
 
 
 @dataclass(frozen=True)
-class TileConfig:
-    """One tile shape (see the module docstring)."""
-
-    name: str
-    bm: int             # token rows per tile: 64 or 128
-    nb: int             # B pages per stage: 1 or 2
-    wn: int             # wgmma N per chain: 64 or 128
-    wg: str             # "M", "N" or "PAGE"
-    gate_up: bool = False   # B pages are (gate, up) of the same output columns
-
-    @property
-    def bn(self) -> int:
-        """Output columns of a tile."""
-        if self.gate_up:
-            return B_ROWS
-        return B_ROWS * self.nb
+class TileConfig(tiles.TileShape):
+    """One tile shape (fields and bn: mk.tiles.TileShape; see the module docstring)."""
 
     @property
     def stage_pages(self) -> int:
@@ -145,38 +133,15 @@ class TileConfig:
         return npages // self.stage_pages
 
 
-# name -> config; the table below picks one per (opcode, M class)
-TILES = {
-    "m128n256": TileConfig("m128n256", 128, 2, 128, "M"),
-    "m128n128": TileConfig("m128n128", 128, 1, 128, "M"),
-    "m64n256": TileConfig("m64n256", 64, 2, 128, "PAGE"),
-    "m64n128": TileConfig("m64n128", 64, 1, 64, "N"),
-    "gu_m128": TileConfig("gu_m128", 128, 2, 128, "M", gate_up=True),
-    "gu_m64": TileConfig("gu_m64", 64, 2, 64, "N", gate_up=True),
-}
-
-# Shape classes: M (token rows of the step, or sequences for LM_HEAD) -> tile per opcode.
-# Rationale (one Llama-70B TP8 rank, 132 SMs): at M >= 1024 the GEMMs are compute-bound and the
-# 128 x 256 tile (2 warpgroups x m64n256 worth of wgmma, 3 pages per stage, 4 stages) has the best
-# smem-bandwidth/FLOP ratio; narrow N (QKV's 1280) and fp32 logits use 128 x 128 (more tiles, and
-# 4 staging pages for fp32). At M <= 256 the GEMMs are weight-bandwidth bound: BM = 64 halves the
-# wasted A rows, BN = 128 doubles the tile count so every SM streams weights.
-TILE_TABLE = {
-    # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
-    Op.O_PROJ: ("m64n128", "m64n256", "m128n256", "m128n256"),
-    Op.DOWN: ("m64n128", "m64n256", "m128n256", "m128n256"),
-    Op.GATE_UP: ("gu_m64", "gu_m64", "gu_m128", "gu_m128"),
-    Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
-    # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
-    # head ("M" or "PAGE" mode); at M <= 256 two heads per tile, one per warpgroup
-    Op.QKV_ROPE: ("m64n256", "m64n256", "m128n128", "m128n128"),
-}
-M_CLASSES = (64, 256, 1024)
+# name -> config, derived from the shared table (mk/tiles.py: TILE_SHAPES, TILE_TABLE, M_CLASSES,
+# also used by the planner for its default tile widths)
+TILES = {name: TileConfig(**dataclasses.asdict(shape)) for name, shape in tiles.TILE_SHAPES.items()}
+TILE_TABLE = tiles.TILE_TABLE
+M_CLASSES = tiles.M_CLASSES
 
 
 def choose_tile(op, m: int) -> TileConfig:
-    cls = sum(1 for b in M_CLASSES if m > b)
-    return TILES[TILE_TABLE[Op(op)][cls]]
+    return TILES[tiles.tile_name(op, m)]
 
 
 def epi_of(op) -> int:

@@ -17,7 +17,8 @@ Arguments:
     ARG0 + 3  RECV slot stride in rows (SCATTER)
     ARG0 + 4  K: reduction width (columns of the source read)
 
-The CuTe DSL body will live in mk/instructions/matmul_kernel.py (GPU path only).
+The CuTe DSL bodies live in mk/instructions/_gemm_kernel.py (GPU path only); their tile shapes (BM
+rows x BN columns per M class) in mk/tiles.py, shared with the planner's default tile widths.
 """
 
 from __future__ import annotations

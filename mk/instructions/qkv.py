@@ -17,7 +17,8 @@ Arguments:
     ARG0 + 4  head_dim
     ARG0 + 5  K: reduction width (hidden size)
 
-The CuTe DSL body will live in mk/instructions/qkv_kernel.py (GPU path only).
+The CuTe DSL body lives in mk/instructions/_gemm_kernel.py (GPU path only: head_dim 128, tiles of
+whole heads of one section, mk/tiles.py's QKV_ROPE shapes).
 """
 
 from __future__ import annotations

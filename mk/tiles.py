@@ -1,0 +1,165 @@
+"""GEMM tile shapes: the one table shared by the planner and the GPU bodies.
+
+CPU-importable (no cutlass). mk/instructions/_gemm_kernel.py derives its device-side TileConfig
+objects from TILE_SHAPES / TILE_TABLE (`gk.choose_tile(op, M)` = `tiles.tile_shape(op, M)` with the
+device methods); mk.plan takes its default column-tile widths and token block per step from the
+same table (`step_tiles`), and `gemm_tile_error` is the tile predicate mk.megakernel.check_plan
+applies before a launch (tests apply it to default plans on the CPU).
+
+A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64; a B page is 128 weight
+rows (see _gemm_kernel.py's docstring for the wgmma modes "M", "N", "PAGE"). GATE_UP tiles load
+the gate and the up rows of the same 128 output columns (bn = 128).
+
+M class: M = the step's token rows (the megakernel compiles one variant per class and picks it from
+the step's token count, `Megakernel(gemm_m=...)`); LM_HEAD's rows are sequences, and its M may be
+taken as either the token count or the sequence count: the planner keeps LM_HEAD row tiles within
+the smaller class's BM, which fits both (BM never shrinks as M grows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mk.ir import Op
+
+BK = 64                 # K per stage (one SW128 atom of bf16): K must be a multiple
+B_ROWS = 128            # weight rows per B page
+COL_ALIGN = 8           # col0 / cols multiple of 8 (16-byte vectors of bf16)
+GPU_HEAD_DIM = 128      # QKV_ROPE: RoPE pairs (c, c + 64) in one wgmma chain of N = 128
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """One tile shape (the device-side TileConfig of _gemm_kernel.py extends this)."""
+
+    name: str
+    bm: int             # token rows per tile: 64 or 128
+    nb: int             # B pages per stage: 1 or 2
+    wn: int             # wgmma N per chain: 64 or 128
+    wg: str             # "M", "N" or "PAGE"
+    gate_up: bool = False   # B pages are (gate, up) of the same output columns
+
+    @property
+    def bn(self) -> int:
+        """Output columns of a tile."""
+        if self.gate_up:
+            return B_ROWS
+        return B_ROWS * self.nb
+
+
+# name -> shape; the table below picks one per (opcode, M class)
+TILE_SHAPES = {
+    "m128n256": TileShape("m128n256", 128, 2, 128, "M"),
+    "m128n128": TileShape("m128n128", 128, 1, 128, "M"),
+    "m64n256": TileShape("m64n256", 64, 2, 128, "PAGE"),
+    "m64n128": TileShape("m64n128", 64, 1, 64, "N"),
+    "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
+    "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
+}
+
+# Shape classes: M (token rows of the step, or sequences for LM_HEAD) -> tile per opcode.
+# Rationale (one Llama-70B TP8 rank, 132 SMs): at M >= 1024 the GEMMs are compute-bound and the
+# 128 x 256 tile (2 warpgroups x m64n256 worth of wgmma, 3 pages per stage, 4 stages) has the best
+# smem-bandwidth/FLOP ratio; narrow N (QKV's 1280) and fp32 logits use 128 x 128 (more tiles, and
+# 4 staging pages for fp32). At M <= 256 the GEMMs are weight-bandwidth bound: BM = 64 halves the
+# wasted A rows, BN = 128 doubles the tile count so every SM streams weights.
+TILE_TABLE = {
+    # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
+    Op.O_PROJ: ("m64n128", "m64n256", "m128n256", "m128n256"),
+    Op.DOWN: ("m64n128", "m64n256", "m128n256", "m128n256"),
+    Op.GATE_UP: ("gu_m64", "gu_m64", "gu_m128", "gu_m128"),
+    Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
+    # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
+    # head ("M" or "PAGE" mode); at M <= 256 two heads per tile, one per warpgroup
+    Op.QKV_ROPE: ("m64n256", "m64n256", "m128n128", "m128n128"),
+}
+M_CLASSES = (64, 256, 1024)
+GEMM_TILE_OPS = tuple(TILE_TABLE)
+# the token-row GEMMs (LM_HEAD's rows are sequences)
+TOKEN_GEMM_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
+
+
+def m_class(m: int) -> int:
+    """Index of M's class: 0 (M <= 64), 1 (<= 256), 2 (<= 1024), 3 (> 1024)."""
+    return sum(1 for b in M_CLASSES if m > b)
+
+
+def tile_name(op, m: int) -> str:
+    return TILE_TABLE[Op(op)][m_class(m)]
+
+
+def tile_shape(op, m: int) -> TileShape:
+    return TILE_SHAPES[tile_name(op, m)]
+
+
+# Planner defaults ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepTiles:
+    """The tiling of one step (what mk.plan emits; StepPlan.tiles)."""
+
+    token_block: int    # rows per token block (rows family, QKV / O / GATE_UP / DOWN tiles)
+    lm_block: int       # sequences per LM_HEAD row tile
+    qkv: int            # QKV_ROPE output columns per tile (whole heads)
+    o: int              # O_PROJ output columns per tile
+    mlp: int            # GATE_UP output columns per tile (each computes gate and up)
+    down: int           # DOWN output columns per tile
+    lm: int             # LM_HEAD vocab columns per tile
+    m: int = 0          # the token count the defaults were taken for (0: every value explicit)
+
+
+def default_token_block(m: int, cap: int | None = None) -> int:
+    """Rows per token block at M = m: the smallest BM of the class's token GEMMs (so every GEMM
+    row tile fits its tile), capped by `cap` (KernelConfig.token_block)."""
+    c = m_class(m)
+    b = min(TILE_SHAPES[TILE_TABLE[op][c]].bm for op in TOKEN_GEMM_OPS)
+    return b if cap is None else min(b, cap)
+
+
+def default_qkv_tile(m: int, head_dim: int) -> int:
+    """QKV columns per tile: the table's bn, rounded down to whole heads (at least one head)."""
+    bn = tile_shape(Op.QKV_ROPE, m).bn
+    return max(1, bn // head_dim) * head_dim
+
+
+def step_tiles(m: int, seqs: int, head_dim: int, token_block_cap: int | None = None, *,
+               token_block: int | None = None, lm_block: int | None = None,
+               qkv: int | None = None, o: int | None = None, mlp: int | None = None,
+               down: int | None = None, lm: int | None = None) -> StepTiles:
+    """The tiling of a step of m token rows and `seqs` sequences: every value not given comes from
+    the table for m's class (LM_HEAD's row tile: the smaller BM of the classes of m and seqs)."""
+    tb = default_token_block(m, token_block_cap) if token_block is None else token_block
+    if lm_block is None:
+        lm_block = min(tb, tile_shape(Op.LM_HEAD, min(m, seqs)).bm)
+    return StepTiles(
+        token_block=tb, lm_block=lm_block,
+        qkv=default_qkv_tile(m, head_dim) if qkv is None else qkv,
+        o=tile_shape(Op.O_PROJ, m).bn if o is None else o,
+        mlp=tile_shape(Op.GATE_UP, m).bn if mlp is None else mlp,
+        down=tile_shape(Op.DOWN, m).bn if down is None else down,
+        lm=tile_shape(Op.LM_HEAD, m).bn if lm is None else lm,
+        m=m)
+
+
+# The GPU bodies' tile predicate -------------------------------------------------------------------
+def gemm_tile_error(name: str, cfg: TileShape, row0, rows, col0, cols, K, head_dim=None,
+                    sec_col0=None) -> str | None:
+    """Why GEMM instructions of opcode `name` cannot run as tiles `cfg` (None: they can).
+
+    Arguments are equal-length integer arrays (numpy or torch) of the instructions' words. The
+    bounds against the operands (K, rows and columns within the tensors) are the caller's
+    (mk.megakernel.check_plan). QKV_ROPE: head_dim / sec_col0 words, tiles of whole heads."""
+    if ((K % BK) != 0).any() or (K <= 0).any():
+        return f"{name} K must be a positive multiple of {BK}"
+    if ((col0 % COL_ALIGN) != 0).any() or ((cols % COL_ALIGN) != 0).any() or (cols <= 0).any() \
+            or (cols > cfg.bn).any() or (col0 < 0).any():
+        return (f"{name} tiles need col0 and cols multiples of {COL_ALIGN} and 0 < cols <= "
+                f"{cfg.bn} (tile {cfg.name})")
+    if (rows <= 0).any() or (rows > cfg.bm).any() or (row0 < 0).any():
+        return f"{name} tiles need 0 < rows <= {cfg.bm} (tile {cfg.name})"
+    if head_dim is not None:
+        if (head_dim != GPU_HEAD_DIM).any():
+            return (f"{name} needs head_dim {GPU_HEAD_DIM} (RoPE pairs in one wgmma chain)")
+        if sec_col0 is not None and ((((col0 - sec_col0) % head_dim) != 0).any()
+                                     or ((cols % head_dim) != 0).any()):
+            return f"{name} tiles must hold whole heads of one section"
+    return None

@@ -1,0 +1,223 @@
+"""mk.tiles: the GEMM tile table shared by the planner and the GPU bodies; default plans of
+Llama-70B TP8 shapes satisfy the GPU bodies' tile predicate (the one mk.megakernel.check_plan
+applies) at every M class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mk import tiles
+from mk.batch import SeqChunk, StepBatch
+from mk.config import KernelConfig, ModelConfig, ParallelConfig
+from mk.instructions import matmul as mm
+from mk.instructions import qkv as qk
+from mk.ir import W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS, Op
+from mk.plan import PlanConfig, Planner, plan_step
+
+LLAMA_70B = ModelConfig(hidden_size=8192, intermediate_size=28672, num_layers=2, num_heads=64,
+                        num_kv_heads=8, head_dim=128, vocab_size=128256)
+KERNEL_70B = KernelConfig(token_block=128, page_size=16, max_batch_tokens=4096, max_seqs=4096,
+                          max_context=4096, num_kv_pages=65536)
+MS = (1, 64, 256, 1024, 4096)
+
+
+def test_table_classes():
+    """The classes and picks the GPU compile gate and GEMM_NOTES describe."""
+    for m, cls in ((1, 0), (64, 0), (65, 1), (256, 1), (257, 2), (1024, 2), (1025, 3), (4096, 3)):
+        assert tiles.m_class(m) == cls, m
+    for m, want in ((64, "m64n128"), (65, "m64n256"), (1024, "m128n256"), (4096, "m128n256")):
+        assert tiles.tile_name(Op.O_PROJ, m) == want
+    assert tiles.tile_shape(Op.GATE_UP, 256).bn == 128 and tiles.tile_shape(Op.GATE_UP, 4096).bn == 128
+    assert tiles.tile_shape(Op.QKV_ROPE, 256).bn == 256 and tiles.tile_shape(Op.QKV_ROPE, 1024).bn == 128
+    assert all(tiles.tile_shape(Op.LM_HEAD, m).bn == 128 for m in MS)
+    for op, names in tiles.TILE_TABLE.items():
+        assert len(names) == len(tiles.M_CLASSES) + 1
+        for name in names:
+            assert tiles.TILE_SHAPES[name].gate_up == (op == Op.GATE_UP)
+        bms = [tiles.TILE_SHAPES[n].bm for n in names]
+        assert bms == sorted(bms), "BM must not shrink as M grows (LM_HEAD row tiles rely on it)"
+
+
+def test_gpu_configs_derive_from_the_table():
+    pytest.importorskip("cutlass")
+    from mk.instructions import _gemm_kernel as gk
+    assert gk.TILE_TABLE is tiles.TILE_TABLE and gk.M_CLASSES is tiles.M_CLASSES
+    assert gk.BK == tiles.BK and gk.B_ROWS == tiles.B_ROWS
+    assert set(gk.TILES) == set(tiles.TILE_SHAPES)
+    for name, cfg in gk.TILES.items():
+        s = tiles.TILE_SHAPES[name]
+        assert isinstance(cfg, gk.TileConfig)
+        assert (cfg.name, cfg.bm, cfg.nb, cfg.wn, cfg.wg, cfg.gate_up, cfg.bn) == \
+            (s.name, s.bm, s.nb, s.wn, s.wg, s.gate_up, s.bn)
+    for op in tiles.TILE_TABLE:
+        for m in (1, 63, 64, 65, 200, 256, 257, 1000, 1024, 1025, 4096, 10 ** 6):
+            assert gk.choose_tile(op, m) is gk.TILES[tiles.tile_name(op, m)]
+
+
+def batch_of(m: int) -> StepBatch:
+    """A step of m token rows: decodes, plus prefill chunks above 64 tokens."""
+    nxt = [0]
+
+    def seq(n, start):
+        pages = -(-(start + n) // KERNEL_70B.page_size)
+        p0 = nxt[0]
+        nxt[0] += pages
+        return SeqChunk([1] * n, start, list(range(p0, p0 + pages)))
+    if m <= 64:
+        return StepBatch([seq(1, 100 + i) for i in range(m)])
+    dec = m // 4
+    pre = m - dec
+    chunks = [pre // 3, pre // 3, pre - 2 * (pre // 3)]
+    return StepBatch([seq(1, 500 + i) for i in range(dec)] + [seq(c, 64 * i) for i, c in enumerate(chunks)])
+
+
+def gemm_words(s: np.ndarray, op):
+    p = s[(s[:, W_OPCODE] == int(op))]
+    kw = qk.A_K if op == Op.QKV_ROPE else mm.A_K
+    return p, p[:, W_ROW0], p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw]
+
+
+def check_tile_widths(cols, col0, width, bn):
+    """Column tiles are exactly bn wide except the last one of each range [k*width, (k+1)*width)
+    (a rank's slice of H for O_PROJ / DOWN, the whole local width otherwise)."""
+    assert ((cols == bn) | ((col0 + cols) % width == 0)).all()
+
+
+@pytest.mark.parametrize("tp_rank", [0, 7])
+@pytest.mark.parametrize("m", MS)
+def test_default_plan_satisfies_the_gpu_tiles(m, tp_rank):
+    par = ParallelConfig(8, tp_rank)
+    batch = batch_of(m)
+    assert batch.num_tokens == m
+    plan = plan_step(batch, LLAMA_70B, par, KERNEL_70B, PlanConfig())
+    S = len(batch.seqs)
+    tl = plan.tiles
+    assert tl.m == m
+    # the widths the planner chose are the table's BN, the token block fits every token GEMM's BM
+    assert tl.o == tiles.tile_shape(Op.O_PROJ, m).bn and tl.down == tiles.tile_shape(Op.DOWN, m).bn
+    assert tl.mlp == tiles.tile_shape(Op.GATE_UP, m).bn
+    assert tl.lm == tiles.tile_shape(Op.LM_HEAD, m).bn
+    assert tl.qkv == tiles.tile_shape(Op.QKV_ROPE, m).bn       # 128 / 256: whole heads of 128
+    assert tl.token_block == (64 if m <= 256 else 128)
+    s = plan.instrs.numpy()
+    seen = set()
+    for op in tiles.GEMM_TILE_OPS:
+        p, row0, rows, col0, cols, K = gemm_words(s, op)
+        assert len(p), op
+        seen.add(op)
+        # the megakernel compiles one variant per M class: token count (LM_HEAD also by sequences)
+        for mm_ in ((m, S) if op == Op.LM_HEAD else (m,)):
+            shape = tiles.tile_shape(op, mm_)
+            qkv = op == Op.QKV_ROPE
+            err = tiles.gemm_tile_error(op.name, shape, row0, rows, col0, cols, K,
+                                        p[:, qk.A_HEAD_DIM] if qkv else None,
+                                        p[:, qk.A_SEC_COL0] if qkv else None)
+            assert err is None, (m, op.name, err)
+            assert (K % 64 == 0).all() and (rows <= shape.bm).all() and (cols <= shape.bn).all()
+        bn = tiles.tile_shape(op, m).bn
+        assert cols.max() == bn, (op.name, cols.max(), bn)
+        H = LLAMA_70B.hidden_size
+        if op in (Op.O_PROJ, Op.DOWN):
+            check_tile_widths(cols, col0, H // 8, bn)
+        elif op == Op.GATE_UP:
+            check_tile_widths(cols, col0, LLAMA_70B.intermediate_size // 8, bn)
+        elif op == Op.LM_HEAD:
+            check_tile_widths(cols, col0, LLAMA_70B.vocab_size // 8, bn)
+        else:
+            D = LLAMA_70B.head_dim
+            sec = p[:, qk.A_SECTION]
+            sec_end = np.where(sec == 0, 8 * D, np.where(sec == 1, 9 * D, 10 * D))
+            assert ((cols == bn) | (col0 + cols == sec_end)).all()
+    assert seen == set(tiles.GEMM_TILE_OPS)
+    # rows of every layer's token GEMMs stay inside one token block
+    tb = tl.token_block
+    for op in tiles.TOKEN_GEMM_OPS:
+        p = s[(s[:, W_OPCODE] == int(op)) & (s[:, W_LAYER] == 0)]
+        assert ((p[:, W_ROW0] % tb) == 0).all()
+
+
+def test_explicit_values_override_the_table():
+    cfg = PlanConfig(qkv_tile=384, o_tile=64, mlp_tile=512, down_tile=128, lm_tile=1024, token_block=32)
+    plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).plan(batch_of(256))
+    t = plan.tiles
+    assert (t.qkv, t.o, t.mlp, t.down, t.lm, t.token_block) == (384, 64, 512, 128, 1024, 32)
+    s = plan.instrs.numpy()
+    for op, w in ((Op.O_PROJ, 64), (Op.GATE_UP, 512), (Op.DOWN, 128), (Op.LM_HEAD, 1024)):
+        assert s[s[:, W_OPCODE] == int(op), W_COLS].max() == w
+    assert s[s[:, W_OPCODE] == int(Op.QKV_ROPE), W_COLS].max() == 384
+    assert s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS].max() == 32
+    # ...and the GPU predicate says which of them the bodies cannot run
+    p, row0, rows, col0, cols, K = gemm_words(s, Op.GATE_UP)
+    assert "cols <= 128" in tiles.gemm_tile_error("GATE_UP", tiles.tile_shape(Op.GATE_UP, 256),
+                                                  row0, rows, col0, cols, K)
+
+
+def test_token_block_capped_by_the_kernel_config():
+    k = KernelConfig(token_block=32, page_size=16, max_batch_tokens=4096, max_seqs=4096,
+                     max_context=4096, num_kv_pages=65536)
+    assert plan_step(batch_of(1024), LLAMA_70B, ParallelConfig(8, 0), k).tiles.token_block == 32
+    assert tiles.default_token_block(1024) == 128 and tiles.default_token_block(256) == 64
+    assert tiles.default_token_block(4096, 256) == 128
+
+
+def test_predicate_catches_each_violation():
+    sh = tiles.tile_shape(Op.O_PROJ, 4096)           # m128n256
+    a = lambda *v: np.array(v)                       # noqa: E731
+    ok = dict(row0=a(0, 128), rows=a(128, 5), col0=a(0, 256), cols=a(256, 256), K=a(1024, 1024))
+    assert tiles.gemm_tile_error("O_PROJ", sh, **ok) is None
+    for key, bad, msg in (("K", a(1024, 1000), "multiple of 64"), ("cols", a(256, 264), "cols <= 256"),
+                          ("cols", a(256, 12), "multiples of 8"), ("col0", a(4, 256), "multiples of 8"),
+                          ("rows", a(129, 5), "rows <= 128"), ("rows", a(0, 5), "rows <= 128")):
+        err = tiles.gemm_tile_error("O_PROJ", sh, **{**ok, key: bad})
+        assert err and msg in err, (key, err)
+    q = tiles.tile_shape(Op.QKV_ROPE, 64)            # m64n256
+    args = dict(row0=a(0), rows=a(64), col0=a(1024 + 64), cols=a(128), K=a(8192))
+    err = tiles.gemm_tile_error("QKV_ROPE", q, **args, head_dim=a(128), sec_col0=a(1024))
+    assert "whole heads" in err
+    err = tiles.gemm_tile_error("QKV_ROPE", q, **{**args, "col0": a(1024)}, head_dim=a(64),
+                                sec_col0=a(1024))
+    assert "head_dim 128" in err
+    assert tiles.gemm_tile_error("QKV_ROPE", q, **{**args, "col0": a(1024)}, head_dim=a(128),
+                                 sec_col0=a(1024)) is None
+
+
+@pytest.mark.parametrize("m", MS)
+def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
+    """mk.megakernel.check_plan itself (operand bounds included) on a TP-1 default plan's token
+    GEMMs, with the slots the megakernel compiles for the step's M class (meta tensors: no memory).
+    LM_HEAD is left out: the planner gives the final instructions layer word L, which check_plan
+    refuses for the [V, H] lm_head weight (a layer-word question, not a tile shape; its tiles are
+    checked by the shared predicate above)."""
+    pytest.importorskip("cutlass")
+    import torch
+
+    import mk.megakernel as M
+    from mk.instructions.base import Buf
+    md = LLAMA_70B
+    par = ParallelConfig(1, 0)
+    plan = plan_step(batch_of(m), md, par, KERNEL_70B, PlanConfig())
+    T, H, L, I = KERNEL_70B.max_batch_tokens, md.hidden_size, md.num_layers, md.intermediate_size
+    QW, KVW = md.num_heads * md.head_dim, md.num_kv_heads * md.head_dim
+
+    def e(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16, device="meta")
+    gemm = {
+        Op.QKV_ROPE: M.GemmOperands(e(T, H), e(L, QW + 2 * KVW, H), e(T, QW), int(Buf.NORMED), int(Buf.Q)),
+        Op.O_PROJ: M.GemmOperands(e(T, QW), e(L, H, QW), e(T, H), int(Buf.ATTN_OUT), int(Buf.HIDDEN)),
+        Op.GATE_UP: M.GemmOperands(e(T, H), e(L, 2 * I, H), e(T, I), int(Buf.NORMED), int(Buf.MLP_ACT)),
+        Op.DOWN: M.GemmOperands(e(T, I), e(L, H, I), e(T, H), int(Buf.MLP_ACT), int(Buf.HIDDEN)),
+    }
+    slots = M.gemm_slots(gemm, m)
+    s = plan.instrs
+    keep = torch.zeros(len(s), dtype=torch.bool)
+    for op in gemm:
+        keep |= s[:, W_OPCODE] == int(op)
+    kv_rows = L * KERNEL_70B.kv_pages * KERNEL_70B.page_size
+    M.check_plan(s[keep].contiguous(), 8, T, H, plan.num_counters, gemm=gemm, slots=slots,
+                 kv_shape=(2, kv_rows, KVW))
+    # and it refuses the former defaults (mlp_tile 256 > GATE_UP's 128 columns)
+    bad = plan_step(batch_of(m), md, par, KERNEL_70B, PlanConfig(mlp_tile=256)).instrs
+    with pytest.raises(ValueError, match="GATE_UP tiles need"):
+        M.check_plan(bad[bad[:, W_OPCODE] == int(Op.GATE_UP)].contiguous(), 8, T, H,
+                     plan.num_counters, gemm=gemm, slots=slots)
