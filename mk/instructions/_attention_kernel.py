@@ -79,6 +79,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
+from mk.instructions._rows_kernel import bar_wait, page_of
 from mk.instructions import attention as at
 from mk.ir import Op
 
@@ -167,30 +168,6 @@ class AttnAtoms:
 
 
 # ============================================================================ device helpers
-@cute.jit
-def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
-             kind: cutlass.Constexpr, ticket: Int32):
-    """Bounded mbarrier parity wait that also gives up when the abort flag is raised."""
-    if not cute.arch.mbarrier_try_wait(bar, phase):
-        t0 = cute.arch.globaltimer()
-        st = Int32(0)
-        while st == 0:
-            if cute.arch.mbarrier_try_wait(bar, phase):
-                st = Int32(1)
-            elif cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                scope="gpu") != 0:
-                st = Int32(3)
-            elif cute.arch.globaltimer() - t0 > timeout_ns:
-                st = Int32(2)
-        if st == 2:
-            rk.write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
-
-
-@cute.jit
-def page_of(pg: Int32, npages: cutlass.Constexpr):
-    return pg % npages, (pg // npages) & 1
-
-
 @cute.jit
 def swz_tensor(pool: Int32, page: Int32, off: cutlass.Constexpr, layout: cute.ComposedLayout):
     p = cute.make_ptr(BFloat16, pool + page * PAGE + off, cute.AddressSpace.smem, assumed_align=1024)

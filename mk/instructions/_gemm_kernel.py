@@ -66,6 +66,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from mk import tiles
 from mk.instructions import _rows_kernel as rk
+from mk.instructions._rows_kernel import bar_wait, page_of  # noqa: F401  (shared with attention)
 from mk.instructions.matmul import Epi
 from mk.ir import Op
 
@@ -204,32 +205,6 @@ class GemmAtoms:
 
 
 # ============================================================================ device helpers
-@cute.jit
-def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
-             kind: cutlass.Constexpr, ticket: Int32):
-    """mbarrier parity wait, bounded: on timeout write the error record (first error wins, raises
-    the abort flag); also gives up at once when another wait has raised the abort flag, so one
-    failure ends the kernel quickly instead of every later wait timing out in turn."""
-    if not cute.arch.mbarrier_try_wait(bar, phase):
-        t0 = cute.arch.globaltimer()
-        st = Int32(0)
-        while st == 0:
-            if cute.arch.mbarrier_try_wait(bar, phase):
-                st = Int32(1)
-            elif cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                scope="gpu") != 0:
-                st = Int32(3)
-            elif cute.arch.globaltimer() - t0 > timeout_ns:
-                st = Int32(2)
-        if st == 2:
-            rk.write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
-
-
-@cute.jit
-def page_of(pg: Int32, npages: cutlass.Constexpr):
-    return pg % npages, (pg // npages) & 1
-
-
 @cute.jit
 def page_tensor(pool: Int32, page: Int32, layout: cute.ComposedLayout):
     """smem tensor over page `page` (runtime) with a swizzled K-major layout."""
