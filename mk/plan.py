@@ -649,9 +649,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           waits=[(LMN, len(ub))], signal=DONE,
           args={mm.A_SRC: Buf.LAST_NORMED, mm.A_DST: Buf.LOGITS, mm.A_EPI: mm.Epi.STORE, mm.A_K: H})
     final = _order(g, "op_major", 2)
+    # The layer word indexes the stacked weights an instruction reads; the final norm and the LM
+    # head read unstacked ones ([H], [V/n, H]), so theirs is 0 like the prelude's.
     for arr in (template, prelude, final):
         arr[:, W_LAYER] = 0
-    final[:, W_LAYER] = L
 
     # replicate the layer template: layer l = template + l * incr (layer word, counter words) ------
     m = template.shape[0]

@@ -185,10 +185,8 @@ def test_predicate_catches_each_violation():
 @pytest.mark.parametrize("m", MS)
 def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
     """mk.megakernel.check_plan itself (operand bounds included) on a TP-1 default plan's token
-    GEMMs, with the slots the megakernel compiles for the step's M class (meta tensors: no memory).
-    LM_HEAD is left out: the planner gives the final instructions layer word L, which check_plan
-    refuses for the [V, H] lm_head weight (a layer-word question, not a tile shape; its tiles are
-    checked by the shared predicate above)."""
+    GEMMs and LM head, with the slots the megakernel compiles for the step's M class (meta tensors:
+    no memory)."""
     pytest.importorskip("cutlass")
     import torch
 
@@ -207,6 +205,9 @@ def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
         Op.O_PROJ: M.GemmOperands(e(T, QW), e(L, H, QW), e(T, H), int(Buf.ATTN_OUT), int(Buf.HIDDEN)),
         Op.GATE_UP: M.GemmOperands(e(T, H), e(L, 2 * I, H), e(T, I), int(Buf.NORMED), int(Buf.MLP_ACT)),
         Op.DOWN: M.GemmOperands(e(T, I), e(L, H, I), e(T, H), int(Buf.MLP_ACT), int(Buf.HIDDEN)),
+        Op.LM_HEAD: M.GemmOperands(e(T, H), e(md.vocab_size, H),
+                                   torch.empty(T, md.vocab_size, dtype=torch.float32, device="meta"),
+                                   int(Buf.LAST_NORMED), int(Buf.LOGITS)),
     }
     slots = M.gemm_slots(gemm, m)
     s = plan.instrs
