@@ -79,7 +79,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
-from mk.instructions._rows_kernel import bar_wait, page_of
+from mk.instructions._rows_kernel import bar_wait, grant_page, page_of, tma_box
 from mk.instructions import attention as at
 from mk.ir import Op
 
@@ -197,20 +197,6 @@ def unit_range(R: Int32, qpk: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mt: In
 
 # ============================================================================ loader (1 warp)
 @cute.jit
-def kv_box(tma: cute.CopyAtom, g: cute.Tensor, box_layout: cute.ComposedLayout,
-           psb: cutlass.Constexpr, pool: Int32, page: Int32, off: Int32, row: Int32, col: Int32,
-           z: Int32, bar: cute.Pointer):
-    """TMA one (psb x 64) box of g (rows, cols, z) at (row, col, z) to byte `off` of page `page`."""
-    p = cute.make_ptr(BFloat16, pool + page * PAGE + off, cute.AddressSpace.smem, assumed_align=1024)
-    p = cute.recast_ptr(p, box_layout.inner, dtype=BFloat16)
-    s = cute.make_tensor(p, box_layout.outer)
-    gt = cute.local_tile(cute.domain_offset((row, col, z), g), (psb, HALF), (0, 0, 0))
-    ts, tg = cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                              cute.group_modes(gt, 0, 2))
-    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
-
-
-@cute.jit
 def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
               page_size: cutlass.Constexpr, meta: cute.Tensor, layer: Int32, R: Int32,
               col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, page_off: Int32,
@@ -249,16 +235,12 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                             p = kb0 + s * psb
                             crow = lrow + meta[page_off + p // page_size] * page_size + p % page_size
                             for hf in cutlass.range_constexpr(2):
-                                kv_box(tma, gKV, box_layout, psb, pool, page,
-                                       Int32(hf * HALF_BYTES + s * psb * HALF * 2), crow,
-                                       kc + hf * HALF, Int32(z), full + page)
+                                tma_box(tma, gKV, box_layout, psb, pool, page,
+                                        Int32(hf * HALF_BYTES + s * psb * HALF * 2), crow,
+                                        kc + hf * HALF, Int32(z), full + page)
                     pg = pg + 1
             for e in range(ne):
-                page, ph = page_of(pg, npages)
-                bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(full + page)
-                pg = pg + 1
+                pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
     return pg
 
 
@@ -269,11 +251,7 @@ def reduce_load(R: Int32, cols: Int32, qpk: Int32, pool: Int32, full: cute.Point
     """Loader warp of ATTN_REDUCE: grant one output page per 64 (row, head) pairs."""
     npg = (R * cols * qpk + 63) // 64
     for c in range(npg):
-        page, ph = page_of(pg, npages)
-        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(full + page)
-        pg = pg + 1
+        pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
     return pg
 
 

@@ -66,7 +66,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from mk import tiles
 from mk.instructions import _rows_kernel as rk
-from mk.instructions._rows_kernel import bar_wait, page_of  # noqa: F401  (shared with attention)
+from mk.instructions._rows_kernel import bar_wait, page_of, tma_box  # noqa: F401  (shared with attention)
 from mk.instructions.matmul import Epi
 from mk.ir import Op
 
@@ -213,22 +213,6 @@ def page_tensor(pool: Int32, page: Int32, layout: cute.ComposedLayout):
     return cute.make_tensor(p, layout.outer)
 
 
-@cute.jit
-def tma_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout, box_m: cutlass.Constexpr,
-            pool: Int32, page: Int32, row: Int32, kcol: Int32, z: Int32, bar: cute.Pointer,
-            sub: cutlass.Constexpr = 0):
-    """TMA one (box_m x 64) box of g (rows, cols, z) at element (row, kcol) into page `page`
-    (at byte offset sub * box_m * 128), completing on mbarrier `bar`."""
-    p = cute.make_ptr(BFloat16, pool + page * PAGE + sub * box_m * 128, cute.AddressSpace.smem,
-                      assumed_align=1024)
-    p = cute.recast_ptr(p, s_layout.inner, dtype=BFloat16)
-    s = cute.make_tensor(p, s_layout.outer)
-    gt = cute.local_tile(cute.domain_offset((row, kcol, z), g), (box_m, BK), (0, 0, 0))
-    ts, tg = cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                              cute.group_modes(gt, 0, 2))
-    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
-
-
 # ============================================================================ loader (1 warp)
 @cute.jit
 def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAtom,
@@ -253,7 +237,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
-        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, row0, kc, xb, full + page)
+        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
         for j in cutlass.range_constexpr(cfg.nb):
             page, ph = page_of(pg + 1 + j, npages)
             bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
@@ -262,7 +246,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             wrow = col0 + j * B_ROWS
             if cutlass.const_expr(cfg.gate_up and j == 1):
                 wrow = up_row0
-            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, wrow, kc, layer, full + page)
+            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
         pg = pg + cfg.stage_pages
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
@@ -275,8 +259,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full + page, nb_here * cfg.bm * 128)
             for s in cutlass.range_constexpr(nb_here):
-                tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, row0,
-                        col0 + (e * bpp + s) * 64, yb, full + page, s)
+                tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, s * cfg.bm * 128, row0,
+                        col0 + (e * bpp + s) * 64, yb, full + page)
         else:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(full + page)

@@ -151,6 +151,33 @@ def page_of(pg: Int32, npages: cutlass.Constexpr):
 
 
 @cute.jit
+def tma_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
+            box_rows: cutlass.Constexpr, pool: Int32, page: Int32, byte_off, row: Int32, col: Int32,
+            z: Int32, bar: cute.Pointer):
+    """TMA one (box_rows x 64) bf16 box of g (rows, cols, z) at element (row, col, z) into page
+    `page` of the pool at `byte_off`, completing on mbarrier `bar` (64 columns = one SW128 atom)."""
+    p = cute.make_ptr(BFloat16, pool + page * PAGE + byte_off, cute.AddressSpace.smem,
+                      assumed_align=1024)
+    p = cute.recast_ptr(p, s_layout.inner, dtype=BFloat16)
+    s = cute.make_tensor(p, s_layout.outer)
+    gt = cute.local_tile(cute.domain_offset((row, col, z), g), (box_rows, 64), (0, 0, 0))
+    ts, tg = cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                              cute.group_modes(gt, 0, 2))
+    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
+
+
+@cute.jit
+def grant_page(pg: Int32, npages: cutlass.Constexpr, full: cute.Pointer, empty: cute.Pointer,
+               timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+    """Loader: hand the next ring page to the consumers with no TMA into it (an output page)."""
+    page, ph = page_of(pg, npages)
+    bar_wait(empty + page, ph ^ 1, timeout_ns, state, ERR_PAGE_EMPTY, ticket)
+    with cute.arch.elect_one():
+        cute.arch.mbarrier_arrive(full + page)
+    return pg + 1
+
+
+@cute.jit
 def bounded_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
                      kind: cutlass.Constexpr, ticket: Int32):
     """mbarrier parity wait with a deadline; on timeout write an error record and raise abort.
