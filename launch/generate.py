@@ -128,8 +128,8 @@ def run(args, device: torch.device) -> int:
     from mk.engine import Engine
 
     if args.model is None:
-        from mk.tiny import tiny_checkpoint
-        model_dir = Path(tiny_checkpoint())
+        from mk.tiny import default_model_config, tiny_checkpoint
+        model_dir = Path(tiny_checkpoint(config=default_model_config(args.backend)))
         log(f"no --model: using the tiny random checkpoint {model_dir}")
     else:
         model_dir = Path(args.model)

@@ -17,7 +17,7 @@ Backends are created by name through a registry: a module registers a factory wi
     def make_vm_backend(weights: RankWeights, kernel: KernelConfig, group) -> Backend: ...
 
 "reference" (mk.reference, plain torch) is built in; "vm" (mk.vm) and "megakernel"
-(mk.megakernel) are imported on first use when their modules exist, and must register themselves
+(mk.megakernel_step) are imported on first use when their modules exist, and must register themselves
 on import.
 """
 
@@ -103,7 +103,7 @@ class Backend(Protocol):
 BackendFactory = Callable[[RankWeights, KernelConfig, object], Backend]
 _BACKENDS: dict[str, BackendFactory] = {}
 # Backends whose module registers them on import (loaded on first use, listed when present).
-_LAZY_BACKENDS = {"vm": "mk.vm", "megakernel": "mk.megakernel"}
+_LAZY_BACKENDS = {"vm": "mk.vm", "megakernel": "mk.megakernel_step"}
 
 
 def register_backend(name: str):

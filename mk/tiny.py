@@ -1,6 +1,8 @@
 """The embedded default model: a tiny random Llama checkpoint in Hugging Face format.
 
-    tiny_checkpoint(seed=0, cache_dir=None) -> Path
+    tiny_checkpoint(seed=0, cache_dir=None, config=TINY_CONFIG) -> Path
+    (config=TINY_HD128_CONFIG: the same kind of model with head_dim 128, which the megakernel's
+    GPU bodies need; `default_model_config(backend)` picks it for --backend megakernel)
 
 writes (once, then reuses) config.json + model.safetensors (+ generation_config.json) of a small
 GQA Llama with llama3 RoPE scaling, deterministic from `seed`, with mk's own code (no
@@ -24,6 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dataclasses import replace
+
 from mk.config import ModelConfig, RopeConfig
 
 # Bump when the weights produced for a given (config, seed) change, so stale caches are not reused.
@@ -45,6 +49,11 @@ TINY_CONFIG = ModelConfig(
     bos_token_id=1,
     eos_token_id=(2,),
 )
+
+# The tiny model with the shapes the megakernel's GPU bodies support (head_dim 128, GEMM widths
+# multiples of 64): the default model of `--backend megakernel` and of the GPU parity tests.
+TINY_HD128_CONFIG = replace(TINY_CONFIG, hidden_size=512, intermediate_size=1024, num_heads=4,
+                            num_kv_heads=2, head_dim=128, vocab_size=1024)
 
 # Initialisation, chosen so that greedy generation is varied (measured with transformers: with every
 # linear at std 0.02 the random model repeats a handful of tokens; with these it does not):
@@ -128,3 +137,8 @@ def tiny_checkpoint(seed: int = 0, cache_dir: str | Path | None = None, *,
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def default_model_config(backend: str = "reference") -> ModelConfig:
+    """The tiny model a backend runs when no checkpoint is given."""
+    return TINY_HD128_CONFIG if backend == "megakernel" else TINY_CONFIG

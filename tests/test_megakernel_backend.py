@@ -1,9 +1,8 @@
-"""`--backend megakernel` outside its test mode (CPU): clear errors, exit code 1, no traceback.
+"""`--backend megakernel` (mk.megakernel_step) on the CPU: clear errors, exit code 1, no traceback.
 
-A model step needs opcodes the megakernel has no GPU body for yet, so launch/generate.py
---backend megakernel must stop at once with a one-line error: on a machine without a GPU "needs a
-CUDA GPU", on a GPU a NotImplementedError naming the missing opcodes (its GPU twin is in
-test_megakernel_gpu.py). The rows-only test mode is `python -m mk.megakernel selftest`."""
+Without a GPU, launch/generate.py --backend megakernel stops at once with "needs a CUDA GPU"; a
+model the GPU bodies cannot run is refused with the reason (the GPU runs are in
+test_megakernel_step_gpu.py). The rows-only test mode is `python -m mk.megakernel selftest`."""
 
 from __future__ import annotations
 
@@ -54,18 +53,56 @@ def test_selftest_usage():
     assert r.returncode == 2 and "usage: python -m mk.megakernel selftest" in r.stderr
 
 
-def test_model_step_raises_not_implemented_naming_opcodes(monkeypatch):
-    """The GPU branch, simulated: a full model's backend fails at construction."""
+def test_unsupported_configurations_are_named():
+    """mk.megakernel_step refuses what the GPU bodies cannot run, each reason in words."""
+    pytest.importorskip("cutlass")
+    import torch
+
+    from mk.config import KernelConfig, ParallelConfig
+    from mk.megakernel_step import unsupported_reasons
+    from mk.plan import PlanConfig
+    from mk.tiny import TINY_CONFIG, TINY_HD128_CONFIG
+    assert unsupported_reasons(TINY_HD128_CONFIG, ParallelConfig(), KernelConfig()) == []
+    why = unsupported_reasons(TINY_CONFIG, ParallelConfig(tp_size=2, rank=1),
+                              KernelConfig(page_size=4), PlanConfig(kv_split=100), torch.float32)
+    text = " | ".join(why)
+    for needle in ("TP size 2", "float32", "head_dim 32", "page_size 4", "kv_split 100"):
+        assert needle in text, (needle, text)
+
+
+def test_meta_capacity_holds_the_largest_step():
+    """The fixed-capacity metadata buffer holds build_meta of a batch at every compiled maximum."""
+    pytest.importorskip("cutlass")
+    from mk.batch import SeqChunk, StepBatch
+    from mk.config import KernelConfig
+    from mk.megakernel_step import meta_capacity
+    from mk.plan import build_meta
+    k = KernelConfig(max_batch_tokens=256, max_seqs=8, max_context=512, page_size=16)
+    per_seq = k.max_context // k.page_size
+    # max_seqs sequences at full context: 7 decode tokens + one 249-token prefill chunk
+    seqs = [SeqChunk([1], k.max_context - 1, list(range(i * per_seq, (i + 1) * per_seq)))
+            for i in range(k.max_seqs - 1)]
+    last = k.max_batch_tokens - (k.max_seqs - 1)
+    seqs.append(SeqChunk([1] * last, k.max_context - last,
+                         list(range((k.max_seqs - 1) * per_seq, k.max_seqs * per_seq))))
+    meta = build_meta(StepBatch(seqs), k)
+    assert meta.tensor.numel() <= meta_capacity(k)
+
+
+def test_backend_construction_refuses_unsupported_model(monkeypatch):
+    """The GPU branch, simulated: the tiny head_dim-32 model is refused at construction with the
+    reason, before any buffer is allocated (the GPU twin is in test_megakernel_step_gpu.py)."""
     pytest.importorskip("cutlass")
     import torch
 
     import mk.megakernel as M
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    with pytest.raises(NotImplementedError) as ei:
-        M.MegakernelBackend(weights=None)
-    msg = str(ei.value)
-    for name in ("ATTENTION", "EMBED", "TP_REDUCE"):   # the GEMM tiles have bodies now
-        assert name in msg
-    assert "python -m mk.megakernel selftest" in msg
-    assert isinstance(ei.value, RuntimeError)   # generate.py reports it as one line, exit 1
+    from mk.config import ParallelConfig
+    from mk.megakernel_step import MegakernelStepBackend, UnsupportedModelError
+    from mk.tiny import tiny_checkpoint
+    from mk.weights import load_rank_weights
+    monkeypatch.setattr(M, "require_gpu", lambda *a, **k: None)
+    w = load_rank_weights(tiny_checkpoint(), ParallelConfig(), dtype=torch.bfloat16,
+                          device=torch.device("cpu"), progress=False)
+    from mk.engine import default_kernel_config
+    with pytest.raises(UnsupportedModelError, match="head_dim 32"):
+        MegakernelStepBackend(w, default_kernel_config(w.config))

@@ -1,0 +1,300 @@
+"""`--backend megakernel`: one rank's whole forward step in one persistent megakernel launch.
+
+    backend = MegakernelStepBackend(weights, kernel)     # weights: mk.weights.RankWeights on CUDA
+    logits = backend.forward(batch)                      # [num_seqs, vocab] float32
+
+Per step: mk.plan plans the batch (every layer and the LM head), the step metadata is copied into
+a fixed-capacity device buffer, and the megakernel variant of the step's M class (the GEMM tile
+configs of mk.tiles for its token count) runs the stream; the logits are LOGITS[:num_seqs].
+
+The backend owns every buffer of mk.plan.buffer_shapes, allocated once for the compiled maxima
+(KernelConfig: max_batch_tokens, max_seqs, max_context, page_size, kv pages) and reused: the
+activation arena [3, T, H] (HIDDEN, NORMED, SCRATCH), Q, ATTN_OUT, MLP_ACT, ATTN_PARTIAL /
+ATTN_LSE (float32), LAST_NORMED, LOGITS (float32) and the K/V cache as one [2, rows, hkv*D]
+tensor (z = 0 K, z = 1 V: the layout both QKV_ROPE's append and the attention TMA read).
+
+What it refuses, before anything runs (`unsupported_reasons`, CPU-importable checks):
+    TP > 1 (needs mk.comm), weights not bfloat16 on a CUDA device, head_dim != 128, widths that are
+    not multiples of 64 (K of a GEMM) or 8 (output columns), a page size that is not a power of two
+    >= 8, a KV split that does not start on a 64-key block; per step: a batch over the compiled
+    maximum tokens / sequences, a context past max_context or the KV pages (StepBatch.validate).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mk.batch import StepBatch
+from mk.config import KernelConfig, ModelConfig, ParallelConfig
+from mk.instructions import _common as mc
+from mk.instructions.base import Buf
+from mk.plan import PlanConfig, Planner, buffer_shapes
+from mk.weights import RankWeights
+
+GPU_HEAD_DIM = 128
+K_ALIGN = 64            # GEMM K step (one 128-byte swizzle atom of bf16)
+COL_ALIGN = 8           # 16-byte vectors of bf16
+KEY_BLOCK = 64          # attention key block: a KV split must start on one
+
+
+class UnsupportedModelError(ValueError):
+    """The model / parallel / kernel configuration is outside what the GPU bodies support."""
+
+
+def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: KernelConfig,
+                        plan_cfg: PlanConfig = PlanConfig(),
+                        dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """Why the megakernel cannot run this configuration (empty list: it can). CPU-only checks."""
+    why = []
+    if parallel.tp_size != 1:
+        why.append(f"TP size {parallel.tp_size}: the megakernel runs TP 1 only until the "
+                   "communication instructions (mk.comm) land; use --backend vm or reference")
+    if dtype != torch.bfloat16:
+        why.append(f"weights in {dtype}: the GPU bodies compute in bfloat16 (--dtype bfloat16)")
+    if model.head_dim != GPU_HEAD_DIM:
+        why.append(f"head_dim {model.head_dim}: QKV_ROPE and ATTENTION need head_dim "
+                   f"{GPU_HEAD_DIM}")
+    hq = parallel.heads_local(model)
+    widths = {"hidden_size": model.hidden_size, "q heads x head_dim": hq * model.head_dim,
+              "intermediate_size (per rank)": parallel.intermediate_local(model)}
+    for name, w in widths.items():
+        if w % K_ALIGN:
+            why.append(f"{name} = {w} is not a multiple of {K_ALIGN} (the GEMM K step)")
+    if parallel.vocab_local(model) % COL_ALIGN:
+        why.append(f"vocab_size (per rank) {parallel.vocab_local(model)} is not a multiple of "
+                   f"{COL_ALIGN}")
+    ps = kernel.page_size
+    if ps < 8 or ps & (ps - 1):
+        why.append(f"page_size {ps}: the attention TMA boxes need a power of two >= 8")
+    if plan_cfg.kv_split % KEY_BLOCK:
+        why.append(f"PlanConfig.kv_split {plan_cfg.kv_split} is not a multiple of {KEY_BLOCK}")
+    return why
+
+
+def check_supported(model, parallel, kernel, plan_cfg=PlanConfig(), dtype=torch.bfloat16) -> None:
+    why = unsupported_reasons(model, parallel, kernel, plan_cfg, dtype)
+    if why:
+        raise UnsupportedModelError("megakernel backend cannot run this model: " + "; ".join(why))
+
+
+def meta_capacity(kernel: KernelConfig) -> int:
+    """Words of the largest step metadata buffer (mk.plan.build_meta's layout) the compiled
+    maxima allow."""
+    pages_per_seq = -(-kernel.max_context // kernel.page_size)
+    return (mc.META_HEADER + 3 * kernel.max_batch_tokens
+            + (mc.SEQ_WORDS + 1) * kernel.max_seqs + kernel.max_seqs * pages_per_seq)
+
+
+class MegakernelStepBackend:
+    """The engine backend: a model step per launch (see the module docstring)."""
+
+    name = "megakernel"
+
+    def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None,
+                 plan_cfg: PlanConfig | None = None, timeout_s: float = 10.0,
+                 journal: bool = False, verbose: bool = True):
+        from mk import megakernel as mkk
+        mkk.require_gpu()
+        model, parallel = weights.config, weights.parallel
+        self.plan_cfg = plan_cfg or PlanConfig()
+        check_supported(model, parallel, kernel, self.plan_cfg, weights.dtype)
+        if not weights.qkv.is_cuda:
+            raise UnsupportedModelError("megakernel backend: the weights must be on a CUDA device "
+                                        f"(they are on {weights.qkv.device})")
+        self.weights, self.model, self.kernel = weights, model, kernel
+        self.group = group
+        self.timeout_s, self.journal, self.verbose = timeout_s, journal, verbose
+        self.device = dev = weights.qkv.device
+        self.planner = Planner(model, parallel, kernel, self.plan_cfg)
+        shapes = buffer_shapes(model, parallel, kernel, self.plan_cfg)
+        bf, f32 = torch.bfloat16, torch.float32
+        T, H = shapes[Buf.HIDDEN]
+
+        def buf(b, dtype=bf):
+            return torch.zeros(shapes[b], dtype=dtype, device=dev)
+
+        self.arena = torch.zeros(3, T, H, dtype=bf, device=dev)   # HIDDEN, NORMED, SCRATCH
+        self.q, self.attn_out, self.mlp_act = buf(Buf.Q), buf(Buf.ATTN_OUT), buf(Buf.MLP_ACT)
+        self.attn_partial, self.attn_lse = buf(Buf.ATTN_PARTIAL, f32), buf(Buf.ATTN_LSE, f32)
+        self.last_normed, self.logits = buf(Buf.LAST_NORMED), buf(Buf.LOGITS, f32)
+        kv_rows, kv_w = shapes[Buf.K_CACHE]
+        self.kv = torch.zeros(2, kv_rows, kv_w, dtype=bf, device=dev)
+        self.meta = torch.zeros(meta_capacity(kernel), dtype=torch.int32, device=dev)
+        from mk.reference import rope_inv_freq
+        self.inv_freq = rope_inv_freq(model.head_dim, model.rope).float().to(dev)
+        self.normw = mkk.norm_table(weights).to(dev)
+        self._kernels: dict = {}        # M class -> mk.megakernel.Megakernel (one variant each)
+        self.steps = 0
+        self.last_launch_s = None
+
+    # -- buffers ---------------------------------------------------------------------------------
+    def kv_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V as [L, num_pages, page_size, kv_heads, D] views (mk.vm.VM.kv_cache's shape)."""
+        shape = (self.model.num_layers, self.kernel.kv_pages, self.kernel.page_size, -1,
+                 self.model.head_dim)
+        return self.kv[0].view(shape), self.kv[1].view(shape)
+
+    def _operands(self):
+        from mk import megakernel as mkk
+        from mk.ir import Op
+        w = self.weights
+        G = mkk.GemmOperands
+        return {
+            Op.QKV_ROPE: G(self.arena, w.qkv, self.q, int(Buf.HIDDEN), int(Buf.Q)),
+            Op.O_PROJ: G(self.attn_out, w.o, self.arena, int(Buf.ATTN_OUT), int(Buf.HIDDEN)),
+            Op.GATE_UP: G(self.arena, w.gate_up, self.mlp_act, int(Buf.HIDDEN), int(Buf.MLP_ACT)),
+            Op.DOWN: G(self.mlp_act, w.down, self.arena, int(Buf.MLP_ACT), int(Buf.HIDDEN)),
+            Op.LM_HEAD: G(self.last_normed, w.lm_head, self.logits, int(Buf.LAST_NORMED),
+                          int(Buf.LOGITS)),
+        }
+
+    def megakernel_for(self, num_tokens: int):
+        """The Megakernel of num_tokens' M class (built, and compiled at first launch, once)."""
+        from mk import megakernel as mkk
+        from mk import tiles
+        c = tiles.m_class(num_tokens)
+        if c not in self._kernels:
+            m = (tiles.M_CLASSES + (max(tiles.M_CLASSES[-1] + 1, num_tokens),))[c]
+            self._kernels[c] = mkk.Megakernel(
+                self.arena, self.normw, self.model.num_layers, self.model.rms_norm_eps,
+                journal=self.journal, timeout_s=self.timeout_s, verbose=self.verbose,
+                gemm=self._operands(), gemm_m=m, meta=self.meta, inv_freq=self.inv_freq,
+                kv=self.kv,
+                attn=mkk.AttnOperands(self.q, self.attn_out, self.attn_partial, self.attn_lse,
+                                      self.kernel.page_size),
+                embed=self.weights.embed, last_normed=self.last_normed)
+        return self._kernels[c]
+
+    # -- a step ----------------------------------------------------------------------------------
+    def prepare(self, batch: StepBatch):
+        """Plan the batch and check the stream against the kernel; returns (megakernel, handle,
+        plan). The metadata is copied to the device here (it is the step's only per-step input
+        besides the stream)."""
+        k = self.kernel
+        batch.validate(k.page_size, k.kv_pages, max_tokens=k.max_batch_tokens,
+                       max_context=k.max_context)
+        if len(batch.seqs) > k.max_seqs:
+            raise ValueError(f"batch has {len(batch.seqs)} sequences, over the compiled maximum "
+                             f"{k.max_seqs}")
+        plan = self.planner.plan(batch)
+        meta = plan.meta.tensor
+        if meta.numel() > self.meta.numel():
+            raise ValueError(f"step metadata of {meta.numel()} words exceeds the buffer's "
+                             f"{self.meta.numel()}")
+        mk = self.megakernel_for(plan.meta.num_tokens)
+        handle = mk.prepare(plan.instrs)
+        self.meta[:meta.numel()].copy_(meta, non_blocking=False)
+        return mk, handle, plan
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        mk, handle, plan = self.prepare(batch)
+        t0 = time.perf_counter()
+        mk.launch(handle, check=True)
+        self.last_launch_s = time.perf_counter() - t0
+        self.steps += 1
+        S = plan.meta.num_seqs
+        return self.logits[:S].clone()
+
+
+def _register() -> None:
+    # mk.megakernel registers a test-mode factory under the same name when imported: import it
+    # first so that this (the model-step backend) is the one the engine finds
+    import mk.megakernel  # noqa: F401
+    from mk.engine import register_backend
+    register_backend("megakernel")(
+        lambda weights, kernel, group=None: MegakernelStepBackend(weights, kernel, group))
+
+
+_register()
+
+
+# ==================================================================================== self-check
+def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
+                     decode_steps: int = 3, verbose: bool = True) -> dict:
+    """One mixed run of the tiny head_dim-128 model on the GPU: a prefill step of prompts of
+    several lengths (some split over KV blocks of kv_split keys), then decode steps that mix in a
+    second prefill chunk; every step's logits vs mk.vm on the same weights (bf16 tolerance) and the
+    greedy tokens equal. The small run compute-sanitizer checks
+    (`python -m mk.megakernel_step check --layers 2`)."""
+    from dataclasses import replace as dc_replace
+
+    from mk.batch import SeqChunk
+    from mk.config import ParallelConfig as PC
+    from mk.engine import PageManager, default_kernel_config
+    from mk.tiny import TINY_HD128_CONFIG, tiny_checkpoint
+    from mk.vm import VM
+    from mk.weights import load_rank_weights
+
+    cfg = TINY_HD128_CONFIG if layers is None else dc_replace(TINY_HD128_CONFIG, num_layers=layers)
+    ckpt = tiny_checkpoint(seed=seed, config=cfg)
+    w = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cuda"),
+                          progress=False)
+    kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
+    pcfg = PlanConfig(kv_split=kv_split)
+    mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
+    vm = VM([w], kernel, pcfg, device=w.qkv.device)
+    pages = PageManager(kernel.kv_pages, kernel.page_size)
+    g = torch.Generator().manual_seed(seed)
+    lens = [1, 13, 64, 130]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in lens]
+    late = torch.randint(0, cfg.vocab_size, (40,), generator=g).tolist()
+    for i, p in enumerate(prompts + [late]):
+        pages.allocate(i, len(p) + decode_steps + 1)
+    ctx = [0] * (len(prompts) + 1)
+    steps, worst, ok = [], 0.0, True
+    batch = StepBatch([SeqChunk(p, 0, pages.pages(i)) for i, p in enumerate(prompts)])
+    for step in range(decode_steps + 1):
+        got = mk.forward(batch)
+        want = vm.step(batch)
+        tol = 0.02 * float(want.abs().max())
+        err = float((got - want).abs().max())
+        same = bool(torch.equal(got.argmax(-1), want.argmax(-1)))
+        ok &= err <= tol and same
+        worst = max(worst, err / max(tol, 1e-30))
+        steps.append(dict(tokens=batch.num_tokens, seqs=len(batch.seqs), max_abs_err=err,
+                          tol=tol, argmax_equal=same))
+        for j, c in enumerate(batch.seqs):
+            ctx[j] = c.end_pos
+        nxt = want.argmax(-1).tolist()
+        chunks = [SeqChunk([nxt[j]], ctx[j], pages.pages(j)) for j in range(len(prompts))]
+        if step == 0:       # a prefill chunk joins the decode batch
+            chunks.append(SeqChunk(late[:24], 0, pages.pages(len(prompts))))
+        elif step == 1:
+            chunks.append(SeqChunk(late[24:], 24, pages.pages(len(prompts))))
+        batch = StepBatch(chunks)
+    kv_mk = mk.kv_cache()
+    kv_vm = vm.kv_cache(0)
+    kv_err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(kv_mk, kv_vm))
+    return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, steps=steps,
+                worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,
+                device=torch.cuda.get_device_name())
+
+
+def _main(argv=None) -> int:
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(prog="python -m mk.megakernel_step",
+                                 description="check: the tiny head_dim-128 model's steps through "
+                                 "the megakernel vs the interpreter (mk.vm) on the GPU")
+    ap.add_argument("cmd", choices=["check"])
+    ap.add_argument("--layers", type=int, default=None, help="layers (default: the tiny model's 4)")
+    ap.add_argument("--kv-split", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decode-steps", type=int, default=3)
+    a = ap.parse_args(argv)
+    try:
+        from mk import megakernel as mkk
+        mkk.require_gpu("the megakernel check", hint="")
+        r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps)
+    except (RuntimeError, ValueError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=__import__("sys").stderr)
+        return 1
+    print(json.dumps(r), flush=True)
+    return 0 if r["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

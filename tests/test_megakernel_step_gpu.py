@@ -1,0 +1,153 @@
+"""The whole model step through the megakernel (mk.megakernel_step) on a Hopper GPU.
+
+Model: the tiny random checkpoint with head_dim 128 (mk.tiny.TINY_HD128_CONFIG, 4 layers, GQA 4/2),
+bf16. Oracles: the interpreter (mk.vm) and the plain torch reference (mk.reference), both bf16
+on the same GPU, and the reference in float32. Greedy generation with continuous batching and
+chunked prefill (prompts of 1 .. 300 tokens, so prefill chunks, decode tokens, several token blocks,
+KV pages and attention splits mix in one step). `pytest -m gpu tests/test_megakernel_step_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")]
+
+NEW_TOKENS = 64
+PROMPT_LENS = (1, 5, 17, 64, 130, 300)
+BF16_REL_TOL = 0.02     # of the logit scale (tests/test_reference_hf.py explains the bound)
+
+
+def _prompts(seed=0, lens=PROMPT_LENS, vocab=1024):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    from mk.tiny import TINY_HD128_CONFIG, tiny_checkpoint
+    return tiny_checkpoint(config=TINY_HD128_CONFIG)
+
+
+def _engine(ckpt, backend, dtype=torch.bfloat16, kv_split=None, **kw):
+    from mk.engine import Engine
+    kw.setdefault("max_seqs", 16)
+    kw.setdefault("max_context", 1024)
+    e = Engine.from_pretrained(ckpt, backend=backend, dtype=dtype, device="cuda", progress=False,
+                               **kw)
+    if kv_split is not None:       # a small split: long prompts go through ATTN_REDUCE
+        from mk.plan import PlanConfig
+        if backend == "megakernel":
+            from mk.megakernel_step import MegakernelStepBackend
+            e.backend = MegakernelStepBackend(e.weights, e.kernel, plan_cfg=PlanConfig(kv_split=kv_split))
+        elif backend == "vm":
+            from mk.vm import VM
+            e.backend.vm = VM([e.weights], e.kernel, PlanConfig(kv_split=kv_split),
+                              device=e.weights.qkv.device)
+    return e
+
+
+@pytest.fixture(scope="module")
+def engines(ckpt):
+    return {name: _engine(ckpt, name, kv_split=128) for name in ("megakernel", "vm", "reference")}
+
+
+@pytest.mark.parametrize("tokens_per_step", [64, 512])
+def test_greedy_tokens_equal_vm_and_reference(engines, tokens_per_step):
+    prompts = _prompts()
+    outs = {name: e.generate(prompts, max_new_tokens=NEW_TOKENS, ignore_eos=True,
+                             max_tokens_per_step=tokens_per_step) for name, e in engines.items()}
+    for i in range(len(prompts)):
+        assert outs["megakernel"][i] == outs["vm"][i], f"prompt {i}: megakernel != vm"
+        assert outs["megakernel"][i] == outs["reference"][i], f"prompt {i}: megakernel != reference"
+    assert engines["megakernel"].pages.free_pages == engines["megakernel"].pages.num_pages
+
+
+def test_logits_within_bf16_of_float32_reference_and_deterministic(ckpt, engines):
+    from test_reference_hf import teacher_forced_logits
+    prompts = _prompts(seed=1, lens=(3, 40, 129, 257))
+    mk = engines["megakernel"]
+    forced = mk.generate(prompts, max_new_tokens=8, ignore_eos=True)
+    got = teacher_forced_logits(mk, prompts, forced, 8)
+    again = teacher_forced_logits(mk, prompts, forced, 8)
+    assert torch.equal(got, again), "the same steps gave different logits"
+    ref32 = _engine(ckpt, "reference", dtype=torch.float32)
+    want = teacher_forced_logits(ref32, prompts, forced, 8)
+    tol = BF16_REL_TOL * float(want.abs().max())
+    err = float((got - want).abs().max())
+    assert err <= tol, f"max |megakernel - fp32 reference| logit {err:.4g} > {tol:.4g}"
+
+
+def test_hf_parity_through_megakernel(tmp_path):
+    """A checkpoint written by transformers (head_dim 128), greedy: tokens identical to HF's
+    bf16 generate up to the first near-tie of HF's logits (the rule of test_reference_hf)."""
+    pytest.importorskip("transformers")
+    from conftest import make_hf_checkpoint
+    from test_reference_hf import load_hf, teacher_forced_logits
+    ckpt_dir, _ = make_hf_checkpoint(
+        tmp_path, hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+        num_hidden_layers=2, vocab_size=512, intermediate_size=512, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        max_position_embeddings=1024)
+    hf = load_hf(ckpt_dir, torch.bfloat16).cuda()
+    prompts = [[3, 17, 45, 2, 99, 120], [7], list(range(11, 80)), [200, 201, 5]]
+    n = 24
+    with torch.inference_mode():
+        ref = [_hf_greedy_cuda(hf, p, n) for p in prompts]
+    mk = _engine(ckpt_dir, "megakernel")
+    logits = teacher_forced_logits(mk, prompts, [t for t, _ in ref], n)
+    outs = mk.generate(prompts, max_new_tokens=n, ignore_eos=True, max_tokens_per_step=32)
+    for i, (toks, hl) in enumerate(ref):
+        first_tie = n
+        for t in range(n):
+            tol = BF16_REL_TOL * float(hl[t].abs().max())
+            diff = float((logits[i, t].cpu() - hl[t]).abs().max())
+            assert diff <= tol, f"prompt {i} step {t}: |mk - HF| {diff:.4g} > {tol:.4g}"
+            top2 = hl[t].topk(2).values
+            if float(top2[0] - top2[1]) <= tol:
+                first_tie = min(first_tie, t)
+        assert outs[i][:first_tie] == toks[:first_tie], f"prompt {i}: tokens differ before step {first_tie}"
+
+
+def _hf_greedy_cuda(model, prompt, n):
+    out = model.generate(torch.tensor([prompt], device="cuda"), do_sample=False, max_new_tokens=n,
+                         min_new_tokens=n, pad_token_id=0, eos_token_id=None, output_logits=True,
+                         return_dict_in_generate=True)
+    return out.sequences[0, len(prompt):].tolist(), torch.cat(out.logits).float().cpu()
+
+
+def test_refuses_bad_batches_before_launch(engines):
+    from mk.batch import SeqChunk, StepBatch
+    be = engines["megakernel"].backend
+    k = engines["megakernel"].kernel
+    steps = be.steps
+    with pytest.raises(ValueError, match="over the maximum"):
+        be.forward(StepBatch([SeqChunk([1] * (k.max_batch_tokens + 1), 0,
+                                       list(range(-(-(k.max_batch_tokens + 1) // k.page_size))))]))
+    with pytest.raises(ValueError, match="context"):
+        be.forward(StepBatch([SeqChunk([1], k.max_context, list(range(k.max_context // k.page_size + 1)))]))
+    with pytest.raises(ValueError, match="sequences"):
+        be.forward(StepBatch([SeqChunk([1], 0, [i]) for i in range(k.max_seqs + 1)]))
+    with pytest.raises(ValueError, match="outside"):
+        be.forward(StepBatch([SeqChunk([1], 0, [k.kv_pages])]))
+    assert be.steps == steps, "a refused batch must not launch"
+
+
+def test_refuses_unsupported_model():
+    from mk.engine import Engine
+    from mk.megakernel_step import UnsupportedModelError
+    from mk.tiny import tiny_checkpoint
+    with pytest.raises(UnsupportedModelError, match="head_dim 32"):
+        Engine.from_pretrained(tiny_checkpoint(), backend="megakernel", device="cuda",
+                               progress=False)
+
+
+def test_check_cli_two_layers():
+    """The run compute-sanitizer checks (scripts/gpu_tests.sh): two layers vs the interpreter."""
+    from mk.megakernel_step import check_against_vm
+    r = check_against_vm(layers=2, kv_split=64)
+    assert r["passed"], r
+    assert r["kv_cache_max_abs_diff"] < 0.1, r
