@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 import cutlass
@@ -86,6 +87,14 @@ EPI_SILU_MUL = int(Epi.SILU_MUL)    # GATE_UP
 EPI_STORE_F32 = 16                  # LM_HEAD: float32 logits
 EPI_ROPE = 17                       # QKV_ROPE: RoPE on q/k sections, K/V rows to the paged cache
 SEC_Q, SEC_K, SEC_V = 0, 1, 2       # qkv.py sections
+
+# Profiling variants (compile-time, read once at import; never set in production): comma-separated
+# parts of the tile's work to leave out, so that timing differences place the per-tile time
+# (bench/gemm_profile.py): "nostore" = the storer skips its global stores (it still waits and
+# frees every page), "noepi" = the consumers skip the epilogue math and smem writes (they still
+# wait for and hand over the epilogue pages). Results are wrong under either.
+EXPERIMENT = frozenset(t for t in os.environ.get("MK_GEMM_EXPERIMENT", "").split(",") if t)
+assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
 
 
 @dataclass(frozen=True)
@@ -374,10 +383,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     if cutlass.const_expr(cfg.wg == "PAGE"):
         col_off = wg * cfg.wn
     nout = 1 if cfg.gate_up else nch
-    if cutlass.const_expr(epi == EPI_ROPE):
+    if cutlass.const_expr(epi == EPI_ROPE and "noepi" not in EXPERIMENT):
         rope_epilogue(cfg, accs, tCcC, col_off, pool, ep0, npages, meta, inv_freq, row0, rows,
                       section)
-    for ch in cutlass.range_constexpr(0 if epi == EPI_ROPE else nout):
+    for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
         acc = accs[ch]
         for i in cutlass.range_constexpr(cute.size(acc) // 2):
             r, c = tCcC[2 * i]
@@ -531,7 +540,7 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
         page, ph = page_of(pg + e, npages)
         bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-        for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
+        for s in cutlass.range_constexpr(0 if "nostore" in EXPERIMENT else min(bpp, nbox - e * bpp)):
             box = e * bpp + s
             sbase = pool + page * PAGE + s * (cfg.bm * 128)
             for it in range(per_thread // UNR):

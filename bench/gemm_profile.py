@@ -1,0 +1,170 @@
+"""Where a GEMM tile's time goes, through mk.megakernel on one GPU (bench/GEMM_NOTES.md).
+
+    python bench/gemm_profile.py --jobs O_PROJ:4096:time:,O_PROJ:4096:time:nostore,...
+    python bench/gemm_profile.py --jobs O_PROJ:4096:ncu: --ncu   # under ncu, see below
+
+A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
+tile's work compiled out, e.g. "nostore", "noepi"; "+" separates several) or "nosig" (the plan
+carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
+config for this opcode instead of the table's). KIND:
+    time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
+    journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
+             time of one tile at steady state), percentiles
+    ncu      one launch between cudaProfilerStart/Stop (run the job under
+             `ncu --profile-from-start off`)
+Each job is its own process (one compiled variant per environment); the driver starts them all at
+once (their compiles overlap) and a file lock lets one job at a time use the GPU. One JSON line per
+job on stdout (prefix @@JOB) and in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+LOCK = "/tmp/mk_gemm_gpu.lock"
+
+
+def gpu_lock():
+    f = open(LOCK, "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def worker(job: str, reps: int) -> dict:
+    import torch
+
+    import bench.gemm as bg
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op
+    op, m, kind, exp = job.split(":")
+    m = int(m)
+    tile = [t[5:] for t in exp.split("+") if t.startswith("tile=")]
+    if tile:
+        # another tile of the table for this (op, M) (megakernel.gemm_slots calls gk.choose_tile)
+        table_choice = gk.choose_tile
+        gk.choose_tile = lambda o, mm: (gk.TILES[tile[0]] if Op(o) == Op[op]
+                                        else table_choice(o, mm))
+    K, N, NO, src, dst = bg.SHAPES[op]
+    cfg = gk.choose_tile(Op[op], m)
+    lay = 0 if op == "LM_HEAD" else 1
+    sig = None if "nosig" in exp else 0
+    instrs, _ = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst),
+                              signal_base=sig)
+    out = dict(job=job, op=op, m=m, kind=kind, experiment=exp, tile=cfg.name,
+               n_tiles=int(instrs.shape[0]), kt=K // gk.BK)
+    if kind == "journal":
+        import mk.megakernel as M
+        x, w, y = bg.make_problem(op, m, seed=1)
+        y.nan_to_num_(0.0)
+        arena = torch.zeros(3, 64, 1024, dtype=torch.bfloat16, device="cuda")
+        normw = torch.zeros(3, 1024, dtype=torch.bfloat16, device="cuda")
+        mkk = M.Megakernel(arena, normw, 1, 1e-5, journal=True, verbose=False,
+                           gemm={Op[op]: M.GemmOperands(x, w, y, int(src), int(dst))}, gemm_m=m)
+        p = mkk.prepare(instrs)
+        mkk.launch(p)                        # compile + warm
+        with gpu_lock():
+            torch.cuda.synchronize()
+            mkk.launch(p)
+            torch.cuda.synchronize()
+        n = int(instrs.shape[0])
+        jr, jc = mkk.journal_rows(n)
+        cta, fetch, ready, end = (jr[:, M.J_CTA], jr[:, M.J_FETCH], jr[:, M.J_READY],
+                                  jr[:, M.J_END])
+        t0 = int(jc[:, 0].min())
+        iv, first = [], []
+        for c in range(mkk.grid):
+            sel = (cta == c).nonzero().flatten()
+            e = end[sel].sort().values
+            if len(e):
+                first.append(int(e[0]) - int(jc[c, 0]))
+            iv += (e[1:] - e[:-1]).tolist()
+        iv.sort()
+        q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None   # noqa: E731
+        out.update(tile_interval_ns=dict(p10=q(iv, .1), p50=q(iv, .5), p90=q(iv, .9), n=len(iv)),
+                   first_tile_end_ns=dict(p10=q(sorted(first), .1), p50=q(sorted(first), .5),
+                                          p90=q(sorted(first), .9)),
+                   kernel_ns=int(jc[:mkk.grid, 1].max()) - t0,
+                   tail_ns=int(jc[:mkk.grid, 1].max()) - int(jc[:mkk.grid, 1].min()),
+                   fetch_to_ready_ns_p50=float((ready - fetch).float().median()))
+        return out
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    wbytes = N * K * 2 * (1 if op == "LM_HEAD" else 2)
+    R = min(16, max(2, math.ceil(3 * l2 / (wbytes + (m + 64) * (K * 2 + NO * 4)))))
+    if kind == "ncu":
+        R = 1
+    sets = [bg.make_problem(op, m, seed=100 + i) for i in range(R)]
+    for _, _, y in sets:
+        y.nan_to_num_(0.0)
+    h = bg.MkGemm(Op[op], m)
+    fns = [h.launcher(h.prepare(instrs, x, w, y)) for x, w, y in sets]
+    for f in fns:                            # compile + warm
+        f()
+    torch.cuda.synchronize()
+    h.check()
+    with gpu_lock():
+        if kind == "ncu":
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            fns[0]()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        else:
+            us, ts = bg.time_rotating(fns, reps)
+            out.update(mk_us=us, min_us=ts[0], max_us=ts[-1], buffer_sets=R)
+    h.check()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", required=True, help="comma-separated OP:M:KIND:EXPERIMENT")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None)
+    p.add_argument("--timeout", type=float, default=240.0)
+    a = p.parse_args(argv)
+    if a.worker:
+        os.environ.setdefault("MK_GEMM_EXPERIMENT", "")
+        r = worker(a.jobs, a.reps)
+        print("@@JOB " + json.dumps(r), flush=True)
+        return 0
+    procs = []
+    for job in [j for j in a.jobs.split(",") if j]:
+        exp = job.split(":")[3]
+        env = dict(os.environ, MK_GEMM_EXPERIMENT=",".join(
+            t for t in exp.split("+") if t in ("nostore", "noepi")))
+        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,
+               "--reps", str(a.reps)]
+        procs.append((job, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True)))
+    results = []
+    t_end = time.time() + a.timeout
+    for job, pr in procs:
+        try:
+            txt, _ = pr.communicate(timeout=max(1.0, t_end - time.time()))
+        except subprocess.TimeoutExpired:
+            pr.kill()
+            txt, _ = pr.communicate()
+            txt += "\n(timed out)"
+        got = [ln[6:] for ln in txt.splitlines() if ln.startswith("@@JOB ")]
+        r = json.loads(got[0]) if got else dict(job=job, error=txt[-1500:])
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
