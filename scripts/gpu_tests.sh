@@ -11,14 +11,19 @@
 #   MK_AB            extra bench variants MODE:BACKOFF_NS,... ("" = none); "group:1000" is the
 #                    original kernel (named-barrier hand-offs, 1 us backoff cap)
 #   MK_SAN_EXTRA     other hand-off modes to racecheck as well (default "warp")
+#   MK_TESTS_EXTRA   more GPU test files for the "tests" step (default: the model-step, ops, GEMM
+#                    and attention GPU tests)
+# Step "step_san": memcheck + racecheck of a two-layer tiny model step (mk.megakernel_step check).
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 DATE=$(date +%Y-%m-%d)
-STEPS=${MK_STEPS:-"tests bench san probe"}
+STEPS=${MK_STEPS:-"tests bench step_san san probe"}
 AB=${MK_AB-"group:1000,warp:1000,thread:1000,thread:500,thread:100,thread:50"}
 SAN_EXTRA=${MK_SAN_EXTRA-"warp"}
+MK_TESTS_EXTRA=${MK_TESTS_EXTRA-"tests/test_megakernel_step_gpu.py tests/test_megakernel_ops_gpu.py tests/test_gemm_gpu.py tests/test_attention_gpu.py"}
+MK_TESTS_EXTRA=$(for f in $MK_TESTS_EXTRA; do [ -f "$f" ] && printf '%s ' "$f"; done)
 COMMIT=${MK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 export MK_COMMIT=$COMMIT
 rc=0
@@ -44,6 +49,12 @@ if [ $HAVE_SAN = 1 ]; then
   case " $STEPS " in *" probe "*)
     san racecheck "(probe: which hand-offs racecheck models)" bench/probes/racecheck_mbarrier_probe.py ;;
   esac
+  case " $STEPS " in *" step_san "*)
+    for tool in memcheck racecheck; do
+      san $tool "(two-layer tiny model step vs mk.vm)" -m mk.megakernel_step check --layers 2 \
+          --decode-steps 1
+    done ;;
+  esac
   case " $STEPS " in *" san "*)
     san racecheck "(megakernel, default hand-off)" bench/megakernel_core.py --sanitize
     for h in $SAN_EXTRA; do
@@ -56,7 +67,8 @@ case " $STEPS " in *" tests "*)
   {
     echo "== $(date -u) $(nvidia-smi -L 2>/dev/null | head -1) commit $COMMIT"
     python3 -m pytest -q -m "compile or gpu" tests/test_megakernel_compile.py \
-        tests/test_megakernel_gpu.py tests/test_megakernel_backend.py -p no:cacheprovider -rA 2>&1
+        tests/test_megakernel_gpu.py tests/test_megakernel_backend.py $MK_TESTS_EXTRA \
+        -p no:cacheprovider -rA 2>&1
     echo "== tests took $((SECONDS - T0)) s"
   } > "$OUTDIR/gpu_tests_$DATE.log" 2>&1 || rc=1
   tail -4 "$OUTDIR/gpu_tests_$DATE.log" ;;
