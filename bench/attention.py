@@ -404,6 +404,10 @@ class AttnHarness:
                                f"CTA {int(st[rk.S_ERR_CTA])})")
 
 
+DUMP: dict = {}      # case name -> the kernel's outputs (CPU), filled when --dump is given
+DUMP_ON = False
+
+
 def check_case(case, seed: int = 0, tol: float = 2e-2) -> dict:
     """Run one case on the GPU and compare ATTN_OUT (every row), the partials and LSEs of split
     segments, and the signal counters with the torch faces / plan targets."""
@@ -415,6 +419,9 @@ def check_case(case, seed: int = 0, tol: float = 2e-2) -> dict:
     h = AttnHarness(prob)
     h.launchers()()
     torch.cuda.synchronize()
+    if DUMP_ON:   # the problem is rebuilt on the CPU from (case, seed): only outputs travel back
+        DUMP[case["name"]] = dict(seed=seed, out=h.out.cpu(), part=h.part.cpu(), lse=h.lse.cpu(),
+                                  counters=h.counters.cpu(), state=h.state.cpu())
     h.check_state()
     T = prob["T"]
     got_o = h.out[:T].float().cpu()
@@ -538,7 +545,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="", help="JSON results path (default bench/results/attention_<date>.json)")
+    ap.add_argument("--dump", default="", help="torch.save the kernel outputs of every checked case here")
     a = ap.parse_args(argv)
+    global DUMP_ON
+    DUMP_ON = bool(a.dump)
     if a.compile_only:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         for ps in (16, 64):
@@ -564,6 +574,10 @@ def main(argv=None) -> int:
         ok_all &= bool(r.get("ok"))
         results["checks"].append(r)
         print(f"[attention] {'ok  ' if r.get('ok') else 'FAIL'} {json.dumps(r)}", flush=True)
+        if a.dump:
+            torch.save(DUMP, a.dump)
+        if "illegal" in r.get("error", "") or "unspecified launch" in r.get("error", ""):
+            break   # the CUDA context is gone: every later case would fail the same way
     if not a.check_only and ok_all:
         for c in cases:
             r = bench_case(c, a.seed)
