@@ -79,9 +79,14 @@ import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk import tiles
+from mk.instructions import _attention_kernel as ak
+from mk.instructions import _gather_kernel as gat
 from mk.instructions import _gemm_kernel as gk
 from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
+from mk.instructions import attention as at
+from mk.instructions import embed as em
+from mk.instructions import lm as lmn
 from mk.instructions import qkv as qk
 from mk.instructions.base import Buf, NormWeight
 from mk.instructions.matmul import A_EPI as MM_A_EPI
@@ -127,7 +132,8 @@ J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
-BAR_WG0 = 3            # consumer warpgroup 0 alone (the rows bodies)
+BAR_WG0 = 4            # consumer warpgroup 0 alone (the rows bodies, "group" hand-off);
+                       # 3 is ak.BAR_ATTN (both consumer warpgroups, inside attn_consume)
 N_STORER = 64
 N_CONSUMER = 256       # two consumer warpgroups
 N_WG = 128             # one warpgroup: the rows bodies run in warpgroup 0
@@ -142,7 +148,12 @@ DEFAULT_BACKOFF_NS = 200
 ROWS_OPS = (int(Op.NOOP), int(Op.COPY), int(Op.RMSNORM), int(Op.RESIDUAL_ADD))
 # GEMM-tile family (mk/instructions/_gemm_kernel.py), in kernel-parameter slot order
 GEMM_OPS = (int(Op.QKV_ROPE), int(Op.O_PROJ), int(Op.GATE_UP), int(Op.DOWN), int(Op.LM_HEAD))
-SUPPORTED_OPS = ROWS_OPS + GEMM_OPS
+# attention family (mk/instructions/_attention_kernel.py) and the metadata-driven row gathers
+# (mk/instructions/_gather_kernel.py)
+ATTN_OPS = (int(Op.ATTENTION), int(Op.ATTN_REDUCE))
+GATHER_OPS = (int(Op.EMBED), int(Op.LM_NORM))
+SUPPORTED_OPS = ROWS_OPS + GEMM_OPS + ATTN_OPS + GATHER_OPS
+ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV page size)
 
 
 def page_share(handoff: str) -> int:
@@ -152,6 +163,25 @@ def page_share(handoff: str) -> int:
     arrives with 2 per thread, the storer's 64 threads with 4 each. "warp" / "group": 8 (one per
     consumer warp for the GEMM bodies; the rows bodies' warps or thread 0 arrive for the rest)."""
     return N_CONSUMER if handoff == "thread" else gk.NUM_CONSUMER_WARPS
+
+
+# The attention bodies hand pages over per warp (done[p]: lane 0 of each of the 8 consumer warps;
+# empty[p]: the storer with arrive_count 8), i.e. the page barrier counts of the "warp" / "group"
+# hand-offs: a variant with attention cannot use "thread" (its page barriers count 256).
+ATTN_HANDOFF = "warp"
+
+
+def default_handoff(attention: bool) -> str:
+    return ATTN_HANDOFF if attention else DEFAULT_HANDOFF
+
+
+def check_handoff(handoff: str, attention: bool) -> None:
+    if handoff not in rk.HANDOFF_MODES:
+        raise ValueError(f"handoff must be one of {rk.HANDOFF_MODES}, got {handoff!r}")
+    if attention and page_share(handoff) != ak.DONE_ARRIVALS:
+        raise ValueError(f"a megakernel with attention needs a per-warp page hand-off "
+                         f"(handoff 'warp' or 'group'; the attention bodies arrive once per "
+                         f"warp), got {handoff!r}")
 
 
 @dataclass(frozen=True)
@@ -186,7 +216,8 @@ class MegakernelError(RuntimeError):
 
     KINDS = {rk.ERR_COUNTER_WAIT: "counter wait", rk.ERR_PAGE_EMPTY: "page-empty wait",
              rk.ERR_PAGE_FULL: "page-full wait", rk.ERR_PAGE_DONE: "page-done wait",
-             rk.ERR_INSTR_SLOT: "instruction-slot wait", rk.ERR_BAD_OPCODE: "bad opcode"}
+             rk.ERR_INSTR_SLOT: "instruction-slot wait", rk.ERR_BAD_OPCODE: "bad opcode",
+             ERR_BAD_META: "metadata check"}
 
     def __init__(self, kind, instr, counter, value, target, sm, cta):
         self.kind, self.instr, self.counter = kind, instr, counter
@@ -240,8 +271,13 @@ class MegakernelDSL:
     step, gk.TILE_TABLE); () = the rows family only."""
 
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
-                 backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = ()):
-        assert handoff in rk.HANDOFF_MODES, handoff
+                 backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = (), attn_page_size: int = 0,
+                 gather: bool = False):
+        check_handoff(handoff, attn_page_size > 0)
+        if attn_page_size:
+            ak.box_rows(attn_page_size)         # a power of two >= 8
+        self.attn_ps = int(attn_page_size)      # 0: no attention family compiled in
+        self.gather = bool(gather)              # EMBED / LM_NORM compiled in
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
@@ -266,12 +302,17 @@ class MegakernelDSL:
                  gx3: cute.Tensor, gw3: cute.Tensor, gy3: cute.Tensor,
                  gx4: cute.Tensor, gw4: cute.Tensor, gy4: cute.Tensor,
                  meta: cute.Tensor, inv_freq: cute.Tensor, kv: cute.Tensor,
-                 grid: Int32, stream):
+                 aq: cute.Tensor, aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor,
+                 embed: cute.Tensor, lastn: cute.Tensor, grid: Int32, stream):
         """GEMM slot i (GEMM_OPS order): gx_i activations (T, K, Z) K-contiguous, gw_i the
         layer-stacked weights (N, K, L), gy_i the destination (T, N, Z) N-contiguous (float32 for
         LM_HEAD; the Q buffer for QKV_ROPE), compact in z; small dummies for opcodes not compiled
         in. meta / inv_freq / kv: QKV_ROPE's step metadata, inverse frequencies and the
-        (rows, hkv*D, 2) K/V caches."""
+        (rows, hkv*D, 2) K/V caches (z = 0 K, 1 V; also the attention's TMA source).
+        aq / aout / apart / alse: Q (T, hq*D) bf16, ATTN_OUT (T, hq*D) bf16, ATTN_PARTIAL
+        (P, hq*D) fp32, ATTN_LSE (P, hq) fp32 of the attention family; embed: the [V, H] bf16
+        table (EMBED); lastn: LAST_NORMED [S, H] bf16 (LM_NORM); small dummies where a family
+        is not compiled in."""
         box = cute.make_layout((rk.PR, rk.BOXC), stride=(rk.BOXC, 1))
         tma, mT = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), bufs, box, (rk.PR, rk.BOXC))
@@ -286,6 +327,11 @@ class MegakernelDSL:
                 tma_r, gR = at.tma_r, at.gR
             gops.append((at.tma_a, at.gA, at.tma_b, at.gB, tma_r, gR, at.tiled_mma, at.sA_layout,
                          at.sB_layout, y, w))
+        aops = []
+        if cutlass.const_expr(self.attn_ps > 0):
+            aa = ak.AttnAtoms(kv, self.attn_ps)
+            aops = [aa.tma, aa.gKV, aa.box_layout, aa.mma_qk, aa.mma_pv, aa.sK_layout,
+                    aa.sV_layout]
 
         @cute.struct
         class Storage:
@@ -300,7 +346,8 @@ class MegakernelDSL:
             pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
         self.storage = Storage
         self.kernel(instrs, n_instr, counters, n_ctr, state, tma, mT, bufs, normw, n_layers, eps,
-                    timeout_ns, journal, jcta, gops, meta, inv_freq, kv).launch(
+                    timeout_ns, journal, jcta, gops, meta, inv_freq, kv, aops, aq, aout, apart,
+                    alse, embed, lastn).launch(
             grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
             max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
 
@@ -309,7 +356,9 @@ class MegakernelDSL:
                state: cute.Tensor, tma: cute.CopyAtom, mT: cute.Tensor, bufs: cute.Tensor,
                normw: cute.Tensor, n_layers: Int32, eps: Float32, timeout_ns: Int64,
                journal: cute.Tensor, jcta: cute.Tensor, gops: list, meta: cute.Tensor,
-               inv_freq: cute.Tensor, kv: cute.Tensor):
+               inv_freq: cute.Tensor, kv: cute.Tensor, aops: list, aq: cute.Tensor,
+               aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor, embed: cute.Tensor,
+               lastn: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -343,6 +392,8 @@ class MegakernelDSL:
                 cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][2])
                 if cutlass.const_expr(GS[gi].epi == gk.EPI_RESIDUAL):
                     cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][4])
+            if cutlass.const_expr(self.attn_ps > 0):
+                cute.nvgpu.cpasync.prefetch_descriptor(aops[0])
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(NISLOTS):
                     cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
@@ -379,10 +430,21 @@ class MegakernelDSL:
                         c = cute.arch.shuffle_sync(w, wi)
                         tg = cute.arch.shuffle_sync(w, wi + 1)
                         ok = Int32(1)
+                        if cutlass.const_expr(self.attn_ps > 0):
+                            # the KV page size is compiled in (TMA box rows): refuse a step whose
+                            # metadata says otherwise instead of reading wrong cache rows
+                            if cute.arch.shuffle_sync(w, W_OPCODE) == ak.OP_ATTENTION:
+                                mps = meta[mc.M_PAGE_SIZE]
+                                if mps != self.attn_ps:
+                                    ok = Int32(0)
+                                    if lane == 0:
+                                        rk.write_error(state, ERR_BAD_META, t, Int32(-1), mps,
+                                                       Int32(self.attn_ps))
                         if lane < MAX_WAITS:
                             if c >= 0:
-                                ok = wait_counter(counters, c, tg, timeout_ns, state, t,
-                                                  self.backoff_ns)
+                                if ok == 1:
+                                    ok = wait_counter(counters, c, tg, timeout_ns, state, t,
+                                                      self.backoff_ns)
                         if cute.arch.vote_all_sync(ok == 1):
                             if cutlass.const_expr(self.journal):
                                 if lane == 0:
@@ -440,6 +502,20 @@ class MegakernelDSL:
                                                   ring[base + W_LAYER], ring[base + W_ROW0], col0,
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
                                                   empty, pg, NP, timeout_ns, state, t)
+                        if cutlass.const_expr(self.attn_ps > 0):
+                            if op == ak.OP_ATTENTION:
+                                pg = ak.attn_load(aops[0], aops[1], aops[2], self.attn_ps, meta,
+                                                  ring[base + W_LAYER], ring[base + W_ROWS],
+                                                  ring[base + W_COL0], ring[base + W_COLS],
+                                                  ring[base + at.A_POS0], ring[base + at.A_KV0],
+                                                  ring[base + at.A_KV1],
+                                                  ring[base + at.A_PAGE_OFF],
+                                                  ring[base + at.A_MODE], ring[base + at.A_QPK],
+                                                  pool, full, empty, pg, NP, timeout_ns, state, t)
+                            elif op == ak.OP_ATTN_REDUCE:
+                                pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
+                                                    ring[base + at.A_QPK], pool, full, empty, pg,
+                                                    NP, timeout_ns, state, t)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot = islot + 1
                         if islot == NISLOTS:
@@ -471,6 +547,14 @@ class MegakernelDSL:
                             if op == GS[gi].op:
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
                                                      empty, done, pg, sid, timeout_ns, state, t)
+                        if cutlass.const_expr(self.attn_ps > 0):
+                            if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
+                                pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
+                                                     empty, done, pg, sid, timeout_ns, state, t)
+                        if cutlass.const_expr(self.gather):
+                            if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
+                                self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
+                                                  n_layers, eps, sid)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
@@ -529,6 +613,23 @@ class MegakernelDSL:
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
                                                  PS)
+                    if cutlass.const_expr(self.attn_ps > 0):
+                        if op == ak.OP_ATTENTION:
+                            pg = ak.attn_consume(aops[3], aops[4], aops[5], aops[6],
+                                                 aq.iterator.toint(), aq.shape[1],
+                                                 ring[base + W_ROW0], ring[base + W_ROWS],
+                                                 ring[base + W_COL0], ring[base + W_COLS],
+                                                 ring[base + at.A_POS0], ring[base + at.A_KV0],
+                                                 ring[base + at.A_KV1], ring[base + at.A_MODE],
+                                                 ring[base + at.A_QPK], pool, full, empty, done,
+                                                 pg, NP, ctid, timeout_ns, state, t)
+                        elif op == ak.OP_ATTN_REDUCE:
+                            pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
+                                                   ring[base + W_ROWS], ring[base + W_COL0],
+                                                   ring[base + W_COLS], ring[base + at.A_SLOT0],
+                                                   ring[base + at.A_NSPLIT],
+                                                   ring[base + at.A_QPK], pool, full, done, pg,
+                                                   NP, ctid, timeout_ns, state, t)
                     rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
                                BAR_CONSUMER, HM)
                     islot = islot + 1
@@ -593,6 +694,46 @@ class MegakernelDSL:
                              BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
                              dcol0, page_share(self.handoff))
 
+    @cute.jit
+    def store_attn(self, op: Int32, ring: cute.Tensor, base: Int32, aout: cute.Tensor,
+                   apart: cute.Tensor, alse: cute.Tensor, pool: Int32, empty: cute.Pointer,
+                   done: cute.Pointer, pg: Int32, sid: Int32, timeout_ns: Int64,
+                   state: cute.Tensor, t: Int32) -> Int32:
+        """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch)."""
+        if op == ak.OP_ATTENTION:
+            pg = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
+                               apart.shape[1], alse.iterator.toint(), alse.shape[1],
+                               ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
+                               ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
+                               ring[base + at.A_KV1], ring[base + at.A_MODE],
+                               ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
+                               pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t)
+        else:
+            pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
+                                 ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],
+                                 ring[base + at.A_QPK], pool, empty, done, pg, self.npages, sid,
+                                 BAR_STORER, N_STORER, timeout_ns, state, t)
+        return pg
+
+    @cute.jit
+    def store_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
+                     meta: cute.Tensor, embed: cute.Tensor, lastn: cute.Tensor,
+                     normw: cute.Tensor, n_layers: Int32, eps: Float32, sid: Int32):
+        """Storer body of EMBED (table rows -> an arena buffer) and LM_NORM (arena rows ->
+        LAST_NORMED); no pages."""
+        T = bufs.shape[0]
+        H = bufs.shape[1]
+        arena = bufs.iterator.toint()
+        if op == gat.OP_EMBED:
+            gat.embed_store(embed, meta, arena + Int64(ring[base + em.A_DST]) * Int64(T * H) * 2,
+                            H, ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
+                            ring[base + W_COLS], sid, N_STORER)
+        else:
+            gat.lm_norm_store(meta, arena + Int64(ring[base + lmn.A_SRC]) * Int64(T * H) * 2, H, T,
+                              ring[base + lmn.A_LAST_OFF], lastn, normw,
+                              Int32(int(NormWeight.FINAL)) * n_layers, eps, ring[base + W_ROW0],
+                              ring[base + W_ROWS], ring[base + lmn.A_WIDTH], sid, N_STORER)
+
 
 # ==================================================================================== host side
 _COMPILED: dict = {}
@@ -609,18 +750,22 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
 
 def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                        handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
-                       gemm: tuple = ()):
+                       gemm: tuple = (), attn_page_size: int = 0, gather: bool = False):
     """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
-    the M class's tile configs) and arena/norm-table shape."""
-    key = (journal, handoff, int(backoff_ns), tuple(gemm)) + tuple(shape_key)
+    the M class's tile configs, attention KV page size (0 = no attention), gather family) and
+    arena/norm-table shape. Prints the compile time of each new variant once (verbose)."""
+    key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
+           bool(gather)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
-            MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm), *args)
+            MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
+                          attn_page_size=attn_page_size, gather=gather), *args)
         if verbose:
-            tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "rows only"
+            tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
-                  f"backoff_ns={backoff_ns} gemm={tiles} in {time.time() - t0:.1f} s", flush=True)
+                  f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
+                  f"gather={gather} in {time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
 
@@ -639,6 +784,24 @@ class GemmOperands:
     y: torch.Tensor
     x_buf: int
     y_buf: int
+
+
+@dataclass
+class AttnOperands:
+    """The attention family's tensors for Megakernel(attn=AttnOperands(...)) (the K/V caches are
+    Megakernel's kv, the tensor QKV_ROPE appends to).
+
+    q:       Buf.Q [T, hq*D] bf16 (QKV_ROPE's y);
+    out:     Buf.ATTN_OUT [T, hq*D] bf16 (O_PROJ's x);
+    partial: Buf.ATTN_PARTIAL [P, hq*D] float32;
+    lse:     Buf.ATTN_LSE [P, hq] float32;
+    page_size: the KV page size (KernelConfig.page_size), compiled in (TMA box rows)."""
+
+    q: torch.Tensor
+    out: torch.Tensor
+    partial: torch.Tensor
+    lse: torch.Tensor
+    page_size: int
 
 
 def _as3d(t: torch.Tensor) -> torch.Tensor:
@@ -717,11 +880,17 @@ def _gemm_shapes(g: GemmOperands) -> dict:
 
 
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
-               gemm: dict | None = None, slots: tuple = (), kv_shape=None):
+               gemm: dict | None = None, slots: tuple = (), kv_shape=None,
+               attn: AttnOperands | None = None, embed_shape=None, last_normed_shape=None,
+               meta_page_size: int | None = None):
     """Host-side refusal of what this kernel cannot run (before it could hang or fault).
 
     gemm / slots: the GEMM operands and compiled slots of the megakernel (GEMM opcodes without a
-    slot are refused); kv_shape: (2, rows, hkv*D) of QKV_ROPE's K/V caches."""
+    slot are refused); kv_shape: (2, rows, hkv*D) of QKV_ROPE's K/V caches (attention reads
+    them); attn: the attention operands (None: ATTENTION / ATTN_REDUCE refused); embed_shape:
+    [V, H] of the EMBED table; last_normed_shape: [S, H] of LAST_NORMED (LM_NORM);
+    meta_page_size: the step metadata's KV page size when the caller has it on the host (the
+    kernel checks it too, without a host sync)."""
     s = stream.detach().cpu()
     if s.dtype != torch.int32 or s.dim() != 2 or s.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
@@ -822,7 +991,118 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
                              f"(x: {g.xb}..{g.xb + sh['xz'] - 1}, y: {g.yb}..{g.yb + sh['yz'] - 1})")
         if ((p[:, W_LAYER] < 0) | (p[:, W_LAYER] >= sh["wl"])).any():
             raise ValueError(f"megakernel: {name} layer beyond the stacked weights' {sh['wl']}")
+    _check_attention(s, ops, T, attn, kv_shape, meta_page_size)
+    _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape)
     return mx + 1
+
+
+def _check_attention(s, ops, T, attn, kv_shape, meta_page_size):
+    """ATTENTION / ATTN_REDUCE against the compiled attention operands (see check_plan)."""
+    a = s[ops == int(Op.ATTENTION)]
+    r = s[ops == int(Op.ATTN_REDUCE)]
+    if not len(a) and not len(r):
+        return
+    if attn is None:
+        raise NotImplementedError("megakernel: ATTENTION / ATTN_REDUCE instructions, but this "
+                                  "megakernel was built without attention operands "
+                                  "(Megakernel(..., attn=AttnOperands(...)))")
+    D = ak.D
+    hqD, Tq, P, hq = attn.q.shape[1], attn.q.shape[0], attn.partial.shape[0], attn.lse.shape[1]
+    if meta_page_size is not None and int(meta_page_size) != attn.page_size:
+        raise ValueError(f"megakernel: the step metadata's KV page size {int(meta_page_size)} is "
+                         f"not the compiled one ({attn.page_size})")
+    for p, name in ((a, "ATTENTION"), (r, "ATTN_REDUCE")):
+        if not len(p):
+            continue
+        if (p[:, at.A_HEAD_DIM] != D).any():
+            raise ValueError(f"megakernel: {name} needs head_dim {D} (the page geometry of the "
+                             f"attention bodies), the plan has "
+                             f"{sorted(set(p[:, at.A_HEAD_DIM].tolist()))}")
+        row0, rows, col0, cols, qpk = (p[:, W_ROW0], p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS],
+                                       p[:, at.A_QPK])
+        if (rows <= 0).any() or (cols <= 0).any() or (qpk <= 0).any() or (col0 < 0).any() \
+                or (row0 < 0).any():
+            raise ValueError(f"megakernel: {name} needs rows, KV heads and qpk > 0")
+        if (row0 + rows > min(Tq, attn.out.shape[0], T)).any():
+            raise ValueError(f"megakernel: {name} rows beyond the Q / ATTN_OUT buffers "
+                             f"({min(Tq, attn.out.shape[0])} rows)")
+        if ((col0 + cols) * qpk * D > min(hqD, attn.out.shape[1])).any() \
+                or ((col0 + cols) * qpk > hq).any():
+            raise ValueError(f"megakernel: {name} q heads beyond the Q / ATTN_OUT / ATTN_LSE "
+                             f"columns ({hqD // D} heads)")
+    if len(a):
+        if kv_shape is None:
+            raise ValueError("megakernel: ATTENTION needs the K/V caches (Megakernel(kv=...))")
+        if ((a[:, W_COL0] + a[:, W_COLS]) * D > kv_shape[2]).any():
+            raise ValueError(f"megakernel: ATTENTION KV heads beyond the caches' "
+                             f"{kv_shape[2] // D} heads")
+        if (a[:, at.A_KV0] % ak.KB != 0).any() or (a[:, at.A_KV0] < 0).any():
+            raise ValueError(f"megakernel: an ATTENTION KV split starts off a {ak.KB}-key block "
+                             f"(PlanConfig.kv_split must be a multiple of {ak.KB})")
+        mode = a[:, at.A_MODE]
+        if ((mode != at.MODE_DIRECT) & (mode != at.MODE_PARTIAL)).any():
+            raise ValueError("megakernel: ATTENTION mode must be 0 (direct) or 1 (partial)")
+        pa = a[mode == at.MODE_PARTIAL]
+        if len(pa) and ((pa[:, at.A_SLOT] < 0).any()
+                        or (pa[:, at.A_SLOT] + pa[:, W_ROWS] > min(P, attn.lse.shape[0])).any()):
+            raise ValueError(f"megakernel: ATTENTION split slots beyond ATTN_PARTIAL / ATTN_LSE "
+                             f"({P} rows)")
+    if len(r):
+        ns = r[:, at.A_NSPLIT]
+        if (ns <= 0).any() or (r[:, at.A_SLOT0] < 0).any() \
+                or (r[:, at.A_SLOT0] + ns * r[:, W_ROWS] > min(P, attn.lse.shape[0])).any():
+            raise ValueError(f"megakernel: ATTN_REDUCE slots beyond ATTN_PARTIAL / ATTN_LSE "
+                             f"({P} rows)")
+
+
+def _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape):
+    """EMBED / LM_NORM against the arena, the embedding table and LAST_NORMED (see check_plan)."""
+    e = s[ops == int(Op.EMBED)]
+    if len(e):
+        if embed_shape is None:
+            raise NotImplementedError("megakernel: EMBED instructions, but this megakernel was "
+                                      "built without the embedding table (Megakernel(embed=...))")
+        epi = e[:, em.A_EPI]
+        if (epi == int(Epi.SCATTER)).any():
+            raise NotImplementedError("megakernel: EMBED with the SCATTER epilogue (TP > 1) needs "
+                                      "mk.comm (not yet)")
+        if (epi != int(Epi.STORE)).any():
+            raise ValueError(f"megakernel: EMBED runs the STORE epilogue only, the plan has "
+                             f"epilogues {sorted(set(epi.tolist()))}")
+        dst = e[:, em.A_DST]
+        if ((dst < 0) | (dst >= nbuf)).any():
+            raise ValueError(f"megakernel: EMBED destination buffer ids "
+                             f"{sorted(set(dst.tolist()))} are not arena buffers (0..{nbuf - 1}: "
+                             f"HIDDEN, NORMED, SCRATCH)")
+        row0, rows, col0, cols = e[:, W_ROW0], e[:, W_ROWS], e[:, W_COL0], e[:, W_COLS]
+        if (col0 % 8 != 0).any() or (cols % 8 != 0).any():
+            raise ValueError("megakernel: EMBED tiles must start and end on 8-column boundaries")
+        if (row0 < 0).any() or (rows <= 0).any() or (row0 + rows > T).any() or (col0 < 0).any() \
+                or (col0 + cols > min(H, embed_shape[1])).any():
+            raise ValueError(f"megakernel: EMBED tile outside the [{T}, {H}] arena or the "
+                             f"embedding table's {embed_shape[1]} columns")
+    m = s[ops == int(Op.LM_NORM)]
+    if len(m):
+        if last_normed_shape is None:
+            raise NotImplementedError("megakernel: LM_NORM instructions, but this megakernel was "
+                                      "built without LAST_NORMED (Megakernel(last_normed=...))")
+        src, dst = m[:, lmn.A_SRC], m[:, lmn.A_DST]
+        if ((src < 0) | (src >= nbuf)).any():
+            raise ValueError(f"megakernel: LM_NORM source buffer ids {sorted(set(src.tolist()))} "
+                             f"are not arena buffers (0..{nbuf - 1})")
+        if (dst != int(Buf.LAST_NORMED)).any():
+            raise ValueError(f"megakernel: LM_NORM destination buffer ids "
+                             f"{sorted(set(dst.tolist()))}: the kernel binds LAST_NORMED "
+                             f"({int(Buf.LAST_NORMED)}) only")
+        width = m[:, lmn.A_WIDTH]
+        if (width != H).any() or H != last_normed_shape[1] or H % 8:
+            raise ValueError(f"megakernel: LM_NORM width must be the hidden size {H} = "
+                             f"LAST_NORMED's {last_normed_shape[1]} columns (a multiple of 8)")
+        row0, rows = m[:, W_ROW0], m[:, W_ROWS]
+        if (row0 < 0).any() or (rows <= 0).any() or (row0 + rows > last_normed_shape[0]).any() \
+                or (m[:, lmn.A_LAST_OFF] < 0).any():
+            raise ValueError(f"megakernel: LM_NORM sequences outside LAST_NORMED's "
+                             f"{last_normed_shape[0]} rows")
 
 
 def gemm_tensor_args(gemm: dict | None, meta=None, inv_freq=None, kv=None, device="cuda"):
@@ -851,6 +1131,37 @@ def gemm_tensor_args(gemm: dict | None, meta=None, inv_freq=None, kv=None, devic
     return out
 
 
+def family_tensor_args(attn: AttnOperands | None, embed=None, last_normed=None, device="cuda"):
+    """q, out, partial, lse (attention), the embedding table and LAST_NORMED, in kernel-parameter
+    order; small dummies for absent families."""
+    def dummy(dtype, cols=128):
+        return torch.zeros(8, cols, dtype=dtype, device=device)
+    if attn is None:
+        out = [dummy(torch.bfloat16), dummy(torch.bfloat16), dummy(torch.float32),
+               dummy(torch.float32, 8)]
+    else:
+        for name, t, dt in (("q", attn.q, torch.bfloat16), ("out", attn.out, torch.bfloat16),
+                            ("partial", attn.partial, torch.float32),
+                            ("lse", attn.lse, torch.float32)):
+            if t.dtype != dt or t.dim() != 2 or not t.is_contiguous() or not t.is_cuda:
+                raise ValueError(f"AttnOperands.{name} must be a contiguous 2-D {dt} CUDA tensor, "
+                                 f"got {tuple(t.shape)} {t.dtype}")
+        if attn.q.shape[1] % ak.D or attn.q.shape[1] != attn.partial.shape[1] \
+                or attn.q.shape[1] != attn.lse.shape[1] * ak.D:
+            raise ValueError(f"AttnOperands: q [T, hq*{ak.D}], partial [P, hq*{ak.D}] and lse "
+                             f"[P, hq] disagree: {tuple(attn.q.shape)}, "
+                             f"{tuple(attn.partial.shape)}, {tuple(attn.lse.shape)}")
+        out = [attn.q, attn.out, attn.partial, attn.lse]
+    for name, t in (("embed", embed), ("last_normed", last_normed)):
+        if t is not None and (t.dtype != torch.bfloat16 or t.dim() != 2 or not t.is_contiguous()
+                              or not t.is_cuda or t.shape[1] % 8):
+            raise ValueError(f"{name} must be a contiguous [rows, H] bf16 CUDA tensor (H % 8 == "
+                             f"0), got {tuple(t.shape)} {t.dtype}")
+    out += [dummy(torch.bfloat16) if embed is None else embed,
+            dummy(torch.bfloat16) if last_normed is None else last_normed]
+    return out
+
+
 class Megakernel:
     """Runs instruction streams of the rows family and the GEMM-tile family on one GPU.
 
@@ -861,16 +1172,32 @@ class Megakernel:
     gemm: {Op: GemmOperands} for the GEMM opcodes the plans use (None: rows family only);
     gemm_m: the step's M class (token rows; sequences for LM_HEAD) that picks each opcode's tile
     config (gk.choose_tile; one compiled variant per class, default: the largest x's rows);
-    meta / inv_freq / kv: QKV_ROPE's step metadata (mk.instructions._common layout), float32
-    inverse frequencies [64] and K/V caches [2, rows, hkv*D]."""
+    meta / inv_freq / kv: the step metadata (mk.instructions._common layout; a fixed-capacity
+    int32 CUDA tensor the caller rewrites between launches: nothing about its length or
+    contents is compiled in), float32 inverse frequencies [64] and the K/V caches
+    [2, rows, hkv*D] (QKV_ROPE appends, ATTENTION reads);
+    attn: AttnOperands (Q, ATTN_OUT, ATTN_PARTIAL, ATTN_LSE, KV page size) or None;
+    embed: the [V, H] bf16 embedding table (EMBED) or None; last_normed: LAST_NORMED [S, H] bf16
+    (LM_NORM) or None.
+    A variant with attention hands pages over per warp (handoff default "warp", see
+    ATTN_HANDOFF); without, DEFAULT_HANDOFF."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
                  journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True,
-                 handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
+                 handoff: str | None = None, backoff_ns: int = DEFAULT_BACKOFF_NS,
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
-                 kv=None):
-        assert handoff in rk.HANDOFF_MODES, f"handoff must be one of {rk.HANDOFF_MODES}"
+                 kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None):
+        if handoff is None:
+            handoff = default_handoff(attn is not None)
+        check_handoff(handoff, attn is not None)
+        if attn is not None:
+            ak.box_rows(attn.page_size)
+            if kv is None or meta is None:
+                raise ValueError("Megakernel: attention needs the K/V caches (kv=) and the step "
+                                 "metadata (meta=)")
+        if (embed is not None or last_normed is not None) and meta is None:
+            raise ValueError("Megakernel: EMBED / LM_NORM read the step metadata: pass meta=")
         assert 20 <= backoff_ns <= 1_000_000, "backoff_ns must lie in [20 ns, 1 ms]"
         self.handoff = handoff
         self.backoff_ns = int(backoff_ns)
@@ -902,7 +1229,18 @@ class Megakernel:
         self.gemm_m = gemm_m
         self.slots = gemm_slots(self.gemm, gemm_m, handoff) if self.gemm else ()
         self.kv = kv
-        self._gemm_t = gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
+        self.meta = meta
+        self.attn = attn
+        self.attn_page_size = int(attn.page_size) if attn is not None else 0
+        self.embed = embed
+        self.last_normed = last_normed
+        self.gather = embed is not None or last_normed is not None
+        self._gemm_t = (gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
+                        + family_tensor_args(attn, embed, last_normed, dev))
+        # byte alignment per tensor parameter: int32 metadata and the [P, hq] LSE rows (pitch
+        # 4 hq bytes) 4, everything else 16
+        self._align = [4 if t.dtype == torch.int32 else 16 for t in self._gemm_t]
+        self._align[len(GEMM_OPS) * 3 + 3 + 3] = 4
 
     # -- compile & launch ---------------------------------------------------------------------
     def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream):
@@ -911,14 +1249,20 @@ class Megakernel:
                 Int32(n_ctr), _dl(self.state, 4, dynamic=False), _dl(bufs, 16),
                 _dl(self.normw, 16), Int32(self.n_layers), Float32(self.eps),
                 Int64(self.timeout_ns), _dl(self.journal, 8), _dl(self.jcta, 8)] + [
-                    _dl(t, 4 if t.dtype == torch.int32 else 16) for t in self._gemm_t] + [
+                    _dl(t, a) for t, a in zip(self._gemm_t, self._align)] + [
                 Int32(self.grid or 1), cu_stream]
 
-    def prepare(self, stream: torch.Tensor):
-        """Check and upload a plan; returns a handle for launch()."""
+    def prepare(self, stream: torch.Tensor, meta_page_size: int | None = None):
+        """Check and upload a plan; returns a handle for launch(). meta_page_size: the step
+        metadata's KV page size, if the caller has it on the host (else the kernel checks it)."""
         n_ctr = check_plan(stream, self.nbuf, self.T, self.H, self.counters.numel(),
                            gemm=self.gemm, slots=self.slots,
-                           kv_shape=None if self.kv is None else tuple(self.kv.shape))
+                           kv_shape=None if self.kv is None else tuple(self.kv.shape),
+                           attn=self.attn,
+                           embed_shape=None if self.embed is None else tuple(self.embed.shape),
+                           last_normed_shape=(None if self.last_normed is None
+                                              else tuple(self.last_normed.shape)),
+                           meta_page_size=meta_page_size)
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -933,7 +1277,8 @@ class Megakernel:
         if self.grid is None:
             self.grid = 1
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
-                                      self._shape_key, self.handoff, self.backoff_ns, self.slots)
+                                      self._shape_key, self.handoff, self.backoff_ns, self.slots,
+                                      self.attn_page_size, self.gather)
             nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
@@ -945,7 +1290,8 @@ class Megakernel:
                 print(f"[mk.megakernel] grid {self.grid} = {self.num_sms} SMs x {nb} blocks/SM "
                       f"({src})", flush=True)
         return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
-                                  self._shape_key, self.handoff, self.backoff_ns, self.slots), cs
+                                  self._shape_key, self.handoff, self.backoff_ns, self.slots,
+                                  self.attn_page_size, self.gather), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -1020,10 +1366,11 @@ class Megakernel:
 
 
 # ==================================================================================== CPU compile
-def fake_args(gemm: tuple = ()):
+def fake_args(gemm: tuple = (), attention: bool = False):
     """Fake (dynamic-shape) arguments for a CPU compile for sm_90a (the compile gate): the
     arena, norm table and, for each GEMM slot, x (T, K, Z) / w (N, K, L) / y (T, N, Z) with the
-    divisibility a real plan guarantees (K % 64, N % 8)."""
+    divisibility a real plan guarantees (K % 64, N % 8); the attention buffers (widths multiples
+    of the head dim 128), the embedding table and LAST_NORMED."""
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
     S = cute.sym_int
     T, H, NB = S(), S(divisibility=8), S()
@@ -1053,19 +1400,33 @@ def fake_args(gemm: tuple = ()):
         else:
             args += [make_fake_tensor(BFloat16, (S(), S(), S()), stride=(S(), 1, S()),
                                       assumed_align=16) for _ in range(3)]
+    kd = 128 if attention else 8
     args += [make_fake_compact_tensor(Int32, (S(),), assumed_align=4),
              make_fake_compact_tensor(Float32, (64,), assumed_align=16),
-             make_fake_tensor(BFloat16, (S(), S(divisibility=8), 2),
-                              stride=(S(divisibility=8), 1, S(divisibility=8)), assumed_align=16),
+             make_fake_tensor(BFloat16, (S(), S(divisibility=kd), 2),
+                              stride=(S(divisibility=kd), 1, S(divisibility=kd)), assumed_align=16)]
+    W = S(divisibility=128)
+    args += [make_fake_tensor(BFloat16, (S(), W), stride=(S(divisibility=128), 1), assumed_align=16),
+             make_fake_tensor(BFloat16, (S(), W), stride=(S(divisibility=128), 1), assumed_align=16),
+             make_fake_tensor(Float32, (S(), W), stride=(S(divisibility=128), 1), assumed_align=16),
+             make_fake_tensor(Float32, (S(), S()), stride=(S(), 1), assumed_align=4),
+             make_fake_tensor(BFloat16, (S(), H), stride=(S(divisibility=8), 1), assumed_align=16),
+             make_fake_tensor(BFloat16, (S(), H), stride=(S(divisibility=8), 1), assumed_align=16),
              Int32(132), make_fake_stream()]
     return args
 
 
-def compile_fake(journal: bool = False, handoff: str = DEFAULT_HANDOFF, gemm: tuple = (),
-                 backoff_ns: int = DEFAULT_BACKOFF_NS):
-    """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX."""
-    dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm)
-    return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](dsl, *fake_args(gemm))
+def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple = (),
+                 backoff_ns: int = DEFAULT_BACKOFF_NS, attn_page_size: int = 0,
+                 gather: bool = False):
+    """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX.
+    attn_page_size: compile the attention family in for that KV page size (0: not)."""
+    if handoff is None:
+        handoff = default_handoff(attn_page_size > 0)
+    dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
+                        attn_page_size=attn_page_size, gather=gather)
+    return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
+        dsl, *fake_args(gemm, attn_page_size > 0))
 
 
 def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0) -> tuple:

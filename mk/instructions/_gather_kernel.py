@@ -1,0 +1,132 @@
+"""CuTe DSL device bodies of EMBED and LM_NORM for mk.megakernel: row gathers driven by the step
+metadata (the torch faces: mk/instructions/embed.py, mk/instructions/lm.py).
+
+GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
+registry never imports it.
+
+Both bodies run in the megakernel's storer warps (64 threads) alone, straight from global memory to
+global memory with 16-byte vector loads and stores, and use no shared-memory page: the loader and
+the consumer warpgroups only pass the instruction slot on. The storer's signal (after its named
+barrier and a gpu-scope fence, in the megakernel) is then ordered after every store of the
+instruction, as for the other families. The rows they read were written by other CTAs' generic
+stores (EMBED: none; LM_NORM: HIDDEN by the last layer's DOWN tiles), made visible by the
+controller's ld.acquire of the instruction's counters.
+
+EMBED (TP 1, STORE epilogue): HIDDEN[row, c] = table[tokens[row], c] for the tile's rows x columns;
+a token id outside [0, V) stores zeros (check_plan cannot see the metadata; the face raises).
+Vectors are spread over the 64 threads, UNROLL loads in flight per thread before their stores.
+
+LM_NORM: LAST_NORMED[row0 + s] = rmsnorm(HIDDEN[last_rows[s]]) * final_norm, with the rows
+family's numerics (mk/instructions/_rows_kernel.py rows_consume, RMSNORM): fp32 sum of squares,
+rs = rsqrt(ss / H + eps), y = bf16(bf16(x * rs) * w). One warp per sequence row (two passes over
+the row: the statistic, then the scaled store; the second pass reads L2-resident data).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64
+
+from mk.instructions import _common as mc
+from mk.instructions._rows_kernel import warp_allreduce_sum
+from mk.ir import Op
+
+OP_EMBED = int(Op.EMBED)
+OP_LM_NORM = int(Op.LM_NORM)
+VEC = 8                 # bf16 elements per 16-byte vector
+UNROLL = 4              # EMBED vectors in flight per thread
+
+
+@cute.jit
+def gvec(addr: Int64):
+    """16 bytes (4 x int32) of global memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(Int32, addr, cute.AddressSpace.gmem, assumed_align=16),
+                            cute.make_layout(4))
+
+
+@cute.jit
+def gvec_bf16(addr: Int64):
+    """8 bf16 (16 bytes) of global memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
+                                          assumed_align=16), cute.make_layout(VEC))
+
+
+@cute.jit
+def embed_store(table: cute.Tensor, meta: cute.Tensor, dst_base: Int64, ld: Int32, row0: Int32,
+                rows: Int32, col0: Int32, cols: Int32, sid: Int32,
+                nthreads: cutlass.Constexpr):
+    """EMBED tile (rows x cols, cols % 8 == 0): dst_base is the byte address of the destination
+    buffer's [0, 0] (bf16, row pitch ld elements); table: [V, Ht] bf16, compact."""
+    V = table.shape[0]
+    ldt = table.shape[1]
+    tbase = table.iterator.toint()
+    off_tok = meta[mc.M_OFF_TOKENS] + row0
+    cpr = cols // VEC                      # vectors per row
+    nv = rows * cpr
+    i0 = Int32(0)
+    while i0 < nv:
+        vals = cute.make_rmem_tensor(cute.make_layout((4, UNROLL)), Int32)
+        for u in cutlass.range_constexpr(UNROLL):
+            vi = i0 + u * nthreads + sid
+            for k in cutlass.range_constexpr(4):
+                vals[k, u] = Int32(0)
+            if vi < nv:
+                r = vi // cpr
+                c = col0 + (vi - r * cpr) * VEC
+                tok = meta[off_tok + r]
+                if tok >= 0:
+                    if tok < V:
+                        v = gvec(tbase + (Int64(tok) * Int64(ldt) + Int64(c)) * 2).load()
+                        for k in cutlass.range_constexpr(4):
+                            vals[k, u] = v[k]
+        for u in cutlass.range_constexpr(UNROLL):
+            vi = i0 + u * nthreads + sid
+            if vi < nv:
+                r = vi // cpr
+                c = col0 + (vi - r * cpr) * VEC
+                d = gvec(dst_base + (Int64(row0 + r) * Int64(ld) + Int64(c)) * 2)
+                for k in cutlass.range_constexpr(4):
+                    d[k] = vals[k, u]
+        i0 = i0 + UNROLL * nthreads
+
+
+@cute.jit
+def lm_norm_store(meta: cute.Tensor, src_base: Int64, ld_src: Int32, n_src_rows: Int32,
+                  last_off: Int32, out: cute.Tensor, normw: cute.Tensor, wrow: Int32, eps: Float32,
+                  row0: Int32, rows: Int32, width: Int32, sid: Int32,
+                  nthreads: cutlass.Constexpr):
+    """LM_NORM: out[row0 + s, :width] = rmsnorm(src[meta[last_off + s], :width]) * normw[wrow]
+    for s < rows (width % 8 == 0). src_base: byte address of the source buffer's [0, 0] (bf16,
+    row pitch ld_src); out: LAST_NORMED [S, H] bf16, compact. A source row outside the buffer
+    (bad metadata) leaves its output row unwritten."""
+    warp = sid // 32
+    lane = sid % 32
+    nwarps = nthreads // 32
+    ldo = out.shape[1]
+    obase = out.iterator.toint()
+    wbase = normw.iterator.toint() + Int64(wrow) * Int64(normw.shape[1]) * 2
+    fcols = Float32(width)
+    s = warp
+    while s < rows:
+        srow = meta[last_off + s]
+        if srow >= 0:
+            if srow < n_src_rows:
+                xb = src_base + Int64(srow) * Int64(ld_src) * 2
+                ss = Float32(0.0)
+                c = lane * VEC
+                while c < width:
+                    x = gvec_bf16(xb + Int64(c) * 2).load().to(Float32)
+                    ss = ss + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    c = c + 32 * VEC
+                ss = warp_allreduce_sum(ss)
+                rs = cute.math.rsqrt(ss / fcols + eps)
+                ob = obase + Int64(row0 + s) * Int64(ldo) * 2
+                c = lane * VEC
+                while c < width:
+                    x = gvec_bf16(xb + Int64(c) * 2).load().to(Float32)
+                    w = gvec_bf16(wbase + Int64(c) * 2).load().to(Float32)
+                    y = (x * rs).to(BFloat16).to(Float32) * w
+                    gvec_bf16(ob + Int64(c) * 2).store(y.to(BFloat16))
+                    c = c + 32 * VEC
+        s = s + nwarps
