@@ -426,7 +426,11 @@ def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
 
 # ------------------------------------------------------------------------------------- timing
 def gpu_sleep_cycles():
-    return int(2e5)      # ~0.1 ms at 1.98 GHz: covers the host's enqueue of event + launch + event
+    # ~2 ms at 1.98 GHz: covers the host's enqueue of event + launch + event. The megakernel's
+    # Python launcher (DLPack views of ~30 arguments) takes far more than the 0.1 ms this was: the
+    # first run through mk.megakernel timed host gaps (O_PROJ M=4096 "745 us" against a 155 us
+    # kernel in its own journal; bench/results/gemm_megakernel_2026-11-29.log)
+    return int(os.environ.get("MK_BENCH_SLEEP_CYCLES", 4e6))
 
 
 def time_rotating(fns, reps: int, warm: int = 2):
@@ -487,7 +491,6 @@ def compiled_fn(op: str):
 def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
     if op == "QKV_ROPE":
         return bench_qkv(m, reps, l2_bytes, do_compile)
-        from mk.instructions import _gemm_kernel as gk
     K, N, NO, src, dst = SHAPES[op]
     cfg = gk.choose_tile(Op[op], m)
     wbytes = N * K * 2 * (1 if op == "LM_HEAD" else 2)

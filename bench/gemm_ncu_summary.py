@@ -18,9 +18,9 @@ KEY_METRICS = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Th
                "Active Warps Per Scheduler", "Eligible Warps Per Scheduler", "Registers Per Thread")
 
 
-def _rows(path: Path):
+def _rows(path: Path, header: str = '"'):
     txt = path.read_text(errors="replace")
-    start = txt.find('"')
+    start = txt.find(header)
     return list(csv.reader(io.StringIO(txt[start:]))) if start >= 0 else []
 
 
@@ -45,7 +45,7 @@ def details(path: Path):
 
 
 def source(path: Path, top: int = 40, ctx: int = 3):
-    rows = _rows(path)
+    rows = _rows(path, '"Address"')
     if not rows:
         print(f"{path.name}: empty")
         return
@@ -57,8 +57,8 @@ def source(path: Path, top: int = 40, ctx: int = 3):
     if isrc is None or isamp is None:
         print(f"{path.name}: columns {h[:40]}")
         return
-    reasons = [(n, i) for n, i in col.items() if n.startswith("stall_") or "Stall" in n
-               and i not in (isamp,) and "Sampling" not in n]
+    reasons = [(n, i) for n, i in col.items() if n.startswith("stall_") and "Not Issued" not in n]
+    iexec = col.get("Instructions Executed")
     body = [r for r in rows[1:] if len(r) > max(isrc, isamp)]
 
     def num(v):
@@ -75,8 +75,8 @@ def source(path: Path, top: int = 40, ctx: int = 3):
         rs = sorted(((num(r[i]), n) for n, i in reasons), reverse=True)[:3]
         rs = ", ".join(f"{n.replace('stall_', '')} {v / max(num(r[isamp]), 1):.0%}"
                        for v, n in rs if v > 0)
-        print(f"  [{k:5d}] {num(r[isamp]) / total:6.1%} {r[iaddr] if iaddr is not None else ''} "
-              f"{r[isrc].strip()[:70]:70s} | {rs}")
+        ex = r[iexec] if iexec is not None else ""
+        print(f"  [{k:5d}] {num(r[isamp]) / total:6.1%} x{ex:>9s} {r[isrc].strip()[:64]:64s} | {rs}")
     # the neighbourhood of the top 8, to place them (mainloop / epilogue / waits)
     for k in sorted(order[:8]):
         print(f"  -- around [{k}]")

@@ -6,10 +6,11 @@
 A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
 tile's work compiled out, e.g. "nostore", "noepi"; "+" separates several) or "nosig" (the plan
 carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
-config for this opcode instead of the table's). KIND:
+config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1). KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
+    check    bench/gemm.py's correctness case (poisoned output vs the torch face)
     ncu      one launch between cudaProfilerStart/Stop (run the job under
              `ncu --profile-from-start off`)
 Each job is its own process (one compiled variant per environment); the driver starts them all at
@@ -62,6 +63,11 @@ def worker(job: str, reps: int) -> dict:
                               signal_base=sig)
     out = dict(job=job, op=op, m=m, kind=kind, experiment=exp, tile=cfg.name,
                n_tiles=int(instrs.shape[0]), kt=K // gk.BK)
+    if kind == "check":
+        with gpu_lock():
+            c = bg.check_case(op, m, seed=m)
+        out.update({k: c.get(k) for k in ("ok", "rel_err", "poison_intact", "finite", "tile")})
+        return out
     if kind == "journal":
         import mk.megakernel as M
         x, w, y = bg.make_problem(op, m, seed=1)
@@ -106,7 +112,8 @@ def worker(job: str, reps: int) -> dict:
     sets = [bg.make_problem(op, m, seed=100 + i) for i in range(R)]
     for _, _, y in sets:
         y.nan_to_num_(0.0)
-    h = bg.MkGemm(Op[op], m)
+    # under ncu's instrumented replay a launch can take far longer than the page-wait timeout
+    h = bg.MkGemm(Op[op], m, timeout_s=float(os.environ.get("MK_PROFILE_TIMEOUT_S", 2.0)))
     fns = [h.launcher(h.prepare(instrs, x, w, y)) for x, w, y in sets]
     for f in fns:                            # compile + warm
         f()
@@ -144,6 +151,8 @@ def main(argv=None) -> int:
         exp = job.split(":")[3]
         env = dict(os.environ, MK_GEMM_EXPERIMENT=",".join(
             t for t in exp.split("+") if t in ("nostore", "noepi")))
+        if "batch" in exp.split("+"):
+            env["MK_GEMM_EPI_BATCH"] = "1"
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,
                "--reps", str(a.reps)]
         procs.append((job, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,

@@ -95,6 +95,11 @@ SEC_Q, SEC_K, SEC_V = 0, 1, 2       # qkv.py sections
 # wait for and hand over the epilogue pages). Results are wrong under either.
 EXPERIMENT = frozenset(t for t in os.environ.get("MK_GEMM_EXPERIMENT", "").split(",") if t)
 assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
+# RESIDUAL epilogue: issue all of a chain's residual smem loads before its first store. The compiler
+# keeps each load behind the previous pair's store (it cannot prove the addresses apart), so the
+# one-pass loop pays one full LDS latency per element pair (64 per thread per 128 x 256 tile).
+# Compile-time switch until GPU-verified (MK_GEMM_EPI_BATCH=1 turns it on).
+EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -388,7 +393,17 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                       section)
     for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
         acc = accs[ch]
-        for i in cutlass.range_constexpr(cute.size(acc) // 2):
+        npair = cute.size(acc) // 2
+        resid = [None] * npair
+        if cutlass.const_expr(epi == EPI_RESIDUAL and EPI_BATCH):
+            # every residual pair of this chain in flight before the first store (see EPI_BATCH)
+            for i in cutlass.range_constexpr(npair):
+                r, c = tCcC[2 * i]
+                a = epi_addr(pool, ep0, r, c + col_off + ch * cfg.wn, cfg.bm, ob, npages)
+                d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                                   assumed_align=4), cute.make_layout(2))
+                resid[i] = (d[0].to(Float32), d[1].to(Float32))
+        for i in cutlass.range_constexpr(npair):
             r, c = tCcC[2 * i]
             c = c + col_off + ch * cfg.wn
             v0 = acc[2 * i]
@@ -407,8 +422,12 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                                                    assumed_align=4), cute.make_layout(2))
                 if cutlass.const_expr(epi == EPI_RESIDUAL):
                     # torch: dst + bf16(y), rounded once more to bf16
-                    v0 = d[0].to(Float32) + v0.to(BFloat16).to(Float32)
-                    v1 = d[1].to(Float32) + v1.to(BFloat16).to(Float32)
+                    if cutlass.const_expr(EPI_BATCH):
+                        v0 = resid[i][0] + v0.to(BFloat16).to(Float32)
+                        v1 = resid[i][1] + v1.to(BFloat16).to(Float32)
+                    else:
+                        v0 = d[0].to(Float32) + v0.to(BFloat16).to(Float32)
+                        v1 = d[1].to(Float32) + v1.to(BFloat16).to(Float32)
                 d[0] = v0.to(BFloat16)
                 d[1] = v1.to(BFloat16)
     if cutlass.const_expr(share != CONSUMER_THREADS):
