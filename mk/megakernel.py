@@ -265,6 +265,15 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
     return ok
 
 
+@cute.jit
+def opaque_copy(x: Int32, ticket: Int32) -> Int32:
+    """x, as a value the compiler cannot prove loop-invariant (ticket >= 0 at run time)."""
+    r = x
+    if ticket < 0:
+        r = Int32(0)
+    return r
+
+
 class MegakernelDSL:
     """The compiled object: one per (journal, npages, handoff, backoff_ns, gemm) variant; shapes
     are dynamic. gemm: the GemmSlots compiled in (one tile config per opcode: the M class of the
@@ -537,6 +546,7 @@ class MegakernelDSL:
                         live = Int32(0)
                     else:
                         t = tick[islot]
+                        sv = opaque_copy(sid, t)      # see the consumer's ctv
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
                                                ring[base + W_ROWS], ring[base + W_COL0],
@@ -546,15 +556,15 @@ class MegakernelDSL:
                         for gi in cutlass.range_constexpr(NG):
                             if op == GS[gi].op:
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
-                                                     empty, done, pg, sid, timeout_ns, state, t)
+                                                     empty, done, pg, sv, timeout_ns, state, t)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
                                 pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
-                                                     empty, done, pg, sid, timeout_ns, state, t)
+                                                     empty, done, pg, sv, timeout_ns, state, t)
                         if cutlass.const_expr(self.gather):
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
-                                                  n_layers, eps, sid)
+                                                  n_layers, eps, sv)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
@@ -591,6 +601,12 @@ class MegakernelDSL:
                     live = Int32(0)
                 else:
                     t = tick[islot]
+                    # ctid, re-derived per instruction from a value the compiler cannot predict
+                    # (tickets are >= 0): every body's thread-index-derived setup (fragment
+                    # coordinates, addresses) then stays inside its own branch instead of being
+                    # hoisted out of the persistent loop, where the setups of all bodies would be
+                    # live at once (the all-opcode variant spilled)
+                    ctv = opaque_copy(ctid, t)
                     if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
                         # rows bodies are 128-thread: warpgroup 0 runs them (arriving for both
                         # warpgroups), warpgroup 1 walks the same pages' `full` phases
@@ -609,7 +625,7 @@ class MegakernelDSL:
                             g = gops[gi]
                             kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
                             pg = gk.gemm_consume(GS[gi].cfg, GS[gi].epi, g[6], g[7], g[8], kt,
-                                                 pool, full, empty, done, pg, NP, ctid, timeout_ns,
+                                                 pool, full, empty, done, pg, NP, ctv, timeout_ns,
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
                                                  PS)
@@ -622,14 +638,14 @@ class MegakernelDSL:
                                                  ring[base + at.A_POS0], ring[base + at.A_KV0],
                                                  ring[base + at.A_KV1], ring[base + at.A_MODE],
                                                  ring[base + at.A_QPK], pool, full, empty, done,
-                                                 pg, NP, ctid, timeout_ns, state, t)
+                                                 pg, NP, ctv, timeout_ns, state, t)
                         elif op == ak.OP_ATTN_REDUCE:
                             pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
                                                    ring[base + W_ROWS], ring[base + W_COL0],
                                                    ring[base + W_COLS], ring[base + at.A_SLOT0],
                                                    ring[base + at.A_NSPLIT],
                                                    ring[base + at.A_QPK], pool, full, done, pg,
-                                                   NP, ctid, timeout_ns, state, t)
+                                                   NP, ctv, timeout_ns, state, t)
                     rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
                                BAR_CONSUMER, HM)
                     islot = islot + 1
@@ -991,12 +1007,12 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
                              f"(x: {g.xb}..{g.xb + sh['xz'] - 1}, y: {g.yb}..{g.yb + sh['yz'] - 1})")
         if ((p[:, W_LAYER] < 0) | (p[:, W_LAYER] >= sh["wl"])).any():
             raise ValueError(f"megakernel: {name} layer beyond the stacked weights' {sh['wl']}")
-    _check_attention(s, ops, T, attn, kv_shape, meta_page_size)
+    _check_attention(s, ops, attn, kv_shape, meta_page_size)
     _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape)
     return mx + 1
 
 
-def _check_attention(s, ops, T, attn, kv_shape, meta_page_size):
+def _check_attention(s, ops, attn, kv_shape, meta_page_size):
     """ATTENTION / ATTN_REDUCE against the compiled attention operands (see check_plan)."""
     a = s[ops == int(Op.ATTENTION)]
     r = s[ops == int(Op.ATTN_REDUCE)]
@@ -1023,7 +1039,7 @@ def _check_attention(s, ops, T, attn, kv_shape, meta_page_size):
         if (rows <= 0).any() or (cols <= 0).any() or (qpk <= 0).any() or (col0 < 0).any() \
                 or (row0 < 0).any():
             raise ValueError(f"megakernel: {name} needs rows, KV heads and qpk > 0")
-        if (row0 + rows > min(Tq, attn.out.shape[0], T)).any():
+        if (row0 + rows > min(Tq, attn.out.shape[0])).any():
             raise ValueError(f"megakernel: {name} rows beyond the Q / ATTN_OUT buffers "
                              f"({min(Tq, attn.out.shape[0])} rows)")
         if ((col0 + cols) * qpk * D > min(hqD, attn.out.shape[1])).any() \
