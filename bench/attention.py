@@ -51,6 +51,13 @@ REG_LOW = int(os.environ.get("MK_ATTN_REG_LOW", 72))
 REG_HIGH = int(os.environ.get("MK_ATTN_REG_HIGH", 216))
 BAR_STORER = 2
 N_STORER = 64
+HANDOFF = os.environ.get("MK_ATTN_HANDOFF", "thread")   # the megakernel's DEFAULT_HANDOFF
+TIMEOUT_S = 5.0                                           # page-wait bound (--timeout-s)
+
+
+def page_share(handoff: str) -> int:
+    """done[p] / empty[p] init count of a hand-off mode (mk.megakernel.page_share)."""
+    return ak.THREAD_SHARE if handoff == "thread" else ak.DONE_ARRIVALS
 
 
 def reg_split_ok(low: int = REG_LOW, high: int = REG_HIGH) -> bool:
@@ -61,10 +68,12 @@ class AttnHarnessDSL:
     """q: (T, hq*D) bf16; kv: (KVROWS, hkv*D, 2) bf16 (z = 0 K cache, 1 V cache); out: (T, hq*D)
     bf16; part: (P, hq*D) fp32; lse: (P, hq) fp32; meta: the step metadata (int32)."""
 
-    def __init__(self, page_size: int, npages: int = NPAGES):
+    def __init__(self, page_size: int, npages: int = NPAGES, handoff: str = HANDOFF):
         assert reg_split_ok(), f"setmaxnreg {REG_LOW}/{REG_HIGH} over-subscribes the CTA"
+        assert handoff in ("thread", "warp"), f"hand-off {handoff!r}: 'thread' or 'warp'"
         self.page_size = page_size
         self.npages = npages
+        self.handoff = handoff
 
     @cute.jit
     def __call__(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor,
@@ -97,6 +106,7 @@ class AttnHarnessDSL:
         gdim, _, _ = cute.arch.grid_dim()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         NP = self.npages
+        PS = page_share(self.handoff)
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
         full = st.full.data_ptr()
@@ -108,8 +118,8 @@ class AttnHarnessDSL:
             with cute.arch.elect_one():
                 for p in cutlass.range_constexpr(NP):
                     cute.arch.mbarrier_init(full + p, 1)
-                    cute.arch.mbarrier_init(empty + p, ak.EMPTY_ARRIVALS)
-                    cute.arch.mbarrier_init(done + p, ak.DONE_ARRIVALS)
+                    cute.arch.mbarrier_init(empty + p, PS)
+                    cute.arch.mbarrier_init(done + p, PS)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -154,12 +164,12 @@ class AttnHarnessDSL:
                                            instrs[t, at.A_KV0], instrs[t, at.A_KV1],
                                            instrs[t, at.A_MODE], instrs[t, at.A_QPK],
                                            instrs[t, at.A_SLOT], pool, empty, done, pg, NP, sid,
-                                           BAR_STORER, N_STORER, timeout_ns, state, t)
+                                           BAR_STORER, N_STORER, timeout_ns, state, t, PS)
                     elif op == ak.OP_ATTN_REDUCE:
                         pg = ak.reduce_store(out_base, ldo, instrs[t, W_ROW0], instrs[t, W_ROWS],
                                              instrs[t, W_COL0], instrs[t, W_COLS],
                                              instrs[t, at.A_QPK], pool, empty, done, pg, NP, sid,
-                                             BAR_STORER, N_STORER, timeout_ns, state, t)
+                                             BAR_STORER, N_STORER, timeout_ns, state, t, PS)
                     cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                     if sid == 0:
                         sig = instrs[t, W_SIGNAL]
@@ -185,13 +195,13 @@ class AttnHarnessDSL:
                                          instrs[t, W_COLS], instrs[t, at.A_POS0],
                                          instrs[t, at.A_KV0], instrs[t, at.A_KV1],
                                          instrs[t, at.A_MODE], instrs[t, at.A_QPK], pool, full,
-                                         empty, done, pg, NP, ctid, timeout_ns, state, t)
+                                         empty, done, pg, NP, ctid, timeout_ns, state, t, PS)
                 elif op == ak.OP_ATTN_REDUCE:
                     pg = ak.reduce_consume(part, lse, instrs[t, W_ROW0], instrs[t, W_ROWS],
                                            instrs[t, W_COL0], instrs[t, W_COLS],
                                            instrs[t, at.A_SLOT0], instrs[t, at.A_NSPLIT],
                                            instrs[t, at.A_QPK], pool, full, done, pg, NP, ctid,
-                                           timeout_ns, state, t)
+                                           timeout_ns, state, t, PS, empty)
                 t = t + gdim
         cute.arch.sync_threads()
 
@@ -214,10 +224,10 @@ def fake_args():
             Int64(1), Int32(132), make_fake_stream()]
 
 
-def compile_fake(page_size: int = 16, npages: int = NPAGES):
+def compile_fake(page_size: int = 16, npages: int = NPAGES, handoff: str = HANDOFF):
     """cute.compile for sm_90a on the CPU; returns the compiled object (PTX in __ptx__)."""
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
-        AttnHarnessDSL(page_size, npages), *fake_args())
+        AttnHarnessDSL(page_size, npages, handoff), *fake_args())
 
 
 
@@ -345,7 +355,8 @@ class AttnHarness:
     """Device buffers of one problem + the compiled harness kernel; run() = the ATTENTION launch
     then the ATTN_REDUCE launch (stream order is the dependency)."""
 
-    def __init__(self, prob, timeout_s: float = 5.0, grid: int | None = None):
+    def __init__(self, prob, timeout_s: float | None = None, grid: int | None = None,
+                 handoff: str | None = None):
         import torch
 
         from mk.instructions.base import Buf
@@ -362,7 +373,8 @@ class AttnHarness:
                                     device=dev)
         self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
         self.streams = [s.to(dev) for s in (prob["attn"], prob["red"])]
-        self.timeout_ns = int(timeout_s * 1e9)
+        self.timeout_ns = int((timeout_s or TIMEOUT_S) * 1e9)
+        self.handoff = handoff or HANDOFF
         self.grid = grid or torch.cuda.get_device_properties(dev).multi_processor_count
         self.page_size = prob["case"]["page_size"]
 
@@ -378,12 +390,13 @@ class AttnHarness:
                 drv.CUstream(torch.cuda.current_stream().cuda_stream)]
 
     def compiled(self):
-        key = self.page_size
+        key = (self.page_size, self.handoff)
         if key not in _COMPILED:
             t0 = time.time()
-            _COMPILED[key] = cute.compile(AttnHarnessDSL(self.page_size),
+            _COMPILED[key] = cute.compile(AttnHarnessDSL(self.page_size, handoff=self.handoff),
                                           *self._args(self.streams[0]))
-            print(f"[attention] compiled page_size={key} in {time.time() - t0:.1f} s", flush=True)
+            print(f"[attention] compiled page_size={key[0]} handoff={key[1]} in "
+                  f"{time.time() - t0:.1f} s", flush=True)
         return _COMPILED[key]
 
     def launchers(self):
@@ -538,6 +551,7 @@ def bench_case(case, seed: int = 0) -> dict:
 
 
 def main(argv=None) -> int:
+    global DUMP_ON, HANDOFF, TIMEOUT_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--compile-only", action="store_true", help="CPU compile for sm_90a")
@@ -546,9 +560,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="", help="JSON results path (default bench/results/attention_<date>.json)")
     ap.add_argument("--dump", default="", help="torch.save the kernel outputs of every checked case here")
+    ap.add_argument("--handoff", default=HANDOFF, choices=("thread", "warp"),
+                    help="done/empty hand-off: 'thread' (the megakernel's default) or 'warp'")
+    ap.add_argument("--timeout-s", type=float, default=TIMEOUT_S,
+                    help="page-wait bound (raise it under compute-sanitizer)")
     a = ap.parse_args(argv)
-    global DUMP_ON
     DUMP_ON = bool(a.dump)
+    HANDOFF, TIMEOUT_S = a.handoff, a.timeout_s
     if a.compile_only:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         for ps in (16, 64):
@@ -565,7 +583,8 @@ def main(argv=None) -> int:
     if a.cases:
         want = set(a.cases.split(","))
         cases = [c for c in cases if c["name"] in want]
-    results, ok_all = dict(device=torch.cuda.get_device_name(), checks=[], timing=[]), True
+    results, ok_all = dict(device=torch.cuda.get_device_name(), handoff=HANDOFF, checks=[],
+                           timing=[]), True
     for c in cases:
         try:
             r = check_case(c, a.seed)

@@ -30,7 +30,7 @@ REQUIRED_PTX = {
 WGMMA = 16
 # page size -> TMA copies in the PTX (K/V page: 2 halves x 64 / min(ps, 64) sub-boxes, one loop
 # body emitted for K and one for V)
-CASES = [(16, 16), (64, 4), (256, 4)]
+CASES = [(16, 16, "thread"), (16, 16, "warp"), (64, 4, "thread"), (256, 4, "thread")]
 
 
 def test_host_mirror_of_the_unit_ranges():
@@ -46,10 +46,13 @@ def test_host_mirror_of_the_unit_ranges():
     assert ak.pages_per_instr(1, 8, 1, 100, 0, 101, 0) == 2 * 2 + ak.E_DIRECT
 
 
-@pytest.mark.parametrize("page_size,tma", CASES, ids=[f"page{p}" for p, _ in CASES])
-def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma):
+@pytest.mark.parametrize("page_size,tma,handoff", CASES,
+                         ids=[f"page{p}-{h}" for p, _, h in CASES])
+def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff):
+    """handoff: the done/empty arrivals (share 256 = every thread, the megakernel's default;
+    8 = one per warp)."""
     from bench.attention import LAUNCH_REGS, REG_HIGH, REG_LOW, THREADS, compile_fake
-    comp = compile_fake(page_size)
+    comp = compile_fake(page_size, handoff=handoff)
     ptx = comp.__ptx__
     assert ptx, "no PTX kept"
     missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
@@ -61,7 +64,7 @@ def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma):
     nt = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
     assert nt == tma, f"{nt} TMA copies in the PTX, expected {tma}"
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
-    work = os.path.join(dump_dir, f"attn_page{page_size}")
+    work = os.path.join(dump_dir, f"attn_page{page_size}_{handoff}")
     os.makedirs(work, exist_ok=True)
     rep = ptxas_report(ptx, work)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
@@ -72,5 +75,5 @@ def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma):
     assert used and 128 * REG_LOW + 256 * REG_HIGH <= THREADS * max(used) <= THREADS * LAUNCH_REGS
     bad = [c for c in BAD_PTXAS if c in rep]
     assert not bad, f"ptxas warned {bad}:\n{rep}"
-    print(f"page_size {page_size}:", [ln.strip() for ln in rep.splitlines()
+    print(f"page_size {page_size} {handoff}:", [ln.strip() for ln in rep.splitlines()
                                       if "registers" in ln or "spill" in ln])

@@ -34,6 +34,22 @@ def test_attention_matches_torch_face(name):
     assert r["ok"], r
 
 
+@pytest.mark.parametrize("name", ["decode-varlen", "prefill-chunks"])
+def test_attention_warp_handoff(name):
+    """The per-warp done/empty hand-off (share 8) gives the same results as the megakernel's
+    default per-thread one (share 256) that the cases above run."""
+    from bench.attention import check_case
+    from bench import attention as ba
+    case = next(c for c in _cases() if c["name"] == name)
+    old = ba.HANDOFF
+    ba.HANDOFF = "warp"
+    try:
+        r = check_case(case, seed=1)
+    finally:
+        ba.HANDOFF = old
+    assert r["ok"], r
+
+
 def test_attention_replay_is_deterministic():
     """Two launches of the same prepared problem give bit-identical outputs."""
     from bench.attention import AttnHarness, case_list, make_problem

@@ -36,10 +36,13 @@ sequence):
 Q never occupies a page: it is loaded into the wgmma A fragment once per unit (a page held for the
 whole unit would block the ring: the storer frees pages in ring order).
 Barrier arrivals (the GEMM family's protocol, bench/GEMM_NOTES.md): full[p] count 1 (loader
-expect_tx + TMA bytes, or a plain grant for epilogue pages), done[p] count 8 (every consumer warp:
-K page once S = QK^T retired, V page once P V retired, epilogue page once written), empty[p]
-count 8 (the storer, arrive_count=8, after `done`, in ring order; after its stores for epilogue
-pages).
+expect_tx + TMA bytes, or a plain grant for epilogue pages), done[p] (the consumers: K page once
+S = QK^T retired, V page once P V retired, epilogue page once written), empty[p] (the storer,
+after `done`, in ring order; after its stores for epilogue pages). done/empty init count = `share`
+(the megakernel's page_share(handoff), the GEMM bodies' `share`): 256 = "thread" hand-off, every
+consumer thread arrives on done and every storer thread (x 4) on empty (what compute-sanitizer
+racecheck credits); 8 (the default) = one arrival per consumer warp after __syncwarp, the storer's
+thread 0 arrives with 8 after a named barrier.
 
 K/V loads: a block of 64 positions [kb0, kb0 + 64) spans 64 / PSB cache pages of PSB = min(page
 size, 64) rows; each sub-box is a TMA box of PSB rows x 64 columns (x 2 halves of D) from cache row
@@ -99,6 +102,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
 BAR_ATTN = 3                    # named barrier of the 256 consumer threads (V-tail zeroing)
+THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
 OP_ATTENTION = int(Op.ATTENTION)
 OP_ATTN_REDUCE = int(Op.ATTN_REDUCE)
 
@@ -108,6 +112,12 @@ def box_rows(page_size: int) -> int:
     assert page_size >= 8 and page_size & (page_size - 1) == 0, \
         "KV page size must be a power of two >= 8"
     return min(page_size, KB)
+
+
+def handoff_of(share: int) -> str:
+    """rk.release's hand-off mode for a done[p] init count (the GEMM bodies' convention)."""
+    assert share in (THREAD_SHARE, DONE_ARRIVALS), f"done/empty share {share}: 256 or 8"
+    return "thread" if share == THREAD_SHARE else "warp"
 
 
 def epi_pages(mode: int) -> int:
@@ -291,9 +301,12 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mode: Int32,
                  qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
                  done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
-                 timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+                 timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                 share: cutlass.Constexpr = DONE_ARRIVALS) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
-    pitch ldq elements). Returns the new page count."""
+    pitch ldq elements). share: done[p]'s init count (see the module docstring). Returns the new
+    page count."""
+    hm = handoff_of(share)
     wg = ctid // 128
     wtid = ctid % 128
     lane = ctid % 32
@@ -369,9 +382,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(0)
                 # K page read (S retired): hand it to the storer
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(done + pk)
+                rk.release(done + pk, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
                 if active:
                     # ---- online softmax (fp32), the face's roundings of the scores
                     bm0 = Float32(NEG_INF)
@@ -450,9 +461,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(0)
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(done + pv)
+                rk.release(done + pv, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
                 pg = pg + 2
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
@@ -470,6 +479,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             for e in range(ne):
                 pe, phe = page_of(pg + e, npages)
                 bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                # the storer's reads of the page's previous use (complete: the loader waited on
+                # it before the grant): a direct storer-read -> consumer-write edge for racecheck
+                bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
             ep0 = pg % npages
             # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
             r0, c0 = tOcO[0]
@@ -512,11 +524,11 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                                                             cute.AddressSpace.smem, assumed_align=4),
                                               cute.make_layout(1))
                         lp[0] = lse0 if hh == 0 else lse1
-            cute.arch.sync_warp()
-            if lane == 0:
-                for e in range(ne):
-                    pe, _ = page_of(pg + e, npages)
-                    cute.arch.mbarrier_arrive(done + pe)
+            if cutlass.const_expr(hm == "warp"):
+                cute.arch.sync_warp()
+            for e in range(ne):
+                pe, _ = page_of(pg + e, npages)
+                rk.release(done + pe, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
             pg = pg + ne
     return pg
 
@@ -525,11 +537,14 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
 def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32, col0: Int32,
                    cols: Int32, slot0: Int32, nsplit: Int32, qpk: Int32, pool: Int32,
                    full: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                   ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+                   ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                   share: cutlass.Constexpr = DONE_ARRIVALS, empty=None) -> Int32:
     """Consumers of ATTN_REDUCE: page c holds (row, head) pairs m = 64c + r (token m // nh, head
     h0 + m % nh) x D; thread ctid owns row r = ctid // 4, columns (ctid % 4) * 32 + [0, 32).
-    part: ATTN_PARTIAL (P, hq*D) fp32; lse_t: ATTN_LSE (P, hq) fp32."""
-    lane = ctid % 32
+    part: ATTN_PARTIAL (P, hq*D) fp32; lse_t: ATTN_LSE (P, hq) fp32. share: done[p]'s init count.
+    empty (optional): the empty[p] barriers, waited on (complete already) before writing a page:
+    the storer-read -> consumer-write edge racecheck needs (as attn_consume does)."""
+    hm = handoff_of(share)
     nh = cols * qpk
     h0 = col0 * qpk
     mtot = R * nh
@@ -541,6 +556,8 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
     for c in range(npg):
         page, ph = page_of(pg, npages)
         bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        if cutlass.const_expr(empty is not None):
+            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         m = c * 64 + r
         if m < mtot:
             it = m // nh
@@ -569,9 +586,7 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
                                                    assumed_align=16), cute.make_layout(8))
                 for u in cutlass.range_constexpr(8):
                     d[u] = (acc[q * 8 + u] * inv).to(BFloat16)
-        cute.arch.sync_warp()
-        if lane == 0:
-            cute.arch.mbarrier_arrive(done + page)
+        rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
         pg = pg + 1
     return pg
 
@@ -603,12 +618,18 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
 
 @cute.jit
 def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Constexpr,
-              nthreads: cutlass.Constexpr):
-    """After the storer's generic reads of an epilogue page: hand it back to the loader (TMA)."""
-    cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-    if sid == 0:
+              nthreads: cutlass.Constexpr, share: cutlass.Constexpr):
+    """After the storer's generic reads of an epilogue page: hand it back to the loader (TMA).
+    share a multiple of nthreads: every storer thread arrives after its own reads ("thread"
+    hand-off); otherwise the threads meet in bar_id and thread 0 arrives with the whole share."""
+    if cutlass.const_expr(share % nthreads == 0):
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+        cute.arch.mbarrier_arrive(empty + page, arrive_count=share // nthreads)
+    else:
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        if sid == 0:
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
 
 
 @cute.jit
@@ -617,10 +638,12 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                kv1: Int32, mode: Int32, qpk: Int32, slot: Int32, pool: Int32, empty: cute.Pointer,
                done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, sid: Int32,
                bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
-               state: cute.Tensor, ticket: Int32) -> Int32:
+               state: cute.Tensor, ticket: Int32,
+               share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
-    rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0)."""
+    rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0).
+    share: empty[p]'s init count (see free_page)."""
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
     for kh in range(cols):
@@ -631,7 +654,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 page, ph = page_of(pg + j, npages)
                 bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                 if sid == 0:
-                    cute.arch.mbarrier_arrive(empty + page, arrive_count=EMPTY_ARRIVALS)
+                    cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
             pg = pg + 2 * nblk
             m0 = mt * MT
             if mode == at.MODE_DIRECT:
@@ -640,7 +663,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                     store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
                                     out_base, ldo, sid, nthreads)
-                    free_page(page, empty, sid, bar_id, nthreads)
+                    free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_DIRECT
             else:
                 for w in cutlass.range_constexpr(4):
@@ -648,7 +671,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                     store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
                                     part_base, ldp, sid, nthreads)
-                    free_page(page, empty, sid, bar_id, nthreads)
+                    free_page(page, empty, sid, bar_id, nthreads, share)
                 page, ph = page_of(pg + 4, npages)
                 bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                 for u in cutlass.range_constexpr(MT // nthreads):
@@ -664,7 +687,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                                                            cute.AddressSpace.gmem, assumed_align=4),
                                              cute.make_layout(1))
                         g[0] = v
-                free_page(page, empty, sid, bar_id, nthreads)
+                free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_PARTIAL
     return pg
 
@@ -674,7 +697,8 @@ def reduce_store(out_base: Int64, ldo: Int32, row0: Int32, R: Int32, col0: Int32
                  qpk: Int32, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
                  npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                  nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                 ticket: Int32) -> Int32:
+                 ticket: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
+    """Storer warps of ATTN_REDUCE: store each output page (bf16 rows), then free it."""
     nh = cols * qpk
     mtot = R * nh
     npg = (mtot + 63) // 64
@@ -683,7 +707,7 @@ def reduce_store(out_base: Int64, ldo: Int32, row0: Int32, R: Int32, col0: Int32
         bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
         store_rows_page(pool, page, 2, 64, c * 64, mtot, nh, col0 * qpk, row0, out_base, ldo,
                         sid, nthreads)
-        free_page(page, empty, sid, bar_id, nthreads)
+        free_page(page, empty, sid, bar_id, nthreads, share)
         pg = pg + 1
     return pg
 
