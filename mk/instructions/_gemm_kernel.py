@@ -98,8 +98,10 @@ assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {s
 # RESIDUAL epilogue: issue all of a chain's residual smem loads before its first store. The compiler
 # keeps each load behind the previous pair's store (it cannot prove the addresses apart), so the
 # one-pass loop pays one full LDS latency per element pair (64 per thread per 128 x 256 tile).
-# Compile-time switch until GPU-verified (MK_GEMM_EPI_BATCH=1 turns it on).
-EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "0") == "1"
+# GPU-verified on the H200 (poisoned-output checks O_PROJ M 64/200/4096, DOWN M 256) and 1-3%
+# faster (bench/results/gemm_profile_jobs_2026-11-29.json); MK_GEMM_EPI_BATCH=0 restores the
+# one-pass loop.
+EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
 
 
 @dataclass(frozen=True)
