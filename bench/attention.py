@@ -68,12 +68,15 @@ class AttnHarnessDSL:
     """q: (T, hq*D) bf16; kv: (KVROWS, hkv*D, 2) bf16 (z = 0 K cache, 1 V cache); out: (T, hq*D)
     bf16; part: (P, hq*D) fp32; lse: (P, hq) fp32; meta: the step metadata (int32)."""
 
-    def __init__(self, page_size: int, npages: int = NPAGES, handoff: str = HANDOFF):
+    def __init__(self, page_size: int, npages: int = NPAGES, handoff: str = HANDOFF,
+                 wg_split: bool | None = None):
         assert reg_split_ok(), f"setmaxnreg {REG_LOW}/{REG_HIGH} over-subscribes the CTA"
         assert handoff in ("thread", "warp"), f"hand-off {handoff!r}: 'thread' or 'warp'"
         self.page_size = page_size
         self.npages = npages
         self.handoff = handoff
+        # decode units split by key blocks between the two consumer WGs (ak.attn_consume)
+        self.wg_split = ak.WG_SPLIT if wg_split is None else bool(wg_split)
 
     @cute.jit
     def __call__(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor,
@@ -195,7 +198,8 @@ class AttnHarnessDSL:
                                          instrs[t, W_COLS], instrs[t, at.A_POS0],
                                          instrs[t, at.A_KV0], instrs[t, at.A_KV1],
                                          instrs[t, at.A_MODE], instrs[t, at.A_QPK], pool, full,
-                                         empty, done, pg, NP, ctid, timeout_ns, state, t, PS)
+                                         empty, done, pg, NP, ctid, timeout_ns, state, t, PS,
+                                         self.wg_split)
                 elif op == ak.OP_ATTN_REDUCE:
                     pg = ak.reduce_consume(part, lse, instrs[t, W_ROW0], instrs[t, W_ROWS],
                                            instrs[t, W_COL0], instrs[t, W_COLS],
@@ -224,10 +228,11 @@ def fake_args():
             Int64(1), Int32(132), make_fake_stream()]
 
 
-def compile_fake(page_size: int = 16, npages: int = NPAGES, handoff: str = HANDOFF):
+def compile_fake(page_size: int = 16, npages: int = NPAGES, handoff: str = HANDOFF,
+                 wg_split: bool | None = None):
     """cute.compile for sm_90a on the CPU; returns the compiled object (PTX in __ptx__)."""
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
-        AttnHarnessDSL(page_size, npages, handoff), *fake_args())
+        AttnHarnessDSL(page_size, npages, handoff, wg_split), *fake_args())
 
 
 
@@ -356,7 +361,7 @@ class AttnHarness:
     then the ATTN_REDUCE launch (stream order is the dependency)."""
 
     def __init__(self, prob, timeout_s: float | None = None, grid: int | None = None,
-                 handoff: str | None = None):
+                 handoff: str | None = None, wg_split: bool | None = None):
         import torch
 
         from mk.instructions.base import Buf
@@ -375,6 +380,7 @@ class AttnHarness:
         self.streams = [s.to(dev) for s in (prob["attn"], prob["red"])]
         self.timeout_ns = int((timeout_s or TIMEOUT_S) * 1e9)
         self.handoff = handoff or HANDOFF
+        self.wg_split = ak.WG_SPLIT if wg_split is None else bool(wg_split)
         self.grid = grid or torch.cuda.get_device_properties(dev).multi_processor_count
         self.page_size = prob["case"]["page_size"]
 
@@ -390,12 +396,14 @@ class AttnHarness:
                 drv.CUstream(torch.cuda.current_stream().cuda_stream)]
 
     def compiled(self):
-        key = (self.page_size, self.handoff)
+        key = (self.page_size, self.handoff, self.wg_split)
         if key not in _COMPILED:
             t0 = time.time()
-            _COMPILED[key] = cute.compile(AttnHarnessDSL(self.page_size, handoff=self.handoff),
+            _COMPILED[key] = cute.compile(AttnHarnessDSL(self.page_size, handoff=self.handoff,
+                                                         wg_split=self.wg_split),
                                           *self._args(self.streams[0]))
-            print(f"[attention] compiled page_size={key[0]} handoff={key[1]} in "
+            print(f"[attention] compiled page_size={key[0]} handoff={key[1]} "
+                  f"wg_split={int(key[2])} in "
                   f"{time.time() - t0:.1f} s", flush=True)
         return _COMPILED[key]
 
@@ -421,15 +429,19 @@ DUMP: dict = {}      # case name -> the kernel's outputs (CPU), filled when --du
 DUMP_ON = False
 
 
-def check_case(case, seed: int = 0, tol: float = 2e-2) -> dict:
+def check_case(case, seed: int = 0, tol: float = 2e-2, wg_split: bool | None = None,
+               prob=None, want=None) -> dict:
     """Run one case on the GPU and compare ATTN_OUT (every row), the partials and LSEs of split
-    segments, and the signal counters with the torch faces / plan targets."""
+    segments, and the signal counters with the torch faces / plan targets. prob / want: a problem
+    and its oracle outputs to reuse (several kernel variants on one case)."""
     import torch
 
     from mk.instructions.base import Buf
-    prob = make_problem(case, seed)
-    want = oracle(prob)
-    h = AttnHarness(prob)
+    if prob is None:
+        prob = make_problem(case, seed)
+    if want is None:
+        want = oracle(prob)
+    h = AttnHarness(prob, wg_split=wg_split)
     h.launchers()()
     torch.cuda.synchronize()
     if DUMP_ON:   # the problem is rebuilt on the CPU from (case, seed): only outputs travel back
@@ -462,14 +474,34 @@ def check_case(case, seed: int = 0, tol: float = 2e-2) -> dict:
     sig = sig[sig >= 0].long()
     ctr_ok = bool(torch.equal(ctr[sig], tg[sig].to(ctr.dtype)))
     ok = finite and rel < tol and rel_p < tol and lse_err < 5e-2 and ctr_ok
-    return dict(case=case["name"], ok=ok, finite=finite, rel_err=rel, max_abs_err=err,
+    return dict(case=case["name"], wg_split=int(h.wg_split), ok=ok, finite=finite, rel_err=rel, max_abs_err=err,
                 rel_err_partial=rel_p, lse_abs_err=lse_err, counters_ok=ctr_ok,
                 attention_instrs=int(prob["attn"].shape[0]), reduce_instrs=int(prob["red"].shape[0]),
                 T=T)
 
 
 # ============================================================================ timing
-def _time(fn, reps: int = 20, warm: int = 3) -> float:
+def gpu_sleep_cycles() -> int:
+    # ~2 ms at 1.98 GHz: covers the host's enqueue of event + launch(es) + event (bench/gemm.py)
+    return int(os.environ.get("MK_BENCH_SLEEP_CYCLES", 4e6))
+
+
+_FLUSH: list = []
+
+
+def _flush_l2():
+    """Overwrite 256 MiB (> the H200's 60 MiB L2): the next kernel reads its K/V from HBM, as a
+    decode step does (80 layers of K/V do not stay in L2)."""
+    import torch
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    _FLUSH[0].fill_(1)
+
+
+def _time(fn, reps: int = 20, warm: int = 3, how: str = "device") -> float:
+    """Median us of fn() between two events. how: "host" (the event pair also times the host's
+    launch cost: the figure of the first runs), "device" (behind a GPU sleep: the kernels alone,
+    L2 warm from the previous rep), "cold" (device, L2 flushed before each rep)."""
     import torch
     for _ in range(warm):
         fn()
@@ -477,6 +509,10 @@ def _time(fn, reps: int = 20, warm: int = 3) -> float:
     ts = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if how == "cold":
+            _flush_l2()
+        if how != "host":
+            torch.cuda._sleep(gpu_sleep_cycles())
         a.record()
         fn()
         b.record()
@@ -484,6 +520,9 @@ def _time(fn, reps: int = 20, warm: int = 3) -> float:
         ts.append(a.elapsed_time(b) * 1e3)
     ts.sort()
     return ts[len(ts) // 2]
+
+
+TIMINGS = ("cold", "device", "host")
 
 
 def baselines(prob) -> dict:
@@ -525,7 +564,7 @@ def baselines(prob) -> dict:
         def sdpa():
             for q, k, v, mask in calls:
                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    out = {"torch_sdpa_us": _time(sdpa)}
+    out = {f"torch_sdpa_{how}_us": _time(sdpa, how=how) for how in TIMINGS}
     try:
         from flash_attn import flash_attn_with_kvcache  # noqa: F401
         out["flash_attn"] = "installed (paged baseline not wired yet)"
@@ -534,19 +573,25 @@ def baselines(prob) -> dict:
     return out
 
 
-def bench_case(case, seed: int = 0) -> dict:
+def bench_case(case, seed: int = 0, variants=(None,)) -> dict:
+    """Times (cold L2 / device / with host launch, see _time) of every kernel variant (wg_split
+    values) and of torch SDPA; mk = the ATTENTION launch + the ATTN_REDUCE launch if any."""
     prob = make_problem(case, seed)
-    h = AttnHarness(prob)
-    go = h.launchers()
-    t_mk = _time(go)
-    h.check_state()
     kv_bytes = 0
     for n, s in case["seqs"]:
         kv_bytes += 2 * (n + s) * case["hkv"] * ak.D * 2
-    r = dict(case=case["name"], mk_us=t_mk, kv_GBps=kv_bytes / t_mk / 1e3,
-             attention_instrs=int(prob["attn"].shape[0]), reduce_instrs=int(prob["red"].shape[0]))
+    r = dict(case=case["name"], attention_instrs=int(prob["attn"].shape[0]),
+             reduce_instrs=int(prob["red"].shape[0]), kv_bytes=kv_bytes)
     r.update(baselines(prob))
-    r["mk_over_sdpa"] = t_mk / r["torch_sdpa_us"]
+    for v in variants:
+        h = AttnHarness(prob, wg_split=v)
+        go = h.launchers()
+        tag = f"mk_split{int(h.wg_split)}"
+        for how in TIMINGS:
+            r[f"{tag}_{how}_us"] = _time(go, how=how)
+        h.check_state()
+        r[f"{tag}_kv_TBps"] = kv_bytes / r[f"{tag}_cold_us"] / 1e6
+        r[f"{tag}_over_sdpa"] = r[f"{tag}_cold_us"] / r["torch_sdpa_cold_us"]
     return r
 
 
@@ -562,6 +607,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", default="", help="torch.save the kernel outputs of every checked case here")
     ap.add_argument("--handoff", default=HANDOFF, choices=("thread", "warp"),
                     help="done/empty hand-off: 'thread' (the megakernel's default) or 'warp'")
+    ap.add_argument("--wg-split", default="default", choices=("default", "0", "1", "both"),
+                    help="kernel variant(s): decode units split between the consumer WGs "
+                         "(ak.attn_consume wg_split; default = ak.WG_SPLIT)")
     ap.add_argument("--timeout-s", type=float, default=TIMEOUT_S,
                     help="page-wait bound (raise it under compute-sanitizer)")
     a = ap.parse_args(argv)
@@ -583,23 +631,38 @@ def main(argv=None) -> int:
     if a.cases:
         want = set(a.cases.split(","))
         cases = [c for c in cases if c["name"] in want]
-    results, ok_all = dict(device=torch.cuda.get_device_name(), handoff=HANDOFF, checks=[],
-                           timing=[]), True
+    variants = {"default": (None,), "0": (False,), "1": (True,), "both": (False, True)}[a.wg_split]
+    results, ok_all = dict(device=torch.cuda.get_device_name(), handoff=HANDOFF,
+                           wg_split=a.wg_split, checks=[], timing=[]), True
+    dead = False
     for c in cases:
-        try:
-            r = check_case(c, a.seed)
-        except Exception as e:  # noqa: BLE001 - report and go on (a hang ends the process anyway)
-            r = dict(case=c["name"], ok=False, error=f"{type(e).__name__}: {e}")
-        ok_all &= bool(r.get("ok"))
-        results["checks"].append(r)
-        print(f"[attention] {'ok  ' if r.get('ok') else 'FAIL'} {json.dumps(r)}", flush=True)
-        if a.dump:
-            torch.save(DUMP, a.dump)
-        if "illegal" in r.get("error", "") or "unspecified launch" in r.get("error", ""):
-            break   # the CUDA context is gone: every later case would fail the same way
-    if not a.check_only and ok_all:
+        prob = want = None
+        for v in variants:
+            try:
+                if prob is None:
+                    prob = make_problem(c, a.seed)
+                    want = oracle(prob)
+                r = check_case(c, a.seed, wg_split=v, prob=prob, want=want)
+            except Exception as e:  # noqa: BLE001 - report and go on (a hang ends the process anyway)
+                r = dict(case=c["name"], wg_split=int(ak.WG_SPLIT if v is None else v), ok=False,
+                         error=f"{type(e).__name__}: {e}")
+            ok_all &= bool(r.get("ok"))
+            results["checks"].append(r)
+            print(f"[attention] {'ok  ' if r.get('ok') else 'FAIL'} {json.dumps(r)}", flush=True)
+            if a.dump:
+                torch.save(DUMP, a.dump)
+            if "illegal" in r.get("error", "") or "unspecified launch" in r.get("error", ""):
+                dead = True   # the CUDA context is gone: every later case would fail the same way
+                break
+        if dead:
+            break
+    # timing: every variant that passed all its checks
+    good = tuple(v for v in variants
+                 if all(r.get("ok") for r in results["checks"]
+                        if r["wg_split"] == int(ak.WG_SPLIT if v is None else v)))
+    if not a.check_only and good and not dead:
         for c in cases:
-            r = bench_case(c, a.seed)
+            r = bench_case(c, a.seed, good)
             results["timing"].append(r)
             print(f"[attention] time {json.dumps(r)}", flush=True)
     path = a.out or str(Path(__file__).parent / "results" / f"attention_{time.strftime('%Y-%m-%d')}.json")

@@ -30,7 +30,10 @@ REQUIRED_PTX = {
 WGMMA = 16
 # page size -> TMA copies in the PTX (K/V page: 2 halves x 64 / min(ps, 64) sub-boxes, one loop
 # body emitted for K and one for V)
-CASES = [(16, 16, "thread"), (16, 16, "warp"), (64, 4, "thread"), (256, 4, "thread")]
+# (page size, TMA copies, hand-off, wg_split: decode units split between the consumer WGs)
+CASES = [(16, 16, "thread", False), (16, 16, "warp", False), (64, 4, "thread", False),
+         (256, 4, "thread", False), (16, 16, "thread", True), (16, 16, "warp", True),
+         (64, 4, "thread", True)]
 
 
 def test_host_mirror_of_the_unit_ranges():
@@ -46,13 +49,15 @@ def test_host_mirror_of_the_unit_ranges():
     assert ak.pages_per_instr(1, 8, 1, 100, 0, 101, 0) == 2 * 2 + ak.E_DIRECT
 
 
-@pytest.mark.parametrize("page_size,tma,handoff", CASES,
-                         ids=[f"page{p}-{h}" for p, _, h in CASES])
-def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff):
+@pytest.mark.parametrize("page_size,tma,handoff,wg_split", CASES,
+                         ids=[f"page{p}-{h}-split{int(w)}" for p, _, h, w in CASES])
+def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff, wg_split):
     """handoff: the done/empty arrivals (share 256 = every thread, the megakernel's default;
-    8 = one per warp)."""
+    8 = one per warp). wg_split: both variants of attn_consume (the split one adds the
+    warpgroup-local named barriers ak.BAR_ATTN_WG for its V tails)."""
     from bench.attention import LAUNCH_REGS, REG_HIGH, REG_LOW, THREADS, compile_fake
-    comp = compile_fake(page_size, handoff=handoff)
+    from mk.instructions import _attention_kernel as ak
+    comp = compile_fake(page_size, handoff=handoff, wg_split=wg_split)
     ptx = comp.__ptx__
     assert ptx, "no PTX kept"
     missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
@@ -61,10 +66,12 @@ def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff):
     assert n == WGMMA, f"{n} wgmma.mma_async in the PTX, expected {WGMMA}"
     # the A operand comes from registers (RS): the wgmma takes a register vector, not a descriptor
     assert re.search(r"wgmma\.mma_async[^;]*\{[^}]*\},\s*\{%r", ptx), "QK^T / PV are not RS wgmma"
+    wg_bars = {int(b) for b in re.findall(r"bar\.sync\s+(\d+),\s*128;", ptx)}
+    assert wg_bars == (set(ak.BAR_ATTN_WG) if wg_split else set()), wg_bars
     nt = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
     assert nt == tma, f"{nt} TMA copies in the PTX, expected {tma}"
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
-    work = os.path.join(dump_dir, f"attn_page{page_size}_{handoff}")
+    work = os.path.join(dump_dir, f"attn_page{page_size}_{handoff}_split{int(wg_split)}")
     os.makedirs(work, exist_ok=True)
     rep = ptxas_report(ptx, work)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
@@ -75,5 +82,5 @@ def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff):
     assert used and 128 * REG_LOW + 256 * REG_HIGH <= THREADS * max(used) <= THREADS * LAUNCH_REGS
     bad = [c for c in BAD_PTXAS if c in rep]
     assert not bad, f"ptxas warned {bad}:\n{rep}"
-    print(f"page_size {page_size} {handoff}:", [ln.strip() for ln in rep.splitlines()
+    print(f"page_size {page_size} {handoff} wg_split {int(wg_split)}:", [ln.strip() for ln in rep.splitlines()
                                       if "registers" in ln or "spill" in ln])

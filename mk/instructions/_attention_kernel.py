@@ -73,6 +73,7 @@ is per-thread constant (row % 8 == lane // 4 for every row a thread holds) is th
 from __future__ import annotations
 
 import math
+import os
 
 import cutlass
 import cutlass.cute as cute
@@ -102,6 +103,12 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
 BAR_ATTN = 3                    # named barrier of the 256 consumer threads (V-tail zeroing)
+BAR_ATTN_WG = (5, 6)            # one consumer warpgroup alone (128 threads; narrow-unit V tails)
+NARROW_ROWS = 16                # a unit of <= 16 query rows (decode) splits its key blocks
+                                # between the two WGs; its rows are in warp 0 of each WG
+MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows (8 KiB)
+# compile-time default of attn_consume's wg_split (the megakernel takes the default)
+WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
 OP_ATTENTION = int(Op.ATTENTION)
 OP_ATTN_REDUCE = int(Op.ATTN_REDUCE)
@@ -296,20 +303,119 @@ def bf(x: Float32) -> Float32:
 
 
 @cute.jit
+def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32, lim1: Int32,
+                   mr0: Float32, mr1: Float32, ls0: Float32, ls1: Float32, accO0: cute.Tensor,
+                   accO1: cute.Tensor, rP: cute.Tensor, scale: Float32,
+                   both_halves: cutlass.Constexpr):
+    """One key block of the online softmax (fp32, the face's roundings of the scores) on the S
+    fragment: fragment element i is in row half (i // 2) % 2 (row r0 or r0 + 8 of the thread).
+    P (bf16) -> rP, O rescaled by exp(m_old - m_new). both_halves False: the thread's second row
+    half holds no query row (a warp-uniform fact): its scores are not computed, P = 0 there, its
+    (m, l) and O rows are left alone (half the exp / max / rescale work of a decode warp).
+    Returns the new (m0, m1, l0, l1) (l: this thread's partial row sums)."""
+    nsv = cute.size(accS)
+    nov = cute.size(accO0)
+    bm0 = Float32(NEG_INF)
+    bm1 = Float32(NEG_INF)
+    for i in cutlass.range_constexpr(nsv):
+        _r, c = tScS[i]
+        if cutlass.const_expr((i // 2) % 2 == 0):
+            s = bf(bf(accS[i]) * scale)
+            if kb0 + c >= lim0:
+                s = Float32(NEG_INF)
+            bm0 = cute.arch.fmax(bm0, s)
+            accS[i] = s
+        elif cutlass.const_expr(both_halves):
+            s = bf(bf(accS[i]) * scale)
+            if kb0 + c >= lim1:
+                s = Float32(NEG_INF)
+            bm1 = cute.arch.fmax(bm1, s)
+            accS[i] = s
+    mn0 = cute.arch.fmax(mr0, quad_max(bm0))
+    mu0 = mn0
+    if mn0 == Float32(NEG_INF):
+        mu0 = Float32(0.0)
+    al0 = cute.math.exp2((mr0 - mu0) * Float32(LOG2E), fastmath=True)
+    ms0 = mu0 * Float32(LOG2E)
+    ls0 = ls0 * al0
+    al1 = Float32(1.0)
+    ms1 = Float32(0.0)
+    mn1 = mr1
+    if cutlass.const_expr(both_halves):
+        mn1 = cute.arch.fmax(mr1, quad_max(bm1))
+        mu1 = mn1
+        if mn1 == Float32(NEG_INF):
+            mu1 = Float32(0.0)
+        al1 = cute.math.exp2((mr1 - mu1) * Float32(LOG2E), fastmath=True)
+        ms1 = mu1 * Float32(LOG2E)
+        ls1 = ls1 * al1
+    for i in cutlass.range_constexpr(nsv):
+        if cutlass.const_expr((i // 2) % 2 == 0):
+            p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms0, fastmath=True)
+            ls0 = ls0 + p
+            accS[i] = p
+        elif cutlass.const_expr(both_halves):
+            p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms1, fastmath=True)
+            ls1 = ls1 + p
+            accS[i] = p
+        else:
+            accS[i] = Float32(0.0)
+    for i in cutlass.range_constexpr(nov):
+        if cutlass.const_expr((i // 2) % 2 == 0):
+            accO0[i] = accO0[i] * al0
+            accO1[i] = accO1[i] * al0
+        elif cutlass.const_expr(both_halves):
+            accO0[i] = accO0[i] * al1
+            accO1[i] = accO1[i] * al1
+    rP.store(accS.load().to(BFloat16))
+    return mn0, mn1, ls0, ls1
+
+
+@cute.jit
+def zero_v_tail(pool: Int32, pv: Int32, nkeys: Int32, tid: Int32, nthreads: cutlass.Constexpr):
+    """V rows [nkeys, KB) of page pv <- 0 by nthreads threads (tid in [0, nthreads)): unloaded
+    (stale) or unwritten cache rows may hold NaN and 0 * NaN would poison the PV product. The
+    caller fences (async proxy) and syncs its threads before the wgmma reads the page."""
+    zrow = nkeys + tid // 16                     # 16 chunks of 16 B per key row
+    ch = tid % 16
+    while zrow < KB:
+        hf = ch // 8
+        zoff = (pool + pv * PAGE + hf * HALF_BYTES + zrow * 128 + (((ch % 8) ^ (zrow % 8)) * 16))
+        zt = cute.make_tensor(cute.make_ptr(Int32, zoff, cute.AddressSpace.smem, assumed_align=16),
+                              cute.make_layout(4))
+        zt.fill(0)
+        zrow = zrow + nthreads // 16
+
+
+@cute.jit
+def wg_barrier(wg: Int32):
+    """Named barrier of one consumer warpgroup (128 threads)."""
+    if wg == 0:
+        cute.arch.barrier(barrier_id=BAR_ATTN_WG[0], number_of_threads=128)
+    else:
+        cute.arch.barrier(barrier_id=BAR_ATTN_WG[1], number_of_threads=128)
+
+
+@cute.jit
 def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.ComposedLayout,
                  sV_layout: cute.ComposedLayout, q_base: Int64, ldq: Int32, row0: Int32, R: Int32,
                  col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mode: Int32,
                  qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
                  done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                 share: cutlass.Constexpr = DONE_ARRIVALS) -> Int32:
+                 share: cutlass.Constexpr = DONE_ARRIVALS,
+                 wg_split: cutlass.Constexpr = WG_SPLIT) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
-    pitch ldq elements). share: done[p]'s init count (see the module docstring). Returns the new
-    page count."""
+    pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
+    (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
+    between the two warpgroups (block b to warpgroup b % 2, each arriving for both on its pages'
+    done barriers) and the two (m, l, O) are merged through warpgroup 1's epilogue page; warps
+    skip the softmax of row halves that hold no query row. Returns the new page count."""
     hm = handoff_of(share)
     wg = ctid // 128
     wtid = ctid % 128
     lane = ctid % 32
+    wq = wtid // 32                             # warp of the warpgroup: rows [16 wq, 16 wq + 16)
     thr_qk = mma_qk.get_slice(wtid)
     thr_pv = mma_pv.get_slice(wtid)
     tScS = thr_qk.partition_C(cute.make_identity_tensor((64, KB)))
@@ -329,14 +435,21 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     ne = Int32(E_DIRECT)
     if mode != at.MODE_DIRECT:
         ne = Int32(E_PARTIAL)
-    nsv = cute.size(accS)
     nov = cute.size(accO0)
     for kh in range(cols):
         head0 = (col0 + kh) * qpk                 # first q head of this KV head
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            narrow = cutlass.Boolean(False)       # the unit's blocks split between the WGs
+            if cutlass.const_expr(wg_split):
+                narrow = mtot - mt * MT <= NARROW_ROWS
             mw = mt * MT + wg * 64                # first query row of this warpgroup
-            active = mw < mtot                    # warp-uniform (decode: WG1 idles)
+            if narrow:
+                mw = mt * MT                      # both WGs hold the unit's rows
+            active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
+            both_halves = cutlass.Boolean(True)   # the warp's rows r0 + 8 hold a query row
+            if cutlass.const_expr(wg_split):
+                both_halves = mw + wq * 16 + 8 < mtot
             # ---- Q rows -> A fragment (registers), zero past the last row
             for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
                 r, c = tQcQ[2 * v]
@@ -369,103 +482,99 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 kb0 = kv0 + b * KB
                 pk, phk = page_of(pg, npages)
                 pv, phv = page_of(pg + 1, npages)
-                bar_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                if active:
-                    accS.fill(0.0)
-                    cute.nvgpu.warpgroup.fence()
-                    for hf in cutlass.range_constexpr(2):
-                        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
-                            swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
-                        for kb in cutlass.range_constexpr(HALF // 16):
-                            cute.gemm(mma_qk, accS, tSrQ[(None, None, hf * (HALF // 16) + kb)],
-                                      tSrK[(None, None, kb)], accS)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                # K page read (S retired): hand it to the storer
-                rk.release(done + pk, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
-                if active:
-                    # ---- online softmax (fp32), the face's roundings of the scores
-                    bm0 = Float32(NEG_INF)
-                    bm1 = Float32(NEG_INF)
-                    for i in cutlass.range_constexpr(nsv):
-                        _r, c = tScS[i]
-                        s = bf(bf(accS[i]) * scale)
-                        if cutlass.const_expr((i // 2) % 2 == 0):
-                            if kb0 + c >= lim0:
-                                s = Float32(NEG_INF)
-                            bm0 = cute.arch.fmax(bm0, s)
+                mine = cutlass.Boolean(True)
+                if narrow:
+                    mine = b % 2 == wg
+                if mine:
+                    bar_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                    if active:
+                        accS.fill(0.0)
+                        cute.nvgpu.warpgroup.fence()
+                        for hf in cutlass.range_constexpr(2):
+                            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
+                                swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
+                            for kb in cutlass.range_constexpr(HALF // 16):
+                                cute.gemm(mma_qk, accS, tSrQ[(None, None, hf * (HALF // 16) + kb)],
+                                          tSrK[(None, None, kb)], accS)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                    # K page read (S retired): hand it to the storer (a narrow unit's page: this
+                    # WG's threads arrive for both)
+                    if narrow:
+                        rk.release(done + pk, share, 128, wtid, BAR_ATTN, hm)
+                    else:
+                        rk.release(done + pk, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
+                    if active:
+                        if both_halves:
+                            mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
+                                                                mr1, ls0, ls1, accO0, accO1, rP,
+                                                                scale, True)
                         else:
-                            if kb0 + c >= lim1:
-                                s = Float32(NEG_INF)
-                            bm1 = cute.arch.fmax(bm1, s)
-                        accS[i] = s
-                    mn0 = cute.arch.fmax(mr0, quad_max(bm0))
-                    mn1 = cute.arch.fmax(mr1, quad_max(bm1))
-                    mu0 = mn0
-                    if mn0 == Float32(NEG_INF):
-                        mu0 = Float32(0.0)
-                    mu1 = mn1
-                    if mn1 == Float32(NEG_INF):
-                        mu1 = Float32(0.0)
-                    al0 = cute.math.exp2((mr0 - mu0) * Float32(LOG2E), fastmath=True)
-                    al1 = cute.math.exp2((mr1 - mu1) * Float32(LOG2E), fastmath=True)
-                    ms0 = mu0 * Float32(LOG2E)
-                    ms1 = mu1 * Float32(LOG2E)
-                    mr0 = mn0
-                    mr1 = mn1
-                    ls0 = ls0 * al0
-                    ls1 = ls1 * al1
-                    for i in cutlass.range_constexpr(nsv):
-                        if cutlass.const_expr((i // 2) % 2 == 0):
-                            p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms0, fastmath=True)
-                            ls0 = ls0 + p
-                            accS[i] = p
+                            mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
+                                                                mr1, ls0, ls1, accO0, accO1, rP,
+                                                                scale, False)
+                    bar_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                    nkeys = kend - kb0
+                    if nkeys < KB:
+                        # V rows past the key end -> 0; every thread that reads the page zeroes
+                        if narrow:
+                            zero_v_tail(pool, pv, nkeys, wtid, 128)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            wg_barrier(wg)
                         else:
-                            p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms1, fastmath=True)
-                            ls1 = ls1 + p
-                            accS[i] = p
-                    for i in cutlass.range_constexpr(nov):
-                        if cutlass.const_expr((i // 2) % 2 == 0):
-                            accO0[i] = accO0[i] * al0
-                            accO1[i] = accO1[i] * al0
-                        else:
-                            accO0[i] = accO0[i] * al1
-                            accO1[i] = accO1[i] * al1
-                    rP.store(accS.load().to(BFloat16))
-                bar_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                nkeys = kend - kb0
-                if nkeys < KB:
-                    # V rows past the key end: unloaded (stale) or unwritten cache rows -> zero
-                    # (0 * NaN would poison the PV product). Both WGs read the whole page.
-                    zrow = nkeys + ctid // 16                 # 16 chunks of 16 B per key row
-                    ch = ctid % 16
-                    while zrow < KB:
-                        hf = ch // 8
-                        zoff = (pool + pv * PAGE + hf * HALF_BYTES + zrow * 128
-                                + (((ch % 8) ^ (zrow % 8)) * 16))
-                        zt = cute.make_tensor(cute.make_ptr(Int32, zoff, cute.AddressSpace.smem,
-                                                            assumed_align=16), cute.make_layout(4))
-                        zt.fill(0)
-                        zrow = zrow + CONSUMER_THREADS // 16
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
-                if active:
-                    cute.nvgpu.warpgroup.fence()
-                    tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(
-                        swz_tensor(pool, pv, 0, sV_layout)))
-                    tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(
-                        swz_tensor(pool, pv, HALF_BYTES, sV_layout)))
-                    for kb in cutlass.range_constexpr(KB // 16):
-                        cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)], tOrV0[(None, None, kb)], accO0)
-                    for kb in cutlass.range_constexpr(KB // 16):
-                        cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                rk.release(done + pv, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
+                            zero_v_tail(pool, pv, nkeys, ctid, CONSUMER_THREADS)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
+                    if active:
+                        cute.nvgpu.warpgroup.fence()
+                        tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(
+                            swz_tensor(pool, pv, 0, sV_layout)))
+                        tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(
+                            swz_tensor(pool, pv, HALF_BYTES, sV_layout)))
+                        for kb in cutlass.range_constexpr(KB // 16):
+                            cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)], tOrV0[(None, None, kb)], accO0)
+                        for kb in cutlass.range_constexpr(KB // 16):
+                            cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                    if narrow:
+                        rk.release(done + pv, share, 128, wtid, BAR_ATTN, hm)
+                    else:
+                        rk.release(done + pv, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
                 pg = pg + 2
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
+            for e in range(ne):
+                pe, phe = page_of(pg + e, npages)
+                bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                # the storer's reads of the page's previous use (complete: the loader waited on
+                # it before the grant): a direct storer-read -> consumer-write edge for racecheck
+                bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+            ep0 = pg % npages
+            # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
+            r0, c0 = tOcO[0]
+            writes = cutlass.Boolean(True)        # this WG writes its rows into the pages
+            if cutlass.const_expr(wg_split):
+                if narrow:
+                    # merge: WG1's (m, l, unnormalised O) of its blocks -> its own epilogue page
+                    # (its rows hold no query row: the storer stores nothing from it), read by WG0
+                    # (the same fragment coordinates per wtid); all query rows are in warp 0
+                    mpg = ep0 + 1
+                    if mode != at.MODE_DIRECT:
+                        mpg = ep0 + 2
+                    if mpg >= npages:
+                        mpg = mpg - npages
+                    mb = pool + mpg * PAGE
+                    if wg == 1:
+                        writes = False
+                        if wq == 0:
+                            merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1, True)
+                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
+                    if wg == 0:
+                        if wq == 0:
+                            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0,
+                                                          mr1, lt0, lt1, False)
             inv0 = Float32(0.0)
             inv1 = Float32(0.0)
             lse0 = Float32(NEG_INF)
@@ -476,54 +585,46 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if lt1 > Float32(0.0):
                 inv1 = Float32(1.0) / lt1
                 lse1 = mr1 + cute.math.log2(lt1, fastmath=True) * Float32(LN2)
-            for e in range(ne):
-                pe, phe = page_of(pg + e, npages)
-                bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                # the storer's reads of the page's previous use (complete: the loader waited on
-                # it before the grant): a direct storer-read -> consumer-write edge for racecheck
-                bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-            ep0 = pg % npages
-            # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
-            r0, c0 = tOcO[0]
-            if mode == at.MODE_DIRECT:
-                pgw = ep0 + wg
-                if pgw >= npages:
-                    pgw = pgw - npages
-                tb = pool + pgw * PAGE + r0 * 256 + c0 * 2
-                for j in cutlass.range_constexpr(2):
-                    acc = accO0 if j == 0 else accO1
-                    for v in cutlass.range_constexpr(nov // 2):
-                        iv = inv0 if v % 2 == 0 else inv1
-                        d = cute.make_tensor(cute.make_ptr(
-                            BFloat16, tb + ((v % 2) * 8 * 256 + ((v // 2) * 8 + j * HALF) * 2),
-                            cute.AddressSpace.smem, assumed_align=4), cute.make_layout(2))
-                        d[0] = (acc[2 * v] * iv).to(BFloat16)
-                        d[1] = (acc[2 * v + 1] * iv).to(BFloat16)
-            else:
-                pgw = ep0 + wg * 2 + r0 // 32
-                if pgw >= npages:
-                    pgw = pgw - npages
-                tb = pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4
-                for j in cutlass.range_constexpr(2):
-                    acc = accO0 if j == 0 else accO1
-                    for v in cutlass.range_constexpr(nov // 2):
-                        iv = inv0 if v % 2 == 0 else inv1
-                        d = cute.make_tensor(cute.make_ptr(
-                            Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
-                            cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
-                        d[0] = acc[2 * v] * iv
-                        d[1] = acc[2 * v + 1] * iv
-                # LSE page (epilogue page 4): the quad's lane 0 writes its two rows
-                if lane % 4 == 0:
-                    pgl = ep0 + 4
-                    if pgl >= npages:
-                        pgl = pgl - npages
-                    lb = pool + pgl * PAGE + (wg * 64 + r0) * 4
-                    for hh in cutlass.range_constexpr(2):
-                        lp = cute.make_tensor(cute.make_ptr(Float32, lb + hh * 8 * 4,
-                                                            cute.AddressSpace.smem, assumed_align=4),
-                                              cute.make_layout(1))
-                        lp[0] = lse0 if hh == 0 else lse1
+            if writes:
+                if mode == at.MODE_DIRECT:
+                    pgw = ep0 + wg
+                    if pgw >= npages:
+                        pgw = pgw - npages
+                    tb = pool + pgw * PAGE + r0 * 256 + c0 * 2
+                    for j in cutlass.range_constexpr(2):
+                        acc = accO0 if j == 0 else accO1
+                        for v in cutlass.range_constexpr(nov // 2):
+                            iv = inv0 if v % 2 == 0 else inv1
+                            d = cute.make_tensor(cute.make_ptr(
+                                BFloat16, tb + ((v % 2) * 8 * 256 + ((v // 2) * 8 + j * HALF) * 2),
+                                cute.AddressSpace.smem, assumed_align=4), cute.make_layout(2))
+                            d[0] = (acc[2 * v] * iv).to(BFloat16)
+                            d[1] = (acc[2 * v + 1] * iv).to(BFloat16)
+                else:
+                    pgw = ep0 + wg * 2 + r0 // 32
+                    if pgw >= npages:
+                        pgw = pgw - npages
+                    tb = pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4
+                    for j in cutlass.range_constexpr(2):
+                        acc = accO0 if j == 0 else accO1
+                        for v in cutlass.range_constexpr(nov // 2):
+                            iv = inv0 if v % 2 == 0 else inv1
+                            d = cute.make_tensor(cute.make_ptr(
+                                Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
+                                cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
+                            d[0] = acc[2 * v] * iv
+                            d[1] = acc[2 * v + 1] * iv
+                    # LSE page (epilogue page 4): the quad's lane 0 writes its two rows
+                    if lane % 4 == 0:
+                        pgl = ep0 + 4
+                        if pgl >= npages:
+                            pgl = pgl - npages
+                        lb = pool + pgl * PAGE + (wg * 64 + r0) * 4
+                        for hh in cutlass.range_constexpr(2):
+                            lp = cute.make_tensor(cute.make_ptr(Float32, lb + hh * 8 * 4,
+                                                                cute.AddressSpace.smem, assumed_align=4),
+                                                  cute.make_layout(1))
+                            lp[0] = lse0 if hh == 0 else lse1
             if cutlass.const_expr(hm == "warp"):
                 cute.arch.sync_warp()
             for e in range(ne):
@@ -531,6 +632,64 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 rk.release(done + pe, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
             pg = pg + ne
     return pg
+
+
+@cute.jit
+def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, accO1: cute.Tensor,
+             mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32, write: cutlass.Constexpr):
+    """The (m, l, O) merge of a narrow unit through page base mb (warp 0 of each WG): write=True
+    (WG1) stores this thread's unnormalised O fragment (fp32 row r at r * 512, NARROW_ROWS rows)
+    and its rows' (m, l) at MERGE_ML_OFF + wtid * 16; write=False (WG0) reads them and folds them
+    into its own: m = max, a = exp(m_own - m), o = a_0 o_0 + a_1 o_1, l likewise (a row without
+    keys on one side has m = -inf there: a = 0). Returns the merged (m0, m1, l0, l1)."""
+    nov = cute.size(accO0)
+    ml = cute.make_tensor(cute.make_ptr(Float32, mb + MERGE_ML_OFF + wtid * 16,
+                                        cute.AddressSpace.smem, assumed_align=16),
+                          cute.make_layout(4))
+    tb = mb + r0 * 512 + c0 * 4
+    a00 = Float32(1.0)
+    a01 = Float32(1.0)
+    a10 = Float32(0.0)
+    a11 = Float32(0.0)
+    if cutlass.const_expr(write):
+        ml[0] = mr0
+        ml[1] = mr1
+        ml[2] = lt0
+        ml[3] = lt1
+    else:
+        m1a = ml[0]
+        m1b = ml[1]
+        ma = cute.arch.fmax(mr0, m1a)
+        mb_ = cute.arch.fmax(mr1, m1b)
+        ua = ma
+        if ma == Float32(NEG_INF):
+            ua = Float32(0.0)
+        ub = mb_
+        if mb_ == Float32(NEG_INF):
+            ub = Float32(0.0)
+        a00 = cute.math.exp2((mr0 - ua) * Float32(LOG2E), fastmath=True)
+        a10 = cute.math.exp2((m1a - ua) * Float32(LOG2E), fastmath=True)
+        a01 = cute.math.exp2((mr1 - ub) * Float32(LOG2E), fastmath=True)
+        a11 = cute.math.exp2((m1b - ub) * Float32(LOG2E), fastmath=True)
+        lt0 = a00 * lt0 + a10 * ml[2]
+        lt1 = a01 * lt1 + a11 * ml[3]
+        mr0 = ma
+        mr1 = mb_
+    for j in cutlass.range_constexpr(2):
+        acc = accO0 if j == 0 else accO1
+        for v in cutlass.range_constexpr(nov // 2):
+            d = cute.make_tensor(cute.make_ptr(
+                Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
+                cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
+            if cutlass.const_expr(write):
+                d[0] = acc[2 * v]
+                d[1] = acc[2 * v + 1]
+            else:
+                own = a00 if v % 2 == 0 else a01
+                oth = a10 if v % 2 == 0 else a11
+                acc[2 * v] = acc[2 * v] * own + d[0] * oth
+                acc[2 * v + 1] = acc[2 * v + 1] * own + d[1] * oth
+    return mr0, mr1, lt0, lt1
 
 
 @cute.jit
