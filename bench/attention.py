@@ -595,6 +595,19 @@ def bench_case(case, seed: int = 0, variants=(None,)) -> dict:
     return r
 
 
+def print_table(timing):
+    """One line per case: us (cold L2 / warm) of each variant and of SDPA, K/V TB/s (cold)."""
+    for r in timing:
+        cols = [f"{r['case']:<20}"]
+        for tag in ("mk_split0", "mk_split1", "torch_sdpa"):
+            if f"{tag}_cold_us" in r:
+                cols.append(f"{tag} {r[f'{tag}_cold_us']:7.1f} / {r[f'{tag}_device_us']:7.1f} "
+                            f"(host {r[f'{tag}_host_us']:6.1f})")
+            if f"{tag}_kv_TBps" in r:
+                cols.append(f"{r[f'{tag}_kv_TBps']:.2f} TB/s")
+        print("[attention] table " + " | ".join(cols), flush=True)
+
+
 def main(argv=None) -> int:
     global DUMP_ON, HANDOFF, TIMEOUT_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -665,6 +678,7 @@ def main(argv=None) -> int:
             r = bench_case(c, a.seed, good)
             results["timing"].append(r)
             print(f"[attention] time {json.dumps(r)}", flush=True)
+    print_table(results["timing"])
     path = a.out or str(Path(__file__).parent / "results" / f"attention_{time.strftime('%Y-%m-%d')}.json")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(results, indent=1))
