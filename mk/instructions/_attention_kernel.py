@@ -212,6 +212,28 @@ def unit_range(R: Int32, qpk: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mt: In
     return kend, nblk
 
 
+# ============================================================================ page waits
+SPIN_POLLS = 64     # plain try_wait polls before the bounded wait (rk.bar_wait)
+
+
+@cute.jit
+def page_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
+              kind: cutlass.Constexpr, ticket: Int32):
+    """rk.bar_wait for the K/V page hot loops: first SPIN_POLLS plain mbarrier try_waits (each
+    suspends in hardware up to a system time limit), only then the bounded loop, whose every
+    iteration also reads the abort word in L2 (gpu scope): with every waiting warp of every CTA
+    polling that one word, a wake-up was delayed by the L2 round trips of the polls. A hang still
+    ends in rk.bar_wait's timeout record."""
+    n = Int32(0)
+    while n < SPIN_POLLS:
+        if cute.arch.mbarrier_try_wait(bar, phase):
+            n = Int32(SPIN_POLLS + 1)
+        else:
+            n = n + 1
+    if n == SPIN_POLLS:
+        bar_wait(bar, phase, timeout_ns, state, kind, ticket)
+
+
 # ============================================================================ loader (1 warp)
 @cute.jit
 def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
@@ -228,6 +250,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     # controller): order them before this warp's async-proxy reads
     cute.arch.fence_proxy("async.global")
     lstride = meta[mc.M_KV_LAYER_STRIDE]
+    crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
     lrow = layer * lstride
     n_mt = (R * qpk + (MT - 1)) // MT
     ne = Int32(E_DIRECT)
@@ -242,6 +265,14 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                 nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
                 if nval > nsub:
                     nval = Int32(nsub)
+                # the block's page-table entries, all loaded before the first TMA (one latency,
+                # not one per sub-box: a TMA issue orders the loads after it) and shared by K, V
+                for s in cutlass.range_constexpr(nsub):
+                    crow_s = Int32(0)
+                    if s < nval:
+                        p = kb0 + s * psb
+                        crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
+                    crows[s] = crow_s
                 for z in cutlass.range_constexpr(2):        # K page, then V page
                     page, ph = page_of(pg, npages)
                     bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
@@ -249,11 +280,9 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                         cute.arch.mbarrier_arrive_and_expect_tx(full + page, nval * (2 * psb * HALF * 2))
                     for s in cutlass.range_constexpr(nsub):
                         if s < nval:
-                            p = kb0 + s * psb
-                            crow = lrow + meta[page_off + p // page_size] * page_size + p % page_size
                             for hf in cutlass.range_constexpr(2):
                                 tma_box(tma, gKV, box_layout, psb, pool, page,
-                                        Int32(hf * HALF_BYTES + s * psb * HALF * 2), crow,
+                                        Int32(hf * HALF_BYTES + s * psb * HALF * 2), crows[s],
                                         kc + hf * HALF, Int32(z), full + page)
                     pg = pg + 1
             for e in range(ne):
@@ -486,7 +515,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 if narrow:
                     mine = b % 2 == wg
                 if mine:
-                    bar_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                    page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                     if active:
                         accS.fill(0.0)
                         cute.nvgpu.warpgroup.fence()
@@ -513,7 +542,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                             mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
                                                                 mr1, ls0, ls1, accO0, accO1, rP,
                                                                 scale, False)
-                    bar_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                    page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                     nkeys = kend - kb0
                     if nkeys < KB:
                         # V rows past the key end -> 0; every thread that reads the page zeroes
