@@ -165,23 +165,17 @@ def page_share(handoff: str) -> int:
     return N_CONSUMER if handoff == "thread" else gk.NUM_CONSUMER_WARPS
 
 
-# The attention bodies hand pages over per warp (done[p]: lane 0 of each of the 8 consumer warps;
-# empty[p]: the storer with arrive_count 8), i.e. the page barrier counts of the "warp" / "group"
-# hand-offs: a variant with attention cannot use "thread" (its page barriers count 256).
-ATTN_HANDOFF = "warp"
+def default_handoff(attention: bool = False) -> str:
+    """Every family follows the page barriers' share in every hand-off mode (the attention bodies
+    through their `share` parameter): one default for all variants."""
+    return DEFAULT_HANDOFF
 
 
-def default_handoff(attention: bool) -> str:
-    return ATTN_HANDOFF if attention else DEFAULT_HANDOFF
-
-
-def check_handoff(handoff: str, attention: bool) -> None:
+def check_handoff(handoff: str, attention: bool = False) -> None:
     if handoff not in rk.HANDOFF_MODES:
         raise ValueError(f"handoff must be one of {rk.HANDOFF_MODES}, got {handoff!r}")
-    if attention and page_share(handoff) != ak.DONE_ARRIVALS:
-        raise ValueError(f"a megakernel with attention needs a per-warp page hand-off "
-                         f"(handoff 'warp' or 'group'; the attention bodies arrive once per "
-                         f"warp), got {handoff!r}")
+    if attention:
+        ak.handoff_of(page_share(handoff))      # the attention bodies' shares: 256 or 8
 
 
 @dataclass(frozen=True)
@@ -588,17 +582,20 @@ class MegakernelDSL:
             # ---------------------------------------------------------------- consumer warpgroup
             cute.arch.setmaxregister_increase(self.reg_high)
             ctid = tidx - 128
-            islot = Int32(0)
-            iph = Int32(0)
-            live = Int32(1)
+            # the loop carries only the instruction count (slot = nins % NISLOTS, phase from
+            # nins // NISLOTS, -1 = stop) and the page count: registers are tightest here (the
+            # all-opcode variant at the M128 class spilled its slot index with 4 loop-carried
+            # words)
+            nins = Int32(0)
             pg = Int32(0)
-            while live == 1:
-                rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
-                                    Int32(-1))
+            while nins >= 0:
+                islot = nins % NISLOTS
+                rk.bounded_bar_wait(ifull + islot, (nins // NISLOTS) & 1, timeout_ns, state,
+                                    rk.ERR_INSTR_SLOT, Int32(-1))
                 base = islot * INSTR_WORDS
                 op = ring[base + W_OPCODE]
                 if op == OP_END:
-                    live = Int32(0)
+                    nins = Int32(-1)
                 else:
                     t = tick[islot]
                     # ctid, re-derived per instruction from a value the compiler cannot predict
@@ -615,7 +612,7 @@ class MegakernelDSL:
                             rk.rows_consume(op, ring[base + W_ROWS], ring[base + W_COL0],
                                             ring[base + W_COLS], ring[base + W_LAYER],
                                             ring[base + A_NORM_WEIGHT], normw, n_layers, eps,
-                                            pool, full, empty, done, pg, NP, ctid, BAR_WG0,
+                                            pool, full, empty, done, pg, NP, ctv, BAR_WG0,
                                             N_WG, timeout_ns, state, t, HM, PS)
                         else:
                             rk.rows_skip(pg, npg, full, NP, timeout_ns, state, t)
@@ -638,20 +635,18 @@ class MegakernelDSL:
                                                  ring[base + at.A_POS0], ring[base + at.A_KV0],
                                                  ring[base + at.A_KV1], ring[base + at.A_MODE],
                                                  ring[base + at.A_QPK], pool, full, empty, done,
-                                                 pg, NP, ctv, timeout_ns, state, t)
+                                                 pg, NP, ctv, timeout_ns, state, t, PS)
                         elif op == ak.OP_ATTN_REDUCE:
                             pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
                                                    ring[base + W_ROWS], ring[base + W_COL0],
                                                    ring[base + W_COLS], ring[base + at.A_SLOT0],
                                                    ring[base + at.A_NSPLIT],
                                                    ring[base + at.A_QPK], pool, full, done, pg,
-                                                   NP, ctv, timeout_ns, state, t)
+                                                   NP, ctv, timeout_ns, state, t, PS,
+                                                   empty=empty)
                     rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
                                BAR_CONSUMER, HM)
-                    islot = islot + 1
-                    if islot == NISLOTS:
-                        islot = Int32(0)
-                        iph = iph ^ 1
+                    nins = nins + 1
 
         # -------------------------------------------------------------------- teardown
         cute.arch.sync_threads()
@@ -723,12 +718,14 @@ class MegakernelDSL:
                                ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
                                ring[base + at.A_KV1], ring[base + at.A_MODE],
                                ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
-                               pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t)
+                               pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
+                               page_share(self.handoff))
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],
                                  ring[base + at.A_QPK], pool, empty, done, pg, self.npages, sid,
-                                 BAR_STORER, N_STORER, timeout_ns, state, t)
+                                 BAR_STORER, N_STORER, timeout_ns, state, t,
+                                 page_share(self.handoff))
         return pg
 
     @cute.jit
@@ -1195,8 +1192,7 @@ class Megakernel:
     attn: AttnOperands (Q, ATTN_OUT, ATTN_PARTIAL, ATTN_LSE, KV page size) or None;
     embed: the [V, H] bf16 embedding table (EMBED) or None; last_normed: LAST_NORMED [S, H] bf16
     (LM_NORM) or None.
-    A variant with attention hands pages over per warp (handoff default "warp", see
-    ATTN_HANDOFF); without, DEFAULT_HANDOFF."""
+    handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode)."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,

@@ -208,26 +208,6 @@ def test_selftest_test_mode_passes(capsys):
     assert all(p["ok"] for p in summary["plans"]) and len(summary["plans"]) == 3
 
 
-def test_generate_backend_megakernel_fails_fast_on_gpu():
-    """A full model on `--backend megakernel`: one-line NotImplementedError, exit 1, no traceback."""
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    t0 = time.time()
-    r = subprocess.run([sys.executable, "launch/generate.py", "--backend", "megakernel",
-                        "--max-new-tokens", "2"], capture_output=True, text=True, cwd=root,
-                       env=env, timeout=300)
-    dt = time.time() - t0
-    assert r.returncode == 1, r.stderr[-3000:]
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: NotImplementedError:") and "ATTENTION" in last, last
-    print(f"failed fast in {dt:.1f} s: {last[:120]}")
-
-
 @pytest.mark.parametrize("handoff,backoff_ns", [("warp", None), ("group", None), (None, 50)])
 def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
     """Every compile variant (hand-off mode, backoff cap) gives the default's bytes: same op order."""
