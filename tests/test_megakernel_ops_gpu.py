@@ -151,6 +151,8 @@ def test_embed_and_lm_norm_match_the_faces():
     want_l = st.bufs[int(Buf.LAST_NORMED)].float()
     assert torch.isfinite(got_l).all()
     torch.testing.assert_close(got_l, want_l, rtol=2e-2, atol=2e-2)
+    print(f"EMBED: {len(emb)} tiles bit-exact; LM_NORM: {len(lmn)} instructions, max |err| "
+          f"{(got_l - want_l).abs().max().item():.3g}")
     assert int(mk.counters[0]) == 0, "the last CTA resets the counters"
 
 
@@ -216,6 +218,8 @@ def test_attention_through_the_controller_ring(name):
     assert torch.isfinite(got[:rows]).all(), "ATTN_OUT rows not written (NaN poison left)"
     err = ((got[:rows] - ref[:rows]).norm() / ref[:rows].norm()).item()
     assert err < 2e-2, f"{name}: ATTN_OUT rel err {err:.3g}"
+    print(f"{name}: {len(prob['attn'])} ATTENTION + {len(prob['red'])} ATTN_REDUCE, handoff "
+          f"{mk.handoff}, ATTN_OUT rel err {err:.3g}")
     if len(prob["red"]):   # the split partials' log-sum-exps (NaN where no split wrote)
         torch.testing.assert_close(lse.cpu(), want[Buf.ATTN_LSE], rtol=1e-3, atol=1e-2,
                                    equal_nan=True)
@@ -331,3 +335,6 @@ def test_one_layer_model_step_matches_the_vm():
     assert torch.equal(torch.isfinite(gk), fin), "KV cache rows written differ"
     kerr = ((gk[fin] - wk[fin]).norm() / wk[fin].norm()).item()
     assert kerr < 1e-2, f"KV cache rel err {kerr:.3g}"
+    print(f"one-layer step: {len(plan.instrs)} instructions, handoff {mk.handoff}, logits rel err "
+          f"{err:.3g}, argmax agreement {(got.argmax(-1) == want_logits.argmax(-1)).float().mean():.2f}, "
+          f"KV cache rel err {kerr:.3g}")
