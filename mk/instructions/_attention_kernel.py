@@ -23,6 +23,12 @@ Work decomposition of one ATTENTION instruction (rows R of one sequence, KV head
 so all qpk q heads of a KV head share every K/V page (GQA: one load of the KV head serves them) and
 an M tile of 128 query rows covers 128 / qpk consecutive tokens (tight causal bound per tile).
 A *unit* = (KV head kh, M tile mt); warpgroup w owns the tile's rows [64w, 64w + 64).
+Narrow units (wg_split, the default: at most NARROW_ROWS = 16 query rows, i.e. decode): both
+warpgroups hold the same rows and split the key blocks (block b to warpgroup b % 2; that WG's 128
+threads arrive for all 256 on the page's done barrier, x 2), then WG1 writes its (m, l,
+unnormalised O) into its own epilogue page (no query row of its own there), named barrier 3, and
+WG0 merges; warps also skip the softmax of a row half that holds no query row. V tails of a narrow
+unit are zeroed by the owning WG alone (named barriers BAR_ATTN_WG = 5, 6).
 Per unit, the KV range is [kv0, kend) with kend = min(kv1, pos0 + R, pos0 + last token of the tile
 + 1), walked in blocks of KB = 64 keys; a unit with no key (a split after every row of the tile)
 runs no block and writes o = 0, lse = -inf (the face's convention).
@@ -107,7 +113,8 @@ BAR_ATTN_WG = (5, 6)            # one consumer warpgroup alone (128 threads; nar
 NARROW_ROWS = 16                # a unit of <= 16 query rows (decode) splits its key blocks
                                 # between the two WGs; its rows are in warp 0 of each WG
 MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows (8 KiB)
-# compile-time default of attn_consume's wg_split (the megakernel takes the default)
+# compile-time default of attn_consume's wg_split (the megakernel takes the default): off, since
+# in the megakernel's all-opcode M1024-ps64 (20 B) and warp hand-off (8 B) variants it spills
 WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
 OP_ATTENTION = int(Op.ATTENTION)
