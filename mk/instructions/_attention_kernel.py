@@ -23,7 +23,7 @@ Work decomposition of one ATTENTION instruction (rows R of one sequence, KV head
 so all qpk q heads of a KV head share every K/V page (GQA: one load of the KV head serves them) and
 an M tile of 128 query rows covers 128 / qpk consecutive tokens (tight causal bound per tile).
 A *unit* = (KV head kh, M tile mt); warpgroup w owns the tile's rows [64w, 64w + 64).
-Narrow units (wg_split, the default: at most NARROW_ROWS = 16 query rows, i.e. decode): both
+Narrow units (wg_split, GPU-verified, off by default: WG_SPLIT; at most NARROW_ROWS = 16 query rows, i.e. decode): both
 warpgroups hold the same rows and split the key blocks (block b to warpgroup b % 2; that WG's 128
 threads arrive for all 256 on the page's done barrier, x 2), then WG1 writes its (m, l,
 unnormalised O) into its own epilogue page (no query row of its own there), named barrier 3, and
