@@ -459,6 +459,7 @@ def make_megakernel(weights, point: Point):
     is compiled against keep their shapes and one variant per M class serves every point; the KV
     cache holds exactly the point's pages."""
     from mk.engine import create_backend
+    from mk.peers import shard_as_tp1
     page = 16
     per = -(-max(point.context, point.prefill, 1) // page)
     seqs = point.decode + (1 if point.prefill else 0)
@@ -466,7 +467,9 @@ def make_megakernel(weights, point: Point):
                           max_context=max(point.context, point.prefill, 1),
                           max_batch_tokens=max(MAX_BATCH, point.tokens),
                           num_kv_pages=max(1, seqs) * per)
-    return create_backend("megakernel", weights, kernel), kernel
+    # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
+    # tensor-parallel communication, exactly what the peers time
+    return create_backend("megakernel", shard_as_tp1(weights), kernel), kernel
 
 
 def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):

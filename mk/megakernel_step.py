@@ -235,7 +235,10 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
     pcfg = PlanConfig(kv_split=kv_split)
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
-    vm = VM([w], kernel, pcfg, device=w.qkv.device)
+    # the interpreter runs its torch faces on the CPU, on a copy of the same weights
+    w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),
+                              progress=False)
+    vm = VM([w_cpu], kernel, pcfg, device="cpu")
     pages = PageManager(kernel.kv_pages, kernel.page_size)
     g = torch.Generator().manual_seed(seed)
     lens = [1, 13, 64, 130]
@@ -247,7 +250,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     steps, worst, ok = [], 0.0, True
     batch = StepBatch([SeqChunk(p, 0, pages.pages(i)) for i, p in enumerate(prompts)])
     for step in range(decode_steps + 1):
-        got = mk.forward(batch)
+        got = mk.forward(batch).cpu()
         want = vm.step(batch)
         tol = 0.02 * float(want.abs().max())
         err = float((got - want).abs().max())
@@ -267,7 +270,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         batch = StepBatch(chunks)
     kv_mk = mk.kv_cache()
     kv_vm = vm.kv_cache(0)
-    kv_err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(kv_mk, kv_vm))
+    kv_err = max(float((a.float().cpu() - b.float()).abs().max()) for a, b in zip(kv_mk, kv_vm))
     return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, steps=steps,
                 worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,
                 device=torch.cuda.get_device_name())

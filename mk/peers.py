@@ -277,6 +277,19 @@ def slice_layers(weights: RankWeights, n: int) -> RankWeights:
     return replace(weights, config=replace(weights.config, num_layers=n), **cut)
 
 
+def shard_as_tp1(weights: RankWeights) -> RankWeights:
+    """One rank's shard seen as a TP-1 model of the shard's shapes (its q / KV heads,
+    intermediate and vocab slices): the rank's work without the tensor-parallel communication,
+    for benchmarking one rank on one GPU (the same tensors, no copy)."""
+    cfg, par = weights.config, weights.parallel
+    if par.tp_size == 1:
+        return weights
+    local = replace(cfg, num_heads=par.heads_local(cfg), num_kv_heads=par.kv_heads_local(cfg),
+                    intermediate_size=par.intermediate_local(cfg),
+                    vocab_size=par.vocab_local(cfg), tie_word_embeddings=False)
+    return replace(weights, config=local, parallel=ParallelConfig())
+
+
 # The correctness guard ------------------------------------------------------------------------------
 def check_config(config: ModelConfig, parallel: ParallelConfig, layers: int = 2) -> ModelConfig:
     """A small TP-1 model whose per-rank attention structure (q heads, KV heads, head_dim, RoPE,

@@ -118,8 +118,8 @@ class AttentionFamily(InstructionFamily):
         kh = k.transpose(0, 1).repeat_interleave(qpk, dim=0)          # [heads, C, D]
         vh = v.transpose(0, 1).repeat_interleave(qpk, dim=0)
         scores = torch.matmul(qh, kh.transpose(1, 2)) * (D ** -0.5)   # model dtype, as reference
-        qpos = torch.arange(pos0, pos0 + R)[:, None]
-        kpos = torch.arange(kv0, kv1)[None, :]
+        qpos = torch.arange(pos0, pos0 + R, device=scores.device)[:, None]
+        kpos = torch.arange(kv0, kv1, device=scores.device)[None, :]
         masked = kpos > qpos                                          # [R, C]
         if arg(instr, A_MODE) == MODE_DIRECT:
             if bool(masked.any()):

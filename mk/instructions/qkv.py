@@ -114,8 +114,8 @@ class QkvFamily(InstructionFamily):
         if sec in (SEC_Q, SEC_K):
             m = state.meta.tensor
             off = int(m[M_OFF_POS])
-            pos = m[off + r0:off + r1].long()
-            cos, sin = rope_cos_sin(pos, inv_freq(D, w.config.rope), y.dtype)
+            pos = m[off + r0:off + r1].long().to(y.device)   # the metadata lives on the host
+            cos, sin = rope_cos_sin(pos, inv_freq(D, w.config.rope).to(y.device), y.dtype)
             y = apply_rope(y.view(r1 - r0, -1, D), cos, sin).reshape(r1 - r0, c1 - c0)
         if sec == SEC_Q:
             state.buf(arg(instr, A_DST))[r0:r1, c0:c1].copy_(y)
