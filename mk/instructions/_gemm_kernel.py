@@ -586,7 +586,10 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                                 if rowmap_off >= 0:
                                     drow = meta[rowmap_off + row] + row_add
                             dcol = col - col0 + dcol0
-                            gp = cute.make_ptr(ety, ybase + Int64(drow * ld + dcol) * ob,
+                            # 64-bit: K/V cache rows x pitch pass 2^31 bytes (80 layers x
+                            # 256 sequences x 1024 positions faulted with a 32-bit product)
+                            gp = cute.make_ptr(ety, ybase + (Int64(drow) * Int64(ld)
+                                                             + Int64(dcol)) * ob,
                                                cute.AddressSpace.gmem, assumed_align=16)
                             gp = cute.recast_ptr(gp, dtype=Int32)
                             cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
