@@ -56,18 +56,54 @@ def engines(ckpt):
             for name in ("megakernel", "vm", "reference")}
 
 
+@pytest.fixture(scope="module")
+def ref32(ckpt):
+    return _engine(ckpt, "reference", dtype=torch.float32)
+
+
+def _first_diff(a, b):
+    return next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def _near_tie(ref32, prompt, tokens, t):
+    """The float32 reference's logits at step t of `prompt` followed by tokens[:t] (teacher
+    forced): (top-2 gap, tolerance, top-2 ids). A bf16 divergence is legitimate only where the
+    gap is within bf16 rounding of the logit scale (the rule of tests/test_reference_hf.py)."""
+    from test_reference_hf import teacher_forced_logits
+    logits = teacher_forced_logits(ref32, [prompt], [tokens], t + 1)[0, t]
+    top = logits.topk(2)
+    tol = BF16_REL_TOL * float(logits.abs().max())
+    return float(top.values[0] - top.values[1]), tol, top.indices.tolist()
+
+
 @pytest.mark.parametrize("tokens_per_step", [64, 512])
-def test_greedy_tokens_equal_vm_and_reference(engines, tokens_per_step):
+def test_greedy_tokens_equal_vm_and_reference(engines, ref32, tokens_per_step):
+    """Greedy tokens of the megakernel equal the interpreter's and the bf16 reference's; where two
+    bf16 systems part (different summation orders), the float32 reference must show a near-tie
+    at that step (both tokens its top two, gap within bf16 tolerance), and the comparison of that
+    prompt stops there. Prints how far every prompt agreed."""
     prompts = _prompts()
     outs = {name: e.generate(prompts, max_new_tokens=NEW_TOKENS, ignore_eos=True,
                              max_tokens_per_step=tokens_per_step) for name, e in engines.items()}
-    for i in range(len(prompts)):
-        assert outs["megakernel"][i] == outs["vm"][i], f"prompt {i}: megakernel != vm"
-        assert outs["megakernel"][i] == outs["reference"][i], f"prompt {i}: megakernel != reference"
+    report = []
+    for i, p in enumerate(prompts):
+        mk = outs["megakernel"][i]
+        for other in ("vm", "reference"):
+            t = _first_diff(mk, outs[other][i])
+            report.append(f"prompt {i} ({len(p)} tokens) megakernel vs {other}: "
+                          + ("all 64 equal" if t is None else f"equal up to step {t}"))
+            if t is None:
+                continue
+            gap, tol, top2 = _near_tie(ref32, p, mk, t)
+            assert gap <= tol and {mk[t], outs[other][i][t]} <= set(top2), (
+                f"prompt {i}: megakernel and {other} part at step {t} ({mk[t]} vs "
+                f"{outs[other][i][t]}) where the float32 reference is not near a tie (top-2 "
+                f"{top2}, gap {gap:.4g} > tolerance {tol:.4g})")
+    print("\n" + "\n".join(report))
     assert engines["megakernel"].pages.free_pages == engines["megakernel"].pages.num_pages
 
 
-def test_logits_within_bf16_of_float32_reference_and_deterministic(ckpt, engines):
+def test_logits_within_bf16_of_float32_reference_and_deterministic(engines, ref32):
     from test_reference_hf import teacher_forced_logits
     prompts = _prompts(seed=1, lens=(3, 40, 129, 257))
     mk = engines["megakernel"]
@@ -75,7 +111,6 @@ def test_logits_within_bf16_of_float32_reference_and_deterministic(ckpt, engines
     got = teacher_forced_logits(mk, prompts, forced, 8)
     again = teacher_forced_logits(mk, prompts, forced, 8)
     assert torch.equal(got, again), "the same steps gave different logits"
-    ref32 = _engine(ckpt, "reference", dtype=torch.float32)
     want = teacher_forced_logits(ref32, prompts, forced, 8)
     tol = BF16_REL_TOL * float(want.abs().max())
     err = float((got - want).abs().max())
