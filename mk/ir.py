@@ -122,6 +122,7 @@ class Op(IntEnum):
     TP_REDUCE = 15      # comm.py       sum n partials in rank order (+ residual), write all ranks
     LM_NORM = 16        # lm.py         gather each sequence's last row, final rmsnorm
     LM_HEAD = 17        # matmul.py     GEMM tile of lm_head -> float32 logits (vocab shard)
+    SPLITK_REDUCE = 18  # splitk.py     sum a split-K tile's float32 partials, then the op's epilogue
 
 
 def op_name(opcode: int) -> str:

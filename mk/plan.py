@@ -76,6 +76,7 @@ from mk.instructions import lm as lmn
 from mk.instructions import matmul as mm
 from mk.instructions import qkv as qk
 from mk.instructions import rows as rw
+from mk.instructions import splitk as sk
 from mk.instructions.base import Accesses, Buf, NormWeight, family_of
 from mk.ir import (INSTR_WORDS, MAX_WAITS, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0,
                    W_ROWS, W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0,
@@ -108,6 +109,15 @@ class PlanConfig:
     kv_split: int = 1024        # keys per attention split (a context longer than this is split)
     attn_kv_heads: int = 1      # KV heads per attention instruction
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
+    # Split-K (mk/instructions/splitk.py) of QKV_ROPE / O_PROJ / GATE_UP / DOWN in steps of at most
+    # splitk_max_tokens rows: 1 never; 0 auto (per op, the largest power of two nsplit with
+    # tiles x nsplit <= num_sms, K / nsplit a multiple of splitk_align, nsplit <= max_split);
+    # n >= 2 force n (capped at K / splitk_align slices; slices multiples of splitk_align).
+    split_k: int = 1
+    num_sms: int = 132
+    splitk_max_tokens: int = 256
+    max_split: int = 16
+    splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -122,6 +132,14 @@ class PlanConfig:
                                  f", got {v!r}")
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
+        for name in ("split_k", "num_sms", "splitk_max_tokens", "max_split", "splitk_align"):
+            v = getattr(self, name)
+            lowest = 0 if name == "split_k" else 1
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
+                raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
+        if self.split_k > self.max_split:
+            raise ValueError(f"PlanConfig.split_k={self.split_k} is over max_split={self.max_split} "
+                             f"(the SPLITK workspace holds max_split partials per row)")
 
     def validate_for(self, model: ModelConfig) -> None:
         """The explicit values against the model: QKV tiles hold whole heads, so qkv_tile is a
@@ -142,6 +160,44 @@ class PlanConfig:
     def max_partial_rows(self, kernel: KernelConfig) -> int:
         return self.partial_rows or kernel.max_batch_tokens * math.ceil(kernel.max_context / self.kv_split)
 
+    def splitk_rows(self, kernel: KernelConfig) -> int:
+        """SPLITK rows: max_split partials of every row of a splittable step (0: never split)."""
+        if self.split_k == 1:
+            return 0
+        return self.max_split * min(self.splitk_max_tokens, kernel.max_batch_tokens)
+
+    def split_factors(self, num_tokens: int, tile_counts: dict, ks: dict) -> dict:
+        """nsplit per op ({op: output tiles of the step}, {op: K}) for a step of num_tokens rows."""
+        out = {op: 1 for op in tile_counts}
+        if self.split_k == 1 or num_tokens > self.splitk_max_tokens:
+            return out
+        for op, ntiles in tile_counts.items():
+            chunks = ks[op] // self.splitk_align
+            if self.split_k >= 2:
+                out[op] = max(1, min(self.split_k, chunks))
+                continue
+            ns = 1
+            while (2 * ns <= self.max_split and ntiles * 2 * ns <= self.num_sms
+                   and chunks % (2 * ns) == 0 and ks[op] % self.splitk_align == 0):
+                ns *= 2
+            out[op] = ns
+        return out
+
+    def k_slices(self, K: int, nsplit: int) -> np.ndarray:
+        """Bounds [nsplit + 1] of the K slices: near-equal multiples of splitk_align (the last
+        slice ends at K)."""
+        chunks = K // self.splitk_align
+        b = self.splitk_align * (np.arange(nsplit + 1) * chunks // nsplit)
+        b[-1] = K
+        return b
+
+
+def splitk_width(model: ModelConfig, parallel: ParallelConfig) -> int:
+    """SPLITK columns: the widest partial of the splittable ops (GATE_UP holds gate and up)."""
+    D = model.head_dim
+    hq, hkv = parallel.heads_local(model), parallel.kv_heads_local(model)
+    return max(model.hidden_size, 2 * parallel.intermediate_local(model), (hq + 2 * hkv) * D)
+
 
 # Buffers ------------------------------------------------------------------------------------------
 def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelConfig,
@@ -161,10 +217,11 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
         Buf.LAST_NORMED: (kernel.max_seqs, H),
         Buf.LOGITS: (kernel.max_seqs, parallel.vocab_local(model)),
         Buf.K_CACHE: (kv_rows, hkv * D), Buf.V_CACHE: (kv_rows, hkv * D),
+        Buf.SPLITK: (plan_cfg.splitk_rows(kernel), splitk_width(model, parallel)),
     }
 
 
-FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS)
+FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK)
 
 
 def buffer_dtype(buf: Buf, model_dtype: torch.dtype) -> torch.dtype:
@@ -375,6 +432,37 @@ def _emit(groups: list, stage: int, op: int, block, *, row0, rows, col0, cols, w
     groups.append(_Group(w, stage, block))
 
 
+# a split output tile's SPLITK_REDUCE is queued half a stage after its split tiles: after every one
+# of them in each policy's order, before the op's consumers (the next stage)
+REDUCE_STAGE_OFFSET = 0.5
+
+
+def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bounds, k_word: int,
+               sk_ids, stride: int, row0, rows, col0, cols, waits=(), signal=NO_COUNTER,
+               scope=SignalScope.LOCAL, srank=0, args: dict) -> None:
+    """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
+    tiles (tile-major; same waits; each signals the tile's counter sk_ids) and one SPLITK_REDUCE
+    (waits sk_ids = nsplit, sends the unsplit tile's signal)."""
+    if nsplit <= 1:
+        _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
+              signal=signal, scope=scope, srank=srank, args=args)
+        return
+    m = len(np.asarray(block))
+
+    def rep(v):
+        return np.repeat(np.broadcast_to(np.asarray(v), (m,)), nsplit)
+    j = np.tile(np.arange(nsplit), m)
+    split_args = {word: rep(v) for word, v in args.items()}
+    split_args.update({k_word: np.diff(k_bounds)[j], mc.A_NSPLIT: nsplit, mc.A_SPLIT_J: j,
+                       mc.A_K0: k_bounds[:-1][j], mc.A_SPLIT_ROW: stride})
+    _emit(groups, stage, op, rep(block), row0=rep(row0), rows=rep(rows), col0=rep(col0),
+          cols=rep(cols), waits=[(rep(c), rep(t)) for c, t in waits], signal=rep(sk_ids),
+          args=split_args)
+    _emit(groups, stage + REDUCE_STAGE_OFFSET, Op.SPLITK_REDUCE, block, row0=row0, rows=rows,
+          col0=col0, cols=cols, waits=[(sk_ids, nsplit)], signal=signal, scope=scope, srank=srank,
+          args=sk.reduce_words(op, nsplit, stride, args))
+
+
 def _tiles(width: int, tile: int, slices: int = 1):
     """Column tiles [c0, c0+w) of `width` split in `slices` equal slices, no tile crossing one."""
     sl = width // slices
@@ -485,6 +573,19 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     n_qkv, n_o, n_d, n_g = len(qkv_c0), len(o_c0), len(d_c0), len(g_c0)
     o_per_slice, d_per_slice = n_o // n, n_d // n
 
+    # split-K: nsplit per op, the SK counters of its split output tiles (tile b * ntiles + t)
+    ntiles = {Op.QKV_ROPE: n_qkv, Op.O_PROJ: n_o, Op.GATE_UP: n_g, Op.DOWN: n_d}
+    gemm_k = {Op.QKV_ROPE: H, Op.O_PROJ: hq * D, Op.GATE_UP: H, Op.DOWN: I_loc}
+    nsplit = cfg.split_factors(T, {op: nb * c for op, c in ntiles.items()}, gemm_k)
+    sk_off, sk_count = {}, 0
+    for op in ntiles:
+        if nsplit[op] > 1:
+            sk_off[op] = sk_count
+            sk_count += nb * ntiles[op]
+    if sk_count and max(nsplit.values()) * T > cfg.splitk_rows(kernel):
+        raise ValueError(f"split-K of a {T}-token step needs {max(nsplit.values()) * T} SPLITK rows, "
+                         f"the workspace has {cfg.splitk_rows(kernel)}")
+
     # segments: the rows of one sequence inside one block ---------------------------------------
     r0s, lens = meta.seq_row0, meta.seq_rows
     b_first = r0s // B
@@ -531,6 +632,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     off += groups_layout["JOIN"][1]
     groups_layout["SPLIT"] = (off, int(split.sum()))
     off += groups_layout["SPLIT"][1]
+    groups_layout["SK"] = (off, sk_count)
+    off += sk_count
     CPL = off
     C = {nm: groups_layout[nm][0] + CPL for nm in groups_layout}    # absolute ids of layer 0
     prev_HM = groups_layout["HM"][0]                                  # block 0 = prelude
@@ -541,6 +644,15 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     attn_target = np.zeros(nb, np.int64)
     np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp))
 
+    def gemm(stage, op, b, t, k_word, **kw):
+        """_emit_gemm of tiles (block b, column tile t) of op with the step's split."""
+        ns = nsplit.get(op, 1)
+        sk_ids = C["SK"] + sk_off[op] + b * ntiles[op] + t if ns > 1 else None
+        if ns > 1 and op == Op.GATE_UP:
+            kw["args"] = {**kw["args"], mm.A_UP_COL: I_loc}
+        _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
+                   else None, k_word=k_word, sk_ids=sk_ids, stride=T, **kw)
+
     g: list = []
     # RMSNORM attn
     _emit(g, S_NORM_A, Op.RMSNORM, blocks, row0=brow0, rows=brows, col0=0, cols=H,
@@ -548,9 +660,9 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: NormWeight.ATTN})
     # QKV tiles
     b, t = _grid(nb, n_qkv)
-    _emit(g, S_QKV, Op.QKV_ROPE, b, row0=brow0[b], rows=brows[b], col0=qkv_c0[t], cols=qkv_w[t],
-          waits=[(C["NA"] + b, 1)], signal=C["QKV"] + b,
-          args={qk.A_SRC: Buf.NORMED, qk.A_DST: Buf.Q, qk.A_SECTION: qkv_sec[t],
+    gemm(S_QKV, Op.QKV_ROPE, b, t, qk.A_K, row0=brow0[b], rows=brows[b], col0=qkv_c0[t],
+         cols=qkv_w[t], waits=[(C["NA"] + b, 1)], signal=C["QKV"] + b,
+         args={qk.A_SRC: Buf.NORMED, qk.A_DST: Buf.Q, qk.A_SECTION: qkv_sec[t],
                 qk.A_SEC_COL0: qkv_base[t], qk.A_HEAD_DIM: D, qk.A_K: H})
     # joins and attention
     seg_ids = np.arange(nseg)
@@ -587,6 +699,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
         c0, wd, own = tiles
         b, t = _grid(nb, len(c0))
+        if op == Op.EMBED:      # never split
+            def emit(stage, op, b, **kw):
+                _emit(g, stage, op, b, **kw)
+        else:
+            def emit(stage, op, b, **kw):
+                gemm(stage, op, b, t, mm.A_K, **kw)
         common = dict(row0=brow0[b], rows=brows[b], col0=c0[t], cols=wd[t])
         targs = {mm.A_SRC: src, mm.A_K: K} if op != Op.EMBED else {}
         waits = [] if wait_c is None else [(wait_c + b, np.asarray(wait_t)[b] if np.ndim(wait_t) else wait_t)]
@@ -596,14 +714,14 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 targs.update({em.A_DST: Buf.HIDDEN, em.A_EPI: epi})
             else:
                 targs.update({mm.A_DST: Buf.HIDDEN, mm.A_EPI: epi})
-            _emit(g, stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
+            emit(stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
             return
         if op == Op.EMBED:
             targs.update({em.A_DST: Buf.RECV, em.A_EPI: mm.Epi.SCATTER, em.A_SLOT_STRIDE: TM})
         else:
             targs.update({mm.A_DST: Buf.RECV, mm.A_EPI: mm.Epi.SCATTER, mm.A_SLOT_STRIDE: TM})
-        _emit(g, stage, op, b, waits=waits, signal=rs + b, scope=SignalScope.PEER, srank=own[t],
-              args=targs, **common)
+        emit(stage, op, b, waits=waits, signal=rs + b, scope=SignalScope.PEER, srank=own[t],
+             args=targs, **common)
         _emit(g, red_stage, Op.TP_REDUCE, blocks, row0=brow0, rows=brows, col0=rank * slice_w,
               cols=slice_w, waits=[(rs + blocks, n * (len(c0) // n))], signal=hid + blocks,
               scope=SignalScope.ALL,
@@ -616,9 +734,9 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           waits=[(C["HA"] + blocks, hid_a_target)], signal=C["NM"] + blocks,
           args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: NormWeight.MLP})
     b, t = _grid(nb, n_g)
-    _emit(g, S_GU, Op.GATE_UP, b, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
-          waits=[(C["NM"] + b, 1)], signal=C["GU"] + b,
-          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
+    gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
+         waits=[(C["NM"] + b, 1)], signal=C["GU"] + b,
+         args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"], n_g,
          C["DRS"], C["HM"], True)
     template = _order(g, cfg.policy, NUM_STAGES)
@@ -680,7 +798,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     assert not t_layer[:CPL].any(), "a layer's instructions signal only their own layer's counters"
     targets[:CPL] += counter_targets(prelude, CPL, n, rank)
     targets[(L + 1) * CPL:] += counter_targets(final, 2, n, rank, base=(L + 1) * CPL)
-    layout = {"cpl": CPL, "num_layers": L, "groups": groups_layout}
+    layout = {"cpl": CPL, "num_layers": L, "groups": groups_layout,
+              "splitk": {Op(op).name: (nb * ntiles[op], nsplit[op]) for op in ntiles}}
     return StepPlan(instrs, meta, torch.from_numpy(targets), rank, n, slice_w, layout, tl)
 
 

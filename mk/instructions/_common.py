@@ -32,6 +32,21 @@ SEQ_PAGE_OFF = 3        # absolute word offset of its page table in the metadata
 SEQ_WORDS = 4
 
 
+# Split-K words: the same positions in every GEMM-like opcode (QKV_ROPE, O_PROJ, GATE_UP, DOWN;
+# mk/instructions/splitk.py). A split tile computes the float32 partial of K columns [k0, k0+K) (its
+# K word is the slice width) and stores it to SPLITK rows j * stride + row, with no epilogue.
+A_NSPLIT = ARG0 + 10    # splits of this tile's K range; 0 or 1: not split (every unsplit tile: 0)
+A_SPLIT_J = ARG0 + 11   # split index j (0 .. nsplit-1)
+A_K0 = ARG0 + 12        # first K column of the slice
+A_SPLIT_ROW = ARG0 + 13 # SPLITK row stride between splits
+SPLIT_ARG_NAMES = {A_NSPLIT - ARG0: "nsplit", A_SPLIT_J - ARG0: "j", A_K0 - ARG0: "k0",
+                   A_SPLIT_ROW - ARG0: "split_row"}
+
+
+def is_split(instr: Instruction) -> bool:
+    return instr.args[A_NSPLIT - ARG0] >= 2
+
+
 def arg(instr: Instruction, word: int) -> int:
     return instr.args[word - ARG0]
 

@@ -44,6 +44,8 @@ class Buf(IntEnum):
     LOGITS = 10         # float32 [max_seqs, V/n] (this rank's vocab shard)
     K_CACHE = 11        # [L*num_pages*page_size, hkv*D]: row (layer*num_pages + page)*page_size + slot
     V_CACHE = 12        # same layout as K_CACHE
+    SPLITK = 13         # split-K partials, float32 [max_split * split rows, splitk width] (mk.plan):
+                        # rows j * stride + t hold split j's partial of token row t
 
 
 class NormWeight(IntEnum):

@@ -15,7 +15,16 @@ Arguments:
     ARG0 + 1  destination buffer (Buf)
     ARG0 + 2  epilogue (Epi)
     ARG0 + 3  RECV slot stride in rows (SCATTER)
-    ARG0 + 4  K: reduction width (columns of the source read)
+    ARG0 + 4  K: reduction width (columns of the source read; a split tile: its slice's width)
+    ARG0 + 5  GATE_UP split tiles (and their SPLITK_REDUCE's copy): intermediate_local, the SPLITK
+              column of the up part (the accesses have no weights to take it from)
+    ARG0 + 10 .. 13  split-K words (mk/instructions/_common.py: A_NSPLIT, A_SPLIT_J, A_K0,
+              A_SPLIT_ROW), O_PROJ / GATE_UP / DOWN only
+
+Split-K (mk/instructions/splitk.py): a tile with nsplit >= 2 stores the float32 partial
+x[rows, k0:k0+K] @ W[cols, k0:k0+K]^T to SPLITK rows j * stride + row (GATE_UP: gate part at
+columns [col0, col0+cols), up part at [I + col0, I + col0 + cols)), no epilogue; SPLITK_REDUCE sums
+the nsplit partials and runs `epilogue` below, the very function the unsplit tile runs.
 
 The CuTe DSL bodies live in mk/instructions/_gemm_kernel.py (GPU path only); their tile shapes (BM
 rows x BN columns per M class) in mk/tiles.py, shared with the planner's default tile widths.
@@ -28,8 +37,9 @@ from enum import IntEnum
 import torch
 import torch.nn.functional as F
 
-from mk.instructions._common import arg, cols_of, rows_of
-from mk.instructions.base import Accesses, InstructionFamily, Region, register
+from mk.instructions._common import (A_K0, A_SPLIT_J, A_SPLIT_ROW, SPLIT_ARG_NAMES, arg, cols_of,
+                                     is_split, rows_of)
+from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
 from mk.ir import ARG0, Instruction, Op
 
 A_SRC = ARG0
@@ -37,7 +47,14 @@ A_DST = ARG0 + 1
 A_EPI = ARG0 + 2
 A_SLOT_STRIDE = ARG0 + 3
 A_K = ARG0 + 4
-GEMM_ARG_NAMES = ("src", "dst", "epi", "stride", "K")
+A_UP_COL = ARG0 + 5
+GEMM_ARG_NAMES = ("src", "dst", "epi", "stride", "K", "up_col")
+
+
+def with_split_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """An opcode's argument names followed by the split-K words' names (for mk.ir's dump)."""
+    last = max(SPLIT_ARG_NAMES) + 1
+    return tuple(names[i] if i < len(names) else SPLIT_ARG_NAMES.get(i, str(i)) for i in range(last))
 
 
 class Epi(IntEnum):
@@ -94,31 +111,103 @@ def store_regions(instr: Instruction, rank: int, epi: int, dst: int, stride: int
     raise ValueError(f"unknown epilogue {epi}")
 
 
-@register
-class GemmFamily(InstructionFamily):
-    opcodes = (Op.O_PROJ, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)
-    ARG_NAMES = {int(op): GEMM_ARG_NAMES for op in opcodes}
+class GemmLikeFamily(InstructionFamily):
+    """The faces every GEMM tile opcode shares: x[rows, :K] @ W^T then `epilogue`, or (split-K)
+    the float32 partial of one K slice into SPLITK. A family says which weight rows a tile
+    multiplies (`weight`), where its K word is (K_WORD), and what its epilogue does to the tile's
+    product y (`epilogue` / `epilogue_regions`); SPLITK_REDUCE calls the same two."""
+
+    K_WORD = A_K
+    SRC_WORD = A_SRC
+
+    def weight(self, instr: Instruction, weights) -> torch.Tensor:
+        """W [tile output columns, K_full]: the rows of y's columns, in y's column order."""
+        raise NotImplementedError
+
+    def epilogue(self, instr: Instruction, state, y: torch.Tensor) -> None:
+        """Store the tile's product y [rows, W rows] (model dtype) as the opcode does."""
+        raise NotImplementedError
+
+    def epilogue_regions(self, instr: Instruction, rank: int, meta=None):
+        """(reads, writes) of `epilogue`."""
+        raise NotImplementedError
+
+    def splitk_cols(self, instr: Instruction) -> list[tuple[int, int]]:
+        """SPLITK column ranges of y's columns, in order (split tiles write, the reduce reads)."""
+        return [cols_of(instr)]
+
+    def splitk_regions(self, instr: Instruction, rank: int, j: int, stride: int) -> list[Region]:
+        r0, r1 = rows_of(instr)
+        return [Region(Buf.SPLITK, j * stride + r0, j * stride + r1, a, b, rank)
+                for a, b in self.splitk_cols(instr)]
 
     def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
         r0, r1 = rows_of(instr)
-        src = Region(arg(instr, A_SRC), r0, r1, 0, arg(instr, A_K), rank)
-        reads, writes = store_regions(instr, rank, arg(instr, A_EPI), arg(instr, A_DST),
-                                      arg(instr, A_SLOT_STRIDE))
-        return Accesses((src,) + reads, writes)
+        K = arg(instr, self.K_WORD)
+        if is_split(instr):
+            k0 = arg(instr, A_K0)
+            src = Region(arg(instr, self.SRC_WORD), r0, r1, k0, k0 + K, rank)
+            return Accesses((src,), tuple(self.splitk_regions(
+                instr, rank, arg(instr, A_SPLIT_J), arg(instr, A_SPLIT_ROW))))
+        src = Region(arg(instr, self.SRC_WORD), r0, r1, 0, K, rank)
+        reads, writes = self.epilogue_regions(instr, rank, meta)
+        return Accesses((src,) + tuple(reads), tuple(writes))
 
     def run_torch(self, instr: Instruction, state) -> None:
         r0, r1 = rows_of(instr)
+        K = arg(instr, self.K_WORD)
+        w = self.weight(instr, state.weights)
+        if not is_split(instr):
+            x = state.buf(arg(instr, self.SRC_WORD))[r0:r1, :K]
+            self.epilogue(instr, state, gemm_tile(x, w))
+            return
+        k0 = arg(instr, A_K0)
+        x = state.buf(arg(instr, self.SRC_WORD))[r0:r1, k0:k0 + K]
+        acc = F.linear(x.float(), w[:, k0:k0 + K].float())     # float32 partial, no rounding
+        out = state.buf(Buf.SPLITK)
+        base = arg(instr, A_SPLIT_J) * arg(instr, A_SPLIT_ROW)
+        c = 0
+        for a, b in self.splitk_cols(instr):
+            out[base + r0:base + r1, a:b] = acc[:, c:c + b - a]
+            c += b - a
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """GATE_UP's epilogue math on [gate | up] columns."""
+    n = gu.shape[1] // 2
+    return F.silu(gu[:, :n]) * gu[:, n:]
+
+
+@register
+class GemmFamily(GemmLikeFamily):
+    opcodes = (Op.O_PROJ, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)
+    ARG_NAMES = {int(op): with_split_names(GEMM_ARG_NAMES) for op in opcodes}
+
+    def weight(self, instr: Instruction, weights) -> torch.Tensor:
         c0, c1 = cols_of(instr)
-        x = state.buf(arg(instr, A_SRC))[r0:r1, :arg(instr, A_K)]
-        w = state.weights
+        if instr.opcode != Op.GATE_UP:
+            return weight_rows(instr.opcode, weights, instr.layer, c0, c1)
+        half = weights.gate_up.shape[1] // 2
+        gu = weights.gate_up[instr.layer]
+        # one GEMM over the tile's gate rows then up rows (the whole weight for a full-width
+        # tile: the reference's very call, hence the same float32 summation order)
+        return gu if (c0, c1) == (0, half) else torch.cat((gu[c0:c1], gu[half + c0:half + c1]))
+
+    def splitk_cols(self, instr: Instruction) -> list[tuple[int, int]]:
+        c0, c1 = cols_of(instr)
+        if instr.opcode != Op.GATE_UP:
+            return [(c0, c1)]
+        up = arg(instr, A_UP_COL)
+        if up < c1:
+            raise ValueError(f"split GATE_UP tile cols [{c0}, {c1}) needs the up part's SPLITK "
+                             f"column (intermediate_local) in word ARG0+5, got {up}")
+        return [(c0, c1), (up + c0, up + c1)]
+
+    def epilogue(self, instr: Instruction, state, y: torch.Tensor) -> None:
         if instr.opcode == Op.GATE_UP:
-            half = w.gate_up.shape[1] // 2
-            gu = w.gate_up[instr.layer]
-            # one GEMM over the tile's gate rows then up rows (the whole weight for a full-width
-            # tile: the reference's very call, hence the same float32 summation order)
-            wt = gu if (c0, c1) == (0, half) else torch.cat((gu[c0:c1], gu[half + c0:half + c1]))
-            gy = gemm_tile(x, wt)
-            y = F.silu(gy[:, :c1 - c0]) * gy[:, c1 - c0:]
-        else:
-            y = gemm_tile(x, weight_rows(instr.opcode, w, instr.layer, c0, c1))
+            y = silu_mul(y)
         store_tile(instr, state, y, arg(instr, A_EPI), arg(instr, A_DST), arg(instr, A_SLOT_STRIDE))
+
+    def epilogue_regions(self, instr: Instruction, rank: int, meta=None):
+        return store_regions(instr, rank, arg(instr, A_EPI), arg(instr, A_DST),
+                             arg(instr, A_SLOT_STRIDE))

@@ -15,7 +15,10 @@ Arguments:
     ARG0 + 2  section: 0 q, 1 k, 2 v
     ARG0 + 3  first qkv column of the section
     ARG0 + 4  head_dim
-    ARG0 + 5  K: reduction width (hidden size)
+    ARG0 + 5  K: reduction width (hidden size; a split tile: its slice's width)
+    ARG0 + 10 .. 13  split-K words (mk/instructions/_common.py): a split tile stores its float32
+              partial to SPLITK rows j * stride + row, columns [col0, col0+cols) of the qkv space;
+              SPLITK_REDUCE (mk/instructions/splitk.py) then runs `QkvFamily.epilogue` (RoPE, store)
 
 The CuTe DSL body lives in mk/instructions/_gemm_kernel.py (GPU path only: head_dim 128, tiles of
 whole heads of one section, mk/tiles.py's QKV_ROPE shapes).
@@ -30,8 +33,8 @@ import torch
 
 from mk.instructions._common import (M_KV_LAYER_STRIDE, M_OFF_POS, M_OFF_SLOT, arg, cols_of,
                                      need_meta, rows_of, runs)
-from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
-from mk.instructions.matmul import gemm_tile, weight_rows
+from mk.instructions.base import Buf, Region, register
+from mk.instructions.matmul import GemmLikeFamily, weight_rows, with_split_names
 from mk.ir import ARG0, Instruction, Op
 
 A_SRC = ARG0
@@ -85,37 +88,39 @@ def kv_rows(meta, layer: int, r0: int, r1: int) -> torch.Tensor:
 
 
 @register
-class QkvFamily(InstructionFamily):
+class QkvFamily(GemmLikeFamily):
     opcodes = (Op.QKV_ROPE,)
-    ARG_NAMES = {int(Op.QKV_ROPE): ("src", "dst", "section", "sec_col0", "D", "K")}
+    ARG_NAMES = {int(Op.QKV_ROPE): with_split_names(("src", "dst", "section", "sec_col0", "D", "K"))}
+    K_WORD = A_K
+    SRC_WORD = A_SRC
 
-    def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
+    def weight(self, instr: Instruction, weights) -> torch.Tensor:
+        c0, c1 = cols_of(instr)
+        return weight_rows(Op.QKV_ROPE, weights, instr.layer, c0, c1)
+
+    def epilogue_regions(self, instr: Instruction, rank: int, meta=None):
         r0, r1 = rows_of(instr)
         c0, c1 = cols_of(instr)
-        reads = (Region(arg(instr, A_SRC), r0, r1, 0, arg(instr, A_K), rank),)
         sec = arg(instr, A_SECTION)
         if sec == SEC_Q:
-            return Accesses(reads, (Region(arg(instr, A_DST), r0, r1, c0, c1, rank),))
+            return (), (Region(arg(instr, A_DST), r0, r1, c0, c1, rank),)
         need_meta(meta, Op.QKV_ROPE)
         buf = Buf.K_CACHE if sec == SEC_K else Buf.V_CACHE
         k0, k1 = c0 - arg(instr, A_SEC_COL0), c1 - arg(instr, A_SEC_COL0)
         writes = tuple(Region(buf, a, b, k0, k1, rank)
                        for a, b in runs(kv_rows(meta, instr.layer, r0, r1).tolist()))
-        return Accesses(reads, writes)
+        return (), writes
 
-    def run_torch(self, instr: Instruction, state) -> None:
+    def epilogue(self, instr: Instruction, state, y: torch.Tensor) -> None:
         r0, r1 = rows_of(instr)
         c0, c1 = cols_of(instr)
-        w = state.weights
-        x = state.buf(arg(instr, A_SRC))[r0:r1, :arg(instr, A_K)]
-        y = gemm_tile(x, weight_rows(Op.QKV_ROPE, w, instr.layer, c0, c1))
         D = arg(instr, A_HEAD_DIM)
         sec = arg(instr, A_SECTION)
         if sec in (SEC_Q, SEC_K):
             m = state.meta.tensor
             off = int(m[M_OFF_POS])
             pos = m[off + r0:off + r1].long().to(y.device)   # the metadata lives on the host
-            cos, sin = rope_cos_sin(pos, inv_freq(D, w.config.rope).to(y.device), y.dtype)
+            cos, sin = rope_cos_sin(pos, inv_freq(D, state.weights.config.rope).to(y.device), y.dtype)
             y = apply_rope(y.view(r1 - r0, -1, D), cos, sin).reshape(r1 - r0, c1 - c0)
         if sec == SEC_Q:
             state.buf(arg(instr, A_DST))[r0:r1, c0:c1].copy_(y)

@@ -1,0 +1,95 @@
+"""SPLITK_REDUCE: finish one split-K GEMM output tile.
+
+A GEMM-like tile (QKV_ROPE, O_PROJ, GATE_UP, DOWN; mk/instructions/matmul.py, qkv.py) may be cut
+along K into nsplit split tiles (words A_NSPLIT / A_SPLIT_J / A_K0 / A_SPLIT_ROW of
+mk/instructions/_common.py), each storing the float32 partial of its K slice to SPLITK rows
+j * stride + row. One SPLITK_REDUCE per output tile, with the tile's header (layer, rows, columns)
+and the signal the unsplit tile would have sent, then computes
+
+    acc = sum_j SPLITK[j * stride + rows, columns]    float32, j = 0 .. nsplit-1 in order
+    y   = acc.to(model dtype)                         the unsplit tile's F.linear output rounding
+    the unsplit opcode's epilogue on y                (the family's `epilogue`, the same function
+                                                       its unsplit tiles run)
+
+Arguments:
+    ARG0 + 0  the GEMM opcode it finishes (QKV_ROPE, O_PROJ, GATE_UP, DOWN)
+    ARG0 + 1  nsplit
+    ARG0 + 2  SPLITK row stride between splits
+    ARG0 + 3 + i  the unsplit instruction's word ARG0 + i, i = 0 .. 6 (src, dst, epilogue or
+              section, ...: decoded by the opcode's own family)
+SPLITK columns: the family's `splitk_cols` (GATE_UP: gate at [col0, col0+cols), up at
+intermediate_local + the same).
+
+The CuTe DSL body lives in mk/instructions/_splitk_kernel.py (GPU path only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mk.instructions._common import arg, rows_of
+from mk.instructions.base import Accesses, Buf, InstructionFamily, family_of, register
+from mk.ir import ARG0, NUM_ARGS, Instruction, Op
+
+A_OP = ARG0
+A_NSPLIT = ARG0 + 1
+A_STRIDE = ARG0 + 2
+A_WORDS = ARG0 + 3
+UNSPLIT_WORDS = 7           # words ARG0 .. ARG0+6 of the unsplit instruction
+SPLITTABLE = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
+
+
+def unsplit_instruction(instr: Instruction) -> Instruction:
+    """The unsplit tile a reduce finishes (header + its own argument words; no waits)."""
+    op = arg(instr, A_OP)
+    if op not in [int(o) for o in SPLITTABLE]:
+        raise ValueError(f"SPLITK_REDUCE finishes one of {[o.name for o in SPLITTABLE]}, got "
+                         f"opcode {op}")
+    if arg(instr, A_NSPLIT) < 1:
+        raise ValueError(f"SPLITK_REDUCE needs nsplit >= 1, got {arg(instr, A_NSPLIT)}")
+    k = A_WORDS - ARG0
+    args = list(instr.args[k:k + UNSPLIT_WORDS]) + [0] * (NUM_ARGS - UNSPLIT_WORDS)
+    return Instruction(opcode=op, layer=instr.layer, row0=instr.row0, rows=instr.rows,
+                       col0=instr.col0, cols=instr.cols, signal=instr.signal,
+                       signal_scope=instr.signal_scope, signal_rank=instr.signal_rank,
+                       signal_count=instr.signal_count, args=args)
+
+
+def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict) -> dict:
+    """The reduce's argument words ({word: value}) for the unsplit tile's {word: value} args."""
+    out = {A_OP: int(op), A_NSPLIT: nsplit, A_STRIDE: stride}
+    for word, v in unsplit_args.items():
+        i = word - ARG0
+        if 0 <= i < UNSPLIT_WORDS:
+            out[A_WORDS + i] = v
+    return out
+
+
+@register
+class SplitkReduceFamily(InstructionFamily):
+    opcodes = (Op.SPLITK_REDUCE,)
+    ARG_NAMES = {int(Op.SPLITK_REDUCE): ("op", "nsplit", "stride") +
+                 tuple(f"w{i}" for i in range(UNSPLIT_WORDS))}
+
+    def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
+        u = unsplit_instruction(instr)
+        fam = family_of(u.opcode)
+        stride = arg(instr, A_STRIDE)
+        parts = tuple(reg for j in range(arg(instr, A_NSPLIT))
+                      for reg in fam.splitk_regions(u, rank, j, stride))
+        reads, writes = fam.epilogue_regions(u, rank, meta)
+        return Accesses(parts + tuple(reads), tuple(writes))
+
+    def run_torch(self, instr: Instruction, state) -> None:
+        u = unsplit_instruction(instr)
+        fam = family_of(u.opcode)
+        r0, r1 = rows_of(u)
+        sk = state.buf(Buf.SPLITK)
+        stride = arg(instr, A_STRIDE)
+        cols = fam.splitk_cols(u)
+        acc = None
+        for j in range(arg(instr, A_NSPLIT)):
+            part = torch.cat([sk[j * stride + r0:j * stride + r1, a:b] for a, b in cols], dim=1)
+            acc = part.clone() if acc is None else acc.add_(part)   # in order j = 0, 1, ...
+        fam.epilogue(u, state, acc.to(state.weights.dtype))
+

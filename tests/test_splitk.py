@@ -1,0 +1,276 @@
+"""Split-K GEMM tiles + SPLITK_REDUCE (mk/instructions/splitk.py, mk.plan's split_k): the split
+plan computes what the unsplit plan computes (the interpreter is the oracle), the verifier accepts
+split plans and refuses broken ones, default plans are untouched, and the auto split of a Llama-70B
+TP8 rank is what the spec says, planned fast and within the GPU bodies' tile predicate.
+
+Tiny models have K of 64..256, so the tests slice K in multiples of 8 (PlanConfig.splitk_align=8;
+the GPU bodies need 64, the default) and pretend 16 SMs for the auto split (num_sms=16)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GQA_LLAMA3, make_hf_checkpoint
+from mk import tiles
+from mk.batch import SeqChunk, StepBatch
+from mk.config import KernelConfig, ModelConfig, ParallelConfig
+from mk.instructions import _common as mc
+from mk.instructions import matmul as mm
+from mk.instructions import qkv as qk
+from mk.instructions import splitk as sk
+from mk.instructions.base import Buf
+from mk.ir import (ARG0, NO_COUNTER, W_COL0, W_COLS, W_OPCODE, W_ROW0, W_ROWS, W_SIGNAL, W_WAIT0,
+                   Op)
+from mk.plan import POLICIES, PlanConfig, Planner, buffer_shapes, plan_step
+from mk.verify import check
+from mk.vm import VM
+from mk.weights import load_rank_weights
+from test_vm import CFG, KERNEL, greedy, mixed_steps
+
+SPLIT_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
+V = GQA_LLAMA3["vocab_size"]
+
+
+def split_cfg(split_k: int, base: PlanConfig = CFG, **kw) -> PlanConfig:
+    return PlanConfig(**{**base.__dict__, "split_k": split_k, "splitk_align": 8, "num_sms": 16,
+                         **kw})
+
+
+@pytest.fixture(scope="module")
+def gqa(tmp_path_factory):
+    ck = make_hf_checkpoint(tmp_path_factory.mktemp("splitk-ckpt"), seed=3, **GQA_LLAMA3)[0]
+    cache = {}
+
+    def get(tp, dtype):
+        if (tp, dtype) not in cache:
+            cache[tp, dtype] = [load_rank_weights(ck, ParallelConfig(tp, r), dtype=dtype,
+                                                  progress=False) for r in range(tp)]
+        return cache[tp, dtype]
+    return get
+
+
+# The interpreter: split == unsplit ------------------------------------------------------------------
+@pytest.fixture
+def one_thread():
+    # tiny matmuls: torch's thread pool only adds contention on a small shared CPU
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("tp,splits", [(1, (2, 4, 8, 0)), (2, (2, 4, 8, 0))])
+def test_float32_split_equals_unsplit(gqa, one_thread, tp, splits):
+    """Prefill + mixed + decode steps (several token blocks, KV splits), forced 2 / 4 / 8 and
+    auto, queue and random modes: logits within 1e-5 relative of the unsplit plan's."""
+    w = gqa(tp, torch.float32)
+    vm_steps = mixed_steps(V)
+    base = VM(w, KERNEL, CFG)
+    want = [base.step(b) for b in vm_steps]
+    for split_k in splits:
+        vm = VM(w, KERNEL, split_cfg(split_k))
+        for i, batch in enumerate(vm_steps):
+            got = vm.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=split_k + i)
+            split = vm.last_plan.layout["splitk"]
+            if split_k:     # every K here is at least 8 slices of 8
+                assert all(ns == split_k for _, ns in split.values()), split
+            err = float((got - want[i]).abs().max() / want[i].abs().max())
+            assert err <= 1e-5, (split_k, i, err, split)
+    # auto did split something (16 SMs, few tiles in the decode step)
+    assert any(ns > 1 for _, ns in vm.last_plan.layout["splitk"].values())
+
+
+@pytest.mark.parametrize("tp,split_k", [(1, 4), (1, 0), (2, 8), (2, 0)])
+def test_bf16_split_greedy_tokens_match_unsplit(gqa, one_thread, tp, split_k):
+    """12 greedy tokens of 3 prompts, chunked prefill (9-token chunks, prefill and decode rows in
+    one step) then decode: the split plan's tokens are the unsplit plan's."""
+    w = gqa(tp, torch.bfloat16)
+    g = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (13, 4, 21)]
+    want = greedy(VM(w, KERNEL, CFG).step, prompts, 12, chunk=9)
+    vm = VM(w, KERNEL, split_cfg(split_k))
+    calls = iter(range(1000))
+    got = greedy(lambda b: vm.step(b, mode="random", seed=next(calls)), prompts, 12, chunk=9)
+    assert got == want
+    assert vm.executed and any(ns > 1 for _, ns in vm.last_plan.layout["splitk"].values())
+
+
+# The planner ----------------------------------------------------------------------------------------
+P_MODEL = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
+                      num_kv_heads=2, head_dim=8, vocab_size=256)
+P_KERNEL = KernelConfig(token_block=8, page_size=4, max_batch_tokens=96, max_seqs=8,
+                        max_context=128, num_kv_pages=200)
+P_CFG = PlanConfig(kv_split=16, o_tile=8, down_tile=8, mlp_tile=16, lm_tile=32, qkv_tile=8)
+
+
+def mixed_batch():
+    return StepBatch([SeqChunk(list(range(1, 20)), 0, list(range(0, 5))),
+                      SeqChunk([3], 40, list(range(20, 31))),
+                      SeqChunk([7], 2, [60]),
+                      SeqChunk(list(range(5, 13)), 33, list(range(70, 81)))])
+
+
+def decode_batch(n=3):
+    return StepBatch([SeqChunk([3 + i], 5 + 7 * i, list(range(12 * i, 12 * i + 12))) for i in range(n)])
+
+
+def test_default_plans_unchanged():
+    """split_k=1 (the default): no split words, no reduce, no SK counter, no SPLITK rows; auto
+    above splitk_max_tokens plans exactly the default plan."""
+    for batch in (mixed_batch(), decode_batch()):
+        plan = plan_step(batch, P_MODEL, ParallelConfig(), P_KERNEL, P_CFG)
+        s = plan.instrs.numpy()
+        assert not (s[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
+        assert not s[:, mc.A_NSPLIT:mc.A_SPLIT_ROW + 1].any()
+        assert plan.layout["groups"]["SK"][1] == 0
+        auto = plan_step(batch, P_MODEL, ParallelConfig(), P_KERNEL,
+                         split_cfg(0, P_CFG, splitk_max_tokens=batch.num_tokens - 1))
+        assert torch.equal(auto.instrs, plan.instrs) and torch.equal(auto.targets, plan.targets)
+    assert buffer_shapes(P_MODEL, ParallelConfig(), P_KERNEL, P_CFG)[Buf.SPLITK][0] == 0
+
+
+def test_split_words_and_reduce_layout():
+    """Per output tile: nsplit tiles with the unsplit words, K slices that tile [0, K) in
+    multiples of the alignment, SPLITK rows j * T; one reduce waiting for them, carrying the
+    unsplit words and signalling the unsplit counter."""
+    batch = decode_batch()
+    T = batch.num_tokens
+    ref_plan = plan_step(batch, P_MODEL, ParallelConfig(2, 0), P_KERNEL, P_CFG)
+    ref = ref_plan.instrs.numpy()
+    plan = plan_step(batch, P_MODEL, ParallelConfig(2, 0), P_KERNEL, split_cfg(3, P_CFG))
+    s = plan.instrs.numpy()
+
+    def name(p, c):     # a counter by role (the SK group shifts the ids)
+        return p.describe_counter(int(c)).split(" (c")[0]
+    for op in SPLIT_OPS:
+        kw = qk.A_K if op == Op.QKV_ROPE else mm.A_K
+        un = ref[ref[:, W_OPCODE] == op]
+        sp = s[s[:, W_OPCODE] == op]
+        red = s[(s[:, W_OPCODE] == Op.SPLITK_REDUCE) & (s[:, ARG0] == op)]
+        assert len(sp) == 3 * len(un) and len(red) == len(un)
+        for tile in range(len(un)):
+            parts = sp[3 * tile:3 * tile + 3]
+            assert (parts[:, [W_ROW0, W_ROWS, W_COL0, W_COLS]] == un[tile, [W_ROW0, W_ROWS, W_COL0, W_COLS]]).all()
+            assert (parts[:, mc.A_NSPLIT] == 3).all() and (parts[:, mc.A_SPLIT_J] == [0, 1, 2]).all()
+            k0, kw_ = parts[:, mc.A_K0], parts[:, kw]
+            assert k0[0] == 0 and (k0[1:] == k0[:-1] + kw_[:-1]).all() and k0[-1] + kw_[-1] == un[tile, kw]
+            assert (k0 % 8 == 0).all() and (kw_ % 8 == 0).all() and (parts[:, mc.A_SPLIT_ROW] == T).all()
+            assert {name(plan, c) for c in parts[:, W_WAIT0]} == {name(ref_plan, un[tile, W_WAIT0])}
+            assert (parts[:, W_WAIT0 + 1] == un[tile, W_WAIT0 + 1]).all()
+            assert len(set(parts[:, W_SIGNAL])) == 1 and "SK[" in name(plan, parts[0, W_SIGNAL])
+            r = red[tile]
+            assert (r[W_WAIT0], r[W_WAIT0 + 1]) == (parts[0, W_SIGNAL], 3)
+            assert name(plan, r[W_SIGNAL]) == name(ref_plan, un[tile, W_SIGNAL])
+            assert (r[W_SIGNAL + 1:W_SIGNAL + 4] == un[tile, W_SIGNAL + 1:W_SIGNAL + 4]).all()
+            want = un[tile, ARG0:ARG0 + sk.UNSPLIT_WORDS].copy()
+            if op == Op.GATE_UP:
+                want[mm.A_UP_COL - ARG0] = P_MODEL.intermediate_size // 2
+            assert (r[sk.A_WORDS:sk.A_WORDS + sk.UNSPLIT_WORDS] == want).all()
+            assert (r[sk.A_OP], r[sk.A_NSPLIT], r[sk.A_STRIDE]) == (op, 3, T)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_verifier_accepts_split_plans(tp, policy):
+    for split_k, batch in ((2, mixed_batch()), (8, decode_batch()), (0, decode_batch(2))):
+        cfg = split_cfg(split_k, PlanConfig(**{**P_CFG.__dict__, "policy": policy}))
+        plans = [plan_step(batch, P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg) for r in range(tp)]
+        assert (plans[0].instrs[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
+        f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
+        assert f == [], "\n".join(str(x) for x in f[:5])
+
+
+def test_verifier_refuses_dropped_split_signal_and_reduce_wait():
+    """A split tile that does not signal: the reduce's counter falls short (counter finding,
+    deadlock). A reduce that does not wait: it reads SPLITK rows no chain orders after the split
+    tiles' writes (race)."""
+    tp = 2
+    plans = [plan_step(decode_batch(), P_MODEL, ParallelConfig(tp, r), P_KERNEL, split_cfg(4, P_CFG))
+             for r in range(tp)]
+    nc = plans[0].num_counters
+    base = [p.instrs.clone() for p in plans]
+    s = base[0].numpy()
+    for op in SPLIT_OPS:
+        tile = int(np.flatnonzero((s[:, W_OPCODE] == op) & (s[:, mc.A_NSPLIT] == 4))[1])
+        red = int(np.flatnonzero((s[:, W_OPCODE] == Op.SPLITK_REDUCE) & (s[:, ARG0] == op)
+                                 & (s[:, W_WAIT0] == s[tile, W_SIGNAL]))[0])
+        m = [t.clone() for t in base]
+        m[0][tile, W_SIGNAL] = NO_COUNTER
+        kinds = {f.kind for f in check(m, nc, meta=plans[0].meta)}
+        assert {"counter", "deadlock"} <= kinds, (op, kinds)
+        m = [t.clone() for t in base]
+        m[0][red, W_WAIT0:W_WAIT0 + 2] = torch.tensor([NO_COUNTER, 0])
+        f = check(m, nc, meta=plans[0].meta)
+        races = [x for x in f if x.kind == "race" and x.region.buf == Buf.SPLITK]
+        assert races and races[0].detail == "raw", (op, [str(x) for x in f[:3]])
+        assert {x.kind for x in f} == {"race"}
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="split_k"):
+        PlanConfig(split_k=-1)
+    with pytest.raises(ValueError, match="max_split"):
+        PlanConfig(split_k=32)
+    with pytest.raises(ValueError, match="num_sms"):
+        PlanConfig(num_sms=0)
+    with pytest.raises(ValueError, match="splitk_align"):
+        PlanConfig(splitk_align=0)
+
+
+# Llama-70B TP8 rank --------------------------------------------------------------------------------
+LLAMA_70B = ModelConfig(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                        num_kv_heads=8, head_dim=128, vocab_size=128256)
+KERNEL_70B = KernelConfig(token_block=128, page_size=16, max_batch_tokens=4096, max_seqs=4096,
+                          max_context=4096, num_kv_pages=65536)
+
+
+def batch_70b(m):
+    return StepBatch([SeqChunk([1], 100, list(range(8 * i, 8 * i + 8))) for i in range(m)])
+
+
+# (output tiles, nsplit) per op: QKV_ROPE, O_PROJ, GATE_UP, DOWN
+AUTO_70B = {1: ((6, 16), (64, 2), (28, 4), (64, 2)),
+            16: ((6, 16), (64, 2), (28, 4), (64, 2)),
+            64: ((6, 16), (64, 2), (28, 4), (64, 2)),
+            256: ((24, 4), (128, 1), (112, 1), (128, 1))}
+
+
+@pytest.mark.parametrize("m", sorted(AUTO_70B))
+def test_auto_split_70b_tp8(m):
+    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
+    got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
+    assert got == AUTO_70B[m], got
+    # the GPU bodies' predicate holds for split tiles (K = the slice, multiple of 64, k0 too)
+    s = plan.instrs.numpy()
+    for op in SPLIT_OPS:
+        p = s[s[:, W_OPCODE] == op]
+        kw = qk.A_K if op == Op.QKV_ROPE else mm.A_K
+        qkv = op == Op.QKV_ROPE
+        err = tiles.gemm_tile_error(op.name, tiles.tile_shape(op, m), p[:, W_ROW0], p[:, W_ROWS],
+                                    p[:, W_COL0], p[:, W_COLS], p[:, kw],
+                                    p[:, qk.A_HEAD_DIM] if qkv else None,
+                                    p[:, qk.A_SEC_COL0] if qkv else None)
+        assert err is None, err
+        assert (p[:, mc.A_K0] % tiles.BK == 0).all()
+    shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
+    assert shapes[Buf.SPLITK] == (16 * 256, 8192)
+
+
+@pytest.mark.parametrize("m", [1, 64])
+def test_plan_time_70b_tp8_auto_split(m):
+    """One 80-layer rank, split_k=0: the planner stays in the tens of milliseconds."""
+    planner = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
+    batch = batch_70b(m)
+    planner.plan(batch)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        plan = planner.plan(batch)
+        times.append(time.perf_counter() - t)
+    print(f"70B TP8 rank, M={m}, split_k=0: {len(plan)} instructions, plan "
+          f"{1e3 * min(times):.1f} ms (min of 5)")
+    assert min(times) < 0.5
