@@ -37,11 +37,19 @@ Tensor parallelism: reduce-scatter + all-gather fused into epilogues.
     Traffic per layer and token: 2 x (n-1)/n x H partials out, (n-1)/n x H gathered back per
     reduce, the same bytes as a ring all-reduce, with no extra pass over HBM.
 
+Split-K (PlanConfig.split_k; default 1 = never): in a step of at most splitk_max_tokens rows, an
+output tile of QKV_ROPE / O_PROJ / GATE_UP / DOWN may be cut along K into nsplit split tiles (same
+waits; K slices of multiples of splitk_align; float32 partials into SPLITK rows j * T + row, T the
+step's token count) that each signal the tile's SK counter, and one SPLITK_REDUCE (waits SK =
+nsplit, sends the unsplit tile's signal, so every consumer's wait is unchanged). Auto (0): per op,
+the largest power of two with output tiles x nsplit <= num_sms (mk/instructions/splitk.py). The
+reduces are queued half a stage after their split tiles (REDUCE_STAGE_OFFSET), in every policy.
+
 Counters: one int32 array per rank, zero at the start of a step (the megakernel may instead keep
 them monotonic and add step x target). Layout, relative to a layer's counter block of CPL
 counters (block 0 is the prelude "layer -1" of EMBED; layer l uses block l+1):
     NA[b] attn norm done, QKV[b], ATTN[b], ORS[b], HA[b], NM[b], GU[b], DRS[b], HM[b],
-    JOIN[segment], SPLIT[segment]; then LMN and DONE after the last block. Targets are exact: the
+    JOIN[segment], SPLIT[segment], SK[split output tile]; then LMN and DONE after the last block. Targets are exact: the
     number of signals the counter receives in the step (see StepPlan.targets, checked by the VM).
 
 Queue order (PlanConfig.policy), always a topological order (every wait's producers come earlier

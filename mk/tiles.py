@@ -142,14 +142,17 @@ def step_tiles(m: int, seqs: int, head_dim: int, token_block_cap: int | None = N
 
 # The GPU bodies' tile predicate -------------------------------------------------------------------
 def gemm_tile_error(name: str, cfg: TileShape, row0, rows, col0, cols, K, head_dim=None,
-                    sec_col0=None) -> str | None:
+                    sec_col0=None, k0=None) -> str | None:
     """Why GEMM instructions of opcode `name` cannot run as tiles `cfg` (None: they can).
 
     Arguments are equal-length integer arrays (numpy or torch) of the instructions' words. The
     bounds against the operands (K, rows and columns within the tensors) are the caller's
-    (mk.megakernel.check_plan). QKV_ROPE: head_dim / sec_col0 words, tiles of whole heads."""
+    (mk.megakernel.check_plan). QKV_ROPE: head_dim / sec_col0 words, tiles of whole heads.
+    Split-K tiles: K is the slice width and k0 (word A_K0) its first column, both multiples of BK."""
     if ((K % BK) != 0).any() or (K <= 0).any():
         return f"{name} K must be a positive multiple of {BK}"
+    if k0 is not None and (((k0 % BK) != 0).any() or (k0 < 0).any()):
+        return f"{name} split-K slices must start at a non-negative multiple of {BK} (k0)"
     if ((col0 % COL_ALIGN) != 0).any() or ((cols % COL_ALIGN) != 0).any() or (cols <= 0).any() \
             or (cols > cfg.bn).any() or (col0 < 0).any():
         return (f"{name} tiles need col0 and cols multiples of {COL_ALIGN} and 0 < cols <= "

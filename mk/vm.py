@@ -24,7 +24,8 @@ stores and signals aimed at other ranks are staged and exchanged with all_gather
 every process is blocked, until every queue is done.
 
 The vm backend of mk.engine is registered here ("vm"); options from the environment:
-MK_VM_MODE (queue|random), MK_VM_SMS, MK_VM_SEED, MK_VM_POLICY, MK_VM_KV_SPLIT.
+MK_VM_MODE (queue|random), MK_VM_SMS, MK_VM_SEED, MK_VM_POLICY, MK_VM_KV_SPLIT, MK_VM_SPLIT_K
+(PlanConfig.split_k: 0 auto, n force).
 """
 
 from __future__ import annotations
@@ -317,6 +318,8 @@ class VMBackend:
             cfg["policy"] = env["MK_VM_POLICY"]
         if env.get("MK_VM_KV_SPLIT"):
             cfg["kv_split"] = int(env["MK_VM_KV_SPLIT"])
+        if env.get("MK_VM_SPLIT_K"):
+            cfg["split_k"] = int(env["MK_VM_SPLIT_K"])
         self.mode = env.get("MK_VM_MODE", "queue")
         self.sms = int(env.get("MK_VM_SMS", "4"))
         self.seed = int(env.get("MK_VM_SEED", "0"))

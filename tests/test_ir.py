@@ -73,6 +73,17 @@ def test_dump_is_readable():
     assert format_instruction(plan.instrs[0].tolist(), 0).startswith("      0 EMBED")
 
 
+def test_dump_names_split_words():
+    cfg = PlanConfig(kv_split=8, split_k=2, splitk_align=8)
+    plan = plan_step(BATCH, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
+    lines = dump(plan.instrs).splitlines()
+    tile = next(line for line in lines if line.split()[1] == "GATE_UP")
+    assert "nsplit=2" in tile and "j=" in tile and "k0=" in tile and "split_row=" in tile
+    assert "up_col=128" in tile      # intermediate_size at TP 1
+    red = next(line for line in lines if "SPLITK_REDUCE" in line)
+    assert "op=" in red and "nsplit=2" in red and "stride=" in red
+
+
 def test_dump_cli(tmp_path, capsys):
     plan = plan_step(BATCH, MODEL, ParallelConfig(1, 0), KERNEL)
     f = tmp_path / "plan.pt"

@@ -47,10 +47,11 @@ def receivers(w, rank, n):
     return list(range(n))
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_targets_exact_and_order_topological(tp, policy):
-    cfg = PlanConfig(**{**CFG.__dict__, "policy": policy})
+def test_targets_exact_and_order_topological(tp, policy, split_k):
+    cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "split_k": split_k, "splitk_align": 8})
     plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
     streams = [p.instrs.numpy() for p in plans]
     # final counter values when every rank runs its stream
@@ -85,8 +86,11 @@ def test_ranks_differ_only_in_reduce_slice():
         assert torch.equal(plans[0].for_rank(r).instrs, p.instrs)
 
 
-def test_layers_are_one_template():
-    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 0), KERNEL, CFG)
+@pytest.mark.parametrize("split_k", [1, 0])
+def test_layers_are_one_template(split_k):
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": split_k, "splitk_align": 8})
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 0), KERNEL, cfg)
+    assert (split_k == 0) == bool((plan.instrs[:, W_OPCODE] == Op.SPLITK_REDUCE).any())
     s = plan.instrs.numpy()
     layers = [s[s[:, W_LAYER] == layer] for layer in range(MODEL.num_layers)]
     body = [x[~np.isin(x[:, W_OPCODE], [Op.EMBED, Op.LM_NORM, Op.LM_HEAD])] for x in layers]

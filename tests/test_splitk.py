@@ -154,7 +154,8 @@ def test_split_words_and_reduce_layout():
         assert len(sp) == 3 * len(un) and len(red) == len(un)
         for tile in range(len(un)):
             parts = sp[3 * tile:3 * tile + 3]
-            assert (parts[:, [W_ROW0, W_ROWS, W_COL0, W_COLS]] == un[tile, [W_ROW0, W_ROWS, W_COL0, W_COLS]]).all()
+            hdr = [W_ROW0, W_ROWS, W_COL0, W_COLS]
+            assert (parts[:, hdr] == un[tile, hdr]).all()
             assert (parts[:, mc.A_NSPLIT] == 3).all() and (parts[:, mc.A_SPLIT_J] == [0, 1, 2]).all()
             k0, kw_ = parts[:, mc.A_K0], parts[:, kw]
             assert k0[0] == 0 and (k0[1:] == k0[:-1] + kw_[:-1]).all() and k0[-1] + kw_[-1] == un[tile, kw]
@@ -253,9 +254,13 @@ def test_auto_split_70b_tp8(m):
         err = tiles.gemm_tile_error(op.name, tiles.tile_shape(op, m), p[:, W_ROW0], p[:, W_ROWS],
                                     p[:, W_COL0], p[:, W_COLS], p[:, kw],
                                     p[:, qk.A_HEAD_DIM] if qkv else None,
-                                    p[:, qk.A_SEC_COL0] if qkv else None)
+                                    p[:, qk.A_SEC_COL0] if qkv else None, p[:, mc.A_K0])
         assert err is None, err
-        assert (p[:, mc.A_K0] % tiles.BK == 0).all()
+        if (p[:, mc.A_NSPLIT] > 1).any():
+            bad = p[:, mc.A_K0] + 8 * (p[:, mc.A_NSPLIT] > 1)     # slices off the BK grid
+            err = tiles.gemm_tile_error(op.name, tiles.tile_shape(op, m), p[:, W_ROW0],
+                                        p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw], k0=bad)
+            assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
     assert shapes[Buf.SPLITK] == (16 * 256, 8192)
 

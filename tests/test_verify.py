@@ -300,15 +300,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def tiny_vm(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["unsplit", "split_k2"])
+def tiny_vm(tmp_path_factory, request):
     from conftest import TINY_MHA, make_hf_checkpoint
     from mk.vm import VM
     from mk.weights import load_rank_weights
     ck = make_hf_checkpoint(tmp_path_factory.mktemp("verify-ckpt"), seed=3, **TINY_MHA)[0]
     kernel = KernelConfig(token_block=8, page_size=4, max_batch_tokens=48, max_seqs=8,
                           max_context=64, num_kv_pages=96)
-    cfg = PlanConfig(kv_split=8, qkv_tile=16, o_tile=16, mlp_tile=32, down_tile=16, lm_tile=64)
+    cfg = PlanConfig(kv_split=8, qkv_tile=16, o_tile=16, mlp_tile=32, down_tile=16, lm_tile=64,
+                     split_k=request.param, splitk_align=8)
     w = [load_rank_weights(ck, ParallelConfig(2, r), dtype=torch.float32, progress=False)
          for r in range(2)]
     vm = VM(w, kernel, cfg)
@@ -341,7 +342,8 @@ def test_planner_mutants_rejected_and_judged(tiny_vm, one_thread):
     that reads no key of an earlier block need not wait for the earlier blocks' join) runs the same
     in the executor and in the VM. A sample of the rejected ones also goes through mk.vm's
     random-interleaving mode, which breaks most of them (it executes whole instructions in a
-    uniformly random ready order, so some interleavings are rare in it)."""
+    uniformly random ready order, so some interleavings are rare in it). Also on a split-K plan
+    (split tiles, SPLITK_REDUCE, SK counters)."""
     vm, batch = tiny_vm
     base = vm.plan(batch)
     # the executor starts from the VM's state before this step: activations NaN, the KV cache
