@@ -99,6 +99,65 @@ def test_bf16_split_greedy_tokens_match_unsplit(gqa, one_thread, tp, split_k):
     assert vm.executed and any(ns > 1 for _, ns in vm.last_plan.layout["splitk"].values())
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_reduce_runs_the_unsplit_epilogue(gqa, one_thread, tp):
+    """Face by face, with integer-valued operands (every partial and sum exact in float32): split
+    tiles + SPLITK_REDUCE leave every buffer of every rank bitwise as the unsplit tiles leave it
+    (RoPE + Q store + K/V append, RESIDUAL or TP SCATTER, SiLU-mul)."""
+    import dataclasses
+
+    from mk.instructions.base import family_of
+    from mk.ir import W_LAYER, Instruction
+    from mk.vm import RankState
+    g = torch.Generator().manual_seed(tp)
+
+    def ints(t, lo=-2, hi=3, gen=g):
+        return torch.randint(lo, hi, t.shape, generator=gen).to(t.dtype) / 4
+    ws = [dataclasses.replace(w, qkv=ints(w.qkv), o=ints(w.o), gate_up=ints(w.gate_up),
+                              down=ints(w.down)) for w in gqa(tp, torch.float32)]
+    batch = StepBatch([SeqChunk(list(range(1, 12)), 0, list(range(0, 4))),
+                       SeqChunk([5], 9, list(range(10, 14)))])
+    plans = {k: (plan_step(batch, ws[0].config, ws[0].parallel, KERNEL, split_cfg(k)),
+                 buffer_shapes(ws[0].config, ws[0].parallel, KERNEL, split_cfg(k))) for k in (1, 4)}
+
+    def run(split_k, op):
+        """The layer-0 instructions of op (tiles, reduces) on every rank, from integer buffers."""
+        plan, shapes = plans[split_k]
+        world: dict = {}
+        gb = torch.Generator().manual_seed(99)      # the same initial buffers in both worlds
+        for r in range(tp):
+            world[r] = RankState(r, tp, ws[r], shapes, torch.float32, "cpu", world)
+            world[r].meta = plan.meta
+            for b, t in world[r].bufs.items():
+                if b != Buf.SPLITK:
+                    t.copy_(ints(t, -3, 4, gb))
+        s = plan.instrs.numpy()
+        mine = (s[:, W_LAYER] == 0) & ((s[:, W_OPCODE] == op) |
+                                       ((s[:, W_OPCODE] == Op.SPLITK_REDUCE) & (s[:, ARG0] == op)))
+        instrs = [Instruction.decode(w) for w in s[mine].tolist()]
+        assert any(mc.is_split(i) for i in instrs) == (split_k > 1)
+        for r in range(tp):
+            for ins in instrs:
+                family_of(ins.opcode).run_torch(ins, world[r])
+        return world
+    untouched = run(1, Op.NOOP)     # (NOOP joins write nothing)
+    for op in SPLIT_OPS:
+        wa, wb = run(1, op), run(4, op)
+        assert any(not torch.equal(t, untouched[r].bufs[b]) for r in range(tp)
+                   for b, t in wa[r].bufs.items()), op.name
+        for r in range(tp):
+            for b, t in wa[r].bufs.items():
+                if b != Buf.SPLITK:
+                    assert torch.equal(t, wb[r].bufs[b]), (op.name, r, Buf(b).name)
+
+
+def test_reduce_refuses_unsplittable_opcode():
+    from mk.ir import Instruction
+    bad = Instruction(opcode=Op.SPLITK_REDUCE, args=[int(Op.LM_HEAD), 2] + [0] * 12)
+    with pytest.raises(ValueError, match="SPLITK_REDUCE finishes"):
+        sk.unsplit_instruction(bad)
+
+
 # The planner ----------------------------------------------------------------------------------------
 P_MODEL = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
                       num_kv_heads=2, head_dim=8, vocab_size=256)
