@@ -84,6 +84,7 @@ from mk.instructions import _gather_kernel as gat
 from mk.instructions import _gemm_kernel as gk
 from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
+from mk.instructions import _splitk_kernel as skk
 from mk.instructions import attention as at
 from mk.instructions import embed as em
 from mk.instructions import lm as lmn
@@ -91,9 +92,11 @@ from mk.instructions import qkv as qk
 from mk.instructions.base import Buf, NormWeight
 from mk.instructions.matmul import A_EPI as MM_A_EPI
 from mk.instructions.matmul import A_K as MM_A_K
+from mk.instructions.matmul import A_UP_COL as MM_A_UP_COL
 from mk.instructions.matmul import Epi
-from mk.ir import (ARG0, INSTR_WORDS, MAX_WAITS, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
-                   W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_SCOPE, W_WAIT0, Op, SignalScope)
+from mk.ir import (ARG0, INSTR_WORDS, MAX_WAITS, NUM_ARGS, W_COL0, W_COLS, W_LAYER, W_OPCODE,
+                   W_ROW0, W_ROWS, W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_SCOPE, W_WAIT0, Op,
+                   SignalScope)
 from mk.instructions.rows import A_DST, A_NORM_WEIGHT, A_SRC
 
 THREADS = 384          # controller, loader, 2 storer warps, two consumer warpgroups
@@ -152,7 +155,11 @@ GEMM_OPS = (int(Op.QKV_ROPE), int(Op.O_PROJ), int(Op.GATE_UP), int(Op.DOWN), int
 # (mk/instructions/_gather_kernel.py)
 ATTN_OPS = (int(Op.ATTENTION), int(Op.ATTN_REDUCE))
 GATHER_OPS = (int(Op.EMBED), int(Op.LM_NORM))
-SUPPORTED_OPS = ROWS_OPS + GEMM_OPS + ATTN_OPS + GATHER_OPS
+# split-K (mk/instructions/_splitk_kernel.py): split tiles of these GEMM opcodes run through their
+# slot; SPLITK_REDUCE sums the partials and runs the opcode's epilogue
+SPLITK_OPS = skk.SPLITK_OPS
+OP_SPLITK_REDUCE = skk.OP_SPLITK_REDUCE
+SUPPORTED_OPS = ROWS_OPS + GEMM_OPS + ATTN_OPS + GATHER_OPS + (OP_SPLITK_REDUCE,)
 ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV page size)
 
 
@@ -275,12 +282,14 @@ class MegakernelDSL:
 
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
                  backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = (), attn_page_size: int = 0,
-                 gather: bool = False):
+                 gather: bool = False, splitk: bool = False):
         check_handoff(handoff, attn_page_size > 0)
         if attn_page_size:
             ak.box_rows(attn_page_size)         # a power of two >= 8
         self.attn_ps = int(attn_page_size)      # 0: no attention family compiled in
         self.gather = bool(gather)              # EMBED / LM_NORM compiled in
+        # split-K tiles + SPLITK_REDUCE compiled in (False: the PTX of the unsplit bodies as before)
+        self.splitk = bool(splitk)
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
@@ -306,7 +315,7 @@ class MegakernelDSL:
                  gx4: cute.Tensor, gw4: cute.Tensor, gy4: cute.Tensor,
                  meta: cute.Tensor, inv_freq: cute.Tensor, kv: cute.Tensor,
                  aq: cute.Tensor, aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor,
-                 embed: cute.Tensor, lastn: cute.Tensor, grid: Int32, stream):
+                 embed: cute.Tensor, lastn: cute.Tensor, sk: cute.Tensor, grid: Int32, stream):
         """GEMM slot i (GEMM_OPS order): gx_i activations (T, K, Z) K-contiguous, gw_i the
         layer-stacked weights (N, K, L), gy_i the destination (T, N, Z) N-contiguous (float32 for
         LM_HEAD; the Q buffer for QKV_ROPE), compact in z; small dummies for opcodes not compiled
@@ -314,8 +323,8 @@ class MegakernelDSL:
         (rows, hkv*D, 2) K/V caches (z = 0 K, 1 V; also the attention's TMA source).
         aq / aout / apart / alse: Q (T, hq*D) bf16, ATTN_OUT (T, hq*D) bf16, ATTN_PARTIAL
         (P, hq*D) fp32, ATTN_LSE (P, hq) fp32 of the attention family; embed: the [V, H] bf16
-        table (EMBED); lastn: LAST_NORMED [S, H] bf16 (LM_NORM); small dummies where a family
-        is not compiled in."""
+        table (EMBED); lastn: LAST_NORMED [S, H] bf16 (LM_NORM); sk: the SPLITK workspace
+        float32 [rows, width] (split-K); small dummies where a family is not compiled in."""
         box = cute.make_layout((rk.PR, rk.BOXC), stride=(rk.BOXC, 1))
         tma, mT = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), bufs, box, (rk.PR, rk.BOXC))
@@ -348,9 +357,10 @@ class MegakernelDSL:
             flag: cute.struct.MemRange[cutlass.Int32, 4]
             pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
         self.storage = Storage
+        skops = [sk] if self.splitk else []      # not a kernel parameter unless compiled in
         self.kernel(instrs, n_instr, counters, n_ctr, state, tma, mT, bufs, normw, n_layers, eps,
                     timeout_ns, journal, jcta, gops, meta, inv_freq, kv, aops, aq, aout, apart,
-                    alse, embed, lastn).launch(
+                    alse, embed, lastn, skops).launch(
             grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
             max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
 
@@ -361,7 +371,7 @@ class MegakernelDSL:
                journal: cute.Tensor, jcta: cute.Tensor, gops: list, meta: cute.Tensor,
                inv_freq: cute.Tensor, kv: cute.Tensor, aops: list, aq: cute.Tensor,
                aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor, embed: cute.Tensor,
-               lastn: cute.Tensor):
+               lastn: cute.Tensor, skops: list):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -504,7 +514,13 @@ class MegakernelDSL:
                                                   ring[base + A_DST] - GS[gi].yb,
                                                   ring[base + W_LAYER], ring[base + W_ROW0], col0,
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
-                                                  empty, pg, NP, timeout_ns, state, t)
+                                                  empty, pg, NP, timeout_ns, state, t,
+                                                  self.split_tile(GS[gi], g, ring, base, skops))
+                        if cutlass.const_expr(self.splitk):
+                            if op == OP_SPLITK_REDUCE:
+                                # one page, granted with no TMA: the consumers' hand-off to the
+                                # storer (ordering their stores before its signal)
+                                pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION:
                                 pg = ak.attn_load(aops[0], aops[1], aops[2], self.attn_ps, meta,
@@ -550,7 +566,12 @@ class MegakernelDSL:
                         for gi in cutlass.range_constexpr(NG):
                             if op == GS[gi].op:
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
-                                                     empty, done, pg, sv, timeout_ns, state, t)
+                                                     empty, done, pg, sv, timeout_ns, state, t,
+                                                     skops)
+                        if cutlass.const_expr(self.splitk):
+                            if op == OP_SPLITK_REDUCE:
+                                pg = skk.reduce_store(empty, done, pg, NP, sv, timeout_ns, state,
+                                                      t, PS)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
                                 pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
@@ -625,7 +646,20 @@ class MegakernelDSL:
                                                  pool, full, empty, done, pg, NP, ctv, timeout_ns,
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
-                                                 PS)
+                                                 PS, self.split_tile(GS[gi], g, ring, base, skops))
+                    if cutlass.const_expr(self.splitk):
+                        if op == OP_SPLITK_REDUCE:
+                            # the opcode it finishes picks the slot (its destination tensor and
+                            # the epilogue compiled in)
+                            rop = ring[base + ARG0 + skk.R_OP]
+                            for gi in cutlass.range_constexpr(NG):
+                                if cutlass.const_expr(GS[gi].op in SPLITK_OPS):
+                                    if rop == GS[gi].op:
+                                        pg = skk.reduce_consume(
+                                            GS[gi].epi, ring, base, skops[0], gops[gi][9], kv,
+                                            meta, inv_freq, GS[gi].yb,
+                                            gops[gi][10].shape[0] // 2, pool, full, done, pg, NP,
+                                            ctv, timeout_ns, state, t, PS)
                     if cutlass.const_expr(self.attn_ps > 0):
                         if op == ak.OP_ATTENTION:
                             pg = ak.attn_consume(aops[3], aops[4], aops[5], aops[6],
@@ -672,38 +706,33 @@ class MegakernelDSL:
                 state[rk.S_EXIT] = Int32(0)
 
 
+    def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list):
+        """The slot's gk.SplitTile when split-K is compiled in and the opcode splits, else None
+        (the unsplit bodies, as compiled without split-K). Trace-time Python: no early exit
+        restriction, nothing emitted but GATE_UP's up column (the weights' half)."""
+        if not self.splitk or gs.op not in SPLITK_OPS:
+            return None
+        up = g[10].shape[0] // 2 if gs.op == int(Op.GATE_UP) else None
+        return gk.SplitTile(ring, base, skops[0], up)
+
     @cute.jit
     def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,
                    meta: cute.Tensor, kv: cute.Tensor, pool: Int32, empty: cute.Pointer,
                    done: cute.Pointer, pg: Int32, sid: Int32, timeout_ns: Int64,
-                   state: cute.Tensor, t: Int32) -> Int32:
-        """Storer body of one GEMM slot: the destination's base address (z = dst word - yb;
+                   state: cute.Tensor, t: Int32, skops: list) -> Int32:
+        """Storer body of one GEMM slot: the destination (gk.gemm_dest: z = dst word - yb;
         QKV_ROPE's K/V sections: the paged cache rows kv_slot[t] + layer * stride), then
         gk.gemm_store."""
-        y = g[9]
-        ob = gk.out_bytes_of(gs.epi)
         row0 = ring[base + W_ROW0]
         col0 = ring[base + W_COL0]
         kt = (ring[base + gs.kw] + (gk.BK - 1)) // gk.BK
-        yz = ring[base + A_DST] - gs.yb
-        ybase = y.iterator.toint() + Int64(yz) * Int64(y.shape[0]) * Int64(y.shape[1]) * ob
-        ld = y.shape[1]
-        rowmap = Int32(-1)
-        radd = Int32(0)
-        dcol0 = col0
-        if cutlass.const_expr(gs.epi == gk.EPI_ROPE):
-            sec = ring[base + qk.A_SECTION]
-            if sec != gk.SEC_Q:
-                # K/V rows go to the paged cache: kv_slot[t] + layer * stride
-                ybase = kv.iterator.toint() + Int64(kv.shape[0]) * Int64(kv.shape[1]) * 2 * Int64(sec - 1)
-                ld = kv.shape[1]
-                rowmap = meta[mc.M_OFF_SLOT]
-                radd = ring[base + W_LAYER] * meta[mc.M_KV_LAYER_STRIDE]
-                dcol0 = col0 - ring[base + qk.A_SEC_COL0]
+        ybase, ld, rowmap, radd, dcol0 = gk.gemm_dest(gs.epi, g[9], kv, meta, ring, base,
+                                                      base + ARG0, gs.yb, col0)
         return gk.gemm_store(gs.cfg, gs.epi, ybase, ld, row0, ring[base + W_ROWS], col0,
                              ring[base + W_COLS], pool, empty, done, pg, kt, self.npages, sid,
                              BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
-                             dcol0, page_share(self.handoff))
+                             dcol0, page_share(self.handoff),
+                             self.split_tile(gs, g, ring, base, skops))
 
     @cute.jit
     def store_attn(self, op: Int32, ring: cute.Tensor, base: Int32, aout: cute.Tensor,
@@ -763,22 +792,23 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
 
 def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                        handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
-                       gemm: tuple = (), attn_page_size: int = 0, gather: bool = False):
+                       gemm: tuple = (), attn_page_size: int = 0, gather: bool = False,
+                       splitk: bool = False):
     """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
-    the M class's tile configs, attention KV page size (0 = no attention), gather family) and
-    arena/norm-table shape. Prints the compile time of each new variant once (verbose)."""
+    the M class's tile configs, attention KV page size (0 = no attention), gather family, split-K)
+    and arena/norm-table shape. Prints the compile time of each new variant once (verbose)."""
     key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
-           bool(gather)) + tuple(shape_key)
+           bool(gather), bool(splitk)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
-                          attn_page_size=attn_page_size, gather=gather), *args)
+                          attn_page_size=attn_page_size, gather=gather, splitk=splitk), *args)
         if verbose:
             tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
                   f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
-                  f"gather={gather} in {time.time() - t0:.1f} s", flush=True)
+                  f"gather={gather} splitk={splitk} in {time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
 
@@ -895,7 +925,7 @@ def _gemm_shapes(g: GemmOperands) -> dict:
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
                gemm: dict | None = None, slots: tuple = (), kv_shape=None,
                attn: AttnOperands | None = None, embed_shape=None, last_normed_shape=None,
-               meta_page_size: int | None = None):
+               meta_page_size: int | None = None, splitk_shape=None):
     """Host-side refusal of what this kernel cannot run (before it could hang or fault).
 
     gemm / slots: the GEMM operands and compiled slots of the megakernel (GEMM opcodes without a
@@ -903,7 +933,8 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     them); attn: the attention operands (None: ATTENTION / ATTN_REDUCE refused); embed_shape:
     [V, H] of the EMBED table; last_normed_shape: [S, H] of LAST_NORMED (LM_NORM);
     meta_page_size: the step metadata's KV page size when the caller has it on the host (the
-    kernel checks it too, without a host sync)."""
+    kernel checks it too, without a host sync); splitk_shape: [rows, width] of the SPLITK
+    workspace (None: split-K tiles and SPLITK_REDUCE refused)."""
     s = stream.detach().cpu()
     if s.dtype != torch.int32 or s.dim() != 2 or s.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
@@ -936,8 +967,12 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
             raise ValueError(f"H={H} needs {-(-H // rk.PC)} pages per RMSNORM row group, "
                              f"the pool has {npages}")
     by_op = {g.op: g for g in slots}
+    # a SPLITK_REDUCE runs its opcode's epilogue with the unsplit words: check them as those of
+    # an unsplit tile of that opcode (below), its workspace rows here
+    red = s[ops == OP_SPLITK_REDUCE]
+    red_eq = _check_splitk_reduce(red, by_op, gemm, splitk_shape)
     for op in GEMM_OPS:
-        p = s[ops == op]
+        p = torch.cat((s[ops == op], red_eq[red_eq[:, W_OPCODE] == op]))
         if not len(p):
             continue
         name = Op(op).name
@@ -949,8 +984,13 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         cfg = g.cfg
         K = p[:, g.kw]
         row0, rows, col0, cols = p[:, W_ROW0], p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS]
+        spl = p[:, gk.A_NSPLIT] >= 2
+        k0 = torch.where(spl, p[:, gk.A_K0], torch.zeros_like(K))
+        if spl.any():
+            _check_split_tiles(name, op, p[spl], sh, splitk_shape)
+        u = p[~spl]       # the epilogue and destination words matter to unsplit tiles only
         if op != int(Op.QKV_ROPE):
-            epi = p[:, MM_A_EPI]
+            epi = u[:, MM_A_EPI]
             if (epi == int(Epi.SCATTER)).any():
                 raise NotImplementedError(f"megakernel: {name} with the SCATTER epilogue (TP > 1) "
                                           "needs mk.comm (not yet)")
@@ -963,7 +1003,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
             if (p[:, qk.A_HEAD_DIM] != 128).any():
                 raise ValueError("megakernel: QKV_ROPE needs head_dim 128 (RoPE pairs in one "
                                  "wgmma chain)")
-            sec = p[:, qk.A_SECTION]
+            sec = u[:, qk.A_SECTION]
             if ((sec < 0) | (sec > 2)).any():
                 raise ValueError("megakernel: QKV_ROPE section must be q, k or v")
         qkv = op == int(Op.QKV_ROPE)
@@ -972,7 +1012,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
                                     p[:, qk.A_SEC_COL0] if qkv else None)
         if err:
             raise ValueError(f"megakernel: {err}")
-        if (K > sh["xk"]).any() or (K > sh["wk"]).any():
+        if (k0 + K > sh["xk"]).any() or (k0 + K > sh["wk"]).any():
             raise ValueError(f"megakernel: {name} K must be a positive multiple of {gk.BK} within "
                              f"the operands' {min(sh['xk'], sh['wk'])} columns")
         if (row0 + rows > sh["xt"]).any():
@@ -982,15 +1022,16 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         if (col0 + cols > nout).any():
             raise ValueError(f"megakernel: {name} columns beyond the weight's {nout} outputs")
         if op != int(Op.QKV_ROPE):
-            if (col0 + cols > sh["yn"]).any() or (row0 + rows > sh["yt"]).any():
+            if (u[:, W_COL0] + u[:, W_COLS] > sh["yn"]).any() \
+                    or (u[:, W_ROW0] + u[:, W_ROWS] > sh["yt"]).any():
                 raise ValueError(f"megakernel: {name} tile outside the destination "
                                  f"[{sh['yt']}, {sh['yn']}]")
         else:
-            q = p[p[:, qk.A_SECTION] == gk.SEC_Q]
+            q = u[u[:, qk.A_SECTION] == gk.SEC_Q]
             if len(q) and ((q[:, W_COL0] + q[:, W_COLS] > sh["yn"]).any()
                            or (q[:, W_ROW0] + q[:, W_ROWS] > sh["yt"]).any()):
                 raise ValueError("megakernel: QKV_ROPE q tile outside the Q buffer")
-            kvp = p[p[:, qk.A_SECTION] != gk.SEC_Q]
+            kvp = u[u[:, qk.A_SECTION] != gk.SEC_Q]
             if len(kvp):
                 if kv_shape is None:
                     raise ValueError("megakernel: QKV_ROPE k/v tiles need the kv caches")
@@ -998,7 +1039,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
                 if (d0 < 0).any() or (d0 + kvp[:, W_COLS] > kv_shape[2]).any():
                     raise ValueError("megakernel: QKV_ROPE k/v columns outside the caches")
         zx = p[:, ARG0] - g.xb          # src word (ARG0 in matmul.py and qkv.py)
-        zy = p[:, ARG0 + 1] - g.yb      # dst word
+        zy = u[:, ARG0 + 1] - g.yb      # dst word
         if ((zx < 0) | (zx >= sh["xz"])).any() or ((zy < 0) | (zy >= sh["yz"])).any():
             raise ValueError(f"megakernel: {name} src/dst buffer ids outside the operands "
                              f"(x: {g.xb}..{g.xb + sh['xz'] - 1}, y: {g.yb}..{g.yb + sh['yz'] - 1})")
@@ -1007,6 +1048,94 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     _check_attention(s, ops, attn, kv_shape, meta_page_size)
     _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape)
     return mx + 1
+
+
+def _splitk_cols(op: int, sh: dict, col0, cols):
+    """Last SPLITK column + 1 of split tiles / reduces of opcode op (GATE_UP: the up part at
+    intermediate_local + col)."""
+    end = col0 + cols
+    if op == int(Op.GATE_UP):
+        end = end + sh["wn"] // 2
+    return end
+
+
+def _check_workspace(name, op, sh, splitk_shape, row_lo, row_hi, col0, cols):
+    """SPLITK rows [row_lo, row_hi) and the op's column map of [col0, col0+cols) inside the
+    workspace, which must exist."""
+    if splitk_shape is None:
+        raise ValueError(f"megakernel: {name} needs the SPLITK workspace (Megakernel(..., "
+                         f"splitk=<float32 CUDA tensor [rows, width]>))")
+    R, W = splitk_shape
+    if (row_lo < 0).any() or (row_hi > R).any():
+        raise ValueError(f"megakernel: {name} rows outside the SPLITK workspace's {R} rows")
+    if (col0 < 0).any() or (_splitk_cols(op, sh, col0, cols) > W).any():
+        raise ValueError(f"megakernel: {name} columns outside the SPLITK workspace's {W} columns")
+
+
+def _check_split_tiles(name, op, p, sh, splitk_shape):
+    """Split-K tiles of opcode op (nsplit >= 2; see check_plan)."""
+    if op not in SPLITK_OPS:
+        raise ValueError(f"megakernel: {name} tiles are never split (nsplit word >= 2)")
+    ns, j, k0, stride = (p[:, gk.A_NSPLIT], p[:, gk.A_SPLIT_J], p[:, gk.A_K0],
+                         p[:, gk.A_SPLIT_ROW])
+    if (j < 0).any() or (j >= ns).any() or (stride < 0).any():
+        raise ValueError(f"megakernel: {name} split tiles need 0 <= j < nsplit and a row stride "
+                         f">= 0")
+    if (k0 < 0).any() or (k0 % gk.BK != 0).any():
+        raise ValueError(f"megakernel: {name} split tiles need K0 a multiple of {gk.BK}")
+    r0 = j * stride + p[:, W_ROW0]
+    _check_workspace(f"{name} split tile", op, sh, splitk_shape, r0, r0 + p[:, W_ROWS],
+                     p[:, W_COL0], p[:, W_COLS])
+    _check_up_col(name, op, p, sh, MM_A_UP_COL)
+
+
+def _check_up_col(name, op, p, sh, word):
+    """GATE_UP's up-part column word, where the plan writes one, must be the weights' half (the
+    kernel takes it from the weights)."""
+    if op == int(Op.GATE_UP):
+        up = p[:, word]
+        if ((up != 0) & (up != sh["wn"] // 2)).any():
+            raise ValueError(f"megakernel: {name} up column word {sorted(set(up.tolist()))} is not "
+                             f"intermediate_local = {sh['wn'] // 2}")
+
+
+def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
+    """SPLITK_REDUCE instructions (see check_plan): workspace rows of every split; returns them
+    rewritten as the unsplit tiles whose epilogue they run (opcode word = the op, ARG0+i = their
+    word ARG0+3+i, no split words) for the GEMM checks."""
+    eq = torch.zeros((0, INSTR_WORDS), dtype=torch.int32)
+    if not len(r):
+        return eq
+    rop = r[:, ARG0 + skk.R_OP]
+    bad = sorted(set(rop.tolist()) - set(SPLITK_OPS))
+    if bad:
+        raise ValueError(f"megakernel: SPLITK_REDUCE of opcodes {bad}: only "
+                         f"{[Op(o).name for o in SPLITK_OPS]} split")
+    ns, stride = r[:, ARG0 + skk.R_NSPLIT], r[:, ARG0 + skk.R_STRIDE]
+    if (ns < 1).any() or (stride < 0).any():
+        raise ValueError("megakernel: SPLITK_REDUCE needs nsplit >= 1 and a row stride >= 0")
+    for op in sorted(set(rop.tolist())):
+        name = Op(op).name
+        if op not in by_op:
+            raise NotImplementedError(
+                f"megakernel: SPLITK_REDUCE of {name}, but this megakernel was built without "
+                f"{name} operands (Megakernel(..., gemm={{Op.{name}: GemmOperands(...)}}))")
+        p = r[rop == op]
+        sh = _gemm_shapes(gemm[Op(op)])
+        r0 = p[:, W_ROW0]
+        _check_workspace(f"SPLITK_REDUCE of {name}", op, sh, splitk_shape, r0,
+                         (p[:, ARG0 + skk.R_NSPLIT] - 1) * p[:, ARG0 + skk.R_STRIDE] + r0
+                         + p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS])
+    eq = r.clone()
+    eq[:, W_OPCODE] = rop
+    n_epi = NUM_ARGS - skk.R_EPI0
+    eq[:, ARG0:ARG0 + n_epi] = r[:, ARG0 + skk.R_EPI0:]
+    eq[:, ARG0 + n_epi:] = 0
+    for op in sorted(set(rop.tolist())):
+        if op == int(Op.GATE_UP):
+            _check_up_col("SPLITK_REDUCE of GATE_UP", op, eq[rop == op],
+                          _gemm_shapes(gemm[Op(op)]), MM_A_UP_COL)
+    return eq
 
 
 def _check_attention(s, ops, attn, kv_shape, meta_page_size):
@@ -1191,7 +1320,10 @@ class Megakernel:
     [2, rows, hkv*D] (QKV_ROPE appends, ATTENTION reads);
     attn: AttnOperands (Q, ATTN_OUT, ATTN_PARTIAL, ATTN_LSE, KV page size) or None;
     embed: the [V, H] bf16 embedding table (EMBED) or None; last_normed: LAST_NORMED [S, H] bf16
-    (LM_NORM) or None.
+    (LM_NORM) or None;
+    splitk: the SPLITK workspace, float32 [rows, width] CUDA tensor (mk.plan.buffer_shapes'
+    Buf.SPLITK) for split-K tiles and SPLITK_REDUCE, or None: the variant without split-K (plans
+    with split tiles are refused; the unsplit bodies' code is the same as before split-K).
     handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode)."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
@@ -1199,7 +1331,8 @@ class Megakernel:
                  journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True,
                  handoff: str | None = None, backoff_ns: int = DEFAULT_BACKOFF_NS,
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
-                 kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None):
+                 kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
+                 splitk: torch.Tensor | None = None):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -1208,6 +1341,12 @@ class Megakernel:
             if kv is None or meta is None:
                 raise ValueError("Megakernel: attention needs the K/V caches (kv=) and the step "
                                  "metadata (meta=)")
+        if splitk is not None and (splitk.dtype != torch.float32 or splitk.dim() != 2
+                                   or not splitk.is_contiguous() or not splitk.is_cuda
+                                   or splitk.shape[1] % 8):
+            raise ValueError(f"Megakernel: splitk must be a contiguous float32 [rows, width] CUDA "
+                             f"tensor with width % 8 == 0, got {tuple(splitk.shape)} "
+                             f"{splitk.dtype} on {splitk.device}")
         if (embed is not None or last_normed is not None) and meta is None:
             raise ValueError("Megakernel: EMBED / LM_NORM read the step metadata: pass meta=")
         assert 20 <= backoff_ns <= 1_000_000, "backoff_ns must lie in [20 ns, 1 ms]"
@@ -1247,8 +1386,11 @@ class Megakernel:
         self.embed = embed
         self.last_normed = last_normed
         self.gather = embed is not None or last_normed is not None
+        self.splitk = splitk
         self._gemm_t = (gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
-                        + family_tensor_args(attn, embed, last_normed, dev))
+                        + family_tensor_args(attn, embed, last_normed, dev)
+                        + [splitk if splitk is not None
+                           else torch.zeros(8, 8, dtype=torch.float32, device=dev)])
         # byte alignment per tensor parameter: int32 metadata and the [P, hq] LSE rows (pitch
         # 4 hq bytes) 4, everything else 16
         self._align = [4 if t.dtype == torch.int32 else 16 for t in self._gemm_t]
@@ -1274,7 +1416,8 @@ class Megakernel:
                            embed_shape=None if self.embed is None else tuple(self.embed.shape),
                            last_normed_shape=(None if self.last_normed is None
                                               else tuple(self.last_normed.shape)),
-                           meta_page_size=meta_page_size)
+                           meta_page_size=meta_page_size,
+                           splitk_shape=None if self.splitk is None else tuple(self.splitk.shape))
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -1290,7 +1433,7 @@ class Megakernel:
             self.grid = 1
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
                                       self._shape_key, self.handoff, self.backoff_ns, self.slots,
-                                      self.attn_page_size, self.gather)
+                                      self.attn_page_size, self.gather, self.splitk is not None)
             nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
@@ -1303,7 +1446,8 @@ class Megakernel:
                       f"({src})", flush=True)
         return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
                                   self._shape_key, self.handoff, self.backoff_ns, self.slots,
-                                  self.attn_page_size, self.gather), cs
+                                  self.attn_page_size, self.gather,
+                                  self.splitk is not None), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -1424,19 +1568,23 @@ def fake_args(gemm: tuple = (), attention: bool = False):
              make_fake_tensor(Float32, (S(), S()), stride=(S(), 1), assumed_align=4),
              make_fake_tensor(BFloat16, (S(), H), stride=(S(divisibility=8), 1), assumed_align=16),
              make_fake_tensor(BFloat16, (S(), H), stride=(S(divisibility=8), 1), assumed_align=16),
+             # SPLITK: float32 [rows, width], width a multiple of 8 (check_plan)
+             make_fake_tensor(Float32, (S(), S(divisibility=8)), stride=(S(divisibility=8), 1),
+                              assumed_align=16),
              Int32(132), make_fake_stream()]
     return args
 
 
 def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple = (),
                  backoff_ns: int = DEFAULT_BACKOFF_NS, attn_page_size: int = 0,
-                 gather: bool = False):
+                 gather: bool = False, splitk: bool = False):
     """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX.
-    attn_page_size: compile the attention family in for that KV page size (0: not)."""
+    attn_page_size: compile the attention family in for that KV page size (0: not); splitk:
+    compile the split-K tiles and SPLITK_REDUCE in."""
     if handoff is None:
         handoff = default_handoff(attn_page_size > 0)
     dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
-                        attn_page_size=attn_page_size, gather=gather)
+                        attn_page_size=attn_page_size, gather=gather, splitk=splitk)
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
         dsl, *fake_args(gemm, attn_page_size > 0))
 

@@ -10,8 +10,10 @@ configs of mk.tiles for its token count) runs the stream; the logits are LOGITS[
 The backend owns every buffer of mk.plan.buffer_shapes, allocated once for the compiled maxima
 (KernelConfig: max_batch_tokens, max_seqs, max_context, page_size, kv pages) and reused: the
 activation arena [3, T, H] (HIDDEN, NORMED, SCRATCH), Q, ATTN_OUT, MLP_ACT, ATTN_PARTIAL /
-ATTN_LSE (float32), LAST_NORMED, LOGITS (float32) and the K/V cache as one [2, rows, hkv*D]
-tensor (z = 0 K, z = 1 V: the layout both QKV_ROPE's append and the attention TMA read).
+ATTN_LSE (float32), LAST_NORMED, LOGITS (float32), the K/V cache as one [2, rows, hkv*D]
+tensor (z = 0 K, z = 1 V: the layout both QKV_ROPE's append and the attention TMA read), and the
+split-K workspace SPLITK (float32; only when PlanConfig.split_k != 1: the default plans never
+split, and their megakernel variant is the one without split-K code).
 
 What it refuses, before anything runs (`unsupported_reasons`, CPU-importable checks):
     TP > 1 (needs mk.comm), weights not bfloat16 on a CUDA device, head_dim != 128, widths that are
@@ -70,6 +72,9 @@ def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: Ke
         why.append(f"page_size {ps}: the attention TMA boxes need a power of two >= 8")
     if plan_cfg.kv_split % KEY_BLOCK:
         why.append(f"PlanConfig.kv_split {plan_cfg.kv_split} is not a multiple of {KEY_BLOCK}")
+    if plan_cfg.split_k != 1 and plan_cfg.splitk_align % K_ALIGN:
+        why.append(f"PlanConfig.splitk_align {plan_cfg.splitk_align} is not a multiple of "
+                   f"{K_ALIGN} (a split tile's K0 and K are TMA K coordinates)")
     return why
 
 
@@ -121,6 +126,8 @@ class MegakernelStepBackend:
         self.last_normed, self.logits = buf(Buf.LAST_NORMED), buf(Buf.LOGITS, f32)
         kv_rows, kv_w = shapes[Buf.K_CACHE]
         self.kv = torch.zeros(2, kv_rows, kv_w, dtype=bf, device=dev)
+        # split-K partials (rows 0 when the plans never split: no workspace, no split-K variant)
+        self.splitk = buf(Buf.SPLITK, f32) if shapes[Buf.SPLITK][0] > 0 else None
         self.meta = torch.zeros(meta_capacity(kernel), dtype=torch.int32, device=dev)
         from mk.reference import rope_inv_freq
         self.inv_freq = rope_inv_freq(model.head_dim, model.rope).float().to(dev)
@@ -164,7 +171,7 @@ class MegakernelStepBackend:
                 kv=self.kv,
                 attn=mkk.AttnOperands(self.q, self.attn_out, self.attn_partial, self.attn_lse,
                                       self.kernel.page_size),
-                embed=self.weights.embed, last_normed=self.last_normed)
+                embed=self.weights.embed, last_normed=self.last_normed, splitk=self.splitk)
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
@@ -213,12 +220,14 @@ _register()
 
 # ==================================================================================== self-check
 def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
-                     decode_steps: int = 3, verbose: bool = True) -> dict:
+                     decode_steps: int = 3, verbose: bool = True, split_k: int = 1) -> dict:
     """One mixed run of the tiny head_dim-128 model on the GPU: a prefill step of prompts of
     several lengths (some split over KV blocks of kv_split keys), then decode steps that mix in a
     second prefill chunk; every step's logits vs mk.vm on the same weights (bf16 tolerance) and the
     greedy tokens equal. The small run compute-sanitizer checks
-    (`python -m mk.megakernel_step check --layers 2`)."""
+    (`python -m mk.megakernel_step check --layers 2`). split_k: PlanConfig.split_k of both sides
+    (1 never; n >= 2 forces n-way split-K tiles + SPLITK_REDUCE in every step of <= 256 tokens;
+    0 auto), so the megakernel runs the split plan the interpreter runs."""
     from dataclasses import replace as dc_replace
 
     from mk.batch import SeqChunk
@@ -233,7 +242,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     w = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cuda"),
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
-    pcfg = PlanConfig(kv_split=kv_split)
+    pcfg = PlanConfig(kv_split=kv_split, split_k=split_k)
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),
@@ -249,7 +258,10 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     ctx = [0] * (len(prompts) + 1)
     steps, worst, ok = [], 0.0, True
     batch = StepBatch([SeqChunk(p, 0, pages.pages(i)) for i, p in enumerate(prompts)])
+    plan_ops = None
     for step in range(decode_steps + 1):
+        if step == 0:       # the first step's opcodes (SPLITK_REDUCE count: the split is on)
+            plan_ops = mk.planner.plan(batch).instrs[:, 0]
         got = mk.forward(batch).cpu()
         want = vm.step(batch)
         tol = 0.02 * float(want.abs().max())
@@ -271,9 +283,16 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     kv_mk = mk.kv_cache()
     kv_vm = vm.kv_cache(0)
     kv_err = max(float((a.float().cpu() - b.float()).abs().max()) for a, b in zip(kv_mk, kv_vm))
-    return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, steps=steps,
+    return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, split_k=split_k,
+                split_instrs=int((plan_ops == _split_op()).sum()) if plan_ops is not None else 0,
+                steps=steps,
                 worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,
                 device=torch.cuda.get_device_name())
+
+
+def _split_op() -> int:
+    from mk.ir import Op
+    return int(Op.SPLITK_REDUCE)
 
 
 def _main(argv=None) -> int:
@@ -287,11 +306,13 @@ def _main(argv=None) -> int:
     ap.add_argument("--kv-split", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decode-steps", type=int, default=3)
+    ap.add_argument("--split-k", type=int, default=1, help="PlanConfig.split_k: 1 never (default), "
+                    "n >= 2 force n, 0 auto")
     a = ap.parse_args(argv)
     try:
         from mk import megakernel as mkk
         mkk.require_gpu("the megakernel check", hint="")
-        r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps)
+        r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps, split_k=a.split_k)
     except (RuntimeError, ValueError) as e:
         print(f"error: {type(e).__name__}: {e}", file=__import__("sys").stderr)
         return 1

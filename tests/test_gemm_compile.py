@@ -3,7 +3,8 @@ into the megakernel (mk/megakernel.py: rows family + the GEMM slot) once per (op
 of the tile table: the PTX holds wgmma.mma_async (with an async chain: wait_group 1 in the
 mainloop), cp.async.bulk.tensor and setmaxnreg; no function calls; ptxas reports no spills, no
 stack frame and no C7506/C7508/C7510, and the variant's setmaxnreg split fits the launch's
-registers; where a disassembler exists, the SASS holds HGMMA."""
+registers; where a disassembler exists, the SASS holds HGMMA. The splittable slots also compile
+with split-K in (partial stores + SPLITK_REDUCE)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,31 @@ def test_gemm_body_compiles_for_sm90a(dump_dir, op, tile, wgmma_per_k):
         assert "HGMMA" in sass, f"no HGMMA in the SASS ({tool})"
     print(op, tile, f"split {low}/{high}",
           [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
+
+
+SPLIT_CASES = [(o, t) for o, t, _ in CASES if o != "LM_HEAD"]
+
+
+@pytest.mark.parametrize("op,tile", SPLIT_CASES, ids=[f"{o}-{t}" for o, t in SPLIT_CASES])
+def test_split_gemm_body_compiles_for_sm90a(dump_dir, op, tile):
+    """The slot with split-K compiled in (Megakernel(splitk=...)): the run-time partial path (one
+    8-byte float32 store per accumulator pair, both halves for GATE_UP) beside the epilogue, and
+    the opcode's SPLITK_REDUCE body; clean ptxas at the variant's setmaxnreg split. Without
+    split-K the same slot has no partial store (test_gemm_body_compiles_for_sm90a's PTX)."""
+    import mk.megakernel as M
+    from mk.ir import Op
+
+    slots = M.class_slots(_class_of(op, tile), [Op[op]])
+    comp = M.compile_fake(gemm=slots, splitk=True)
+    ptx = comp.__ptx__
+    missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
+    assert not missing, f"PTX lacks {missing}"
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    want = slots[0].cfg.acc_regs() // 2
+    got = len(re.findall(r"st\.global\.v2\.b32", ptx))
+    assert got == want, f"{got} partial stores, expected {want} (accumulator pairs)"
+    rep = ptxas_report(ptx, os.path.join(dump_dir, f"split_{op}_{tile}"))
+    regs = assert_clean(rep)
+    low, high = M.reg_split(slots)
+    assert M.reg_split_ok(low, high, regs)
+    print(op, tile, "splitk", [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])

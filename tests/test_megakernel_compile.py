@@ -1,8 +1,9 @@
 """Compile gate (CPU, CI): the megakernel (rows family only: the variant of rows-only plans; and the
 all-opcode variant of a TP=1 model step: rows + the 5 GEMM slots of an M class + attention +
-EMBED/LM_NORM) compiles for sm_90a with fake tensors, its PTX holds the instructions its roles are
-meant to use, and ptxas reports no spills and no C7506/C7508/C7510. The single-opcode GEMM
-variants: tests/test_gemm_compile.py."""
+EMBED/LM_NORM, without and with split-K) compiles for sm_90a with fake tensors, its PTX holds the
+instructions its roles are meant to use, and ptxas reports no spills and no C7506/C7508/C7510. The
+single-opcode GEMM variants: tests/test_gemm_compile.py. Also check_plan on split-K plans of
+mk.plan (CPU: the refusals before a launch)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def test_all_opcode_variant_compiles_without_spills(dump_dir, m, page_size):
     assert not missing, f"PTX lacks {missing}"
     assert re.search(r"wgmma\.mma_async", ptx) and re.search(r"ex2\.approx", ptx)
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    # no split-K code unless compiled in (the unsplit bodies' PTX is what it was before split-K)
+    assert not re.search(r"st\.global\.v2\.b32", ptx), "split-K partial stores compiled in"
     rep = ptxas_report(ptx, os.path.join(dump_dir, f"full_M{m}_ps{page_size}"))
     regs = assert_clean(rep)
     low, high = M.reg_split(slots)
@@ -92,3 +95,126 @@ def test_import_mk_does_not_load_cutlass():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------------------- split-K
+@pytest.mark.parametrize("m,page_size", FULL_VARIANTS, ids=[f"M{m}-ps{p}" for m, p in FULL_VARIANTS])
+def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_size):
+    """The all-opcode variant with split-K compiled in (Megakernel(splitk=...)): the partial store
+    of every splittable slot (8-byte float32 stores, one per accumulator pair: the expected count)
+    and the SPLITK_REDUCE bodies; no spill, no stack frame, no call at the QKV_ROPE split 80/208
+    (the consumer had a register or two of headroom at M1024 before split-K)."""
+    import mk.megakernel as M
+    slots = M.class_slots(m)
+    comp = M.compile_fake(gemm=slots, attn_page_size=page_size, gather=True, splitk=True)
+    ptx = comp.__ptx__
+    missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
+    assert not missing, f"PTX lacks {missing}"
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    want = sum(g.cfg.acc_regs() // 2 for g in slots if g.op in M.SPLITK_OPS)
+    got = len(re.findall(r"st\.global\.v2\.b32", ptx))
+    assert got == want, f"{got} partial stores (st.global.v2.b32), expected {want}"
+    rep = ptxas_report(ptx, os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}"))
+    regs = assert_clean(rep)
+    low, high = M.reg_split(slots)
+    assert M.reg_split_ok(low, high, regs), (regs, low, high)
+    print(f"M{m} ps{page_size} splitk split {low}/{high}",
+          [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
+
+
+def _meta(*shape, dtype=None):
+    import torch
+    return torch.empty(*shape, dtype=dtype or torch.bfloat16, device="meta")
+
+
+def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130)):
+    """A prefill step of the tiny head_dim-128 model (mk.tiny) planned with split_k, and the
+    megakernel operands' shapes of mk.megakernel_step (meta tensors: shapes only)."""
+    import torch
+
+    import mk.megakernel as M
+    from mk.batch import SeqChunk, StepBatch
+    from mk.config import ParallelConfig
+    from mk.engine import PageManager, default_kernel_config
+    from mk.instructions.base import Buf
+    from mk.ir import Op
+    from mk.plan import PlanConfig, Planner, buffer_shapes
+    from mk.tiny import TINY_HD128_CONFIG as cfg
+    kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
+    pcfg = PlanConfig(split_k=split_k)
+    par = ParallelConfig()
+    plan = Planner(cfg, par, kernel, pcfg)
+    pages = PageManager(kernel.kv_pages, kernel.page_size)
+    chunks = []
+    for i, n in enumerate(tokens):
+        pages.allocate(i, n + 1)
+        chunks.append(SeqChunk([1] * n, 0, pages.pages(i)))
+    p = plan.plan(StepBatch(chunks))
+    sh = buffer_shapes(cfg, par, kernel, pcfg)
+    T, H = sh[Buf.HIDDEN]
+    L, D = cfg.num_layers, cfg.head_dim
+    hq, hkv, I, V = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size
+    arena = _meta(3, T, H)
+    G = M.GemmOperands
+    gemm = {Op.QKV_ROPE: G(arena, _meta(L, (hq + 2 * hkv) * D, H), _meta(*sh[Buf.Q]), 0, int(Buf.Q)),
+            Op.O_PROJ: G(_meta(*sh[Buf.ATTN_OUT]), _meta(L, H, hq * D), arena, int(Buf.ATTN_OUT), 0),
+            Op.GATE_UP: G(arena, _meta(L, 2 * I, H), _meta(*sh[Buf.MLP_ACT]), 0, int(Buf.MLP_ACT)),
+            Op.DOWN: G(_meta(*sh[Buf.MLP_ACT]), _meta(L, H, I), arena, int(Buf.MLP_ACT), 0),
+            Op.LM_HEAD: G(_meta(*sh[Buf.LAST_NORMED]), _meta(V, H), _meta(*sh[Buf.LOGITS]),
+                          int(Buf.LAST_NORMED), int(Buf.LOGITS))}
+    n = sum(tokens)
+    kw = dict(gemm=gemm, slots=M.gemm_slots(gemm, n),
+              kv_shape=(2,) + tuple(sh[Buf.K_CACHE]),
+              attn=M.AttnOperands(_meta(*sh[Buf.Q]), _meta(*sh[Buf.ATTN_OUT]),
+                                  _meta(*sh[Buf.ATTN_PARTIAL], dtype=torch.float32),
+                                  _meta(*sh[Buf.ATTN_LSE], dtype=torch.float32), kernel.page_size),
+              embed_shape=(V, H), last_normed_shape=tuple(sh[Buf.LAST_NORMED]),
+              meta_page_size=kernel.page_size)
+    return p.instrs, (3, T, H), kw, tuple(sh[Buf.SPLITK])
+
+
+@pytest.mark.parametrize("split_k", [2, 4, 8])
+def test_check_plan_accepts_split_plans_with_the_workspace(split_k):
+    """mk.plan's forced split-K plans of the tiny model pass check_plan with the SPLITK workspace
+    of mk.plan.buffer_shapes (words, K slices, workspace rows and columns agree), and are refused
+    without it."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.ir import W_OPCODE
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(split_k)
+    assert int((instrs[:, W_OPCODE] == M.OP_SPLITK_REDUCE).sum()) > 0
+    assert int((instrs[:, M.gk.A_NSPLIT] == split_k).sum()) > 0
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    with pytest.raises(ValueError, match="SPLITK workspace"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    # the default plan (split_k=1) has no split words at all
+    instrs1, _, kw1, sk1 = _tiny_step_plan(1)
+    assert sk1[0] == 0 and int((instrs1[:, M.gk.A_NSPLIT] >= 2).sum()) == 0
+    M.check_plan(instrs1, nbuf, T, H, 1 << 20, **kw1)
+
+
+def test_check_plan_refuses_bad_split_words():
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import ARG0, W_COLS, W_OPCODE, Op
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4)
+    ops = instrs[:, W_OPCODE]
+    split = (instrs[:, gk.A_NSPLIT] >= 2).nonzero().flatten()
+    red = (ops == M.OP_SPLITK_REDUCE).nonzero().flatten()
+
+    def refused(mutate, match, shape=sk_shape):
+        bad = instrs.clone()
+        mutate(bad)
+        with pytest.raises(ValueError, match=match):
+            M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=shape, **kw)
+
+    i, r = int(split[0]), int(red[0])
+    refused(lambda s: s.__setitem__((i, gk.A_K0), 32), "K0 a multiple of 64")
+    refused(lambda s: s.__setitem__((i, gk.A_SPLIT_J), 4), "0 <= j < nsplit")
+    refused(lambda s: None, "rows outside the SPLITK", shape=(8, sk_shape[1]))
+    refused(lambda s: None, "columns outside the SPLITK", shape=(sk_shape[0], 64))
+    refused(lambda s: s.__setitem__((r, ARG0), int(Op.LM_HEAD)), "SPLITK_REDUCE of opcodes")
+    refused(lambda s: s.__setitem__((r, W_COLS), 12), "multiples of 8")
+    lm = int((ops == int(Op.LM_HEAD)).nonzero().flatten()[0])
+    refused(lambda s: s.__setitem__((lm, gk.A_NSPLIT), 2), "never split")

@@ -66,10 +66,15 @@ from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.tensor_utils import LayoutEnum
 
 from mk import tiles
+from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
 from mk.instructions._rows_kernel import bar_wait, page_of, tma_box  # noqa: F401  (shared with attention)
+from mk.instructions.matmul import A_DST as A_DST_WORD
 from mk.instructions.matmul import Epi
-from mk.ir import Op
+from mk.instructions.qkv import A_DST as _QKV_DST
+from mk.instructions.qkv import A_SEC_COL0 as A_SEC_COL0_WORD
+from mk.instructions.qkv import A_SECTION as A_SECTION_WORD
+from mk.ir import ARG0, W_COL0, W_COLS, W_LAYER, Op
 
 PAGE = rk.PAGE                 # 16 KiB
 BK = tiles.BK                  # K per stage (one SW128 atom of bf16)
@@ -87,6 +92,16 @@ EPI_SILU_MUL = int(Epi.SILU_MUL)    # GATE_UP
 EPI_STORE_F32 = 16                  # LM_HEAD: float32 logits
 EPI_ROPE = 17                       # QKV_ROPE: RoPE on q/k sections, K/V rows to the paged cache
 SEC_Q, SEC_K, SEC_V = 0, 1, 2       # qkv.py sections
+# argument words the epilogues read, relative to ARG0 (matmul.py and qkv.py agree on them)
+U_DST = A_DST_WORD - ARG0
+U_SECTION = A_SECTION_WORD - ARG0
+U_SEC_COL0 = A_SEC_COL0_WORD - ARG0
+assert U_DST == _QKV_DST - ARG0 == 1 and (U_SECTION, U_SEC_COL0) == (2, 3)
+# split-K words (mk/instructions/_common.py; the same positions in every GEMM-like opcode)
+A_NSPLIT = mc.A_NSPLIT
+A_SPLIT_J = mc.A_SPLIT_J
+A_K0 = mc.A_K0
+A_SPLIT_ROW = mc.A_SPLIT_ROW
 
 # Profiling variants (compile-time, read once at import; never set in production): comma-separated
 # parts of the tile's work to leave out, so that timing differences place the per-tile time
@@ -237,18 +252,26 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
               xb: Int32, yb: Int32, layer: Int32, row0: Int32, col0: Int32, up_row0: Int32,
               kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32) -> Int32:
+              ticket: Int32, split=None) -> Int32:
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
     up_row0: first weight row of the second B page for gate_up configs (I + col0); otherwise the
-    second page is weight rows col0 + 128."""
+    second page is weight rows col0 + 128.
+    split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A split tile's
+    K loop starts at its k0 word, and it has no epilogue pages (its partial goes from the
+    consumers' registers to the SPLITK workspace)."""
     # activations were written by generic-proxy stores of other CTAs (acquired by the controller):
     # order them before this warp's async-proxy reads
     cute.arch.fence_proxy("async.global")
     a_bytes = cfg.bm * BK * 2
+    k0 = Int32(0)
+    if cutlass.const_expr(split is not None):
+        k0 = split.k0()     # 0 in every unsplit instruction
     for k in range(kt):
         kc = k * BK
+        if cutlass.const_expr(split is not None):
+            kc = k0 + k * BK
         page, ph = page_of(pg, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
@@ -264,6 +287,22 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
                 wrow = up_row0
             tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
         pg = pg + cfg.stage_pages
+    if cutlass.const_expr(split is None):
+        pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty, pg,
+                           npages, timeout_ns, state, ticket)
+    else:
+        if split.nsplit() < 2:
+            pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
+                               pg, npages, timeout_ns, state, ticket)
+    return pg
+
+
+@cute.jit
+def load_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_r, gR,
+                  sA_layout: cute.ComposedLayout, yb: Int32, row0: Int32, col0: Int32, pool: Int32,
+                  full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+    """Loader: grant the E epilogue pages (RESIDUAL: TMA-load the residual tile into them)."""
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
     bpp = 128 // cfg.bm
@@ -300,6 +339,15 @@ def epi_addr(pool: Int32, ep0: Int32, r: Int32, c: Int32, bm: cutlass.Constexpr,
             + ((((within // 16) ^ (r % 8))) * 16) + within % 16)
 
 
+# ---------------------------------------------------------------- epilogue math (shared with the
+# SPLITK_REDUCE body, mk/instructions/_splitk_kernel.py: one definition of each rounding point)
+@cute.jit
+def residual_add(res: Float32, acc: Float32) -> Float32:
+    """RESIDUAL: res + bf16(acc) in float32 (the caller rounds it to bf16 once more: torch's
+    dst + bf16(y) in bf16)."""
+    return res + acc.to(BFloat16).to(Float32)
+
+
 @cute.jit
 def silu_mul_bf16(g: Float32, u: Float32) -> Float32:
     """bf16(silu(bf16(g)) * bf16(u)) like the torch face (F.silu on bf16, then a bf16 product)."""
@@ -315,7 +363,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  pg: Int32, npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
                  state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
                  row0: Int32, rows: Int32, section: Int32,
-                 share: cutlass.Constexpr = DONE_ARRIVALS) -> Int32:
+                 share: cutlass.Constexpr = DONE_ARRIVALS, split=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
 
@@ -326,7 +374,11 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
 
     EPI_ROPE only: meta is the step metadata (positions at meta[meta[M_OFF_POS] + row]), inv_freq
     the head's 64 (llama3-scaled) inverse frequencies in float32 (mk.instructions.qkv.inv_freq),
-    section the qkv section (V: no RoPE). The other epilogues ignore these."""
+    section the qkv section (V: no RoPE). The other epilogues ignore these.
+
+    split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A tile whose
+    nsplit word is >= 2 stores its float32 accumulators to the SPLITK workspace (store_partial)
+    instead of the epilogue, and takes no epilogue pages."""
     wg = ctid // 128
     lane = ctid % 32
     mma_tid = ctid
@@ -371,12 +423,39 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 pp, _ = page_of(pg + (k - 1) * spp + j, npages)
                 consumer_arrive(done + pp, lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
+    if cutlass.const_expr(split is not None):
+        if split.nsplit() >= 2:
+            # before the last stage's `done`: the storer's walk of the operand pages then orders
+            # these global stores before its signal (no epilogue pages for a split tile)
+            store_partial(cfg, accs, tCcC, wg, split, row0, rows)
+            if cutlass.const_expr(share != CONSUMER_THREADS):
+                cute.arch.sync_warp()       # lane 0's `done` arrive speaks for the warp's stores
     for j in cutlass.range_constexpr(spp):
         pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
         consumer_arrive(done + pp, lane, share)
     pg = pg + kt * spp
+    if cutlass.const_expr(split is None):
+        pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg, npages,
+                              lane, timeout_ns, state, ticket, meta, inv_freq, row0, rows, section,
+                              share)
+    else:
+        if split.nsplit() < 2:
+            pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg,
+                                  npages, lane, timeout_ns, state, ticket, meta, inv_freq, row0,
+                                  rows, section, share)
+    return pg
 
-    # ---------------------------------------------------------------- epilogue into smem pages
+
+@cute.jit
+def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC: cute.Tensor,
+                     wg: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
+                     done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, lane: Int32,
+                     timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
+                     inv_freq: cute.Tensor, row0: Int32, rows: Int32, section: Int32,
+                     share: cutlass.Constexpr) -> Int32:
+    """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
+    ring count pg), handed to the storer. Returns the new page count."""
+    nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
     for e in cutlass.range_constexpr(ne):
@@ -386,9 +465,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         # it before granting the page): a direct storer-read -> consumer-write edge for racecheck
         bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
     ep0 = pg % npages
-    col_off = Int32(0)
-    if cutlass.const_expr(cfg.wg == "PAGE"):
-        col_off = wg * cfg.wn
+    col_off = tile_col_off(cfg, wg)
     nout = 1 if cfg.gate_up else nch
     if cutlass.const_expr(epi == EPI_ROPE and "noepi" not in EXPERIMENT):
         rope_epilogue(cfg, accs, tCcC, col_off, pool, ep0, npages, meta, inv_freq, row0, rows,
@@ -425,11 +502,11 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 if cutlass.const_expr(epi == EPI_RESIDUAL):
                     # torch: dst + bf16(y), rounded once more to bf16
                     if cutlass.const_expr(EPI_BATCH):
-                        v0 = resid[i][0] + v0.to(BFloat16).to(Float32)
-                        v1 = resid[i][1] + v1.to(BFloat16).to(Float32)
+                        v0 = residual_add(resid[i][0], v0)
+                        v1 = residual_add(resid[i][1], v1)
                     else:
-                        v0 = d[0].to(Float32) + v0.to(BFloat16).to(Float32)
-                        v1 = d[1].to(Float32) + v1.to(BFloat16).to(Float32)
+                        v0 = residual_add(d[0].to(Float32), v0)
+                        v1 = residual_add(d[1].to(Float32), v1)
                 d[0] = v0.to(BFloat16)
                 d[1] = v1.to(BFloat16)
     if cutlass.const_expr(share != CONSUMER_THREADS):
@@ -473,6 +550,26 @@ def bf(x: Float32) -> Float32:
 
 
 @cute.jit
+def rope_cos_sin(pos: Float32, freq: Float32):
+    """bf16(cos(pos * freq)), bf16(sin(pos * freq)) from the float32 angle (qkv.rope_cos_sin)."""
+    ang = reduce_2pi(pos * freq)
+    return bf(cute.math.cos(ang, fastmath=True)), bf(cute.math.sin(ang, fastmath=True))
+
+
+@cute.jit
+def rope_lo(y_lo: Float32, y_hi: Float32, cs: Float32, sn: Float32) -> Float32:
+    """Column c < 64 of a head (bf16 inputs): x*cos + rotate_half(x)*sin = y_lo*cos - y_hi*sin,
+    in bf16 steps like qkv.apply_rope."""
+    return bf(bf(y_lo * cs) + bf(-y_hi * sn))
+
+
+@cute.jit
+def rope_hi(y_lo: Float32, y_hi: Float32, cs: Float32, sn: Float32) -> Float32:
+    """Column c + 64 of a head: y_hi*cos + y_lo*sin (see rope_lo)."""
+    return bf(bf(y_hi * cs) + bf(y_lo * sn))
+
+
+@cute.jit
 def rope_epilogue(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, col_off: Int32, pool: Int32,
                   ep0: Int32, npages: cutlass.Constexpr, meta: cute.Tensor, inv_freq: cute.Tensor,
                   row0: Int32, rows: Int32, section: Int32):
@@ -500,17 +597,131 @@ def rope_epilogue(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, col_off: Int3
             y = [bf(acc[i]), bf(acc[i + 1]), bf(acc[i + 32]), bf(acc[i + 33])]
             o = [y[0], y[1], y[2], y[3]]
             for e in cutlass.range_constexpr(2):
-                ang = reduce_2pi(pos * inv_freq[(c + e) % 64])
-                cs = bf(cute.math.cos(ang, fastmath=True))
-                sn = bf(cute.math.sin(ang, fastmath=True))
-                o[e] = bf(bf(y[e] * cs) + bf(-y[2 + e] * sn))
-                o[2 + e] = bf(bf(y[2 + e] * cs) + bf(y[e] * sn))
+                cs, sn = rope_cos_sin(pos, inv_freq[(c + e) % 64])
+                o[e] = rope_lo(y[e], y[2 + e], cs, sn)
+                o[2 + e] = rope_hi(y[e], y[2 + e], cs, sn)
             for half in cutlass.range_constexpr(2):
                 a = epi_addr(pool, ep0, r, c + half * 64, cfg.bm, 2, npages)
                 d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
                                                    assumed_align=4), cute.make_layout(2))
                 d[0] = o[2 * half].to(BFloat16)
                 d[1] = o[2 * half + 1].to(BFloat16)
+
+
+# ============================================================================ destinations
+@cute.jit
+def row_addr(base: Int64, row: Int32, ld: Int32, col: Int32, ob: cutlass.Constexpr) -> Int64:
+    """Byte address of element (row, col) of a row-major buffer at base with pitch ld elements.
+    64-bit: K/V cache rows x pitch pass 2^31 bytes (80 layers x 256 sequences x 1024 positions
+    faulted with a 32-bit product)."""
+    return base + (Int64(row) * Int64(ld) + Int64(col)) * ob
+
+
+@cute.jit
+def dest_row(meta: cute.Tensor, rowmap_off: Int32, row_add: Int32, row: Int32) -> Int32:
+    """Destination row of token row `row`: itself, or (rowmap_off >= 0: the K/V cache append)
+    meta[rowmap_off + row] + row_add = kv_slot[row] + layer * kv_layer_stride."""
+    drow = row
+    if rowmap_off >= 0:
+        drow = meta[rowmap_off + row] + row_add
+    return drow
+
+
+@cute.jit
+def gemm_dest(epi: cutlass.Constexpr, y: cute.Tensor, kv: cute.Tensor, meta: cute.Tensor,
+              ring: cute.Tensor, base: Int32, w0: Int32, yb: cutlass.Constexpr, col0: Int32):
+    """Where a tile's output goes: (ybase, ld, rowmap_off, row_add, dcol0) for gemm_store /
+    dest_row / row_addr. The instruction is ring slot `base`; its unsplit argument words start at
+    ring index w0 (base + ARG0 for a GEMM instruction, further on for SPLITK_REDUCE's copy), read
+    where needed. y: the slot's destination (T, N, Z), z = dst word - yb; QKV_ROPE's K/V sections:
+    the paged cache kv (rows, hkv*D, 2), rows kv_slot[t] + layer * stride, column c - sec_col0."""
+    ob = out_bytes_of(epi)
+    yz = ring[w0 + U_DST] - yb
+    ybase = y.iterator.toint() + Int64(yz) * Int64(y.shape[0]) * Int64(y.shape[1]) * ob
+    ld = y.shape[1]
+    rowmap = Int32(-1)
+    radd = Int32(0)
+    dcol0 = col0
+    if cutlass.const_expr(epi == EPI_ROPE):
+        sec = ring[w0 + U_SECTION]
+        if sec != SEC_Q:
+            # K/V rows go to the paged cache: kv_slot[t] + layer * stride
+            ybase = kv.iterator.toint() + Int64(kv.shape[0]) * Int64(kv.shape[1]) * 2 * Int64(sec - 1)
+            ld = kv.shape[1]
+            rowmap = meta[mc.M_OFF_SLOT]
+            radd = ring[base + W_LAYER] * meta[mc.M_KV_LAYER_STRIDE]
+            dcol0 = col0 - ring[w0 + U_SEC_COL0]
+    return ybase, ld, rowmap, radd, dcol0
+
+
+# ============================================================================ split-K tiles
+class SplitTile:
+    """The split-K words of the GEMM instruction in instruction-ring slot `base` (A_NSPLIT,
+    A_SPLIT_J, A_K0, A_SPLIT_ROW), read from the ring where a role needs them (nothing stays live
+    across the mainloop), and the SPLITK workspace sk (float32 [rows, width], compact).
+    up_col: the SPLITK column of GATE_UP's up part (intermediate_local; None for other opcodes).
+    A tile with nsplit >= 2 computes x[rows, k0:k0+K] @ W[cols, k0:k0+K]^T and stores it in
+    float32 to SPLITK[j * stride + row, c] (c = the tile's output column; GATE_UP: gate part at
+    c, up part at up_col + c), with no epilogue."""
+
+    def __init__(self, ring: cute.Tensor, base, sk: cute.Tensor, up_col=None):
+        self.ring, self.base, self.sk, self.up_col = ring, base, sk, up_col
+
+    def nsplit(self):
+        return self.ring[self.base + A_NSPLIT]
+
+    def k0(self):
+        return self.ring[self.base + A_K0]
+
+    def partial_base(self, row0, col0):
+        """Byte address of SPLITK[j * stride + row0, col0]."""
+        r = self.ring[self.base + A_SPLIT_J] * self.ring[self.base + A_SPLIT_ROW] + row0
+        return row_addr(self.sk.iterator.toint(), r, self.sk.shape[1], col0, 4)
+
+
+@cute.jit
+def st_f32x2(addr: Int64, v0: Float32, v1: Float32):
+    """One 8-byte global store of (v0, v1)."""
+    f = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+    f[0] = v0
+    f[1] = v1
+    cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=8),
+                     cute.make_layout(2)).store(f.load())
+
+
+@cute.jit
+def tile_col_off(cfg: cutlass.Constexpr, wg: Int32) -> Int32:
+    """Column offset of warpgroup wg's fragment in the tile (PAGE mode: its B page)."""
+    col_off = Int32(0)
+    if cutlass.const_expr(cfg.wg == "PAGE"):
+        col_off = wg * cfg.wn
+    return col_off
+
+
+@cute.jit
+def store_partial(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, wg: Int32, split,
+                  row0: Int32, rows: Int32):
+    """Consumers: the float32 accumulators of a split tile straight to SPLITK (8-byte stores of
+    the fragment's column pairs: each quad of lanes writes 32 contiguous bytes of a row), rows
+    r < rows and columns c < cols of the tile only (the workspace rows past the tile belong to
+    other tiles). The fragment's (r, c) map is the epilogue's (consume_epilogue)."""
+    ring, base = split.ring, split.base
+    cols = ring[base + W_COLS]
+    ld = split.sk.shape[1]
+    pb = split.partial_base(row0, ring[base + W_COL0])
+    col_off = tile_col_off(cfg, wg)
+    nout = 1 if cfg.gate_up else cfg.chains()
+    for ch in cutlass.range_constexpr(nout):
+        acc = accs[ch]
+        for i in cutlass.range_constexpr(cute.size(acc) // 2):
+            r, c = tCcC[2 * i]
+            c = c + col_off + ch * cfg.wn
+            if r < rows:
+                if c < cols:
+                    a = pb + Int64(r * ld + c) * 4
+                    st_f32x2(a, acc[2 * i], acc[2 * i + 1])
+                    if cutlass.const_expr(cfg.gate_up):
+                        st_f32x2(a + Int64(split.up_col) * 4, accs[1][2 * i], accs[1][2 * i + 1])
 
 
 # ============================================================================ storer (2 warps)
@@ -521,7 +732,7 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                ticket: Int32, meta: cute.Tensor, rowmap_off: Int32, row_add: Int32,
-               dcol0: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
+               dcol0: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS, split=None) -> Int32:
     """Storer warps (nthreads threads): copy the epilogue pages to y (byte address ybase of the
     destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
     freeing each page after its stores. Returns the new page count.
@@ -540,7 +751,11 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
 
     share: empty[p]'s init count. A multiple of nthreads = every storer thread frees an epilogue
     page itself after its own reads (the megakernel's "thread" hand-off); otherwise the storer
-    threads meet in named barrier bar_id and thread 0 arrives with the whole share."""
+    threads meet in named barrier bar_id and thread 0 arrives with the whole share.
+
+    split: a SplitTile when the variant runs split-K tiles (None: not compiled in); a split tile
+    has operand pages only (the consumers stored its partial; their last `done` follows those
+    stores, so the signal after this walk is ordered after them)."""
     for j in range(kt * cfg.stage_pages):
         # operand pages: the consumers are done with them (their wgmmas retired): free them
         page, ph = page_of(pg + j, npages)
@@ -548,6 +763,27 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     pg = pg + kt * cfg.stage_pages
+    if cutlass.const_expr(split is None):
+        pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done, pg,
+                            npages, sid, bar_id, nthreads, timeout_ns, state, ticket, meta,
+                            rowmap_off, row_add, dcol0, share)
+    else:
+        if split.nsplit() < 2:
+            pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
+                                pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket,
+                                meta, rowmap_off, row_add, dcol0, share)
+    return pg
+
+
+@cute.jit
+def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld: Int32,
+                   row0: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
+                   empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                   sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
+                   timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
+                   rowmap_off: Int32, row_add: Int32, dcol0: Int32,
+                   share: cutlass.Constexpr) -> Int32:
+    """Storer: the E epilogue pages (first at ring count pg) to y, freeing each (gemm_store)."""
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
     bpp = 128 // cfg.bm
@@ -583,13 +819,9 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                         if col < col_end:
                             drow = row
                             if cutlass.const_expr(epi == EPI_ROPE):
-                                if rowmap_off >= 0:
-                                    drow = meta[rowmap_off + row] + row_add
+                                drow = dest_row(meta, rowmap_off, row_add, row)
                             dcol = col - col0 + dcol0
-                            # 64-bit: K/V cache rows x pitch pass 2^31 bytes (80 layers x
-                            # 256 sequences x 1024 positions faulted with a 32-bit product)
-                            gp = cute.make_ptr(ety, ybase + (Int64(drow) * Int64(ld)
-                                                             + Int64(dcol)) * ob,
+                            gp = cute.make_ptr(ety, row_addr(ybase, drow, ld, dcol, ob),
                                                cute.AddressSpace.gmem, assumed_align=16)
                             gp = cute.recast_ptr(gp, dtype=Int32)
                             cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])

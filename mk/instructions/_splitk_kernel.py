@@ -1,0 +1,163 @@
+"""CuTe DSL device body of SPLITK_REDUCE for mk.megakernel (the torch face: mk/instructions/splitk.py;
+the split tiles themselves run through their opcode's GEMM slot, mk/instructions/_gemm_kernel.py:
+SplitTile, store_partial).
+
+GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
+registry never imports it.
+
+SPLITK_REDUCE finishes ONE output tile (rows [row0, row0+rows) x columns [col0, col0+cols), the same
+words as its split tiles) of the GEMM opcode in its word ARG0+0:
+    acc = sum_j SPLITK[j * stride + r, c] in float32, j = 0 .. nsplit-1 in order (deterministic)
+    y   = bf16(acc)                                    (the unsplit F.linear output rounding)
+then exactly the unsplit opcode's epilogue, with the same functions the GEMM epilogues call
+(_gemm_kernel.py: residual_add, silu_mul_bf16, rope_cos_sin / rope_lo / rope_hi, gemm_dest /
+dest_row / row_addr):
+    O_PROJ / DOWN  RESIDUAL   dst[r, c] = bf16(dst[r, c] + y)
+    GATE_UP        SILU_MUL   dst[r, c] = bf16(silu(y_gate) * y_up), y_up from SPLITK column I + c
+    QKV_ROPE       ROPE       q/k sections: RoPE with the partner column c +- 64 of the head (its own
+                              partial sums), then Q store or the K/V cache append (64-bit row x
+                              pitch: the 70B rank's cache passes 2^31 bytes); v: the bf16 rows.
+Its words ARG0+3+i are the unsplit instruction's words ARG0+i (src, dst, epi / section, ...), so the
+destination comes from the unsplit decoder (gk.gemm_dest).
+
+Roles: elementwise, no operand pages. Both consumer warpgroups (256 threads) do the work straight
+from global memory (the partials are L2-resident: written by the split tiles just before) to global
+memory, 8 output columns per item: 2 x 16-byte float32 loads per split (and as many for the partner
+columns of GATE_UP / QKV), one 16-byte store. The loader grants one ring page with no TMA and the
+consumers arrive `done` on it after their stores; the storer waits on that `done`, frees the page
+and signals: the page's barriers order the consumers' global stores before the storer's
+fence.acq_rel.gpu + red.release (the hand-off the GEMM storer's stores get from its named
+barrier), with the ring's usual one-phase-per-use rule.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64
+
+from mk.instructions import _common as mc
+from mk.instructions import _gemm_kernel as gk
+from mk.instructions import _rows_kernel as rk
+from mk.instructions import splitk as sk
+from mk.instructions._gather_kernel import gvec_bf16
+from mk.instructions._rows_kernel import bar_wait, page_of
+from mk.ir import ARG0, W_COL0, W_COLS, W_ROW0, W_ROWS, Op
+
+OP_SPLITK_REDUCE = int(Op.SPLITK_REDUCE)
+SPLITK_OPS = tuple(int(o) for o in sk.SPLITTABLE)
+# SPLITK_REDUCE words relative to ARG0 (mk/instructions/splitk.py)
+R_OP = sk.A_OP - ARG0           # the GEMM opcode it finishes
+R_NSPLIT = sk.A_NSPLIT - ARG0   # nsplit
+R_STRIDE = sk.A_STRIDE - ARG0   # SPLITK row stride between splits
+R_EPI0 = sk.A_WORDS - ARG0      # word ARG0 + R_EPI0 + i = the unsplit instruction's word ARG0 + i
+VEC = 8             # output columns per work item (one 16-byte bf16 store)
+
+
+@cute.jit
+def gvec_f32(addr: Int64):
+    """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
+                                          assumed_align=16), cute.make_layout(VEC))
+
+
+@cute.jit
+def sum_partials(acc: cute.Tensor, pb: Int64, ld: Int32, stride: Int32, nsplit: Int32, r: Int32,
+                 c: Int32):
+    """acc[0:8] = sum_j SPLITK[j * stride + r, c : c + 8] (pb: byte address of SPLITK[row0,
+    col0]), float32, j in order: p0 + p1 + ... like the torch face (nsplit >= 1)."""
+    acc.store(gvec_f32(gk.row_addr(pb, r, ld, c, 4)).load())
+    for j in range(1, nsplit):
+        acc.store(acc.load() + gvec_f32(gk.row_addr(pb, j * stride + r, ld, c, 4)).load())
+
+
+@cute.jit
+def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: cute.Tensor,
+                   y: cute.Tensor, kv: cute.Tensor, meta: cute.Tensor, inv_freq: cute.Tensor,
+                   yb: cutlass.Constexpr, up_col: Int32, pool: Int32, full: cute.Pointer,
+                   done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
+                   timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                   share: cutlass.Constexpr) -> Int32:
+    """Both consumer warpgroups (ctid in [0, 256)): one SPLITK_REDUCE (see the module docstring)
+    of a GEMM slot compiled with epilogue `epi`, whose destination tensor is y (Buf ids from yb;
+    the K/V caches kv for QKV_ROPE's k/v sections). up_col: GATE_UP's SPLITK column of the up
+    part (intermediate_local). Returns the new page count (one page)."""
+    lane = ctid % 32
+    page, ph = page_of(pg, npages)
+    # the hand-off page: its previous use is complete (parity order of the ring)
+    bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+    row0 = ring[base + W_ROW0]
+    rows = ring[base + W_ROWS]
+    col0 = ring[base + W_COL0]
+    cols = ring[base + W_COLS]
+    e0 = base + ARG0 + R_EPI0
+    nsplit = ring[base + ARG0 + R_NSPLIT]
+    stride = ring[base + ARG0 + R_STRIDE]
+    ld = sk.shape[1]
+    pb = gk.row_addr(sk.iterator.toint(), row0, ld, col0, 4)
+    sec = Int32(0)
+    pos_off = Int32(0)
+    if cutlass.const_expr(epi == gk.EPI_ROPE):
+        sec = ring[e0 + gk.U_SECTION]
+        pos_off = meta[mc.M_OFF_POS]
+    ybase, yld, rowmap, radd, dcol0 = gk.gemm_dest(epi, y, kv, meta, ring, base, e0, yb, col0)
+    acc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+    other = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)   # up part / RoPE partner
+    out = cute.make_rmem_tensor(cute.make_layout(VEC), BFloat16)
+    cpr = cols // VEC
+    n = rows * cpr
+    it = ctid
+    while it < n:
+        r = it // cpr
+        c = (it - r * cpr) * VEC
+        sum_partials(acc, pb, ld, stride, nsplit, r, c)
+        drow = row0 + r
+        if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
+            sum_partials(other, pb, ld, stride, nsplit, r, c + up_col)
+            for e in cutlass.range_constexpr(VEC):
+                out[e] = gk.silu_mul_bf16(acc[e], other[e]).to(BFloat16)
+        elif cutlass.const_expr(epi == gk.EPI_RESIDUAL):
+            res = gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c, 2)).load().to(Float32)
+            for e in cutlass.range_constexpr(VEC):
+                out[e] = gk.residual_add(res[e], acc[e]).to(BFloat16)
+        else:
+            assert epi == gk.EPI_ROPE, f"SPLITK_REDUCE has no epilogue {epi}"
+            for e in cutlass.range_constexpr(VEC):
+                out[e] = acc[e].to(BFloat16)      # v section: y itself
+            if sec != gk.SEC_V:
+                # the rotate-half partner: column c + 64 of the head for c < 64, else c - 64 (the
+                # tile holds whole heads from a head boundary)
+                hi = (c % 128) >= 64
+                pc = c + 64
+                if hi:
+                    pc = c - 64
+                sum_partials(other, pb, ld, stride, nsplit, r, pc)
+                pos = meta[pos_off + drow].to(Float32)
+                for e in cutlass.range_constexpr(VEC):
+                    cs, sn = gk.rope_cos_sin(pos, inv_freq[(c + e) % 64])
+                    yv = gk.bf(acc[e])
+                    yp = gk.bf(other[e])
+                    o = gk.rope_lo(yv, yp, cs, sn)
+                    if hi:
+                        o = gk.rope_hi(yp, yv, cs, sn)
+                    out[e] = o.to(BFloat16)
+            drow = gk.dest_row(meta, rowmap, radd, drow)
+        gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c, 2)).store(out.load())
+        it = it + gk.CONSUMER_THREADS
+    if cutlass.const_expr(share != gk.CONSUMER_THREADS):
+        cute.arch.sync_warp()
+    gk.consumer_arrive(done + page, lane, share)
+    return pg + 1
+
+
+@cute.jit
+def reduce_store(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                 sid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                 share: cutlass.Constexpr) -> Int32:
+    """Storer warps: wait for the consumers' `done` on the reduce's page (their stores precede
+    it), free the page; the megakernel's signal follows. Returns the new page count."""
+    page, ph = page_of(pg, npages)
+    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+    if sid == 0:
+        cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+    return pg + 1
