@@ -308,6 +308,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tokens at context 1024 + one 1024-token prefill chunk), or 'none'")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--split-k", type=int, default=1,
+                   help="megakernel: PlanConfig.split_k (1 never (default until GPU-verified), "
+                   "0 auto, n >= 2 force)")
     p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
     p.add_argument("--compile-mode", default="default",
@@ -453,13 +456,14 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:600]
 
 
-def make_megakernel(weights, point: Point):
+def make_megakernel(weights, point: Point, split_k: int = 1):
     """The engine's megakernel backend for the point (raises when it cannot run a step). The
     token and sequence maxima are the same at every point (MAX_BATCH), so the buffers the kernel
     is compiled against keep their shapes and one variant per M class serves every point; the KV
     cache holds exactly the point's pages."""
-    from mk.engine import create_backend
+    from mk.megakernel_step import MegakernelStepBackend
     from mk.peers import shard_as_tp1
+    from mk.plan import PlanConfig
     page = 16
     per = -(-max(point.context, point.prefill, 1) // page)
     seqs = point.decode + (1 if point.prefill else 0)
@@ -469,7 +473,8 @@ def make_megakernel(weights, point: Point):
                           num_kv_pages=max(1, seqs) * per)
     # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
     # tensor-parallel communication, exactly what the peers time
-    return create_backend("megakernel", shard_as_tp1(weights), kernel), kernel
+    return MegakernelStepBackend(shard_as_tp1(weights), kernel,
+                                 plan_cfg=PlanConfig(split_k=split_k)), kernel
 
 
 def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):
@@ -556,7 +561,7 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
         else:
             be = None
             try:
-                be, kernel = make_megakernel(weights, point)
+                be, kernel = make_megakernel(weights, point, args.split_k)
                 res["megakernel"] = time_megakernel(be, megakernel_batch(point, kernel,
                                                                           pool[0].tolist()),
                                                     pool, timer, warm, reps, cuda)
@@ -1037,7 +1042,7 @@ def run(args, device: torch.device) -> int:
                    intermediate_local=par.intermediate_local(cfg),
                    vocab_local=par.vocab_local(cfg), dtype=args.dtype,
                    weight_bytes=weight_bytes(cfg, par, elt)),
-        weights=source, systems=systems, compile_mode=args.compile_mode,
+        weights=source, systems=systems, compile_mode=args.compile_mode, split_k=args.split_k,
         reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
         measured=rates, checks=checks, notes=notes, points=[])
 
