@@ -21,6 +21,10 @@ Execution model
                 other warpgroup runs setmaxregister_decrease.
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
   the current instruction's body.
+* Split-K (Megakernel(splitk=<SPLITK workspace>), a compile-time variant): split GEMM tiles run in
+  their opcode's slot (mk/instructions/_gemm_kernel.py: K slice, float32 partials from the
+  consumers' registers); SPLITK_REDUCE (mk/instructions/_splitk_kernel.py) runs in both consumer
+  warpgroups with one hand-off page to the storer, which signals.
 * Pages: NPAGES x 16 KiB shared-memory pages used in ring order by every role (see
   mk/instructions/_rows_kernel.py for the page geometry); a page is freed at its last read.
 * Hand-offs of shared memory between roles (ring slots, pages written in place) are mbarrier

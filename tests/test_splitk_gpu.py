@@ -123,8 +123,8 @@ def test_split_tiles_and_reduce_match_torch_faces(op, m, nsplit):
         if kvv is not None:
             b[int(Buf.K_CACHE)], b[int(Buf.V_CACHE)] = kvv[0], kvv[1]
         return b
-    ys, kvs = y0.clone(), (kv0.clone() if kv0 is not None else None)
-    run_faces(stream, bufs_for(ys, kvs, sk.clone()), weights, meta)
+    ys, kvs, sks = y0.clone(), (kv0.clone() if kv0 is not None else None), sk.clone()
+    run_faces(stream, bufs_for(ys, kvs, sks), weights, meta)
     yu, kvu = y0.clone(), (kv0.clone() if kv0 is not None else None)
     run_faces(unsplit, bufs_for(yu, kvu, None), weights, meta)
 
@@ -145,15 +145,21 @@ def test_split_tiles_and_reduce_match_torch_faces(op, m, nsplit):
         got, want_s, want_u = y[:m], ys[:m], yu[:m]
         poison = bool(torch.isnan(y[m:]).all())
     e_split, e_unsplit = bg.rel_err(got, want_s), bg.rel_err(got, want_u)
+    # the partials themselves (before the reduce's rounding): the split tiles write exactly the
+    # face's workspace cells, float32 x[:, k0:k1] @ W^T up to the summation order
+    same_cells = bool(torch.equal(torch.isnan(sk), torch.isnan(sks)))
+    cells = ~torch.isnan(sks)
+    e_part = bg.rel_err(sk[cells], sks[cells])
     r = dict(op=op, m=m, nsplit=nsplit, tile=cfg.name, n_instr=int(stream.shape[0]),
              rel_err_vs_split_faces=e_split, rel_err_vs_unsplit_faces=e_unsplit,
+             partial_rel_err=e_part, partial_cells_as_face=same_cells,
              finite=bool(torch.isfinite(got).all()), poison_intact=poison)
     print(r)
+    assert r["partial_cells_as_face"], r   # store_partial's row / column masks and column map
+    assert e_part < 1e-4, r                # float32 partials (K0, the K slice, the column map)
     assert r["finite"], r              # a partial never written, or a reduce of the wrong rows
     assert r["poison_intact"], r       # nothing written outside the tiles
     assert e_split < 1e-2 and e_unsplit < 1e-2, r
-    # the partials themselves: split j's rows of the workspace hold x[:, k0:k1] @ W^T (float32)
-    assert torch.isfinite(sk.view(nsplit, T, width)[:, :m]).any()
 
 
 @pytest.mark.parametrize("split_k", [2, 4, 8])

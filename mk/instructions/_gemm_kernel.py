@@ -50,6 +50,15 @@ Mainloop of the consumers (both warpgroups, per K-step): wait full on the stage'
 fence, 4 k-blocks x NCH wgmma chains, commit, wait_group(1) (so the tensor cores always have the
 next K-step queued), then hand the *previous* stage's pages to the storer (`done`; the storer frees
 them in ring order). wait_group(0) after the last step.
+
+Split-K (compiled in only for Megakernel(splitk=...): `split` = a SplitTile, else None and the
+code is the unsplit one): a tile whose A_NSPLIT word is >= 2 loads K columns [k0, k0 + K) (A_K0,
+the K word = the slice width), has no epilogue pages in any role, and its consumers store the
+float32 accumulators to SPLITK[j * stride + row, c] (store_partial; GATE_UP: up part at I + c)
+before their last stage's `done`, which the storer's page walk turns into the ordering of those
+stores before its signal. SPLITK_REDUCE (mk/instructions/_splitk_kernel.py) then runs the
+epilogue math of this module (residual_add, silu_mul_bf16, rope_cos_sin / rope_lo / rope_hi,
+gemm_dest / dest_row / row_addr) on the summed partials.
 """
 
 from __future__ import annotations

@@ -14,16 +14,17 @@ then exactly the unsplit opcode's epilogue, with the same functions the GEMM epi
 dest_row / row_addr):
     O_PROJ / DOWN  RESIDUAL   dst[r, c] = bf16(dst[r, c] + y)
     GATE_UP        SILU_MUL   dst[r, c] = bf16(silu(y_gate) * y_up), y_up from SPLITK column I + c
-    QKV_ROPE       ROPE       q/k sections: RoPE with the partner column c +- 64 of the head (its own
-                              partial sums), then Q store or the K/V cache append (64-bit row x
-                              pitch: the 70B rank's cache passes 2^31 bytes); v: the bf16 rows.
+    QKV_ROPE       ROPE       q/k sections: RoPE of column c < 64 of a head with its partner c + 64
+                              (one work item: both read once, one cos/sin), then Q store or the
+                              K/V cache append (64-bit row x pitch: the 70B rank's cache passes
+                              2^31 bytes); v: the bf16 rows.
 Its words ARG0+3+i are the unsplit instruction's words ARG0+i (src, dst, epi / section, ...), so the
 destination comes from the unsplit decoder (gk.gemm_dest).
 
 Roles: elementwise, no operand pages. Both consumer warpgroups (256 threads) do the work straight
 from global memory (the partials are L2-resident: written by the split tiles just before) to global
-memory, 8 output columns per item: 2 x 16-byte float32 loads per split (and as many for the partner
-columns of GATE_UP / QKV), one 16-byte store. The loader grants one ring page with no TMA and the
+memory, 8 output columns per item: 2 x 16-byte float32 loads per split (and as many for the up
+columns of GATE_UP), one 16-byte store (QKV_ROPE: 8 columns + their 8 partners per item). The loader grants one ring page with no TMA and the
 consumers arrive `done` on it after their stores; the storer waits on that `done`, frees the page
 and signals: the page's barriers order the consumers' global stores before the storer's
 fence.acq_rel.gpu + red.release (the hand-off the GEMM storer's stores get from its named
@@ -104,14 +105,21 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
     acc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
     other = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)   # up part / RoPE partner
     out = cute.make_rmem_tensor(cute.make_layout(VEC), BFloat16)
-    cpr = cols // VEC
+    out_hi = cute.make_rmem_tensor(cute.make_layout(VEC), BFloat16)  # RoPE: the partner's output
+    # RoPE items are 8 columns of a head's low half AND their rotate-half partners (c + 64): each
+    # partial is read once and cos/sin serve both (the whole-head tiles start on a head)
+    grp = 2 * VEC if epi == gk.EPI_ROPE else VEC
+    cpr = cols // grp
     n = rows * cpr
     it = ctid
     while it < n:
         r = it // cpr
-        c = (it - r * cpr) * VEC
-        sum_partials(acc, pb, ld, stride, nsplit, r, c)
+        ci = it - r * cpr
+        c = ci * VEC
+        if cutlass.const_expr(epi == gk.EPI_ROPE):
+            c = (ci // 8) * 128 + (ci % 8) * VEC
         drow = row0 + r
+        sum_partials(acc, pb, ld, stride, nsplit, r, c)
         if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
             sum_partials(other, pb, ld, stride, nsplit, r, c + up_col)
             for e in cutlass.range_constexpr(VEC):
@@ -122,26 +130,20 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
                 out[e] = gk.residual_add(res[e], acc[e]).to(BFloat16)
         else:
             assert epi == gk.EPI_ROPE, f"SPLITK_REDUCE has no epilogue {epi}"
-            for e in cutlass.range_constexpr(VEC):
-                out[e] = acc[e].to(BFloat16)      # v section: y itself
+            sum_partials(other, pb, ld, stride, nsplit, r, c + 64)
+            for e in cutlass.range_constexpr(VEC):      # v section: y itself
+                out[e] = acc[e].to(BFloat16)
+                out_hi[e] = other[e].to(BFloat16)
             if sec != gk.SEC_V:
-                # the rotate-half partner: column c + 64 of the head for c < 64, else c - 64 (the
-                # tile holds whole heads from a head boundary)
-                hi = (c % 128) >= 64
-                pc = c + 64
-                if hi:
-                    pc = c - 64
-                sum_partials(other, pb, ld, stride, nsplit, r, pc)
                 pos = meta[pos_off + drow].to(Float32)
                 for e in cutlass.range_constexpr(VEC):
                     cs, sn = gk.rope_cos_sin(pos, inv_freq[(c + e) % 64])
-                    yv = gk.bf(acc[e])
-                    yp = gk.bf(other[e])
-                    o = gk.rope_lo(yv, yp, cs, sn)
-                    if hi:
-                        o = gk.rope_hi(yp, yv, cs, sn)
-                    out[e] = o.to(BFloat16)
+                    y_lo = gk.bf(acc[e])
+                    y_hi = gk.bf(other[e])
+                    out[e] = gk.rope_lo(y_lo, y_hi, cs, sn).to(BFloat16)
+                    out_hi[e] = gk.rope_hi(y_lo, y_hi, cs, sn).to(BFloat16)
             drow = gk.dest_row(meta, rowmap, radd, drow)
+            gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c + 64, 2)).store(out_hi.load())
         gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c, 2)).store(out.load())
         it = it + gk.CONSUMER_THREADS
     if cutlass.const_expr(share != gk.CONSUMER_THREADS):
