@@ -144,6 +144,22 @@ def test_split_gemm_body_compiles_for_sm90a(dump_dir, op, tile):
     assert got == want, f"{got} partial stores, expected {want} (accumulator pairs)"
     rep = ptxas_report(ptx, os.path.join(dump_dir, f"split_{op}_{tile}"))
     regs = assert_clean(rep)
+    assert "warning" not in rep.lower(), rep        # ptxas silent
     low, high = M.reg_split(slots)
     assert M.reg_split_ok(low, high, regs)
     print(op, tile, "splitk", [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
+
+
+@pytest.mark.parametrize("handoff", ["warp", "group"])
+def test_split_gemm_body_compiles_other_handoffs(dump_dir, handoff):
+    """Split-K's hand-offs in the 8-arrival modes (lane 0 arrives for its warp after __syncwarp:
+    the partial stores and the reduce's stores before the `done` the storer waits on)."""
+    import mk.megakernel as M
+    from mk.ir import Op
+
+    slots = M.class_slots(64, [Op.GATE_UP])
+    comp = M.compile_fake(gemm=slots, splitk=True, handoff=handoff)
+    ptx = comp.__ptx__
+    assert len(re.findall(r"st\.global\.v2\.b32", ptx)) == slots[0].cfg.acc_regs() // 2
+    rep = ptxas_report(ptx, os.path.join(dump_dir, f"split_gate_up_{handoff}"))
+    assert_clean(rep)

@@ -116,6 +116,7 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     assert got == want, f"{got} partial stores (st.global.v2.b32), expected {want}"
     rep = ptxas_report(ptx, os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}"))
     regs = assert_clean(rep)
+    assert "warning" not in rep.lower(), rep        # ptxas silent
     low, high = M.reg_split(slots)
     assert M.reg_split_ok(low, high, regs), (regs, low, high)
     print(f"M{m} ps{page_size} splitk split {low}/{high}",

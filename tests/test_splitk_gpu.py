@@ -3,7 +3,8 @@ mk/instructions/_splitk_kernel.py's SPLITK_REDUCE): per opcode (O_PROJ, DOWN, GA
 Llama-70B TP8 rank shapes of bench/gemm.py) at M 1 / 64 / 256 with nsplit 2 / 4 / 8, each unsplit
 tile of a whole GEMM cut into nsplit K slices + one reduce, outputs and the SPLITK workspace poisoned
 (NaN), against (1) the torch faces of the same split stream (mk.instructions: the split tiles'
-float32 partials, then the reduce) and (2) the unsplit stream's faces; then the one-layer tiny
+float32 partials, then the reduce; the partials cell by cell) and (2) the unsplit stream's faces;
+the unsplit stream through the split-K variant (its nsplit < 2 path); then the one-layer tiny
 model's steps with split_k forced vs mk.vm (mk.megakernel_step.check_against_vm).
 
 `pytest -m gpu tests/test_splitk_gpu.py`; skips cleanly without a Hopper GPU."""
@@ -19,7 +20,10 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")]
 
 OPS = ("O_PROJ", "DOWN", "GATE_UP", "QKV_ROPE")
-CASES = [(op, m, n) for op in OPS for m in (1, 64, 256) for n in (2, 4, 8)]
+# nsplit 1: the unsplit stream through the variant with split-K compiled in (its run-time
+# nsplit < 2 path: the epilogue pages, as without split-K)
+CASES = [(op, m, n) for op in OPS for m in (1, 64, 256) for n in (2, 4, 8)] + [
+    (op, 200, 1) for op in OPS]
 
 
 def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0):
@@ -113,8 +117,9 @@ def test_split_tiles_and_reduce_match_torch_faces(op, m, nsplit):
         weights = bg.face_weights(op, w)
         weights.dtype = torch.bfloat16
     T = x.shape[0]
-    stream, _ = split_stream(unsplit, nsplit, T, nctr, up)
-    sk = torch.full((nsplit * T, width), float("nan"), dtype=torch.float32, device="cuda")
+    stream = split_stream(unsplit, nsplit, T, nctr, up)[0] if nsplit > 1 else unsplit
+    sk = torch.full((max(nsplit, 2) * T, width), float("nan"), dtype=torch.float32,
+                    device="cuda")
     y0, kv0 = y.clone(), (kv.clone() if kv is not None else None)
 
     # oracles: the split stream's faces, and the unsplit stream's faces, on copies
