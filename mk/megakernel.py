@@ -1013,7 +1013,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         qkv = op == int(Op.QKV_ROPE)
         err = tiles.gemm_tile_error(name, cfg, row0, rows, col0, cols, K,
                                     p[:, qk.A_HEAD_DIM] if qkv else None,
-                                    p[:, qk.A_SEC_COL0] if qkv else None)
+                                    p[:, qk.A_SEC_COL0] if qkv else None, k0=k0)
         if err:
             raise ValueError(f"megakernel: {err}")
         if (k0 + K > sh["xk"]).any() or (k0 + K > sh["wk"]).any():
