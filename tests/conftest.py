@@ -80,3 +80,13 @@ def hf_checkpoint(tmp_path):
 @pytest.fixture(autouse=True)
 def _no_progress_bars(monkeypatch):
     monkeypatch.setenv("MK_NO_PROGRESS", "1")
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one CPU thread for the test (shared by the interpreter tests)."""
+    # tiny matmuls: torch's thread pool only adds contention on a small shared CPU
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -54,15 +54,6 @@ def gqa(tmp_path_factory):
 
 
 # The interpreter: split == unsplit ------------------------------------------------------------------
-@pytest.fixture
-def one_thread():
-    # tiny matmuls: torch's thread pool only adds contention on a small shared CPU
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("tp,splits", [(1, (2, 4, 8, 0)), (2, (2, 4, 8, 0))])
 def test_float32_split_equals_unsplit(gqa, one_thread, tp, splits):
     """Prefill + mixed + decode steps (several token blocks, KV splits), forced 2 / 4 / 8 and

@@ -291,15 +291,6 @@ def test_planner_plans_accepted(batch, tp, cfg, policy):
     assert findings == [], "\n".join(str(f) for f in findings[:5])
 
 
-@pytest.fixture
-def one_thread():
-    # tiny matmuls: torch's thread pool only adds contention on a small shared CPU
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module", params=[1, 2], ids=["unsplit", "split_k2"])
 def tiny_vm(tmp_path_factory, request):
     from conftest import TINY_MHA, make_hf_checkpoint

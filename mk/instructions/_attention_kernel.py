@@ -89,7 +89,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
-from mk.instructions._rows_kernel import bar_wait, grant_page, page_of, tma_box
+from mk.instructions._rows_kernel import bar_wait, free_page, grant_page, page_of, tma_box
 from mk.instructions import attention as at
 from mk.ir import Op
 
@@ -809,22 +809,6 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
             gp = cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob + ch * 16,
                                cute.AddressSpace.gmem, assumed_align=16)
             cute.make_tensor(gp, cute.make_layout(4)).store(v)
-
-
-@cute.jit
-def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Constexpr,
-              nthreads: cutlass.Constexpr, share: cutlass.Constexpr):
-    """After the storer's generic reads of an epilogue page: hand it back to the loader (TMA).
-    share a multiple of nthreads: every storer thread arrives after its own reads ("thread"
-    hand-off); otherwise the threads meet in bar_id and thread 0 arrives with the whole share."""
-    if cutlass.const_expr(share % nthreads == 0):
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.mbarrier_arrive(empty + page, arrive_count=share // nthreads)
-    else:
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-        if sid == 0:
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
 
 
 @cute.jit

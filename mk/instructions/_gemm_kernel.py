@@ -834,15 +834,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
                                                cute.AddressSpace.gmem, assumed_align=16)
                             gp = cute.recast_ptr(gp, dtype=Int32)
                             cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
-        if cutlass.const_expr(share % nthreads == 0):
-            # generic reads of the page are done; the next writer may be the TMA (async proxy)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=share // nthreads)
-        else:
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-            if sid == 0:
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+        rk.free_page(page, empty, sid, bar_id, nthreads, share)
     return pg + cfg.epi_pages(ob)
 
 

@@ -167,6 +167,22 @@ def tma_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
 
 
 @cute.jit
+def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Constexpr,
+              nthreads: cutlass.Constexpr, share: cutlass.Constexpr):
+    """After the storer's generic reads of an epilogue page: hand it back to the loader (TMA).
+    share a multiple of nthreads: every storer thread arrives after its own reads ("thread"
+    hand-off); otherwise the threads meet in bar_id and thread 0 arrives with the whole share."""
+    if cutlass.const_expr(share % nthreads == 0):
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.mbarrier_arrive(empty + page, arrive_count=share // nthreads)
+    else:
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        if sid == 0:
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+
+
+@cute.jit
 def grant_page(pg: Int32, npages: cutlass.Constexpr, full: cute.Pointer, empty: cute.Pointer,
                timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
     """Loader: hand the next ring page to the consumers with no TMA into it (an output page)."""
