@@ -271,6 +271,17 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
 
 
 @cute.jit
+def next_slot(islot: Int32, iph: Int32):
+    """The next instruction ring slot and its mbarrier phase (the controller, loader and storer
+    walk the NISLOTS slots in order; the phase flips at each wrap)."""
+    islot = islot + 1
+    if islot == NISLOTS:
+        islot = Int32(0)
+        iph = iph ^ 1
+    return islot, iph
+
+
+@cute.jit
 def opaque_copy(x: Int32, ticket: Int32) -> Int32:
     """x, as a value the compiler cannot prove loop-invariant (ticket >= 0 at run time)."""
     r = x
@@ -483,10 +494,7 @@ class MegakernelDSL:
                     else:
                         ring[islot * INSTR_WORDS + lane] = w
                     rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-                    islot = islot + 1
-                    if islot == NISLOTS:
-                        islot = Int32(0)
-                        iph = iph ^ 1
+                    islot, iph = next_slot(islot, iph)
             elif warp == 1:
                 # ------------------------------------------------------------ TMA loader
                 islot = Int32(0)
@@ -540,10 +548,7 @@ class MegakernelDSL:
                                                     ring[base + at.A_QPK], pool, full, empty, pg,
                                                     NP, timeout_ns, state, t)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-                        islot = islot + 1
-                        if islot == NISLOTS:
-                            islot = Int32(0)
-                            iph = iph ^ 1
+                        islot, iph = next_slot(islot, iph)
             else:
                 # ------------------------------------------------------------ storer (warps 2-3)
                 sid = tidx - 64
@@ -599,10 +604,7 @@ class MegakernelDSL:
                         # (the barrier above already ordered the storer threads' ring reads)
                         rk.release(iempty + islot, rk.arrivals(HM, N_STORER), N_STORER, sid,
                                    BAR_STORER, HM, sync=(HM == "warp"))
-                        islot = islot + 1
-                        if islot == NISLOTS:
-                            islot = Int32(0)
-                            iph = iph ^ 1
+                        islot, iph = next_slot(islot, iph)
         else:
             # ---------------------------------------------------------------- consumer warpgroup
             cute.arch.setmaxregister_increase(self.reg_high)
