@@ -125,6 +125,13 @@ class Point:
             return f"decode B={self.decode} ctx={self.context}"
         return f"mixed {self.decode}x ctx {self.context} + prefill {self.prefill}"
 
+    @property
+    def slug(self) -> str:
+        """The label as a file-name part."""
+        if self.kind == "decode":
+            return f"decode_b{self.decode}_ctx{self.context}"
+        return f"mixed_b{self.decode}_ctx{self.context}_p{self.prefill}"
+
 
 # Cost model ----------------------------------------------------------------------------------------
 def weight_bytes(cfg: ModelConfig, par: ParallelConfig, elt: int = 2) -> int:
@@ -311,6 +318,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split-k", type=int, default=1,
                    help="megakernel: PlanConfig.split_k (1 never (default until GPU-verified), "
                    "0 auto, n >= 2 force)")
+    p.add_argument("--page-size", type=int, default=16, choices=(16, 64, 256),
+                   help="megakernel: KV cache page size in tokens (default %(default)s)")
+    p.add_argument("--kv-split", type=int, default=None,
+                   help="megakernel: PlanConfig.kv_split, keys per attention instruction "
+                        "(default: the planner's)")
+    p.add_argument("--journal", action="store_true",
+                   help="megakernel: after timing, one journaled launch per point (a compile "
+                        "of its own): per-opcode time breakdown and a timeline PNG")
     p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
     p.add_argument("--compile-mode", default="default",
@@ -456,7 +471,8 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:600]
 
 
-def make_megakernel(weights, point: Point, split_k: int = 1):
+def make_megakernel(weights, point: Point, split_k: int = 1, page: int = 16,
+                    kv_split: int | None = None):
     """The engine's megakernel backend for the point (raises when it cannot run a step). The
     token and sequence maxima are the same at every point (MAX_BATCH), so the buffers the kernel
     is compiled against keep their shapes and one variant per M class serves every point; the KV
@@ -464,7 +480,6 @@ def make_megakernel(weights, point: Point, split_k: int = 1):
     from mk.megakernel_step import MegakernelStepBackend
     from mk.peers import shard_as_tp1
     from mk.plan import PlanConfig
-    page = 16
     per = -(-max(point.context, point.prefill, 1) // page)
     seqs = point.decode + (1 if point.prefill else 0)
     kernel = KernelConfig(page_size=page, max_seqs=max(MAX_BATCH, seqs),
@@ -474,7 +489,8 @@ def make_megakernel(weights, point: Point, split_k: int = 1):
     # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
     # tensor-parallel communication, exactly what the peers time
     return MegakernelStepBackend(shard_as_tp1(weights), kernel,
-                                 plan_cfg=PlanConfig(split_k=split_k)), kernel
+                                 plan_cfg=PlanConfig(split_k=split_k, **(
+                                     {"kv_split": kv_split} if kv_split else {}))), kernel
 
 
 def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):
@@ -541,6 +557,33 @@ def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: b
     return dict(status="ok", **summarize(ms), **info)
 
 
+def journal_breakdown(be, batch, point: Point, args) -> dict:
+    """One more launch of the point's step through the variant that writes the per-instruction
+    journal (a compile of its own): where the step's time goes per opcode (mk.trace.by_opcode),
+    printed, and a timeline PNG beside --out. The journal's timer reads cost a little, so its
+    span is a bit over the timed step."""
+    import mk.trace as tr
+    from mk.ir import W_LAYER
+    be.journal, be._kernels = True, {}
+    try:
+        mk, handle, plan = be.prepare(batch)
+        mk.launch(handle, check=True)
+        n = int(plan.instrs.shape[0])
+        j, c = mk.journal_rows(n)
+        r = tr.by_opcode(j, c, n, layer_of=plan.instrs[:, W_LAYER].tolist())
+        log(f"{point.label}: megakernel journal\n{tr.format_by_opcode(r)}")
+        if args.out:
+            stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
+            # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])
+            torch.save(dict(journal=j, jcta=c, n=n, instrs=plan.instrs.cpu()), stem + "_journal.pt")
+            png = stem + "_timeline.png"
+            tr.draw_timeline(png, j, c, n, title=f"megakernel {point.label}")
+            r["timeline_png"] = os.path.basename(png)
+        return r
+    finally:
+        be.journal, be._kernels = False, {}
+
+
 def run_point(point: Point, weights, args, systems: list[str], timer: Timer, device,
               mk_state: dict, floor: dict) -> dict:
     """Every requested system at one point; a failing system is recorded, the others still run."""
@@ -561,10 +604,12 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
         else:
             be = None
             try:
-                be, kernel = make_megakernel(weights, point, args.split_k)
-                res["megakernel"] = time_megakernel(be, megakernel_batch(point, kernel,
-                                                                          pool[0].tolist()),
-                                                    pool, timer, warm, reps, cuda)
+                be, kernel = make_megakernel(weights, point, args.split_k, args.page_size,
+                                             args.kv_split)
+                batch = megakernel_batch(point, kernel, pool[0].tolist())
+                res["megakernel"] = time_megakernel(be, batch, pool, timer, warm, reps, cuda)
+                if args.journal and cuda:
+                    res["megakernel"]["journal"] = journal_breakdown(be, batch, point, args)
             except Exception as e:  # noqa: BLE001  a backend that cannot run: n/a, keep going
                 res["megakernel"] = dict(status="n/a", error=_err(e))
                 if os.environ.get("MK_BENCH_TRACEBACK"):
@@ -1043,6 +1088,7 @@ def run(args, device: torch.device) -> int:
                    vocab_local=par.vocab_local(cfg), dtype=args.dtype,
                    weight_bytes=weight_bytes(cfg, par, elt)),
         weights=source, systems=systems, compile_mode=args.compile_mode, split_k=args.split_k,
+        page_size=args.page_size, kv_split=args.kv_split,
         reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
         measured=rates, checks=checks, notes=notes, points=[])
 

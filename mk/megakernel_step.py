@@ -266,11 +266,18 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         want = vm.step(batch)
         tol = 0.02 * float(want.abs().max())
         err = float((got - want).abs().max())
+        # a different argmax is accepted only at a near-tie of the interpreter's own logits (its
+        # value of the megakernel's token within tol of its best): random tiny weights make such
+        # ties common, and bf16 summation order can break them either way
+        picked = want.gather(-1, got.argmax(-1, keepdim=True)).squeeze(-1)
+        gap = want.max(-1).values - picked
         same = bool(torch.equal(got.argmax(-1), want.argmax(-1)))
-        ok &= err <= tol and same
+        ties = int((gap > 0).sum())
+        ok &= err <= tol and bool((gap <= tol).all())
         worst = max(worst, err / max(tol, 1e-30))
         steps.append(dict(tokens=batch.num_tokens, seqs=len(batch.seqs), max_abs_err=err,
-                          tol=tol, argmax_equal=same))
+                          tol=tol, argmax_equal=same, near_ties=ties,
+                          worst_tie_gap=float(gap.max())))
         for j, c in enumerate(batch.seqs):
             ctx[j] = c.end_pos
         nxt = want.argmax(-1).tolist()
@@ -280,9 +287,15 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         elif step == 1:
             chunks.append(SeqChunk(late[24:], 24, pages.pages(len(prompts))))
         batch = StepBatch(chunks)
-    kv_mk = mk.kv_cache()
-    kv_vm = vm.kv_cache(0)
-    kv_err = max(float((a.float().cpu() - b.float()).abs().max()) for a, b in zip(kv_mk, kv_vm))
+    # only the slots the steps wrote: the rest of the megakernel's cache is never initialised
+    ps = kernel.page_size
+    slots = torch.tensor([pages.pages(j)[t // ps] * ps + t % ps
+                          for j in range(len(ctx)) for t in range(ctx[j])])
+    kv_err = 0.0
+    for a, b in zip(mk.kv_cache(), vm.kv_cache(0)):
+        a = a.flatten(1, 2)[:, slots.to(a.device)].float().cpu()
+        b = b.flatten(1, 2)[:, slots].float()
+        kv_err = max(kv_err, float((a - b).abs().max()))
     return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, split_k=split_k,
                 split_instrs=int((plan_ops == _split_op()).sum()) if plan_ops is not None else 0,
                 steps=steps,

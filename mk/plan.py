@@ -116,6 +116,10 @@ class PlanConfig:
     token_block: int | None = None  # token rows per block; None: min(table BM, KernelConfig's)
     kv_split: int = 1024        # keys per attention split (a context longer than this is split)
     attn_kv_heads: int = 1      # KV heads per attention instruction
+    # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
+    # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
+    # the rest of the GPU waited on it); 8 = one page row group of the rows body
+    norm_rows: int = 8
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
     # Split-K (mk/instructions/splitk.py) of QKV_ROPE / O_PROJ / GATE_UP / DOWN in steps of at most
     # splitk_max_tokens rows: 1 never; 0 auto (per op, the largest power of two nsplit with
@@ -130,7 +134,7 @@ class PlanConfig:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"unknown queue policy {self.policy!r}; one of {POLICIES}")
-        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads"):
+        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads", "norm_rows"):
             v = getattr(self, name)
             if v is None and name in TILE_FIELDS:
                 continue
@@ -661,15 +665,24 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
                    else None, k_word=k_word, sk_ids=sk_ids, stride=T, **kw)
 
+    # norms: row groups of at most norm_rows rows inside each block, all signalling the block
+    ngr = -(-brows // cfg.norm_rows)
+    nr_blk = np.repeat(blocks, ngr)
+    nr_k = np.arange(len(nr_blk)) - np.repeat(np.cumsum(ngr) - ngr, ngr)
+    nr_row0 = brow0[nr_blk] + nr_k * cfg.norm_rows
+    nr_rows = np.minimum(cfg.norm_rows, brow0[nr_blk] + brows[nr_blk] - nr_row0)
+
+    def norm(stage, wait_c, wait_t, sig_c, which):
+        _emit(g, stage, Op.RMSNORM, nr_blk, row0=nr_row0, rows=nr_rows, col0=0, cols=H,
+              waits=[(wait_c + nr_blk, wait_t)], signal=sig_c + nr_blk,
+              args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: which})
+
     g: list = []
-    # RMSNORM attn
-    _emit(g, S_NORM_A, Op.RMSNORM, blocks, row0=brow0, rows=brows, col0=0, cols=H,
-          waits=[(prev_HM + blocks, hid_m_target)], signal=C["NA"] + blocks,
-          args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: NormWeight.ATTN})
+    norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN)
     # QKV tiles
     b, t = _grid(nb, n_qkv)
     gemm(S_QKV, Op.QKV_ROPE, b, t, qk.A_K, row0=brow0[b], rows=brows[b], col0=qkv_c0[t],
-         cols=qkv_w[t], waits=[(C["NA"] + b, 1)], signal=C["QKV"] + b,
+         cols=qkv_w[t], waits=[(C["NA"] + b, ngr[b])], signal=C["QKV"] + b,
          args={qk.A_SRC: Buf.NORMED, qk.A_DST: Buf.Q, qk.A_SECTION: qkv_sec[t],
                 qk.A_SEC_COL0: qkv_base[t], qk.A_HEAD_DIM: D, qk.A_K: H})
     # joins and attention
@@ -738,12 +751,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
 
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
-    _emit(g, S_NORM_M, Op.RMSNORM, blocks, row0=brow0, rows=brows, col0=0, cols=H,
-          waits=[(C["HA"] + blocks, hid_a_target)], signal=C["NM"] + blocks,
-          args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: NormWeight.MLP})
+    norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP)
     b, t = _grid(nb, n_g)
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
-         waits=[(C["NM"] + b, 1)], signal=C["GU"] + b,
+         waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b,
          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"], n_g,
          C["DRS"], C["HM"], True)
@@ -755,10 +766,17 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
          groups_layout["DRS"][0], groups_layout["HM"][0], False)
     prelude = _order(g, "op_major", NUM_STAGES)
 
-    # final: LM_NORM per block holding last rows, LM_HEAD tiles --------------------------------
+    # final: LM_NORM per run of at most norm_rows sequences whose last rows share a block (each
+    # waits for that block's last DOWN), LM_HEAD tiles ---------------------------------------------
     LMN, DONE = (L + 1) * CPL, (L + 1) * CPL + 1
     last_blk = meta.last_rows // B
-    ub, first_seq = np.unique(last_blk, return_index=True)
+    new_run = np.ones(S, bool)
+    if S:
+        k_in_blk = np.arange(S) - np.r_[0, np.flatnonzero(np.diff(last_blk)) + 1].repeat(
+            np.diff(np.r_[0, np.flatnonzero(np.diff(last_blk)) + 1, S]))
+        new_run = k_in_blk % cfg.norm_rows == 0
+    first_seq = np.flatnonzero(new_run)
+    ub = last_blk[first_seq]
     cnt = np.diff(np.r_[first_seq, S])
     hm_last = L * CPL + groups_layout["HM"][0]
     g = []

@@ -95,6 +95,55 @@ def summary(journal, jcta, n: int) -> dict:
                 sms_used=len({e["sm"] for e in ev}))
 
 
+def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
+    """Where a step's time goes, per opcode: instructions, busy time (ready -> signalled, summed
+    over SMs, and its mean / max per instruction), wait time (ticket -> dependencies met), and the
+    opcode's phase time: per layer, the span from its first instruction ready to its last one
+    signalled, summed over layers (layer_of[ticket] -> layer; without it the whole step is one
+    phase). Phases of different opcodes overlap where the dependency graph lets them, so the
+    phase times add up to more than the step; the busy share says where the SMs spent it."""
+    ev, ctas = events(journal, jcta, n)
+    if not ev:
+        return {}
+    span = max(e["end"] for e in ev) - min(c["entry"] for c in ctas) if ctas else 0
+    ops: dict[str, dict] = {}
+    phases: dict[tuple[str, int], list[int]] = {}
+    for e in ev:
+        name = _op_name(e["op"])
+        d = ops.setdefault(name, dict(count=0, busy=0, wait=0, max=0))
+        dur = e["end"] - e["ready"]
+        d["count"] += 1
+        d["busy"] += dur
+        d["wait"] += e["ready"] - e["fetch"]
+        d["max"] = max(d["max"], dur)
+        layer = int(layer_of[e["ticket"]]) if layer_of is not None else 0
+        ph = phases.setdefault((name, layer), [e["ready"], e["end"]])
+        ph[0], ph[1] = min(ph[0], e["ready"]), max(ph[1], e["end"])
+    total_busy = sum(d["busy"] for d in ops.values()) or 1
+    out = {}
+    for name, d in sorted(ops.items(), key=lambda kv: -kv[1]["busy"]):
+        phase = sum(b - a for (nm, _), (a, b) in phases.items() if nm == name)
+        out[name] = dict(count=d["count"], busy_us=round(d["busy"] / 1e3, 1),
+                         busy_share=round(d["busy"] / total_busy, 3),
+                         mean_us=round(d["busy"] / d["count"] / 1e3, 2),
+                         max_us=round(d["max"] / 1e3, 2), wait_us=round(d["wait"] / 1e3, 1),
+                         phase_us=round(phase / 1e3, 1))
+    return dict(span_us=round(span / 1e3, 1), sms=len({e["sm"] for e in ev}), ops=out)
+
+
+def format_by_opcode(r: dict) -> str:
+    """by_opcode's dict as a small fixed-width table."""
+    if not r:
+        return "(empty journal)"
+    lines = [f"step span {r['span_us']:.1f} us on {r['sms']} SMs",
+             f"{'opcode':<14}{'count':>7}{'busy us':>11}{'share':>7}{'mean us':>9}{'max us':>9}"
+             f"{'phase us':>10}"]
+    for name, d in r["ops"].items():
+        lines.append(f"{name:<14}{d['count']:>7}{d['busy_us']:>11.1f}{d['busy_share']:>7.1%}"
+                     f"{d['mean_us']:>9.2f}{d['max_us']:>9.2f}{d['phase_us']:>10.1f}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------ PNG
 def _png(path: str, w: int, h: int, pix: bytearray) -> None:
     raw = b"".join(b"\x00" + bytes(pix[y * w * 3:(y + 1) * w * 3]) for y in range(h))

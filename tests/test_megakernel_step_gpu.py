@@ -185,6 +185,7 @@ def test_refuses_unsupported_model():
 def test_check_cli_two_layers():
     """The run compute-sanitizer checks (scripts/gpu_tests.sh): two layers vs the interpreter."""
     from mk.megakernel_step import check_against_vm
+    import json
     r = check_against_vm(layers=2, kv_split=64)
-    assert r["passed"], r
-    assert r["kv_cache_max_abs_diff"] < 0.1, r
+    assert r["passed"], json.dumps(r, indent=1)
+    assert r["kv_cache_max_abs_diff"] < 0.1, json.dumps(r, indent=1)

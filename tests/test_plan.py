@@ -251,8 +251,43 @@ def test_default_tiles_from_the_table_and_overrides():
     plan = plan_step(mixed_batch(), MODEL, ParallelConfig(2, 0), big, cfg)
     assert plan.tiles.token_block == 16 and plan.for_rank(1).tiles == plan.tiles
     s = plan.instrs.numpy()
-    norms = s[(s[:, W_OPCODE] == Op.RMSNORM) & (s[:, W_LAYER] == 0)]
-    assert (norms[:, W_ROW0] % 16 == 0).all() and norms[:, W_ROWS].max() == 16
+    qkv = s[(s[:, W_OPCODE] == Op.QKV_ROPE) & (s[:, W_LAYER] == 0)]
+    assert (qkv[:, W_ROW0] % 16 == 0).all() and qkv[:, W_ROWS].max() == 16
+    norms = s[(s[:, W_OPCODE] == Op.RMSNORM) & (s[:, W_LAYER] == 0)]      # norm_rows 8 groups
+    assert (norms[:, W_ROW0] // 16 == (norms[:, W_ROW0] + norms[:, W_ROWS] - 1) // 16).all()
+
+
+@pytest.mark.parametrize("norm_rows", [1, 3, 8, 64])
+def test_norms_cut_into_row_groups_that_signal_their_block(norm_rows):
+    """RMSNORM / LM_NORM run as row groups of at most norm_rows rows (never across a token block):
+    per layer and norm the groups cover every row once, and the QKV / GATE_UP tiles of a block
+    wait for as many signals as the block has groups; LM_NORM groups cover every sequence once
+    and LM_HEAD waits for all of them; mk.verify finds no race, deadlock or wrong target (the
+    interpreter runs such plans in tests/test_vm.py's random interleavings)."""
+    from mk.ir import W_SIGNAL, W_WAIT0
+    cfg = PlanConfig(**{**CFG.__dict__, "norm_rows": norm_rows})
+    batch = mixed_batch()
+    plan = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
+    s = plan.instrs.numpy()
+    T, B = batch.num_tokens, plan.tiles.token_block
+    for layer in (0, MODEL.num_layers - 1):
+        norms = s[(s[:, W_OPCODE] == Op.RMSNORM) & (s[:, W_LAYER] == layer)]
+        assert norms[:, W_ROWS].max() <= norm_rows
+        assert (norms[:, W_ROW0] // B == (norms[:, W_ROW0] + norms[:, W_ROWS] - 1) // B).all()
+        for sig in np.unique(norms[:, W_SIGNAL]):
+            grp = norms[norms[:, W_SIGNAL] == sig]
+            covered = np.concatenate([np.arange(r0, r0 + n) for r0, n in grp[:, [W_ROW0, W_ROWS]]])
+            assert np.array_equal(np.sort(covered), np.arange(covered.min(), covered.max() + 1))
+            waiters = s[(s[:, W_WAIT0] == sig)]
+            assert len(waiters) and (waiters[:, W_WAIT0 + 1] == len(grp)).all()
+        rows = np.concatenate([np.arange(r0, r0 + n) for r0, n in norms[:, [W_ROW0, W_ROWS]]])
+        assert np.array_equal(np.sort(rows), np.repeat(np.arange(T), 2))   # attn norm + mlp norm
+    lmn = s[s[:, W_OPCODE] == Op.LM_NORM]
+    assert lmn[:, W_ROWS].max() <= norm_rows and lmn[:, W_ROWS].sum() == len(batch.seqs)
+    lmh = s[s[:, W_OPCODE] == Op.LM_HEAD]
+    assert (lmh[:, W_WAIT0 + 1] == len(lmn)).all()
+    from mk.verify import check
+    assert check([plan.instrs], plan.num_counters, meta=plan.meta) == []
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

@@ -177,3 +177,4 @@ def test_one_layer_step_split_k_forced_matches_vm(split_k):
     print(r)
     assert r["split_instrs"] > 0, r
     assert r["passed"], r
+    assert r["kv_cache_max_abs_diff"] < 0.1, r

@@ -119,9 +119,12 @@ def test_float32_matches_reference(checkpoints, name, tp, mode):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_interleavings_seeds(checkpoints, seed):
+    """Random interleavings of the op-major stream, with the norms cut into row groups of 1 to 4
+    rows (PlanConfig.norm_rows), equal the reference."""
     ck = checkpoints("GQA_LLAMA3")
     ref = reference(weights(ck, 1, torch.float32)[0])
-    vm = VM(weights(ck, 4, torch.float32), KERNEL, PlanConfig(**{**CFG.__dict__, "policy": "op_major"}))
+    vm = VM(weights(ck, 4, torch.float32), KERNEL,
+            PlanConfig(**{**CFG.__dict__, "policy": "op_major", "norm_rows": 1 + seed}))
     for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
         torch.testing.assert_close(vm.step(batch, mode="random", sms=1 + seed * 3, seed=seed),
                                    ref.forward(batch), rtol=2e-5, atol=2e-5)
