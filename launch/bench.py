@@ -315,9 +315,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tokens at context 1024 + one 1024-token prefill chunk), or 'none'")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    p.add_argument("--split-k", type=int, default=1,
-                   help="megakernel: PlanConfig.split_k (1 never (default until GPU-verified), "
-                   "0 auto, n >= 2 force)")
+    p.add_argument("--split-k", type=int, default=0,
+                   help="megakernel: PlanConfig.split_k (0 auto, the backend's default; 1 never; "
+                   "n >= 2 force)")
     p.add_argument("--page-size", type=int, default=16, choices=(16, 64, 256),
                    help="megakernel: KV cache page size in tokens (default %(default)s)")
     p.add_argument("--kv-split", type=int, default=None,
@@ -471,7 +471,7 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:600]
 
 
-def make_megakernel(weights, point: Point, split_k: int = 1, page: int = 16,
+def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
                     kv_split: int | None = None):
     """The engine's megakernel backend for the point (raises when it cannot run a step). The
     token and sequence maxima are the same at every point (MAX_BATCH), so the buffers the kernel

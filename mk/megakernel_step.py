@@ -103,7 +103,9 @@ class MegakernelStepBackend:
         from mk import megakernel as mkk
         mkk.require_gpu()
         model, parallel = weights.config, weights.parallel
-        self.plan_cfg = plan_cfg or PlanConfig()
+        # split-K on by default (auto: the planner splits the GEMMs of small steps to fill the
+        # SMs; GPU-verified, and 15.3 vs 24.8 ms at decode B=1 on the 70B TP8 rank)
+        self.plan_cfg = plan_cfg or PlanConfig(split_k=0)
         check_supported(model, parallel, kernel, self.plan_cfg, weights.dtype)
         if not weights.qkv.is_cuda:
             raise UnsupportedModelError("megakernel backend: the weights must be on a CUDA device "
