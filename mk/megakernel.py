@@ -1412,10 +1412,14 @@ class Megakernel:
                     _dl(t, a) for t, a in zip(self._gemm_t, self._align)] + [
                 Int32(self.grid or 1), cu_stream]
 
-    def prepare(self, stream: torch.Tensor, meta_page_size: int | None = None):
+    def prepare(self, stream: torch.Tensor, meta_page_size: int | None = None,
+                check_rows: torch.Tensor | None = None):
         """Check and upload a plan; returns a handle for launch(). meta_page_size: the step
-        metadata's KV page size, if the caller has it on the host (else the kernel checks it)."""
-        n_ctr = check_plan(stream, self.nbuf, self.T, self.H, self.counters.numel(),
+        metadata's KV page size, if the caller has it on the host (else the kernel checks it).
+        check_rows: check only these rows (mk.plan.StepPlan.representative_rows of a planner-made
+        stream, whose other rows are copies of them shifted by layer); default every row."""
+        checked = stream if check_rows is None else stream[check_rows]
+        n_ctr = check_plan(checked, self.nbuf, self.T, self.H, self.counters.numel(),
                            gemm=self.gemm, slots=self.slots,
                            kv_shape=None if self.kv is None else tuple(self.kv.shape),
                            attn=self.attn,

@@ -171,6 +171,7 @@ def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130)):
                                   _meta(*sh[Buf.ATTN_LSE], dtype=torch.float32), kernel.page_size),
               embed_shape=(V, H), last_normed_shape=tuple(sh[Buf.LAST_NORMED]),
               meta_page_size=kernel.page_size)
+    _tiny_step_plan.last_plan = p
     return p.instrs, (3, T, H), kw, tuple(sh[Buf.SPLITK])
 
 
@@ -219,3 +220,26 @@ def test_check_plan_refuses_bad_split_words():
     refused(lambda s: s.__setitem__((r, W_COLS), 12), "multiples of 8")
     lm = int((ops == int(Op.LM_HEAD)).nonzero().flatten()[0])
     refused(lambda s: s.__setitem__((lm, gk.A_NSPLIT), 2), "never split")
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
+    """mk.megakernel_step checks only StepPlan.representative_rows: on a planner stream it gives
+    the full check's counter count, and a bad word in the first or last layer is still refused
+    (a middle layer's rows are those rows shifted, tests/test_plan.py)."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.ir import W_COLS, W_OPCODE
+    from mk.ir import Op as O
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(split_k)
+    plan = _tiny_step_plan.last_plan
+    rows = plan.representative_rows()
+    assert rows is not None and len(rows) < len(instrs)
+    full = M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    assert M.check_plan(instrs[rows], nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw) == full
+    norm = (instrs[:, W_OPCODE] == int(O.RMSNORM)).nonzero().flatten()
+    for i in (int(norm[0]), int(norm[-1])):          # first layer's, last layer's
+        bad = instrs.clone()
+        bad[i, W_COLS] = 8
+        with pytest.raises(ValueError, match="whole row"):
+            M.check_plan(bad[rows], nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)

@@ -308,3 +308,29 @@ def test_static_verifier_accepts_plans(tp):
         broken.append(s)
     found = check(broken, plans[0].num_counters, meta=plans[0].meta)
     assert any("race" in str(f) and "K_CACHE" in str(f) for f in found)
+
+
+@pytest.mark.parametrize("split_k", [1, 0, 4])
+def test_layers_are_the_template_shifted_so_representative_rows_cover_the_stream(split_k):
+    """What StepPlan.representative_rows (the megakernel backend's host check of 1/40 of the rows)
+    relies on: every layer's rows are the first layer's plus l in the layer word and l * cpl in
+    each counter word that is not NO_COUNTER, and the representative rows are the prelude, the
+    first and last layers and the final rows."""
+    from mk.plan import COUNTER_WORDS
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": split_k, "splitk_align": 8, "num_sms": 16})
+    for batch in (mixed_batch(), StepBatch([SeqChunk([3], 40, list(range(12)))])):
+        plan = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
+        t, L, cpl = plan.layout["template"], MODEL.num_layers, plan.layout["cpl"]
+        pre, m = t["prelude"], t["per_layer"]
+        s = plan.instrs.numpy().astype(np.int64)
+        assert pre + L * m + t["final"] == len(s)
+        first = s[pre:pre + m]
+        for layer in range(L):
+            want = first.copy()
+            want[:, W_LAYER] += layer
+            for wd in COUNTER_WORDS:
+                live = first[:, wd] != NO_COUNTER
+                want[live, wd] += layer * cpl
+            assert np.array_equal(s[pre + layer * m:pre + (layer + 1) * m], want), layer
+        rows = plan.representative_rows().numpy()
+        assert np.array_equal(rows, np.r_[np.arange(pre + m), np.arange(pre + (L - 1) * m, len(s))])
