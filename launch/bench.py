@@ -750,6 +750,10 @@ def finish_point(point: Point, res: dict, floor: dict) -> dict:
 
 # Output --------------------------------------------------------------------------------------------
 def git_commit() -> str:
+    """HEAD (+ "-dirty"), or MK_COMMIT when set: a copied working tree (the device tool's) can
+    carry a .git that is older than the files."""
+    if os.environ.get("MK_COMMIT"):
+        return os.environ["MK_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=10).stdout.strip()
