@@ -575,6 +575,7 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
     import mk.trace as tr
     from mk.ir import W_LAYER
     be.journal, be._kernels = True, {}
+    be.journal_capacity = max(1 << 16, int(be.planner.plan(batch).instrs.shape[0]))
     try:
         mk, handle, plan = be.prepare(batch)
         mk.launch(handle, check=True)

@@ -134,8 +134,12 @@ def reg_split(gemm: tuple = ()) -> tuple[int, int]:
 
 assert reg_split_ok(), f"setmaxnreg {REG_LOW}/{REG_HIGH} over-subscribes {THREADS} x {LAUNCH_REGS}"
 OP_END = -1
-JOURNAL_WORDS = 8      # journal row: sm, cta, opcode, t_fetch, t_ready, t_end, ticket, 0
+# journal row: sm, cta, opcode, t_fetch (ticket taken), t_ready (waits met), t_end (signalled),
+# ticket, 0, then each role's own times for the instruction: loader start / end (TMA issued),
+# consumer start / end, storer start (it ends at t_end). globaltimer ns, one clock for every SM.
+JOURNAL_WORDS = 16
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
+J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0 = range(8, 13)
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -510,6 +514,7 @@ class MegakernelDSL:
                         live = Int32(0)
                     else:
                         t = tick[islot]
+                        self.stamp(journal, t, J_LOAD0, lane == 0)
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
                             pg = rk.rows_load(tma, mT, op, ring[base + A_SRC], ring[base + A_DST],
                                               ring[base + W_ROW0], ring[base + W_ROWS],
@@ -547,6 +552,7 @@ class MegakernelDSL:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
                                                     ring[base + at.A_QPK], pool, full, empty, pg,
                                                     NP, timeout_ns, state, t)
+                        self.stamp(journal, t, J_LOAD1, lane == 0)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot, iph = next_slot(islot, iph)
             else:
@@ -565,6 +571,7 @@ class MegakernelDSL:
                         live = Int32(0)
                     else:
                         t = tick[islot]
+                        self.stamp(journal, t, J_STORE0, sid == 0)
                         sv = opaque_copy(sid, t)      # see the consumer's ctv
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
@@ -625,6 +632,7 @@ class MegakernelDSL:
                     nins = Int32(-1)
                 else:
                     t = tick[islot]
+                    self.stamp(journal, t, J_CONS0, ctid == 0)
                     # ctid, re-derived per instruction from a value the compiler cannot predict
                     # (tickets are >= 0): every body's thread-index-derived setup (fragment
                     # coordinates, addresses) then stays inside its own branch instead of being
@@ -684,6 +692,7 @@ class MegakernelDSL:
                                                    ring[base + at.A_QPK], pool, full, done, pg,
                                                    NP, ctv, timeout_ns, state, t, PS,
                                                    empty=empty)
+                    self.stamp(journal, t, J_CONS1, ctid == 0)
                     rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
                                BAR_CONSUMER, HM)
                     nins = nins + 1
@@ -711,6 +720,15 @@ class MegakernelDSL:
                 state[rk.S_HEAD] = Int32(0)
                 state[rk.S_EXIT] = Int32(0)
 
+
+    @cute.jit
+    def stamp(self, journal: cute.Tensor, t: Int32, word: cutlass.Constexpr, me):
+        """Journal variant only: thread `me` of a role writes the time into word of ticket t's
+        row (where the journal has one); nothing is emitted without the journal."""
+        if cutlass.const_expr(self.journal):
+            if me:
+                if t < journal.shape[0]:
+                    journal[t, word] = cute.arch.globaltimer()
 
     def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list):
         """The slot's gk.SplitTile when split-K is compiled in and the opcode splits, else None

@@ -113,6 +113,7 @@ class MegakernelStepBackend:
         self.weights, self.model, self.kernel = weights, model, kernel
         self.group = group
         self.timeout_s, self.journal, self.verbose = timeout_s, journal, verbose
+        self.journal_capacity = 1 << 16     # journal rows (instructions past it are not recorded)
         self.device = dev = weights.qkv.device
         self.planner = Planner(model, parallel, kernel, self.plan_cfg)
         shapes = buffer_shapes(model, parallel, kernel, self.plan_cfg)
@@ -168,7 +169,8 @@ class MegakernelStepBackend:
             m = (tiles.M_CLASSES + (max(tiles.M_CLASSES[-1] + 1, num_tokens),))[c]
             self._kernels[c] = mkk.Megakernel(
                 self.arena, self.normw, self.model.num_layers, self.model.rms_norm_eps,
-                journal=self.journal, timeout_s=self.timeout_s, verbose=self.verbose,
+                journal=self.journal, journal_capacity=self.journal_capacity,
+                timeout_s=self.timeout_s, verbose=self.verbose,
                 gemm=self._operands(), gemm_m=m, meta=self.meta, inv_freq=self.inv_freq,
                 kv=self.kv,
                 attn=mkk.AttnOperands(self.q, self.attn_out, self.attn_partial, self.attn_lse,

@@ -30,6 +30,20 @@ def _op_name(op: int) -> str:
         return OP_NAMES.get(op, f"op{op}")
 
 
+# journal words of the roles' times (mk.megakernel.J_LOAD0 .. J_STORE0; kept here so that this
+# module never imports cutlass)
+ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12}
+# per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
+# the first event to the second: when it ran behind earlier work of its SM, when each role ran
+ROLE_SPANS = {
+    "load_late": ("ready", "load0"),     # waits met -> its loader starts (loader still busy)
+    "load": ("load0", "load1"),          # the loader issuing its TMA (incl. waits for free pages)
+    "cons_late": ("ready", "cons0"),     # waits met -> consumers start (previous instruction)
+    "cons": ("cons0", "cons1"),          # the consumers' body
+    "store_tail": ("cons1", "end"),      # consumers done -> stored and signalled
+}
+
+
 def events(journal, jcta, n: int):
     """Normalised rows: dicts with sm, cta, op, ticket, fetch/ready/end in ns from the first entry."""
     j = [list(map(int, r)) for r in (journal[:n].tolist() if hasattr(journal, "tolist") else journal[:n])]
@@ -41,8 +55,13 @@ def events(journal, jcta, n: int):
         sm, cta, op, tf, tr, te, tk = r[:7]
         if tf == 0:
             continue
-        ev.append(dict(sm=sm, cta=cta, op=op, ticket=tk, fetch=tf - t0, ready=tr - t0,
-                       end=(te - t0) if te else tr - t0))
+        e = dict(sm=sm, cta=cta, op=op, ticket=tk, fetch=tf - t0, ready=tr - t0,
+                 end=(te - t0) if te else tr - t0)
+        # the roles' own times (journal rows of 16 words: mk.megakernel.J_LOAD0 ..)
+        for name, word in ROLE_WORDS.items():
+            if len(r) > word and r[word]:
+                e[name] = r[word] - t0
+        ev.append(e)
     ctas = [dict(cta=i, sm=r[2], entry=r[0] - t0, exit=r[1] - t0) for i, r in enumerate(c) if r[0] > 0]
     return ev, ctas
 
@@ -108,8 +127,12 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
     span = max(e["end"] for e in ev) - min(c["entry"] for c in ctas) if ctas else 0
     ops: dict[str, dict] = {}
     phases: dict[tuple[str, int], list[int]] = {}
+    spans: dict[str, dict[str, list[int]]] = {}
     for e in ev:
         name = _op_name(e["op"])
+        for role, (a, b) in ROLE_SPANS.items():
+            if a in e and b in e:
+                spans.setdefault(name, {}).setdefault(role, []).append(e[b] - e[a])
         d = ops.setdefault(name, dict(count=0, busy=0, wait=0, max=0))
         dur = e["end"] - e["ready"]
         d["count"] += 1
@@ -128,6 +151,8 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
                          mean_us=round(d["busy"] / d["count"] / 1e3, 2),
                          max_us=round(d["max"] / 1e3, 2), wait_us=round(d["wait"] / 1e3, 1),
                          phase_us=round(phase / 1e3, 1))
+        for role, v in spans.get(name, {}).items():
+            out[name][role + "_us"] = round(sorted(v)[len(v) // 2] / 1e3, 2)
     return dict(span_us=round(span / 1e3, 1), sms=len({e["sm"] for e in ev}), ops=out)
 
 
@@ -138,9 +163,18 @@ def format_by_opcode(r: dict) -> str:
     lines = [f"step span {r['span_us']:.1f} us on {r['sms']} SMs",
              f"{'opcode':<14}{'count':>7}{'busy us':>11}{'share':>7}{'mean us':>9}{'max us':>9}"
              f"{'phase us':>10}"]
+    roles = any(k + "_us" in d for d in r["ops"].values() for k in ROLE_SPANS)
+    if roles:
+        lines[1] += "".join(f"{k:>11}" for k in ROLE_SPANS)
     for name, d in r["ops"].items():
-        lines.append(f"{name:<14}{d['count']:>7}{d['busy_us']:>11.1f}{d['busy_share']:>7.1%}"
-                     f"{d['mean_us']:>9.2f}{d['max_us']:>9.2f}{d['phase_us']:>10.1f}")
+        line = (f"{name:<14}{d['count']:>7}{d['busy_us']:>11.1f}{d['busy_share']:>7.1%}"
+                f"{d['mean_us']:>9.2f}{d['max_us']:>9.2f}{d['phase_us']:>10.1f}")
+        if roles:
+            line += "".join(f"{d.get(k + '_us', float('nan')):>11.2f}" for k in ROLE_SPANS)
+        lines.append(line)
+    if roles:
+        lines.append("(role columns: medians in us; " + ", ".join(
+            f"{k} = {a} -> {b}" for k, (a, b) in ROLE_SPANS.items()) + ")")
     return "\n".join(lines)
 
 

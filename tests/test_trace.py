@@ -1,0 +1,60 @@
+"""mk.trace's journal readings (CPU): the per-opcode breakdown the bench prints with --journal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mk.trace as tr
+from mk.ir import Op
+
+
+def _journal(rows):
+    """rows: (sm, op, ticket, fetch, ready, end, roles dict) -> a 16-word journal + CTA table."""
+    j = torch.zeros(len(rows), 16, dtype=torch.int64)
+    for i, (sm, op, tk, tf, trd, te, roles) in enumerate(rows):
+        j[i, :7] = torch.tensor([sm, sm, op, tf, trd, te, tk])
+        for name, v in roles.items():
+            j[i, tr.ROLE_WORDS[name]] = v
+    ctas = torch.tensor([[1000, 99000, 0], [1000, 99000, 1]])
+    return j, ctas
+
+
+def test_by_opcode_busy_phase_and_role_medians():
+    norm, gemm = int(Op.RMSNORM), int(Op.GATE_UP)
+    roles = dict(load0=2500, load1=3000, cons0=2600, cons1=5000, store0=2700)
+    j, c = _journal([
+        (0, norm, 0, 1000, 2000, 6000, roles),                      # layer 0
+        (1, norm, 1, 1000, 3000, 5000, {}),                         # layer 0, no role times
+        (0, gemm, 2, 6000, 7000, 17000, {k: v + 5000 for k, v in roles.items()}),
+        (1, norm, 3, 20000, 21000, 23000, {}),                      # layer 1
+    ])
+    r = tr.by_opcode(j, c, 4, layer_of=[0, 0, 0, 1])
+    n, g = r["ops"]["RMSNORM"], r["ops"]["GATE_UP"]
+    assert (n["count"], g["count"]) == (3, 1)
+    assert n["busy_us"] == pytest.approx((4000 + 2000 + 2000) / 1e3, abs=0.05)
+    # per layer: layer 0 spans 2000 -> 6000, layer 1 21000 -> 23000
+    assert n["phase_us"] == pytest.approx(6.0, abs=0.05)
+    assert g["busy_share"] == pytest.approx(10000 / 18000, abs=1e-3)
+    # role spans from the one RMSNORM that has them: ready 2000 -> load0 2500 etc.
+    assert n["load_late_us"] == pytest.approx(0.5) and n["load_us"] == pytest.approx(0.5)
+    assert n["cons_us"] == pytest.approx(2.4) and n["store_tail_us"] == pytest.approx(1.0)
+    assert g["cons_late_us"] == pytest.approx(0.6)       # ready 7000 -> cons0 7600
+    text = tr.format_by_opcode(r)
+    assert "load_late" in text and "GATE_UP" in text and "RMSNORM" in text
+
+
+def test_by_opcode_without_role_words():
+    """8-word journals (older variants) still read: no role columns."""
+    j, c = _journal([(0, int(Op.RMSNORM), 0, 1000, 2000, 3000, {})])
+    r = tr.by_opcode(j[:, :8], c, 1)
+    assert r["ops"]["RMSNORM"]["count"] == 1 and "load_us" not in r["ops"]["RMSNORM"]
+    assert "load_late" not in tr.format_by_opcode(r)
+
+
+def test_role_words_match_the_megakernel():
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    assert tr.ROLE_WORDS == {"load0": M.J_LOAD0, "load1": M.J_LOAD1, "cons0": M.J_CONS0,
+                             "cons1": M.J_CONS1, "store0": M.J_STORE0}
+    assert M.JOURNAL_WORDS > max(tr.ROLE_WORDS.values())
