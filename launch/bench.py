@@ -320,9 +320,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "n >= 2 force)")
     p.add_argument("--page-size", type=int, default=16, choices=(16, 64, 256),
                    help="megakernel: KV cache page size in tokens (default %(default)s)")
-    p.add_argument("--kv-split", type=int, default=None,
-                   help="megakernel: PlanConfig.kv_split, keys per attention instruction "
-                        "(default: the planner's)")
+    p.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
+                   help="megakernel: PlanConfig overrides, e.g. kv_split=128,norm_rows=16 "
+                        "(integer fields; --split-k sets split_k)")
     p.add_argument("--journal", action="store_true",
                    help="megakernel: after timing, one journaled launch per point (a compile "
                         "of its own): per-opcode time breakdown and a timeline PNG")
@@ -352,6 +352,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def resolve(args, world: int, rank: int) -> dict:
     """Validate the arguments; returns the plan of the run (raises UsageError)."""
+    plan_overrides(args.plan)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
@@ -471,8 +472,31 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:600]
 
 
+def plan_overrides(text: str) -> dict:
+    """--plan's FIELD=VALUE,... as PlanConfig keyword arguments (integers; names checked)."""
+    from dataclasses import fields
+
+    from mk.plan import PlanConfig
+    names = {f.name for f in fields(PlanConfig)}
+    out = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        key, eq, val = part.partition("=")
+        if not eq or key not in names or key in ("split_k", "policy"):
+            raise UsageError(f"--plan: {part!r} is not FIELD=VALUE with an integer PlanConfig "
+                             f"field other than split_k / policy ({', '.join(sorted(names))})")
+        try:
+            out[key] = int(val)
+        except ValueError:
+            raise UsageError(f"--plan: {key}={val!r} is not an integer") from None
+    try:
+        PlanConfig(**out)           # its own validation, once, before any GPU work
+    except ValueError as e:
+        raise UsageError(f"--plan: {e}") from None
+    return out
+
+
 def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
-                    kv_split: int | None = None):
+                    plan: dict | None = None):
     """The engine's megakernel backend for the point (raises when it cannot run a step). The
     token and sequence maxima are the same at every point (MAX_BATCH), so the buffers the kernel
     is compiled against keep their shapes and one variant per M class serves every point; the KV
@@ -489,8 +513,7 @@ def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
     # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
     # tensor-parallel communication, exactly what the peers time
     return MegakernelStepBackend(shard_as_tp1(weights), kernel,
-                                 plan_cfg=PlanConfig(split_k=split_k, **(
-                                     {"kv_split": kv_split} if kv_split else {}))), kernel
+                                 plan_cfg=PlanConfig(split_k=split_k, **(plan or {}))), kernel
 
 
 def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):
@@ -616,7 +639,7 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
             be = None
             try:
                 be, kernel = make_megakernel(weights, point, args.split_k, args.page_size,
-                                             args.kv_split)
+                                             plan_overrides(args.plan))
                 batch = megakernel_batch(point, kernel, pool[0].tolist())
                 res["megakernel"] = time_megakernel(be, batch, pool, timer, warm, reps, cuda)
                 if args.journal and cuda:
@@ -1103,7 +1126,7 @@ def run(args, device: torch.device) -> int:
                    vocab_local=par.vocab_local(cfg), dtype=args.dtype,
                    weight_bytes=weight_bytes(cfg, par, elt)),
         weights=source, systems=systems, compile_mode=args.compile_mode, split_k=args.split_k,
-        page_size=args.page_size, kv_split=args.kv_split,
+        page_size=args.page_size, plan=plan_overrides(args.plan),
         reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
         measured=rates, checks=checks, notes=notes, points=[])
 

@@ -110,6 +110,9 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--layers", "9"], "the model has 4 layers"),
     (["--model", "/nonexistent/ckpt"], "not a directory"),
     (["--tp", "3"], "TP size 3 does not divide"),
+    (["--plan", "kv_split=128,bogus=1"], "--plan: 'bogus=1' is not FIELD=VALUE"),
+    (["--plan", "norm_rows=x"], "--plan: norm_rows='x' is not an integer"),
+    (["--plan", "norm_rows=0"], "--plan: PlanConfig.norm_rows must be a positive integer"),
 ])
 def test_bad_args_fail_clearly(bench, capsys, args, message):
     rc = bench.main(["--shape", "tiny", "--device", "cpu", "--out", os.devnull, *args])

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from _compile_gate import assert_clean, dump_dir, ptxas_report  # noqa: F401  (env set first)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.compile
 
@@ -243,3 +244,33 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
         bad[i, W_COLS] = 8
         with pytest.raises(ValueError, match="whole row"):
             M.check_plan(bad[rows], nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+
+
+# ------------------------------------------------------------------- GEMM consumer-freed pages
+def test_consumer_free_switch_compiles_without_spills(tmp_path):
+    """MK_GEMM_CONSUMER_FREE=1 (the GEMM consumers free operand pages; compile-time, read at
+    import, so in a process of its own): the all-opcode M64 variant with split-K compiles, 0
+    spills, no call; and the consumers then arrive on `empty` (more mbarrier arrives than the
+    default's)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import _compile_gate, mk.megakernel as M\n"
+        "from mk.instructions import _gemm_kernel as gk\n"
+        "assert gk.CONSUMER_FREE == (sys.argv[1] == '1')\n"
+        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
+        "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
+    ptx = {}
+    for flag in ("0", "1"):
+        out = tmp_path / f"cf{flag}.ptx"
+        env = dict(os.environ, MK_GEMM_CONSUMER_FREE=flag)
+        r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ptx[flag] = out.read_text()
+    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
+    arrives = {f: len(re.findall(r"mbarrier\.arrive", p)) for f, p in ptx.items()}
+    assert arrives["1"] > arrives["0"], arrives
+    rep = ptxas_report(ptx["1"], str(tmp_path / "cf1"))
+    assert_clean(rep)

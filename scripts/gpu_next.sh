@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The next GPU session's A/B run, in one command on the device machine (about 15-20 min):
+#   . .gpu/prelude.sh && export PYTHONPATH=$PWD:$PYTHONPATH && MK_COMMIT=<sha> bash scripts/gpu_next.sh
+# Steps (MK_STEPS, default all, most telling first; logs under $OUT, else bench/results/):
+#   journal   where a step's time goes per opcode, with each role's own times (loader / consumer /
+#             storer; new this session): decode B=1 and 256 of the 70B TP8 rank (megakernel only)
+#   cf_check  MK_GEMM_CONSUMER_FREE=1 (GEMM operand pages freed by the consumers): GEMM and split-K
+#             GPU tests, the two-layer step vs mk.vm, racecheck of that step
+#   cf_time   the end-to-end step with and without it at B=1 / 256 / 1024 (megakernel only)
+# What to read: journal_*.log role columns (attention's ~30 us per instruction, RMSNORM's 23 us);
+# cf_*.log pass/fail and the two e2e tables.
+set -u
+OUTDIR=${1:-${OUT:-bench/results}}
+mkdir -p "$OUTDIR"
+export PYTHONUNBUFFERED=1
+STEPS=${MK_STEPS:-"journal cf_check cf_time"}
+B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
+rc=0
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+if has journal; then
+  timeout 240 $B --batch 1,256 --journal --out "$OUTDIR/journal.json" > "$OUTDIR/journal.log" 2>&1 || rc=1
+  rm -f "$OUTDIR"/*_journal.pt
+  grep -v "^\[mk\." "$OUTDIR/journal.log" | grep -A14 "megakernel journal" | head -40
+fi
+if has cf_check; then
+  L="$OUTDIR/cf_check.log"
+  {
+    MK_GEMM_CONSUMER_FREE=1 timeout 300 python -m pytest -m gpu -q -rA -p no:cacheprovider \
+        tests/test_gemm_gpu.py tests/test_splitk_gpu.py 2>&1 | tail -8
+    for a in "--layers 2" "--layers 2 --split-k 0"; do
+      echo "== check $a (consumer free)"
+      MK_GEMM_CONSUMER_FREE=1 timeout 100 python -m mk.megakernel_step check $a 2>&1 \
+          | grep -v "^\[mk" | tail -1 | cut -c1-300
+    done
+    echo "== racecheck, two-layer step, split-K auto, consumer free"
+    MK_GEMM_CONSUMER_FREE=1 timeout 150 compute-sanitizer --tool racecheck python -m \
+        mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 2>&1 \
+        | grep -E "SUMMARY|passed" | cut -c1-200
+  } > "$L" 2>&1 || rc=1
+  cat "$L"
+fi
+if has cf_time; then
+  for cf in 0 1; do
+    MK_GEMM_CONSUMER_FREE=$cf timeout 200 $B --batch 1,256,1024 --out "$OUTDIR/cf_time_$cf.json" \
+        > "$OUTDIR/cf_time_$cf.log" 2>&1 || rc=1
+    echo "== MK_GEMM_CONSUMER_FREE=$cf"; grep -E "^decode" "$OUTDIR/cf_time_$cf.log"
+  done
+fi
+exit $rc
