@@ -4,9 +4,11 @@
 # Steps (MK_STEPS, default all, most telling first; logs under $OUT, else bench/results/):
 #   journal   where a step's time goes per opcode, with each role's own times (loader / consumer /
 #             storer; new this session): decode B=1 and 256 of the 70B TP8 rank (megakernel only)
-#   cf_check  MK_GEMM_CONSUMER_FREE=1 (GEMM operand pages freed by the consumers): GEMM and split-K
-#             GPU tests, the two-layer step vs mk.vm, racecheck of that step
-#   cf_time   the end-to-end step with and without it at B=1 / 256 / 1024 (megakernel only)
+#   cf_check  MK_GEMM_CONSUMER_FREE=1 + MK_ATTN_CONSUMER_FREE=1 (GEMM operand pages and attention
+#             K/V pages freed by the consumers): GEMM, split-K and attention GPU tests, the
+#             two-layer step vs mk.vm, racecheck of that step
+#   cf_time   the end-to-end step with neither / GEMM only / attention only / both, at B=1 and 256
+#             (megakernel only)
 # What to read: journal_*.log role columns (attention's ~30 us per instruction, RMSNORM's 23 us);
 # cf_*.log pass/fail and the two e2e tables.
 set -u
@@ -24,26 +26,29 @@ if has journal; then
 fi
 if has cf_check; then
   L="$OUTDIR/cf_check.log"
-  {
-    MK_GEMM_CONSUMER_FREE=1 timeout 300 python -m pytest -m gpu -q -rA -p no:cacheprovider \
-        tests/test_gemm_gpu.py tests/test_splitk_gpu.py 2>&1 | tail -8
+  (                             # a subshell: the switches stay inside it
+    export MK_GEMM_CONSUMER_FREE=1 MK_ATTN_CONSUMER_FREE=1
+    timeout 360 python -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gemm_gpu.py \
+        tests/test_splitk_gpu.py tests/test_attention_gpu.py 2>&1 | tail -8
     for a in "--layers 2" "--layers 2 --split-k 0"; do
       echo "== check $a (consumer free)"
-      MK_GEMM_CONSUMER_FREE=1 timeout 100 python -m mk.megakernel_step check $a 2>&1 \
-          | grep -v "^\[mk" | tail -1 | cut -c1-300
+      timeout 100 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 \
+          | cut -c1-300
     done
     echo "== racecheck, two-layer step, split-K auto, consumer free"
-    MK_GEMM_CONSUMER_FREE=1 timeout 150 compute-sanitizer --tool racecheck python -m \
+    timeout 150 compute-sanitizer --tool racecheck python -m \
         mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 2>&1 \
         | grep -E "SUMMARY|passed" | cut -c1-200
-  } > "$L" 2>&1 || rc=1
+  ) > "$L" 2>&1 || rc=1
   cat "$L"
 fi
 if has cf_time; then
-  for cf in 0 1; do
-    MK_GEMM_CONSUMER_FREE=$cf timeout 200 $B --batch 1,256,1024 --out "$OUTDIR/cf_time_$cf.json" \
-        > "$OUTDIR/cf_time_$cf.log" 2>&1 || rc=1
-    echo "== MK_GEMM_CONSUMER_FREE=$cf"; grep -E "^decode" "$OUTDIR/cf_time_$cf.log"
+  for gc in "0 0" "1 0" "0 1" "1 1"; do
+    set -- $gc
+    MK_GEMM_CONSUMER_FREE=$1 MK_ATTN_CONSUMER_FREE=$2 timeout 150 $B --batch 1,256 \
+        --out "$OUTDIR/cf_time_$1$2.json" > "$OUTDIR/cf_time_$1$2.log" 2>&1 || rc=1
+    echo "== MK_GEMM_CONSUMER_FREE=$1 MK_ATTN_CONSUMER_FREE=$2"
+    grep -E "^decode" "$OUTDIR/cf_time_$1$2.log"
   done
 fi
 exit $rc

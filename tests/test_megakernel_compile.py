@@ -248,23 +248,24 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
 
 # ------------------------------------------------------------------- GEMM consumer-freed pages
 def test_consumer_free_switch_compiles_without_spills(tmp_path):
-    """MK_GEMM_CONSUMER_FREE=1 (the GEMM consumers free operand pages; compile-time, read at
-    import, so in a process of its own): the all-opcode M64 variant with split-K compiles, 0
-    spills, no call; and the consumers then arrive on `empty` (more mbarrier arrives than the
-    default's)."""
+    """MK_GEMM_CONSUMER_FREE=1 and MK_ATTN_CONSUMER_FREE=1 (the GEMM and attention consumers free
+    their operand / K/V pages; compile-time, read at import, so in a process of its own): the
+    all-opcode M64 variant with split-K compiles, 0 spills, no call; and the consumers then
+    arrive on `empty` (more mbarrier arrives than the default's)."""
     import subprocess
     import sys
     code = (
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
         "import _compile_gate, mk.megakernel as M\n"
         "from mk.instructions import _gemm_kernel as gk\n"
-        "assert gk.CONSUMER_FREE == (sys.argv[1] == '1')\n"
+        "from mk.instructions import _attention_kernel as ak\n"
+        "assert gk.CONSUMER_FREE == ak.CONSUMER_FREE == (sys.argv[1] == '1')\n"
         "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
         "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
     ptx = {}
     for flag in ("0", "1"):
         out = tmp_path / f"cf{flag}.ptx"
-        env = dict(os.environ, MK_GEMM_CONSUMER_FREE=flag)
+        env = dict(os.environ, MK_GEMM_CONSUMER_FREE=flag, MK_ATTN_CONSUMER_FREE=flag)
         r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
