@@ -69,6 +69,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 try:
@@ -959,12 +960,14 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     meta_page_size: the step metadata's KV page size when the caller has it on the host (the
     kernel checks it too, without a host sync); splitk_shape: [rows, width] of the SPLITK
     workspace (None: split-K tiles and SPLITK_REDUCE refused)."""
-    s = stream.detach().cpu()
-    if s.dtype != torch.int32 or s.dim() != 2 or s.shape[1] != INSTR_WORDS:
+    if stream.dtype != torch.int32 or stream.dim() != 2 or stream.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
+    # numpy from here: a few hundred small array ops, each ~5x cheaper than torch's on the CPU
+    # (the host check is on every step's critical path)
+    s = stream.detach().cpu().numpy()
     ops = s[:, W_OPCODE]
     bad = [Op(int(o)).name if int(o) in Op._value2member_map_ else int(o)
-           for o in ops.unique() if int(o) not in SUPPORTED_OPS]
+           for o in np.unique(ops) if int(o) not in SUPPORTED_OPS]
     if bad:
         raise NotImplementedError(f"megakernel has no GPU body for opcodes {bad}")
     if (s[:, W_SIGNAL_SCOPE] != int(SignalScope.LOCAL)).any():
@@ -996,7 +999,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     red = s[ops == OP_SPLITK_REDUCE]
     red_eq = _check_splitk_reduce(red, by_op, gemm, splitk_shape)
     for op in GEMM_OPS:
-        p = torch.cat((s[ops == op], red_eq[red_eq[:, W_OPCODE] == op]))
+        p = np.concatenate((s[ops == op], red_eq[red_eq[:, W_OPCODE] == op]))
         if not len(p):
             continue
         name = Op(op).name
@@ -1009,7 +1012,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         K = p[:, g.kw]
         row0, rows, col0, cols = p[:, W_ROW0], p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS]
         spl = p[:, gk.A_NSPLIT] >= 2
-        k0 = torch.where(spl, p[:, gk.A_K0], torch.zeros_like(K))
+        k0 = np.where(spl, p[:, gk.A_K0], np.zeros_like(K))
         if spl.any():
             _check_split_tiles(name, op, p[spl], sh, splitk_shape)
         u = p[~spl]       # the epilogue and destination words matter to unsplit tiles only
@@ -1127,7 +1130,7 @@ def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
     """SPLITK_REDUCE instructions (see check_plan): workspace rows of every split; returns them
     rewritten as the unsplit tiles whose epilogue they run (opcode word = the op, ARG0+i = their
     word ARG0+3+i, no split words) for the GEMM checks."""
-    eq = torch.zeros((0, INSTR_WORDS), dtype=torch.int32)
+    eq = np.zeros((0, INSTR_WORDS), dtype=np.int32)
     if not len(r):
         return eq
     rop = r[:, ARG0 + skk.R_OP]
@@ -1150,7 +1153,7 @@ def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
         _check_workspace(f"SPLITK_REDUCE of {name}", op, sh, splitk_shape, r0,
                          (p[:, ARG0 + skk.R_NSPLIT] - 1) * p[:, ARG0 + skk.R_STRIDE] + r0
                          + p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS])
-    eq = r.clone()
+    eq = r.copy()
     eq[:, W_OPCODE] = rop
     n_epi = NUM_ARGS - skk.R_EPI0
     eq[:, ARG0:ARG0 + n_epi] = r[:, ARG0 + skk.R_EPI0:]
@@ -1431,12 +1434,13 @@ class Megakernel:
                 Int32(self.grid or 1), cu_stream]
 
     def prepare(self, stream: torch.Tensor, meta_page_size: int | None = None,
-                check_rows: torch.Tensor | None = None):
+                check_stream: torch.Tensor | None = None):
         """Check and upload a plan; returns a handle for launch(). meta_page_size: the step
         metadata's KV page size, if the caller has it on the host (else the kernel checks it).
-        check_rows: check only these rows (mk.plan.StepPlan.representative_rows of a planner-made
-        stream, whose other rows are copies of them shifted by layer); default every row."""
-        checked = stream if check_rows is None else stream[check_rows]
+        check_stream: check these rows instead of the stream's (mk.plan.StepPlan.
+        representative_stream of a planner-made stream, whose other rows are copies of them
+        shifted by layer); default every row."""
+        checked = stream if check_stream is None else check_stream
         n_ctr = check_plan(checked, self.nbuf, self.T, self.H, self.counters.numel(),
                            gemm=self.gemm, slots=self.slots,
                            kv_shape=None if self.kv is None else tuple(self.kv.shape),

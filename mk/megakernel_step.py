@@ -198,7 +198,7 @@ class MegakernelStepBackend:
         # the planner's stream is a layer template repeated: checking the prelude, the first and
         # last layers and the final rows is checking it all, at 1/40 of the host time
         handle = mk.prepare(plan.instrs, meta_page_size=k.page_size,
-                            check_rows=plan.representative_rows())
+                            check_stream=plan.representative_stream())
         self.meta[:meta.numel()].copy_(meta, non_blocking=False)
         return mk, handle, plan
 

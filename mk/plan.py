@@ -418,6 +418,18 @@ class StepPlan:
         last = torch.arange(pre + (L - 1) * m, len(self)) if L > 1 else torch.arange(pre + m, len(self))
         return torch.cat([first, last])
 
+    def representative_stream(self) -> torch.Tensor:
+        """self.instrs[self.representative_rows()], from two slices (a fancy index of an 80-layer
+        stream costs milliseconds; the slices' copy microseconds); the whole stream when the
+        layout is not a planner's."""
+        rows = self.representative_rows()
+        if rows is None:
+            return self.instrs
+        t = self.layout["template"]
+        head = t["prelude"] + t["per_layer"]
+        tail = int(rows[head]) if len(rows) > head else len(self)
+        return torch.cat([self.instrs[:head], self.instrs[tail:]])
+
     def save(self, path) -> None:
         torch.save({"instrs": self.instrs, "meta": self.meta.tensor, "targets": self.targets}, path)
 

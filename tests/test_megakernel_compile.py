@@ -229,6 +229,8 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
     the full check's counter count, and a bad word in the first or last layer is still refused
     (a middle layer's rows are those rows shifted, tests/test_plan.py)."""
     pytest.importorskip("cutlass")
+    import torch
+
     import mk.megakernel as M
     from mk.ir import W_COLS, W_OPCODE
     from mk.ir import Op as O
@@ -238,6 +240,7 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
     assert rows is not None and len(rows) < len(instrs)
     full = M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
     assert M.check_plan(instrs[rows], nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw) == full
+    assert torch.equal(plan.representative_stream(), instrs[rows])
     norm = (instrs[:, W_OPCODE] == int(O.RMSNORM)).nonzero().flatten()
     for i in (int(norm[0]), int(norm[-1])):          # first layer's, last layer's
         bad = instrs.clone()
