@@ -45,6 +45,8 @@ previous use direct instead of running through the loader's TMA.
 
 from __future__ import annotations
 
+import os
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
@@ -133,16 +135,36 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
     if not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         st = Int32(0)
-        while st == 0:
-            if cute.arch.mbarrier_try_wait(bar, phase):
-                st = Int32(1)
-            elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                scope="gpu") != 0:
-                st = Int32(3)
-            elif cute.arch.globaltimer() - t0 > timeout_ns:
-                st = Int32(2)
+        if cutlass.const_expr(ABORT_POLL_AFTER_NS == 0):
+            while st == 0:
+                if cute.arch.mbarrier_try_wait(bar, phase):
+                    st = Int32(1)
+                elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                    scope="gpu") != 0:
+                    st = Int32(3)
+                elif cute.arch.globaltimer() - t0 > timeout_ns:
+                    st = Int32(2)
+        else:
+            while st == 0:
+                if cute.arch.mbarrier_try_wait(bar, phase):
+                    st = Int32(1)
+                else:
+                    waited = cute.arch.globaltimer() - t0
+                    if waited > timeout_ns:
+                        st = Int32(2)
+                    elif waited > ABORT_POLL_AFTER_NS:
+                        if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
+                                          sem="relaxed", scope="gpu") != 0:
+                            st = Int32(3)
         if st == 2:
             write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+
+
+# Page waits read the abort word (one L2 line, polled by every waiting warp of every CTA) only
+# once they have waited this long (ns); 0 = on every poll, as GPU-verified. A hand-off that
+# completes while its waiter is in that L2 round trip is seen one round trip late. Compile-time,
+# off until measured (MK_ABORT_POLL_AFTER_NS=2000; scripts/gpu_next.sh).
+ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "0"))
 
 
 @cute.jit
@@ -329,6 +351,22 @@ def warp_allreduce_sum(x: Float32) -> Float32:
     return x
 
 
+# RMSNORM's second pass loads a chunk's norm weights before its page work, unconditionally (one
+# L2 round trip per 1024-column chunk instead of one per 256-column box, each behind the branch
+# that uses it: 32 dependent round trips per row group at H = 8192, the suspect of RMSNORM's
+# 23 us for one row). Compile-time, off until GPU-verified (MK_NORM_W_HOIST=1;
+# scripts/gpu_next.sh).
+NORM_W_HOIST = os.environ.get("MK_NORM_W_HOIST", "0") == "1"
+
+
+@cute.jit
+def norm_weight(normw: cute.Tensor, wrow: Int32, col: Int32):
+    """8 norm weights (float32) of table row wrow from column col (a multiple of 8)."""
+    wp = cute.make_ptr(BFloat16, (normw.iterator + (wrow * normw.shape[1] + col)).toint(),
+                       cute.AddressSpace.gmem, assumed_align=16)
+    return cute.make_tensor(wp, cute.make_layout(8)).load().to(Float32)
+
+
 @cute.jit
 def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32, which: Int32,
                  normw: cute.Tensor, n_layers: Int32, eps: Float32, pool: Int32,
@@ -410,6 +448,15 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
             for cc in range(ncc):
                 q = pg + cc
                 page = q % npages
+                ws = []
+                if cutlass.const_expr(NORM_W_HOIST):
+                    # the chunk's four weight vectors first, unconditionally (columns clamped into
+                    # the row): one L2 round trip per chunk, not one per box behind each branch
+                    for v in cutlass.range_constexpr(NBOX):
+                        cw = col0 + cc * PC + v * BOXC + lane * 8
+                        if cw > col_end - 8:
+                            cw = col_end - 8
+                        ws.append(norm_weight(normw, wrow, cw))
                 if cutlass.const_expr(mode != "group"):
                     bounded_bar_wait(empty + page, ((q // npages) & 1) ^ 1, timeout_ns, state,
                                      ERR_PAGE_EMPTY, ticket)
@@ -418,9 +465,12 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
                     c = col0 + cc * PC + v * BOXC + lane * 8
                     if v < nbox:
                         if c < col_end:
-                            wp = cute.make_ptr(BFloat16, (normw.iterator + (wrow * normw.shape[1] + c)).toint(),
-                                               cute.AddressSpace.gmem, assumed_align=16)
-                            w = cute.make_tensor(wp, cute.make_layout(8)).load().to(Float32)
+                            if cutlass.const_expr(NORM_W_HOIST):
+                                w = ws[v]
+                            else:
+                                wp = cute.make_ptr(BFloat16, (normw.iterator + (wrow * normw.shape[1] + c)).toint(),
+                                                   cute.AddressSpace.gmem, assumed_align=16)
+                                w = cute.make_tensor(wp, cute.make_layout(8)).load().to(Float32)
                             off = pool + page * PAGE + v * BOX_BYTES + ra * ROW_BYTES + lane * 16
                             t0 = smem_vec(off)
                             t1 = smem_vec(off + ROW_BYTES)
