@@ -253,7 +253,8 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
 def test_experimental_switches_compile_without_spills(tmp_path):
     """MK_GEMM_CONSUMER_FREE=1 and MK_ATTN_CONSUMER_FREE=1 (the GEMM and attention consumers free
     their operand / K/V pages), MK_ABORT_POLL_AFTER_NS=2000 (page waits read the abort word
-    only after 2 us) and MK_NORM_W_HOIST=1 (RMSNORM's weight loads first); compile-time
+    only after 2 us), MK_NORM_W_HOIST=1 (RMSNORM's weight loads first) and MK_ATTN_Q_HOIST=1
+    (attention's Q loads first); compile-time
     switches, read at import, so in a process of its own: the
     all-opcode M64 variant with split-K compiles, 0 spills, no call; and the consumers then
     arrive on `empty` (more mbarrier arrives than the default's)."""
@@ -271,7 +272,8 @@ def test_experimental_switches_compile_without_spills(tmp_path):
     for flag in ("0", "1"):
         out = tmp_path / f"cf{flag}.ptx"
         env = dict(os.environ, MK_GEMM_CONSUMER_FREE=flag, MK_ATTN_CONSUMER_FREE=flag,
-                   MK_ABORT_POLL_AFTER_NS="2000" if flag == "1" else "0", MK_NORM_W_HOIST=flag)
+                   MK_ABORT_POLL_AFTER_NS="2000" if flag == "1" else "0", MK_NORM_W_HOIST=flag,
+                   MK_ATTN_Q_HOIST=flag)
         r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -146,7 +146,8 @@ def test_explicit_values_override_the_table():
     for op, w in ((Op.O_PROJ, 64), (Op.GATE_UP, 512), (Op.DOWN, 128), (Op.LM_HEAD, 1024)):
         assert s[s[:, W_OPCODE] == int(op), W_COLS].max() == w
     assert s[s[:, W_OPCODE] == int(Op.QKV_ROPE), W_COLS].max() == 384
-    assert s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS].max() == 32
+    assert s[s[:, W_OPCODE] == int(Op.QKV_ROPE), W_ROWS].max() == 32         # token_block
+    assert s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS].max() == cfg.norm_rows  # row groups
     # ...and the GPU predicate says which of them the bodies cannot run
     p, row0, rows, col0, cols, K = gemm_words(s, Op.GATE_UP)
     assert "cols <= 128" in tiles.gemm_tile_error("GATE_UP", tiles.tile_shape(Op.GATE_UP, 256),

@@ -438,6 +438,43 @@ def wg_barrier(wg: Int32):
         cute.arch.barrier(barrier_id=BAR_ATTN_WG[1], number_of_threads=128)
 
 
+# Q fragment loads issued all at once: every thread's 32 loads of 4 bytes without a branch (rows
+# past the last query row read row mtot - 1 and are zeroed after), instead of one load behind
+# each row test, whose use before the next test made the loads run one L2 round trip after
+# another (the suspect of the ~30 us an ATTENTION instruction costs beside its key blocks,
+# bench/ATTENTION_NOTES.md session 5). Compile-time, off until GPU-verified (MK_ATTN_Q_HOIST=1).
+Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "0") == "1"
+
+
+@cute.jit
+def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int32, row0: Int32,
+                   mw: Int32, mtot: Int32, qpk: Int32, head0: Int32):
+    """The Q A-fragment of query rows mw + r (see attn_consume), all loads first."""
+    n = cute.size(tSrQ) // 2
+    raw = cute.make_rmem_tensor(cute.make_layout(n), Int32)     # 2 bf16 per load, as 32 bits
+    for v in cutlass.range_constexpr(n):
+        r, c = tQcQ[2 * v]
+        m = imin(mw + r, mtot - 1)
+        it = m // qpk
+        h = m - it * qpk
+        addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
+        raw[v] = cute.make_tensor(cute.make_ptr(Int32, addr, cute.AddressSpace.gmem,
+                                                assumed_align=4), cute.make_layout(1)).load()[0]
+    for v in cutlass.range_constexpr(n):
+        r, _c = tQcQ[2 * v]
+        # reinterpret the 32 bits as two bf16 (a register tensor viewed as BFloat16)
+        pair = cute.make_rmem_tensor(cute.make_layout(1), Int32)
+        pair[0] = raw[v]
+        q = cute.make_tensor(cute.recast_ptr(pair.iterator, dtype=BFloat16), cute.make_layout(2))
+        q0 = q[0]
+        q1 = q[1]
+        if mw + r >= mtot:
+            q0 = BFloat16(0.0)
+            q1 = BFloat16(0.0)
+        tSrQ[2 * v] = q0
+        tSrQ[2 * v + 1] = q1
+
+
 @cute.jit
 def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.ComposedLayout,
                  sV_layout: cute.ComposedLayout, q_base: Int64, ldq: Int32, row0: Int32, R: Int32,
@@ -493,21 +530,24 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if cutlass.const_expr(wg_split):
                 both_halves = mw + wq * 16 + 8 < mtot
             # ---- Q rows -> A fragment (registers), zero past the last row
-            for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
-                r, c = tQcQ[2 * v]
-                m = mw + r
-                q0 = Float32(0.0)
-                q1 = Float32(0.0)
-                if m < mtot:
-                    it = m // qpk
-                    h = m - it * qpk
-                    addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
-                    qv = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
-                                                        assumed_align=4), cute.make_layout(2)).load()
-                    q0 = qv[0].to(Float32)
-                    q1 = qv[1].to(Float32)
-                tSrQ[2 * v] = q0.to(BFloat16)
-                tSrQ[2 * v + 1] = q1.to(BFloat16)
+            if cutlass.const_expr(Q_HOIST):
+                load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0, mw, mtot, qpk, head0)
+            else:
+                for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
+                    r, c = tQcQ[2 * v]
+                    m = mw + r
+                    q0 = Float32(0.0)
+                    q1 = Float32(0.0)
+                    if m < mtot:
+                        it = m // qpk
+                        h = m - it * qpk
+                        addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
+                        qv = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
+                                                            assumed_align=4), cute.make_layout(2)).load()
+                        q0 = qv[0].to(Float32)
+                        q1 = qv[1].to(Float32)
+                    tSrQ[2 * v] = q0.to(BFloat16)
+                    tSrQ[2 * v + 1] = q1.to(BFloat16)
             # ---- per-row causal limits (each thread holds 2 rows: fragment element i is in row
             #      half (i // 2) % 2); scalars, so the dynamic loops carry them
             r_a, _ca = tScS[0]
