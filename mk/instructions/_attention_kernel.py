@@ -784,6 +784,73 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
     return mr0, mr1, lt0, lt1
 
 
+# ATTN_REDUCE's loads two splits ahead: the LSE maximum and the weighted sum each take two splits
+# per iteration with every load issued before its use (the plain loops wait for each split's
+# loads before the next split's: ~2 x nsplit dependent L2 round trips per row). Same float32
+# operations in the same order. Compile-time, off until GPU-verified
+# (MK_ATTN_REDUCE_LOADS_FIRST=1; scripts/gpu_next.sh).
+REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "0") == "1"
+
+
+@cute.jit
+def partial_add(acc: cute.Tensor, w: Float32, pv: list):
+    """acc[32] += w * pv (8 loaded vectors of 4 float32: one ATTN_PARTIAL row's 32 columns)."""
+    for q in cutlass.range_constexpr(8):
+        for u in cutlass.range_constexpr(4):
+            acc[q * 4 + u] = acc[q * 4 + u] + w * pv[q][u]
+
+
+@cute.jit
+def partial_loads(part: cute.Tensor, srow: Int32, ldp: Int32, col: Int32) -> list:
+    """The 8 16-byte vectors (32 float32) of ATTN_PARTIAL row srow from column col."""
+    out = []
+    for q in cutlass.range_constexpr(8):
+        off = Int64(srow) * Int64(ldp) + Int64(col + q * 4)
+        out.append(cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
+                                                  cute.AddressSpace.gmem, assumed_align=16),
+                                    cute.make_layout(4)).load())
+    return out
+
+
+@cute.jit
+def reduce_row_loads_first(part: cute.Tensor, lse_t: cute.Tensor, acc: cute.Tensor, slot0: Int32,
+                           R: Int32, it: Int32, h: Int32, cq: Int32, nsplit: Int32, ldp: Int32):
+    """One output row of ATTN_REDUCE (see reduce_consume): returns (max lse, sum of weights) and
+    accumulates sum_j w_j o_j into acc, two splits per iteration, loads first."""
+    mx = Float32(NEG_INF)
+    j = Int32(0)
+    while j + 1 < nsplit:
+        l0 = lse_t[slot0 + j * R + it, h]
+        l1 = lse_t[slot0 + (j + 1) * R + it, h]
+        mx = cute.arch.fmax(cute.arch.fmax(mx, l0), l1)
+        j = j + 2
+    if j < nsplit:
+        mx = cute.arch.fmax(mx, lse_t[slot0 + j * R + it, h])
+    den = Float32(0.0)
+    col = h * D + cq
+    j = Int32(0)
+    while j + 1 < nsplit:
+        s0 = slot0 + j * R + it
+        s1 = s0 + R
+        l0 = lse_t[s0, h]
+        l1 = lse_t[s1, h]
+        p0 = partial_loads(part, s0, ldp, col)
+        p1 = partial_loads(part, s1, ldp, col)
+        w0 = cute.math.exp2((l0 - mx) * Float32(LOG2E), fastmath=True)
+        w1 = cute.math.exp2((l1 - mx) * Float32(LOG2E), fastmath=True)
+        den = den + w0
+        partial_add(acc, w0, p0)
+        den = den + w1
+        partial_add(acc, w1, p1)
+        j = j + 2
+    if j < nsplit:
+        s0 = slot0 + j * R + it
+        w0 = cute.math.exp2((lse_t[s0, h] - mx) * Float32(LOG2E), fastmath=True)
+        den = den + w0
+        partial_add(acc, w0, partial_loads(part, s0, ldp, col))
+    return mx, den
+
+
 @cute.jit
 def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32, col0: Int32,
                    cols: Int32, slot0: Int32, nsplit: Int32, qpk: Int32, pool: Int32,
@@ -814,22 +881,26 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
             it = m // nh
             h = h0 + m - it * nh
             mx = Float32(NEG_INF)
-            for j in range(nsplit):
-                mx = cute.arch.fmax(mx, lse_t[slot0 + j * R + it, h])
             acc = cute.make_rmem_tensor(cute.make_layout(32), Float32)
             acc.fill(0.0)
             den = Float32(0.0)
-            for j in range(nsplit):
-                srow = slot0 + j * R + it
-                w = cute.math.exp2((lse_t[srow, h] - mx) * Float32(LOG2E), fastmath=True)
-                den = den + w
-                for q in cutlass.range_constexpr(8):
-                    off = Int64(srow) * Int64(ldp) + Int64(h * D + cq + q * 4)
-                    pv = cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
-                                                        cute.AddressSpace.gmem, assumed_align=16),
-                                          cute.make_layout(4)).load()
-                    for u in cutlass.range_constexpr(4):
-                        acc[q * 4 + u] = acc[q * 4 + u] + w * pv[u]
+            if cutlass.const_expr(REDUCE_LOADS_FIRST):
+                mx, den = reduce_row_loads_first(part, lse_t, acc, slot0, R, it, h, cq, nsplit,
+                                                 ldp)
+            else:
+                for j in range(nsplit):
+                    mx = cute.arch.fmax(mx, lse_t[slot0 + j * R + it, h])
+                for j in range(nsplit):
+                    srow = slot0 + j * R + it
+                    w = cute.math.exp2((lse_t[srow, h] - mx) * Float32(LOG2E), fastmath=True)
+                    den = den + w
+                    for q in cutlass.range_constexpr(8):
+                        off = Int64(srow) * Int64(ldp) + Int64(h * D + cq + q * 4)
+                        pv = cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
+                                                            cute.AddressSpace.gmem, assumed_align=16),
+                                              cute.make_layout(4)).load()
+                        for u in cutlass.range_constexpr(4):
+                            acc[q * 4 + u] = acc[q * 4 + u] + w * pv[u]
             inv = Float32(1.0) / den
             for q in cutlass.range_constexpr(4):          # 4 chunks of 8 bf16 (16 B)
                 a = pool + page * PAGE + r * 256 + (cq + q * 8) * 2

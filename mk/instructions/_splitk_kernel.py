@@ -33,6 +33,8 @@ barrier), with the ring's usual one-phase-per-use rule.
 
 from __future__ import annotations
 
+import os
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
@@ -60,6 +62,42 @@ def gvec_f32(addr: Int64):
     """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
     return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
                                           assumed_align=16), cute.make_layout(VEC))
+
+
+# The partial sums with their loads issued ahead of the adds: both sums of an item (GATE_UP's gate
+# and up, QKV's low and high halves) in one loop, two splits per iteration, so 4 loads are in
+# flight per L2 round trip instead of 1 (sum_partials' loop waits for each load before the next,
+# and the two sums ran one after the other: 2 x nsplit round trips, 32 for QKV's 16 splits).
+# Same float32 summation order (p0 + p1 + ... per sum). Compile-time, off until GPU-verified
+# (MK_SPLITK_LOADS_FIRST=1; scripts/gpu_next.sh).
+LOADS_FIRST = os.environ.get("MK_SPLITK_LOADS_FIRST", "0") == "1"
+
+
+@cute.jit
+def sum_partials2(acc: cute.Tensor, other: cute.Tensor, pb: Int64, ld: Int32, stride: Int32,
+                  nsplit: Int32, r: Int32, c: Int32, c2: Int32):
+    """acc[0:8] = sum_j SPLITK[j * stride + r, c : c + 8] and other[0:8] the same at column c2,
+    j in order, two splits per iteration with the loads first (LOADS_FIRST)."""
+    a0 = gvec_f32(gk.row_addr(pb, r, ld, c, 4)).load()
+    o0 = gvec_f32(gk.row_addr(pb, r, ld, c2, 4)).load()
+    acc.store(a0)
+    other.store(o0)
+    j = Int32(1)
+    while j + 1 < nsplit:
+        a1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c, 4)).load()
+        o1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c2, 4)).load()
+        a2 = gvec_f32(gk.row_addr(pb, (j + 1) * stride + r, ld, c, 4)).load()
+        o2 = gvec_f32(gk.row_addr(pb, (j + 1) * stride + r, ld, c2, 4)).load()
+        acc.store(acc.load() + a1)
+        other.store(other.load() + o1)
+        acc.store(acc.load() + a2)
+        other.store(other.load() + o2)
+        j = j + 2
+    if j < nsplit:
+        a1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c, 4)).load()
+        o1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c2, 4)).load()
+        acc.store(acc.load() + a1)
+        other.store(other.load() + o1)
 
 
 @cute.jit
@@ -119,9 +157,17 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
         if cutlass.const_expr(epi == gk.EPI_ROPE):
             c = (ci // 8) * 128 + (ci % 8) * VEC
         drow = row0 + r
-        sum_partials(acc, pb, ld, stride, nsplit, r, c)
+        if cutlass.const_expr(LOADS_FIRST and epi != gk.EPI_RESIDUAL):
+            # the item's second sum: GATE_UP's up part, QKV's rotate-half partner
+            c2 = c + 64
+            if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
+                c2 = c + up_col
+            sum_partials2(acc, other, pb, ld, stride, nsplit, r, c, c2)
+        else:
+            sum_partials(acc, pb, ld, stride, nsplit, r, c)
         if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
-            sum_partials(other, pb, ld, stride, nsplit, r, c + up_col)
+            if cutlass.const_expr(not LOADS_FIRST):
+                sum_partials(other, pb, ld, stride, nsplit, r, c + up_col)
             for e in cutlass.range_constexpr(VEC):
                 out[e] = gk.silu_mul_bf16(acc[e], other[e]).to(BFloat16)
         elif cutlass.const_expr(epi == gk.EPI_RESIDUAL):
@@ -130,7 +176,8 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
                 out[e] = gk.residual_add(res[e], acc[e]).to(BFloat16)
         else:
             assert epi == gk.EPI_ROPE, f"SPLITK_REDUCE has no epilogue {epi}"
-            sum_partials(other, pb, ld, stride, nsplit, r, c + 64)
+            if cutlass.const_expr(not LOADS_FIRST):
+                sum_partials(other, pb, ld, stride, nsplit, r, c + 64)
             for e in cutlass.range_constexpr(VEC):      # v section: y itself
                 out[e] = acc[e].to(BFloat16)
                 out_hi[e] = other[e].to(BFloat16)
