@@ -476,6 +476,22 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
 
 
 @cute.jit
+def release_kv_page(page: Int32, done: cute.Pointer, empty: cute.Pointer, narrow,
+                    share: cutlass.Constexpr, wtid: Int32, ctid: Int32, hm: cutlass.Constexpr):
+    """The consumers' hand-off of a K or V page their wgmmas have retired: `done` (and with
+    CONSUMER_FREE `empty`: the loader may refill it). A narrow unit's page is read by one
+    warpgroup, whose 128 threads arrive for both; otherwise all 256 arrive."""
+    if narrow:
+        rk.release(done + page, share, 128, wtid, BAR_ATTN, hm)
+        if cutlass.const_expr(CONSUMER_FREE):
+            rk.release(empty + page, share, 128, wtid, BAR_ATTN, hm, sync=False)
+    else:
+        rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
+        if cutlass.const_expr(CONSUMER_FREE):
+            rk.release(empty + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
+
+
+@cute.jit
 def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.ComposedLayout,
                  sV_layout: cute.ComposedLayout, q_base: Int64, ldq: Int32, row0: Int32, R: Int32,
                  col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mode: Int32,
@@ -582,15 +598,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         cute.nvgpu.warpgroup.wait_group(0)
                     # K page read (S retired): hand it to the storer (a narrow unit's page: this
                     # WG's threads arrive for both)
-                    if narrow:
-                        rk.release(done + pk, share, 128, wtid, BAR_ATTN, hm)
-                        if cutlass.const_expr(CONSUMER_FREE):
-                            rk.release(empty + pk, share, 128, wtid, BAR_ATTN, hm, sync=False)
-                    else:
-                        rk.release(done + pk, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
-                        if cutlass.const_expr(CONSUMER_FREE):
-                            rk.release(empty + pk, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm,
-                                       sync=False)
+                    release_kv_page(pk, done, empty, narrow, share, wtid, ctid, hm)
                     if active:
                         if both_halves:
                             mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
@@ -624,15 +632,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                             cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
                         cute.nvgpu.warpgroup.commit_group()
                         cute.nvgpu.warpgroup.wait_group(0)
-                    if narrow:
-                        rk.release(done + pv, share, 128, wtid, BAR_ATTN, hm)
-                        if cutlass.const_expr(CONSUMER_FREE):
-                            rk.release(empty + pv, share, 128, wtid, BAR_ATTN, hm, sync=False)
-                    else:
-                        rk.release(done + pv, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
-                        if cutlass.const_expr(CONSUMER_FREE):
-                            rk.release(empty + pv, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm,
-                                       sync=False)
+                    release_kv_page(pv, done, empty, narrow, share, wtid, ctid, hm)
                 pg = pg + 2
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
