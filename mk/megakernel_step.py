@@ -72,6 +72,9 @@ def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: Ke
         why.append(f"page_size {ps}: the attention TMA boxes need a power of two >= 8")
     if plan_cfg.kv_split % KEY_BLOCK:
         why.append(f"PlanConfig.kv_split {plan_cfg.kv_split} is not a multiple of {KEY_BLOCK}")
+    if plan_cfg.kv_split_min % KEY_BLOCK:
+        why.append(f"PlanConfig.kv_split_min {plan_cfg.kv_split_min} is not a multiple of "
+                   f"{KEY_BLOCK} (the attention splits start on key blocks)")
     if plan_cfg.split_k != 1 and plan_cfg.splitk_align % K_ALIGN:
         why.append(f"PlanConfig.splitk_align {plan_cfg.splitk_align} is not a multiple of "
                    f"{K_ALIGN} (a split tile's K0 and K are TMA K coordinates)")
@@ -227,14 +230,16 @@ _register()
 
 # ==================================================================================== self-check
 def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
-                     decode_steps: int = 3, verbose: bool = True, split_k: int = 1) -> dict:
+                     decode_steps: int = 3, verbose: bool = True, split_k: int = 1,
+                     kv_split_min: int = 0, num_sms: int = 132) -> dict:
     """One mixed run of the tiny head_dim-128 model on the GPU: a prefill step of prompts of
     several lengths (some split over KV blocks of kv_split keys), then decode steps that mix in a
     second prefill chunk; every step's logits vs mk.vm on the same weights (bf16 tolerance) and the
     greedy tokens equal. The small run compute-sanitizer checks
     (`python -m mk.megakernel_step check --layers 2`). split_k: PlanConfig.split_k of both sides
     (1 never; n >= 2 forces n-way split-K tiles + SPLITK_REDUCE in every step of <= 256 tokens;
-    0 auto), so the megakernel runs the split plan the interpreter runs."""
+    0 auto), so the megakernel runs the split plan the interpreter runs. kv_split_min /
+    num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too."""
     from dataclasses import replace as dc_replace
 
     from mk.batch import SeqChunk
@@ -249,7 +254,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     w = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cuda"),
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
-    pcfg = PlanConfig(kv_split=kv_split, split_k=split_k)
+    pcfg = PlanConfig(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
+                      num_sms=num_sms)
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),
@@ -304,6 +310,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         b = b.flatten(1, 2)[:, slots].float()
         kv_err = max(kv_err, float((a - b).abs().max()))
     return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, split_k=split_k,
+                kv_split_min=kv_split_min,
                 split_instrs=int((plan_ops == _split_op()).sum()) if plan_ops is not None else 0,
                 steps=steps,
                 worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,
@@ -328,11 +335,16 @@ def _main(argv=None) -> int:
     ap.add_argument("--decode-steps", type=int, default=3)
     ap.add_argument("--split-k", type=int, default=1, help="PlanConfig.split_k: 1 never (default), "
                     "n >= 2 force n, 0 auto")
+    ap.add_argument("--kv-split-min", type=int, default=0,
+                    help="PlanConfig.kv_split_min (0: never spread decode splits; the tiny model's "
+                    "steps then spread over --num-sms)")
+    ap.add_argument("--num-sms", type=int, default=132, help="PlanConfig.num_sms")
     a = ap.parse_args(argv)
     try:
         from mk import megakernel as mkk
         mkk.require_gpu("the megakernel check", hint="")
-        r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps, split_k=a.split_k)
+        r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps, split_k=a.split_k,
+                             kv_split_min=a.kv_split_min, num_sms=a.num_sms)
     except (RuntimeError, ValueError) as e:
         print(f"error: {type(e).__name__}: {e}", file=__import__("sys").stderr)
         return 1

@@ -115,6 +115,10 @@ class PlanConfig:
     lm_tile: int | None = None      # vocab columns per LM_HEAD tile
     token_block: int | None = None  # token rows per block; None: min(table BM, KernelConfig's)
     kv_split: int = 1024        # keys per attention split (a context longer than this is split)
+    # > 0: a step whose attention instructions would not fill num_sms SMs cuts its decode
+    # segments' keys into smaller splits (one size per step, a multiple of kv_split_min, at least
+    # kv_split_min, at most kv_split) so that they do (spread_kv_splits); 0: never
+    kv_split_min: int = 0
     attn_kv_heads: int = 1      # KV heads per attention instruction
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
@@ -144,6 +148,10 @@ class PlanConfig:
                                  f", got {v!r}")
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
+        if isinstance(self.kv_split_min, bool) or not isinstance(self.kv_split_min, (int, np.integer)) \
+                or not 0 <= self.kv_split_min <= self.kv_split:
+            raise ValueError(f"PlanConfig.kv_split_min must be an integer in [0, kv_split="
+                             f"{self.kv_split}], got {self.kv_split_min!r}")
         for name in ("split_k", "num_sms", "splitk_max_tokens", "max_split", "splitk_align"):
             v = getattr(self, name)
             lowest = 0 if name == "split_k" else 1
@@ -170,7 +178,28 @@ class PlanConfig:
                                 mlp=self.mlp_tile, down=self.down_tile, lm=self.lm_tile)
 
     def max_partial_rows(self, kernel: KernelConfig) -> int:
-        return self.partial_rows or kernel.max_batch_tokens * math.ceil(kernel.max_context / self.kv_split)
+        # spread decode splits add at most 2 rows per SM (spread_kv_splits: <= num_sms split
+        # instructions over < num_sms decode segments, one row each)
+        spread = 2 * self.num_sms if self.kv_split_min else 0
+        return self.partial_rows or (kernel.max_batch_tokens
+                                     * math.ceil(kernel.max_context / self.kv_split) + spread)
+
+    def spread_kv_splits(self, seg_rows: np.ndarray, seg_ctx: np.ndarray, ngrp: int) -> np.ndarray:
+        """Keys per attention split of each segment of a step (see kv_split_min): kv_split, or
+        for the decode segments (one row) of a step with fewer than num_sms attention
+        instructions one smaller size, so that their keys fill the SMs the other segments leave."""
+        out = np.full(len(seg_ctx), self.kv_split, np.int64)
+        if not self.kv_split_min or not len(seg_ctx):
+            return out
+        units = ngrp * -(-seg_ctx // self.kv_split)
+        dec = seg_rows == 1
+        if int(units.sum()) >= self.num_sms or not dec.any():
+            return out
+        free = max(self.num_sms - int(units[~dec].sum()), 1)
+        need = -(-int(seg_ctx[dec].sum()) * ngrp // free)          # keys per split instruction
+        size = self.kv_split_min * -(-need // self.kv_split_min)
+        out[dec] = min(max(size, self.kv_split_min), self.kv_split)
+        return out
 
     def splitk_rows(self, kernel: KernelConfig) -> int:
         """SPLITK rows: max_split partials of every row of a splittable step (0: never split)."""
@@ -643,7 +672,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     seg_rows = seg_r1 - seg_r0
     seg_pos0 = meta.seq_start[seg_seq] + (seg_r0 - r0s[seg_seq])
     seg_ctx = seg_pos0 + seg_rows
-    seg_nsplit = -(-seg_ctx // cfg.kv_split)
+    gh = min(cfg.attn_kv_heads, hkv)
+    grp_c0 = np.arange(0, hkv, gh)
+    grp_w = np.minimum(gh, hkv - grp_c0)
+    ngrp = len(grp_c0)
+    seg_kv = cfg.spread_kv_splits(seg_rows, seg_ctx, ngrp)      # keys per split
+    seg_nsplit = -(-seg_ctx // seg_kv)
     seg_is_first = seg_k == 0
     seg_is_last = seg_k == nseg_s[seg_seq] - 1
     nseg = len(seg_seq)
@@ -655,10 +689,6 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     if nseg and int(seg_slot[-1] + slot_need[-1]) > P:
         raise ValueError(f"attention splits need {int(seg_slot[-1] + slot_need[-1])} ATTN_PARTIAL "
                          f"rows, the buffer has {P} (raise PlanConfig.kv_split or partial_rows)")
-    gh = min(cfg.attn_kv_heads, hkv)
-    grp_c0 = np.arange(0, hkv, gh)
-    grp_w = np.minimum(gh, hkv - grp_c0)
-    ngrp = len(grp_c0)
 
     # counter layout -------------------------------------------------------------------------------
     names = ["NA", "QKV", "ATTN", "ORS", "HA", "NM", "GU", "DRS", "HM"]
@@ -731,8 +761,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     a_grp = within // seg_nsplit[a_seg]
     a_spl = within % seg_nsplit[a_seg]
     a_split = split[a_seg]
-    a_kv0 = a_spl * cfg.kv_split
-    a_kv1 = np.minimum(a_kv0 + cfg.kv_split, seg_ctx[a_seg])
+    a_kv0 = a_spl * seg_kv[a_seg]
+    a_kv1 = np.minimum(a_kv0 + seg_kv[a_seg], seg_ctx[a_seg])
     _emit(g, S_ATTN, Op.ATTENTION, seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
           col0=grp_c0[a_grp], cols=grp_w[a_grp],
           waits=[(C["QKV"] + seg_blk[a_seg], n_qkv), (jw_prev[a_seg], jw_prev_t[a_seg])],

@@ -19,12 +19,15 @@
 #          (split-K never / auto), racecheck of that step
 #   time   every switch on: the same points as base, with the journal
 #   each   one switch at a time: the same points, timed (no journal), to attribute the gain
+#   spread every switch on, decode splits spread over the SMs (PlanConfig.kv_split_min=64: at
+#          B=1 the one attention instruction per layer becomes 16): the two-layer check with
+#          spread splits, then B=1 / 16 / 64 timed (compare with time / base at B=1)
 # Read: base.log vs all.log (the opcode tables), check.log (all passed, 0 hazards), each_*.log.
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
-STEPS=${MK_STEPS:-"base check time each"}
+STEPS=${MK_STEPS:-"base check time spread each"}
 SWITCHES="MK_ATTN_Q_HOIST=1 MK_NORM_W_HOIST=1 MK_SPLITK_LOADS_FIRST=1 MK_ATTN_REDUCE_LOADS_FIRST=1 MK_GEMM_CONSUMER_FREE=1 MK_ATTN_CONSUMER_FREE=1 MK_ABORT_POLL_AFTER_NS=2000"
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 rc=0
@@ -60,6 +63,17 @@ if has time; then
   ) || rc=1
   rm -f "$OUTDIR"/all_*_journal.pt
   echo "== every switch on"; table "$OUTDIR/all.log"
+fi
+if has spread; then
+  (
+    export $SWITCHES
+    echo "== check --layers 2 --kv-split 256 --kv-split-min 64"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --kv-split 256 --kv-split-min 64 \
+        2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+    timeout 200 $B --batch 1,16,64 --plan kv_split_min=64 --out "$OUTDIR/spread.json" \
+        > "$OUTDIR/spread_time.log" 2>&1
+    grep -E "^decode" "$OUTDIR/spread_time.log"
+  ) 2>&1 | tee "$OUTDIR/spread.log" || rc=1
 fi
 if has each; then
   for sw in $SWITCHES; do

@@ -64,9 +64,11 @@ def test_unsupported_configurations_are_named():
     from mk.tiny import TINY_CONFIG, TINY_HD128_CONFIG
     assert unsupported_reasons(TINY_HD128_CONFIG, ParallelConfig(), KernelConfig()) == []
     why = unsupported_reasons(TINY_CONFIG, ParallelConfig(tp_size=2, rank=1),
-                              KernelConfig(page_size=4), PlanConfig(kv_split=100), torch.float32)
+                              KernelConfig(page_size=4), PlanConfig(kv_split=100, kv_split_min=50),
+                              torch.float32)
     text = " | ".join(why)
-    for needle in ("TP size 2", "float32", "head_dim 32", "page_size 4", "kv_split 100"):
+    for needle in ("TP size 2", "float32", "head_dim 32", "page_size 4", "kv_split 100",
+                   "kv_split_min 50"):
         assert needle in text, (needle, text)
 
 

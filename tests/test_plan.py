@@ -334,3 +334,44 @@ def test_layers_are_the_template_shifted_so_representative_rows_cover_the_stream
             assert np.array_equal(s[pre + layer * m:pre + (layer + 1) * m], want), layer
         rows = plan.representative_rows().numpy()
         assert np.array_equal(rows, np.r_[np.arange(pre + m), np.arange(pre + (L - 1) * m, len(s))])
+
+
+def test_spread_kv_splits_fill_the_sms_at_small_batch():
+    """PlanConfig.kv_split_min: a step with fewer attention instructions than num_sms cuts its
+    decode segments' keys into one smaller split size (a multiple of kv_split_min, at least it,
+    at most kv_split) so that they about fill the SMs; prefill segments keep kv_split; a step
+    that fills the SMs already, or kv_split_min 0, plans as before. The plans verify clean."""
+    from mk.instructions import attention as at
+    from mk.verify import check
+    base = PlanConfig(**{**CFG.__dict__, "kv_split": 32})
+    spread = PlanConfig(**{**base.__dict__, "kv_split_min": 8, "num_sms": 24})
+    decode = StepBatch([SeqChunk([3], 120, list(range(0, 31))), SeqChunk([4], 60, list(range(40, 56)))])
+
+    def attn(plan):
+        s = plan.instrs.numpy()
+        return s[(s[:, W_OPCODE] == Op.ATTENTION) & (s[:, W_LAYER] == 0)]
+    a0 = attn(plan_step(decode, MODEL, ParallelConfig(1, 0), KERNEL, base))
+    p1 = plan_step(decode, MODEL, ParallelConfig(1, 0), KERNEL, spread)
+    a1 = attn(p1)
+    assert len(a0) < len(a1) <= spread.num_sms
+    widths = a1[:, at.A_KV1] - a1[:, at.A_KV0]
+    size = int(widths.max())
+    assert size % spread.kv_split_min == 0 and spread.kv_split_min <= size <= spread.kv_split
+    assert (a1[:, at.A_KV0] % size == 0).all()
+    for seq in np.unique(a1[:, at.A_SEQ]):     # each (sequence, KV group)'s keys covered once
+        for g in np.unique(a1[:, W_COL0]):
+            sel = (a1[:, at.A_SEQ] == seq) & (a1[:, W_COL0] == g)
+            kv = a1[sel][:, [at.A_KV0, at.A_KV1]]
+            assert kv[0, 0] == 0 and (kv[1:, 0] == kv[:-1, 1]).all()
+    assert check([p1.instrs], p1.num_counters, meta=p1.meta) == []
+    # the mixed batch: prefill segments keep kv_split
+    pm = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, spread)
+    am = attn(pm)
+    pre = am[am[:, W_ROWS] > 1]
+    assert ((pre[:, at.A_KV1] - pre[:, at.A_KV0]) <= spread.kv_split).all()
+    assert check([pm.instrs], pm.num_counters, meta=pm.meta) == []
+    # enough instructions already: unchanged
+    full = PlanConfig(**{**spread.__dict__, "num_sms": 2})
+    assert np.array_equal(attn(plan_step(decode, MODEL, ParallelConfig(1, 0), KERNEL, full)), a0)
+    with pytest.raises(ValueError, match="kv_split_min"):
+        PlanConfig(kv_split=64, kv_split_min=128)
