@@ -23,6 +23,8 @@
 #          B=1 the one attention instruction per layer becomes 16): the two-layer check with
 #          spread splits, then B=1 / 16 / 64 timed (compare with time / base at B=1)
 # Read: base.log vs all.log (the opcode tables), check.log (all passed, 0 hazards), each_*.log.
+# Device time (estimate, one H200, warm): base + check + time + spread ~12-14 min, each ~8 min:
+# run MK_STEPS="base check time spread" first, "each" in a second call.
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"

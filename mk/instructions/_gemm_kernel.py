@@ -442,12 +442,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             # per warp), which frees them (`empty`) in ring order: every use of a page completes
             # exactly one phase of full, done and empty, and no waiter can fall two phases behind
             # (CONSUMER_FREE: the consumers free them themselves)
-            for j in cutlass.range_constexpr(spp):
-                pp, _ = page_of(pg + (k - 1) * spp + j, npages)
-                if cutlass.const_expr(CONSUMER_FREE):
-                    release_operand_page(pp, done, empty, lane, share, split)
-                else:
-                    consumer_arrive(done + pp, lane, share)
+            release_stage(pg + (k - 1) * spp, spp, npages, done, empty, lane, share, split)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(split is not None):
         if split.nsplit() >= 2:
@@ -456,12 +451,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             store_partial(cfg, accs, tCcC, wg, split, row0, rows)
             if cutlass.const_expr(share != CONSUMER_THREADS):
                 cute.arch.sync_warp()       # lane 0's `done` arrive speaks for the warp's stores
-    for j in cutlass.range_constexpr(spp):
-        pp, _ = page_of(pg + (kt - 1) * spp + j, npages)
-        if cutlass.const_expr(CONSUMER_FREE):
-            release_operand_page(pp, done, empty, lane, share, split)
-        else:
-            consumer_arrive(done + pp, lane, share)
+    release_stage(pg + (kt - 1) * spp, spp, npages, done, empty, lane, share, split)
     pg = pg + kt * spp
     if cutlass.const_expr(split is None):
         pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg, npages,
@@ -544,6 +534,20 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         pe, _ = page_of(pg + e, npages)
         consumer_arrive(done + pe, lane, share)
     return pg + ne
+
+
+@cute.jit
+def release_stage(stage_pg: Int32, spp: cutlass.Constexpr, npages: cutlass.Constexpr,
+                  done: cute.Pointer, empty: cute.Pointer, lane: Int32, share: cutlass.Constexpr,
+                  split=None):
+    """A consumer thread's hand-off of the spp pages of the stage starting at ring count
+    stage_pg, whose wgmmas retired (release_operand_page, or `done` only without CONSUMER_FREE)."""
+    for j in cutlass.range_constexpr(spp):
+        pp, _ = page_of(stage_pg + j, npages)
+        if cutlass.const_expr(CONSUMER_FREE):
+            release_operand_page(pp, done, empty, lane, share, split)
+        else:
+            consumer_arrive(done + pp, lane, share)
 
 
 @cute.jit
