@@ -228,6 +228,44 @@ def _register() -> None:
 _register()
 
 
+# ==================================================================================== host check
+def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig,
+                  num_tokens: int) -> tuple[int, int, int, dict]:
+    """(nbuf, T, H, keyword arguments of mk.megakernel.check_plan) for the operands this backend
+    allocates, as meta tensors (shapes only, no memory, no GPU): the host check of a step of
+    num_tokens tokens on any machine (tests, bench/host_step.py). TP 1 (or one rank's shard seen
+    as TP 1, mk.peers.shard_as_tp1)."""
+    from mk import megakernel as mkk
+    from mk.config import ParallelConfig as PC
+    from mk.ir import Op
+    sh = buffer_shapes(model, PC(), kernel, plan_cfg)
+    T, H = sh[Buf.HIDDEN]
+    L, D = model.num_layers, model.head_dim
+    hq, hkv, I, V = model.num_heads, model.num_kv_heads, model.intermediate_size, model.vocab_size
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    arena = meta(3, T, H)
+    G = mkk.GemmOperands
+    gemm = {Op.QKV_ROPE: G(arena, meta(L, (hq + 2 * hkv) * D, H), meta(*sh[Buf.Q]), 0, int(Buf.Q)),
+            Op.O_PROJ: G(meta(*sh[Buf.ATTN_OUT]), meta(L, H, hq * D), arena, int(Buf.ATTN_OUT), 0),
+            Op.GATE_UP: G(arena, meta(L, 2 * I, H), meta(*sh[Buf.MLP_ACT]), 0, int(Buf.MLP_ACT)),
+            Op.DOWN: G(meta(*sh[Buf.MLP_ACT]), meta(L, H, I), arena, int(Buf.MLP_ACT), 0),
+            Op.LM_HEAD: G(meta(*sh[Buf.LAST_NORMED]), meta(V, H),
+                          meta(*sh[Buf.LOGITS], dtype=torch.float32), int(Buf.LAST_NORMED),
+                          int(Buf.LOGITS))}
+    f32 = torch.float32
+    kw = dict(gemm=gemm, slots=mkk.gemm_slots(gemm, num_tokens),
+              kv_shape=(2,) + tuple(sh[Buf.K_CACHE]),
+              attn=mkk.AttnOperands(meta(*sh[Buf.Q]), meta(*sh[Buf.ATTN_OUT]),
+                                    meta(*sh[Buf.ATTN_PARTIAL], dtype=f32),
+                                    meta(*sh[Buf.ATTN_LSE], dtype=f32), kernel.page_size),
+              embed_shape=(V, H), last_normed_shape=tuple(sh[Buf.LAST_NORMED]),
+              meta_page_size=kernel.page_size,
+              splitk_shape=tuple(sh[Buf.SPLITK]) if sh[Buf.SPLITK][0] > 0 else None)
+    return 3, T, H, kw
+
+
 # ==================================================================================== self-check
 def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
                      decode_steps: int = 3, verbose: bool = True, split_k: int = 1,

@@ -124,56 +124,29 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
           [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
 
 
-def _meta(*shape, dtype=None):
-    import torch
-    return torch.empty(*shape, dtype=dtype or torch.bfloat16, device="meta")
-
-
 def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130)):
     """A prefill step of the tiny head_dim-128 model (mk.tiny) planned with split_k, and the
     megakernel operands' shapes of mk.megakernel_step (meta tensors: shapes only)."""
-    import torch
-
-    import mk.megakernel as M
     from mk.batch import SeqChunk, StepBatch
     from mk.config import ParallelConfig
     from mk.engine import PageManager, default_kernel_config
     from mk.instructions.base import Buf
-    from mk.ir import Op
+    from mk.megakernel_step import meta_operands
     from mk.plan import PlanConfig, Planner, buffer_shapes
     from mk.tiny import TINY_HD128_CONFIG as cfg
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
     pcfg = PlanConfig(split_k=split_k)
-    par = ParallelConfig()
-    plan = Planner(cfg, par, kernel, pcfg)
+    plan = Planner(cfg, ParallelConfig(), kernel, pcfg)
     pages = PageManager(kernel.kv_pages, kernel.page_size)
     chunks = []
     for i, n in enumerate(tokens):
         pages.allocate(i, n + 1)
         chunks.append(SeqChunk([1] * n, 0, pages.pages(i)))
     p = plan.plan(StepBatch(chunks))
-    sh = buffer_shapes(cfg, par, kernel, pcfg)
-    T, H = sh[Buf.HIDDEN]
-    L, D = cfg.num_layers, cfg.head_dim
-    hq, hkv, I, V = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size
-    arena = _meta(3, T, H)
-    G = M.GemmOperands
-    gemm = {Op.QKV_ROPE: G(arena, _meta(L, (hq + 2 * hkv) * D, H), _meta(*sh[Buf.Q]), 0, int(Buf.Q)),
-            Op.O_PROJ: G(_meta(*sh[Buf.ATTN_OUT]), _meta(L, H, hq * D), arena, int(Buf.ATTN_OUT), 0),
-            Op.GATE_UP: G(arena, _meta(L, 2 * I, H), _meta(*sh[Buf.MLP_ACT]), 0, int(Buf.MLP_ACT)),
-            Op.DOWN: G(_meta(*sh[Buf.MLP_ACT]), _meta(L, H, I), arena, int(Buf.MLP_ACT), 0),
-            Op.LM_HEAD: G(_meta(*sh[Buf.LAST_NORMED]), _meta(V, H), _meta(*sh[Buf.LOGITS]),
-                          int(Buf.LAST_NORMED), int(Buf.LOGITS))}
-    n = sum(tokens)
-    kw = dict(gemm=gemm, slots=M.gemm_slots(gemm, n),
-              kv_shape=(2,) + tuple(sh[Buf.K_CACHE]),
-              attn=M.AttnOperands(_meta(*sh[Buf.Q]), _meta(*sh[Buf.ATTN_OUT]),
-                                  _meta(*sh[Buf.ATTN_PARTIAL], dtype=torch.float32),
-                                  _meta(*sh[Buf.ATTN_LSE], dtype=torch.float32), kernel.page_size),
-              embed_shape=(V, H), last_normed_shape=tuple(sh[Buf.LAST_NORMED]),
-              meta_page_size=kernel.page_size)
+    nbuf, T, H, kw = meta_operands(cfg, kernel, pcfg, sum(tokens))
+    kw.pop("splitk_shape")
     _tiny_step_plan.last_plan = p
-    return p.instrs, (3, T, H), kw, tuple(sh[Buf.SPLITK])
+    return p.instrs, (nbuf, T, H), kw, tuple(buffer_shapes(cfg, ParallelConfig(), kernel, pcfg)[Buf.SPLITK])
 
 
 @pytest.mark.parametrize("split_k", [2, 4, 8])

@@ -1,0 +1,120 @@
+"""The megakernel backend's host work per step, on the CPU (not a timed test): one Llama-70B TP8
+rank seen as a TP-1 model (what launch/bench.py times on the GPU), decode at the bench's batch
+sizes and the mixed step. Per point: the plan (mk.plan.Planner, arena reused), the host check
+of the stream (mk.megakernel.check_plan) in full and on StepPlan.representative_stream (what
+MegakernelStepBackend.prepare runs), and the bytes the step uploads. Medians of --repeat.
+
+    python bench/host_step.py [--repeat 7] [--out bench/results/host_step_<date>.json]
+
+Needs nvidia-cutlass-dsl importable (the check's tile rules), no GPU (meta tensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mk.batch import SeqChunk, StepBatch  # noqa: E402
+from mk.config import KernelConfig, ModelConfig, ParallelConfig  # noqa: E402
+from mk.plan import PlanConfig, Planner  # noqa: E402
+
+LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                 num_kv_heads=8, head_dim=128, vocab_size=128256)
+POINTS = [(1, 1024, 0), (16, 1024, 0), (64, 1024, 0), (256, 1024, 0), (1024, 1024, 0),
+          (4096, 256, 0), (256, 1024, 1024)]        # (decode sequences, context, prefill tokens)
+
+
+def rank_model() -> ModelConfig:
+    """Rank 0 of TP 8 as a TP-1 model of the shard's shapes (mk.peers.shard_as_tp1's config)."""
+    cfg, par = ModelConfig(**LLAMA_70B), ParallelConfig(8, 0)
+    return ModelConfig(**{**LLAMA_70B, "num_heads": par.heads_local(cfg),
+                          "num_kv_heads": par.kv_heads_local(cfg),
+                          "intermediate_size": par.intermediate_local(cfg),
+                          "vocab_size": par.vocab_local(cfg)})
+
+
+def point_batch(decode: int, ctx: int, prefill: int, page: int) -> StepBatch:
+    per = -(-max(ctx, prefill) // page)
+    seqs = [SeqChunk([1], ctx - 1, list(range(i * per, (i + 1) * per))) for i in range(decode)]
+    if prefill:
+        seqs.append(SeqChunk([1] * prefill, 0, list(range(decode * per, (decode + 1) * per))))
+    return StepBatch(seqs)
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import mk.megakernel as M
+    from mk.megakernel_step import meta_operands
+    model, page = rank_model(), 16
+    rows = []
+    print(f"{'point':<34}{'instrs':>9}{'MiB':>7}{'plan ms':>9}{'check full':>12}"
+          f"{'check repr':>12}")
+    for decode, ctx, prefill in POINTS:
+        seqs = decode + (1 if prefill else 0)
+        per = -(-max(ctx, prefill) // page)
+        kernel = KernelConfig(page_size=page, max_seqs=4096, max_context=max(ctx, prefill),
+                              max_batch_tokens=4096, num_kv_pages=seqs * per)
+        cfg = PlanConfig(split_k=0)               # the megakernel backend's default
+        planner = Planner(model, ParallelConfig(), kernel, cfg)
+        batch = point_batch(decode, ctx, prefill, page)
+        plan = planner.plan(batch)
+        nbuf, T, H, kw = meta_operands(model, kernel, cfg, batch.num_tokens)
+        n_ctr = 1 << 22
+
+        def check_full():
+            M.check_plan(plan.instrs, nbuf, T, H, n_ctr, **kw)
+
+        def check_repr():
+            M.check_plan(plan.representative_stream(), nbuf, T, H, n_ctr, **kw)
+        label = f"decode B={decode} ctx={ctx}" + (f" + prefill {prefill}" if prefill else "")
+        r = dict(point=label, instructions=len(plan), stream_bytes=len(plan) * 128,
+                 plan_ms=round(timed(lambda: planner.plan(batch), args.repeat), 2),
+                 check_full_ms=round(timed(check_full, max(1, args.repeat // 2)), 2),
+                 check_representative_ms=round(timed(check_repr, args.repeat), 2))
+        rows.append(r)
+        print(f"{label:<34}{r['instructions']:>9}{r['stream_bytes'] / 2**20:>7.1f}"
+              f"{r['plan_ms']:>9.1f}{r['check_full_ms']:>12.1f}{r['check_representative_ms']:>12.2f}",
+              flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    report = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
+                  commit=os.environ.get("MK_COMMIT") or commit,
+                  machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+                          f"(CPU only)",
+                  command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:])),
+                  model="Llama-70B TP8 rank 0 as TP 1", points=rows)
+    out = Path(args.out) if args.out else \
+        ROOT / "bench" / "results" / f"host_step_{datetime.date.today().isoformat()}.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
