@@ -22,7 +22,8 @@
 #   spread every switch on, decode splits spread over the SMs (PlanConfig.kv_split_min=64: at
 #          B=1 the one attention instruction per layer becomes 16): the two-layer check with
 #          spread splits, then B=1 / 16 / 64 timed (compare with time / base at B=1)
-# Read: base.log vs all.log (the opcode tables), check.log (all passed, 0 hazards), each_*.log.
+# Read: base.log vs all.log (the opcode tables), check.log (all passed, 0 hazards), each_*.log
+# (packed in each.tar.gz). At most 7 files per call: the device tool brings back 8.
 # Device time (estimate, one H200, warm): base + check + time + spread ~12-14 min, each ~8 min:
 # run MK_STEPS="base check time spread" first, "each" in a second call.
 set -u
@@ -37,7 +38,7 @@ has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode"; }
 if has base; then
   timeout 240 $B --batch 1,256 --journal --out "$OUTDIR/base.json" > "$OUTDIR/base.log" 2>&1 || rc=1
-  rm -f "$OUTDIR"/base_*_journal.pt
+  rm -f "$OUTDIR"/base_*_journal.pt "$OUTDIR"/base_*_timeline.png
   echo "== base"; table "$OUTDIR/base.log"
 fi
 if has check; then
@@ -63,7 +64,7 @@ if has time; then
     export $SWITCHES
     timeout 240 $B --batch 1,256 --journal --out "$OUTDIR/all.json" > "$OUTDIR/all.log" 2>&1
   ) || rc=1
-  rm -f "$OUTDIR"/all_*_journal.pt
+  rm -f "$OUTDIR"/all_*_journal.pt "$OUTDIR"/all_*_timeline.png
   echo "== every switch on"; table "$OUTDIR/all.log"
 fi
 if has spread; then
@@ -75,7 +76,7 @@ if has spread; then
     timeout 200 $B --batch 1,16,64 --plan kv_split_min=64 --out "$OUTDIR/spread.json" \
         > "$OUTDIR/spread_time.log" 2>&1
     grep -E "^decode" "$OUTDIR/spread_time.log"
-  ) 2>&1 | tee "$OUTDIR/spread.log" || rc=1
+  ) 2>&1 || rc=1
 fi
 if has each; then
   for sw in $SWITCHES; do
@@ -84,5 +85,7 @@ if has each; then
         > "$OUTDIR/each_$name.log" 2>&1 ) || rc=1
     echo "== $sw"; grep -E "^decode" "$OUTDIR/each_$name.log"
   done
+  # one file for the device tool (it brings back 8 at most)
+  tar -C "$OUTDIR" -czf "$OUTDIR/each.tar.gz" $(cd "$OUTDIR" && ls each_*) && rm -f "$OUTDIR"/each_*
 fi
 exit $rc
