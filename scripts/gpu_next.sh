@@ -12,6 +12,8 @@
 #   MK_SPLITK_LOADS_FIRST=1     SPLITK_REDUCE's partial loads ahead of the adds (2 x nsplit dependent
 #                               round trips -> nsplit / 2)
 #   MK_ATTN_REDUCE_LOADS_FIRST=1 ATTN_REDUCE's LSE and partial loads two splits ahead (its 13.5 us)
+#   MK_ATTN_TABLE_PREFETCH=1    the attention loader's page-table entries 32 per warp load (suspect
+#                               of the ~2.4 us per 64-key block: one L2 round trip per block)
 # Steps (MK_STEPS, default all, most telling first; logs under $OUT, else bench/results/):
 #   base   the step as it is: decode B=1 and 256 of the 70B TP8 rank, timed, with the journal's
 #          per-opcode breakdown and each role's own times (megakernel only)
@@ -31,7 +33,7 @@ OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 STEPS=${MK_STEPS:-"base check time spread each"}
-SWITCHES="MK_ATTN_Q_HOIST=1 MK_NORM_W_HOIST=1 MK_SPLITK_LOADS_FIRST=1 MK_ATTN_REDUCE_LOADS_FIRST=1 MK_GEMM_CONSUMER_FREE=1 MK_ATTN_CONSUMER_FREE=1 MK_ABORT_POLL_AFTER_NS=2000"
+SWITCHES="MK_ATTN_Q_HOIST=1 MK_ATTN_TABLE_PREFETCH=1 MK_NORM_W_HOIST=1 MK_SPLITK_LOADS_FIRST=1 MK_ATTN_REDUCE_LOADS_FIRST=1 MK_GEMM_CONSUMER_FREE=1 MK_ATTN_CONSUMER_FREE=1 MK_ABORT_POLL_AFTER_NS=2000"
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 rc=0
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }

@@ -228,7 +228,8 @@ def test_experimental_switches_compile_without_spills(tmp_path):
     their operand / K/V pages), MK_ABORT_POLL_AFTER_NS=2000 (page waits read the abort word
     only after 2 us), MK_NORM_W_HOIST=1 (RMSNORM's weight loads first) and MK_ATTN_Q_HOIST=1
     (attention's Q loads first), MK_SPLITK_LOADS_FIRST=1 and MK_ATTN_REDUCE_LOADS_FIRST=1 (the
-    two reductions' loads two splits ahead);
+    two reductions' loads two splits ahead) and MK_ATTN_TABLE_PREFETCH=1 (the attention
+    loader's page-table entries 32 at a time);
     compile-time
     switches, read at import, so in a process of its own: the
     all-opcode M64 variant with split-K compiles, 0 spills, no call; and the consumers then
@@ -249,7 +250,7 @@ def test_experimental_switches_compile_without_spills(tmp_path):
         env = dict(os.environ, MK_GEMM_CONSUMER_FREE=flag, MK_ATTN_CONSUMER_FREE=flag,
                    MK_ABORT_POLL_AFTER_NS="2000" if flag == "1" else "0", MK_NORM_W_HOIST=flag,
                    MK_ATTN_Q_HOIST=flag, MK_SPLITK_LOADS_FIRST=flag,
-                   MK_ATTN_REDUCE_LOADS_FIRST=flag)
+                   MK_ATTN_REDUCE_LOADS_FIRST=flag, MK_ATTN_TABLE_PREFETCH=flag)
         r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]

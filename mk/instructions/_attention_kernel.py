@@ -247,6 +247,15 @@ def page_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Te
         bar_wait(bar, phase, timeout_ns, state, kind, ticket)
 
 
+# The ATTENTION loader takes its K/V page-table entries 32 at a time (one warp-wide load,
+# shuffled out per sub-box) instead of loading each block's entries before its TMA: with one
+# dependent L2 round trip per 64-key block, the single loader warp could not keep ahead of the
+# consumers (decode ran at ~2.4 us per block whatever the consumers did, and page 64 was no
+# faster than page 16; bench/ATTENTION_NOTES.md). Compile-time, off until GPU-verified
+# (MK_ATTN_TABLE_PREFETCH=1; scripts/gpu_next.sh).
+TABLE_PREFETCH = os.environ.get("MK_ATTN_TABLE_PREFETCH", "0") == "1"
+
+
 # ============================================================================ loader (1 warp)
 @cute.jit
 def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
@@ -269,23 +278,41 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     ne = Int32(E_DIRECT)
     if mode != at.MODE_DIRECT:
         ne = Int32(E_PARTIAL)
+    lane = cute.arch.lane_idx()
+    last_word = meta.shape[0] - 1
     for kh in range(cols):
         kc = (col0 + kh) * D
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            table = Int32(0)            # TABLE_PREFETCH: entry (chunk * 32 + lane) of the table
+            chunk = Int32(-1)
             for b in range(nblk):
                 kb0 = kv0 + b * KB
                 nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
                 if nval > nsub:
                     nval = Int32(nsub)
-                # the block's page-table entries, all loaded before the first TMA (one latency,
-                # not one per sub-box: a TMA issue orders the loads after it) and shared by K, V
-                for s in cutlass.range_constexpr(nsub):
-                    crow_s = Int32(0)
-                    if s < nval:
-                        p = kb0 + s * psb
-                        crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
-                    crows[s] = crow_s
+                if cutlass.const_expr(TABLE_PREFETCH):
+                    # 32 page-table entries per warp-wide load, handed out by shuffles: one L2
+                    # round trip per 32 pages instead of one per block (the loader's serial
+                    # latency per block; a few words past the sequence's table may be read, never
+                    # used, and stay inside the metadata buffer)
+                    for s in cutlass.range_constexpr(nsub):
+                        pi = (kb0 + s * psb) // page_size
+                        if pi // 32 != chunk:
+                            chunk = pi // 32
+                            table = meta[imin(page_off + chunk * 32 + lane, last_word)]
+                        ent = cute.arch.shuffle_sync(table, pi % 32)
+                        crows[s] = lrow + ent * page_size + (kb0 + s * psb) % page_size
+                else:
+                    # the block's page-table entries, all loaded before the first TMA (one
+                    # latency, not one per sub-box: a TMA issue orders the loads after it) and
+                    # shared by K, V
+                    for s in cutlass.range_constexpr(nsub):
+                        crow_s = Int32(0)
+                        if s < nval:
+                            p = kb0 + s * psb
+                            crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
+                        crows[s] = crow_s
                 for z in cutlass.range_constexpr(2):        # K page, then V page
                     page, ph = page_of(pg, npages)
                     bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
