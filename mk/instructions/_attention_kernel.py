@@ -258,6 +258,64 @@ TABLE_PREFETCH = os.environ.get("MK_ATTN_TABLE_PREFETCH", "0") == "1"
 
 # ============================================================================ loader (1 warp)
 @cute.jit
+def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
+                  psb: cutlass.Constexpr, crows: cute.Tensor, nval: Int32, kc: Int32, pool: Int32,
+                  full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+    """One key block's K page, then V page: wait for the page to be free, TMA its nval sub-boxes
+    (cache rows crows[s], both 64-column halves of the head at column kc). Returns pg + 2."""
+    nsub = KB // psb
+    for z in cutlass.range_constexpr(2):        # K page, then V page
+        page, ph = page_of(pg, npages)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full + page, nval * (2 * psb * HALF * 2))
+        for s in cutlass.range_constexpr(nsub):
+            if s < nval:
+                for hf in cutlass.range_constexpr(2):
+                    tma_box(tma, gKV, box_layout, psb, pool, page,
+                            Int32(hf * HALF_BYTES + s * psb * HALF * 2), crows[s],
+                            kc + hf * HALF, Int32(z), full + page)
+        pg = pg + 1
+    return pg
+
+
+@cute.jit
+def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
+                              page_size: cutlass.Constexpr, meta: cute.Tensor, lrow: Int32,
+                              kc: Int32, kv0: Int32, kend: Int32, nblk: Int32, page_off: Int32,
+                              pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
+                              npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                              ticket: Int32) -> Int32:
+    """attn_load's K/V blocks of one unit with TABLE_PREFETCH: the page-table entries 32 per
+    warp-wide load (lane i holds entry 32c + i of the sequence's table), handed to each sub-box by
+    a shuffle. A few words past the sequence's table may be read (clamped to the metadata buffer)
+    and are never used: sub-boxes past the key end issue no TMA."""
+    psb = min(page_size, KB)
+    nsub = KB // psb
+    lane = cute.arch.lane_idx()
+    last_word = meta.shape[0] - 1
+    crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
+    table = Int32(0)
+    chunk = Int32(-1)
+    for b in range(nblk):
+        kb0 = kv0 + b * KB
+        nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
+        if nval > nsub:
+            nval = Int32(nsub)
+        for s in cutlass.range_constexpr(nsub):
+            pi = (kb0 + s * psb) // page_size
+            if pi // 32 != chunk:                    # warp-uniform
+                chunk = pi // 32
+                table = meta[imin(page_off + chunk * 32 + lane, last_word)]
+            ent = cute.arch.shuffle_sync(table, pi % 32)
+            crows[s] = lrow + ent * page_size + (kb0 + s * psb) % page_size
+        pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full, empty, pg,
+                           npages, timeout_ns, state, ticket)
+    return pg
+
+
+@cute.jit
 def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
               page_size: cutlass.Constexpr, meta: cute.Tensor, layer: Int32, R: Int32,
               col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, page_off: Int32,
@@ -278,53 +336,30 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     ne = Int32(E_DIRECT)
     if mode != at.MODE_DIRECT:
         ne = Int32(E_PARTIAL)
-    lane = cute.arch.lane_idx()
-    last_word = meta.shape[0] - 1
     for kh in range(cols):
         kc = (col0 + kh) * D
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            table = Int32(0)            # TABLE_PREFETCH: entry (chunk * 32 + lane) of the table
-            chunk = Int32(-1)
-            for b in range(nblk):
-                kb0 = kv0 + b * KB
-                nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
-                if nval > nsub:
-                    nval = Int32(nsub)
-                if cutlass.const_expr(TABLE_PREFETCH):
-                    # 32 page-table entries per warp-wide load, handed out by shuffles: one L2
-                    # round trip per 32 pages instead of one per block (the loader's serial
-                    # latency per block; a few words past the sequence's table may be read, never
-                    # used, and stay inside the metadata buffer)
-                    for s in cutlass.range_constexpr(nsub):
-                        pi = (kb0 + s * psb) // page_size
-                        if pi // 32 != chunk:
-                            chunk = pi // 32
-                            table = meta[imin(page_off + chunk * 32 + lane, last_word)]
-                        ent = cute.arch.shuffle_sync(table, pi % 32)
-                        crows[s] = lrow + ent * page_size + (kb0 + s * psb) % page_size
-                else:
-                    # the block's page-table entries, all loaded before the first TMA (one
-                    # latency, not one per sub-box: a TMA issue orders the loads after it) and
-                    # shared by K, V
+            if cutlass.const_expr(TABLE_PREFETCH):
+                pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta, lrow, kc,
+                                               kv0, kend, nblk, page_off, pool, full, empty, pg,
+                                               npages, timeout_ns, state, ticket)
+            else:
+                for b in range(nblk):
+                    kb0 = kv0 + b * KB
+                    nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
+                    if nval > nsub:
+                        nval = Int32(nsub)
+                    # the block's page-table entries, all loaded before the first TMA (one latency,
+                    # not one per sub-box: a TMA issue orders the loads after it) and shared by K, V
                     for s in cutlass.range_constexpr(nsub):
                         crow_s = Int32(0)
                         if s < nval:
                             p = kb0 + s * psb
                             crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
                         crows[s] = crow_s
-                for z in cutlass.range_constexpr(2):        # K page, then V page
-                    page, ph = page_of(pg, npages)
-                    bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + page, nval * (2 * psb * HALF * 2))
-                    for s in cutlass.range_constexpr(nsub):
-                        if s < nval:
-                            for hf in cutlass.range_constexpr(2):
-                                tma_box(tma, gKV, box_layout, psb, pool, page,
-                                        Int32(hf * HALF_BYTES + s * psb * HALF * 2), crows[s],
-                                        kc + hf * HALF, Int32(z), full + page)
-                    pg = pg + 1
+                    pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full,
+                                       empty, pg, npages, timeout_ns, state, ticket)
             for e in range(ne):
                 pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
     return pg
