@@ -258,6 +258,15 @@ TABLE_PREFETCH = os.environ.get("MK_ATTN_TABLE_PREFETCH", "0") == "1"
 
 # ============================================================================ loader (1 warp)
 @cute.jit
+def valid_subboxes(kend: Int32, kb0: Int32, psb: cutlass.Constexpr) -> Int32:
+    """Sub-boxes (of psb keys) of the block at kb0 that hold a key < kend, at most KB // psb."""
+    nval = (kend - kb0 + (psb - 1)) // psb
+    if nval > KB // psb:
+        nval = Int32(KB // psb)
+    return nval
+
+
+@cute.jit
 def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
                   psb: cutlass.Constexpr, crows: cute.Tensor, nval: Int32, kc: Int32, pool: Int32,
                   full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
@@ -300,9 +309,7 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
     chunk = Int32(-1)
     for b in range(nblk):
         kb0 = kv0 + b * KB
-        nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
-        if nval > nsub:
-            nval = Int32(nsub)
+        nval = valid_subboxes(kend, kb0, psb)
         for s in cutlass.range_constexpr(nsub):
             pi = (kb0 + s * psb) // page_size
             if pi // 32 != chunk:                    # warp-uniform
@@ -347,9 +354,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
             else:
                 for b in range(nblk):
                     kb0 = kv0 + b * KB
-                    nval = (kend - kb0 + (psb - 1)) // psb       # sub-boxes holding a key < kend
-                    if nval > nsub:
-                        nval = Int32(nsub)
+                    nval = valid_subboxes(kend, kb0, psb)
                     # the block's page-table entries, all loaded before the first TMA (one latency,
                     # not one per sub-box: a TMA issue orders the loads after it) and shared by K, V
                     for s in cutlass.range_constexpr(nsub):
