@@ -78,6 +78,22 @@ def assert_clean(rep: str):
     return max(used)
 
 
+def assert_split_variant(ptx: str, required: dict, want_partials: int, workdir: str) -> int:
+    """A split-K variant's PTX: every `required` pattern present, no call, want_partials partial
+    stores (8-byte st.global.v2.b32, one per accumulator pair), then ptxas clean and silent.
+    Returns the registers ptxas used."""
+    missing = [k for k, rx in required.items() if not re.search(rx, ptx)]
+    assert not missing, f"PTX lacks {missing}"
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    got = len(re.findall(r"st\.global\.v2\.b32", ptx))
+    assert got == want_partials, f"{got} partial stores (st.global.v2.b32), expected {want_partials}"
+    rep = ptxas_report(ptx, workdir)
+    regs = assert_clean(rep)
+    assert "warning" not in rep.lower(), rep        # ptxas silent
+    print([ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
+    return regs
+
+
 @pytest.fixture(scope="module")
 def dump_dir():
     pytest.importorskip("cutlass")

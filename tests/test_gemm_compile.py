@@ -15,7 +15,8 @@ import subprocess
 
 import pytest
 
-from _compile_gate import assert_clean, dump_dir, ptxas_report  # noqa: F401  (env set first)
+from _compile_gate import (assert_clean, assert_split_variant, dump_dir,  # noqa: F401
+                           ptxas_report)  # (env set first)
 
 pytestmark = pytest.mark.compile
 
@@ -135,19 +136,10 @@ def test_split_gemm_body_compiles_for_sm90a(dump_dir, op, tile):
 
     slots = M.class_slots(_class_of(op, tile), [Op[op]])
     comp = M.compile_fake(gemm=slots, splitk=True)
-    ptx = comp.__ptx__
-    missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
-    assert not missing, f"PTX lacks {missing}"
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    want = slots[0].cfg.acc_regs() // 2
-    got = len(re.findall(r"st\.global\.v2\.b32", ptx))
-    assert got == want, f"{got} partial stores, expected {want} (accumulator pairs)"
-    rep = ptxas_report(ptx, os.path.join(dump_dir, f"split_{op}_{tile}"))
-    regs = assert_clean(rep)
-    assert "warning" not in rep.lower(), rep        # ptxas silent
+    regs = assert_split_variant(comp.__ptx__, REQUIRED_PTX, slots[0].cfg.acc_regs() // 2,
+                                os.path.join(dump_dir, f"split_{op}_{tile}"))
     low, high = M.reg_split(slots)
     assert M.reg_split_ok(low, high, regs)
-    print(op, tile, "splitk", [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
 
 
 @pytest.mark.parametrize("handoff", ["warp", "group"])

@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from _compile_gate import assert_clean, dump_dir, ptxas_report  # noqa: F401  (env set first)
+from _compile_gate import (assert_clean, assert_split_variant, dump_dir,  # noqa: F401
+                           ptxas_report)  # (env set first)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.compile
@@ -108,20 +109,12 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     import mk.megakernel as M
     slots = M.class_slots(m)
     comp = M.compile_fake(gemm=slots, attn_page_size=page_size, gather=True, splitk=True)
-    ptx = comp.__ptx__
-    missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
-    assert not missing, f"PTX lacks {missing}"
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     want = sum(g.cfg.acc_regs() // 2 for g in slots if g.op in M.SPLITK_OPS)
-    got = len(re.findall(r"st\.global\.v2\.b32", ptx))
-    assert got == want, f"{got} partial stores (st.global.v2.b32), expected {want}"
-    rep = ptxas_report(ptx, os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}"))
-    regs = assert_clean(rep)
-    assert "warning" not in rep.lower(), rep        # ptxas silent
+    regs = assert_split_variant(comp.__ptx__, REQUIRED_PTX, want,
+                                os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}"))
     low, high = M.reg_split(slots)
     assert M.reg_split_ok(low, high, regs), (regs, low, high)
-    print(f"M{m} ps{page_size} splitk split {low}/{high}",
-          [ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
+    print(f"M{m} ps{page_size} splitk split {low}/{high}")
 
 
 def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130)):

@@ -412,6 +412,19 @@ def bf(x: Float32) -> Float32:
 
 
 @cute.jit
+def rescale_row(m_old: Float32, block_max: Float32, l_sum: Float32):
+    """The online softmax's row update for one key block: the new max m (over the quad), the
+    exp2 offset m * log2(e) (0 while the row has seen no key, so exp2 never sees -inf - -inf),
+    the rescale factor exp(m_old - m) and the rescaled partial sum. Returns (m, ms, alpha, l)."""
+    mn = cute.arch.fmax(m_old, quad_max(block_max))
+    mu = mn
+    if mn == Float32(NEG_INF):
+        mu = Float32(0.0)
+    al = cute.math.exp2((m_old - mu) * Float32(LOG2E), fastmath=True)
+    return mn, mu * Float32(LOG2E), al, l_sum * al
+
+
+@cute.jit
 def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32, lim1: Int32,
                    mr0: Float32, mr1: Float32, ls0: Float32, ls1: Float32, accO0: cute.Tensor,
                    accO1: cute.Tensor, rP: cute.Tensor, scale: Float32,
@@ -440,24 +453,12 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
                 s = Float32(NEG_INF)
             bm1 = cute.arch.fmax(bm1, s)
             accS[i] = s
-    mn0 = cute.arch.fmax(mr0, quad_max(bm0))
-    mu0 = mn0
-    if mn0 == Float32(NEG_INF):
-        mu0 = Float32(0.0)
-    al0 = cute.math.exp2((mr0 - mu0) * Float32(LOG2E), fastmath=True)
-    ms0 = mu0 * Float32(LOG2E)
-    ls0 = ls0 * al0
+    mn0, ms0, al0, ls0 = rescale_row(mr0, bm0, ls0)
     al1 = Float32(1.0)
     ms1 = Float32(0.0)
     mn1 = mr1
     if cutlass.const_expr(both_halves):
-        mn1 = cute.arch.fmax(mr1, quad_max(bm1))
-        mu1 = mn1
-        if mn1 == Float32(NEG_INF):
-            mu1 = Float32(0.0)
-        al1 = cute.math.exp2((mr1 - mu1) * Float32(LOG2E), fastmath=True)
-        ms1 = mu1 * Float32(LOG2E)
-        ls1 = ls1 * al1
+        mn1, ms1, al1, ls1 = rescale_row(mr1, bm1, ls1)
     for i in cutlass.range_constexpr(nsv):
         if cutlass.const_expr((i // 2) % 2 == 0):
             p = cute.math.exp2(accS[i] * Float32(LOG2E) - ms0, fastmath=True)
