@@ -251,9 +251,9 @@ def page_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Te
 # shuffled out per sub-box) instead of loading each block's entries before its TMA: with one
 # dependent L2 round trip per 64-key block, the single loader warp could not keep ahead of the
 # consumers (decode ran at ~2.4 us per block whatever the consumers did, and page 64 was no
-# faster than page 16; bench/ATTENTION_NOTES.md). Compile-time, off until GPU-verified
-# (MK_ATTN_TABLE_PREFETCH=1; scripts/gpu_next.sh).
-TABLE_PREFETCH = os.environ.get("MK_ATTN_TABLE_PREFETCH", "0") == "1"
+# faster than page 16; bench/ATTENTION_NOTES.md). Compile-time, on by default since its GPU check
+# (bench/results/switches_2026-11-29.log); MK_ATTN_TABLE_PREFETCH=0 builds the per-block loads.
+TABLE_PREFETCH = os.environ.get("MK_ATTN_TABLE_PREFETCH", "1") == "1"
 
 
 # ============================================================================ loader (1 warp)
@@ -510,8 +510,9 @@ def wg_barrier(wg: Int32):
 # past the last query row read row mtot - 1 and are zeroed after), instead of one load behind
 # each row test, whose use before the next test made the loads run one L2 round trip after
 # another (the suspect of the ~30 us an ATTENTION instruction costs beside its key blocks,
-# bench/ATTENTION_NOTES.md session 5). Compile-time, off until GPU-verified (MK_ATTN_Q_HOIST=1).
-Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "0") == "1"
+# bench/ATTENTION_NOTES.md session 5). Compile-time, on by default since its GPU check
+# (bench/results/switches_2026-11-29.log); MK_ATTN_Q_HOIST=0 builds the per-row loads.
+Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "1") == "1"
 
 
 @cute.jit
@@ -855,9 +856,9 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
 # ATTN_REDUCE's loads two splits ahead: the LSE maximum and the weighted sum each take two splits
 # per iteration with every load issued before its use (the plain loops wait for each split's
 # loads before the next split's: ~2 x nsplit dependent L2 round trips per row). Same float32
-# operations in the same order. Compile-time, off until GPU-verified
-# (MK_ATTN_REDUCE_LOADS_FIRST=1; scripts/gpu_next.sh).
-REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "0") == "1"
+# operations in the same order. Compile-time, on by default since its GPU check
+# (bench/results/switches_2026-11-29.log); MK_ATTN_REDUCE_LOADS_FIRST=0 builds the plain loops.
+REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "1") == "1"
 
 
 @cute.jit

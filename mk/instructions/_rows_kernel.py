@@ -163,8 +163,8 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
 # Page waits read the abort word (one L2 line, polled by every waiting warp of every CTA) only
 # once they have waited this long (ns); 0 = on every poll, as GPU-verified. A hand-off that
 # completes while its waiter is in that L2 round trip is seen one round trip late. Compile-time,
-# off until measured (MK_ABORT_POLL_AFTER_NS=2000; scripts/gpu_next.sh).
-ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "0"))
+# 2000 by default since its GPU check (bench/results/switches_2026-11-29.log).
+ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "2000"))
 
 
 @cute.jit
@@ -354,9 +354,9 @@ def warp_allreduce_sum(x: Float32) -> Float32:
 # RMSNORM's second pass loads a chunk's norm weights before its page work, unconditionally (one
 # L2 round trip per 1024-column chunk instead of one per 256-column box, each behind the branch
 # that uses it: 32 dependent round trips per row group at H = 8192, the suspect of RMSNORM's
-# 23 us for one row). Compile-time, off until GPU-verified (MK_NORM_W_HOIST=1;
-# scripts/gpu_next.sh).
-NORM_W_HOIST = os.environ.get("MK_NORM_W_HOIST", "0") == "1"
+# 23 us for one row; 16.7 us with it). Compile-time, on by default since its GPU check
+# (bench/results/switches_2026-11-29.log); MK_NORM_W_HOIST=0 builds the per-box loads.
+NORM_W_HOIST = os.environ.get("MK_NORM_W_HOIST", "1") == "1"
 
 
 @cute.jit

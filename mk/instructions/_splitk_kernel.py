@@ -68,9 +68,9 @@ def gvec_f32(addr: Int64):
 # and up, QKV's low and high halves) in one loop, two splits per iteration, so 4 loads are in
 # flight per L2 round trip instead of 1 (sum_partials' loop waits for each load before the next,
 # and the two sums ran one after the other: 2 x nsplit round trips, 32 for QKV's 16 splits).
-# Same float32 summation order (p0 + p1 + ... per sum). Compile-time, off until GPU-verified
-# (MK_SPLITK_LOADS_FIRST=1; scripts/gpu_next.sh).
-LOADS_FIRST = os.environ.get("MK_SPLITK_LOADS_FIRST", "0") == "1"
+# Same float32 summation order (p0 + p1 + ... per sum). Compile-time, on by default since its GPU
+# check (bench/results/switches_2026-11-29.log); MK_SPLITK_LOADS_FIRST=0 builds the old loop.
+LOADS_FIRST = os.environ.get("MK_SPLITK_LOADS_FIRST", "1") == "1"
 
 
 @cute.jit
