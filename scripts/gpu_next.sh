@@ -6,8 +6,6 @@
 #   MK_ATTN_Q_HOIST=1           attention's Q fragment loads issued at once (suspect of its ~30 us
 #                               fixed cost per instruction: 16-32 dependent L2 round trips)
 #   MK_NORM_W_HOIST=1           RMSNORM's norm-weight loads issued per chunk (suspect of its 23 us)
-#   MK_GEMM_CONSUMER_FREE=1     GEMM operand pages freed by the consumers (the epilogue stall)
-#   MK_ATTN_CONSUMER_FREE=1     attention K/V pages freed by the consumers
 #   MK_ABORT_POLL_AFTER_NS=2000 page waits read the abort word only after 2 us
 #   MK_SPLITK_LOADS_FIRST=1     SPLITK_REDUCE's partial loads ahead of the adds (2 x nsplit dependent
 #                               round trips -> nsplit / 2)
@@ -35,7 +33,6 @@ OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 STEPS=${MK_STEPS:-"base check time spread each"}
-# the consumer-free switches are left out: their storer parity is unsound (E2E_NOTES.md)
 SWITCHES=${MK_SWITCHES:-"MK_ATTN_Q_HOIST=1 MK_ATTN_TABLE_PREFETCH=1 MK_NORM_W_HOIST=1 MK_SPLITK_LOADS_FIRST=1 MK_ATTN_REDUCE_LOADS_FIRST=1 MK_ABORT_POLL_AFTER_NS=2000"}
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 rc=0

@@ -215,41 +215,47 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
             M.check_plan(bad[rows], nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
 
 
-# ------------------------------------------------------------------- GEMM consumer-freed pages
+# ------------------------------------------------------------------- experimental switches
+# The compile-time switches that are on by default since their GPU check
+# (bench/results/switches_2026-11-29.log), with the value that turns each off.
+SWITCHES_OFF = {"MK_ABORT_POLL_AFTER_NS": "0", "MK_NORM_W_HOIST": "0", "MK_ATTN_Q_HOIST": "0",
+                "MK_SPLITK_LOADS_FIRST": "0", "MK_ATTN_REDUCE_LOADS_FIRST": "0",
+                "MK_ATTN_TABLE_PREFETCH": "0"}
+
+
 def test_experimental_switches_compile_without_spills(tmp_path):
-    """MK_GEMM_CONSUMER_FREE=1 and MK_ATTN_CONSUMER_FREE=1 (the GEMM and attention consumers free
-    their operand / K/V pages), MK_ABORT_POLL_AFTER_NS=2000 (page waits read the abort word
-    only after 2 us), MK_NORM_W_HOIST=1 (RMSNORM's weight loads first) and MK_ATTN_Q_HOIST=1
-    (attention's Q loads first), MK_SPLITK_LOADS_FIRST=1 and MK_ATTN_REDUCE_LOADS_FIRST=1 (the
-    two reductions' loads two splits ahead) and MK_ATTN_TABLE_PREFETCH=1 (the attention
-    loader's page-table entries 32 at a time);
-    compile-time
-    switches, read at import, so in a process of its own: the
-    all-opcode M64 variant with split-K compiles, 0 spills, no call; and the consumers then
-    arrive on `empty` (more mbarrier arrives than the default's)."""
+    """MK_ABORT_POLL_AFTER_NS (page waits read the abort word only after 2 us; 0 = on every
+    poll), MK_NORM_W_HOIST (RMSNORM's weight loads first), MK_ATTN_Q_HOIST (attention's Q loads
+    first), MK_SPLITK_LOADS_FIRST and MK_ATTN_REDUCE_LOADS_FIRST (the two reductions' loads two
+    splits ahead) and MK_ATTN_TABLE_PREFETCH (the attention loader's page-table entries 32 at a
+    time) are on by default. They are compile-time, read at import, so each variant compiles in a
+    process of its own: the all-opcode M64 variant with split-K and all six switches off compiles,
+    0 spills, no call; the modules read the switches as set (on by default, off with "0"); and the
+    switched-off PTX differs from the default's (the switches still change the kernel)."""
     import subprocess
     import sys
     code = (
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
         "import _compile_gate, mk.megakernel as M\n"
-        "from mk.instructions import _gemm_kernel as gk\n"
-        "from mk.instructions import _attention_kernel as ak\n"
-        "assert gk.CONSUMER_FREE == ak.CONSUMER_FREE == (sys.argv[1] == '1')\n"
+        "from mk.instructions import _rows_kernel as rk, _attention_kernel as ak\n"
+        "from mk.instructions import _splitk_kernel as sk\n"
+        "on = sys.argv[1] == '1'\n"
+        "got = (rk.ABORT_POLL_AFTER_NS > 0, rk.NORM_W_HOIST, ak.Q_HOIST, sk.LOADS_FIRST,\n"
+        "       ak.REDUCE_LOADS_FIRST, ak.TABLE_PREFETCH)\n"
+        "assert got == (on,) * 6, got\n"
         "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
         "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
     ptx = {}
-    for flag in ("0", "1"):
-        out = tmp_path / f"cf{flag}.ptx"
-        env = dict(os.environ, MK_GEMM_CONSUMER_FREE=flag, MK_ATTN_CONSUMER_FREE=flag,
-                   MK_ABORT_POLL_AFTER_NS="2000" if flag == "1" else "0", MK_NORM_W_HOIST=flag,
-                   MK_ATTN_Q_HOIST=flag, MK_SPLITK_LOADS_FIRST=flag,
-                   MK_ATTN_REDUCE_LOADS_FIRST=flag, MK_ATTN_TABLE_PREFETCH=flag)
+    for flag in ("1", "0"):             # 1: the defaults (switches unset), 0: all six off
+        out = tmp_path / f"sw{flag}.ptx"
+        env = {k: v for k, v in os.environ.items() if k not in SWITCHES_OFF}
+        if flag == "0":
+            env.update(SWITCHES_OFF)
         r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         ptx[flag] = out.read_text()
-    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
-    arrives = {f: len(re.findall(r"mbarrier\.arrive", p)) for f, p in ptx.items()}
-    assert arrives["1"] > arrives["0"], arrives
-    rep = ptxas_report(ptx["1"], str(tmp_path / "cf1"))
+    assert ptx["0"] != ptx["1"], "the switches no longer change the PTX"
+    assert not re.search(r"^\s*call", ptx["0"], flags=re.M), "function calls in the kernel"
+    rep = ptxas_report(ptx["0"], str(tmp_path / "sw0"))
     assert_clean(rep)

@@ -117,12 +117,11 @@ MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows
 # in the megakernel's all-opcode M1024-ps64 (20 B) and warp hand-off (8 B) variants it spills
 WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
-# K/V pages freed by the consumers (like the GEMM bodies' CONSUMER_FREE): with the `done` of a K/V
-# page, the consumers also complete its `empty`, and the storer skips the unit's K/V pages (it
-# walks the epilogue pages only). Without it the storer frees K/V pages in ring order, after the
-# previous unit's epilogue stores, and every recycled page makes one more hop (consumer -> storer
-# -> loader). Compile-time, off until GPU-verified (MK_ATTN_CONSUMER_FREE=1; scripts/gpu_next.sh).
-CONSUMER_FREE = os.environ.get("MK_ATTN_CONSUMER_FREE", "0") == "1"
+# The consumers do not free K/V pages themselves (MK_ATTN_CONSUMER_FREE, removed 2026-11-29, like
+# the GEMM bodies' MK_GEMM_CONSUMER_FREE): the storer waiting `done` of epilogue pages only can
+# pass a parity wait on a stale phase while a page's previous K/V use is pending (deadlock on the
+# H200). The storer frees K/V pages in ring order (attn_store); the sound design, a per-page
+# done-parity mask in every family's storer, is in bench/ATTENTION_NOTES.md.
 OP_ATTENTION = int(Op.ATTENTION)
 OP_ATTN_REDUCE = int(Op.ATTN_REDUCE)
 
@@ -545,19 +544,15 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
 
 
 @cute.jit
-def release_kv_page(page: Int32, done: cute.Pointer, empty: cute.Pointer, narrow,
-                    share: cutlass.Constexpr, wtid: Int32, ctid: Int32, hm: cutlass.Constexpr):
-    """The consumers' hand-off of a K or V page their wgmmas have retired: `done` (and with
-    CONSUMER_FREE `empty`: the loader may refill it). A narrow unit's page is read by one
-    warpgroup, whose 128 threads arrive for both; otherwise all 256 arrive."""
+def release_kv_page(page: Int32, done: cute.Pointer, narrow, share: cutlass.Constexpr,
+                    wtid: Int32, ctid: Int32, hm: cutlass.Constexpr):
+    """The consumers' hand-off of a K or V page their wgmmas have retired: `done` (the storer
+    frees it, in ring order). A narrow unit's page is read by one warpgroup, whose 128 threads
+    arrive for both; otherwise all 256 arrive."""
     if narrow:
         rk.release(done + page, share, 128, wtid, BAR_ATTN, hm)
-        if cutlass.const_expr(CONSUMER_FREE):
-            rk.release(empty + page, share, 128, wtid, BAR_ATTN, hm, sync=False)
     else:
         rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
-        if cutlass.const_expr(CONSUMER_FREE):
-            rk.release(empty + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
 
 
 @cute.jit
@@ -667,7 +662,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         cute.nvgpu.warpgroup.wait_group(0)
                     # K page read (S retired): hand it to the storer (a narrow unit's page: this
                     # WG's threads arrive for both)
-                    release_kv_page(pk, done, empty, narrow, share, wtid, ctid, hm)
+                    release_kv_page(pk, done, narrow, share, wtid, ctid, hm)
                     if active:
                         if both_halves:
                             mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
@@ -701,7 +696,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                             cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
                         cute.nvgpu.warpgroup.commit_group()
                         cute.nvgpu.warpgroup.wait_group(0)
-                    release_kv_page(pv, done, empty, narrow, share, wtid, ctid, hm)
+                    release_kv_page(pv, done, narrow, share, wtid, ctid, hm)
                 pg = pg + 2
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
@@ -1016,7 +1011,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                state: cute.Tensor, ticket: Int32,
                share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
-    with them (CONSUMER_FREE: skip them, the consumers freed them), store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
+    with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
     rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0).
     share: empty[p]'s init count (see free_page)."""
     mtot = R * qpk
@@ -1025,13 +1020,12 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
         head0 = (col0 + kh) * qpk
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            if cutlass.const_expr(not CONSUMER_FREE):
-                for j in range(2 * nblk):
-                    page, ph = page_of(pg + j, npages)
-                    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-                    if sid == 0:
-                        cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
-            pg = pg + 2 * nblk          # (CONSUMER_FREE: the consumers freed them)
+            for j in range(2 * nblk):
+                page, ph = page_of(pg + j, npages)
+                bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                if sid == 0:
+                    cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+            pg = pg + 2 * nblk
             m0 = mt * MT
             if mode == at.MODE_DIRECT:
                 for w in cutlass.range_constexpr(E_DIRECT):

@@ -39,8 +39,6 @@ parity wait cannot tell phase u from u - 2):
               for operand pages, after its stores for epilogue pages. The storer walks every page
               in ring order, so every use of a page completes exactly one phase of each barrier
               and no waiter can be two phases behind (parity waits are then unambiguous).
-              CONSUMER_FREE (below; off by default): the consumers free operand pages
-              themselves and the storer walks epilogue pages only
 Epilogue pages hold the output tile as boxes of BM rows x 128 bytes (64 bf16 or 32 fp32 columns),
 SW128-swizzled like the A operand (byte offset r*128 + ((chunk ^ (r & 7)) << 4)), 128 / BM boxes
 per page; for RESIDUAL the loader TMA-loads the destination's residual tile into them (issued as
@@ -128,17 +126,10 @@ assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {s
 # faster (bench/results/gemm_profile_jobs_2026-11-29.json); MK_GEMM_EPI_BATCH=0 restores the
 # one-pass loop.
 EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
-# Operand pages freed by the consumers (CUTLASS's consumer_release): once a stage's wgmmas retired,
-# the consumers complete both `done` and `empty` of its pages, and the storer skips them (it walks
-# the epilogue pages only). Without it the storer frees operand pages in ring order, i.e. tile
-# i+1's consumed stages only after it has stored tile i's epilogue, and the loader stalls on them:
-# about half of each large-M tile (bench/GEMM_NOTES.md, profile of 2026-11-29). Split-K tiles keep
-# the storer's walk (it orders their partial stores before the signal). Every use of a page still
-# completes exactly one phase of each barrier: the loader waits `empty` in ring order, the storer
-# waits `done` of epilogue pages only, and a page's next use needs the storer's free of an
-# epilogue use or the consumers' of an operand use, so no waiter falls two phases behind.
-# Compile-time switch, off until GPU-verified (MK_GEMM_CONSUMER_FREE=1; scripts/gpu_next.sh).
-CONSUMER_FREE = os.environ.get("MK_GEMM_CONSUMER_FREE", "0") == "1"
+# The consumers do not free operand pages themselves (MK_GEMM_CONSUMER_FREE, removed 2026-11-29):
+# with the storer then waiting `done` of epilogue pages only, a page's previous operand use could
+# still be pending and the parity wait passed on a stale phase (deadlock on the H200). A sound
+# version needs a per-page done-parity mask in every family's storer (bench/GEMM_NOTES.md).
 
 
 @dataclass(frozen=True)
@@ -441,8 +432,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             # the previous stage's wgmmas retired: hand its pages to the storer (one `done` arrive
             # per warp), which frees them (`empty`) in ring order: every use of a page completes
             # exactly one phase of full, done and empty, and no waiter can fall two phases behind
-            # (CONSUMER_FREE: the consumers free them themselves)
-            release_stage(pg + (k - 1) * spp, spp, npages, done, empty, lane, share, split)
+            release_stage(pg + (k - 1) * spp, spp, npages, done, lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(split is not None):
         if split.nsplit() >= 2:
@@ -451,7 +441,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             store_partial(cfg, accs, tCcC, wg, split, row0, rows)
             if cutlass.const_expr(share != CONSUMER_THREADS):
                 cute.arch.sync_warp()       # lane 0's `done` arrive speaks for the warp's stores
-    release_stage(pg + (kt - 1) * spp, spp, npages, done, empty, lane, share, split)
+    release_stage(pg + (kt - 1) * spp, spp, npages, done, lane, share)
     pg = pg + kt * spp
     if cutlass.const_expr(split is None):
         pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg, npages,
@@ -538,31 +528,13 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
 
 @cute.jit
 def release_stage(stage_pg: Int32, spp: cutlass.Constexpr, npages: cutlass.Constexpr,
-                  done: cute.Pointer, empty: cute.Pointer, lane: Int32, share: cutlass.Constexpr,
-                  split=None):
+                  done: cute.Pointer, lane: Int32, share: cutlass.Constexpr):
     """A consumer thread's hand-off of the spp pages of the stage starting at ring count
-    stage_pg, whose wgmmas retired (release_operand_page, or `done` only without CONSUMER_FREE)."""
+    stage_pg, whose wgmmas retired: `done` only; the storer's walk frees them (`empty`) in ring
+    order (gemm_store)."""
     for j in cutlass.range_constexpr(spp):
         pp, _ = page_of(stage_pg + j, npages)
-        if cutlass.const_expr(CONSUMER_FREE):
-            release_operand_page(pp, done, empty, lane, share, split)
-        else:
-            consumer_arrive(done + pp, lane, share)
-
-
-@cute.jit
-def release_operand_page(page: Int32, done: cute.Pointer, empty: cute.Pointer, lane: Int32,
-                         share: cutlass.Constexpr, split=None):
-    """A consumer thread's hand-off of an operand page whose wgmmas retired: `done` (for the
-    storer's walk), and with CONSUMER_FREE also `empty` (the loader may refill it now) unless the
-    tile is a split-K tile, whose pages the storer still walks and frees."""
-    consumer_arrive(done + page, lane, share)
-    if cutlass.const_expr(CONSUMER_FREE):
-        if cutlass.const_expr(split is None):
-            consumer_arrive(empty + page, lane, share)
-        else:
-            if split.nsplit() < 2:
-                consumer_arrive(empty + page, lane, share)
+        consumer_arrive(done + pp, lane, share)
 
 
 @cute.jit
@@ -804,22 +776,13 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in); a split tile
     has operand pages only (the consumers stored its partial; their last `done` follows those
     stores, so the signal after this walk is ordered after them)."""
-    if cutlass.const_expr(not CONSUMER_FREE):
-        for j in range(kt * cfg.stage_pages):
-            # operand pages: the consumers are done with them (their wgmmas retired): free them
-            page, ph = page_of(pg + j, npages)
-            bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-            if sid == 0:
-                cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
-        pg = pg + kt * cfg.stage_pages
-    elif cutlass.const_expr(split is None):
-        pg = pg + kt * cfg.stage_pages          # the consumers freed them
-    else:
-        if split.nsplit() >= 2:                 # split-K tiles: the storer still walks them
-            pg = walk_operand_pages(cfg, pg, kt, empty, done, npages, sid, timeout_ns, state,
-                                    ticket, share)
-        else:
-            pg = pg + kt * cfg.stage_pages
+    for j in range(kt * cfg.stage_pages):
+        # operand pages: the consumers are done with them (their wgmmas retired): free them
+        page, ph = page_of(pg + j, npages)
+        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        if sid == 0:
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+    pg = pg + kt * cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done, pg,
                             npages, sid, bar_id, nthreads, timeout_ns, state, ticket, meta,
@@ -830,21 +793,6 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                                 pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket,
                                 meta, rowmap_off, row_add, dcol0, share)
     return pg
-
-
-@cute.jit
-def walk_operand_pages(cfg: cutlass.Constexpr, pg: Int32, kt: Int32, empty: cute.Pointer,
-                       done: cute.Pointer, npages: cutlass.Constexpr, sid: Int32,
-                       timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                       share: cutlass.Constexpr) -> Int32:
-    """The storer's walk of a split tile's operand pages under CONSUMER_FREE (the default path
-    keeps the same loop inline in gemm_store): wait `done`, free, in ring order."""
-    for j in range(kt * cfg.stage_pages):
-        page, ph = page_of(pg + j, npages)
-        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-        if sid == 0:
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
-    return pg + kt * cfg.stage_pages
 
 
 @cute.jit
