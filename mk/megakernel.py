@@ -516,11 +516,15 @@ class MegakernelDSL:
                     else:
                         t = tick[islot]
                         self.stamp(journal, t, J_LOAD0, lane == 0)
-                        if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
+                        if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_load(tma, mT, op, ring[base + A_SRC], ring[base + A_DST],
                                               ring[base + W_ROW0], ring[base + W_ROWS],
                                               ring[base + W_COL0], ring[base + W_COLS], pool,
                                               full, empty, pg, NP, timeout_ns, state, t)
+                        elif op == rk.OP_RMSNORM:
+                            # the consumers read and write global memory themselves: one page
+                            # without data orders their stores before the signal
+                            pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
                         for gi in cutlass.range_constexpr(NG):
                             if op == GS[gi].op:
                                 g = gops[gi]
@@ -574,12 +578,15 @@ class MegakernelDSL:
                         t = tick[islot]
                         self.stamp(journal, t, J_STORE0, sid == 0)
                         sv = opaque_copy(sid, t)      # see the consumer's ctv
-                        if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
+                        if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
                                                ring[base + W_ROWS], ring[base + W_COL0],
                                                ring[base + W_COLS], bufs, pool, empty, done, pg,
                                                NP, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                                HM, PS)
+                        elif op == rk.OP_RMSNORM:
+                            pg = rk.rmsnorm_store(empty, done, pg, NP, sv, BAR_STORER, N_STORER,
+                                                  timeout_ns, state, t, PS)
                         for gi in cutlass.range_constexpr(NG):
                             if op == GS[gi].op:
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
@@ -640,19 +647,24 @@ class MegakernelDSL:
                     # hoisted out of the persistent loop, where the setups of all bodies would be
                     # live at once (the all-opcode variant spilled)
                     ctv = opaque_copy(ctid, t)
-                    if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD or op == rk.OP_RMSNORM:
+                    if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                         # rows bodies are 128-thread: warpgroup 0 runs them (arriving for both
                         # warpgroups), warpgroup 1 walks the same pages' `full` phases
                         npg = pg + rk.rows_pages(op, ring[base + W_ROWS], ring[base + W_COLS])
                         if ctid < N_WG:
                             rk.rows_consume(op, ring[base + W_ROWS], ring[base + W_COL0],
-                                            ring[base + W_COLS], ring[base + W_LAYER],
-                                            ring[base + A_NORM_WEIGHT], normw, n_layers, eps,
-                                            pool, full, empty, done, pg, NP, ctv, BAR_WG0,
-                                            N_WG, timeout_ns, state, t, HM, PS)
+                                            ring[base + W_COLS], pool, full, empty, done, pg, NP,
+                                            ctv, BAR_WG0, N_WG, timeout_ns, state, t, HM, PS)
                         else:
                             rk.rows_skip(pg, npg, full, NP, timeout_ns, state, t)
                         pg = npg
+                    elif op == rk.OP_RMSNORM:
+                        pg = rk.rmsnorm_consume(ring[base + A_SRC], ring[base + A_DST],
+                                                ring[base + W_ROW0], ring[base + W_ROWS],
+                                                ring[base + W_LAYER], ring[base + A_NORM_WEIGHT],
+                                                bufs, normw, n_layers, eps, pool, full, done, pg,
+                                                NP, ctv, BAR_CONSUMER, N_CONSUMER, timeout_ns,
+                                                state, t, HM, PS)
                     for gi in cutlass.range_constexpr(NG):
                         if op == GS[gi].op:
                             g = gops[gi]
@@ -990,9 +1002,9 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         rn = p[p[:, W_OPCODE] == int(Op.RMSNORM)]
         if len(rn) and (((rn[:, W_COL0] != 0) | (rn[:, W_COLS] != H)).any()):
             raise ValueError("RMSNORM tiles must span the whole row")
-        if -(-H // rk.PC) > npages:
-            raise ValueError(f"H={H} needs {-(-H // rk.PC)} pages per RMSNORM row group, "
-                             f"the pool has {npages}")
+        if len(rn) and H > rk.NORM_MAX_H:
+            raise ValueError(f"RMSNORM over H={H} columns: the body holds at most "
+                             f"{rk.NORM_MAX_H} per row")
     by_op = {g.op: g for g in slots}
     # a SPLITK_REDUCE runs its opcode's epilogue with the unsplit words: check them as those of
     # an unsplit tile of that opcode (below), its workspace rows here

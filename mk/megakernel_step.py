@@ -33,6 +33,7 @@ from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.instructions import _common as mc
 from mk.instructions.base import Buf
 from mk.plan import PlanConfig, Planner, buffer_shapes
+from mk.tiles import NORM_MAX_HIDDEN
 from mk.weights import RankWeights
 
 GPU_HEAD_DIM = 128
@@ -67,6 +68,9 @@ def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: Ke
     if parallel.vocab_local(model) % COL_ALIGN:
         why.append(f"vocab_size (per rank) {parallel.vocab_local(model)} is not a multiple of "
                    f"{COL_ALIGN}")
+    if model.hidden_size > NORM_MAX_HIDDEN:
+        why.append(f"hidden_size {model.hidden_size}: RMSNORM holds at most {NORM_MAX_HIDDEN} "
+                   "columns per row")
     ps = kernel.page_size
     if ps < 8 or ps & (ps - 1):
         why.append(f"page_size {ps}: the attention TMA boxes need a power of two >= 8")

@@ -70,6 +70,12 @@ def test_unsupported_configurations_are_named():
     for needle in ("TP size 2", "float32", "head_dim 32", "page_size 4", "kv_split 100",
                    "kv_split_min 50"):
         assert needle in text, (needle, text)
+    from dataclasses import replace
+
+    from mk.tiles import NORM_MAX_HIDDEN
+    wide = replace(TINY_HD128_CONFIG, hidden_size=2 * NORM_MAX_HIDDEN)
+    assert any(f"hidden_size {2 * NORM_MAX_HIDDEN}" in w for w in
+               unsupported_reasons(wide, ParallelConfig(), KernelConfig())), "RMSNORM's limit"
 
 
 def test_meta_capacity_holds_the_largest_step():
@@ -108,3 +114,19 @@ def test_backend_construction_refuses_unsupported_model(monkeypatch):
     from mk.engine import default_kernel_config
     with pytest.raises(UnsupportedModelError, match="head_dim 32"):
         MegakernelStepBackend(w, default_kernel_config(w.config))
+
+
+def test_check_plan_refuses_rmsnorm_rows_wider_than_the_body():
+    """RMSNORM's body holds a row of at most NORM_MAX_HIDDEN columns in its registers: a stream
+    over wider rows is refused on the host, with the limit named."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.tiles import NORM_MAX_HIDDEN
+    T = 16
+    for H, ok in ((NORM_MAX_HIDDEN, True), (NORM_MAX_HIDDEN + 1024, False)):
+        instrs, n_ctr = M.plan_layers(T, H, 1)
+        if ok:
+            M.check_plan(instrs, 4, T, H, n_ctr)
+        else:
+            with pytest.raises(ValueError, match=f"at most {NORM_MAX_HIDDEN}"):
+                M.check_plan(instrs, 4, T, H, n_ctr)

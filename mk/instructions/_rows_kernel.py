@@ -13,8 +13,9 @@ sequence, so each computes the same page numbers from a running page count `pg`:
     COPY:          1 page per chunk (src), stored from the same page.
     RESIDUAL_ADD:  2 pages per chunk (src, then dst); the sum is written in place into the dst page
                    and stored; the src page is freed by the consumer right after its last read.
-    RMSNORM:       1 page per chunk; a row group's chunks are all resident at once (pass 1: sum of
-                   squares, pass 2: scale in place), so ceil(H / PC) <= NPAGES is required.
+    RMSNORM:       1 page per instruction, with no data in it (rmsnorm_consume): the consumers
+                   read the rows from global memory and write the normalized rows back
+                   themselves; the page only orders those stores before the storer's signal.
 Roles and their arrivals on the page barriers:
     full[p]   loader arrive_and_expect_tx (count 1) + TMA bytes
     done[p]   consumer warpgroup once the page holds the result to store (also for RESIDUAL_ADD's
@@ -51,6 +52,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
+from mk import tiles
 from mk.ir import Op
 
 PR = 8                 # token rows per page
@@ -296,7 +298,7 @@ def rows_load(tma: cute.CopyAtom, mT: cute.Tensor, op: Int32, src: Int32, dst: I
               rows: Int32, col0: Int32, cols: Int32, pool: Int32, full: cute.Pointer,
               empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64,
               state: cute.Tensor, ticket: Int32) -> Int32:
-    """Loader warp body of COPY / RESIDUAL_ADD / RMSNORM; returns the new page count."""
+    """Loader warp body of COPY / RESIDUAL_ADD; returns the new page count."""
     # The rows were written by generic-proxy stores (other CTAs, made visible by the controller's
     # acquire); order them before this warp's async-proxy (TMA) reads.
     cute.arch.fence_proxy("async.global")
@@ -322,6 +324,8 @@ def rows_pages(op: Int32, rows: Int32, cols: Int32) -> Int32:
     n = ceil_div(rows, PR) * ceil_div(cols, PC)
     if op == OP_RESIDUAL_ADD:
         n = n * 2
+    if op == OP_RMSNORM:
+        n = Int32(1)
     return n
 
 
@@ -351,14 +355,6 @@ def warp_allreduce_sum(x: Float32) -> Float32:
     return x
 
 
-# RMSNORM's second pass loads a chunk's norm weights before its page work, unconditionally (one
-# L2 round trip per 1024-column chunk instead of one per 256-column box, each behind the branch
-# that uses it: 32 dependent round trips per row group at H = 8192, the suspect of RMSNORM's
-# 23 us for one row; 16.7 us with it). Compile-time, on by default since its GPU check
-# (bench/results/switches_2026-11-29.log); MK_NORM_W_HOIST=0 builds the per-box loads.
-NORM_W_HOIST = os.environ.get("MK_NORM_W_HOIST", "1") == "1"
-
-
 @cute.jit
 def norm_weight(normw: cute.Tensor, wrow: Int32, col: Int32):
     """8 norm weights (float32) of table row wrow from column col (a multiple of 8)."""
@@ -368,13 +364,13 @@ def norm_weight(normw: cute.Tensor, wrow: Int32, col: Int32):
 
 
 @cute.jit
-def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32, which: Int32,
-                 normw: cute.Tensor, n_layers: Int32, eps: Float32, pool: Int32,
+def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
                  full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
                  npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
                  nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                  ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr) -> Int32:
-    """Consumer warpgroup body (128 threads). Warp w owns rows 2w, 2w+1 of every page; lane l owns
+    """Consumer warpgroup body of COPY / RESIDUAL_ADD (128 threads). Warp w owns rows 2w, 2w+1 of
+    every page; lane l owns
     the 16-byte vectors at column l*8 of each of the 4 boxes (the same bytes in every op, so a
     consumer thread never races another consumer thread on a page).
 
@@ -422,65 +418,109 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, layer: Int32,
             release(done + pa, share, nthreads, ctid, bar_id, mode, sync=False)
             release(done + pb, share, nthreads, ctid, bar_id, mode, sync=False)
             pg = pg + 2
-    elif op == OP_RMSNORM:
-        wrow = which * n_layers + layer
-        fcols = Float32(cols)
-        for g in range(nrg):
-            ss0 = Float32(0.0)
-            ss1 = Float32(0.0)
-            for cc in range(ncc):
-                q = pg + cc
-                page = q % npages
-                bounded_bar_wait(full + page, (q // npages) & 1, timeout_ns, state, ERR_PAGE_FULL,
-                                 ticket)
-                nbox = nbox_of(col0 + cc * PC, col_end)
-                for v in cutlass.range_constexpr(NBOX):
-                    if v < nbox:
-                        off = pool + page * PAGE + v * BOX_BYTES + ra * ROW_BYTES + lane * 16
-                        x0 = smem_vec(off).load().to(Float32)
-                        x1 = smem_vec(off + ROW_BYTES).load().to(Float32)
-                        ss0 = ss0 + (x0 * x0).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                        ss1 = ss1 + (x1 * x1).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            ss0 = warp_allreduce_sum(ss0)
-            ss1 = warp_allreduce_sum(ss1)
-            rs0 = cute.math.rsqrt(ss0 / fcols + eps)
-            rs1 = cute.math.rsqrt(ss1 / fcols + eps)
-            for cc in range(ncc):
-                q = pg + cc
-                page = q % npages
-                ws = []
-                if cutlass.const_expr(NORM_W_HOIST):
-                    # the chunk's four weight vectors first, unconditionally (columns clamped into
-                    # the row): one L2 round trip per chunk, not one per box behind each branch
-                    for v in cutlass.range_constexpr(NBOX):
-                        cw = col0 + cc * PC + v * BOXC + lane * 8
-                        if cw > col_end - 8:
-                            cw = col_end - 8
-                        ws.append(norm_weight(normw, wrow, cw))
-                if cutlass.const_expr(mode != "group"):
-                    bounded_bar_wait(empty + page, ((q // npages) & 1) ^ 1, timeout_ns, state,
-                                     ERR_PAGE_EMPTY, ticket)
-                nbox = nbox_of(col0 + cc * PC, col_end)
-                for v in cutlass.range_constexpr(NBOX):
-                    c = col0 + cc * PC + v * BOXC + lane * 8
-                    if v < nbox:
-                        if c < col_end:
-                            if cutlass.const_expr(NORM_W_HOIST):
-                                w = ws[v]
-                            else:
-                                wp = cute.make_ptr(BFloat16, (normw.iterator + (wrow * normw.shape[1] + c)).toint(),
-                                                   cute.AddressSpace.gmem, assumed_align=16)
-                                w = cute.make_tensor(wp, cute.make_layout(8)).load().to(Float32)
-                            off = pool + page * PAGE + v * BOX_BYTES + ra * ROW_BYTES + lane * 16
-                            t0 = smem_vec(off)
-                            t1 = smem_vec(off + ROW_BYTES)
-                            y0 = (t0.load().to(Float32) * rs0).to(BFloat16).to(Float32) * w
-                            y1 = (t1.load().to(Float32) * rs1).to(BFloat16).to(Float32) * w
-                            t0.store(y0.to(BFloat16))
-                            t1.store(y1.to(BFloat16))
-                release(done + page, share, nthreads, ctid, bar_id, mode)
-            pg = pg + ncc
     return pg
+
+
+# ------------------------------------------------------------------------------------ RMSNORM
+# RMSNORM runs in the consumers alone: they read their rows straight from global memory, sum the
+# squares across both warpgroups, and write the normalized rows back. The paged body it replaced
+# (TMA into pages, two passes over the resident pages, the storer copying them out) took 17-23 us
+# for one row on the H200, on the step's critical path twice per layer
+# (bench/results/switches_2026-11-29_six-on.log); this one costs about one global round trip per
+# row. One ring page is still taken, with no data in it (the loader grants it without a TMA): the
+# consumers' `done` after their stores, then the storer's wait and signal, order those stores
+# before the instruction's counter as a split-K tile's partial stores are.
+NORM_VECS = 8          # 16-byte vectors per thread per row: H <= 256 threads * 8 * NORM_VECS
+NORM_MAX_H = 256 * 8 * NORM_VECS
+assert NORM_MAX_H == tiles.NORM_MAX_HIDDEN
+NORM_SCRATCH = 64      # bytes of the page per row parity: one float32 partial per consumer warp
+
+
+@cute.jit
+def bf16x8(addr: Int64):
+    """8 bf16 (16 bytes) of global memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem, assumed_align=16),
+                            cute.make_layout(8))
+
+
+@cute.jit
+def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int32, which: Int32,
+                    bufs: cute.Tensor, normw: cute.Tensor, n_layers: Int32, eps: Float32,
+                    pool: Int32, full: cute.Pointer, done: cute.Pointer, pg: Int32,
+                    npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
+                    nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                    ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr) -> Int32:
+    """Both consumer warpgroups (nthreads = 256 threads, ctid 0..255): rows row0 .. row0+rows-1 of
+    buffer src, normalized with norm-weight row which * n_layers + layer, into buffer dst; bufs is
+    the arena (T, H, NBUF), H contiguous. Thread t owns the 16-byte vectors at columns
+    (v * nthreads + t) * 8, v < NORM_VECS, in every row (so its norm weights are loaded once).
+    Per row: the thread's loads issued together, a warp butterfly, the warps' partials through the
+    page (two slots by row parity: one named barrier per row suffices), rsqrt, the stores.
+    Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
+    of squares in float32 (in another order than torch's)."""
+    page, ph = page_of(pg, npages)
+    bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
+    T = bufs.shape[0]
+    H = bufs.shape[1]
+    warp = ctid // 32
+    lane = ctid % 32
+    wrow = which * n_layers + layer
+    # a vector past H is loaded from column H - 8 instead (the same 16 bytes for the whole warp
+    # when H is a multiple of 2048: one transaction) and neither summed nor stored; the loads then
+    # need no branch, so each row's are all in flight at once
+    cols = []
+    ws = []
+    for v in cutlass.range_constexpr(NORM_VECS):
+        c = (v * nthreads + ctid) * 8
+        if c > H - 8:
+            c = H - 8
+        cols.append(c)
+        ws.append(norm_weight(normw, wrow, c))
+    src_base = (bufs.iterator + src * (T * H)).toint()
+    dst_base = (bufs.iterator + dst * (T * H)).toint()
+    scratch = pool + page * PAGE
+    inv_h = Float32(1.0) / Float32(H)
+    for r in range(rows):
+        row_off = Int64(row0 + r) * Int64(H)
+        xs = []
+        for v in cutlass.range_constexpr(NORM_VECS):
+            xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load().to(Float32))
+        ss = Float32(0.0)
+        for v in cutlass.range_constexpr(NORM_VECS):
+            if (v * nthreads + ctid) * 8 < H:
+                ss = ss + (xs[v] * xs[v]).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        ss = warp_allreduce_sum(ss)
+        slot = scratch + (r % 2) * NORM_SCRATCH
+        part = cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
+                                              assumed_align=16),
+                                cute.make_layout(nthreads // 32))
+        if lane == 0:
+            part[warp] = ss
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        tot = part.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        rs = cute.math.rsqrt(tot * inv_h + eps)
+        for v in cutlass.range_constexpr(NORM_VECS):
+            if (v * nthreads + ctid) * 8 < H:
+                y = (xs[v] * rs).to(BFloat16).to(Float32) * ws[v]
+                bf16x8(dst_base + (row_off + Int64(cols[v])) * 2).store(y.to(BFloat16))
+    if lane == 0:
+        # the scratch partials were generic writes; a later use of the page is a TMA write
+        cute.arch.fence_proxy("async.shared", space="cta")
+    release(done + page, share, nthreads, ctid, bar_id, mode)
+    return pg + 1
+
+
+@cute.jit
+def rmsnorm_store(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                  sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
+                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                  share: cutlass.Constexpr) -> Int32:
+    """Storer warps of RMSNORM: wait for the consumers' stores (their `done` on the instruction's
+    page), then free the page; the caller's signal follows."""
+    page, ph = page_of(pg, npages)
+    bounded_bar_wait(done + page, ph, timeout_ns, state, ERR_PAGE_DONE, ticket)
+    free_page(page, empty, sid, bar_id, nthreads, share)
+    return pg + 1
 
 
 # ------------------------------------------------------------------------------------ storer
