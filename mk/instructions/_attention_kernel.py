@@ -510,7 +510,8 @@ def wg_barrier(wg: Int32):
 # each row test, whose use before the next test made the loads run one L2 round trip after
 # another (the suspect of the ~30 us an ATTENTION instruction costs beside its key blocks,
 # bench/ATTENTION_NOTES.md session 5). Compile-time, on by default since its GPU check
-# (bench/results/switches_2026-11-29.log); MK_ATTN_Q_HOIST=0 builds the per-row loads.
+# (bench/results/switches_2026-11-29.log); MK_ATTN_Q_HOIST=0 builds the per-row loads. Not with
+# wg_split (the harness's split variants spill 12-16 B with both; neither is in the megakernel).
 Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "1") == "1"
 
 
@@ -610,7 +611,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if cutlass.const_expr(wg_split):
                 both_halves = mw + wq * 16 + 8 < mtot
             # ---- Q rows -> A fragment (registers), zero past the last row
-            if cutlass.const_expr(Q_HOIST):
+            if cutlass.const_expr(Q_HOIST and not wg_split):
                 load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0, mw, mtot, qpk, head0)
             else:
                 for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
