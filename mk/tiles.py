@@ -18,6 +18,7 @@ the smaller class's BM, which fits both (BM never shrinks as M grows).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from mk.ir import Op
@@ -75,6 +76,44 @@ TILE_TABLE = {
     Op.QKV_ROPE: ("m64n256", "m64n256", "m128n128", "m128n128"),
 }
 M_CLASSES = (64, 256, 1024)
+CLASS_NAMES = ("64", "256", "1024", "max")      # the classes by their upper bound (max: > 1024)
+
+
+def table_overrides(text: str, table: dict | None = None) -> dict:
+    """TILE_TABLE with entries replaced, from "OP@CLASS=TILE,..." (CLASS one of CLASS_NAMES),
+    e.g. "GATE_UP@256=gu_m128,DOWN@256=m128n256": the experiment knob MK_TILES (read once at
+    import, so the planner and the compiled kernels of a process agree). Raises ValueError on an
+    unknown opcode, class or tile, or a tile the opcode's body cannot run."""
+    out = {op: list(v) for op, v in (TILE_TABLE if table is None else table).items()}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            lhs, tile = part.split("=")
+            name, cls = lhs.split("@")
+        except ValueError:
+            raise ValueError(f"MK_TILES entry {part!r}: expected OP@CLASS=TILE") from None
+        try:
+            op = Op[name.strip()]
+        except KeyError:
+            raise ValueError(f"MK_TILES entry {part!r}: {name!r} is not a GEMM opcode "
+                             f"({', '.join(o.name for o in out)})") from None
+        if op not in out:
+            raise ValueError(f"MK_TILES entry {part!r}: {name!r} has no tile table row")
+        if cls.strip() not in CLASS_NAMES:
+            raise ValueError(f"MK_TILES entry {part!r}: class {cls!r} is not one of {CLASS_NAMES}")
+        shape = TILE_SHAPES.get(tile.strip())
+        if shape is None:
+            raise ValueError(f"MK_TILES entry {part!r}: unknown tile {tile!r} "
+                             f"({', '.join(TILE_SHAPES)})")
+        if shape.gate_up != (op == Op.GATE_UP):
+            raise ValueError(f"MK_TILES entry {part!r}: GATE_UP takes exactly the gate/up tiles")
+        if op == Op.QKV_ROPE and shape.wn != GPU_HEAD_DIM:
+            raise ValueError(f"MK_TILES entry {part!r}: QKV_ROPE needs wgmma N = {GPU_HEAD_DIM} "
+                             "(RoPE pairs of a head in one chain)")
+        out[op][CLASS_NAMES.index(cls.strip())] = shape.name
+    return {op: tuple(v) for op, v in out.items()}
+
+
+TILE_TABLE = table_overrides(os.environ.get("MK_TILES", ""))
 GEMM_TILE_OPS = tuple(TILE_TABLE)
 # the token-row GEMMs (LM_HEAD's rows are sequences)
 TOKEN_GEMM_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)

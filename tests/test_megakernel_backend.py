@@ -130,3 +130,53 @@ def test_check_plan_refuses_rmsnorm_rows_wider_than_the_body():
         else:
             with pytest.raises(ValueError, match=f"at most {NORM_MAX_HIDDEN}"):
                 M.check_plan(instrs, 4, T, H, n_ctr)
+
+
+def test_tile_table_overrides_are_validated():
+    """MK_TILES (mk.tiles.table_overrides): entries replace the class's tile; a tile the opcode's
+    body cannot run, an unknown opcode, class or tile is refused with the reason."""
+    from mk.ir import Op
+    from mk.tiles import TILE_TABLE, table_overrides
+    t = table_overrides("GATE_UP@256=gu_m128, DOWN@max=m128n128")
+    assert t[Op.GATE_UP][1] == "gu_m128" and t[Op.DOWN][3] == "m128n128"
+    assert t[Op.QKV_ROPE] == TILE_TABLE[Op.QKV_ROPE]
+    for bad, why in (("GATE_UP@256=m128n256", "gate/up"), ("QKV_ROPE@64=m64n128", "wgmma N"),
+                     ("ATTENTION@64=m64n128", "tile table row"), ("DOWN@512=m64n128", "class"),
+                     ("DOWN@64=m32n64", "unknown tile"), ("DOWN64", "OP@CLASS=TILE")):
+        with pytest.raises(ValueError, match=why):
+            table_overrides(bad)
+
+
+M128_AT_256 = "QKV_ROPE@256=m128n128,O_PROJ@256=m128n256,GATE_UP@256=gu_m128,DOWN@256=m128n256"
+
+
+def test_m128_tiles_at_batch_256_plan_and_pass_the_host_check():
+    """The experiment of bench/E2E_NOTES.md (MK_TILES=M128_AT_256: the M <= 256 class on the
+    128-row tiles, so a B = 256 step reads each weight twice instead of four times): in a process
+    of its own (the table is read at import), the 70B TP8 rank's B = 256 decode step plans with
+    128-row token blocks and split-K on every token GEMM, and passes the megakernel's host check."""
+    pytest.importorskip("cutlass")
+    code = r'''
+import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
+from host_step import rank_model, point_batch
+import mk.megakernel as M
+from mk.config import KernelConfig, ParallelConfig
+from mk.ir import Op
+from mk.megakernel_step import meta_operands
+from mk.plan import PlanConfig, Planner
+model, cfg = rank_model(), PlanConfig(split_k=0)
+kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
+                      num_kv_pages=256 * 64)
+plan = Planner(model, ParallelConfig(), kernel, cfg).plan(point_batch(256, 1024, 0, 16))
+assert plan.tiles.token_block == 128, plan.tiles
+from mk.ir import W_OPCODE
+ops = plan.instrs[:, W_OPCODE]
+assert int((ops == int(Op.SPLITK_REDUCE)).sum()) > 0
+nbuf, T, H, kw = meta_operands(model, kernel, cfg, 256)
+M.check_plan(plan.representative_stream(), nbuf, T, H, 1 << 22, **kw)
+print("ok", len(plan))
+''' % (str(ROOT / "bench"), str(ROOT))
+    env = dict(os.environ, MK_TILES=M128_AT_256)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
