@@ -170,6 +170,15 @@ SPLITK_OPS = skk.SPLITK_OPS
 OP_SPLITK_REDUCE = skk.OP_SPLITK_REDUCE
 SUPPORTED_OPS = ROWS_OPS + GEMM_OPS + ATTN_OPS + GATHER_OPS + (OP_SPLITK_REDUCE,)
 ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV page size)
+# The controller hands an instruction to the roles before its dependency waits, and signals a
+# per-slot `iready` barrier once they are met: the loader streams a GEMM's first weight pages
+# during the waits (weights depend on no instruction; at decode a GEMM phase is a few us of
+# weights per SM behind a dependency chain), every other load, and the consumers and the storer,
+# wait for `iready` first. A failed wait still releases `iready` (the abort flag is raised, the
+# roles finish the instruction on whatever is in memory, the host raises the recorded error) and
+# ends the queue at the next slot. Compile-time, off until GPU-verified (MK_EARLY_WEIGHTS=1;
+# scripts/gpu_next.sh).
+EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "0") == "1"
 
 
 def page_share(handoff: str) -> int:
@@ -227,7 +236,7 @@ class MegakernelError(RuntimeError):
     KINDS = {rk.ERR_COUNTER_WAIT: "counter wait", rk.ERR_PAGE_EMPTY: "page-empty wait",
              rk.ERR_PAGE_FULL: "page-full wait", rk.ERR_PAGE_DONE: "page-done wait",
              rk.ERR_INSTR_SLOT: "instruction-slot wait", rk.ERR_BAD_OPCODE: "bad opcode",
-             ERR_BAD_META: "metadata check"}
+             ERR_BAD_META: "metadata check", rk.ERR_INSTR_READY: "instruction-ready wait"}
 
     def __init__(self, kind, instr, counter, value, target, sm, cta):
         self.kind, self.instr, self.counter = kind, instr, counter
@@ -376,13 +385,109 @@ class MegakernelDSL:
             tick: cute.struct.MemRange[cutlass.Int32, NISLOTS]
             flag: cute.struct.MemRange[cutlass.Int32, 4]
             pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
-        self.storage = Storage
+
+        @cute.struct
+        class StorageEarly:
+            ifull: cute.struct.MemRange[cutlass.Int64, NISLOTS]
+            iempty: cute.struct.MemRange[cutlass.Int64, NISLOTS]
+            iready: cute.struct.MemRange[cutlass.Int64, NISLOTS]
+            full: cute.struct.MemRange[cutlass.Int64, self.npages]
+            empty: cute.struct.MemRange[cutlass.Int64, self.npages]
+            done: cute.struct.MemRange[cutlass.Int64, self.npages]
+            ring: cute.struct.MemRange[cutlass.Int32, NISLOTS * INSTR_WORDS]
+            tick: cute.struct.MemRange[cutlass.Int32, NISLOTS]
+            flag: cute.struct.MemRange[cutlass.Int32, 4]
+            pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
+        self.storage = StorageEarly if EARLY_WEIGHTS else Storage
         skops = [sk] if self.splitk else []      # not a kernel parameter unless compiled in
         self.kernel(instrs, n_instr, counters, n_ctr, state, tma, mT, bufs, normw, n_layers, eps,
                     timeout_ns, journal, jcta, gops, meta, inv_freq, kv, aops, aq, aout, apart,
                     alse, embed, lastn, skops).launch(
             grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
             max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
+
+    @cute.jit
+    def instr_waits(self, w: Int32, t: Int32, tf: Int64, lane: Int32, counters: cute.Tensor,
+                    state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor,
+                    meta: cute.Tensor, bidx: Int32) -> Int32:
+        """The controller warp's waits for instruction t (its words w, one per lane): the metadata
+        check, then the (counter, target) pairs (lanes 0..MAX_WAITS-1, one wait each); the
+        journal's fetch / ready times. 1 = every wait met (warp-uniform), 0 = one failed (its
+        error recorded, the abort flag raised)."""
+        wi = W_WAIT0 + 2 * (lane % MAX_WAITS)
+        c = cute.arch.shuffle_sync(w, wi)
+        tg = cute.arch.shuffle_sync(w, wi + 1)
+        ok = Int32(1)
+        if cutlass.const_expr(self.attn_ps > 0):
+            # the KV page size is compiled in (TMA box rows): refuse a step whose metadata says
+            # otherwise instead of reading wrong cache rows
+            if cute.arch.shuffle_sync(w, W_OPCODE) == ak.OP_ATTENTION:
+                mps = meta[mc.M_PAGE_SIZE]
+                if mps != self.attn_ps:
+                    ok = Int32(0)
+                    if lane == 0:
+                        rk.write_error(state, ERR_BAD_META, t, Int32(-1), mps,
+                                       Int32(self.attn_ps))
+        if lane < MAX_WAITS:
+            if c >= 0:
+                if ok == 1:
+                    ok = wait_counter(counters, c, tg, timeout_ns, state, t, self.backoff_ns)
+        met = Int32(0)
+        if cute.arch.vote_all_sync(ok == 1):
+            met = Int32(1)
+            if cutlass.const_expr(self.journal):
+                if lane == 0:
+                    if t < journal.shape[0]:
+                        journal[t, J_SM] = Int64(cute.arch.smid())
+                        journal[t, J_CTA] = Int64(bidx)
+                        journal[t, J_OP] = Int64(w)
+                        journal[t, J_FETCH] = tf
+                        journal[t, J_READY] = cute.arch.globaltimer()
+                        journal[t, J_TICKET] = Int64(t)
+        return met
+
+    @cute.jit
+    def controller_early(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor,
+                         state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor,
+                         meta: cute.Tensor, ring: cute.Tensor, tick: cute.Tensor,
+                         ifull: cute.Pointer, iempty: cute.Pointer, iready: cute.Pointer,
+                         lane: Int32, bidx: Int32, HM: cutlass.Constexpr):
+        """The controller under EARLY_WEIGHTS: each instruction goes into its ring slot (`ifull`)
+        before its waits, and `iready` of the slot follows them. After a failed wait it still
+        releases `iready` (the roles finish that instruction; the error is recorded and the
+        host raises it) and puts END into the next slot."""
+        islot = Int32(0)
+        iph = Int32(0)
+        live = Int32(1)
+        stop = Int32(0)
+        while live == 1:
+            rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state, rk.ERR_INSTR_SLOT,
+                                Int32(-1))
+            t = Int32(n_instr)
+            if stop == 0:
+                if lane == 0:
+                    t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
+                                             sem="relaxed", scope="gpu")
+                t = cute.arch.shuffle_sync(t, 0)
+            tf = cute.arch.globaltimer()
+            w = Int32(OP_END)
+            if t < n_instr:
+                w = instrs[t, lane]
+            if lane == 0:
+                ring[islot * INSTR_WORDS] = w
+                tick[islot] = t
+            else:
+                ring[islot * INSTR_WORDS + lane] = w
+            rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
+            if t < n_instr:
+                if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal, meta,
+                                    bidx) == 0:
+                    stop = Int32(1)
+                # the waits' acquire loads are this warp's; the release hands them to the roles
+                rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
+            else:
+                live = Int32(0)
+            islot, iph = next_slot(islot, iph)
 
     @cute.kernel
     def kernel(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
@@ -406,6 +511,9 @@ class MegakernelDSL:
         st = smem.allocate(self.storage)
         ifull = st.ifull.data_ptr()
         iempty = st.iempty.data_ptr()
+        iready = None
+        if cutlass.const_expr(EARLY_WEIGHTS):
+            iready = st.iready.data_ptr()
         full = st.full.data_ptr()
         empty = st.empty.data_ptr()
         done = st.done.data_ptr()
@@ -430,6 +538,8 @@ class MegakernelDSL:
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(NISLOTS):
                     cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
+                    if cutlass.const_expr(EARLY_WEIGHTS):
+                        cute.arch.mbarrier_init(iready + s, rk.arrivals(HM, 32))
                     # loader + storer + consumer
                     cute.arch.mbarrier_init(iempty + s, rk.arrivals(HM, 32) + rk.arrivals(HM, N_STORER)
                                             + rk.arrivals(HM, N_CONSUMER))
@@ -444,62 +554,39 @@ class MegakernelDSL:
             cute.arch.setmaxregister_decrease(self.reg_low)
             if warp == 0:
                 # ------------------------------------------------------------ controller
-                islot = Int32(0)
-                iph = Int32(0)
-                live = Int32(1)
-                while live == 1:
-                    rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state,
-                                        rk.ERR_INSTR_SLOT, Int32(-1))
-                    t = Int32(0)
-                    if lane == 0:
-                        t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
-                                                 sem="relaxed", scope="gpu")
-                    t = cute.arch.shuffle_sync(t, 0)
-                    tf = cute.arch.globaltimer()
-                    w = Int32(OP_END)
-                    if t < n_instr:
-                        w = instrs[t, lane]
-                        wi = W_WAIT0 + 2 * (lane % MAX_WAITS)
-                        c = cute.arch.shuffle_sync(w, wi)
-                        tg = cute.arch.shuffle_sync(w, wi + 1)
-                        ok = Int32(1)
-                        if cutlass.const_expr(self.attn_ps > 0):
-                            # the KV page size is compiled in (TMA box rows): refuse a step whose
-                            # metadata says otherwise instead of reading wrong cache rows
-                            if cute.arch.shuffle_sync(w, W_OPCODE) == ak.OP_ATTENTION:
-                                mps = meta[mc.M_PAGE_SIZE]
-                                if mps != self.attn_ps:
-                                    ok = Int32(0)
-                                    if lane == 0:
-                                        rk.write_error(state, ERR_BAD_META, t, Int32(-1), mps,
-                                                       Int32(self.attn_ps))
-                        if lane < MAX_WAITS:
-                            if c >= 0:
-                                if ok == 1:
-                                    ok = wait_counter(counters, c, tg, timeout_ns, state, t,
-                                                      self.backoff_ns)
-                        if cute.arch.vote_all_sync(ok == 1):
-                            if cutlass.const_expr(self.journal):
-                                if lane == 0:
-                                    if t < journal.shape[0]:
-                                        journal[t, J_SM] = Int64(cute.arch.smid())
-                                        journal[t, J_CTA] = Int64(bidx)
-                                        journal[t, J_OP] = Int64(w)
-                                        journal[t, J_FETCH] = tf
-                                        journal[t, J_READY] = cute.arch.globaltimer()
-                                        journal[t, J_TICKET] = Int64(t)
+                if cutlass.const_expr(EARLY_WEIGHTS):
+                    self.controller_early(instrs, n_instr, counters, state, timeout_ns, journal,
+                                          meta, ring, tick, ifull, iempty, iready, lane, bidx,
+                                          HM)
+                else:
+                    islot = Int32(0)
+                    iph = Int32(0)
+                    live = Int32(1)
+                    while live == 1:
+                        rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state,
+                                            rk.ERR_INSTR_SLOT, Int32(-1))
+                        t = Int32(0)
+                        if lane == 0:
+                            t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr,
+                                                     Int32(1), sem="relaxed", scope="gpu")
+                        t = cute.arch.shuffle_sync(t, 0)
+                        tf = cute.arch.globaltimer()
+                        w = Int32(OP_END)
+                        if t < n_instr:
+                            w = instrs[t, lane]
+                            if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns,
+                                                journal, meta, bidx) == 0:
+                                w = Int32(OP_END)
+                                live = Int32(0)
                         else:
-                            w = Int32(OP_END)
                             live = Int32(0)
-                    else:
-                        live = Int32(0)
-                    if lane == 0:
-                        ring[islot * INSTR_WORDS] = w      # opcode word (END on stop)
-                        tick[islot] = t
-                    else:
-                        ring[islot * INSTR_WORDS + lane] = w
-                    rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-                    islot, iph = next_slot(islot, iph)
+                        if lane == 0:
+                            ring[islot * INSTR_WORDS] = w      # opcode word (END on stop)
+                            tick[islot] = t
+                        else:
+                            ring[islot * INSTR_WORDS + lane] = w
+                        rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
+                        islot, iph = next_slot(islot, iph)
             elif warp == 1:
                 # ------------------------------------------------------------ TMA loader
                 islot = Int32(0)
@@ -516,6 +603,18 @@ class MegakernelDSL:
                     else:
                         t = tick[islot]
                         self.stamp(journal, t, J_LOAD0, lane == 0)
+                        ready = None
+                        if cutlass.const_expr(EARLY_WEIGHTS):
+                            # a GEMM waits for `iready` inside gemm_load, after its first weight
+                            # pages; every other body's loads wait here
+                            ready = (iready + islot, iph)
+                            gemm_op = Int32(0)
+                            for gi in cutlass.range_constexpr(NG):
+                                if op == GS[gi].op:
+                                    gemm_op = Int32(1)
+                            if gemm_op == 0:
+                                rk.bar_wait(iready + islot, iph, timeout_ns, state,
+                                            rk.ERR_INSTR_READY, t)
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_load(tma, mT, op, ring[base + A_SRC], ring[base + A_DST],
                                               ring[base + W_ROW0], ring[base + W_ROWS],
@@ -537,7 +636,8 @@ class MegakernelDSL:
                                                   ring[base + W_LAYER], ring[base + W_ROW0], col0,
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
                                                   empty, pg, NP, timeout_ns, state, t,
-                                                  self.split_tile(GS[gi], g, ring, base, skops))
+                                                  self.split_tile(GS[gi], g, ring, base, skops),
+                                                  ready)
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
                                 # one page, granted with no TMA: the consumers' hand-off to the
@@ -577,6 +677,9 @@ class MegakernelDSL:
                     else:
                         t = tick[islot]
                         self.stamp(journal, t, J_STORE0, sid == 0)
+                        if cutlass.const_expr(EARLY_WEIGHTS):
+                            rk.bar_wait(iready + islot, iph, timeout_ns, state,
+                                        rk.ERR_INSTR_READY, t)
                         sv = opaque_copy(sid, t)      # see the consumer's ctv
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
@@ -641,6 +744,9 @@ class MegakernelDSL:
                 else:
                     t = tick[islot]
                     self.stamp(journal, t, J_CONS0, ctid == 0)
+                    if cutlass.const_expr(EARLY_WEIGHTS):
+                        rk.bar_wait(iready + islot, (nins // NISLOTS) & 1, timeout_ns, state,
+                                    rk.ERR_INSTR_READY, t)
                     # ctid, re-derived per instruction from a value the compiler cannot predict
                     # (tickets are >= 0): every body's thread-index-derived setup (fragment
                     # coordinates, addresses) then stays inside its own branch instead of being

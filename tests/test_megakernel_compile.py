@@ -257,3 +257,31 @@ def test_experimental_switches_compile_without_spills(tmp_path):
     assert not re.search(r"^\s*call", ptx["0"], flags=re.M), "function calls in the kernel"
     rep = ptxas_report(ptx["0"], str(tmp_path / "sw0"))
     assert_clean(rep)
+
+
+def test_early_weights_variant_compiles_without_spills(tmp_path):
+    """MK_EARLY_WEIGHTS=1 (the controller hands an instruction over before its dependency waits;
+    a GEMM's loader streams its first weight pages during them, every other role waits for the
+    slot's `iready`): compile-time, read at import, so in a process of its own. The all-opcode
+    M64 variant with split-K compiles with 0 spills and no call, and has more mbarrier waits
+    than the default variant (the roles' `iready` waits)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import _compile_gate, mk.megakernel as M\n"
+        "assert M.EARLY_WEIGHTS == (sys.argv[1] == '1')\n"
+        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
+        "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
+    ptx = {}
+    for flag in ("0", "1"):
+        out = tmp_path / f"early{flag}.ptx"
+        env = dict(os.environ, MK_EARLY_WEIGHTS=flag)
+        r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ptx[flag] = out.read_text()
+    waits = {f: len(re.findall(r"mbarrier\.try_wait", p)) for f, p in ptx.items()}
+    assert waits["1"] > waits["0"], waits
+    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx["1"], str(tmp_path / "early1")))

@@ -265,7 +265,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
               xb: Int32, yb: Int32, layer: Int32, row0: Int32, col0: Int32, up_row0: Int32,
               kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32, split=None) -> Int32:
+              ticket: Int32, split=None, ready=None) -> Int32:
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
@@ -273,15 +273,26 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     second page is weight rows col0 + 128.
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A split tile's
     K loop starts at its k0 word, and it has no epilogue pages (its partial goes from the
-    consumers' registers to the SPLITK workspace)."""
-    # activations were written by generic-proxy stores of other CTAs (acquired by the controller):
-    # order them before this warp's async-proxy reads
-    cute.arch.fence_proxy("async.global")
+    consumers' registers to the SPLITK workspace).
+    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS:
+    the controller hands the instruction over before its waits are met): the weight (B) pages of
+    the first stages are loaded before that wait, since weights depend on no instruction, and
+    the activation (A) pages of those stages after it."""
+    if cutlass.const_expr(ready is None):
+        # activations were written by generic-proxy stores of other CTAs (acquired by the
+        # controller): order them before this warp's async-proxy reads (with `ready`: after it)
+        cute.arch.fence_proxy("async.global")
     a_bytes = cfg.bm * BK * 2
     k0 = Int32(0)
     if cutlass.const_expr(split is not None):
         k0 = split.k0()     # 0 in every unsplit instruction
-    for k in range(kt):
+    k_first = 0
+    if cutlass.const_expr(ready is not None):
+        k_first = prefetch_weights(cfg, tma_a, gA, tma_b, gB, sA_layout, sB_layout, xb, layer,
+                                   row0, col0, up_row0, k0, kt, pool, full, empty, pg, npages,
+                                   timeout_ns, state, ticket, ready)
+        pg = pg + k_first * cfg.stage_pages
+    for k in range(k_first, kt):
         kc = k * BK
         if cutlass.const_expr(split is not None):
             kc = k0 + k * BK
@@ -308,6 +319,46 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
                                pg, npages, timeout_ns, state, ticket)
     return pg
+
+
+@cute.jit
+def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tensor,
+                     tma_b: cute.CopyAtom, gB: cute.Tensor, sA_layout: cute.ComposedLayout,
+                     sB_layout: cute.ComposedLayout, xb: Int32, layer: Int32, row0: Int32,
+                     col0: Int32, up_row0: Int32, k0: Int32, kt: Int32, pool: Int32,
+                     full: cute.Pointer, empty: cute.Pointer, pg: Int32,
+                     npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                     ticket: Int32, ready) -> Int32:
+    """gemm_load's first stages under EARLY_WEIGHTS: the B pages of up to a ring's worth of
+    stages (their A pages taken in ring order but left empty), then the wait for the
+    instruction's dependencies, then those stages' A pages. Returns the stages done."""
+    a_bytes = cfg.bm * BK * 2
+    npre = kt
+    if npre > npages // cfg.stage_pages:
+        npre = Int32(npages // cfg.stage_pages)
+    for k in range(npre):
+        kc = k0 + k * BK
+        page, ph = page_of(pg + k * cfg.stage_pages, npages)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        for j in cutlass.range_constexpr(cfg.nb):
+            page, ph = page_of(pg + k * cfg.stage_pages + 1 + j, npages)
+            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
+            wrow = col0 + j * B_ROWS
+            if cutlass.const_expr(cfg.gate_up and j == 1):
+                wrow = up_row0
+            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
+    bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
+    # the activations were written by generic-proxy stores of other CTAs (acquired by the
+    # controller's waits, handed over by `ready`): order them before the async-proxy reads
+    cute.arch.fence_proxy("async.global")
+    for k in range(npre):
+        page, ph = page_of(pg + k * cfg.stage_pages, npages)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
+        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, k0 + k * BK, xb, full + page)
+    return npre
 
 
 @cute.jit

@@ -76,6 +76,7 @@ ERR_PAGE_FULL = 3
 ERR_PAGE_DONE = 4
 ERR_INSTR_SLOT = 5
 ERR_BAD_OPCODE = 6
+ERR_INSTR_READY = 8     # (7 is the megakernel's ERR_BAD_META)
 
 
 HANDOFF_MODES = ("thread", "warp", "group")
