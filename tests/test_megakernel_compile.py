@@ -285,3 +285,27 @@ def test_early_weights_variant_compiles_without_spills(tmp_path):
     assert waits["1"] > waits["0"], waits
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "early1")))
+
+
+def test_m128_tiles_at_class_256_compile_with_split_k(tmp_path):
+    """The MK_TILES experiment (bench/E2E_NOTES.md: the M <= 256 class on 128-row tiles, split-K
+    on): the all-opcode M256 variant compiles with the 128-row tiles and their split-K partial
+    stores, 0 spills, no call. In a process of its own (the table is read at import)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import _compile_gate, mk.megakernel as M\n"
+        "slots = M.class_slots(256)\n"
+        "assert {s.tile for s in slots} >= {'m128n128', 'm128n256', 'gu_m128'}, slots\n"
+        "comp = M.compile_fake(gemm=slots, attn_page_size=16, gather=True, splitk=True)\n"
+        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
+    out = tmp_path / "m128.ptx"
+    env = dict(os.environ, MK_TILES="QKV_ROPE@256=m128n128,O_PROJ@256=m128n256,"
+                                    "GATE_UP@256=gu_m128,DOWN@256=m128n256")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = out.read_text()
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "m128")))
