@@ -9,6 +9,14 @@ One command on the GPU machine:
     python bench/attention.py --check-only
     python bench/attention.py --compile-only  # CPU: compile for sm_90a (CUTE_DSL_ARCH=sm_90a)
 
+Leave-one-out experiments (ak.EXPERIMENT, MK_ATTN_EXPERIMENT, read at import: one subprocess per
+experiment; bench/ATTENTION_NOTES.md "Leave-one-out experiments"):
+
+    python bench/attention.py --experiments none,nomath,noload,nostore,noload+nomath \
+        --cases decode-ctx1024-b1,decode-ctx1024-b64
+    python bench/attention.py --compile-only --ptxas --experiments none,nomath,noload \
+        --cases decode-ctx1024-b1                   # CPU: each variant compiled, ptxas spills
+
 Harness kernel (384 threads, like the megakernel after the GEMM wiring):
     warp 0      idle here (the megakernel's controller; no counter waits are needed: a launch holds
                 instructions without dependencies: all ATTENTION, then a second launch of all
@@ -264,6 +272,10 @@ def case_list(quick: bool = False):
                   page_size=32))
     C.append(dict(name="gqa-qpk2-heads2", seqs=[(1, 2100), (64, 64)], hq=8, hkv=4,
                   page_size=16, attn_kv_heads=2))
+    # the 70B TP8 rank's decode over 1024 keys (one ATTENTION instruction per sequence, no split:
+    # the megakernel journal's 44 us instruction): one sequence (one CTA), and 64
+    C.append(dict(name="decode-ctx1024-b1", seqs=[(1, 1023)], **LLAMA70B_TP8, page_size=16))
+    C.append(dict(name="decode-ctx1024-b64", seqs=[(1, 1023)] * 64, **LLAMA70B_TP8, page_size=16))
     return C
 
 
@@ -573,25 +585,30 @@ def baselines(prob) -> dict:
     return out
 
 
-def bench_case(case, seed: int = 0, variants=(None,)) -> dict:
+def bench_case(case, seed: int = 0, variants=(None,), prob=None, sdpa: bool = True,
+               reps: int = 20) -> dict:
     """Times (cold L2 / device / with host launch, see _time) of every kernel variant (wg_split
-    values) and of torch SDPA; mk = the ATTENTION launch + the ATTN_REDUCE launch if any."""
-    prob = make_problem(case, seed)
+    values) and of torch SDPA; mk = the ATTENTION launch + the ATTN_REDUCE launch if any.
+    prob: a problem to reuse; sdpa=False leaves the baselines out (the experiment workers)."""
+    if prob is None:
+        prob = make_problem(case, seed)
     kv_bytes = 0
     for n, s in case["seqs"]:
         kv_bytes += 2 * (n + s) * case["hkv"] * ak.D * 2
     r = dict(case=case["name"], attention_instrs=int(prob["attn"].shape[0]),
              reduce_instrs=int(prob["red"].shape[0]), kv_bytes=kv_bytes)
-    r.update(baselines(prob))
+    if sdpa:
+        r.update(baselines(prob))
     for v in variants:
         h = AttnHarness(prob, wg_split=v)
         go = h.launchers()
         tag = f"mk_split{int(h.wg_split)}"
         for how in TIMINGS:
-            r[f"{tag}_{how}_us"] = _time(go, how=how)
+            r[f"{tag}_{how}_us"] = _time(go, reps=reps, how=how)
         h.check_state()
         r[f"{tag}_kv_TBps"] = kv_bytes / r[f"{tag}_cold_us"] / 1e6
-        r[f"{tag}_over_sdpa"] = r[f"{tag}_cold_us"] / r["torch_sdpa_cold_us"]
+        if sdpa:
+            r[f"{tag}_over_sdpa"] = r[f"{tag}_cold_us"] / r["torch_sdpa_cold_us"]
     return r
 
 
@@ -606,6 +623,221 @@ def print_table(timing):
             if f"{tag}_kv_TBps" in r:
                 cols.append(f"{r[f'{tag}_kv_TBps']:.2f} TB/s")
         print("[attention] table " + " | ".join(cols), flush=True)
+
+
+# ============================================================================ leave-one-out
+# ak.EXPERIMENT (MK_ATTN_EXPERIMENT) is read when _attention_kernel is imported, so each experiment
+# runs in its own process (bench/gemm_profile.py's pattern): the driver starts one worker per
+# experiment at once (imports, problems, oracles and compiles overlap) and a file lock lets one
+# worker at a time use the GPU for its checks and timings.
+EXPERIMENT_PARTS = ("nomath", "noload", "nostore")
+EXPERIMENT_CASES = ("decode-ctx1024-b1", "decode-ctx1024-b64")   # --experiments without --cases
+EXP_LOCK = "/tmp/mk_attn_gpu.lock"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def experiment_env(exp: str) -> str:
+    """An experiment name ("none", "nomath", "noload+nomath", ...) -> MK_ATTN_EXPERIMENT."""
+    parts = [] if exp == "none" else [t for t in exp.replace(",", "+").split("+") if t]
+    bad = [t for t in parts if t not in EXPERIMENT_PARTS]
+    assert not bad, f"unknown experiment parts {bad} (known: none, {', '.join(EXPERIMENT_PARTS)})"
+    return ",".join(parts)
+
+
+def git_commit() -> str:
+    """HEAD (+ "-dirty"), or MK_COMMIT when set (launch/bench.py's git_commit: a copied working
+    tree can carry a .git that is older than the files)."""
+    import subprocess
+    if os.environ.get("MK_COMMIT"):
+        return os.environ["MK_COMMIT"]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_info() -> dict:
+    import shlex
+    return dict(command=" ".join(shlex.quote(x) for x in [sys.executable] + sys.argv),
+                commit=git_commit(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def experiment_worker(exp: str, cases, seed: int, reps: int) -> dict:
+    """One experiment in this process (MK_ATTN_EXPERIMENT already set by the driver): problems and
+    compiles first, then under the GPU lock the checks ("none" only: the other variants' outputs
+    are garbage by design) and the timings (no SDPA baseline)."""
+    import fcntl
+
+    import torch
+    assert ak.EXPERIMENT == frozenset(t for t in experiment_env(exp).split(",") if t), \
+        f"worker of {exp!r} imported ak.EXPERIMENT = {set(ak.EXPERIMENT)}"
+    res = dict(experiment=exp, mk_attn_experiment=experiment_env(exp), checks=[], timing=[])
+    probs = []
+    for c in cases:
+        prob = make_problem(c, seed)
+        want = oracle(prob) if exp == "none" else None
+        AttnHarness(prob).compiled()            # compile outside the lock
+        probs.append((c, prob, want))
+    with open(EXP_LOCK, "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        for c, prob, want in probs:
+            if exp == "none":
+                r = check_case(c, seed, prob=prob, want=want)
+                res["checks"].append(r)
+                print(f"[attention] {'ok  ' if r.get('ok') else 'FAIL'} {json.dumps(r)}",
+                      flush=True)
+            r = bench_case(c, seed, (None,), prob=prob, sdpa=False, reps=reps)
+            res["timing"].append(r)
+            print(f"[attention] {exp} time {json.dumps(r)}", flush=True)
+        torch.cuda.synchronize()
+    return res
+
+
+def experiment_table(runs: dict, case_names) -> list:
+    """Rows (case, experiment, cold us, warm us, d cold, d warm) with d = the time minus that of
+    "none" (same case), from the workers' results."""
+    t = {}
+    for exp, res in runs.items():
+        for r in res.get("timing", []):
+            tag = next((k[:-8] for k in r if k.startswith("mk_split") and k.endswith("_cold_us")),
+                       None)
+            if tag:
+                t[(r["case"], exp)] = (r[f"{tag}_cold_us"], r[f"{tag}_device_us"])
+    rows = []
+    for c in case_names:
+        base = t.get((c, "none"))
+        for exp in runs:
+            v = t.get((c, exp))
+            if v is None:
+                rows.append(dict(case=c, experiment=exp,
+                                 error=runs[exp].get("error", "no timing")[-300:]))
+                continue
+            row = dict(case=c, experiment=exp, cold_us=v[0], warm_us=v[1])
+            if base is not None:
+                row.update(d_cold_us=v[0] - base[0], d_warm_us=v[1] - base[1])
+            rows.append(row)
+    return rows
+
+
+def print_experiment_table(rows, exps):
+    print("[attention] experiments: us cold L2 / warm (device), [d = minus 'none' of the same "
+          "case]; outputs of every experiment but 'none' are garbage by design: not checked",
+          flush=True)
+    w = 30
+    print("[attention] exp " + f"{'case':<20}" + "".join(f" | {e:<{w}}" for e in exps), flush=True)
+    by = {(r["case"], r["experiment"]): r for r in rows}
+    for c in dict.fromkeys(r["case"] for r in rows):
+        cols = []
+        for e in exps:
+            r = by.get((c, e), {})
+            if "cold_us" not in r:
+                cols.append(f"{'error':<{w}}")
+            elif e == "none" or "d_cold_us" not in r:
+                cols.append(f"{r['cold_us']:6.1f} / {r['warm_us']:6.1f}".ljust(w))
+            else:
+                cols.append(f"{r['cold_us']:6.1f} / {r['warm_us']:6.1f} "
+                            f"[{r['d_cold_us']:+.1f}/{r['d_warm_us']:+.1f}]".ljust(w))
+        print("[attention] exp " + f"{c:<20}" + "".join(f" | {x}" for x in cols), flush=True)
+
+
+def run_experiments(a, exps) -> int:
+    """The driver of --experiments: one subprocess per experiment with MK_ATTN_EXPERIMENT set.
+    --compile-only: each variant compiled on the CPU (ptxas with --ptxas), one after another."""
+    import subprocess
+    names = [c["name"] for c in case_list(a.quick)]
+    cases = a.cases.split(",") if a.cases else list(EXPERIMENT_CASES)
+    unknown = [c for c in cases if c not in names]
+    assert not unknown, f"unknown cases {unknown}"
+    envs = {e: experiment_env(e) for e in exps}
+    me = [sys.executable, "-u", str(Path(__file__).resolve())]
+    common = ["--cases", ",".join(cases), "--seed", str(a.seed), "--handoff", a.handoff,
+              "--timeout-s", str(a.timeout_s)] + (["--quick"] if a.quick else [])
+    if a.compile_only:
+        rc = 0
+        for e, v in envs.items():
+            print(f"[attention] == experiment {e} (MK_ATTN_EXPERIMENT={v!r})", flush=True)
+            r = subprocess.run(me + ["--compile-only"] + (["--ptxas"] if a.ptxas else []) + common,
+                               env=dict(os.environ, MK_ATTN_EXPERIMENT=v))
+            rc |= r.returncode
+        return rc
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        print("error: needs a Hopper GPU", file=sys.stderr)
+        return 1
+    procs = []
+    for e, v in envs.items():
+        cmd = me + ["--experiment-worker", e, "--reps", str(a.reps)] + common
+        procs.append((e, subprocess.Popen(cmd, env=dict(os.environ, MK_ATTN_EXPERIMENT=v),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True)))
+    runs = {}
+    t_end = time.time() + a.exp_timeout
+    for e, pr in procs:
+        try:
+            txt, _ = pr.communicate(timeout=max(1.0, t_end - time.time()))
+        except subprocess.TimeoutExpired:
+            pr.kill()
+            txt, _ = pr.communicate()
+            txt += "\n(timed out)"
+        for ln in txt.splitlines():
+            if ln.startswith("[attention]"):
+                print(ln, flush=True)
+        got = [ln[6:] for ln in txt.splitlines() if ln.startswith("@@EXP ")]
+        runs[e] = json.loads(got[0]) if got else dict(experiment=e, error=txt[-3000:])
+        if not got:
+            print(f"[attention] experiment {e} FAILED:\n{txt[-3000:]}", flush=True)
+    rows = experiment_table(runs, cases)
+    print_experiment_table(rows, list(envs))
+    checks = runs.get("none", {}).get("checks", [])
+    ok = all("error" not in r for r in runs.values()) and all(c.get("ok") for c in checks)
+    results = dict(run_info(), device=torch.cuda.get_device_name(), handoff=a.handoff,
+                   wg_split=int(ak.WG_SPLIT), experiments=list(envs), cases=cases, reps=a.reps,
+                   note="times in us; d_* = minus the 'none' time of the same case; experiments "
+                        "other than 'none' are not checked (garbage outputs by design)",
+                   table=rows, runs=runs)
+    path = a.out or str(Path(__file__).parent / "results" /
+                        f"attention_{time.strftime('%Y-%m-%d')}_experiments.json")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=1))
+    print(f"[attention] experiments {'done' if ok else 'FAILED'}; results in {path}", flush=True)
+    return 0 if ok else 1
+
+
+def compile_only(a) -> int:
+    """CPU compile for sm_90a of the page sizes of the chosen cases (default 16 and 64), in the
+    experiment this process imported (ak.EXPERIMENT); --ptxas: ptxas -v, 1 on spills."""
+    import re
+    import tempfile
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    sizes = (16, 64)
+    if a.cases:
+        want = set(a.cases.split(","))
+        sizes = tuple(sorted({c["page_size"] for c in case_list(a.quick) if c["name"] in want}))
+    rc = 0
+    for ps in sizes:
+        t0 = time.time()
+        comp = compile_fake(ps, handoff=a.handoff)
+        ptx = comp.__ptx__ or ""
+        msg = (f"page_size {ps}: compiled in {time.time() - t0:.1f}s, PTX {len(ptx)} chars, "
+               f"experiment {','.join(sorted(ak.EXPERIMENT)) or 'none'}: "
+               f"{len(re.findall(r'wgmma[.]mma_async', ptx))} wgmma, "
+               f"{len(re.findall(r'cp[.]async[.]bulk[.]tensor', ptx))} TMA, "
+               f"{len(re.findall(r'st[.]global', ptx))} st.global")
+        if a.ptxas:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from _compile_gate import ptxas_report
+            rep = ptxas_report(ptx, tempfile.mkdtemp(prefix="mk_attn_ptxas_"))
+            sp = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+            regs = re.findall(r"Used (\d+) registers", rep)
+            clean = bool(sp) and all(x == "0" and y == "0" for x, y in sp)
+            msg += f"; ptxas: {regs} registers, spills {sp}{'' if clean else '  SPILLS'}"
+            rc |= 0 if clean else 1
+        print(msg, flush=True)
+    return rc
 
 
 def main(argv=None) -> int:
@@ -625,16 +857,28 @@ def main(argv=None) -> int:
                          "(ak.attn_consume wg_split; default = ak.WG_SPLIT)")
     ap.add_argument("--timeout-s", type=float, default=TIMEOUT_S,
                     help="page-wait bound (raise it under compute-sanitizer)")
+    ap.add_argument("--experiments", default="",
+                    help="leave-one-out variants timed side by side, one subprocess each with "
+                         "MK_ATTN_EXPERIMENT set, e.g. none,nomath,noload,nostore,noload+nomath "
+                         f"(default cases: {','.join(EXPERIMENT_CASES)}); with --compile-only: "
+                         "each variant compiled on the CPU")
+    ap.add_argument("--reps", type=int, default=20, help="timed repetitions (--experiments)")
+    ap.add_argument("--exp-timeout", type=float, default=480.0,
+                    help="seconds for all experiment workers together")
+    ap.add_argument("--ptxas", action="store_true", help="--compile-only: ptxas -v, fail on spills")
+    ap.add_argument("--experiment-worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     DUMP_ON = bool(a.dump)
     HANDOFF, TIMEOUT_S = a.handoff, a.timeout_s
+    if a.experiments:
+        return run_experiments(a, [e for e in a.experiments.split(",") if e])
     if a.compile_only:
-        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-        for ps in (16, 64):
-            t0 = time.time()
-            comp = compile_fake(ps)
-            print(f"page_size {ps}: compiled in {time.time() - t0:.1f}s, PTX "
-                  f"{len(comp.__ptx__ or '')} chars")
+        return compile_only(a)
+    if a.experiment_worker:
+        names = a.cases.split(",")
+        cases = [c for c in case_list(a.quick) if c["name"] in names]
+        r = experiment_worker(a.experiment_worker, cases, a.seed, a.reps)
+        print("@@EXP " + json.dumps(r), flush=True)
         return 0
     import torch
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
@@ -645,7 +889,9 @@ def main(argv=None) -> int:
         want = set(a.cases.split(","))
         cases = [c for c in cases if c["name"] in want]
     variants = {"default": (None,), "0": (False,), "1": (True,), "both": (False, True)}[a.wg_split]
-    results, ok_all = dict(device=torch.cuda.get_device_name(), handoff=HANDOFF,
+    assert not ak.EXPERIMENT, (f"MK_ATTN_EXPERIMENT={os.environ.get('MK_ATTN_EXPERIMENT')!r}: "
+                               "experiment variants run through --experiments only")
+    results, ok_all = dict(run_info(), device=torch.cuda.get_device_name(), handoff=HANDOFF,
                            wg_split=a.wg_split, checks=[], timing=[]), True
     dead = False
     for c in cases:

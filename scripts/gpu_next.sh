@@ -13,6 +13,10 @@
 #   MK_ATTN_TABLE_PREFETCH=1    the attention loader's page-table entries 32 per warp load (suspect
 #                               of the ~2.4 us per 64-key block: one L2 round trip per block)
 # Steps (MK_STEPS, default all, most telling first; logs under $OUT, else bench/results/):
+#   attnexp attention leave-one-out experiments (MK_ATTN_EXPERIMENT nomath / noload / nostore and
+#          combinations, each its own compiled variant, bench/ATTENTION_NOTES.md "Leave-one-out
+#          experiments"): decode ctx1024 B=1 / 64, ctx512 B=64, ctx8192 B=32 in the standalone
+#          harness, cold / warm us and the difference to "none": attnexp.log, attnexp.json (~2 min)
 #   base   the step as it is: decode B=1 and 256 of the 70B TP8 rank, timed, with the journal's
 #          per-opcode breakdown and each role's own times (megakernel only)
 #   check  every switch on: GEMM, split-K, attention, rows GPU tests, the two-layer step vs mk.vm
@@ -24,20 +28,31 @@
 #   spread every switch on, decode splits spread over the SMs (PlanConfig.kv_split_min=64: at
 #          B=1 the one attention instruction per layer becomes 16): the two-layer check with
 #          spread splits, then B=1 / 16 / 64 timed (compare with time / base at B=1)
-# Read: base.log vs all.log (the opcode tables), check.log (all passed, 0 hazards), each_*.log
-# (packed in each.tar.gz). At most 7 files per call: the device tool brings back 8.
-# Device time (estimate, one H200, warm): base + check + time + spread ~12-14 min, each ~8 min:
-# run MK_STEPS="base check time spread" first, "each" in a second call.
+# Read: attnexp.log (the case x experiment table), base.log vs all.log (the opcode tables),
+# check.log (all passed, 0 hazards), each_*.log (packed in each.tar.gz). At most 7 files per
+# call: the device tool brings back 8.
+# Device time (estimate, one H200, warm): attnexp ~2 min, base + check + time + spread ~12-14 min,
+# each ~8 min: run MK_STEPS=attnexp alone (files attnexp.log / .json), MK_STEPS="base check time
+# spread" next, "each" in a third call.
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
-STEPS=${MK_STEPS:-"base check time spread each"}
+STEPS=${MK_STEPS:-"attnexp base check time spread each"}
 SWITCHES=${MK_SWITCHES:-"MK_ATTN_Q_HOIST=1 MK_ATTN_TABLE_PREFETCH=1 MK_NORM_W_HOIST=1 MK_SPLITK_LOADS_FIRST=1 MK_ATTN_REDUCE_LOADS_FIRST=1 MK_ABORT_POLL_AFTER_NS=2000"}
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 rc=0
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode"; }
+if has attnexp; then
+  timeout 480 python bench/attention.py \
+      --experiments ${MK_ATTN_EXPERIMENTS:-none,nomath,noload,nostore,noload+nomath,noload+nomath+nostore} \
+      --cases ${MK_ATTN_EXP_CASES:-decode-ctx1024-b1,decode-ctx512-b64,decode-ctx1024-b64,decode-ctx8192-b32} \
+      --exp-timeout 420 --out "$OUTDIR/attnexp.json" > "$OUTDIR/attnexp.log" 2>&1 || rc=1
+  echo "== attention leave-one-out (us cold / warm [minus none])"
+  grep -E "^\[attention\] (exp|experiments|FAIL|experiment .* FAILED)" "$OUTDIR/attnexp.log" \
+      || tail -30 "$OUTDIR/attnexp.log"
+fi
 if has base; then
   timeout 240 $B --batch 1,256 --journal --out "$OUTDIR/base.json" > "$OUTDIR/base.log" 2>&1 || rc=1
   rm -f "$OUTDIR"/base_*_journal.pt "$OUTDIR"/base_*_timeline.png

@@ -84,3 +84,64 @@ def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff, w
     assert not bad, f"ptxas warned {bad}:\n{rep}"
     print(f"page_size {page_size} {handoff} wg_split {int(wg_split)}:", [ln.strip() for ln in rep.splitlines()
                                       if "registers" in ln or "spill" in ln])
+
+
+# Leave-one-out experiment variants (ak.EXPERIMENT, MK_ATTN_EXPERIMENT, read at import: compiled in
+# a subprocess; bench/attention.py --experiments times them): each compiles clean (no spill) and
+# its PTX lacks exactly the work it leaves out. Page 16, thread hand-off (the megakernel's).
+EXPERIMENT_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+from bench.attention import compile_fake
+from mk.instructions import _attention_kernel as ak
+assert ak.EXPERIMENT == frozenset({parts!r}), ak.EXPERIMENT
+open({out!r}, "w").write(compile_fake(16, handoff="thread").__ptx__)
+"""
+
+
+def _counts(ptx: str) -> dict:
+    return dict(wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
+                tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                st_global=len(re.findall(r"st\.global", ptx)),
+                ld_global=len(re.findall(r"ld\.global", ptx)),
+                ex2=len(re.findall(r"ex2\.approx", ptx)))
+
+
+@pytest.fixture(scope="module")
+def default_counts():
+    from bench.attention import compile_fake
+    from mk.instructions import _attention_kernel as ak
+    assert not ak.EXPERIMENT, f"MK_ATTN_EXPERIMENT is set in the test process: {set(ak.EXPERIMENT)}"
+    return _counts(compile_fake(16, handoff="thread").__ptx__)
+
+
+@pytest.mark.parametrize("experiment", ["noload", "nomath", "nostore"])
+def test_attention_experiment_variants_compile(dump_dir, default_counts, tmp_path, experiment):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = str(tmp_path / "exp.ptx")
+    env = dict(os.environ, MK_ATTN_EXPERIMENT=experiment, CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", EXPERIMENT_SCRIPT.format(
+        root=root, parts=experiment.split(","), out=out)], env=env, capture_output=True,
+        text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    ptx = open(out).read()
+    got, ref = _counts(ptx), default_counts
+    assert got != ref
+    if experiment == "noload":       # no K/V TMA; the math stays
+        assert got["tma"] == 0 < ref["tma"] and got["wgmma"] == ref["wgmma"] == WGMMA, got
+        assert got["ld_global"] < ref["ld_global"], (got, ref)      # no page-table loads
+    elif experiment == "nomath":     # no wgmma, softmax exps only in ATTN_REDUCE; loads all kept
+        assert got["wgmma"] == 0 and got["tma"] == ref["tma"], got
+        assert got["ex2"] < ref["ex2"] and got["ld_global"] == ref["ld_global"], (got, ref)
+    else:                            # nostore: fewer global stores; loads and math stay
+        assert got["st_global"] < ref["st_global"], (got, ref)
+        assert got["tma"] == ref["tma"] and got["wgmma"] == ref["wgmma"], got
+    # the page protocol stays: mbarrier waits and the release signal are still there
+    assert re.search(r"mbarrier\.try_wait", ptx) and re.search(r"red\.release\.gpu", ptx)
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    from _compile_gate import assert_clean
+    work = os.path.join(dump_dir, f"attn_exp_{experiment}")
+    regs = assert_clean(ptxas_report(ptx, work))
+    print(f"experiment {experiment}: {got} (default {ref}), {regs} registers, 0 spills")

@@ -117,6 +117,26 @@ MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows
 # in the megakernel's all-opcode M1024-ps64 (20 B) and warp hand-off (8 B) variants it spills
 WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
+# Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
+# production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
+# work to leave out, so that timing differences place the time of one instruction
+# (bench/attention.py --experiments, bench/ATTENTION_NOTES.md "Leave-one-out experiments"). Every
+# role still walks the same ring sequence and every page wait / arrive / free stays in place (each
+# use of a page completes one phase of full / done / empty); only the work goes:
+#   nomath   the consumers skip QK^T, the softmax, the V-tail zeroing and PV (they still load Q,
+#            wait `full` of every K / V page, arrive `done`, write and hand over the epilogue pages)
+#   noload   the loader issues no K / V TMA and loads no page-table entry: it grants each K / V
+#            page with a plain arrive on `full` (rk.grant_page); the consumers compute on stale
+#            shared memory
+#   nostore  the storer skips the epilogue pages' global stores (it still waits `done` and frees)
+# ATTN_REDUCE is untouched. Results are wrong (garbage, possibly NaN) under any part.
+EXPERIMENT = frozenset(t for t in os.environ.get("MK_ATTN_EXPERIMENT", "").replace("+", ",")
+                       .split(",") if t)
+assert EXPERIMENT <= {"nomath", "noload", "nostore"}, \
+    f"unknown MK_ATTN_EXPERIMENT parts {set(EXPERIMENT)}"
+NOMATH = "nomath" in EXPERIMENT
+NOLOAD = "noload" in EXPERIMENT
+NOSTORE = "nostore" in EXPERIMENT
 # The consumers do not free K/V pages themselves (MK_ATTN_CONSUMER_FREE, removed 2026-11-29, like
 # the GEMM bodies' MK_GEMM_CONSUMER_FREE): the storer waiting `done` of epilogue pages only can
 # pass a parity wait on a stale phase while a page's previous K/V use is pending (deadlock on the
@@ -346,7 +366,12 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
         kc = (col0 + kh) * D
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            if cutlass.const_expr(TABLE_PREFETCH):
+            if cutlass.const_expr(NOLOAD):
+                # experiment: no page-table load, no TMA; each K / V page granted like an
+                # epilogue page (the same empty wait, one plain arrive on full)
+                for b in range(2 * nblk):
+                    pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
+            elif cutlass.const_expr(TABLE_PREFETCH):
                 pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta, lrow, kc,
                                                kv0, kend, nblk, page_off, pool, full, empty, pg,
                                                npages, timeout_ns, state, ticket)
@@ -641,6 +666,13 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             ls1 = Float32(0.0)
             accO0.fill(0.0)
             accO1.fill(0.0)
+            if cutlass.const_expr(NOMATH):
+                # experiment: keep the Q loads alive (the math that reads them is left out), so
+                # that nomath removes only the per-block work
+                qs = Float32(0.0)
+                for v in cutlass.range_constexpr(cute.size(tSrQ)):
+                    qs = qs + tSrQ[v].to(Float32)
+                accO0[0] = qs
             for b in range(nblk):
                 kb0 = kv0 + b * KB
                 pk, phk = page_of(pg, npages)
@@ -650,53 +682,60 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     mine = b % 2 == wg
                 if mine:
                     page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                    if active:
-                        accS.fill(0.0)
-                        cute.nvgpu.warpgroup.fence()
-                        for hf in cutlass.range_constexpr(2):
-                            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
-                                swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
-                            for kb in cutlass.range_constexpr(HALF // 16):
-                                cute.gemm(mma_qk, accS, tSrQ[(None, None, hf * (HALF // 16) + kb)],
-                                          tSrK[(None, None, kb)], accS)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(0)
+                    if cutlass.const_expr(not NOMATH):
+                        if active:
+                            accS.fill(0.0)
+                            cute.nvgpu.warpgroup.fence()
+                            for hf in cutlass.range_constexpr(2):
+                                tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
+                                    swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
+                                for kb in cutlass.range_constexpr(HALF // 16):
+                                    cute.gemm(mma_qk, accS,
+                                              tSrQ[(None, None, hf * (HALF // 16) + kb)],
+                                              tSrK[(None, None, kb)], accS)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(0)
                     # K page read (S retired): hand it to the storer (a narrow unit's page: this
                     # WG's threads arrive for both)
                     release_kv_page(pk, done, narrow, share, wtid, ctid, hm)
-                    if active:
-                        if both_halves:
-                            mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
-                                                                mr1, ls0, ls1, accO0, accO1, rP,
-                                                                scale, True)
-                        else:
-                            mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
-                                                                mr1, ls0, ls1, accO0, accO1, rP,
-                                                                scale, False)
+                    if cutlass.const_expr(not NOMATH):
+                        if active:
+                            if both_halves:
+                                mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1,
+                                                                    mr0, mr1, ls0, ls1, accO0,
+                                                                    accO1, rP, scale, True)
+                            else:
+                                mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1,
+                                                                    mr0, mr1, ls0, ls1, accO0,
+                                                                    accO1, rP, scale, False)
                     page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                    nkeys = kend - kb0
-                    if nkeys < KB:
-                        # V rows past the key end -> 0; every thread that reads the page zeroes
-                        if narrow:
-                            zero_v_tail(pool, pv, nkeys, wtid, 128)
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                            wg_barrier(wg)
-                        else:
-                            zero_v_tail(pool, pv, nkeys, ctid, CONSUMER_THREADS)
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                            cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
-                    if active:
-                        cute.nvgpu.warpgroup.fence()
-                        tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(
-                            swz_tensor(pool, pv, 0, sV_layout)))
-                        tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(
-                            swz_tensor(pool, pv, HALF_BYTES, sV_layout)))
-                        for kb in cutlass.range_constexpr(KB // 16):
-                            cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)], tOrV0[(None, None, kb)], accO0)
-                        for kb in cutlass.range_constexpr(KB // 16):
-                            cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(0)
+                    if cutlass.const_expr(not NOMATH):
+                        nkeys = kend - kb0
+                        if nkeys < KB:
+                            # V rows past the key end -> 0; every thread that reads the page zeroes
+                            if narrow:
+                                zero_v_tail(pool, pv, nkeys, wtid, 128)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                wg_barrier(wg)
+                            else:
+                                zero_v_tail(pool, pv, nkeys, ctid, CONSUMER_THREADS)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.barrier(barrier_id=BAR_ATTN,
+                                                  number_of_threads=CONSUMER_THREADS)
+                        if active:
+                            cute.nvgpu.warpgroup.fence()
+                            tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(
+                                swz_tensor(pool, pv, 0, sV_layout)))
+                            tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(
+                                swz_tensor(pool, pv, HALF_BYTES, sV_layout)))
+                            for kb in cutlass.range_constexpr(KB // 16):
+                                cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)],
+                                          tOrV0[(None, None, kb)], accO0)
+                            for kb in cutlass.range_constexpr(KB // 16):
+                                cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)],
+                                          tOrV1[(None, None, kb)], accO1)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(0)
                     release_kv_page(pv, done, narrow, share, wtid, ctid, hm)
                 pg = pg + 2
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
@@ -1032,20 +1071,22 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 for w in cutlass.range_constexpr(E_DIRECT):
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-                    store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
-                                    out_base, ldo, sid, nthreads)
+                    if cutlass.const_expr(not NOSTORE):
+                        store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
+                                        out_base, ldo, sid, nthreads)
                     free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_DIRECT
             else:
                 for w in cutlass.range_constexpr(4):
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-                    store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
-                                    part_base, ldp, sid, nthreads)
+                    if cutlass.const_expr(not NOSTORE):
+                        store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
+                                        part_base, ldp, sid, nthreads)
                     free_page(page, empty, sid, bar_id, nthreads, share)
                 page, ph = page_of(pg + 4, npages)
                 bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-                for u in cutlass.range_constexpr(MT // nthreads):
+                for u in cutlass.range_constexpr(0 if NOSTORE else MT // nthreads):
                     r = u * nthreads + sid
                     m = m0 + r
                     if m < mtot:
