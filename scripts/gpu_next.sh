@@ -1,49 +1,55 @@
 #!/usr/bin/env bash
-# The next GPU session's run of the experimental compile-time switches (all off by default, their
-# default PTX byte-identical to the GPU-verified kernel), in one command on the device machine:
-#   . .gpu/prelude.sh && export PYTHONPATH=$PWD:$PYTHONPATH && MK_COMMIT=<sha> bash scripts/gpu_next.sh
-# The switches (what each removes: bench/E2E_NOTES.md, GEMM_NOTES.md, ATTENTION_NOTES.md):
-#   MK_ATTN_Q_HOIST=1           attention's Q fragment loads issued at once (suspect of its ~30 us
-#                               fixed cost per instruction: 16-32 dependent L2 round trips)
-#   MK_NORM_W_HOIST=1           RMSNORM's norm-weight loads issued per chunk (suspect of its 23 us)
-#   MK_ABORT_POLL_AFTER_NS=2000 page waits read the abort word only after 2 us
-#   MK_SPLITK_LOADS_FIRST=1     SPLITK_REDUCE's partial loads ahead of the adds (2 x nsplit dependent
-#                               round trips -> nsplit / 2)
-#   MK_ATTN_REDUCE_LOADS_FIRST=1 ATTN_REDUCE's LSE and partial loads two splits ahead (its 13.5 us)
-#   MK_ATTN_TABLE_PREFETCH=1    the attention loader's page-table entries 32 per warp load (suspect
-#                               of the ~2.4 us per 64-key block: one L2 round trip per block)
-# Steps (MK_STEPS, default all, most telling first; logs under $OUT, else bench/results/):
+# The next GPU session's steps, in one script run on the device machine:
+#   . .gpu/prelude.sh && export PYTHONPATH=$PWD:$PYTHONPATH && MK_COMMIT=<sha> MK_STEPS="..." \
+#       bash scripts/gpu_next.sh
+# Logs under $OUT (else bench/results/); at most 7 files per call (the device tool brings back 8).
+# Steps (MK_STEPS; each call at most 10 minutes, so about two or three steps per call):
 #   attnexp attention leave-one-out experiments (MK_ATTN_EXPERIMENT nomath / noload / nostore and
 #          combinations, each its own compiled variant, bench/ATTENTION_NOTES.md "Leave-one-out
 #          experiments"): decode ctx1024 B=1 / 64, ctx512 B=64, ctx8192 B=32 in the standalone
 #          harness, cold / warm us and the difference to "none": attnexp.log, attnexp.json (~2 min)
 #   base   the step as it is: decode B=1 and 256 of the 70B TP8 rank, timed, with the journal's
-#          per-opcode breakdown and each role's own times (megakernel only)
-#   check  every switch on: GEMM, split-K, attention, rows GPU tests, the two-layer step vs mk.vm
-#          (split-K never / auto), racecheck of that step
-#   time   every switch on: the same points as base, with the journal
-#   each   one switch at a time: the same points, timed (no journal), to attribute the gain
+#          per-opcode breakdown and each role's own times (megakernel only; ~3 min)
+#   early  MK_EARLY_WEIGHTS=1 (bench/E2E_NOTES.md): the rows-family and whole-step GPU tests, the
+#          two-layer step vs mk.vm (split-K never / auto), racecheck; then, only if all passed,
+#          decode B=1 / 64 / 256 with and without it: early.log, early_{on,off}.json (~9 min)
+#   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
+#          and the two-layer check with it (the tiny model's steps are in the 256 class), then
+#          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
+#   e2e    launch/bench.py with every system (megakernel, eager, CUDA graph, torch.compile +
+#          graph, the floor) at MK_E2E_BATCH (default 1,16,64,256; the rest: "1024,4096" with
+#          MK_E2E_MIXED=256:1024:1024 in a second call): e2e.log, e2e.json, e2e.png (~8 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
-#          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz, ncu_details.csv
-#   spread every switch on, decode splits spread over the SMs (PlanConfig.kv_split_min=64: at
-#          B=1 the one attention instruction per layer becomes 16): the two-layer check with
-#          spread splits, then B=1 / 16 / 64 timed (compare with time / base at B=1)
-# Read: attnexp.log (the case x experiment table), base.log vs all.log (the opcode tables),
-# check.log (all passed, 0 hazards), each_*.log (packed in each.tar.gz). At most 7 files per
-# call: the device tool brings back 8.
-# Device time (estimate, one H200, warm): attnexp ~2 min, base + check + time + spread ~12-14 min,
-# each ~8 min: run MK_STEPS=attnexp alone (files attnexp.log / .json), MK_STEPS="base check time
-# spread" next, "each" in a third call.
+#          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
+#          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
+# Suggested calls (30 min of device time): "attnexp base", "early", "tiles", "e2e".
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
-STEPS=${MK_STEPS:-"attnexp base check time spread each"}
-SWITCHES=${MK_SWITCHES:-"MK_ATTN_Q_HOIST=1 MK_ATTN_TABLE_PREFETCH=1 MK_NORM_W_HOIST=1 MK_SPLITK_LOADS_FIRST=1 MK_ATTN_REDUCE_LOADS_FIRST=1 MK_ABORT_POLL_AFTER_NS=2000"}
+STEPS=${MK_STEPS:-"attnexp base"}
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
+M128_AT_256="QKV_ROPE@256=m128n128,O_PROJ@256=m128n256,GATE_UP@256=gu_m128,DOWN@256=m128n256"
 rc=0
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode"; }
+# the correctness checks of a variant (its environment already exported): pytest files, the
+# two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
+checks() {
+  timeout ${MK_CHECK_PYTEST_S:-300} python -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tail -4
+  for a in "--layers 2 --split-k 1" "--layers 2 --split-k 0"; do
+    echo "== check $a"
+    timeout 100 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+  done
+  echo "== racecheck, two-layer step, split-K auto"
+  timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step check \
+      --layers 2 --decode-steps 1 --split-k 0 2>&1 | grep -E "SUMMARY|passed" | cut -c1-200
+}
+passed() {   # the checks' log: pytest all passed, both checks and the racecheck run passed, 0 hazards
+  grep -qE "^[0-9]+ passed" "$1" && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$1" \
+      && ! grep -q '"passed": false' "$1" && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
+      && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
+}
 if has attnexp; then
   timeout 480 python bench/attention.py \
       --experiments ${MK_ATTN_EXPERIMENTS:-none,nomath,noload,nostore,noload+nomath,noload+nomath+nostore} \
@@ -58,42 +64,44 @@ if has base; then
   rm -f "$OUTDIR"/base_*_journal.pt "$OUTDIR"/base_*_timeline.png
   echo "== base"; table "$OUTDIR/base.log"
 fi
-if has check; then
-  (
-    export $SWITCHES
-    echo "== switches: $SWITCHES"
-    timeout 420 python -m pytest -m gpu -q -p no:cacheprovider ${MK_CHECK_TESTS:-tests/test_gemm_gpu.py \
-        tests/test_splitk_gpu.py tests/test_attention_gpu.py tests/test_megakernel_gpu.py} 2>&1 \
-        | tail -6
-    for a in "--layers 2 --split-k 1" "--layers 2 --split-k 0"; do
-      echo "== check $a"
-      timeout 100 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 \
-          | cut -c1-300
+if has early; then
+  ( export MK_EARLY_WEIGHTS=1; echo "== MK_EARLY_WEIGHTS=1"
+    checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py
+  ) > "$OUTDIR/early.log" 2>&1
+  cat "$OUTDIR/early.log"
+  if passed "$OUTDIR/early.log"; then
+    for v in off on; do
+      f=0; [ $v = on ] && f=1
+      MK_EARLY_WEIGHTS=$f timeout 150 $B --batch 1,64,256 --out "$OUTDIR/early_$v.json" \
+          > /tmp/early_$v.log 2>&1 || rc=1
+      echo "== MK_EARLY_WEIGHTS $v" | tee -a "$OUTDIR/early.log"
+      grep -E "^decode|Error" /tmp/early_$v.log | tee -a "$OUTDIR/early.log"
     done
-    echo "== racecheck, two-layer step, split-K auto"
-    timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step check \
-        --layers 2 --decode-steps 1 --split-k 0 2>&1 | grep -E "SUMMARY|passed" | cut -c1-200
-  ) > "$OUTDIR/check.log" 2>&1 || rc=1
-  cat "$OUTDIR/check.log"
+  else
+    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/early.log"; rc=1
+  fi
 fi
-if has time; then
-  (
-    export $SWITCHES
-    timeout 240 $B --batch 1,256 --journal --out "$OUTDIR/all.json" > "$OUTDIR/all.log" 2>&1
-  ) || rc=1
-  rm -f "$OUTDIR"/all_*_journal.pt "$OUTDIR"/all_*_timeline.png
-  echo "== every switch on"; table "$OUTDIR/all.log"
+if has tiles; then
+  ( export MK_TILES="$M128_AT_256"; echo "== MK_TILES=$MK_TILES"
+    checks tests/test_splitk_gpu.py
+  ) > "$OUTDIR/tiles.log" 2>&1
+  cat "$OUTDIR/tiles.log"
+  if passed "$OUTDIR/tiles.log"; then
+    for v in off on; do
+      t=""; [ $v = on ] && t="$M128_AT_256"
+      MK_TILES="$t" timeout 150 $B --batch 128,256 --out "$OUTDIR/tiles_$v.json" \
+          > /tmp/tiles_$v.log 2>&1 || rc=1
+      echo "== MK_TILES $v" | tee -a "$OUTDIR/tiles.log"
+      grep -E "^decode|Error" /tmp/tiles_$v.log | tee -a "$OUTDIR/tiles.log"
+    done
+  else
+    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/tiles.log"; rc=1
+  fi
 fi
-if has spread; then
-  (
-    export $SWITCHES
-    echo "== check --layers 2 --kv-split 256 --kv-split-min 64"
-    timeout 100 python -m mk.megakernel_step check --layers 2 --kv-split 256 --kv-split-min 64 \
-        2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
-    timeout 200 $B --batch 1,16,64 --plan kv_split_min=64 --out "$OUTDIR/spread.json" \
-        > "$OUTDIR/spread_time.log" 2>&1
-    grep -E "^decode" "$OUTDIR/spread_time.log"
-  ) 2>&1 || rc=1
+if has e2e; then
+  timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
+      --mixed ${MK_E2E_MIXED:-none} --out "$OUTDIR/e2e.json" > "$OUTDIR/e2e.log" 2>&1 || rc=1
+  grep -vE "^\[mk\.(plan|compile)" "$OUTDIR/e2e.log" | tail -25
 fi
 if has ncu; then
   # where the warps of the step wait, per source line (CUTE_DSL_LINEINFO: the Python lines of the
@@ -111,15 +119,5 @@ if has ncu; then
     echo "== ncu batch $b"; ls -la "$OUTDIR"/ncu_b$b*; head -c 600 "$OUTDIR/ncu_b${b}_source.csv"; echo
   done
   gzip -f "$OUTDIR"/ncu_b*_source.csv
-fi
-if has each; then
-  for sw in $SWITCHES; do
-    name=$(echo "${sw%%=*}" | tr 'A-Z' 'a-z')
-    ( export "$sw"; timeout 150 $B --batch 1,256 --out "$OUTDIR/each_$name.json" \
-        > "$OUTDIR/each_$name.log" 2>&1 ) || rc=1
-    echo "== $sw"; grep -E "^decode" "$OUTDIR/each_$name.log"
-  done
-  # one file for the device tool (it brings back 8 at most)
-  tar -C "$OUTDIR" -czf "$OUTDIR/each.tar.gz" $(cd "$OUTDIR" && ls each_*) && rm -f "$OUTDIR"/each_*
 fi
 exit $rc
