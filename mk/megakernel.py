@@ -173,8 +173,9 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # The controller hands an instruction to the roles before its dependency waits, and signals a
 # per-slot `iready` barrier once they are met: the loader streams a GEMM's first weight pages
 # during the waits (weights depend on no instruction; at decode a GEMM phase is a few us of
-# weights per SM behind a dependency chain), every other load, and the consumers and the storer,
-# wait for `iready` first. A failed wait still releases `iready` (the abort flag is raised, the
+# weights per SM behind a dependency chain), and an ATTENTION's first K/V blocks of positions
+# before the step's new rows (written by earlier steps); every other load, and the consumers and
+# the storer, wait for `iready` first. A failed wait still releases `iready` (the abort flag is raised, the
 # roles finish the instruction on whatever is in memory, the host raises the recorded error) and
 # ends the queue at the next slot. Compile-time, off until GPU-verified (MK_EARLY_WEIGHTS=1;
 # scripts/gpu_next.sh).
@@ -606,13 +607,17 @@ class MegakernelDSL:
                         ready = None
                         if cutlass.const_expr(EARLY_WEIGHTS):
                             # a GEMM waits for `iready` inside gemm_load, after its first weight
-                            # pages; every other body's loads wait here
+                            # pages, ATTENTION inside attn_load after its first K/V blocks of
+                            # earlier steps; every other body's loads wait here
                             ready = (iready + islot, iph)
-                            gemm_op = Int32(0)
+                            early_op = Int32(0)
                             for gi in cutlass.range_constexpr(NG):
                                 if op == GS[gi].op:
-                                    gemm_op = Int32(1)
-                            if gemm_op == 0:
+                                    early_op = Int32(1)
+                            if cutlass.const_expr(self.attn_ps > 0):
+                                if op == ak.OP_ATTENTION:
+                                    early_op = Int32(1)
+                            if early_op == 0:
                                 rk.bar_wait(iready + islot, iph, timeout_ns, state,
                                             rk.ERR_INSTR_READY, t)
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
@@ -652,7 +657,8 @@ class MegakernelDSL:
                                                   ring[base + at.A_KV1],
                                                   ring[base + at.A_PAGE_OFF],
                                                   ring[base + at.A_MODE], ring[base + at.A_QPK],
-                                                  pool, full, empty, pg, NP, timeout_ns, state, t)
+                                                  pool, full, empty, pg, NP, timeout_ns, state, t,
+                                                  ready)
                             elif op == ak.OP_ATTN_REDUCE:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
                                                     ring[base + at.A_QPK], pool, full, empty, pg,

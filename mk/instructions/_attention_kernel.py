@@ -314,11 +314,11 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
                               kc: Int32, kv0: Int32, kend: Int32, nblk: Int32, page_off: Int32,
                               pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                              ticket: Int32) -> Int32:
-    """attn_load's K/V blocks of one unit with TABLE_PREFETCH: the page-table entries 32 per
-    warp-wide load (lane i holds entry 32c + i of the sequence's table), handed to each sub-box by
-    a shuffle. A few words past the sequence's table may be read (clamped to the metadata buffer)
-    and are never used: sub-boxes past the key end issue no TMA."""
+                              ticket: Int32, b_first=0) -> Int32:
+    """attn_load's K/V blocks b_first .. nblk-1 of one unit with TABLE_PREFETCH: the page-table
+    entries 32 per warp-wide load (lane i holds entry 32c + i of the sequence's table), handed to
+    each sub-box by a shuffle. A few words past the sequence's table may be read (clamped to the
+    metadata buffer) and are never used: sub-boxes past the key end issue no TMA."""
     psb = min(page_size, KB)
     nsub = KB // psb
     lane = cute.arch.lane_idx()
@@ -326,7 +326,7 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
     crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
     table = Int32(0)
     chunk = Int32(-1)
-    for b in range(nblk):
+    for b in range(b_first, nblk):
         kb0 = kv0 + b * KB
         nval = valid_subboxes(kend, kb0, psb)
         for s in cutlass.range_constexpr(nsub):
@@ -347,14 +347,27 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
               col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, page_off: Int32,
               mode: Int32, qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
               pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32) -> Int32:
+              ticket: Int32, ready=None) -> Int32:
     """Loader warp of ATTENTION: per unit, K and V pages of every key block, then the epilogue
-    page grants. Returns the new page count."""
+    page grants. Returns the new page count.
+
+    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS):
+    the first unit's key blocks that end before the instruction's first new row (pos0) hold K/V
+    written by earlier steps, so up to half a ring of them is loaded before that wait (with
+    TABLE_PREFETCH; otherwise the wait comes first)."""
     psb = min(page_size, KB)
     nsub = KB // psb
-    # K/V rows were written by generic-proxy stores (QKV_ROPE storers of other CTAs, acquired by the
-    # controller): order them before this warp's async-proxy reads
-    cute.arch.fence_proxy("async.global")
+    early = ready is not None and TABLE_PREFETCH and not NOLOAD      # compile-time
+    if cutlass.const_expr(ready is None):
+        # K/V rows were written by generic-proxy stores (QKV_ROPE storers of other CTAs, acquired
+        # by the controller): order them before this warp's async-proxy reads
+        cute.arch.fence_proxy("async.global")
+    elif cutlass.const_expr(not early):
+        bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
+        cute.arch.fence_proxy("async.global")
+    waited = None
+    if cutlass.const_expr(early):
+        waited = Int32(0)
     lstride = meta[mc.M_KV_LAYER_STRIDE]
     crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
     lrow = layer * lstride
@@ -372,9 +385,29 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                 for b in range(2 * nblk):
                     pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
             elif cutlass.const_expr(TABLE_PREFETCH):
+                b_first = 0
+                if cutlass.const_expr(early):
+                    b_first = Int32(0)
+                    if waited == 0:
+                        # blocks of keys before pos0: earlier steps' K/V, no dependency
+                        npre = (pos0 - kv0) // KB
+                        if pos0 < kv0:
+                            npre = Int32(0)
+                        npre = imin(imin(npre, nblk), Int32(npages // 2))
+                        pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta,
+                                                       lrow, kc, kv0, kend, npre, page_off, pool,
+                                                       full, empty, pg, npages, timeout_ns,
+                                                       state, ticket)
+                        bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY,
+                                 ticket)
+                        # the rows of this step's new tokens (QKV_ROPE storers of other CTAs,
+                        # acquired by the controller) before the async-proxy reads below
+                        cute.arch.fence_proxy("async.global")
+                        waited = Int32(1)
+                        b_first = npre
                 pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta, lrow, kc,
                                                kv0, kend, nblk, page_off, pool, full, empty, pg,
-                                               npages, timeout_ns, state, ticket)
+                                               npages, timeout_ns, state, ticket, b_first)
             else:
                 for b in range(nblk):
                     kb0 = kv0 + b * KB
@@ -391,6 +424,9 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                                        empty, pg, npages, timeout_ns, state, ticket)
             for e in range(ne):
                 pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
+    if cutlass.const_expr(early):
+        if waited == 0:             # no unit (never planned): the wait still pairs with iready
+            bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
     return pg
 
 
