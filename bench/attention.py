@@ -49,6 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mk.instructions import _attention_kernel as ak  # noqa: E402
 from mk.instructions import _rows_kernel as rk  # noqa: E402
 from mk.instructions import attention as at  # noqa: E402
+from mk.provenance import git_commit  # noqa: E402
+
+from bench import _jobs  # noqa: E402
 from mk.ir import (INSTR_WORDS, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,  # noqa: E402
                    W_SIGNAL, W_SIGNAL_COUNT, Op)
 
@@ -644,22 +647,6 @@ def experiment_env(exp: str) -> str:
     return ",".join(parts)
 
 
-def git_commit() -> str:
-    """HEAD (+ "-dirty"), or MK_COMMIT when set (launch/bench.py's git_commit: a copied working
-    tree can carry a .git that is older than the files)."""
-    import subprocess
-    if os.environ.get("MK_COMMIT"):
-        return os.environ["MK_COMMIT"]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def run_info() -> dict:
     import shlex
     return dict(command=" ".join(shlex.quote(x) for x in [sys.executable] + sys.argv),
@@ -771,18 +758,9 @@ def run_experiments(a, exps) -> int:
     procs = []
     for e, v in envs.items():
         cmd = me + ["--experiment-worker", e, "--reps", str(a.reps)] + common
-        procs.append((e, subprocess.Popen(cmd, env=dict(os.environ, MK_ATTN_EXPERIMENT=v),
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True)))
+        procs.append((e, _jobs.start(cmd, dict(os.environ, MK_ATTN_EXPERIMENT=v))))
     runs = {}
-    t_end = time.time() + a.exp_timeout
-    for e, pr in procs:
-        try:
-            txt, _ = pr.communicate(timeout=max(1.0, t_end - time.time()))
-        except subprocess.TimeoutExpired:
-            pr.kill()
-            txt, _ = pr.communicate()
-            txt += "\n(timed out)"
+    for e, txt in _jobs.collect(procs, a.exp_timeout):
         for ln in txt.splitlines():
             if ln.startswith("[attention]"):
                 print(ln, flush=True)

@@ -25,12 +25,11 @@ import fcntl
 import json
 import math
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _jobs  # noqa: E402
 
 LOCK = "/tmp/mk_gemm_gpu.lock"
 
@@ -155,17 +154,9 @@ def main(argv=None) -> int:
             env["MK_GEMM_EPI_BATCH"] = "1"
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,
                "--reps", str(a.reps)]
-        procs.append((job, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, text=True)))
+        procs.append((job, _jobs.start(cmd, env)))
     results = []
-    t_end = time.time() + a.timeout
-    for job, pr in procs:
-        try:
-            txt, _ = pr.communicate(timeout=max(1.0, t_end - time.time()))
-        except subprocess.TimeoutExpired:
-            pr.kill()
-            txt, _ = pr.communicate()
-            txt += "\n(timed out)"
+    for job, txt in _jobs.collect(procs, a.timeout):
         got = [ln[6:] for ln in txt.splitlines() if ln.startswith("@@JOB ")]
         r = json.loads(got[0]) if got else dict(job=job, error=txt[-1500:])
         results.append(r)

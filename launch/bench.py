@@ -48,7 +48,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -64,6 +63,7 @@ import torch
 
 from mk import dist as mkdist
 from mk.config import ConfigError, KernelConfig, ModelConfig, ParallelConfig, RopeConfig
+from mk.provenance import git_commit
 from mk.tiny import TINY_CONFIG
 
 # Shapes --------------------------------------------------------------------------------------------
@@ -773,21 +773,6 @@ def finish_point(point: Point, res: dict, floor: dict) -> dict:
 
 
 # Output --------------------------------------------------------------------------------------------
-def git_commit() -> str:
-    """HEAD (+ "-dirty"), or MK_COMMIT when set: a copied working tree (the device tool's) can
-    carry a .git that is older than the files."""
-    if os.environ.get("MK_COMMIT"):
-        return os.environ["MK_COMMIT"]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def default_out(shape: str, cfg, full_layers: int, device) -> Path:
     date = datetime.date.today().isoformat()
     if shape == "70b-tp8" and cfg.num_layers == full_layers and device.type == "cuda":

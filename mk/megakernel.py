@@ -375,31 +375,21 @@ class MegakernelDSL:
             aops = [aa.tma, aa.gKV, aa.box_layout, aa.mma_qk, aa.mma_pv, aa.sK_layout,
                     aa.sV_layout]
 
-        @cute.struct
-        class Storage:
-            ifull: cute.struct.MemRange[cutlass.Int64, NISLOTS]
-            iempty: cute.struct.MemRange[cutlass.Int64, NISLOTS]
-            full: cute.struct.MemRange[cutlass.Int64, self.npages]
-            empty: cute.struct.MemRange[cutlass.Int64, self.npages]
-            done: cute.struct.MemRange[cutlass.Int64, self.npages]
-            ring: cute.struct.MemRange[cutlass.Int32, NISLOTS * INSTR_WORDS]
-            tick: cute.struct.MemRange[cutlass.Int32, NISLOTS]
-            flag: cute.struct.MemRange[cutlass.Int32, 4]
-            pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
-
-        @cute.struct
-        class StorageEarly:
-            ifull: cute.struct.MemRange[cutlass.Int64, NISLOTS]
-            iempty: cute.struct.MemRange[cutlass.Int64, NISLOTS]
-            iready: cute.struct.MemRange[cutlass.Int64, NISLOTS]
-            full: cute.struct.MemRange[cutlass.Int64, self.npages]
-            empty: cute.struct.MemRange[cutlass.Int64, self.npages]
-            done: cute.struct.MemRange[cutlass.Int64, self.npages]
-            ring: cute.struct.MemRange[cutlass.Int32, NISLOTS * INSTR_WORDS]
-            tick: cute.struct.MemRange[cutlass.Int32, NISLOTS]
-            flag: cute.struct.MemRange[cutlass.Int32, 4]
-            pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE], 1024]
-        self.storage = StorageEarly if EARLY_WEIGHTS else Storage
+        # the CTA's shared memory; `iready` only in the EARLY_WEIGHTS variant
+        fields = dict(ifull=cute.struct.MemRange[cutlass.Int64, NISLOTS],
+                      iempty=cute.struct.MemRange[cutlass.Int64, NISLOTS])
+        if cutlass.const_expr(EARLY_WEIGHTS):
+            fields["iready"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
+        fields.update(
+            full=cute.struct.MemRange[cutlass.Int64, self.npages],
+            empty=cute.struct.MemRange[cutlass.Int64, self.npages],
+            done=cute.struct.MemRange[cutlass.Int64, self.npages],
+            ring=cute.struct.MemRange[cutlass.Int32, NISLOTS * INSTR_WORDS],
+            tick=cute.struct.MemRange[cutlass.Int32, NISLOTS],
+            flag=cute.struct.MemRange[cutlass.Int32, 4],
+            pool=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE],
+                                   1024])
+        self.storage = cute.struct(type("Storage", (), {"__annotations__": fields}))
         skops = [sk] if self.splitk else []      # not a kernel parameter unless compiled in
         self.kernel(instrs, n_instr, counters, n_ctr, state, tma, mT, bufs, normw, n_layers, eps,
                     timeout_ns, journal, jcta, gops, meta, inv_freq, kv, aops, aq, aout, apart,

@@ -64,39 +64,31 @@ if has base; then
   rm -f "$OUTDIR"/base_*_journal.pt "$OUTDIR"/base_*_timeline.png
   echo "== base"; table "$OUTDIR/base.log"
 fi
-if has early; then
-  ( export MK_EARLY_WEIGHTS=1; echo "== MK_EARLY_WEIGHTS=1"
-    checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py
-  ) > "$OUTDIR/early.log" 2>&1
-  cat "$OUTDIR/early.log"
-  if passed "$OUTDIR/early.log"; then
+# A/B of one environment variable, timed only after its checks passed:
+#   ab NAME VAR ON-VALUE OFF-VALUE BATCHES PYTEST-FILES...  -> NAME.log, NAME_{on,off}.json
+ab() {
+  local name=$1 var=$2 on=$3 off=$4 batches=$5 v val
+  shift 5
+  ( export "$var=$on"; echo "== $var=$on"; checks "$@" ) > "$OUTDIR/$name.log" 2>&1
+  cat "$OUTDIR/$name.log"
+  if passed "$OUTDIR/$name.log"; then
     for v in off on; do
-      f=0; [ $v = on ] && f=1
-      MK_EARLY_WEIGHTS=$f timeout 150 $B --batch 1,64,256 --out "$OUTDIR/early_$v.json" \
-          > /tmp/early_$v.log 2>&1 || rc=1
-      echo "== MK_EARLY_WEIGHTS $v" | tee -a "$OUTDIR/early.log"
-      grep -E "^decode|Error" /tmp/early_$v.log | tee -a "$OUTDIR/early.log"
+      val=$off; [ $v = on ] && val=$on
+      env "$var=$val" timeout 170 $B --batch "$batches" --out "$OUTDIR/${name}_$v.json" \
+          > "/tmp/${name}_$v.log" 2>&1 || rc=1
+      echo "== $var $v" | tee -a "$OUTDIR/$name.log"
+      grep -E "^decode|Error" "/tmp/${name}_$v.log" | tee -a "$OUTDIR/$name.log"
     done
   else
-    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/early.log"; rc=1
+    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/$name.log"; rc=1
   fi
+}
+if has early; then
+  ab early MK_EARLY_WEIGHTS 1 0 1,64,256 tests/test_megakernel_gpu.py \
+      tests/test_megakernel_step_gpu.py
 fi
 if has tiles; then
-  ( export MK_TILES="$M128_AT_256"; echo "== MK_TILES=$MK_TILES"
-    checks tests/test_splitk_gpu.py
-  ) > "$OUTDIR/tiles.log" 2>&1
-  cat "$OUTDIR/tiles.log"
-  if passed "$OUTDIR/tiles.log"; then
-    for v in off on; do
-      t=""; [ $v = on ] && t="$M128_AT_256"
-      MK_TILES="$t" timeout 150 $B --batch 128,256 --out "$OUTDIR/tiles_$v.json" \
-          > /tmp/tiles_$v.log 2>&1 || rc=1
-      echo "== MK_TILES $v" | tee -a "$OUTDIR/tiles.log"
-      grep -E "^decode|Error" /tmp/tiles_$v.log | tee -a "$OUTDIR/tiles.log"
-    done
-  else
-    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/tiles.log"; rc=1
-  fi
+  ab tiles MK_TILES "$M128_AT_256" "" 128,256 tests/test_splitk_gpu.py
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \

@@ -301,15 +301,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
-        for j in cutlass.range_constexpr(cfg.nb):
-            page, ph = page_of(pg + 1 + j, npages)
-            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
-            wrow = col0 + j * B_ROWS
-            if cutlass.const_expr(cfg.gate_up and j == 1):
-                wrow = up_row0
-            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
+        load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
+                     pg + 1, npages, timeout_ns, state, ticket)
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty, pg,
@@ -319,6 +312,25 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
                                pg, npages, timeout_ns, state, ticket)
     return pg
+
+
+@cute.jit
+def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
+                 sB_layout: cute.ComposedLayout, layer: Int32, col0: Int32, up_row0: Int32,
+                 kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
+                 npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
+    """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
+    TMA its 128 weight rows x 64 K columns at K column kc (gate_up: the second page is the up
+    rows from up_row0)."""
+    for j in cutlass.range_constexpr(cfg.nb):
+        page, ph = page_of(pg_b + j, npages)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
+        wrow = col0 + j * B_ROWS
+        if cutlass.const_expr(cfg.gate_up and j == 1):
+            wrow = up_row0
+        tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
 
 
 @cute.jit
@@ -340,15 +352,8 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
         kc = k0 + k * BK
         page, ph = page_of(pg + k * cfg.stage_pages, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-        for j in cutlass.range_constexpr(cfg.nb):
-            page, ph = page_of(pg + k * cfg.stage_pages + 1 + j, npages)
-            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
-            wrow = col0 + j * B_ROWS
-            if cutlass.const_expr(cfg.gate_up and j == 1):
-                wrow = up_row0
-            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
+        load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
+                     pg + k * cfg.stage_pages + 1, npages, timeout_ns, state, ticket)
     bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
     # the activations were written by generic-proxy stores of other CTAs (acquired by the
     # controller's waits, handed over by `ready`): order them before the async-proxy reads
