@@ -27,7 +27,7 @@ BK = 64                 # K per stage (one SW128 atom of bf16): K must be a mult
 B_ROWS = 128            # weight rows per B page
 COL_ALIGN = 8           # col0 / cols multiple of 8 (16-byte vectors of bf16)
 GPU_HEAD_DIM = 128      # QKV_ROPE: RoPE pairs (c, c + 64) in one wgmma chain of N = 128
-NORM_MAX_HIDDEN = 16384 # RMSNORM: 256 consumer threads x 8 vectors of 8 columns per row
+NORM_MAX_HIDDEN = 8192  # RMSNORM: 256 consumer threads x 4 vectors of 8 columns per row
 
 
 @dataclass(frozen=True)

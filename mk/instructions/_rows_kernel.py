@@ -358,10 +358,10 @@ def warp_allreduce_sum(x: Float32) -> Float32:
 
 @cute.jit
 def norm_weight(normw: cute.Tensor, wrow: Int32, col: Int32):
-    """8 norm weights (float32) of table row wrow from column col (a multiple of 8)."""
+    """8 norm weights (bf16) of table row wrow from column col (a multiple of 8)."""
     wp = cute.make_ptr(BFloat16, (normw.iterator + (wrow * normw.shape[1] + col)).toint(),
                        cute.AddressSpace.gmem, assumed_align=16)
-    return cute.make_tensor(wp, cute.make_layout(8)).load().to(Float32)
+    return cute.make_tensor(wp, cute.make_layout(8)).load()
 
 
 @cute.jit
@@ -431,7 +431,8 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
 # row. One ring page is still taken, with no data in it (the loader grants it without a TMA): the
 # consumers' `done` after their stores, then the storer's wait and signal, order those stores
 # before the instruction's counter as a split-K tile's partial stores are.
-NORM_VECS = 8          # 16-byte vectors per thread per row: H <= 256 threads * 8 * NORM_VECS
+NORM_VECS = 4          # 16-byte vectors per thread per row: H <= 256 threads * 8 * NORM_VECS
+                       # (8, for H = 16384, spilled in the rows-only journal variant)
 NORM_MAX_H = 256 * 8 * NORM_VECS
 assert NORM_MAX_H == tiles.NORM_MAX_HIDDEN
 NORM_SCRATCH = 64      # bytes of the page per row parity: one float32 partial per consumer warp
@@ -483,13 +484,14 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     inv_h = Float32(1.0) / Float32(H)
     for r in range(rows):
         row_off = Int64(row0 + r) * Int64(H)
-        xs = []
+        xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
         for v in cutlass.range_constexpr(NORM_VECS):
-            xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load().to(Float32))
+            xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
         ss = Float32(0.0)
         for v in cutlass.range_constexpr(NORM_VECS):
             if (v * nthreads + ctid) * 8 < H:
-                ss = ss + (xs[v] * xs[v]).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                xf = xs[v].to(Float32)
+                ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         ss = warp_allreduce_sum(ss)
         slot = scratch + (r % 2) * NORM_SCRATCH
         part = cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
@@ -502,7 +504,7 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
         rs = cute.math.rsqrt(tot * inv_h + eps)
         for v in cutlass.range_constexpr(NORM_VECS):
             if (v * nthreads + ctid) * 8 < H:
-                y = (xs[v] * rs).to(BFloat16).to(Float32) * ws[v]
+                y = (xs[v].to(Float32) * rs).to(BFloat16).to(Float32) * ws[v].to(Float32)
                 bf16x8(dst_base + (row_off + Int64(cols[v])) * 2).store(y.to(BFloat16))
     if lane == 0:
         # the scratch partials were generic writes; a later use of the page is a TMA write
