@@ -20,7 +20,9 @@ Execution model
     warps 4-7   consumer warpgroup: the instruction body's math (setmaxregister_increase); the
                 other warpgroup runs setmaxregister_decrease.
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
-  the current instruction's body.
+  the current instruction's body. With EARLY_WEIGHTS (compile-time, off by default) it hands an
+  instruction over before its waits and signals the slot's `iready` after them, so the loader can
+  stream a GEMM's weights (and an ATTENTION's earlier-step K/V) during the waits.
 * Split-K (Megakernel(splitk=<SPLITK workspace>), a compile-time variant): split GEMM tiles run in
   their opcode's slot (mk/instructions/_gemm_kernel.py: K slice, float32 partials from the
   consumers' registers); SPLITK_REDUCE (mk/instructions/_splitk_kernel.py) runs in both consumer
