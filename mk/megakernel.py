@@ -177,9 +177,9 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # during the waits (weights depend on no instruction; at decode a GEMM phase is a few us of
 # weights per SM behind a dependency chain), and an ATTENTION's first K/V blocks of positions
 # before the step's new rows (written by earlier steps); every other load, and the consumers and
-# the storer, wait for `iready` first. A failed wait still releases `iready` (the abort flag is raised, the
-# roles finish the instruction on whatever is in memory, the host raises the recorded error) and
-# ends the queue at the next slot. Compile-time, off until GPU-verified (MK_EARLY_WEIGHTS=1;
+# the storer, wait for `iready` first. A failed wait still releases `iready` (the abort flag is
+# raised, the roles finish the instruction on whatever is in memory, the host raises the recorded
+# error) and ends the queue at the next slot. Compile-time, off until GPU-verified (MK_EARLY_WEIGHTS=1;
 # scripts/gpu_next.sh).
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "0") == "1"
 
@@ -440,15 +440,16 @@ class MegakernelDSL:
         return met
 
     @cute.jit
-    def controller_early(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor,
-                         state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor,
-                         meta: cute.Tensor, ring: cute.Tensor, tick: cute.Tensor,
-                         ifull: cute.Pointer, iempty: cute.Pointer, iready: cute.Pointer,
-                         lane: Int32, bidx: Int32, HM: cutlass.Constexpr):
-        """The controller under EARLY_WEIGHTS: each instruction goes into its ring slot (`ifull`)
-        before its waits, and `iready` of the slot follows them. After a failed wait it still
-        releases `iready` (the roles finish that instruction; the error is recorded and the
-        host raises it) and puts END into the next slot."""
+    def controller(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor,
+                   state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor, meta: cute.Tensor,
+                   ring: cute.Tensor, tick: cute.Tensor, ifull: cute.Pointer,
+                   iempty: cute.Pointer, iready, lane: Int32, bidx: Int32,
+                   HM: cutlass.Constexpr):
+        """The controller warp: per free ring slot a ticket from the queue, the instruction's
+        words into the slot, its waits (instr_waits), `ifull`. Without EARLY_WEIGHTS the slot is
+        filled after the waits (END after a failed one); with it, before them, and `iready`
+        follows the waits (after a failed wait too: the roles finish that instruction, the error
+        is recorded and the host raises it) and END goes into the next slot."""
         islot = Int32(0)
         iph = Int32(0)
         live = Int32(1)
@@ -456,8 +457,15 @@ class MegakernelDSL:
         while live == 1:
             rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state, rk.ERR_INSTR_SLOT,
                                 Int32(-1))
-            t = Int32(n_instr)
-            if stop == 0:
+            t = Int32(0)
+            if cutlass.const_expr(EARLY_WEIGHTS):
+                t = Int32(n_instr)
+                if stop == 0:
+                    if lane == 0:
+                        t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr,
+                                                 Int32(1), sem="relaxed", scope="gpu")
+                    t = cute.arch.shuffle_sync(t, 0)
+            else:
                 if lane == 0:
                     t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
                                              sem="relaxed", scope="gpu")
@@ -466,20 +474,26 @@ class MegakernelDSL:
             w = Int32(OP_END)
             if t < n_instr:
                 w = instrs[t, lane]
+                if cutlass.const_expr(not EARLY_WEIGHTS):
+                    if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
+                                        meta, bidx) == 0:
+                        w = Int32(OP_END)
+                        live = Int32(0)
+            else:
+                live = Int32(0)
             if lane == 0:
-                ring[islot * INSTR_WORDS] = w
+                ring[islot * INSTR_WORDS] = w      # opcode word (END on stop)
                 tick[islot] = t
             else:
                 ring[islot * INSTR_WORDS + lane] = w
             rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-            if t < n_instr:
-                if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal, meta,
-                                    bidx) == 0:
-                    stop = Int32(1)
-                # the waits' acquire loads are this warp's; the release hands them to the roles
-                rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-            else:
-                live = Int32(0)
+            if cutlass.const_expr(EARLY_WEIGHTS):
+                if t < n_instr:
+                    if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
+                                        meta, bidx) == 0:
+                        stop = Int32(1)
+                    # the waits' acquire loads are this warp's; the release hands them on
+                    rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             islot, iph = next_slot(islot, iph)
 
     @cute.kernel
@@ -547,39 +561,8 @@ class MegakernelDSL:
             cute.arch.setmaxregister_decrease(self.reg_low)
             if warp == 0:
                 # ------------------------------------------------------------ controller
-                if cutlass.const_expr(EARLY_WEIGHTS):
-                    self.controller_early(instrs, n_instr, counters, state, timeout_ns, journal,
-                                          meta, ring, tick, ifull, iempty, iready, lane, bidx,
-                                          HM)
-                else:
-                    islot = Int32(0)
-                    iph = Int32(0)
-                    live = Int32(1)
-                    while live == 1:
-                        rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state,
-                                            rk.ERR_INSTR_SLOT, Int32(-1))
-                        t = Int32(0)
-                        if lane == 0:
-                            t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr,
-                                                     Int32(1), sem="relaxed", scope="gpu")
-                        t = cute.arch.shuffle_sync(t, 0)
-                        tf = cute.arch.globaltimer()
-                        w = Int32(OP_END)
-                        if t < n_instr:
-                            w = instrs[t, lane]
-                            if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns,
-                                                journal, meta, bidx) == 0:
-                                w = Int32(OP_END)
-                                live = Int32(0)
-                        else:
-                            live = Int32(0)
-                        if lane == 0:
-                            ring[islot * INSTR_WORDS] = w      # opcode word (END on stop)
-                            tick[islot] = t
-                        else:
-                            ring[islot * INSTR_WORDS + lane] = w
-                        rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-                        islot, iph = next_slot(islot, iph)
+                self.controller(instrs, n_instr, counters, state, timeout_ns, journal, meta,
+                                ring, tick, ifull, iempty, iready, lane, bidx, HM)
             elif warp == 1:
                 # ------------------------------------------------------------ TMA loader
                 islot = Int32(0)
