@@ -669,8 +669,8 @@ class MegakernelDSL:
                                                NP, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                                HM, PS)
                         elif op == rk.OP_RMSNORM:
-                            pg = rk.rmsnorm_store(empty, done, pg, NP, sv, BAR_STORER, N_STORER,
-                                                  timeout_ns, state, t, PS)
+                            pg = rk.store_handoff(empty, done, pg, NP, sv, timeout_ns, state, t,
+                                                  PS)
                         for gi in cutlass.range_constexpr(NG):
                             if op == GS[gi].op:
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
@@ -678,8 +678,8 @@ class MegakernelDSL:
                                                      skops)
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
-                                pg = skk.reduce_store(empty, done, pg, NP, sv, timeout_ns, state,
-                                                      t, PS)
+                                pg = rk.store_handoff(empty, done, pg, NP, sv, timeout_ns,
+                                                      state, t, PS)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
                                 pg = self.store_attn(op, ring, base, aout, apart, alse, pool,

@@ -82,10 +82,6 @@ ERR_INSTR_READY = 8     # (7 is the megakernel's ERR_BAD_META)
 HANDOFF_MODES = ("thread", "warp", "group")
 
 
-def uses_pages(op) -> bool:
-    return op in (OP_COPY, OP_RMSNORM, OP_RESIDUAL_ADD)
-
-
 def arrivals(mode: str, nthreads: int) -> int:
     """Arrivals a role of nthreads threads makes on an mbarrier per hand-off in `mode`."""
     assert mode in HANDOFF_MODES, mode
@@ -321,12 +317,10 @@ def rows_load(tma: cute.CopyAtom, mT: cute.Tensor, op: Int32, src: Int32, dst: I
 
 @cute.jit
 def rows_pages(op: Int32, rows: Int32, cols: Int32) -> Int32:
-    """Pages of the ring one COPY / RESIDUAL_ADD / RMSNORM instruction uses."""
+    """Pages of the ring one COPY / RESIDUAL_ADD instruction uses (RMSNORM: one, granted)."""
     n = ceil_div(rows, PR) * ceil_div(cols, PC)
     if op == OP_RESIDUAL_ADD:
         n = n * 2
-    if op == OP_RMSNORM:
-        n = Int32(1)
     return n
 
 
@@ -514,15 +508,16 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
 
 
 @cute.jit
-def rmsnorm_store(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                  sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
-                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+def store_handoff(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                  sid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                   share: cutlass.Constexpr) -> Int32:
-    """Storer warps of RMSNORM: wait for the consumers' stores (their `done` on the instruction's
-    page), then free the page; the caller's signal follows."""
+    """Storer warps of a body whose consumers store to global memory themselves (RMSNORM,
+    SPLITK_REDUCE): wait for their `done` on the instruction's one page (their stores precede
+    it), free the page; the megakernel's signal follows. Returns the new page count."""
     page, ph = page_of(pg, npages)
-    bounded_bar_wait(done + page, ph, timeout_ns, state, ERR_PAGE_DONE, ticket)
-    free_page(page, empty, sid, bar_id, nthreads, share)
+    bar_wait(done + page, ph, timeout_ns, state, ERR_PAGE_DONE, ticket)
+    if sid == 0:
+        cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     return pg + 1
 
 

@@ -25,7 +25,8 @@ Roles: elementwise, no operand pages. Both consumer warpgroups (256 threads) do 
 from global memory (the partials are L2-resident: written by the split tiles just before) to global
 memory, 8 output columns per item: 2 x 16-byte float32 loads per split (and as many for the up
 columns of GATE_UP), one 16-byte store (QKV_ROPE: 8 columns + their 8 partners per item). The loader grants one ring page with no TMA and the
-consumers arrive `done` on it after their stores; the storer waits on that `done`, frees the page
+consumers arrive `done` on it after their stores; the storer (rk.store_handoff, shared with
+RMSNORM) waits on that `done`, frees the page
 and signals: the page's barriers order the consumers' global stores before the storer's
 fence.acq_rel.gpu + red.release (the hand-off the GEMM storer's stores get from its named
 barrier), with the ring's usual one-phase-per-use rule.
@@ -196,17 +197,4 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
     if cutlass.const_expr(share != gk.CONSUMER_THREADS):
         cute.arch.sync_warp()
     gk.consumer_arrive(done + page, lane, share)
-    return pg + 1
-
-
-@cute.jit
-def reduce_store(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                 sid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                 share: cutlass.Constexpr) -> Int32:
-    """Storer warps: wait for the consumers' `done` on the reduce's page (their stores precede
-    it), free the page; the megakernel's signal follows. Returns the new page count."""
-    page, ph = page_of(pg, npages)
-    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-    if sid == 0:
-        cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     return pg + 1
