@@ -4,6 +4,8 @@
 #       bash scripts/gpu_next.sh
 # Logs under $OUT (else bench/results/); at most 7 files per call (the device tool brings back 8).
 # Steps (MK_STEPS; each call at most 10 minutes, so about two or three steps per call):
+#   verify the default build's correctness checks (checks() below: the megakernel and whole-step
+#          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log
 #   attnexp attention leave-one-out experiments (MK_ATTN_EXPERIMENT nomath / noload / nostore and
 #          combinations, each its own compiled variant, bench/ATTENTION_NOTES.md "Leave-one-out
 #          experiments"): decode ctx1024 B=1 / 64, ctx512 B=64, ctx8192 B=32 in the standalone
@@ -50,6 +52,11 @@ passed() {   # the checks' log: pytest all passed, both checks and the racecheck
       && ! grep -q '"passed": false' "$1" && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
       && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
 }
+if has verify; then
+  checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py > "$OUTDIR/verify.log" 2>&1
+  echo "== verify (default build)"; cat "$OUTDIR/verify.log"
+  passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
+fi
 if has attnexp; then
   timeout 480 python bench/attention.py \
       --experiments ${MK_ATTN_EXPERIMENTS:-none,nomath,noload,nostore,noload+nomath,noload+nomath+nostore} \
