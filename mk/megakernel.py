@@ -52,16 +52,16 @@ Execution model
 * Journal (optional compile variant): per instruction (SM, CTA, opcode, fetch, ready, end
   globaltimer ns) and per CTA (entry, exit, SM); mk.trace turns it into a Chrome trace + PNG.
 
-Test mode (`--backend megakernel` for plans made only of the rows family)
--------------------------------------------------------------------------
+Selftest (plans made only of the rows family)
+---------------------------------------------
     python -m mk.megakernel selftest [--model DIR] [--tokens T] [--json]
 builds rows-only plans (norm/residual DAGs of the model's shape in random topological queue orders,
 cross-SM dependency chains, NOOP joins) with the model's norm weights (default: the tiny random
-checkpoint), runs them on the GPU through MegakernelBackend(..., test_mode=True).run_stream and
+checkpoint), runs them on the GPU through RowsStreamRunner.run_stream and
 compares every buffer with the rows family's torch faces (rows_oracle): bit-exact where the plan has
 no RMSNORM, else within bf16 rounding. Exit code 0 = passed, 1 = mismatch or no usable GPU.
-A model step needs opcodes the megakernel has no GPU body for yet: `--backend megakernel` for a
-model (launch/generate.py, mk.Engine) stops at once with a NotImplementedError naming them.
+A model step (`--backend megakernel`: launch/generate.py, mk.Engine) runs through
+mk.megakernel_step.MegakernelStepBackend; this module registers no engine backend.
 """
 
 from __future__ import annotations
@@ -1904,20 +1904,7 @@ def plan_page_cycle(k: int, T: int, H: int, seed: int = 0):
     return serialize(_random_topo(instrs, preds, rng)), ctr
 
 
-# ==================================================================================== backend
-def missing_opcodes() -> list[str]:
-    """The opcodes of mk.ir without a megakernel GPU body (a model step uses them)."""
-    return [o.name for o in Op if int(o) not in SUPPORTED_OPS]
-
-
-def not_implemented_message() -> str:
-    return ("megakernel backend: a model step needs GPU bodies for opcodes "
-            f"{', '.join(missing_opcodes())}, which the megakernel does not have yet (it runs "
-            "NOOP, COPY, RMSNORM, RESIDUAL_ADD and the GEMM tiles). Test mode: `python -m mk.megakernel selftest` "
-            "runs rows-only plans end to end on the GPU against the torch faces. To generate, use "
-            "--backend vm or --backend reference.")
-
-
+# ==================================================================================== rows runner
 def require_gpu(what: str = "the megakernel backend", hint: str = " (use --backend vm on the CPU)"):
     """RuntimeError unless a Hopper (sm_90) GPU is visible."""
     if not torch.cuda.is_available():
@@ -1927,22 +1914,14 @@ def require_gpu(what: str = "the megakernel backend", hint: str = " (use --backe
         raise RuntimeError(f"{what} needs a Hopper GPU (sm_90); this one is sm_{cap[0]}{cap[1]}")
 
 
-class MegakernelBackend:
-    """`--backend megakernel`.
+class RowsStreamRunner:
+    """The selftest's runner: streams made only of the rows family (NOOP/COPY/RMSNORM/
+    RESIDUAL_ADD) on the GPU over one arena (see `python -m mk.megakernel selftest`). The model
+    step's backend (`--backend megakernel`) is mk.megakernel_step.MegakernelStepBackend."""
 
-    Test mode (test_mode=True): streams made only of the rows family (NOOP/COPY/RMSNORM/
-    RESIDUAL_ADD) run on the GPU through run_stream() (see `python -m mk.megakernel selftest`).
-    Without test_mode (the engine's factory: a model step) construction fails at once with a
-    NotImplementedError naming the opcodes that have no GPU body yet, before any step runs."""
-
-    name = "megakernel"
-
-    def __init__(self, weights, kernel=None, group=None, test_mode: bool = False):
+    def __init__(self, weights):
         require_gpu()
-        if not test_mode:
-            raise NotImplementedError(not_implemented_message())
         self.weights = weights
-        self.kernel_config = kernel
         self._mk = {}
 
     def run_stream(self, stream: torch.Tensor, arena: torch.Tensor) -> torch.Tensor:
@@ -1957,9 +1936,6 @@ class MegakernelBackend:
         mk.arena.copy_(arena)
         mk.run(stream)
         return mk.arena.to(arena.device, arena.dtype)
-
-    def forward(self, batch):
-        raise NotImplementedError(not_implemented_message())
 
 
 # ==================================================================================== selftest
@@ -1995,7 +1971,7 @@ def selftest(argv=None) -> int:
                           device=torch.device("cpu"), progress=False)
     cfg = w.config
     T, H, L = a.tokens, cfg.hidden_size, cfg.num_layers
-    be = MegakernelBackend(w, test_mode=True)
+    be = RowsStreamRunner(w)
     wc = types.SimpleNamespace(attn_norm=w.attn_norm, mlp_norm=w.mlp_norm,
                                final_norm=w.final_norm, config=cfg)
     plans = [
@@ -2040,15 +2016,6 @@ def _main(argv=None) -> int:
         return 2
     return selftest(argv[1:])
 
-
-try:
-    from mk.engine import register_backend as _register_backend
-except ImportError:  # engine not importable: the backend is still usable directly
-    _register_backend = None
-if _register_backend is not None:
-    # a model step: fails at construction (no GPU: RuntimeError; else NotImplementedError)
-    _register_backend("megakernel")(lambda weights, kernel, group=None:
-                                     MegakernelBackend(weights, kernel, group))
 
 if __name__ == "__main__":
     sys.exit(_main())

@@ -38,7 +38,8 @@ table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^
 # the correctness checks of a variant (its environment already exported): pytest files, the
 # two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
 checks() {
-  timeout ${MK_CHECK_PYTEST_S:-300} python -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tail -4
+  timeout ${MK_CHECK_PYTEST_S:-300} python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider "$@" 2>&1 \
+      | grep -v "^\[mk" | tail -25
   for a in "--layers 2 --split-k 1" "--layers 2 --split-k 0"; do
     echo "== check $a"
     timeout 100 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300

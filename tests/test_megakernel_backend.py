@@ -116,6 +116,34 @@ def test_backend_construction_refuses_unsupported_model(monkeypatch):
         MegakernelStepBackend(w, default_kernel_config(w.config))
 
 
+def test_engine_megakernel_backend_is_the_step_backend_whatever_was_imported_first():
+    """Importing mk.megakernel (the selftest's module) before the engine resolves
+    `--backend megakernel` must not shadow the model step's backend: the engine builds
+    MegakernelStepBackend (here refusing the tiny head_dim-32 model with its reason). A fresh
+    interpreter, so that no other test has imported mk.megakernel_step already."""
+    pytest.importorskip("cutlass")
+    code = """
+import torch
+import mk.megakernel as M
+M.require_gpu = lambda *a, **k: None
+from mk.config import ParallelConfig
+from mk.engine import create_backend, default_kernel_config
+from mk.tiny import tiny_checkpoint
+from mk.weights import load_rank_weights
+w = load_rank_weights(tiny_checkpoint(), ParallelConfig(), dtype=torch.bfloat16,
+                      device=torch.device("cpu"), progress=False)
+try:
+    create_backend("megakernel", w, default_kernel_config(w.config))
+except Exception as e:
+    print(type(e).__module__, type(e).__name__, e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=str(Path(__file__).resolve().parents[1]))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "mk.megakernel_step UnsupportedModelError" in r.stdout, r.stdout[-2000:]
+    assert "head_dim 32" in r.stdout
+
+
 def test_check_plan_refuses_rmsnorm_rows_wider_than_the_body():
     """RMSNORM's body holds a row of at most NORM_MAX_HIDDEN columns in its registers: a stream
     over wider rows is refused on the host, with the limit named."""

@@ -199,7 +199,7 @@ def test_journal_trace(tmp_path):
 
 def test_selftest_test_mode_passes(capsys):
     """`python -m mk.megakernel selftest`: rows-only plans with the tiny model's norm weights, on
-    the GPU through MegakernelBackend(test_mode=True), equal to the torch faces."""
+    the GPU through mk.megakernel.RowsStreamRunner, equal to the torch faces."""
     import json
     rc = M.selftest(["--json", "--tokens", "128"])
     out = capsys.readouterr()
