@@ -92,7 +92,7 @@ ab() {
   fi
 }
 if has early; then
-  ab early MK_EARLY_WEIGHTS 1 0 1,64,256 tests/test_megakernel_gpu.py \
+  ab early MK_EARLY_WEIGHTS 1 0 ${MK_EARLY_BATCH:-1,64,256} tests/test_megakernel_gpu.py \
       tests/test_megakernel_step_gpu.py
 fi
 if has tiles; then
