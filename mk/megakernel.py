@@ -155,7 +155,7 @@ N_WG = 128             # one warpgroup: the rows bodies run in warpgroup 0
 # "thread" = every accessing thread arrives on the mbarrier (what compute-sanitizer racecheck
 # models; CUTLASS PipelineAsync style); "warp" = __syncwarp + one arrival per warp; "group" = named
 # barrier + one arrival (the original protocol; racecheck reports it).
-DEFAULT_HANDOFF = "thread"
+DEFAULT_HANDOFF = os.environ.get("MK_HANDOFF", "thread")   # MK_HANDOFF: A/B of the modes
 # Cap of the growing nanosleep in counter waits (ns). A waiter sleeps at most this long between two
 # polls, so the cap bounds the wake-up latency of a cross-SM hand-off.
 DEFAULT_BACKOFF_NS = 200

@@ -41,6 +41,7 @@ ROLE_SPANS = {
     "cons_late": ("ready", "cons0"),     # waits met -> consumers start (previous instruction)
     "cons": ("cons0", "cons1"),          # the consumers' body
     "store_tail": ("cons1", "end"),      # consumers done -> stored and signalled
+    "store": ("store0", "end"),          # the storer's whole turn (it starts at its slot's hand-over)
 }
 
 
