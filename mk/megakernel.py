@@ -142,7 +142,7 @@ OP_END = -1
 # consumer start / end, storer start (it ends at t_end). globaltimer ns, one clock for every SM.
 JOURNAL_WORDS = 16
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
-J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0 = range(8, 13)
+J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0, J_CONS1_WG1, J_STORE1 = range(8, 15)
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -688,6 +688,7 @@ class MegakernelDSL:
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
                                                   n_layers, eps, sv)
+                        self.stamp(journal, t, J_STORE1, sid == 0)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
@@ -793,6 +794,7 @@ class MegakernelDSL:
                                                    NP, ctv, timeout_ns, state, t, PS,
                                                    empty=empty)
                     self.stamp(journal, t, J_CONS1, ctid == 0)
+                    self.stamp(journal, t, J_CONS1_WG1, ctid == N_WG)
                     rk.release(iempty + islot, rk.arrivals(HM, N_CONSUMER), N_CONSUMER, ctid,
                                BAR_CONSUMER, HM)
                     nins = nins + 1
