@@ -625,6 +625,9 @@ class MegakernelDSL:
                                 pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION:
+                                new0 = None
+                                if cutlass.const_expr(EARLY_WEIGHTS):
+                                    new0 = ring[base + at.A_NEW0]
                                 pg = ak.attn_load(aops[0], aops[1], aops[2], self.attn_ps, meta,
                                                   ring[base + W_LAYER], ring[base + W_ROWS],
                                                   ring[base + W_COL0], ring[base + W_COLS],
@@ -633,7 +636,7 @@ class MegakernelDSL:
                                                   ring[base + at.A_PAGE_OFF],
                                                   ring[base + at.A_MODE], ring[base + at.A_QPK],
                                                   pool, full, empty, pg, NP, timeout_ns, state, t,
-                                                  ready)
+                                                  ready, new0)
                             elif op == ak.OP_ATTN_REDUCE:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
                                                     ring[base + at.A_QPK], pool, full, empty, pg,
@@ -1309,6 +1312,10 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
         if (a[:, at.A_KV0] % ak.KB != 0).any() or (a[:, at.A_KV0] < 0).any():
             raise ValueError(f"megakernel: an ATTENTION KV split starts off a {ak.KB}-key block "
                              f"(PlanConfig.kv_split must be a multiple of {ak.KB})")
+        if ((a[:, at.A_NEW0] < 0) | (a[:, at.A_NEW0] > a[:, at.A_POS0])).any():
+            raise ValueError("megakernel: an ATTENTION's A_NEW0 (the sequence's first position "
+                             "written by this step) must be in [0, pos0]: keys before it are read "
+                             "before the instruction's waits (EARLY_WEIGHTS)")
         mode = a[:, at.A_MODE]
         if ((mode != at.MODE_DIRECT) & (mode != at.MODE_PARTIAL)).any():
             raise ValueError("megakernel: ATTENTION mode must be 0 (direct) or 1 (partial)")

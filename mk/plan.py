@@ -771,7 +771,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 at.A_KV1: a_kv1, at.A_PAGE_OFF: meta.page_off[seg_seq[a_seg]],
                 at.A_MODE: np.where(a_split, at.MODE_PARTIAL, at.MODE_DIRECT), at.A_QPK: qpk,
                 at.A_HEAD_DIM: D,
-                at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0)})
+                at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0),
+                at.A_NEW0: meta.seq_start[seg_seq[a_seg]]})
     ss = seg_ids[split]
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
           cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],

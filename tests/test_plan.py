@@ -181,6 +181,22 @@ def test_attention_segments_and_splits():
     assert nj == int(((r0 + n - 1) // B - r0 // B).sum()) == 6   # one join per extra block spanned
 
 
+def test_attention_new0_is_the_sequences_first_new_position():
+    """A_NEW0 = the sequence's start position in this step, for every segment of it: keys before
+    it predate the step (the EARLY_WEIGHTS loader reads them before the waits), keys in
+    [new0, pos0) of a later segment are this step's rows of the sequence's earlier segments."""
+    plan = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, CFG)
+    from mk.instructions import attention as at
+    a = lambda i, w: i.args[w - at.A_SEQ]  # noqa: E731
+    starts = {s: c.start_pos for s, c in enumerate(mixed_batch().seqs)}
+    later_segments = 0
+    for i in (i for i in plan.instructions() if i.opcode == Op.ATTENTION):
+        new0, pos0 = a(i, at.A_NEW0), a(i, at.A_POS0)
+        assert new0 == starts[a(i, at.A_SEQ)] <= pos0
+        later_segments += pos0 > new0
+    assert later_segments > 0, "the batch has sequences spanning several blocks"
+
+
 def test_meta_layout():
     b = mixed_batch()
     meta = build_meta(b, KERNEL)

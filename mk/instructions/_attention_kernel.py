@@ -347,14 +347,16 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
               col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, page_off: Int32,
               mode: Int32, qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
               pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32, ready=None) -> Int32:
+              ticket: Int32, ready=None, new0=None) -> Int32:
     """Loader warp of ATTENTION: per unit, K and V pages of every key block, then the epilogue
     page grants. Returns the new page count.
 
-    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS):
-    the first unit's key blocks that end before the instruction's first new row (pos0) hold K/V
-    written by earlier steps, so up to half a ring of them is loaded before that wait (with
-    TABLE_PREFETCH; otherwise the wait comes first)."""
+    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS),
+    with new0 (the instruction's A_NEW0: the sequence's first position written by this step;
+    not pos0, since a later segment of a sequence attends to this step's rows of the earlier
+    ones): the first unit's key blocks that end at or before new0 hold K/V written by earlier
+    steps, so up to half a ring of them is loaded before that wait (with TABLE_PREFETCH;
+    otherwise the wait comes first)."""
     psb = min(page_size, KB)
     nsub = KB // psb
     early = ready is not None and TABLE_PREFETCH and not NOLOAD      # compile-time
@@ -389,9 +391,9 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                 if cutlass.const_expr(early):
                     b_first = Int32(0)
                     if waited == 0:
-                        # blocks of keys before pos0: earlier steps' K/V, no dependency
-                        npre = (pos0 - kv0) // KB
-                        if pos0 < kv0:
+                        # blocks of keys before new0: earlier steps' K/V, no dependency
+                        npre = (new0 - kv0) // KB
+                        if new0 < kv0:
                             npre = Int32(0)
                         npre = imin(imin(npre, nblk), Int32(npages // 2))
                         pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta,

@@ -25,6 +25,10 @@ ATTENTION arguments:                       ATTN_REDUCE arguments:
     ARG0 + 6  qpk: q heads per KV head on this rank
     ARG0 + 7  head_dim
     ARG0 + 8  slot (mode 1): first ATTN_PARTIAL / ATTN_LSE row of this split
+    ARG0 + 9  new0: the sequence's first position written by this step (<= pos0; a sequence whose
+              rows span several blocks has segments with pos0 > new0). Keys before it come from
+              earlier steps, so the megakernel's EARLY_WEIGHTS loader may read them before the
+              instruction's waits; 0 = none (the faces ignore it)
 
 The CuTe DSL bodies will live in mk/instructions/attention_kernel.py (GPU path only).
 """
@@ -47,6 +51,7 @@ A_MODE = ARG0 + 5
 A_QPK = ARG0 + 6
 A_HEAD_DIM = ARG0 + 7
 A_SLOT = ARG0 + 8
+A_NEW0 = ARG0 + 9
 # ATTN_REDUCE
 A_SLOT0 = ARG0
 A_NSPLIT = ARG0 + 1
