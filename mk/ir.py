@@ -123,6 +123,7 @@ class Op(IntEnum):
     LM_NORM = 16        # lm.py         gather each sequence's last row, final rmsnorm
     LM_HEAD = 17        # matmul.py     GEMM tile of lm_head -> float32 logits (vocab shard)
     SPLITK_REDUCE = 18  # splitk.py     sum a split-K tile's float32 partials, then the op's epilogue
+    L2_PREFETCH = 19    # prefetch.py   bring a range of one layer's GEMM weights into L2 (no output)
 
 
 def op_name(opcode: int) -> str:

@@ -90,11 +90,13 @@ from mk.instructions import _attention_kernel as ak
 from mk.instructions import _gather_kernel as gat
 from mk.instructions import _gemm_kernel as gk
 from mk.instructions import _common as mc
+from mk.instructions import _prefetch_kernel as pfk
 from mk.instructions import _rows_kernel as rk
 from mk.instructions import _splitk_kernel as skk
 from mk.instructions import attention as at
 from mk.instructions import embed as em
 from mk.instructions import lm as lmn
+from mk.instructions import prefetch as pf
 from mk.instructions import qkv as qk
 from mk.instructions.base import Buf, NormWeight
 from mk.instructions.matmul import A_EPI as MM_A_EPI
@@ -170,7 +172,11 @@ GATHER_OPS = (int(Op.EMBED), int(Op.LM_NORM))
 # slot; SPLITK_REDUCE sums the partials and runs the opcode's epilogue
 SPLITK_OPS = skk.SPLITK_OPS
 OP_SPLITK_REDUCE = skk.OP_SPLITK_REDUCE
-SUPPORTED_OPS = ROWS_OPS + GEMM_OPS + ATTN_OPS + GATHER_OPS + (OP_SPLITK_REDUCE,)
+# L2 prefetches of the stacked GEMM weights (mk/instructions/_prefetch_kernel.py): a compile-time
+# variant (Megakernel(l2_prefetch=True)), so the code of every other variant is unchanged
+OP_L2_PREFETCH = pfk.OP_L2_PREFETCH
+PREFETCH_OPS = tuple(int(o) for o in pf.WEIGHT_OPS)
+SUPPORTED_OPS = ROWS_OPS + GEMM_OPS + ATTN_OPS + GATHER_OPS + (OP_SPLITK_REDUCE, OP_L2_PREFETCH)
 ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV page size)
 # The controller hands an instruction to the roles before its dependency waits, and signals a
 # per-slot `iready` barrier once they are met: the loader streams a GEMM's first weight pages
@@ -314,7 +320,7 @@ class MegakernelDSL:
 
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
                  backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = (), attn_page_size: int = 0,
-                 gather: bool = False, splitk: bool = False):
+                 gather: bool = False, splitk: bool = False, l2_prefetch: bool = False):
         check_handoff(handoff, attn_page_size > 0)
         if attn_page_size:
             ak.box_rows(attn_page_size)         # a power of two >= 8
@@ -322,6 +328,7 @@ class MegakernelDSL:
         self.gather = bool(gather)              # EMBED / LM_NORM compiled in
         # split-K tiles + SPLITK_REDUCE compiled in (False: the PTX of the unsplit bodies as before)
         self.splitk = bool(splitk)
+        self.l2_prefetch = bool(l2_prefetch)    # L2_PREFETCH compiled in (the loader's body)
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
@@ -641,6 +648,18 @@ class MegakernelDSL:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
                                                     ring[base + at.A_QPK], pool, full, empty, pg,
                                                     NP, timeout_ns, state, t)
+                        if cutlass.const_expr(self.l2_prefetch):
+                            if op == OP_L2_PREFETCH:
+                                # no page, no signal: the other roles only pass the slot on
+                                wop = ring[base + pf.A_WOP]
+                                for gi in cutlass.range_constexpr(NG):
+                                    if cutlass.const_expr(GS[gi].op in PREFETCH_OPS):
+                                        if wop == GS[gi].op:
+                                            pfk.l2_prefetch(gops[gi][10], ring[base + W_LAYER],
+                                                            ring[base + W_COL0],
+                                                            ring[base + W_COLS],
+                                                            ring[base + pf.A_K0],
+                                                            ring[base + pf.A_K1], lane)
                         self.stamp(journal, t, J_LOAD1, lane == 0)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot, iph = next_slot(islot, iph)
@@ -922,22 +941,25 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
 def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                        handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
                        gemm: tuple = (), attn_page_size: int = 0, gather: bool = False,
-                       splitk: bool = False):
+                       splitk: bool = False, l2_prefetch: bool = False):
     """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
-    the M class's tile configs, attention KV page size (0 = no attention), gather family, split-K)
-    and arena/norm-table shape. Prints the compile time of each new variant once (verbose)."""
+    the M class's tile configs, attention KV page size (0 = no attention), gather family, split-K,
+    L2 prefetches) and arena/norm-table shape. Prints the compile time of each new variant once
+    (verbose)."""
     key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
-           bool(gather), bool(splitk)) + tuple(shape_key)
+           bool(gather), bool(splitk), bool(l2_prefetch)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
-                          attn_page_size=attn_page_size, gather=gather, splitk=splitk), *args)
+                          attn_page_size=attn_page_size, gather=gather, splitk=splitk,
+                          l2_prefetch=l2_prefetch), *args)
         if verbose:
             tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
                   f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
-                  f"gather={gather} splitk={splitk} in {time.time() - t0:.1f} s", flush=True)
+                  f"gather={gather} splitk={splitk} l2_prefetch={l2_prefetch} in "
+                  f"{time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
 
@@ -1054,7 +1076,7 @@ def _gemm_shapes(g: GemmOperands) -> dict:
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
                gemm: dict | None = None, slots: tuple = (), kv_shape=None,
                attn: AttnOperands | None = None, embed_shape=None, last_normed_shape=None,
-               meta_page_size: int | None = None, splitk_shape=None):
+               meta_page_size: int | None = None, splitk_shape=None, l2_prefetch: bool = False):
     """Host-side refusal of what this kernel cannot run (before it could hang or fault).
 
     gemm / slots: the GEMM operands and compiled slots of the megakernel (GEMM opcodes without a
@@ -1063,7 +1085,8 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     [V, H] of the EMBED table; last_normed_shape: [S, H] of LAST_NORMED (LM_NORM);
     meta_page_size: the step metadata's KV page size when the caller has it on the host (the
     kernel checks it too, without a host sync); splitk_shape: [rows, width] of the SPLITK
-    workspace (None: split-K tiles and SPLITK_REDUCE refused)."""
+    workspace (None: split-K tiles and SPLITK_REDUCE refused); l2_prefetch: the variant has the
+    L2_PREFETCH body (else those instructions are refused)."""
     if stream.dtype != torch.int32 or stream.dim() != 2 or stream.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
     # numpy from here: a few hundred small array ops, each ~5x cheaper than torch's on the CPU
@@ -1098,6 +1121,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
             raise ValueError(f"RMSNORM over H={H} columns: the body holds at most "
                              f"{rk.NORM_MAX_H} per row")
     by_op = {g.op: g for g in slots}
+    _check_l2_prefetch(s[ops == OP_L2_PREFETCH], by_op, gemm, l2_prefetch)
     # a SPLITK_REDUCE runs its opcode's epilogue with the unsplit words: check them as those of
     # an unsplit tile of that opcode (below), its workspace rows here
     red = s[ops == OP_SPLITK_REDUCE]
@@ -1179,6 +1203,30 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     _check_attention(s, ops, attn, kv_shape, meta_page_size)
     _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape)
     return mx + 1
+
+
+def _check_l2_prefetch(p, by_op: dict, gemm, compiled: bool) -> None:
+    """L2_PREFETCH rows: compiled in, of a GEMM slot's stacked weights, inside them (pf.check)."""
+    if not len(p):
+        return
+    if not compiled:
+        raise NotImplementedError("megakernel: L2_PREFETCH instructions, but this megakernel was "
+                                  "built without them (Megakernel(..., l2_prefetch=True))")
+    from mk.ir import Instruction
+    for w in np.unique(p[:, pf.A_WOP]):
+        if int(w) not in by_op or int(w) not in PREFETCH_OPS:
+            raise ValueError(f"megakernel: L2_PREFETCH of the weights of opcode {int(w)}: this "
+                             f"megakernel's stacked GEMM weights are "
+                             f"{[Op(o).name for o in by_op if o in PREFETCH_OPS]}")
+        sh = _gemm_shapes(gemm[Op(int(w))])
+        q = p[p[:, pf.A_WOP] == w]
+        if ((q[:, W_LAYER] < 0) | (q[:, W_LAYER] >= sh["wl"])).any():
+            raise ValueError(f"megakernel: L2_PREFETCH layer beyond the stacked weights' {sh['wl']}")
+        # the distinct (rows, K range) words: a handful per step
+        for row in np.unique(q[:, [W_COL0, W_COLS, pf.A_K0, pf.A_K1]], axis=0):
+            ins = Instruction(opcode=Op.L2_PREFETCH, col0=int(row[0]), cols=int(row[1]),
+                              args=[int(w), int(row[2]), int(row[3])])
+            pf.check(ins, sh["wn"], sh["wk"])
 
 
 def _splitk_cols(op: int, sh: dict, col0, cols):
@@ -1467,7 +1515,7 @@ class Megakernel:
                  handoff: str | None = None, backoff_ns: int = DEFAULT_BACKOFF_NS,
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
                  kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
-                 splitk: torch.Tensor | None = None):
+                 splitk: torch.Tensor | None = None, l2_prefetch: bool = False):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -1522,6 +1570,7 @@ class Megakernel:
         self.last_normed = last_normed
         self.gather = embed is not None or last_normed is not None
         self.splitk = splitk
+        self.l2_prefetch = bool(l2_prefetch)
         self._gemm_t = (gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
                         + family_tensor_args(attn, embed, last_normed, dev)
                         + [splitk if splitk is not None
@@ -1557,7 +1606,8 @@ class Megakernel:
                            last_normed_shape=(None if self.last_normed is None
                                               else tuple(self.last_normed.shape)),
                            meta_page_size=meta_page_size,
-                           splitk_shape=None if self.splitk is None else tuple(self.splitk.shape))
+                           splitk_shape=None if self.splitk is None else tuple(self.splitk.shape),
+                           l2_prefetch=self.l2_prefetch)
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -1573,7 +1623,8 @@ class Megakernel:
             self.grid = 1
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
                                       self._shape_key, self.handoff, self.backoff_ns, self.slots,
-                                      self.attn_page_size, self.gather, self.splitk is not None)
+                                      self.attn_page_size, self.gather, self.splitk is not None,
+                                      self.l2_prefetch)
             nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
@@ -1587,7 +1638,7 @@ class Megakernel:
         return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
                                   self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                   self.attn_page_size, self.gather,
-                                  self.splitk is not None), cs
+                                  self.splitk is not None, self.l2_prefetch), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -1717,14 +1768,15 @@ def fake_args(gemm: tuple = (), attention: bool = False):
 
 def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple = (),
                  backoff_ns: int = DEFAULT_BACKOFF_NS, attn_page_size: int = 0,
-                 gather: bool = False, splitk: bool = False):
+                 gather: bool = False, splitk: bool = False, l2_prefetch: bool = False):
     """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX.
     attn_page_size: compile the attention family in for that KV page size (0: not); splitk:
-    compile the split-K tiles and SPLITK_REDUCE in."""
+    compile the split-K tiles and SPLITK_REDUCE in; l2_prefetch: L2_PREFETCH."""
     if handoff is None:
         handoff = default_handoff(attn_page_size > 0)
     dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
-                        attn_page_size=attn_page_size, gather=gather, splitk=splitk)
+                        attn_page_size=attn_page_size, gather=gather, splitk=splitk,
+                        l2_prefetch=l2_prefetch)
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
         dsl, *fake_args(gemm, attn_page_size > 0))
 

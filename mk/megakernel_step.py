@@ -182,7 +182,8 @@ class MegakernelStepBackend:
                 kv=self.kv,
                 attn=mkk.AttnOperands(self.q, self.attn_out, self.attn_partial, self.attn_lse,
                                       self.kernel.page_size),
-                embed=self.weights.embed, last_normed=self.last_normed, splitk=self.splitk)
+                embed=self.weights.embed, last_normed=self.last_normed, splitk=self.splitk,
+                l2_prefetch=self.plan_cfg.l2_prefetch_mib > 0)
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
@@ -266,14 +267,15 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
                                     meta(*sh[Buf.ATTN_LSE], dtype=f32), kernel.page_size),
               embed_shape=(V, H), last_normed_shape=tuple(sh[Buf.LAST_NORMED]),
               meta_page_size=kernel.page_size,
-              splitk_shape=tuple(sh[Buf.SPLITK]) if sh[Buf.SPLITK][0] > 0 else None)
+              splitk_shape=tuple(sh[Buf.SPLITK]) if sh[Buf.SPLITK][0] > 0 else None,
+              l2_prefetch=plan_cfg.l2_prefetch_mib > 0)
     return 3, T, H, kw
 
 
 # ==================================================================================== self-check
 def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
                      decode_steps: int = 3, verbose: bool = True, split_k: int = 1,
-                     kv_split_min: int = 0, num_sms: int = 132) -> dict:
+                     kv_split_min: int = 0, num_sms: int = 132, l2_prefetch_mib: int = 0) -> dict:
     """One mixed run of the tiny head_dim-128 model on the GPU: a prefill step of prompts of
     several lengths (some split over KV blocks of kv_split keys), then decode steps that mix in a
     second prefill chunk; every step's logits vs mk.vm on the same weights (bf16 tolerance) and the
@@ -281,7 +283,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     (`python -m mk.megakernel_step check --layers 2`). split_k: PlanConfig.split_k of both sides
     (1 never; n >= 2 forces n-way split-K tiles + SPLITK_REDUCE in every step of <= 256 tokens;
     0 auto), so the megakernel runs the split plan the interpreter runs. kv_split_min /
-    num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too."""
+    num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
+    PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle)."""
     from dataclasses import replace as dc_replace
 
     from mk.batch import SeqChunk
@@ -297,7 +300,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
     pcfg = PlanConfig(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
-                      num_sms=num_sms)
+                      num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib)
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),
@@ -381,12 +384,15 @@ def _main(argv=None) -> int:
                     help="PlanConfig.kv_split_min (0: never spread decode splits; the tiny model's "
                     "steps then spread over --num-sms)")
     ap.add_argument("--num-sms", type=int, default=132, help="PlanConfig.num_sms")
+    ap.add_argument("--l2-prefetch-mib", type=int, default=0,
+                    help="PlanConfig.l2_prefetch_mib (0: no L2_PREFETCH instructions)")
     a = ap.parse_args(argv)
     try:
         from mk import megakernel as mkk
         mkk.require_gpu("the megakernel check", hint="")
         r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps, split_k=a.split_k,
-                             kv_split_min=a.kv_split_min, num_sms=a.num_sms)
+                             kv_split_min=a.kv_split_min, num_sms=a.num_sms,
+                             l2_prefetch_mib=a.l2_prefetch_mib)
     except (RuntimeError, ValueError) as e:
         print(f"error: {type(e).__name__}: {e}", file=__import__("sys").stderr)
         return 1

@@ -82,6 +82,7 @@ from mk.instructions import comm as cm
 from mk.instructions import embed as em
 from mk.instructions import lm as lmn
 from mk.instructions import matmul as mm
+from mk.instructions import prefetch as pf
 from mk.instructions import qkv as qk
 from mk.instructions import rows as rw
 from mk.instructions import splitk as sk
@@ -134,6 +135,11 @@ class PlanConfig:
     splitk_max_tokens: int = 256
     max_split: int = 16
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
+    # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
+    # (L2_PREFETCH: O_PROJ's, then the first K columns of each of GATE_UP's K slices), in steps
+    # whose attention instructions are fewer than num_sms; 0 = never. The megakernel compiles the
+    # L2_PREFETCH body in only when this is > 0.
+    l2_prefetch_mib: int = 0
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -152,9 +158,10 @@ class PlanConfig:
                 or not 0 <= self.kv_split_min <= self.kv_split:
             raise ValueError(f"PlanConfig.kv_split_min must be an integer in [0, kv_split="
                              f"{self.kv_split}], got {self.kv_split_min!r}")
-        for name in ("split_k", "num_sms", "splitk_max_tokens", "max_split", "splitk_align"):
+        for name in ("split_k", "num_sms", "splitk_max_tokens", "max_split", "splitk_align",
+                     "l2_prefetch_mib"):
             v = getattr(self, name)
-            lowest = 0 if name == "split_k" else 1
+            lowest = 0 if name in ("split_k", "l2_prefetch_mib") else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
         if self.split_k > self.max_split:
@@ -503,6 +510,35 @@ def _emit(groups: list, stage: int, op: int, block, *, row0, rows, col0, cols, w
     groups.append(_Group(w, stage, block))
 
 
+# L2 prefetches are queued a quarter stage after the attention reduces (before O_PROJ); each
+# instruction covers about L2_PREFETCH_BYTES of weights
+L2_PREFETCH_STAGE_OFFSET = 0.25
+L2_PREFETCH_BYTES = 512 << 10
+
+
+def _emit_l2_prefetch(groups: list, stage: float, block: int, budget: int, weights) -> None:
+    """L2_PREFETCH instructions of at most `budget` bytes over `weights`, in order. Per (opcode,
+    rows, K slice bounds): every row's first columns of each K slice, as many in each slice (a
+    split tile streams its K slice from the start), up to whole rows, on 16-byte granules (a
+    weight whose slices do not start on one is skipped)."""
+    gr = pf.GRANULE
+    for op, n_rows, bounds in weights:
+        widths = np.diff(bounds)
+        if (bounds[:-1] % gr).any():
+            continue
+        cols = min(int(widths.max()), budget // (2 * n_rows * len(widths)) // gr * gr)
+        if cols <= 0:
+            return
+        for k0, w in zip(bounds[:-1].tolist(), widths.tolist()):
+            k1 = k0 + min(cols, w)
+            per = max(1, L2_PREFETCH_BYTES // (2 * (k1 - k0)))
+            c0 = np.arange(0, n_rows, per)
+            _emit(groups, stage, Op.L2_PREFETCH, np.full(len(c0), block), row0=0, rows=0,
+                  col0=c0, cols=np.minimum(per, n_rows - c0),
+                  args={pf.A_WOP: int(op), pf.A_K0: k0, pf.A_K1: k1})
+            budget -= 2 * n_rows * (k1 - k0)
+
+
 # a split output tile's SPLITK_REDUCE is queued half a stage after its split tiles: after every one
 # of them in each policy's order, before the op's consumers (the next stage)
 REDUCE_STAGE_OFFSET = 0.5
@@ -777,6 +813,19 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
           cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],
           args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss], at.A_QPK: qpk, at.A_HEAD_DIM: D})
+
+    # L2 prefetch of the layer's next weights by the SMs its attention leaves idle (queued after the
+    # attention, before O_PROJ; no waits, no signal)
+    if cfg.l2_prefetch_mib and len(a_seg) + len(ss) < cfg.num_sms:
+        def slices(op):
+            return (cfg.k_slices(gemm_k[op], nsplit[op]) if nsplit[op] > 1
+                    else np.array([0, gemm_k[op]]))
+        # queued with the last block's attention (block_major: the first block's), so that in
+        # every policy's order they follow attention that leaves SMs idle and precede O_PROJ
+        _emit_l2_prefetch(g, S_ATTN_RED + L2_PREFETCH_STAGE_OFFSET,
+                          0 if cfg.policy == "block_major" else nb - 1, cfg.l2_prefetch_mib << 20,
+                          ((Op.O_PROJ, H, slices(Op.O_PROJ)),
+                           (Op.GATE_UP, 2 * I_loc, slices(Op.GATE_UP))))
 
     def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
         c0, wd, own = tiles

@@ -117,7 +117,7 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     print(f"M{m} ps{page_size} splitk split {low}/{high}")
 
 
-def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130)):
+def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130), **plan_kw):
     """A prefill step of the tiny head_dim-128 model (mk.tiny) planned with split_k, and the
     megakernel operands' shapes of mk.megakernel_step (meta tensors: shapes only)."""
     from mk.batch import SeqChunk, StepBatch
@@ -128,7 +128,7 @@ def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130)):
     from mk.plan import PlanConfig, Planner, buffer_shapes
     from mk.tiny import TINY_HD128_CONFIG as cfg
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
-    pcfg = PlanConfig(split_k=split_k)
+    pcfg = PlanConfig(split_k=split_k, **plan_kw)
     plan = Planner(cfg, ParallelConfig(), kernel, pcfg)
     pages = PageManager(kernel.kv_pages, kernel.page_size)
     chunks = []
@@ -309,3 +309,48 @@ def test_m128_tiles_at_class_256_compile_with_split_k(tmp_path):
     ptx = out.read_text()
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, str(tmp_path / "m128")))
+
+
+# ------------------------------------------------------------------------------------ L2 prefetch
+def test_l2_prefetch_variant_compiles_without_spills(tmp_path):
+    """Megakernel(l2_prefetch=True): the loader's L2_PREFETCH body (bulk L2 prefetches over the
+    stacked weights of each prefetchable GEMM slot) in the all-opcode M64 variant with split-K;
+    0 spills, no call. (Without it, nothing changes: the default variants' PTX has none.)"""
+    import mk.megakernel as M
+    comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True,
+                          l2_prefetch=True)
+    ptx = comp.__ptx__
+    # two paths (whole rows / K columns of each row) per prefetchable weight
+    assert ptx.count("cp.async.bulk.prefetch.L2") == 2 * len(M.PREFETCH_OPS), \
+        ptx.count("cp.async.bulk.prefetch.L2")
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "l2")))
+
+
+def test_check_plan_l2_prefetch():
+    """Plans with L2_PREFETCH (PlanConfig.l2_prefetch_mib) pass check_plan with the variant that
+    has the body and are refused without it; bad words are refused with the reason."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.instructions import prefetch as pf
+    from mk.ir import W_COL0, W_COLS, W_LAYER, W_OPCODE, Op
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(0, tokens=(1, 1, 7), l2_prefetch_mib=4)
+    assert kw.pop("l2_prefetch") is True
+    pre = (instrs[:, W_OPCODE] == M.OP_L2_PREFETCH).nonzero().flatten()
+    assert len(pre) > 0
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, l2_prefetch=True, **kw)
+    with pytest.raises(NotImplementedError, match="l2_prefetch=True"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    i = int(pre[0])
+
+    def refused(word, value, match):
+        bad = instrs.clone()
+        bad[i, word] = value
+        with pytest.raises(ValueError, match=match):
+            M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, l2_prefetch=True, **kw)
+    refused(pf.A_WOP, int(Op.LM_HEAD), "L2_PREFETCH of the weights of opcode")
+    refused(W_COLS, 1 << 20, "outside the")
+    refused(W_COL0, -1, "outside the")
+    refused(pf.A_K0, 3, "granules")
+    refused(pf.A_K1, 1 << 20, "K columns")
+    refused(W_LAYER, 99, "layer beyond")

@@ -197,6 +197,52 @@ def test_attention_new0_is_the_sequences_first_new_position():
     assert later_segments > 0, "the batch has sequences spanning several blocks"
 
 
+@pytest.mark.parametrize("split_k", [1, 0])
+def test_l2_prefetch_instructions(split_k):
+    """PlanConfig.l2_prefetch_mib: per layer, L2_PREFETCH instructions without waits or signal,
+    queued after the layer's attention and before its O_PROJ; they cover O_PROJ's weight rows
+    once per K slice, then GATE_UP's, within the budget; the counter targets are those of the
+    plan without them; none when the attention instructions fill the SMs, or when off. (Queue
+    order, default policy: after all of the layer's attention, before the last block's O_PROJ.)"""
+    from mk.instructions import prefetch as pf
+    from mk.ir import W_COL0, W_COLS
+    base = dict(CFG.__dict__, split_k=split_k, splitk_align=8)
+    plain = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, PlanConfig(**base))
+    p = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL,
+                  PlanConfig(**{**base, "l2_prefetch_mib": 1}))
+    assert torch.equal(p.targets, plain.targets)
+    s = p.instrs.numpy()
+    ops = s[:, W_OPCODE]
+    pre = ops == int(Op.L2_PREFETCH)
+    assert pre.any() and not (plain.instrs[:, W_OPCODE] == int(Op.L2_PREFETCH)).any()
+    assert (s[pre][:, W_SIGNAL] == NO_COUNTER).all()
+    assert (s[pre][:, W_WAIT0:W_WAIT0 + 2 * MAX_WAITS:2] == NO_COUNTER).all()
+    H, I = MODEL.hidden_size, MODEL.intermediate_size
+    O_K = MODEL.num_heads * MODEL.head_dim
+    for layer in range(MODEL.num_layers):
+        mine = np.flatnonzero(pre & (s[:, W_LAYER] == layer))
+        attn = np.flatnonzero(((ops == int(Op.ATTENTION)) | (ops == int(Op.ATTN_REDUCE)))
+                              & (s[:, W_LAYER] == layer))
+        o = np.flatnonzero((ops == int(Op.O_PROJ)) & (s[:, W_LAYER] == layer))
+        assert attn.max() < mine.min() and mine.max() < o.max()
+        rows = collections.Counter()
+        nbytes = 0
+        for w in s[mine]:
+            k0, k1 = int(w[pf.A_K0]), int(w[pf.A_K1])
+            for r in range(int(w[W_COL0]), int(w[W_COL0] + w[W_COLS])):
+                rows[int(w[pf.A_WOP]), r, k0] += 1
+            nbytes += 2 * int(w[W_COLS]) * (k1 - k0)
+        assert nbytes <= 1 << 20
+        o_rows = {r for (op, r, _), n in rows.items() if op == int(Op.O_PROJ)}
+        assert o_rows == set(range(H)) and set(rows.values()) == {1}
+        assert all(r < 2 * I for (op, r, _) in rows if op == int(Op.GATE_UP))
+        assert all(int(w[pf.A_K1]) <= (O_K if w[pf.A_WOP] == int(Op.O_PROJ) else H)
+                   for w in s[mine])
+    full = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL,
+                     PlanConfig(**{**base, "l2_prefetch_mib": 1, "num_sms": 4}))
+    assert not (full.instrs[:, W_OPCODE] == int(Op.L2_PREFETCH)).any()
+
+
 def test_meta_layout():
     b = mixed_batch()
     meta = build_meta(b, KERNEL)
@@ -313,9 +359,12 @@ def test_static_verifier_accepts_plans(tp):
     from mk.ir import W_OPCODE, W_WAIT0
     from mk.verify import check
     for policy in POLICIES:
-        cfg = PlanConfig(**{**CFG.__dict__, "policy": policy})
-        plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
-        assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
+        for l2 in (0, 1):
+            cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "l2_prefetch_mib": l2})
+            plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg)
+                     for r in range(tp)]
+            assert check([p.instrs for p in plans], plans[0].num_counters,
+                         meta=plans[0].meta) == []
     broken = []
     for p in plans:
         s = p.instrs.clone()

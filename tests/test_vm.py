@@ -317,3 +317,20 @@ def test_spread_kv_splits_match_reference(checkpoints, seed):
     for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
         torch.testing.assert_close(vm.step(batch, mode="random", sms=5, seed=seed + i),
                                    ref.forward(batch), rtol=2e-5, atol=2e-5)
+
+
+def test_l2_prefetch_instructions_change_nothing(checkpoints):
+    """Plans with L2_PREFETCH instructions (PlanConfig.l2_prefetch_mib) give bitwise the logits of
+    plans without them, in random interleavings too: the instructions have no effect on the
+    interpreter's state (their face only checks their words)."""
+    ck = checkpoints("GQA_LLAMA3")
+    w = weights(ck, 1, torch.float32)
+    plain = VM(w, KERNEL, CFG)
+    pref = VM(w, KERNEL, PlanConfig(**{**CFG.__dict__, "l2_prefetch_mib": 1}))
+    n_prefetch = 0
+    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        n_prefetch += int((pref.plan(batch).instrs[:, W_OPCODE]
+                           == int(Op.L2_PREFETCH)).sum())
+        assert torch.equal(pref.step(batch, mode="random", sms=5, seed=i),
+                           plain.step(batch, mode="random", sms=5, seed=i))
+    assert n_prefetch > 0
