@@ -14,7 +14,16 @@
 #          per-opcode breakdown and each role's own times (megakernel only; ~3 min)
 #   early  MK_EARLY_WEIGHTS=1 (bench/E2E_NOTES.md): the rows-family and whole-step GPU tests, the
 #          two-layer step vs mk.vm (split-K never / auto), racecheck; then, only if all passed,
-#          decode B=1 / 64 / 256 with and without it: early.log, early_{on,off}.json (~9 min)
+#          decode B=1 / 64 / 256 (MK_EARLY_BATCH) with and without it: early.log,
+#          early_{on,off}.json (~9 min). (Its first run failed the checks: the ATTENTION prefetch
+#          read this step's keys of earlier segments; fixed by A_NEW0, 4699af1.)
+#   l2pf   PlanConfig.l2_prefetch_mib (L2_PREFETCH, bench/E2E_NOTES.md): the two-layer step vs
+#          mk.vm and racecheck with it, then decode B=1 / 16 / 64 with --plan l2_prefetch_mib=40
+#          and without: l2pf.log, l2pf_{on,off}.json (~5 min)
+#   wgsplit MK_ATTN_WG_SPLIT=1 (the decode attention's key blocks split between the two consumer
+#          warpgroups; GPU-verified in the harness, 0 spills in the M64 / M256 variants, spills
+#          16 B at M1024): the attention harness and whole-step GPU tests, the two-layer checks,
+#          racecheck; then decode B=1 / 64 / 256 with and without: wgsplit.log, wgsplit_*.json
 #   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
 #          and the two-layer check with it (the tiny model's steps are in the 256 class), then
 #          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
@@ -24,7 +33,9 @@
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
-# Suggested calls (30 min of device time): "attnexp base", "early", "tiles", "e2e".
+# Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "verify base", "early", "l2pf wgsplit",
+# "tiles", "e2e".
 set -u
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
@@ -37,19 +48,26 @@ has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode"; }
 # the correctness checks of a variant (its environment already exported): pytest files, the
 # two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
+# (no pytest files: none run; MK_CHECK_EXTRA: more arguments of the two-layer checks)
 checks() {
-  timeout ${MK_CHECK_PYTEST_S:-300} python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider "$@" 2>&1 \
-      | grep -v "^\[mk" | tail -25
+  if [ $# -gt 0 ]; then
+    timeout ${MK_CHECK_PYTEST_S:-420} python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider "$@" 2>&1 \
+        | grep -v "^\[mk" | tail -25
+  fi
   for a in "--layers 2 --split-k 1" "--layers 2 --split-k 0"; do
-    echo "== check $a"
-    timeout 100 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+    echo "== check $a ${MK_CHECK_EXTRA:-}"
+    timeout 100 python -m mk.megakernel_step check $a ${MK_CHECK_EXTRA:-} 2>&1 | grep -v "^\[mk" \
+        | tail -1 | cut -c1-300
   done
   echo "== racecheck, two-layer step, split-K auto"
   timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step check \
-      --layers 2 --decode-steps 1 --split-k 0 2>&1 | grep -E "SUMMARY|passed" | cut -c1-200
+      --layers 2 --decode-steps 1 --split-k 0 ${MK_CHECK_EXTRA:-} 2>&1 | grep -E "SUMMARY|passed" \
+      | cut -c1-200
 }
-passed() {   # the checks' log: pytest all passed, both checks and the racecheck run passed, 0 hazards
-  grep -qE "^[0-9]+ passed" "$1" && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$1" \
+passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), both checks and the
+             # racecheck run passed, 0 hazards
+  { [ "${MK_NO_PYTEST:-0}" = 1 ] || grep -qE "^[0-9]+ passed" "$1"; } \
+      && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$1" \
       && ! grep -q '"passed": false' "$1" && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
       && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
 }
@@ -93,6 +111,26 @@ ab() {
 }
 if has early; then
   ab early MK_EARLY_WEIGHTS 1 0 ${MK_EARLY_BATCH:-1,64,256} tests/test_megakernel_gpu.py \
+      tests/test_megakernel_step_gpu.py
+fi
+if has l2pf; then
+  ( export MK_CHECK_EXTRA="--l2-prefetch-mib 1"; echo "== l2_prefetch_mib checks"; checks ) \
+      > "$OUTDIR/l2pf.log" 2>&1
+  cat "$OUTDIR/l2pf.log"
+  if MK_NO_PYTEST=1 passed "$OUTDIR/l2pf.log"; then
+    for v in off on; do
+      plan=""; [ $v = on ] && plan="--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
+      timeout 200 $B --batch ${MK_L2PF_BATCH:-1,16,64} $plan --out "$OUTDIR/l2pf_$v.json" \
+          > "/tmp/l2pf_$v.log" 2>&1 || rc=1
+      echo "== l2_prefetch $v" | tee -a "$OUTDIR/l2pf.log"
+      grep -E "^decode|Error" "/tmp/l2pf_$v.log" | tee -a "$OUTDIR/l2pf.log"
+    done
+  else
+    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/l2pf.log"; rc=1
+  fi
+fi
+if has wgsplit; then
+  ab wgsplit MK_ATTN_WG_SPLIT 1 0 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \
       tests/test_megakernel_step_gpu.py
 fi
 if has tiles; then
