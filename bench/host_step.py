@@ -1,6 +1,7 @@
 """The megakernel backend's host work per step, on the CPU (not a timed test): one Llama-70B TP8
 rank seen as a TP-1 model (what launch/bench.py times on the GPU), decode at the bench's batch
-sizes and the mixed step. Per point: the plan (mk.plan.Planner, arena reused), the host check
+sizes and the mixed step. Per point: the plan (mk.plan.Planner, arena reused; in full, and, for
+decode points, the next decode step through the planner's fast path), the host check
 of the stream (mk.megakernel.check_plan) in full and on StepPlan.representative_stream (what
 MegakernelStepBackend.prepare runs), and the bytes the step uploads. Medians of --repeat.
 
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     from mk.megakernel_step import meta_operands
     model, page = rank_model(), 16
     rows = []
-    print(f"{'point':<34}{'instrs':>9}{'MiB':>7}{'plan ms':>9}{'check full':>12}"
+    print(f"{'point':<34}{'instrs':>9}{'MiB':>7}{'plan ms':>9}{'next ms':>9}{'check full':>12}"
           f"{'check repr':>12}")
     for decode, ctx, prefill in POINTS:
         seqs = decode + (1 if prefill else 0)
@@ -78,9 +79,18 @@ def main(argv=None) -> int:
         kernel = KernelConfig(page_size=page, max_seqs=4096, max_context=max(ctx, prefill),
                               max_batch_tokens=4096, num_kv_pages=seqs * per)
         cfg = PlanConfig(split_k=0)               # the megakernel backend's default
-        planner = Planner(model, ParallelConfig(), kernel, cfg)
+        planner = Planner(model, ParallelConfig(), kernel, cfg, fast_path=False)
         batch = point_batch(decode, ctx, prefill, page)
         plan = planner.plan(batch)
+        # a generation loop's next decode steps (positions + 1, the same KV splits: the fast path)
+        steps = [point_batch(decode, ctx - 1 + d, prefill, page) for d in (-1, 0)]
+        fast = Planner(model, ParallelConfig(), kernel, cfg)
+        fast.plan(steps[1])
+        turn = [0]
+
+        def plan_next():
+            turn[0] ^= 1
+            fast.plan(steps[turn[0]])
         nbuf, T, H, kw = meta_operands(model, kernel, cfg, batch.num_tokens)
         n_ctr = 1 << 22
 
@@ -92,12 +102,15 @@ def main(argv=None) -> int:
         label = f"decode B={decode} ctx={ctx}" + (f" + prefill {prefill}" if prefill else "")
         r = dict(point=label, instructions=len(plan), stream_bytes=len(plan) * 128,
                  plan_ms=round(timed(lambda: planner.plan(batch), args.repeat), 2),
+                 plan_next_decode_ms=(round(timed(plan_next, args.repeat), 2)
+                                      if not prefill else None),
                  check_full_ms=round(timed(check_full, max(1, args.repeat // 2)), 2),
                  check_representative_ms=round(timed(check_repr, args.repeat), 2))
         rows.append(r)
+        nxt = r["plan_next_decode_ms"]
         print(f"{label:<34}{r['instructions']:>9}{r['stream_bytes'] / 2**20:>7.1f}"
-              f"{r['plan_ms']:>9.1f}{r['check_full_ms']:>12.1f}{r['check_representative_ms']:>12.2f}",
-              flush=True)
+              f"{r['plan_ms']:>9.1f}{'-' if nxt is None else f'{nxt:.2f}':>9}"
+              f"{r['check_full_ms']:>12.1f}{r['check_representative_ms']:>12.2f}", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()

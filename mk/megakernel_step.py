@@ -222,9 +222,6 @@ class MegakernelStepBackend:
 
 
 def _register() -> None:
-    # mk.megakernel registers a test-mode factory under the same name when imported: import it
-    # first so that this (the model-step backend) is the one the engine finds
-    import mk.megakernel  # noqa: F401
     from mk.engine import register_backend
     register_backend("megakernel")(
         lambda weights, kernel, group=None: MegakernelStepBackend(weights, kernel, group))

@@ -619,16 +619,27 @@ NUM_STAGES = 11
 
 
 class Planner:
-    """plan_step with a reusable output arena (no fresh 10-100 MB allocation per step).
+    """plan_step with a reusable output arena (no fresh 10-100 MB allocation per step), and a fast
+    path for the steps of a generation loop: when a batch has the previous plan's structure (the
+    same sequences' token counts and page-table lengths, every attention segment split the same
+    way; decode steps between KV-split boundaries), only the ATTENTION words that depend on the
+    positions (pos0, kv1, new0) are rewritten in the previous stream, and the metadata is rebuilt:
+    the stream equals plan_step's bitwise (tests/test_plan.py), at a fraction of its host time.
 
     The stream of a returned plan is a view of the arena: valid until the next `plan` call."""
 
     def __init__(self, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
-                 kernel: KernelConfig = KernelConfig(), cfg: PlanConfig = PlanConfig()):
+                 kernel: KernelConfig = KernelConfig(), cfg: PlanConfig = PlanConfig(),
+                 fast_path: bool = True):
         parallel.validate_for(model)
         cfg.validate_for(model)
         self.model, self.parallel, self.kernel, self.cfg = model, parallel, kernel, cfg
         self._arena = np.empty((0, INSTR_WORDS), np.int32)
+        # spread KV splits (kv_split_min) size the splits from the step's total context: every
+        # step would need the full plan to know them
+        self.fast_path = fast_path and not cfg.kv_split_min
+        self._last = None           # (structure key, plan, attention rows and their words)
+        self.fast_plans = 0         # plans made by the fast path (for tests and benchmarks)
 
     def _out(self, n: int) -> np.ndarray:
         if self._arena.shape[0] < n:
@@ -636,8 +647,66 @@ class Planner:
         return self._arena[:n]
 
     def plan(self, batch: StepBatch, validate: bool = True) -> StepPlan:
-        return plan_step(batch, self.model, self.parallel, self.kernel, self.cfg, validate=validate,
+        if self.fast_path and self._last is not None:
+            meta = build_meta(batch, self.kernel, validate)
+            plan = self._advance(meta)
+            if plan is not None:
+                self.fast_plans += 1
+                return plan
+        plan = plan_step(batch, self.model, self.parallel, self.kernel, self.cfg, validate=validate,
                          _alloc=self._out)
+        if self.fast_path:
+            self._remember(plan)
+        return plan
+
+    @staticmethod
+    def _structure(meta: StepMeta) -> tuple:
+        # what fixes every word but the attention's position words: the token rows of each
+        # sequence (tiles, blocks, segments, norms, LM rows) and the metadata layout (page-table
+        # offsets; plus the step's sizes)
+        return (meta.num_tokens, meta.num_seqs, meta.seq_rows.tobytes(), meta.page_off.tobytes(),
+                int(meta.tensor.numel()))
+
+    def _remember(self, plan: StepPlan) -> None:
+        # attention lives in the layer template only: its rows j of layer 0, patched in every
+        # layer at once through the [L, per_layer] view of the body
+        t = plan.layout["template"]
+        self._body = (t["prelude"], plan.layout["num_layers"], t["per_layer"])
+        pre, L, m = self._body
+        first = plan.instrs.numpy()[pre:pre + m]
+        j = np.flatnonzero(first[:, W_OPCODE] == int(Op.ATTENTION))
+        a = first[j]
+        seq = a[:, at.A_SEQ].astype(np.int64)
+        self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, seq=seq,
+                          row0=a[:, W_ROW0].astype(np.int64), nrows=a[:, W_ROWS].astype(np.int64),
+                          kv0=a[:, at.A_KV0].astype(np.int64),
+                          nsplit=self._nsplit(plan.meta, seq, a[:, W_ROW0], a[:, W_ROWS]))
+
+    def _nsplit(self, meta: StepMeta, seq, row0, nrows) -> np.ndarray:
+        ctx = meta.seq_start[seq] + (row0 - meta.seq_row0[seq]) + nrows
+        return -(-ctx // self.cfg.kv_split)
+
+    def _advance(self, meta: StepMeta) -> StepPlan | None:
+        """The previous plan with meta's positions, or None when the structure differs."""
+        last = self._last
+        if self._structure(meta) != last["key"]:
+            return None
+        seq, row0, nrows = last["seq"], last["row0"], last["nrows"]
+        if not np.array_equal(self._nsplit(meta, seq, row0, nrows), last["nsplit"]):
+            return None
+        # plan_step's segment words (seg_pos0, a_kv1, A_NEW0) for the new positions
+        new0 = meta.seq_start[seq]
+        pos0 = new0 + (row0 - meta.seq_row0[seq])
+        kv1 = np.minimum(last["kv0"] + self.cfg.kv_split, pos0 + nrows)
+        prev = last["plan"]
+        pre, L, m = self._body
+        body = prev.instrs.numpy()[pre:pre + L * m].reshape(L, m, INSTR_WORDS)
+        j = last["rows"]
+        body[:, j, at.A_POS0] = pos0
+        body[:, j, at.A_KV1] = kv1
+        body[:, j, at.A_NEW0] = new0
+        return StepPlan(prev.instrs, meta, prev.targets, prev.rank, prev.tp, prev.hidden_slice,
+                        prev.layout, prev.tiles)
 
 
 def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),

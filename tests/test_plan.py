@@ -243,6 +243,45 @@ def test_l2_prefetch_instructions(split_k):
     assert not (full.instrs[:, W_OPCODE] == int(Op.L2_PREFETCH)).any()
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("split_k,l2", [(1, 0), (0, 1)])
+def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
+    """Planner's fast path (a batch with the previous plan's structure: only the attention's
+    position words change) gives plan_step's stream, targets and metadata bitwise, over a run of
+    decode steps that crosses KV-split boundaries, drops and adds sequences and mixes in prefill
+    chunks (each of which takes the full plan)."""
+    cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "split_k": split_k, "splitk_align": 8,
+                        "l2_prefetch_mib": l2})
+    planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
+    rng = np.random.default_rng(7)
+    seqs = {0: 3, 1: 14, 2: 30, 3: 47}          # sequence -> cached tokens
+    pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
+    fast_before = 0
+    for step in range(40):
+        chunks = [SeqChunk([int(rng.integers(1, 200))], n, pages[i]) for i, n in seqs.items()]
+        if step in (9, 25):
+            chunks.append(SeqChunk(list(range(1, 12)), 5, pages[5]))       # a prefill chunk
+        batch = StepBatch(chunks)
+        got = planner.plan(batch)
+        want = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
+        assert torch.equal(got.instrs, want.instrs), step
+        assert torch.equal(got.targets, want.targets) and torch.equal(got.meta.tensor,
+                                                                      want.meta.tensor)
+        for i in seqs:
+            seqs[i] += 1
+        if step == 15:
+            seqs.pop(1)                             # a sequence finishes
+        if step == 30:
+            seqs[4] = 9                             # one joins
+    # (4 sequences cross a 16-key split boundary every 16 steps each, prefill / joins / drops
+    # change the structure: 17 of the 40 steps here)
+    assert planner.fast_plans >= 12
+    slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
+    slow.plan(batch)
+    slow.plan(batch)
+    assert slow.fast_plans == 0
+
+
 def test_meta_layout():
     b = mixed_batch()
     meta = build_meta(b, KERNEL)
