@@ -388,6 +388,25 @@ def _validate(batch, kernel, lens, start, npages, have, T) -> None:
 
 
 # The plan -----------------------------------------------------------------------------------------
+class StreamAdvance:
+    """The Planner fast path's rewrite of a stream: in the body's [L, per_layer] view (the rows
+    after `prelude`), rows j of every layer get `values[w]` in word w."""
+
+    def __init__(self, prelude: int, layers: int, per_layer: int, j: np.ndarray, values: dict):
+        self.prelude, self.layers, self.per_layer = prelude, layers, per_layer
+        self.j, self.values = j, values
+
+    def apply(self, stream: torch.Tensor) -> None:
+        """Rewrite `stream` ([N, INSTR_WORDS] int32, on any device) in place, in its device's
+        stream order (a handful of small copies and index writes)."""
+        pre, L, m = self.prelude, self.layers, self.per_layer
+        body = stream[pre:pre + L * m].view(L, m, INSTR_WORDS)
+        j = torch.from_numpy(self.j).to(stream.device)
+        for word, v in self.values.items():
+            body[:, j, word] = torch.from_numpy(np.ascontiguousarray(v, np.int32)).to(
+                stream.device)
+
+
 @dataclass
 class StepPlan:
     instrs: torch.Tensor            # int32 [N, 32], rank `rank`'s stream
@@ -398,6 +417,11 @@ class StepPlan:
     hidden_slice: int               # H / n: TP_REDUCE columns of rank r are [r*slice, (r+1)*slice)
     layout: dict = field(default_factory=dict)  # counter layout (for describe_counter)
     tiles: "tiles.StepTiles | None" = None      # the step's tiling (token block, tile widths)
+    # Planner: the number of the full plan whose structure this one has (a full plan: its own),
+    # and for a fast-path plan the words it rewrote in that stream (StreamAdvance): a copy of any
+    # earlier stream of the same serial becomes this one with StreamAdvance.apply
+    serial: int = 0
+    advance: "StreamAdvance | None" = None
 
     @property
     def num_counters(self) -> int:
@@ -640,6 +664,7 @@ class Planner:
         self.fast_path = fast_path and not cfg.kv_split_min
         self._last = None           # (structure key, plan, attention rows and their words)
         self.fast_plans = 0         # plans made by the fast path (for tests and benchmarks)
+        self._serial = 0            # full plans made (StepPlan.serial)
 
     def _out(self, n: int) -> np.ndarray:
         if self._arena.shape[0] < n:
@@ -655,6 +680,8 @@ class Planner:
                 return plan
         plan = plan_step(batch, self.model, self.parallel, self.kernel, self.cfg, validate=validate,
                          _alloc=self._out)
+        self._serial += 1
+        plan.serial = self._serial
         if self.fast_path:
             self._remember(plan)
         return plan
@@ -700,13 +727,13 @@ class Planner:
         kv1 = np.minimum(last["kv0"] + self.cfg.kv_split, pos0 + nrows)
         prev = last["plan"]
         pre, L, m = self._body
+        adv = StreamAdvance(pre, L, m, last["rows"], {at.A_POS0: pos0, at.A_KV1: kv1,
+                                                      at.A_NEW0: new0})
         body = prev.instrs.numpy()[pre:pre + L * m].reshape(L, m, INSTR_WORDS)
-        j = last["rows"]
-        body[:, j, at.A_POS0] = pos0
-        body[:, j, at.A_KV1] = kv1
-        body[:, j, at.A_NEW0] = new0
+        for word, v in adv.values.items():
+            body[:, adv.j, word] = v
         return StepPlan(prev.instrs, meta, prev.targets, prev.rank, prev.tp, prev.hidden_slice,
-                        prev.layout, prev.tiles)
+                        prev.layout, prev.tiles, serial=prev.serial, advance=adv)
 
 
 def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),

@@ -254,6 +254,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
                         "l2_prefetch_mib": l2})
     planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
     rng = np.random.default_rng(7)
+    device_copy, held = None, None       # what a backend keeps: a copy and its plan's serial
     seqs = {0: 3, 1: 14, 2: 30, 3: 47}          # sequence -> cached tokens
     pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
     fast_before = 0
@@ -267,6 +268,13 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
         assert torch.equal(got.instrs, want.instrs), step
         assert torch.equal(got.targets, want.targets) and torch.equal(got.meta.tensor,
                                                                       want.meta.tensor)
+        # a backend's copy of the stream follows through StreamAdvance alone while it can
+        if got.advance is not None and held == got.serial:
+            got.advance.apply(device_copy)
+        else:
+            assert got.advance is None or held != got.serial
+            device_copy, held = got.instrs.clone(), got.serial
+        assert torch.equal(device_copy, want.instrs), step
         for i in seqs:
             seqs[i] += 1
         if step == 15:
