@@ -90,51 +90,50 @@ if has base; then
   rm -f "$OUTDIR"/base_*_journal.pt "$OUTDIR"/base_*_timeline.png
   echo "== base"; table "$OUTDIR/base.log"
 fi
-# A/B of one environment variable, timed only after its checks passed:
-#   ab NAME VAR ON-VALUE OFF-VALUE BATCHES PYTEST-FILES...  -> NAME.log, NAME_{on,off}.json
-ab() {
-  local name=$1 var=$2 on=$3 off=$4 batches=$5 v val
-  shift 5
-  ( export "$var=$on"; echo "== $var=$on"; checks "$@" ) > "$OUTDIR/$name.log" 2>&1
-  cat "$OUTDIR/$name.log"
+# A/B timing of a variant, only when its checks' log NAME.log passed: off = the default build and
+# plan, on = the environment assignment ON_ENV ("" for none) and the bench arguments ON_ARGS
+#   timed_ab NAME LABEL BATCHES ON_ENV ON_ARGS  -> NAME_{on,off}.json, lines appended to NAME.log
+timed_ab() {
+  local name=$1 label=$2 batches=$3 on_env=$4 on_args=$5 v e a
   if passed "$OUTDIR/$name.log"; then
     for v in off on; do
-      val=$off; [ $v = on ] && val=$on
-      env "$var=$val" timeout 170 $B --batch "$batches" --out "$OUTDIR/${name}_$v.json" \
+      e=""; a=""
+      [ $v = on ] && { e=$on_env; a=$on_args; }
+      env $e timeout 200 $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
           > "/tmp/${name}_$v.log" 2>&1 || rc=1
-      echo "== $var $v" | tee -a "$OUTDIR/$name.log"
+      echo "== $label $v" | tee -a "$OUTDIR/$name.log"
       grep -E "^decode|Error" "/tmp/${name}_$v.log" | tee -a "$OUTDIR/$name.log"
     done
   else
     echo "== checks did not pass: not timed" | tee -a "$OUTDIR/$name.log"; rc=1
   fi
 }
+# A/B of one environment variable (default when unset = off), its checks first:
+#   ab NAME VAR ON-VALUE BATCHES PYTEST-FILES...  -> NAME.log, NAME_{on,off}.json
+ab() {
+  local name=$1 var=$2 on=$3 batches=$4
+  shift 4
+  ( export "$var=$on"; echo "== $var=$on"; checks "$@" ) > "$OUTDIR/$name.log" 2>&1
+  cat "$OUTDIR/$name.log"
+  timed_ab "$name" "$var" "$batches" "$var=$on" ""
+}
 if has early; then
-  ab early MK_EARLY_WEIGHTS 1 0 ${MK_EARLY_BATCH:-1,64,256} tests/test_megakernel_gpu.py \
+  ab early MK_EARLY_WEIGHTS 1 ${MK_EARLY_BATCH:-1,64,256} tests/test_megakernel_gpu.py \
       tests/test_megakernel_step_gpu.py
 fi
 if has l2pf; then
   ( export MK_CHECK_EXTRA="--l2-prefetch-mib 1"; echo "== l2_prefetch_mib checks"; checks ) \
       > "$OUTDIR/l2pf.log" 2>&1
   cat "$OUTDIR/l2pf.log"
-  if MK_NO_PYTEST=1 passed "$OUTDIR/l2pf.log"; then
-    for v in off on; do
-      plan=""; [ $v = on ] && plan="--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
-      timeout 200 $B --batch ${MK_L2PF_BATCH:-1,16,64} $plan --out "$OUTDIR/l2pf_$v.json" \
-          > "/tmp/l2pf_$v.log" 2>&1 || rc=1
-      echo "== l2_prefetch $v" | tee -a "$OUTDIR/l2pf.log"
-      grep -E "^decode|Error" "/tmp/l2pf_$v.log" | tee -a "$OUTDIR/l2pf.log"
-    done
-  else
-    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/l2pf.log"; rc=1
-  fi
+  MK_NO_PYTEST=1 timed_ab l2pf l2_prefetch ${MK_L2PF_BATCH:-1,16,64} "" \
+      "--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
 fi
 if has wgsplit; then
-  ab wgsplit MK_ATTN_WG_SPLIT 1 0 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \
+  ab wgsplit MK_ATTN_WG_SPLIT 1 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \
       tests/test_megakernel_step_gpu.py
 fi
 if has tiles; then
-  ab tiles MK_TILES "$M128_AT_256" "" 128,256 tests/test_splitk_gpu.py
+  ab tiles MK_TILES "$M128_AT_256" 128,256 tests/test_splitk_gpu.py
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
