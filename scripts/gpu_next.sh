@@ -20,6 +20,12 @@
 #   l2pf   PlanConfig.l2_prefetch_mib (L2_PREFETCH, bench/E2E_NOTES.md): the two-layer step vs
 #          mk.vm and racecheck with it, then decode B=1 / 16 / 64 with --plan l2_prefetch_mib=40
 #          and without: l2pf.log, l2pf_{on,off}.json (~5 min)
+#   pipe   MK_ATTN_PIPELINE=1 (the attention block loop pipelined: softmax of block b during P V of
+#          block b - 1, QK^T of b + 1 queued behind P V of b; bench/ATTENTION_NOTES.md): the
+#          harness A/B first (its cases checked against the torch faces, then timed; 0 spills
+#          there), then the attention and whole-step GPU tests, the two-layer checks, racecheck
+#          and decode B=1 / 64 / 256 in the step (the step's variants spill 32-44 B with it):
+#          pipe_harness_{off,on}.{json,log}, pipe.log, pipe_{on,off}.json (~9 min)
 #   wgsplit MK_ATTN_WG_SPLIT=1 (the decode attention's key blocks split between the two consumer
 #          warpgroups; GPU-verified in the harness, 0 spills in the M64 / M256 variants, spills
 #          16 B at M1024): the attention harness and whole-step GPU tests, the two-layer checks,
@@ -127,6 +133,18 @@ if has l2pf; then
   cat "$OUTDIR/l2pf.log"
   MK_NO_PYTEST=1 timed_ab l2pf l2_prefetch ${MK_L2PF_BATCH:-1,16,64} "" \
       "--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
+fi
+if has pipe; then
+  for v in off on; do
+    f=0; [ $v = on ] && f=1
+    MK_ATTN_PIPELINE=$f timeout 200 python bench/attention.py --quick \
+        --cases ${MK_PIPE_CASES:-decode-ctx1024-b1,decode-ctx512-b64,decode-ctx1024-b64,decode-ctx8192-b32,prefill-chunks,decode-varlen} \
+        --out "$OUTDIR/pipe_harness_$v.json" > "$OUTDIR/pipe_harness_$v.log" 2>&1 || rc=1
+    echo "== attention harness, MK_ATTN_PIPELINE=$f"
+    grep -E "FAIL|Error|^\[attention\] (ok|time|passed)" "$OUTDIR/pipe_harness_$v.log" | cut -c1-240 | tail -16
+  done
+  ab pipe MK_ATTN_PIPELINE 1 ${MK_PIPE_BATCH:-1,64,256} tests/test_attention_gpu.py \
+      tests/test_megakernel_step_gpu.py
 fi
 if has wgsplit; then
   ab wgsplit MK_ATTN_WG_SPLIT 1 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \

@@ -490,13 +490,15 @@ def rescale_row(m_old: Float32, block_max: Float32, l_sum: Float32):
 def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32, lim1: Int32,
                    mr0: Float32, mr1: Float32, ls0: Float32, ls1: Float32, accO0: cute.Tensor,
                    accO1: cute.Tensor, rP: cute.Tensor, scale: Float32,
-                   both_halves: cutlass.Constexpr):
+                   both_halves: cutlass.Constexpr, finish: cutlass.Constexpr = True):
     """One key block of the online softmax (fp32, the face's roundings of the scores) on the S
     fragment: fragment element i is in row half (i // 2) % 2 (row r0 or r0 + 8 of the thread).
     P (bf16) -> rP, O rescaled by exp(m_old - m_new). both_halves False: the thread's second row
     half holds no query row (a warp-uniform fact): its scores are not computed, P = 0 there, its
     (m, l) and O rows are left alone (half the exp / max / rescale work of a decode warp).
-    Returns the new (m0, m1, l0, l1) (l: this thread's partial row sums)."""
+    Returns the new (m0, m1, l0, l1) (l: this thread's partial row sums). finish False: P stays
+    in accS (fp32), O and rP are left alone, and the two rows' factors follow, (m0, m1, l0, l1,
+    a0, a1): finish_softmax does the rest."""
     nsv = cute.size(accS)
     nov = cute.size(accO0)
     bm0 = Float32(NEG_INF)
@@ -532,6 +534,8 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
             accS[i] = p
         else:
             accS[i] = Float32(0.0)
+    if cutlass.const_expr(not finish):
+        return mn0, mn1, ls0, ls1, al0, al1
     for i in cutlass.range_constexpr(nov):
         if cutlass.const_expr((i // 2) % 2 == 0):
             accO0[i] = accO0[i] * al0
@@ -541,6 +545,18 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
             accO1[i] = accO1[i] * al1
     rP.store(accS.load().to(BFloat16))
     return mn0, mn1, ls0, ls1
+
+
+@cute.jit
+def finish_softmax(accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
+                   al0: Float32, al1: Float32):
+    """The rest of online_softmax(..., finish=False) (both row halves): P (bf16) -> rP, the O
+    rows times their factors."""
+    for i in cutlass.range_constexpr(cute.size(accO0)):
+        al = al0 if (i // 2) % 2 == 0 else al1
+        accO0[i] = accO0[i] * al
+        accO1[i] = accO1[i] * al
+    rP.store(accS.load().to(BFloat16))
 
 
 @cute.jit
@@ -617,6 +633,173 @@ def release_kv_page(page: Int32, done: cute.Pointer, narrow, share: cutlass.Cons
         rk.release(done + page, share, 128, wtid, BAR_ATTN, hm)
     else:
         rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
+
+
+@cute.jit
+def qk_issue(mma_qk: cute.TiledMma, thr_qk, accS: cute.Tensor, tSrQ: cute.Tensor, pool: Int32,
+             pk: Int32, sK_layout: cute.ComposedLayout):
+    """S = Q K^T of the K page pk (64 keys, both head-dim halves) into accS: the wgmmas issued
+    and committed as one group, not waited for."""
+    accS.fill(0.0)
+    cute.nvgpu.warpgroup.fence()
+    for hf in cutlass.range_constexpr(2):
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
+            swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
+        for kb in cutlass.range_constexpr(HALF // 16):
+            cute.gemm(mma_qk, accS, tSrQ[(None, None, hf * (HALF // 16) + kb)],
+                      tSrK[(None, None, kb)], accS)
+    cute.nvgpu.warpgroup.commit_group()
+
+
+@cute.jit
+def pv_issue(mma_pv: cute.TiledMma, thr_pv, accO0: cute.Tensor, accO1: cute.Tensor,
+             tOrP: cute.Tensor, pool: Int32, pv: Int32, sV_layout: cute.ComposedLayout):
+    """O += P V of the V page pv (P from registers): issued and committed as one group, not
+    waited for."""
+    cute.nvgpu.warpgroup.fence()
+    tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(swz_tensor(pool, pv, 0, sV_layout)))
+    tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(swz_tensor(pool, pv, HALF_BYTES,
+                                                                  sV_layout)))
+    for kb in cutlass.range_constexpr(KB // 16):
+        cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)], tOrV0[(None, None, kb)], accO0)
+    for kb in cutlass.range_constexpr(KB // 16):
+        cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)], tOrV1[(None, None, kb)], accO1)
+    cute.nvgpu.warpgroup.commit_group()
+
+
+@cute.jit
+def v_tail_zero(pool: Int32, pv: Int32, nkeys: Int32, narrow, wg: Int32, wtid: Int32,
+                ctid: Int32):
+    """V rows past the key end of a block with nkeys < KB keys -> 0 by every thread that reads
+    the page (a narrow unit's: its warpgroup's), then fence and sync them before the PV wgmma."""
+    if narrow:
+        zero_v_tail(pool, pv, nkeys, wtid, 128)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        wg_barrier(wg)
+    else:
+        zero_v_tail(pool, pv, nkeys, ctid, CONSUMER_THREADS)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
+
+
+@cute.jit
+def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
+                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, tSrQ: cute.Tensor,
+                tScS: cute.Tensor, accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor,
+                rP: cute.Tensor, tOrP: cute.Tensor, pool: Int32, full: cute.Pointer,
+                done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, nblk: Int32, kv0: Int32,
+                kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32, ls0: Float32,
+                ls1: Float32, scale: Float32, narrow, active, both_halves, wg: Int32, wtid: Int32,
+                ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                share: cutlass.Constexpr):
+    """A unit's key blocks one after the other (K page pg + 2b, V page pg + 2b + 1): S = Q K^T,
+    the online softmax, O += P V, each waited for before the next. An inactive warpgroup (no
+    query row) only waits for the pages and arrives `done`; a narrow unit's blocks alternate
+    between the warpgroups. Returns the rows' (m0, m1, l0, l1) and the page count after."""
+    hm = handoff_of(share)
+    for b in range(nblk):
+        kb0 = kv0 + b * KB
+        pk, phk = page_of(pg, npages)
+        pv, phv = page_of(pg + 1, npages)
+        mine = cutlass.Boolean(True)
+        if narrow:
+            mine = b % 2 == wg
+        if mine:
+            page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            if cutlass.const_expr(not NOMATH):
+                if active:
+                    qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
+                    cute.nvgpu.warpgroup.wait_group(0)
+            # K page read (S retired): hand it to the storer (a narrow unit's page: this WG's
+            # threads arrive for both)
+            release_kv_page(pk, done, narrow, share, wtid, ctid, hm)
+            if cutlass.const_expr(not NOMATH):
+                if active:
+                    if both_halves:
+                        mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
+                                                            ls0, ls1, accO0, accO1, rP, scale,
+                                                            True)
+                    else:
+                        mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
+                                                            ls0, ls1, accO0, accO1, rP, scale,
+                                                            False)
+            page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            if cutlass.const_expr(not NOMATH):
+                nkeys = kend - kb0
+                if nkeys < KB:
+                    v_tail_zero(pool, pv, nkeys, narrow, wg, wtid, ctid)
+                if active:
+                    pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
+                    cute.nvgpu.warpgroup.wait_group(0)
+            release_kv_page(pv, done, narrow, share, wtid, ctid, hm)
+        pg = pg + 2
+    return mr0, mr1, ls0, ls1, pg
+
+
+# Software pipelining of the decode / prefill block loop (compile-time, off until GPU-verified:
+# MK_ATTN_PIPELINE=1; not with wg_split or the leave-one-out experiments). The leave-one-out run
+# (bench/ATTENTION_NOTES.md) found the consumers' per-block chain the limit: S = QK^T, wait,
+# softmax, P V, wait, nothing of the next block overlapping. Pipelined (no register beyond the
+# plain loop's: a second S or P buffer spilled 24-92 B in the megakernel's variants):
+#   softmax of S[b] in place (P fp32 in S, new (m, l), O factors)   (P V[b-1] still running)
+#   wait until P V[b-1] retired; done V[b-1]; P -> bf16 registers; O *= factors
+#   issue S[b+1] = Q K^T; wait V[b]; zero its tail; issue P V[b]
+#   wait until S[b+1] retired (P V[b] still running); done K[b+1]
+# so the softmax overlaps the previous block's P V, and P V[b] runs behind QK^T[b+1] in the
+# tensor cores' queue without a round trip between them. The pages are handed to the storer out
+# of ring order (K[b+1] before V[b]); it waits for them in ring order: V[b] is freed a little
+# later, never wrongly.
+PIPELINE = os.environ.get("MK_ATTN_PIPELINE", "0") == "1"
+
+
+@cute.jit
+def attn_blocks_pipelined(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
+                          sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+                          tSrQ: cute.Tensor, tScS: cute.Tensor, accS: cute.Tensor,
+                          accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
+                          tOrP: cute.Tensor, pool: Int32, full: cute.Pointer, done: cute.Pointer,
+                          pg: Int32, npages: cutlass.Constexpr, nblk: Int32, kv0: Int32,
+                          kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32,
+                          ls0: Float32, ls1: Float32, scale: Float32, wg: Int32, wtid: Int32,
+                          ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                          share: cutlass.Constexpr):
+    """attn_blocks of an active, not narrow warpgroup, pipelined (PIPELINE). Returns the rows'
+    (m0, m1, l0, l1) and the page count after."""
+    hm = handoff_of(share)
+    if nblk > 0:
+        pk, phk = page_of(pg, npages)
+        page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
+        cute.nvgpu.warpgroup.wait_group(0)
+        release_kv_page(pk, done, False, share, wtid, ctid, hm)
+        for b in range(nblk):
+            kb0 = kv0 + b * KB
+            mr0, mr1, ls0, ls1, al0, al1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
+                                                          ls0, ls1, accO0, accO1, rP, scale, True,
+                                                          False)
+            cute.nvgpu.warpgroup.wait_group(0)      # P V[b-1] retired
+            if b > 0:
+                pvp, _ = page_of(pg + 2 * b - 1, npages)
+                release_kv_page(pvp, done, False, share, wtid, ctid, hm)
+            finish_softmax(accS, accO0, accO1, rP, al0, al1)
+            has_next = b + 1 < nblk
+            pkn, phkn = page_of(pg + 2 * b + 2, npages)
+            if has_next:
+                page_wait(full + pkn, phkn, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pkn, sK_layout)
+            pv, phv = page_of(pg + 2 * b + 1, npages)
+            page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            nkeys = kend - kb0
+            if nkeys < KB:
+                v_tail_zero(pool, pv, nkeys, False, wg, wtid, ctid)
+            pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
+            if has_next:
+                cute.nvgpu.warpgroup.wait_group(1)  # S[b+1] retired (P V[b] may run)
+                release_kv_page(pkn, done, False, share, wtid, ctid, hm)
+        cute.nvgpu.warpgroup.wait_group(0)          # P V of the last block
+        pvl, _ = page_of(pg + 2 * nblk - 1, npages)
+        release_kv_page(pvl, done, False, share, wtid, ctid, hm)
+    return mr0, mr1, ls0, ls1, pg + 2 * nblk
 
 
 @cute.jit
@@ -711,71 +894,27 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 for v in cutlass.range_constexpr(cute.size(tSrQ)):
                     qs = qs + tSrQ[v].to(Float32)
                 accO0[0] = qs
-            for b in range(nblk):
-                kb0 = kv0 + b * KB
-                pk, phk = page_of(pg, npages)
-                pv, phv = page_of(pg + 1, npages)
-                mine = cutlass.Boolean(True)
-                if narrow:
-                    mine = b % 2 == wg
-                if mine:
-                    page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                    if cutlass.const_expr(not NOMATH):
-                        if active:
-                            accS.fill(0.0)
-                            cute.nvgpu.warpgroup.fence()
-                            for hf in cutlass.range_constexpr(2):
-                                tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
-                                    swz_tensor(pool, pk, hf * HALF_BYTES, sK_layout)))
-                                for kb in cutlass.range_constexpr(HALF // 16):
-                                    cute.gemm(mma_qk, accS,
-                                              tSrQ[(None, None, hf * (HALF // 16) + kb)],
-                                              tSrK[(None, None, kb)], accS)
-                            cute.nvgpu.warpgroup.commit_group()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                    # K page read (S retired): hand it to the storer (a narrow unit's page: this
-                    # WG's threads arrive for both)
-                    release_kv_page(pk, done, narrow, share, wtid, ctid, hm)
-                    if cutlass.const_expr(not NOMATH):
-                        if active:
-                            if both_halves:
-                                mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1,
-                                                                    mr0, mr1, ls0, ls1, accO0,
-                                                                    accO1, rP, scale, True)
-                            else:
-                                mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1,
-                                                                    mr0, mr1, ls0, ls1, accO0,
-                                                                    accO1, rP, scale, False)
-                    page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                    if cutlass.const_expr(not NOMATH):
-                        nkeys = kend - kb0
-                        if nkeys < KB:
-                            # V rows past the key end -> 0; every thread that reads the page zeroes
-                            if narrow:
-                                zero_v_tail(pool, pv, nkeys, wtid, 128)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                wg_barrier(wg)
-                            else:
-                                zero_v_tail(pool, pv, nkeys, ctid, CONSUMER_THREADS)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.barrier(barrier_id=BAR_ATTN,
-                                                  number_of_threads=CONSUMER_THREADS)
-                        if active:
-                            cute.nvgpu.warpgroup.fence()
-                            tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(
-                                swz_tensor(pool, pv, 0, sV_layout)))
-                            tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(
-                                swz_tensor(pool, pv, HALF_BYTES, sV_layout)))
-                            for kb in cutlass.range_constexpr(KB // 16):
-                                cute.gemm(mma_pv, accO0, tOrP[(None, None, kb)],
-                                          tOrV0[(None, None, kb)], accO0)
-                            for kb in cutlass.range_constexpr(KB // 16):
-                                cute.gemm(mma_pv, accO1, tOrP[(None, None, kb)],
-                                          tOrV1[(None, None, kb)], accO1)
-                            cute.nvgpu.warpgroup.commit_group()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                    release_kv_page(pv, done, narrow, share, wtid, ctid, hm)
-                pg = pg + 2
+            if cutlass.const_expr(PIPELINE and not wg_split and not NOMATH):
+                if active:
+                    mr0, mr1, ls0, ls1, pg = attn_blocks_pipelined(
+                        mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
+                        accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk,
+                        kv0, kend, lim0, lim1, mr0, mr1, ls0, ls1, scale, wg, wtid, ctid,
+                        timeout_ns, state, ticket, share)
+                else:
+                    # (the idle warpgroup of a decode unit walks the pages: done arrivals, and
+                    # the V-tail barrier both warpgroups take)
+                    mr0, mr1, ls0, ls1, pg = attn_blocks(
+                        mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
+                        accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend,
+                        lim0, lim1, mr0, mr1, ls0, ls1, scale, narrow, active, both_halves, wg,
+                        wtid, ctid, timeout_ns, state, ticket, share)
+            else:
+                mr0, mr1, ls0, ls1, pg = attn_blocks(
+                    mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
+                    accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0,
+                    lim1, mr0, mr1, ls0, ls1, scale, narrow, active, both_halves, wg, wtid, ctid,
+                    timeout_ns, state, ticket, share)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
