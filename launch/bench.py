@@ -562,7 +562,8 @@ def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: b
     mk.launch(handle, check=True)               # compiles the step's variant on first use
     first_s = time.perf_counter() - t0
     # the host's share of a step in steady state (plan + check + upload; the first prepare above
-    # also built the M class's Megakernel)
+    # also built the M class's Megakernel; the same batch again takes the planner's fast path
+    # and the device-side rewrite, as a generation loop's decode steps do)
     steady = []
     for _ in range(3):
         t0 = time.perf_counter()

@@ -145,7 +145,7 @@ class MegakernelStepBackend:
         self._kernels: dict = {}        # M class -> mk.megakernel.Megakernel (one variant each)
         # the last checked and uploaded stream: (megakernel, plan serial) and its handle; a
         # planner fast-path plan of that serial only rewrites attention words on the device
-        self._held, self._handle = None, None
+        self._held, self._handle = (None, 0), None
         self.stream_uploads = 0         # full uploads (the rest were rewrites; for benchmarks)
         self.steps = 0
         self.last_launch_s = None
@@ -211,7 +211,7 @@ class MegakernelStepBackend:
             raise ValueError(f"step metadata of {meta.numel()} words exceeds the buffer's "
                              f"{self.meta.numel()}")
         mk = self.megakernel_for(plan.meta.num_tokens)
-        if plan.advance is not None and self._held == (id(mk), plan.serial):
+        if plan.advance is not None and self._held[0] is mk and self._held[1] == plan.serial:
             plan.advance.apply(self._handle[0])
             handle = self._handle
         else:
@@ -219,7 +219,7 @@ class MegakernelStepBackend:
             # and last layers and the final rows is checking it all (a 40th of the rows: ~1 ms)
             handle = mk.prepare(plan.instrs, meta_page_size=k.page_size,
                                 check_stream=plan.representative_stream())
-            self._held, self._handle = (id(mk), plan.serial), handle
+            self._held, self._handle = (mk, plan.serial), handle
             self.stream_uploads += 1
         self.meta[:meta.numel()].copy_(meta, non_blocking=False)
         return mk, handle, plan
