@@ -328,11 +328,15 @@ def build_meta(batch: StepBatch, kernel: KernelConfig, validate: bool = True) ->
     if validate:
         _validate(batch, kernel, lens, start, npages, have, T)
     tokens = np.fromiter(chain.from_iterable(s.tokens for s in seqs), np.int64, T)
-    if bool((have == npages).all()):
-        pages = np.fromiter(chain.from_iterable(s.pages for s in seqs), np.int64, int(npages.sum()))
+    # each sequence's page table as given (an engine allocates a request's pages up front), up to
+    # the compiled maximum context's pages, not cut to the pages this step reaches: the layout
+    # then stays the same from one decode step to the next (the Planner's fast path)
+    keep = np.minimum(have, -(-kernel.max_context // ps))
+    if bool((have == keep).all()):
+        pages = np.fromiter(chain.from_iterable(s.pages for s in seqs), np.int64, int(keep.sum()))
     else:
-        pages = np.fromiter(chain.from_iterable(s.pages[:k] for s, k in zip(seqs, npages.tolist())),
-                            np.int64, int(npages.sum()))
+        pages = np.fromiter(chain.from_iterable(s.pages[:k] for s, k in zip(seqs, keep.tolist())),
+                            np.int64, int(keep.sum()))
     if validate and len(pages) and (int(pages.min()) < 0 or int(pages.max()) >= kernel.kv_pages):
         bad = int(np.flatnonzero((pages < 0) | (pages >= kernel.kv_pages))[0])
         s_bad = int(np.searchsorted(np.cumsum(npages), bad, side="right"))
@@ -341,7 +345,7 @@ def build_meta(batch: StepBatch, kernel: KernelConfig, validate: bool = True) ->
     seq_of = np.repeat(np.arange(S), lens)
     pos = np.arange(T) - row0[seq_of] + start[seq_of]
     poff_rel = np.zeros(S, np.int64)
-    np.cumsum(npages[:-1], out=poff_rel[1:])
+    np.cumsum(keep[:-1], out=poff_rel[1:])
     slot = pages[poff_rel[seq_of] + pos // ps] * ps + pos % ps
     off_tokens = mc.META_HEADER
     off_pos = off_tokens + T

@@ -208,3 +208,51 @@ print("ok", len(plan))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
+    """MegakernelStepBackend.prepare on the CPU (its GPU parts stubbed): the first plan and every
+    plan of a new structure are checked and uploaded; a decode step of the held structure only
+    rewrites the held copy (StreamAdvance), which then equals the plan's stream; another
+    Megakernel (another M class) takes a full upload."""
+    import torch
+
+    from mk.batch import SeqChunk, StepBatch
+    from mk.config import KernelConfig, ModelConfig, ParallelConfig
+    from mk.megakernel_step import MegakernelStepBackend
+    from mk.plan import PlanConfig, Planner
+
+    class FakeMegakernel:
+        def __init__(self):
+            self.checked = 0
+
+        def prepare(self, stream, meta_page_size=None, check_stream=None):
+            self.checked += 1
+            return stream.clone(), int(stream.shape[0]), 7
+
+    model = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
+                        num_kv_heads=2, head_dim=8, vocab_size=256)
+    kernel = KernelConfig(token_block=8, page_size=4, max_batch_tokens=96, max_seqs=8,
+                          max_context=128, num_kv_pages=200)
+    be = object.__new__(MegakernelStepBackend)
+    be.kernel = kernel
+    be.planner = Planner(model, ParallelConfig(), kernel, PlanConfig(kv_split=16, split_k=1))
+    be.meta = torch.zeros(4096, dtype=torch.int32)
+    be._held, be._handle, be.stream_uploads = (None, 0), None, 0
+    mks = {c: FakeMegakernel() for c in (0, 1)}
+    be.megakernel_for = lambda num_tokens: mks[int(num_tokens > 4)]
+    pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
+    cached = {0: 3, 1: 20, 2: 41}
+    for step in range(12):
+        chunks = [SeqChunk([5], n, pages[i]) for i, n in cached.items()]
+        if step == 6:
+            chunks.append(SeqChunk(list(range(1, 9)), 0, pages[5]))   # another M class
+        mk, handle, plan = be.prepare(StepBatch(chunks))
+        assert torch.equal(handle[0], plan.instrs), step
+        assert torch.equal(be.meta[:plan.meta.tensor.numel()], plan.meta.tensor)
+        for i in cached:
+            cached[i] += 1
+    # steps 0, 6 and 7 (the other class and back) and every KV-split boundary crossing are full
+    # uploads; the rest rewrote the held copy
+    assert be.planner.fast_plans >= 5 and be.stream_uploads == 12 - be.planner.fast_plans
+    assert sum(m.checked for m in mks.values()) == be.stream_uploads

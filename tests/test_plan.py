@@ -282,8 +282,9 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
         if step == 30:
             seqs[4] = 9                             # one joins
     # (4 sequences cross a 16-key split boundary every 16 steps each, prefill / joins / drops
-    # change the structure: 17 of the 40 steps here)
-    assert planner.fast_plans >= 12
+    # change the structure: 24 of the 40 steps here; page-table lengths do not, as build_meta
+    # keeps each table whole)
+    assert planner.fast_plans >= 20
     slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
     slow.plan(batch)
     slow.plan(batch)
