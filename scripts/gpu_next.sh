@@ -20,12 +20,13 @@
 #   l2pf   PlanConfig.l2_prefetch_mib (L2_PREFETCH, bench/E2E_NOTES.md): the two-layer step vs
 #          mk.vm and racecheck with it, then decode B=1 / 16 / 64 with --plan l2_prefetch_mib=40
 #          and without: l2pf.log, l2pf_{on,off}.json (~5 min)
-#   pipe   MK_ATTN_PIPELINE=1 (the attention block loop pipelined: softmax of block b during P V of
-#          block b - 1, QK^T of b + 1 queued behind P V of b; bench/ATTENTION_NOTES.md): the
-#          harness A/B first (its cases checked against the torch faces, then timed; 0 spills
-#          there), then the attention and whole-step GPU tests, the two-layer checks, racecheck
-#          and decode B=1 / 64 / 256 in the step (the step's variants spill 32-44 B with it):
-#          pipe_harness_{off,on}.{json,log}, pipe.log, pipe_{on,off}.json (~9 min)
+#   pipe   MK_ATTN_PIPELINE=1 / 2 (the attention block loop pipelined: 1 QK^T of block b + 1 and
+#          P V of b back to back, 2 also the softmax of b during P V of b - 1;
+#          bench/ATTENTION_NOTES.md): the harness with 0 / 1 / 2 first (its cases checked against
+#          the torch faces, then timed; 0 spills there), then with MK_PIPE_LEVEL (default 2) the
+#          attention and whole-step GPU tests, the two-layer checks, racecheck and decode
+#          B=1 / 64 / 256 in the step (its variants spill 32-44 B with either level):
+#          pipe_harness_{0,1,2}.{json,log}, pipe.log, pipe_{on,off}.json (~10 min)
 #   wgsplit MK_ATTN_WG_SPLIT=1 (the decode attention's key blocks split between the two consumer
 #          warpgroups; GPU-verified in the harness, 0 spills in the M64 / M256 variants, spills
 #          16 B at M1024): the attention harness and whole-step GPU tests, the two-layer checks,
@@ -135,15 +136,14 @@ if has l2pf; then
       "--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
 fi
 if has pipe; then
-  for v in off on; do
-    f=0; [ $v = on ] && f=1
+  for f in 0 1 2; do
     MK_ATTN_PIPELINE=$f timeout 200 python bench/attention.py --quick \
         --cases ${MK_PIPE_CASES:-decode-ctx1024-b1,decode-ctx512-b64,decode-ctx1024-b64,decode-ctx8192-b32,prefill-chunks,decode-varlen} \
-        --out "$OUTDIR/pipe_harness_$v.json" > "$OUTDIR/pipe_harness_$v.log" 2>&1 || rc=1
+        --out "$OUTDIR/pipe_harness_$f.json" > "$OUTDIR/pipe_harness_$f.log" 2>&1 || rc=1
     echo "== attention harness, MK_ATTN_PIPELINE=$f"
-    grep -E "FAIL|Error|^\[attention\] (ok|time|passed)" "$OUTDIR/pipe_harness_$v.log" | cut -c1-240 | tail -16
+    grep -E "FAIL|Error|^\[attention\] (ok|time|passed)" "$OUTDIR/pipe_harness_$f.log" | cut -c1-240 | tail -16
   done
-  ab pipe MK_ATTN_PIPELINE 1 ${MK_PIPE_BATCH:-1,64,256} tests/test_attention_gpu.py \
+  ab pipe MK_ATTN_PIPELINE ${MK_PIPE_LEVEL:-2} ${MK_PIPE_BATCH:-1,64,256} tests/test_attention_gpu.py \
       tests/test_megakernel_step_gpu.py
 fi
 if has wgsplit; then

@@ -736,20 +736,22 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     return mr0, mr1, ls0, ls1, pg
 
 
-# Software pipelining of the decode / prefill block loop (compile-time, off until GPU-verified:
-# MK_ATTN_PIPELINE=1; not with wg_split or the leave-one-out experiments). The leave-one-out run
+# Software pipelining of the decode / prefill block loop (compile-time, off until GPU-verified;
+# not with wg_split or the leave-one-out experiments). The leave-one-out run
 # (bench/ATTENTION_NOTES.md) found the consumers' per-block chain the limit: S = QK^T, wait,
-# softmax, P V, wait, nothing of the next block overlapping. Pipelined (no register beyond the
-# plain loop's: a second S or P buffer spilled 24-92 B in the megakernel's variants):
-#   softmax of S[b] in place (P fp32 in S, new (m, l), O factors)   (P V[b-1] still running)
-#   wait until P V[b-1] retired; done V[b-1]; P -> bf16 registers; O *= factors
-#   issue S[b+1] = Q K^T; wait V[b]; zero its tail; issue P V[b]
-#   wait until S[b+1] retired (P V[b] still running); done K[b+1]
-# so the softmax overlaps the previous block's P V, and P V[b] runs behind QK^T[b+1] in the
-# tensor cores' queue without a round trip between them. The pages are handed to the storer out
-# of ring order (K[b+1] before V[b]); it waits for them in ring order: V[b] is freed a little
-# later, never wrongly.
-PIPELINE = os.environ.get("MK_ATTN_PIPELINE", "0") == "1"
+# softmax, P V, wait, nothing of the next block overlapping. MK_ATTN_PIPELINE:
+#   1  per block: softmax of S[b] -> P, O rescaled; issue S[b+1] = QK^T; issue P V[b]; one wait
+#      for both (they run back to back in the tensor cores: one round trip per block, not two)
+#   2  also the softmax of S[b] during P V[b-1]: P stays in the S registers (fp32) until P V[b-1]
+#      retires, then becomes bf16 and O is rescaled; the wait after issuing P V[b] is for S[b+1]
+#      only, so P V[b] runs on into the next block's softmax
+# Neither needs a register buffer beyond the plain loop's (a second S or P buffer spilled 24-92 B),
+# but in both S of the next block and P, O of this one are live together while their wgmmas run:
+# the megakernel's all-opcode variants (consumers at 208 registers) spill 32-44 B with either
+# level, the harness (216) none. Pages go to the storer out of ring order (K[b+1] before V[b]);
+# it waits for them in ring order: V[b] is freed a little later, never wrongly.
+PIPELINE = int(os.environ.get("MK_ATTN_PIPELINE", "0"))
+assert PIPELINE in (0, 1, 2), f"MK_ATTN_PIPELINE must be 0, 1 or 2, got {PIPELINE}"
 
 
 @cute.jit
@@ -762,9 +764,9 @@ def attn_blocks_pipelined(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, 
                           kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32,
                           ls0: Float32, ls1: Float32, scale: Float32, wg: Int32, wtid: Int32,
                           ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                          share: cutlass.Constexpr):
-    """attn_blocks of an active, not narrow warpgroup, pipelined (PIPELINE). Returns the rows'
-    (m0, m1, l0, l1) and the page count after."""
+                          share: cutlass.Constexpr, overlap: cutlass.Constexpr):
+    """attn_blocks of an active, not narrow warpgroup, pipelined (PIPELINE; overlap: level 2).
+    Returns the rows' (m0, m1, l0, l1) and the page count after."""
     hm = handoff_of(share)
     if nblk > 0:
         pk, phk = page_of(pg, npages)
@@ -774,31 +776,42 @@ def attn_blocks_pipelined(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, 
         release_kv_page(pk, done, False, share, wtid, ctid, hm)
         for b in range(nblk):
             kb0 = kv0 + b * KB
-            mr0, mr1, ls0, ls1, al0, al1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
-                                                          ls0, ls1, accO0, accO1, rP, scale, True,
-                                                          False)
-            cute.nvgpu.warpgroup.wait_group(0)      # P V[b-1] retired
-            if b > 0:
-                pvp, _ = page_of(pg + 2 * b - 1, npages)
-                release_kv_page(pvp, done, False, share, wtid, ctid, hm)
-            finish_softmax(accS, accO0, accO1, rP, al0, al1)
+            pv, phv = page_of(pg + 2 * b + 1, npages)
+            if cutlass.const_expr(overlap):
+                mr0, mr1, ls0, ls1, al0, al1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
+                                                              mr1, ls0, ls1, accO0, accO1, rP,
+                                                              scale, True, False)
+                cute.nvgpu.warpgroup.wait_group(0)  # P V[b-1] retired
+                if b > 0:
+                    pvp, _ = page_of(pg + 2 * b - 1, npages)
+                    release_kv_page(pvp, done, False, share, wtid, ctid, hm)
+                finish_softmax(accS, accO0, accO1, rP, al0, al1)
+            else:
+                mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1, ls0,
+                                                    ls1, accO0, accO1, rP, scale, True)
             has_next = b + 1 < nblk
             pkn, phkn = page_of(pg + 2 * b + 2, npages)
             if has_next:
                 page_wait(full + pkn, phkn, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                 qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pkn, sK_layout)
-            pv, phv = page_of(pg + 2 * b + 1, npages)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
             nkeys = kend - kb0
             if nkeys < KB:
                 v_tail_zero(pool, pv, nkeys, False, wg, wtid, ctid)
             pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
-            if has_next:
-                cute.nvgpu.warpgroup.wait_group(1)  # S[b+1] retired (P V[b] may run)
-                release_kv_page(pkn, done, False, share, wtid, ctid, hm)
-        cute.nvgpu.warpgroup.wait_group(0)          # P V of the last block
-        pvl, _ = page_of(pg + 2 * nblk - 1, npages)
-        release_kv_page(pvl, done, False, share, wtid, ctid, hm)
+            if cutlass.const_expr(overlap):
+                if has_next:
+                    cute.nvgpu.warpgroup.wait_group(1)  # S[b+1] retired (P V[b] may run)
+                    release_kv_page(pkn, done, False, share, wtid, ctid, hm)
+            else:
+                cute.nvgpu.warpgroup.wait_group(0)      # S[b+1] and P V[b] retired
+                if has_next:
+                    release_kv_page(pkn, done, False, share, wtid, ctid, hm)
+                release_kv_page(pv, done, False, share, wtid, ctid, hm)
+        if cutlass.const_expr(overlap):
+            cute.nvgpu.warpgroup.wait_group(0)          # P V of the last block
+            pvl, _ = page_of(pg + 2 * nblk - 1, npages)
+            release_kv_page(pvl, done, False, share, wtid, ctid, hm)
     return mr0, mr1, ls0, ls1, pg + 2 * nblk
 
 
@@ -894,13 +907,13 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 for v in cutlass.range_constexpr(cute.size(tSrQ)):
                     qs = qs + tSrQ[v].to(Float32)
                 accO0[0] = qs
-            if cutlass.const_expr(PIPELINE and not wg_split and not NOMATH):
+            if cutlass.const_expr(PIPELINE > 0 and not wg_split and not NOMATH):
                 if active:
                     mr0, mr1, ls0, ls1, pg = attn_blocks_pipelined(
                         mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
                         accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk,
                         kv0, kend, lim0, lim1, mr0, mr1, ls0, ls1, scale, wg, wtid, ctid,
-                        timeout_ns, state, ticket, share)
+                        timeout_ns, state, ticket, share, PIPELINE == 2)
                 else:
                     # (the idle warpgroup of a decode unit walks the pages: done arrivals, and
                     # the V-tail barrier both warpgroups take)
