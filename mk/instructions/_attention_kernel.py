@@ -536,26 +536,22 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
             accS[i] = Float32(0.0)
     if cutlass.const_expr(not finish):
         return mn0, mn1, ls0, ls1, al0, al1
-    for i in cutlass.range_constexpr(nov):
+    finish_softmax(accS, accO0, accO1, rP, al0, al1, both_halves)
+    return mn0, mn1, ls0, ls1
+
+
+@cute.jit
+def finish_softmax(accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
+                   al0: Float32, al1: Float32, both_halves: cutlass.Constexpr = True):
+    """The end of online_softmax (separate for online_softmax(..., finish=False)): the O rows
+    times their factors (the second row half only with both_halves), P (bf16) -> rP."""
+    for i in cutlass.range_constexpr(cute.size(accO0)):
         if cutlass.const_expr((i // 2) % 2 == 0):
             accO0[i] = accO0[i] * al0
             accO1[i] = accO1[i] * al0
         elif cutlass.const_expr(both_halves):
             accO0[i] = accO0[i] * al1
             accO1[i] = accO1[i] * al1
-    rP.store(accS.load().to(BFloat16))
-    return mn0, mn1, ls0, ls1
-
-
-@cute.jit
-def finish_softmax(accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
-                   al0: Float32, al1: Float32):
-    """The rest of online_softmax(..., finish=False) (both row halves): P (bf16) -> rP, the O
-    rows times their factors."""
-    for i in cutlass.range_constexpr(cute.size(accO0)):
-        al = al0 if (i // 2) % 2 == 0 else al1
-        accO0[i] = accO0[i] * al
-        accO1[i] = accO1[i] * al
     rP.store(accS.load().to(BFloat16))
 
 
@@ -907,21 +903,17 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 for v in cutlass.range_constexpr(cute.size(tSrQ)):
                     qs = qs + tSrQ[v].to(Float32)
                 accO0[0] = qs
+            # PIPELINE: an active warpgroup runs the pipelined loop; the idle one of a decode unit
+            # keeps the plain loop (it only walks the pages: done arrivals, the V-tail barrier)
+            piped = cutlass.Boolean(False)
             if cutlass.const_expr(PIPELINE > 0 and not wg_split and not NOMATH):
-                if active:
-                    mr0, mr1, ls0, ls1, pg = attn_blocks_pipelined(
-                        mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
-                        accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk,
-                        kv0, kend, lim0, lim1, mr0, mr1, ls0, ls1, scale, wg, wtid, ctid,
-                        timeout_ns, state, ticket, share, PIPELINE == 2)
-                else:
-                    # (the idle warpgroup of a decode unit walks the pages: done arrivals, and
-                    # the V-tail barrier both warpgroups take)
-                    mr0, mr1, ls0, ls1, pg = attn_blocks(
-                        mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
-                        accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend,
-                        lim0, lim1, mr0, mr1, ls0, ls1, scale, narrow, active, both_halves, wg,
-                        wtid, ctid, timeout_ns, state, ticket, share)
+                piped = active
+            if piped:
+                mr0, mr1, ls0, ls1, pg = attn_blocks_pipelined(
+                    mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
+                    accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0,
+                    lim1, mr0, mr1, ls0, ls1, scale, wg, wtid, ctid, timeout_ns, state, ticket,
+                    share, PIPELINE == 2)
             else:
                 mr0, mr1, ls0, ls1, pg = attn_blocks(
                     mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,

@@ -13,7 +13,6 @@ import cutlass.cute as cute
 import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Int32, Int64
 
-from mk.instructions import prefetch as pf
 from mk.ir import Op
 
 OP_L2_PREFETCH = int(Op.L2_PREFETCH)
@@ -48,6 +47,3 @@ def l2_prefetch(w: cute.Tensor, layer: Int32, row0: Int32, rows: Int32, k0: Int3
             prefetch_bytes(base + (Int64(r) * Int64(K) + Int64(k0)) * 2, (k1 - k0) * 2,
                            Int32(0), Int32(CHUNK))
 
-
-def describe() -> dict:
-    return dict(chunk_bytes=CHUNK, granule_columns=pf.GRANULE)
