@@ -24,6 +24,7 @@ What it refuses, before anything runs (`unsupported_reasons`, CPU-importable che
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -122,7 +123,9 @@ class MegakernelStepBackend:
         self.timeout_s, self.journal, self.verbose = timeout_s, journal, verbose
         self.journal_capacity = 1 << 16     # journal rows (instructions past it are not recorded)
         self.device = dev = weights.qkv.device
-        self.planner = Planner(model, parallel, kernel, self.plan_cfg)
+        # MK_PLAN_FAST_PATH=0: every step planned in full (an A/B of the planner's fast path)
+        self.planner = Planner(model, parallel, kernel, self.plan_cfg,
+                               fast_path=os.environ.get("MK_PLAN_FAST_PATH", "1") != "0")
         shapes = buffer_shapes(model, parallel, kernel, self.plan_cfg)
         bf, f32 = torch.bfloat16, torch.float32
         T, H = shapes[Buf.HIDDEN]
