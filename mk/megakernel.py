@@ -20,7 +20,7 @@ Execution model
     warps 4-7   consumer warpgroup: the instruction body's math (setmaxregister_increase); the
                 other warpgroup runs setmaxregister_decrease.
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
-  the current instruction's body. With EARLY_WEIGHTS (compile-time, off by default) it hands an
+  the current instruction's body. With EARLY_WEIGHTS (compile-time, on by default) it hands an
   instruction over before its waits and signals the slot's `iready` after them, so the loader can
   stream a GEMM's weights (and an ATTENTION's earlier-step K/V) during the waits.
 * Split-K (Megakernel(splitk=<SPLITK workspace>), a compile-time variant): split GEMM tiles run in
@@ -185,9 +185,11 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # before the step's new rows (written by earlier steps); every other load, and the consumers and
 # the storer, wait for `iready` first. A failed wait still releases `iready` (the abort flag is
 # raised, the roles finish the instruction on whatever is in memory, the host raises the recorded
-# error) and ends the queue at the next slot. Compile-time, off until GPU-verified (MK_EARLY_WEIGHTS=1;
-# scripts/gpu_next.sh).
-EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "0") == "1"
+# error) and ends the queue at the next slot. Compile-time, on by default since its GPU checks
+# passed (session 6: rows 31/31, step 7/7, two-layer checks, racecheck 0) and it saved 2.2% / 0.8%
+# of the 70B rank's decode step at B=1 / 64 (bench/results/ab_2026-11-29_s6_summary.json);
+# MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
+EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 
 
 def page_share(handoff: str) -> int:

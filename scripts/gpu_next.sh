@@ -12,25 +12,28 @@
 #          harness, cold / warm us and the difference to "none": attnexp.log, attnexp.json (~2 min)
 #   base   the step as it is: decode B=1 and 256 of the 70B TP8 rank, timed, with the journal's
 #          per-opcode breakdown and each role's own times (megakernel only; ~3 min)
-#   early  MK_EARLY_WEIGHTS=1 (bench/E2E_NOTES.md): the rows-family and whole-step GPU tests, the
-#          two-layer step vs mk.vm (split-K never / auto), racecheck; then, only if all passed,
-#          decode B=1 / 64 / 256 (MK_EARLY_BATCH) with and without it: early.log,
-#          early_{on,off}.json (~9 min). (Its first run failed the checks: the ATTENTION prefetch
-#          read this step's keys of earlier segments; fixed by A_NEW0, 4699af1.)
+#   early  MK_EARLY_WEIGHTS=0 (the controller that waits before the hand-over; early weight loads
+#          are the default since session 6, GPU-verified): decode B=1 / 64 / 256 (MK_EARLY_BATCH)
+#          with the default and with it (session 6 timed B=1 / 64 only: -2.2% / -0.8% with early
+#          loads): early.log, early_{on,off}.json, "on" = MK_EARLY_WEIGHTS=0 (~5 min)
 #   l2pf   PlanConfig.l2_prefetch_mib (L2_PREFETCH, bench/E2E_NOTES.md): the two-layer step vs
 #          mk.vm and racecheck with it, then decode B=1 / 16 / 64 with --plan l2_prefetch_mib=40
-#          and without: l2pf.log, l2pf_{on,off}.json (~5 min)
+#          and without: l2pf.log, l2pf_{on,off}.json (~5 min). Session 6: no gain (+0.1% / +1.1%
+#          at B=1 / 64)
 #   pipe   MK_ATTN_PIPELINE=1 / 2 (the attention block loop pipelined: 1 QK^T of block b + 1 and
 #          P V of b back to back, 2 also the softmax of b during P V of b - 1;
 #          bench/ATTENTION_NOTES.md): the harness with 0 / 1 / 2 first (its cases checked against
 #          the torch faces, then timed; 0 spills there), then with MK_PIPE_LEVEL (default 2) the
 #          attention and whole-step GPU tests, the two-layer checks, racecheck and decode
 #          B=1 / 64 / 256 in the step (its variants spill 32-44 B with either level):
-#          pipe_harness_{0,1,2}.{json,log}, pipe.log, pipe_{on,off}.json (~10 min)
+#          pipe_harness_{0,1,2}.{json,log}, pipe.log, pipe_{on,off}.json (~10 min). Session 6:
+#          slower (level 1 +10-25% in the harness, level 2 +7% / +5% in the step at B=1 / 64)
 #   wgsplit MK_ATTN_WG_SPLIT=1 (the decode attention's key blocks split between the two consumer
 #          warpgroups; GPU-verified in the harness, 0 spills in the M64 / M256 variants, spills
 #          16 B at M1024): the attention harness and whole-step GPU tests, the two-layer checks,
-#          racecheck; then decode B=1 / 64 / 256 with and without: wgsplit.log, wgsplit_*.json
+#          racecheck; then decode B=1 / 64 / 256 with and without: wgsplit.log, wgsplit_*.json.
+#          Session 6: -1.9% / -2.5% at B=1 / 64, checks passed, but racecheck of the two-layer
+#          step reports 2 shared-memory hazards (bench/ATTENTION_NOTES.md): not timed until clean
 #   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
 #          and the two-layer check with it (the tiny model's steps are in the 256 class), then
 #          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
@@ -41,9 +44,13 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "verify base", "early", "l2pf wgsplit",
-# "tiles", "e2e".
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "verify base", "early", "tiles", "e2e".
+# Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
+# and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
+# pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each
+# job gets half the cores unless OMP_NUM_THREADS is set.
 set -u
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
@@ -97,22 +104,26 @@ if has base; then
   rm -f "$OUTDIR"/base_*_journal.pt "$OUTDIR"/base_*_timeline.png
   echo "== base"; table "$OUTDIR/base.log"
 fi
-# A/B timing of a variant, only when its checks' log NAME.log passed: off = the default build and
-# plan, on = the environment assignment ON_ENV ("" for none) and the bench arguments ON_ARGS
-#   timed_ab NAME LABEL BATCHES ON_ENV ON_ARGS  -> NAME_{on,off}.json, lines appended to NAME.log
-timed_ab() {
+# A/B timing of a variant: off = the default build and plan, on = the environment assignment
+# ON_ENV ("" for none) and the bench arguments ON_ARGS
+#   time_ab NAME LABEL BATCHES ON_ENV ON_ARGS   -> NAME_{on,off}.json, lines appended to NAME.log
+time_ab() {
   local name=$1 label=$2 batches=$3 on_env=$4 on_args=$5 v e a
-  if passed "$OUTDIR/$name.log"; then
-    for v in off on; do
-      e=""; a=""
-      [ $v = on ] && { e=$on_env; a=$on_args; }
-      env $e timeout 200 $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
-          > "/tmp/${name}_$v.log" 2>&1 || rc=1
-      echo "== $label $v" | tee -a "$OUTDIR/$name.log"
-      grep -E "^decode|Error" "/tmp/${name}_$v.log" | tee -a "$OUTDIR/$name.log"
-    done
+  for v in off on; do
+    e=""; a=""
+    [ $v = on ] && { e=$on_env; a=$on_args; }
+    env $e timeout 200 $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
+        > "/tmp/${name}_$v.log" 2>&1 || rc=1
+    echo "== $label $v" | tee -a "$OUTDIR/$name.log"
+    grep -E "^decode|Error" "/tmp/${name}_$v.log" | tee -a "$OUTDIR/$name.log"
+  done
+}
+# time_ab, only when the variant's checks' log NAME.log passed
+timed_ab() {
+  if passed "$OUTDIR/$1.log"; then
+    time_ab "$@"
   else
-    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/$name.log"; rc=1
+    echo "== checks did not pass: not timed" | tee -a "$OUTDIR/$1.log"; rc=1
   fi
 }
 # A/B of one environment variable (default when unset = off), its checks first:
@@ -124,9 +135,9 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
-if has early; then
-  ab early MK_EARLY_WEIGHTS 1 ${MK_EARLY_BATCH:-1,64,256} tests/test_megakernel_gpu.py \
-      tests/test_megakernel_step_gpu.py
+if has early; then     # timing only: the variant without early loads is the old default
+  : > "$OUTDIR/early.log"
+  time_ab early MK_EARLY_WEIGHTS=0 ${MK_EARLY_BATCH:-1,64,256} "MK_EARLY_WEIGHTS=0" ""
 fi
 if has l2pf; then
   ( export MK_CHECK_EXTRA="--l2-prefetch-mib 1"; echo "== l2_prefetch_mib checks"; checks ) \

@@ -260,11 +260,11 @@ def test_experimental_switches_compile_without_spills(tmp_path):
 
 
 def test_early_weights_variant_compiles_without_spills(tmp_path):
-    """MK_EARLY_WEIGHTS=1 (the controller hands an instruction over before its dependency waits;
-    a GEMM's loader streams its first weight pages during them, every other role waits for the
-    slot's `iready`): compile-time, read at import, so in a process of its own. The all-opcode
+    """MK_EARLY_WEIGHTS=1, the default (the controller hands an instruction over before its
+    dependency waits; a GEMM's loader streams its first weight pages during them, every other role
+    waits for the slot's `iready`): compile-time, read at import, so in a process of its own. The all-opcode
     M64 variant with split-K compiles with 0 spills and no call, and has more mbarrier waits
-    than the default variant (the roles' `iready` waits)."""
+    than the MK_EARLY_WEIGHTS=0 variant (the roles' `iready` waits)."""
     import subprocess
     import sys
     code = (
