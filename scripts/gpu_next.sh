@@ -34,6 +34,10 @@
 #          racecheck; then decode B=1 / 64 / 256 with and without: wgsplit.log, wgsplit_*.json.
 #          Session 6: -1.9% / -2.5% at B=1 / 64, checks passed, but racecheck of the two-layer
 #          step reports 2 shared-memory hazards (bench/ATTENTION_NOTES.md): not timed until clean
+#   split  PlanConfig.kv_split_min = 64 / 128 (decode attention spread over the SMs: one
+#          instruction of 1024 keys per layer is 31% of the B=1 step): the two-layer check with
+#          each, then decode B=1 / 16 (MK_SPLIT_BATCH) with the journal (ATTENTION and
+#          ATTN_REDUCE rows) at 0 / 64 / 128: split.log, split_*.json (~6 min)
 #   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
 #          and the two-layer check with it (the tiny model's steps are in the 256 class), then
 #          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
@@ -44,7 +48,7 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "verify base", "early", "tiles", "e2e".
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "base split" | "early tiles", then "e2e".
 # Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
 # and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each
@@ -73,10 +77,10 @@ checks() {
     timeout 100 python -m mk.megakernel_step check $a ${MK_CHECK_EXTRA:-} 2>&1 | grep -v "^\[mk" \
         | tail -1 | cut -c1-300
   done
-  echo "== racecheck, two-layer step, split-K auto"
-  timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step check \
-      --layers 2 --decode-steps 1 --split-k 0 ${MK_CHECK_EXTRA:-} 2>&1 | grep -E "SUMMARY|passed" \
-      | cut -c1-200
+  echo "== racecheck, two-layer step, split-K auto (hazards with source lines: racecheck_full.log)"
+  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 ${MK_CHECK_EXTRA:-} > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200
 }
 passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), both checks and the
              # racecheck run passed, 0 hazards
@@ -160,6 +164,24 @@ fi
 if has wgsplit; then
   ab wgsplit MK_ATTN_WG_SPLIT 1 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \
       tests/test_megakernel_step_gpu.py
+fi
+if has split; then
+  # decode attention spread over the SMs (PlanConfig.kv_split_min): lost in session 4 (B=1 14.38
+  # vs 13.94 ms), but early weight loads now fetch a split's earlier-step K/V during its waits,
+  # which is most of a one-block split's work; the two-layer check with it, then the journal
+  for m in ${MK_SPLIT_MIN:-64 128}; do
+    echo "== check --kv-split-min $m"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --kv-split 256 --kv-split-min $m \
+        2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+  done > "$OUTDIR/split.log" 2>&1
+  cat "$OUTDIR/split.log"
+  for m in 0 ${MK_SPLIT_MIN:-64 128}; do
+    timeout 200 $B --batch ${MK_SPLIT_BATCH:-1,16} --plan kv_split_min=$m --journal \
+        --out "$OUTDIR/split_$m.json" > "/tmp/split_$m.log" 2>&1 || rc=1
+    rm -f "$OUTDIR"/split_"$m"_*_journal.pt "$OUTDIR"/split_"$m"_*_timeline.png
+    echo "== kv_split_min=$m" | tee -a "$OUTDIR/split.log"
+    table "/tmp/split_$m.log" | grep -E "^decode|^ATTN|^opcode|^step" | tee -a "$OUTDIR/split.log"
+  done
 fi
 if has tiles; then
   ab tiles MK_TILES "$M128_AT_256" 128,256 tests/test_splitk_gpu.py
