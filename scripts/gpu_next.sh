@@ -34,10 +34,11 @@
 #          racecheck; then decode B=1 / 64 / 256 with and without: wgsplit.log, wgsplit_*.json.
 #          Session 6: -1.9% / -2.5% at B=1 / 64, checks passed, but racecheck of the two-layer
 #          step reports 2 shared-memory hazards (bench/ATTENTION_NOTES.md): not timed until clean
-#   split  PlanConfig.kv_split_min = 64 / 128 (decode attention spread over the SMs: one
-#          instruction of 1024 keys per layer is 31% of the B=1 step): the two-layer check with
-#          each, then decode B=1 / 16 (MK_SPLIT_BATCH) with the journal (ATTENTION and
-#          ATTN_REDUCE rows) at 0 / 64 / 128: split.log, split_*.json (~6 min)
+#   split  PlanConfig.kv_split_min = MK_SPLIT_MIN (default 64; "64 128" for both): decode
+#          attention spread over the SMs (one instruction of 1024 keys per layer is 31% of the
+#          B=1 step; at B=64 half the SMs have no attention instruction). The two-layer check
+#          with each, then decode B=1 / 16 / 64 (MK_SPLIT_BATCH) with the journal (ATTENTION and
+#          ATTN_REDUCE rows) at 0 and each: split.log, split_*.json (~6 min with 64 alone)
 #   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
 #          and the two-layer check with it (the tiny model's steps are in the 256 class), then
 #          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
@@ -169,14 +170,14 @@ if has split; then
   # decode attention spread over the SMs (PlanConfig.kv_split_min): lost in session 4 (B=1 14.38
   # vs 13.94 ms), but early weight loads now fetch a split's earlier-step K/V during its waits,
   # which is most of a one-block split's work; the two-layer check with it, then the journal
-  for m in ${MK_SPLIT_MIN:-64 128}; do
+  for m in ${MK_SPLIT_MIN:-64}; do
     echo "== check --kv-split-min $m"
     timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --kv-split 256 --kv-split-min $m \
         2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
   done > "$OUTDIR/split.log" 2>&1
   cat "$OUTDIR/split.log"
-  for m in 0 ${MK_SPLIT_MIN:-64 128}; do
-    timeout 200 $B --batch ${MK_SPLIT_BATCH:-1,16} --plan kv_split_min=$m --journal \
+  for m in 0 ${MK_SPLIT_MIN:-64}; do
+    timeout 200 $B --batch ${MK_SPLIT_BATCH:-1,16,64} --plan kv_split_min=$m --journal \
         --out "$OUTDIR/split_$m.json" > "/tmp/split_$m.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/split_"$m"_*_journal.pt "$OUTDIR"/split_"$m"_*_timeline.png
     echo "== kv_split_min=$m" | tee -a "$OUTDIR/split.log"
