@@ -53,7 +53,8 @@
 # Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
 # and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each
-# job gets half the cores unless OMP_NUM_THREADS is set.
+# job gets half the cores unless OMP_NUM_THREADS is set. A step whose usual duration (STEP_S
+# below) would pass MK_DEADLINE_S (default 570 s from the script's start) is skipped and says so.
 set -u
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 OUTDIR=${1:-${OUT:-bench/results}}
@@ -63,7 +64,19 @@ STEPS=${MK_STEPS:-"attnexp base"}
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 M128_AT_256="QKV_ROPE@256=m128n128,O_PROJ@256=m128n256,GATE_UP@256=gu_m128,DOWN@256=m128n256"
 rc=0
-has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+# A step runs only if its usual duration still fits before MK_DEADLINE_S seconds from the start
+# (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
+DEADLINE=${MK_DEADLINE_S:-570}
+declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300 [pipe]=560
+                   [wgsplit]=420 [split]=360 [tiles]=300 [e2e]=480 [ncu]=300)
+has() {
+  case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
+  if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
+    echo "== $1 skipped: ~${STEP_S[$1]:-0} s would pass MK_DEADLINE_S=$DEADLINE (at ${SECONDS} s)"
+    rc=1; return 1
+  fi
+  return 0
+}
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode"; }
 # the correctness checks of a variant (its environment already exported): pytest files, the
 # two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
