@@ -39,6 +39,12 @@
 #          B=1 step; at B=64 half the SMs have no attention instruction). The two-layer check
 #          with each, then decode B=1 / 16 / 64 (MK_SPLIT_BATCH) with the journal (ATTENTION and
 #          ATTN_REDUCE rows) at 0 and each: split.log, split_*.json (~6 min with 64 alone)
+#   rwide  MK_ATTN_REDUCE_WIDE=1 (ATTN_REDUCE of a decode token's rows on all 256 consumer
+#          threads, eight splits' loads at a time; bitwise-equal by construction): the harness's
+#          reduce cases with 0 / 1 (checks, cold times), the two-layer checks (kv_split 64 and
+#          kv_split_min 64) and racecheck with it, then decode B=1 / 16 at kv_split_min=64 with and
+#          without it (journal: the ATTN_REDUCE row): rwide*.log, rwide_harness_*.json,
+#          rwide_{on,off}.json (~8 min)
 #   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
 #          and the two-layer check with it (the tiny model's steps are in the 256 class), then
 #          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
@@ -68,7 +74,7 @@ rc=0
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300 [pipe]=560
-                   [wgsplit]=420 [split]=360 [tiles]=300 [e2e]=480 [ncu]=300)
+                   [wgsplit]=420 [split]=360 [rwide]=480 [tiles]=300 [e2e]=480 [ncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -123,17 +129,19 @@ if has base; then
   echo "== base"; table "$OUTDIR/base.log"
 fi
 # A/B timing of a variant: off = the default build and plan, on = the environment assignment
-# ON_ENV ("" for none) and the bench arguments ON_ARGS
-#   time_ab NAME LABEL BATCHES ON_ENV ON_ARGS   -> NAME_{on,off}.json, lines appended to NAME.log
+# ON_ENV ("" for none) and the bench arguments ON_ARGS; COMMON_ARGS go to both
+#   time_ab NAME LABEL BATCHES ON_ENV ON_ARGS [COMMON_ARGS]  -> NAME_{on,off}.json, NAME.log
 time_ab() {
-  local name=$1 label=$2 batches=$3 on_env=$4 on_args=$5 v e a
+  local name=$1 label=$2 batches=$3 on_env=$4 on_args=$5 common=${6:-} v e a
   for v in off on; do
-    e=""; a=""
-    [ $v = on ] && { e=$on_env; a=$on_args; }
+    e=""; a=$common
+    [ $v = on ] && { e=$on_env; a="$common $on_args"; }
     env $e timeout 200 $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
         > "/tmp/${name}_$v.log" 2>&1 || rc=1
     echo "== $label $v" | tee -a "$OUTDIR/$name.log"
-    grep -E "^decode|Error" "/tmp/${name}_$v.log" | tee -a "$OUTDIR/$name.log"
+    { table "/tmp/${name}_$v.log" | grep -E "^decode|^ATTN|^opcode"; grep Error "/tmp/${name}_$v.log"; } \
+        | tee -a "$OUTDIR/$name.log"
+    rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
   done
 }
 # time_ab, only when the variant's checks' log NAME.log passed
@@ -196,6 +204,28 @@ if has split; then
     echo "== kv_split_min=$m" | tee -a "$OUTDIR/split.log"
     table "/tmp/split_$m.log" | grep -E "^decode|^ATTN|^opcode|^step" | tee -a "$OUTDIR/split.log"
   done
+fi
+if has rwide; then
+  for w in 0 1; do
+    MK_ATTN_REDUCE_WIDE=$w timeout 150 python bench/attention.py --quick \
+        --cases decode-ctx8192-b32,decode-varlen,prefill-chunks \
+        --out "$OUTDIR/rwide_harness_$w.json" > "$OUTDIR/rwide_harness_$w.log" 2>&1 || rc=1
+    echo "== attention harness, MK_ATTN_REDUCE_WIDE=$w"
+    grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$OUTDIR/rwide_harness_$w.log" | cut -c1-200
+    python - "$OUTDIR/rwide_harness_$w.json" <<'PY' || true
+import json, sys
+for r in json.load(open(sys.argv[1]))["timing"]:
+    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("cold_us")})
+PY
+  done
+  ( export MK_ATTN_REDUCE_WIDE=1 MK_CHECK_EXTRA="--kv-split 256 --kv-split-min 64"
+    echo "== MK_ATTN_REDUCE_WIDE=1 (checks also with --kv-split 64: many splits)"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 2>&1 | grep -v "^\[mk" \
+        | tail -1 | cut -c1-300
+    checks ) > "$OUTDIR/rwide.log" 2>&1
+  cat "$OUTDIR/rwide.log"
+  MK_NO_PYTEST=1 timed_ab rwide MK_ATTN_REDUCE_WIDE=1 ${MK_RWIDE_BATCH:-1,16} \
+      "MK_ATTN_REDUCE_WIDE=1" "" "--plan kv_split_min=64 --journal"
 fi
 if has tiles; then
   ab tiles MK_TILES "$M128_AT_256" 128,256 tests/test_splitk_gpu.py

@@ -1077,6 +1077,17 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
 # (bench/results/switches_2026-11-29.log); MK_ATTN_REDUCE_LOADS_FIRST=0 builds the plain loops.
 REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "1") == "1"
 
+# ATTN_REDUCE of a page of at most WIDE_ROWS (token, head) rows (a decode token's q heads of one KV
+# head: 8 at qpk 8) on every consumer thread: a warp per row, 4 columns a lane, WIDE_SPLITS splits
+# per iteration with all their loads issued first. The 64-row mapping (4 threads a row) leaves
+# 224 of the 256 threads idle on such a page, and each of its threads walks the splits two at a
+# time: 2 x nsplit / 2 dependent round trips (16 at the 16 splits of a spread 1024-key decode).
+# The same float32 operations in the same order per output element (bitwise-equal results).
+# Compile-time, off until GPU-verified (MK_ATTN_REDUCE_WIDE=1; scripts/gpu_next.sh split).
+REDUCE_WIDE = os.environ.get("MK_ATTN_REDUCE_WIDE", "0") == "1"
+WIDE_ROWS = CONSUMER_THREADS // 32
+WIDE_SPLITS = 8
+
 
 @cute.jit
 def partial_add(acc: cute.Tensor, w: Float32, pv: list):
@@ -1138,6 +1149,59 @@ def reduce_row_loads_first(part: cute.Tensor, lse_t: cute.Tensor, acc: cute.Tens
 
 
 @cute.jit
+def reduce_rows_wide(part: cute.Tensor, lse_t: cute.Tensor, m0: Int32, mtot: Int32, nh: Int32,
+                     h0: Int32, slot0: Int32, R: Int32, nsplit: Int32, page_base: Int32,
+                     ctid: Int32):
+    """REDUCE_WIDE: the rows m0 + r (r < WIDE_ROWS, m < mtot) of ATTN_REDUCE into the page at
+    byte address page_base, warp r on row r, lane l on columns 4 l .. 4 l + 3. Splits past
+    nsplit - 1 in an iteration re-read the last split (in bounds, never accumulated)."""
+    r = ctid // 32
+    lane = ctid % 32
+    m = m0 + r
+    if m < mtot:
+        it = m // nh
+        h = h0 + m - it * nh
+        col = h * D + lane * 4
+        ldp = part.shape[1]
+        mx = Float32(NEG_INF)
+        j = Int32(0)
+        while j < nsplit:
+            ls = []
+            for u in cutlass.range_constexpr(WIDE_SPLITS):
+                ls.append(lse_t[slot0 + imin(j + u, nsplit - 1) * R + it, h])
+            for u in cutlass.range_constexpr(WIDE_SPLITS):
+                mx = cute.arch.fmax(mx, ls[u])
+            j = j + WIDE_SPLITS
+        acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        acc.fill(0.0)
+        den = Float32(0.0)
+        j = Int32(0)
+        while j < nsplit:
+            ls = []
+            ps = []
+            for u in cutlass.range_constexpr(WIDE_SPLITS):
+                srow = slot0 + imin(j + u, nsplit - 1) * R + it
+                ls.append(lse_t[srow, h])
+                off = Int64(srow) * Int64(ldp) + Int64(col)
+                ps.append(cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
+                                                         cute.AddressSpace.gmem, assumed_align=16),
+                                           cute.make_layout(4)).load())
+            for u in cutlass.range_constexpr(WIDE_SPLITS):
+                if j + u < nsplit:
+                    w = cute.math.exp2((ls[u] - mx) * Float32(LOG2E), fastmath=True)
+                    den = den + w
+                    for e in cutlass.range_constexpr(4):
+                        acc[e] = acc[e] + w * ps[u][e]
+            j = j + WIDE_SPLITS
+        inv = Float32(1.0) / den
+        d = cute.make_tensor(cute.make_ptr(BFloat16, page_base + r * 256 + lane * 8,
+                                           cute.AddressSpace.smem, assumed_align=8),
+                             cute.make_layout(4))
+        for e in cutlass.range_constexpr(4):
+            d[e] = (acc[e] * inv).to(BFloat16)
+
+
+@cute.jit
 def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32, col0: Int32,
                    cols: Int32, slot0: Int32, nsplit: Int32, qpk: Int32, pool: Int32,
                    full: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
@@ -1163,7 +1227,13 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
         if cutlass.const_expr(empty is not None):
             bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         m = c * 64 + r
-        if m < mtot:
+        wide = cutlass.Boolean(False)
+        if cutlass.const_expr(REDUCE_WIDE):
+            wide = mtot - c * 64 <= WIDE_ROWS
+        if wide:
+            reduce_rows_wide(part, lse_t, c * 64, mtot, nh, h0, slot0, R, nsplit,
+                             pool + page * PAGE, ctid)
+        elif m < mtot:
             it = m // nh
             h = h0 + m - it * nh
             mx = Float32(NEG_INF)
