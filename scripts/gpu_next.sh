@@ -55,7 +55,8 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "base split" | "early tiles", then "e2e".
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "base split" | "early tiles", then
+# "rwide" | "wgsplit", then "e2e" with the winners made default.
 # Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
 # and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each
