@@ -23,9 +23,12 @@ Work decomposition of one ATTENTION instruction (rows R of one sequence, KV head
 so all qpk q heads of a KV head share every K/V page (GQA: one load of the KV head serves them) and
 an M tile of 128 query rows covers 128 / qpk consecutive tokens (tight causal bound per tile).
 A *unit* = (KV head kh, M tile mt); warpgroup w owns the tile's rows [64w, 64w + 64).
-Narrow units (wg_split, GPU-verified, off by default: WG_SPLIT; at most NARROW_ROWS = 16 query rows, i.e. decode): both
-warpgroups hold the same rows and split the key blocks (block b to warpgroup b % 2; that WG's 128
-threads arrive for all 256 on the page's done barrier, x 2), then WG1 writes its (m, l,
+Narrow units (wg_split, off by default: WG_SPLIT; its checks pass, racecheck reported 2 hazards
+in session 6; at most NARROW_ROWS = 16 query rows, i.e. decode): both warpgroups hold the same
+rows and split the key blocks (block b to warpgroup b % 2; in the "thread" hand-off the other WG
+waits for the block's pages to be full and arrives on their done barriers too, every consumer
+thread once as in a full unit; in the other modes the owning WG's 128 threads arrive for all
+256, x 2), then WG1 writes its (m, l,
 unnormalised O) into its own epilogue page (no query row of its own there), named barrier 3, and
 WG0 merges; warps also skip the softmax of a row half that holds no query row. V tails of a narrow
 unit are zeroed by the owning WG alone (named barriers BAR_ATTN_WG = 5, 6).
@@ -693,6 +696,14 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     query row) only waits for the pages and arrives `done`; a narrow unit's blocks alternate
     between the warpgroups. Returns the rows' (m0, m1, l0, l1) and the page count after."""
     hm = handoff_of(share)
+    # "thread" hand-off: a narrow unit's pages get every consumer thread's `done` arrival, as a
+    # full unit's do (the other warpgroup's once the page is full, so never into the previous
+    # use's phase): each thread's earlier shared-memory accesses then precede the page's next use
+    # through its own arrival (racecheck reported RMSNORM's scratch reads against the next writes
+    # of a page when only the reading warpgroup arrived; session 6)
+    one_wg_done = narrow
+    if cutlass.const_expr(hm == "thread"):
+        one_wg_done = cutlass.Boolean(False)
     for b in range(nblk):
         kb0 = kv0 + b * KB
         pk, phk = page_of(pg, npages)
@@ -700,15 +711,21 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
         mine = cutlass.Boolean(True)
         if narrow:
             mine = b % 2 == wg
-        if mine:
+        if not mine:
+            if cutlass.const_expr(hm == "thread"):
+                page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
+                page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
+        else:
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
             if cutlass.const_expr(not NOMATH):
                 if active:
                     qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
                     cute.nvgpu.warpgroup.wait_group(0)
-            # K page read (S retired): hand it to the storer (a narrow unit's page: this WG's
-            # threads arrive for both)
-            release_kv_page(pk, done, narrow, share, wtid, ctid, hm)
+            # K page read (S retired): hand it to the storer (a narrow unit's page outside the
+            # "thread" hand-off: this WG's threads arrive for both)
+            release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(not NOMATH):
                 if active:
                     if both_halves:
@@ -727,7 +744,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 if active:
                     pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
                     cute.nvgpu.warpgroup.wait_group(0)
-            release_kv_page(pv, done, narrow, share, wtid, ctid, hm)
+            release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
         pg = pg + 2
     return mr0, mr1, ls0, ls1, pg
 
