@@ -42,9 +42,9 @@
 #   rwide  MK_ATTN_REDUCE_WIDE=1 (ATTN_REDUCE of a decode token's rows on all 256 consumer
 #          threads, eight splits' loads at a time; bitwise-equal by construction): the harness's
 #          reduce cases with 0 / 1 (checks, cold times), the two-layer checks (kv_split 64 and
-#          kv_split_min 64) and racecheck with it, then decode B=1 / 16 at kv_split_min=64 with and
-#          without it (journal: the ATTN_REDUCE row): rwide*.log, rwide_harness_*.json,
-#          rwide_{on,off}.json (~8 min)
+#          kv_split_min 64) and racecheck with it, then decode B=1 (MK_RWIDE_BATCH) at
+#          kv_split_min=64 with and without it (journal: the ATTN_REDUCE row): rwide*.log,
+#          rwide_harness_*.json, rwide_{on,off}.json (~9 min: a call of its own per GPU)
 #   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
 #          and the two-layer check with it (the tiny model's steps are in the 256 class), then
 #          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
@@ -56,7 +56,7 @@
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "base split" | "early tiles", then
-# "rwide" | "wgsplit", then "e2e" with the winners made default.
+# "rwide" | "wgsplit" (each about a whole call), then "e2e" with the winners made default.
 # Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
 # and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each
@@ -75,7 +75,7 @@ rc=0
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300 [pipe]=560
-                   [wgsplit]=420 [split]=360 [rwide]=480 [tiles]=300 [e2e]=480 [ncu]=300)
+                   [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -209,7 +209,7 @@ fi
 if has rwide; then
   for w in 0 1; do
     MK_ATTN_REDUCE_WIDE=$w timeout 150 python bench/attention.py --quick \
-        --cases decode-ctx8192-b32,decode-varlen,prefill-chunks \
+        --cases decode-ctx8192-b32,decode-varlen \
         --out "$OUTDIR/rwide_harness_$w.json" > "$OUTDIR/rwide_harness_$w.log" 2>&1 || rc=1
     echo "== attention harness, MK_ATTN_REDUCE_WIDE=$w"
     grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$OUTDIR/rwide_harness_$w.log" | cut -c1-200
@@ -225,7 +225,7 @@ PY
         | tail -1 | cut -c1-300
     checks ) > "$OUTDIR/rwide.log" 2>&1
   cat "$OUTDIR/rwide.log"
-  MK_NO_PYTEST=1 timed_ab rwide MK_ATTN_REDUCE_WIDE=1 ${MK_RWIDE_BATCH:-1,16} \
+  MK_NO_PYTEST=1 timed_ab rwide MK_ATTN_REDUCE_WIDE=1 ${MK_RWIDE_BATCH:-1} \
       "MK_ATTN_REDUCE_WIDE=1" "" "--plan kv_split_min=64 --journal"
 fi
 if has tiles; then
