@@ -1108,17 +1108,18 @@ WIDE_SPLITS = 8
 
 @cute.jit
 def partial_add(acc: cute.Tensor, w: Float32, pv: list):
-    """acc[32] += w * pv (8 loaded vectors of 4 float32: one ATTN_PARTIAL row's 32 columns)."""
-    for q in cutlass.range_constexpr(8):
+    """acc[4 len(pv)] += w * pv (loaded vectors of 4 float32 of one ATTN_PARTIAL row)."""
+    for q in cutlass.range_constexpr(len(pv)):
         for u in cutlass.range_constexpr(4):
             acc[q * 4 + u] = acc[q * 4 + u] + w * pv[q][u]
 
 
 @cute.jit
-def partial_loads(part: cute.Tensor, srow: Int32, ldp: Int32, col: Int32) -> list:
-    """The 8 16-byte vectors (32 float32) of ATTN_PARTIAL row srow from column col."""
+def partial_loads(part: cute.Tensor, srow: Int32, ldp: Int32, col: Int32,
+                  nvec: cutlass.Constexpr = 8) -> list:
+    """The nvec 16-byte vectors (4 nvec float32) of ATTN_PARTIAL row srow from column col."""
     out = []
-    for q in cutlass.range_constexpr(8):
+    for q in cutlass.range_constexpr(nvec):
         off = Int64(srow) * Int64(ldp) + Int64(col + q * 4)
         out.append(cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
                                                   cute.AddressSpace.gmem, assumed_align=16),
@@ -1199,16 +1200,12 @@ def reduce_rows_wide(part: cute.Tensor, lse_t: cute.Tensor, m0: Int32, mtot: Int
             for u in cutlass.range_constexpr(WIDE_SPLITS):
                 srow = slot0 + imin(j + u, nsplit - 1) * R + it
                 ls.append(lse_t[srow, h])
-                off = Int64(srow) * Int64(ldp) + Int64(col)
-                ps.append(cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
-                                                         cute.AddressSpace.gmem, assumed_align=16),
-                                           cute.make_layout(4)).load())
+                ps.append(partial_loads(part, srow, ldp, col, 1))
             for u in cutlass.range_constexpr(WIDE_SPLITS):
                 if j + u < nsplit:
                     w = cute.math.exp2((ls[u] - mx) * Float32(LOG2E), fastmath=True)
                     den = den + w
-                    for e in cutlass.range_constexpr(4):
-                        acc[e] = acc[e] + w * ps[u][e]
+                    partial_add(acc, w, ps[u])
             j = j + WIDE_SPLITS
         inv = Float32(1.0) / den
         d = cute.make_tensor(cute.make_ptr(BFloat16, page_base + r * 256 + lane * 8,
