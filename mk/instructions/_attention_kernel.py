@@ -1098,9 +1098,10 @@ REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "1") == "1"
 # head: 8 at qpk 8) on every consumer thread: a warp per row, 4 columns a lane, WIDE_SPLITS splits
 # per iteration with all their loads issued first. The 64-row mapping (4 threads a row) leaves
 # 224 of the 256 threads idle on such a page, and each of its threads walks the splits two at a
-# time: 2 x nsplit / 2 dependent round trips (16 at the 16 splits of a spread 1024-key decode).
-# The same float32 operations in the same order per output element (bitwise-equal results).
-# Compile-time, off until GPU-verified (MK_ATTN_REDUCE_WIDE=1; scripts/gpu_next.sh split).
+# time in each of its two passes: nsplit dependent round trips (16 at the 16 splits of a spread
+# 1024-key decode; here 2 x ceil(nsplit / 8)). The same float32 operations in the same order per
+# output element (bitwise-equal results). Compile-time, off until GPU-verified
+# (MK_ATTN_REDUCE_WIDE=1; scripts/gpu_next.sh rwide).
 REDUCE_WIDE = os.environ.get("MK_ATTN_REDUCE_WIDE", "0") == "1"
 WIDE_ROWS = CONSUMER_THREADS // 32
 WIDE_SPLITS = 8
