@@ -20,14 +20,6 @@
 #          mk.vm and racecheck with it, then decode B=1 / 16 / 64 with --plan l2_prefetch_mib=40
 #          and without: l2pf.log, l2pf_{on,off}.json (~5 min). Session 6: no gain (+0.1% / +1.1%
 #          at B=1 / 64)
-#   pipe   MK_ATTN_PIPELINE=1 / 2 (the attention block loop pipelined: 1 QK^T of block b + 1 and
-#          P V of b back to back, 2 also the softmax of b during P V of b - 1;
-#          bench/ATTENTION_NOTES.md): the harness with 0 / 1 / 2 first (its cases checked against
-#          the torch faces, then timed; 0 spills there), then with MK_PIPE_LEVEL (default 2) the
-#          attention and whole-step GPU tests, the two-layer checks, racecheck and decode
-#          B=1 / 64 / 256 in the step (its variants spill 32-44 B with either level):
-#          pipe_harness_{0,1,2}.{json,log}, pipe.log, pipe_{on,off}.json (~10 min). Session 6:
-#          slower (level 1 +10-25% in the harness, level 2 +7% / +5% in the step at B=1 / 64)
 #   wgsplit MK_ATTN_WG_SPLIT=1 (the decode attention's key blocks split between the two consumer
 #          warpgroups; GPU-verified in the harness, 0 spills in the M64 / M256 variants, spills
 #          16 B at M1024): the attention harness and whole-step GPU tests, the two-layer checks,
@@ -74,7 +66,7 @@ rc=0
 # A step runs only if its usual duration still fits before MK_DEADLINE_S seconds from the start
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
-declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300 [pipe]=560
+declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
@@ -172,17 +164,6 @@ if has l2pf; then
   cat "$OUTDIR/l2pf.log"
   MK_NO_PYTEST=1 timed_ab l2pf l2_prefetch ${MK_L2PF_BATCH:-1,16,64} "" \
       "--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
-fi
-if has pipe; then
-  for f in 0 1 2; do
-    MK_ATTN_PIPELINE=$f timeout 200 python bench/attention.py --quick \
-        --cases ${MK_PIPE_CASES:-decode-ctx1024-b1,decode-ctx512-b64,decode-ctx1024-b64,decode-ctx8192-b32,prefill-chunks,decode-varlen} \
-        --out "$OUTDIR/pipe_harness_$f.json" > "$OUTDIR/pipe_harness_$f.log" 2>&1 || rc=1
-    echo "== attention harness, MK_ATTN_PIPELINE=$f"
-    grep -E "FAIL|Error|^\[attention\] (ok|time|passed)" "$OUTDIR/pipe_harness_$f.log" | cut -c1-240 | tail -16
-  done
-  ab pipe MK_ATTN_PIPELINE ${MK_PIPE_LEVEL:-2} ${MK_PIPE_BATCH:-1,64,256} tests/test_attention_gpu.py \
-      tests/test_megakernel_step_gpu.py
 fi
 if has wgsplit; then
   ab wgsplit MK_ATTN_WG_SPLIT 1 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \

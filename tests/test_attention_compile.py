@@ -147,41 +147,6 @@ def test_attention_experiment_variants_compile(dump_dir, default_counts, tmp_pat
     print(f"experiment {experiment}: {got} (default {ref}), {regs} registers, 0 spills")
 
 
-PIPELINE_SCRIPT = """
-import os, sys
-sys.path.insert(0, {root!r})
-from bench.attention import compile_fake
-from mk.instructions import _attention_kernel as ak
-assert ak.PIPELINE == {level}
-open({out!r}, "w").write(compile_fake(16, handoff="thread").__ptx__)
-"""
-
-
-@pytest.mark.parametrize("level", [1, 2])
-def test_pipelined_block_loop_compiles_clean(dump_dir, default_counts, tmp_path, level):
-    """MK_ATTN_PIPELINE=1 / 2 (the block loop pipelined; read at import, so in a subprocess): the
-    harness variant compiles without spills, with more wgmma issues than the plain loop (the
-    pipelined loop's own; the idle warpgroup keeps the plain loop) and the same TMA; level 2 has
-    the wgmma wait that lets P V run on (wait_group 1)."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = str(tmp_path / "pipe.ptx")
-    env = dict(os.environ, MK_ATTN_PIPELINE=str(level), CUTE_DSL_ARCH="sm_90a")
-    r = subprocess.run([sys.executable, "-c", PIPELINE_SCRIPT.format(root=root, out=out,
-                                                                      level=level)],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    ptx = open(out).read()
-    got, ref = _counts(ptx), default_counts
-    assert got["wgmma"] > ref["wgmma"] and got["tma"] == ref["tma"], (got, ref)
-    assert bool(re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == (level == 2)
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    from _compile_gate import assert_clean
-    regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_pipeline{level}")))
-    print(f"pipeline {level}: {got} (default {ref}), {regs} registers, 0 spills")
-
-
 WIDE_REDUCE_SCRIPT = """
 import os, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests"))

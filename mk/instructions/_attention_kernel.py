@@ -493,15 +493,13 @@ def rescale_row(m_old: Float32, block_max: Float32, l_sum: Float32):
 def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32, lim1: Int32,
                    mr0: Float32, mr1: Float32, ls0: Float32, ls1: Float32, accO0: cute.Tensor,
                    accO1: cute.Tensor, rP: cute.Tensor, scale: Float32,
-                   both_halves: cutlass.Constexpr, finish: cutlass.Constexpr = True):
+                   both_halves: cutlass.Constexpr):
     """One key block of the online softmax (fp32, the face's roundings of the scores) on the S
     fragment: fragment element i is in row half (i // 2) % 2 (row r0 or r0 + 8 of the thread).
     P (bf16) -> rP, O rescaled by exp(m_old - m_new). both_halves False: the thread's second row
     half holds no query row (a warp-uniform fact): its scores are not computed, P = 0 there, its
     (m, l) and O rows are left alone (half the exp / max / rescale work of a decode warp).
-    Returns the new (m0, m1, l0, l1) (l: this thread's partial row sums). finish False: P stays
-    in accS (fp32), O and rP are left alone, and the two rows' factors follow, (m0, m1, l0, l1,
-    a0, a1): finish_softmax does the rest."""
+    Returns the new (m0, m1, l0, l1) (l: this thread's partial row sums)."""
     nsv = cute.size(accS)
     nov = cute.size(accO0)
     bm0 = Float32(NEG_INF)
@@ -537,8 +535,6 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
             accS[i] = p
         else:
             accS[i] = Float32(0.0)
-    if cutlass.const_expr(not finish):
-        return mn0, mn1, ls0, ls1, al0, al1
     finish_softmax(accS, accO0, accO1, rP, al0, al1, both_halves)
     return mn0, mn1, ls0, ls1
 
@@ -546,8 +542,7 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
 @cute.jit
 def finish_softmax(accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
                    al0: Float32, al1: Float32, both_halves: cutlass.Constexpr = True):
-    """The end of online_softmax (separate for online_softmax(..., finish=False)): the O rows
-    times their factors (the second row half only with both_halves), P (bf16) -> rP."""
+    """The end of online_softmax: the O rows times their factors (the second row half only with both_halves), P (bf16) -> rP."""
     for i in cutlass.range_constexpr(cute.size(accO0)):
         if cutlass.const_expr((i // 2) % 2 == 0):
             accO0[i] = accO0[i] * al0
@@ -749,85 +744,6 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     return mr0, mr1, ls0, ls1, pg
 
 
-# Software pipelining of the decode / prefill block loop (compile-time, off until GPU-verified;
-# not with wg_split or the leave-one-out experiments). The leave-one-out run
-# (bench/ATTENTION_NOTES.md) found the consumers' per-block chain the limit: S = QK^T, wait,
-# softmax, P V, wait, nothing of the next block overlapping. MK_ATTN_PIPELINE:
-#   1  per block: softmax of S[b] -> P, O rescaled; issue S[b+1] = QK^T; issue P V[b]; one wait
-#      for both (they run back to back in the tensor cores: one round trip per block, not two)
-#   2  also the softmax of S[b] during P V[b-1]: P stays in the S registers (fp32) until P V[b-1]
-#      retires, then becomes bf16 and O is rescaled; the wait after issuing P V[b] is for S[b+1]
-#      only, so P V[b] runs on into the next block's softmax
-# Neither needs a register buffer beyond the plain loop's (a second S or P buffer spilled 24-92 B),
-# but in both S of the next block and P, O of this one are live together while their wgmmas run:
-# the megakernel's all-opcode variants (consumers at 208 registers) spill 32-44 B with either
-# level, the harness (216) none. Pages go to the storer out of ring order (K[b+1] before V[b]);
-# it waits for them in ring order: V[b] is freed a little later, never wrongly.
-PIPELINE = int(os.environ.get("MK_ATTN_PIPELINE", "0"))
-assert PIPELINE in (0, 1, 2), f"MK_ATTN_PIPELINE must be 0, 1 or 2, got {PIPELINE}"
-
-
-@cute.jit
-def attn_blocks_pipelined(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
-                          sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-                          tSrQ: cute.Tensor, tScS: cute.Tensor, accS: cute.Tensor,
-                          accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
-                          tOrP: cute.Tensor, pool: Int32, full: cute.Pointer, done: cute.Pointer,
-                          pg: Int32, npages: cutlass.Constexpr, nblk: Int32, kv0: Int32,
-                          kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32,
-                          ls0: Float32, ls1: Float32, scale: Float32, wg: Int32, wtid: Int32,
-                          ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                          share: cutlass.Constexpr, overlap: cutlass.Constexpr):
-    """attn_blocks of an active, not narrow warpgroup, pipelined (PIPELINE; overlap: level 2).
-    Returns the rows' (m0, m1, l0, l1) and the page count after."""
-    hm = handoff_of(share)
-    if nblk > 0:
-        pk, phk = page_of(pg, npages)
-        page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-        qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
-        cute.nvgpu.warpgroup.wait_group(0)
-        release_kv_page(pk, done, False, share, wtid, ctid, hm)
-        for b in range(nblk):
-            kb0 = kv0 + b * KB
-            pv, phv = page_of(pg + 2 * b + 1, npages)
-            if cutlass.const_expr(overlap):
-                mr0, mr1, ls0, ls1, al0, al1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
-                                                              mr1, ls0, ls1, accO0, accO1, rP,
-                                                              scale, True, False)
-                cute.nvgpu.warpgroup.wait_group(0)  # P V[b-1] retired
-                if b > 0:
-                    pvp, _ = page_of(pg + 2 * b - 1, npages)
-                    release_kv_page(pvp, done, False, share, wtid, ctid, hm)
-                finish_softmax(accS, accO0, accO1, rP, al0, al1)
-            else:
-                mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1, ls0,
-                                                    ls1, accO0, accO1, rP, scale, True)
-            has_next = b + 1 < nblk
-            pkn, phkn = page_of(pg + 2 * b + 2, npages)
-            if has_next:
-                page_wait(full + pkn, phkn, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pkn, sK_layout)
-            page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-            nkeys = kend - kb0
-            if nkeys < KB:
-                v_tail_zero(pool, pv, nkeys, False, wg, wtid, ctid)
-            pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
-            if cutlass.const_expr(overlap):
-                if has_next:
-                    cute.nvgpu.warpgroup.wait_group(1)  # S[b+1] retired (P V[b] may run)
-                    release_kv_page(pkn, done, False, share, wtid, ctid, hm)
-            else:
-                cute.nvgpu.warpgroup.wait_group(0)      # S[b+1] and P V[b] retired
-                if has_next:
-                    release_kv_page(pkn, done, False, share, wtid, ctid, hm)
-                release_kv_page(pv, done, False, share, wtid, ctid, hm)
-        if cutlass.const_expr(overlap):
-            cute.nvgpu.warpgroup.wait_group(0)          # P V of the last block
-            pvl, _ = page_of(pg + 2 * nblk - 1, npages)
-            release_kv_page(pvl, done, False, share, wtid, ctid, hm)
-    return mr0, mr1, ls0, ls1, pg + 2 * nblk
-
-
 @cute.jit
 def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.ComposedLayout,
                  sV_layout: cute.ComposedLayout, q_base: Int64, ldq: Int32, row0: Int32, R: Int32,
@@ -920,23 +836,11 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 for v in cutlass.range_constexpr(cute.size(tSrQ)):
                     qs = qs + tSrQ[v].to(Float32)
                 accO0[0] = qs
-            # PIPELINE: an active warpgroup runs the pipelined loop; the idle one of a decode unit
-            # keeps the plain loop (it only walks the pages: done arrivals, the V-tail barrier)
-            piped = cutlass.Boolean(False)
-            if cutlass.const_expr(PIPELINE > 0 and not wg_split and not NOMATH):
-                piped = active
-            if piped:
-                mr0, mr1, ls0, ls1, pg = attn_blocks_pipelined(
-                    mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
-                    accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0,
-                    lim1, mr0, mr1, ls0, ls1, scale, wg, wtid, ctid, timeout_ns, state, ticket,
-                    share, PIPELINE == 2)
-            else:
-                mr0, mr1, ls0, ls1, pg = attn_blocks(
-                    mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
-                    accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0,
-                    lim1, mr0, mr1, ls0, ls1, scale, narrow, active, both_halves, wg, wtid, ctid,
-                    timeout_ns, state, ticket, share)
+            mr0, mr1, ls0, ls1, pg = attn_blocks(
+                mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
+                accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0, lim1, mr0,
+                mr1, ls0, ls1, scale, narrow, active, both_halves, wg, wtid, ctid, timeout_ns,
+                state, ticket, share)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
