@@ -145,6 +145,8 @@ OP_END = -1
 JOURNAL_WORDS = 16
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
 J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0, J_CONS1_WG1, J_STORE1 = range(8, 15)
+# ATTENTION's storer: its first unit's K/V pages all freed, its first epilogue page done
+J_STORE_KV, J_STORE_EPI = 15, 7
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -707,7 +709,8 @@ class MegakernelDSL:
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
                                 pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
-                                                     empty, done, pg, sv, timeout_ns, state, t)
+                                                     empty, done, pg, sv, timeout_ns, state, t,
+                                                     journal)
                         if cutlass.const_expr(self.gather):
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
@@ -888,7 +891,7 @@ class MegakernelDSL:
     def store_attn(self, op: Int32, ring: cute.Tensor, base: Int32, aout: cute.Tensor,
                    apart: cute.Tensor, alse: cute.Tensor, pool: Int32, empty: cute.Pointer,
                    done: cute.Pointer, pg: Int32, sid: Int32, timeout_ns: Int64,
-                   state: cute.Tensor, t: Int32) -> Int32:
+                   state: cute.Tensor, t: Int32, journal: cute.Tensor) -> Int32:
         """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch)."""
         if op == ak.OP_ATTENTION:
             pg = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
@@ -898,7 +901,9 @@ class MegakernelDSL:
                                ring[base + at.A_KV1], ring[base + at.A_MODE],
                                ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
                                pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
-                               page_share(self.handoff))
+                               page_share(self.handoff), journal,
+                               J_STORE_KV if self.journal else -1,
+                               J_STORE_EPI if self.journal else -1)
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],

@@ -63,17 +63,20 @@ TILE_SHAPES = {
 # Rationale (one Llama-70B TP8 rank, 132 SMs): at M >= 1024 the GEMMs are compute-bound and the
 # 128 x 256 tile (2 warpgroups x m64n256 worth of wgmma, 3 pages per stage, 4 stages) has the best
 # smem-bandwidth/FLOP ratio; narrow N (QKV's 1280) and fp32 logits use 128 x 128 (more tiles, and
-# 4 staging pages for fp32). At M <= 256 the GEMMs are weight-bandwidth bound: BM = 64 halves the
-# wasted A rows, BN = 128 doubles the tile count so every SM streams weights.
+# 4 staging pages for fp32). At M <= 64 the GEMMs are weight-bandwidth bound: BM = 64 halves the
+# wasted A rows, BN = 128 doubles the tile count so every SM streams weights. At 64 < M <= 256
+# each SM re-reads the activations from L2 once per tile, so BM = 128 halves that traffic: measured
+# on the H200 (session 7, bench/results/tiles_2026-11-29_s7.json), decode B=128 22.04 -> 19.76 ms
+# and B=256 33.99 -> 29.33 ms against BM = 64 there.
 TILE_TABLE = {
     # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
-    Op.O_PROJ: ("m64n128", "m64n256", "m128n256", "m128n256"),
-    Op.DOWN: ("m64n128", "m64n256", "m128n256", "m128n256"),
-    Op.GATE_UP: ("gu_m64", "gu_m64", "gu_m128", "gu_m128"),
+    Op.O_PROJ: ("m64n128", "m128n256", "m128n256", "m128n256"),
+    Op.DOWN: ("m64n128", "m128n256", "m128n256", "m128n256"),
+    Op.GATE_UP: ("gu_m64", "gu_m128", "gu_m128", "gu_m128"),
     Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode); at M <= 256 two heads per tile, one per warpgroup
-    Op.QKV_ROPE: ("m64n256", "m64n256", "m128n128", "m128n128"),
+    Op.QKV_ROPE: ("m64n256", "m128n128", "m128n128", "m128n128"),
 }
 M_CLASSES = (64, 256, 1024)
 CLASS_NAMES = ("64", "256", "1024", "max")      # the classes by their upper bound (max: > 1024)

@@ -33,7 +33,7 @@ def _op_name(op: int) -> str:
 # journal words of the roles' times (mk.megakernel.J_LOAD0 .. J_STORE0; kept here so that this
 # module never imports cutlass)
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
-              "store1": 14}
+              "store1": 14, "store_kv": 15, "store_epi": 7}
 # per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
 # the first event to the second: when it ran behind earlier work of its SM, when each role ran
 ROLE_SPANS = {
@@ -45,6 +45,9 @@ ROLE_SPANS = {
     "wg1_lag": ("cons1", "cons1_wg1"),   # warpgroup 1's end after warpgroup 0's (cons1)
     "store_body": ("cons1", "store1"),   # consumers done -> the storer's body done
     "signal": ("store1", "end"),         # the storer's barrier + fence + release of the signal
+    # ATTENTION only (its storer's own stamps): the K/V pages all freed, the epilogue page done
+    "kv_freed": ("cons1", "store_kv"),
+    "epi_done": ("cons1", "store_epi"),
 }
 
 

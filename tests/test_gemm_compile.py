@@ -78,7 +78,7 @@ def test_tile_table_fits_the_pool():
             cfg = gk.TILES[name]
             cfg.check(gk.out_bytes_of(gk.epi_of(op)), 13)
             assert cfg.gate_up == (op == Op.GATE_UP), (op, name)
-    for m, want in ((64, "m64n128"), (65, "m64n256"), (1024, "m128n256"), (4096, "m128n256")):
+    for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
         assert gk.choose_tile(Op.O_PROJ, m).name == want
 
 

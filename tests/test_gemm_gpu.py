@@ -12,8 +12,8 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")]
 
 # (op, M): M picks the tile config (gk.TILE_TABLE): 64 -> m64n128 (O_PROJ/DOWN/LM_HEAD), 200 (odd:
-# the rows tail) -> the M <= 256 tiles (m64n256 PAGE, gu_m64, m64n128, QKV m64n256), 1024 -> the
-# BM = 128 tiles (m128n256, gu_m128, m128n128)
+# the rows tail) -> the M <= 256 tiles (BM = 128 since session 7: m128n256, gu_m128, LM_HEAD
+# m64n128, QKV m128n128), 1024 -> the BM = 128 tiles (m128n256, gu_m128, m128n128)
 CASES = [("O_PROJ", 64), ("LM_HEAD", 64)] + [
     (op, m) for op in ("O_PROJ", "DOWN", "GATE_UP", "LM_HEAD", "QKV_ROPE") for m in (200, 1024)]
 

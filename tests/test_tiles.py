@@ -26,10 +26,10 @@ def test_table_classes():
     """The classes and picks the GPU compile gate and GEMM_NOTES describe."""
     for m, cls in ((1, 0), (64, 0), (65, 1), (256, 1), (257, 2), (1024, 2), (1025, 3), (4096, 3)):
         assert tiles.m_class(m) == cls, m
-    for m, want in ((64, "m64n128"), (65, "m64n256"), (1024, "m128n256"), (4096, "m128n256")):
+    for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
     assert tiles.tile_shape(Op.GATE_UP, 256).bn == 128 and tiles.tile_shape(Op.GATE_UP, 4096).bn == 128
-    assert tiles.tile_shape(Op.QKV_ROPE, 256).bn == 256 and tiles.tile_shape(Op.QKV_ROPE, 1024).bn == 128
+    assert tiles.tile_shape(Op.QKV_ROPE, 64).bn == 256 and tiles.tile_shape(Op.QKV_ROPE, 1024).bn == 128
     assert all(tiles.tile_shape(Op.LM_HEAD, m).bn == 128 for m in MS)
     for op, names in tiles.TILE_TABLE.items():
         assert len(names) == len(tiles.M_CLASSES) + 1
@@ -99,7 +99,7 @@ def test_default_plan_satisfies_the_gpu_tiles(m, tp_rank):
     assert tl.mlp == tiles.tile_shape(Op.GATE_UP, m).bn
     assert tl.lm == tiles.tile_shape(Op.LM_HEAD, m).bn
     assert tl.qkv == tiles.tile_shape(Op.QKV_ROPE, m).bn       # 128 / 256: whole heads of 128
-    assert tl.token_block == (64 if m <= 256 else 128)
+    assert tl.token_block == (64 if m <= 64 else 128)
     s = plan.instrs.numpy()
     seen = set()
     for op in tiles.GEMM_TILE_OPS:
@@ -158,7 +158,8 @@ def test_token_block_capped_by_the_kernel_config():
     k = KernelConfig(token_block=32, page_size=16, max_batch_tokens=4096, max_seqs=4096,
                      max_context=4096, num_kv_pages=65536)
     assert plan_step(batch_of(1024), LLAMA_70B, ParallelConfig(8, 0), k).tiles.token_block == 32
-    assert tiles.default_token_block(1024) == 128 and tiles.default_token_block(256) == 64
+    assert tiles.default_token_block(1024) == 128 and tiles.default_token_block(256) == 128
+    assert tiles.default_token_block(64) == 64
     assert tiles.default_token_block(4096, 256) == 128
 
 

@@ -1214,17 +1214,28 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
 
 
 @cute.jit
+def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, me):
+    """The megakernel journal's time stamp (mk.megakernel.Megakernel.stamp) for a body."""
+    if me:
+        if ticket < journal.shape[0]:
+            journal[ticket, word] = cute.arch.globaltimer()
+
+
+@cute.jit
 def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_base: Int64,
                ldl: Int32, row0: Int32, R: Int32, col0: Int32, cols: Int32, pos0: Int32, kv0: Int32,
                kv1: Int32, mode: Int32, qpk: Int32, slot: Int32, pool: Int32, empty: cute.Pointer,
                done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, sid: Int32,
                bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
                state: cute.Tensor, ticket: Int32,
-               share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
+               share: cutlass.Constexpr = EMPTY_ARRIVALS, journal: cute.Tensor = None,
+               stamp_kv: cutlass.Constexpr = -1, stamp_epi: cutlass.Constexpr = -1) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
     rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0).
-    share: empty[p]'s init count (see free_page)."""
+    share: empty[p]'s init count (see free_page). journal / stamp_kv / stamp_epi (the megakernel's
+    journal variant only): words of row `ticket` that get the time the first unit's K/V pages are
+    all freed and the time its first epilogue page is done (where the storer's tail goes)."""
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
     for kh in range(cols):
@@ -1238,10 +1249,14 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                     cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
             pg = pg + 2 * nblk
             m0 = mt * MT
+            if cutlass.const_expr(stamp_kv >= 0):
+                journal_stamp(journal, ticket, stamp_kv, sid == 0 and kh == 0 and mt == 0)
             if mode == at.MODE_DIRECT:
                 for w in cutlass.range_constexpr(E_DIRECT):
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                    if cutlass.const_expr(stamp_epi >= 0 and w == 0):
+                        journal_stamp(journal, ticket, stamp_epi, sid == 0 and kh == 0 and mt == 0)
                     if cutlass.const_expr(not NOSTORE):
                         store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
                                         out_base, ldo, sid, nthreads)
