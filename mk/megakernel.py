@@ -142,11 +142,13 @@ OP_END = -1
 # journal row: sm, cta, opcode, t_fetch (ticket taken), t_ready (waits met), t_end (signalled),
 # ticket, 0, then each role's own times for the instruction: loader start / end (TMA issued),
 # consumer start / end, storer start (it ends at t_end). globaltimer ns, one clock for every SM.
-JOURNAL_WORDS = 16
+JOURNAL_WORDS = 24
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
 J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0, J_CONS1_WG1, J_STORE1 = range(8, 15)
-# ATTENTION's storer: its first unit's K/V pages all freed, its first epilogue page done
-J_STORE_KV, J_STORE_EPI = 15, 7
+# ATTENTION's storer, its first unit (ak.attn_store's stamps): K/V pages all freed, epilogue
+# page 0 done, stored, freed, page 1 done
+J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1 = 15, 7, 16, 17, 18
+STORE_STAMPS = (J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1)
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -902,8 +904,7 @@ class MegakernelDSL:
                                ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
                                pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                page_share(self.handoff), journal,
-                               J_STORE_KV if self.journal else -1,
-                               J_STORE_EPI if self.journal else -1)
+                               STORE_STAMPS if self.journal else ())
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],

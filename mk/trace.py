@@ -33,7 +33,8 @@ def _op_name(op: int) -> str:
 # journal words of the roles' times (mk.megakernel.J_LOAD0 .. J_STORE0; kept here so that this
 # module never imports cutlass)
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
-              "store1": 14, "store_kv": 15, "store_epi": 7}
+              "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
+              "epi1": 18}
 # per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
 # the first event to the second: when it ran behind earlier work of its SM, when each role ran
 ROLE_SPANS = {
@@ -48,6 +49,10 @@ ROLE_SPANS = {
     # ATTENTION only (its storer's own stamps): the K/V pages all freed, the epilogue page done
     "kv_freed": ("cons1", "store_kv"),
     "epi_done": ("cons1", "store_epi"),
+    "p0_store": ("store_epi", "store_p0"),
+    "p0_free": ("store_p0", "free_p0"),
+    "p1_wait": ("free_p0", "epi1"),
+    "p1_rest": ("epi1", "store1"),
 }
 
 
@@ -64,7 +69,7 @@ def events(journal, jcta, n: int):
             continue
         e = dict(sm=sm, cta=cta, op=op, ticket=tk, fetch=tf - t0, ready=tr - t0,
                  end=(te - t0) if te else tr - t0)
-        # the roles' own times (journal rows of 16 words: mk.megakernel.J_LOAD0 ..)
+        # the roles' own times (journal rows of mk.megakernel.JOURNAL_WORDS words: J_LOAD0 ..)
         for name, word in ROLE_WORDS.items():
             if len(r) > word and r[word]:
                 e[name] = r[word] - t0

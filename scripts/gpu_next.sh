@@ -43,6 +43,13 @@
 #   e2e    launch/bench.py with every system (megakernel, eager, CUDA graph, torch.compile +
 #          graph, the floor) at MK_E2E_BATCH (default 1,16,64,256; the rest: "1024,4096" with
 #          MK_E2E_MIXED=256:1024:1024 in a second call): e2e.log, e2e.json, e2e.png (~8 min)
+#   bulkcheck MK_ATTN_BULK_STORE=1 (the attention storer's epilogue rows as cp.async.bulk copies,
+#          session 7): the attention harness GPU tests, the two-layer checks (and one with KV
+#          splits over the SMs: mode 1 pages and ATTN_REDUCE), racecheck: bulkcheck.log (~5 min)
+#   bulktime decode B=1 / 64 / 256 (MK_BULK_BATCH) with and without it, journal on (the storer's
+#          new columns kv_freed .. p1_rest): bulktime.log, bulktime_{on,off}.json (~6 min)
+#   wgrace MK_ATTN_WG_SPLIT=1's two-layer checks and racecheck only (no pytest, no timing): is
+#          session 6's candidate fix racecheck-clean: wgrace.log (~4 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -67,7 +74,8 @@ rc=0
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
-                   [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300)
+                   [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
+                   [bulkcheck]=300 [bulktime]=360 [wgrace]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -129,7 +137,7 @@ time_ab() {
   for v in off on; do
     e=""; a=$common
     [ $v = on ] && { e=$on_env; a="$common $on_args"; }
-    env $e timeout 200 $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
+    env $e timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
         > "/tmp/${name}_$v.log" 2>&1 || rc=1
     echo "== $label $v" | tee -a "$OUTDIR/$name.log"
     { table "/tmp/${name}_$v.log" | grep -E "^decode|^ATTN|^opcode"; grep Error "/tmp/${name}_$v.log"; } \
@@ -211,6 +219,25 @@ PY
 fi
 if has tiles; then
   ab tiles MK_TILES "$M128_AT_256" 128,256 tests/test_splitk_gpu.py
+fi
+if has bulkcheck; then
+  ( export MK_ATTN_BULK_STORE=1; echo "== MK_ATTN_BULK_STORE=1 checks"
+    echo "== check --kv-split 256 --kv-split-min 64 (mode 1 pages, ATTN_REDUCE)"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --kv-split 256 \
+        --kv-split-min 64 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+    checks tests/test_attention_gpu.py ) > "$OUTDIR/bulkcheck.log" 2>&1
+  cat "$OUTDIR/bulkcheck.log"
+  passed "$OUTDIR/bulkcheck.log" && echo "== bulkcheck: all passed" || { echo "== bulkcheck: FAILED"; rc=1; }
+fi
+if has bulktime; then
+  : > "$OUTDIR/bulktime.log"
+  MK_AB_TIMEOUT=270 time_ab bulktime MK_ATTN_BULK_STORE=1 ${MK_BULK_BATCH:-1,64,256} "MK_ATTN_BULK_STORE=1" "" "--journal"
+fi
+if has wgrace; then
+  ( export MK_ATTN_WG_SPLIT=1; echo "== MK_ATTN_WG_SPLIT=1 checks (no pytest)"; checks ) \
+      > "$OUTDIR/wgrace.log" 2>&1
+  cat "$OUTDIR/wgrace.log"
+  grep -A3 "Race reported\|Error: Race\|hazard" "$OUTDIR/racecheck_full.log" | head -40 > "$OUTDIR/wgrace_hazards.txt"
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \

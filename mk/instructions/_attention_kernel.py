@@ -86,6 +86,7 @@ import os
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.experimental.primitives as prims
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.tensor_utils import LayoutEnum
@@ -119,6 +120,11 @@ MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows
 # compile-time default of attn_consume's wg_split (the megakernel takes the default): off, since
 # in the megakernel's all-opcode M1024-ps64 (20 B) and warp hand-off (8 B) variants it spills
 WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
+# The storer's epilogue rows as bulk copies (cp.async.bulk shared -> global, one per row; the page
+# freed once they have read it, the writes drained before the signal) instead of 16-byte st.global
+# per thread: the journal puts 12 us of the B=1 ATTENTION instruction's 46 us after the
+# consumers, in the storer's two epilogue pages (bench/E2E_NOTES.md, session 7). Compile-time.
+BULK_STORE = os.environ.get("MK_ATTN_BULK_STORE", "0") == "1"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
 # Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
 # production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
@@ -1194,10 +1200,27 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
                     mbase: Int32, mtot: Int32, div: Int32, head0: Int32, row0: Int32,
                     base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr):
     """Store one epilogue page: page row r = query row m = mbase + r (< mtot) -> destination row
-    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes)."""
+    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes).
+    BULK_STORE: one bulk copy (async proxy) per row, the page's reads complete on return."""
     rb = D * ob                     # bytes per page row
     cpr = rb // 16                  # 16-byte chunks per row
-    for it in cutlass.range_constexpr(rows_in_page * cpr // nthreads):
+    if cutlass.const_expr(BULK_STORE):
+        for it in cutlass.range_constexpr((rows_in_page + nthreads - 1) // nthreads):
+            r = it * nthreads + sid
+            m = mbase + r
+            if r < rows_in_page and m < mtot:
+                i = m // div
+                h = head0 + m - i * div
+                prims.cp_async_bulk_global_shared_cta(
+                    cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob,
+                                  cute.AddressSpace.gmem, assumed_align=16),
+                    cute.make_ptr(Int32, pool + page * PAGE + r * rb, cute.AddressSpace.smem,
+                                  assumed_align=16),
+                    rb)
+        cute.arch.cp_async_bulk_commit_group()
+        # the page may be handed back once the copies have read it (bulk_store_drain: written)
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+    for it in cutlass.range_constexpr(0 if BULK_STORE else rows_in_page * cpr // nthreads):
         q = it * nthreads + sid
         r = q // cpr
         ch = q % cpr
@@ -1211,6 +1234,15 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
             gp = cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob + ch * 16,
                                cute.AddressSpace.gmem, assumed_align=16)
             cute.make_tensor(gp, cute.make_layout(4)).store(v)
+
+
+@cute.jit
+def bulk_store_drain():
+    """BULK_STORE: the storer thread's bulk copies written (before the instruction's signal, whose
+    release is generic-proxy: the proxy fence orders the async-proxy writes before it)."""
+    if cutlass.const_expr(BULK_STORE):
+        cute.arch.cp_async_bulk_wait_group(0)
+        cute.arch.fence_proxy("async.global")
 
 
 @cute.jit
@@ -1229,13 +1261,13 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
                state: cute.Tensor, ticket: Int32,
                share: cutlass.Constexpr = EMPTY_ARRIVALS, journal: cute.Tensor = None,
-               stamp_kv: cutlass.Constexpr = -1, stamp_epi: cutlass.Constexpr = -1) -> Int32:
+               stamps: cutlass.Constexpr = ()) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
     rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0).
-    share: empty[p]'s init count (see free_page). journal / stamp_kv / stamp_epi (the megakernel's
-    journal variant only): words of row `ticket` that get the time the first unit's K/V pages are
-    all freed and the time its first epilogue page is done (where the storer's tail goes)."""
+    share: empty[p]'s init count (see free_page). journal / stamps (the megakernel's journal
+    variant only): STORE_STAMPS words of row `ticket` that get the times of the first unit's
+    storer steps (where the storer's tail goes)."""
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
     for kh in range(cols):
@@ -1249,18 +1281,24 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                     cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
             pg = pg + 2 * nblk
             m0 = mt * MT
-            if cutlass.const_expr(stamp_kv >= 0):
-                journal_stamp(journal, ticket, stamp_kv, sid == 0 and kh == 0 and mt == 0)
+            first = sid == 0 and kh == 0 and mt == 0
+            if cutlass.const_expr(len(stamps) > 0):
+                journal_stamp(journal, ticket, stamps[0], first)          # K/V pages freed
             if mode == at.MODE_DIRECT:
                 for w in cutlass.range_constexpr(E_DIRECT):
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-                    if cutlass.const_expr(stamp_epi >= 0 and w == 0):
-                        journal_stamp(journal, ticket, stamp_epi, sid == 0 and kh == 0 and mt == 0)
+                    if cutlass.const_expr(len(stamps) > 0):
+                        # epilogue page w done; page 0 stored; page 0 freed
+                        journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
                     if cutlass.const_expr(not NOSTORE):
                         store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
                                         out_base, ldo, sid, nthreads)
+                    if cutlass.const_expr(len(stamps) > 0 and w == 0):
+                        journal_stamp(journal, ticket, stamps[2], first)
                     free_page(page, empty, sid, bar_id, nthreads, share)
+                    if cutlass.const_expr(len(stamps) > 0 and w == 0):
+                        journal_stamp(journal, ticket, stamps[3], first)
                 pg = pg + E_DIRECT
             else:
                 for w in cutlass.range_constexpr(4):
@@ -1287,6 +1325,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                         g[0] = v
                 free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_PARTIAL
+    bulk_store_drain()
     return pg
 
 
@@ -1307,6 +1346,7 @@ def reduce_store(out_base: Int64, ldo: Int32, row0: Int32, R: Int32, col0: Int32
                         sid, nthreads)
         free_page(page, empty, sid, bar_id, nthreads, share)
         pg = pg + 1
+    bulk_store_drain()
     return pg
 
 
