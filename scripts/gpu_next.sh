@@ -48,8 +48,11 @@
 #          splits over the SMs: mode 1 pages and ATTN_REDUCE), racecheck: bulkcheck.log (~5 min)
 #   bulktime decode B=1 / 64 / 256 (MK_BULK_BATCH) with and without it, journal on (the storer's
 #          new columns kv_freed .. p1_rest): bulktime.log, bulktime_{on,off}.json (~6 min)
+#   splitk256 decode B=256 (MK_SK_BATCH) with split-K never (--split-k 1) vs auto: the 128-row
+#          tiles split O / GATE_UP / DOWN in 2 and QKV in 4 at B=256, and SPLITK_REDUCE is 11% of
+#          the step's busy time there: splitk256.log, splitk256_{on,off}.json (~2 min)
 #   wgrace MK_ATTN_WG_SPLIT=1's two-layer checks and racecheck only (no pytest, no timing): is
-#          session 6's candidate fix racecheck-clean: wgrace.log (~4 min)
+#          session 6's candidate fix racecheck-clean (hazard lines appended): wgrace.log (~4 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -75,7 +78,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [bulkcheck]=300 [bulktime]=360 [wgrace]=240)
+                   [bulkcheck]=300 [bulktime]=360 [wgrace]=240 [splitk256]=150)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -233,11 +236,17 @@ if has bulktime; then
   : > "$OUTDIR/bulktime.log"
   MK_AB_TIMEOUT=270 time_ab bulktime MK_ATTN_BULK_STORE=1 ${MK_BULK_BATCH:-1,64,256} "MK_ATTN_BULK_STORE=1" "" "--journal"
 fi
+if has splitk256; then
+  : > "$OUTDIR/splitk256.log"
+  time_ab splitk256 "--split-k 1" ${MK_SK_BATCH:-256} "" "--split-k 1"
+fi
 if has wgrace; then
   ( export MK_ATTN_WG_SPLIT=1; echo "== MK_ATTN_WG_SPLIT=1 checks (no pytest)"; checks ) \
       > "$OUTDIR/wgrace.log" 2>&1
   cat "$OUTDIR/wgrace.log"
-  grep -A3 "Race reported\|Error: Race\|hazard" "$OUTDIR/racecheck_full.log" | head -40 > "$OUTDIR/wgrace_hazards.txt"
+  { echo "== racecheck hazards (first 40 lines)"
+    grep -A3 "Race reported\|Error: Race\|hazard" "$OUTDIR/racecheck_full.log" | head -40; } \
+      >> "$OUTDIR/wgrace.log"
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
