@@ -132,7 +132,10 @@ class PlanConfig:
     # n >= 2 force n (capped at K / splitk_align slices; slices multiples of splitk_align).
     split_k: int = 1
     num_sms: int = 132
-    splitk_max_tokens: int = 256
+    # 128: with the 128-row tiles of the M <= 256 class, auto split-K at B=256 (QKV in 4, O /
+    # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session
+    # 7, bench/results/splitk256_2026-11-29_s7.log)
+    splitk_max_tokens: int = 128
     max_split: int = 16
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2

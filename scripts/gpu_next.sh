@@ -37,17 +37,21 @@
 #          kv_split_min 64) and racecheck with it, then decode B=1 (MK_RWIDE_BATCH) at
 #          kv_split_min=64 with and without it (journal: the ATTN_REDUCE row): rwide*.log,
 #          rwide_harness_*.json, rwide_{on,off}.json (~9 min: a call of its own per GPU)
-#   tiles  MK_TILES=<the M <= 256 class on 128-row tiles> (bench/E2E_NOTES.md): split-K GPU tests
-#          and the two-layer check with it (the tiny model's steps are in the 256 class), then
-#          decode B=128 / 256 with and without: tiles.log, tiles_{on,off}.json (~5 min)
+#   tiles  MK_TILES=<the M <= 256 class on the 64-row tiles> (the default before session 7, when
+#          the 128-row tiles measured -11.4% / -13.7% at B=128 / 256): split-K GPU tests and the
+#          two-layer check with it, then decode B=128 / 256 with and without: tiles.log,
+#          tiles_{on,off}.json ("on" = the old tiles; ~5 min)
 #   e2e    launch/bench.py with every system (megakernel, eager, CUDA graph, torch.compile +
 #          graph, the floor) at MK_E2E_BATCH (default 1,16,64,256; the rest: "1024,4096" with
 #          MK_E2E_MIXED=256:1024:1024 in a second call): e2e.log, e2e.json, e2e.png (~8 min)
-#   bulkcheck MK_ATTN_BULK_STORE=1 (the attention storer's epilogue rows as cp.async.bulk copies,
-#          session 7): the attention harness GPU tests, the two-layer checks (and one with KV
-#          splits over the SMs: mode 1 pages and ATTN_REDUCE), racecheck: bulkcheck.log (~5 min)
-#   bulktime decode B=1 / 64 / 256 (MK_BULK_BATCH) with and without it, journal on (the storer's
-#          new columns kv_freed .. p1_rest): bulktime.log, bulktime_{on,off}.json (~6 min)
+#   storecheck MK_ATTN_STORE=$MK_STORE (loop, the default here, or bulk: the attention storer's
+#          epilogue copy, bench/E2E_NOTES.md session 7): the attention harness GPU tests, the
+#          two-layer checks (and one with KV splits over the SMs: mode 1 pages and ATTN_REDUCE),
+#          racecheck: storecheck_$MK_STORE.log (~5 min). Session 7: bulk (without its proxy
+#          fences) failed 3 harness tests, passed the rest
+#   storetime decode B=1 / 64 / 256 (MK_STORE_BATCH) with and without it, journal on (the
+#          storer's columns kv_freed .. p1_rest): storetime_$MK_STORE.log, _{on,off}.json (~6 min).
+#          Session 7: bulk 11.659 -> 10.798 ms at B=1 (-7.4%), -5.0% at 64, -0.6% at 256
 #   splitk256 decode B=256 (MK_SK_BATCH) with split-K never (--split-k 1) vs auto: the 128-row
 #          tiles split O / GATE_UP / DOWN in 2 and QKV in 4 at B=256, and SPLITK_REDUCE is 11% of
 #          the step's busy time there: splitk256.log, splitk256_{on,off}.json (~2 min)
@@ -71,14 +75,15 @@ mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 STEPS=${MK_STEPS:-"attnexp base"}
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
-M128_AT_256="QKV_ROPE@256=m128n128,O_PROJ@256=m128n256,GATE_UP@256=gu_m128,DOWN@256=m128n256"
+# the M <= 256 class on the 64-row tiles (the default before session 7)
+M64_AT_256="QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,GATE_UP@256=gu_m64,DOWN@256=m64n256"
 rc=0
 # A step runs only if its usual duration still fits before MK_DEADLINE_S seconds from the start
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [bulkcheck]=300 [bulktime]=360 [wgrace]=240 [splitk256]=150)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -221,20 +226,23 @@ PY
       "MK_ATTN_REDUCE_WIDE=1" "" "--plan kv_split_min=64 --journal"
 fi
 if has tiles; then
-  ab tiles MK_TILES "$M128_AT_256" 128,256 tests/test_splitk_gpu.py
+  ab tiles MK_TILES "$M64_AT_256" 128,256 tests/test_splitk_gpu.py
 fi
-if has bulkcheck; then
-  ( export MK_ATTN_BULK_STORE=1; echo "== MK_ATTN_BULK_STORE=1 checks"
+STORE=${MK_STORE:-loop}
+if has storecheck; then
+  ( export MK_ATTN_STORE=$STORE; echo "== MK_ATTN_STORE=$STORE checks"
     echo "== check --kv-split 256 --kv-split-min 64 (mode 1 pages, ATTN_REDUCE)"
     timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --kv-split 256 \
         --kv-split-min 64 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
-    checks tests/test_attention_gpu.py ) > "$OUTDIR/bulkcheck.log" 2>&1
-  cat "$OUTDIR/bulkcheck.log"
-  passed "$OUTDIR/bulkcheck.log" && echo "== bulkcheck: all passed" || { echo "== bulkcheck: FAILED"; rc=1; }
+    checks tests/test_attention_gpu.py ) > "$OUTDIR/storecheck_$STORE.log" 2>&1
+  cat "$OUTDIR/storecheck_$STORE.log"
+  passed "$OUTDIR/storecheck_$STORE.log" && echo "== storecheck $STORE: all passed" \
+      || { echo "== storecheck $STORE: FAILED"; rc=1; }
 fi
-if has bulktime; then
-  : > "$OUTDIR/bulktime.log"
-  MK_AB_TIMEOUT=270 time_ab bulktime MK_ATTN_BULK_STORE=1 ${MK_BULK_BATCH:-1,64,256} "MK_ATTN_BULK_STORE=1" "" "--journal"
+if has storetime; then
+  : > "$OUTDIR/storetime_$STORE.log"
+  MK_AB_TIMEOUT=270 time_ab "storetime_$STORE" "MK_ATTN_STORE=$STORE" ${MK_STORE_BATCH:-1,64,256} \
+      "MK_ATTN_STORE=$STORE" "" "--journal"
 fi
 if has splitk256; then
   : > "$OUTDIR/splitk256.log"

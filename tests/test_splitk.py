@@ -287,7 +287,8 @@ def batch_70b(m):
 AUTO_70B = {1: ((6, 16), (64, 2), (28, 4), (64, 2)),
             16: ((6, 16), (64, 2), (28, 4), (64, 2)),
             64: ((6, 16), (64, 2), (28, 4), (64, 2)),
-            256: ((20, 4), (64, 2), (56, 2), (64, 2))}      # BM = 128: 2 row tiles
+            128: ((10, 8), (32, 4), (28, 4), (32, 4)),      # BM = 128: 1 row tile
+            256: ((20, 1), (64, 1), (56, 1), (64, 1))}      # over splitk_max_tokens: never
 
 
 @pytest.mark.parametrize("m", sorted(AUTO_70B))
@@ -312,7 +313,7 @@ def test_auto_split_70b_tp8(m):
                                         p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw], k0=bad)
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
-    assert shapes[Buf.SPLITK] == (16 * 256, 8192)
+    assert shapes[Buf.SPLITK] == (16 * 128, 8192)      # max_split x splitk_max_tokens rows
 
 
 @pytest.mark.parametrize("m", [1, 64])

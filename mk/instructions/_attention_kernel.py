@@ -120,11 +120,21 @@ MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows
 # compile-time default of attn_consume's wg_split (the megakernel takes the default): off, since
 # in the megakernel's all-opcode M1024-ps64 (20 B) and warp hand-off (8 B) variants it spills
 WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
-# The storer's epilogue rows as bulk copies (cp.async.bulk shared -> global, one per row; the page
-# freed once they have read it, the writes drained before the signal) instead of 16-byte st.global
-# per thread: the journal puts 12 us of the B=1 ATTENTION instruction's 46 us after the
-# consumers, in the storer's two epilogue pages (bench/E2E_NOTES.md, session 7). Compile-time.
-BULK_STORE = os.environ.get("MK_ATTN_BULK_STORE", "0") == "1"
+# How the storer copies an epilogue page to global memory (compile-time, MK_ATTN_STORE):
+#   "unrolled" (default, GPU-verified): 16-byte ld.shared / st.global, the page's chunks unrolled
+#   "loop": the same stores in a loop that is not unrolled (a small code footprint)
+#   "bulk": one cp.async.bulk shared -> global per row, the page freed once the copies have read
+#           it, the writes drained before the signal; proxy fences on both sides of the page
+# Why (session 7, bench/E2E_NOTES.md): the journal put 12 us of the B=1 ATTENTION instruction's
+# 46 us in the storer's two epilogue pages, 6.3 us of it in a page with no row to store: the
+# unrolled code of a body that an SM runs once per layer is fetched cold (the weights stream
+# through L2), not the stores. "bulk" (whose loop is one iteration) cut the tail to 1.8 us and
+# the step by 7.4% / 5.0% / 0.6% at B=1 / 64 / 256, but failed 3 attention-harness GPU tests in
+# that run (stale page data; the proxy fences are its fix since, unrun); "loop" is unrun.
+STORE_MODE = os.environ.get("MK_ATTN_STORE", "unrolled")
+if STORE_MODE not in ("unrolled", "loop", "bulk"):
+    raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
+BULK_STORE = STORE_MODE == "bulk"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
 # Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
 # production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
@@ -624,6 +634,14 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
 
 
 @cute.jit
+def bulk_writer_fence():
+    """STORE_MODE "bulk": a consumer's generic writes of an epilogue page, ordered before the
+    storer's async-proxy bulk copies of it (the fence before the page's `done`)."""
+    if cutlass.const_expr(BULK_STORE):
+        cute.arch.fence_proxy("async.shared", space="cta")
+
+
+@cute.jit
 def release_kv_page(page: Int32, done: cute.Pointer, narrow, share: cutlass.Constexpr,
                     wtid: Int32, ctid: Int32, hm: cutlass.Constexpr):
     """The consumers' hand-off of a K or V page their wgmmas have retired: `done` (the storer
@@ -930,6 +948,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                                                                 cute.AddressSpace.smem, assumed_align=4),
                                                   cute.make_layout(1))
                             lp[0] = lse0 if hh == 0 else lse1
+            bulk_writer_fence()
             if cutlass.const_expr(hm == "warp"):
                 cute.arch.sync_warp()
             for e in range(ne):
@@ -1189,6 +1208,7 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
                                                    assumed_align=16), cute.make_layout(8))
                 for u in cutlass.range_constexpr(8):
                     d[u] = (acc[q * 8 + u] * inv).to(BFloat16)
+        bulk_writer_fence()
         rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
         pg = pg + 1
     return pg
@@ -1201,10 +1221,14 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
                     base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr):
     """Store one epilogue page: page row r = query row m = mbase + r (< mtot) -> destination row
     row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes).
-    BULK_STORE: one bulk copy (async proxy) per row, the page's reads complete on return."""
+    STORE_MODE (above): "bulk" = one bulk copy (async proxy) per row, the page's reads complete
+    on return; "loop" = the chunks in a loop that is not unrolled."""
     rb = D * ob                     # bytes per page row
     cpr = rb // 16                  # 16-byte chunks per row
     if cutlass.const_expr(BULK_STORE):
+        # the consumers' generic writes of the page (ordered before its `done`) -> the copies'
+        # async-proxy reads (the consumers fence too, before they release `done`)
+        cute.arch.fence_proxy("async.shared", space="cta")
         for it in cutlass.range_constexpr((rows_in_page + nthreads - 1) // nthreads):
             r = it * nthreads + sid
             m = mbase + r
@@ -1220,20 +1244,33 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
         cute.arch.cp_async_bulk_commit_group()
         # the page may be handed back once the copies have read it (bulk_store_drain: written)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-    for it in cutlass.range_constexpr(0 if BULK_STORE else rows_in_page * cpr // nthreads):
-        q = it * nthreads + sid
-        r = q // cpr
-        ch = q % cpr
-        m = mbase + r
-        if m < mtot:
-            i = m // div
-            h = head0 + m - i * div
-            sp = cute.make_ptr(Int32, pool + page * PAGE + r * rb + ch * 16,
-                               cute.AddressSpace.smem, assumed_align=16)
-            v = cute.make_tensor(sp, cute.make_layout(4)).load()
-            gp = cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob + ch * 16,
-                               cute.AddressSpace.gmem, assumed_align=16)
-            cute.make_tensor(gp, cute.make_layout(4)).store(v)
+    if cutlass.const_expr(STORE_MODE == "loop"):
+        for it in cutlass.range(rows_in_page * cpr // nthreads, unroll=1):
+            store_chunk(pool, page, ob, it * nthreads + sid, mbase, mtot, div, head0, row0, base,
+                        ld)
+    for it in cutlass.range_constexpr(rows_in_page * cpr // nthreads
+                                      if STORE_MODE == "unrolled" else 0):
+        store_chunk(pool, page, ob, it * nthreads + sid, mbase, mtot, div, head0, row0, base, ld)
+
+
+@cute.jit
+def store_chunk(pool: Int32, page: Int32, ob: cutlass.Constexpr, q: Int32, mbase: Int32,
+                mtot: Int32, div: Int32, head0: Int32, row0: Int32, base: Int64, ld: Int32):
+    """16-byte chunk q of an epilogue page (store_rows_page's "loop" mode)."""
+    rb = D * ob
+    cpr = rb // 16
+    r = q // cpr
+    ch = q % cpr
+    m = mbase + r
+    if m < mtot:
+        i = m // div
+        h = head0 + m - i * div
+        sp = cute.make_ptr(Int32, pool + page * PAGE + r * rb + ch * 16,
+                           cute.AddressSpace.smem, assumed_align=16)
+        v = cute.make_tensor(sp, cute.make_layout(4)).load()
+        gp = cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob + ch * 16,
+                           cute.AddressSpace.gmem, assumed_align=16)
+        cute.make_tensor(gp, cute.make_layout(4)).store(v)
 
 
 @cute.jit
