@@ -61,8 +61,9 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own): "base split" | "early tiles", then
-# "rwide" | "wgsplit" (each about a whole call), then "e2e" with the winners made default.
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 7: "storecheck" | "storetime"
+# (MK_STORE=loop on both), then the same with MK_STORE=bulk | "wgrace", then "e2e" (and "split"
+# again) with the winner made default. A machine that starts cold loses ~60 s of the first call.
 # Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
 # and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each

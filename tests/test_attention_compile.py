@@ -184,3 +184,55 @@ def test_wide_reduce_compiles_clean(dump_dir, default_counts, tmp_path):
             assert got["wgmma"] == ref["wgmma"] and got["tma"] == ref["tma"], (got, ref)
             assert got["ex2"] > ref["ex2"] and got["ld_global"] > ref["ld_global"], (got, ref)
         print(f"wide reduce, {kind}: {regs} registers, 0 spills")
+
+
+STORE_MODE_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests"))
+from bench.attention import compile_fake
+from mk.instructions import _attention_kernel as ak
+assert ak.STORE_MODE == {mode!r}
+open({out!r}, "w").write(compile_fake(16, handoff="thread").__ptx__)
+"""
+
+
+@pytest.mark.parametrize("mode", ["loop", "bulk"])
+def test_store_modes_compile_clean(dump_dir, default_counts, tmp_path, mode):
+    """MK_ATTN_STORE (the storer's epilogue copy; read at import, so in a subprocess): "loop"
+    keeps the 16-byte stores in a loop that is not unrolled (far fewer st.global in the code),
+    "bulk" copies rows with cp.async.bulk (shared -> global) behind proxy fences; both leave the
+    attention math and loads alone and compile without spills or calls."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = str(tmp_path / f"store_{mode}.ptx")
+    env = dict(os.environ, MK_ATTN_STORE=mode, CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", STORE_MODE_SCRIPT.format(root=root, mode=mode,
+                                                                        out=out)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    ptx = open(out).read()
+    got, ref = _counts(ptx), default_counts
+    assert got["wgmma"] == ref["wgmma"] and got["tma"] == ref["tma"], (got, ref)
+    # the unrolled copies: 16 chunks x 7 pages of the storer bodies (2 + 4 + 1)
+    assert got["ex2"] == ref["ex2"] and got["st_global"] <= ref["st_global"] - 96, (got, ref)
+    bulk = len(re.findall(r"cp\.async\.bulk\.global\.shared::cta", ptx))
+    assert (bulk > 0) == (mode == "bulk"), bulk
+    if mode == "bulk":
+        assert re.search(r"cp\.async\.bulk\.wait_group\.read", ptx)
+        assert re.search(r"fence\.proxy\.async\.global", ptx)
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    from _compile_gate import assert_clean
+    regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_store_{mode}")))
+    print(f"store mode {mode}: {got} (default {ref}), {bulk} bulk copies, {regs} registers")
+
+
+def test_store_mode_refuses_unknown_values():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MK_ATTN_STORE="fast")
+    r = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); "
+                        "import mk.instructions._attention_kernel"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "MK_ATTN_STORE='fast'" in r.stderr, r.stderr[-2000:]
