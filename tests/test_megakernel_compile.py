@@ -128,7 +128,8 @@ def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130), **plan_kw):
     from mk.plan import PlanConfig, Planner, buffer_shapes
     from mk.tiny import TINY_HD128_CONFIG as cfg
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
-    pcfg = PlanConfig(split_k=split_k, **plan_kw)
+    # a 208-token step splits only with splitk_max_tokens raised past the default 128
+    pcfg = PlanConfig(split_k=split_k, **{"splitk_max_tokens": 256, **plan_kw})
     plan = Planner(cfg, ParallelConfig(), kernel, pcfg)
     pages = PageManager(kernel.kv_pages, kernel.page_size)
     chunks = []
@@ -287,28 +288,29 @@ def test_early_weights_variant_compiles_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "early1")))
 
 
-def test_m128_tiles_at_class_256_compile_with_split_k(tmp_path):
-    """The MK_TILES experiment (bench/E2E_NOTES.md: the M <= 256 class on 128-row tiles, split-K
-    on): the all-opcode M256 variant compiles with the 128-row tiles and their split-K partial
-    stores, 0 spills, no call. In a process of its own (the table is read at import)."""
+def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
+    """The M <= 256 class on the 64-row tiles (the default before session 7; scripts/gpu_next.sh
+    `tiles` times them against the 128-row default through MK_TILES): the all-opcode M256
+    variant compiles with them and their split-K partial stores, 0 spills, no call. In a process
+    of its own (the table is read at import)."""
     import subprocess
     import sys
     code = (
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
         "import _compile_gate, mk.megakernel as M\n"
         "slots = M.class_slots(256)\n"
-        "assert {s.tile for s in slots} >= {'m128n128', 'm128n256', 'gu_m128'}, slots\n"
+        "assert {s.tile for s in slots} >= {'m64n256', 'gu_m64'}, slots\n"
         "comp = M.compile_fake(gemm=slots, attn_page_size=16, gather=True, splitk=True)\n"
         "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
-    out = tmp_path / "m128.ptx"
-    env = dict(os.environ, MK_TILES="QKV_ROPE@256=m128n128,O_PROJ@256=m128n256,"
-                                    "GATE_UP@256=gu_m128,DOWN@256=m128n256")
+    out = tmp_path / "m64.ptx"
+    env = dict(os.environ, MK_TILES="QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,"
+                                    "GATE_UP@256=gu_m64,DOWN@256=m64n256")
     r = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     ptx = out.read_text()
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "m128")))
+    assert_clean(ptxas_report(ptx, str(tmp_path / "m64")))
 
 
 # ------------------------------------------------------------------------------------ L2 prefetch
