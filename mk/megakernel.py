@@ -149,6 +149,8 @@ J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0, J_CONS1_WG1, J_STORE1 = range(8, 1
 # page 0 done, stored, freed, page 1 done
 J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1 = 15, 7, 16, 17, 18
 STORE_STAMPS = (J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1)
+# GEMM consumers: the last wgmma retired (their epilogue, or a split tile's partial stores, start)
+J_CONS_EPI = 19
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -790,7 +792,8 @@ class MegakernelDSL:
                                                  pool, full, empty, done, pg, NP, ctv, timeout_ns,
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
-                                                 PS, self.split_tile(GS[gi], g, ring, base, skops))
+                                                 PS, self.split_tile(GS[gi], g, ring, base, skops),
+                                                 journal, J_CONS_EPI if self.journal else -1)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and

@@ -34,7 +34,7 @@ def _op_name(op: int) -> str:
 # module never imports cutlass)
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
               "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
-              "epi1": 18}
+              "epi1": 18, "cons_epi0": 19}
 # per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
 # the first event to the second: when it ran behind earlier work of its SM, when each role ran
 ROLE_SPANS = {
@@ -53,6 +53,8 @@ ROLE_SPANS = {
     "p0_free": ("store_p0", "free_p0"),
     "p1_wait": ("free_p0", "epi1"),
     "p1_rest": ("epi1", "store1"),
+    # GEMM opcodes only: the consumers' epilogue (or partial stores) after the last wgmma
+    "cons_epi": ("cons_epi0", "cons1"),
 }
 
 

@@ -64,6 +64,9 @@
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 7: "storecheck" | "storetime"
 # (MK_STORE=loop on both), then the same with MK_STORE=bulk | "wgrace", then "e2e" (and "split"
 # again) with the winner made default. A machine that starts cold loses ~60 s of the first call.
+# The device tool brings back 8 files: end the call's command with
+#   tar -C $OUT -czf $OUT/all.tgz g0 g1 && rm -rf $OUT/g0 $OUT/g1
+# so that every log and JSON comes back (session 7 lost JSONs and a log to the limit).
 # Two jobs side by side share the host's cores: the checks run the interpreter (mk.vm) on the CPU,
 # and two torch processes with a thread per core each slowed the step tests 3-5x (session 6: the
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each

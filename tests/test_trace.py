@@ -59,6 +59,7 @@ def test_role_words_match_the_megakernel():
                              "cons1": M.J_CONS1, "store0": M.J_STORE0,
                              "cons1_wg1": M.J_CONS1_WG1, "store1": M.J_STORE1,
                              "store_kv": M.J_STORE_KV, "store_epi": M.J_STORE_EPI,
-                             "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1}
+                             "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1,
+                             "cons_epi0": M.J_CONS_EPI}
     assert M.J_STORE_EPI > M.J_TICKET
     assert M.JOURNAL_WORDS > max(tr.ROLE_WORDS.values())

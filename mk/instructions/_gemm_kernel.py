@@ -432,9 +432,13 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  pg: Int32, npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
                  state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
                  row0: Int32, rows: Int32, section: Int32,
-                 share: cutlass.Constexpr = DONE_ARRIVALS, split=None) -> Int32:
+                 share: cutlass.Constexpr = DONE_ARRIVALS, split=None,
+                 journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
+
+    journal / stamp_epi (the megakernel's journal variant only): word of row `ticket` that gets
+    the time the last wgmma retired (the epilogue, or a split tile's partial stores, start).
 
     share: done[p]'s init count. CONSUMER_THREADS = every consumer thread arrives itself (the
     megakernel's "thread" hand-off, which compute-sanitizer racecheck credits); otherwise lane 0 of
@@ -490,6 +494,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             # exactly one phase of full, done and empty, and no waiter can fall two phases behind
             release_stage(pg + (k - 1) * spp, spp, npages, done, lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
+    if cutlass.const_expr(stamp_epi >= 0):
+        if ctid == 0:
+            if ticket < journal.shape[0]:
+                journal[ticket, stamp_epi] = cute.arch.globaltimer()
     if cutlass.const_expr(split is not None):
         if split.nsplit() >= 2:
             # before the last stage's `done`: the storer's walk of the operand pages then orders
