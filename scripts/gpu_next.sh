@@ -38,7 +38,7 @@
 #          kv_split_min=64 with and without it (journal: the ATTN_REDUCE row): rwide*.log,
 #          rwide_harness_*.json, rwide_{on,off}.json (~9 min: a call of its own per GPU)
 #   tiles  MK_TILES=<the M <= 256 class on the 64-row tiles> (the default before session 7, when
-#          the 128-row tiles measured -11.4% / -13.7% at B=128 / 256): split-K GPU tests and the
+#          the 128-row tiles measured -10.4% / -13.7% at B=128 / 256): split-K GPU tests and the
 #          two-layer check with it, then decode B=128 / 256 with and without: tiles.log,
 #          tiles_{on,off}.json ("on" = the old tiles; ~5 min)
 #   e2e    launch/bench.py with every system (megakernel, eager, CUDA graph, torch.compile +
