@@ -860,9 +860,7 @@ class MegakernelDSL:
         """Journal variant only: thread `me` of a role writes the time into word of ticket t's
         row (where the journal has one); nothing is emitted without the journal."""
         if cutlass.const_expr(self.journal):
-            if me:
-                if t < journal.shape[0]:
-                    journal[t, word] = cute.arch.globaltimer()
+            rk.journal_stamp(journal, t, word, me)
 
     def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list):
         """The slot's gk.SplitTile when split-K is compiled in and the opcode splits, else None

@@ -1233,10 +1233,9 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
             r = it * nthreads + sid
             m = mbase + r
             if r < rows_in_page and m < mtot:
-                i = m // div
-                h = head0 + m - i * div
+                i, h = row_head(m, div, head0)
                 prims.cp_async_bulk_global_shared_cta(
-                    cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob,
+                    cute.make_ptr(Int32, dest_addr(base, ld, ob, row0, i, h),
                                   cute.AddressSpace.gmem, assumed_align=16),
                     cute.make_ptr(Int32, pool + page * PAGE + r * rb, cute.AddressSpace.smem,
                                   assumed_align=16),
@@ -1256,21 +1255,34 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
 @cute.jit
 def store_chunk(pool: Int32, page: Int32, ob: cutlass.Constexpr, q: Int32, mbase: Int32,
                 mtot: Int32, div: Int32, head0: Int32, row0: Int32, base: Int64, ld: Int32):
-    """16-byte chunk q of an epilogue page (store_rows_page's "loop" mode)."""
+    """16-byte chunk q of an epilogue page (store_rows_page's "unrolled" and "loop" modes)."""
     rb = D * ob
     cpr = rb // 16
     r = q // cpr
     ch = q % cpr
     m = mbase + r
     if m < mtot:
-        i = m // div
-        h = head0 + m - i * div
+        i, h = row_head(m, div, head0)
         sp = cute.make_ptr(Int32, pool + page * PAGE + r * rb + ch * 16,
                            cute.AddressSpace.smem, assumed_align=16)
         v = cute.make_tensor(sp, cute.make_layout(4)).load()
-        gp = cute.make_ptr(Int32, base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob + ch * 16,
+        gp = cute.make_ptr(Int32, dest_addr(base, ld, ob, row0, i, h) + ch * 16,
                            cute.AddressSpace.gmem, assumed_align=16)
         cute.make_tensor(gp, cute.make_layout(4)).store(v)
+
+
+@cute.jit
+def row_head(m: Int32, div: Int32, head0: Int32):
+    """Query row m of a unit: its token (m // div) and head (head0 + m % div)."""
+    i = m // div
+    return i, head0 + m - i * div
+
+
+@cute.jit
+def dest_addr(base: Int64, ld: Int32, ob: cutlass.Constexpr, row0: Int32, i: Int32,
+              h: Int32) -> Int64:
+    """Byte address of head h of destination row row0 + i (row pitch ld elements of ob bytes)."""
+    return base + (Int64(row0 + i) * Int64(ld) + Int64(h * D)) * ob
 
 
 @cute.jit
@@ -1280,14 +1292,6 @@ def bulk_store_drain():
     if cutlass.const_expr(BULK_STORE):
         cute.arch.cp_async_bulk_wait_group(0)
         cute.arch.fence_proxy("async.global")
-
-
-@cute.jit
-def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, me):
-    """The megakernel journal's time stamp (mk.megakernel.Megakernel.stamp) for a body."""
-    if me:
-        if ticket < journal.shape[0]:
-            journal[ticket, word] = cute.arch.globaltimer()
 
 
 @cute.jit
@@ -1320,22 +1324,22 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
             m0 = mt * MT
             first = sid == 0 and kh == 0 and mt == 0
             if cutlass.const_expr(len(stamps) > 0):
-                journal_stamp(journal, ticket, stamps[0], first)          # K/V pages freed
+                rk.journal_stamp(journal, ticket, stamps[0], first)          # K/V pages freed
             if mode == at.MODE_DIRECT:
                 for w in cutlass.range_constexpr(E_DIRECT):
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                     if cutlass.const_expr(len(stamps) > 0):
                         # epilogue page w done; page 0 stored; page 0 freed
-                        journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
+                        rk.journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
                     if cutlass.const_expr(not NOSTORE):
                         store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
                                         out_base, ldo, sid, nthreads)
                     if cutlass.const_expr(len(stamps) > 0 and w == 0):
-                        journal_stamp(journal, ticket, stamps[2], first)
+                        rk.journal_stamp(journal, ticket, stamps[2], first)
                     free_page(page, empty, sid, bar_id, nthreads, share)
                     if cutlass.const_expr(len(stamps) > 0 and w == 0):
-                        journal_stamp(journal, ticket, stamps[3], first)
+                        rk.journal_stamp(journal, ticket, stamps[3], first)
                 pg = pg + E_DIRECT
             else:
                 for w in cutlass.range_constexpr(4):

@@ -495,9 +495,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             release_stage(pg + (k - 1) * spp, spp, npages, done, lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(stamp_epi >= 0):
-        if ctid == 0:
-            if ticket < journal.shape[0]:
-                journal[ticket, stamp_epi] = cute.arch.globaltimer()
+        rk.journal_stamp(journal, ticket, stamp_epi, ctid == 0)
     if cutlass.const_expr(split is not None):
         if split.nsplit() >= 2:
             # before the last stage's `done`: the storer's walk of the operand pages then orders

@@ -167,6 +167,15 @@ ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "2000"))
 
 
 @cute.jit
+def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, me):
+    """A body's time stamp in the megakernel's journal variant (as Megakernel.stamp): thread `me`
+    writes globaltimer into word `word` of row `ticket`, where the journal has that row."""
+    if me:
+        if ticket < journal.shape[0]:
+            journal[ticket, word] = cute.arch.globaltimer()
+
+
+@cute.jit
 def page_of(pg: Int32, npages: cutlass.Constexpr):
     return pg % npages, (pg // npages) & 1
 
