@@ -26,7 +26,6 @@ import ast
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,26 +33,11 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from mk.cuda_tools import find_tool  # noqa: E402
 SASS_BYTES = 16                    # one sm_90 instruction
 _FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;?\s*(/\*.*)?$")
-
-
-def find_tool(name: str) -> str | None:
-    """A CUDA binary: from the nvidia-* wheels (nvidia/cu13/bin) first, else PATH / CUDA_HOME."""
-    try:
-        import nvidia.cu13 as cu13
-        for root in cu13.__path__:
-            c = os.path.join(root, "bin", name)
-            if os.path.exists(c):
-                return c
-    except ImportError:
-        pass
-    for c in (shutil.which(name),
-              os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", name)):
-        if c and os.path.exists(c):
-            return c
-    return None
 
 
 def function_spans(path: str) -> list[tuple[int, int, str]]:
@@ -142,7 +126,6 @@ def compile_sass(m: int, workdir: str) -> str:
     SASS text."""
     os.environ["CUTE_DSL_LINEINFO"] = "1"      # before cutlass is imported
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    sys.path.insert(0, str(ROOT))
     import mk.megakernel as M
     ptxas, nvdisasm = find_tool("ptxas"), find_tool("nvdisasm")
     missing = [n for n, t in (("ptxas", ptxas), ("nvdisasm", nvdisasm)) if t is None]

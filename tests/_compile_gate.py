@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 
@@ -26,19 +25,8 @@ BAD_PTXAS = ("C7506", "C7508", "C7510")
 def _find_ptxas():
     """ptxas from the `nvidia-cuda-nvcc` wheel of the test extra first (it matches the DSL's PTX
     ISA), else a CUDA toolkit's."""
-    try:
-        import nvidia.cu13 as cu13
-        for root in cu13.__path__:
-            c = os.path.join(root, "bin", "ptxas")
-            if os.path.exists(c):
-                return c
-    except ImportError:
-        pass
-    for c in (shutil.which("ptxas"),
-              os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas")):
-        if c and os.path.exists(c):
-            return c
-    return None
+    from mk.cuda_tools import find_tool
+    return find_tool("ptxas")
 
 
 def ptxas_report(ptx: str, workdir: str) -> str:

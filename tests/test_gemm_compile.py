@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -82,8 +81,9 @@ def test_tile_table_fits_the_pool():
 
 
 def _sass_tool():
+    from mk.cuda_tools import find_tool
     for t in ("cuobjdump", "nvdisasm"):
-        p = shutil.which(t)
+        p = find_tool(t)
         if p:
             return t, p
     return None, None
