@@ -121,17 +121,19 @@ MERGE_ML_OFF = NARROW_ROWS * D * 4   # (m, l) of the merge after the fp32 O rows
 # in the megakernel's all-opcode M1024-ps64 (20 B) and warp hand-off (8 B) variants it spills
 WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 # How the storer copies an epilogue page to global memory (compile-time, MK_ATTN_STORE):
-#   "unrolled" (default, GPU-verified): 16-byte ld.shared / st.global, the page's chunks unrolled
-#   "loop": the same stores in a loop that is not unrolled (a small code footprint)
+#   "loop" (default since session 8): 16-byte ld.shared / st.global in a loop that is not
+#           unrolled (a small code footprint)
+#   "unrolled" (the default until session 8): the same stores, the page's chunks unrolled
 #   "bulk": one cp.async.bulk shared -> global per row, the page freed once the copies have read
 #           it, the writes drained before the signal; proxy fences on both sides of the page
-# Why (session 7, bench/E2E_NOTES.md): the journal put 12 us of the B=1 ATTENTION instruction's
+# Why (sessions 7-8, bench/E2E_NOTES.md): the journal put 12 us of the B=1 ATTENTION instruction's
 # 46 us in the storer's two epilogue pages, 6.3 us of it in a page with no row to store: the
 # unrolled code of a body that an SM runs once per layer is fetched cold (the weights stream
-# through L2), not the stores. "bulk" (whose loop is one iteration) cut the tail to 1.8 us and
-# the step by 7.4% / 5.0% / 0.6% at B=1 / 64 / 256, but failed 3 attention-harness GPU tests in
-# that run (stale page data; the proxy fences are its fix since, unrun); "loop" is unrun.
-STORE_MODE = os.environ.get("MK_ATTN_STORE", "unrolled")
+# through L2), not the stores. Session 8 (same runs, vs unrolled): "loop" 11.67 -> 10.87 ms at
+# B=1 (-6.9%), -4.4% at B=64, -1.9% at B=256; "bulk" -7.1% / -4.6% / -1.2%. Both passed the
+# attention harness GPU tests, the two-layer checks and racecheck; loop is the default as the
+# simpler of two equals (generic stores only, no proxy fences).
+STORE_MODE = os.environ.get("MK_ATTN_STORE", "loop")
 if STORE_MODE not in ("unrolled", "loop", "bulk"):
     raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
 BULK_STORE = STORE_MODE == "bulk"
