@@ -57,6 +57,8 @@
 #          the step's busy time there: splitk256.log, splitk256_{on,off}.json (~2 min)
 #   wgrace MK_ATTN_WG_SPLIT=1's two-layer checks and racecheck only (no pytest, no timing): is
 #          session 6's candidate fix racecheck-clean (hazard lines appended): wgrace.log (~4 min)
+#   wgtime MK_ATTN_WG_SPLIT=1 timed only (no checks; pair it with wgrace on the other GPU):
+#          decode B=1 / 64 / 256 with and without, journal on: wgtime.log, wgtime_{on,off}.json
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -87,7 +89,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -259,6 +261,12 @@ if has wgrace; then
   { echo "== racecheck hazards (first 40 lines)"
     grep -A3 "Race reported\|Error: Race\|hazard" "$OUTDIR/racecheck_full.log" | head -40; } \
       >> "$OUTDIR/wgrace.log"
+fi
+if has wgtime; then
+  # timing only (the checks are wgsplit's / wgrace's): where ATTENTION is most of the step
+  # (B=256: 46% of the busy time in session 8) the halved serial chain of key blocks may pay more
+  : > "$OUTDIR/wgtime.log"
+  time_ab wgtime "MK_ATTN_WG_SPLIT=1" ${MK_WGSPLIT_BATCH:-1,64,256} "MK_ATTN_WG_SPLIT=1" "" "--journal"
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
