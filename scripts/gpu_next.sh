@@ -59,6 +59,8 @@
 #          session 6's candidate fix racecheck-clean (hazard lines appended): wgrace.log (~4 min)
 #   wgtime MK_ATTN_WG_SPLIT=1 timed only (no checks; pair it with wgrace on the other GPU):
 #          decode B=1 / 64 / 256 with and without, journal on: wgtime.log, wgtime_{on,off}.json
+#   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
+#          of this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -89,7 +91,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -267,6 +269,27 @@ if has wgtime; then
   # (B=256: 46% of the busy time in session 8) the halved serial chain of key blocks may pay more
   : > "$OUTDIR/wgtime.log"
   time_ab wgtime "MK_ATTN_WG_SPLIT=1" ${MK_WGSPLIT_BATCH:-1,64,256} "MK_ATTN_WG_SPLIT=1" "" "--journal"
+fi
+if has treeab; then
+  # A/B of two source trees (a change with no switch of its own): "off" = the tree at MK_AB_TREE
+  # (e.g. `git archive <base> | tar -x -C DIR`, carried in .gpu/), "on" = this one; each with a
+  # kernel cache of its own
+  : > "$OUTDIR/treeab.log"
+  if [ -d "${MK_AB_TREE:-}" ]; then
+    for v in off on; do
+      d=$PWD; [ $v = off ] && d=$MK_AB_TREE
+      ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
+          timeout ${MK_AB_TIMEOUT:-270} $B --batch ${MK_TREEAB_BATCH:-1,64,256} --journal \
+          --out "$OUTDIR/treeab_$v.json" ) > "/tmp/treeab_$v.log" 2>&1 || rc=1
+      echo "== tree $v: $d" | tee -a "$OUTDIR/treeab.log"
+      { table "/tmp/treeab_$v.log" | grep -E "^decode"; grep Error "/tmp/treeab_$v.log"; } \
+          | tee -a "$OUTDIR/treeab.log"
+      rm -f "$OUTDIR"/treeab_"$v"_*_journal.pt "$OUTDIR"/treeab_"$v"_*_timeline.png
+    done
+  else
+    echo "== treeab: MK_AB_TREE (${MK_AB_TREE:-unset}) is not a directory" | tee -a "$OUTDIR/treeab.log"
+    rc=1
+  fi
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \

@@ -1276,7 +1276,7 @@ def store_chunk(pool: Int32, page: Int32, ob: cutlass.Constexpr, q: Int32, mbase
 @cute.jit
 def row_head(m: Int32, div: Int32, head0: Int32):
     """Query row m of a unit: its token (m // div) and head (head0 + m % div)."""
-    i = m // div
+    i = rk.udiv(m, div)
     return i, head0 + m - i * div
 
 

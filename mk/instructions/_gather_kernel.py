@@ -29,7 +29,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk.instructions import _common as mc
-from mk.instructions._rows_kernel import warp_allreduce_sum
+from mk.instructions._rows_kernel import udiv, warp_allreduce_sum
 from mk.ir import Op
 
 OP_EMBED = int(Op.EMBED)
@@ -72,7 +72,7 @@ def embed_store(table: cute.Tensor, meta: cute.Tensor, dst_base: Int64, ld: Int3
             for k in cutlass.range_constexpr(4):
                 vals[k, u] = Int32(0)
             if vi < nv:
-                r = vi // cpr
+                r = udiv(vi, cpr)
                 c = col0 + (vi - r * cpr) * VEC
                 tok = meta[off_tok + r]
                 if tok >= 0:
@@ -83,7 +83,7 @@ def embed_store(table: cute.Tensor, meta: cute.Tensor, dst_base: Int64, ld: Int3
         for u in cutlass.range_constexpr(UNROLL):
             vi = i0 + u * nthreads + sid
             if vi < nv:
-                r = vi // cpr
+                r = udiv(vi, cpr)
                 c = col0 + (vi - r * cpr) * VEC
                 d = gvec(dst_base + (Int64(row0 + r) * Int64(ld) + Int64(c)) * 2)
                 for k in cutlass.range_constexpr(4):

@@ -396,16 +396,21 @@ def load_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_r, gR,
 def epi_addr(pool: Int32, ep0: Int32, r: Int32, c: Int32, bm: cutlass.Constexpr,
              ob: cutlass.Constexpr, npages: cutlass.Constexpr) -> Int32:
     """smem byte address of output element (r, c) of the tile in the epilogue pages (first page
-    index ep0, ring-wrapped)."""
+    index ep0, ring-wrapped): 128-byte rows of bm-row boxes, 128 // bm boxes a page, the 16-byte
+    chunks of row r XOR-swizzled by r % 8 (the TMA's 128B swizzle). r, c >= 0, so shifts and
+    masks stand for // and %: on Int32 those are signed, ~4 SASS instructions each, and this runs
+    unrolled for every accumulator pair of the epilogue (session 8: the epilogue's code is
+    fetched cold on every visit, like the attention storer's in session 7)."""
+    assert bm in (64, 128), bm
+    lbpp = 1 if bm == 64 else 0             # log2 of the boxes per page
     cb = c * ob
-    box = cb // 128
-    within = cb % 128
-    bpp = 128 // bm
-    pidx = ep0 + box // bpp
+    box = cb >> 7
+    within = cb & 127
+    pidx = ep0 + (box >> lbpp)
     if pidx >= npages:
         pidx = pidx - npages
-    return (pool + pidx * PAGE + (box % bpp) * (bm * 128) + r * 128
-            + ((((within // 16) ^ (r % 8))) * 16) + within % 16)
+    return (pool + pidx * PAGE + (box & ((1 << lbpp) - 1)) * (bm * 128) + r * 128
+            + (((within >> 4) ^ (r & 7)) << 4) + (within & 15))
 
 
 # ---------------------------------------------------------------- epilogue math (shared with the
@@ -886,15 +891,15 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
                 vals = [None] * UNR
                 for u in cutlass.range_constexpr(UNR):
                     q = (it * UNR + u) * nthreads + sid
-                    r = q // 8
-                    ch = q % 8
-                    sp = cute.make_ptr(Int32, sbase + r * 128 + ((ch ^ (r % 8)) * 16),
+                    r = q >> 3                  # q >= 0: q // 8 and q % 8 without sign fix-ups
+                    ch = q & 7
+                    sp = cute.make_ptr(Int32, sbase + r * 128 + ((ch ^ (r & 7)) << 4),
                                        cute.AddressSpace.smem, assumed_align=16)
                     vals[u] = cute.make_tensor(sp, cute.make_layout(4)).load()
                 for u in cutlass.range_constexpr(UNR):
                     q = (it * UNR + u) * nthreads + sid
-                    r = q // 8
-                    ch = q % 8
+                    r = q >> 3
+                    ch = q & 7
                     row = row0 + r
                     col = col0 + box * (128 // ob) + ch * epc
                     if row < row_end:

@@ -176,8 +176,18 @@ def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, 
 
 
 @cute.jit
+def udiv(a: Int32, b: Int32) -> Int32:
+    """a // b for a >= 0, b > 0 (row / column splits of a flat index): unsigned, since a signed
+    Int32 division needs sign fix-ups around the unsigned one."""
+    return Int32(cutlass.Uint32(a) // cutlass.Uint32(b))
+
+
+@cute.jit
 def page_of(pg: Int32, npages: cutlass.Constexpr):
-    return pg % npages, (pg // npages) & 1
+    """Ring count pg (>= 0) -> (page, parity). Unsigned, since a signed division by the constant
+    npages needs a sign fix-up: fewer instructions at each of the many page waits."""
+    upg = cutlass.Uint32(pg)
+    return Int32(upg % npages), Int32((upg // npages) & 1)
 
 
 @cute.jit

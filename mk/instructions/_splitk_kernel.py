@@ -152,7 +152,7 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
     n = rows * cpr
     it = ctid
     while it < n:
-        r = it // cpr
+        r = rk.udiv(it, cpr)
         ci = it - r * cpr
         c = ci * VEC
         if cutlass.const_expr(epi == gk.EPI_ROPE):
