@@ -65,9 +65,12 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 7: "storecheck" | "storetime"
-# (MK_STORE=loop on both), then the same with MK_STORE=bulk | "wgrace", then "e2e" (and "split"
-# again) with the winner made default. A machine that starts cold loses ~60 s of the first call.
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8: "split" (KV splits over the
+# SMs again, now that ATTN_REDUCE's storer copy is a loop; MK_SPLIT_MIN="64 128") | "base", then
+# A/B of a change without a switch of its own with "treeab" (MK_AB_TREE: an archive of the base
+# commit unpacked on the machine, e.g. `git archive --format=tar.gz <base> mk launch
+# bench/_jobs.py pyproject.toml -o .gpu/old.tgz`, carried with .gpu) | "verify". A machine that
+# starts cold loses ~60 s of the first call.
 # The device tool brings back 8 files: end the call's command with
 #   tar -C $OUT -czf $OUT/all.tgz g0 g1 && rm -rf $OUT/g0 $OUT/g1
 # so that every log and JSON comes back (session 7 lost JSONs and a log to the limit).
