@@ -59,6 +59,11 @@
 #          session 6's candidate fix racecheck-clean (hazard lines appended): wgrace.log (~4 min)
 #   wgtime MK_ATTN_WG_SPLIT=1 timed only (no checks; pair it with wgrace on the other GPU):
 #          decode B=1 / 64 / 256 with and without, journal on: wgtime.log, wgtime_{on,off}.json
+#   qkvsplit decode B=256 (MK_QS_BATCH) with QKV_ROPE alone split-K (--plan
+#          splitk_qkv_max_tokens=256: x4, 80 tiles) and without, journal on: qkvsplit.log, _{on,off}.json
+#   tiles256 decode B=128 / 256 with O_PROJ and DOWN on m128n128 tiles (MK_TILES) and without:
+#          tiles256.log, tiles256_{on,off}.json. Checks of either before making it a default:
+#          tests/test_splitk_gpu.py and the two-layer checks (verify)
 #   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
 #          of this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
@@ -66,7 +71,8 @@
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8: "split" (KV splits over the
-# SMs again, now that ATTN_REDUCE's storer copy is a loop; MK_SPLIT_MIN="64 128") | "base", then
+# SMs again, now that ATTN_REDUCE's storer copy is a loop; MK_SPLIT_MIN="64 128") | "qkvsplit
+# tiles256" (B=256's idle SMs in QKV / O / DOWN), then
 # A/B of a change without a switch of its own with "treeab" (MK_AB_TREE: an archive of the base
 # commit unpacked on the machine, e.g. `git archive --format=tar.gz <base> mk launch
 # bench/_jobs.py pyproject.toml -o .gpu/old.tgz`, carried with .gpu) | "verify". A machine that
@@ -94,7 +100,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [qkvsplit]=200 [tiles256]=260)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -272,6 +278,20 @@ if has wgtime; then
   # (B=256: 46% of the busy time in session 8) the halved serial chain of key blocks may pay more
   : > "$OUTDIR/wgtime.log"
   time_ab wgtime "MK_ATTN_WG_SPLIT=1" ${MK_WGSPLIT_BATCH:-1,64,256} "MK_ATTN_WG_SPLIT=1" "" "--journal"
+fi
+if has qkvsplit; then
+  # QKV_ROPE alone split-K at B=256 (PlanConfig.splitk_qkv_max_tokens): its 20 head tiles ran
+  # ~65 us each while 112 SMs waited (session 8 journal); splitting every op lost 3.7% (session 7)
+  : > "$OUTDIR/qkvsplit.log"
+  time_ab qkvsplit "--plan splitk_qkv_max_tokens=256" ${MK_QS_BATCH:-256} "" \
+      "--plan splitk_qkv_max_tokens=256" "--journal"
+fi
+if has tiles256; then
+  # O_PROJ / DOWN on 128-column tiles at 64 < M <= 256: 128 tiles each instead of 64 at B=256
+  # (the activations re-read from L2 once more per tile; the weights not)
+  : > "$OUTDIR/tiles256.log"
+  time_ab tiles256 "MK_TILES=O_PROJ@256=m128n128,DOWN@256=m128n128" ${MK_T256_BATCH:-128,256} \
+      "MK_TILES=O_PROJ@256=m128n128,DOWN@256=m128n128" "" "--journal"
 fi
 if has treeab; then
   # A/B of two source trees (a change with no switch of its own): "off" = the tree at MK_AB_TREE

@@ -75,6 +75,26 @@ def test_float32_split_equals_unsplit(gqa, one_thread, tp, splits):
     assert any(ns > 1 for _, ns in vm.last_plan.layout["splitk"].values())
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
+    """splitk_qkv_max_tokens above splitk_max_tokens: in steps between the two caps QKV_ROPE alone
+    splits (forced in 2; its SPLITK_REDUCE runs the RoPE / K-V append epilogue); logits as
+    unsplit."""
+    w = gqa(tp, torch.float32)
+    vm_steps = mixed_steps(V)
+    base = VM(w, KERNEL, CFG)
+    want = [base.step(b) for b in vm_steps]
+    vm = VM(w, KERNEL, split_cfg(2, splitk_max_tokens=1, splitk_qkv_max_tokens=4096))
+    for i, batch in enumerate(vm_steps):
+        got = vm.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+        split = vm.last_plan.layout["splitk"]
+        assert split["QKV_ROPE"][1] > 1, split
+        others = {k: ns for k, (_, ns) in split.items() if k != "QKV_ROPE"}
+        assert all(ns == 1 for ns in others.values()) or batch.num_tokens <= 1, split
+        err = float((got - want[i]).abs().max() / want[i].abs().max())
+        assert err <= 1e-5, (i, err, split)
+
+
 @pytest.mark.parametrize("tp,split_k", [(1, 4), (1, 0), (2, 8), (2, 0)])
 def test_bf16_split_greedy_tokens_match_unsplit(gqa, one_thread, tp, split_k):
     """12 greedy tokens of 3 prompts, chunked prefill (9-token chunks, prefill and decode rows in
@@ -270,6 +290,8 @@ def test_config_errors():
         PlanConfig(num_sms=0)
     with pytest.raises(ValueError, match="splitk_align"):
         PlanConfig(splitk_align=0)
+    with pytest.raises(ValueError, match="splitk_qkv_max_tokens"):
+        PlanConfig(splitk_qkv_max_tokens=-1)
 
 
 # Llama-70B TP8 rank --------------------------------------------------------------------------------
@@ -314,6 +336,29 @@ def test_auto_split_70b_tp8(m):
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
     assert shapes[Buf.SPLITK] == (16 * 128, 8192)      # max_split x splitk_max_tokens rows
+
+
+def test_qkv_only_split_70b_tp8_b256():
+    """splitk_qkv_max_tokens=256: at B=256 QKV_ROPE's 20 head tiles split in 4 (80 tiles), the
+    other ops stay whole (over splitk_max_tokens); the workspace grows to 256-token partials, the
+    split tiles keep the GPU bodies' predicate and the plan verifies."""
+    cfg = PlanConfig(split_k=0, splitk_qkv_max_tokens=256)
+    plan = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+    got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
+    assert got == ((20, 4), (64, 1), (56, 1), (64, 1)), got
+    s = plan.instrs.numpy()
+    p = s[s[:, W_OPCODE] == Op.QKV_ROPE]
+    err = tiles.gemm_tile_error("QKV_ROPE", tiles.tile_shape(Op.QKV_ROPE, 256), p[:, W_ROW0],
+                                p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, qk.A_K],
+                                p[:, qk.A_HEAD_DIM], p[:, qk.A_SEC_COL0], p[:, mc.A_K0])
+    assert err is None, err
+    assert (s[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
+    shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+    assert shapes[Buf.SPLITK] == (16 * 256, 8192)
+    # the default cap (0 = splitk_max_tokens) changes nothing
+    plain = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                      PlanConfig(split_k=0))
+    assert tuple(plain.layout["splitk"][op.name] for op in SPLIT_OPS) == AUTO_70B[256]
 
 
 @pytest.mark.parametrize("m", [1, 64])
