@@ -64,19 +64,24 @@
 #   tiles256 decode B=128 / 256 with O_PROJ and DOWN on m128n128 tiles (MK_TILES) and without:
 #          tiles256.log, tiles256_{on,off}.json. Checks of either before making it a default:
 #          tests/test_splitk_gpu.py and the two-layer checks (verify)
+#   attnstep decode B=256 (MK_ATTNSTEP_BATCH) with ATTENTION's math or loads compiled out
+#          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only),
+#          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
 #   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
 #          of this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8: "split" (KV splits over the
-# SMs again, now that ATTN_REDUCE's storer copy is a loop; MK_SPLIT_MIN="64 128") | "qkvsplit
-# tiles256" (B=256's idle SMs in QKV / O / DOWN), then
-# A/B of a change without a switch of its own with "treeab" (MK_AB_TREE: an archive of the base
-# commit unpacked on the machine, e.g. `git archive --format=tar.gz <base> mk launch
-# bench/_jobs.py pyproject.toml -o .gpu/old.tgz`, carried with .gpu) | "verify". A machine that
-# starts cold loses ~60 s of the first call.
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8:
+#   1. "split" (KV splits over the SMs again, now that ATTN_REDUCE's storer copy is a loop; then
+#      "rwide" under them) | "qkvsplit tiles256" (B=256's idle SMs in QKV / O / DOWN)
+#   2. "treeab" with the branch s8-next checked out here and MK_AB_TREE = main unpacked (SiLU with
+#      rcp.approx, RoPE positions once, LM_NORM loads in flight; GPU-unverified) | "attnstep"
+#   3. "verify" of whatever is to become default | "e2e"
+# treeab's base tree: `git archive --format=tar.gz <base> mk launch bench/_jobs.py pyproject.toml
+# -o .gpu/old.tgz` here, `mkdir -p /tmp/oldtree && tar -C /tmp/oldtree -xzf .gpu/old.tgz` there.
+# A machine that starts cold loses ~60 s of the first call.
 # The device tool brings back 8 files: end the call's command with
 #   tar -C $OUT -czf $OUT/all.tgz g0 g1 && rm -rf $OUT/g0 $OUT/g1
 # so that every log and JSON comes back (session 7 lost JSONs and a log to the limit).
@@ -100,7 +105,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [qkvsplit]=200 [tiles256]=260)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [qkvsplit]=200 [tiles256]=260 [attnstep]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -292,6 +297,17 @@ if has tiles256; then
   : > "$OUTDIR/tiles256.log"
   time_ab tiles256 "MK_TILES=O_PROJ@256=m128n128,DOWN@256=m128n128" ${MK_T256_BATCH:-128,256} \
       "MK_TILES=O_PROJ@256=m128n128,DOWN@256=m128n128" "" "--journal"
+fi
+if has attnstep; then
+  # leave-one-out of ATTENTION inside the step (MK_ATTN_EXPERIMENT; outputs garbage, timing only):
+  # at B=256 ATTENTION is 46% of the busy time, and splitting its key blocks between the two
+  # warpgroups gained only 1% (session 8), so is it the math, the loads or neither?
+  : > "$OUTDIR/attnstep.log"
+  for e in ${MK_ATTNSTEP_EXP:-nomath noload}; do
+    time_ab "attnstep_$e" "MK_ATTN_EXPERIMENT=$e" ${MK_ATTNSTEP_BATCH:-256} \
+        "MK_ATTN_EXPERIMENT=$e" "" "--journal"
+    cat "$OUTDIR/attnstep_$e.log" >> "$OUTDIR/attnstep.log"
+  done
 fi
 if has treeab; then
   # A/B of two source trees (a change with no switch of its own): "off" = the tree at MK_AB_TREE
