@@ -39,9 +39,8 @@ Tensor parallelism: reduce-scatter + all-gather fused into epilogues.
 
 Split-K (PlanConfig.split_k; default 1 = never): in a step of at most splitk_max_tokens rows
 (QKV_ROPE: splitk_qkv_max_tokens when set), an output tile of QKV_ROPE / O_PROJ / GATE_UP / DOWN
-may be cut along K into nsplit split tiles (same
-waits; K slices of multiples of splitk_align; float32 partials into SPLITK rows j * T + row, T the
-step's token count) that each signal the tile's SK counter, and one SPLITK_REDUCE (waits SK =
+may be cut along K into nsplit split tiles (same waits; K slices of multiples of splitk_align;
+float32 partials into SPLITK rows j * T + row, T the step's token count) that each signal the tile's SK counter, and one SPLITK_REDUCE (waits SK =
 nsplit, sends the unsplit tile's signal, so every consumer's wait is unchanged). Auto (0): per op,
 the largest power of two with output tiles x nsplit <= num_sms (mk/instructions/splitk.py). The
 reduces are queued half a stage after their split tiles (REDUCE_STAGE_OFFSET), in every policy.

@@ -93,6 +93,14 @@ def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
         assert all(ns == 1 for ns in others.values()) or batch.num_tokens <= 1, split
         err = float((got - want[i]).abs().max() / want[i].abs().max())
         assert err <= 1e-5, (i, err, split)
+    # and the verifier accepts such plans on every rank
+    cfg = split_cfg(2, P_CFG, splitk_max_tokens=1, splitk_qkv_max_tokens=4096)
+    plans = [plan_step(mixed_batch(), P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg)
+             for r in range(tp)]
+    assert plans[0].layout["splitk"]["QKV_ROPE"][1] == 2
+    assert plans[0].layout["splitk"]["DOWN"][1] == 1
+    f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
+    assert f == [], "\n".join(str(x) for x in f[:5])
 
 
 @pytest.mark.parametrize("tp,split_k", [(1, 4), (1, 0), (2, 8), (2, 0)])
@@ -340,8 +348,9 @@ def test_auto_split_70b_tp8(m):
 
 def test_qkv_only_split_70b_tp8_b256():
     """splitk_qkv_max_tokens=256: at B=256 QKV_ROPE's 20 head tiles split in 4 (80 tiles), the
-    other ops stay whole (over splitk_max_tokens); the workspace grows to 256-token partials, the
-    split tiles keep the GPU bodies' predicate and the plan verifies."""
+    other ops stay whole (over splitk_max_tokens); the workspace grows to 256-token partials and
+    the split tiles keep the GPU bodies' predicate (the verifier's check of such plans:
+    test_float32_qkv_only_split_equals_unsplit)."""
     cfg = PlanConfig(split_k=0, splitk_qkv_max_tokens=256)
     plan = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
