@@ -38,7 +38,7 @@ Tensor parallelism: reduce-scatter + all-gather fused into epilogues.
     reduce, the same bytes as a ring all-reduce, with no extra pass over HBM.
 
 Split-K (PlanConfig.split_k; default 1 = never): in a step of at most splitk_max_tokens rows
-(QKV_ROPE: splitk_qkv_max_tokens when set), an output tile of QKV_ROPE / O_PROJ / GATE_UP / DOWN
+(or the op's own cap, SPLITK_OP_CAPS, when set), an output tile of QKV_ROPE / O_PROJ / GATE_UP / DOWN
 may be cut along K into nsplit split tiles (same waits; K slices of multiples of splitk_align;
 float32 partials into SPLITK rows j * T + row, T the step's token count) that each signal the tile's SK counter, and one SPLITK_REDUCE (waits SK =
 nsplit, sends the unsplit tile's signal, so every consumer's wait is unchanged). Auto (0): per op,
@@ -98,6 +98,11 @@ COUNTER_WORDS = [W_WAIT0 + 2 * i for i in range(MAX_WAITS)] + [W_SIGNAL]
 TILE_FIELDS = ("qkv_tile", "o_tile", "mlp_tile", "down_tile", "lm_tile", "token_block")
 
 
+# the PlanConfig field of each split-K op's own token cap
+SPLITK_OP_CAPS = {Op.QKV_ROPE: "splitk_qkv_max_tokens", Op.O_PROJ: "splitk_o_max_tokens",
+                  Op.GATE_UP: "splitk_gate_up_max_tokens", Op.DOWN: "splitk_down_max_tokens"}
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """How a step is tiled and queued.
@@ -136,10 +141,14 @@ class PlanConfig:
     # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session
     # 7, bench/results/splitk256_2026-11-29_s7.log)
     splitk_max_tokens: int = 128
-    # QKV_ROPE's own cap when > 0 (0: splitk_max_tokens): its output is the narrowest (10 head
-    # tiles per token block at 70B TP8), so at B=256 it runs 20 tiles of ~65 us while 112 SMs
-    # wait (session 8 journal); splitting it alone may pay where splitting every op did not
+    # An op's own cap when > 0 (0: splitk_max_tokens). At B=256 each token GEMM is one wave of
+    # too few tiles (70B TP8: QKV_ROPE 20 tiles of ~65 us, O_PROJ / DOWN 64, GATE_UP 56, while
+    # 132 SMs exist; session 8 journal), and splitting every op lost 3.7% (session 7): these
+    # measure each op's split alone
     splitk_qkv_max_tokens: int = 0
+    splitk_o_max_tokens: int = 0
+    splitk_gate_up_max_tokens: int = 0
+    splitk_down_max_tokens: int = 0
     max_split: int = 16
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
@@ -165,10 +174,11 @@ class PlanConfig:
                 or not 0 <= self.kv_split_min <= self.kv_split:
             raise ValueError(f"PlanConfig.kv_split_min must be an integer in [0, kv_split="
                              f"{self.kv_split}], got {self.kv_split_min!r}")
-        for name in ("split_k", "num_sms", "splitk_max_tokens", "splitk_qkv_max_tokens",
-                     "max_split", "splitk_align", "l2_prefetch_mib"):
+        for name in ("split_k", "num_sms", "splitk_max_tokens", "max_split", "splitk_align",
+                     "l2_prefetch_mib") + tuple(SPLITK_OP_CAPS.values()):
             v = getattr(self, name)
-            lowest = 0 if name in ("split_k", "l2_prefetch_mib", "splitk_qkv_max_tokens") else 1
+            lowest = 0 if name in ("split_k", "l2_prefetch_mib") + tuple(SPLITK_OP_CAPS.values()) \
+                else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
         if self.split_k > self.max_split:
@@ -223,10 +233,9 @@ class PlanConfig:
 
     def splitk_token_cap(self, op=None) -> int:
         """The largest step (token rows) in which op (None: any op) may split."""
-        qkv = self.splitk_qkv_max_tokens or self.splitk_max_tokens
         if op is None:
-            return max(self.splitk_max_tokens, qkv)
-        return qkv if Op(op) == Op.QKV_ROPE else self.splitk_max_tokens
+            return max(self.splitk_token_cap(o) for o in SPLITK_OP_CAPS)
+        return getattr(self, SPLITK_OP_CAPS.get(Op(op), ""), 0) or self.splitk_max_tokens
 
     def split_factors(self, num_tokens: int, tile_counts: dict, ks: dict) -> dict:
         """nsplit per op ({op: output tiles of the step}, {op: K}) for a step of num_tokens rows."""

@@ -59,8 +59,9 @@
 #          session 6's candidate fix racecheck-clean (hazard lines appended): wgrace.log (~4 min)
 #   wgtime MK_ATTN_WG_SPLIT=1 timed only (no checks; pair it with wgrace on the other GPU):
 #          decode B=1 / 64 / 256 with and without, journal on: wgtime.log, wgtime_{on,off}.json
-#   qkvsplit decode B=256 (MK_QS_BATCH) with QKV_ROPE alone split-K (--plan
-#          splitk_qkv_max_tokens=256: x4, 80 tiles) and without, journal on: qkvsplit.log, _{on,off}.json
+#   opsplit decode B=256 (MK_OS_BATCH) as it is and with each token GEMM's split-K alone (--plan
+#          splitk_<qkv|o|gate_up|down>_max_tokens=256; auto: QKV x4, the others x2), journal on:
+#          opsplit.log, opsplit_<none|qkv|o|gate_up|down>.json (~5.5 min)
 #   tiles256 decode B=128 / 256 with O_PROJ and DOWN on m128n128 tiles (MK_TILES) and without:
 #          tiles256.log, tiles256_{on,off}.json. Checks of either before making it a default:
 #          tests/test_splitk_gpu.py and the two-layer checks (verify)
@@ -75,9 +76,10 @@
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8:
 #   1. "split" (KV splits over the SMs again, now that ATTN_REDUCE's storer copy is a loop; then
-#      "rwide" under them) | "qkvsplit tiles256" (B=256's idle SMs in QKV / O / DOWN)
-#   2. "treeab" with the branch s8-next checked out here and MK_AB_TREE = main unpacked (SiLU with
-#      rcp.approx, RoPE positions once, LM_NORM loads in flight; GPU-unverified) | "attnstep"
+#      "rwide" under them) | "opsplit" (each token GEMM's split-K alone at B=256)
+#   2. "tiles256 attnstep" (B=256: O / DOWN on 128-column tiles; ATTENTION's math or loads out) |
+#      "treeab" with the branch s8-next checked out here and MK_AB_TREE = main unpacked (SiLU with
+#      rcp.approx, RoPE positions once, LM_NORM loads in flight; GPU-unverified)
 #   3. "verify" of whatever is to become default | "e2e"
 # treeab's base tree: `git archive --format=tar.gz <base> mk launch bench/_jobs.py pyproject.toml
 # -o .gpu/old.tgz` here, `mkdir -p /tmp/oldtree && tar -C /tmp/oldtree -xzf .gpu/old.tgz` there.
@@ -105,7 +107,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [qkvsplit]=200 [tiles256]=260 [attnstep]=300)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=260 [attnstep]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -284,12 +286,20 @@ if has wgtime; then
   : > "$OUTDIR/wgtime.log"
   time_ab wgtime "MK_ATTN_WG_SPLIT=1" ${MK_WGSPLIT_BATCH:-1,64,256} "MK_ATTN_WG_SPLIT=1" "" "--journal"
 fi
-if has qkvsplit; then
-  # QKV_ROPE alone split-K at B=256 (PlanConfig.splitk_qkv_max_tokens): its 20 head tiles ran
-  # ~65 us each while 112 SMs waited (session 8 journal); splitting every op lost 3.7% (session 7)
-  : > "$OUTDIR/qkvsplit.log"
-  time_ab qkvsplit "--plan splitk_qkv_max_tokens=256" ${MK_QS_BATCH:-256} "" \
-      "--plan splitk_qkv_max_tokens=256" "--journal"
+if has opsplit; then
+  # each token GEMM's split-K alone at B=256 (PlanConfig.splitk_<op>_max_tokens): every one is a
+  # single wave of too few tiles there (QKV_ROPE 20 of ~65 us, O_PROJ / DOWN 64, GATE_UP 56;
+  # session 8 journal); splitting all of them at once lost 3.7% (session 7)
+  : > "$OUTDIR/opsplit.log"
+  for v in none qkv o gate_up down; do
+    a=""; [ $v = none ] || a="--plan splitk_${v}_max_tokens=256"
+    timeout 200 $B --batch ${MK_OS_BATCH:-256} $a --journal --out "$OUTDIR/opsplit_$v.json" \
+        > "/tmp/opsplit_$v.log" 2>&1 || rc=1
+    echo "== split-K of $v alone ($a)" | tee -a "$OUTDIR/opsplit.log"
+    { table "/tmp/opsplit_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE) "
+      grep Error "/tmp/opsplit_$v.log"; } | tee -a "$OUTDIR/opsplit.log"
+    rm -f "$OUTDIR"/opsplit_"$v"_*_journal.pt "$OUTDIR"/opsplit_"$v"_*_timeline.png
+  done
 fi
 if has tiles256; then
   # O_PROJ / DOWN on 128-column tiles at 64 < M <= 256: 128 tiles each instead of 64 at B=256

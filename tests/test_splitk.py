@@ -9,6 +9,7 @@ the GPU bodies need 64, the default) and pretend 16 SMs for the auto split (num_
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -300,6 +301,8 @@ def test_config_errors():
         PlanConfig(splitk_align=0)
     with pytest.raises(ValueError, match="splitk_qkv_max_tokens"):
         PlanConfig(splitk_qkv_max_tokens=-1)
+    with pytest.raises(ValueError, match="splitk_gate_up_max_tokens"):
+        PlanConfig(splitk_gate_up_max_tokens=1.5)
 
 
 # Llama-70B TP8 rank --------------------------------------------------------------------------------
@@ -346,25 +349,43 @@ def test_auto_split_70b_tp8(m):
     assert shapes[Buf.SPLITK] == (16 * 128, 8192)      # max_split x splitk_max_tokens rows
 
 
-def test_qkv_only_split_70b_tp8_b256():
-    """splitk_qkv_max_tokens=256: at B=256 QKV_ROPE's 20 head tiles split in 4 (80 tiles), the
-    other ops stay whole (over splitk_max_tokens); the workspace grows to 256-token partials and
-    the split tiles keep the GPU bodies' predicate (the verifier's check of such plans:
-    test_float32_qkv_only_split_equals_unsplit)."""
-    cfg = PlanConfig(split_k=0, splitk_qkv_max_tokens=256)
+def test_every_splittable_op_has_its_own_cap():
+    from mk.plan import SPLITK_OP_CAPS
+    names = {f.name for f in fields(PlanConfig)}
+    assert set(SPLITK_OP_CAPS) == set(sk.SPLITTABLE)
+    assert all(SPLITK_OP_CAPS[op] in names for op in SPLITK_OP_CAPS)
+
+
+B256_ALONE = {"splitk_qkv_max_tokens": ((20, 4), (64, 1), (56, 1), (64, 1)),
+              "splitk_o_max_tokens": ((20, 1), (64, 2), (56, 1), (64, 1)),
+              "splitk_gate_up_max_tokens": ((20, 1), (64, 1), (56, 2), (64, 1)),
+              "splitk_down_max_tokens": ((20, 1), (64, 1), (56, 1), (64, 2))}
+
+
+@pytest.mark.parametrize("cap", sorted(B256_ALONE))
+def test_one_op_split_70b_tp8_b256(cap):
+    """An op's own cap of 256: at B=256 that op alone splits (auto: QKV_ROPE's 20 head tiles in
+    4, the others in 2), the rest stay whole (over splitk_max_tokens); the workspace grows to
+    256-token partials and the split tiles keep the GPU bodies' predicate (the verifier's check of
+    such plans: test_float32_qkv_only_split_equals_unsplit)."""
+    cfg = PlanConfig(split_k=0, **{cap: 256})
     plan = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
-    assert got == ((20, 4), (64, 1), (56, 1), (64, 1)), got
+    assert got == B256_ALONE[cap], got
     s = plan.instrs.numpy()
-    p = s[s[:, W_OPCODE] == Op.QKV_ROPE]
-    err = tiles.gemm_tile_error("QKV_ROPE", tiles.tile_shape(Op.QKV_ROPE, 256), p[:, W_ROW0],
-                                p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, qk.A_K],
-                                p[:, qk.A_HEAD_DIM], p[:, qk.A_SEC_COL0], p[:, mc.A_K0])
-    assert err is None, err
+    for op in SPLIT_OPS:
+        p = s[s[:, W_OPCODE] == op]
+        kw = qk.A_K if op == Op.QKV_ROPE else mm.A_K
+        qkv = op == Op.QKV_ROPE
+        err = tiles.gemm_tile_error(op.name, tiles.tile_shape(op, 256), p[:, W_ROW0],
+                                    p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw],
+                                    p[:, qk.A_HEAD_DIM] if qkv else None,
+                                    p[:, qk.A_SEC_COL0] if qkv else None, p[:, mc.A_K0])
+        assert err is None, (op, err)
     assert (s[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     assert shapes[Buf.SPLITK] == (16 * 256, 8192)
-    # the default cap (0 = splitk_max_tokens) changes nothing
+    # the default caps (0 = splitk_max_tokens) change nothing
     plain = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
                       PlanConfig(split_k=0))
     assert tuple(plain.layout["splitk"][op.name] for op in SPLIT_OPS) == AUTO_70B[256]
