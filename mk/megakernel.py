@@ -385,7 +385,7 @@ class MegakernelDSL:
             if cutlass.const_expr(resid):
                 tma_r, gR = at.tma_r, at.gR
             gops.append((at.tma_a, at.gA, at.tma_b, at.gB, tma_r, gR, at.tiled_mma, at.sA_layout,
-                         at.sB_layout, y, w))
+                         at.sB_layout, y, w, at.sB_load_layout))
         aops = []
         if cutlass.const_expr(self.attn_ps > 0):
             aa = ak.AttnAtoms(kv, self.attn_ps)
@@ -625,7 +625,7 @@ class MegakernelDSL:
                                 col0 = ring[base + W_COL0]
                                 kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
                                 pg = gk.gemm_load(GS[gi].cfg, GS[gi].epi, g[0], g[1], g[2], g[3],
-                                                  g[4], g[5], g[7], g[8],
+                                                  g[4], g[5], g[7], g[11],
                                                   ring[base + A_SRC] - GS[gi].xb,
                                                   ring[base + A_DST] - GS[gi].yb,
                                                   ring[base + W_LAYER], ring[base + W_ROW0], col0,

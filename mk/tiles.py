@@ -8,7 +8,8 @@ applies before a launch (tests apply it to default plans on the CPU).
 
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64; a B page is 128 weight
 rows (see _gemm_kernel.py's docstring for the wgmma modes "M", "N", "PAGE"). GATE_UP tiles load
-the gate and the up rows of the same 128 output columns (bn = 128).
+the gate and the up rows of the same output columns: 128 in two B pages (bn = 128), or 64 in one
+(gu_m128n64: 64 gate rows then 64 up rows, bn = 64).
 
 M class: M = the step's token rows (the megakernel compiles one variant per class and picks it from
 the step's token count, `Megakernel(gemm_m=...)`); LM_HEAD's rows are sequences, and its M may be
@@ -43,9 +44,10 @@ class TileShape:
 
     @property
     def bn(self) -> int:
-        """Output columns of a tile."""
+        """Output columns of a tile (gate_up: NB = 2 pages hold the gate and the up rows of 128
+        columns, NB = 1 page the gate and the up rows of 64 columns, 64 rows each)."""
         if self.gate_up:
-            return B_ROWS
+            return B_ROWS * self.nb // 2
         return B_ROWS * self.nb
 
 
@@ -57,6 +59,10 @@ TILE_SHAPES = {
     "m64n128": TileShape("m64n128", 64, 1, 64, "N"),
     "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
+    # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128 (at B=256
+    # GATE_UP is 56 compute-bound tiles of ~108 us on 132 SMs; not in the table until measured:
+    # MK_TILES=GATE_UP@256=gu_m128n64)
+    "gu_m128n64": TileShape("gu_m128n64", 128, 1, 128, "M", gate_up=True),
 }
 
 # Shape classes: M (token rows of the step, or sequences for LM_HEAD) -> tile per opcode.

@@ -62,9 +62,10 @@
 #   opsplit decode B=256 (MK_OS_BATCH) as it is and with each token GEMM's split-K alone (--plan
 #          splitk_<qkv|o|gate_up|down>_max_tokens=256; auto: QKV x4, the others x2), journal on:
 #          opsplit.log, opsplit_<none|qkv|o|gate_up|down>.json (~5.5 min)
-#   tiles256 decode B=128 / 256 with O_PROJ and DOWN on m128n128 tiles (MK_TILES) and without:
-#          tiles256.log, tiles256_{on,off}.json. Checks of either before making it a default:
-#          tests/test_splitk_gpu.py and the two-layer checks (verify)
+#   tiles256 decode B=128 / 256 (MK_T256_BATCH) with O_PROJ / DOWN on m128n128 tiles, GATE_UP on
+#          gu_m128n64 (after its GPU tests), both, and neither (MK_TILES), journal on:
+#          tiles256.log, tiles256_{none,od,gu,both}.json (~8 min: a GPU of its own). Before making
+#          one a default: tests/test_splitk_gpu.py and the two-layer checks with it (verify)
 #   attnstep decode B=256 (MK_ATTNSTEP_BATCH) with ATTENTION's math or loads compiled out
 #          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only),
 #          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
@@ -77,10 +78,10 @@
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8:
 #   1. "split" (KV splits over the SMs again, now that ATTN_REDUCE's storer copy is a loop; then
 #      "rwide" under them) | "opsplit" (each token GEMM's split-K alone at B=256)
-#   2. "tiles256 attnstep" (B=256: O / DOWN on 128-column tiles; ATTENTION's math or loads out) |
-#      "treeab" with the branch s8-next checked out here and MK_AB_TREE = main unpacked (SiLU with
-#      rcp.approx, RoPE positions once, LM_NORM loads in flight; GPU-unverified)
-#   3. "verify" of whatever is to become default | "e2e"
+#   2. "tiles256" (B=256's GEMMs on narrower tiles) | "attnstep" (ATTENTION's math or loads out)
+#   3. "treeab" with the branch s8-next checked out here and MK_AB_TREE = main unpacked (SiLU with
+#      rcp.approx, RoPE positions once, LM_NORM loads in flight; GPU-unverified) | "verify"
+#   4. "verify" of whatever is to become default | "e2e"
 # treeab's base tree: `git archive --format=tar.gz <base> mk launch bench/_jobs.py pyproject.toml
 # -o .gpu/old.tgz` here, `mkdir -p /tmp/oldtree && tar -C /tmp/oldtree -xzf .gpu/old.tgz` there.
 # A machine that starts cold loses ~60 s of the first call.
@@ -107,7 +108,7 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=260 [attnstep]=300)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -302,11 +303,29 @@ if has opsplit; then
   done
 fi
 if has tiles256; then
-  # O_PROJ / DOWN on 128-column tiles at 64 < M <= 256: 128 tiles each instead of 64 at B=256
-  # (the activations re-read from L2 once more per tile; the weights not)
+  # B=256's one-wave GEMMs on more, narrower tiles (MK_TILES; the activations re-read from L2
+  # once more per tile, the weights not): O_PROJ / DOWN on m128n128 (128 tiles each instead of
+  # 64), GATE_UP on gu_m128n64 (one B page of 64 gate + 64 up rows: 112 instead of 56; built in
+  # session 8, GPU-unverified: its GPU tests run first and gate its timing)
   : > "$OUTDIR/tiles256.log"
-  time_ab tiles256 "MK_TILES=O_PROJ@256=m128n128,DOWN@256=m128n128" ${MK_T256_BATCH:-128,256} \
-      "MK_TILES=O_PROJ@256=m128n128,DOWN@256=m128n128" "" "--journal"
+  timeout 240 python -m pytest -q -m gpu tests/test_gemm_gpu.py -k one_page_gate_up \
+      > "/tmp/tiles256_check.log" 2>&1
+  tail -3 "/tmp/tiles256_check.log" | tee -a "$OUTDIR/tiles256.log"
+  gu_ok=0; grep -q "2 passed" "/tmp/tiles256_check.log" && gu_ok=1
+  OD="O_PROJ@256=m128n128,DOWN@256=m128n128"; GU="GATE_UP@256=gu_m128n64"
+  for v in none od gu both; do
+    case $v in none) t="";; od) t=$OD;; gu) t=$GU;; both) t="$OD,$GU";; esac
+    if [ $gu_ok = 0 ] && { [ $v = gu ] || [ $v = both ]; }; then
+      echo "== tiles $v: not timed (the one-page gate/up tile's GPU tests did not pass)" \
+          | tee -a "$OUTDIR/tiles256.log"; rc=1; continue
+    fi
+    MK_TILES=$t timeout 200 $B --batch ${MK_T256_BATCH:-128,256} --journal \
+        --out "$OUTDIR/tiles256_$v.json" > "/tmp/tiles256_$v.log" 2>&1 || rc=1
+    echo "== tiles $v (MK_TILES=$t)" | tee -a "$OUTDIR/tiles256.log"
+    { table "/tmp/tiles256_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN) "
+      grep Error "/tmp/tiles256_$v.log"; } | tee -a "$OUTDIR/tiles256.log"
+    rm -f "$OUTDIR"/tiles256_"$v"_*_journal.pt "$OUTDIR"/tiles256_"$v"_*_timeline.png
+  done
 fi
 if has attnstep; then
   # leave-one-out of ATTENTION inside the step (MK_ATTN_EXPERIMENT; outputs garbage, timing only):

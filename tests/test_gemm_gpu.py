@@ -113,3 +113,31 @@ def test_rows_and_gemm_in_one_megakernel():
     ref = bufs[int(Buf.MLP_ACT)].float()
     assert torch.isfinite(ga_).all()
     assert ((ga_ - ref).norm() / ref.norm()).item() < 1e-2
+
+
+ONE_PAGE_GATE_UP = r'''
+import json, sys
+sys.path.insert(0, {root!r})
+from bench.gemm import check_case
+from mk import tiles
+from mk.ir import Op
+assert tiles.tile_name(Op.GATE_UP, {m}) == "gu_m128n64"
+print(json.dumps(check_case("GATE_UP", {m}, seed={m})))
+'''
+
+
+@pytest.mark.parametrize("m", [200, 256])
+def test_one_page_gate_up_tile_matches_torch_face(m):
+    """gu_m128n64 (one B page of 64 gate + 64 up rows; not in the table: MK_TILES, read at import,
+    so in a subprocess) against GATE_UP's torch face, output poisoned outside the tile rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MK_TILES="GATE_UP@256=gu_m128n64")
+    r = subprocess.run([sys.executable, "-c", ONE_PAGE_GATE_UP.format(root=root, m=m)], env=env,
+                       cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], res

@@ -224,3 +224,41 @@ def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
     with pytest.raises(ValueError, match="GATE_UP tiles need"):
         M.check_plan(bad[bad[:, W_OPCODE] == int(Op.GATE_UP)].contiguous(), 8, T, H,
                      plan.num_counters, gemm=gemm, slots=slots)
+
+
+ONE_PAGE_GATE_UP = r'''
+import sys
+sys.path.insert(0, "tests")
+import test_tiles as T
+from mk import tiles
+from mk.ir import W_COLS, W_OPCODE, Op
+from mk.plan import PlanConfig, plan_step
+from mk.config import ParallelConfig
+assert tiles.tile_name(Op.GATE_UP, 256) == "gu_m128n64"
+assert tiles.TILE_SHAPES["gu_m128n64"].bn == 64
+plan = plan_step(T.batch_of(256), T.LLAMA_70B, ParallelConfig(1, 0), T.KERNEL_70B, PlanConfig())
+s = plan.instrs
+gu = s[s[:, W_OPCODE] == int(Op.GATE_UP)]
+assert int(gu[:, W_COLS].max()) == 64, gu[:, W_COLS].max()
+print("GATE_UP tiles per layer", len(gu) // T.LLAMA_70B.num_layers)
+for m in (200, 256):
+    T.test_megakernel_check_plan_accepts_default_gemm_tiles(m)
+    T.test_default_plan_satisfies_the_gpu_tiles(m, 0)
+    T.test_default_plan_satisfies_the_gpu_tiles(m, 7)
+'''
+
+
+def test_one_page_gate_up_tile_plans():
+    """gu_m128n64 (64 gate + 64 up rows in one B page; MK_TILES=GATE_UP@256=gu_m128n64, read at
+    import, so in a subprocess): the planner cuts GATE_UP into 64-column tiles (twice gu_m128's
+    count), and the plans pass the GPU tile predicate and mk.megakernel.check_plan."""
+    pytest.importorskip("cutlass")
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MK_TILES="GATE_UP@256=gu_m128n64", CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", ONE_PAGE_GATE_UP], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "GATE_UP tiles per layer 896" in r.stdout, r.stdout     # 2 token blocks x 28672 / 64

@@ -19,10 +19,13 @@ each stage; how they split the tile is the config's `wg` mode:
             64 x 128 per B page: wgmma m64n128k16, two chains for NB = 2)
     "N"     BM = 64:  warpgroup w owns columns [64w, 64w+64) of every B page (m64n64k16)
     "PAGE"  BM = 64, NB = 2: warpgroup w owns B page w (m64n128k16)
-GATE_UP always loads two B pages per stage, the gate rows [c0, c0+BNo) and the up rows
-[I + c0, I + c0 + BNo) of the stacked gate_up weight (one TMA descriptor, two coordinates), so each
-thread holds gate and up of the same (row, column) and SiLU(gate) * up is fused in registers
-(the interleaving the issue asks for, done by the loader instead of by a weight shuffle).
+GATE_UP loads the gate rows [c0, c0+BNo) and the up rows [I + c0, I + c0 + BNo) of the stacked
+gate_up weight (one TMA descriptor, two coordinates): NB = 2 pages of 128 rows (gate page, up page:
+each thread holds gate and up of the same (row, column) in its two chains), or, for gu_m128n64
+(NB = 1, "M"), one page of 64 gate rows then 64 up rows (two 64-row boxes; the thread's element
+of column c + 64, the up partner of gate column c, is element PARTNER_64 after it, as in RoPE).
+Either way SiLU(gate) * up is fused in registers (the interleaving the issue asks for, done by
+the loader instead of by a weight shuffle).
 
 Pages of one instruction, in ring order (every role walks the same sequence, so each computes the
 same page numbers from a running page count pg: page = pg % NP, phase = (pg // NP) & 1):
@@ -93,6 +96,10 @@ CONSUMER_THREADS = 256
 EMPTY_ARRIVALS = NUM_CONSUMER_WARPS
 DONE_ARRIVALS = NUM_CONSUMER_WARPS
 B_PAGE_BYTES = B_ROWS * BK * 2
+# In an m64n128 accumulator fragment, element i = e + 2h + 4j holds column 8j + 2(lane%4) + e of
+# row 16w + lane/4 + 8h: for j < 8 (i < 32) the element of column c + 64 is i + PARTNER_64 (RoPE's
+# rotate-half partner; the up column of a one-page gate/up tile's gate column)
+PARTNER_64 = 32
 
 # epilogue kinds (compile-time: one body per opcode's epilogue)
 EPI_STORE = int(Epi.STORE)          # bf16 store (QKV q section, EMBED-like)
@@ -144,6 +151,11 @@ class TileConfig(tiles.TileShape):
         """wgmma accumulators per consumer thread."""
         return 1 if self.wg == "PAGE" else self.nb
 
+    @property
+    def half_gate_up(self) -> bool:
+        """GATE_UP with one B page per stage: 64 gate rows, then 64 up rows (bn = 64)."""
+        return self.gate_up and self.nb == 1
+
     def atom_layout(self):
         return {"M": (2, 1, 1), "N": (1, 2, 1), "PAGE": (1, 1, 1)}[self.wg]
 
@@ -168,7 +180,8 @@ class TileConfig(tiles.TileShape):
             assert self.wg == "PAGE" and self.bm == 64 and self.nb == 2 and self.wn == 128
             assert not self.gate_up, "PAGE mode puts gate and up in different warpgroups"
         if self.gate_up:
-            assert self.nb == 2
+            assert self.nb == 2 or (self.wg == "M" and self.wn == 128), \
+                "a one-page gate/up tile needs the page's 128 rows in one wgmma chain"
         e = self.epi_pages(out_bytes)
         # deadlock-freedom of the ring: two stages in flight in the consumers, E staging pages
         assert 2 * self.stage_pages <= npages and e + self.stage_pages <= npages, (self, e)
@@ -230,8 +243,15 @@ class GemmAtoms:
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         self.tma_a, self.gA = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, x, self.sA_layout,
                                                                      (cfg.bm, BK))
-        self.tma_b, self.gB = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, w, self.sB_layout,
-                                                                     (B_ROWS, BK))
+        # the loader's B box: the whole page, or (one-page gate/up) 64 rows, twice per page; the
+        # SW128 K-major layout of 128 rows is two 64-row ones back to back
+        self.b_box_rows = B_ROWS // 2 if cfg.half_gate_up else B_ROWS
+        self.sB_load_layout = self.sB_layout
+        if cfg.half_gate_up:
+            self.sB_load_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+                lay, (cfg.bm, self.b_box_rows, BK), BFloat16, 1), (None, None, 0))
+        self.tma_b, self.gB = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            g2s, w, self.sB_load_layout, (self.b_box_rows, BK))
         self.a_bytes = cute.size_in_bytes(BFloat16, self.sA_layout)
         assert self.a_bytes == cfg.bm * BK * 2 and self.a_bytes <= PAGE
         assert cute.size_in_bytes(BFloat16, self.sB_layout) == B_PAGE_BYTES
@@ -269,8 +289,9 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
-    up_row0: first weight row of the second B page for gate_up configs (I + col0); otherwise the
-    second page is weight rows col0 + 128.
+    up_row0: first weight row of the second B page for gate_up configs (I + col0; one-page
+    gate/up: of the page's second half); otherwise the second page is weight rows col0 + 128.
+    sB_layout: the loader's B box (GemmAtoms.sB_load_layout; the consumers' is sB_layout).
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A split tile's
     K loop starts at its k0 word, and it has no epilogue pages (its partial goes from the
     consumers' registers to the SPLITK workspace).
@@ -327,10 +348,18 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
-        wrow = col0 + j * B_ROWS
-        if cutlass.const_expr(cfg.gate_up and j == 1):
-            wrow = up_row0
-        tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
+        if cutlass.const_expr(cfg.half_gate_up):
+            # 64 gate rows, then the 64 up rows of the same columns (sB_layout: the 64-row box)
+            half = B_PAGE_BYTES // 2
+            tma_box(tma_b, gB, sB_layout, B_ROWS // 2, pool, page, 0, col0, kc, layer,
+                    full + page)
+            tma_box(tma_b, gB, sB_layout, B_ROWS // 2, pool, page, half, up_row0, kc, layer,
+                    full + page)
+        else:
+            wrow = col0 + j * B_ROWS
+            if cutlass.const_expr(cfg.gate_up and j == 1):
+                wrow = up_row0
+            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
 
 
 @cute.jit
@@ -549,6 +578,8 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
         acc = accs[ch]
         npair = cute.size(acc) // 2
+        if cutlass.const_expr(cfg.half_gate_up):
+            npair = PARTNER_64 // 2         # the gate columns c < 64; their up at + PARTNER_64
         resid = [None] * npair
         if cutlass.const_expr(epi == EPI_RESIDUAL and EPI_BATCH):
             # every residual pair of this chain in flight before the first store (see EPI_BATCH)
@@ -563,7 +594,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
             c = c + col_off + ch * cfg.wn
             v0 = acc[2 * i]
             v1 = acc[2 * i + 1]
-            if cutlass.const_expr(cfg.gate_up):
+            if cutlass.const_expr(cfg.half_gate_up):
+                v0 = silu_mul_bf16(v0, acc[2 * i + PARTNER_64])
+                v1 = silu_mul_bf16(v1, acc[2 * i + 1 + PARTNER_64])
+            elif cutlass.const_expr(cfg.gate_up):
                 v0 = silu_mul_bf16(v0, accs[1][2 * i])
                 v1 = silu_mul_bf16(v1, accs[1][2 * i + 1])
             a = epi_addr(pool, ep0, r, c, cfg.bm, ob, npages)
@@ -662,8 +696,8 @@ def rope_epilogue(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, col_off: Int3
                   row0: Int32, rows: Int32, section: Int32):
     """QKV_ROPE: y = bf16(acc); on q/k sections x*cos + rotate_half(x)*sin per 128-wide head, in
     bf16 steps like qkv.apply_rope (cos/sin from float32 pos * inv_freq, rounded to bf16).
-    Fragment element i = e + 2h + 4j (column 8j + 2(lane%4) + e, row 16w + lane/4 + 8h): the
-    partner column c + 64 of element i (j < 8) is element i + 32 of the same thread."""
+    The partner column c + 64 of element i (c < 64) is element i + PARTNER_64 of the same
+    thread."""
     from mk.instructions._common import M_OFF_POS
     assert cfg.wn == 128, "RoPE pairs need the whole 128-column head in one wgmma chain"
     pos_off = meta[M_OFF_POS]
@@ -681,7 +715,8 @@ def rope_epilogue(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, col_off: Int3
                 rr = rows - 1
             # V section: angle 0, so cos = 1 and sin = 0 and the values pass through exactly
             pos = meta[pos_off + row0 + rr].to(Float32) * rope_on
-            y = [bf(acc[i]), bf(acc[i + 1]), bf(acc[i + 32]), bf(acc[i + 33])]
+            y = [bf(acc[i]), bf(acc[i + 1]), bf(acc[i + PARTNER_64]),
+                 bf(acc[i + 1 + PARTNER_64])]
             o = [y[0], y[1], y[2], y[3]]
             for e in cutlass.range_constexpr(2):
                 cs, sn = rope_cos_sin(pos, inv_freq[(c + e) % 64])
@@ -800,14 +835,20 @@ def store_partial(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, wg: Int32, sp
     nout = 1 if cfg.gate_up else cfg.chains()
     for ch in cutlass.range_constexpr(nout):
         acc = accs[ch]
-        for i in cutlass.range_constexpr(cute.size(acc) // 2):
+        npair = cute.size(acc) // 2
+        if cutlass.const_expr(cfg.half_gate_up):
+            npair = PARTNER_64 // 2         # gate columns c < 64; their up at + PARTNER_64
+        for i in cutlass.range_constexpr(npair):
             r, c = tCcC[2 * i]
             c = c + col_off + ch * cfg.wn
             if r < rows:
                 if c < cols:
                     a = pb + Int64(r * ld + c) * 4
                     st_f32x2(a, acc[2 * i], acc[2 * i + 1])
-                    if cutlass.const_expr(cfg.gate_up):
+                    if cutlass.const_expr(cfg.half_gate_up):
+                        st_f32x2(a + Int64(split.up_col) * 4, acc[2 * i + PARTNER_64],
+                                 acc[2 * i + 1 + PARTNER_64])
+                    elif cutlass.const_expr(cfg.gate_up):
                         st_f32x2(a + Int64(split.up_col) * 4, accs[1][2 * i], accs[1][2 * i + 1])
 
 
