@@ -178,6 +178,17 @@ time_ab() {
     rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
   done
 }
+# one journaled timing of a variant, its table rows appended to NAME.log:
+#   time_variant NAME V LABEL BATCHES ENV ARGS  -> NAME_V.json ("" ENV / ARGS: none)
+time_variant() {
+  local name=$1 v=$2 label=$3 batches=$4 e=$5 a=$6
+  env $e timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a --journal \
+      --out "$OUTDIR/${name}_$v.json" > "/tmp/${name}_$v.log" 2>&1 || rc=1
+  echo "== $label" | tee -a "$OUTDIR/$name.log"
+  { table "/tmp/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE) "
+    grep Error "/tmp/${name}_$v.log"; } | tee -a "$OUTDIR/$name.log"
+  rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
+}
 # time_ab, only when the variant's checks' log NAME.log passed
 timed_ab() {
   if passed "$OUTDIR/$1.log"; then
@@ -294,12 +305,7 @@ if has opsplit; then
   : > "$OUTDIR/opsplit.log"
   for v in none qkv o gate_up down; do
     a=""; [ $v = none ] || a="--plan splitk_${v}_max_tokens=256"
-    timeout 200 $B --batch ${MK_OS_BATCH:-256} $a --journal --out "$OUTDIR/opsplit_$v.json" \
-        > "/tmp/opsplit_$v.log" 2>&1 || rc=1
-    echo "== split-K of $v alone ($a)" | tee -a "$OUTDIR/opsplit.log"
-    { table "/tmp/opsplit_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE) "
-      grep Error "/tmp/opsplit_$v.log"; } | tee -a "$OUTDIR/opsplit.log"
-    rm -f "$OUTDIR"/opsplit_"$v"_*_journal.pt "$OUTDIR"/opsplit_"$v"_*_timeline.png
+    time_variant opsplit $v "split-K of $v alone ($a)" ${MK_OS_BATCH:-256} "" "$a"
   done
 fi
 if has tiles256; then
@@ -319,12 +325,7 @@ if has tiles256; then
       echo "== tiles $v: not timed (the one-page gate/up tile's GPU tests did not pass)" \
           | tee -a "$OUTDIR/tiles256.log"; rc=1; continue
     fi
-    MK_TILES=$t timeout 200 $B --batch ${MK_T256_BATCH:-128,256} --journal \
-        --out "$OUTDIR/tiles256_$v.json" > "/tmp/tiles256_$v.log" 2>&1 || rc=1
-    echo "== tiles $v (MK_TILES=$t)" | tee -a "$OUTDIR/tiles256.log"
-    { table "/tmp/tiles256_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN) "
-      grep Error "/tmp/tiles256_$v.log"; } | tee -a "$OUTDIR/tiles256.log"
-    rm -f "$OUTDIR"/tiles256_"$v"_*_journal.pt "$OUTDIR"/tiles256_"$v"_*_timeline.png
+    time_variant tiles256 $v "tiles $v (MK_TILES=$t)" ${MK_T256_BATCH:-128,256} "MK_TILES=$t" ""
   done
 fi
 if has attnstep; then

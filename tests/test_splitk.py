@@ -324,12 +324,9 @@ AUTO_70B = {1: ((6, 16), (64, 2), (28, 4), (64, 2)),
             256: ((20, 1), (64, 1), (56, 1), (64, 1))}      # over splitk_max_tokens: never
 
 
-@pytest.mark.parametrize("m", sorted(AUTO_70B))
-def test_auto_split_70b_tp8(m):
-    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
-    got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
-    assert got == AUTO_70B[m], got
-    # the GPU bodies' predicate holds for split tiles (K = the slice, multiple of 64, k0 too)
+def _gpu_tile_words(plan, m):
+    """Each split op's instruction words in the plan, after asserting the GPU bodies' tile
+    predicate on them (M class of m): yields (op, words, K word)."""
     s = plan.instrs.numpy()
     for op in SPLIT_OPS:
         p = s[s[:, W_OPCODE] == op]
@@ -339,7 +336,17 @@ def test_auto_split_70b_tp8(m):
                                     p[:, W_COL0], p[:, W_COLS], p[:, kw],
                                     p[:, qk.A_HEAD_DIM] if qkv else None,
                                     p[:, qk.A_SEC_COL0] if qkv else None, p[:, mc.A_K0])
-        assert err is None, err
+        assert err is None, (op, err)
+        yield op, p, kw
+
+
+@pytest.mark.parametrize("m", sorted(AUTO_70B))
+def test_auto_split_70b_tp8(m):
+    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
+    got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
+    assert got == AUTO_70B[m], got
+    # the GPU bodies' predicate holds for split tiles (K = the slice, multiple of 64, k0 too)
+    for op, p, kw in _gpu_tile_words(plan, m):
         if (p[:, mc.A_NSPLIT] > 1).any():
             bad = p[:, mc.A_K0] + 8 * (p[:, mc.A_NSPLIT] > 1)     # slices off the BK grid
             err = tiles.gemm_tile_error(op.name, tiles.tile_shape(op, m), p[:, W_ROW0],
@@ -372,16 +379,8 @@ def test_one_op_split_70b_tp8_b256(cap):
     plan = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
     assert got == B256_ALONE[cap], got
+    list(_gpu_tile_words(plan, 256))        # the GPU tile predicate on every split op
     s = plan.instrs.numpy()
-    for op in SPLIT_OPS:
-        p = s[s[:, W_OPCODE] == op]
-        kw = qk.A_K if op == Op.QKV_ROPE else mm.A_K
-        qkv = op == Op.QKV_ROPE
-        err = tiles.gemm_tile_error(op.name, tiles.tile_shape(op, 256), p[:, W_ROW0],
-                                    p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw],
-                                    p[:, qk.A_HEAD_DIM] if qkv else None,
-                                    p[:, qk.A_SEC_COL0] if qkv else None, p[:, mc.A_K0])
-        assert err is None, (op, err)
     assert (s[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     assert shapes[Buf.SPLITK] == (16 * 256, 8192)
