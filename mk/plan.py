@@ -37,13 +37,14 @@ Tensor parallelism: reduce-scatter + all-gather fused into epilogues.
     Traffic per layer and token: 2 x (n-1)/n x H partials out, (n-1)/n x H gathered back per
     reduce, the same bytes as a ring all-reduce, with no extra pass over HBM.
 
-Split-K (PlanConfig.split_k; default 1 = never): in a step of at most splitk_max_tokens rows
-(or the op's own cap, SPLITK_OP_CAPS, when set), an output tile of QKV_ROPE / O_PROJ / GATE_UP / DOWN
+Split-K (PlanConfig.split_k; default 1 = never): in a step of at most splitk_max_tokens rows (or
+the op's own cap, SPLITK_OP_CAPS, when set), an output tile of QKV_ROPE / O_PROJ / GATE_UP / DOWN
 may be cut along K into nsplit split tiles (same waits; K slices of multiples of splitk_align;
-float32 partials into SPLITK rows j * T + row, T the step's token count) that each signal the tile's SK counter, and one SPLITK_REDUCE (waits SK =
-nsplit, sends the unsplit tile's signal, so every consumer's wait is unchanged). Auto (0): per op,
-the largest power of two with output tiles x nsplit <= num_sms (mk/instructions/splitk.py). The
-reduces are queued half a stage after their split tiles (REDUCE_STAGE_OFFSET), in every policy.
+float32 partials into SPLITK rows j * T + row, T the step's token count) that each signal the
+tile's SK counter, and one SPLITK_REDUCE (waits SK = nsplit, sends the unsplit tile's signal, so
+every consumer's wait is unchanged). Auto (0): per op, the largest power of two with output tiles x
+nsplit <= num_sms (mk/instructions/splitk.py). The reduces are queued half a stage after their
+split tiles (REDUCE_STAGE_OFFSET), in every policy.
 
 Counters: one int32 array per rank, zero at the start of a step (the megakernel may instead keep
 them monotonic and add step x target). Layout, relative to a layer's counter block of CPL
@@ -174,11 +175,10 @@ class PlanConfig:
                 or not 0 <= self.kv_split_min <= self.kv_split:
             raise ValueError(f"PlanConfig.kv_split_min must be an integer in [0, kv_split="
                              f"{self.kv_split}], got {self.kv_split_min!r}")
-        for name in ("split_k", "num_sms", "splitk_max_tokens", "max_split", "splitk_align",
-                     "l2_prefetch_mib") + tuple(SPLITK_OP_CAPS.values()):
+        zero_ok = ("split_k", "l2_prefetch_mib") + tuple(SPLITK_OP_CAPS.values())
+        for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align") + zero_ok:
             v = getattr(self, name)
-            lowest = 0 if name in ("split_k", "l2_prefetch_mib") + tuple(SPLITK_OP_CAPS.values()) \
-                else 1
+            lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
         if self.split_k > self.max_split:
@@ -235,7 +235,8 @@ class PlanConfig:
         """The largest step (token rows) in which op (None: any op) may split."""
         if op is None:
             return max(self.splitk_token_cap(o) for o in SPLITK_OP_CAPS)
-        return getattr(self, SPLITK_OP_CAPS.get(Op(op), ""), 0) or self.splitk_max_tokens
+        field = SPLITK_OP_CAPS.get(Op(op))
+        return (getattr(self, field) if field else 0) or self.splitk_max_tokens
 
     def split_factors(self, num_tokens: int, tile_counts: dict, ks: dict) -> dict:
         """nsplit per op ({op: output tiles of the step}, {op: K}) for a step of num_tokens rows."""

@@ -459,6 +459,20 @@ def silu_mul_bf16(g: Float32, u: Float32) -> Float32:
     return s * u.to(BFloat16).to(Float32)
 
 
+def out_pairs(cfg, acc) -> int:
+    """Accumulator pairs of a chain that hold output columns (trace time): all of them, or for a
+    one-page gate/up tile the gate half (columns c < 64; their up at + PARTNER_64)."""
+    return PARTNER_64 // 2 if cfg.half_gate_up else cute.size(acc) // 2
+
+
+def up_pair(cfg, accs, acc, i: int):
+    """The up values of a GATE_UP tile's gate pair i: the second chain's pair i (two B pages), or
+    the same chain's pair PARTNER_64 later (one page)."""
+    if cfg.half_gate_up:
+        return acc[2 * i + PARTNER_64], acc[2 * i + 1 + PARTNER_64]
+    return accs[1][2 * i], accs[1][2 * i + 1]
+
+
 @cute.jit
 def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute.TiledMma,
                  sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, kt: Int32,
@@ -577,9 +591,7 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                       section)
     for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
         acc = accs[ch]
-        npair = cute.size(acc) // 2
-        if cutlass.const_expr(cfg.half_gate_up):
-            npair = PARTNER_64 // 2         # the gate columns c < 64; their up at + PARTNER_64
+        npair = out_pairs(cfg, acc)
         resid = [None] * npair
         if cutlass.const_expr(epi == EPI_RESIDUAL and EPI_BATCH):
             # every residual pair of this chain in flight before the first store (see EPI_BATCH)
@@ -594,12 +606,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
             c = c + col_off + ch * cfg.wn
             v0 = acc[2 * i]
             v1 = acc[2 * i + 1]
-            if cutlass.const_expr(cfg.half_gate_up):
-                v0 = silu_mul_bf16(v0, acc[2 * i + PARTNER_64])
-                v1 = silu_mul_bf16(v1, acc[2 * i + 1 + PARTNER_64])
-            elif cutlass.const_expr(cfg.gate_up):
-                v0 = silu_mul_bf16(v0, accs[1][2 * i])
-                v1 = silu_mul_bf16(v1, accs[1][2 * i + 1])
+            if cutlass.const_expr(cfg.gate_up):
+                u0, u1 = up_pair(cfg, accs, acc, i)
+                v0 = silu_mul_bf16(v0, u0)
+                v1 = silu_mul_bf16(v1, u1)
             a = epi_addr(pool, ep0, r, c, cfg.bm, ob, npages)
             if cutlass.const_expr(ob == 4):
                 d = cute.make_tensor(cute.make_ptr(Float32, a, cute.AddressSpace.smem,
@@ -835,21 +845,16 @@ def store_partial(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, wg: Int32, sp
     nout = 1 if cfg.gate_up else cfg.chains()
     for ch in cutlass.range_constexpr(nout):
         acc = accs[ch]
-        npair = cute.size(acc) // 2
-        if cutlass.const_expr(cfg.half_gate_up):
-            npair = PARTNER_64 // 2         # gate columns c < 64; their up at + PARTNER_64
-        for i in cutlass.range_constexpr(npair):
+        for i in cutlass.range_constexpr(out_pairs(cfg, acc)):
             r, c = tCcC[2 * i]
             c = c + col_off + ch * cfg.wn
             if r < rows:
                 if c < cols:
                     a = pb + Int64(r * ld + c) * 4
                     st_f32x2(a, acc[2 * i], acc[2 * i + 1])
-                    if cutlass.const_expr(cfg.half_gate_up):
-                        st_f32x2(a + Int64(split.up_col) * 4, acc[2 * i + PARTNER_64],
-                                 acc[2 * i + 1 + PARTNER_64])
-                    elif cutlass.const_expr(cfg.gate_up):
-                        st_f32x2(a + Int64(split.up_col) * 4, accs[1][2 * i], accs[1][2 * i + 1])
+                    if cutlass.const_expr(cfg.gate_up):
+                        u0, u1 = up_pair(cfg, accs, acc, i)
+                        st_f32x2(a + Int64(split.up_col) * 4, u0, u1)
 
 
 # ============================================================================ storer (2 warps)
