@@ -473,26 +473,12 @@ def _err(e: BaseException) -> str:
 
 
 def plan_overrides(text: str) -> dict:
-    """--plan's FIELD=VALUE,... as PlanConfig keyword arguments (integers; names checked)."""
-    from dataclasses import fields
-
-    from mk.plan import PlanConfig
-    names = {f.name for f in fields(PlanConfig)}
-    out = {}
-    for part in filter(None, (t.strip() for t in text.split(","))):
-        key, eq, val = part.partition("=")
-        if not eq or key not in names or key in ("split_k", "policy"):
-            raise UsageError(f"--plan: {part!r} is not FIELD=VALUE with an integer PlanConfig "
-                             f"field other than split_k / policy ({', '.join(sorted(names))})")
-        try:
-            out[key] = int(val)
-        except ValueError:
-            raise UsageError(f"--plan: {key}={val!r} is not an integer") from None
+    """--plan's FIELD=VALUE,... as PlanConfig keyword arguments (mk.plan.parse_plan_overrides)."""
+    from mk.plan import parse_plan_overrides
     try:
-        PlanConfig(**out)           # its own validation, once, before any GPU work
+        return parse_plan_overrides(text)
     except ValueError as e:
         raise UsageError(f"--plan: {e}") from None
-    return out
 
 
 def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,

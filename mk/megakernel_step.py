@@ -289,7 +289,8 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
 # ==================================================================================== self-check
 def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
                      decode_steps: int = 3, verbose: bool = True, split_k: int = 1,
-                     kv_split_min: int = 0, num_sms: int = 132, l2_prefetch_mib: int = 0) -> dict:
+                     kv_split_min: int = 0, num_sms: int = 132, l2_prefetch_mib: int = 0,
+                     plan: dict | None = None) -> dict:
     """One mixed run of the tiny head_dim-128 model on the GPU: a prefill step of prompts of
     several lengths (some split over KV blocks of kv_split keys), then decode steps that mix in a
     second prefill chunk; every step's logits vs mk.vm on the same weights (bf16 tolerance) and the
@@ -298,7 +299,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     (1 never; n >= 2 forces n-way split-K tiles + SPLITK_REDUCE in every step of <= 256 tokens;
     0 auto), so the megakernel runs the split plan the interpreter runs. kv_split_min /
     num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
-    PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle)."""
+    PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
+    further PlanConfig fields (e.g. splitk_qkv_max_tokens), on both sides."""
     from dataclasses import replace as dc_replace
 
     from mk.batch import SeqChunk
@@ -314,7 +316,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
     pcfg = PlanConfig(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
-                      num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib)
+                      num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib, **(plan or {}))
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),
@@ -400,13 +402,17 @@ def _main(argv=None) -> int:
     ap.add_argument("--num-sms", type=int, default=132, help="PlanConfig.num_sms")
     ap.add_argument("--l2-prefetch-mib", type=int, default=0,
                     help="PlanConfig.l2_prefetch_mib (0: no L2_PREFETCH instructions)")
+    ap.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
+                    help="further PlanConfig fields, e.g. splitk_qkv_max_tokens=256")
     a = ap.parse_args(argv)
     try:
+        from mk.plan import parse_plan_overrides
+        plan = parse_plan_overrides(a.plan)
         from mk import megakernel as mkk
         mkk.require_gpu("the megakernel check", hint="")
         r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps, split_k=a.split_k,
                              kv_split_min=a.kv_split_min, num_sms=a.num_sms,
-                             l2_prefetch_mib=a.l2_prefetch_mib)
+                             l2_prefetch_mib=a.l2_prefetch_mib, plan=plan)
     except (RuntimeError, ValueError) as e:
         print(f"error: {type(e).__name__}: {e}", file=__import__("sys").stderr)
         return 1

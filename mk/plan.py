@@ -1082,3 +1082,23 @@ def counter_targets(words: np.ndarray, num_counters: int, n: int, rank: int,
         if mask.any():
             t += mult * np.bincount(sig[mask], cnt[mask], minlength=num_counters).astype(np.int64)
     return t.astype(np.int32)
+
+
+def parse_plan_overrides(text: str) -> dict:
+    """FIELD=VALUE,... (the command lines' --plan) as PlanConfig keyword arguments: integer fields
+    other than split_k / policy (each command line has its own flag for those), names checked and
+    the result validated by PlanConfig itself; ValueError says what is wrong."""
+    from dataclasses import fields
+    names = {f.name for f in fields(PlanConfig)}
+    out = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        key, eq, val = part.partition("=")
+        if not eq or key not in names or key in ("split_k", "policy"):
+            raise ValueError(f"{part!r} is not FIELD=VALUE with an integer PlanConfig field other "
+                             f"than split_k / policy ({', '.join(sorted(names))})")
+        try:
+            out[key] = int(val)
+        except ValueError:
+            raise ValueError(f"{key}={val!r} is not an integer") from None
+    PlanConfig(**out)           # its own validation, once, before any GPU work
+    return out

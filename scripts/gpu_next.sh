@@ -66,6 +66,9 @@
 #          gu_m128n64 (after its GPU tests), both, and neither (MK_TILES), journal on:
 #          tiles256.log, tiles256_{none,od,gu,both}.json (~8 min: a GPU of its own). Before making
 #          one a default: tests/test_splitk_gpu.py and the two-layer checks with it (verify)
+#   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
+#          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
+#          DOWN too, journal on: opcombo.log, opcombo_{none,qg,qgd}.json (~5.5 min)
 #   attnstep decode B=256 (MK_ATTNSTEP_BATCH) with ATTENTION's math or loads compiled out
 #          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only),
 #          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
@@ -108,7 +111,8 @@ rc=0
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
-                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300)
+                   [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
+                   [opcombo]=330)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -307,6 +311,20 @@ if has opsplit; then
     a=""; [ $v = none ] || a="--plan splitk_${v}_max_tokens=256"
     time_variant opsplit $v "split-K of $v alone ($a)" ${MK_OS_BATCH:-256} "" "$a"
   done
+fi
+if has opcombo; then
+  # the token GEMMs' split-K caps together (session 9's opsplit alone at B=256: QKV -11.2%,
+  # GATE_UP -6.4%, DOWN 0, O +2.8%): the two-layer check with all three caps (its 208-token step
+  # then splits QKV / GATE_UP / DOWN), then decode MK_OC_BATCH with none, QKV + GATE_UP, and DOWN too
+  QG="splitk_qkv_max_tokens=256,splitk_gate_up_max_tokens=256"
+  echo "== check --split-k 0 --plan $QG,splitk_down_max_tokens=256" > "$OUTDIR/opcombo.log"
+  timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 \
+      --plan "$QG,splitk_down_max_tokens=256" 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
+      | tee -a "$OUTDIR/opcombo.log"
+  time_variant opcombo none "split-K caps as they are" ${MK_OC_BATCH:-192,256} "" ""
+  time_variant opcombo qg "QKV + GATE_UP (--plan $QG)" ${MK_OC_BATCH:-192,256} "" "--plan $QG"
+  time_variant opcombo qgd "QKV + GATE_UP + DOWN" ${MK_OC_BATCH:-192,256} "" \
+      "--plan $QG,splitk_down_max_tokens=256"
 fi
 if has tiles256; then
   # B=256's one-wave GEMMs on more, narrower tiles (MK_TILES; the activations re-read from L2
