@@ -124,8 +124,13 @@ class PlanConfig:
     kv_split: int = 1024        # keys per attention split (a context longer than this is split)
     # > 0: a step whose attention instructions would not fill num_sms SMs cuts its decode
     # segments' keys into smaller splits (one size per step, a multiple of kv_split_min, at least
-    # kv_split_min, at most kv_split) so that they do (spread_kv_splits); 0: never
-    kv_split_min: int = 0
+    # kv_split_min, at most kv_split) so that they do (spread_kv_splits); 0: never. 64 (one key
+    # block): 70B TP8 decode at ctx 1024 -4.4% / -4.2% / -3.1% at B=1 / 16 / 32 (H200, session 9,
+    # bench/results/split_2026-11-30_s9*)
+    kv_split_min: int = 64
+    # ... but only when the longest decode context then has at least this many splits: at B=48
+    # (3 splits of 384 keys) the spread lost 4.8%, at B=64 (2 of 512) 1.5% (session 9)
+    kv_spread_min_splits: int = 4
     attn_kv_heads: int = 1      # KV heads per attention instruction
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
@@ -144,11 +149,13 @@ class PlanConfig:
     splitk_max_tokens: int = 128
     # An op's own cap when > 0 (0: splitk_max_tokens). At B=256 each token GEMM is one wave of
     # too few tiles (70B TP8: QKV_ROPE 20 tiles of ~65 us, O_PROJ / DOWN 64, GATE_UP 56, while
-    # 132 SMs exist; session 8 journal), and splitting every op lost 3.7% (session 7): these
-    # measure each op's split alone
-    splitk_qkv_max_tokens: int = 0
+    # 132 SMs exist; session 8 journal), and splitting every op lost 3.7% (session 7). Each op's
+    # split alone at B=256 (session 9, bench/results/opsplit_2026-11-30_s9*): QKV -11.2%,
+    # GATE_UP -6.4%, DOWN 0, O_PROJ +2.8%; QKV and GATE_UP together -19.4% / -15.8% at B=192 /
+    # 256, with DOWN too -18.5% / -3.3% (opcombo_2026-11-30_s9*)
+    splitk_qkv_max_tokens: int = 256
     splitk_o_max_tokens: int = 0
-    splitk_gate_up_max_tokens: int = 0
+    splitk_gate_up_max_tokens: int = 256
     splitk_down_max_tokens: int = 0
     max_split: int = 16
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
@@ -171,12 +178,10 @@ class PlanConfig:
                                  f", got {v!r}")
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
-        if isinstance(self.kv_split_min, bool) or not isinstance(self.kv_split_min, (int, np.integer)) \
-                or not 0 <= self.kv_split_min <= self.kv_split:
-            raise ValueError(f"PlanConfig.kv_split_min must be an integer in [0, kv_split="
-                             f"{self.kv_split}], got {self.kv_split_min!r}")
-        zero_ok = ("split_k", "l2_prefetch_mib") + tuple(SPLITK_OP_CAPS.values())
-        for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align") + zero_ok:
+        # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
+        zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min") + tuple(SPLITK_OP_CAPS.values())
+        for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
+                     "kv_spread_min_splits") + zero_ok:
             v = getattr(self, name)
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
@@ -211,7 +216,8 @@ class PlanConfig:
     def spread_kv_splits(self, seg_rows: np.ndarray, seg_ctx: np.ndarray, ngrp: int) -> np.ndarray:
         """Keys per attention split of each segment of a step (see kv_split_min): kv_split, or
         for the decode segments (one row) of a step with fewer than num_sms attention
-        instructions one smaller size, so that their keys fill the SMs the other segments leave."""
+        instructions one smaller size, so that their keys fill the SMs the other segments leave
+        (when the longest decode context then has kv_spread_min_splits splits or more)."""
         out = np.full(len(seg_ctx), self.kv_split, np.int64)
         if not self.kv_split_min or not len(seg_ctx):
             return out
@@ -221,8 +227,11 @@ class PlanConfig:
             return out
         free = max(self.num_sms - int(units[~dec].sum()), 1)
         need = -(-int(seg_ctx[dec].sum()) * ngrp // free)          # keys per split instruction
-        size = self.kv_split_min * -(-need // self.kv_split_min)
-        out[dec] = min(max(size, self.kv_split_min), self.kv_split)
+        size = min(max(self.kv_split_min * -(-need // self.kv_split_min), self.kv_split_min),
+                   self.kv_split)
+        if size * self.kv_spread_min_splits > int(seg_ctx[dec].max()):
+            return out                  # too few splits to pay for their ATTN_REDUCE
+        out[dec] = size
         return out
 
     def splitk_rows(self, kernel: KernelConfig) -> int:
@@ -689,9 +698,10 @@ class Planner:
         cfg.validate_for(model)
         self.model, self.parallel, self.kernel, self.cfg = model, parallel, kernel, cfg
         self._arena = np.empty((0, INSTR_WORDS), np.int32)
-        # spread KV splits (kv_split_min) size the splits from the step's total context: every
-        # step would need the full plan to know them
-        self.fast_path = fast_path and not cfg.kv_split_min
+        self.fast_path = fast_path
+        # KV groups per attention segment (spread_kv_splits counts a segment's instructions)
+        hkv = parallel.kv_heads_local(model)
+        self._ngrp = -(-hkv // min(cfg.attn_kv_heads, hkv))
         self._last = None           # (structure key, plan, attention rows and their words)
         self.fast_plans = 0         # plans made by the fast path (for tests and benchmarks)
         self._serial = 0            # full plans made (StepPlan.serial)
@@ -734,14 +744,22 @@ class Planner:
         j = np.flatnonzero(first[:, W_OPCODE] == int(Op.ATTENTION))
         a = first[j]
         seq = a[:, at.A_SEQ].astype(np.int64)
+        row0, nrows = a[:, W_ROW0].astype(np.int64), a[:, W_ROWS].astype(np.int64)
+        # an attention instruction's segment: segments are disjoint row ranges, so row0 names one
+        seg_row0, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
         self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, seq=seq,
-                          row0=a[:, W_ROW0].astype(np.int64), nrows=a[:, W_ROWS].astype(np.int64),
-                          kv0=a[:, at.A_KV0].astype(np.int64),
-                          nsplit=self._nsplit(plan.meta, seq, a[:, W_ROW0], a[:, W_ROWS]))
+                          row0=row0, nrows=nrows, kv0=a[:, at.A_KV0].astype(np.int64),
+                          seg_first=seg_first, seg_of=seg_of)
+        self._last["split"] = self._splits(plan.meta, self._last)
 
-    def _nsplit(self, meta: StepMeta, seq, row0, nrows) -> np.ndarray:
+    def _splits(self, meta: StepMeta, last: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(keys per split, splits) of each attention instruction's segment at meta's positions,
+        as plan_step sizes them (spread_kv_splits)."""
+        seq, row0, nrows = last["seq"], last["row0"], last["nrows"]
         ctx = meta.seq_start[seq] + (row0 - meta.seq_row0[seq]) + nrows
-        return -(-ctx // self.cfg.kv_split)
+        first = last["seg_first"]
+        size = self.cfg.spread_kv_splits(nrows[first], ctx[first], self._ngrp)[last["seg_of"]]
+        return size, -(-ctx // size)
 
     def _advance(self, meta: StepMeta) -> StepPlan | None:
         """The previous plan with meta's positions, or None when the structure differs."""
@@ -749,12 +767,15 @@ class Planner:
         if self._structure(meta) != last["key"]:
             return None
         seq, row0, nrows = last["seq"], last["row0"], last["nrows"]
-        if not np.array_equal(self._nsplit(meta, seq, row0, nrows), last["nsplit"]):
+        size, nsplit = self._splits(meta, last)
+        # the same splits of the same size: only the positions move (a new size moves every
+        # split's first key, A_KV0)
+        if not (np.array_equal(size, last["split"][0]) and np.array_equal(nsplit, last["split"][1])):
             return None
         # plan_step's segment words (seg_pos0, a_kv1, A_NEW0) for the new positions
         new0 = meta.seq_start[seq]
         pos0 = new0 + (row0 - meta.seq_row0[seq])
-        kv1 = np.minimum(last["kv0"] + self.cfg.kv_split, pos0 + nrows)
+        kv1 = np.minimum(last["kv0"] + size, pos0 + nrows)
         prev = last["plan"]
         pre, L, m = self._body
         adv = StreamAdvance(pre, L, m, last["rows"], {at.A_POS0: pos0, at.A_KV1: kv1,

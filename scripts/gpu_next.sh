@@ -73,7 +73,7 @@
 #          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only),
 #          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
 #   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
-#          of this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
+#          of MK_AB_TREE_ON or this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -359,12 +359,12 @@ if has attnstep; then
 fi
 if has treeab; then
   # A/B of two source trees (a change with no switch of its own): "off" = the tree at MK_AB_TREE
-  # (e.g. `git archive <base> | tar -x -C DIR`, carried in .gpu/), "on" = this one; each with a
-  # kernel cache of its own
+  # (e.g. `git archive <base> | tar -x -C DIR`, carried in .gpu/), "on" = MK_AB_TREE_ON (default
+  # this one); each with a kernel cache of its own
   : > "$OUTDIR/treeab.log"
   if [ -d "${MK_AB_TREE:-}" ]; then
     for v in off on; do
-      d=$PWD; [ $v = off ] && d=$MK_AB_TREE
+      d=${MK_AB_TREE_ON:-$PWD}; [ $v = off ] && d=$MK_AB_TREE
       ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
           timeout ${MK_AB_TIMEOUT:-270} $B --batch ${MK_TREEAB_BATCH:-1,64,256} --journal \
           --out "$OUTDIR/treeab_$v.json" ) > "/tmp/treeab_$v.log" 2>&1 || rc=1

@@ -178,7 +178,8 @@ def test_tile_table_overrides_are_validated():
 def test_m128_tiles_at_batch_128_and_256_plan_and_pass_the_host_check():
     """The M <= 256 class runs on 128-row tiles (the default since session 7, bench/E2E_NOTES.md):
     the 70B TP8 rank's B = 128 and B = 256 decode steps plan with 128-row token blocks, split-K on
-    the token GEMMs at B = 128 and none at B = 256 (over splitk_max_tokens), and pass the
+    the token GEMMs at B = 128 and at B = 256 on those whose own cap allows it (QKV_ROPE and
+    GATE_UP since session 9: PlanConfig.splitk_token_cap), and pass the
     megakernel's host check (in a process of its own: the tile table is read at import, and
     MK_TILES is cleared)."""
     pytest.importorskip("cutlass")
@@ -189,15 +190,20 @@ import mk.megakernel as M
 from mk.config import KernelConfig, ParallelConfig
 from mk.ir import Op, W_OPCODE
 from mk.megakernel_step import meta_operands
-from mk.plan import PlanConfig, Planner
+from mk.plan import SPLITK_OP_CAPS, PlanConfig, Planner
 model, cfg = rank_model(), PlanConfig(split_k=0)
+never = PlanConfig(split_k=1)
 kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
                       num_kv_pages=256 * 64)
 for b in (128, 256):
     plan = Planner(model, ParallelConfig(), kernel, cfg).plan(point_batch(b, 1024, 0, 16))
     assert plan.tiles.token_block == 128, plan.tiles
-    reduces = int((plan.instrs[:, W_OPCODE] == int(Op.SPLITK_REDUCE)).sum())
-    assert (reduces > 0) == (b <= cfg.splitk_max_tokens), (b, reduces)
+    whole = Planner(model, ParallelConfig(), kernel, never).plan(point_batch(b, 1024, 0, 16))
+    count = lambda p, op: int((p.instrs[:, W_OPCODE] == int(op)).sum())
+    split = {op for op in SPLITK_OP_CAPS if count(plan, op) > count(whole, op)}
+    want = {op for op in SPLITK_OP_CAPS if b <= cfg.splitk_token_cap(op)}
+    assert split == want and want, (b, split, want)
+    assert (count(plan, Op.SPLITK_REDUCE) > 0) and count(whole, Op.SPLITK_REDUCE) == 0
     nbuf, T, H, kw = meta_operands(model, kernel, cfg, b)
     M.check_plan(plan.representative_stream(), nbuf, T, H, 1 << 22, **kw)
     print("ok", b, len(plan))

@@ -244,14 +244,18 @@ def test_l2_prefetch_instructions(split_k):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("split_k,l2", [(1, 0), (0, 1)])
-def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
+@pytest.mark.parametrize("split_k,l2,spread", [(1, 0, False), (0, 1, False), (0, 0, True)])
+def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread):
     """Planner's fast path (a batch with the previous plan's structure: only the attention's
     position words change) gives plan_step's stream, targets and metadata bitwise, over a run of
     decode steps that crosses KV-split boundaries, drops and adds sequences and mixes in prefill
-    chunks (each of which takes the full plan)."""
+    chunks (each of which takes the full plan); spread: decode keys spread over 24 SMs in splits
+    of a size that grows with the contexts (kv_split_min)."""
     cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "split_k": split_k, "splitk_align": 8,
-                        "l2_prefetch_mib": l2})
+                        "l2_prefetch_mib": l2,
+                        **(dict(kv_split=32, kv_split_min=4, num_sms=24) if spread else {})})
+    from mk.instructions import attention as at
+    spread_sizes = set()
     planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
     rng = np.random.default_rng(7)
     device_copy, held = None, None       # what a backend keeps: a copy and its plan's serial
@@ -266,6 +270,8 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
         got = planner.plan(batch)
         want = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
         assert torch.equal(got.instrs, want.instrs), step
+        a = want.instrs[want.instrs[:, W_OPCODE] == int(Op.ATTENTION)]
+        spread_sizes.update(set(a[:, at.A_KV0][a[:, at.A_KV0] % cfg.kv_split != 0].tolist()))
         assert torch.equal(got.targets, want.targets) and torch.equal(got.meta.tensor,
                                                                       want.meta.tensor)
         # a backend's copy of the stream follows through StreamAdvance alone while it can
@@ -284,7 +290,8 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2):
     # (4 sequences cross a 16-key split boundary every 16 steps each, prefill / joins / drops
     # change the structure: 24 of the 40 steps here; page-table lengths do not, as build_meta
     # keeps each table whole)
-    assert planner.fast_plans >= 20
+    assert planner.fast_plans >= (12 if spread else 20), planner.fast_plans
+    assert bool(spread_sizes) == spread, spread_sizes       # splits not at kv_split multiples
     slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
     slow.plan(batch)
     slow.plan(batch)
@@ -486,5 +493,27 @@ def test_spread_kv_splits_fill_the_sms_at_small_batch():
     # enough instructions already: unchanged
     full = PlanConfig(**{**spread.__dict__, "num_sms": 2})
     assert np.array_equal(attn(plan_step(decode, MODEL, ParallelConfig(1, 0), KERNEL, full)), a0)
-    with pytest.raises(ValueError, match="kv_split_min"):
-        PlanConfig(kv_split=64, kv_split_min=128)
+    # a kv_split_min at or over kv_split never spreads
+    over = PlanConfig(**{**spread.__dict__, "kv_split_min": 64})
+    assert np.array_equal(attn(plan_step(decode, MODEL, ParallelConfig(1, 0), KERNEL, over)), a0)
+    for bad in (dict(kv_split_min=-1), dict(kv_spread_min_splits=0), dict(kv_split_min=True)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PlanConfig(**bad)
+
+
+def test_spread_kv_splits_need_enough_splits():
+    """kv_spread_min_splits: the spread size applies only when the longest decode context then
+    has that many splits or more (fewer lost at 70B TP8: each split's ATTN_REDUCE costs more than
+    the shorter attention saves); the default at 70B TP8 shapes spreads B=1..32 at ctx 1024 and
+    not B=48 / 64 (session 9's measurements)."""
+    cfg = PlanConfig(kv_split=1024, kv_split_min=64, num_sms=132)
+    assert (cfg.kv_split_min, cfg.kv_spread_min_splits) == (PlanConfig().kv_split_min,
+                                                            PlanConfig().kv_spread_min_splits)
+    for batch, want in ((1, 64), (16, 128), (32, 256), (48, 1024), (64, 1024)):
+        rows, ctx = np.ones(batch, np.int64), np.full(batch, 1024, np.int64)
+        assert (cfg.spread_kv_splits(rows, ctx, 1) == want).all(), batch
+    # a short context: 1 sequence of 200 keys would get splits of 64, only 4 of them: no spread
+    assert cfg.spread_kv_splits(np.ones(1, np.int64), np.array([200]), 1)[0] == 1024
+    assert cfg.spread_kv_splits(np.ones(1, np.int64), np.array([256]), 1)[0] == 64
+    two = PlanConfig(kv_split=1024, kv_split_min=64, num_sms=132, kv_spread_min_splits=2)
+    assert (two.spread_kv_splits(np.ones(64, np.int64), np.full(64, 1024), 1) == 512).all()
