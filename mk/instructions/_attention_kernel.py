@@ -245,12 +245,7 @@ def swz_tensor(pool: Int32, page: Int32, off: cutlass.Constexpr, layout: cute.Co
     return cute.make_tensor(p, layout.outer)
 
 
-@cute.jit
-def imin(a: Int32, b: Int32) -> Int32:
-    r = a
-    if b < a:
-        r = b
-    return r
+imin = rk.imin
 
 
 @cute.jit

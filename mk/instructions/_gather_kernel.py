@@ -29,13 +29,13 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk.instructions import _common as mc
-from mk.instructions._rows_kernel import udiv, warp_allreduce_sum
+from mk.instructions._rows_kernel import imin, udiv, warp_allreduce_sum
 from mk.ir import Op
 
 OP_EMBED = int(Op.EMBED)
 OP_LM_NORM = int(Op.LM_NORM)
 VEC = 8                 # bf16 elements per 16-byte vector
-UNROLL = 4              # EMBED vectors in flight per thread
+UNROLL = 4              # vectors in flight per thread (EMBED) or lane (LM_NORM)
 
 
 @cute.jit
@@ -113,20 +113,37 @@ def lm_norm_store(meta: cute.Tensor, src_base: Int64, ld_src: Int32, n_src_rows:
         if srow >= 0:
             if srow < n_src_rows:
                 xb = src_base + Int64(srow) * Int64(ld_src) * 2
+                ob = obase + Int64(row0 + s) * Int64(ldo) * 2
+                # UNROLL vectors of the row in flight per lane and pass (one L2 round trip each
+                # was 17.6 us at B=1, session 7); a vector past the row is loaded from its last
+                # vector instead and not used, and the sum keeps the one-at-a-time order
                 ss = Float32(0.0)
                 c = lane * VEC
                 while c < width:
-                    x = gvec_bf16(xb + Int64(c) * 2).load().to(Float32)
-                    ss = ss + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                    c = c + 32 * VEC
+                    xs = []
+                    for u in cutlass.range_constexpr(UNROLL):
+                        xs.append(gvec_bf16(xb + Int64(imin(c + u * 32 * VEC, width - VEC)) * 2
+                                            ).load())
+                    for u in cutlass.range_constexpr(UNROLL):
+                        if c + u * 32 * VEC < width:
+                            x = xs[u].to(Float32)
+                            ss = ss + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    c = c + UNROLL * 32 * VEC
                 ss = warp_allreduce_sum(ss)
                 rs = cute.math.rsqrt(ss / fcols + eps)
-                ob = obase + Int64(row0 + s) * Int64(ldo) * 2
                 c = lane * VEC
                 while c < width:
-                    x = gvec_bf16(xb + Int64(c) * 2).load().to(Float32)
-                    w = gvec_bf16(wbase + Int64(c) * 2).load().to(Float32)
-                    y = (x * rs).to(BFloat16).to(Float32) * w
-                    gvec_bf16(ob + Int64(c) * 2).store(y.to(BFloat16))
-                    c = c + 32 * VEC
+                    xs = []
+                    ws = []
+                    for u in cutlass.range_constexpr(UNROLL):
+                        cu = Int64(imin(c + u * 32 * VEC, width - VEC)) * 2
+                        xs.append(gvec_bf16(xb + cu).load())
+                        ws.append(gvec_bf16(wbase + cu).load())
+                    for u in cutlass.range_constexpr(UNROLL):
+                        cu = c + u * 32 * VEC
+                        if cu < width:
+                            y = (xs[u].to(Float32) * rs).to(BFloat16).to(Float32) * \
+                                ws[u].to(Float32)
+                            gvec_bf16(ob + Int64(cu) * 2).store(y.to(BFloat16))
+                    c = c + UNROLL * 32 * VEC
         s = s + nwarps

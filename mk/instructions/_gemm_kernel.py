@@ -455,7 +455,11 @@ def residual_add(res: Float32, acc: Float32) -> Float32:
 def silu_mul_bf16(g: Float32, u: Float32) -> Float32:
     """bf16(silu(bf16(g)) * bf16(u)) like the torch face (F.silu on bf16, then a bf16 product)."""
     gb = g.to(BFloat16).to(Float32)
-    s = (gb / (Float32(1.0) + cute.math.exp(-gb, fastmath=True))).to(BFloat16).to(Float32)
+    # x * rcp.approx(1 + e^-x) instead of an IEEE division (its Newton steps and slow-path test
+    # were ~16 SASS instructions of the unrolled epilogue per element, session 8): <= 1 ulp in
+    # float32 before the bf16 rounding, like the fastmath exp already is; e^-x = inf -> -0
+    s = (gb * cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-gb, fastmath=True))
+         ).to(BFloat16).to(Float32)
     return s * u.to(BFloat16).to(Float32)
 
 
@@ -714,17 +718,22 @@ def rope_epilogue(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, col_off: Int3
     rope_on = Float32(1.0)
     if section == SEC_V:
         rope_on = Float32(0.0)
+    # the thread's two rows (h = 0, 1: elements 0 and 2) and their positions, loaded once
+    # instead of once per element pair and chain; V section: angle 0, so cos = 1 and sin = 0
+    # and the values pass through exactly
+    pos_h = []
+    for h in cutlass.range_constexpr(2):
+        rr, _ = tCcC[2 * h]
+        if rr >= rows:
+            rr = rows - 1
+        pos_h.append(meta[pos_off + row0 + rr].to(Float32) * rope_on)
     for ch in cutlass.range_constexpr(cfg.chains()):
         acc = accs[ch]
         for ip in cutlass.range_constexpr(16):
             i = (ip % 2) * 2 + (ip // 2) * 4          # e = 0 element of (h, j), j < 8
             r, c = tCcC[i]
             c = c + col_off + ch * cfg.wn
-            rr = r
-            if rr >= rows:
-                rr = rows - 1
-            # V section: angle 0, so cos = 1 and sin = 0 and the values pass through exactly
-            pos = meta[pos_off + row0 + rr].to(Float32) * rope_on
+            pos = pos_h[ip % 2]
             y = [bf(acc[i]), bf(acc[i + 1]), bf(acc[i + PARTNER_64]),
                  bf(acc[i + 1 + PARTNER_64])]
             o = [y[0], y[1], y[2], y[3]]

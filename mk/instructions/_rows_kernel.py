@@ -176,6 +176,14 @@ def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, 
 
 
 @cute.jit
+def imin(a: Int32, b: Int32) -> Int32:
+    r = a
+    if b < a:
+        r = b
+    return r
+
+
+@cute.jit
 def udiv(a: Int32, b: Int32) -> Int32:
     """a // b for a >= 0, b > 0 (row / column splits of a flat index): unsigned, since a signed
     Int32 division needs sign fix-ups around the unsigned one."""
