@@ -579,8 +579,9 @@ def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: b
 
 def journal_breakdown(be, batch, point: Point, args) -> dict:
     """One more launch of the point's step through the variant that writes the per-instruction
-    journal (a compile of its own): where the step's time goes per opcode (mk.trace.by_opcode),
-    printed, and a timeline PNG beside --out. The journal's timer reads cost a little, so its
+    journal (a compile of its own): where the step's time goes per opcode (mk.trace.by_opcode)
+    and along the chain that set its end (mk.trace.critical_path, per layer), printed, and a
+    timeline PNG beside --out. The journal's timer reads cost a little, so its
     span is a bit over the timed step."""
     import mk.trace as tr
     from mk.ir import W_LAYER
@@ -593,6 +594,10 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         j, c = mk.journal_rows(n)
         r = tr.by_opcode(j, c, n, layer_of=plan.instrs[:, W_LAYER].tolist())
         log(f"{point.label}: megakernel journal\n{tr.format_by_opcode(r)}")
+        # the chain that set the step's end, per layer (mk.trace.critical_path)
+        r["critical_path"] = cp = tr.critical_path(j, c, n, plan.instrs.cpu())
+        layers = be.model.num_layers
+        log(f"{point.label}: critical path\n{tr.format_critical_path(cp, per=layers)}")
         if args.out:
             stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
             # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])

@@ -287,10 +287,26 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
 
 
 # ==================================================================================== self-check
+# the check's kernel: sequences (the prompts and one late prefill chunk), context, step tokens
+CHECK_SEQS, CHECK_CONTEXT, MAX_CHECK_TOKENS = 8, 512, 512
+
+
+def check_prompt_lens(prompt_lens: tuple[int, ...], decode_steps: int) -> None:
+    """ValueError unless check_against_vm's kernel holds these prompts and decode steps."""
+    if not 1 <= len(prompt_lens) <= CHECK_SEQS - 1 or min(prompt_lens) < 1 \
+            or sum(prompt_lens) > MAX_CHECK_TOKENS \
+            or max(prompt_lens) + decode_steps + 1 > CHECK_CONTEXT:
+        raise ValueError(f"prompt lengths {list(prompt_lens)}: 1 to {CHECK_SEQS - 1} prompts of at "
+                         f"least 1 token, at most {MAX_CHECK_TOKENS} together, each at most "
+                         f"{CHECK_CONTEXT - decode_steps - 1} (the check's kernel: "
+                         f"max_context {CHECK_CONTEXT} with {decode_steps} decode steps)")
+
+
 def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 0,
                      decode_steps: int = 3, verbose: bool = True, split_k: int = 1,
                      kv_split_min: int = 0, num_sms: int = 132, l2_prefetch_mib: int = 0,
-                     plan: dict | None = None) -> dict:
+                     plan: dict | None = None,
+                     prompt_lens: tuple[int, ...] = (1, 13, 64, 130)) -> dict:
     """One mixed run of the tiny head_dim-128 model on the GPU: a prefill step of prompts of
     several lengths (some split over KV blocks of kv_split keys), then decode steps that mix in a
     second prefill chunk; every step's logits vs mk.vm on the same weights (bf16 tolerance) and the
@@ -300,7 +316,10 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     0 auto), so the megakernel runs the split plan the interpreter runs. kv_split_min /
     num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
-    further PlanConfig fields (e.g. splitk_qkv_max_tokens), on both sides."""
+    further PlanConfig fields (e.g. splitk_qkv_max_tokens), on both sides. prompt_lens: the
+    first step's prompts (at most 7, at most MAX_CHECK_TOKENS tokens together; 208 by default,
+    a step of the M <= 256 tile class; more than 256 runs the M <= 512 class's tiles)."""
+    check_prompt_lens(prompt_lens, decode_steps)
     from dataclasses import replace as dc_replace
 
     from mk.batch import SeqChunk
@@ -314,7 +333,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     ckpt = tiny_checkpoint(seed=seed, config=cfg)
     w = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cuda"),
                           progress=False)
-    kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
+    kernel = default_kernel_config(cfg, max_seqs=CHECK_SEQS, max_context=CHECK_CONTEXT,
+                                   max_batch_tokens=MAX_CHECK_TOKENS)
     pcfg = PlanConfig(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
                       num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib, **(plan or {}))
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
@@ -324,8 +344,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     vm = VM([w_cpu], kernel, pcfg, device="cpu")
     pages = PageManager(kernel.kv_pages, kernel.page_size)
     g = torch.Generator().manual_seed(seed)
-    lens = [1, 13, 64, 130]
-    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in lens]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]
     late = torch.randint(0, cfg.vocab_size, (40,), generator=g).tolist()
     for i, p in enumerate(prompts + [late]):
         pages.allocate(i, len(p) + decode_steps + 1)
@@ -404,15 +423,23 @@ def _main(argv=None) -> int:
                     help="PlanConfig.l2_prefetch_mib (0: no L2_PREFETCH instructions)")
     ap.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
                     help="further PlanConfig fields, e.g. splitk_qkv_max_tokens=256")
+    ap.add_argument("--prompt-lens", default="1,13,64,130", metavar="N,N,...",
+                    help="the first step's prompt lengths (default 208 tokens; over 256 tokens "
+                    "the step runs the M <= 512 tile class)")
     a = ap.parse_args(argv)
     try:
         from mk.plan import parse_plan_overrides
         plan = parse_plan_overrides(a.plan)
+        try:
+            lens = tuple(int(t) for t in a.prompt_lens.split(",") if t.strip())
+        except ValueError:
+            raise ValueError(f"--prompt-lens {a.prompt_lens!r} is not N,N,... (integers)") from None
+        check_prompt_lens(lens, a.decode_steps)
         from mk import megakernel as mkk
         mkk.require_gpu("the megakernel check", hint="")
         r = check_against_vm(a.layers, a.kv_split, a.seed, a.decode_steps, split_k=a.split_k,
                              kv_split_min=a.kv_split_min, num_sms=a.num_sms,
-                             l2_prefetch_mib=a.l2_prefetch_mib, plan=plan)
+                             l2_prefetch_mib=a.l2_prefetch_mib, plan=plan, prompt_lens=lens)
     except (RuntimeError, ValueError) as e:
         print(f"error: {type(e).__name__}: {e}", file=__import__("sys").stderr)
         return 1

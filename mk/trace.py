@@ -192,6 +192,105 @@ def format_by_opcode(r: dict) -> str:
     return "\n".join(lines)
 
 
+def critical_path(journal, jcta, n: int, instrs) -> dict:
+    """The chain of instructions that set the step's end, walked back from the last signal. At
+    each instruction the link is what it waited for last: the producer whose signal completed its
+    latest-met wait (when that signal came after the instruction was fetched: a dependency hop),
+    else the instruction before it on its CTA (it waited for its SM: a queue hop). Each link's
+    time is split into the instruction's own run (ready -> signalled) and the gap before it
+    (the producer's signal or the CTA's previous end -> ready: the hop's latency; negative where
+    an instruction overlapped its CTA's previous one). instrs: the step's words [n, INSTR_WORDS]
+    (the journal's tickets index them). Per opcode on the path: count, run us, and the gaps before
+    it by kind; per hop (producer opcode -> opcode): count and gap us; path_us = runs + gaps."""
+    from mk.ir import MAX_WAITS, NO_COUNTER, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
+    ev, ctas = events(journal, jcta, n)
+    if not ev:
+        return {}
+    words = instrs.tolist() if hasattr(instrs, "tolist") else [list(r) for r in instrs]
+    by_ticket = {e["ticket"]: e for e in ev}
+    signals: dict[int, list] = {}
+    for e in ev:
+        w = words[e["ticket"]]
+        if w[W_SIGNAL] != NO_COUNTER:
+            signals.setdefault(w[W_SIGNAL], []).append((e["end"], max(w[W_SIGNAL_COUNT], 1),
+                                                        e["ticket"]))
+    for v in signals.values():
+        v.sort()
+
+    def producer(counter: int, target: int):
+        """The instruction whose signal brought counter to target (None: not in the journal)."""
+        total = 0
+        for _, count, ticket in signals.get(counter, ()):
+            total += count
+            if total >= target:
+                return by_ticket[ticket]
+        return None
+
+    prev_on_cta, last = {}, {}
+    for e in sorted(ev, key=lambda e: (e["fetch"], e["ticket"])):
+        prev_on_cta[e["ticket"]] = last.get(e["cta"])
+        last[e["cta"]] = e
+    entry = {c["cta"]: c["entry"] for c in ctas}
+    ops: dict[str, dict] = {}
+    hops: dict[str, dict] = {}
+    cur = max(ev, key=lambda e: e["end"])
+    end, steps = cur["end"], 0
+    while cur is not None and steps <= len(ev):
+        steps += 1
+        w = words[cur["ticket"]]
+        deps = [producer(w[W_WAIT0 + 2 * i], w[W_WAIT0 + 2 * i + 1]) for i in range(MAX_WAITS)
+                if w[W_WAIT0 + 2 * i] != NO_COUNTER and w[W_WAIT0 + 2 * i + 1] > 0]
+        deps = [d for d in deps if d is not None]
+        dep = max(deps, key=lambda d: d["end"]) if deps else None
+        if dep is not None and dep["end"] > cur["fetch"]:
+            kind, nxt, before = "dep", dep, dep["end"]
+        else:
+            nxt = prev_on_cta[cur["ticket"]]
+            kind = "queue"
+            before = nxt["end"] if nxt is not None else entry.get(cur["cta"], cur["fetch"])
+        name = _op_name(cur["op"])
+        d = ops.setdefault(name, dict(count=0, run=0, dep_gap=0, queue_gap=0))
+        d["count"] += 1
+        d["run"] += cur["end"] - cur["ready"]
+        d[kind + "_gap"] += cur["ready"] - before
+        src = _op_name(nxt["op"]) if nxt is not None else "entry"
+        h = hops.setdefault(f"{src} -> {name} ({kind})", dict(count=0, gap=0))
+        h["count"] += 1
+        h["gap"] += cur["ready"] - before
+        cur = nxt
+    us = lambda ns: round(ns / 1e3, 1)  # noqa: E731
+    path = sum(d["run"] + d["dep_gap"] + d["queue_gap"] for d in ops.values())
+    return dict(span_us=us(end - min(entry.values(), default=0)), path_us=us(path),
+                instructions=sum(d["count"] for d in ops.values()),
+                ops={k: dict(count=d["count"], run_us=us(d["run"]), dep_gap_us=us(d["dep_gap"]),
+                             queue_gap_us=us(d["queue_gap"]))
+                     for k, d in sorted(ops.items(), key=lambda kv: -(kv[1]["run"]
+                                                                     + kv[1]["dep_gap"]
+                                                                     + kv[1]["queue_gap"]))},
+                hops={k: dict(count=h["count"], gap_us=us(h["gap"]),
+                              mean_gap_us=round(h["gap"] / h["count"] / 1e3, 2))
+                      for k, h in sorted(hops.items(), key=lambda kv: -kv[1]["gap"])})
+
+
+def format_critical_path(r: dict, per: int = 1, top: int = 12) -> str:
+    """critical_path's dict as a small table (per: divide the sums by this, e.g. the layers)."""
+    if not r:
+        return "(empty journal)"
+    unit = "us" if per == 1 else f"us / {per}"
+    lines = [f"critical path {r['path_us']:.1f} us of the step's {r['span_us']:.1f} us, "
+             f"{r['instructions']} instructions (sums in {unit})",
+             f"  {'opcode':<14}{'count':>8}{'run':>9}{'dep gap':>9}{'queue gap':>10}"]
+    # (rows indented: scripts grep the by-opcode table's rows as "^OPCODE +digits")
+    for name, d in r["ops"].items():
+        lines.append(f"  {name:<14}{d['count'] / per:>8.1f}{d['run_us'] / per:>9.1f}"
+                     f"{d['dep_gap_us'] / per:>9.1f}{d['queue_gap_us'] / per:>10.1f}")
+    lines.append(f"  {'hop':<48}{'count':>8}{'gap':>9}{'mean us':>9}")
+    for name, h in list(r["hops"].items())[:top]:
+        lines.append(f"  {name:<48}{h['count'] / per:>8.1f}{h['gap_us'] / per:>9.1f}"
+                     f"{h['mean_gap_us']:>9.2f}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------ PNG
 def _png(path: str, w: int, h: int, pix: bytearray) -> None:
     raw = b"".join(b"\x00" + bytes(pix[y * w * 3:(y + 1) * w * 3]) for y in range(h))
@@ -290,6 +389,8 @@ def main(argv=None):
     if len(argv) > 2:
         print("timeline drawn with", draw_timeline(argv[2], d["journal"], d["jcta"], int(d["n"])))
     print(json.dumps(summary(d["journal"], d["jcta"], int(d["n"])), indent=1))
+    if "instrs" in d:
+        print(format_critical_path(critical_path(d["journal"], d["jcta"], int(d["n"]), d["instrs"])))
     return 0
 
 

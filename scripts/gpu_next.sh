@@ -30,13 +30,19 @@
 #          attention spread over the SMs (one instruction of 1024 keys per layer is 31% of the
 #          B=1 step; at B=64 half the SMs have no attention instruction). The two-layer check
 #          with each, then decode B=1 / 16 / 64 (MK_SPLIT_BATCH) with the journal (ATTENTION and
-#          ATTN_REDUCE rows) at 0 and each: split.log, split_*.json (~6 min with 64 alone)
+#          ATTN_REDUCE rows) at 0 and each: split.log, split_*.json (~6 min with 64 alone).
+#          MK_SPLIT_EXTRA=",kv_spread_min_splits=2": more PlanConfig fields for the non-zero ones
+#          (session 9: 64 made default with kv_spread_min_splits 4: B=1..32 gained, 48 / 64 lost)
 #   rwide  MK_ATTN_REDUCE_WIDE=1 (ATTN_REDUCE of a decode token's rows on all 256 consumer
 #          threads, eight splits' loads at a time; bitwise-equal by construction): the harness's
-#          reduce cases with 0 / 1 (checks, cold times), the two-layer checks (kv_split 64 and
-#          kv_split_min 64) and racecheck with it, then decode B=1 (MK_RWIDE_BATCH) at
-#          kv_split_min=64 with and without it (journal: the ATTN_REDUCE row): rwide*.log,
-#          rwide_harness_*.json, rwide_{on,off}.json (~9 min: a call of its own per GPU)
+#          reduce cases with 0 / 1 (checks, cold times), the GPU tests, the two-layer checks
+#          (kv_split 64 and kv_split_min 64) and racecheck with it: rwide*.log,
+#          rwide_harness_*.json (~7 min). Timed in session 9 (B=1 -3.0%, B=16 -0.7%); with
+#          MK_RWIDE_TIME=1 also decode MK_RWIDE_BATCH with and without it: rwide_{on,off}.json
+#   caps512 PlanConfig.splitk_qkv_max_tokens=512: the two-layer check with a 430-token first step
+#          (M <= 512 class tiles) without split-K and with the cap, then decode B=384 / 512
+#          (MK_C512_BATCH) as it is and with the cap, journal on: caps512.log,
+#          caps512_{none,qkv}.json (~5 min)
 #   tiles  MK_TILES=<the M <= 256 class on the 64-row tiles> (the default before session 7, when
 #          the 128-row tiles measured -10.4% / -13.7% at B=128 / 256): split-K GPU tests and the
 #          two-layer check with it, then decode B=128 / 256 with and without: tiles.log,
@@ -69,6 +75,9 @@
 #   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
 #          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
 #          DOWN too, journal on: opcombo.log, opcombo_{none,qg,qgd}.json (~5.5 min)
+#   page64 decode B=64 / 256 (MK_P64_BATCH) with KV pages of 16 (the default) and 64 tokens,
+#          journal on: is the page-16 TMA gather the attention's limit: page64.log,
+#          page64_{p16,p64}.json (~4 min)
 #   attnstep decode B=256 (MK_ATTNSTEP_BATCH) with ATTENTION's math or loads compiled out
 #          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only),
 #          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
@@ -78,13 +87,15 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 8:
-#   1. "split" (KV splits over the SMs again, now that ATTN_REDUCE's storer copy is a loop; then
-#      "rwide" under them) | "opsplit" (each token GEMM's split-K alone at B=256)
-#   2. "tiles256" (B=256's GEMMs on narrower tiles) | "attnstep" (ATTENTION's math or loads out)
-#   3. "treeab" with the branch s8-next checked out here and MK_AB_TREE = main unpacked (SiLU with
-#      rcp.approx, RoPE positions once, LM_NORM loads in flight; GPU-unverified) | "verify"
-#   4. "verify" of whatever is to become default | "e2e"
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 9:
+#   1. "rwide" (its checks; timed in session 9: B=1 -3.0%) | "caps512" (QKV split-K at B=384/512)
+#   2. "split" with MK_ATTN_REDUCE_WIDE=1 if rwide passed, MK_SPLIT_MIN="64 128",
+#      MK_SPLIT_EXTRA=",kv_spread_min_splits=2", MK_SPLIT_BATCH=1,32,48,64 (does the wide reduce
+#      move the spread threshold; 128-key splits at B=1) | "attnstep" (ATTENTION's math or loads
+#      out at B=256, where it is 39% of the busy time)
+#   3. "page64" (KV pages of 64: the attention's TMA gather) and "tiles256" | "verify" of
+#      whatever is to become default (MK_ATTN_REDUCE_WIDE, caps)
+#   4. "e2e"
 # treeab's base tree: `git archive --format=tar.gz <base> mk launch bench/_jobs.py pyproject.toml
 # -o .gpu/old.tgz` here, `mkdir -p /tmp/oldtree && tar -C /tmp/oldtree -xzf .gpu/old.tgz` there.
 # A machine that starts cold loses ~60 s of the first call.
@@ -110,9 +121,9 @@ rc=0
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
-                   [wgsplit]=540 [split]=360 [rwide]=560 [tiles]=300 [e2e]=480 [ncu]=300
+                   [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330)
+                   [opcombo]=330 [caps512]=300 [page64]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -121,7 +132,7 @@ has() {
   fi
   return 0
 }
-table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode"; }
+table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode|^critical path"; }
 # the correctness checks of a variant (its environment already exported): pytest files, the
 # two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
 # (no pytest files: none run; MK_CHECK_EXTRA: more arguments of the two-layer checks)
@@ -189,7 +200,7 @@ time_variant() {
   env $e timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a --journal \
       --out "$OUTDIR/${name}_$v.json" > "/tmp/${name}_$v.log" 2>&1 || rc=1
   echo "== $label" | tee -a "$OUTDIR/$name.log"
-  { table "/tmp/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE) "
+  { table "/tmp/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE|ATTENTION|ATTN_REDUCE) "
     grep Error "/tmp/${name}_$v.log"; } | tee -a "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
 }
@@ -236,7 +247,8 @@ if has split; then
   done > "$OUTDIR/split.log" 2>&1
   cat "$OUTDIR/split.log"
   for m in 0 ${MK_SPLIT_MIN:-64}; do
-    timeout 200 $B --batch ${MK_SPLIT_BATCH:-1,16,64} --plan kv_split_min=$m --journal \
+    x=""; [ $m = 0 ] || x=${MK_SPLIT_EXTRA:-}
+    timeout 200 $B --batch ${MK_SPLIT_BATCH:-1,16,64} --plan kv_split_min=$m$x --journal \
         --out "$OUTDIR/split_$m.json" > "/tmp/split_$m.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/split_"$m"_*_journal.pt "$OUTDIR"/split_"$m"_*_timeline.png
     echo "== kv_split_min=$m" | tee -a "$OUTDIR/split.log"
@@ -262,8 +274,26 @@ PY
         | tail -1 | cut -c1-300
     checks ) > "$OUTDIR/rwide.log" 2>&1
   cat "$OUTDIR/rwide.log"
-  MK_NO_PYTEST=1 timed_ab rwide MK_ATTN_REDUCE_WIDE=1 ${MK_RWIDE_BATCH:-1} \
-      "MK_ATTN_REDUCE_WIDE=1" "" "--plan kv_split_min=64 --journal"
+  # timed in session 9 under the default spread splits: B=1 -3.0%, B=16 -0.7% (both GPUs;
+  # bench/results/rwide_g*_2026-11-30_s9.json); MK_RWIDE_TIME=1 times it again
+  if [ "${MK_RWIDE_TIME:-0}" = 1 ]; then
+    MK_NO_PYTEST=1 timed_ab rwide MK_ATTN_REDUCE_WIDE=1 ${MK_RWIDE_BATCH:-1,16} \
+        "MK_ATTN_REDUCE_WIDE=1" "" "--journal"
+  fi
+fi
+if has caps512; then
+  # QKV_ROPE's split-K cap over 256 (session 9, caps = B: B=384 -1.8%, B=512 -4.9%; GATE_UP does
+  # not split there, too many tiles): the two-layer check with a 430-token first step (the
+  # M <= 512 class's split tiles) with and without the cap, then decode MK_C512_BATCH with it
+  for a in "--split-k 1" "--split-k 0 --plan splitk_qkv_max_tokens=512"; do
+    echo "== check --prompt-lens 100,200,130 $a"
+    timeout 120 python -m mk.megakernel_step check --layers 2 --prompt-lens 100,200,130 $a 2>&1 \
+        | grep -v "^\[mk" | tail -1 | cut -c1-300
+  done > "$OUTDIR/caps512.log" 2>&1
+  cat "$OUTDIR/caps512.log"
+  time_variant caps512 none "QKV split-K cap as it is (256)" ${MK_C512_BATCH:-384,512} "" ""
+  time_variant caps512 qkv "QKV split-K cap 512" ${MK_C512_BATCH:-384,512} "" \
+      "--plan splitk_qkv_max_tokens=512"
 fi
 if has tiles; then
   ab tiles MK_TILES "$M64_AT_256" 128,256 tests/test_splitk_gpu.py
@@ -325,6 +355,14 @@ if has opcombo; then
   time_variant opcombo qg "QKV + GATE_UP (--plan $QG)" ${MK_OC_BATCH:-192,256} "" "--plan $QG"
   time_variant opcombo qgd "QKV + GATE_UP + DOWN" ${MK_OC_BATCH:-192,256} "" \
       "--plan $QG,splitk_down_max_tokens=256"
+fi
+if has page64; then
+  # KV pages of 64 tokens (one TMA box per K / V block instead of four 16-row ones): is the
+  # page-16 gather what holds a decode ATTENTION instruction at ~14 GB/s per SM
+  # (bench/ATTENTION_NOTES.md, suspect (a))? Decode MK_P64_BATCH, journal on (the ATTENTION row)
+  : > "$OUTDIR/page64.log"
+  time_variant page64 p16 "KV page 16 (the default)" ${MK_P64_BATCH:-64,256} "" ""
+  time_variant page64 p64 "KV page 64" ${MK_P64_BATCH:-64,256} "" "--page-size 64"
 fi
 if has tiles256; then
   # B=256's one-wave GEMMs on more, narrower tiles (MK_TILES; the activations re-read from L2

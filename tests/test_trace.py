@@ -63,3 +63,49 @@ def test_role_words_match_the_megakernel():
                              "cons_epi0": M.J_CONS_EPI}
     assert M.J_STORE_EPI > M.J_TICKET
     assert M.JOURNAL_WORDS > max(tr.ROLE_WORDS.values())
+
+
+def _words(rows):
+    """rows: (waits [(counter, target)], signal counter or None) -> an instruction word array."""
+    from mk.ir import INSTR_WORDS, MAX_WAITS, NO_COUNTER, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
+    w = torch.zeros(len(rows), INSTR_WORDS, dtype=torch.int32)
+    for i, (waits, signal) in enumerate(rows):
+        for k in range(MAX_WAITS):
+            c, t = waits[k] if k < len(waits) else (NO_COUNTER, 0)
+            w[i, W_WAIT0 + 2 * k], w[i, W_WAIT0 + 2 * k + 1] = c, t
+        w[i, W_SIGNAL] = NO_COUNTER if signal is None else signal
+        w[i, W_SIGNAL_COUNT] = 1
+    return w
+
+
+def test_critical_path_follows_the_last_met_wait_then_the_sm():
+    """A norm on SM 0 feeds two QKV tiles (SMs 0 and 1, counter 5 target 2); attention on SM 1
+    waits for both (counter 6); a late reduce on SM 0 has no waits but was fetched after SM 0's
+    QKV tile (a queue hop). The walk back from the last signal: reduce <- (queue) QKV on SM 0
+    <- (dep) norm; the attention is not on the path. Runs and gaps add up to the path."""
+    norm, qkv, attn, red = (int(o) for o in (Op.RMSNORM, Op.QKV_ROPE, Op.ATTENTION,
+                                             Op.SPLITK_REDUCE))
+    j, c = _journal([
+        (0, norm, 0, 1000, 1000, 3000, {}),         # signals 5 (x2 below: count 2 via two norms)
+        (1, norm, 1, 1000, 1200, 2500, {}),         # the other norm: signals 5 first
+        (0, qkv, 2, 2900, 3400, 9000, {}),          # waits 5 >= 2: met by ticket 0 at 3000
+        (1, qkv, 3, 2600, 3300, 8000, {}),
+        (1, attn, 4, 8100, 9100, 12000, {}),        # waits 6 >= 2: met by ticket 2 at 9000
+        (0, red, 5, 9050, 9100, 15100, {}),         # no waits; SM 0 was busy with ticket 2
+    ])
+    w = _words([([], 5), ([], 5), ([(5, 2)], 6), ([(5, 2)], 6), ([(6, 2)], None), ([], None)])
+    r = tr.critical_path(j, c, 6, w)
+    assert r["instructions"] == 3                   # reduce, QKV (ticket 2), norm (ticket 0)
+    assert set(r["ops"]) == {"SPLITK_REDUCE", "QKV_ROPE", "RMSNORM"}
+    assert r["ops"]["SPLITK_REDUCE"] == dict(count=1, run_us=6.0, dep_gap_us=0.0,
+                                             queue_gap_us=0.1)     # 9100 - 9000 (ticket 2 end)
+    assert r["ops"]["QKV_ROPE"] == dict(count=1, run_us=5.6, dep_gap_us=0.4, queue_gap_us=0.0)
+    assert r["ops"]["RMSNORM"]["run_us"] == 2.0
+    assert r["hops"]["QKV_ROPE -> SPLITK_REDUCE (queue)"]["count"] == 1
+    assert r["hops"]["RMSNORM -> QKV_ROPE (dep)"]["gap_us"] == 0.4
+    assert r["hops"]["entry -> RMSNORM (queue)"]["gap_us"] == 0.0
+    # the path runs from the CTA's entry to the last signal: 15100 - 1000 ns
+    assert r["path_us"] == r["span_us"] == 14.1
+    text = tr.format_critical_path(r)
+    assert "critical path 14.1 us" in text and "RMSNORM -> QKV_ROPE (dep)" in text
+    assert tr.critical_path(j[:0], c, 0, w) == {}
