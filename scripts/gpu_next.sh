@@ -75,6 +75,9 @@
 #   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
 #          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
 #          DOWN too, journal on: opcombo.log, opcombo_{none,qg,qgd}.json (~5.5 min)
+#   gemm   bench/gemm.py --suite (issue 5's table: the token GEMMs and LM head through the
+#          megakernel vs cuBLAS and cuBLAS + epilogue at M = 64 / 256 / 1024 / 4096, checks
+#          first): gemm.log, gemm.json, gemm.png (~6 min; last run in session 3)
 #   page64 decode B=64 / 256 (MK_P64_BATCH) with KV pages of 16 (the default) and 64 tokens,
 #          journal on: is the page-16 TMA gather the attention's limit: page64.log,
 #          page64_{p16,p64}.json (~4 min)
@@ -95,7 +98,7 @@
 #      out at B=256, where it is 39% of the busy time)
 #   3. "page64" (KV pages of 64: the attention's TMA gather) and "tiles256" | "verify" of
 #      whatever is to become default (MK_ATTN_REDUCE_WIDE, caps)
-#   4. "e2e"
+#   4. "e2e" | "gemm" (issue 5's table, stale since session 3)
 # treeab's base tree: `git archive --format=tar.gz <base> mk launch bench/_jobs.py pyproject.toml
 # -o .gpu/old.tgz` here, `mkdir -p /tmp/oldtree && tar -C /tmp/oldtree -xzf .gpu/old.tgz` there.
 # A machine that starts cold loses ~60 s of the first call.
@@ -123,7 +126,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -355,6 +358,14 @@ if has opcombo; then
   time_variant opcombo qg "QKV + GATE_UP (--plan $QG)" ${MK_OC_BATCH:-192,256} "" "--plan $QG"
   time_variant opcombo qgd "QKV + GATE_UP + DOWN" ${MK_OC_BATCH:-192,256} "" \
       "--plan $QG,splitk_down_max_tokens=256"
+fi
+if has gemm; then
+  # issue 5's table (each token GEMM through the megakernel over a whole matrix vs cuBLAS and
+  # cuBLAS + the unfused epilogue, cold L2): last run in session 3, before the 128-row tiles,
+  # early weights, split-K and the epilogue's addressing
+  timeout 540 python bench/gemm.py --suite --no-compile --m 64,256,1024,4096 --odd-m 0 --reps 15 \
+      --out "$OUTDIR/gemm.json" > "$OUTDIR/gemm.log" 2>&1 || rc=1
+  grep -vE "^\[mk\." "$OUTDIR/gemm.log" | tail -30
 fi
 if has page64; then
   # KV pages of 64 tokens (one TMA box per K / V block instead of four 16-row ones): is the
