@@ -98,7 +98,11 @@
 #      out at B=256, where it is 39% of the busy time)
 #   3. "page64" (KV pages of 64: the attention's TMA gather) and "tiles256" | "verify" of
 #      whatever is to become default (MK_ATTN_REDUCE_WIDE, caps)
-#   4. "e2e" | "gemm" (issue 5's table, stale since session 3)
+#   4. "treeab" with the branch s9-next checked out here and MK_AB_TREE = main unpacked (the
+#      storers' copies over the tile's rows only; GPU-unverified) | "verify" of s9-next
+#   5. "e2e" | "gemm" (issue 5's table, stale since session 3)
+# Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
+# read it before choosing the next lever (split-K reduce hops, attention, norms).
 # treeab's base tree: `git archive --format=tar.gz <base> mk launch bench/_jobs.py pyproject.toml
 # -o .gpu/old.tgz` here, `mkdir -p /tmp/oldtree && tar -C /tmp/oldtree -xzf .gpu/old.tgz` there.
 # A machine that starts cold loses ~60 s of the first call.
