@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -746,7 +746,7 @@ class Planner:
         seq = a[:, at.A_SEQ].astype(np.int64)
         row0, nrows = a[:, W_ROW0].astype(np.int64), a[:, W_ROWS].astype(np.int64)
         # an attention instruction's segment: segments are disjoint row ranges, so row0 names one
-        seg_row0, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
+        _, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
         self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, seq=seq,
                           row0=row0, nrows=nrows, kv0=a[:, at.A_KV0].astype(np.int64),
                           seg_first=seg_first, seg_of=seg_of)
@@ -1109,7 +1109,6 @@ def parse_plan_overrides(text: str) -> dict:
     """FIELD=VALUE,... (the command lines' --plan) as PlanConfig keyword arguments: integer fields
     other than split_k / policy (each command line has its own flag for those), names checked and
     the result validated by PlanConfig itself; ValueError says what is wrong."""
-    from dataclasses import fields
     names = {f.name for f in fields(PlanConfig)}
     out = {}
     for part in filter(None, (t.strip() for t in text.split(","))):
