@@ -194,12 +194,12 @@ def format_by_opcode(r: dict) -> str:
 
 def critical_path(journal, jcta, n: int, instrs) -> dict:
     """The chain of instructions that set the step's end, walked back from the last signal. At
-    each instruction the link is what it waited for last: the producer whose signal completed its
-    latest-met wait (when that signal came after the instruction was fetched: a dependency hop),
-    else the instruction before it on its CTA (it waited for its SM: a queue hop). Each link's
-    time is split into the instruction's own run (ready -> signalled) and the gap before it
-    (the producer's signal or the CTA's previous end -> ready: the hop's latency; negative where
-    an instruction overlapped its CTA's previous one). instrs: the step's words [n, INSTR_WORDS]
+    each instruction the link is whichever of its two needs was met last: the producer whose
+    signal completed its latest-met wait (a dependency hop), or the instruction before it on its
+    CTA, whose end frees the SM's roles (a queue hop). Each link's time is split into the
+    instruction's own run (ready -> signalled) and the gap before it (the producer's signal or
+    the CTA's previous end -> ready: the hop's latency; negative where the instruction's waits
+    were met while its CTA's previous one still ran, e.g. during early weight loads). instrs: the step's words [n, INSTR_WORDS]
     (the journal's tickets index them). Per opcode on the path: count, run us, and the gaps before
     it by kind; per hop (producer opcode -> opcode): count and gap us; path_us = runs + gaps."""
     from mk.ir import MAX_WAITS, NO_COUNTER, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
@@ -242,12 +242,12 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
                 if w[W_WAIT0 + 2 * i] != NO_COUNTER and w[W_WAIT0 + 2 * i + 1] > 0]
         deps = [d for d in deps if d is not None]
         dep = max(deps, key=lambda d: d["end"]) if deps else None
-        if dep is not None and dep["end"] > cur["fetch"]:
+        prev = prev_on_cta[cur["ticket"]]
+        if dep is not None and (prev is None or dep["end"] >= prev["end"]):
             kind, nxt, before = "dep", dep, dep["end"]
         else:
-            nxt = prev_on_cta[cur["ticket"]]
-            kind = "queue"
-            before = nxt["end"] if nxt is not None else entry.get(cur["cta"], cur["fetch"])
+            kind, nxt = "queue", prev
+            before = prev["end"] if prev is not None else entry.get(cur["cta"], cur["fetch"])
         name = _op_name(cur["op"])
         d = ops.setdefault(name, dict(count=0, run=0, dep_gap=0, queue_gap=0))
         d["count"] += 1

@@ -109,3 +109,21 @@ def test_critical_path_follows_the_last_met_wait_then_the_sm():
     text = tr.format_critical_path(r)
     assert "critical path 14.1 us" in text and "RMSNORM -> QKV_ROPE (dep)" in text
     assert tr.critical_path(j[:0], c, 0, w) == {}
+
+
+def test_critical_path_takes_the_sm_when_it_freed_last():
+    """Waits met while the CTA's previous instruction still ran (early weight loads): the link is
+    that instruction (a queue hop with a negative gap, the overlap), not the producer; the path's
+    runs and gaps still add up to the span."""
+    gemm, norm = int(Op.GATE_UP), int(Op.RMSNORM)
+    j, c = _journal([
+        (0, gemm, 0, 1000, 1000, 11000, {}),        # long GEMM on SM 0
+        (1, norm, 1, 1000, 1000, 6000, {}),         # producer on SM 1, signals 3 at 6000
+        (0, gemm, 2, 2000, 6100, 14000, {}),        # waits 3 >= 1: met at 6100, SM 0 busy to 11000
+    ])
+    w = _words([([], None), ([], 3), ([(3, 1)], None)])
+    r = tr.critical_path(j, c, 3, w)
+    assert r["instructions"] == 2 and set(r["ops"]) == {"GATE_UP"}
+    assert r["hops"]["GATE_UP -> GATE_UP (queue)"]["gap_us"] == -4.9       # 6100 - 11000
+    assert r["ops"]["GATE_UP"]["queue_gap_us"] == -4.9 and r["ops"]["GATE_UP"]["dep_gap_us"] == 0
+    assert r["path_us"] == r["span_us"] == 13.0
