@@ -517,3 +517,26 @@ def test_spread_kv_splits_need_enough_splits():
     assert cfg.spread_kv_splits(np.ones(1, np.int64), np.array([256]), 1)[0] == 64
     two = PlanConfig(kv_split=1024, kv_split_min=64, num_sms=132, kv_spread_min_splits=2)
     assert (two.spread_kv_splits(np.ones(64, np.int64), np.full(64, 1024), 1) == 512).all()
+
+
+@pytest.mark.parametrize("rows", [[3, 4, 5, 6], [2, 5, 9]])
+def test_stream_advance_writes_its_block_in_every_layer(rows):
+    """StreamAdvance (the fast path's rewrite): rows j of each layer's template get the block in
+    words word0.. (a slice for a run of rows, an index otherwise), on a host array and on a torch
+    stream alike; nothing else changes."""
+    from mk.ir import INSTR_WORDS
+    from mk.plan import StreamAdvance
+    rng = np.random.default_rng(3)
+    pre, L, m = 2, 3, 11
+    stream = rng.integers(0, 1000, (pre + L * m + 4, INSTR_WORDS)).astype(np.int32)
+    block = rng.integers(0, 1000, (len(rows), 5)).astype(np.int32)
+    adv = StreamAdvance(pre, L, m, np.array(rows), 20, block)
+    assert isinstance(adv.j, slice) == (rows == list(range(rows[0], rows[-1] + 1)))
+    want = stream.copy()
+    for layer in range(L):
+        for i, r in enumerate(rows):
+            want[pre + layer * m + r, 20:25] = block[i]
+    host, dev = stream.copy(), torch.from_numpy(stream.copy())
+    adv.apply_host(host)
+    adv.apply(dev)
+    assert np.array_equal(host, want) and np.array_equal(dev.numpy(), want)
