@@ -316,7 +316,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     0 auto), so the megakernel runs the split plan the interpreter runs. kv_split_min /
     num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
-    further PlanConfig fields (e.g. splitk_qkv_max_tokens), on both sides. prompt_lens: the
+    further PlanConfig fields (e.g. splitk_qkv_max_tokens; they win over the arguments above),
+    on both sides. prompt_lens: the
     first step's prompts (at most 7, at most MAX_CHECK_TOKENS tokens together; 208 by default,
     a step of the M <= 256 tile class; more than 256 runs the M <= 512 class's tiles)."""
     check_prompt_lens(prompt_lens, decode_steps)
@@ -335,8 +336,9 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=CHECK_SEQS, max_context=CHECK_CONTEXT,
                                    max_batch_tokens=MAX_CHECK_TOKENS)
-    pcfg = PlanConfig(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
-                      num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib, **(plan or {}))
+    pcfg = PlanConfig(**{**dict(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
+                                num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib),
+                         **(plan or {})})
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),

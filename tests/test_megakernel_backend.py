@@ -260,3 +260,18 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     # uploads; the rest rewrote the held copy
     assert be.planner.fast_plans >= 5 and be.stream_uploads == 12 - be.planner.fast_plans
     assert sum(m.checked for m in mks.values()) == be.stream_uploads
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--prompt-lens", "1,600"], "prompt lengths [1, 600]"),
+    (["--prompt-lens", "300,300"], "at most 512 together"),
+    (["--prompt-lens", "1,x"], "is not N,N,..."),
+    (["--prompt-lens", ","], "1 to 7 prompts"),
+    (["--plan", "bogus=1"], "'bogus=1' is not FIELD=VALUE"),
+])
+def test_two_layer_check_refuses_bad_arguments_before_the_gpu(argv, why, capsys):
+    """`python -m mk.megakernel_step check`: bad --prompt-lens / --plan exit 1 with the reason,
+    on any machine (checked before the GPU is looked for)."""
+    from mk.megakernel_step import _main
+    assert _main(["check", *argv]) == 1
+    assert why in capsys.readouterr().err
