@@ -199,9 +199,11 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
     CTA, whose end frees the SM's roles (a queue hop). Each link's time is split into the
     instruction's own run (ready -> signalled) and the gap before it (the producer's signal or
     the CTA's previous end -> ready: the hop's latency; negative where the instruction's waits
-    were met while its CTA's previous one still ran, e.g. during early weight loads). instrs: the step's words [n, INSTR_WORDS]
-    (the journal's tickets index them). Per opcode on the path: count, run us, and the gaps before
-    it by kind; per hop (producer opcode -> opcode): count and gap us; path_us = runs + gaps."""
+    were met while its CTA's previous one still ran, e.g. during early weight loads).
+
+    instrs: the step's words [n, INSTR_WORDS] (the journal's tickets index them). Per opcode on
+    the path: count, run us, and the gaps before it by kind; per hop (producer opcode ->
+    opcode): count and gap us; path_us = runs + gaps."""
     from mk.ir import MAX_WAITS, NO_COUNTER, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
     ev, ctas = events(journal, jcta, n)
     if not ev:
