@@ -102,7 +102,7 @@
 #      storers' copies over the tile's rows only; GPU-unverified) | "verify" of s9-next
 #   5. "e2e" | "gemm" (issue 5's table, stale since session 3)
 #   6. "e2e" with MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 (issue 6 asks for these too;
-#      not run since session 5)
+#      last run on 2026-11-29: e2e_2026-11-29_70b-tp8, 2.17x / 2.28x the peer)
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
