@@ -33,6 +33,8 @@ from mk.weights import load_rank_weights
 from test_vm import CFG, KERNEL, greedy, mixed_steps
 
 SPLIT_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
+# no op's own split-K cap (each op then splits up to splitk_max_tokens only)
+NO_OP_CAPS = {field: 0 for field in SPLITK_OP_CAPS.values()}
 V = GQA_LLAMA3["vocab_size"]
 
 
@@ -365,7 +367,6 @@ def test_every_splittable_op_has_its_own_cap():
     assert all(SPLITK_OP_CAPS[op] in names for op in SPLITK_OP_CAPS)
 
 
-NO_OP_CAPS = {field: 0 for field in SPLITK_OP_CAPS.values()}
 B256_ALONE = {"splitk_qkv_max_tokens": ((20, 4), (64, 1), (56, 1), (64, 1)),
               "splitk_o_max_tokens": ((20, 1), (64, 2), (56, 1), (64, 1)),
               "splitk_gate_up_max_tokens": ((20, 1), (64, 1), (56, 2), (64, 1)),
