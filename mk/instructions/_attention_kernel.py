@@ -1241,7 +1241,15 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
         # the page may be handed back once the copies have read it (bulk_store_drain: written)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
     if cutlass.const_expr(STORE_MODE == "loop"):
-        for it in cutlass.range(rows_in_page * cpr // nthreads, unroll=1):
+        # only the chunks of the rows that hold query rows: a decode unit (qpk rows per token)
+        # fills 8 of an fp32 page's 32 rows and none of the unit's other three pages, and each
+        # empty iteration still cost an smem address, a division and a branch per thread
+        valid = mtot - mbase
+        if valid > rows_in_page:
+            valid = Int32(rows_in_page)
+        if valid < 0:
+            valid = Int32(0)
+        for it in cutlass.range((valid * cpr + (nthreads - 1)) // nthreads, unroll=1):
             store_chunk(pool, page, ob, it * nthreads + sid, mbase, mtot, div, head0, row0, base,
                         ld)
     for it in cutlass.range_constexpr(rows_in_page * cpr // nthreads

@@ -936,13 +936,18 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     row_end = row0 + rows
     col_end = col0 + cols
     ety = Float32 if ob == 4 else BFloat16
+    # iteration `it` covers box rows [it, it + 1) x UNR * nthreads / 8: only those with tile rows
+    # (a decode step of B tokens fills B of a 64- or 128-row tile)
+    n_it = (rows * 8 + (UNR * nthreads - 1)) // (UNR * nthreads)
+    if n_it > per_thread // UNR:
+        n_it = Int32(per_thread // UNR)
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
         page, ph = page_of(pg + e, npages)
         bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
         for s in cutlass.range_constexpr(0 if "nostore" in EXPERIMENT else min(bpp, nbox - e * bpp)):
             box = e * bpp + s
             sbase = pool + page * PAGE + s * (cfg.bm * 128)
-            for it in range(per_thread // UNR):
+            for it in range(n_it):
                 vals = [None] * UNR
                 for u in cutlass.range_constexpr(UNR):
                     q = (it * UNR + u) * nthreads + sid
