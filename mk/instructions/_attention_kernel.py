@@ -1026,9 +1026,11 @@ REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "1") == "1"
 # 224 of the 256 threads idle on such a page, and each of its threads walks the splits two at a
 # time in each of its two passes: nsplit dependent round trips (16 at the 16 splits of a spread
 # 1024-key decode; here 2 x ceil(nsplit / 8)). The same float32 operations in the same order per
-# output element (bitwise-equal results). Compile-time, off until GPU-verified
-# (MK_ATTN_REDUCE_WIDE=1; scripts/gpu_next.sh rwide).
-REDUCE_WIDE = os.environ.get("MK_ATTN_REDUCE_WIDE", "0") == "1"
+# output element (bitwise-equal results). Compile-time, on by default since session 10: B=1
+# -3.0%, B=16 -0.7% (bench/results/rwide_g*_2026-11-30_s9.json); the two-layer checks with KV
+# splits of 64 keys and spread splits and racecheck (0 hazards) passed with it
+# (rwide_2026-11-30_s10.log). MK_ATTN_REDUCE_WIDE=0 builds the 64-row mapping for every page.
+REDUCE_WIDE = os.environ.get("MK_ATTN_REDUCE_WIDE", "1") == "1"
 WIDE_ROWS = CONSUMER_THREADS // 32
 WIDE_SPLITS = 8
 
