@@ -305,9 +305,9 @@ def make_problem(case: dict, seed: int = 0, device="cuda", kv_split: int = 1024)
                         num_kv_heads=hkv, head_dim=ak.D, vocab_size=256)
     kernel = KernelConfig(page_size=ps, max_batch_tokens=T, max_seqs=len(seqs),
                           max_context=max(ctx, 1), num_kv_pages=npages)
-    nsplit = -(-ctx // kv_split)
-    pcfg = PlanConfig(kv_split=kv_split, attn_kv_heads=case.get("attn_kv_heads", 1),
-                      partial_rows=max(T * nsplit, 1))
+    # ATTN_PARTIAL rows: PlanConfig's own bound (it counts the decode splits spread over the SMs,
+    # kv_split_min, which T x ceil(ctx / kv_split) did not: decode-varlen needed 84 rows of 21)
+    pcfg = PlanConfig(kv_split=kv_split, attn_kv_heads=case.get("attn_kv_heads", 1))
     rng = random.Random(seed)
     ids = list(range(npages))
     rng.shuffle(ids)

@@ -75,6 +75,11 @@
 #   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
 #          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
 #          DOWN too, journal on: opcombo.log, opcombo_{none,qg,qgd}.json (~5.5 min)
+#   batch  MK_BATCH_ENV (default MK_NORM_BATCH=2: RMSNORM's rows two per pass, their loads in flight
+#          together; session 10's critical path at B=64 had 2 RMSNORMs of 9.7 us per layer, an
+#          8-row instruction being 8 dependent round trips): the two-layer checks and racecheck
+#          with it (MK_BATCH_PYTEST: pytest files too), then decode MK_BATCH_BATCH (1,64,256) with
+#          and without, journal on: batch.log, batch_{on,off}.json (~8 min: a GPU of its own)
 #   gemm   bench/gemm.py --suite (issue 5's table: the token GEMMs and LM head through the
 #          megakernel vs cuBLAS and cuBLAS + epilogue at M = 64 / 256 / 1024 / 4096, checks
 #          first): gemm.log, gemm.json, gemm.png (~6 min; last run in session 3)
@@ -134,7 +139,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [batch]=540)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -232,6 +237,13 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
+if has batch; then
+  BENV=${MK_BATCH_ENV:-MK_NORM_BATCH=2}
+  ( export $BENV; echo "== $BENV"; checks ${MK_BATCH_PYTEST:-} ) > "$OUTDIR/batch.log" 2>&1
+  cat "$OUTDIR/batch.log"
+  [ -z "${MK_BATCH_PYTEST:-}" ] && export MK_NO_PYTEST=1
+  timed_ab batch "$BENV" ${MK_BATCH_BATCH:-1,64,256} "$BENV" "" "--journal"
+fi
 if has early; then     # timing only: the variant without early loads is the old default
   : > "$OUTDIR/early.log"
   time_ab early MK_EARLY_WEIGHTS=0 ${MK_EARLY_BATCH:-1,64,256} "MK_EARLY_WEIGHTS=0" ""
