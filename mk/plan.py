@@ -158,6 +158,15 @@ class PlanConfig:
     splitk_gate_up_max_tokens: int = 256
     splitk_down_max_tokens: int = 0
     max_split: int = 16
+    # token rows per SPLITK_REDUCE instruction (0: one per split output tile, all its rows). A
+    # reduce walks a thread's items one after the other, each item's partial loads waited for
+    # before the next item's (more in flight spill: the kernel's 168 registers are all in use),
+    # so a 64-row tile's reduce took 9.3 us at B=64, four of them on each layer's critical path
+    # (bench/results/treeab_on_2026-11-30_s10.json); cut into row slices it runs on as many
+    # more SMs with as many fewer items per thread. Slices are cut only where the reduce signals
+    # this rank's own counter (QKV_ROPE and GATE_UP always, O_PROJ and DOWN at TP 1); the
+    # counters' consumers wait for every slice.
+    splitk_reduce_rows: int = 0
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
     # (L2_PREFETCH: O_PROJ's, then the first K columns of each of GATE_UP's K slices), in steps
@@ -179,7 +188,8 @@ class PlanConfig:
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
-        zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min") + tuple(SPLITK_OP_CAPS.values())
+        zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min",
+                   "splitk_reduce_rows") + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits") + zero_ok:
             v = getattr(self, name)
@@ -571,7 +581,8 @@ class _Group:
 
 
 def _emit(groups: list, stage: int, op: int, block, *, row0, rows, col0, cols, waits=(),
-          signal=NO_COUNTER, scope=SignalScope.LOCAL, srank=0, args: dict | None = None) -> None:
+          signal=NO_COUNTER, scope=SignalScope.LOCAL, srank=0, args: dict | None = None,
+          count=1) -> None:
     block = np.asarray(block, np.int64)
     n = block.shape[0]
     if n == 0:
@@ -583,7 +594,7 @@ def _emit(groups: list, stage: int, op: int, block, *, row0, rows, col0, cols, w
         w[:, W_WAIT0 + 2 * i] = NO_COUNTER
     for i, (c, t) in enumerate(waits):
         w[:, W_WAIT0 + 2 * i], w[:, W_WAIT0 + 2 * i + 1] = c, t
-    w[:, W_SIGNAL], w[:, W_SIGNAL_SCOPE], w[:, W_SIGNAL_RANK], w[:, W_SIGNAL_COUNT] = signal, int(scope), srank, 1
+    w[:, W_SIGNAL], w[:, W_SIGNAL_SCOPE], w[:, W_SIGNAL_RANK], w[:, W_SIGNAL_COUNT] = signal, int(scope), srank, count
     for word, v in (args or {}).items():
         w[:, word] = v
     groups.append(_Group(w, stage, block))
@@ -625,10 +636,11 @@ REDUCE_STAGE_OFFSET = 0.5
 
 def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bounds, k_word: int,
                sk_ids, stride: int, row0, rows, col0, cols, waits=(), signal=NO_COUNTER,
-               scope=SignalScope.LOCAL, srank=0, args: dict) -> None:
+               scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows: int = 0) -> None:
     """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
-    tiles (tile-major; same waits; each signals the tile's counter sk_ids) and one SPLITK_REDUCE
-    (waits sk_ids = nsplit, sends the unsplit tile's signal)."""
+    tiles (tile-major; same waits; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
+    (waits sk_ids = nsplit, sends the unsplit tile's signal): one, or with reduce_rows > 0 one
+    per slice of at most reduce_rows of the tile's rows, each sending that signal."""
     if nsplit <= 1:
         _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
               signal=signal, scope=scope, srank=srank, args=args)
@@ -644,9 +656,25 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     _emit(groups, stage, op, rep(block), row0=rep(row0), rows=rep(rows), col0=rep(col0),
           cols=rep(cols), waits=[(rep(c), rep(t)) for c, t in waits], signal=rep(sk_ids),
           args=split_args)
+    red_args = sk.reduce_words(op, nsplit, stride, args)
+    if reduce_rows:
+        # tile i's slices k: rows [row0_i + k * reduce_rows, ...), every other word the tile's
+        row0_i = np.broadcast_to(np.asarray(row0), (m,))
+        rows_i = np.broadcast_to(np.asarray(rows), (m,))
+        nsl = -(-rows_i // reduce_rows)
+        i = np.repeat(np.arange(m), nsl)
+        k = np.arange(len(i)) - np.repeat(np.cumsum(nsl) - nsl, nsl)
+
+        def take(v):
+            return np.broadcast_to(np.asarray(v), (m,))[i]
+        row0 = row0_i[i] + k * reduce_rows
+        rows = np.minimum(reduce_rows, row0_i[i] + rows_i[i] - row0)
+        block, col0, cols, sk_ids, signal, srank = (take(v) for v in
+                                                    (block, col0, cols, sk_ids, signal, srank))
+        red_args = {word: take(v) for word, v in red_args.items()}
     _emit(groups, stage + REDUCE_STAGE_OFFSET, Op.SPLITK_REDUCE, block, row0=row0, rows=rows,
           col0=col0, cols=cols, waits=[(sk_ids, nsplit)], signal=signal, scope=scope, srank=srank,
-          args=sk.reduce_words(op, nsplit, stride, args))
+          args=red_args)
 
 
 def _tiles(width: int, tile: int, slices: int = 1):
@@ -912,8 +940,22 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     C = {nm: groups_layout[nm][0] + CPL for nm in groups_layout}    # absolute ids of layer 0
     prev_HM = groups_layout["HM"][0]                                  # block 0 = prelude
     tp1 = n == 1
-    hid_a_target = n_o if tp1 else n
-    hid_m_target = n_d if tp1 else n
+
+    def reduce_slices(op):
+        """SPLITK_REDUCE instructions per split output tile of op in each block (1: the whole
+        tile, also where op does not split or its reduce signals a peer: O_PROJ / DOWN at TP > 1,
+        whose TP_REDUCE counts tiles)."""
+        R = cfg.splitk_reduce_rows
+        if nsplit[op] <= 1 or not R or (op in (Op.O_PROJ, Op.DOWN) and not tp1):
+            return np.ones(nb, np.int64)
+        return -(-brows // R)
+    red_sl = {op: reduce_slices(op) for op in ntiles}
+    # signals per block of each counter that consumers wait for (a split tile's reduce slices
+    # each signal; at TP > 1 the hidden rows' counters count TP_REDUCEs, one per rank)
+    qkv_target = n_qkv * red_sl[Op.QKV_ROPE]
+    gu_target = n_g * red_sl[Op.GATE_UP]
+    hid_a_target = n_o * red_sl[Op.O_PROJ] if tp1 else np.full(nb, n)
+    hid_m_target = n_d * red_sl[Op.DOWN] if tp1 else np.full(nb, n)
 
     attn_target = np.zeros(nb, np.int64)
     np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp))
@@ -925,7 +967,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         if ns > 1 and op == Op.GATE_UP:
             kw["args"] = {**kw["args"], mm.A_UP_COL: I_loc}
         _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
-                   else None, k_word=k_word, sk_ids=sk_ids, stride=T, **kw)
+                   else None, k_word=k_word, sk_ids=sk_ids, stride=T,
+                   reduce_rows=cfg.splitk_reduce_rows if red_sl[op].max() > 1 else 0, **kw)
 
     # norms: row groups of at most norm_rows rows inside each block, all signalling the block
     ngr = -(-brows // cfg.norm_rows)
@@ -936,7 +979,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
 
     def norm(stage, wait_c, wait_t, sig_c, which):
         _emit(g, stage, Op.RMSNORM, nr_blk, row0=nr_row0, rows=nr_rows, col0=0, cols=H,
-              waits=[(wait_c + nr_blk, wait_t)], signal=sig_c + nr_blk,
+              waits=[(wait_c + nr_blk, wait_t[nr_blk])], signal=sig_c + nr_blk,
               args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: which})
 
     g: list = []
@@ -954,7 +997,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     jw_prev_t = np.where(seg_is_first, 0, 1)
     js = seg_ids[~seg_is_last]
     _emit(g, S_JOIN, Op.NOOP, seg_blk[js], row0=seg_r0[js], rows=seg_rows[js], col0=0, cols=0,
-          waits=[(C["QKV"] + seg_blk[js], n_qkv), (jw_prev[js], jw_prev_t[js])],
+          waits=[(C["QKV"] + seg_blk[js], qkv_target[seg_blk[js]]), (jw_prev[js], jw_prev_t[js])],
           signal=C["JOIN"] + join_id[js])
     # attention instructions: segment x group x split
     reps = ngrp * seg_nsplit
@@ -967,7 +1010,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     a_kv1 = np.minimum(a_kv0 + seg_kv[a_seg], seg_ctx[a_seg])
     _emit(g, S_ATTN, Op.ATTENTION, seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
           col0=grp_c0[a_grp], cols=grp_w[a_grp],
-          waits=[(C["QKV"] + seg_blk[a_seg], n_qkv), (jw_prev[a_seg], jw_prev_t[a_seg])],
+          waits=[(C["QKV"] + seg_blk[a_seg], qkv_target[seg_blk[a_seg]]),
+                 (jw_prev[a_seg], jw_prev_t[a_seg])],
           signal=np.where(a_split, C["SPLIT"] + split_id[a_seg], C["ATTN"] + seg_blk[a_seg]),
           args={at.A_SEQ: seg_seq[a_seg], at.A_POS0: seg_pos0[a_seg], at.A_KV0: a_kv0,
                 at.A_KV1: a_kv1, at.A_PAGE_OFF: meta.page_off[seg_seq[a_seg]],
@@ -1011,7 +1055,13 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 targs.update({em.A_DST: Buf.HIDDEN, em.A_EPI: epi})
             else:
                 targs.update({mm.A_DST: Buf.HIDDEN, mm.A_EPI: epi})
-            emit(stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
+            if op == Op.EMBED:
+                # the prelude's EMBED tiles stand in for the DOWN tiles the first layer's norm
+                # waits for: each counts for as many signals as a DOWN tile's reduce slices
+                emit(stage, op, b, waits=waits, signal=hid + b, args=targs,
+                     count=red_sl[Op.DOWN][b], **common)
+            else:
+                emit(stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
             return
         if op == Op.EMBED:
             targs.update({em.A_DST: Buf.RECV, em.A_EPI: mm.Epi.SCATTER, em.A_SLOT_STRIDE: TM})
@@ -1032,7 +1082,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
          waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b,
          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
-    proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"], n_g,
+    proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"], gu_target,
          C["DRS"], C["HM"], True)
     template = _order(g, cfg.policy, NUM_STAGES)
 
@@ -1058,7 +1108,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     g = []
     off_last = meta.word(mc.M_OFF_LAST)
     _emit(g, 0, Op.LM_NORM, ub, row0=first_seq, rows=cnt, col0=0, cols=H,
-          waits=[(hm_last + ub, hid_m_target)], signal=LMN,
+          waits=[(hm_last + ub, hid_m_target[ub])], signal=LMN,
           args={lmn.A_SRC: Buf.HIDDEN, lmn.A_DST: Buf.LAST_NORMED, lmn.A_LAST_OFF: off_last + first_seq,
                 lmn.A_WIDTH: H})
     lm_c0, lm_w, _ = _tiles(V_loc, tl.lm)

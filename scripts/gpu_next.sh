@@ -80,6 +80,10 @@
 #          8-row instruction being 8 dependent round trips): the two-layer checks and racecheck
 #          with it (MK_BATCH_PYTEST: pytest files too), then decode MK_BATCH_BATCH (1,64,256) with
 #          and without, journal on: batch.log, batch_{on,off}.json (~8 min: a GPU of its own)
+#   rslice PlanConfig.splitk_reduce_rows (SPLITK_REDUCE cut into row slices, a planner change only:
+#          the kernel is the same): the two-layer check with split-K auto at MK_RSLICE_CHECK
+#          ("16 4") rows, then decode MK_RSLICE_BATCH (64,256) whole-tile and at each of
+#          MK_RSLICE_ROWS ("16"), journal on: rslice.log, rslice_<rows>.json (~4 min)
 #   gemm   bench/gemm.py --suite (issue 5's table: the token GEMMs and LM head through the
 #          megakernel vs cuBLAS and cuBLAS + epilogue at M = 64 / 256 / 1024 / 4096, checks
 #          first): gemm.log, gemm.json, gemm.png (~6 min; last run in session 3)
@@ -139,7 +143,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [batch]=540)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [batch]=540 [rslice]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -243,6 +247,19 @@ if has batch; then
   cat "$OUTDIR/batch.log"
   [ -z "${MK_BATCH_PYTEST:-}" ] && export MK_NO_PYTEST=1
   timed_ab batch "$BENV" ${MK_BATCH_BATCH:-1,64,256} "$BENV" "" "--journal"
+fi
+if has rslice; then
+  for r in ${MK_RSLICE_CHECK:-16 4}; do
+    echo "== check --layers 2 --split-k 0 --plan splitk_reduce_rows=$r"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan splitk_reduce_rows=$r \
+        2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+  done > "$OUTDIR/rslice.log" 2>&1
+  cat "$OUTDIR/rslice.log"
+  time_variant rslice 0 "SPLITK_REDUCE whole tiles" ${MK_RSLICE_BATCH:-64,256} "" ""
+  for r in ${MK_RSLICE_ROWS:-16}; do
+    time_variant rslice $r "SPLITK_REDUCE rows $r" ${MK_RSLICE_BATCH:-64,256} "" \
+        "--plan splitk_reduce_rows=$r"
+  done
 fi
 if has early; then     # timing only: the variant without early loads is the old default
   : > "$OUTDIR/early.log"

@@ -147,43 +147,46 @@ def test_attention_experiment_variants_compile(dump_dir, default_counts, tmp_pat
     print(f"experiment {experiment}: {got} (default {ref}), {regs} registers, 0 spills")
 
 
-WIDE_REDUCE_SCRIPT = """
+NARROW_REDUCE_SCRIPT = """
 import os, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests"))
 from bench.attention import compile_fake
 from mk.instructions import _attention_kernel as ak
 import mk.megakernel as M
-assert ak.REDUCE_WIDE
+assert not ak.REDUCE_WIDE
 open({out!r} + ".harness", "w").write(compile_fake(16, handoff="thread").__ptx__)
 open({out!r} + ".m64", "w").write(M.compile_fake(gemm=M.class_slots(64), attn_page_size=16,
                                                  gather=True, splitk=True).__ptx__)
 """
 
 
-def test_wide_reduce_compiles_clean(dump_dir, default_counts, tmp_path):
-    """MK_ATTN_REDUCE_WIDE=1 (ATTN_REDUCE of a decode token's rows on every consumer thread, eight
-    splits' loads at a time; read at import, so in a subprocess): the harness and the megakernel's
-    all-opcode M64 variant compile without spills or calls; the harness has the wide path's
-    extra global loads and exp2s beside the 64-row path's, and the attention body unchanged
-    (same wgmma and TMA)."""
+def test_narrow_reduce_compiles_clean(dump_dir, default_counts, tmp_path):
+    """ATTN_REDUCE's wide mapping (a decode token's rows on every consumer thread, eight splits'
+    loads at a time) is the default since session 10; MK_ATTN_REDUCE_WIDE=0 builds the 64-row
+    mapping for every page (read at import, so in a subprocess): the harness and the
+    megakernel's all-opcode M64 variant compile without spills or calls; the default harness has
+    the wide path's extra global loads and exp2s beside the 64-row path's, and the attention
+    body is the same in both (same wgmma and TMA)."""
     import subprocess
     import sys
+    from mk.instructions import _attention_kernel as ak
+    assert ak.REDUCE_WIDE, "the wide ATTN_REDUCE is the default"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = str(tmp_path / "wide")
-    env = dict(os.environ, MK_ATTN_REDUCE_WIDE="1", CUTE_DSL_ARCH="sm_90a")
-    r = subprocess.run([sys.executable, "-c", WIDE_REDUCE_SCRIPT.format(root=root, out=out)],
+    out = str(tmp_path / "narrow")
+    env = dict(os.environ, MK_ATTN_REDUCE_WIDE="0", CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", NARROW_REDUCE_SCRIPT.format(root=root, out=out)],
                        env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     from _compile_gate import assert_clean
     for kind in ("harness", "m64"):
         ptx = open(f"{out}.{kind}").read()
         assert not re.search(r"^\s*call", ptx, flags=re.M), f"function calls in the {kind} kernel"
-        regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_wide_reduce_{kind}")))
+        regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_narrow_reduce_{kind}")))
         if kind == "harness":
             got, ref = _counts(ptx), default_counts
             assert got["wgmma"] == ref["wgmma"] and got["tma"] == ref["tma"], (got, ref)
-            assert got["ex2"] > ref["ex2"] and got["ld_global"] > ref["ld_global"], (got, ref)
-        print(f"wide reduce, {kind}: {regs} registers, 0 spills")
+            assert got["ex2"] < ref["ex2"] and got["ld_global"] < ref["ld_global"], (got, ref)
+        print(f"narrow reduce, {kind}: {regs} registers, 0 spills")
 
 
 STORE_MODE_SCRIPT = """

@@ -107,6 +107,35 @@ def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
     assert f == [], "\n".join(str(x) for x in f[:5])
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
+    """PlanConfig.splitk_reduce_rows: each split tile's SPLITK_REDUCE cut into row slices (3 rows:
+    slices of 3 and a shorter last one) computes per element what the whole-tile reduce does, so
+    every step's logits are bitwise the unsliced split plan's (queue and random modes); the
+    slices cover each tile's rows once, and the counters' consumers wait for all of them (the
+    VM checks every target). At TP 2 only QKV_ROPE's and GATE_UP's reduces are cut."""
+    w = gqa(tp, torch.float32)
+    vm_steps = mixed_steps(V)
+    for split_k in (2, 0):
+        base = VM(w, KERNEL, split_cfg(split_k))
+        sliced = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=3))
+        for i, batch in enumerate(vm_steps):
+            want = base.step(batch)
+            got = sliced.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+            assert torch.equal(got, want), (split_k, i)
+            whole = base.last_plan.instrs.numpy()
+            cut = sliced.last_plan.instrs.numpy()
+            wr = whole[whole[:, W_OPCODE] == Op.SPLITK_REDUCE]
+            cr = cut[cut[:, W_OPCODE] == Op.SPLITK_REDUCE]
+            # at TP > 1 the O_PROJ / DOWN reduces signal peers (TP_REDUCE counts whole tiles)
+            cut_ops = SPLIT_OPS if tp == 1 else (Op.QKV_ROPE, Op.GATE_UP)
+            sl = np.isin(cr[:, sk.A_OP], [int(o) for o in cut_ops])
+            assert (cr[sl, W_ROWS] <= 3).all() and (cr[:, W_ROWS] >= 1).all()
+            assert cr[:, W_ROWS].sum() == wr[:, W_ROWS].sum()
+            if (wr[:, W_ROWS] > 3).any():
+                assert len(cr) > len(wr)
+
+
 @pytest.mark.parametrize("tp,split_k", [(1, 4), (1, 0), (2, 8), (2, 0)])
 def test_bf16_split_greedy_tokens_match_unsplit(gqa, one_thread, tp, split_k):
     """12 greedy tokens of 3 prompts, chunked prefill (9-token chunks, prefill and decode rows in
@@ -259,8 +288,11 @@ def test_split_words_and_reduce_layout():
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_verifier_accepts_split_plans(tp, policy):
-    for split_k, batch in ((2, mixed_batch()), (8, decode_batch()), (0, decode_batch(2))):
-        cfg = split_cfg(split_k, PlanConfig(**{**P_CFG.__dict__, "policy": policy}))
+    for split_k, batch, red_rows in ((2, mixed_batch(), 0), (8, decode_batch(), 0),
+                                     (0, decode_batch(2), 0), (2, mixed_batch(), 5),
+                                     (0, decode_batch(2), 1)):
+        cfg = split_cfg(split_k, PlanConfig(**{**P_CFG.__dict__, "policy": policy}),
+                        splitk_reduce_rows=red_rows)
         plans = [plan_step(batch, P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg) for r in range(tp)]
         assert (plans[0].instrs[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
         f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
