@@ -466,49 +466,6 @@ def bf16x8(addr: Int64):
                             cute.make_layout(8))
 
 
-# RMSNORM rows per pass (MK_NORM_BATCH, default 1 = one row per pass; off until GPU-verified):
-# one pass costs a global round trip (the row's loads) and a barrier, so an 8-row instruction
-# (norm_rows) walks 8 round trips one after the other: 9.7 us per RMSNORM at B=64, two per layer
-# on the step's critical path (bench/results/page64_p16_2026-11-30_s10.json). With 2 rows per
-# pass their 8 loads per thread are in flight at once (4 rows: 16 loads, 64 registers of bf16
-# data, spill 256 B in the all-opcode M64 split-K variant, whose 168 registers are all in use).
-# Same float32 operations per row, so bitwise the one-row pass's results.
-NORM_BATCH_ROWS = int(os.environ.get("MK_NORM_BATCH", "1"))
-if NORM_BATCH_ROWS not in (1, 2, 4):
-    raise ValueError(f"MK_NORM_BATCH={NORM_BATCH_ROWS}: expected 1, 2 or 4")
-assert 2 * 4 * NORM_SCRATCH <= PAGE
-
-
-@cute.jit
-def norm_row_loads(src_base: Int64, row_off: Int64, cols: list) -> list:
-    """The thread's NORM_VECS 16-byte vectors of one row (kept in bf16: 4 registers each)."""
-    xs = []
-    for v in cutlass.range_constexpr(NORM_VECS):
-        xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
-    return xs
-
-
-@cute.jit
-def norm_row_sumsq(xs: list, ctid: Int32, nthreads: cutlass.Constexpr, H: Int32) -> Float32:
-    """The thread's part of a row's sum of squares (float32; vectors past H not counted)."""
-    ss = Float32(0.0)
-    for v in cutlass.range_constexpr(NORM_VECS):
-        if (v * nthreads + ctid) * 8 < H:
-            xf = xs[v].to(Float32)
-            ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-    return ss
-
-
-@cute.jit
-def norm_row_store(xs: list, rs: Float32, ws: list, dst_base: Int64, row_off: Int64, cols: list,
-                   ctid: Int32, nthreads: cutlass.Constexpr, H: Int32):
-    """y = bf16(bf16(x * rs) * w) of the thread's vectors of one row, stored."""
-    for v in cutlass.range_constexpr(NORM_VECS):
-        if (v * nthreads + ctid) * 8 < H:
-            y = (xs[v].to(Float32) * rs).to(BFloat16).to(Float32) * ws[v].to(Float32)
-            bf16x8(dst_base + (row_off + Int64(cols[v])) * 2).store(y.to(BFloat16))
-
-
 @cute.jit
 def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int32, which: Int32,
                     bufs: cute.Tensor, normw: cute.Tensor, n_layers: Int32, eps: Float32,
@@ -546,53 +503,30 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     dst_base = (bufs.iterator + dst * (T * H)).toint()
     scratch = pool + page * PAGE
     inv_h = Float32(1.0) / Float32(H)
-    if cutlass.const_expr(NORM_BATCH_ROWS == 1):
-        for r in range(rows):
-            row_off = Int64(row0 + r) * Int64(H)
-            xs = norm_row_loads(src_base, row_off, cols)
-            ss = warp_allreduce_sum(norm_row_sumsq(xs, ctid, nthreads, H))
-            slot = scratch + (r % 2) * NORM_SCRATCH
-            part = cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
-                                                  assumed_align=16),
-                                    cute.make_layout(nthreads // 32))
-            if lane == 0:
-                part[warp] = ss
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-            tot = part.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            rs = cute.math.rsqrt(tot * inv_h + eps)
-            norm_row_store(xs, rs, ws, dst_base, row_off, cols, ctid, nthreads, H)
-    else:
-        # NORM_BATCH_ROWS rows per pass: their loads all in flight, one barrier for their
-        # partials (slots by pass parity, as the rows' parity above)
-        nb = NORM_BATCH_ROWS
-        part_layout = cute.make_layout(nthreads // 32)
-        rb = Int32(0)
-        bi = Int32(0)
-        while rb < rows:
-            offs = []
-            xss = []
-            for u in cutlass.range_constexpr(nb):
-                # a row past the last reloads the last row (no branch before the loads) and
-                # stores nothing
-                offs.append(Int64(row0 + imin(rb + u, rows - 1)) * Int64(H))
-                xss.append(norm_row_loads(src_base, offs[u], cols))
-            for u in cutlass.range_constexpr(nb):
-                ss = warp_allreduce_sum(norm_row_sumsq(xss[u], ctid, nthreads, H))
-                if lane == 0:
-                    slot = scratch + ((bi % 2) * nb + u) * NORM_SCRATCH
-                    cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
-                                                   assumed_align=16), part_layout)[warp] = ss
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-            for u in cutlass.range_constexpr(nb):
-                slot = scratch + ((bi % 2) * nb + u) * NORM_SCRATCH
-                part = cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
-                                                      assumed_align=16), part_layout)
-                tot = part.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                rs = cute.math.rsqrt(tot * inv_h + eps)
-                if rb + u < rows:
-                    norm_row_store(xss[u], rs, ws, dst_base, offs[u], cols, ctid, nthreads, H)
-            rb = rb + nb
-            bi = bi + 1
+    for r in range(rows):
+        row_off = Int64(row0 + r) * Int64(H)
+        xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
+        for v in cutlass.range_constexpr(NORM_VECS):
+            xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
+        ss = Float32(0.0)
+        for v in cutlass.range_constexpr(NORM_VECS):
+            if (v * nthreads + ctid) * 8 < H:
+                xf = xs[v].to(Float32)
+                ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        ss = warp_allreduce_sum(ss)
+        slot = scratch + (r % 2) * NORM_SCRATCH
+        part = cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
+                                              assumed_align=16),
+                                cute.make_layout(nthreads // 32))
+        if lane == 0:
+            part[warp] = ss
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        tot = part.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        rs = cute.math.rsqrt(tot * inv_h + eps)
+        for v in cutlass.range_constexpr(NORM_VECS):
+            if (v * nthreads + ctid) * 8 < H:
+                y = (xs[v].to(Float32) * rs).to(BFloat16).to(Float32) * ws[v].to(Float32)
+                bf16x8(dst_base + (row_off + Int64(cols[v])) * 2).store(y.to(BFloat16))
     if lane == 0:
         # the scratch partials were generic writes; a later use of the page is a TMA write
         cute.arch.fence_proxy("async.shared", space="cta")
