@@ -158,15 +158,20 @@ class PlanConfig:
     splitk_gate_up_max_tokens: int = 256
     splitk_down_max_tokens: int = 0
     max_split: int = 16
-    # token rows per SPLITK_REDUCE instruction (0: one per split output tile, all its rows). A
-    # reduce walks a thread's items one after the other, each item's partial loads waited for
-    # before the next item's (more in flight spill: the kernel's 168 registers are all in use),
-    # so a 64-row tile's reduce took 9.3 us at B=64, four of them on each layer's critical path
-    # (bench/results/treeab_on_2026-11-30_s10.json); cut into row slices it runs on as many
-    # more SMs with as many fewer items per thread. Slices are cut only where the reduce signals
-    # this rank's own counter (QKV_ROPE and GATE_UP always, O_PROJ and DOWN at TP 1); the
-    # counters' consumers wait for every slice.
-    splitk_reduce_rows: int = 0
+    # token rows per SPLITK_REDUCE instruction in steps of at most splitk_reduce_max_tokens rows
+    # (0: one per split output tile, all its rows). A reduce walks a thread's items one after the
+    # other, each item's partial loads waited for before the next item's (more in flight spill:
+    # the kernel's 168 registers are all in use), so a 64-row tile's reduce took 9.3 us at B=64,
+    # four of them on each layer's critical path (bench/results/treeab_on_2026-11-30_s10.json);
+    # cut into row slices it runs on as many more SMs with as many fewer items per thread. Slices
+    # are cut only where the reduce signals this rank's own counter (QKV_ROPE and GATE_UP always,
+    # O_PROJ and DOWN at TP 1); the counters' consumers wait for every slice. Session 10, H200,
+    # decode ctx 1024 (rslice_*_2026-11-30_s10): B=64 14.05 -> 13.03 ms with 16 rows (-7.3%),
+    # -3.1% with 8; B=256 +19.4% / +13.2% (its 128-row tiles became 8 / 16 slices each, 448 /
+    # 896 GATE_UP reduces for 132 SMs), hence the token cap. Steps of at most 16 tokens are
+    # unchanged (a tile of <= 16 rows is one slice).
+    splitk_reduce_rows: int = 16
+    splitk_reduce_max_tokens: int = 64
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
     # (L2_PREFETCH: O_PROJ's, then the first K columns of each of GATE_UP's K slices), in steps
@@ -188,8 +193,8 @@ class PlanConfig:
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
-        zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min",
-                   "splitk_reduce_rows") + tuple(SPLITK_OP_CAPS.values())
+        zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min", "splitk_reduce_rows",
+                   "splitk_reduce_max_tokens") + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits") + zero_ok:
             v = getattr(self, name)
@@ -636,11 +641,12 @@ REDUCE_STAGE_OFFSET = 0.5
 
 def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bounds, k_word: int,
                sk_ids, stride: int, row0, rows, col0, cols, waits=(), signal=NO_COUNTER,
-               scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows: int = 0) -> None:
+               scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows=0) -> None:
     """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
     tiles (tile-major; same waits; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
-    (waits sk_ids = nsplit, sends the unsplit tile's signal): one, or with reduce_rows > 0 one
-    per slice of at most reduce_rows of the tile's rows, each sending that signal."""
+    (waits sk_ids = nsplit, sends the unsplit tile's signal): one, or with reduce_rows > 0 (a
+    value, or one per tile) one per slice of at most reduce_rows of the tile's rows, each sending
+    that signal."""
     if nsplit <= 1:
         _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
               signal=signal, scope=scope, srank=srank, args=args)
@@ -657,18 +663,19 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
           cols=rep(cols), waits=[(rep(c), rep(t)) for c, t in waits], signal=rep(sk_ids),
           args=split_args)
     red_args = sk.reduce_words(op, nsplit, stride, args)
-    if reduce_rows:
-        # tile i's slices k: rows [row0_i + k * reduce_rows, ...), every other word the tile's
+    if np.any(reduce_rows):
+        # tile i's slices k: rows [row0_i + k * h_i, ...), every other word the tile's
         row0_i = np.broadcast_to(np.asarray(row0), (m,))
         rows_i = np.broadcast_to(np.asarray(rows), (m,))
-        nsl = -(-rows_i // reduce_rows)
+        h_i = np.broadcast_to(np.asarray(reduce_rows), (m,))
+        nsl = -(-rows_i // h_i)
         i = np.repeat(np.arange(m), nsl)
         k = np.arange(len(i)) - np.repeat(np.cumsum(nsl) - nsl, nsl)
 
         def take(v):
             return np.broadcast_to(np.asarray(v), (m,))[i]
-        row0 = row0_i[i] + k * reduce_rows
-        rows = np.minimum(reduce_rows, row0_i[i] + rows_i[i] - row0)
+        row0 = row0_i[i] + k * h_i[i]
+        rows = np.minimum(h_i[i], row0_i[i] + rows_i[i] - row0)
         block, col0, cols, sk_ids, signal, srank = (take(v) for v in
                                                     (block, col0, cols, sk_ids, signal, srank))
         red_args = {word: take(v) for word, v in red_args.items()}
@@ -941,15 +948,22 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     prev_HM = groups_layout["HM"][0]                                  # block 0 = prelude
     tp1 = n == 1
 
-    def reduce_slices(op):
-        """SPLITK_REDUCE instructions per split output tile of op in each block (1: the whole
-        tile, also where op does not split or its reduce signals a peer: O_PROJ / DOWN at TP > 1,
-        whose TP_REDUCE counts tiles)."""
+    def reduce_slice_rows(op):
+        """Rows per SPLITK_REDUCE slice of op's split tiles in each block: splitk_reduce_rows, or
+        more where op would get over two reduces per SM (B=64's 256 O_PROJ / DOWN reduces on 132
+        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%; the cap binds only with
+        splitk_reduce_max_tokens raised, unmeasured there); 0 = whole tiles (also where op does
+        not split, the step is over splitk_reduce_max_tokens, or its reduce signals a peer:
+        O_PROJ / DOWN at TP > 1, whose TP_REDUCE counts tiles)."""
         R = cfg.splitk_reduce_rows
-        if nsplit[op] <= 1 or not R or (op in (Op.O_PROJ, Op.DOWN) and not tp1):
-            return np.ones(nb, np.int64)
-        return -(-brows // R)
-    red_sl = {op: reduce_slices(op) for op in ntiles}
+        if (nsplit[op] <= 1 or not R or T > cfg.splitk_reduce_max_tokens
+                or (op in (Op.O_PROJ, Op.DOWN) and not tp1)):
+            return np.zeros(nb, np.int64)
+        per_tile = max(1, 2 * cfg.num_sms // (nb * ntiles[op]))
+        return np.maximum(R, -(-brows // per_tile))
+    red_h = {op: reduce_slice_rows(op) for op in ntiles}
+    # SPLITK_REDUCE instructions per split output tile in each block (1: whole tiles)
+    red_sl = {op: np.where(h > 0, -(-brows // np.maximum(h, 1)), 1) for op, h in red_h.items()}
     # signals per block of each counter that consumers wait for (a split tile's reduce slices
     # each signal; at TP > 1 the hidden rows' counters count TP_REDUCEs, one per rank)
     qkv_target = n_qkv * red_sl[Op.QKV_ROPE]
@@ -968,7 +982,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
             kw["args"] = {**kw["args"], mm.A_UP_COL: I_loc}
         _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
                    else None, k_word=k_word, sk_ids=sk_ids, stride=T,
-                   reduce_rows=cfg.splitk_reduce_rows if red_sl[op].max() > 1 else 0, **kw)
+                   reduce_rows=red_h[op][b], **kw)
 
     # norms: row groups of at most norm_rows rows inside each block, all signalling the block
     ngr = -(-brows // cfg.norm_rows)

@@ -24,8 +24,8 @@ from mk.instructions import matmul as mm
 from mk.instructions import qkv as qk
 from mk.instructions import splitk as sk
 from mk.instructions.base import Buf
-from mk.ir import (ARG0, NO_COUNTER, W_COL0, W_COLS, W_OPCODE, W_ROW0, W_ROWS, W_SIGNAL, W_WAIT0,
-                   Op)
+from mk.ir import (ARG0, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS, W_SIGNAL,
+                   W_WAIT0, Op)
 from mk.plan import SPLITK_OP_CAPS, POLICIES, PlanConfig, Planner, buffer_shapes, plan_step
 from mk.verify import check
 from mk.vm import VM
@@ -116,9 +116,12 @@ def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
     VM checks every target). At TP 2 only QKV_ROPE's and GATE_UP's reduces are cut."""
     w = gqa(tp, torch.float32)
     vm_steps = mixed_steps(V)
-    for split_k in (2, 0):
-        base = VM(w, KERNEL, split_cfg(split_k))
-        sliced = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=3))
+    # forced 2 with SMs to spare: every slice 3 rows at most; auto on the 16 pretended SMs: the
+    # reduces-per-op cap makes the slices taller
+    for split_k, sms in ((2, 4096), (0, 16)):
+        base = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=0, num_sms=sms))
+        sliced = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=3,
+                                          splitk_reduce_max_tokens=4096, num_sms=sms))
         for i, batch in enumerate(vm_steps):
             want = base.step(batch)
             got = sliced.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
@@ -127,13 +130,14 @@ def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
             cut = sliced.last_plan.instrs.numpy()
             wr = whole[whole[:, W_OPCODE] == Op.SPLITK_REDUCE]
             cr = cut[cut[:, W_OPCODE] == Op.SPLITK_REDUCE]
-            # at TP > 1 the O_PROJ / DOWN reduces signal peers (TP_REDUCE counts whole tiles)
-            cut_ops = SPLIT_OPS if tp == 1 else (Op.QKV_ROPE, Op.GATE_UP)
-            sl = np.isin(cr[:, sk.A_OP], [int(o) for o in cut_ops])
-            assert (cr[sl, W_ROWS] <= 3).all() and (cr[:, W_ROWS] >= 1).all()
-            assert cr[:, W_ROWS].sum() == wr[:, W_ROWS].sum()
-            if (wr[:, W_ROWS] > 3).any():
-                assert len(cr) > len(wr)
+            assert (cr[:, W_ROWS] >= 1).all() and cr[:, W_ROWS].sum() == wr[:, W_ROWS].sum()
+            if sms == 4096:
+                # at TP > 1 the O_PROJ / DOWN reduces signal peers (TP_REDUCE counts whole tiles)
+                cut_ops = SPLIT_OPS if tp == 1 else (Op.QKV_ROPE, Op.GATE_UP)
+                sl = np.isin(cr[:, sk.A_OP], [int(o) for o in cut_ops])
+                assert (cr[sl, W_ROWS] <= 3).all()
+                if (wr[:, W_ROWS] > 3).any():
+                    assert len(cr) > len(wr)
 
 
 @pytest.mark.parametrize("tp,split_k", [(1, 4), (1, 0), (2, 8), (2, 0)])
@@ -292,7 +296,7 @@ def test_verifier_accepts_split_plans(tp, policy):
                                      (0, decode_batch(2), 0), (2, mixed_batch(), 5),
                                      (0, decode_batch(2), 1)):
         cfg = split_cfg(split_k, PlanConfig(**{**P_CFG.__dict__, "policy": policy}),
-                        splitk_reduce_rows=red_rows)
+                        splitk_reduce_rows=red_rows, splitk_reduce_max_tokens=4096)
         plans = [plan_step(batch, P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg) for r in range(tp)]
         assert (plans[0].instrs[:, W_OPCODE] == Op.SPLITK_REDUCE).any()
         f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
@@ -391,6 +395,41 @@ def test_auto_split_70b_tp8(m):
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
     assert shapes[Buf.SPLITK] == (16 * 256, 8192)      # max_split x the largest cap rows
+
+
+@pytest.mark.parametrize("m", [16, 64, 256])
+def test_default_reduce_slices_70b_tp8(m):
+    """The default PlanConfig cuts a split tile's SPLITK_REDUCE into 16-row slices in steps of at
+    most 64 tokens (B=64: -7.3% on the H200; B=256 lost 19.5% with them, so it keeps whole-tile
+    reduces): at TP 8 the QKV_ROPE and GATE_UP reduces of a 64-token step come in 4 slices per
+    tile, O_PROJ / DOWN stay whole (their reduces signal peers), a 16-token step is unchanged."""
+    whole = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                      PlanConfig(split_k=0, splitk_reduce_rows=0)).instrs.numpy()
+    cut = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                    PlanConfig(split_k=0)).instrs.numpy()
+    for op in SPLIT_OPS:
+        nw = int(((whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == op)).sum())
+        nc = int(((cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == op)).sum())
+        sliced = m == 64 and op in (Op.QKV_ROPE, Op.GATE_UP)
+        assert nc == (4 * nw if sliced else nw), (op, nw, nc)
+
+
+def test_reduce_slices_never_outnumber_the_sms():
+    """Over the token cap (splitk_reduce_max_tokens raised to 256): B=256's 128-row tiles are cut
+    into fewer, taller slices so that no op has more than two SPLITK_REDUCEs per SM (16-row
+    slices made up to 896 GATE_UP reduces there and the step lost 19.4%); the slices still cover
+    each tile's rows once."""
+    cfg = PlanConfig(split_k=0, splitk_reduce_max_tokens=256)
+    cut = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).instrs.numpy()
+    whole = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                      PlanConfig(split_k=0)).instrs.numpy()
+    for op in (Op.QKV_ROPE, Op.GATE_UP):
+        c = cut[(cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == op)
+                & (cut[:, W_LAYER] == 0)]
+        w = whole[(whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == op)
+                  & (whole[:, W_LAYER] == 0)]
+        assert len(w) < len(c) <= 2 * cfg.num_sms, (op, len(w), len(c))
+        assert c[:, W_ROWS].sum() == w[:, W_ROWS].sum()
 
 
 def test_every_splittable_op_has_its_own_cap():
