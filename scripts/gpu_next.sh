@@ -75,11 +75,6 @@
 #   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
 #          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
 #          DOWN too, journal on: opcombo.log, opcombo_{none,qg,qgd}.json (~5.5 min)
-#   batch  MK_BATCH_ENV (default MK_NORM_BATCH=2: RMSNORM's rows two per pass, their loads in flight
-#          together; session 10's critical path at B=64 had 2 RMSNORMs of 9.7 us per layer, an
-#          8-row instruction being 8 dependent round trips): the two-layer checks and racecheck
-#          with it (MK_BATCH_PYTEST: pytest files too), then decode MK_BATCH_BATCH (1,64,256) with
-#          and without, journal on: batch.log, batch_{on,off}.json (~8 min: a GPU of its own)
 #   rslice PlanConfig.splitk_reduce_rows (SPLITK_REDUCE cut into row slices, a planner change only:
 #          the kernel is the same): the two-layer check with split-K auto at MK_RSLICE_CHECK
 #          ("16 4") rows, then decode MK_RSLICE_BATCH (64,256) whole-tile and at each of
@@ -99,19 +94,21 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own), as of session 9:
-#   1. "rwide" (its checks; timed in session 9: B=1 -3.0%) | "caps512" (QKV split-K at B=384/512)
-#   2. "split" with MK_ATTN_REDUCE_WIDE=1 if rwide passed, MK_SPLIT_MIN="64 128",
-#      MK_SPLIT_EXTRA=",kv_spread_min_splits=2", MK_SPLIT_BATCH=1,32,48,64 (does the wide reduce
-#      move the spread threshold; 128-key splits at B=1) | "attnstep" (ATTENTION's math or loads
-#      out at B=256, where it is 39% of the busy time)
-#   3. "page64" (KV pages of 64: the attention's TMA gather) and "tiles256" | "verify" of
-#      whatever is to become default (MK_ATTN_REDUCE_WIDE, caps)
-#   4. "treeab" with the branch s9-next checked out here and MK_AB_TREE = main unpacked (the
-#      storers' copies over the tile's rows only; GPU-unverified) | "verify" of s9-next
-#   5. "e2e" | "gemm" (issue 5's table, stale since session 3)
-#   6. "e2e" with MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 (issue 6 asks for these too;
-#      last run on 2026-11-29: e2e_2026-11-29_70b-tp8, 2.17x / 2.28x the peer)
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own; carry only the .gpu files a call uses: the
+# carry limit is 64 MiB and the two toolkit archives take 59), as of session 10:
+#   1. "verify" with MK_CHECK_EXTRA="--plan splitk_reduce_max_tokens=4096" (the new default's
+#      SPLITK_REDUCE slices in every step of the two-layer checks and racecheck; the checks passed
+#      at 16 / 8 / 4 rows in session 10, racecheck was not run with slices) | "rslice" with
+#      MK_RSLICE_BATCH=128,192,256 and MK_RSLICE_ROWS=16 plus `--plan splitk_reduce_max_tokens=256`
+#      (the two-reduces-per-SM cap, unmeasured) -- time_variant's ARGS: edit the step or run
+#      launch/bench.py by hand
+#   2. "gemm" (issue 5's table, stale since session 3) | "caps512" (QKV split-K at B=384 / 512)
+#   3. "e2e" (all points: MK_E2E_BATCH=1,16,64,256,1024,4096 MK_E2E_MIXED=256:1024:1024 does not
+#      fit one call; B=1024 + mixed and B=4096 as session 10 did, then `launch/bench.py --merge`)
+# Where the time goes (session 10's critical paths, bench/E2E_NOTES.md): at B <= 64 the fixed
+# cost of the small instructions (SPLITK_REDUCE 3.8-9 us, RMSNORM 4-10 us, ATTENTION 13.6 us for
+# 64 keys, ATTN_REDUCE 7.7 us); at B >= 256 decode attention's per-block chain (~1.7 us per 64
+# keys, one unit per SM; KV pages of 64 did not help).
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
@@ -143,7 +140,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [batch]=540 [rslice]=240)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -241,13 +238,6 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
-if has batch; then
-  BENV=${MK_BATCH_ENV:-MK_NORM_BATCH=2}
-  ( export $BENV; echo "== $BENV"; checks ${MK_BATCH_PYTEST:-} ) > "$OUTDIR/batch.log" 2>&1
-  cat "$OUTDIR/batch.log"
-  [ -z "${MK_BATCH_PYTEST:-}" ] && export MK_NO_PYTEST=1
-  timed_ab batch "$BENV" ${MK_BATCH_BATCH:-1,64,256} "$BENV" "" "--journal"
-fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do
     echo "== check --layers 2 --split-k 0 --plan splitk_reduce_rows=$r"
