@@ -151,6 +151,10 @@ J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1 = 15, 7, 16, 17, 18
 STORE_STAMPS = (J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1)
 # GEMM consumers: the last wgmma retired (their epilogue, or a split tile's partial stores, start)
 J_CONS_EPI = 19
+# ATTENTION's page waits, each summed over the instruction (ns, not times): the loader's for free
+# K/V pages, consumer thread 0's for full ones, storer thread 0's for the consumers' `done` (which
+# role of a decode instruction waits on which: its ~14 GB/s per SM, bench/ATTENTION_NOTES.md)
+J_ATTN_LOAD_WAIT, J_ATTN_CONS_WAIT, J_ATTN_STORE_WAIT = 20, 21, 22
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -651,7 +655,8 @@ class MegakernelDSL:
                                                   ring[base + at.A_PAGE_OFF],
                                                   ring[base + at.A_MODE], ring[base + at.A_QPK],
                                                   pool, full, empty, pg, NP, timeout_ns, state, t,
-                                                  ready, new0)
+                                                  ready, new0, journal,
+                                                  J_ATTN_LOAD_WAIT if self.journal else -1)
                             elif op == ak.OP_ATTN_REDUCE:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
                                                     ring[base + at.A_QPK], pool, full, empty, pg,
@@ -816,7 +821,9 @@ class MegakernelDSL:
                                                  ring[base + at.A_POS0], ring[base + at.A_KV0],
                                                  ring[base + at.A_KV1], ring[base + at.A_MODE],
                                                  ring[base + at.A_QPK], pool, full, empty, done,
-                                                 pg, NP, ctv, timeout_ns, state, t, PS)
+                                                 pg, NP, ctv, timeout_ns, state, t, PS,
+                                                 ak.WG_SPLIT, journal,
+                                                 J_ATTN_CONS_WAIT if self.journal else -1)
                         elif op == ak.OP_ATTN_REDUCE:
                             pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
                                                    ring[base + W_ROWS], ring[base + W_COL0],
@@ -905,7 +912,8 @@ class MegakernelDSL:
                                ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
                                pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                page_share(self.handoff), journal,
-                               STORE_STAMPS if self.journal else ())
+                               STORE_STAMPS if self.journal else (),
+                               J_ATTN_STORE_WAIT if self.journal else -1)
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],

@@ -35,6 +35,9 @@ def _op_name(op: int) -> str:
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
               "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
               "epi1": 18, "cons_epi0": 19}
+# journal words that hold durations (ns summed by the instruction's roles, not times):
+# mk.megakernel.J_ATTN_LOAD_WAIT .. (ATTENTION's page waits); by_opcode reports their medians
+WAIT_WORDS = {"ld_wait": 20, "cons_wait": 21, "st_wait": 22}
 # per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
 # the first event to the second: when it ran behind earlier work of its SM, when each role ran
 ROLE_SPANS = {
@@ -75,6 +78,9 @@ def events(journal, jcta, n: int):
         for name, word in ROLE_WORDS.items():
             if len(r) > word and r[word]:
                 e[name] = r[word] - t0
+        for name, word in WAIT_WORDS.items():
+            if len(r) > word and r[word]:
+                e[name] = r[word]
         ev.append(e)
     ctas = [dict(cta=i, sm=r[2], entry=r[0] - t0, exit=r[1] - t0) for i, r in enumerate(c) if r[0] > 0]
     return ev, ctas
@@ -147,6 +153,9 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
         for role, (a, b) in ROLE_SPANS.items():
             if a in e and b in e:
                 spans.setdefault(name, {}).setdefault(role, []).append(e[b] - e[a])
+        for role in WAIT_WORDS:
+            if role in e:
+                spans.setdefault(name, {}).setdefault(role, []).append(e[role])
         d = ops.setdefault(name, dict(count=0, busy=0, wait=0, max=0))
         dur = e["end"] - e["ready"]
         d["count"] += 1
@@ -177,18 +186,23 @@ def format_by_opcode(r: dict) -> str:
     lines = [f"step span {r['span_us']:.1f} us on {r['sms']} SMs",
              f"{'opcode':<14}{'count':>7}{'busy us':>11}{'share':>7}{'mean us':>9}{'max us':>9}"
              f"{'phase us':>10}"]
+    cols = list(ROLE_SPANS) + [k for k in WAIT_WORDS
+                               if any(k + "_us" in d for d in r["ops"].values())]
     roles = any(k + "_us" in d for d in r["ops"].values() for k in ROLE_SPANS)
     if roles:
-        lines[1] += "".join(f"{k:>11}" for k in ROLE_SPANS)
+        lines[1] += "".join(f"{k:>11}" for k in cols)
     for name, d in r["ops"].items():
         line = (f"{name:<14}{d['count']:>7}{d['busy_us']:>11.1f}{d['busy_share']:>7.1%}"
                 f"{d['mean_us']:>9.2f}{d['max_us']:>9.2f}{d['phase_us']:>10.1f}")
         if roles:
-            line += "".join(f"{d.get(k + '_us', float('nan')):>11.2f}" for k in ROLE_SPANS)
+            line += "".join(f"{d.get(k + '_us', float('nan')):>11.2f}" for k in cols)
         lines.append(line)
     if roles:
+        waits = ("; ATTENTION's page waits summed per instruction: ld_wait the loader's for "
+                 "free pages, cons_wait the consumers' for full ones, st_wait the storer's for "
+                 "done") if len(cols) > len(ROLE_SPANS) else ""
         lines.append("(role columns: medians in us; " + ", ".join(
-            f"{k} = {a} -> {b}" for k, (a, b) in ROLE_SPANS.items()) + ")")
+            f"{k} = {a} -> {b}" for k, (a, b) in ROLE_SPANS.items()) + waits + ")")
     return "\n".join(lines)
 
 

@@ -102,13 +102,15 @@
 #      MK_RSLICE_BATCH=128,192,256 and MK_RSLICE_ROWS=16 plus `--plan splitk_reduce_max_tokens=256`
 #      (the two-reduces-per-SM cap, unmeasured) -- time_variant's ARGS: edit the step or run
 #      launch/bench.py by hand
-#   2. "gemm" (issue 5's table, stale since session 3) | "caps512" (QKV split-K at B=384 / 512)
+#   2. "base" (journal at B=1 / 256: ATTENTION's new ld_wait / cons_wait / st_wait columns say
+#      which role of a decode instruction waits on which) | "gemm" (issue 5's table, stale since
+#      session 3)
 #   3. "e2e" (all points: MK_E2E_BATCH=1,16,64,256,1024,4096 MK_E2E_MIXED=256:1024:1024 does not
 #      fit one call; B=1024 + mixed and B=4096 as session 10 did, then `launch/bench.py --merge`)
 # Where the time goes (session 10's critical paths, bench/E2E_NOTES.md): at B <= 64 the fixed
 # cost of the small instructions (SPLITK_REDUCE 3.8-9 us, RMSNORM 4-10 us, ATTENTION 13.6 us for
-# 64 keys, ATTN_REDUCE 7.7 us); at B >= 256 decode attention's per-block chain (~1.7 us per 64
-# keys, one unit per SM; KV pages of 64 did not help).
+# 64 keys, ATTN_REDUCE 7.7 us); at B >= 256 decode attention (~47 us per 1024-key instruction;
+# neither KV pages of 64 nor the warpgroup split moved it: bench/ATTENTION_NOTES.md session 10).
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):

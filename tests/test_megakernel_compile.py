@@ -308,6 +308,23 @@ def test_early_weights_variant_compiles_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "early1")))
 
 
+def test_all_opcode_journal_variant_compiles_without_spills(tmp_path):
+    """The variant `launch/bench.py --journal` runs (all opcodes, split-K, journal): 0 spills, no
+    call, and ATTENTION's page-wait clocks in it (two timer reads around each of the loader's,
+    consumers' and storer's K/V page waits: 7 sites) beyond the plain journal stamps."""
+    import mk.megakernel as M
+    comp = M.compile_fake(journal=True, gemm=M.class_slots(64), attn_page_size=16, gather=True,
+                          splitk=True)
+    ptx = comp.__ptx__
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "journal")))
+    # the journal's words 20..22 are written (the wait clocks' totals)
+    assert M.J_ATTN_LOAD_WAIT < M.JOURNAL_WORDS and M.J_ATTN_STORE_WAIT < M.JOURNAL_WORDS
+    assert len(re.findall(r"globaltimer", ptx)) >= 14 + len(re.findall(r"globaltimer",
+                                                                        M.compile_fake(
+        journal=True, gemm=(), attn_page_size=0).__ptx__))
+
+
 def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
     """The M <= 256 class on the 64-row tiles (the default before session 7; scripts/gpu_next.sh
     `tiles` times them against the 128-row default through MK_TILES): the all-opcode M256

@@ -10,12 +10,13 @@ from mk.ir import Op
 
 
 def _journal(rows):
-    """rows: (sm, op, ticket, fetch, ready, end, roles dict) -> a 16-word journal + CTA table."""
-    j = torch.zeros(len(rows), 16, dtype=torch.int64)
+    """rows: (sm, op, ticket, fetch, ready, end, roles dict) -> a 24-word journal + CTA table
+    (roles: ROLE_WORDS names with times, or WAIT_WORDS names with durations)."""
+    j = torch.zeros(len(rows), 24, dtype=torch.int64)
     for i, (sm, op, tk, tf, trd, te, roles) in enumerate(rows):
         j[i, :7] = torch.tensor([sm, sm, op, tf, trd, te, tk])
         for name, v in roles.items():
-            j[i, tr.ROLE_WORDS[name]] = v
+            j[i, {**tr.ROLE_WORDS, **tr.WAIT_WORDS}[name]] = v
     ctas = torch.tensor([[1000, 99000, 0], [1000, 99000, 1]])
     return j, ctas
 
@@ -52,6 +53,27 @@ def test_by_opcode_without_role_words():
     assert "load_late" not in tr.format_by_opcode(r)
 
 
+def test_attention_page_waits_are_durations():
+    """ATTENTION's page-wait words hold nanoseconds summed by the instruction's roles, not times:
+    by_opcode reports their medians as they are (not minus the first entry) and the table shows
+    their columns only when some opcode has them."""
+    att = int(Op.ATTENTION)
+    j, c = _journal([
+        (0, att, 0, 1000, 2000, 50000, dict(load0=2100, ld_wait=3000, cons_wait=30000,
+                                            st_wait=1000)),
+        (1, att, 1, 1000, 2000, 52000, dict(load0=2100, ld_wait=5000, cons_wait=34000,
+                                            st_wait=3000)),
+        (2, att, 2, 1000, 2000, 51000, dict(load0=2100, ld_wait=4000, cons_wait=32000,
+                                            st_wait=2000)),
+    ])
+    a = tr.by_opcode(j, c, 3)["ops"]["ATTENTION"]
+    assert (a["ld_wait_us"], a["cons_wait_us"], a["st_wait_us"]) == (4.0, 32.0, 2.0)
+    text = tr.format_by_opcode(tr.by_opcode(j, c, 3))
+    assert "cons_wait" in text and "ld_wait" in text
+    j2, c2 = _journal([(0, int(Op.RMSNORM), 0, 1000, 2000, 3000, dict(load0=2500))])
+    assert "cons_wait" not in tr.format_by_opcode(tr.by_opcode(j2, c2, 1))
+
+
 def test_role_words_match_the_megakernel():
     pytest.importorskip("cutlass")
     import mk.megakernel as M
@@ -61,8 +83,11 @@ def test_role_words_match_the_megakernel():
                              "store_kv": M.J_STORE_KV, "store_epi": M.J_STORE_EPI,
                              "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1,
                              "cons_epi0": M.J_CONS_EPI}
+    assert tr.WAIT_WORDS == {"ld_wait": M.J_ATTN_LOAD_WAIT, "cons_wait": M.J_ATTN_CONS_WAIT,
+                             "st_wait": M.J_ATTN_STORE_WAIT}
+    assert not set(tr.WAIT_WORDS.values()) & set(tr.ROLE_WORDS.values())
     assert M.J_STORE_EPI > M.J_TICKET
-    assert M.JOURNAL_WORDS > max(tr.ROLE_WORDS.values())
+    assert M.JOURNAL_WORDS > max(list(tr.ROLE_WORDS.values()) + list(tr.WAIT_WORDS.values()))
 
 
 def _words(rows):

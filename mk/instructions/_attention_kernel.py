@@ -282,6 +282,41 @@ def page_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Te
         bar_wait(bar, phase, timeout_ns, state, kind, ticket)
 
 
+@cute.jit
+def wait_clock_start(wclk):
+    """The journal variant's wait clock (wclk: a 1-element Int64 register tensor, or None outside
+    it): the time before a page wait."""
+    t0 = Int64(0)
+    if cutlass.const_expr(wclk is not None):
+        t0 = cute.arch.globaltimer()
+    return t0
+
+
+@cute.jit
+def wait_clock_add(wclk, t0: Int64):
+    """Add the time since t0 (wait_clock_start) to the wait clock."""
+    if cutlass.const_expr(wclk is not None):
+        wclk[0] = wclk[0] + (cute.arch.globaltimer() - t0)
+
+
+@cute.jit
+def wait_clock_write(wclk, journal, ticket: Int32, word: cutlass.Constexpr, me):
+    """The wait clock's total into word `word` of the journal row `ticket` (thread `me`)."""
+    if cutlass.const_expr(wclk is not None):
+        if me:
+            if ticket < journal.shape[0]:
+                journal[ticket, word] = wclk[0]
+
+
+def make_wait_clock(word: int):
+    """A wait clock (zeroed) when the journal variant asks for one (word >= 0), else None."""
+    if word < 0:
+        return None
+    wclk = cute.make_rmem_tensor(cute.make_layout(1), Int64)
+    wclk[0] = Int64(0)
+    return wclk
+
+
 # The ATTENTION loader takes its K/V page-table entries 32 at a time (one warp-wide load,
 # shuffled out per sub-box) instead of loading each block's entries before its TMA: with one
 # dependent L2 round trip per 64-key block, the single loader warp could not keep ahead of the
@@ -305,13 +340,16 @@ def valid_subboxes(kend: Int32, kb0: Int32, psb: cutlass.Constexpr) -> Int32:
 def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
                   psb: cutlass.Constexpr, crows: cute.Tensor, nval: Int32, kc: Int32, pool: Int32,
                   full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None) -> Int32:
     """One key block's K page, then V page: wait for the page to be free, TMA its nval sub-boxes
-    (cache rows crows[s], both 64-column halves of the head at column kc). Returns pg + 2."""
+    (cache rows crows[s], both 64-column halves of the head at column kc). Returns pg + 2.
+    wclk: the journal variant's clock of the loader's waits for free pages."""
     nsub = KB // psb
     for z in cutlass.range_constexpr(2):        # K page, then V page
         page, ph = page_of(pg, npages)
+        t0 = wait_clock_start(wclk)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        wait_clock_add(wclk, t0)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, nval * (2 * psb * HALF * 2))
         for s in cutlass.range_constexpr(nsub):
@@ -330,7 +368,7 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
                               kc: Int32, kv0: Int32, kend: Int32, nblk: Int32, page_off: Int32,
                               pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                              ticket: Int32, b_first=0) -> Int32:
+                              ticket: Int32, b_first=0, wclk=None) -> Int32:
     """attn_load's K/V blocks b_first .. nblk-1 of one unit with TABLE_PREFETCH: the page-table
     entries 32 per warp-wide load (lane i holds entry 32c + i of the sequence's table), handed to
     each sub-box by a shuffle. A few words past the sequence's table may be read (clamped to the
@@ -353,7 +391,7 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
             ent = cute.arch.shuffle_sync(table, pi % 32)
             crows[s] = lrow + ent * page_size + (kb0 + s * psb) % page_size
         pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full, empty, pg,
-                           npages, timeout_ns, state, ticket)
+                           npages, timeout_ns, state, ticket, wclk)
     return pg
 
 
@@ -363,9 +401,11 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
               col0: Int32, cols: Int32, pos0: Int32, kv0: Int32, kv1: Int32, page_off: Int32,
               mode: Int32, qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
               pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32, ready=None, new0=None) -> Int32:
+              ticket: Int32, ready=None, new0=None, journal=None,
+              wait_word: cutlass.Constexpr = -1) -> Int32:
     """Loader warp of ATTENTION: per unit, K and V pages of every key block, then the epilogue
-    page grants. Returns the new page count.
+    page grants. Returns the new page count. wait_word >= 0 (the megakernel's journal variant):
+    the loader's time waiting for free K/V pages, summed, into that word of row `ticket`.
 
     ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS),
     with new0 (the instruction's A_NEW0: the sequence's first position written by this step;
@@ -386,6 +426,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     waited = None
     if cutlass.const_expr(early):
         waited = Int32(0)
+    wclk = make_wait_clock(wait_word)
     lstride = meta[mc.M_KV_LAYER_STRIDE]
     crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
     lrow = layer * lstride
@@ -415,7 +456,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                         pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta,
                                                        lrow, kc, kv0, kend, npre, page_off, pool,
                                                        full, empty, pg, npages, timeout_ns,
-                                                       state, ticket)
+                                                       state, ticket, 0, wclk)
                         bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY,
                                  ticket)
                         # the rows of this step's new tokens (QKV_ROPE storers of other CTAs,
@@ -425,7 +466,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                         b_first = npre
                 pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta, lrow, kc,
                                                kv0, kend, nblk, page_off, pool, full, empty, pg,
-                                               npages, timeout_ns, state, ticket, b_first)
+                                               npages, timeout_ns, state, ticket, b_first, wclk)
             else:
                 for b in range(nblk):
                     kb0 = kv0 + b * KB
@@ -439,12 +480,13 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                             crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
                         crows[s] = crow_s
                     pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full,
-                                       empty, pg, npages, timeout_ns, state, ticket)
+                                       empty, pg, npages, timeout_ns, state, ticket, wclk)
             for e in range(ne):
                 pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
     if cutlass.const_expr(early):
         if waited == 0:             # no unit (never planned): the wait still pairs with iready
             bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
+    wait_clock_write(wclk, journal, ticket, wait_word, cute.arch.lane_idx() == 0)
     return pg
 
 
@@ -706,7 +748,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32, ls0: Float32,
                 ls1: Float32, scale: Float32, narrow, active, both_halves, wg: Int32, wtid: Int32,
                 ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                share: cutlass.Constexpr):
+                share: cutlass.Constexpr, wclk=None):
     """A unit's key blocks one after the other (K page pg + 2b, V page pg + 2b + 1): S = Q K^T,
     the online softmax, O += P V, each waited for before the next. An inactive warpgroup (no
     query row) only waits for the pages and arrives `done`; a narrow unit's blocks alternate
@@ -734,7 +776,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                 release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
         else:
+            t0 = wait_clock_start(wclk)
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            wait_clock_add(wclk, t0)
             if cutlass.const_expr(not NOMATH):
                 if active:
                     qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
@@ -752,7 +796,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
                                                             ls0, ls1, accO0, accO1, rP, scale,
                                                             False)
+            t0 = wait_clock_start(wclk)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            wait_clock_add(wclk, t0)
             if cutlass.const_expr(not NOMATH):
                 nkeys = kend - kb0
                 if nkeys < KB:
@@ -773,14 +819,18 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                  share: cutlass.Constexpr = DONE_ARRIVALS,
-                 wg_split: cutlass.Constexpr = WG_SPLIT) -> Int32:
+                 wg_split: cutlass.Constexpr = WG_SPLIT, journal=None,
+                 wait_word: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
     pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
     (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
     between the two warpgroups (block b to warpgroup b % 2, each arriving for both on its pages'
     done barriers) and the two (m, l, O) are merged through warpgroup 1's epilogue page; warps
-    skip the softmax of row halves that hold no query row. Returns the new page count."""
+    skip the softmax of row halves that hold no query row. Returns the new page count.
+    wait_word >= 0 (the megakernel's journal variant): consumer thread 0's time waiting for full
+    K/V pages, summed, into that word of row `ticket`."""
     hm = handoff_of(share)
+    wclk = make_wait_clock(wait_word)
     wg = ctid // 128
     wtid = ctid % 128
     lane = ctid % 32
@@ -861,7 +911,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
                 accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0, lim1, mr0,
                 mr1, ls0, ls1, scale, narrow, active, both_halves, wg, wtid, ctid, timeout_ns,
-                state, ticket, share)
+                state, ticket, share, wclk)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
@@ -952,6 +1002,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 pe, _ = page_of(pg + e, npages)
                 rk.release(done + pe, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
             pg = pg + ne
+    wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
     return pg
 
 
@@ -1309,13 +1360,15 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
                state: cute.Tensor, ticket: Int32,
                share: cutlass.Constexpr = EMPTY_ARRIVALS, journal: cute.Tensor = None,
-               stamps: cutlass.Constexpr = ()) -> Int32:
+               stamps: cutlass.Constexpr = (), wait_word: cutlass.Constexpr = -1) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
     rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0).
     share: empty[p]'s init count (see free_page). journal / stamps (the megakernel's journal
     variant only): STORE_STAMPS words of row `ticket` that get the times of the first unit's
-    storer steps (where the storer's tail goes)."""
+    storer steps (where the storer's tail goes); wait_word >= 0: storer thread 0's time waiting
+    for the consumers' `done` of K/V pages, summed, into that word."""
+    wclk = make_wait_clock(wait_word)
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
     for kh in range(cols):
@@ -1324,7 +1377,9 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
             for j in range(2 * nblk):
                 page, ph = page_of(pg + j, npages)
+                t0 = wait_clock_start(wclk)
                 bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                wait_clock_add(wclk, t0)
                 if sid == 0:
                     cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
             pg = pg + 2 * nblk
@@ -1374,6 +1429,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_PARTIAL
     bulk_store_drain()
+    wait_clock_write(wclk, journal, ticket, wait_word, sid == 0)
     return pg
 
 
