@@ -168,8 +168,9 @@ class PlanConfig:
     # O_PROJ and DOWN at TP 1); the counters' consumers wait for every slice. Session 10, H200,
     # decode ctx 1024 (rslice_*_2026-11-30_s10): B=64 14.05 -> 13.03 ms with 16 rows (-7.3%),
     # -3.1% with 8; B=256 +19.4% / +13.2% (its 128-row tiles became 8 / 16 slices each, 448 /
-    # 896 GATE_UP reduces for 132 SMs), hence the token cap. Steps of at most 16 tokens are
-    # unchanged (a tile of <= 16 rows is one slice).
+    # 896 GATE_UP reduces for 132 SMs), hence the token cap, and at most two reduces per SM per
+    # op (plan_step's reduce_slice_rows makes slices taller past that). Steps of at most 16 tokens
+    # are unchanged (a tile of <= 16 rows is one slice).
     splitk_reduce_rows: int = 16
     splitk_reduce_max_tokens: int = 64
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
