@@ -76,9 +76,11 @@
 #          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
 #          DOWN too, journal on: opcombo.log, opcombo_{none,qg,qgd}.json (~5.5 min)
 #   rslice PlanConfig.splitk_reduce_rows (SPLITK_REDUCE cut into row slices, a planner change only:
-#          the kernel is the same): the two-layer check with split-K auto at MK_RSLICE_CHECK
-#          ("16 4") rows, then decode MK_RSLICE_BATCH (64,256) whole-tile and at each of
-#          MK_RSLICE_ROWS ("16"), journal on: rslice.log, rslice_<rows>.json (~4 min)
+#          the kernel is the same; 16 in steps of <= 64 tokens by default since session 10): the
+#          two-layer check with split-K auto at MK_RSLICE_CHECK ("16 4") rows, then decode
+#          MK_RSLICE_BATCH (64,256) with whole-tile reduces and at each of MK_RSLICE_ROWS ("16"),
+#          MK_RSLICE_EXTRA appended to their --plan (e.g. ",splitk_reduce_max_tokens=256"),
+#          journal on: rslice.log, rslice_<rows>.json (~4 min)
 #   gemm   bench/gemm.py --suite (issue 5's table: the token GEMMs and LM head through the
 #          megakernel vs cuBLAS and cuBLAS + epilogue at M = 64 / 256 / 1024 / 4096, checks
 #          first): gemm.log, gemm.json, gemm.png (~6 min; last run in session 3)
@@ -99,9 +101,8 @@
 #   1. "verify" with MK_CHECK_EXTRA="--plan splitk_reduce_max_tokens=4096" (the new default's
 #      SPLITK_REDUCE slices in every step of the two-layer checks and racecheck; the checks passed
 #      at 16 / 8 / 4 rows in session 10, racecheck was not run with slices) | "rslice" with
-#      MK_RSLICE_BATCH=128,192,256 and MK_RSLICE_ROWS=16 plus `--plan splitk_reduce_max_tokens=256`
-#      (the two-reduces-per-SM cap, unmeasured) -- time_variant's ARGS: edit the step or run
-#      launch/bench.py by hand
+#      MK_RSLICE_BATCH=128,192,256 MK_RSLICE_ROWS=16 MK_RSLICE_EXTRA=",splitk_reduce_max_tokens=256"
+#      (slices past 64 tokens under the two-reduces-per-SM cap, unmeasured)
 #   2. "base" (journal at B=1 / 256: ATTENTION's new ld_wait / cons_wait / st_wait columns say
 #      which role of a decode instruction waits on which) | "gemm" (issue 5's table, stale since
 #      session 3)
@@ -247,10 +248,11 @@ if has rslice; then
         2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
   done > "$OUTDIR/rslice.log" 2>&1
   cat "$OUTDIR/rslice.log"
-  time_variant rslice 0 "SPLITK_REDUCE whole tiles" ${MK_RSLICE_BATCH:-64,256} "" ""
+  time_variant rslice 0 "SPLITK_REDUCE whole tiles" ${MK_RSLICE_BATCH:-64,256} "" \
+      "--plan splitk_reduce_rows=0"
   for r in ${MK_RSLICE_ROWS:-16}; do
-    time_variant rslice $r "SPLITK_REDUCE rows $r" ${MK_RSLICE_BATCH:-64,256} "" \
-        "--plan splitk_reduce_rows=$r"
+    time_variant rslice $r "SPLITK_REDUCE rows $r${MK_RSLICE_EXTRA:-}" ${MK_RSLICE_BATCH:-64,256} \
+        "" "--plan splitk_reduce_rows=$r${MK_RSLICE_EXTRA:-}"
   done
 fi
 if has early; then     # timing only: the variant without early loads is the old default
