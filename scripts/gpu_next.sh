@@ -243,8 +243,10 @@ ab() {
 }
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do
-    echo "== check --layers 2 --split-k 0 --plan splitk_reduce_rows=$r"
-    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan splitk_reduce_rows=$r \
+    # every step sliced (the default slices only steps of <= 64 tokens)
+    x="splitk_reduce_rows=$r,splitk_reduce_max_tokens=4096"
+    echo "== check --layers 2 --split-k 0 --plan $x"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan $x \
         2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
   done > "$OUTDIR/rslice.log" 2>&1
   cat "$OUTDIR/rslice.log"
