@@ -8,10 +8,10 @@ a table and written (or appended) to one JSON that bench/results keeps beside th
 Each pair is NAME=OFF,ON with paths relative to --dir (default bench/results). --note adds a line
 to the summary (and to each pair of this call); --append adds the pairs to an existing summary
 instead of replacing it. Where both runs were journaled (`--journal`), each pair also holds the
-step's critical path per layer and opcode, off and on (mk.trace.critical_path: each opcode's run
-time on the chain that ends the step, divided by the model's layers); --path prints it. Runs on
-the chain can overlap (an instruction handed over early starts before the one it follows ends),
-so their sum can exceed the step's time per layer. CPU only.
+step's critical path per layer and opcode, off and on (mk.trace.critical_path: each opcode's
+share of the chain that ends the step, its runs plus the hops before them, divided by the
+model's layers; the shares add up to the step, whereas the runs alone overlap where an
+instruction was handed over before the one it follows ended); --path prints it. CPU only.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def megakernel_ms(path: Path) -> tuple[dict, dict]:
             out[int(p["batch"])] = (r["ms"], r.get("p10_ms"), r.get("p90_ms"))
             cp = (r.get("journal") or {}).get("critical_path")
             if cp:
-                crit[int(p["batch"])] = {op: v["run_us"] / layers for op, v in cp["ops"].items()}
+                crit[int(p["batch"])] = {op: (v["run_us"] + v["dep_gap_us"] + v["queue_gap_us"])
+                                         / layers for op, v in cp["ops"].items()}
     if not out:
         raise ValueError(f"{path}: no megakernel timing (status ok) in its points")
     return out, dict(commit=d.get("git_commit"), device=d.get("device"), command=d.get("command"),
@@ -87,8 +88,8 @@ def format_path(pairs: list[dict]) -> str:
         for k, ops in p.get("critical_path_us_per_layer", {}).items():
             off = sum(v[0] for v in ops.values())
             on = sum(v[1] for v in ops.values())
-            lines.append(f"{p['name']} B={k}: critical path per layer, sum of runs {off:.1f} -> "
-                         f"{on:.1f} us")
+            lines.append(f"{p['name']} B={k}: critical path per layer {off:.1f} -> {on:.1f} us "
+                         "(each opcode: its runs + the hops before them)")
             lines += [f"  {op:<16}{v[0]:>8.1f}{v[1]:>8.1f}" for op, v in ops.items()]
     return "\n".join(lines)
 

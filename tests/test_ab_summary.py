@@ -19,7 +19,8 @@ def _bench_json(path: Path, commit: str, ms: dict, path_us: dict | None = None) 
               for b, v in ms.items()]
     for p in points:
         if path_us and p["batch"] in path_us:
-            ops = {op: dict(count=2, run_us=us, dep_gap_us=0.0, queue_gap_us=0.0)
+            # a run of us + 2 with hops of +1 and -3 before it: us on the path
+            ops = {op: dict(count=2, run_us=us + 2.0, dep_gap_us=1.0, queue_gap_us=-3.0)
                    for op, us in path_us[p["batch"]].items()}
             p["results"]["megakernel"]["journal"] = dict(critical_path=dict(ops=ops))
     points.append(dict(batch=999, results=dict(megakernel=dict(status="error"))))
@@ -48,8 +49,9 @@ def test_pairs_rows_and_append(tmp_path, capsys):
 
 
 def test_critical_path_per_layer(tmp_path, capsys):
-    """Journaled runs: each pair holds the critical path per layer and opcode, off and on (run
-    us / the model's layers), largest first; --path prints it; unjournaled batches have none."""
+    """Journaled runs: each pair holds the critical path per layer and opcode, off and on ((run +
+    the hops' gaps before it) us / the model's layers), largest first; --path prints it;
+    unjournaled batches have none."""
     _bench_json(tmp_path / "off.json", "aaa", {1: 10.0, 64: 20.0},
                 {64: {"GATE_UP": 70.0, "SPLITK_REDUCE": 74.0}})
     _bench_json(tmp_path / "on.json", "bbb", {1: 9.0, 64: 19.0},
@@ -61,7 +63,7 @@ def test_critical_path_per_layer(tmp_path, capsys):
     assert p["critical_path_us_per_layer"] == {
         "64": {"SPLITK_REDUCE": [37.0, 20.0], "GATE_UP": [35.0, 34.0], "RMSNORM": [0.0, 4.0]}}
     printed = capsys.readouterr().out
-    assert "x B=64: critical path per layer, sum of runs 72.0 -> 58.0 us" in printed
+    assert "x B=64: critical path per layer 72.0 -> 58.0 us" in printed
     assert "SPLITK_REDUCE" in printed
 
 
