@@ -295,11 +295,15 @@ def format_critical_path(r: dict, per: int = 1, top: int = 12) -> str:
     unit = "us" if per == 1 else f"us / {per}"
     lines = [f"critical path {r['path_us']:.1f} us of the step's {r['span_us']:.1f} us, "
              f"{r['instructions']} instructions (sums in {unit})",
-             f"  {'opcode':<14}{'count':>8}{'run':>9}{'dep gap':>9}{'queue gap':>10}"]
-    # (rows indented: scripts grep the by-opcode table's rows as "^OPCODE +digits")
+             f"  {'opcode':<14}{'count':>8}{'run':>9}{'dep gap':>9}{'queue gap':>10}{'share':>9}"]
+    # (rows indented: scripts grep the by-opcode table's rows as "^OPCODE +digits"); share = run
+    # + the gaps before it: the shares add up to the path, the runs alone overlap where an
+    # instruction was handed over before the one it follows ended (negative queue gaps)
     for name, d in r["ops"].items():
+        share = d["run_us"] + d["dep_gap_us"] + d["queue_gap_us"]
         lines.append(f"  {name:<14}{d['count'] / per:>8.1f}{d['run_us'] / per:>9.1f}"
-                     f"{d['dep_gap_us'] / per:>9.1f}{d['queue_gap_us'] / per:>10.1f}")
+                     f"{d['dep_gap_us'] / per:>9.1f}{d['queue_gap_us'] / per:>10.1f}"
+                     f"{share / per:>9.1f}")
     lines.append(f"  {'hop':<48}{'count':>8}{'gap':>9}{'mean us':>9}")
     for name, h in list(r["hops"].items())[:top]:
         lines.append(f"  {name:<48}{h['count'] / per:>8.1f}{h['gap_us'] / per:>9.1f}"

@@ -133,6 +133,9 @@ def test_critical_path_follows_the_last_met_wait_then_the_sm():
     assert r["path_us"] == r["span_us"] == 14.1
     text = tr.format_critical_path(r)
     assert "critical path 14.1 us" in text and "RMSNORM -> QKV_ROPE (dep)" in text
+    # each opcode's share (run + the gaps before it): QKV_ROPE 5.6 + 0.4
+    qkv_row = next(ln for ln in text.splitlines() if ln.strip().startswith("QKV_ROPE"))
+    assert qkv_row.split()[-1] == "6.0" and "share" in text
     assert tr.critical_path(j[:0], c, 0, w) == {}
 
 
