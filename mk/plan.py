@@ -635,6 +635,13 @@ def _emit_l2_prefetch(groups: list, stage: float, block: int, budget: int, weigh
             budget -= 2 * n_rows * (k1 - k0)
 
 
+def reduce_slice_count(rows, slice_rows):
+    """SPLITK_REDUCE instructions of a split tile of `rows` rows cut into slices of slice_rows
+    (0: one, the whole tile); the planner's counter targets and _emit_gemm both count this way."""
+    rows, h = np.asarray(rows), np.asarray(slice_rows)
+    return np.where(h > 0, -(-rows // np.maximum(h, 1)), 1)
+
+
 # a split output tile's SPLITK_REDUCE is queued half a stage after its split tiles: after every one
 # of them in each policy's order, before the op's consumers (the next stage)
 REDUCE_STAGE_OFFSET = 0.5
@@ -669,7 +676,7 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
         row0_i = np.broadcast_to(np.asarray(row0), (m,))
         rows_i = np.broadcast_to(np.asarray(rows), (m,))
         h_i = np.broadcast_to(np.asarray(reduce_rows), (m,))
-        nsl = -(-rows_i // h_i)
+        nsl = reduce_slice_count(rows_i, h_i)
         i = np.repeat(np.arange(m), nsl)
         k = np.arange(len(i)) - np.repeat(np.cumsum(nsl) - nsl, nsl)
 
@@ -964,7 +971,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         return np.maximum(R, -(-brows // per_tile))
     red_h = {op: reduce_slice_rows(op) for op in ntiles}
     # SPLITK_REDUCE instructions per split output tile in each block (1: whole tiles)
-    red_sl = {op: np.where(h > 0, -(-brows // np.maximum(h, 1)), 1) for op, h in red_h.items()}
+    red_sl = {op: reduce_slice_count(brows, h) for op, h in red_h.items()}
     # signals per block of each counter that consumers wait for (a split tile's reduce slices
     # each signal; at TP > 1 the hidden rows' counters count TP_REDUCEs, one per rank)
     qkv_target = n_qkv * red_sl[Op.QKV_ROPE]

@@ -303,9 +303,7 @@ def wait_clock_add(wclk, t0: Int64):
 def wait_clock_write(wclk, journal, ticket: Int32, word: cutlass.Constexpr, me):
     """The wait clock's total into word `word` of the journal row `ticket` (thread `me`)."""
     if cutlass.const_expr(wclk is not None):
-        if me:
-            if ticket < journal.shape[0]:
-                journal[ticket, word] = wclk[0]
+        rk.journal_put(journal, ticket, word, wclk[0], me)
 
 
 def make_wait_clock(word: int):

@@ -167,12 +167,20 @@ ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "2000"))
 
 
 @cute.jit
-def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, me):
-    """A body's time stamp in the megakernel's journal variant (as Megakernel.stamp): thread `me`
-    writes globaltimer into word `word` of row `ticket`, where the journal has that row."""
+def journal_put(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, value: Int64, me):
+    """Thread `me` writes value into word `word` of the megakernel journal's row `ticket`, where
+    the journal has that row."""
     if me:
         if ticket < journal.shape[0]:
-            journal[ticket, word] = cute.arch.globaltimer()
+            journal[ticket, word] = value
+
+
+@cute.jit
+def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, me):
+    """A body's time stamp in the megakernel's journal variant (as Megakernel.stamp): globaltimer
+    into word `word` of row `ticket` (journal_put)."""
+    if me:
+        journal_put(journal, ticket, word, cute.arch.globaltimer(), me)
 
 
 @cute.jit
