@@ -92,6 +92,11 @@
 #          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
 #   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
 #          of MK_AB_TREE_ON or this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
+#   l2hint MK_L2_HINTS (L2 eviction priorities on TMA loads, mk/instructions/_rows_kernel.py:
+#          "weights" = GEMM weight pages evict first, "kv" = decode K/V pages evict first): the
+#          two-layer check (split-K auto) with each value of MK_L2_VALUES ("weights,kv weights"; the hints
+#          change no access, so no pytest / racecheck), then decode MK_L2_BATCH (1,64,256)
+#          without hints and with each, journal on: l2hint.log, l2hint_{none,<value>}.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -143,7 +148,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -361,6 +366,18 @@ if has wgrace; then
   { echo "== racecheck hazards (first 40 lines)"
     grep -A3 "Race reported\|Error: Race\|hazard" "$OUTDIR/racecheck_full.log" | head -40; } \
       >> "$OUTDIR/wgrace.log"
+fi
+if has l2hint; then
+  : > "$OUTDIR/l2hint.log"
+  for h in ${MK_L2_VALUES:-weights,kv weights}; do
+    echo "== check MK_L2_HINTS=$h --layers 2 --split-k 0" | tee -a "$OUTDIR/l2hint.log"
+    MK_L2_HINTS=$h timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 2>&1 \
+        | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/l2hint.log"
+  done
+  time_variant l2hint none "no L2 hints" ${MK_L2_BATCH:-1,64,256} "" ""
+  for h in ${MK_L2_VALUES:-weights,kv weights}; do
+    time_variant l2hint "${h//,/_}" "MK_L2_HINTS=$h" ${MK_L2_BATCH:-1,64,256} "MK_L2_HINTS=$h" ""
+  done
 fi
 if has wgtime; then
   # timing only (the checks are wgsplit's / wgrace's): where ATTENTION is most of the step

@@ -308,6 +308,51 @@ def test_early_weights_variant_compiles_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "early1")))
 
 
+def test_l2_hints_variant_compiles_without_spills(tmp_path):
+    """MK_L2_HINTS=weights,kv (compile-time, read at import, so in a process of its own): the
+    GEMM weight loads carry the evict-first L2 policy and the K/V loads a policy chosen per unit
+    (evict first for decode, normal otherwise); the all-opcode M64 variant with split-K compiles
+    with 0 spills and no call. Unset, no TMA load carries either policy (the default's loads keep
+    policy 0)."""
+    import subprocess
+    import sys
+    from mk.instructions import _rows_kernel as rk
+    code = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import _compile_gate, mk.megakernel as M\n"
+        "from mk.instructions import _rows_kernel as rk\n"
+        "assert rk.L2_HINTS == frozenset(t for t in sys.argv[1].split(',') if t), rk.L2_HINTS\n"
+        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
+        "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
+    ptx = {}
+    for hints in ("", "weights,kv"):
+        out = tmp_path / f"l2{hints.replace(',', '_') or 'none'}.ptx"
+        env = dict(os.environ, MK_L2_HINTS=hints)
+        r = subprocess.run([sys.executable, "-c", code, hints, str(out)], env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ptx[hints] = out.read_text()
+
+    def policies(p: str) -> dict:
+        """TMA loads per policy operand: the constant it was set from, else the register."""
+        movs = dict(re.findall(r"mov\.b64 \t(%rd\d+), (\d+);", p))
+        sels = {r: (a, b) for r, a, b in re.findall(r"selp\.b64 \t(%rd\d+), (\d+), (\d+),", p)}
+        n: dict = {}
+        for reg in re.findall(r"cp\.async\.bulk\.tensor[^;]*\.L2::cache_hint [^;]*, (%rd\d+);", p):
+            key = movs.get(reg) or sels.get(reg) or reg
+            n[key] = n.get(key, 0) + 1
+        return n
+
+    first, normal = str(rk.L2_EVICT_FIRST), str(rk.L2_EVICT_NORMAL)
+    base, hinted = policies(ptx[""]), policies(ptx["weights,kv"])
+    assert set(base) == {"0"}, base
+    assert hinted.get(first, 0) > 0, hinted                   # weight (B) pages
+    assert hinted.get((first, normal), 0) > 0, hinted         # K/V pages: decode or not
+    assert sum(hinted.values()) == sum(base.values())
+    assert not re.search(r"^\s*call", ptx["weights,kv"], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx["weights,kv"], str(tmp_path / "l2hints")))
+
+
 def test_all_opcode_journal_variant_compiles_without_spills(tmp_path):
     """The variant `launch/bench.py --journal` runs (all opcodes, split-K, journal): 0 spills, no
     call, and ATTENTION's page-wait clocks in it (two timer reads around each of the loader's,

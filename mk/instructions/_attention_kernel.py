@@ -338,10 +338,12 @@ def valid_subboxes(kend: Int32, kb0: Int32, psb: cutlass.Constexpr) -> Int32:
 def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
                   psb: cutlass.Constexpr, crows: cute.Tensor, nval: Int32, kc: Int32, pool: Int32,
                   full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None) -> Int32:
+                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None,
+                  policy=None) -> Int32:
     """One key block's K page, then V page: wait for the page to be free, TMA its nval sub-boxes
     (cache rows crows[s], both 64-column halves of the head at column kc). Returns pg + 2.
-    wclk: the journal variant's clock of the loader's waits for free pages."""
+    wclk: the journal variant's clock of the loader's waits for free pages; policy: the loads'
+    L2 policy (kv_policy)."""
     nsub = KB // psb
     for z in cutlass.range_constexpr(2):        # K page, then V page
         page, ph = page_of(pg, npages)
@@ -355,7 +357,7 @@ def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Compose
                 for hf in cutlass.range_constexpr(2):
                     tma_box(tma, gKV, box_layout, psb, pool, page,
                             Int32(hf * HALF_BYTES + s * psb * HALF * 2), crows[s],
-                            kc + hf * HALF, Int32(z), full + page)
+                            kc + hf * HALF, Int32(z), full + page, policy)
         pg = pg + 1
     return pg
 
@@ -366,7 +368,7 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
                               kc: Int32, kv0: Int32, kend: Int32, nblk: Int32, page_off: Int32,
                               pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                              ticket: Int32, b_first=0, wclk=None) -> Int32:
+                              ticket: Int32, b_first=0, wclk=None, policy=None) -> Int32:
     """attn_load's K/V blocks b_first .. nblk-1 of one unit with TABLE_PREFETCH: the page-table
     entries 32 per warp-wide load (lane i holds entry 32c + i of the sequence's table), handed to
     each sub-box by a shuffle. A few words past the sequence's table may be read (clamped to the
@@ -389,8 +391,20 @@ def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: 
             ent = cute.arch.shuffle_sync(table, pi % 32)
             crows[s] = lrow + ent * page_size + (kb0 + s * psb) % page_size
         pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full, empty, pg,
-                           npages, timeout_ns, state, ticket, wclk)
+                           npages, timeout_ns, state, ticket, wclk, policy)
     return pg
+
+
+@cute.jit
+def kv_policy(R: Int32):
+    """The L2 policy of a unit's K/V loads under MK_L2_HINTS "kv" (else None, no hint): evict
+    first for decode (R == 1: each key read once per step), the default for prefill units."""
+    if cutlass.const_expr("kv" not in rk.L2_HINTS):
+        return None
+    policy = Int64(rk.L2_EVICT_NORMAL)
+    if R == 1:
+        policy = Int64(rk.L2_EVICT_FIRST)
+    return policy
 
 
 @cute.jit
@@ -425,6 +439,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     if cutlass.const_expr(early):
         waited = Int32(0)
     wclk = make_wait_clock(wait_word)
+    policy = kv_policy(R)
     lstride = meta[mc.M_KV_LAYER_STRIDE]
     crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
     lrow = layer * lstride
@@ -454,7 +469,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                         pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta,
                                                        lrow, kc, kv0, kend, npre, page_off, pool,
                                                        full, empty, pg, npages, timeout_ns,
-                                                       state, ticket, 0, wclk)
+                                                       state, ticket, 0, wclk, policy)
                         bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY,
                                  ticket)
                         # the rows of this step's new tokens (QKV_ROPE storers of other CTAs,
@@ -464,7 +479,8 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                         b_first = npre
                 pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta, lrow, kc,
                                                kv0, kend, nblk, page_off, pool, full, empty, pg,
-                                               npages, timeout_ns, state, ticket, b_first, wclk)
+                                               npages, timeout_ns, state, ticket, b_first, wclk,
+                                               policy)
             else:
                 for b in range(nblk):
                     kb0 = kv0 + b * KB
@@ -478,7 +494,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                             crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
                         crows[s] = crow_s
                     pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full,
-                                       empty, pg, npages, timeout_ns, state, ticket, wclk)
+                                       empty, pg, npages, timeout_ns, state, ticket, wclk, policy)
             for e in range(ne):
                 pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
     if cutlass.const_expr(early):

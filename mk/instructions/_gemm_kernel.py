@@ -343,6 +343,7 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
     """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
     TMA its 128 weight rows x 64 K columns at K column kc (gate_up: the second page is the up
     rows from up_row0)."""
+    policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
@@ -352,14 +353,15 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
             # 64 gate rows, then the 64 up rows of the same columns (sB_layout: the 64-row box)
             half = B_PAGE_BYTES // 2
             tma_box(tma_b, gB, sB_layout, B_ROWS // 2, pool, page, 0, col0, kc, layer,
-                    full + page)
+                    full + page, policy)
             tma_box(tma_b, gB, sB_layout, B_ROWS // 2, pool, page, half, up_row0, kc, layer,
-                    full + page)
+                    full + page, policy)
         else:
             wrow = col0 + j * B_ROWS
             if cutlass.const_expr(cfg.gate_up and j == 1):
                 wrow = up_row0
-            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page)
+            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page,
+                    policy)
 
 
 @cute.jit

@@ -206,12 +206,36 @@ def page_of(pg: Int32, npages: cutlass.Constexpr):
     return Int32(upg % npages), Int32((upg // npages) & 1)
 
 
+# L2 eviction priorities of TMA loads: CUTLASS's CacheHintSm90 encodings of an L2 cache policy
+# (the 64-bit operand of `cp.async.bulk.tensor ... .L2::cache_hint`)
+L2_EVICT_NORMAL = 0x1000000000000000
+L2_EVICT_FIRST = 0x12F0000000000000
+L2_EVICT_LAST = 0x14F0000000000000
+# Which streams' TMA loads carry an L2 hint (compile-time, MK_L2_HINTS, comma-separated; empty =
+# none, as before session 11):
+#   weights  the GEMM weight (B) pages: evict first. A decode step streams ~17 GB of weights
+#            through the 50 MB L2 once each, pushing out what is read again soon: activations,
+#            split-K partials, counters, and the kernel's own code, which each SM fetches cold
+#            for a body it runs once per layer (bench/E2E_NOTES.md sessions 7-8).
+#   kv       the K/V pages of a decode unit (one query row per sequence: read once per step):
+#            evict first; prefill units (their keys read by every query tile) keep the default.
+L2_HINTS = frozenset(t for t in os.environ.get("MK_L2_HINTS", "").split(",") if t)
+assert L2_HINTS <= {"weights", "kv"}, f"unknown MK_L2_HINTS parts {set(L2_HINTS)}"
+
+
+def weight_policy():
+    """The L2 policy of GEMM weight loads (tma_box's policy): evict first under MK_L2_HINTS
+    "weights", else None (no hint). Called while a body is traced."""
+    return Int64(L2_EVICT_FIRST) if "weights" in L2_HINTS else None
+
+
 @cute.jit
 def tma_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
             box_rows: cutlass.Constexpr, pool: Int32, page: Int32, byte_off, row: Int32, col: Int32,
-            z: Int32, bar: cute.Pointer):
+            z: Int32, bar: cute.Pointer, policy=None):
     """TMA one (box_rows x 64) bf16 box of g (rows, cols, z) at element (row, col, z) into page
-    `page` of the pool at `byte_off`, completing on mbarrier `bar` (64 columns = one SW128 atom)."""
+    `page` of the pool at `byte_off`, completing on mbarrier `bar` (64 columns = one SW128 atom).
+    policy: None (no hint) or an Int64 L2 cache policy (L2_EVICT_*)."""
     p = cute.make_ptr(BFloat16, pool + page * PAGE + byte_off, cute.AddressSpace.smem,
                       assumed_align=1024)
     p = cute.recast_ptr(p, s_layout.inner, dtype=BFloat16)
@@ -219,7 +243,10 @@ def tma_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
     gt = cute.local_tile(cute.domain_offset((row, col, z), g), (box_rows, 64), (0, 0, 0))
     ts, tg = cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
                                               cute.group_modes(gt, 0, 2))
-    cute.copy(tma, tg, ts, tma_bar_ptr=bar)
+    if cutlass.const_expr(policy is None):
+        cute.copy(tma, tg, ts, tma_bar_ptr=bar)
+    else:
+        cute.copy(tma, tg, ts, tma_bar_ptr=bar, cache_policy=policy)
 
 
 @cute.jit
