@@ -23,6 +23,11 @@ Per (opcode, M):
         compile     torch.compile of (matmul + epilogue), where it compiles
      ratios mk/torch and mk/compile in the same run (the acceptance: mk <= torch at every shape,
      <= 0.9 x at M >= 1024)
+  --split-k auto (the default): each op's tiles cut along K as the step's planner cuts them at
+  that M (mk.plan.PlanConfig.split_factors with its defaults: QKV_ROPE and GATE_UP up to 256
+  tokens, O_PROJ and DOWN up to 128), each split tile storing a float32 partial and one
+  SPLITK_REDUCE per tile finishing it (the epilogue); the check and the timing both run that
+  stream. `none`: whole tiles only (the table of sessions 3-11); an integer: that many splits.
 Writes bench/results/gemm_<date>.json and a PNG chart next to it; prints a table.
 """
 
@@ -77,6 +82,7 @@ except ImportError:  # pragma: no cover
 from mk.instructions import qkv as qk  # noqa: E402
 
 GROUP_M = 8            # tiles raster: GROUP_M row tiles x all column tiles, then the next group
+SPLIT_K = "auto"       # --split-k: "auto" (the planner's factor), "none" or an integer
 
 
 def plan_tiles(op, cfg: gk.TileConfig, m: int, n_out: int, k: int, layer: int = 0,
@@ -130,6 +136,80 @@ def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, 
     return serialize(out), (0 if signal_base is None else signal_base + mt)
 
 
+def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0):
+    """Each unsplit GEMM tile of `instrs` -> nsplit split tiles (near-equal K slices, multiples of
+    64, like mk.plan) signalling a new counter ctr0 + i, then (after every split tile of the
+    stream) one SPLITK_REDUCE per tile waiting for it (target nsplit) and sending the unsplit
+    tile's signal. Returns (int32 [n, 32] stream, counters used)."""
+    import mk.instructions._common as mc
+    from mk.instructions import matmul as mm
+    from mk.instructions import splitk as sk
+    from mk.ir import ARG0, Instruction, serialize
+    splits, reduces = [], []
+    for i, u in enumerate(deserialize(instrs.cpu())):
+        kw = qk.A_K if u.opcode == int(Op.QKV_ROPE) else mm.A_K
+        K = u.args[kw - ARG0]
+        chunks = K // 64
+        assert chunks >= nsplit, (K, nsplit)
+        b = [64 * (j * chunks // nsplit) for j in range(nsplit + 1)]
+        for j in range(nsplit):
+            args = list(u.args)
+            args[kw - ARG0] = b[j + 1] - b[j]
+            args[mc.A_NSPLIT - ARG0], args[mc.A_SPLIT_J - ARG0] = nsplit, j
+            args[mc.A_K0 - ARG0], args[mc.A_SPLIT_ROW - ARG0] = b[j], stride
+            if u.opcode == int(Op.GATE_UP):
+                args[mm.A_UP_COL - ARG0] = up_col
+            splits.append(Instruction(u.opcode, layer=u.layer, row0=u.row0, rows=u.rows,
+                                      col0=u.col0, cols=u.cols, waits=list(u.waits),
+                                      signal=ctr0 + i, args=args))
+        unsplit = {ARG0 + k: v for k, v in enumerate(u.args)}
+        if u.opcode == int(Op.GATE_UP):
+            unsplit[mm.A_UP_COL] = up_col
+        words = sk.reduce_words(u.opcode, nsplit, stride, unsplit)
+        args = [0] * len(u.args)
+        for w, v in words.items():
+            args[w - ARG0] = v
+        reduces.append(Instruction(int(Op.SPLITK_REDUCE), layer=u.layer, row0=u.row0, rows=u.rows,
+                                   col0=u.col0, cols=u.cols, waits=[(ctr0 + i, nsplit)],
+                                   signal=u.signal, signal_count=u.signal_count, args=args))
+    return serialize(splits + reduces), ctr0 + len(reduces)
+
+
+def nsplit_for(op: str, m: int, ntiles: int, split=None, sms: int | None = None) -> int:
+    """The K splits of op's ntiles tiles at M = m: split (default SPLIT_K) "none" -> 1, an
+    integer -> itself, "auto" -> mk.plan.PlanConfig.split_factors (the backend's split_k 0, sms SMs,
+    default this GPU's): the factor the step's planner would give op in a step of m tokens."""
+    split = SPLIT_K if split is None else split
+    if op == "LM_HEAD" or split == "none":
+        return 1
+    if split != "auto":
+        return int(split)
+    from mk.plan import PlanConfig
+    sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
+    o = Op[op]
+    # split_k=0: auto, as the megakernel backend plans (mk.megakernel_step)
+    return PlanConfig(split_k=0, num_sms=sms).split_factors(m, {o: ntiles}, {o: SHAPES[op][0]})[o]
+
+
+def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=None):
+    """(stream, nsplit, SPLITK workspace or None): instrs cut into split tiles + reduces where
+    nsplit_for says so (the workspace: nsplit x T float32 rows of the op's partial width,
+    poisoned), else instrs unchanged."""
+    ns = nsplit_for(op, m, int(instrs.shape[0]), split)
+    if ns < 2:
+        return instrs, 1, None
+    K, N, NO, _, _ = SHAPES[op]
+    up = N // 2 if op == "GATE_UP" else 0
+    width = 2 * up if op == "GATE_UP" else (QKV if op == "QKV_ROPE" else NO)
+    stream, _ = split_stream(instrs, ns, T, nctr, up)
+    sk = torch.full((ns * T, width), POISON, dtype=torch.float32, device="cuda")
+    return stream, ns, sk
+
+
+def tile_name(cfg, nsplit: int) -> str:
+    return cfg.name if nsplit < 2 else f"{cfg.name}/k{nsplit}"
+
+
 # ------------------------------------------------------------------------------------- runner
 class MkGemm:
     """One opcode's whole-matrix plans through mk.megakernel (the GEMM slot of M class m; a
@@ -142,7 +222,8 @@ class MkGemm:
         self.op, self.m, self.timeout_s = Op(op), m, timeout_s
         self.last = None
 
-    def prepare(self, instrs, x, w, y, meta=None, inv_freq=None, kv=None):
+    def prepare(self, instrs, x, w, y, meta=None, inv_freq=None, kv=None, splitk=None):
+        """splitk: the SPLITK workspace of a split stream (split_plan), else None."""
         import mk.megakernel as M
         if MkGemm._dummy is None:
             MkGemm._dummy = (torch.zeros(3, 64, 1024, dtype=torch.bfloat16, device="cuda"),
@@ -151,7 +232,8 @@ class MkGemm:
         _, _, _, src, dst = SHAPES[self.op.name]
         g = M.GemmOperands(x, w, y, int(src), int(dst))
         mkk = M.Megakernel(arena, normw, 1, 1e-5, timeout_s=self.timeout_s, verbose=False,
-                           gemm={self.op: g}, gemm_m=self.m, meta=meta, inv_freq=inv_freq, kv=kv)
+                           gemm={self.op: g}, gemm_m=self.m, meta=meta, inv_freq=inv_freq, kv=kv,
+                           splitk=splitk)
         self.last = mkk
         return mkk, mkk.prepare(instrs)
 
@@ -271,11 +353,13 @@ def check_qkv(m: int, layer: int = 1, seed: int = 0):
     from mk.instructions import _gemm_kernel as gk
     cfg = gk.choose_tile(Op.QKV_ROPE, m)
     x, w, q, kv, meta, invf = make_qkv_problem(m, seed=seed)
-    instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=layer, src=int(Buf.NORMED),
-                         dst=int(Buf.Q))
-    rq, rkv = run_qkv_face(instrs, x, w, q, kv, meta)
+    unsplit, nctr = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=layer,
+                             src=int(Buf.NORMED), dst=int(Buf.Q))
+    # the oracle: the unsplit tiles' faces (a split stream must match them within bf16 rounding)
+    rq, rkv = run_qkv_face(unsplit, x, w, q, kv, meta)
+    instrs, ns, sk = split_plan("QKV_ROPE", m, unsplit, nctr, x.shape[0])
     h = MkGemm(Op.QKV_ROPE, m)
-    h.launch(h.prepare(instrs, x, w, q, meta, invf, kv))
+    h.launch(h.prepare(instrs, x, w, q, meta, invf, kv, sk))
     torch.cuda.synchronize()
     written = ~torch.isnan(rkv)
     eq = rel_err(q[:m], rq[:m])
@@ -283,7 +367,8 @@ def check_qkv(m: int, layer: int = 1, seed: int = 0):
     finite = bool(torch.isfinite(q[:m]).all()) and bool(torch.isfinite(kv[written]).all())
     poison_ok = bool(torch.isnan(q[m:]).all()) and bool(torch.isnan(kv[~written]).all())
     ok = finite and poison_ok and eq < 1e-2 and ekv < 1e-2
-    res = dict(op="QKV_ROPE", m=m, tile=cfg.name, rel_err=max(eq, ekv), rel_err_q=eq,
+    res = dict(op="QKV_ROPE", m=m, tile=tile_name(cfg, ns), nsplit=ns, rel_err=max(eq, ekv),
+               rel_err_q=eq,
                rel_err_kv=ekv, finite=finite, poison_intact=poison_ok, ok=ok,
                n_instr=int(instrs.shape[0]))
     if not ok:
@@ -319,10 +404,11 @@ def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
     set_bytes = 2 * QKV * H * 2 + (m + 64) * H * 2
     R = min(16, max(2, math.ceil(3 * l2_bytes / set_bytes)))
     sets = [make_qkv_problem(m, seed=100 + i) for i in range(R)]
-    instrs, _ = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=1, src=int(Buf.NORMED),
-                         dst=int(Buf.Q))
+    unsplit, nctr = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=1, src=int(Buf.NORMED),
+                             dst=int(Buf.Q))
+    instrs, ns, sk = split_plan("QKV_ROPE", m, unsplit, nctr, m + 64)
     h = MkGemm(Op.QKV_ROPE, m)
-    mk_us, _ = time_rotating([h.launcher(h.prepare(instrs, x, w, q, meta, invf, kv))
+    mk_us, _ = time_rotating([h.launcher(h.prepare(instrs, x, w, q, meta, invf, kv, sk))
                               for x, w, q, kv, meta, invf in sets], reps)
     h.check()
     from mk.instructions import _common as mc
@@ -345,7 +431,8 @@ def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
         except Exception as e:  # noqa: BLE001
             comp_err = f"{type(e).__name__}: {str(e)[:200]}"
     flops = 2.0 * m * QKV * H
-    return dict(op="QKV_ROPE", m=m, n=QKV, k=H, tile=cfg.name, n_instr=int(instrs.shape[0]),
+    return dict(op="QKV_ROPE", m=m, n=QKV, k=H, tile=tile_name(cfg, ns), nsplit=ns,
+                n_instr=int(instrs.shape[0]),
                 buffer_sets=R, mk_us=mk_us, cublas_us=cub_us, torch_us=torch_us,
                 compile_us=comp_us, compile_error=comp_err, mk_tflops=flops / mk_us / 1e6,
                 cublas_tflops=flops / cub_us / 1e6, ratio_vs_torch=mk_us / torch_us,
@@ -403,17 +490,19 @@ def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
     cfg = gk.choose_tile(Op[op], m)
     x, w, y = make_problem(op, m, seed=seed)
     lay = 0 if op == "LM_HEAD" else layer
-    instrs, nctr = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
-    ref = run_face(op, instrs, x, w, y)
+    unsplit, nctr = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
+    # the oracle: the unsplit tiles' faces (a split stream must match them within bf16 rounding)
+    ref = run_face(op, unsplit, x, w, y)
+    instrs, ns, sk = split_plan(op, m, unsplit, nctr, x.shape[0])
     h = MkGemm(Op[op], m)
-    h.launch(h.prepare(instrs, x, w, y))
+    h.launch(h.prepare(instrs, x, w, y, splitk=sk))
     torch.cuda.synchronize()
     inside = rel_err(y[:m], ref[:m])
     finite = bool(torch.isfinite(y[:m]).all())
     poison_ok = bool(torch.isnan(y[m:]).all())
     ok = finite and poison_ok and inside < 1e-2
-    res = dict(op=op, m=m, tile=cfg.name, rel_err=inside, finite=finite, poison_intact=poison_ok,
-               ok=ok, n_instr=int(instrs.shape[0]))
+    res = dict(op=op, m=m, tile=tile_name(cfg, ns), nsplit=ns, rel_err=inside, finite=finite,
+               poison_intact=poison_ok, ok=ok, n_instr=int(instrs.shape[0]))
     if not ok:
         res["diag"] = diagnose(y[:m], ref[:m], cfg.bm, cfg.bn)
         if op in ("O_PROJ", "DOWN"):
@@ -501,9 +590,10 @@ def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
     for _, _, y in sets:
         y.nan_to_num_(0.0)
     lay = 0 if op == "LM_HEAD" else 1
-    instrs, _ = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
+    unsplit, nctr = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
+    instrs, ns, sk = split_plan(op, m, unsplit, nctr, m + 64)
     h = MkGemm(Op[op], m)
-    mk_fns = [h.launcher(h.prepare(instrs, x, w, y)) for x, w, y in sets]
+    mk_fns = [h.launcher(h.prepare(instrs, x, w, y, splitk=sk)) for x, w, y in sets]
     mk_us, _ = time_rotating(mk_fns, reps)
     h.check()
     pairs = [torch_fns(op, x, w, y, m) for x, w, y in sets]
@@ -523,7 +613,8 @@ def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             comp_err = f"{type(e).__name__}: {str(e)[:200]}"
     flops = 2.0 * m * N * K
-    row = dict(op=op, m=m, n=N, k=K, tile=cfg.name, n_instr=int(instrs.shape[0]), buffer_sets=R,
+    row = dict(op=op, m=m, n=N, k=K, tile=tile_name(cfg, ns), nsplit=ns,
+               n_instr=int(instrs.shape[0]), buffer_sets=R,
                mk_us=mk_us, cublas_us=cub_us, torch_us=torch_us, compile_us=comp_us,
                compile_error=comp_err,
                mk_tflops=flops / mk_us / 1e6, cublas_tflops=flops / cub_us / 1e6,
@@ -571,7 +662,7 @@ def chart(rows, path):
 
 
 def table(rows):
-    hdr = (f"{'op':8s} {'M':>5s} {'tile':9s} {'mk us':>9s} {'cuBLAS':>9s} {'+epi':>9s} "
+    hdr = (f"{'op':8s} {'M':>5s} {'tile':13s} {'mk us':>9s} {'cuBLAS':>9s} {'+epi':>9s} "
            f"{'compile':>9s} {'mk/torch':>8s} {'mk/cuBL':>8s} {'mk/comp':>8s} {'mk TF/s':>8s} "
            f"{'cuBL TF/s':>9s}")
     out = [hdr]
@@ -581,7 +672,7 @@ def table(rows):
             continue
         cu = f"{r['compile_us']:9.1f}" if r["compile_us"] else f"{'-':>9s}"
         rc = f"{r['ratio_vs_compile']:8.2f}" if r["ratio_vs_compile"] else f"{'-':>8s}"
-        out.append(f"{r['op']:8s} {r['m']:5d} {r['tile']:9s} {r['mk_us']:9.1f} {r['cublas_us']:9.1f} "
+        out.append(f"{r['op']:8s} {r['m']:5d} {r['tile']:13s} {r['mk_us']:9.1f} {r['cublas_us']:9.1f} "
                    f"{r['torch_us']:9.1f} {cu} {r['ratio_vs_torch']:8.2f} {r['ratio_vs_cublas']:8.2f} {rc} "
                    f"{r['mk_tflops']:8.0f} {r['cublas_tflops']:9.0f}")
     return "\n".join(out)
@@ -603,7 +694,7 @@ def _print_check(c):
     if not c["ok"] and "diag_q" in c:
         extra += (f" q={json.dumps(c['diag_q'])[:300]} k={json.dumps(c['diag_k'])[:300]}"
                   f" v={json.dumps(c['diag_v'])[:300]}")
-    print(f"[check] {c['op']:8s} M={c['m']:5d} {c.get('tile', '?'):9s} "
+    print(f"[check] {c['op']:8s} M={c['m']:5d} {c.get('tile', '?'):13s} "
           f"rel_err={c.get('rel_err', float('nan')):.2e} poison_intact={c.get('poison_intact')} "
           f"-> {'PASS' if c['ok'] else 'FAIL'} {extra}", flush=True)
 
@@ -695,7 +786,7 @@ def suite(a, ops, check_ms, bench_ms, res, out: Path) -> bool:
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--child", "--ops", op,
                "--m", ",".join(map(str, check_ms)), "--odd-m", "0",
                "--bench-m", ",".join(map(str, bench_ms)) if bench_ms else "",
-               "--reps", str(a.reps), "--out", str(tmp / f"{op}.json")]
+               "--reps", str(a.reps), "--split-k", a.split_k, "--out", str(tmp / f"{op}.json")]
         if a.no_compile:
             cmd.append("--no-compile")
         pr = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -801,6 +892,8 @@ def main(argv=None) -> int:
     p.add_argument("--m", default=",".join(map(str, MS)), help="check (and timing) M values")
     p.add_argument("--bench-m", default=None, help="timing M values (default: --m)")
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--split-k", default="auto",
+                   help="auto (the planner's K splits at each M), none, or a split count")
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--odd-m", type=int, default=200, help="extra correctness M (rows tail); 0: none")
@@ -813,6 +906,10 @@ def main(argv=None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    if a.split_k not in ("auto", "none") and not (a.split_k.isdigit() and int(a.split_k) >= 1):
+        p.error(f"--split-k must be auto, none or a positive integer, got {a.split_k!r}")
+    global SPLIT_K
+    SPLIT_K = a.split_k
     if os.environ.get("MK_GEMM_DRYRUN"):
         _dryrun()
     assert torch.cuda.is_available(), "bench/gemm.py needs a GPU"
@@ -832,7 +929,7 @@ def main(argv=None) -> int:
                git_commit=_commit(), torch=torch.__version__,
                command="python bench/gemm.py " + " ".join(sys.argv[1:] if argv is None else argv),
                reg_split="mk.megakernel.reg_split: 72/216, 80/208 with QKV_ROPE",
-               checks=[], rows=[])
+               split_k=a.split_k, checks=[], rows=[])
     t0 = time.time()
     if a.suite:
         all_ok = suite(a, ops, check_ms, bench_ms, res, out)
@@ -846,7 +943,7 @@ def main(argv=None) -> int:
             res["rows"] += run_bench(op, bench_ms, a.reps, l2, not a.no_compile)
     print("\n== correctness (bf16 rel Frobenius err vs the torch face; < 1e-2, poison intact)")
     for c in res["checks"]:
-        print(f"  {c['op']:8s} M={str(c['m']):>5s} {c.get('tile', '?'):9s} "
+        print(f"  {c['op']:8s} M={str(c['m']):>5s} {c.get('tile', '?'):13s} "
               f"rel_err={c.get('rel_err', float('nan')):.2e} -> {'PASS' if c['ok'] else 'FAIL'} "
               f"{c.get('error', '')[:160]}")
     if res["rows"]:

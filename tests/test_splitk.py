@@ -496,3 +496,50 @@ def test_qkv_gate_up_caps_over_256_keep_the_gpu_predicate(m):
     assert split["QKV_ROPE"][1] > 1 and split["GATE_UP"][0] * 2 > 132, split
     assert split["GATE_UP"][1] == split["O_PROJ"][1] == split["DOWN"][1] == 1, split
     assert len(list(_gpu_tile_words(plan, m))) == len(SPLIT_OPS)
+
+
+def test_gemm_bench_splits_as_the_planner():
+    """bench/gemm.py --split-k auto: at M = 64 every token GEMM of the 70B TP8 rank is cut along K
+    (its tiles x nsplit within the 132 SMs, as mk.plan does), at M >= 1024 none is, LM_HEAD never;
+    the split stream has nsplit tiles per unsplit tile whose K slices cover K in 64-multiples,
+    each signalling its tile's counter, then one reduce per tile waiting for nsplit arrivals and
+    sending the unsplit tile's signal."""
+    pytest.importorskip("cutlass")
+    import bench.gemm as bg
+    from mk.instructions import _common as mc
+    from mk.instructions import _gemm_kernel as gk
+    from mk.instructions import matmul as mm
+    from mk.ir import ARG0, Op, deserialize
+    for op in ("O_PROJ", "GATE_UP", "DOWN", "QKV_ROPE", "LM_HEAD"):
+        K, N, NO, src, dst = bg.SHAPES[op]
+        for m in (64, 256, 1024, 4096):
+            cfg = gk.choose_tile(Op[op], m)
+            if op == "QKV_ROPE":
+                instrs, nctr = bg.plan_qkv(cfg, m, bg.QKV_SECTIONS, K, bg.HEAD_DIM, layer=1)
+            else:
+                instrs, nctr = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=1)
+            nt = int(instrs.shape[0])
+            ns = bg.nsplit_for(op, m, nt, "auto", sms=132)
+            assert bg.nsplit_for(op, m, nt, "none", sms=132) == 1
+            if op == "LM_HEAD" or m >= 1024:
+                assert ns == 1, (op, m, ns)
+                continue
+            if m == 64:
+                assert ns >= 2 and nt * ns <= 132, (op, m, nt, ns)
+            if ns < 2:
+                continue
+            stream, used = bg.split_stream(instrs, ns, m + 64, nctr, N // 2 if op == "GATE_UP" else 0)
+            rows = deserialize(stream)
+            assert len(rows) == nt * (ns + 1) and used == nctr + nt
+            units = deserialize(instrs)
+            kw = (bg.qk.A_K if op == "QKV_ROPE" else mm.A_K) - ARG0
+            for i, u in enumerate(units):
+                parts = rows[i * ns:(i + 1) * ns]
+                k0s = [p.args[mc.A_K0 - ARG0] for p in parts]
+                ks = [p.args[kw] for p in parts]
+                assert k0s[0] == 0 and all(a + k == b for a, k, b in zip(k0s, ks, k0s[1:] + [K]))
+                assert all(k % 64 == 0 for k in ks)
+                assert {p.signal for p in parts} == {nctr + i}
+                red = rows[nt * ns + i]
+                assert red.opcode == int(Op.SPLITK_REDUCE)
+                assert list(red.waits) == [(nctr + i, ns)] and red.signal == u.signal

@@ -26,46 +26,6 @@ CASES = [(op, m, n) for op in OPS for m in (1, 64, 256) for n in (2, 4, 8)] + [
     (op, 200, 1) for op in OPS]
 
 
-def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0):
-    """Each unsplit GEMM tile of `instrs` -> nsplit split tiles (near-equal K slices, multiples of
-    64, like mk.plan) signalling a new counter ctr0 + i, then (after every split tile of the
-    stream) one SPLITK_REDUCE per tile waiting for it (target nsplit) and sending the unsplit
-    tile's signal. Returns (int32 [n, 32] stream, counters used)."""
-    import mk.instructions._common as mc
-    from mk.instructions import matmul as mm
-    from mk.instructions import qkv as qk
-    from mk.instructions import splitk as sk
-    from mk.ir import ARG0, Instruction, Op, deserialize, serialize
-    splits, reduces = [], []
-    for i, u in enumerate(deserialize(instrs.cpu())):
-        kw = qk.A_K if u.opcode == int(Op.QKV_ROPE) else mm.A_K
-        K = u.args[kw - ARG0]
-        chunks = K // 64
-        assert chunks >= nsplit, (K, nsplit)
-        b = [64 * (j * chunks // nsplit) for j in range(nsplit + 1)]
-        for j in range(nsplit):
-            args = list(u.args)
-            args[kw - ARG0] = b[j + 1] - b[j]
-            args[mc.A_NSPLIT - ARG0], args[mc.A_SPLIT_J - ARG0] = nsplit, j
-            args[mc.A_K0 - ARG0], args[mc.A_SPLIT_ROW - ARG0] = b[j], stride
-            if u.opcode == int(Op.GATE_UP):
-                args[mm.A_UP_COL - ARG0] = up_col
-            splits.append(Instruction(u.opcode, layer=u.layer, row0=u.row0, rows=u.rows,
-                                      col0=u.col0, cols=u.cols, waits=list(u.waits),
-                                      signal=ctr0 + i, args=args))
-        unsplit = {ARG0 + k: v for k, v in enumerate(u.args)}
-        if u.opcode == int(Op.GATE_UP):
-            unsplit[mm.A_UP_COL] = up_col
-        words = sk.reduce_words(u.opcode, nsplit, stride, unsplit)
-        args = [0] * len(u.args)
-        for w, v in words.items():
-            args[w - ARG0] = v
-        reduces.append(Instruction(int(Op.SPLITK_REDUCE), layer=u.layer, row0=u.row0, rows=u.rows,
-                                   col0=u.col0, cols=u.cols, waits=[(ctr0 + i, nsplit)],
-                                   signal=u.signal, signal_count=u.signal_count, args=args))
-    return serialize(splits + reduces), ctr0 + len(reduces)
-
-
 def run_faces(instrs, bufs: dict, weights, meta=None):
     """Every instruction's torch face (mk.instructions registry) in queue order on bufs."""
     from bench.gemm import FaceState
@@ -117,7 +77,7 @@ def test_split_tiles_and_reduce_match_torch_faces(op, m, nsplit):
         weights = bg.face_weights(op, w)
         weights.dtype = torch.bfloat16
     T = x.shape[0]
-    stream = split_stream(unsplit, nsplit, T, nctr, up)[0] if nsplit > 1 else unsplit
+    stream = bg.split_stream(unsplit, nsplit, T, nctr, up)[0] if nsplit > 1 else unsplit
     sk = torch.full((max(nsplit, 2) * T, width), float("nan"), dtype=torch.float32,
                     device="cuda")
     y0, kv0 = y.clone(), (kv.clone() if kv is not None else None)
