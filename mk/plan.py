@@ -170,9 +170,11 @@ class PlanConfig:
     # -3.1% with 8; B=256 +19.4% / +13.2% (its 128-row tiles became 8 / 16 slices each, 448 /
     # 896 GATE_UP reduces for 132 SMs), hence the token cap, and at most two reduces per SM per
     # op (plan_step's reduce_slice_rows makes slices taller past that). Steps of at most 16 tokens
-    # are unchanged (a tile of <= 16 rows is one slice).
+    # are unchanged (a tile of <= 16 rows is one slice). Session 11 (rslice_*_2026-11-30_s11):
+    # with the cap at 256, B=128 18.53 -> 16.02 ms (-13.5%), but B=192 +57% and B=256 +65%:
+    # the cap is 128.
     splitk_reduce_rows: int = 16
-    splitk_reduce_max_tokens: int = 64
+    splitk_reduce_max_tokens: int = 128
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
     # (L2_PREFETCH: O_PROJ's, then the first K columns of each of GATE_UP's K slices), in steps
@@ -959,8 +961,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     def reduce_slice_rows(op):
         """Rows per SPLITK_REDUCE slice of op's split tiles in each block: splitk_reduce_rows, or
         more where op would get over two reduces per SM (B=64's 256 O_PROJ / DOWN reduces on 132
-        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%; the cap binds only with
-        splitk_reduce_max_tokens raised, unmeasured there); 0 = whole tiles (also where op does
+        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%; with this cap B=256 still lost 65%
+        in session 11, hence splitk_reduce_max_tokens 128); 0 = whole tiles (also where op does
         not split, the step is over splitk_reduce_max_tokens, or its reduce signals a peer:
         O_PROJ / DOWN at TP > 1, whose TP_REDUCE counts tiles)."""
         R = cfg.splitk_reduce_rows

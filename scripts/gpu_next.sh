@@ -93,7 +93,8 @@
 #   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
 #          of MK_AB_TREE_ON or this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
 #   l2hint MK_L2_HINTS (L2 eviction priorities on TMA loads, mk/instructions/_rows_kernel.py:
-#          "weights" = GEMM weight pages evict first, "kv" = decode K/V pages evict first): the
+#          "weights" = GEMM weight pages evict first, "kv" = decode K/V pages evict first;
+#          "weights,kv" is the default since session 11, "none" the build before): the
 #          two-layer check (split-K auto) with each value of MK_L2_VALUES ("weights,kv weights"; the hints
 #          change no access, so no pytest / racecheck), then decode MK_L2_BATCH (1,64,256)
 #          without hints and with each, journal on: l2hint.log, l2hint_{none,<value>}.json (~6 min)
@@ -374,7 +375,7 @@ if has l2hint; then
     MK_L2_HINTS=$h timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 2>&1 \
         | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/l2hint.log"
   done
-  time_variant l2hint none "no L2 hints" ${MK_L2_BATCH:-1,64,256} "" ""
+  time_variant l2hint none "no L2 hints" ${MK_L2_BATCH:-1,64,256} "MK_L2_HINTS=none" ""
   for h in ${MK_L2_VALUES:-weights,kv weights}; do
     time_variant l2hint "${h//,/_}" "MK_L2_HINTS=$h" ${MK_L2_BATCH:-1,64,256} "MK_L2_HINTS=$h" ""
   done

@@ -309,11 +309,11 @@ def test_early_weights_variant_compiles_without_spills(tmp_path):
 
 
 def test_l2_hints_variant_compiles_without_spills(tmp_path):
-    """MK_L2_HINTS=weights,kv (compile-time, read at import, so in a process of its own): the
-    GEMM weight loads carry the evict-first L2 policy and the K/V loads a policy chosen per unit
-    (evict first for decode, normal otherwise); the all-opcode M64 variant with split-K compiles
-    with 0 spills and no call. Unset, no TMA load carries either policy (the default's loads keep
-    policy 0)."""
+    """MK_L2_HINTS=weights,kv (the default; compile-time, read at import, so in a process of its
+    own): the GEMM weight loads carry the evict-first L2 policy and the K/V loads a policy chosen
+    per unit (evict first for decode, normal otherwise); the all-opcode M64 variant with split-K
+    compiles with 0 spills and no call. With MK_L2_HINTS=none no TMA load carries either policy
+    (every load keeps policy 0, the build before session 11)."""
     import subprocess
     import sys
     from mk.instructions import _rows_kernel as rk
@@ -321,12 +321,13 @@ def test_l2_hints_variant_compiles_without_spills(tmp_path):
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
         "import _compile_gate, mk.megakernel as M\n"
         "from mk.instructions import _rows_kernel as rk\n"
-        "assert rk.L2_HINTS == frozenset(t for t in sys.argv[1].split(',') if t), rk.L2_HINTS\n"
+        "want = frozenset(t for t in sys.argv[1].split(',') if t not in ('', 'none'))\n"
+        "assert rk.L2_HINTS == want, rk.L2_HINTS\n"
         "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
         "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
     ptx = {}
-    for hints in ("", "weights,kv"):
-        out = tmp_path / f"l2{hints.replace(',', '_') or 'none'}.ptx"
+    for hints in ("none", "weights,kv"):
+        out = tmp_path / f"l2{hints.replace(',', '_')}.ptx"
         env = dict(os.environ, MK_L2_HINTS=hints)
         r = subprocess.run([sys.executable, "-c", code, hints, str(out)], env=env,
                            capture_output=True, text=True, timeout=900)
@@ -344,7 +345,7 @@ def test_l2_hints_variant_compiles_without_spills(tmp_path):
         return n
 
     first, normal = str(rk.L2_EVICT_FIRST), str(rk.L2_EVICT_NORMAL)
-    base, hinted = policies(ptx[""]), policies(ptx["weights,kv"])
+    base, hinted = policies(ptx["none"]), policies(ptx["weights,kv"])
     assert set(base) == {"0"}, base
     assert hinted.get(first, 0) > 0, hinted                   # weight (B) pages
     assert hinted.get((first, normal), 0) > 0, hinted         # K/V pages: decode or not

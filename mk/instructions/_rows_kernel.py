@@ -211,15 +211,20 @@ def page_of(pg: Int32, npages: cutlass.Constexpr):
 L2_EVICT_NORMAL = 0x1000000000000000
 L2_EVICT_FIRST = 0x12F0000000000000
 L2_EVICT_LAST = 0x14F0000000000000
-# Which streams' TMA loads carry an L2 hint (compile-time, MK_L2_HINTS, comma-separated; empty =
-# none, as before session 11):
+# Which streams' TMA loads carry an L2 hint (compile-time, MK_L2_HINTS, comma-separated; default
+# "weights,kv" since session 11; "none" = no hint, as before):
 #   weights  the GEMM weight (B) pages: evict first. A decode step streams ~17 GB of weights
 #            through the 50 MB L2 once each, pushing out what is read again soon: activations,
 #            split-K partials, counters, and the kernel's own code, which each SM fetches cold
 #            for a body it runs once per layer (bench/E2E_NOTES.md sessions 7-8).
 #   kv       the K/V pages of a decode unit (one query row per sequence: read once per step):
 #            evict first; prefill units (their keys read by every query tile) keep the default.
-L2_HINTS = frozenset(t for t in os.environ.get("MK_L2_HINTS", "").split(",") if t)
+# H200, 70B TP8 rank, decode ctx 1024, same GPU and call (bench/results/l2hint_*_2026-11-30_s11):
+# B=1 9.674 -> 8.530 ms (-11.8%), B=64 13.045 -> 11.959 (-8.3%), B=256 22.768 -> 22.223 (-2.4%);
+# "weights" alone -11.8% / -2.2% / -0.3%. Every instruction got faster (B=1: ATTENTION 13.5 ->
+# 9.5 us, ATTN_REDUCE 7.1 -> 4.9, QKV_ROPE 11.1 -> 9.4): their code and inputs now stay in L2.
+_L2_HINTS_ENV = os.environ.get("MK_L2_HINTS", "weights,kv")
+L2_HINTS = frozenset(t for t in _L2_HINTS_ENV.split(",") if t and t != "none")
 assert L2_HINTS <= {"weights", "kv"}, f"unknown MK_L2_HINTS parts {set(L2_HINTS)}"
 
 
