@@ -142,7 +142,7 @@ OP_END = -1
 # journal row: sm, cta, opcode, t_fetch (ticket taken), t_ready (waits met), t_end (signalled),
 # ticket, 0, then each role's own times for the instruction: loader start / end (TMA issued),
 # consumer start / end, storer start (it ends at t_end). globaltimer ns, one clock for every SM.
-JOURNAL_WORDS = 24
+JOURNAL_WORDS = 32
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
 J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0, J_CONS1_WG1, J_STORE1 = range(8, 15)
 # ATTENTION's storer, its first unit (ak.attn_store's stamps): K/V pages all freed, epilogue
@@ -155,6 +155,10 @@ J_CONS_EPI = 19
 # K/V pages, consumer thread 0's for full ones, storer thread 0's for the consumers' `done` (which
 # role of a decode instruction waits on which: its ~14 GB/s per SM, bench/ATTENTION_NOTES.md)
 J_ATTN_LOAD_WAIT, J_ATTN_CONS_WAIT, J_ATTN_STORE_WAIT = 20, 21, 22
+# ... and consumer thread 0's time waiting for its key blocks' wgmmas to retire, and in their
+# online softmax (session 11: in the step at B=256 the consumers wait 3.7 us of a 41 us
+# instruction for K/V pages while the storer waits 23 us for them: where do the other 31 go?)
+J_ATTN_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -823,7 +827,9 @@ class MegakernelDSL:
                                                  ring[base + at.A_QPK], pool, full, empty, done,
                                                  pg, NP, ctv, timeout_ns, state, t, PS,
                                                  ak.WG_SPLIT, journal,
-                                                 J_ATTN_CONS_WAIT if self.journal else -1)
+                                                 J_ATTN_CONS_WAIT if self.journal else -1,
+                                                 J_ATTN_MMA_WAIT if self.journal else -1,
+                                                 J_ATTN_SOFTMAX if self.journal else -1)
                         elif op == ak.OP_ATTN_REDUCE:
                             pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
                                                    ring[base + W_ROWS], ring[base + W_COL0],

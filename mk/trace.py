@@ -37,7 +37,7 @@ ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "c
               "epi1": 18, "cons_epi0": 19}
 # journal words that hold durations (ns summed by the instruction's roles, not times):
 # mk.megakernel.J_ATTN_LOAD_WAIT .. (ATTENTION's page waits); by_opcode reports their medians
-WAIT_WORDS = {"ld_wait": 20, "cons_wait": 21, "st_wait": 22}
+WAIT_WORDS = {"ld_wait": 20, "cons_wait": 21, "st_wait": 22, "mma_wait": 23, "softmax": 24}
 # per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
 # the first event to the second: when it ran behind earlier work of its SM, when each role ran
 ROLE_SPANS = {

@@ -762,11 +762,13 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32, ls0: Float32,
                 ls1: Float32, scale: Float32, narrow, active, both_halves, wg: Int32, wtid: Int32,
                 ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                share: cutlass.Constexpr, wclk=None):
+                share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None):
     """A unit's key blocks one after the other (K page pg + 2b, V page pg + 2b + 1): S = Q K^T,
     the online softmax, O += P V, each waited for before the next. An inactive warpgroup (no
     query row) only waits for the pages and arrives `done`; a narrow unit's blocks alternate
-    between the warpgroups. Returns the rows' (m0, m1, l0, l1) and the page count after."""
+    between the warpgroups. Returns the rows' (m0, m1, l0, l1) and the page count after.
+    wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
+    pages, for the wgmmas (QK^T, then P V) to retire, and in the online softmax."""
     hm = handoff_of(share)
     # "thread" hand-off: a narrow unit's pages get every consumer thread's `done` arrival, as a
     # full unit's do (the other warpgroup's once the page is full, so never into the previous
@@ -796,12 +798,15 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
             if cutlass.const_expr(not NOMATH):
                 if active:
                     qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
+                    t0 = wait_clock_start(mclk)
                     cute.nvgpu.warpgroup.wait_group(0)
+                    wait_clock_add(mclk, t0)
             # K page read (S retired): hand it to the storer (a narrow unit's page outside the
             # "thread" hand-off: this WG's threads arrive for both)
             release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(not NOMATH):
                 if active:
+                    t0 = wait_clock_start(sclk)
                     if both_halves:
                         mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
                                                             ls0, ls1, accO0, accO1, rP, scale,
@@ -810,6 +815,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
                                                             ls0, ls1, accO0, accO1, rP, scale,
                                                             False)
+                    wait_clock_add(sclk, t0)
             t0 = wait_clock_start(wclk)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
             wait_clock_add(wclk, t0)
@@ -819,7 +825,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                     v_tail_zero(pool, pv, nkeys, narrow, wg, wtid, ctid)
                 if active:
                     pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
+                    t0 = wait_clock_start(mclk)
                     cute.nvgpu.warpgroup.wait_group(0)
+                    wait_clock_add(mclk, t0)
             release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
         pg = pg + 2
     return mr0, mr1, ls0, ls1, pg
@@ -834,7 +842,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                  share: cutlass.Constexpr = DONE_ARRIVALS,
                  wg_split: cutlass.Constexpr = WG_SPLIT, journal=None,
-                 wait_word: cutlass.Constexpr = -1) -> Int32:
+                 wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
+                 softmax_word: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
     pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
     (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
@@ -842,9 +851,13 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     done barriers) and the two (m, l, O) are merged through warpgroup 1's epilogue page; warps
     skip the softmax of row halves that hold no query row. Returns the new page count.
     wait_word >= 0 (the megakernel's journal variant): consumer thread 0's time waiting for full
-    K/V pages, summed, into that word of row `ticket`."""
+    K/V pages, summed, into that word of row `ticket`; mma_word / softmax_word likewise its time
+    waiting for the key blocks' wgmmas to retire / in their online softmax (where a decode
+    instruction's consumer time goes, bench/ATTENTION_NOTES.md session 11)."""
     hm = handoff_of(share)
     wclk = make_wait_clock(wait_word)
+    mclk = make_wait_clock(mma_word)
+    sclk = make_wait_clock(softmax_word)
     wg = ctid // 128
     wtid = ctid % 128
     lane = ctid % 32
@@ -925,7 +938,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
                 accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0, lim1, mr0,
                 mr1, ls0, ls1, scale, narrow, active, both_halves, wg, wtid, ctid, timeout_ns,
-                state, ticket, share, wclk)
+                state, ticket, share, wclk, mclk, sclk)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
@@ -1017,6 +1030,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 rk.release(done + pe, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
             pg = pg + ne
     wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
+    wait_clock_write(mclk, journal, ticket, mma_word, ctid == 0)
+    wait_clock_write(sclk, journal, ticket, softmax_word, ctid == 0)
     return pg
 
 
