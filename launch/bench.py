@@ -98,6 +98,14 @@ def default_context(batch: int) -> int:
     return 1024 if batch <= 1024 else 256
 
 
+def experiment_switches() -> dict:
+    """The leave-one-out profiling switches set in the environment (MK_ATTN_EXPERIMENT,
+    MK_GEMM_EXPERIMENT: parts of an instruction's work compiled out, bench/ATTENTION_NOTES.md);
+    a megakernel built with any of them computes wrong outputs by design."""
+    return {k: os.environ[k] for k in ("MK_ATTN_EXPERIMENT", "MK_GEMM_EXPERIMENT")
+            if os.environ.get(k)}
+
+
 class UsageError(Exception):
     """Bad arguments: reported as `error: ...`, exit code 2."""
 
@@ -1064,7 +1072,12 @@ def run(args, device: torch.device) -> int:
                                                 seed=args.seed)
             c = check_backend_against_reference("megakernel", w_small)
             checks["megakernel_vs_reference"] = c
-            if not c["ok"]:
+            exp = experiment_switches()
+            if not c["ok"] and exp:
+                # leave-one-out profiling builds compute garbage on purpose: timed, and said so
+                notes.append(f"megakernel built with {exp}: outputs wrong by design (profiling "
+                             f"only), its small-model check failed as expected: {c}")
+            elif not c["ok"]:
                 mk_state["error"] = f"its logits differ from mk.reference on a small model: {c}"
         except Exception as e:  # noqa: BLE001
             mk_state["error"] = _err(e)

@@ -83,12 +83,17 @@
 #          journal on: rslice.log, rslice_<rows>.json (~4 min)
 #   gemm   bench/gemm.py --suite (issue 5's table: the token GEMMs and LM head through the
 #          megakernel vs cuBLAS and cuBLAS + epilogue at M = 64 / 256 / 1024 / 4096, checks
-#          first): gemm.log, gemm.json, gemm.png (~6 min; last run in session 3)
+#          first; split along K as the planner splits, MK_GEMM_SPLIT=none for whole tiles):
+#          gemm.log, gemm.json, gemm.png (~6 min; session 11 ran it with whole tiles)
+#   gemmold bench/gemm.py of the tree at MK_AB_TREE (off) and of this one with whole tiles (on),
+#          MK_GEMMOLD_OPS (GATE_UP,O_PROJ) at MK_GEMMOLD_M (4096): the ~8% large-M slowdown since
+#          session 3: gemmold.log, gemmold_{off,on}.json (~4 min)
 #   page64 decode B=64 / 256 (MK_P64_BATCH) with KV pages of 16 (the default) and 64 tokens,
 #          journal on: is the page-16 TMA gather the attention's limit: page64.log,
 #          page64_{p16,p64}.json (~4 min)
 #   attnstep decode B=256 (MK_ATTNSTEP_BATCH) with ATTENTION's math or loads compiled out
-#          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only),
+#          (MK_ATTN_EXPERIMENT, MK_ATTNSTEP_EXP="nomath noload"; garbage outputs, timing only:
+#          launch/bench.py times such a build with a note since session 11, it refused before),
 #          journal on: attnstep_<exp>.log / _{off,on}.json, attnstep.log (~5 min)
 #   treeab decode B=1 / 64 / 256 (MK_TREEAB_BATCH) of the source tree at MK_AB_TREE ("off") and
 #          of MK_AB_TREE_ON or this one ("on"), journal on: treeab.log, treeab_{off,on}.json (~6 min)
@@ -149,7 +154,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -412,11 +417,26 @@ if has opcombo; then
 fi
 if has gemm; then
   # issue 5's table (each token GEMM through the megakernel over a whole matrix vs cuBLAS and
-  # cuBLAS + the unfused epilogue, cold L2): last run in session 3, before the 128-row tiles,
-  # early weights, split-K and the epilogue's addressing
-  timeout 540 python bench/gemm.py --suite --no-compile --m 64,256,1024,4096 --odd-m 0 --reps 15 \
+  # cuBLAS + the unfused epilogue, cold L2), split along K as the step's planner splits at each M
+  # (MK_GEMM_SPLIT: auto by default since session 11; "none" = whole tiles, session 11's table)
+  timeout 540 python bench/gemm.py --suite --no-compile --m ${MK_GEMM_M:-64,256,1024,4096} \
+      --odd-m 0 --reps 15 --split-k ${MK_GEMM_SPLIT:-auto} \
       --out "$OUTDIR/gemm.json" > "$OUTDIR/gemm.log" 2>&1 || rc=1
   grep -vE "^\[mk\." "$OUTDIR/gemm.log" | tail -30
+fi
+if has gemmold; then
+  # the large-M GEMMs against an older tree's (MK_AB_TREE, e.g. 935cf2f, which made
+  # gemm_2026-11-29.json; its bench/gemm.py has no --split-k): session 11's table put every op
+  # at M=4096 ~8% over that one's (same tiles; cuBLAS unchanged), a regression in the GEMM body
+  # or its roles since then
+  for v in off on; do
+    d=$PWD; x="--split-k none"; [ $v = off ] && { d=$MK_AB_TREE; x=""; }
+    ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" timeout 200 python bench/gemm.py --no-compile \
+        --ops ${MK_GEMMOLD_OPS:-GATE_UP,O_PROJ} --m ${MK_GEMMOLD_M:-4096} --odd-m 0 --reps 15 $x \
+        --out "$OUTDIR/gemmold_$v.json" ) > "/tmp/gemmold_$v.log" 2>&1 || rc=1
+    echo "== gemm tree $v: $d" | tee -a "$OUTDIR/gemmold.log"
+    grep -E "^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|LM_HEAD) " "/tmp/gemmold_$v.log" | tee -a "$OUTDIR/gemmold.log"
+  done
 fi
 if has page64; then
   # KV pages of 64 tokens (one TMA box per K / V block instead of four 16-row ones): is the

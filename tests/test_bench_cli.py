@@ -147,3 +147,14 @@ def test_floor_counts_the_70b_rank_like_design_md(bench):
         fl = bench.floor_of(bench.step_cost(cfg, par, pt), 4.2e12, 751e12)
         assert fl["ms"] == pytest.approx(ms, rel=0.05), (b, fl)
     assert bench.weight_bytes(cfg, par) / 1e9 == pytest.approx(17.6, abs=0.1)
+
+
+def test_experiment_switches_are_named(bench, monkeypatch):
+    """A leave-one-out build (MK_ATTN_EXPERIMENT / MK_GEMM_EXPERIMENT set) is timed with a note
+    instead of refused: experiment_switches names exactly the switches that are set."""
+    monkeypatch.delenv("MK_ATTN_EXPERIMENT", raising=False)
+    monkeypatch.delenv("MK_GEMM_EXPERIMENT", raising=False)
+    assert bench.experiment_switches() == {}
+    monkeypatch.setenv("MK_ATTN_EXPERIMENT", "nomath")
+    monkeypatch.setenv("MK_GEMM_EXPERIMENT", "")
+    assert bench.experiment_switches() == {"MK_ATTN_EXPERIMENT": "nomath"}
