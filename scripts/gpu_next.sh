@@ -107,22 +107,27 @@
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
-# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own; carry only the .gpu files a call uses: the
-# carry limit is 64 MiB and the two toolkit archives take 59), as of session 10:
-#   1. "verify" with MK_CHECK_EXTRA="--plan splitk_reduce_max_tokens=4096" (the new default's
-#      SPLITK_REDUCE slices in every step of the two-layer checks and racecheck; the checks passed
-#      at 16 / 8 / 4 rows in session 10, racecheck was not run with slices) | "rslice" with
-#      MK_RSLICE_BATCH=128,192,256 MK_RSLICE_ROWS=16 MK_RSLICE_EXTRA=",splitk_reduce_max_tokens=256"
-#      (slices past 64 tokens under the two-reduces-per-SM cap, unmeasured)
-#   2. "base" (journal at B=1 / 256: ATTENTION's new ld_wait / cons_wait / st_wait columns say
-#      which role of a decode instruction waits on which) | "gemm" (issue 5's table, stale since
-#      session 3)
-#   3. "e2e" (all points: MK_E2E_BATCH=1,16,64,256,1024,4096 MK_E2E_MIXED=256:1024:1024 does not
-#      fit one call; B=1024 + mixed and B=4096 as session 10 did, then `launch/bench.py --merge`)
-# Where the time goes (session 10's critical paths, bench/E2E_NOTES.md): at B <= 64 the fixed
-# cost of the small instructions (SPLITK_REDUCE 3.8-9 us, RMSNORM 4-10 us, ATTENTION 13.6 us for
-# 64 keys, ATTN_REDUCE 7.7 us); at B >= 256 decode attention (~47 us per 1024-key instruction;
-# neither KV pages of 64 nor the warpgroup split moved it: bench/ATTENTION_NOTES.md session 10).
+# CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
+# (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only the .gpu toolkits
+# (59 MiB) and run in the uploaded tree (a tarball of the tree next to them went over the limit
+# in session 11), e.g.
+#   . .gpu/prelude.sh >/dev/null && export PYTHONPATH=$PWD:$PYTHONPATH MK_COMMIT=<sha> && ( \
+#     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
+#       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
+#       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 11:
+#   1. "base" (journal B=1 / 256: ATTENTION's new mma_wait / softmax
+#      columns split warpgroup 0's ~31 us per 1024-key instruction) + "attnstep" (nomath / noload
+#      in the step, timed now) | "gemm" (issue 5's table with split-K as the step runs it)
+#   2. "gemmold" with MK_AB_TREE=<935cf2f unpacked> (the ~8% large-M GEMM slowdown) | "e2e" with
+#      MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 (same-run peers for the big points; one
+#      call may not hold all three: session 10 ran 1024 + mixed and 4096 apart, then --merge)
+#   3. whatever 1-2 point at, A/B'd on one GPU (treeab or an env switch), then its checks (verify)
+# Where the time goes (session 11's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
+# instructions' fixed costs (SPLITK_REDUCE, RMSNORM, ATTENTION / ATTN_REDUCE of a few keys), less
+# since the L2 hints; at B >= 256 decode attention (warpgroup 0 ~1.9 us per 64-key block, the ring
+# full behind it) and GEMM efficiency (B=1024: GATE_UP 116 us per 128 x 256 tile, ~76% of the
+# bf16 rate); at B=192 / 256 reduce slices made GATE_UP wait (kept whole there).
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
