@@ -280,28 +280,35 @@ def test_experimental_switches_compile_without_spills(tmp_path):
     assert_clean(rep)
 
 
+def variant_ptx(tmp_path, name: str, env: dict, check: str) -> str:
+    """The PTX of the all-opcode M64 variant with split-K, compiled in a process of its own
+    (compile-time switches are read at import) with the environment updated by env; `check`: a
+    Python line run there after `import mk.megakernel as M` (the modules saw the switch)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import _compile_gate, mk.megakernel as M\n"
+        "from mk.instructions import _rows_kernel as rk\n"
+        "%s\n"
+        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
+        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT, check)
+    out = tmp_path / f"{name}.ptx"
+    r = subprocess.run([sys.executable, "-c", code, str(out)], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out.read_text()
+
+
 def test_early_weights_variant_compiles_without_spills(tmp_path):
     """MK_EARLY_WEIGHTS=1, the default (the controller hands an instruction over before its
     dependency waits; a GEMM's loader streams its first weight pages during them, every other role
     waits for the slot's `iready`): compile-time, read at import, so in a process of its own. The all-opcode
     M64 variant with split-K compiles with 0 spills and no call, and has more mbarrier waits
     than the MK_EARLY_WEIGHTS=0 variant (the roles' `iready` waits)."""
-    import subprocess
-    import sys
-    code = (
-        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
-        "import _compile_gate, mk.megakernel as M\n"
-        "assert M.EARLY_WEIGHTS == (sys.argv[1] == '1')\n"
-        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
-        "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
-    ptx = {}
-    for flag in ("0", "1"):
-        out = tmp_path / f"early{flag}.ptx"
-        env = dict(os.environ, MK_EARLY_WEIGHTS=flag)
-        r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-3000:]
-        ptx[flag] = out.read_text()
+    ptx = {flag: variant_ptx(tmp_path, f"early{flag}", {"MK_EARLY_WEIGHTS": flag},
+                             f"assert M.EARLY_WEIGHTS == {flag == '1'}")
+           for flag in ("0", "1")}
     waits = {f: len(re.findall(r"mbarrier\.try_wait", p)) for f, p in ptx.items()}
     assert waits["1"] > waits["0"], waits
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
@@ -314,25 +321,11 @@ def test_l2_hints_variant_compiles_without_spills(tmp_path):
     per unit (evict first for decode, normal otherwise); the all-opcode M64 variant with split-K
     compiles with 0 spills and no call. With MK_L2_HINTS=none no TMA load carries either policy
     (every load keeps policy 0, the build before session 11)."""
-    import subprocess
-    import sys
     from mk.instructions import _rows_kernel as rk
-    code = (
-        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
-        "import _compile_gate, mk.megakernel as M\n"
-        "from mk.instructions import _rows_kernel as rk\n"
-        "want = frozenset(t for t in sys.argv[1].split(',') if t not in ('', 'none'))\n"
-        "assert rk.L2_HINTS == want, rk.L2_HINTS\n"
-        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
-        "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
-    ptx = {}
-    for hints in ("none", "weights,kv"):
-        out = tmp_path / f"l2{hints.replace(',', '_')}.ptx"
-        env = dict(os.environ, MK_L2_HINTS=hints)
-        r = subprocess.run([sys.executable, "-c", code, hints, str(out)], env=env,
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-3000:]
-        ptx[hints] = out.read_text()
+    want = {"none": set(), "weights,kv": {"weights", "kv"}}
+    ptx = {h: variant_ptx(tmp_path, f"l2{h.replace(',', '_')}", {"MK_L2_HINTS": h},
+                          f"assert rk.L2_HINTS == {want[h]!r}, rk.L2_HINTS")
+           for h in want}
 
     def policies(p: str) -> dict:
         """TMA loads per policy operand: the constant it was set from, else the register."""
