@@ -86,8 +86,8 @@
 #          first; split along K as the planner splits, MK_GEMM_SPLIT=none for whole tiles):
 #          gemm.log, gemm.json, gemm.png (~6 min; session 11 ran it with whole tiles)
 #   gemmold bench/gemm.py of the tree at MK_AB_TREE (off) and of this one with whole tiles (on),
-#          MK_GEMMOLD_OPS (GATE_UP,O_PROJ) at MK_GEMMOLD_M (4096): the ~8% large-M slowdown since
-#          session 3: gemmold.log, gemmold_{off,on}.json (~4 min)
+#          MK_GEMMOLD_OPS (GATE_UP,O_PROJ) at MK_GEMMOLD_M (4096): the ~8% the megakernel's tiles
+#          take over session 3's standalone harness: gemmold.log, gemmold_{off,on}.json (~4 min)
 #   page64 decode B=64 / 256 (MK_P64_BATCH) with KV pages of 16 (the default) and 64 tokens,
 #          journal on: is the page-16 TMA gather the attention's limit: page64.log,
 #          page64_{p16,p64}.json (~4 min)
@@ -119,7 +119,7 @@
 #   1. "base" (journal B=1 / 256: ATTENTION's new mma_wait / softmax
 #      columns split warpgroup 0's ~31 us per 1024-key instruction) + "attnstep" (nomath / noload
 #      in the step, timed now) | "gemm" (issue 5's table with split-K as the step runs it)
-#   2. "gemmold" with MK_AB_TREE=<935cf2f unpacked> (the ~8% large-M GEMM slowdown) | "e2e" with
+#   2. "gemmold" with MK_AB_TREE=<935cf2f unpacked> (megakernel vs harness tiles at M=4096) | "e2e" with
 #      MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 (same-run peers for the big points; one
 #      call may not hold all three: session 10 ran 1024 + mixed and 4096 apart, then --merge)
 #   3. whatever 1-2 point at, A/B'd on one GPU (treeab or an env switch), then its checks (verify)
@@ -431,9 +431,9 @@ if has gemm; then
 fi
 if has gemmold; then
   # the large-M GEMMs against an older tree's (MK_AB_TREE, e.g. 935cf2f, which made
-  # gemm_2026-11-29.json; its bench/gemm.py has no --split-k): session 11's table put every op
-  # at M=4096 ~8% over that one's (same tiles; cuBLAS unchanged), a regression in the GEMM body
-  # or its roles since then
+  # gemm_2026-11-29.json: the tiles in the standalone harness, not in mk.megakernel; its
+  # bench/gemm.py has no --split-k): session 11's table put every op at M=4096 ~8% over that
+  # one's (same tiles; cuBLAS unchanged): what the megakernel's environment costs a tile
   for v in off on; do
     d=$PWD; x="--split-k none"; [ $v = off ] && { d=$MK_AB_TREE; x=""; }
     ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" timeout 200 python bench/gemm.py --no-compile \
