@@ -961,8 +961,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     def reduce_slice_rows(op):
         """Rows per SPLITK_REDUCE slice of op's split tiles in each block: splitk_reduce_rows, or
         more where op would get over two reduces per SM (B=64's 256 O_PROJ / DOWN reduces on 132
-        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%; with this cap B=256 still lost 65%
-        in session 11, hence splitk_reduce_max_tokens 128); 0 = whole tiles (also where op does
+        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%), or, in steps of several token
+        blocks, over what the split tiles leave free (below); 0 = whole tiles (also where op does
         not split, the step is over splitk_reduce_max_tokens, or its reduce signals a peer:
         O_PROJ / DOWN at TP > 1, whose TP_REDUCE counts tiles)."""
         R = cfg.splitk_reduce_rows
@@ -970,6 +970,14 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 or (op in (Op.O_PROJ, Op.DOWN) and not tp1)):
             return np.zeros(nb, np.int64)
         per_tile = max(1, 2 * cfg.num_sms // (nb * ntiles[op]))
+        if nb > 1:
+            # a block's reduces are queued before the next block's split tiles of op (the
+            # policies' block-diagonal order) and each holds an SM while it waits for its tile's
+            # splits: they may take only the SMs that the split tiles of this block and the next
+            # leave (session 11, cap raised to 256: B=256's 112 GATE_UP reduces of block 0 held
+            # the SMs that block 1's 56 split tiles needed, +65%; rslice_16_2026-11-30_s11.json)
+            free = cfg.num_sms - 2 * nsplit[op] * ntiles[op]
+            per_tile = min(per_tile, max(1, free // ntiles[op]))
         return np.maximum(R, -(-brows // per_tile))
     red_h = {op: reduce_slice_rows(op) for op in ntiles}
     # SPLITK_REDUCE instructions per split output tile in each block (1: whole tiles)

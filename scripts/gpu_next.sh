@@ -122,7 +122,10 @@
 #   2. "gemmold" with MK_AB_TREE=<935cf2f unpacked> (megakernel vs harness tiles at M=4096) | "e2e" with
 #      MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 (same-run peers for the big points; one
 #      call may not hold all three: session 10 ran 1024 + mixed and 4096 apart, then --merge)
-#   3. whatever 1-2 point at, A/B'd on one GPU (treeab or an env switch), then its checks (verify)
+#   3. "rslice" with MK_RSLICE_BATCH=192,256 MK_RSLICE_EXTRA=",splitk_reduce_max_tokens=256"
+#      (reduce slices past one token block under the planner's new per-block cap: QKV_ROPE cut,
+#      GATE_UP whole) | whatever 1-2 point at, A/B'd on one GPU (treeab or an env switch); then
+#      its checks (verify)
 # Where the time goes (session 11's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
 # instructions' fixed costs (SPLITK_REDUCE, RMSNORM, ATTENTION / ATTN_REDUCE of a few keys), less
 # since the L2 hints; at B >= 256 decode attention (warpgroup 0 ~1.9 us per 64-key block, the ring

@@ -415,22 +415,39 @@ def test_default_reduce_slices_70b_tp8(m):
         assert nc == slices * nw, (op, nw, nc)
 
 
-def test_reduce_slices_never_outnumber_the_sms():
-    """Over the token cap (splitk_reduce_max_tokens raised to 256): B=256's 128-row tiles are cut
-    into fewer, taller slices so that no op has more than two SPLITK_REDUCEs per SM (16-row
-    slices made up to 896 GATE_UP reduces there and the step lost 19.4%); the slices still cover
-    each tile's rows once."""
+@pytest.mark.parametrize("m", [128, 192, 256])
+def test_reduce_slices_never_outnumber_the_sms(m):
+    """Over the token cap (splitk_reduce_max_tokens raised to 256): no op has more than two
+    SPLITK_REDUCEs per SM (16-row slices made up to 896 GATE_UP reduces at B=256: -19.4%), and in
+    a step of several token blocks a block's reduces take only the SMs that the split tiles of
+    that block and the next leave free (the reduces of block 0 are queued before block 1's split
+    tiles and wait on their SMs: B=256's 112 GATE_UP reduces per block, +65% in session 11), so
+    GATE_UP (56 split tiles per block) keeps whole-tile reduces there while QKV_ROPE (40) is cut;
+    the slices still cover each tile's rows once."""
     cfg = PlanConfig(split_k=0, splitk_reduce_max_tokens=256)
-    cut = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).instrs.numpy()
-    whole = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
-                      PlanConfig(split_k=0)).instrs.numpy()
+    cut = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).instrs.numpy()
+    whole = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                      PlanConfig(split_k=0, splitk_reduce_rows=0)).instrs.numpy()
+    nb = -(-m // KERNEL_70B.token_block)
     for op in (Op.QKV_ROPE, Op.GATE_UP):
         c = cut[(cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == op)
                 & (cut[:, W_LAYER] == 0)]
         w = whole[(whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == op)
                   & (whole[:, W_LAYER] == 0)]
-        assert len(w) < len(c) <= 2 * cfg.num_sms, (op, len(w), len(c))
         assert c[:, W_ROWS].sum() == w[:, W_ROWS].sum()
+        assert len(c) <= 2 * cfg.num_sms, (op, len(c))
+        # split tiles of one block: the tiles of that block x their splits
+        sp = cut[(cut[:, W_OPCODE] == op) & (cut[:, W_LAYER] == 0)]
+        per_block_splits = len(sp) // nb
+        if nb == 1:
+            assert len(w) < len(c), (op, len(w), len(c))
+        else:
+            free = cfg.num_sms - 2 * per_block_splits
+            assert len(c) // nb <= max(len(w) // nb, free), (op, len(c), free)
+    if nb > 1:
+        gu = cut[(cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == Op.GATE_UP)]
+        gw = whole[(whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == Op.GATE_UP)]
+        assert len(gu) == len(gw)
 
 
 def test_every_splittable_op_has_its_own_cap():
