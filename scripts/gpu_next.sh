@@ -103,6 +103,11 @@
 #          two-layer check (split-K auto) with each value of MK_L2_VALUES ("weights,kv weights"; the hints
 #          change no access, so no pytest / racecheck), then decode MK_L2_BATCH (1,64,256)
 #          without hints and with each, journal on: l2hint.log, l2hint_{none,<value>}.json (~6 min)
+#   normrows PlanConfig.norm_rows (rows per RMSNORM / LM_NORM instruction, 8 by default since
+#          session 3, when the body was paged: 2 lost 3% at B=256 then) at MK_NORMROWS_VALUES
+#          ("4 2 1") against the default, decode MK_NORMROWS_BATCH (16,64,256), journal on: at B=64
+#          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
+#          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -124,8 +129,8 @@
 #      call may not hold all three: session 10 ran 1024 + mixed and 4096 apart, then --merge)
 #   3. "rslice" with MK_RSLICE_BATCH=192,256 MK_RSLICE_EXTRA=",splitk_reduce_max_tokens=256"
 #      (reduce slices past one token block under the planner's new per-block cap: QKV_ROPE cut,
-#      GATE_UP whole) | whatever 1-2 point at, A/B'd on one GPU (treeab or an env switch); then
-#      its checks (verify)
+#      GATE_UP whole) | "normrows" (RMSNORM rows per instruction 8 / 4 / 2 / 1 at B=16 / 64 /
+#      256); then the winners' checks (verify with MK_CHECK_EXTRA="--plan ...") and e2e
 # Where the time goes (session 11's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
 # instructions' fixed costs (SPLITK_REDUCE, RMSNORM, ATTENTION / ATTN_REDUCE of a few keys), less
 # since the L2 hints; at B >= 256 decode attention (warpgroup 0 ~1.9 us per 64-key block, the ring
@@ -162,7 +167,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=400)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -391,6 +396,13 @@ if has l2hint; then
   time_variant l2hint none "no L2 hints" ${MK_L2_BATCH:-1,64,256} "MK_L2_HINTS=none" ""
   for h in ${MK_L2_VALUES:-weights,kv weights}; do
     time_variant l2hint "${h//,/_}" "MK_L2_HINTS=$h" ${MK_L2_BATCH:-1,64,256} "MK_L2_HINTS=$h" ""
+  done
+fi
+if has normrows; then
+  : > "$OUTDIR/normrows.log"
+  time_variant normrows 8 "norm_rows 8 (default)" ${MK_NORMROWS_BATCH:-16,64,256} "" ""
+  for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
+    time_variant normrows $r "norm_rows $r" ${MK_NORMROWS_BATCH:-16,64,256} "" "--plan norm_rows=$r"
   done
 fi
 if has wgtime; then
