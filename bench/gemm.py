@@ -145,13 +145,13 @@ def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_c
     from mk.instructions import matmul as mm
     from mk.instructions import splitk as sk
     from mk.ir import ARG0, Instruction, serialize
+    from mk.plan import PlanConfig
     splits, reduces = [], []
     for i, u in enumerate(deserialize(instrs.cpu())):
         kw = qk.A_K if u.opcode == int(Op.QKV_ROPE) else mm.A_K
         K = u.args[kw - ARG0]
-        chunks = K // 64
-        assert chunks >= nsplit, (K, nsplit)
-        b = [64 * (j * chunks // nsplit) for j in range(nsplit + 1)]
+        assert K // 64 >= nsplit, (K, nsplit)
+        b = [int(v) for v in PlanConfig().k_slices(K, nsplit)]      # the planner's K slices
         for j in range(nsplit):
             args = list(u.args)
             args[kw - ARG0] = b[j + 1] - b[j]
