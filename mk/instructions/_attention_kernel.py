@@ -89,6 +89,8 @@ import cutlass.cute as cute
 import cutlass.experimental.primitives as prims
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from mk.instructions import _common as mc
@@ -545,6 +547,21 @@ def bf(x: Float32) -> Float32:
     return x.to(BFloat16).to(Float32)
 
 
+@dsl_user_op
+def bf_pair(a: Float32, b: Float32, *, loc=None, ip=None):
+    """(bf(a), bf(b)): one packed round to nearest even (cvt.rn.bf16x2.f32, F2FP) and two integer
+    ops to widen the halves, where bf() costs a scalar conversion (F2F) each on the pipe that also
+    runs exp2 (the DSL's 2-element .to(BFloat16) stays scalar in the PTX)."""
+    packed = Int32(llvm.inline_asm(
+        T.i32(), [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    lo = packed << 16                  # the low half holds bf16(a)
+    hi = packed & Int32(-65536)        # 0xffff0000: bf16(b)
+    return (Float32(llvm.bitcast(T.f32(), lo.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
+            Float32(llvm.bitcast(T.f32(), hi.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)))
+
+
 @cute.jit
 def rescale_row(m_old: Float32, block_max: Float32, l_sum: Float32):
     """The online softmax's row update for one key block: the new max m (over the quad), the
@@ -570,23 +587,28 @@ def online_softmax(accS: cute.Tensor, tScS: cute.Tensor, kb0: Int32, lim0: Int32
     (m, l) and O rows are left alone (half the exp / max / rescale work of a decode warp).
     Returns the new (m0, m1, l0, l1) (l: this thread's partial row sums)."""
     nsv = cute.size(accS)
-    nov = cute.size(accO0)
     bm0 = Float32(NEG_INF)
     bm1 = Float32(NEG_INF)
-    for i in cutlass.range_constexpr(nsv):
-        _r, c = tScS[i]
-        if cutlass.const_expr((i // 2) % 2 == 0):
-            s = bf(bf(accS[i]) * scale)
-            if kb0 + c >= lim0:
-                s = Float32(NEG_INF)
-            bm0 = cute.arch.fmax(bm0, s)
-            accS[i] = s
-        elif cutlass.const_expr(both_halves):
-            s = bf(bf(accS[i]) * scale)
-            if kb0 + c >= lim1:
-                s = Float32(NEG_INF)
-            bm1 = cute.arch.fmax(bm1, s)
-            accS[i] = s
+    # fragment elements 2v and 2v + 1 share a row: each of their two roundings to bf16 is one
+    # packed conversion (bf_pair): 64 scalar conversions a thread, on the pipe that also runs
+    # exp2, were most of a key block's softmax in the step (bench/ATTENTION_NOTES.md session 12);
+    # the same roundings, bitwise
+    for v in cutlass.range_constexpr(nsv // 2):
+        if cutlass.const_expr(v % 2 == 0 or both_halves):
+            q0, q1 = bf_pair(accS[2 * v], accS[2 * v + 1])
+            s0, s1 = bf_pair(q0 * scale, q1 * scale)
+            for k in cutlass.range_constexpr(2):
+                _r, c = tScS[2 * v + k]
+                s = s0 if k == 0 else s1
+                if cutlass.const_expr(v % 2 == 0):
+                    if kb0 + c >= lim0:
+                        s = Float32(NEG_INF)
+                    bm0 = cute.arch.fmax(bm0, s)
+                else:
+                    if kb0 + c >= lim1:
+                        s = Float32(NEG_INF)
+                    bm1 = cute.arch.fmax(bm1, s)
+                accS[2 * v + k] = s
     mn0, ms0, al0, ls0 = rescale_row(mr0, bm0, ls0)
     al1 = Float32(1.0)
     ms1 = Float32(0.0)
@@ -760,12 +782,13 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 rP: cute.Tensor, tOrP: cute.Tensor, pool: Int32, full: cute.Pointer,
                 done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, nblk: Int32, kv0: Int32,
                 kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32, ls0: Float32,
-                ls1: Float32, scale: Float32, narrow, active, both_halves, wg: Int32, wtid: Int32,
-                ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                ls1: Float32, scale: Float32, narrow, active, warp_rows, both_halves, wg: Int32,
+                wtid: Int32, ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                 share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None):
     """A unit's key blocks one after the other (K page pg + 2b, V page pg + 2b + 1): S = Q K^T,
     the online softmax, O += P V, each waited for before the next. An inactive warpgroup (no
-    query row) only waits for the pages and arrives `done`; a narrow unit's blocks alternate
+    query row) only waits for the pages and arrives `done`, a warp without query rows skips the
+    softmax (warp_rows, both_halves: see attn_consume); a narrow unit's blocks alternate
     between the warpgroups. Returns the rows' (m0, m1, l0, l1) and the page count after.
     wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
     pages, for the wgmmas (QK^T, then P V) to retire, and in the online softmax."""
@@ -805,7 +828,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
             # "thread" hand-off: this WG's threads arrive for both)
             release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(not NOMATH):
-                if active:
+                if warp_rows:                     # implies active
                     t0 = wait_clock_start(sclk)
                     if both_halves:
                         mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
@@ -893,9 +916,14 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if narrow:
                 mw = mt * MT                      # both WGs hold the unit's rows
             active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
-            both_halves = cutlass.Boolean(True)   # the warp's rows r0 + 8 hold a query row
-            if cutlass.const_expr(wg_split):
-                both_halves = mw + wq * 16 + 8 < mtot
+            # a warp's rows are [16 wq, 16 wq + 16) of its warpgroup's 64, r0 and r0 + 8 of each
+            # thread: a decode token's 8 q heads are warp 0's first row half, so the other warps
+            # skip the softmax (their P stays 0, their O rows 0, never stored) and warp 0 does
+            # half of it; the wgmmas are the warpgroup's whatever its rows
+            warp_rows = mw + wq * 16 < mtot
+            both_halves = mw + wq * 16 + 8 < mtot
+            if not warp_rows:
+                rP.fill(0.0)
             # ---- Q rows -> A fragment (registers), zero past the last row
             if cutlass.const_expr(Q_HOIST and not wg_split):
                 load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0, mw, mtot, qpk, head0)
@@ -937,7 +965,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             mr0, mr1, ls0, ls1, pg = attn_blocks(
                 mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
                 accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0, lim1, mr0,
-                mr1, ls0, ls1, scale, narrow, active, both_halves, wg, wtid, ctid, timeout_ns,
+                mr1, ls0, ls1, scale, narrow, active, warp_rows, both_halves, wg, wtid, ctid, timeout_ns,
                 state, ticket, share, wclk, mclk, sclk)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
