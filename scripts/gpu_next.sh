@@ -105,7 +105,8 @@
 #          without hints and with each, journal on: l2hint.log, l2hint_{none,<value>}.json (~6 min)
 #   normrows PlanConfig.norm_rows (rows per RMSNORM / LM_NORM instruction, 8 by default since
 #          session 3, when the body was paged: 2 lost 3% at B=256 then) at MK_NORMROWS_VALUES
-#          ("4 2 1") against the default, decode MK_NORMROWS_BATCH (16,64,256), journal on: at B=64
+#          ("4 2 1"): the two-layer check with each, then decode MK_NORMROWS_BATCH (16,64,256)
+#          with the default and each, journal on: at B=64
 #          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
 #          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
@@ -167,7 +168,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=400)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -399,7 +400,13 @@ if has l2hint; then
   done
 fi
 if has normrows; then
-  : > "$OUTDIR/normrows.log"
+  # a plan change only (the kernel is the same): the two-layer step vs mk.vm with each value first
+  for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
+    echo "== check --layers 2 --split-k 0 --plan norm_rows=$r"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan norm_rows=$r \
+        2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+  done > "$OUTDIR/normrows.log" 2>&1
+  cat "$OUTDIR/normrows.log"
   time_variant normrows 8 "norm_rows 8 (default)" ${MK_NORMROWS_BATCH:-16,64,256} "" ""
   for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
     time_variant normrows $r "norm_rows $r" ${MK_NORMROWS_BATCH:-16,64,256} "" "--plan norm_rows=$r"
