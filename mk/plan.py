@@ -136,6 +136,14 @@ class PlanConfig:
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
     norm_rows: int = 8
+    # ... and at most small_norm_rows in steps of at most small_norm_max_tokens tokens (0: never):
+    # there the two norms of a layer are on its critical path and an 8-row instruction ran ~10 us
+    # where a 1-row one runs ~3 (70B TP8 decode ctx 1024, H200, session 12,
+    # bench/results/normrows_*_2026-11-30_s12: norm_rows 1 cut B=16 9.84 -> 8.91 ms (-9.5%) and
+    # B=64 11.26 -> 10.26 ms (-8.9%); at B=256 the timed runs disagreed with the journal's, so
+    # steps over 64 tokens keep norm_rows)
+    small_norm_rows: int = 1
+    small_norm_max_tokens: int = 64
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
     # Split-K (mk/instructions/splitk.py) of QKV_ROPE / O_PROJ / GATE_UP / DOWN in steps of at most
     # splitk_max_tokens rows: 1 never; 0 auto (per op, the largest power of two nsplit with
@@ -185,7 +193,7 @@ class PlanConfig:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"unknown queue policy {self.policy!r}; one of {POLICIES}")
-        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads", "norm_rows"):
+        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads", "norm_rows", "small_norm_rows"):
             v = getattr(self, name)
             if v is None and name in TILE_FIELDS:
                 continue
@@ -197,7 +205,7 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
         zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min", "splitk_reduce_rows",
-                   "splitk_reduce_max_tokens") + tuple(SPLITK_OP_CAPS.values())
+                   "splitk_reduce_max_tokens", "small_norm_max_tokens") + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits") + zero_ok:
             v = getattr(self, name)
@@ -223,6 +231,12 @@ class PlanConfig:
         return tiles.step_tiles(num_tokens, num_seqs, model.head_dim, kernel.token_block,
                                 token_block=self.token_block, qkv=qkv, o=self.o_tile,
                                 mlp=self.mlp_tile, down=self.down_tile, lm=self.lm_tile)
+
+    def norm_rows_for(self, num_tokens: int) -> int:
+        """Rows per RMSNORM / LM_NORM instruction in a step of num_tokens tokens."""
+        if num_tokens <= self.small_norm_max_tokens:
+            return min(self.norm_rows, self.small_norm_rows)
+        return self.norm_rows
 
     def max_partial_rows(self, kernel: KernelConfig) -> int:
         # spread decode splits add at most 2 rows per SM (spread_kv_splits: <= num_sms split
@@ -1003,11 +1017,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                    reduce_rows=red_h[op][b], **kw)
 
     # norms: row groups of at most norm_rows rows inside each block, all signalling the block
-    ngr = -(-brows // cfg.norm_rows)
+    norm_rows = cfg.norm_rows_for(T)
+    ngr = -(-brows // norm_rows)
     nr_blk = np.repeat(blocks, ngr)
     nr_k = np.arange(len(nr_blk)) - np.repeat(np.cumsum(ngr) - ngr, ngr)
-    nr_row0 = brow0[nr_blk] + nr_k * cfg.norm_rows
-    nr_rows = np.minimum(cfg.norm_rows, brow0[nr_blk] + brows[nr_blk] - nr_row0)
+    nr_row0 = brow0[nr_blk] + nr_k * norm_rows
+    nr_rows = np.minimum(norm_rows, brow0[nr_blk] + brows[nr_blk] - nr_row0)
 
     def norm(stage, wait_c, wait_t, sig_c, which):
         _emit(g, stage, Op.RMSNORM, nr_blk, row0=nr_row0, rows=nr_rows, col0=0, cols=H,
@@ -1132,7 +1147,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     if S:
         k_in_blk = np.arange(S) - np.r_[0, np.flatnonzero(np.diff(last_blk)) + 1].repeat(
             np.diff(np.r_[0, np.flatnonzero(np.diff(last_blk)) + 1, S]))
-        new_run = k_in_blk % cfg.norm_rows == 0
+        new_run = k_in_blk % norm_rows == 0
     first_seq = np.flatnonzero(new_run)
     ub = last_blk[first_seq]
     cnt = np.diff(np.r_[first_seq, S])

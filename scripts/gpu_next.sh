@@ -103,10 +103,10 @@
 #          two-layer check (split-K auto) with each value of MK_L2_VALUES ("weights,kv weights"; the hints
 #          change no access, so no pytest / racecheck), then decode MK_L2_BATCH (1,64,256)
 #          without hints and with each, journal on: l2hint.log, l2hint_{none,<value>}.json (~6 min)
-#   normrows PlanConfig.norm_rows (rows per RMSNORM / LM_NORM instruction, 8 by default since
-#          session 3, when the body was paged: 2 lost 3% at B=256 then) at MK_NORMROWS_VALUES
-#          ("4 2 1"): the two-layer check with each, then decode MK_NORMROWS_BATCH (16,64,256)
-#          with the default and each, journal on: at B=64
+#   normrows PlanConfig.norm_rows (rows per RMSNORM / LM_NORM instruction; 1 in steps of <= 64
+#          tokens and 8 above since session 12, 8 everywhere before) at MK_NORMROWS_VALUES
+#          ("4 2 1") in every step: the two-layer check with each, then decode
+#          MK_NORMROWS_BATCH (16,64,256) with 8 and each, journal on: at B=64
 #          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
 #          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
@@ -121,22 +121,21 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 11:
-#   1. "base" (journal B=1 / 256: ATTENTION's new mma_wait / softmax
-#      columns split warpgroup 0's ~31 us per 1024-key instruction) + "attnstep" (nomath / noload
-#      in the step, timed now) | "gemm" (issue 5's table with split-K as the step runs it)
-#   2. "gemmold" with MK_AB_TREE=<935cf2f unpacked> (megakernel vs harness tiles at M=4096) | "e2e" with
-#      MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 (same-run peers for the big points; one
-#      call may not hold all three: session 10 ran 1024 + mixed and 4096 apart, then --merge)
-#   3. "rslice" with MK_RSLICE_BATCH=192,256 MK_RSLICE_EXTRA=",splitk_reduce_max_tokens=256"
-#      (reduce slices past one token block under the planner's new per-block cap: QKV_ROPE cut,
-#      GATE_UP whole) | "normrows" (RMSNORM rows per instruction 8 / 4 / 2 / 1 at B=16 / 64 /
-#      256); then the winners' checks (verify with MK_CHECK_EXTRA="--plan ...") and e2e
-# Where the time goes (session 11's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
-# instructions' fixed costs (SPLITK_REDUCE, RMSNORM, ATTENTION / ATTN_REDUCE of a few keys), less
-# since the L2 hints; at B >= 256 decode attention (warpgroup 0 ~1.9 us per 64-key block, the ring
-# full behind it) and GEMM efficiency (B=1024: GATE_UP 116 us per 128 x 256 tile, ~76% of the
-# bf16 rate); at B=192 / 256 reduce slices made GATE_UP wait (kept whole there).
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 12:
+#   1. B=256's instability (bench/E2E_NOTES.md session 12: timed 25.2-25.4 ms in three 10-rep runs,
+#      21.4-22.0 in journaled and 30-rep ones): "treeab" with MK_AB_TREE=<f130dd2 unpacked>
+#      MK_TREEAB_BATCH=192,256 twice (two processes each), or "e2e" MK_E2E_BATCH=192,256 on both
+#      GPUs; then "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 to set
+#      PlanConfig.small_norm_max_tokens past 64 if it holds
+#   2. "e2e" (all points, same-run peers) with one-row norms at B <= 64 (made default after the
+#      last e2e of session 12)
+#   3. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
+#      with "verify" on one GPU and "treeab" on the other
+# Where the time goes (session 12's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
+# instructions' fixed costs (SPLITK_REDUCE, ATTENTION / ATTN_REDUCE of a few keys; RMSNORM
+# halved by one-row norms); at B=256 attention (~60 us per layer on the path after the softmax
+# change) and GATE_UP's queue; at B >= 1024 the schedule: attention's SM time fell 18% and the
+# step 1.4%, the path is GATE_UP / QKV_ROPE tiles reached through SM queue order.
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
@@ -401,15 +400,19 @@ if has l2hint; then
 fi
 if has normrows; then
   # a plan change only (the kernel is the same): the two-layer step vs mk.vm with each value first
+  # (small_norm_max_tokens=0: the same norm_rows in every step; the default since session 12 is
+  # one-row norms in steps of <= 64 tokens, 8 rows above)
   for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
-    echo "== check --layers 2 --split-k 0 --plan norm_rows=$r"
-    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan norm_rows=$r \
-        2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+    echo "== check --layers 2 --split-k 0 --plan norm_rows=$r,small_norm_max_tokens=0"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 \
+        --plan norm_rows=$r,small_norm_max_tokens=0 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
   done > "$OUTDIR/normrows.log" 2>&1
   cat "$OUTDIR/normrows.log"
-  time_variant normrows 8 "norm_rows 8 (default)" ${MK_NORMROWS_BATCH:-16,64,256} "" ""
+  time_variant normrows 8 "norm_rows 8 in every step" ${MK_NORMROWS_BATCH:-16,64,256} "" \
+      "--plan small_norm_max_tokens=0"
   for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
-    time_variant normrows $r "norm_rows $r" ${MK_NORMROWS_BATCH:-16,64,256} "" "--plan norm_rows=$r"
+    time_variant normrows $r "norm_rows $r in every step" ${MK_NORMROWS_BATCH:-16,64,256} "" \
+        "--plan norm_rows=$r,small_norm_max_tokens=0"
   done
 fi
 if has wgtime; then

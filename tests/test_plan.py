@@ -382,7 +382,8 @@ def test_norms_cut_into_row_groups_that_signal_their_block(norm_rows):
     and LM_HEAD waits for all of them; mk.verify finds no race, deadlock or wrong target (the
     interpreter runs such plans in tests/test_vm.py's random interleavings)."""
     from mk.ir import W_SIGNAL, W_WAIT0
-    cfg = PlanConfig(**{**CFG.__dict__, "norm_rows": norm_rows})
+    # small_norm_max_tokens 0: norm_rows in every step (the small-step rule has its own test)
+    cfg = PlanConfig(**{**CFG.__dict__, "norm_rows": norm_rows, "small_norm_max_tokens": 0})
     batch = mixed_batch()
     plan = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
     s = plan.instrs.numpy()

@@ -137,6 +137,30 @@ def test_default_plan_satisfies_the_gpu_tiles(m, tp_rank):
         assert ((p[:, W_ROW0] % tb) == 0).all()
 
 
+def test_small_steps_take_one_row_norms():
+    """Steps of at most small_norm_max_tokens tokens cut their norms into small_norm_rows-row
+    instructions (1 by default: the norms are on a small step's critical path), larger steps
+    into norm_rows; small_norm_max_tokens 0 turns the rule off, and an explicit norm_rows below
+    small_norm_rows stays."""
+    cfg = PlanConfig()
+    assert cfg.norm_rows_for(cfg.small_norm_max_tokens) == cfg.small_norm_rows == 1
+    assert cfg.norm_rows_for(cfg.small_norm_max_tokens + 1) == cfg.norm_rows == 8
+    assert PlanConfig(small_norm_max_tokens=0).norm_rows_for(1) == 8
+    assert PlanConfig(norm_rows=2, small_norm_rows=4).norm_rows_for(16) == 2
+    with pytest.raises(ValueError, match="small_norm_rows must be a positive integer"):
+        PlanConfig(small_norm_rows=0)
+    with pytest.raises(ValueError, match="small_norm_max_tokens must be an integer >= 0"):
+        PlanConfig(small_norm_max_tokens=-1)
+    for n, rows in ((64, 1), (65, 8)):                  # 64 decodes; 16 decodes + 49 prefill
+        batch = batch_of(n)
+        plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig()).plan(batch)
+        s = plan.instrs.numpy()
+        norms = s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS]
+        assert norms.max() == rows and norms.sum() == 2 * LLAMA_70B.num_layers * n
+        lm_norms = s[s[:, W_OPCODE] == int(Op.LM_NORM), W_ROWS]
+        assert lm_norms.max() <= rows and lm_norms.sum() == len(batch.seqs)
+
+
 def test_explicit_values_override_the_table():
     cfg = PlanConfig(qkv_tile=384, o_tile=64, mlp_tile=512, down_tile=128, lm_tile=1024, token_block=32)
     plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).plan(batch_of(256))

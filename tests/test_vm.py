@@ -241,13 +241,19 @@ def test_stall_names_the_stuck_counter(checkpoints):
     ck = checkpoints("TINY_MHA")
     vm = VM(weights(ck, 2, torch.float32), KERNEL, CFG)
 
+    targets = []
+
     def hook(rank, instrs):
         sel = (instrs[:, W_OPCODE] == int(Op.GATE_UP)).nonzero()[0, 0]
+        targets.append(int(instrs[sel, W_WAIT0 + 1]))    # the norm's row groups of that block
         instrs[sel, W_WAIT0 + 1] += 1
         return instrs
     for mode in ("queue", "random"):
-        with pytest.raises(VMStall, match=r"GATE_UP layer 0 .*layer 0 NM\[0\] \(c\d+\) = 1 \(target 2\)"):
+        with pytest.raises(VMStall, match=r"GATE_UP layer 0 .*layer 0 NM\[0\] \(c\d+\) = "
+                                          r"(\d+) \(target (\d+)\)") as err:
             vm.step(mixed_steps(256)[0], mode=mode, stream_hook=hook)
+        n = targets[-1]
+        assert f"= {n} (target {n + 1})" in str(err.value)
 
 
 def test_counters_must_end_on_target(checkpoints):
