@@ -109,6 +109,9 @@
 #          MK_NORMROWS_BATCH (16,64,256) with 8 and each, journal on: at B=64
 #          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
 #          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
+#   stab   is a step time stable across processes: MK_STAB_RUNS (2) processes per tree (MK_AB_TREE
+#          = "off" when set, this tree "on"), decode MK_STAB_BATCH (192,256), 30 reps after 5
+#          warm-up, no journal: stab.log, stab_<tree>_<i>.json (~6 min with two trees)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -123,10 +126,9 @@
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
 # Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 12:
 #   1. B=256's instability (bench/E2E_NOTES.md session 12: timed 25.2-25.4 ms in three 10-rep runs,
-#      21.4-22.0 in journaled and 30-rep ones): "treeab" with MK_AB_TREE=<f130dd2 unpacked>
-#      MK_TREEAB_BATCH=192,256 twice (two processes each), or "e2e" MK_E2E_BATCH=192,256 on both
-#      GPUs; then "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 to set
-#      PlanConfig.small_norm_max_tokens past 64 if it holds
+#      21.4-22.0 in journaled and 30-rep ones): "stab" with MK_AB_TREE=<f130dd2 unpacked> on one
+#      GPU | "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 on the other (to set
+#      PlanConfig.small_norm_max_tokens past 64 if it holds)
 #   2. "e2e" (all points, same-run peers) with one-row norms at B <= 64 (made default after the
 #      last e2e of session 12)
 #   3. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
@@ -167,7 +169,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -505,6 +507,25 @@ if has attnstep; then
     time_ab "attnstep_$e" "MK_ATTN_EXPERIMENT=$e" ${MK_ATTNSTEP_BATCH:-256} \
         "MK_ATTN_EXPERIMENT=$e" "" "--journal"
     cat "$OUTDIR/attnstep_$e.log" >> "$OUTDIR/attnstep.log"
+  done
+fi
+if has stab; then
+  # is a step time stable across processes: MK_STAB_RUNS (2) processes of each tree (MK_AB_TREE
+  # "off" when given, this one "on"), 30 reps after 5 warm-up, no journal, in turn off / on;
+  # session 12's B=256 read 25.2-25.4 ms in three 10-rep runs and 21.4-22.0 ms otherwise
+  : > "$OUTDIR/stab.log"
+  trees="on"; [ -d "${MK_AB_TREE:-}" ] && trees="off on"
+  for i in $(seq ${MK_STAB_RUNS:-2}); do
+    for v in $trees; do
+      d=$PWD; [ $v = off ] && d=$MK_AB_TREE
+      ( cd "$d" && PYTHONPATH="$d:${PYTHONPATH:-}" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
+          timeout ${MK_AB_TIMEOUT:-200} python launch/bench.py --systems megakernel --skip-check \
+          --mixed none --reps 30 --warmup 5 --no-png --batch ${MK_STAB_BATCH:-192,256} \
+          --out "$OUTDIR/stab_${v}_$i.json" ) > "/tmp/stab_${v}_$i.log" 2>&1 || rc=1
+      echo "== tree $v, process $i: $d" | tee -a "$OUTDIR/stab.log"
+      { table "/tmp/stab_${v}_$i.log" | grep -E "^decode"; grep Error "/tmp/stab_${v}_$i.log"; } \
+          | tee -a "$OUTDIR/stab.log"
+    done
   done
 fi
 if has treeab; then

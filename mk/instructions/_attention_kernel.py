@@ -542,16 +542,12 @@ def quad_sum(x: Float32) -> Float32:
     return x + cute.arch.shuffle_sync_bfly(x, offset=2)
 
 
-@cute.jit
-def bf(x: Float32) -> Float32:
-    return x.to(BFloat16).to(Float32)
-
-
 @dsl_user_op
 def bf_pair(a: Float32, b: Float32, *, loc=None, ip=None):
-    """(bf(a), bf(b)): one packed round to nearest even (cvt.rn.bf16x2.f32, F2FP) and two integer
-    ops to widen the halves, where bf() costs a scalar conversion (F2F) each on the pipe that also
-    runs exp2 (the DSL's 2-element .to(BFloat16) stays scalar in the PTX)."""
+    """(a, b) rounded to bf16 and widened back to float32: one packed round to nearest even
+    (cvt.rn.bf16x2.f32, F2FP) and two integer ops, where x.to(BFloat16).to(Float32) costs a
+    scalar conversion (F2F) each on the pipe that also runs exp2 (the DSL's 2-element
+    .to(BFloat16) stays scalar in the PTX)."""
     packed = Int32(llvm.inline_asm(
         T.i32(), [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
         "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
@@ -965,8 +961,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             mr0, mr1, ls0, ls1, pg = attn_blocks(
                 mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
                 accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0, lim1, mr0,
-                mr1, ls0, ls1, scale, narrow, active, warp_rows, both_halves, wg, wtid, ctid, timeout_ns,
-                state, ticket, share, wclk, mclk, sclk)
+                mr1, ls0, ls1, scale, narrow, active, warp_rows, both_halves, wg, wtid, ctid,
+                timeout_ns, state, ticket, share, wclk, mclk, sclk)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
