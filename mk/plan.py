@@ -205,7 +205,8 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
         zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min", "splitk_reduce_rows",
-                   "splitk_reduce_max_tokens", "small_norm_max_tokens") + tuple(SPLITK_OP_CAPS.values())
+                   "splitk_reduce_max_tokens", "small_norm_max_tokens"
+                   ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits") + zero_ok:
             v = getattr(self, name)

@@ -250,6 +250,18 @@ time_variant() {
     grep Error "/tmp/${name}_$v.log"; } | tee -a "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
 }
+# one run of $B and ARGS in the source tree DIR, with a kernel cache of its own (suffix V): NAME.json,
+# its decode rows appended to LOG under LABEL (treeab, stab)
+#   bench_in_tree NAME V DIR LOG LABEL ARGS...
+bench_in_tree() {
+  local name=$1 v=$2 d=$3 log=$4 label=$5
+  shift 5
+  ( cd "$d" && PYTHONPATH="$d:${PYTHONPATH:-}" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
+      timeout ${MK_AB_TIMEOUT:-270} $B "$@" --out "$OUTDIR/$name.json" ) > "/tmp/$name.log" 2>&1 || rc=1
+  echo "== $label: $d" | tee -a "$log"
+  { table "/tmp/$name.log" | grep -E "^decode"; grep Error "/tmp/$name.log"; } | tee -a "$log"
+  rm -f "$OUTDIR"/"$name"_*_journal.pt "$OUTDIR"/"$name"_*_timeline.png
+}
 # time_ab, only when the variant's checks' log NAME.log passed
 timed_ab() {
   if passed "$OUTDIR/$1.log"; then
@@ -518,13 +530,8 @@ if has stab; then
   for i in $(seq ${MK_STAB_RUNS:-2}); do
     for v in $trees; do
       d=$PWD; [ $v = off ] && d=$MK_AB_TREE
-      ( cd "$d" && PYTHONPATH="$d:${PYTHONPATH:-}" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
-          timeout ${MK_AB_TIMEOUT:-200} python launch/bench.py --systems megakernel --skip-check \
-          --mixed none --reps 30 --warmup 5 --no-png --batch ${MK_STAB_BATCH:-192,256} \
-          --out "$OUTDIR/stab_${v}_$i.json" ) > "/tmp/stab_${v}_$i.log" 2>&1 || rc=1
-      echo "== tree $v, process $i: $d" | tee -a "$OUTDIR/stab.log"
-      { table "/tmp/stab_${v}_$i.log" | grep -E "^decode"; grep Error "/tmp/stab_${v}_$i.log"; } \
-          | tee -a "$OUTDIR/stab.log"
+      bench_in_tree "stab_${v}_$i" $v "$d" "$OUTDIR/stab.log" "tree $v, process $i" \
+          --reps 30 --warmup 5 --batch ${MK_STAB_BATCH:-192,256}
     done
   done
 fi
@@ -536,13 +543,8 @@ if has treeab; then
   if [ -d "${MK_AB_TREE:-}" ]; then
     for v in off on; do
       d=${MK_AB_TREE_ON:-$PWD}; [ $v = off ] && d=$MK_AB_TREE
-      ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
-          timeout ${MK_AB_TIMEOUT:-270} $B --batch ${MK_TREEAB_BATCH:-1,64,256} --journal \
-          --out "$OUTDIR/treeab_$v.json" ) > "/tmp/treeab_$v.log" 2>&1 || rc=1
-      echo "== tree $v: $d" | tee -a "$OUTDIR/treeab.log"
-      { table "/tmp/treeab_$v.log" | grep -E "^decode"; grep Error "/tmp/treeab_$v.log"; } \
-          | tee -a "$OUTDIR/treeab.log"
-      rm -f "$OUTDIR"/treeab_"$v"_*_journal.pt "$OUTDIR"/treeab_"$v"_*_timeline.png
+      bench_in_tree "treeab_$v" $v "$d" "$OUTDIR/treeab.log" "tree $v" \
+          --batch ${MK_TREEAB_BATCH:-1,64,256} --journal
     done
   else
     echo "== treeab: MK_AB_TREE (${MK_AB_TREE:-unset}) is not a directory" | tee -a "$OUTDIR/treeab.log"
