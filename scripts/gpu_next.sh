@@ -109,6 +109,11 @@
 #          MK_NORMROWS_BATCH (16,64,256) with 8 and each, journal on: at B=64
 #          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
 #          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
+#   planab plan variants A/B (a plan change only, the kernel is the same): MK_PLANAB, space-separated
+#          NAME:PLAN entries (PLAN as --plan takes it; default "od1:splitk_o_max_tokens=1,
+#          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
+#          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
+#          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
 #   stab   is a step time stable across processes: MK_STAB_RUNS (2) processes per tree (MK_AB_TREE
 #          = "off" when set, this tree "on"), decode MK_STAB_BATCH (192,256), 30 reps after 5
 #          warm-up, no journal: stab.log, stab_<tree>_<i>.json (~6 min with two trees)
@@ -169,7 +174,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -427,6 +432,22 @@ if has normrows; then
   for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
     time_variant normrows $r "norm_rows $r in every step" ${MK_NORMROWS_BATCH:-16,64,256} "" \
         "--plan norm_rows=$r,small_norm_max_tokens=0"
+  done
+fi
+if has planab; then
+  # O_PROJ / DOWN split in two at B <= 64 costs a SPLITK_REDUCE hop each per layer on the path
+  # (bench/E2E_NOTES.md session 12: four reduce hops, 28 of 134 us at B=64), while bench/gemm.py
+  # timed them unsplit no slower at M=64 (O 17.6 vs 20.2 us, DOWN 29.9 vs 29.8)
+  PLANS=${MK_PLANAB:-"od1:splitk_o_max_tokens=1,splitk_down_max_tokens=1"}
+  : > "$OUTDIR/planab.log"
+  for e in $PLANS; do
+    echo "== check --layers 2 --split-k 0 --plan ${e#*:}" | tee -a "$OUTDIR/planab.log"
+    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan "${e#*:}" 2>&1 \
+        | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/planab.log"
+  done
+  time_variant planab base "the default plan" ${MK_PLANAB_BATCH:-16,64} "" ""
+  for e in $PLANS; do
+    time_variant planab "${e%%:*}" "--plan ${e#*:}" ${MK_PLANAB_BATCH:-16,64} "" "--plan ${e#*:}"
   done
 fi
 if has wgtime; then
