@@ -114,6 +114,12 @@
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
+#   islots MK_NISLOTS (the controller's instruction ring depth, 4 by default: an SM claims up to
+#          that many consecutive tickets, so in a phase of about as many long tiles as SMs one SM
+#          can run two back to back): the two-layer checks and racecheck at each of
+#          MK_ISLOTS_CHECK ("2"; MK_ISLOTS_CHECK="" for none), then decode MK_ISLOTS_BATCH
+#          (64,192,256) at each of MK_ISLOTS_VALUES ("4 3 2"), journal on: islots.log,
+#          islots_check_<n>.log, islots_<n>.json (~3 min of checks per depth, ~2 min per timing)
 #   stab   is a step time stable across processes: MK_STAB_RUNS (2) processes per tree (MK_AB_TREE
 #          = "off" when set, this tree "on"), decode MK_STAB_BATCH (192,256), 30 reps after 5
 #          warm-up, no journal: stab.log, stab_<tree>_<i>.json (~6 min with two trees)
@@ -174,7 +180,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -432,6 +438,22 @@ if has normrows; then
   for r in ${MK_NORMROWS_VALUES:-4 2 1}; do
     time_variant normrows $r "norm_rows $r in every step" ${MK_NORMROWS_BATCH:-16,64,256} "" \
         "--plan norm_rows=$r,small_norm_max_tokens=0"
+  done
+fi
+if has islots; then
+  # a compile-time depth (mk/megakernel.py NISLOTS): each value is its own build; the checks
+  # first (no pytest: the ring depth changes no instruction body, only how far ahead the
+  # controller claims), then the timings
+  : > "$OUTDIR/islots.log"
+  for n in ${MK_ISLOTS_CHECK-2}; do
+    MK_NISLOTS=$n MK_NO_PYTEST=1 checks > "$OUTDIR/islots_check_$n.log" 2>&1
+    echo "== checks MK_NISLOTS=$n" | tee -a "$OUTDIR/islots.log"
+    cat "$OUTDIR/islots_check_$n.log" | tee -a "$OUTDIR/islots.log"
+    MK_NO_PYTEST=1 passed "$OUTDIR/islots_check_$n.log" && echo "== MK_NISLOTS=$n: checks passed" \
+        | tee -a "$OUTDIR/islots.log" || { echo "== MK_NISLOTS=$n: checks FAILED" | tee -a "$OUTDIR/islots.log"; rc=1; }
+  done
+  for n in ${MK_ISLOTS_VALUES:-4 3 2}; do
+    time_variant islots $n "MK_NISLOTS=$n" ${MK_ISLOTS_BATCH:-64,192,256} "MK_NISLOTS=$n" ""
   done
 fi
 if has planab; then

@@ -315,6 +315,28 @@ def test_early_weights_variant_compiles_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "early1")))
 
 
+@pytest.mark.parametrize("slots", ["2", "3"])
+def test_instruction_ring_depth_variant_compiles_without_spills(tmp_path, slots):
+    """MK_NISLOTS (the controller's look-ahead, 4 by default; compile-time, read at import, so in
+    a process of its own): the all-opcode M64 variant with split-K compiles with 0 spills and no
+    call at another depth (3: slot and phase by a division that is not a shift), and its PTX
+    differs from the default's."""
+    ptx = variant_ptx(tmp_path, f"slots{slots}", {"MK_NISLOTS": slots},
+                      f"assert M.NISLOTS == {slots}")
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / f"slots{slots}")))
+
+
+def test_instruction_ring_depth_out_of_range_is_refused():
+    """MK_NISLOTS outside 2 .. 8 is refused at import with the variable named."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.megakernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_NISLOTS="1"), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "MK_NISLOTS=1" in r.stderr, r.stderr[-2000:]
+
+
 def test_l2_hints_variant_compiles_without_spills(tmp_path):
     """MK_L2_HINTS=weights,kv (the default; compile-time, read at import, so in a process of its
     own): the GEMM weight loads carry the evict-first L2 policy and the K/V loads a policy chosen
