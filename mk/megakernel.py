@@ -211,6 +211,15 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # of the 70B rank's decode step at B=1 / 64 (bench/results/ab_2026-11-29_s6_summary.json);
 # MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
+# CLAIM_AFTER_LOADS (compile-time; MK_CLAIM_AFTER_LOADS=1): the controller claims the next ticket
+# only once the loader has issued every load of the instruction before it (`lnext`), not as soon
+# as a ring slot is free. A free slot is no sign that the SM can run the instruction soon: an SM
+# in the middle of a 60 us GATE_UP tile claimed the next tile and ran the two back to back while
+# other SMs went idle (B=192 / 256 critical paths, bench/E2E_NOTES.md session 13). Claimed after
+# the loads, the next instruction's waits and weight prefetch still overlap the consumers' last
+# ring's worth of the current one; short instructions (norms, reduces) are loaded at once, so
+# their claims come as early as before.
+CLAIM_AFTER_LOADS = os.environ.get("MK_CLAIM_AFTER_LOADS", "0") != "0"
 
 
 def page_share(handoff: str) -> int:
@@ -412,6 +421,8 @@ class MegakernelDSL:
                       iempty=cute.struct.MemRange[cutlass.Int64, NISLOTS])
         if cutlass.const_expr(EARLY_WEIGHTS):
             fields["iready"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
+        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+            fields["lnext"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
         fields.update(
             full=cute.struct.MemRange[cutlass.Int64, self.npages],
             empty=cute.struct.MemRange[cutlass.Int64, self.npages],
@@ -473,20 +484,31 @@ class MegakernelDSL:
     def controller(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor,
                    state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor, meta: cute.Tensor,
                    ring: cute.Tensor, tick: cute.Tensor, ifull: cute.Pointer,
-                   iempty: cute.Pointer, iready, lane: Int32, bidx: Int32,
+                   iempty: cute.Pointer, iready, lnext, lane: Int32, bidx: Int32,
                    HM: cutlass.Constexpr):
         """The controller warp: per free ring slot a ticket from the queue, the instruction's
         words into the slot, its waits (instr_waits), `ifull`. Without EARLY_WEIGHTS the slot is
         filled after the waits (END after a failed one); with it, before them, and `iready`
         follows the waits (after a failed wait too: the roles finish that instruction, the error
-        is recorded and the host raises it) and END goes into the next slot."""
+        is recorded and the host raises it) and END goes into the next slot. With
+        CLAIM_AFTER_LOADS a ticket is claimed only once the loader is done with the previous
+        slot's instruction (`lnext`)."""
         islot = Int32(0)
         iph = Int32(0)
         live = Int32(1)
         stop = Int32(0)
+        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+            prev_slot = Int32(-1)              # the slot of the last claim (-1: none yet)
+            prev_ph = Int32(0)
         while live == 1:
             rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state, rk.ERR_INSTR_SLOT,
                                 Int32(-1))
+            if cutlass.const_expr(CLAIM_AFTER_LOADS):
+                if prev_slot >= 0:
+                    rk.bounded_bar_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
+                                        rk.ERR_INSTR_SLOT, Int32(-1))
+                prev_slot = islot
+                prev_ph = iph
             t = Int32(0)
             if cutlass.const_expr(EARLY_WEIGHTS):
                 t = Int32(n_instr)
@@ -551,6 +573,9 @@ class MegakernelDSL:
         iready = None
         if cutlass.const_expr(EARLY_WEIGHTS):
             iready = st.iready.data_ptr()
+        lnext = None
+        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+            lnext = st.lnext.data_ptr()
         full = st.full.data_ptr()
         empty = st.empty.data_ptr()
         done = st.done.data_ptr()
@@ -577,6 +602,8 @@ class MegakernelDSL:
                     cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
                     if cutlass.const_expr(EARLY_WEIGHTS):
                         cute.arch.mbarrier_init(iready + s, rk.arrivals(HM, 32))
+                    if cutlass.const_expr(CLAIM_AFTER_LOADS):
+                        cute.arch.mbarrier_init(lnext + s, rk.arrivals(HM, 32))   # loader
                     # loader + storer + consumer
                     cute.arch.mbarrier_init(iempty + s, rk.arrivals(HM, 32) + rk.arrivals(HM, N_STORER)
                                             + rk.arrivals(HM, N_CONSUMER))
@@ -592,7 +619,7 @@ class MegakernelDSL:
             if warp == 0:
                 # ------------------------------------------------------------ controller
                 self.controller(instrs, n_instr, counters, state, timeout_ns, journal, meta,
-                                ring, tick, ifull, iempty, iready, lane, bidx, HM)
+                                ring, tick, ifull, iempty, iready, lnext, lane, bidx, HM)
             elif warp == 1:
                 # ------------------------------------------------------------ TMA loader
                 islot = Int32(0)
@@ -685,6 +712,8 @@ class MegakernelDSL:
                                                             ring[base + pf.A_K0],
                                                             ring[base + pf.A_K1], lane)
                         self.stamp(journal, t, J_LOAD1, lane == 0)
+                        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+                            rk.release(lnext + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot, iph = next_slot(islot, iph)
             else:
@@ -1080,7 +1109,8 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
 
 
 def smem_bytes_estimate(npages: int = NPAGES) -> int:
-    return (npages * rk.PAGE + 1024 + 8 * (2 * NISLOTS + 3 * npages)
+    slot_bars = 2 + int(EARLY_WEIGHTS) + int(CLAIM_AFTER_LOADS)   # ifull, iempty, iready, lnext
+    return (npages * rk.PAGE + 1024 + 8 * (slot_bars * NISLOTS + 3 * npages)
             + 4 * (NISLOTS * INSTR_WORDS + NISLOTS + 4))
 
 

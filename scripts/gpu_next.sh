@@ -114,6 +114,11 @@
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
+#   claim  MK_CLAIM_AFTER_LOADS=1 (the controller claims the next ticket once the loader has issued
+#          the previous instruction's loads, not when a ring slot frees): the two-layer checks and
+#          racecheck with it (MK_CLAIM_CHECK=0: none), then decode MK_CLAIM_BATCH (64,192,256)
+#          without and with it, journal on: claim.log, claim_check.log, claim_{off,on}.json
+#          (~4 min of checks, ~2 min per timing)
 #   islots MK_NISLOTS (the controller's instruction ring depth, 4 by default: an SM claims up to
 #          that many consecutive tickets, so in a phase of about as many long tiles as SMs one SM
 #          can run two back to back): the two-layer checks and racecheck at each of
@@ -180,7 +185,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -439,6 +444,19 @@ if has normrows; then
     time_variant normrows $r "norm_rows $r in every step" ${MK_NORMROWS_BATCH:-16,64,256} "" \
         "--plan norm_rows=$r,small_norm_max_tokens=0"
   done
+fi
+if has claim; then
+  : > "$OUTDIR/claim.log"
+  if [ "${MK_CLAIM_CHECK:-1}" = 1 ]; then
+    MK_CLAIM_AFTER_LOADS=1 MK_NO_PYTEST=1 checks > "$OUTDIR/claim_check.log" 2>&1
+    echo "== checks MK_CLAIM_AFTER_LOADS=1" | tee -a "$OUTDIR/claim.log"
+    cat "$OUTDIR/claim_check.log" | tee -a "$OUTDIR/claim.log"
+    MK_NO_PYTEST=1 passed "$OUTDIR/claim_check.log" && echo "== claim: checks passed" \
+        | tee -a "$OUTDIR/claim.log" || { echo "== claim: checks FAILED" | tee -a "$OUTDIR/claim.log"; rc=1; }
+  fi
+  time_variant claim off "claim when a slot frees (default)" ${MK_CLAIM_BATCH:-64,192,256} "" ""
+  time_variant claim on "MK_CLAIM_AFTER_LOADS=1" ${MK_CLAIM_BATCH:-64,192,256} \
+      "MK_CLAIM_AFTER_LOADS=1" ""
 fi
 if has islots; then
   # a compile-time depth (mk/megakernel.py NISLOTS): each value is its own build; the checks

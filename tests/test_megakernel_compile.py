@@ -327,6 +327,20 @@ def test_instruction_ring_depth_variant_compiles_without_spills(tmp_path, slots)
     assert_clean(ptxas_report(ptx, str(tmp_path / f"slots{slots}")))
 
 
+def test_claim_after_loads_variant_compiles_without_spills(tmp_path):
+    """MK_CLAIM_AFTER_LOADS=1 (the controller claims the next ticket once the loader is done with
+    the previous slot's instruction; compile-time, read at import, so in a process of its own):
+    the all-opcode M64 variant with split-K compiles with 0 spills and no call, and has more
+    mbarrier waits than the default (the controller's `lnext` wait)."""
+    ptx = {flag: variant_ptx(tmp_path, f"claim{flag}", {"MK_CLAIM_AFTER_LOADS": flag},
+                             f"assert M.CLAIM_AFTER_LOADS == {flag == '1'}")
+           for flag in ("0", "1")}
+    waits = {f: len(re.findall(r"mbarrier\.try_wait", p)) for f, p in ptx.items()}
+    assert waits["1"] > waits["0"], waits
+    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx["1"], str(tmp_path / "claim1")))
+
+
 def test_instruction_ring_depth_out_of_range_is_refused():
     """MK_NISLOTS outside 2 .. 8 is refused at import with the variable named."""
     import subprocess
