@@ -211,15 +211,29 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # of the 70B rank's decode step at B=1 / 64 (bench/results/ab_2026-11-29_s6_summary.json);
 # MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
-# CLAIM_AFTER_LOADS (compile-time; MK_CLAIM_AFTER_LOADS=1): the controller claims the next ticket
-# only once the loader has issued every load of the instruction before it (`lnext`), not as soon
-# as a ring slot is free. A free slot is no sign that the SM can run the instruction soon: an SM
-# in the middle of a 60 us GATE_UP tile claimed the next tile and ran the two back to back while
-# other SMs went idle (B=192 / 256 critical paths, bench/E2E_NOTES.md session 13). Claimed after
-# the loads, the next instruction's waits and weight prefetch still overlap the consumers' last
-# ring's worth of the current one; short instructions (norms, reduces) are loaded at once, so
-# their claims come as early as before.
-CLAIM_AFTER_LOADS = os.environ.get("MK_CLAIM_AFTER_LOADS", "0") != "0"
+# Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
+# claims the next ticket only once the loader has issued every load of the instruction before it
+# (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
+# instruction soon: an SM in the middle of a 60-120 us GATE_UP tile claimed the next tiles and
+# norms and ran them back to back while other SMs went idle. Claimed after the loads, the next
+# instruction's waits and weight prefetch still overlap the consumers' last ring's worth of the
+# current one; short instructions (norms, reduces) are loaded at once, so their claims come as
+# early as before. H200, 70B TP8 rank decode ctx 1024 (bench/results/claim_*_2026-11-30_s13,
+# bench/E2E_NOTES.md session 13): B=1024 81.02 -> 66.48 ms (-17.9%), B=192 -1.4%, B=256 -0.8%,
+# B=64 +0.3%, but B=1 / 16 +2.3% / +2.1% (there every SM runs about one instruction per phase
+# and the look-ahead hides the claim), so it is on for the M classes above CLAIM_AFTER_LOADS_MIN_M
+# tokens. MK_CLAIM_AFTER_LOADS=0 / 1 forces it off / on in every variant (A/Bs).
+CLAIM_AFTER_LOADS_MIN_M = 64
+CLAIM_AFTER_LOADS_ENV = os.environ.get("MK_CLAIM_AFTER_LOADS", "")
+if CLAIM_AFTER_LOADS_ENV not in ("", "0", "1"):
+    raise ValueError(f"MK_CLAIM_AFTER_LOADS={CLAIM_AFTER_LOADS_ENV!r}: 0, 1 or unset")
+
+
+def claim_after_loads_for(gemm_m: int | None) -> bool:
+    """Whether the variant of M class bound gemm_m (None: no GEMM class) claims after loads."""
+    if CLAIM_AFTER_LOADS_ENV:
+        return CLAIM_AFTER_LOADS_ENV == "1"
+    return gemm_m is not None and gemm_m > CLAIM_AFTER_LOADS_MIN_M
 
 
 def page_share(handoff: str) -> int:
@@ -352,7 +366,8 @@ class MegakernelDSL:
 
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
                  backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = (), attn_page_size: int = 0,
-                 gather: bool = False, splitk: bool = False, l2_prefetch: bool = False):
+                 gather: bool = False, splitk: bool = False, l2_prefetch: bool = False,
+                 claim_after_loads: bool = False):
         check_handoff(handoff, attn_page_size > 0)
         if attn_page_size:
             ak.box_rows(attn_page_size)         # a power of two >= 8
@@ -361,6 +376,7 @@ class MegakernelDSL:
         # split-K tiles + SPLITK_REDUCE compiled in (False: the PTX of the unsplit bodies as before)
         self.splitk = bool(splitk)
         self.l2_prefetch = bool(l2_prefetch)    # L2_PREFETCH compiled in (the loader's body)
+        self.claim_after_loads = bool(claim_after_loads)   # see claim_after_loads_for
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
@@ -421,7 +437,7 @@ class MegakernelDSL:
                       iempty=cute.struct.MemRange[cutlass.Int64, NISLOTS])
         if cutlass.const_expr(EARLY_WEIGHTS):
             fields["iready"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
-        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+        if cutlass.const_expr(self.claim_after_loads):
             fields["lnext"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
         fields.update(
             full=cute.struct.MemRange[cutlass.Int64, self.npages],
@@ -491,19 +507,19 @@ class MegakernelDSL:
         filled after the waits (END after a failed one); with it, before them, and `iready`
         follows the waits (after a failed wait too: the roles finish that instruction, the error
         is recorded and the host raises it) and END goes into the next slot. With
-        CLAIM_AFTER_LOADS a ticket is claimed only once the loader is done with the previous
+        claim_after_loads a ticket is claimed only once the loader is done with the previous
         slot's instruction (`lnext`)."""
         islot = Int32(0)
         iph = Int32(0)
         live = Int32(1)
         stop = Int32(0)
-        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+        if cutlass.const_expr(self.claim_after_loads):
             prev_slot = Int32(-1)              # the slot of the last claim (-1: none yet)
             prev_ph = Int32(0)
         while live == 1:
             rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state, rk.ERR_INSTR_SLOT,
                                 Int32(-1))
-            if cutlass.const_expr(CLAIM_AFTER_LOADS):
+            if cutlass.const_expr(self.claim_after_loads):
                 if prev_slot >= 0:
                     rk.bounded_bar_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
                                         rk.ERR_INSTR_SLOT, Int32(-1))
@@ -574,7 +590,7 @@ class MegakernelDSL:
         if cutlass.const_expr(EARLY_WEIGHTS):
             iready = st.iready.data_ptr()
         lnext = None
-        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+        if cutlass.const_expr(self.claim_after_loads):
             lnext = st.lnext.data_ptr()
         full = st.full.data_ptr()
         empty = st.empty.data_ptr()
@@ -602,7 +618,7 @@ class MegakernelDSL:
                     cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
                     if cutlass.const_expr(EARLY_WEIGHTS):
                         cute.arch.mbarrier_init(iready + s, rk.arrivals(HM, 32))
-                    if cutlass.const_expr(CLAIM_AFTER_LOADS):
+                    if cutlass.const_expr(self.claim_after_loads):
                         cute.arch.mbarrier_init(lnext + s, rk.arrivals(HM, 32))   # loader
                     # loader + storer + consumer
                     cute.arch.mbarrier_init(iempty + s, rk.arrivals(HM, 32) + rk.arrivals(HM, N_STORER)
@@ -712,7 +728,7 @@ class MegakernelDSL:
                                                             ring[base + pf.A_K0],
                                                             ring[base + pf.A_K1], lane)
                         self.stamp(journal, t, J_LOAD1, lane == 0)
-                        if cutlass.const_expr(CLAIM_AFTER_LOADS):
+                        if cutlass.const_expr(self.claim_after_loads):
                             rk.release(lnext + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         rk.release(iempty + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
                         islot, iph = next_slot(islot, iph)
@@ -1000,24 +1016,27 @@ def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
 def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                        handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
                        gemm: tuple = (), attn_page_size: int = 0, gather: bool = False,
-                       splitk: bool = False, l2_prefetch: bool = False):
+                       splitk: bool = False, l2_prefetch: bool = False,
+                       claim_after_loads: bool = False):
     """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
     the M class's tile configs, attention KV page size (0 = no attention), gather family, split-K,
-    L2 prefetches) and arena/norm-table shape. Prints the compile time of each new variant once
-    (verbose)."""
+    L2 prefetches, claim after loads) and arena/norm-table shape. Prints the compile time of each
+    new variant once (verbose)."""
     key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
-           bool(gather), bool(splitk), bool(l2_prefetch)) + tuple(shape_key)
+           bool(gather), bool(splitk), bool(l2_prefetch),
+           bool(claim_after_loads)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                           attn_page_size=attn_page_size, gather=gather, splitk=splitk,
-                          l2_prefetch=l2_prefetch), *args)
+                          l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads), *args)
         if verbose:
             tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
                   f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
-                  f"gather={gather} splitk={splitk} l2_prefetch={l2_prefetch} in "
+                  f"gather={gather} splitk={splitk} l2_prefetch={l2_prefetch} "
+                  f"claim_after_loads={claim_after_loads} in "
                   f"{time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
@@ -1108,8 +1127,8 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
         return int(min(by_smem, by_threads, by_regs)), f"device limits ({type(e).__name__}: {e})"
 
 
-def smem_bytes_estimate(npages: int = NPAGES) -> int:
-    slot_bars = 2 + int(EARLY_WEIGHTS) + int(CLAIM_AFTER_LOADS)   # ifull, iempty, iready, lnext
+def smem_bytes_estimate(npages: int = NPAGES, claim_after_loads: bool = False) -> int:
+    slot_bars = 2 + int(EARLY_WEIGHTS) + int(claim_after_loads)   # ifull, iempty, iready, lnext
     return (npages * rk.PAGE + 1024 + 8 * (slot_bars * NISLOTS + 3 * npages)
             + 4 * (NISLOTS * INSTR_WORDS + NISLOTS + 4))
 
@@ -1567,7 +1586,8 @@ class Megakernel:
     splitk: the SPLITK workspace, float32 [rows, width] CUDA tensor (mk.plan.buffer_shapes'
     Buf.SPLITK) for split-K tiles and SPLITK_REDUCE, or None: the variant without split-K (plans
     with split tiles are refused; the unsplit bodies' code is the same as before split-K).
-    handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode)."""
+    handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode);
+    claim_after_loads None: claim_after_loads_for(gemm_m) (the controller's claim policy)."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
@@ -1575,7 +1595,8 @@ class Megakernel:
                  handoff: str | None = None, backoff_ns: int = DEFAULT_BACKOFF_NS,
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
                  kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
-                 splitk: torch.Tensor | None = None, l2_prefetch: bool = False):
+                 splitk: torch.Tensor | None = None, l2_prefetch: bool = False,
+                 claim_after_loads: bool | None = None):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -1631,6 +1652,8 @@ class Megakernel:
         self.gather = embed is not None or last_normed is not None
         self.splitk = splitk
         self.l2_prefetch = bool(l2_prefetch)
+        self.claim_after_loads = (claim_after_loads_for(gemm_m) if claim_after_loads is None
+                                  else bool(claim_after_loads))
         self._gemm_t = (gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
                         + family_tensor_args(attn, embed, last_normed, dev)
                         + [splitk if splitk is not None
@@ -1684,8 +1707,9 @@ class Megakernel:
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
                                       self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                       self.attn_page_size, self.gather, self.splitk is not None,
-                                      self.l2_prefetch)
-            nb, src = resident_blocks_per_sm(comp, smem_bytes_estimate())
+                                      self.l2_prefetch, self.claim_after_loads)
+            nb, src = resident_blocks_per_sm(
+                comp, smem_bytes_estimate(claim_after_loads=self.claim_after_loads))
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
             self.blocks_per_sm = nb
             self.occupancy_source = src
@@ -1698,7 +1722,8 @@ class Megakernel:
         return compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, False,
                                   self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                   self.attn_page_size, self.gather,
-                                  self.splitk is not None, self.l2_prefetch), cs
+                                  self.splitk is not None, self.l2_prefetch,
+                                  self.claim_after_loads), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -1828,15 +1853,19 @@ def fake_args(gemm: tuple = (), attention: bool = False):
 
 def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple = (),
                  backoff_ns: int = DEFAULT_BACKOFF_NS, attn_page_size: int = 0,
-                 gather: bool = False, splitk: bool = False, l2_prefetch: bool = False):
+                 gather: bool = False, splitk: bool = False, l2_prefetch: bool = False,
+                 claim_after_loads: bool | None = None):
     """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX.
     attn_page_size: compile the attention family in for that KV page size (0: not); splitk:
-    compile the split-K tiles and SPLITK_REDUCE in; l2_prefetch: L2_PREFETCH."""
+    compile the split-K tiles and SPLITK_REDUCE in; l2_prefetch: L2_PREFETCH;
+    claim_after_loads None: as MK_CLAIM_AFTER_LOADS says, else off."""
+    if claim_after_loads is None:
+        claim_after_loads = claim_after_loads_for(None)
     if handoff is None:
         handoff = default_handoff(attn_page_size > 0)
     dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                         attn_page_size=attn_page_size, gather=gather, splitk=splitk,
-                        l2_prefetch=l2_prefetch)
+                        l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads)
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
         dsl, *fake_args(gemm, attn_page_size > 0))
 

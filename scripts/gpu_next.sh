@@ -114,11 +114,13 @@
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
-#   claim  MK_CLAIM_AFTER_LOADS=1 (the controller claims the next ticket once the loader has issued
-#          the previous instruction's loads, not when a ring slot frees): the two-layer checks and
-#          racecheck with it (MK_CLAIM_CHECK=0: none), then decode MK_CLAIM_BATCH (64,192,256)
-#          without and with it, journal on: claim.log, claim_check.log, claim_{off,on}.json
-#          (~4 min of checks, ~2 min per timing)
+#   claim  claim after loads (the controller claims the next ticket once the loader has issued the
+#          previous instruction's loads, not when a ring slot frees; on for the M classes above 64
+#          since session 13): the two-layer checks and racecheck with it forced on
+#          (MK_CLAIM_CHECK=0: none), then decode MK_CLAIM_BATCH (64,192,256) with it forced off
+#          (MK_CLAIM_AFTER_LOADS=0) and with MK_CLAIM_ON_ENV ("MK_CLAIM_AFTER_LOADS=1"; "" for the
+#          default policy), journal on: claim.log, claim_check.log, claim_{off,on}.json (~4 min
+#          of checks, ~2 min per timing)
 #   islots MK_NISLOTS (the controller's instruction ring depth, 4 by default: an SM claims up to
 #          that many consecutive tickets, so in a phase of about as many long tiles as SMs one SM
 #          can run two back to back): the two-layer checks and racecheck at each of
@@ -454,9 +456,10 @@ if has claim; then
     MK_NO_PYTEST=1 passed "$OUTDIR/claim_check.log" && echo "== claim: checks passed" \
         | tee -a "$OUTDIR/claim.log" || { echo "== claim: checks FAILED" | tee -a "$OUTDIR/claim.log"; rc=1; }
   fi
-  time_variant claim off "claim when a slot frees (default)" ${MK_CLAIM_BATCH:-64,192,256} "" ""
-  time_variant claim on "MK_CLAIM_AFTER_LOADS=1" ${MK_CLAIM_BATCH:-64,192,256} \
-      "MK_CLAIM_AFTER_LOADS=1" ""
+  time_variant claim off "claim when a slot frees (MK_CLAIM_AFTER_LOADS=0)" \
+      ${MK_CLAIM_BATCH:-64,192,256} "MK_CLAIM_AFTER_LOADS=0" ""
+  time_variant claim on "claim after loads (${MK_CLAIM_ON_ENV-MK_CLAIM_AFTER_LOADS=1})" \
+      ${MK_CLAIM_BATCH:-64,192,256} "${MK_CLAIM_ON_ENV-MK_CLAIM_AFTER_LOADS=1}" ""
 fi
 if has islots; then
   # a compile-time depth (mk/megakernel.py NISLOTS): each value is its own build; the checks

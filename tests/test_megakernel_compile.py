@@ -328,17 +328,43 @@ def test_instruction_ring_depth_variant_compiles_without_spills(tmp_path, slots)
 
 
 def test_claim_after_loads_variant_compiles_without_spills(tmp_path):
-    """MK_CLAIM_AFTER_LOADS=1 (the controller claims the next ticket once the loader is done with
-    the previous slot's instruction; compile-time, read at import, so in a process of its own):
-    the all-opcode M64 variant with split-K compiles with 0 spills and no call, and has more
-    mbarrier waits than the default (the controller's `lnext` wait)."""
+    """Claim after loads (the controller claims the next ticket once the loader is done with the
+    previous slot's instruction; a compile-time variant, on for the M classes above 64, forced
+    by MK_CLAIM_AFTER_LOADS, read at import, so in a process of its own): the all-opcode M64
+    variant with split-K compiles with 0 spills and no call with it, and has more mbarrier
+    waits than without (the controller's `lnext` wait)."""
     ptx = {flag: variant_ptx(tmp_path, f"claim{flag}", {"MK_CLAIM_AFTER_LOADS": flag},
-                             f"assert M.CLAIM_AFTER_LOADS == {flag == '1'}")
+                             f"assert M.claim_after_loads_for(64) == {flag == '1'}")
            for flag in ("0", "1")}
     waits = {f: len(re.findall(r"mbarrier\.try_wait", p)) for f, p in ptx.items()}
     assert waits["1"] > waits["0"], waits
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "claim1")))
+
+
+def test_claim_after_loads_policy_by_m_class():
+    """The claim policy per variant: off for the M <= 64 class (B=1 / 16 lost 2% with it), on
+    above (B=1024 -17.9%); MK_CLAIM_AFTER_LOADS forces it either way, any other value is
+    refused at import with the variable named."""
+    import subprocess
+    import sys
+    code = ("import mk.megakernel as M\n"
+            "print([M.claim_after_loads_for(m) for m in (None, 1, 64, 65, 256, 1024, 4096)])\n")
+    want = {"": "[False, False, False, True, True, True, True]",
+            "0": "[False, False, False, False, False, False, False]",
+            "1": "[True, True, True, True, True, True, True]"}
+    for val, out in want.items():
+        env = {k: v for k, v in os.environ.items() if k != "MK_CLAIM_AFTER_LOADS"}
+        if val:
+            env["MK_CLAIM_AFTER_LOADS"] = val
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == out, (val, r.stdout,
+                                                                             r.stderr[-2000:])
+    r = subprocess.run([sys.executable, "-c", "import mk.megakernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_CLAIM_AFTER_LOADS="yes"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "MK_CLAIM_AFTER_LOADS='yes'" in r.stderr, r.stderr[-2000:]
 
 
 def test_instruction_ring_depth_out_of_range_is_refused():
