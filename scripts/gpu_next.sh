@@ -142,20 +142,25 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 12:
-#   1. B=256's instability (bench/E2E_NOTES.md session 12: timed 25.2-25.4 ms in three 10-rep runs,
-#      21.4-22.0 in journaled and 30-rep ones): "stab" with MK_AB_TREE=<f130dd2 unpacked> on one
-#      GPU | "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 on the other (to set
-#      PlanConfig.small_norm_max_tokens past 64 if it holds)
-#   2. "e2e" (all points, same-run peers) with one-row norms at B <= 64 (made default after the
-#      last e2e of session 12)
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 13:
+#   1. "e2e" (all points, same-run peers: 1,16,64,256 on one GPU | MK_E2E_BATCH=1024,4096 on the
+#      other, then `launch/bench.py --merge`) with claim after loads (default above 64 tokens
+#      since session 13, B=1024 -17.9%; B=4096 never timed with it) and one-row norms at <= 64
+#   2. "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 again with the new claim
+#      policy (session 13 with the old one: -6.0% / +7.0% / -14.7%; B=192's loss had GATE_UP ->
+#      GATE_UP queue hops on its path) | "verify" (the GPU pytest files under the new policy:
+#      their M > 64 variants now claim after loads; only the two-layer checks and racecheck ran
+#      with it in session 13)
 #   3. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
 #      with "verify" on one GPU and "treeab" on the other
-# Where the time goes (session 12's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
-# instructions' fixed costs (SPLITK_REDUCE, ATTENTION / ATTN_REDUCE of a few keys; RMSNORM
-# halved by one-row norms); at B=256 attention (~60 us per layer on the path after the softmax
-# change) and GATE_UP's queue; at B >= 1024 the schedule: attention's SM time fell 18% and the
-# step 1.4%, the path is GATE_UP / QKV_ROPE tiles reached through SM queue order.
+# MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
+# (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
+# B=4096 timing that way).
+# Where the time goes (session 13's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
+# instructions' fixed costs (four SPLITK_REDUCE hops, 34 of 134 us per layer at B=64;
+# ATTENTION / ATTN_REDUCE of a few keys); at B=256 attention (~60-100 us per layer on the path)
+# and GATE_UP; at B=1024 with claim after loads (802 us per layer): GATE_UP 331, QKV_ROPE 203,
+# ATTENTION 146, RMSNORM 146, DOWN 85 us, i.e. the GEMM tiles' speed (mk / cuBLAS 1.2-1.47).
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
