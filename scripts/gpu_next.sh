@@ -43,7 +43,8 @@
 #          (M <= 512 class tiles) without split-K and with the cap, then decode B=384 / 512
 #          (MK_C512_BATCH) as it is and with the cap, journal on: caps512.log,
 #          caps512_{none,qkv}.json (~5 min)
-#   tiles  MK_TILES=<the M <= 256 class on the 64-row tiles> (the default before session 7, when
+#   tiles  MK_TILES=<MK_TILES_VALUE, default the M <= 256 class on the 64-row tiles> at
+#          MK_TILES_BATCH (default 128,256; the 64-row tiles were the default before session 7, when
 #          the 128-row tiles measured -10.4% / -13.7% at B=128 / 256): split-K GPU tests and the
 #          two-layer check with it, then decode B=128 / 256 with and without: tiles.log,
 #          tiles_{on,off}.json ("on" = the old tiles; ~5 min)
@@ -151,7 +152,12 @@
 #      GATE_UP queue hops on its path) | "verify" (the GPU pytest files under the new policy:
 #      their M > 64 variants now claim after loads; only the two-layer checks and racecheck ran
 #      with it in session 13)
-#   3. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
+#   3. B <= 64's reduce hops: "tiles" with MK_TILES_VALUE=QKV_ROPE@64=m128n128 MK_TILES_BATCH=1,16,64
+#      (10 head tiles split 8
+#      ways instead of 5 split 16: the same weight bytes per tile, half the partials for its
+#      SPLITK_REDUCE to read; 4 reduce hops are 34 of 134 us per layer at B=64), then the fold of
+#      O_PROJ / DOWN's reduce into the RMSNORM after it (bench/E2E_NOTES.md session 12, "Next")
+#   4. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
 #      with "verify" on one GPU and "treeab" on the other
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
@@ -393,7 +399,7 @@ if has caps512; then
       "--plan splitk_qkv_max_tokens=512"
 fi
 if has tiles; then
-  ab tiles MK_TILES "$M64_AT_256" 128,256 tests/test_splitk_gpu.py
+  ab tiles MK_TILES "${MK_TILES_VALUE:-$M64_AT_256}" ${MK_TILES_BATCH:-128,256} tests/test_splitk_gpu.py
 fi
 STORE=${MK_STORE:-loop}
 if has storecheck; then
