@@ -20,9 +20,12 @@ Execution model
     warps 4-7   consumer warpgroup: the instruction body's math (setmaxregister_increase); the
                 other warpgroup runs setmaxregister_decrease.
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
-  the current instruction's body. With EARLY_WEIGHTS (compile-time, on by default) it hands an
-  instruction over before its waits and signals the slot's `iready` after them, so the loader can
-  stream a GEMM's weights (and an ATTENTION's earlier-step K/V) during the waits.
+  the current instruction's body; in the variants that claim after loads (claim_after_loads_for:
+  the M classes above 64 tokens) it claims the next one only once the loader has issued the
+  current one's loads, so that a long tile does not hold tickets other SMs could run. With
+  EARLY_WEIGHTS (compile-time, on by default) it hands an instruction over before its waits and
+  signals the slot's `iready` after them, so the loader can stream a GEMM's weights (and an
+  ATTENTION's earlier-step K/V) during the waits.
 * Split-K (Megakernel(splitk=<SPLITK workspace>), a compile-time variant): split GEMM tiles run in
   their opcode's slot (mk/instructions/_gemm_kernel.py: K slice, float32 partials from the
   consumers' registers); SPLITK_REDUCE (mk/instructions/_splitk_kernel.py) runs in both consumer
