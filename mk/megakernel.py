@@ -113,10 +113,9 @@ from mk.instructions.rows import A_DST, A_NORM_WEIGHT, A_SRC
 
 THREADS = 384          # controller, loader, 2 storer warps, two consumer warpgroups
 # Instruction ring slots: the controller holds up to NISLOTS tickets per SM (the one in the
-# consumers, the storer's tail, the loader's next, one waiting). An SM whose slots free up claims
-# that many consecutive tickets at once, so where a phase has about as many long instructions as
-# SMs (GATE_UP tiles at B = 128 .. 256) one SM can run two of them back to back while another
-# idles (bench/E2E_NOTES.md session 13). MK_NISLOTS (2 .. 8) builds another depth for A/Bs.
+# consumers, the storer's tail, the loader's next, one waiting). MK_NISLOTS (2 .. 8) builds another
+# depth for A/Bs; a shallower ring alone changed the step by at most 2.2% (bench/E2E_NOTES.md
+# session 13): when a ticket is claimed matters, not how many (claim after loads, below).
 NISLOTS = int(os.environ.get("MK_NISLOTS", 4))
 if not 2 <= NISLOTS <= 8:
     raise ValueError(f"MK_NISLOTS={NISLOTS}: the instruction ring has 2 .. 8 slots")
