@@ -109,7 +109,7 @@ from mk.instructions.matmul import Epi
 from mk.ir import (ARG0, INSTR_WORDS, MAX_WAITS, NUM_ARGS, W_COL0, W_COLS, W_LAYER, W_OPCODE,
                    W_ROW0, W_ROWS, W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_SCOPE, W_WAIT0, Op,
                    SignalScope)
-from mk.instructions.rows import A_DST, A_NORM_WEIGHT, A_SRC
+from mk.instructions.rows import A_DST, A_NORM_WEIGHT, A_RED_NSPLIT, A_RED_STRIDE, A_SRC
 
 THREADS = 384          # controller, loader, 2 storer warps, two consumer warpgroups
 # Instruction ring slots: the controller holds up to NISLOTS tickets per SM (the one in the
@@ -841,12 +841,18 @@ class MegakernelDSL:
                             rk.rows_skip(pg, npg, full, NP, timeout_ns, state, t)
                         pg = npg
                     elif op == rk.OP_RMSNORM:
+                        # with split-K compiled in, a norm may fold O_PROJ's reduce (its words)
+                        fold_sk, fold_ns, fold_st = None, None, None
+                        if cutlass.const_expr(self.splitk):
+                            fold_sk = skops[0]
+                            fold_ns = ring[base + A_RED_NSPLIT]
+                            fold_st = ring[base + A_RED_STRIDE]
                         pg = rk.rmsnorm_consume(ring[base + A_SRC], ring[base + A_DST],
                                                 ring[base + W_ROW0], ring[base + W_ROWS],
                                                 ring[base + W_LAYER], ring[base + A_NORM_WEIGHT],
                                                 bufs, normw, n_layers, eps, pool, full, done, pg,
                                                 NP, ctv, BAR_CONSUMER, N_CONSUMER, timeout_ns,
-                                                state, t, HM, PS)
+                                                state, t, HM, PS, fold_sk, fold_ns, fold_st)
                     for gi in cutlass.range_constexpr(NG):
                         if op == GS[gi].op:
                             g = gops[gi]
@@ -1154,6 +1160,31 @@ def _gemm_shapes(g: GemmOperands) -> dict:
                 yn=y3.shape[2], wl=w3.shape[0], wn=w3.shape[1], wk=w3.shape[2])
 
 
+def _check_folded_norms(rn: np.ndarray, splitk_shape) -> None:
+    """RMSNORM rows that fold O_PROJ's reduce (rows.A_RED_NSPLIT > 0): the split-K workspace is
+    compiled in and holds every partial row they read (all H columns)."""
+    if not len(rn):
+        return
+    ns, st = rn[:, A_RED_NSPLIT], rn[:, A_RED_STRIDE]
+    if (ns < 0).any() or (st < 0).any():
+        raise ValueError("RMSNORM reduce words: nsplit and stride must be >= 0")
+    fold = ns > 0
+    if not fold.any():
+        return
+    if splitk_shape is None:
+        raise ValueError("an RMSNORM folds O_PROJ's split-K reduce, but this megakernel has no "
+                         "SPLITK workspace (Megakernel(..., splitk=...))")
+    rows, width = splitk_shape
+    f = rn[fold]
+    if f[0, W_COLS] > width:
+        raise ValueError(f"folded RMSNORM over {int(f[0, W_COLS])} columns: the SPLITK workspace "
+                         f"is {width} wide")
+    last = (f[:, A_RED_NSPLIT] - 1).astype(np.int64) * f[:, A_RED_STRIDE] + f[:, W_ROW0] + f[:, W_ROWS]
+    if (last > rows).any():
+        raise ValueError(f"folded RMSNORM reads SPLITK row {int(last.max()) - 1}, the workspace has "
+                         f"{rows}")
+
+
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
                gemm: dict | None = None, slots: tuple = (), kv_shape=None,
                attn: AttnOperands | None = None, embed_shape=None, last_normed_shape=None,
@@ -1201,6 +1232,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         if len(rn) and H > rk.NORM_MAX_H:
             raise ValueError(f"RMSNORM over H={H} columns: the body holds at most "
                              f"{rk.NORM_MAX_H} per row")
+        _check_folded_norms(rn, splitk_shape)
     by_op = {g.op: g for g in slots}
     _check_l2_prefetch(s[ops == OP_L2_PREFETCH], by_op, gemm, l2_prefetch)
     # a SPLITK_REDUCE runs its opcode's epilogue with the unsplit words: check them as those of

@@ -189,6 +189,11 @@ class PlanConfig:
     # whose attention instructions are fewer than num_sms; 0 = never. The megakernel compiles the
     # L2_PREFETCH body in only when this is > 0.
     l2_prefetch_mib: int = 0
+    # 1: where O_PROJ splits (TP 1), no SPLITK_REDUCE for it: the MLP norm after it sums its rows'
+    # partials and adds the residual itself (mk/instructions/rows.py, "folded"), one instruction
+    # and one dependency hop less per layer (at B=64 a reduce + hop is ~7-8.5 us of 134 per
+    # layer; bench/E2E_NOTES.md session 13). Bitwise the same step. 0 (default): not yet timed.
+    fold_o_reduce: int = 0
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -213,6 +218,8 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
+        if self.fold_o_reduce not in (0, 1):
+            raise ValueError(f"PlanConfig.fold_o_reduce must be 0 or 1, got {self.fold_o_reduce!r}")
         if self.split_k > self.max_split:
             raise ValueError(f"PlanConfig.split_k={self.split_k} is over max_split={self.max_split} "
                              f"(the SPLITK workspace holds max_split partials per row)")
@@ -666,12 +673,14 @@ REDUCE_STAGE_OFFSET = 0.5
 
 def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bounds, k_word: int,
                sk_ids, stride: int, row0, rows, col0, cols, waits=(), signal=NO_COUNTER,
-               scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows=0) -> None:
+               scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows=0,
+               fold=False) -> None:
     """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
     tiles (tile-major; same waits; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
     (waits sk_ids = nsplit, sends the unsplit tile's signal): one, or with reduce_rows > 0 (a
     value, or one per tile) one per slice of at most reduce_rows of the tile's rows, each sending
-    that signal."""
+    that signal. fold: no reduce; every split tile sends the unsplit tile's signal (the
+    instruction that waits on it finishes the tiles: a folded RMSNORM)."""
     if nsplit <= 1:
         _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
               signal=signal, scope=scope, srank=srank, args=args)
@@ -685,8 +694,10 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     split_args.update({k_word: np.diff(k_bounds)[j], mc.A_NSPLIT: nsplit, mc.A_SPLIT_J: j,
                        mc.A_K0: k_bounds[:-1][j], mc.A_SPLIT_ROW: stride})
     _emit(groups, stage, op, rep(block), row0=rep(row0), rows=rep(rows), col0=rep(col0),
-          cols=rep(cols), waits=[(rep(c), rep(t)) for c, t in waits], signal=rep(sk_ids),
-          args=split_args)
+          cols=rep(cols), waits=[(rep(c), rep(t)) for c, t in waits],
+          signal=rep(signal) if fold else rep(sk_ids), args=split_args)
+    if fold:
+        return
     red_args = sk.reduce_words(op, nsplit, stride, args)
     if np.any(reduce_rows):
         # tile i's slices k: rows [row0_i + k * h_i, ...), every other word the tile's
@@ -972,6 +983,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     C = {nm: groups_layout[nm][0] + CPL for nm in groups_layout}    # absolute ids of layer 0
     prev_HM = groups_layout["HM"][0]                                  # block 0 = prelude
     tp1 = n == 1
+    # O_PROJ's reduce folded into the MLP norm (PlanConfig.fold_o_reduce; TP 1, where it splits)
+    fold_o = bool(cfg.fold_o_reduce) and tp1 and nsplit[Op.O_PROJ] > 1
 
     def reduce_slice_rows(op):
         """Rows per SPLITK_REDUCE slice of op's split tiles in each block: splitk_reduce_rows, or
@@ -1002,6 +1015,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     qkv_target = n_qkv * red_sl[Op.QKV_ROPE]
     gu_target = n_g * red_sl[Op.GATE_UP]
     hid_a_target = n_o * red_sl[Op.O_PROJ] if tp1 else np.full(nb, n)
+    if fold_o:
+        hid_a_target = np.full(nb, n_o * nsplit[Op.O_PROJ])     # every split tile signals
     hid_m_target = n_d * red_sl[Op.DOWN] if tp1 else np.full(nb, n)
 
     attn_target = np.zeros(nb, np.int64)
@@ -1015,7 +1030,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
             kw["args"] = {**kw["args"], mm.A_UP_COL: I_loc}
         _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
                    else None, k_word=k_word, sk_ids=sk_ids, stride=T,
-                   reduce_rows=red_h[op][b], **kw)
+                   reduce_rows=red_h[op][b], fold=fold_o and op == Op.O_PROJ, **kw)
 
     # norms: row groups of at most norm_rows rows inside each block, all signalling the block
     norm_rows = cfg.norm_rows_for(T)
@@ -1025,10 +1040,13 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     nr_row0 = brow0[nr_blk] + nr_k * norm_rows
     nr_rows = np.minimum(norm_rows, brow0[nr_blk] + brows[nr_blk] - nr_row0)
 
-    def norm(stage, wait_c, wait_t, sig_c, which):
+    def norm(stage, wait_c, wait_t, sig_c, which, fold_nsplit=0):
+        args = {rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: which}
+        if fold_nsplit:
+            # the split tiles' partials are at SPLITK rows j * T + row (gemm's stride)
+            args.update({rw.A_RED_NSPLIT: fold_nsplit, rw.A_RED_STRIDE: T})
         _emit(g, stage, Op.RMSNORM, nr_blk, row0=nr_row0, rows=nr_rows, col0=0, cols=H,
-              waits=[(wait_c + nr_blk, wait_t[nr_blk])], signal=sig_c + nr_blk,
-              args={rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: which})
+              waits=[(wait_c + nr_blk, wait_t[nr_blk])], signal=sig_c + nr_blk, args=args)
 
     g: list = []
     norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN)
@@ -1125,7 +1143,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
 
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
-    norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP)
+    norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
+         nsplit[Op.O_PROJ] if fold_o else 0)
     b, t = _grid(nb, n_g)
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
          waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b,

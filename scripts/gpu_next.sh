@@ -115,6 +115,11 @@
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
+#   fold   PlanConfig.fold_o_reduce=1 (O_PROJ's SPLITK_REDUCE folded into the MLP norm after it;
+#          built in session 13, CPU-verified: bitwise the split plan in mk.vm, verifier, check_plan,
+#          compile gates): the two-layer checks (split-K never / auto) and racecheck with it, a
+#          memcheck of the auto one, then decode MK_FOLD_BATCH (1,16,64) without and with it,
+#          journal on: fold.log, fold_check.log, fold_{off,on}.json (~6 min)
 #   claim  claim after loads (the controller claims the next ticket once the loader has issued the
 #          previous instruction's loads, not when a ring slot frees; on for the M classes above 64
 #          since session 13): the two-layer checks and racecheck with it forced on
@@ -152,11 +157,11 @@
 #      GATE_UP queue hops on its path) | "verify" (the GPU pytest files under the new policy:
 #      their M > 64 variants now claim after loads; only the two-layer checks and racecheck ran
 #      with it in session 13)
-#   3. B <= 64's reduce hops: "tiles" with MK_TILES_VALUE=QKV_ROPE@64=m128n128 MK_TILES_BATCH=1,16,64
-#      (10 head tiles split 8
-#      ways instead of 5 split 16: the same weight bytes per tile, half the partials for its
-#      SPLITK_REDUCE to read; 4 reduce hops are 34 of 134 us per layer at B=64), then the fold of
-#      O_PROJ / DOWN's reduce into the RMSNORM after it (bench/E2E_NOTES.md session 12, "Next")
+#   3. B <= 64's reduce hops: "fold" (O_PROJ's reduce folded into the MLP norm, built and
+#      CPU-verified in session 13: one instruction and hop less per layer) on one GPU | "tiles"
+#      with MK_TILES_VALUE=QKV_ROPE@64=m128n128 MK_TILES_BATCH=1,16,64 on the other (10 head tiles
+#      split 8 ways instead of 5 split 16: the same weight bytes per tile, half the partials for
+#      QKV's reduce to read; 4 reduce hops are 34 of 134 us per layer at B=64)
 #   4. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
 #      with "verify" on one GPU and "treeab" on the other
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
@@ -198,7 +203,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -457,6 +462,25 @@ if has normrows; then
     time_variant normrows $r "norm_rows $r in every step" ${MK_NORMROWS_BATCH:-16,64,256} "" \
         "--plan norm_rows=$r,small_norm_max_tokens=0"
   done
+fi
+if has fold; then
+  : > "$OUTDIR/fold.log"
+  FOLD="--plan fold_o_reduce=1"
+  MK_CHECK_EXTRA="$FOLD" MK_NO_PYTEST=1 checks > "$OUTDIR/fold_check.log" 2>&1
+  echo "== memcheck, two-layer step, split-K auto, $FOLD" >> "$OUTDIR/fold_check.log"
+  timeout 150 compute-sanitizer --tool memcheck python -m mk.megakernel_step check --layers 2 \
+      --decode-steps 1 --split-k 0 $FOLD 2>&1 | grep -E "ERROR SUMMARY|passed" | cut -c1-200 \
+      >> "$OUTDIR/fold_check.log"
+  echo "== checks $FOLD" | tee -a "$OUTDIR/fold.log"
+  cat "$OUTDIR/fold_check.log" | tee -a "$OUTDIR/fold.log"
+  if MK_NO_PYTEST=1 passed "$OUTDIR/fold_check.log" \
+      && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/fold_check.log"; then
+    echo "== fold: checks passed" | tee -a "$OUTDIR/fold.log"
+    time_variant fold off "O_PROJ's reduce as its own instruction" ${MK_FOLD_BATCH:-1,16,64} "" ""
+    time_variant fold on "$FOLD" ${MK_FOLD_BATCH:-1,16,64} "" "$FOLD"
+  else
+    echo "== fold: checks FAILED, not timed" | tee -a "$OUTDIR/fold.log"; rc=1
+  fi
 fi
 if has claim; then
   : > "$OUTDIR/claim.log"

@@ -163,6 +163,33 @@ def test_check_plan_accepts_split_plans_with_the_workspace(split_k):
     M.check_plan(instrs1, nbuf, T, H, 1 << 20, **kw1)
 
 
+def test_check_plan_folded_o_reduce():
+    """PlanConfig.fold_o_reduce: the forced split-K plan of the tiny model without O_PROJ's
+    reduces (its MLP norms fold them) passes check_plan with the SPLITK workspace, and is refused
+    without it, with partial rows past the workspace or with negative reduce words."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.instructions import rows as rw
+    from mk.instructions import splitk as skf
+    from mk.ir import W_OPCODE, Op
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, fold_o_reduce=1)
+    norms = instrs[instrs[:, W_OPCODE] == int(Op.RMSNORM)]
+    folded = (norms[:, rw.A_RED_NSPLIT] == 4).nonzero().flatten()
+    assert len(folded) and len(folded) < len(norms)
+    red = instrs[instrs[:, W_OPCODE] == M.OP_SPLITK_REDUCE]
+    assert len(red) and int((red[:, skf.A_OP] == int(Op.O_PROJ)).sum()) == 0
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    with pytest.raises(ValueError, match="SPLITK workspace"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    with pytest.raises(ValueError, match="folded RMSNORM reads SPLITK row"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=(T, sk_shape[1]), **kw)
+    bad = instrs.clone()
+    i = int((bad[:, W_OPCODE] == int(Op.RMSNORM)).nonzero().flatten()[0])
+    bad[i, rw.A_RED_STRIDE] = -1
+    with pytest.raises(ValueError, match="reduce words"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+
+
 @pytest.mark.parametrize("reduce_rows", [16, 5])
 def test_check_plan_accepts_reduce_row_slices(reduce_rows):
     """PlanConfig.splitk_reduce_rows: the SPLITK_REDUCE row slices of a forced split-K plan pass

@@ -446,11 +446,7 @@ def epi_addr(pool: Int32, ep0: Int32, r: Int32, c: Int32, bm: cutlass.Constexpr,
 
 # ---------------------------------------------------------------- epilogue math (shared with the
 # SPLITK_REDUCE body, mk/instructions/_splitk_kernel.py: one definition of each rounding point)
-@cute.jit
-def residual_add(res: Float32, acc: Float32) -> Float32:
-    """RESIDUAL: res + bf16(acc) in float32 (the caller rounds it to bf16 once more: torch's
-    dst + bf16(y) in bf16)."""
-    return res + acc.to(BFloat16).to(Float32)
+residual_add = rk.residual_add     # RESIDUAL: res + bf16(acc) (shared with the folded RMSNORM)
 
 
 @cute.jit

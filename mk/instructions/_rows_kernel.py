@@ -507,12 +507,55 @@ def bf16x8(addr: Int64):
 
 
 @cute.jit
+def residual_add(res: Float32, acc: Float32) -> Float32:
+    """RESIDUAL: res + bf16(acc) in float32 (the caller rounds it to bf16 once more: torch's
+    dst + bf16(y) in bf16). O_PROJ / DOWN's epilogues, their SPLITK_REDUCE and the folded
+    RMSNORM."""
+    return res + acc.to(BFloat16).to(Float32)
+
+
+@cute.jit
+def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64, row0: Int32,
+                  rows: Int32, H: Int32, ctid: Int32, nthreads: cutlass.Constexpr):
+    """A folded RMSNORM's reduce (mk/instructions/rows.py): for each of its rows and each 8-column
+    vector the thread owns in rmsnorm_consume, h = bf16(src + bf16(sum_j SPLITK[j * stride +
+    row])) (float32 sum, j in order, as SPLITK_REDUCE), stored back into src: the norm then
+    reads its own thread's stores."""
+    ld = Int64(sk.shape[1])
+    skb = sk.iterator.toint()
+    acc = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+    for r in range(rows):
+        row = Int64(row0 + r)
+        for v in cutlass.range_constexpr(NORM_VECS):
+            c = (v * nthreads + ctid) * 8
+            if c < H:
+                acc.store(f32x8(skb + (row * ld + Int64(c)) * 4).load())
+                for j in range(1, nsplit):
+                    part = f32x8(skb + ((Int64(j * stride) + row) * ld + Int64(c)) * 4).load()
+                    acc.store(acc.load() + part)
+                addr = src_base + (row * Int64(H) + Int64(c)) * 2
+                res = bf16x8(addr).load().to(Float32)
+                h = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                for e in cutlass.range_constexpr(8):
+                    h[e] = residual_add(res[e], acc[e]).to(BFloat16)
+                bf16x8(addr).store(h.load())
+
+
+@cute.jit
+def f32x8(addr: Int64):
+    """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=16),
+                            cute.make_layout(8))
+
+
+@cute.jit
 def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int32, which: Int32,
                     bufs: cute.Tensor, normw: cute.Tensor, n_layers: Int32, eps: Float32,
                     pool: Int32, full: cute.Pointer, done: cute.Pointer, pg: Int32,
                     npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
                     nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                    ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr) -> Int32:
+                    ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr,
+                    sk=None, red_nsplit=None, red_stride=None) -> Int32:
     """Both consumer warpgroups (nthreads = 256 threads, ctid 0..255): rows row0 .. row0+rows-1 of
     buffer src, normalized with norm-weight row which * n_layers + layer, into buffer dst; bufs is
     the arena (T, H, NBUF), H contiguous. Thread t owns the 16-byte vectors at columns
@@ -520,7 +563,9 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     Per row: the thread's loads issued together, a warp butterfly, the warps' partials through the
     page (two slots by row parity: one named barrier per row suffices), rsqrt, the stores.
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
-    of squares in float32 (in another order than torch's)."""
+    of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
+    variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's split tiles
+    of its rows (fold_partials)."""
     page, ph = page_of(pg, npages)
     bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
     T = bufs.shape[0]
@@ -541,6 +586,9 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
         ws.append(norm_weight(normw, wrow, c))
     src_base = (bufs.iterator + src * (T * H)).toint()
     dst_base = (bufs.iterator + dst * (T * H)).toint()
+    if cutlass.const_expr(sk is not None):
+        if red_nsplit > 0:
+            fold_partials(sk, red_nsplit, red_stride, src_base, row0, rows, H, ctid, nthreads)
     scratch = pool + page * PAGE
     inv_h = Float32(1.0) / Float32(H)
     for r in range(rows):

@@ -4,8 +4,15 @@ Arguments (words after ARG0):
     ARG0 + 0  source buffer (Buf)       COPY, RESIDUAL_ADD, RMSNORM
     ARG0 + 1  destination buffer (Buf)  COPY, RESIDUAL_ADD, RMSNORM
     ARG0 + 2  norm weight (NormWeight)  RMSNORM
+    ARG0 + 3  nsplit                    RMSNORM folded with a split GEMM's reduce (0: plain)
+    ARG0 + 4  SPLITK row stride         RMSNORM folded (the split tiles' A_SPLIT_ROW)
 Rows [row0, row0 + rows). COPY and RESIDUAL_ADD act on columns [col0, col0 + cols); RMSNORM always
 normalises whole rows (its statistic needs every column), so its col0/cols must span the width.
+A folded RMSNORM (nsplit > 0) first finishes the split O_PROJ tiles of its rows, exactly as their
+SPLITK_REDUCE would (mk/instructions/splitk.py; the residual epilogue into the source buffer):
+    h = bf16(src + bf16(sum_j SPLITK[j * stride + rows, 0:H]))   float32 sum, j in order
+    src rows = h, then dst rows = rmsnorm(h)
+so the step is bitwise that of the unfolded plan, one instruction (and one hop) shorter.
 
 The CuTe DSL bodies live in mk/instructions/rows_kernel.py (GPU path only).
 """
@@ -20,6 +27,8 @@ from mk.ir import ARG0, NUM_ARGS, Instruction, Op
 A_SRC = ARG0
 A_DST = ARG0 + 1
 A_NORM_WEIGHT = ARG0 + 2
+A_RED_NSPLIT = ARG0 + 3
+A_RED_STRIDE = ARG0 + 4
 
 
 def rows_instruction(op: Op, src: Buf, dst: Buf, row0: int, rows: int, col0: int, cols: int,
@@ -47,6 +56,11 @@ class RowsFamily(InstructionFamily):
         dst = Region(_arg(instr, A_DST), r0, r1, c0, c1, rank)
         if instr.opcode == Op.RESIDUAL_ADD:
             return Accesses((src, dst), (dst,))
+        if instr.opcode == Op.RMSNORM and _arg(instr, A_RED_NSPLIT) > 0:
+            stride = _arg(instr, A_RED_STRIDE)
+            parts = tuple(Region(Buf.SPLITK, j * stride + r0, j * stride + r1, c0, c1, rank)
+                          for j in range(_arg(instr, A_RED_NSPLIT)))
+            return Accesses(parts + (src,), (src, dst))
         return Accesses((src,), (dst,))
 
     def run_torch(self, instr: Instruction, state) -> None:
@@ -62,6 +76,16 @@ class RowsFamily(InstructionFamily):
         elif op == Op.RESIDUAL_ADD:
             dst.copy_(dst + src)
         elif op == Op.RMSNORM:
+            nsplit = _arg(instr, A_RED_NSPLIT)
+            if nsplit > 0:
+                # the split tiles' reduce, as SplitkReduceFamily.run_torch + RESIDUAL store_tile
+                sk = state.buf(Buf.SPLITK)
+                stride = _arg(instr, A_RED_STRIDE)
+                acc = None
+                for j in range(nsplit):
+                    part = sk[j * stride + r0:j * stride + r1, c0:c1]
+                    acc = part.clone() if acc is None else acc.add_(part)
+                src.copy_(src + acc.to(state.weights.dtype))
             weight = norm_weight(state.weights, _arg(instr, A_NORM_WEIGHT), instr.layer)
             dst.copy_(rmsnorm(src, weight, state.weights.config.rms_norm_eps))
         else:
