@@ -507,6 +507,13 @@ def bf16x8(addr: Int64):
 
 
 @cute.jit
+def f32x8(addr: Int64):
+    """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=16),
+                            cute.make_layout(8))
+
+
+@cute.jit
 def residual_add(res: Float32, acc: Float32) -> Float32:
     """RESIDUAL: res + bf16(acc) in float32 (the caller rounds it to bf16 once more: torch's
     dst + bf16(y) in bf16). O_PROJ / DOWN's epilogues, their SPLITK_REDUCE and the folded
@@ -539,13 +546,6 @@ def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64
                 for e in cutlass.range_constexpr(8):
                     h[e] = residual_add(res[e], acc[e]).to(BFloat16)
                 bf16x8(addr).store(h.load())
-
-
-@cute.jit
-def f32x8(addr: Int64):
-    """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
-    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=16),
-                            cute.make_layout(8))
 
 
 @cute.jit

@@ -58,11 +58,7 @@ R_EPI0 = sk.A_WORDS - ARG0      # word ARG0 + R_EPI0 + i = the unsplit instructi
 VEC = 8             # output columns per work item (one 16-byte bf16 store)
 
 
-@cute.jit
-def gvec_f32(addr: Int64):
-    """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
-    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
-                                          assumed_align=16), cute.make_layout(VEC))
+gvec_f32 = rk.f32x8      # 8 float32 of global memory (VEC == 8; shared with the folded RMSNORM)
 
 
 # The partial sums with their loads issued ahead of the adds: both sums of an item (GATE_UP's gate

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from mk.instructions.base import Accesses, Buf, InstructionFamily, NormWeight, Region, register
+from mk.instructions.splitk import sum_partials
 from mk.ir import ARG0, NUM_ARGS, Instruction, Op
 
 A_SRC = ARG0
@@ -79,12 +80,8 @@ class RowsFamily(InstructionFamily):
             nsplit = _arg(instr, A_RED_NSPLIT)
             if nsplit > 0:
                 # the split tiles' reduce, as SplitkReduceFamily.run_torch + RESIDUAL store_tile
-                sk = state.buf(Buf.SPLITK)
-                stride = _arg(instr, A_RED_STRIDE)
-                acc = None
-                for j in range(nsplit):
-                    part = sk[j * stride + r0:j * stride + r1, c0:c1]
-                    acc = part.clone() if acc is None else acc.add_(part)
+                acc = sum_partials(state.buf(Buf.SPLITK), nsplit, _arg(instr, A_RED_STRIDE),
+                                   r0, r1, [(c0, c1)])
                 src.copy_(src + acc.to(state.weights.dtype))
             weight = norm_weight(state.weights, _arg(instr, A_NORM_WEIGHT), instr.layer)
             dst.copy_(rmsnorm(src, weight, state.weights.config.rms_norm_eps))

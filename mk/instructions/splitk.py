@@ -55,6 +55,17 @@ def unsplit_instruction(instr: Instruction) -> Instruction:
                        signal_count=instr.signal_count, args=args)
 
 
+def sum_partials(sk: torch.Tensor, nsplit: int, stride: int, r0: int, r1: int,
+                 cols: list[tuple[int, int]]) -> torch.Tensor:
+    """sum_j SPLITK[j * stride + [r0, r1), cols] in float32, j in order (p0 + p1 + ...): the sum
+    every reduce of the split partials does (SPLITK_REDUCE, the folded RMSNORM)."""
+    acc = None
+    for j in range(nsplit):
+        part = torch.cat([sk[j * stride + r0:j * stride + r1, a:b] for a, b in cols], dim=1)
+        acc = part.clone() if acc is None else acc.add_(part)   # in order j = 0, 1, ...
+    return acc
+
+
 def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict) -> dict:
     """The reduce's argument words ({word: value}) for the unsplit tile's {word: value} args."""
     out = {A_OP: int(op), A_NSPLIT: nsplit, A_STRIDE: stride}
@@ -84,12 +95,7 @@ class SplitkReduceFamily(InstructionFamily):
         u = unsplit_instruction(instr)
         fam = family_of(u.opcode)
         r0, r1 = rows_of(u)
-        sk = state.buf(Buf.SPLITK)
-        stride = arg(instr, A_STRIDE)
-        cols = fam.splitk_cols(u)
-        acc = None
-        for j in range(arg(instr, A_NSPLIT)):
-            part = torch.cat([sk[j * stride + r0:j * stride + r1, a:b] for a, b in cols], dim=1)
-            acc = part.clone() if acc is None else acc.add_(part)   # in order j = 0, 1, ...
+        acc = sum_partials(state.buf(Buf.SPLITK), arg(instr, A_NSPLIT), arg(instr, A_STRIDE),
+                           r0, r1, fam.splitk_cols(u))
         fam.epilogue(u, state, acc.to(state.weights.dtype))
 
