@@ -120,6 +120,11 @@
 #          compile gates): the two-layer checks (split-K never / auto) and racecheck with it, a
 #          memcheck of the auto one, then decode MK_FOLD_BATCH (1,16,64) without and with it,
 #          journal on: fold.log, fold_check.log, fold_{off,on}.json (~6 min)
+#   normbatch MK_NORM_ROW_BATCH (rows of an RMSNORM whose loads are in flight together, one round
+#          trip and one named barrier per group; 2 by default since session 14, 1 = row by row as
+#          before; 4 spills in the M64 variant): decode MK_NB_BATCH (128,256,1024) at 1 and each
+#          of MK_NB_VALUES (2), journal on (timing only: "verify" checks the default build):
+#          normbatch.log, normbatch_<n>.json (~2.5 min per value at 1024)
 #   claim  claim after loads (the controller claims the next ticket once the loader has issued the
 #          previous instruction's loads, not when a ring slot frees; on for the M classes above 64
 #          since session 13): the two-layer checks and racecheck with it forced on
@@ -203,7 +208,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -481,6 +486,17 @@ if has fold; then
   else
     echo "== fold: checks FAILED, not timed" | tee -a "$OUTDIR/fold.log"; rc=1
   fi
+fi
+if has normbatch; then
+  # MK_NORM_ROW_BATCH (mk/instructions/_rows_kernel.py: rows of an RMSNORM whose loads are in
+  # flight together; 1 = row by row, session 13's body): compile-time, each value its own build.
+  # Correctness is verify's (the default build); this step times only: decode MK_NB_BATCH
+  # (128,256,1024) with 1 and each of MK_NB_VALUES (the default, 2), journal on
+  : > "$OUTDIR/normbatch.log"
+  for n in 1 ${MK_NB_VALUES:-2}; do
+    time_variant normbatch $n "MK_NORM_ROW_BATCH=$n" ${MK_NB_BATCH:-128,256,1024} \
+        "MK_NORM_ROW_BATCH=$n" ""
+  done
 fi
 if has claim; then
   : > "$OUTDIR/claim.log"

@@ -388,6 +388,31 @@ def test_claim_after_loads_policy_by_m_class(monkeypatch):
     assert r.returncode != 0 and "MK_CLAIM_AFTER_LOADS='yes'" in r.stderr, r.stderr[-2000:]
 
 
+def test_norm_row_batch_variant_compiles_without_spills(tmp_path):
+    """MK_NORM_ROW_BATCH (rows of an RMSNORM whose loads are in flight together; 2 by default,
+    compile-time, read at import, so in a process of its own): the all-opcode M64 variant with
+    split-K compiles with 0 spills and no call with the row-by-row body (1, session 13's), and
+    its RMSNORM then issues half the row loads per group (fewer 16-byte global loads in the
+    PTX than the default's)."""
+    ptx1 = variant_ptx(tmp_path, "normrow1", {"MK_NORM_ROW_BATCH": "1"},
+                       "assert rk.NORM_ROW_BATCH == 1")
+    assert not re.search(r"^\s*call", ptx1, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx1, str(tmp_path / "normrow1")))
+    ptx2 = variant_ptx(tmp_path, "normrow2", {}, "assert rk.NORM_ROW_BATCH == 2")
+    loads = [len(re.findall(r"ld\.global[\w.]*\.v4\.(?:b32|u32|f32)", p)) for p in (ptx1, ptx2)]
+    assert loads[1] > loads[0], loads
+
+
+def test_norm_row_batch_out_of_range_is_refused():
+    """MK_NORM_ROW_BATCH outside 1 / 2 / 4 / 8 is refused at import with the variable named."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_NORM_ROW_BATCH="3"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "MK_NORM_ROW_BATCH=3" in r.stderr, r.stderr[-2000:]
+
+
 def test_instruction_ring_depth_out_of_range_is_refused():
     """MK_NISLOTS outside 2 .. 8 is refused at import with the variable named."""
     import subprocess

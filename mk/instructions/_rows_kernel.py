@@ -496,7 +496,18 @@ NORM_VECS = 4          # 16-byte vectors per thread per row: H <= 256 threads * 
                        # (8, for H = 16384, spilled in the rows-only journal variant)
 NORM_MAX_H = 256 * 8 * NORM_VECS
 assert NORM_MAX_H == tiles.NORM_MAX_HIDDEN
-NORM_SCRATCH = 64      # bytes of the page per row parity: one float32 partial per consumer warp
+# Rows whose loads are in flight together (one round trip, one named barrier per group of them):
+# an 8-row RMSNORM that walked its rows one by one took ~20 us at B=1024 (a global round trip
+# and a barrier per row while the GEMMs and attention load the memory system; bench/E2E_NOTES.md
+# session 14). A group's missing rows (rows not a multiple of it) load the last row again and
+# store nothing. MK_NORM_ROW_BATCH (1, 2, 4, 8) builds another group size for A/Bs; 1 is the
+# row-by-row body of session 13.
+NORM_ROW_BATCH = int(os.environ.get("MK_NORM_ROW_BATCH", 2))
+if NORM_ROW_BATCH not in (1, 2, 4, 8):
+    raise ValueError(f"MK_NORM_ROW_BATCH={NORM_ROW_BATCH}: 1, 2, 4 or 8 rows per group")
+NORM_WARPS = 8         # consumer warps of both warpgroups (rmsnorm_consume's nthreads // 32)
+# bytes of the page per group parity: one float32 partial per consumer warp and row of the group
+NORM_SCRATCH = 4 * NORM_WARPS * NORM_ROW_BATCH
 
 
 @cute.jit
@@ -560,8 +571,9 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     buffer src, normalized with norm-weight row which * n_layers + layer, into buffer dst; bufs is
     the arena (T, H, NBUF), H contiguous. Thread t owns the 16-byte vectors at columns
     (v * nthreads + t) * 8, v < NORM_VECS, in every row (so its norm weights are loaded once).
-    Per row: the thread's loads issued together, a warp butterfly, the warps' partials through the
-    page (two slots by row parity: one named barrier per row suffices), rsqrt, the stores.
+    Per group of NORM_ROW_BATCH rows: the thread's loads of every row issued together, a warp
+    butterfly per row, the warps' partials through the page (two slots by group parity: one named
+    barrier per group suffices), rsqrt, the stores.
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
     of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
     variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's split tiles
@@ -591,30 +603,46 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
             fold_partials(sk, red_nsplit, red_stride, src_base, row0, rows, H, ctid, nthreads)
     scratch = pool + page * PAGE
     inv_h = Float32(1.0) / Float32(H)
-    for r in range(rows):
-        row_off = Int64(row0 + r) * Int64(H)
+    last = rows - 1
+    ngroups = ceil_div(rows, NORM_ROW_BATCH)
+    for g in range(ngroups):
+        r0 = g * NORM_ROW_BATCH
+        row_offs = []
         xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
-        for v in cutlass.range_constexpr(NORM_VECS):
-            xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
-        ss = Float32(0.0)
-        for v in cutlass.range_constexpr(NORM_VECS):
-            if (v * nthreads + ctid) * 8 < H:
-                xf = xs[v].to(Float32)
-                ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        ss = warp_allreduce_sum(ss)
-        slot = scratch + (r % 2) * NORM_SCRATCH
-        part = cute.make_tensor(cute.make_ptr(Float32, slot, cute.AddressSpace.smem,
-                                              assumed_align=16),
-                                cute.make_layout(nthreads // 32))
-        if lane == 0:
-            part[warp] = ss
+        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+            row_off = Int64(row0 + imin(r0 + k, last)) * Int64(H)
+            row_offs.append(row_off)
+            for v in cutlass.range_constexpr(NORM_VECS):
+                xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
+        # two scratch slots by group parity: a thread is at most one group ahead of another
+        # (the barrier below), so one named barrier per group suffices
+        slot = scratch + (g % 2) * NORM_SCRATCH
+        parts = []      # the group's row k: one float32 per warp, at slot + k * 4 * NORM_WARPS
+        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+            parts.append(cute.make_tensor(
+                cute.make_ptr(Float32, slot + k * 4 * NORM_WARPS, cute.AddressSpace.smem,
+                              assumed_align=16),
+                cute.make_layout(nthreads // 32)))
+        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+            ss = Float32(0.0)
+            for v in cutlass.range_constexpr(NORM_VECS):
+                if (v * nthreads + ctid) * 8 < H:
+                    xf = xs[k * NORM_VECS + v].to(Float32)
+                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            ss = warp_allreduce_sum(ss)
+            if lane == 0:
+                parts[k][warp] = ss
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-        tot = part.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        rs = cute.math.rsqrt(tot * inv_h + eps)
-        for v in cutlass.range_constexpr(NORM_VECS):
-            if (v * nthreads + ctid) * 8 < H:
-                y = (xs[v].to(Float32) * rs).to(BFloat16).to(Float32) * ws[v].to(Float32)
-                bf16x8(dst_base + (row_off + Int64(cols[v])) * 2).store(y.to(BFloat16))
+        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+            if r0 + k < rows:
+                tot = parts[k].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                rs = cute.math.rsqrt(tot * inv_h + eps)
+                for v in cutlass.range_constexpr(NORM_VECS):
+                    if (v * nthreads + ctid) * 8 < H:
+                        y = ((xs[k * NORM_VECS + v].to(Float32) * rs).to(BFloat16).to(Float32)
+                             * ws[v].to(Float32))
+                        bf16x8(dst_base + (row_offs[k] + Int64(cols[v])) * 2).store(
+                            y.to(BFloat16))
     if lane == 0:
         # the scratch partials were generic writes; a later use of the page is a TMA write
         cute.arch.fence_proxy("async.shared", space="cta")
