@@ -473,9 +473,12 @@ if has fold; then
   FOLD="--plan fold_o_reduce=1"
   MK_CHECK_EXTRA="$FOLD" MK_NO_PYTEST=1 checks > "$OUTDIR/fold_check.log" 2>&1
   echo "== memcheck, two-layer step, split-K auto, $FOLD" >> "$OUTDIR/fold_check.log"
-  timeout 150 compute-sanitizer --tool memcheck python -m mk.megakernel_step check --layers 2 \
-      --decode-steps 1 --split-k 0 $FOLD 2>&1 | grep -E "ERROR SUMMARY|passed" | cut -c1-200 \
-      >> "$OUTDIR/fold_check.log"
+  # --report-api-errors no, as scripts/gpu_tests.sh: the CUDA API errors of the process's own
+  # probing are not the kernel's (session 14's first fold memcheck counted 34 without it); the
+  # full report is kept in memcheck_full.log
+  timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 $FOLD > "$OUTDIR/memcheck_full.log" 2>&1
+  grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 >> "$OUTDIR/fold_check.log"
   echo "== checks $FOLD" | tee -a "$OUTDIR/fold.log"
   cat "$OUTDIR/fold_check.log" | tee -a "$OUTDIR/fold.log"
   if MK_NO_PYTEST=1 passed "$OUTDIR/fold_check.log" \
