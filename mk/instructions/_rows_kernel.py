@@ -538,25 +538,42 @@ def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64
     """A folded RMSNORM's reduce (mk/instructions/rows.py): for each of its rows and each 8-column
     vector the thread owns in rmsnorm_consume, h = bf16(src + bf16(sum_j SPLITK[j * stride +
     row])) (float32 sum, j in order, as SPLITK_REDUCE), stored back into src: the norm then
-    reads its own thread's stores."""
+    reads its own thread's stores. Per row, the first partial and the residual of every vector
+    are loaded together, then each further split's partials of every vector together: 1 +
+    (nsplit - 1) round trips a row. Walking the vectors one by one (session 13's body: a vector's
+    loads, its adds, its store, then the next vector's loads, which the store keeps behind it)
+    cost the folded norm ~3 us more than a plain one at B=1 (bench/E2E_NOTES.md session 14). A
+    vector past H loads column H - 8 instead and is not stored, as in rmsnorm_consume."""
     ld = Int64(sk.shape[1])
     skb = sk.iterator.toint()
-    acc = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+    cols = []
+    for v in cutlass.range_constexpr(NORM_VECS):
+        cols.append(Int64(imin((v * nthreads + ctid) * 8, H - 8)))
     for r in range(rows):
         row = Int64(row0 + r)
+        accs = []
+        ress = []
         for v in cutlass.range_constexpr(NORM_VECS):
-            c = (v * nthreads + ctid) * 8
-            if c < H:
-                acc.store(f32x8(skb + (row * ld + Int64(c)) * 4).load())
-                for j in range(1, nsplit):
-                    part = f32x8(skb + ((Int64(j * stride) + row) * ld + Int64(c)) * 4).load()
-                    acc.store(acc.load() + part)
-                addr = src_base + (row * Int64(H) + Int64(c)) * 2
-                res = bf16x8(addr).load().to(Float32)
+            acc = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+            acc.store(f32x8(skb + (row * ld + cols[v]) * 4).load())
+            accs.append(acc)
+            res = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+            res.store(bf16x8(src_base + (row * Int64(H) + cols[v]) * 2).load())
+            ress.append(res)
+        for j in range(1, nsplit):
+            srow = Int64(j * stride) + row
+            parts = []
+            for v in cutlass.range_constexpr(NORM_VECS):
+                parts.append(f32x8(skb + (srow * ld + cols[v]) * 4).load())
+            for v in cutlass.range_constexpr(NORM_VECS):
+                accs[v].store(accs[v].load() + parts[v])
+        for v in cutlass.range_constexpr(NORM_VECS):
+            if (v * nthreads + ctid) * 8 < H:
+                resf = ress[v].load().to(Float32)
                 h = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
                 for e in cutlass.range_constexpr(8):
-                    h[e] = residual_add(res[e], acc[e]).to(BFloat16)
-                bf16x8(addr).store(h.load())
+                    h[e] = residual_add(resf[e], accs[v][e]).to(BFloat16)
+                bf16x8(src_base + (row * Int64(H) + cols[v]) * 2).store(h.load())
 
 
 @cute.jit
