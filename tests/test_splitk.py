@@ -402,9 +402,9 @@ def batch_70b(m):
 
 
 # (output tiles, nsplit) per op: QKV_ROPE, O_PROJ, GATE_UP, DOWN
-AUTO_70B = {1: ((6, 16), (64, 2), (28, 4), (64, 2)),
-            16: ((6, 16), (64, 2), (28, 4), (64, 2)),
-            64: ((6, 16), (64, 2), (28, 4), (64, 2)),
+AUTO_70B = {1: ((10, 8), (64, 2), (28, 4), (64, 2)),       # QKV_ROPE: one head per tile
+            16: ((10, 8), (64, 2), (28, 4), (64, 2)),
+            64: ((10, 8), (64, 2), (28, 4), (64, 2)),
             128: ((10, 8), (32, 4), (28, 4), (32, 4)),      # BM = 128: 1 row tile
             # over splitk_max_tokens: only the ops with their own cap of 256 (QKV_ROPE and
             # GATE_UP: -15.8% at B=256 on the H200, session 9)

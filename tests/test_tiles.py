@@ -29,7 +29,8 @@ def test_table_classes():
     for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
     assert tiles.tile_shape(Op.GATE_UP, 256).bn == 128 and tiles.tile_shape(Op.GATE_UP, 4096).bn == 128
-    assert tiles.tile_shape(Op.QKV_ROPE, 64).bn == 256 and tiles.tile_shape(Op.QKV_ROPE, 1024).bn == 128
+    # QKV_ROPE: one head per 128-row tile in every class (m64n256 at M <= 64 until session 14)
+    assert all(tiles.tile_name(Op.QKV_ROPE, m) == "m128n128" for m in MS)
     assert all(tiles.tile_shape(Op.LM_HEAD, m).bn == 128 for m in MS)
     for op, names in tiles.TILE_TABLE.items():
         assert len(names) == len(tiles.M_CLASSES) + 1
