@@ -1161,8 +1161,8 @@ def _gemm_shapes(g: GemmOperands) -> dict:
 
 
 def _check_folded_norms(rn: np.ndarray, splitk_shape) -> None:
-    """RMSNORM rows that fold O_PROJ's reduce (rows.A_RED_NSPLIT > 0): the split-K workspace is
-    compiled in and holds every partial row they read (all H columns)."""
+    """RMSNORM rows that fold a split-K reduce (O_PROJ's or DOWN's; rows.A_RED_NSPLIT > 0): the
+    split-K workspace is compiled in and holds every partial row they read (all H columns)."""
     if not len(rn):
         return
     ns, st = rn[:, A_RED_NSPLIT], rn[:, A_RED_STRIDE]
@@ -1172,7 +1172,7 @@ def _check_folded_norms(rn: np.ndarray, splitk_shape) -> None:
     if not fold.any():
         return
     if splitk_shape is None:
-        raise ValueError("an RMSNORM folds O_PROJ's split-K reduce, but this megakernel has no "
+        raise ValueError("an RMSNORM folds a split-K reduce, but this megakernel has no "
                          "SPLITK workspace (Megakernel(..., splitk=...))")
     rows, width = splitk_shape
     f = rn[fold]

@@ -19,6 +19,9 @@ Per layer (token block b = rows [b*B, (b+1)*B), B = the step's token block):
     -> RMSNORM(mlp, b) -> GATE_UP tiles -> DOWN tiles [-> TP_REDUCE]
 then LM_NORM (per block holding last rows) -> LM_HEAD tiles (sequence row tiles x vocab tiles).
 Before layer 0, EMBED tiles (on the DOWN tile grid) [-> TP_REDUCE without residual].
+Split-K (TP 1): a split GEMM tile's SPLITK_REDUCE follows its split tiles, or is folded into the
+norm after it (PlanConfig.fold_o_reduce: O_PROJ's into the MLP norm; fold_down_reduce: DOWN's
+into the next layer's attention norm, the last layer's DOWN reduced before LM_NORM).
 
 Prefill chunks spanning several blocks: attention of block b needs the K/V of the sequence's rows
 in every earlier block of this step. A chain of NOOP joins per sequence carries that: JOIN(s, b)
@@ -194,6 +197,13 @@ class PlanConfig:
     # and one dependency hop less per layer (at B=64 a reduce + hop is ~7-8.5 us of 134 per
     # layer; bench/E2E_NOTES.md session 13). Bitwise the same step. 0 (default): not yet timed.
     fold_o_reduce: int = 0
+    # 1: the same for DOWN where it splits (TP 1): no SPLITK_REDUCE for it; the next layer's
+    # attention norm finishes its tiles (layer 0's norm follows the prelude's EMBED, which writes
+    # HIDDEN whole: its fold words are cleared), and the last layer's DOWN tiles are reduced in the
+    # final section, before LM_NORM (whole tiles, once per step). Bitwise the same step. 0
+    # (default): built in session 14, CPU-verified, not yet run on the GPU (the GPU body is the
+    # folded norm O_PROJ's fold runs, on other words).
+    fold_down_reduce: int = 0
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -218,8 +228,9 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
-        if self.fold_o_reduce not in (0, 1):
-            raise ValueError(f"PlanConfig.fold_o_reduce must be 0 or 1, got {self.fold_o_reduce!r}")
+        for name in ("fold_o_reduce", "fold_down_reduce"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if self.split_k > self.max_split:
             raise ValueError(f"PlanConfig.split_k={self.split_k} is over max_split={self.max_split} "
                              f"(the SPLITK workspace holds max_split partials per row)")
@@ -547,7 +558,9 @@ class StepPlan:
             return f"c{c}"
         cpl, L = lay["cpl"], lay["num_layers"]
         if c >= (L + 1) * cpl:
-            return ["LM_NORM done", "LM_HEAD done"][c - (L + 1) * cpl] + f" (c{c})"
+            k = c - (L + 1) * cpl
+            return (["LM_NORM done", "LM_HEAD done"][k] if k < 2
+                    else f"last layer's DOWN reduced, block {k - 2}") + f" (c{c})"
         blk, rel = divmod(c, cpl)
         where = "prelude (embed)" if blk == 0 else f"layer {blk - 1}"
         for name, (off, size) in lay["groups"].items():
@@ -558,7 +571,9 @@ class StepPlan:
     def representative_rows(self) -> torch.Tensor | None:
         """Row indices of the prelude, the first and the last layer and the final instructions.
         The planner builds layer l as the layer template plus l in the layer word and l * cpl in
-        every counter word, so a per-instruction check that holds on these rows (bounds of rows,
+        every counter word (and with PlanConfig.fold_down_reduce clears the fold words of layer
+        0's attention norms: the first layer is among these rows), so a per-instruction check
+        that holds on these rows (bounds of rows,
         columns, K, buffers, the smallest and largest layer and counter ids) holds on the whole
         stream: mk.megakernel_step checks only them, 1/40 of the rows of an 80-layer step
         (check_plan of the 70B TP8 rank's decode step: 19 ms in full). None: not a planner-made
@@ -985,6 +1000,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     tp1 = n == 1
     # O_PROJ's reduce folded into the MLP norm (PlanConfig.fold_o_reduce; TP 1, where it splits)
     fold_o = bool(cfg.fold_o_reduce) and tp1 and nsplit[Op.O_PROJ] > 1
+    # DOWN's folded into the next layer's attention norm (PlanConfig.fold_down_reduce)
+    fold_d = bool(cfg.fold_down_reduce) and tp1 and nsplit[Op.DOWN] > 1
 
     def reduce_slice_rows(op):
         """Rows per SPLITK_REDUCE slice of op's split tiles in each block: splitk_reduce_rows, or
@@ -1018,6 +1035,11 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     if fold_o:
         hid_a_target = np.full(nb, n_o * nsplit[Op.O_PROJ])     # every split tile signals
     hid_m_target = n_d * red_sl[Op.DOWN] if tp1 else np.full(nb, n)
+    if fold_d:
+        hid_m_target = np.full(nb, n_d * nsplit[Op.DOWN])
+    # signals per block of one DOWN tile (or of one EMBED tile of the prelude, on the DOWN grid):
+    # its reduce slices, or with the fold its split tiles
+    down_tile_signals = np.full(nb, nsplit[Op.DOWN]) if fold_d else red_sl[Op.DOWN]
 
     attn_target = np.zeros(nb, np.int64)
     np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp))
@@ -1030,7 +1052,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
             kw["args"] = {**kw["args"], mm.A_UP_COL: I_loc}
         _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
                    else None, k_word=k_word, sk_ids=sk_ids, stride=T,
-                   reduce_rows=red_h[op][b], fold=fold_o and op == Op.O_PROJ, **kw)
+                   reduce_rows=red_h[op][b],
+                   fold=(fold_o and op == Op.O_PROJ) or (fold_d and op == Op.DOWN), **kw)
 
     # norms: row groups of at most norm_rows rows inside each block, all signalling the block
     norm_rows = cfg.norm_rows_for(T)
@@ -1049,7 +1072,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
               waits=[(wait_c + nr_blk, wait_t[nr_blk])], signal=sig_c + nr_blk, args=args)
 
     g: list = []
-    norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN)
+    norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
+         nsplit[Op.DOWN] if fold_d else 0)
     # QKV tiles
     b, t = _grid(nb, n_qkv)
     gemm(S_QKV, Op.QKV_ROPE, b, t, qk.A_K, row0=brow0[b], rows=brows[b], col0=qkv_c0[t],
@@ -1123,9 +1147,9 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 targs.update({mm.A_DST: Buf.HIDDEN, mm.A_EPI: epi})
             if op == Op.EMBED:
                 # the prelude's EMBED tiles stand in for the DOWN tiles the first layer's norm
-                # waits for: each counts for as many signals as a DOWN tile's reduce slices
+                # waits for: each counts for as many signals as a DOWN tile sends
                 emit(stage, op, b, waits=waits, signal=hid + b, args=targs,
-                     count=red_sl[Op.DOWN][b], **common)
+                     count=down_tile_signals[b], **common)
             else:
                 emit(stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
             return
@@ -1173,19 +1197,32 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     cnt = np.diff(np.r_[first_seq, S])
     hm_last = L * CPL + groups_layout["HM"][0]
     g = []
+    lm_wait_c, lm_wait_t = hm_last + ub, hid_m_target[ub]
+    if fold_d:
+        # the last layer's DOWN tiles have no next norm to finish them: one SPLITK_REDUCE per
+        # tile here (whole tiles, once per step), after all of its block's split tiles (the HM
+        # counter), signalling the block's final counter that LM_NORM waits for
+        FHM = (L + 1) * CPL + 2
+        b, t = _grid(nb, n_d)
+        down_args = {mm.A_SRC: Buf.MLP_ACT, mm.A_K: I_loc, mm.A_DST: Buf.HIDDEN,
+                     mm.A_EPI: mm.Epi.RESIDUAL}
+        _emit(g, 0, Op.SPLITK_REDUCE, b, row0=brow0[b], rows=brows[b], col0=d_c0[t],
+              cols=d_w[t], waits=[(hm_last + b, hid_m_target[b])], signal=FHM + b,
+              args=sk.reduce_words(Op.DOWN, nsplit[Op.DOWN], T, down_args))
+        lm_wait_c, lm_wait_t = FHM + ub, np.full(len(ub), n_d)
     off_last = meta.word(mc.M_OFF_LAST)
-    _emit(g, 0, Op.LM_NORM, ub, row0=first_seq, rows=cnt, col0=0, cols=H,
-          waits=[(hm_last + ub, hid_m_target[ub])], signal=LMN,
+    _emit(g, 1, Op.LM_NORM, ub, row0=first_seq, rows=cnt, col0=0, cols=H,
+          waits=[(lm_wait_c, lm_wait_t)], signal=LMN,
           args={lmn.A_SRC: Buf.HIDDEN, lmn.A_DST: Buf.LAST_NORMED, lmn.A_LAST_OFF: off_last + first_seq,
                 lmn.A_WIDTH: H})
     lm_c0, lm_w, _ = _tiles(V_loc, tl.lm)
     LB = tl.lm_block
     nsb = -(-S // LB)
     b, t = _grid(nsb, len(lm_c0))
-    _emit(g, 1, Op.LM_HEAD, b, row0=b * LB, rows=np.minimum(LB, S - b * LB), col0=lm_c0[t], cols=lm_w[t],
+    _emit(g, 2, Op.LM_HEAD, b, row0=b * LB, rows=np.minimum(LB, S - b * LB), col0=lm_c0[t], cols=lm_w[t],
           waits=[(LMN, len(ub))], signal=DONE,
           args={mm.A_SRC: Buf.LAST_NORMED, mm.A_DST: Buf.LOGITS, mm.A_EPI: mm.Epi.STORE, mm.A_K: H})
-    final = _order(g, "op_major", 2)
+    final = _order(g, "op_major", 3)
     # The layer word indexes the stacked weights an instruction reads; the final norm and the LM
     # head read unstacked ones ([H], [V/n, H]), so theirs is 0 like the prelude's.
     for arr in (template, prelude, final):
@@ -1207,16 +1244,24 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         np.add(tmpl32, step, out=body[layer])
         step += incr
     out[len(prelude) + L * m:] = final
+    if fold_d:
+        # layer 0's attention norms follow the prelude's EMBED tiles, which write HIDDEN whole:
+        # nothing to fold (the EMBED tiles signal as many times as the split DOWN tiles would)
+        first = body[0]
+        attn_norm = (first[:, W_OPCODE] == Op.RMSNORM) & (first[:, rw.A_NORM_WEIGHT] == NormWeight.ATTN)
+        first[attn_norm, rw.A_RED_NSPLIT] = 0
+        first[attn_norm, rw.A_RED_STRIDE] = 0
     instrs = torch.from_numpy(out)
 
     # targets: the template's per-layer targets repeated, plus prelude and final -------------------
-    NC = (L + 1) * CPL + 2
+    n_final = 2 + (nb if fold_d else 0)     # LM_NORM, LM_HEAD done, and the folded DOWN's blocks
+    NC = (L + 1) * CPL + n_final
     t_layer = counter_targets(tmpl32, 2 * CPL, n, rank)          # ids in blocks 0 (prev) and 1
     targets = np.zeros(NC, np.int32)
     targets[CPL:(L + 1) * CPL] = np.tile(t_layer[CPL:], L)
     assert not t_layer[:CPL].any(), "a layer's instructions signal only their own layer's counters"
     targets[:CPL] += counter_targets(prelude, CPL, n, rank)
-    targets[(L + 1) * CPL:] += counter_targets(final, 2, n, rank, base=(L + 1) * CPL)
+    targets[(L + 1) * CPL:] += counter_targets(final, n_final, n, rank, base=(L + 1) * CPL)
     layout = {"cpl": CPL, "num_layers": L, "groups": groups_layout,
               "template": {"prelude": len(prelude), "per_layer": m, "final": len(final)},
               "splitk": {Op(op).name: (nb * ntiles[op], nsplit[op]) for op in ntiles}}

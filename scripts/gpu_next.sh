@@ -115,11 +115,14 @@
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
-#   fold   PlanConfig.fold_o_reduce=1 (O_PROJ's SPLITK_REDUCE folded into the MLP norm after it;
-#          built in session 13, CPU-verified: bitwise the split plan in mk.vm, verifier, check_plan,
-#          compile gates): the two-layer checks (split-K never / auto) and racecheck with it, a
-#          memcheck of the auto one, then decode MK_FOLD_BATCH (1,16,64) without and with it,
-#          journal on: fold.log, fold_check.log, fold_{off,on}.json (~6 min)
+#   fold   --plan MK_FOLD_PLAN (fold_o_reduce=1: O_PROJ's SPLITK_REDUCE folded into the MLP norm
+#          after it; "fold_o_reduce=1,fold_down_reduce=1" adds DOWN's, folded into the next
+#          layer's attention norm, built in session 14, CPU-verified only): the two-layer checks
+#          (split-K never / auto) and racecheck with it, a memcheck of the auto one
+#          (memcheck_full.log), then decode MK_FOLD_BATCH (1,16,64) without and with it, journal
+#          on: fold.log, fold_check.log, fold_{off,on}.json (~6 min). Session 14: O_PROJ's fold
+#          with batched partial loads B=1 / 16 / 64 -1.1% / -1.1% / -2.8% (checks passed,
+#          sanitizers of the session-13 body clean)
 #   normbatch MK_NORM_ROW_BATCH (rows of an RMSNORM whose loads are in flight together, one round
 #          trip and one named barrier per group; 2 by default since session 14, 1 = row by row as
 #          before; 4 spills in the M64 variant): decode MK_NB_BATCH (128,256,1024) at 1 and each
@@ -153,30 +156,28 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 13:
-#   1. "e2e" (all points, same-run peers: 1,16,64,256 on one GPU | MK_E2E_BATCH=1024,4096 on the
-#      other, then `launch/bench.py --merge`) with claim after loads (default above 64 tokens
-#      since session 13, B=1024 -17.9%; B=4096 never timed with it) and one-row norms at <= 64
-#   2. "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 again with the new claim
-#      policy (session 13 with the old one: -6.0% / +7.0% / -14.7%; B=192's loss had GATE_UP ->
-#      GATE_UP queue hops on its path) | "verify" (the GPU pytest files under the new policy:
-#      their M > 64 variants now claim after loads; only the two-layer checks and racecheck ran
-#      with it in session 13)
-#   3. B <= 64's reduce hops: "fold" (O_PROJ's reduce folded into the MLP norm, built and
-#      CPU-verified in session 13: one instruction and hop less per layer) on one GPU | "tiles"
-#      with MK_TILES_VALUE=QKV_ROPE@64=m128n128 MK_TILES_BATCH=1,16,64 on the other (10 head tiles
-#      split 8 ways instead of 5 split 16: the same weight bytes per tile, half the partials for
-#      QKV's reduce to read; 4 reduce hops are 34 of 134 us per layer at B=64)
-#   4. the next attention / GEMM changes (bench/ATTENTION_NOTES.md and GEMM_NOTES.md session 12)
-#      with "verify" on one GPU and "treeab" on the other
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 14:
+#   1. "fold" with MK_FOLD_PLAN="fold_o_reduce=1,fold_down_reduce=1" (both reduces folded: the
+#      full checks and sanitizers of the batched-load body and of DOWN's fold, then B=1,16,64)
+#      on one GPU | "fold" with the default MK_FOLD_PLAN (O_PROJ's alone, the session-14 body:
+#      its racecheck / memcheck; session 14 timed it on two GPUs only) on the other. If clean
+#      and faster: PlanConfig.fold_o_reduce (and fold_down_reduce) = 1 by default, then "verify"
+#   2. "e2e" at all points again after the defaults of session 14 (QKV_ROPE on m128n128 at
+#      M <= 64, 2-row RMSNORM groups, the folds if made default)
+#   3. "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 (one-row norms above 64
+#      tokens under the claim-after-loads policy and the 2-row groups; not re-run in session 14)
+#   4. attention at B >= 256: two decode units per instruction (one per warpgroup; the design is
+#      in bench/ATTENTION_NOTES.md session 12). Session 14's B=1024 journal: ATTENTION is 35%
+#      of the SMs' busy time (1024 instructions per layer of ~30 us, ~8 us of it fixed cost),
+#      GATE_UP 28%, DOWN 15.5%, O_PROJ 8.5%, QKV_ROPE 6%, RMSNORM 6% (5.3% with 2-row groups)
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
-# Where the time goes (session 13's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
-# instructions' fixed costs (four SPLITK_REDUCE hops, 34 of 134 us per layer at B=64;
-# ATTENTION / ATTN_REDUCE of a few keys); at B=256 attention (~60-100 us per layer on the path)
-# and GATE_UP; at B=1024 with claim after loads (802 us per layer): GATE_UP 331, QKV_ROPE 203,
-# ATTENTION 146, RMSNORM 146, DOWN 85 us, i.e. the GEMM tiles' speed (mk / cuBLAS 1.2-1.47).
+# Where the time goes (session 14's critical paths, bench/E2E_NOTES.md): at B <= 64 the small
+# instructions' fixed costs (SPLITK_REDUCE hops, 28 of 136 us per layer at B=64, 20 with
+# O_PROJ's folded; ATTENTION / ATTN_REDUCE of a few keys); at B=256 GATE_UP (107 of 270 us) and
+# DOWN (50); at B=1024 (802 us per layer): GATE_UP 319, QKV_ROPE 179, ATTENTION 115, DOWN 107,
+# RMSNORM 37 (68 before the 2-row groups), O_PROJ 35, with ATTENTION 35% of the SMs' busy time.
 # After a call: copy the logs / JSON into bench/results with the session's tag and summarise
 # each A/B with `python bench/ab_summary.py "NAME=off.json,on.json" ... --out ... [--append]`.
 # Every journaled timing now prints the step's critical path per layer (mk.trace.critical_path):
@@ -470,7 +471,7 @@ if has normrows; then
 fi
 if has fold; then
   : > "$OUTDIR/fold.log"
-  FOLD="--plan fold_o_reduce=1"
+  FOLD="--plan ${MK_FOLD_PLAN:-fold_o_reduce=1}"
   MK_CHECK_EXTRA="$FOLD" MK_NO_PYTEST=1 checks > "$OUTDIR/fold_check.log" 2>&1
   echo "== memcheck, two-layer step, split-K auto, $FOLD" >> "$OUTDIR/fold_check.log"
   # --report-api-errors no, as scripts/gpu_tests.sh: the CUDA API errors of the process's own

@@ -163,21 +163,31 @@ def test_check_plan_accepts_split_plans_with_the_workspace(split_k):
     M.check_plan(instrs1, nbuf, T, H, 1 << 20, **kw1)
 
 
-def test_check_plan_folded_o_reduce():
-    """PlanConfig.fold_o_reduce: the forced split-K plan of the tiny model without O_PROJ's
-    reduces (its MLP norms fold them) passes check_plan with the SPLITK workspace, and is refused
-    without it, with partial rows past the workspace or with negative reduce words."""
+@pytest.mark.parametrize("fold", ["o", "down"])
+def test_check_plan_folded_reduce(fold):
+    """PlanConfig.fold_o_reduce / fold_down_reduce: the forced split-K plan of the tiny model
+    without O_PROJ's (DOWN's) per-layer reduces (the MLP (next attention) norms fold them; the
+    last layer's DOWN is reduced in the final section) passes check_plan with the SPLITK
+    workspace, and is refused without it, with partial rows past the workspace or with negative
+    reduce words."""
     pytest.importorskip("cutlass")
     import mk.megakernel as M
     from mk.instructions import rows as rw
     from mk.instructions import splitk as skf
+    from mk.instructions.base import NormWeight
     from mk.ir import W_OPCODE, Op
-    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, fold_o_reduce=1)
+    op, which, kw_fold = {"o": (Op.O_PROJ, NormWeight.MLP, {"fold_o_reduce": 1}),
+                          "down": (Op.DOWN, NormWeight.ATTN, {"fold_down_reduce": 1})}[fold]
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, **kw_fold)
+    layout = _tiny_step_plan.last_plan.layout
     norms = instrs[instrs[:, W_OPCODE] == int(Op.RMSNORM)]
-    folded = (norms[:, rw.A_RED_NSPLIT] == 4).nonzero().flatten()
+    folded = norms[norms[:, rw.A_RED_NSPLIT] == 4]
     assert len(folded) and len(folded) < len(norms)
+    assert (folded[:, rw.A_NORM_WEIGHT] == int(which)).all()
     red = instrs[instrs[:, W_OPCODE] == M.OP_SPLITK_REDUCE]
-    assert len(red) and int((red[:, skf.A_OP] == int(Op.O_PROJ)).sum()) == 0
+    n_final = int((red[:, skf.A_OP] == int(op)).sum())
+    # DOWN: only the final section's reduces (one per tile of the last layer)
+    assert len(red) and n_final == (layout["splitk"]["DOWN"][0] if fold == "down" else 0)
     M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
     with pytest.raises(ValueError, match="SPLITK workspace"):
         M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)

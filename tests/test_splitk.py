@@ -107,50 +107,66 @@ def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
     assert f == [], "\n".join(str(x) for x in f[:5])
 
 
+FOLDS = {"o": {"fold_o_reduce": 1}, "down": {"fold_down_reduce": 1},
+         "both": {"fold_o_reduce": 1, "fold_down_reduce": 1}}
+
+
 @pytest.mark.parametrize("tp", [1, 2])
-def test_folded_o_reduce_equals_the_split_plan(gqa, one_thread, tp):
-    """PlanConfig.fold_o_reduce: O_PROJ's SPLITK_REDUCE folded into the MLP norm after it (the
-    norm sums its rows' partials and adds the residual, as the reduce did), so every step's logits
-    are bitwise the unfolded split plan's (queue and random modes; the VM checks every counter
-    target). At TP 1 the plans lose every O_PROJ reduce and their MLP norms carry the words; at
-    TP 2 (O_PROJ's reduce is a TP_REDUCE) the plan is unchanged."""
+@pytest.mark.parametrize("fold", sorted(FOLDS))
+def test_folded_reduce_equals_the_split_plan(gqa, one_thread, tp, fold):
+    """PlanConfig.fold_o_reduce / fold_down_reduce: O_PROJ's SPLITK_REDUCE folded into the MLP
+    norm after it, DOWN's into the next layer's attention norm (each norm sums its rows'
+    partials and adds the residual, as the reduce did; the last layer's DOWN tiles are reduced
+    in the final section, layer 0's attention norms fold nothing), so every step's logits are
+    bitwise the unfolded split plan's (queue and random modes; the VM checks every counter
+    target). At TP 1 the plans lose the folded op's per-layer reduces and the norms carry the
+    words; at TP 2 (those reduces are TP_REDUCEs) the plan is unchanged."""
     from mk.instructions import rows as rw
+    from mk.instructions.base import NormWeight
     w = gqa(tp, torch.float32)
     for split_k, sms in ((2, 4096), (0, 16)):
         base = VM(w, KERNEL, split_cfg(split_k, num_sms=sms))
-        fold = VM(w, KERNEL, split_cfg(split_k, num_sms=sms, fold_o_reduce=1))
+        folded = VM(w, KERNEL, split_cfg(split_k, num_sms=sms, **FOLDS[fold]))
         for i, batch in enumerate(mixed_steps(V)):
             want = base.step(batch)
-            got = fold.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+            got = folded.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
             assert torch.equal(got, want), (split_k, i)
-            bw = base.last_plan.instrs.numpy()
-            fw = fold.last_plan.instrs.numpy()
-            o_split = base.last_plan.layout["splitk"]["O_PROJ"][1] > 1
-            o_red = fw[(fw[:, W_OPCODE] == Op.SPLITK_REDUCE) & (fw[:, sk.A_OP] == Op.O_PROJ)]
-            folded = fw[(fw[:, W_OPCODE] == Op.RMSNORM) & (fw[:, rw.A_RED_NSPLIT] > 0)]
-            if tp == 1 and o_split:
-                assert len(o_red) == 0 and len(folded) > 0, (split_k, i)
-                assert (folded[:, rw.A_NORM_WEIGHT] == 1).all()      # the MLP norms only
-                assert len(fw) < len(bw)
+            plan = base.last_plan
+            bw = plan.instrs.numpy()
+            fw = folded.last_plan.instrs.numpy()
+            if tp > 1:
+                assert np.array_equal(fw, bw), (split_k, i)
+                continue
+            red = (fw[:, W_OPCODE] == Op.SPLITK_REDUCE)
+            norm = (fw[:, W_OPCODE] == Op.RMSNORM) & (fw[:, rw.A_RED_NSPLIT] > 0)
+            t = folded.last_plan.layout["template"]
+            L = folded.last_plan.layout["num_layers"]
+            body = slice(t["prelude"], t["prelude"] + L * t["per_layer"])
+            changed = False
+            for op, which, key in ((Op.O_PROJ, NormWeight.MLP, "fold_o_reduce"),
+                                   (Op.DOWN, NormWeight.ATTN, "fold_down_reduce")):
+                ns = plan.layout["splitk"][op.name][1]
+                if key not in FOLDS[fold] or ns <= 1:
+                    continue
+                changed = True
+                in_body = red[body] & (fw[body, sk.A_OP] == op)
+                assert not in_body.any(), (op, split_k, i)
+                f = norm[body] & (fw[body, rw.A_NORM_WEIGHT] == which)
+                assert f.any() and (fw[body][f, rw.A_RED_NSPLIT] == ns).all(), (op, split_k, i)
+                if op == Op.DOWN:
+                    # layer 0's attention norms fold nothing; the last layer's DOWN is reduced
+                    # in the final section, one reduce per tile
+                    first = fw[t["prelude"]:t["prelude"] + t["per_layer"]]
+                    assert not ((first[:, W_OPCODE] == Op.RMSNORM)
+                                & (first[:, rw.A_RED_NSPLIT] > 0)
+                                & (first[:, rw.A_NORM_WEIGHT] == which)).any()
+                    fin = fw[len(fw) - t["final"]:]
+                    fin_red = fin[(fin[:, W_OPCODE] == Op.SPLITK_REDUCE)]
+                    assert len(fin_red) and (fin_red[:, sk.A_OP] == Op.DOWN).all()
+            if changed:
+                assert len(fw) != len(bw) or not np.array_equal(fw, bw), (split_k, i)
             else:
                 assert np.array_equal(fw, bw), (split_k, i)
-
-
-def test_verifier_accepts_folded_plans_and_refuses_a_dropped_partial_wait():
-    """The verifier accepts folded plans (every policy) and catches a folded norm that waits for
-    one split tile less than its rows' partials need."""
-    from mk.instructions import rows as rw
-    for policy in POLICIES:
-        cfg = split_cfg(2, P_CFG, fold_o_reduce=1, policy=policy)
-        plan = plan_step(mixed_batch(), P_MODEL, ParallelConfig(1, 0), P_KERNEL, cfg)
-        f = check([plan.instrs], plan.num_counters, meta=plan.meta)
-        assert f == [], (policy, "\n".join(str(x) for x in f[:5]))
-    words = plan.instrs.clone()
-    fn = np.flatnonzero((words[:, W_OPCODE] == Op.RMSNORM).numpy()
-                        & (words[:, rw.A_RED_NSPLIT] > 0).numpy())
-    assert len(fn)
-    words[fn[0], W_WAIT0 + 1] -= 1
-    assert check([words], plan.num_counters, meta=plan.meta) != []
 
 
 @pytest.mark.parametrize("tp", [1, 2])

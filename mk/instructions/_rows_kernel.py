@@ -593,8 +593,8 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     barrier per group suffices), rsqrt, the stores.
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
     of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
-    variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's split tiles
-    of its rows (fold_partials)."""
+    variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's or DOWN's
+    split tiles of its rows (fold_partials)."""
     page, ph = page_of(pg, npages)
     bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
     T = bufs.shape[0]

@@ -8,7 +8,8 @@ Arguments (words after ARG0):
     ARG0 + 4  SPLITK row stride         RMSNORM folded (the split tiles' A_SPLIT_ROW)
 Rows [row0, row0 + rows). COPY and RESIDUAL_ADD act on columns [col0, col0 + cols); RMSNORM always
 normalises whole rows (its statistic needs every column), so its col0/cols must span the width.
-A folded RMSNORM (nsplit > 0) first finishes the split O_PROJ tiles of its rows, exactly as their
+A folded RMSNORM (nsplit > 0) first finishes the split O_PROJ or DOWN tiles of its rows (the MLP
+norm O_PROJ's, the next attention norm DOWN's: mk/plan.py fold_*_reduce), exactly as their
 SPLITK_REDUCE would (mk/instructions/splitk.py; the residual epilogue into the source buffer):
     h = bf16(src + bf16(sum_j SPLITK[j * stride + rows, 0:H]))   float32 sum, j in order
     src rows = h, then dst rows = rmsnorm(h)
