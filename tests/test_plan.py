@@ -342,6 +342,10 @@ def test_plan_config_validation():
         name = next(iter(kw))
         with pytest.raises(ValueError, match=f"PlanConfig.{name} must be a positive integer"):
             PlanConfig(**kw)
+    for name in ("fold_o_reduce", "fold_down_reduce"):
+        for v in (2, -1):
+            with pytest.raises(ValueError, match=f"PlanConfig.{name} must be 0 or 1"):
+                PlanConfig(**{name: v})
     bad = PlanConfig(qkv_tile=12)                       # head_dim 8: 1.5 heads
     with pytest.raises(ValueError, match="qkv_tile=12 is not a multiple of head_dim 8"):
         Planner(MODEL, ParallelConfig(1, 0), KERNEL, bad)
