@@ -82,7 +82,7 @@ TILE_TABLE = {
     Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:
-    # 10 tiles split 8 ways instead of 5 split 16 (the same weight bytes per tile, half the
+    # 10 tiles split 8 ways instead of 6 split 16 (the same weight bytes per SM, half the
     # partials for QKV's reduce to read): decode B=16 -0.6%, B=64 -1.1%, B=1 -0.1% on the H200
     # (session 14, bench/results/tiles_qkv64_*_2026-11-30_s14.json; m64n256 before)
     Op.QKV_ROPE: ("m128n128", "m128n128", "m128n128", "m128n128"),
