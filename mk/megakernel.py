@@ -852,7 +852,9 @@ class MegakernelDSL:
                                                 ring[base + W_LAYER], ring[base + A_NORM_WEIGHT],
                                                 bufs, normw, n_layers, eps, pool, full, done, pg,
                                                 NP, ctv, BAR_CONSUMER, N_CONSUMER, timeout_ns,
-                                                state, t, HM, PS, fold_sk, fold_ns, fold_st)
+                                                state, t, HM, PS, fold_sk, fold_ns, fold_st,
+                                                # the rows-only journal variant spills with 2
+                                                rk.NORM_ROW_BATCH if NG else 1)
                     for gi in cutlass.range_constexpr(NG):
                         if op == GS[gi].op:
                             g = gops[gi]

@@ -170,6 +170,10 @@
 #      in bench/ATTENTION_NOTES.md session 12). Session 14's B=1024 journal: ATTENTION is 35%
 #      of the SMs' busy time (1024 instructions per layer of ~30 us, ~8 us of it fixed cost),
 #      GATE_UP 28%, DOWN 15.5%, O_PROJ 8.5%, QKV_ROPE 6%, RMSNORM 6% (5.3% with 2-row groups)
+#   5. "caps512" (QKV_ROPE split up to 512 tokens: B=512 -4.9% in session 9, never made default
+#      for want of its M <= 512 class check). At B=1024 the auto split leaves QKV_ROPE whole
+#      whatever its cap (80 tiles x 2 > 132 SMs): 80 tiles of ~67 us, one wave with 52 SMs idle,
+#      179 us of the 802 us per layer on the critical path
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).

@@ -506,8 +506,6 @@ NORM_ROW_BATCH = int(os.environ.get("MK_NORM_ROW_BATCH", 2))
 if NORM_ROW_BATCH not in (1, 2, 4, 8):
     raise ValueError(f"MK_NORM_ROW_BATCH={NORM_ROW_BATCH}: 1, 2, 4 or 8 rows per group")
 NORM_WARPS = 8         # consumer warps of both warpgroups (rmsnorm_consume's nthreads // 32)
-# bytes of the page per group parity: one float32 partial per consumer warp and row of the group
-NORM_SCRATCH = 4 * NORM_WARPS * NORM_ROW_BATCH
 
 
 @cute.jit
@@ -583,18 +581,21 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
                     npages: cutlass.Constexpr, ctid: Int32, bar_id: cutlass.Constexpr,
                     nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                     ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr,
-                    sk=None, red_nsplit=None, red_stride=None) -> Int32:
+                    sk=None, red_nsplit=None, red_stride=None,
+                    row_batch: cutlass.Constexpr = NORM_ROW_BATCH) -> Int32:
     """Both consumer warpgroups (nthreads = 256 threads, ctid 0..255): rows row0 .. row0+rows-1 of
     buffer src, normalized with norm-weight row which * n_layers + layer, into buffer dst; bufs is
     the arena (T, H, NBUF), H contiguous. Thread t owns the 16-byte vectors at columns
     (v * nthreads + t) * 8, v < NORM_VECS, in every row (so its norm weights are loaded once).
-    Per group of NORM_ROW_BATCH rows: the thread's loads of every row issued together, a warp
+    Per group of row_batch rows: the thread's loads of every row issued together, a warp
     butterfly per row, the warps' partials through the page (two slots by group parity: one named
     barrier per group suffices), rsqrt, the stores.
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
     of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
     variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's or DOWN's
-    split tiles of its rows (fold_partials)."""
+    split tiles of its rows (fold_partials). row_batch: rows per group (NORM_ROW_BATCH; the
+    megakernel's variants without GEMM slots pass 1: the rows-only journal variant spilled 12
+    bytes with 2)."""
     page, ph = page_of(pg, npages)
     bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
     T = bufs.shape[0]
@@ -621,26 +622,26 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     scratch = pool + page * PAGE
     inv_h = Float32(1.0) / Float32(H)
     last = rows - 1
-    ngroups = ceil_div(rows, NORM_ROW_BATCH)
+    ngroups = ceil_div(rows, row_batch)
     for g in range(ngroups):
-        r0 = g * NORM_ROW_BATCH
+        r0 = g * row_batch
         row_offs = []
         xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
-        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+        for k in cutlass.range_constexpr(row_batch):
             row_off = Int64(row0 + imin(r0 + k, last)) * Int64(H)
             row_offs.append(row_off)
             for v in cutlass.range_constexpr(NORM_VECS):
                 xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
         # two scratch slots by group parity: a thread is at most one group ahead of another
         # (the barrier below), so one named barrier per group suffices
-        slot = scratch + (g % 2) * NORM_SCRATCH
+        slot = scratch + (g % 2) * (4 * NORM_WARPS * row_batch)
         parts = []      # the group's row k: one float32 per warp, at slot + k * 4 * NORM_WARPS
-        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+        for k in cutlass.range_constexpr(row_batch):
             parts.append(cute.make_tensor(
                 cute.make_ptr(Float32, slot + k * 4 * NORM_WARPS, cute.AddressSpace.smem,
                               assumed_align=16),
                 cute.make_layout(nthreads // 32)))
-        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+        for k in cutlass.range_constexpr(row_batch):
             ss = Float32(0.0)
             for v in cutlass.range_constexpr(NORM_VECS):
                 if (v * nthreads + ctid) * 8 < H:
@@ -650,7 +651,7 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
             if lane == 0:
                 parts[k][warp] = ss
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-        for k in cutlass.range_constexpr(NORM_ROW_BATCH):
+        for k in cutlass.range_constexpr(row_batch):
             if r0 + k < rows:
                 tot = parts[k].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 rs = cute.math.rsqrt(tot * inv_h + eps)
