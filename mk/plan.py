@@ -573,8 +573,8 @@ class StepPlan:
         The planner builds layer l as the layer template plus l in the layer word and l * cpl in
         every counter word (and with PlanConfig.fold_down_reduce clears the fold words of layer
         0's attention norms: the first layer is among these rows), so a per-instruction check
-        that holds on these rows (bounds of rows,
-        columns, K, buffers, the smallest and largest layer and counter ids) holds on the whole
+        that holds on these rows (bounds of rows, columns, K, buffers, the smallest and largest
+        layer and counter ids) holds on the whole
         stream: mk.megakernel_step checks only them, 1/40 of the rows of an 80-layer step
         (check_plan of the 70B TP8 rank's decode step: 19 ms in full). None: not a planner-made
         layout (check everything)."""
@@ -1128,6 +1128,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                            (Op.GATE_UP, 2 * I_loc, slices(Op.GATE_UP))))
 
     def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
+        """op's tiles into HIDDEN (TP 1) or scattered to the ranks + TP_REDUCE; returns the
+        tiles' argument words at TP 1 (None above)."""
         c0, wd, own = tiles
         b, t = _grid(nb, len(c0))
         if op == Op.EMBED:      # never split
@@ -1152,7 +1154,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                      count=down_tile_signals[b], **common)
             else:
                 emit(stage, op, b, waits=waits, signal=hid + b, args=targs, **common)
-            return
+            return targs
         if op == Op.EMBED:
             targs.update({em.A_DST: Buf.RECV, em.A_EPI: mm.Epi.SCATTER, em.A_SLOT_STRIDE: TM})
         else:
@@ -1173,8 +1175,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
          waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b,
          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
-    proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"], gu_target,
-         C["DRS"], C["HM"], True)
+    down_args = proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"],
+                     gu_target, C["DRS"], C["HM"], True)
     template = _order(g, cfg.policy, NUM_STAGES)
 
     # prelude: EMBED on the DOWN grid, counters of block 0 ---------------------------------------
@@ -1204,8 +1206,6 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         # counter), signalling the block's final counter that LM_NORM waits for
         FHM = (L + 1) * CPL + 2
         b, t = _grid(nb, n_d)
-        down_args = {mm.A_SRC: Buf.MLP_ACT, mm.A_K: I_loc, mm.A_DST: Buf.HIDDEN,
-                     mm.A_EPI: mm.Epi.RESIDUAL}
         _emit(g, 0, Op.SPLITK_REDUCE, b, row0=brow0[b], rows=brows[b], col0=d_c0[t],
               cols=d_w[t], waits=[(hm_last + b, hid_m_target[b])], signal=FHM + b,
               args=sk.reduce_words(Op.DOWN, nsplit[Op.DOWN], T, down_args))

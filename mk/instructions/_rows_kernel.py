@@ -532,7 +532,7 @@ def residual_add(res: Float32, acc: Float32) -> Float32:
 
 @cute.jit
 def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64, row0: Int32,
-                  rows: Int32, H: Int32, ctid: Int32, nthreads: cutlass.Constexpr):
+                  rows: Int32, H: Int32, cols: list, ctid: Int32, nthreads: cutlass.Constexpr):
     """A folded RMSNORM's reduce (mk/instructions/rows.py): for each of its rows and each 8-column
     vector the thread owns in rmsnorm_consume, h = bf16(src + bf16(sum_j SPLITK[j * stride +
     row])) (float32 sum, j in order, as SPLITK_REDUCE), stored back into src: the norm then
@@ -540,29 +540,27 @@ def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64
     are loaded together, then each further split's partials of every vector together: 1 +
     (nsplit - 1) round trips a row. Walking the vectors one by one (session 13's body: a vector's
     loads, its adds, its store, then the next vector's loads, which the store keeps behind it)
-    cost the folded norm ~3 us more than a plain one at B=1 (bench/E2E_NOTES.md session 14). A
-    vector past H loads column H - 8 instead and is not stored, as in rmsnorm_consume."""
+    cost the folded norm ~3 us more than a plain one at B=1 (bench/E2E_NOTES.md session 14).
+    cols: rmsnorm_consume's columns of the thread's vectors (a vector past H reads column H - 8
+    and is not stored)."""
     ld = Int64(sk.shape[1])
     skb = sk.iterator.toint()
-    cols = []
-    for v in cutlass.range_constexpr(NORM_VECS):
-        cols.append(Int64(imin((v * nthreads + ctid) * 8, H - 8)))
     for r in range(rows):
         row = Int64(row0 + r)
         accs = []
         ress = []
         for v in cutlass.range_constexpr(NORM_VECS):
             acc = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-            acc.store(f32x8(skb + (row * ld + cols[v]) * 4).load())
+            acc.store(f32x8(skb + (row * ld + Int64(cols[v])) * 4).load())
             accs.append(acc)
             res = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-            res.store(bf16x8(src_base + (row * Int64(H) + cols[v]) * 2).load())
+            res.store(bf16x8(src_base + (row * Int64(H) + Int64(cols[v])) * 2).load())
             ress.append(res)
         for j in range(1, nsplit):
             srow = Int64(j * stride) + row
             parts = []
             for v in cutlass.range_constexpr(NORM_VECS):
-                parts.append(f32x8(skb + (srow * ld + cols[v]) * 4).load())
+                parts.append(f32x8(skb + (srow * ld + Int64(cols[v])) * 4).load())
             for v in cutlass.range_constexpr(NORM_VECS):
                 accs[v].store(accs[v].load() + parts[v])
         for v in cutlass.range_constexpr(NORM_VECS):
@@ -571,7 +569,7 @@ def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64
                 h = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
                 for e in cutlass.range_constexpr(8):
                     h[e] = residual_add(resf[e], accs[v][e]).to(BFloat16)
-                bf16x8(src_base + (row * Int64(H) + cols[v]) * 2).store(h.load())
+                bf16x8(src_base + (row * Int64(H) + Int64(cols[v])) * 2).store(h.load())
 
 
 @cute.jit
@@ -618,7 +616,8 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     dst_base = (bufs.iterator + dst * (T * H)).toint()
     if cutlass.const_expr(sk is not None):
         if red_nsplit > 0:
-            fold_partials(sk, red_nsplit, red_stride, src_base, row0, rows, H, ctid, nthreads)
+            fold_partials(sk, red_nsplit, red_stride, src_base, row0, rows, H, cols, ctid,
+                          nthreads)
     scratch = pool + page * PAGE
     inv_h = Float32(1.0) / Float32(H)
     last = rows - 1
