@@ -712,7 +712,8 @@ class MegakernelDSL:
                                                   ring[base + at.A_MODE], ring[base + at.A_QPK],
                                                   pool, full, empty, pg, NP, timeout_ns, state, t,
                                                   ready, new0, journal,
-                                                  J_ATTN_LOAD_WAIT if self.journal else -1)
+                                                  J_ATTN_LOAD_WAIT if self.journal else -1,
+                                                  self.attn_pair(ring, base))
                             elif op == ak.OP_ATTN_REDUCE:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
                                                     ring[base + at.A_QPK], pool, full, empty, pg,
@@ -891,7 +892,8 @@ class MegakernelDSL:
                                                  ak.WG_SPLIT, journal,
                                                  J_ATTN_CONS_WAIT if self.journal else -1,
                                                  J_ATTN_MMA_WAIT if self.journal else -1,
-                                                 J_ATTN_SOFTMAX if self.journal else -1)
+                                                 J_ATTN_SOFTMAX if self.journal else -1,
+                                                 self.attn_pair(ring, base))
                         elif op == ak.OP_ATTN_REDUCE:
                             pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
                                                    ring[base + W_ROWS], ring[base + W_COL0],
@@ -965,6 +967,12 @@ class MegakernelDSL:
                              dcol0, page_share(self.handoff),
                              self.split_tile(gs, g, ring, base, skops))
 
+    def attn_pair(self, ring: cute.Tensor, base: Int32):
+        """A MODE_PAIR ATTENTION's second unit words (row0, pos0, page_off, new0) for the
+        attention bodies (ak.second_unit; read whatever the mode, used only in a pair)."""
+        return (ring[base + at.A_ROW0_B], ring[base + at.A_POS0_B], ring[base + at.A_PAGE_OFF_B],
+                ring[base + at.A_NEW0_B])
+
     @cute.jit
     def store_attn(self, op: Int32, ring: cute.Tensor, base: Int32, aout: cute.Tensor,
                    apart: cute.Tensor, alse: cute.Tensor, pool: Int32, empty: cute.Pointer,
@@ -981,7 +989,8 @@ class MegakernelDSL:
                                pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                page_share(self.handoff), journal,
                                STORE_STAMPS if self.journal else (),
-                               J_ATTN_STORE_WAIT if self.journal else -1)
+                               J_ATTN_STORE_WAIT if self.journal else -1,
+                               self.attn_pair(ring, base))
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],
@@ -1480,8 +1489,19 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
                              "written by this step) must be in [0, pos0]: keys before it are read "
                              "before the instruction's waits (EARLY_WEIGHTS)")
         mode = a[:, at.A_MODE]
-        if ((mode != at.MODE_DIRECT) & (mode != at.MODE_PARTIAL)).any():
-            raise ValueError("megakernel: ATTENTION mode must be 0 (direct) or 1 (partial)")
+        if ((mode != at.MODE_DIRECT) & (mode != at.MODE_PARTIAL) & (mode != at.MODE_PAIR)).any():
+            raise ValueError("megakernel: ATTENTION mode must be 0 (direct), 1 (partial) or 2 "
+                             "(a pair of decode units)")
+        pr = a[mode == at.MODE_PAIR]
+        if len(pr):
+            # the second unit: one row, keys [kv0, pos0 + 1), in the buffers, A_NEW0 as above
+            if ((pr[:, W_ROWS] != 1) | (pr[:, at.A_KV0] != 0) | (pr[:, at.A_ROW0_B] < 0)
+                    | (pr[:, at.A_ROW0_B] >= min(Tq, attn.out.shape[0]))
+                    | (pr[:, at.A_NEW0_B] < 0) | (pr[:, at.A_NEW0_B] > pr[:, at.A_POS0_B])
+                    | (pr[:, at.A_PAGE_OFF_B] < 0)).any():
+                raise ValueError("megakernel: an ATTENTION pair (mode 2) must be two one-row "
+                                 "decode units from key 0, the second's row in the Q / ATTN_OUT "
+                                 "buffers and its A_NEW0_B in [0, its pos0]")
         pa = a[mode == at.MODE_PARTIAL]
         if len(pa) and ((pa[:, at.A_SLOT] < 0).any()
                         or (pa[:, at.A_SLOT] + pa[:, W_ROWS] > min(P, attn.lse.shape[0])).any()):

@@ -135,6 +135,13 @@ class PlanConfig:
     # (3 splits of 384 keys) the spread lost 4.8%, at B=64 (2 of 512) 1.5% (session 9)
     kv_spread_min_splits: int = 4
     attn_kv_heads: int = 1      # KV heads per attention instruction
+    # Two decode units (one-row direct segments of one token block and KV group) in one ATTENTION
+    # instruction (mode MODE_PAIR): the GPU body gives each consumer warpgroup its own unit, where
+    # a single decode unit leaves warpgroup 1 idle (at B=1024 ATTENTION was 35% of the SMs' busy
+    # time, one instruction per sequence; bench/ATTENTION_NOTES.md session 15). 0: never; 1:
+    # when a step's attention instructions outnumber num_sms, just enough pairs (of the closest
+    # contexts) that they do not; 2: every pair that can be made.
+    attn_pair: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
@@ -192,18 +199,20 @@ class PlanConfig:
     # whose attention instructions are fewer than num_sms; 0 = never. The megakernel compiles the
     # L2_PREFETCH body in only when this is > 0.
     l2_prefetch_mib: int = 0
-    # 1: where O_PROJ splits (TP 1), no SPLITK_REDUCE for it: the MLP norm after it sums its rows'
-    # partials and adds the residual itself (mk/instructions/rows.py, "folded"), one instruction
-    # and one dependency hop less per layer (at B=64 a reduce + hop is ~7-8.5 us of 134 per
-    # layer; bench/E2E_NOTES.md session 13). Bitwise the same step. 0 (default): not yet timed.
-    fold_o_reduce: int = 0
-    # 1: the same for DOWN where it splits (TP 1): no SPLITK_REDUCE for it; the next layer's
-    # attention norm finishes its tiles (layer 0's norm follows the prelude's EMBED, which writes
-    # HIDDEN whole: its fold words are cleared), and the last layer's DOWN tiles are reduced in the
-    # final section, before LM_NORM (whole tiles, once per step). Bitwise the same step. 0
-    # (default): built in session 14, CPU-verified, not yet run on the GPU (the GPU body is the
-    # folded norm O_PROJ's fold runs, on other words).
-    fold_down_reduce: int = 0
+    # 1 (default): where O_PROJ splits (TP 1), no SPLITK_REDUCE for it: the MLP norm after it sums
+    # its rows' partials and adds the residual itself (mk/instructions/rows.py, "folded"), one
+    # instruction and one dependency hop less per layer (at B=64 a reduce + hop is ~7-8.5 us of 134
+    # per layer; bench/E2E_NOTES.md session 13). Bitwise the same step. Alone, 70B TP8 decode ctx
+    # 1024 (H200, session 15, bench/results/foldo_*_2026-11-30_s15): B=1 -1.0%, B=16 -1.5%, B=64
+    # -3.1%; two-layer checks, racecheck and memcheck clean
+    fold_o_reduce: int = 1
+    # 1 (default): the same for DOWN where it splits (TP 1): no SPLITK_REDUCE for it; the next
+    # layer's attention norm finishes its tiles (layer 0's norm follows the prelude's EMBED, which
+    # writes HIDDEN whole: its fold words are cleared), and the last layer's DOWN tiles are reduced
+    # in the final section, before LM_NORM (whole tiles, once per step). Bitwise the same step.
+    # With O_PROJ's (session 15, bench/results/foldboth_*_2026-11-30_s15): B=1 -2.7%, B=16
+    # -4.5%, B=64 -6.2% (B=256 splits neither: unchanged); checks, racecheck, memcheck clean
+    fold_down_reduce: int = 1
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -231,6 +240,9 @@ class PlanConfig:
         for name in ("fold_o_reduce", "fold_down_reduce"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
+        if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
+            raise ValueError(f"PlanConfig.attn_pair must be 0 (never), 1 (auto) or 2 (always), "
+                             f"got {self.attn_pair!r}")
         if self.split_k > self.max_split:
             raise ValueError(f"PlanConfig.split_k={self.split_k} is over max_split={self.max_split} "
                              f"(the SPLITK workspace holds max_split partials per row)")
@@ -284,6 +296,30 @@ class PlanConfig:
             return out                  # too few splits to pay for their ATTN_REDUCE
         out[dec] = size
         return out
+
+    def attn_pairs(self, cand: np.ndarray, group: np.ndarray, ctx: np.ndarray,
+                   n_attn: int) -> tuple[np.ndarray, np.ndarray]:
+        """The decode units paired by attn_pair: candidates cand (attention instruction indices)
+        with their pairing group (token block x KV group) and context; n_attn instructions in
+        all. Within a group the units are sorted by context and paired neighbour with neighbour;
+        auto (1) takes n_attn - num_sms pairs, the groups' first pairs first. Returns the
+        indices (first, second) of each pair."""
+        none = np.zeros(0, np.int64)
+        if not self.attn_pair or len(cand) < 2:
+            return none, none
+        want = len(cand) // 2 if self.attn_pair == 2 else n_attn - self.num_sms
+        if want <= 0:
+            return none, none
+        order = np.lexsort((cand, ctx, group))
+        sc, sg = cand[order], group[order]
+        start = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
+        run = np.diff(np.r_[start, len(sc)])
+        rank = np.arange(len(sc)) - np.repeat(start, run)
+        last = np.repeat(start + run, run)
+        first = np.flatnonzero((rank % 2 == 0) & (np.arange(len(sc)) + 1 < last))
+        take = first[np.lexsort((sg[first], rank[first]))][:want]
+        take.sort()
+        return sc[take], sc[take + 1]
 
     def splitk_rows(self, kernel: KernelConfig) -> int:
         """SPLITK rows: max_split partials of every row of a splittable step (0: never split)."""
@@ -478,9 +514,10 @@ def _validate(batch, kernel, lens, start, npages, have, T) -> None:
 
 
 # The plan -----------------------------------------------------------------------------------------
-# the attention words the fast path rewrites: A_POS0 .. A_NEW0 as one block (the words between
-# them, A_KV0 .. A_SLOT, keep their values)
-ADV_WORD0, ADV_WORD1 = min(at.A_POS0, at.A_KV1, at.A_NEW0), max(at.A_POS0, at.A_KV1, at.A_NEW0) + 1
+# the attention words the fast path rewrites: A_POS0 .. A_NEW0_B as one block (the words between
+# them, A_KV0 .. A_SLOT, A_ROW0_B and A_PAGE_OFF_B, keep their values)
+_ADV_WORDS = (at.A_POS0, at.A_KV1, at.A_NEW0, at.A_POS0_B, at.A_NEW0_B)
+ADV_WORD0, ADV_WORD1 = min(_ADV_WORDS), max(_ADV_WORDS) + 1
 
 
 class StreamAdvance:
@@ -845,19 +882,25 @@ class Planner:
         first = plan.instrs.numpy()[pre:pre + m]
         j = np.flatnonzero(first[:, W_OPCODE] == int(Op.ATTENTION))
         a = first[j]
-        seq = a[:, at.A_SEQ].astype(np.int64)
-        row0, nrows = a[:, W_ROW0].astype(np.int64), a[:, W_ROWS].astype(np.int64)
-        # an attention instruction's segment: segments are disjoint row ranges, so row0 names one
+        # the instructions' units: each instruction's first, then the second of the paired ones
+        # (its sequence: the one whose rows hold its row)
+        paired = np.flatnonzero(a[:, at.A_MODE] == at.MODE_PAIR)
+        row0_b = a[paired, at.A_ROW0_B].astype(np.int64)
+        seq_b = np.searchsorted(plan.meta.seq_row0, row0_b, side="right") - 1
+        seq = np.r_[a[:, at.A_SEQ].astype(np.int64), seq_b]
+        row0 = np.r_[a[:, W_ROW0].astype(np.int64), row0_b]
+        nrows = np.r_[a[:, W_ROWS].astype(np.int64), np.ones(len(paired), np.int64)]
+        kv0 = np.r_[a[:, at.A_KV0].astype(np.int64), a[paired, at.A_KV0].astype(np.int64)]
+        # a unit's segment: segments are disjoint row ranges, so row0 names one
         _, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
-        self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, seq=seq,
-                          row0=row0, nrows=nrows, kv0=a[:, at.A_KV0].astype(np.int64),
-                          seg_first=seg_first, seg_of=seg_of,
-                          words=a[:, ADV_WORD0:ADV_WORD1].copy())
+        self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, paired=paired,
+                          seq=seq, row0=row0, nrows=nrows, kv0=kv0, seg_first=seg_first,
+                          seg_of=seg_of, words=a[:, ADV_WORD0:ADV_WORD1].copy())
         self._last["split"] = self._splits(plan.meta, self._last)
 
     def _splits(self, meta: StepMeta, last: dict) -> tuple[np.ndarray, np.ndarray]:
-        """(keys per split, splits) of each attention instruction's segment at meta's positions,
-        as plan_step sizes them (spread_kv_splits)."""
+        """(keys per split, splits) of each attention unit's segment at meta's positions, as
+        plan_step sizes them (spread_kv_splits)."""
         seq, row0, nrows = last["seq"], last["row0"], last["nrows"]
         ctx = meta.seq_start[seq] + (row0 - meta.seq_row0[seq]) + nrows
         first = last["seg_first"]
@@ -881,11 +924,14 @@ class Planner:
         kv1 = np.minimum(last["kv0"] + size, pos0 + nrows)
         prev = last["plan"]
         pre, L, m = self._body
-        # the words A_POS0 .. A_NEW0 of the attention rows (the same in every layer), the three
+        # the words A_POS0 .. A_NEW0_B of the attention rows (the same in every layer), the ones
         # that move set to the new positions
         block = last["words"].copy()
-        for word, v in ((at.A_POS0, pos0), (at.A_KV1, kv1), (at.A_NEW0, new0)):
+        n, pb = len(last["rows"]), last["paired"]
+        for word, v in ((at.A_POS0, pos0[:n]), (at.A_KV1, kv1[:n]), (at.A_NEW0, new0[:n])):
             block[:, word - ADV_WORD0] = v
+        for word, v in ((at.A_POS0_B, pos0[n:]), (at.A_NEW0_B, new0[n:])):
+            block[pb, word - ADV_WORD0] = v
         adv = StreamAdvance(pre, L, m, last["rows"], ADV_WORD0, block)
         adv.apply_host(prev.instrs.numpy())
         return StepPlan(prev.instrs, meta, prev.targets, prev.rank, prev.tp, prev.hidden_slice,
@@ -1098,17 +1144,38 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     a_split = split[a_seg]
     a_kv0 = a_spl * seg_kv[a_seg]
     a_kv1 = np.minimum(a_kv0 + seg_kv[a_seg], seg_ctx[a_seg])
-    _emit(g, S_ATTN, Op.ATTENTION, seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
-          col0=grp_c0[a_grp], cols=grp_w[a_grp],
-          waits=[(C["QKV"] + seg_blk[a_seg], qkv_target[seg_blk[a_seg]]),
-                 (jw_prev[a_seg], jw_prev_t[a_seg])],
-          signal=np.where(a_split, C["SPLIT"] + split_id[a_seg], C["ATTN"] + seg_blk[a_seg]),
-          args={at.A_SEQ: seg_seq[a_seg], at.A_POS0: seg_pos0[a_seg], at.A_KV0: a_kv0,
-                at.A_KV1: a_kv1, at.A_PAGE_OFF: meta.page_off[seg_seq[a_seg]],
-                at.A_MODE: np.where(a_split, at.MODE_PARTIAL, at.MODE_DIRECT), at.A_QPK: qpk,
-                at.A_HEAD_DIM: D,
-                at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0),
-                at.A_NEW0: meta.seq_start[seg_seq[a_seg]]})
+    # decode units paired into one instruction (PlanConfig.attn_pair): the first of a pair
+    # carries the second's words, the second is dropped
+    a_seq = seg_seq[a_seg]
+    a_mode = np.where(a_split, at.MODE_PARTIAL, at.MODE_DIRECT)
+    cand = np.flatnonzero(~a_split & (seg_rows[a_seg] == 1))
+    pa, pb = cfg.attn_pairs(cand, seg_blk[a_seg[cand]] * ngrp + a_grp[cand], seg_ctx[a_seg[cand]],
+                            len(a_seg))
+    pair_words = {w: np.zeros(len(a_seg), np.int64)
+                  for w in (at.A_ROW0_B, at.A_POS0_B, at.A_PAGE_OFF_B, at.A_NEW0_B)}
+    a_count = np.ones(len(a_seg), np.int64)
+    a_mode[pa] = at.MODE_PAIR
+    a_count[pa] = 2
+    for w, v in ((at.A_ROW0_B, seg_r0[a_seg[pb]]), (at.A_POS0_B, seg_pos0[a_seg[pb]]),
+                 (at.A_PAGE_OFF_B, meta.page_off[a_seq[pb]]),
+                 (at.A_NEW0_B, meta.seq_start[a_seq[pb]])):
+        pair_words[w][pa] = v
+    keep = np.ones(len(a_seg), bool)
+    keep[pb] = False
+    k_seg = a_seg[keep]
+    _emit(g, S_ATTN, Op.ATTENTION, seg_blk[k_seg], row0=seg_r0[k_seg], rows=seg_rows[k_seg],
+          col0=grp_c0[a_grp[keep]], cols=grp_w[a_grp[keep]],
+          waits=[(C["QKV"] + seg_blk[k_seg], qkv_target[seg_blk[k_seg]]),
+                 (jw_prev[k_seg], jw_prev_t[k_seg])],
+          signal=np.where(a_split[keep], C["SPLIT"] + split_id[k_seg], C["ATTN"] + seg_blk[k_seg]),
+          count=a_count[keep],
+          args={at.A_SEQ: a_seq[keep], at.A_POS0: seg_pos0[k_seg], at.A_KV0: a_kv0[keep],
+                at.A_KV1: a_kv1[keep], at.A_PAGE_OFF: meta.page_off[a_seq[keep]],
+                at.A_MODE: a_mode[keep], at.A_QPK: qpk, at.A_HEAD_DIM: D,
+                at.A_SLOT: np.where(a_split[keep], seg_slot[k_seg] + a_spl[keep] * seg_rows[k_seg],
+                                    0),
+                at.A_NEW0: meta.seq_start[a_seq[keep]],
+                **{w: v[keep] for w, v in pair_words.items()}})
     ss = seg_ids[split]
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
           cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],
@@ -1116,7 +1183,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
 
     # L2 prefetch of the layer's next weights by the SMs its attention leaves idle (queued after the
     # attention, before O_PROJ; no waits, no signal)
-    if cfg.l2_prefetch_mib and len(a_seg) + len(ss) < cfg.num_sms:
+    if cfg.l2_prefetch_mib and int(keep.sum()) + len(ss) < cfg.num_sms:
         def slices(op):
             return (cfg.k_slices(gemm_k[op], nsplit[op]) if nsplit[op] > 1
                     else np.array([0, gemm_k[op]]))

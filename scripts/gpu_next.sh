@@ -115,6 +115,9 @@
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
+#   pair   PlanConfig.attn_pair (two decode units per ATTENTION instruction): two-layer checks,
+#          racecheck, memcheck with every decode paired, then B=256,1024 (MK_PAIR_BATCH) without
+#          and with auto pairs, journal on: pair.log, pair_check.log, pair_{off,on}.json (~7 min)
 #   fold   --plan MK_FOLD_PLAN (fold_o_reduce=1: O_PROJ's SPLITK_REDUCE folded into the MLP norm
 #          after it; "fold_o_reduce=1,fold_down_reduce=1" adds DOWN's, folded into the next
 #          layer's attention norm, built in session 14, CPU-verified only): the two-layer checks
@@ -213,7 +216,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -493,6 +496,35 @@ if has fold; then
     time_variant fold on "$FOLD" ${MK_FOLD_BATCH:-1,16,64} "" "$FOLD"
   else
     echo "== fold: checks FAILED, not timed" | tee -a "$OUTDIR/fold.log"; rc=1
+  fi
+fi
+if has pair; then
+  # PlanConfig.attn_pair (two decode units per ATTENTION instruction, one per consumer
+  # warpgroup; MODE_PAIR): the two-layer checks, racecheck and memcheck with every decode paired
+  # (MK_PAIR, default 2) on prompts whose decodes stay direct (kv_split 1024) and pair units of
+  # unequal block counts (contexts 2 / 14, 65 / 71, 131 / 201), one more check on the default
+  # prompts (kv_split 64: one pair of ctx 2 / 14 beside split decodes); then decode
+  # MK_PAIR_BATCH (256,1024) without pairs and with auto pairs (attn_pair=1), journal on
+  : > "$OUTDIR/pair.log"
+  PAIR="--plan attn_pair=${MK_PAIR:-2}"
+  MK_CHECK_EXTRA="$PAIR --kv-split 1024 --prompt-lens 1,13,64,130,200,70" MK_NO_PYTEST=1 checks \
+      > "$OUTDIR/pair_check.log" 2>&1
+  echo "== check --layers 2 --split-k 0 $PAIR (default prompts)" >> "$OUTDIR/pair_check.log"
+  timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 $PAIR 2>&1 \
+      | grep -v "^\[mk" | tail -1 | cut -c1-300 >> "$OUTDIR/pair_check.log"
+  echo "== memcheck, two-layer step, split-K auto, $PAIR" >> "$OUTDIR/pair_check.log"
+  timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 $PAIR --kv-split 1024 \
+      --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
+  grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 >> "$OUTDIR/pair_check.log"
+  cat "$OUTDIR/pair_check.log" | tee -a "$OUTDIR/pair.log"
+  if MK_NO_PYTEST=1 passed "$OUTDIR/pair_check.log" \
+      && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/pair_check.log"; then
+    echo "== pair: checks passed" | tee -a "$OUTDIR/pair.log"
+    time_variant pair off "single decode units" ${MK_PAIR_BATCH:-256,1024} "" ""
+    time_variant pair on "attn_pair=1" ${MK_PAIR_BATCH:-256,1024} "" "--plan attn_pair=1"
+  else
+    echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
   fi
 fi
 if has normbatch; then

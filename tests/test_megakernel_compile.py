@@ -176,8 +176,10 @@ def test_check_plan_folded_reduce(fold):
     from mk.instructions import splitk as skf
     from mk.instructions.base import NormWeight
     from mk.ir import W_OPCODE, Op
-    op, which, kw_fold = {"o": (Op.O_PROJ, NormWeight.MLP, {"fold_o_reduce": 1}),
-                          "down": (Op.DOWN, NormWeight.ATTN, {"fold_down_reduce": 1})}[fold]
+    op, which, kw_fold = {"o": (Op.O_PROJ, NormWeight.MLP,
+                                {"fold_o_reduce": 1, "fold_down_reduce": 0}),
+                          "down": (Op.DOWN, NormWeight.ATTN,
+                                   {"fold_o_reduce": 0, "fold_down_reduce": 1})}[fold]
     instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, **kw_fold)
     layout = _tiny_step_plan.last_plan.layout
     norms = instrs[instrs[:, W_OPCODE] == int(Op.RMSNORM)]
@@ -245,6 +247,28 @@ def test_check_plan_refuses_bad_split_words():
     refused(lambda s: s.__setitem__((r, W_COLS), 12), "multiples of 8")
     lm = int((ops == int(Op.LM_HEAD)).nonzero().flatten()[0])
     refused(lambda s: s.__setitem__((lm, gk.A_NSPLIT), 2), "never split")
+
+
+def test_check_plan_attention_pairs():
+    """PlanConfig.attn_pair: a step of one-token sequences planned with pairs (MODE_PAIR words)
+    passes check_plan; a pair whose second unit's row is outside the buffers, whose A_NEW0_B is
+    past its position, or whose first unit has several rows is refused."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.instructions import attention as at
+    from mk.ir import W_OPCODE, W_ROWS, Op
+    instrs, (nbuf, T, H), kw, _ = _tiny_step_plan(1, tokens=(1,) * 6, attn_pair=2)
+    a = (instrs[:, W_OPCODE] == int(Op.ATTENTION)).nonzero().flatten()
+    pairs = a[instrs[a, at.A_MODE] == at.MODE_PAIR]
+    assert len(pairs) == 3 * (len(a) // 3)     # 6 units of one block: 3 pairs in every layer
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    i = int(pairs[0])
+    for word, value in ((at.A_ROW0_B, T), (at.A_NEW0_B, int(instrs[i, at.A_POS0_B]) + 1),
+                        (W_ROWS, 2), (at.A_MODE, 3)):
+        bad = instrs.clone()
+        bad[i, word] = value
+        with pytest.raises(ValueError, match="mode must be|pair"):
+            M.check_plan(bad, nbuf, T, H, 1 << 20, **kw)
 
 
 @pytest.mark.parametrize("split_k", [1, 4])

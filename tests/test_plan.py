@@ -11,7 +11,8 @@ import torch
 from mk.batch import SeqChunk, StepBatch
 from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.ir import (MAX_WAITS, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
-                   W_SIGNAL, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0, Op, SignalScope)
+                   W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0, Op,
+                   SignalScope)
 from mk.plan import POLICIES, PlanConfig, Planner, build_meta, plan_step
 
 MODEL = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8, num_kv_heads=2,
@@ -63,7 +64,7 @@ def test_targets_exact_and_order_topological(tp, policy, split_k):
             if w[W_SIGNAL] == NO_COUNTER:
                 continue
             for q in receivers(w, p, tp):
-                final[q, w[W_SIGNAL]] += 1
+                final[q, w[W_SIGNAL]] += w[W_SIGNAL_COUNT]
                 last_producer[q, w[W_SIGNAL]] = max(last_producer[q, w[W_SIGNAL]], i)
     for r, (plan, s) in enumerate(zip(plans, streams)):
         assert np.array_equal(final[r], plan.targets.numpy()), f"rank {r} targets"
@@ -244,16 +245,20 @@ def test_l2_prefetch_instructions(split_k):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("split_k,l2,spread", [(1, 0, False), (0, 1, False), (0, 0, True)])
-def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread):
+@pytest.mark.parametrize("split_k,l2,spread,pair", [(1, 0, False, 0), (0, 1, False, 0),
+                                                    (0, 0, True, 0), (1, 0, False, 2)])
+def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair):
     """Planner's fast path (a batch with the previous plan's structure: only the attention's
     position words change) gives plan_step's stream, targets and metadata bitwise, over a run of
     decode steps that crosses KV-split boundaries, drops and adds sequences and mixes in prefill
     chunks (each of which takes the full plan); spread: decode keys spread over 24 SMs in splits
-    of a size that grows with the contexts (kv_split_min)."""
+    of a size that grows with the contexts (kv_split_min); pair: decode units paired
+    (attn_pair, the second unit's position words move too; kv_split 64, so that the decodes
+    stay direct for a while)."""
     cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "split_k": split_k, "splitk_align": 8,
                         "l2_prefetch_mib": l2,
-                        **(dict(kv_split=32, kv_split_min=4, num_sms=24) if spread else {})})
+                        **(dict(kv_split=32, kv_split_min=4, num_sms=24) if spread else {}),
+                        **(dict(kv_split=64, attn_pair=pair) if pair else {})})
     from mk.instructions import attention as at
     spread_sizes = set()
     planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
@@ -262,6 +267,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread):
     seqs = {0: 3, 1: 14, 2: 30, 3: 47}          # sequence -> cached tokens
     pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
     fast_before = 0
+    n_pairs = 0
     for step in range(40):
         chunks = [SeqChunk([int(rng.integers(1, 200))], n, pages[i]) for i, n in seqs.items()]
         if step in (9, 25):
@@ -271,6 +277,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread):
         want = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
         assert torch.equal(got.instrs, want.instrs), step
         a = want.instrs[want.instrs[:, W_OPCODE] == int(Op.ATTENTION)]
+        n_pairs += int((a[:, at.A_MODE] == at.MODE_PAIR).sum())
         spread_sizes.update(set(a[:, at.A_KV0][a[:, at.A_KV0] % cfg.kv_split != 0].tolist()))
         assert torch.equal(got.targets, want.targets) and torch.equal(got.meta.tensor,
                                                                       want.meta.tensor)
@@ -292,6 +299,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread):
     # keeps each table whole)
     assert planner.fast_plans >= (12 if spread else 20), planner.fast_plans
     assert bool(spread_sizes) == spread, spread_sizes       # splits not at kv_split multiples
+    assert (n_pairs > 0) == bool(pair), n_pairs
     slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
     slow.plan(batch)
     slow.plan(batch)
@@ -438,9 +446,12 @@ def test_static_verifier_accepts_plans(tp):
 @pytest.mark.parametrize("split_k", [1, 0, 4])
 def test_layers_are_the_template_shifted_so_representative_rows_cover_the_stream(split_k):
     """What StepPlan.representative_rows (the megakernel backend's host check of 1/40 of the rows)
-    relies on: every layer's rows are the first layer's plus l in the layer word and l * cpl in
-    each counter word that is not NO_COUNTER, and the representative rows are the prelude, the
-    first and last layers and the final rows."""
+    relies on: every layer's rows are the template's plus l in the layer word and l * cpl in
+    each counter word that is not NO_COUNTER (with fold_down_reduce, the default, layer 0's
+    attention norms have their fold words cleared: the template is layer 1 shifted back), and
+    the representative rows are the prelude, the first and last layers and the final rows."""
+    from mk.instructions import rows as rw
+    from mk.instructions.base import NormWeight
     from mk.plan import COUNTER_WORDS
     cfg = PlanConfig(**{**CFG.__dict__, "split_k": split_k, "splitk_align": 8, "num_sms": 16})
     for batch in (mixed_batch(), StepBatch([SeqChunk([3], 40, list(range(12)))])):
@@ -449,13 +460,18 @@ def test_layers_are_the_template_shifted_so_representative_rows_cover_the_stream
         pre, m = t["prelude"], t["per_layer"]
         s = plan.instrs.numpy().astype(np.int64)
         assert pre + L * m + t["final"] == len(s)
-        first = s[pre:pre + m]
+        second = s[pre + m:pre + 2 * m]
+        live = {wd: second[:, wd] != NO_COUNTER for wd in COUNTER_WORDS}
+        attn_norm = (second[:, W_OPCODE] == Op.RMSNORM) & (second[:, rw.A_NORM_WEIGHT]
+                                                           == NormWeight.ATTN)
         for layer in range(L):
-            want = first.copy()
-            want[:, W_LAYER] += layer
+            want = second.copy()
+            want[:, W_LAYER] += layer - 1
             for wd in COUNTER_WORDS:
-                live = first[:, wd] != NO_COUNTER
-                want[live, wd] += layer * cpl
+                want[live[wd], wd] += (layer - 1) * cpl
+            if layer == 0:
+                want[attn_norm, rw.A_RED_NSPLIT] = 0
+                want[attn_norm, rw.A_RED_STRIDE] = 0
             assert np.array_equal(s[pre + layer * m:pre + (layer + 1) * m], want), layer
         rows = plan.representative_rows().numpy()
         assert np.array_equal(rows, np.r_[np.arange(pre + m), np.arange(pre + (L - 1) * m, len(s))])
@@ -504,6 +520,70 @@ def test_spread_kv_splits_fill_the_sms_at_small_batch():
     for bad in (dict(kv_split_min=-1), dict(kv_spread_min_splits=0), dict(kv_split_min=True)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             PlanConfig(**bad)
+
+
+def test_attention_pairs():
+    """PlanConfig.attn_pair: decode units (one-row direct segments) of one token block and KV
+    group paired in one MODE_PAIR instruction, contexts sorted and paired neighbour with
+    neighbour; the pair signals the block's ATTN counter twice (targets unchanged), every
+    decode row is written once (the family's accesses), and the plans verify clean. Auto (1)
+    pairs only what takes the instructions down to num_sms; 0 never pairs."""
+    from mk.instructions import attention as at
+    from mk.instructions.base import Buf
+    from mk.verify import check
+    # 12 decodes over two token blocks of 8 rows, a prefill chunk, a split decode (ctx > 16)
+    ctx = [5, 9, 3, 12, 7, 2, 11, 4, 6, 10, 8, 1]
+    batch = StepBatch([SeqChunk([3], c, list(range(10 * i, 10 * i + 10)))
+                       for i, c in enumerate(ctx)]
+                      + [SeqChunk(list(range(1, 6)), 2, list(range(150, 155))),
+                         SeqChunk([4], 40, list(range(160, 171)))])
+
+    kernel = KernelConfig(**{**KERNEL.__dict__, "max_seqs": 16})
+
+    def attn(cfg):
+        p = plan_step(batch, MODEL, ParallelConfig(1, 0), kernel, cfg)
+        s = p.instrs.numpy()
+        return p, s[(s[:, W_OPCODE] == Op.ATTENTION) & (s[:, W_LAYER] == 0)]
+    p0, a0 = attn(CFG)
+    p2, a2 = attn(PlanConfig(**{**CFG.__dict__, "attn_pair": 2}))
+    assert not (a0[:, at.A_MODE] == at.MODE_PAIR).any()
+    pr = a2[a2[:, at.A_MODE] == at.MODE_PAIR]
+    ngrp = MODEL.num_kv_heads       # attn_kv_heads 1: an instruction per KV head
+    # block 0: 8 decodes -> 4 pairs; block 1: 4 decodes -> 2 pairs (the prefill and the split
+    # decode stay single); per KV group
+    assert len(pr) == 6 * ngrp and len(a2) == len(a0) - len(pr)
+    assert (pr[:, 17] == 2).all() and (a2[a2[:, at.A_MODE] != at.MODE_PAIR][:, 17] == 1).all()
+    assert torch.equal(p0.targets, p2.targets)
+    B = 8
+    assert (pr[:, W_ROW0] // B == pr[:, at.A_ROW0_B] // B).all()     # same block
+    pos = {r: c for r, c in enumerate(ctx)}
+    a_ctx = np.array([pos[r] for r in pr[:, W_ROW0]])
+    b_ctx = np.array([pos[r] for r in pr[:, at.A_ROW0_B]])
+    assert (pr[:, at.A_POS0] == a_ctx).all() and (pr[:, at.A_POS0_B] == b_ctx).all()
+    assert (pr[:, at.A_NEW0_B] == b_ctx).all() and (pr[:, at.A_KV0] == 0).all()
+    # neighbours by context: block 0's contexts sorted 2 3 4 5 7 9 11 12 pair as (2,3) (4,5) ..
+    pairs0 = sorted(tuple(sorted(x)) for x in zip(a_ctx[pr[:, W_COL0] == 0],
+                                                   b_ctx[pr[:, W_COL0] == 0]))
+    assert pairs0 == [(1, 6), (2, 3), (4, 5), (7, 9), (8, 10), (11, 12)]
+    # every ATTN_OUT row of a decode written exactly once per KV group
+    out_rows = collections.Counter()
+    for i in np.flatnonzero(p2.instrs.numpy()[:, W_LAYER] == 0):
+        if p2.instrs[i, W_OPCODE] == int(Op.ATTENTION):
+            for r in p2.accesses(int(i)).writes:
+                if r.buf == Buf.ATTN_OUT:
+                    for row in range(r.row0, r.row1):
+                        out_rows[row, r.col0] += 1
+    assert all(out_rows[r, c] == 1 for r in range(12) for c in {k[1] for k in out_rows})
+    assert check([p2.instrs], p2.num_counters, meta=p2.meta) == []
+    # auto: just enough pairs to get down to num_sms instructions
+    n0 = len(a0)
+    _, a1 = attn(PlanConfig(**{**CFG.__dict__, "attn_pair": 1, "num_sms": n0 - 3}))
+    assert len(a1) == n0 - 3
+    _, a1 = attn(PlanConfig(**{**CFG.__dict__, "attn_pair": 1, "num_sms": n0}))
+    assert len(a1) == n0
+    for bad in (3, -1, True):
+        with pytest.raises(ValueError, match="attn_pair"):
+            PlanConfig(attn_pair=bad)
 
 
 def test_spread_kv_splits_need_enough_splits():

@@ -107,8 +107,10 @@ def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
     assert f == [], "\n".join(str(x) for x in f[:5])
 
 
-FOLDS = {"o": {"fold_o_reduce": 1}, "down": {"fold_down_reduce": 1},
+FOLDS = {"o": {"fold_o_reduce": 1, "fold_down_reduce": 0},
+         "down": {"fold_o_reduce": 0, "fold_down_reduce": 1},
          "both": {"fold_o_reduce": 1, "fold_down_reduce": 1}}
+NO_FOLD = {"fold_o_reduce": 0, "fold_down_reduce": 0}
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -125,7 +127,7 @@ def test_folded_reduce_equals_the_split_plan(gqa, one_thread, tp, fold):
     from mk.instructions.base import NormWeight
     w = gqa(tp, torch.float32)
     for split_k, sms in ((2, 4096), (0, 16)):
-        base = VM(w, KERNEL, split_cfg(split_k, num_sms=sms))
+        base = VM(w, KERNEL, split_cfg(split_k, num_sms=sms, **NO_FOLD))
         folded = VM(w, KERNEL, split_cfg(split_k, num_sms=sms, **FOLDS[fold]))
         for i, batch in enumerate(mixed_steps(V)):
             want = base.step(batch)
@@ -146,7 +148,7 @@ def test_folded_reduce_equals_the_split_plan(gqa, one_thread, tp, fold):
             for op, which, key in ((Op.O_PROJ, NormWeight.MLP, "fold_o_reduce"),
                                    (Op.DOWN, NormWeight.ATTN, "fold_down_reduce")):
                 ns = plan.layout["splitk"][op.name][1]
-                if key not in FOLDS[fold] or ns <= 1:
+                if not FOLDS[fold][key] or ns <= 1:
                     continue
                 changed = True
                 in_body = red[body] & (fw[body, sk.A_OP] == op)
@@ -181,9 +183,10 @@ def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
     # forced 2 with SMs to spare: every slice 3 rows at most; auto on the 16 pretended SMs: the
     # reduces-per-op cap makes the slices taller
     for split_k, sms in ((2, 4096), (0, 16)):
-        base = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=0, num_sms=sms))
+        # (unfolded: the folds leave O_PROJ / DOWN without per-layer reduces to cut)
+        base = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=0, num_sms=sms, **NO_FOLD))
         sliced = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=3,
-                                          splitk_reduce_max_tokens=4096, num_sms=sms))
+                                          splitk_reduce_max_tokens=4096, num_sms=sms, **NO_FOLD))
         for i, batch in enumerate(vm_steps):
             want = base.step(batch)
             got = sliced.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
@@ -235,8 +238,10 @@ def test_reduce_runs_the_unsplit_epilogue(gqa, one_thread, tp):
                               down=ints(w.down)) for w in gqa(tp, torch.float32)]
     batch = StepBatch([SeqChunk(list(range(1, 12)), 0, list(range(0, 4))),
                        SeqChunk([5], 9, list(range(10, 14)))])
-    plans = {k: (plan_step(batch, ws[0].config, ws[0].parallel, KERNEL, split_cfg(k)),
-                 buffer_shapes(ws[0].config, ws[0].parallel, KERNEL, split_cfg(k))) for k in (1, 4)}
+    # (unfolded: a folded reduce runs in the norm after it, test_folded_reduce_equals_the_split_plan)
+    plans = {k: (plan_step(batch, ws[0].config, ws[0].parallel, KERNEL, split_cfg(k, **NO_FOLD)),
+                 buffer_shapes(ws[0].config, ws[0].parallel, KERNEL, split_cfg(k, **NO_FOLD)))
+             for k in (1, 4)}
 
     def run(split_k, op):
         """The layer-0 instructions of op (tiles, reduces) on every rank, from integer buffers."""

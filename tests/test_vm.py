@@ -340,3 +340,32 @@ def test_l2_prefetch_instructions_change_nothing(checkpoints):
         assert torch.equal(pref.step(batch, mode="random", sms=5, seed=i),
                            plain.step(batch, mode="random", sms=5, seed=i))
     assert n_prefetch > 0
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_paired_decode_attention_changes_nothing(checkpoints, tp):
+    """PlanConfig.attn_pair: plans with decode units paired into MODE_PAIR instructions give
+    bitwise the logits of plans without pairs, in random interleavings too (the pair's face runs
+    each unit as a direct instruction would)."""
+    from mk.instructions import attention as at
+    ck = checkpoints("GQA_LLAMA3")
+    w = weights(ck, tp, torch.float32)
+    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 64})
+    plain = VM(w, KERNEL, cfg)
+    paired = VM(w, KERNEL, PlanConfig(**{**cfg.__dict__, "attn_pair": 2}))
+    n_pairs = 0
+    steps = mixed_steps(GQA_LLAMA3["vocab_size"])
+    g = torch.Generator().manual_seed(5)
+    # and a step of six one-token chunks: the four sequences' next decodes and two new ones
+    steps.append(StepBatch([SeqChunk([int(t)], n, page_table(i)) for i, (t, n) in enumerate(
+        zip(torch.randint(0, GQA_LLAMA3["vocab_size"], (6,), generator=g).tolist(),
+            (21, 21, 7, 7, 0, 0)))]))
+    for i, batch in enumerate(steps):
+        s = paired.plan(batch).instrs
+        n_pairs += int(((s[:, W_OPCODE] == int(Op.ATTENTION))
+                        & (s[:, at.A_MODE] == at.MODE_PAIR)).sum())
+        # (rows past the step's sequences are NaN in both)
+        torch.testing.assert_close(paired.step(batch, mode="random", sms=5, seed=i),
+                                   plain.step(batch, mode="random", sms=5, seed=i),
+                                   rtol=0, atol=0, equal_nan=True)
+    assert n_pairs > 0

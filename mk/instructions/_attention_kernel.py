@@ -166,6 +166,8 @@ NOSTORE = "nostore" in EXPERIMENT
 # H200). The storer frees K/V pages in ring order (attn_store); the sound design, a per-page
 # done-parity mask in every family's storer, is in bench/ATTENTION_NOTES.md.
 OP_ATTENTION = int(Op.ATTENTION)
+# attn_consume takes the epilogue page count from the mode's low bit
+assert at.MODE_PARTIAL & 1 and not at.MODE_DIRECT & 1 and not at.MODE_PAIR & 1
 OP_ATTN_REDUCE = int(Op.ATTN_REDUCE)
 
 
@@ -183,7 +185,7 @@ def handoff_of(share: int) -> str:
 
 
 def epi_pages(mode: int) -> int:
-    return E_DIRECT if mode == at.MODE_DIRECT else E_PARTIAL
+    return E_PARTIAL if mode == at.MODE_PARTIAL else E_DIRECT
 
 
 def unit_blocks_host(R: int, qpk: int, pos0: int, kv0: int, kv1: int, mt: int) -> int:
@@ -194,11 +196,15 @@ def unit_blocks_host(R: int, qpk: int, pos0: int, kv0: int, kv1: int, mt: int) -
     return max(0, -(-(kend - kv0) // KB))
 
 
-def pages_per_instr(R: int, qpk: int, cols: int, pos0: int, kv0: int, kv1: int, mode: int) -> int:
+def pages_per_instr(R: int, qpk: int, cols: int, pos0: int, kv0: int, kv1: int, mode: int,
+                    pos0_b: int = 0) -> int:
+    """Ring pages of one ATTENTION instruction (pos0_b: the second unit's position, MODE_PAIR)."""
     n = 0
     for _kh in range(cols):
         for mt in range(-(-R * qpk // MT)):
             n += 2 * unit_blocks_host(R, qpk, pos0, kv0, kv1, mt) + epi_pages(mode)
+            if mode == at.MODE_PAIR:
+                n += 2 * unit_blocks_host(1, qpk, pos0_b, kv0, pos0_b + 1, 0)
     return n
 
 
@@ -260,6 +266,41 @@ def unit_range(R: Int32, qpk: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mt: In
     if kend > kv0:
         nblk = (kend - kv0 + (KB - 1)) // KB
     return kend, nblk
+
+
+@cute.jit
+def second_unit(pair, mode: Int32, qpk: Int32, kv0: Int32, nblk: Int32):
+    """The second decode unit of a MODE_PAIR instruction (pair: its (row0, pos0, page_off, new0)
+    words, or None where the caller never runs pairs, e.g. the harness): (paired, kend, nblk of
+    the second unit, nmin, tail) for ring_block; (False, 0, 0, 0, 0) for a single unit. Its keys
+    are [kv0, pos0 + 1)."""
+    paired = cutlass.Boolean(False)
+    kend_b = Int32(0)
+    nblk_b = Int32(0)
+    nmin = Int32(0)
+    tail = Int32(0)
+    if cutlass.const_expr(pair is not None):
+        if mode == at.MODE_PAIR:
+            paired = cutlass.Boolean(True)
+            kend_b, nblk_b = unit_range(Int32(1), qpk, pair[1], kv0, pair[1] + 1, Int32(0))
+            nmin = imin(nblk, nblk_b)
+            if nblk_b > nblk:
+                tail = Int32(1)
+    return paired, kend_b, nblk_b, nmin, tail
+
+
+@cute.jit
+def ring_block(j: Int32, nmin: Int32, tail: Int32):
+    """Key block j of an instruction's ring walk: (unit, block index in that unit). A pair's two
+    units alternate block by block while both have blocks (A0 B0 A1 B1 ..), then the longer
+    one's (unit `tail`) follow; a single unit (nmin = tail = 0): (0, j). Every role walks the
+    same sequence."""
+    u = tail
+    b = j - nmin
+    if j < 2 * nmin:
+        u = j & 1
+        b = j >> 1
+    return u, b
 
 
 # ============================================================================ page waits
@@ -365,31 +406,50 @@ def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Compose
 
 
 @cute.jit
-def load_kv_blocks_prefetched(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
-                              page_size: cutlass.Constexpr, meta: cute.Tensor, lrow: Int32,
-                              kc: Int32, kv0: Int32, kend: Int32, nblk: Int32, page_off: Int32,
-                              pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
-                              npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                              ticket: Int32, b_first=0, wclk=None, policy=None) -> Int32:
-    """attn_load's K/V blocks b_first .. nblk-1 of one unit with TABLE_PREFETCH: the page-table
-    entries 32 per warp-wide load (lane i holds entry 32c + i of the sequence's table), handed to
-    each sub-box by a shuffle. A few words past the sequence's table may be read (clamped to the
-    metadata buffer) and are never used: sub-boxes past the key end issue no TMA."""
+def load_kv_ring(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
+                 page_size: cutlass.Constexpr, meta: cute.Tensor, lrow: Int32, kc: Int32,
+                 kv0: Int32, kend_a: Int32, page_off_a: Int32, kend_b: Int32, page_off_b: Int32,
+                 nmin: Int32, tail: Int32, j_first: Int32, j_end: Int32, pool: Int32,
+                 full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                 timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None,
+                 policy=None, two: cutlass.Constexpr = True) -> Int32:
+    """attn_load's ring blocks j_first .. j_end - 1 (ring_block: unit a's, or a pair's a and b
+    alternating; two=False: a body that never runs pairs, unit a's alone) with TABLE_PREFETCH: each unit's page-table entries 32 per warp-wide load (lane
+    i holds entry 32c + i of the sequence's table), handed to each sub-box by a shuffle. A few
+    words past a sequence's table may be read (clamped to the metadata buffer) and are never
+    used: sub-boxes past the key end issue no TMA."""
     psb = min(page_size, KB)
     nsub = KB // psb
     lane = cute.arch.lane_idx()
     last_word = meta.shape[0] - 1
     crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
-    table = Int32(0)
-    chunk = Int32(-1)
-    for b in range(b_first, nblk):
+    table_a = Int32(0)
+    chunk_a = Int32(-1)
+    table_b = Int32(0)
+    chunk_b = Int32(-1)
+    for j in range(j_first, j_end):
+        u = Int32(0)
+        b = j
+        kend = kend_a
+        if cutlass.const_expr(two):
+            u, b = ring_block(j, nmin, tail)
+            if u == 1:
+                kend = kend_b
         kb0 = kv0 + b * KB
         nval = valid_subboxes(kend, kb0, psb)
         for s in cutlass.range_constexpr(nsub):
             pi = (kb0 + s * psb) // page_size
-            if pi // 32 != chunk:                    # warp-uniform
-                chunk = pi // 32
-                table = meta[imin(page_off + chunk * 32 + lane, last_word)]
+            table = table_a
+            if u == 0:
+                if pi // 32 != chunk_a:                  # warp-uniform
+                    chunk_a = pi // 32
+                    table_a = meta[imin(page_off_a + chunk_a * 32 + lane, last_word)]
+                table = table_a
+            elif cutlass.const_expr(two):
+                if pi // 32 != chunk_b:
+                    chunk_b = pi // 32
+                    table_b = meta[imin(page_off_b + chunk_b * 32 + lane, last_word)]
+                table = table_b
             ent = cute.arch.shuffle_sync(table, pi % 32)
             crows[s] = lrow + ent * page_size + (kb0 + s * psb) % page_size
         pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full, empty, pg,
@@ -416,10 +476,12 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
               mode: Int32, qpk: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer,
               pg: Int32, npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
               ticket: Int32, ready=None, new0=None, journal=None,
-              wait_word: cutlass.Constexpr = -1) -> Int32:
+              wait_word: cutlass.Constexpr = -1, pair=None) -> Int32:
     """Loader warp of ATTENTION: per unit, K and V pages of every key block, then the epilogue
-    page grants. Returns the new page count. wait_word >= 0 (the megakernel's journal variant):
+    page grants (a MODE_PAIR instruction: the two units' blocks in ring_block order, then the
+    grants). Returns the new page count. wait_word >= 0 (the megakernel's journal variant):
     the loader's time waiting for free K/V pages, summed, into that word of row `ticket`.
+    pair: the second unit's words (second_unit), or None (a body that never runs pairs).
 
     ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS),
     with new0 (the instruction's A_NEW0: the sequence's first position written by this step;
@@ -447,53 +509,74 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     lrow = layer * lstride
     n_mt = (R * qpk + (MT - 1)) // MT
     ne = Int32(E_DIRECT)
-    if mode != at.MODE_DIRECT:
+    if mode == at.MODE_PARTIAL:
         ne = Int32(E_PARTIAL)
     for kh in range(cols):
         kc = (col0 + kh) * D
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            paired, kend_b, nblk_b, nmin, tail = second_unit(pair, mode, qpk, kv0, nblk)
+            page_off_b = page_off
+            if cutlass.const_expr(pair is not None):
+                page_off_b = pair[2]
+            nring = nblk + nblk_b
             if cutlass.const_expr(NOLOAD):
                 # experiment: no page-table load, no TMA; each K / V page granted like an
                 # epilogue page (the same empty wait, one plain arrive on full)
-                for b in range(2 * nblk):
+                for b in range(2 * nring):
                     pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
             elif cutlass.const_expr(TABLE_PREFETCH):
-                b_first = 0
+                j_first = Int32(0)
                 if cutlass.const_expr(early):
-                    b_first = Int32(0)
                     if waited == 0:
-                        # blocks of keys before new0: earlier steps' K/V, no dependency
+                        # blocks of keys before new0: earlier steps' K/V, no dependency (a
+                        # pair's: as many of each unit's, alternating, in the same pages)
                         npre = (new0 - kv0) // KB
                         if new0 < kv0:
                             npre = Int32(0)
                         npre = imin(imin(npre, nblk), Int32(npages // 2))
-                        pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta,
-                                                       lrow, kc, kv0, kend, npre, page_off, pool,
-                                                       full, empty, pg, npages, timeout_ns,
-                                                       state, ticket, 0, wclk, policy)
+                        j_pre = npre
+                        if cutlass.const_expr(pair is not None):
+                            if paired:
+                                npre_b = (pair[3] - kv0) // KB
+                                if pair[3] < kv0:
+                                    npre_b = Int32(0)
+                                npre = imin(imin(npre, imin(npre_b, nblk_b)), Int32(npages // 4))
+                                j_pre = 2 * npre
+                        pg = load_kv_ring(tma, gKV, box_layout, page_size, meta, lrow, kc, kv0,
+                                          kend, page_off, kend_b, page_off_b, nmin, tail,
+                                          Int32(0), j_pre, pool, full, empty, pg, npages,
+                                          timeout_ns, state, ticket, wclk, policy,
+                                          pair is not None)
                         bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY,
                                  ticket)
                         # the rows of this step's new tokens (QKV_ROPE storers of other CTAs,
                         # acquired by the controller) before the async-proxy reads below
                         cute.arch.fence_proxy("async.global")
                         waited = Int32(1)
-                        b_first = npre
-                pg = load_kv_blocks_prefetched(tma, gKV, box_layout, page_size, meta, lrow, kc,
-                                               kv0, kend, nblk, page_off, pool, full, empty, pg,
-                                               npages, timeout_ns, state, ticket, b_first, wclk,
-                                               policy)
+                        j_first = j_pre
+                pg = load_kv_ring(tma, gKV, box_layout, page_size, meta, lrow, kc, kv0, kend,
+                                  page_off, kend_b, page_off_b, nmin, tail, j_first, nring, pool,
+                                  full, empty, pg, npages, timeout_ns, state, ticket, wclk,
+                                  policy, pair is not None)
             else:
-                for b in range(nblk):
+                for j in range(nring):
+                    u, b = ring_block(j, nmin, tail)
                     kb0 = kv0 + b * KB
-                    nval = valid_subboxes(kend, kb0, psb)
+                    kend_u = kend
+                    page_off_u = page_off
+                    if u == 1:
+                        kend_u = kend_b
+                        page_off_u = page_off_b
+                    nval = valid_subboxes(kend_u, kb0, psb)
                     # the block's page-table entries, all loaded before the first TMA (one latency,
                     # not one per sub-box: a TMA issue orders the loads after it) and shared by K, V
                     for s in cutlass.range_constexpr(nsub):
                         crow_s = Int32(0)
                         if s < nval:
                             p = kb0 + s * psb
-                            crow_s = lrow + meta[page_off + p // page_size] * page_size + p % page_size
+                            crow_s = (lrow + meta[page_off_u + p // page_size] * page_size
+                                      + p % page_size)
                         crows[s] = crow_s
                     pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full,
                                        empty, pg, npages, timeout_ns, state, ticket, wclk, policy)
@@ -776,16 +859,19 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, tSrQ: cute.Tensor,
                 tScS: cute.Tensor, accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor,
                 rP: cute.Tensor, tOrP: cute.Tensor, pool: Int32, full: cute.Pointer,
-                done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, nblk: Int32, kv0: Int32,
+                done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, nring: Int32, kv0: Int32,
                 kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32, ls0: Float32,
                 ls1: Float32, scale: Float32, narrow, active, warp_rows, both_halves, wg: Int32,
                 wtid: Int32, ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None):
-    """A unit's key blocks one after the other (K page pg + 2b, V page pg + 2b + 1): S = Q K^T,
-    the online softmax, O += P V, each waited for before the next. An inactive warpgroup (no
-    query row) only waits for the pages and arrives `done`, a warp without query rows skips the
-    softmax (warp_rows, both_halves: see attn_consume); a narrow unit's blocks alternate
-    between the warpgroups. Returns the rows' (m0, m1, l0, l1) and the page count after.
+                share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None, paired=None,
+                nmin: Int32 = 0, tail: Int32 = 0):
+    """A unit's key blocks one after the other (ring block j: K page pg + 2j, V page pg + 2j +
+    1): S = Q K^T, the online softmax, O += P V, each waited for before the next. An inactive
+    warpgroup (no query row) only waits for the pages and arrives `done`, a warp without query
+    rows skips the softmax (warp_rows, both_halves: see attn_consume); a narrow unit's blocks
+    alternate between the warpgroups; a pair's (paired: a Boolean, or None where pairs never
+    run; narrow is then set too: each page is read by one warpgroup) ring blocks are warpgroup
+    u's for unit u (ring_block with nmin, tail), kv0 / kend / lim of this warpgroup's unit. Returns the rows' (m0, m1, l0, l1) and the page count after.
     wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
     pages, for the wgmmas (QK^T, then P V) to retire, and in the online softmax."""
     hm = handoff_of(share)
@@ -797,13 +883,19 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     one_wg_done = narrow
     if cutlass.const_expr(hm == "thread"):
         one_wg_done = cutlass.Boolean(False)
-    for b in range(nblk):
+    for j in range(nring):
+        b = j
+        if cutlass.const_expr(paired is not None):
+            u, b = ring_block(j, nmin, tail)
         kb0 = kv0 + b * KB
         pk, phk = page_of(pg, npages)
         pv, phv = page_of(pg + 1, npages)
         mine = cutlass.Boolean(True)
         if narrow:
-            mine = b % 2 == wg
+            mine = j % 2 == wg
+            if cutlass.const_expr(paired is not None):
+                if paired:
+                    mine = u == wg
         if not mine:
             if cutlass.const_expr(hm == "thread"):
                 page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
@@ -862,7 +954,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  share: cutlass.Constexpr = DONE_ARRIVALS,
                  wg_split: cutlass.Constexpr = WG_SPLIT, journal=None,
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
-                 softmax_word: cutlass.Constexpr = -1) -> Int32:
+                 softmax_word: cutlass.Constexpr = -1, pair=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
     pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
     (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
@@ -872,7 +964,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     wait_word >= 0 (the megakernel's journal variant): consumer thread 0's time waiting for full
     K/V pages, summed, into that word of row `ticket`; mma_word / softmax_word likewise its time
     waiting for the key blocks' wgmmas to retire / in their online softmax (where a decode
-    instruction's consumer time goes, bench/ATTENTION_NOTES.md session 11)."""
+    instruction's consumer time goes, bench/ATTENTION_NOTES.md session 11).
+    pair (the megakernel: the second unit's words, see second_unit; None: never a pair): in a
+    MODE_PAIR instruction warpgroup w runs unit w (its own Q row, keys and epilogue page w)."""
     hm = handoff_of(share)
     wclk = make_wait_clock(wait_word)
     mclk = make_wait_clock(mma_word)
@@ -897,20 +991,38 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     scale = Float32(D ** -0.5)
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
-    ne = Int32(E_DIRECT)
-    if mode != at.MODE_DIRECT:
-        ne = Int32(E_PARTIAL)
+    # E_PARTIAL epilogue pages for MODE_PARTIAL (1), E_DIRECT for direct and pairs (0, 2):
+    # arithmetic, not a branch on the mode (with the branch the harness's wg_split variant
+    # spilled 12 bytes)
+    ne = Int32(E_DIRECT) + (mode & 1) * (E_PARTIAL - E_DIRECT)
     nov = cute.size(accO0)
     for kh in range(cols):
         head0 = (col0 + kh) * qpk                 # first q head of this KV head
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
+            paired, kend_b, nblk_b, nmin, tail = second_unit(pair, mode, qpk, kv0, nblk)
             narrow = cutlass.Boolean(False)       # the unit's blocks split between the WGs
             if cutlass.const_expr(wg_split):
                 narrow = mtot - mt * MT <= NARROW_ROWS
+                if cutlass.const_expr(pair is not None):
+                    if paired:
+                        narrow = cutlass.Boolean(False)
             mw = mt * MT + wg * 64                # first query row of this warpgroup
             if narrow:
                 mw = mt * MT                      # both WGs hold the unit's rows
+            # this warpgroup's unit: the instruction's, or in a pair warpgroup 1's the second
+            row0_w = row0
+            pos0_w = pos0
+            kend_w = kend
+            solo = narrow                         # each K / V page read by one warpgroup
+            if cutlass.const_expr(pair is not None):
+                if paired:
+                    mw = Int32(0)
+                    solo = cutlass.Boolean(True)
+                    if wg == 1:
+                        row0_w = pair[0]
+                        pos0_w = pair[1]
+                        kend_w = kend_b
             active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
             # a warp's rows are [16 wq, 16 wq + 16) of its warpgroup's 64, r0 and r0 + 8 of each
             # thread: a decode token's 8 q heads are warp 0's first row half, so the other warps
@@ -922,7 +1034,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 rP.fill(0.0)
             # ---- Q rows -> A fragment (registers), zero past the last row
             if cutlass.const_expr(Q_HOIST and not wg_split):
-                load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0, mw, mtot, qpk, head0)
+                load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0_w, mw, mtot, qpk, head0)
             else:
                 for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
                     r, c = tQcQ[2 * v]
@@ -932,7 +1044,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     if m < mtot:
                         it = m // qpk
                         h = m - it * qpk
-                        addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
+                        addr = q_base + Int64((row0_w + it) * ldq + (head0 + h) * D + c) * 2
                         qv = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
                                                             assumed_align=4), cute.make_layout(2)).load()
                         q0 = qv[0].to(Float32)
@@ -943,8 +1055,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             #      half (i // 2) % 2); scalars, so the dynamic loops carry them
             r_a, _ca = tScS[0]
             r_b, _cb = tScS[2]
-            lim0 = imin(kend, pos0 + (mw + r_a) // qpk + 1)
-            lim1 = imin(kend, pos0 + (mw + r_b) // qpk + 1)
+            lim0 = imin(kend_w, pos0_w + (mw + r_a) // qpk + 1)
+            lim1 = imin(kend_w, pos0_w + (mw + r_b) // qpk + 1)
             mr0 = Float32(NEG_INF)
             mr1 = Float32(NEG_INF)
             ls0 = Float32(0.0)
@@ -958,11 +1070,15 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 for v in cutlass.range_constexpr(cute.size(tSrQ)):
                     qs = qs + tSrQ[v].to(Float32)
                 accO0[0] = qs
+            pflag = None
+            if cutlass.const_expr(pair is not None):
+                pflag = paired
             mr0, mr1, ls0, ls1, pg = attn_blocks(
                 mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
-                accO1, rP, tOrP, pool, full, done, pg, npages, nblk, kv0, kend, lim0, lim1, mr0,
-                mr1, ls0, ls1, scale, narrow, active, warp_rows, both_halves, wg, wtid, ctid,
-                timeout_ns, state, ticket, share, wclk, mclk, sclk)
+                accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0, kend_w, lim0,
+                lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows, both_halves, wg, wtid,
+                ctid, timeout_ns, state, ticket, share, wclk, mclk, sclk,
+                pflag, nmin, tail)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
@@ -1007,7 +1123,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 inv1 = Float32(1.0) / lt1
                 lse1 = mr1 + cute.math.log2(lt1, fastmath=True) * Float32(LN2)
             if writes:
-                if mode == at.MODE_DIRECT:
+                if mode != at.MODE_PARTIAL:       # direct, or a pair: page w is unit w's
                     pgw = ep0 + wg
                     if pgw >= npages:
                         pgw = pgw - npages
@@ -1413,10 +1529,12 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
                state: cute.Tensor, ticket: Int32,
                share: cutlass.Constexpr = EMPTY_ARRIVALS, journal: cute.Tensor = None,
-               stamps: cutlass.Constexpr = (), wait_word: cutlass.Constexpr = -1) -> Int32:
+               stamps: cutlass.Constexpr = (), wait_word: cutlass.Constexpr = -1,
+               pair=None) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
-    rows of ATTN_PARTIAL and ATTN_LSE at slot + i). Byte addresses of the buffers' (0, 0).
+    rows of ATTN_PARTIAL and ATTN_LSE at slot + i; a pair (pair: see second_unit): page 1 holds
+    the second unit's rows, for its ATTN_OUT row). Byte addresses of the buffers' (0, 0).
     share: empty[p]'s init count (see free_page). journal / stamps (the megakernel's journal
     variant only): STORE_STAMPS words of row `ticket` that get the times of the first unit's
     storer steps (where the storer's tail goes); wait_word >= 0: storer thread 0's time waiting
@@ -1428,27 +1546,35 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
         head0 = (col0 + kh) * qpk
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            for j in range(2 * nblk):
+            paired, kend_b, nblk_b, nmin, tail = second_unit(pair, mode, qpk, kv0, nblk)
+            nkv = 2 * (nblk + nblk_b)
+            for j in range(nkv):
                 page, ph = page_of(pg + j, npages)
                 t0 = wait_clock_start(wclk)
                 bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                 wait_clock_add(wclk, t0)
                 if sid == 0:
                     cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
-            pg = pg + 2 * nblk
+            pg = pg + nkv
             m0 = mt * MT
             first = sid == 0 and kh == 0 and mt == 0
             if cutlass.const_expr(len(stamps) > 0):
                 rk.journal_stamp(journal, ticket, stamps[0], first)          # K/V pages freed
-            if mode == at.MODE_DIRECT:
+            if mode != at.MODE_PARTIAL:
                 for w in cutlass.range_constexpr(E_DIRECT):
+                    mbase = m0 + w * 64
+                    row0_w = row0
+                    if cutlass.const_expr(w == 1 and pair is not None):
+                        if paired:
+                            mbase = Int32(0)
+                            row0_w = pair[0]
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                     if cutlass.const_expr(len(stamps) > 0):
                         # epilogue page w done; page 0 stored; page 0 freed
                         rk.journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
                     if cutlass.const_expr(not NOSTORE):
-                        store_rows_page(pool, page, 2, 64, m0 + w * 64, mtot, qpk, head0, row0,
+                        store_rows_page(pool, page, 2, 64, mbase, mtot, qpk, head0, row0_w,
                                         out_base, ldo, sid, nthreads)
                     if cutlass.const_expr(len(stamps) > 0 and w == 0):
                         rk.journal_stamp(journal, ticket, stamps[2], first)

@@ -11,6 +11,11 @@ metadata[page_off + pos // page_size].
     mode 1 (one split of several): float32 partial output o_i = softmax-weighted v of the split
         (normalised within the split) -> ATTN_PARTIAL[slot + i, q head columns] and its
         log-sum-exp -> ATTN_LSE[slot + i, q heads] (-inf where the split holds no key for the row).
+    mode 2 (a pair of decode units): two mode-0 instructions of one row each in one, the second
+        sequence's row, position, page table and new0 in ARG0 + 10 .. 13 (its keys [kv0, pos + 1),
+        kv0 = 0). The GPU body runs one unit per consumer warpgroup, where a single decode unit
+        leaves the second idle (mk.plan pairs decode segments when the attention instructions
+        outnumber the SMs: PlanConfig.attn_pair).
 ATTN_REDUCE: rows x KV heads of one segment whose splits j = 0..nsplit-1 sit at slots
 slot0 + j*rows: out = sum_j exp(lse_j - M) o_j / sum_j exp(lse_j - M), M = max_j lse_j, cast to the
 model dtype -> ATTN_OUT.
@@ -29,11 +34,14 @@ ATTENTION arguments:                       ATTN_REDUCE arguments:
               rows span several blocks has segments with pos0 > new0). Keys before it come from
               earlier steps, so the megakernel's EARLY_WEIGHTS loader may read them before the
               instruction's waits; 0 = none (the faces ignore it)
+    ARG0 + 10 .. 13 (mode 2): the second unit's token row, pos0, page table offset and new0
 
 The CuTe DSL bodies will live in mk/instructions/attention_kernel.py (GPU path only).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -52,11 +60,42 @@ A_QPK = ARG0 + 6
 A_HEAD_DIM = ARG0 + 7
 A_SLOT = ARG0 + 8
 A_NEW0 = ARG0 + 9
+A_ROW0_B = ARG0 + 10        # mode 2: the second decode unit's token row, position, page table, new0
+A_POS0_B = ARG0 + 11
+A_PAGE_OFF_B = ARG0 + 12
+A_NEW0_B = ARG0 + 13
 # ATTN_REDUCE
 A_SLOT0 = ARG0
 A_NSPLIT = ARG0 + 1
 
-MODE_DIRECT, MODE_PARTIAL = 0, 1
+MODE_DIRECT, MODE_PARTIAL, MODE_PAIR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One attention unit of an instruction: query rows [row0, row0 + rows) of one sequence at
+    positions pos0.., keys [kv0, kv1), written directly (mode 0) or as a split (mode 1)."""
+
+    row0: int
+    rows: int
+    pos0: int
+    kv0: int
+    kv1: int
+    page_off: int
+    mode: int
+
+
+def units(instr: Instruction) -> tuple[Unit, ...]:
+    """The instruction's units: one, or two direct decode units for MODE_PAIR."""
+    mode = arg(instr, A_MODE)
+    first = Unit(instr.row0, instr.rows, arg(instr, A_POS0), arg(instr, A_KV0),
+                 arg(instr, A_KV1), arg(instr, A_PAGE_OFF),
+                 MODE_DIRECT if mode == MODE_PAIR else mode)
+    if mode != MODE_PAIR:
+        return (first,)
+    pos_b = arg(instr, A_POS0_B)
+    return first, Unit(arg(instr, A_ROW0_B), 1, pos_b, arg(instr, A_KV0), pos_b + 1,
+                       arg(instr, A_PAGE_OFF_B), MODE_DIRECT)
 
 
 def kv_cache_rows(meta_tensor: torch.Tensor, layer: int, page_off: int, kv0: int, kv1: int) -> torch.Tensor:
@@ -76,7 +115,8 @@ def _heads(instr: Instruction):
 @register
 class AttentionFamily(InstructionFamily):
     opcodes = (Op.ATTENTION, Op.ATTN_REDUCE)
-    ARG_NAMES = {int(Op.ATTENTION): ("seq", "pos0", "kv0", "kv1", "page_off", "mode", "qpk", "D", "slot"),
+    ARG_NAMES = {int(Op.ATTENTION): ("seq", "pos0", "kv0", "kv1", "page_off", "mode", "qpk", "D", "slot",
+                                     "new0", "row0_b", "pos0_b", "page_off_b", "new0_b"),
                  int(Op.ATTN_REDUCE): ("slot0", "nsplit", "_", "_", "_", "_", "qpk", "D")}
 
     # accesses ---------------------------------------------------------------------------------
@@ -89,32 +129,38 @@ class AttentionFamily(InstructionFamily):
                      Region(Buf.ATTN_LSE, s0, s0 + ns * instr.rows, h0, h1, rank))
             return Accesses(reads, (Region(Buf.ATTN_OUT, r0, r1, h0 * D, h1 * D, rank),))
         need_meta(meta, Op.ATTENTION)
-        kv0 = arg(instr, A_KV0)
-        kv1 = min(arg(instr, A_KV1), arg(instr, A_POS0) + instr.rows)
         kc0, kc1 = instr.col0 * D, (instr.col0 + instr.cols) * D
-        reads = [Region(Buf.Q, r0, r1, h0 * D, h1 * D, rank)]
-        for a, b in runs(kv_cache_rows(meta.tensor, instr.layer, arg(instr, A_PAGE_OFF), kv0,
-                                       kv1).tolist()):
-            reads += [Region(Buf.K_CACHE, a, b, kc0, kc1, rank), Region(Buf.V_CACHE, a, b, kc0, kc1, rank)]
-        if arg(instr, A_MODE) == MODE_DIRECT:
-            writes = (Region(Buf.ATTN_OUT, r0, r1, h0 * D, h1 * D, rank),)
-        else:
-            s = arg(instr, A_SLOT)
-            writes = (Region(Buf.ATTN_PARTIAL, s, s + instr.rows, h0 * D, h1 * D, rank),
-                      Region(Buf.ATTN_LSE, s, s + instr.rows, h0, h1, rank))
-        return Accesses(tuple(reads), writes)
+        reads, writes = [], []
+        for u in units(instr):
+            kv1 = min(u.kv1, u.pos0 + u.rows)
+            reads.append(Region(Buf.Q, u.row0, u.row0 + u.rows, h0 * D, h1 * D, rank))
+            for a, b in runs(kv_cache_rows(meta.tensor, instr.layer, u.page_off, u.kv0,
+                                           kv1).tolist()):
+                reads += [Region(Buf.K_CACHE, a, b, kc0, kc1, rank),
+                          Region(Buf.V_CACHE, a, b, kc0, kc1, rank)]
+            if u.mode == MODE_DIRECT:
+                writes.append(Region(Buf.ATTN_OUT, u.row0, u.row0 + u.rows, h0 * D, h1 * D, rank))
+            else:
+                s = arg(instr, A_SLOT)
+                writes += [Region(Buf.ATTN_PARTIAL, s, s + u.rows, h0 * D, h1 * D, rank),
+                           Region(Buf.ATTN_LSE, s, s + u.rows, h0, h1, rank)]
+        return Accesses(tuple(reads), tuple(writes))
 
     # torch semantics --------------------------------------------------------------------------
     def run_torch(self, instr: Instruction, state) -> None:
         if instr.opcode == Op.ATTN_REDUCE:
             return self._reduce(instr, state)
-        r0, r1 = rows_of(instr)
-        R = r1 - r0
+        for u in units(instr):
+            self._unit(instr, u, state)
+
+    def _unit(self, instr: Instruction, u: Unit, state) -> None:
+        r0, R = u.row0, u.rows
+        r1 = r0 + R
         qpk, D, h0, h1 = _heads(instr)
-        pos0, kv0 = arg(instr, A_POS0), arg(instr, A_KV0)
-        kv1 = min(arg(instr, A_KV1), pos0 + R)
+        pos0, kv0 = u.pos0, u.kv0
+        kv1 = min(u.kv1, pos0 + R)
         m = state.meta.tensor
-        idx = kv_cache_rows(m, instr.layer, arg(instr, A_PAGE_OFF), kv0, kv1)
+        idx = kv_cache_rows(m, instr.layer, u.page_off, kv0, kv1)
         kc0, kc1 = instr.col0 * D, (instr.col0 + instr.cols) * D
         k = state.buf(Buf.K_CACHE)[idx, kc0:kc1].view(-1, instr.cols, D)
         v = state.buf(Buf.V_CACHE)[idx, kc0:kc1].view(-1, instr.cols, D)
@@ -126,7 +172,7 @@ class AttentionFamily(InstructionFamily):
         qpos = torch.arange(pos0, pos0 + R, device=scores.device)[:, None]
         kpos = torch.arange(kv0, kv1, device=scores.device)[None, :]
         masked = kpos > qpos                                          # [R, C]
-        if arg(instr, A_MODE) == MODE_DIRECT:
+        if u.mode == MODE_DIRECT:
             if bool(masked.any()):
                 scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
