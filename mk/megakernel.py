@@ -1498,10 +1498,11 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
             if ((pr[:, W_ROWS] != 1) | (pr[:, at.A_KV0] != 0) | (pr[:, at.A_ROW0_B] < 0)
                     | (pr[:, at.A_ROW0_B] >= min(Tq, attn.out.shape[0]))
                     | (pr[:, at.A_NEW0_B] < 0) | (pr[:, at.A_NEW0_B] > pr[:, at.A_POS0_B])
-                    | (pr[:, at.A_PAGE_OFF_B] < 0)).any():
-                raise ValueError("megakernel: an ATTENTION pair (mode 2) must be two one-row "
-                                 "decode units from key 0, the second's row in the Q / ATTN_OUT "
-                                 "buffers and its A_NEW0_B in [0, its pos0]")
+                    | (pr[:, at.A_PAGE_OFF_B] < 0) | (pr[:, at.A_QPK] > at.PAIR_MAX_QPK)).any():
+                raise ValueError(f"megakernel: an ATTENTION pair (mode 2) must be two one-row "
+                                 f"decode units from key 0 of at most {at.PAIR_MAX_QPK} q heads "
+                                 f"(a warpgroup's rows), the second's row in the Q / ATTN_OUT "
+                                 f"buffers and its A_NEW0_B in [0, its pos0]")
         pa = a[mode == at.MODE_PARTIAL]
         if len(pa) and ((pa[:, at.A_SLOT] < 0).any()
                         or (pa[:, at.A_SLOT] + pa[:, W_ROWS] > min(P, attn.lse.shape[0])).any()):

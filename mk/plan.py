@@ -138,10 +138,13 @@ class PlanConfig:
     # Two decode units (one-row direct segments of one token block and KV group) in one ATTENTION
     # instruction (mode MODE_PAIR): the GPU body gives each consumer warpgroup its own unit, where
     # a single decode unit leaves warpgroup 1 idle (at B=1024 ATTENTION was 35% of the SMs' busy
-    # time, one instruction per sequence; bench/ATTENTION_NOTES.md session 15). 0: never; 1:
-    # when a step's attention instructions outnumber num_sms, just enough pairs (of the closest
-    # contexts) that they do not; 2: every pair that can be made.
-    attn_pair: int = 0
+    # time, one instruction per sequence; bench/ATTENTION_NOTES.md session 15). 0: never; 1
+    # (default): when a step's attention instructions outnumber num_sms, just enough pairs (of
+    # the closest contexts) that they do not; 2: every pair that can be made. 70B TP8 decode ctx
+    # 1024 (H200, session 15, bench/results/pair_*_2026-11-30_s15): B=256 21.13 -> 19.51 ms,
+    # B=1024 69.45 -> 64.11 ms (-7.7% each; ATTENTION's SM time -37% at B=1024); checks,
+    # racecheck and memcheck of every decode paired clean
+    attn_pair: int = 1
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
@@ -1148,7 +1151,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     # carries the second's words, the second is dropped
     a_seq = seg_seq[a_seg]
     a_mode = np.where(a_split, at.MODE_PARTIAL, at.MODE_DIRECT)
-    cand = np.flatnonzero(~a_split & (seg_rows[a_seg] == 1))
+    cand = np.flatnonzero(~a_split & (seg_rows[a_seg] == 1) & (qpk <= at.PAIR_MAX_QPK))
     pa, pb = cfg.attn_pairs(cand, seg_blk[a_seg[cand]] * ngrp + a_grp[cand], seg_ctx[a_seg[cand]],
                             len(a_seg))
     pair_words = {w: np.zeros(len(a_seg), np.int64)

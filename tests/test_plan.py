@@ -584,6 +584,13 @@ def test_attention_pairs():
     for bad in (3, -1, True):
         with pytest.raises(ValueError, match="attn_pair"):
             PlanConfig(attn_pair=bad)
+    # units of more q heads than a warpgroup's rows are never paired
+    wide = ModelConfig(hidden_size=1024, intermediate_size=128, num_layers=1, num_heads=128,
+                       num_kv_heads=1, head_dim=8, vocab_size=256)
+    pw = plan_step(batch, wide, ParallelConfig(1, 0), kernel, PlanConfig(**{**CFG.__dict__,
+                                                                            "attn_pair": 2}))
+    assert not (pw.instrs[:, at.A_MODE][pw.instrs[:, W_OPCODE] == int(Op.ATTENTION)]
+                == at.MODE_PAIR).any()
 
 
 def test_spread_kv_splits_need_enough_splits():

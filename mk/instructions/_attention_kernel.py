@@ -135,6 +135,14 @@ WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 # B=1 (-6.9%), -4.4% at B=64, -1.9% at B=256; "bulk" -7.1% / -4.6% / -1.2%. Both passed the
 # attention harness GPU tests, the two-layer checks and racecheck; loop is the default as the
 # simpler of two equals (generic stores only, no proxy fences).
+# The consumer warp of a MODE_PAIR instruction's second unit (warpgroup 1), compile-time
+# (MK_ATTN_PAIR_WARP, 0-3): a decode unit's rows are its warpgroup's warp 0 (rows 0-15) unless
+# moved; warps 4 and 8 (the two warpgroups' warp 0) share SM sub-partition 0 and the pipe that runs
+# the softmax's conversions and exp2 (session 12), so both units' softmax would queue there.
+# With 3 the second unit's rows are warpgroup 1's rows 48-63 (warp 11, sub-partition 3).
+PAIR_WARP = int(os.environ.get("MK_ATTN_PAIR_WARP", "0"))
+if not 0 <= PAIR_WARP <= 3:
+    raise ValueError(f"MK_ATTN_PAIR_WARP={PAIR_WARP}: expected 0 .. 3")
 STORE_MODE = os.environ.get("MK_ATTN_STORE", "loop")
 if STORE_MODE not in ("unrolled", "loop", "bulk"):
     raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
@@ -272,32 +280,32 @@ def unit_range(R: Int32, qpk: Int32, pos0: Int32, kv0: Int32, kv1: Int32, mt: In
 def second_unit(pair, mode: Int32, qpk: Int32, kv0: Int32, nblk: Int32):
     """The second decode unit of a MODE_PAIR instruction (pair: its (row0, pos0, page_off, new0)
     words, or None where the caller never runs pairs, e.g. the harness): (paired, kend, nblk of
-    the second unit, nmin, tail) for ring_block; (False, 0, 0, 0, 0) for a single unit. Its keys
-    are [kv0, pos0 + 1)."""
+    the second unit, walk) with walk = 2 nmin + tail for ring_block (nmin: the smaller of the
+    two block counts, tail: the unit with more blocks); (False, 0, 0, 0) for a single unit. Its
+    keys are [kv0, pos0 + 1)."""
     paired = cutlass.Boolean(False)
     kend_b = Int32(0)
     nblk_b = Int32(0)
-    nmin = Int32(0)
-    tail = Int32(0)
+    walk = Int32(0)
     if cutlass.const_expr(pair is not None):
         if mode == at.MODE_PAIR:
             paired = cutlass.Boolean(True)
             kend_b, nblk_b = unit_range(Int32(1), qpk, pair[1], kv0, pair[1] + 1, Int32(0))
-            nmin = imin(nblk, nblk_b)
+            walk = 2 * imin(nblk, nblk_b)
             if nblk_b > nblk:
-                tail = Int32(1)
-    return paired, kend_b, nblk_b, nmin, tail
+                walk = walk + 1
+    return paired, kend_b, nblk_b, walk
 
 
 @cute.jit
-def ring_block(j: Int32, nmin: Int32, tail: Int32):
+def ring_block(j: Int32, walk: Int32):
     """Key block j of an instruction's ring walk: (unit, block index in that unit). A pair's two
     units alternate block by block while both have blocks (A0 B0 A1 B1 ..), then the longer
-    one's (unit `tail`) follow; a single unit (nmin = tail = 0): (0, j). Every role walks the
-    same sequence."""
-    u = tail
-    b = j - nmin
-    if j < 2 * nmin:
+    one's (unit `tail`) follow; walk = 2 nmin + tail (one register in the consumers' block
+    loop); a single unit (walk = 0): (0, j). Every role walks the same sequence."""
+    u = walk & 1
+    b = j - (walk >> 1)
+    if j < (walk & -2):
         u = j & 1
         b = j >> 1
     return u, b
@@ -339,22 +347,25 @@ def wait_clock_start(wclk):
 def wait_clock_add(wclk, t0: Int64):
     """Add the time since t0 (wait_clock_start) to the wait clock."""
     if cutlass.const_expr(wclk is not None):
-        wclk[0] = wclk[0] + (cute.arch.globaltimer() - t0)
+        wclk[0] = wclk[0] + Int32(cute.arch.globaltimer() - t0)
 
 
 @cute.jit
 def wait_clock_write(wclk, journal, ticket: Int32, word: cutlass.Constexpr, me):
     """The wait clock's total into word `word` of the journal row `ticket` (thread `me`)."""
     if cutlass.const_expr(wclk is not None):
-        rk.journal_put(journal, ticket, word, wclk[0], me)
+        rk.journal_put(journal, ticket, word, Int64(wclk[0]), me)
 
 
 def make_wait_clock(word: int):
-    """A wait clock (zeroed) when the journal variant asks for one (word >= 0), else None."""
+    """A wait clock (zeroed) when the journal variant asks for one (word >= 0), else None. 32-bit
+    nanoseconds (an instruction's waits are far below 4 s): the consumers hold three of them
+    through their block loop, and as 64-bit sums they spilled the journal variant once the
+    pairs' block walk was in (session 15)."""
     if word < 0:
         return None
-    wclk = cute.make_rmem_tensor(cute.make_layout(1), Int64)
-    wclk[0] = Int64(0)
+    wclk = cute.make_rmem_tensor(cute.make_layout(1), Int32)
+    wclk[0] = Int32(0)
     return wclk
 
 
@@ -409,7 +420,7 @@ def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Compose
 def load_kv_ring(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLayout,
                  page_size: cutlass.Constexpr, meta: cute.Tensor, lrow: Int32, kc: Int32,
                  kv0: Int32, kend_a: Int32, page_off_a: Int32, kend_b: Int32, page_off_b: Int32,
-                 nmin: Int32, tail: Int32, j_first: Int32, j_end: Int32, pool: Int32,
+                 walk: Int32, j_first: Int32, j_end: Int32, pool: Int32,
                  full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None,
                  policy=None, two: cutlass.Constexpr = True) -> Int32:
@@ -432,7 +443,7 @@ def load_kv_ring(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Composed
         b = j
         kend = kend_a
         if cutlass.const_expr(two):
-            u, b = ring_block(j, nmin, tail)
+            u, b = ring_block(j, walk)
             if u == 1:
                 kend = kend_b
         kb0 = kv0 + b * KB
@@ -515,7 +526,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
         kc = (col0 + kh) * D
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            paired, kend_b, nblk_b, nmin, tail = second_unit(pair, mode, qpk, kv0, nblk)
+            paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             page_off_b = page_off
             if cutlass.const_expr(pair is not None):
                 page_off_b = pair[2]
@@ -544,7 +555,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                                 npre = imin(imin(npre, imin(npre_b, nblk_b)), Int32(npages // 4))
                                 j_pre = 2 * npre
                         pg = load_kv_ring(tma, gKV, box_layout, page_size, meta, lrow, kc, kv0,
-                                          kend, page_off, kend_b, page_off_b, nmin, tail,
+                                          kend, page_off, kend_b, page_off_b, walk,
                                           Int32(0), j_pre, pool, full, empty, pg, npages,
                                           timeout_ns, state, ticket, wclk, policy,
                                           pair is not None)
@@ -556,12 +567,12 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                         waited = Int32(1)
                         j_first = j_pre
                 pg = load_kv_ring(tma, gKV, box_layout, page_size, meta, lrow, kc, kv0, kend,
-                                  page_off, kend_b, page_off_b, nmin, tail, j_first, nring, pool,
+                                  page_off, kend_b, page_off_b, walk, j_first, nring, pool,
                                   full, empty, pg, npages, timeout_ns, state, ticket, wclk,
                                   policy, pair is not None)
             else:
                 for j in range(nring):
-                    u, b = ring_block(j, nmin, tail)
+                    u, b = ring_block(j, walk)
                     kb0 = kv0 + b * KB
                     kend_u = kend
                     page_off_u = page_off
@@ -761,12 +772,16 @@ Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "1") == "1"
 @cute.jit
 def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int32, row0: Int32,
                    mw: Int32, mtot: Int32, qpk: Int32, head0: Int32):
-    """The Q A-fragment of query rows mw + r (see attn_consume), all loads first."""
+    """The Q A-fragment of query rows mw + r (see attn_consume), all loads first (rows outside
+    [0, mtot) are zero; mw < 0 only for a moved pair unit, PAIR_WARP)."""
     n = cute.size(tSrQ) // 2
     raw = cute.make_rmem_tensor(cute.make_layout(n), Int32)     # 2 bf16 per load, as 32 bits
     for v in cutlass.range_constexpr(n):
         r, c = tQcQ[2 * v]
         m = imin(mw + r, mtot - 1)
+        if cutlass.const_expr(PAIR_WARP > 0):
+            if m < 0:                       # rows before a moved pair unit's (mw < 0)
+                m = Int32(0)
         it = m // qpk
         h = m - it * qpk
         addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
@@ -783,6 +798,10 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
         if mw + r >= mtot:
             q0 = BFloat16(0.0)
             q1 = BFloat16(0.0)
+        if cutlass.const_expr(PAIR_WARP > 0):
+            if mw + r < 0:
+                q0 = BFloat16(0.0)
+                q1 = BFloat16(0.0)
         tSrQ[2 * v] = q0
         tSrQ[2 * v + 1] = q1
 
@@ -864,14 +883,15 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 ls1: Float32, scale: Float32, narrow, active, warp_rows, both_halves, wg: Int32,
                 wtid: Int32, ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                 share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None, paired=None,
-                nmin: Int32 = 0, tail: Int32 = 0):
+                walk: Int32 = 0, wg_split: cutlass.Constexpr = False):
     """A unit's key blocks one after the other (ring block j: K page pg + 2j, V page pg + 2j +
     1): S = Q K^T, the online softmax, O += P V, each waited for before the next. An inactive
     warpgroup (no query row) only waits for the pages and arrives `done`, a warp without query
     rows skips the softmax (warp_rows, both_halves: see attn_consume); a narrow unit's blocks
     alternate between the warpgroups; a pair's (paired: a Boolean, or None where pairs never
     run; narrow is then set too: each page is read by one warpgroup) ring blocks are warpgroup
-    u's for unit u (ring_block with nmin, tail), kv0 / kend / lim of this warpgroup's unit. Returns the rows' (m0, m1, l0, l1) and the page count after.
+    u's for unit u (ring_block with walk), kv0 / kend / lim of this warpgroup's unit; wg_split:
+    narrow units of one unit may occur too (attn_consume's). Returns the rows' (m0, m1, l0, l1) and the page count after.
     wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
     pages, for the wgmmas (QK^T, then P V) to retire, and in the online softmax."""
     hm = handoff_of(share)
@@ -886,14 +906,18 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     for j in range(nring):
         b = j
         if cutlass.const_expr(paired is not None):
-            u, b = ring_block(j, nmin, tail)
+            u, b = ring_block(j, walk)
         kb0 = kv0 + b * KB
         pk, phk = page_of(pg, npages)
         pv, phv = page_of(pg + 1, npages)
         mine = cutlass.Boolean(True)
         if narrow:
-            mine = j % 2 == wg
-            if cutlass.const_expr(paired is not None):
+            if cutlass.const_expr(paired is None):
+                mine = j % 2 == wg
+            elif cutlass.const_expr(not wg_split):
+                mine = u == wg                    # only a pair is narrow here
+            else:
+                mine = j % 2 == wg
                 if paired:
                     mine = u == wg
         if not mine:
@@ -1000,7 +1024,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
         head0 = (col0 + kh) * qpk                 # first q head of this KV head
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            paired, kend_b, nblk_b, nmin, tail = second_unit(pair, mode, qpk, kv0, nblk)
+            paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             narrow = cutlass.Boolean(False)       # the unit's blocks split between the WGs
             if cutlass.const_expr(wg_split):
                 narrow = mtot - mt * MT <= NARROW_ROWS
@@ -1023,6 +1047,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         row0_w = pair[0]
                         pos0_w = pair[1]
                         kend_w = kend_b
+                        if cutlass.const_expr(PAIR_WARP > 0):
+                            if mtot <= 64 - 16 * PAIR_WARP:
+                                mw = Int32(-16 * PAIR_WARP)     # rows in warp PAIR_WARP
             active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
             # a warp's rows are [16 wq, 16 wq + 16) of its warpgroup's 64, r0 and r0 + 8 of each
             # thread: a decode token's 8 q heads are warp 0's first row half, so the other warps
@@ -1030,6 +1057,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             # half of it; the wgmmas are the warpgroup's whatever its rows
             warp_rows = mw + wq * 16 < mtot
             both_halves = mw + wq * 16 + 8 < mtot
+            if cutlass.const_expr(PAIR_WARP > 0 and pair is not None):
+                if mw + wq * 16 < 0:              # before a moved pair unit's rows
+                    warp_rows = cutlass.Boolean(False)
             if not warp_rows:
                 rP.fill(0.0)
             # ---- Q rows -> A fragment (registers), zero past the last row
@@ -1041,6 +1071,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     m = mw + r
                     q0 = Float32(0.0)
                     q1 = Float32(0.0)
+                    if cutlass.const_expr(PAIR_WARP > 0):
+                        if m < 0:
+                            m = mtot                # a row before a moved pair unit's: zero
                     if m < mtot:
                         it = m // qpk
                         h = m - it * qpk
@@ -1078,7 +1111,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0, kend_w, lim0,
                 lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows, both_halves, wg, wtid,
                 ctid, timeout_ns, state, ticket, share, wclk, mclk, sclk,
-                pflag, nmin, tail)
+                pflag, walk, wg_split)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
@@ -1437,9 +1470,12 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
 @cute.jit
 def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_page: cutlass.Constexpr,
                     mbase: Int32, mtot: Int32, div: Int32, head0: Int32, row0: Int32,
-                    base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr):
+                    base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr,
+                    r_first=None):
     """Store one epilogue page: page row r = query row m = mbase + r (< mtot) -> destination row
-    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes).
+    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes). r_first
+    (None: 0): the first page row that may hold a query row (a moved pair unit's, PAIR_WARP:
+    mbase < 0, the rows before r_first are no query's).
     STORE_MODE (above): "bulk" = one bulk copy (async proxy) per row, the page's reads complete
     on return; "loop" = the chunks in a loop that is not unrolled."""
     rb = D * ob                     # bytes per page row
@@ -1451,6 +1487,9 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
         for it in cutlass.range_constexpr((rows_in_page + nthreads - 1) // nthreads):
             r = it * nthreads + sid
             m = mbase + r
+            if cutlass.const_expr(r_first is not None):
+                if r < r_first:
+                    m = mtot
             if r < rows_in_page and m < mtot:
                 i, h = row_head(m, div, head0)
                 prims.cp_async_bulk_global_shared_cta(
@@ -1469,14 +1508,22 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
         valid = mtot - mbase
         if valid > rows_in_page:
             valid = Int32(rows_in_page)
+        q0 = Int32(0)
+        if cutlass.const_expr(r_first is not None):
+            valid = valid - r_first
+            q0 = r_first * cpr
         if valid < 0:
             valid = Int32(0)
         for it in cutlass.range((valid * cpr + (nthreads - 1)) // nthreads, unroll=1):
-            store_chunk(pool, page, ob, it * nthreads + sid, mbase, mtot, div, head0, row0, base,
-                        ld)
+            store_chunk(pool, page, ob, q0 + it * nthreads + sid, mbase, mtot, div, head0, row0,
+                        base, ld)
     for it in cutlass.range_constexpr(rows_in_page * cpr // nthreads
                                       if STORE_MODE == "unrolled" else 0):
-        store_chunk(pool, page, ob, it * nthreads + sid, mbase, mtot, div, head0, row0, base, ld)
+        q = it * nthreads + sid
+        if cutlass.const_expr(r_first is not None):
+            if q < r_first * cpr:
+                q = Int32(rows_in_page * cpr)   # no row: store_chunk's m >= mtot
+        store_chunk(pool, page, ob, q, mbase, mtot, div, head0, row0, base, ld)
 
 
 @cute.jit
@@ -1546,7 +1593,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
         head0 = (col0 + kh) * qpk
         for mt in range(n_mt):
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
-            paired, kend_b, nblk_b, nmin, tail = second_unit(pair, mode, qpk, kv0, nblk)
+            paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             nkv = 2 * (nblk + nblk_b)
             for j in range(nkv):
                 page, ph = page_of(pg + j, npages)
@@ -1564,10 +1611,17 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 for w in cutlass.range_constexpr(E_DIRECT):
                     mbase = m0 + w * 64
                     row0_w = row0
+                    r_first = None
                     if cutlass.const_expr(w == 1 and pair is not None):
+                        if cutlass.const_expr(PAIR_WARP > 0):
+                            r_first = Int32(0)
                         if paired:
                             mbase = Int32(0)
                             row0_w = pair[0]
+                            if cutlass.const_expr(PAIR_WARP > 0):
+                                if mtot <= 64 - 16 * PAIR_WARP:       # as attn_consume
+                                    mbase = Int32(-16 * PAIR_WARP)
+                                    r_first = Int32(16 * PAIR_WARP)
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                     if cutlass.const_expr(len(stamps) > 0):
@@ -1575,7 +1629,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                         rk.journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
                     if cutlass.const_expr(not NOSTORE):
                         store_rows_page(pool, page, 2, 64, mbase, mtot, qpk, head0, row0_w,
-                                        out_base, ldo, sid, nthreads)
+                                        out_base, ldo, sid, nthreads, r_first)
                     if cutlass.const_expr(len(stamps) > 0 and w == 0):
                         rk.journal_stamp(journal, ticket, stamps[2], first)
                     free_page(page, empty, sid, bar_id, nthreads, share)

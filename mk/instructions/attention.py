@@ -69,6 +69,8 @@ A_SLOT0 = ARG0
 A_NSPLIT = ARG0 + 1
 
 MODE_DIRECT, MODE_PARTIAL, MODE_PAIR = 0, 1, 2
+# a pair's unit is one consumer warpgroup's 64 query rows: its token's q heads of the KV head
+PAIR_MAX_QPK = 64
 
 
 @dataclass(frozen=True)
