@@ -117,7 +117,10 @@
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
 #   pair   PlanConfig.attn_pair (two decode units per ATTENTION instruction): two-layer checks,
 #          racecheck, memcheck with every decode paired, then B=256,1024 (MK_PAIR_BATCH) without
-#          and with auto pairs, journal on: pair.log, pair_check.log, pair_{off,on}.json (~7 min)
+#          pairs and with attn_pair=MK_PAIR_TIMED (default 1: auto), journal on: pair.log,
+#          pair_check.log, pair_{off,on}.json (~7 min)
+#   pairwarp MK_ATTN_PAIR_WARP=3: the pair checks and sanitizers with it, then B=256,1024
+#          (MK_PW_BATCH) without and with it, no journal: pairwarp.log, pairwarp_{off,on}.json
 #   fold   --plan MK_FOLD_PLAN (fold_o_reduce=1: O_PROJ's SPLITK_REDUCE folded into the MLP norm
 #          after it; "fold_o_reduce=1,fold_down_reduce=1" adds DOWN's, folded into the next
 #          layer's attention norm, built in session 14, CPU-verified only): the two-layer checks
@@ -159,24 +162,23 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 14:
-#   1. "fold" with MK_FOLD_PLAN="fold_o_reduce=1,fold_down_reduce=1" (both reduces folded: the
-#      full checks and sanitizers of the batched-load body and of DOWN's fold, then B=1,16,64)
-#      on one GPU | "fold" with the default MK_FOLD_PLAN (O_PROJ's alone, the session-14 body:
-#      its racecheck / memcheck; session 14 timed it on two GPUs only) on the other. If clean
-#      and faster: PlanConfig.fold_o_reduce (and fold_down_reduce) = 1 by default, then "verify"
-#   2. "e2e" at all points again after the defaults of session 14 (QKV_ROPE on m128n128 at
-#      M <= 64, 2-row RMSNORM groups, the folds if made default)
-#   3. "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 (one-row norms above 64
-#      tokens under the claim-after-loads policy and the 2-row groups; not re-run in session 14)
-#   4. attention at B >= 256: two decode units per instruction (one per warpgroup; the design is
-#      in bench/ATTENTION_NOTES.md session 12). Session 14's B=1024 journal: ATTENTION is 35%
-#      of the SMs' busy time (1024 instructions per layer of ~30 us, ~8 us of it fixed cost),
-#      GATE_UP 28%, DOWN 15.5%, O_PROJ 8.5%, QKV_ROPE 6%, RMSNORM 6% (5.3% with 2-row groups)
-#   5. "caps512" (QKV_ROPE split up to 512 tokens: B=512 -4.9% in session 9, never made default
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 15
+# (folds and auto attention pairs are defaults; e2e at every point in bench/E2E_NOTES.md):
+#   1. "pairwarp" (MK_ATTN_PAIR_WARP=3: a pair's second unit on warpgroup 1's warp 3, another
+#      sub-partition than the first unit's warp 0): session 15 ran its check + racecheck
+#      (passed) and one timing each (B=256 -1.6%, B=1024 -0.5%, no journal): its memcheck and
+#      a repeat of the timing (MK_AB_TIMEOUT=240) decide; its journal variant spills 16 bytes,
+#      which has to go before it can be the default
+#   2. "pair" with MK_PAIR_TIMED=2 MK_PAIR_BATCH=64,128 (every decode paired below 132
+#      sequences: an SM runs two units at once where attention is on the critical path; not
+#      timed yet)
+#   3. "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 (not re-run since session 12)
+#   4. "caps512" (QKV_ROPE split up to 512 tokens: B=512 -4.9% in session 9, never made default
 #      for want of its M <= 512 class check). At B=1024 the auto split leaves QKV_ROPE whole
-#      whatever its cap (80 tiles x 2 > 132 SMs): 80 tiles of ~67 us, one wave with 52 SMs idle,
-#      179 us of the 802 us per layer on the critical path
+#      whatever its cap (80 tiles x 2 > 132 SMs): 80 tiles of ~67 us, one wave with 52 SMs idle;
+#      with pairs QKV_ROPE is 151 of the 749 us per layer on the critical path, GATE_UP 322
+#   5. GATE_UP at B >= 256 (the largest share of the SMs' time and of the path: 104 of 247 us per
+#      layer at B=256, 322 of 749 at B=1024) against cuBLAS (bench/GEMM_NOTES.md, issue 5)
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
@@ -216,7 +218,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -504,7 +506,8 @@ if has pair; then
   # (MK_PAIR, default 2) on prompts whose decodes stay direct (kv_split 1024) and pair units of
   # unequal block counts (contexts 2 / 14, 65 / 71, 131 / 201), one more check on the default
   # prompts (kv_split 64: one pair of ctx 2 / 14 beside split decodes); then decode
-  # MK_PAIR_BATCH (256,1024) without pairs and with auto pairs (attn_pair=1), journal on
+  # MK_PAIR_BATCH (256,1024) without pairs (attn_pair=0) and with attn_pair=MK_PAIR_TIMED (1,
+  # the default since session 15: auto), journal on
   : > "$OUTDIR/pair.log"
   PAIR="--plan attn_pair=${MK_PAIR:-2}"
   MK_CHECK_EXTRA="$PAIR --kv-split 1024 --prompt-lens 1,13,64,130,200,70" MK_NO_PYTEST=1 checks \
@@ -521,10 +524,34 @@ if has pair; then
   if MK_NO_PYTEST=1 passed "$OUTDIR/pair_check.log" \
       && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/pair_check.log"; then
     echo "== pair: checks passed" | tee -a "$OUTDIR/pair.log"
-    time_variant pair off "single decode units" ${MK_PAIR_BATCH:-256,1024} "" ""
-    time_variant pair on "attn_pair=1" ${MK_PAIR_BATCH:-256,1024} "" "--plan attn_pair=1"
+    time_variant pair off "single decode units" ${MK_PAIR_BATCH:-256,1024} "" "--plan attn_pair=0"
+    time_variant pair on "attn_pair=${MK_PAIR_TIMED:-1}" ${MK_PAIR_BATCH:-256,1024} "" \
+        "--plan attn_pair=${MK_PAIR_TIMED:-1}"
   else
     echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
+  fi
+fi
+if has pairwarp; then
+  # MK_ATTN_PAIR_WARP=3 (compile-time): the pair checks (two-layer never / auto, racecheck,
+  # memcheck with every decode paired, as the "pair" step's) with it, then B=256,1024
+  # (MK_PW_BATCH) timed as it is and with it, no journal (its journal variant spills 16 bytes):
+  # pairwarp.log, pairwarp_{off,on}.json
+  : > "$OUTDIR/pairwarp.log"
+  PAIR="--plan attn_pair=2"
+  ( export MK_ATTN_PAIR_WARP=3
+    MK_CHECK_EXTRA="$PAIR --kv-split 1024 --prompt-lens 1,13,64,130,200,70" MK_NO_PYTEST=1 checks
+    echo "== memcheck, two-layer step, split-K auto, $PAIR"
+    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 $PAIR --kv-split 1024 \
+        --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
+    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+  ) > "$OUTDIR/pairwarp_check.log" 2>&1
+  cat "$OUTDIR/pairwarp_check.log" | tee -a "$OUTDIR/pairwarp.log"
+  if MK_NO_PYTEST=1 passed "$OUTDIR/pairwarp_check.log" \
+      && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/pairwarp_check.log"; then
+    time_ab pairwarp "MK_ATTN_PAIR_WARP=3" ${MK_PW_BATCH:-256,1024} "MK_ATTN_PAIR_WARP=3" ""
+  else
+    echo "== pairwarp: checks FAILED, not timed" | tee -a "$OUTDIR/pairwarp.log"; rc=1
   fi
 fi
 if has normbatch; then

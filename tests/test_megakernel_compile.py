@@ -117,6 +117,9 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     print(f"M{m} ps{page_size} splitk split {low}/{high}")
 
 
+NO_FOLD = {"fold_o_reduce": 0, "fold_down_reduce": 0}
+
+
 def _tiny_step_plan(split_k: int, tokens=(1, 13, 64, 130), **plan_kw):
     """A prefill step of the tiny head_dim-128 model (mk.tiny) planned with split_k, and the
     megakernel operands' shapes of mk.megakernel_step (meta tensors: shapes only)."""
@@ -211,11 +214,12 @@ def test_check_plan_accepts_reduce_row_slices(reduce_rows):
     import mk.megakernel as M
     from mk.ir import W_OPCODE, W_ROWS
     # (num_sms high enough that the reduces-per-op cap leaves the slices at reduce_rows)
+    # (unfolded: the folds, on by default, leave O_PROJ / DOWN no per-layer reduce to slice)
     instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, splitk_reduce_rows=reduce_rows,
                                                         splitk_reduce_max_tokens=4096,
-                                                        num_sms=4096)
+                                                        num_sms=4096, **NO_FOLD)
     M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
-    whole, _, _, _ = _tiny_step_plan(4, splitk_reduce_rows=0)
+    whole, _, _, _ = _tiny_step_plan(4, splitk_reduce_rows=0, **NO_FOLD)
     red = instrs[instrs[:, W_OPCODE] == M.OP_SPLITK_REDUCE]
     red_whole = whole[whole[:, W_OPCODE] == M.OP_SPLITK_REDUCE]
     assert len(red) > len(red_whole) and int(red[:, W_ROWS].max()) <= reduce_rows
@@ -227,7 +231,8 @@ def test_check_plan_refuses_bad_split_words():
     import mk.megakernel as M
     from mk.instructions import _gemm_kernel as gk
     from mk.ir import ARG0, W_COLS, W_OPCODE, Op
-    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4)
+    # (unfolded: a folded norm's SPLITK reads are refused first with a workspace too small)
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, **NO_FOLD)
     ops = instrs[:, W_OPCODE]
     split = (instrs[:, gk.A_NSPLIT] >= 2).nonzero().flatten()
     red = (ops == M.OP_SPLITK_REDUCE).nonzero().flatten()

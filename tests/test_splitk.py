@@ -238,7 +238,8 @@ def test_reduce_runs_the_unsplit_epilogue(gqa, one_thread, tp):
                               down=ints(w.down)) for w in gqa(tp, torch.float32)]
     batch = StepBatch([SeqChunk(list(range(1, 12)), 0, list(range(0, 4))),
                        SeqChunk([5], 9, list(range(10, 14)))])
-    # (unfolded: a folded reduce runs in the norm after it, test_folded_reduce_equals_the_split_plan)
+    # (unfolded: a folded reduce runs in the norm after it; test_folded_reduce_equals_the_split_plan
+    # covers that)
     plans = {k: (plan_step(batch, ws[0].config, ws[0].parallel, KERNEL, split_cfg(k, **NO_FOLD)),
                  buffer_shapes(ws[0].config, ws[0].parallel, KERNEL, split_cfg(k, **NO_FOLD)))
              for k in (1, 4)}

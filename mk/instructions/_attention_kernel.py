@@ -4,7 +4,8 @@ runs the same bodies with the same roles).
 
 GPU path only: this module imports cutlass at the top, so its name starts with "_" and the opcode
 registry never imports it. The torch faces (the semantics these bodies match) and the argument words
-are attention.py's: A_SEQ, A_POS0, A_KV0, A_KV1, A_PAGE_OFF, A_MODE, A_QPK, A_HEAD_DIM, A_SLOT;
+are attention.py's: A_SEQ, A_POS0, A_KV0, A_KV1, A_PAGE_OFF, A_MODE, A_QPK, A_HEAD_DIM, A_SLOT,
+A_NEW0, and a pair's A_ROW0_B, A_POS0_B, A_PAGE_OFF_B, A_NEW0_B;
 ATTN_REDUCE: A_SLOT0, A_NSPLIT, A_QPK, A_HEAD_DIM.
 
 Roles (the megakernel's, after the GEMM wiring: 384 threads, two consumer warpgroups)
@@ -32,6 +33,10 @@ thread once as in a full unit; in the other modes the owning WG's 128 threads ar
 unnormalised O) into its own epilogue page (no query row of its own there), named barrier 3, and
 WG0 merges; warps also skip the softmax of a row half that holds no query row. V tails of a narrow
 unit are zeroed by the owning WG alone (named barriers BAR_ATTN_WG = 5, 6).
+A MODE_PAIR instruction (mk.plan's attn_pair) holds two decode units of one row each, from two
+sequences: warpgroup w runs unit w (its own Q row, keys and epilogue page w; second_unit reads
+the second's words), their key blocks alternate in the ring (ring_block), and each page is read by
+one warpgroup, as a narrow unit's.
 Per unit, the KV range is [kv0, kend) with kend = min(kv1, pos0 + R, pos0 + last token of the tile
 + 1), walked in blocks of KB = 64 keys; a unit with no key (a split after every row of the tile)
 runs no block and writes o = 0, lse = -inf (the face's convention).
@@ -425,10 +430,11 @@ def load_kv_ring(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Composed
                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None,
                  policy=None, two: cutlass.Constexpr = True) -> Int32:
     """attn_load's ring blocks j_first .. j_end - 1 (ring_block: unit a's, or a pair's a and b
-    alternating; two=False: a body that never runs pairs, unit a's alone) with TABLE_PREFETCH: each unit's page-table entries 32 per warp-wide load (lane
-    i holds entry 32c + i of the sequence's table), handed to each sub-box by a shuffle. A few
-    words past a sequence's table may be read (clamped to the metadata buffer) and are never
-    used: sub-boxes past the key end issue no TMA."""
+    alternating; two=False: a body that never runs pairs, unit a's alone) with TABLE_PREFETCH:
+    each unit's page-table entries 32 per warp-wide load (lane i holds entry 32c + i of the
+    sequence's table), handed to each sub-box by a shuffle. A few words past a sequence's table
+    may be read (clamped to the metadata buffer) and are never used: sub-boxes past the key end
+    issue no TMA."""
     psb = min(page_size, KB)
     nsub = KB // psb
     lane = cute.arch.lane_idx()
@@ -891,8 +897,8 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     alternate between the warpgroups; a pair's (paired: a Boolean, or None where pairs never
     run; narrow is then set too: each page is read by one warpgroup) ring blocks are warpgroup
     u's for unit u (ring_block with walk), kv0 / kend / lim of this warpgroup's unit; wg_split:
-    narrow units of one unit may occur too (attn_consume's). Returns the rows' (m0, m1, l0, l1) and the page count after.
-    wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
+    narrow units of one unit may occur too (attn_consume's). Returns the rows' (m0, m1, l0, l1)
+    and the page count after. wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
     pages, for the wgmmas (QK^T, then P V) to retire, and in the online softmax."""
     hm = handoff_of(share)
     # "thread" hand-off: a narrow unit's pages get every consumer thread's `done` arrival, as a

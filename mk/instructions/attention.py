@@ -117,8 +117,8 @@ def _heads(instr: Instruction):
 @register
 class AttentionFamily(InstructionFamily):
     opcodes = (Op.ATTENTION, Op.ATTN_REDUCE)
-    ARG_NAMES = {int(Op.ATTENTION): ("seq", "pos0", "kv0", "kv1", "page_off", "mode", "qpk", "D", "slot",
-                                     "new0", "row0_b", "pos0_b", "page_off_b", "new0_b"),
+    ARG_NAMES = {int(Op.ATTENTION): ("seq", "pos0", "kv0", "kv1", "page_off", "mode", "qpk", "D",
+                                     "slot", "new0", "row0_b", "pos0_b", "page_off_b", "new0_b"),
                  int(Op.ATTN_REDUCE): ("slot0", "nsplit", "_", "_", "_", "_", "qpk", "D")}
 
     # accesses ---------------------------------------------------------------------------------
