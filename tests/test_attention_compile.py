@@ -47,6 +47,10 @@ def test_host_mirror_of_the_unit_ranges():
     assert [ak.unit_blocks_host(128, 8, 0, 0, 1024, mt) for mt in range(8)] == \
         [1, 1, 1, 1, 2, 2, 2, 2]
     assert ak.pages_per_instr(1, 8, 1, 100, 0, 101, 0) == 2 * 2 + ak.E_DIRECT
+    # a pair (mode 2): both units' K / V pages (2 and 4 blocks), one set of epilogue pages
+    from mk.instructions import attention as at
+    assert ak.pages_per_instr(1, 8, 1, 100, 0, 101, at.MODE_PAIR, pos0_b=200) == \
+        2 * 2 + 2 * 4 + ak.E_DIRECT
 
 
 @pytest.mark.parametrize("page_size,tma,handoff,wg_split", CASES,
