@@ -898,8 +898,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     run; narrow is then set too: each page is read by one warpgroup) ring blocks are warpgroup
     u's for unit u (ring_block with walk), kv0 / kend / lim of this warpgroup's unit; wg_split:
     narrow units of one unit may occur too (attn_consume's). Returns the rows' (m0, m1, l0, l1)
-    and the page count after. wclk / mclk / sclk (the journal variant's clocks, else None): time waiting for full K/V
-    pages, for the wgmmas (QK^T, then P V) to retire, and in the online softmax."""
+    and the page count after. wclk / mclk / sclk (the journal variant's clocks, else None): time
+    waiting for full K/V pages, for the wgmmas (QK^T, then P V) to retire, and in the online
+    softmax."""
     hm = handoff_of(share)
     # "thread" hand-off: a narrow unit's pages get every consumer thread's `done` arrival, as a
     # full unit's do (the other warpgroup's once the page is full, so never into the previous
