@@ -1165,20 +1165,20 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         pair_words[w][pa] = v
     keep = np.ones(len(a_seg), bool)
     keep[pb] = False
-    k_seg = a_seg[keep]
-    _emit(g, S_ATTN, Op.ATTENTION, seg_blk[k_seg], row0=seg_r0[k_seg], rows=seg_rows[k_seg],
-          col0=grp_c0[a_grp[keep]], cols=grp_w[a_grp[keep]],
-          waits=[(C["QKV"] + seg_blk[k_seg], qkv_target[seg_blk[k_seg]]),
-                 (jw_prev[k_seg], jw_prev_t[k_seg])],
-          signal=np.where(a_split[keep], C["SPLIT"] + split_id[k_seg], C["ATTN"] + seg_blk[k_seg]),
-          count=a_count[keep],
-          args={at.A_SEQ: a_seq[keep], at.A_POS0: seg_pos0[k_seg], at.A_KV0: a_kv0[keep],
-                at.A_KV1: a_kv1[keep], at.A_PAGE_OFF: meta.page_off[a_seq[keep]],
-                at.A_MODE: a_mode[keep], at.A_QPK: qpk, at.A_HEAD_DIM: D,
-                at.A_SLOT: np.where(a_split[keep], seg_slot[k_seg] + a_spl[keep] * seg_rows[k_seg],
-                                    0),
-                at.A_NEW0: meta.seq_start[a_seq[keep]],
-                **{w: v[keep] for w, v in pair_words.items()}})
+    per_instr = dict(block=seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
+                     col0=grp_c0[a_grp], cols=grp_w[a_grp], qkv_wait=C["QKV"] + seg_blk[a_seg],
+                     qkv_t=qkv_target[seg_blk[a_seg]], join=jw_prev[a_seg], join_t=jw_prev_t[a_seg],
+                     signal=np.where(a_split, C["SPLIT"] + split_id[a_seg],
+                                     C["ATTN"] + seg_blk[a_seg]), count=a_count)
+    args = {at.A_SEQ: a_seq, at.A_POS0: seg_pos0[a_seg], at.A_KV0: a_kv0, at.A_KV1: a_kv1,
+            at.A_PAGE_OFF: meta.page_off[a_seq], at.A_MODE: a_mode,
+            at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0),
+            at.A_NEW0: meta.seq_start[a_seq], **pair_words}
+    k = {name: v[keep] for name, v in per_instr.items()}
+    _emit(g, S_ATTN, Op.ATTENTION, k["block"], row0=k["row0"], rows=k["rows"], col0=k["col0"],
+          cols=k["cols"], waits=[(k["qkv_wait"], k["qkv_t"]), (k["join"], k["join_t"])],
+          signal=k["signal"], count=k["count"],
+          args={at.A_QPK: qpk, at.A_HEAD_DIM: D, **{w: v[keep] for w, v in args.items()}})
     ss = seg_ids[split]
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
           cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],

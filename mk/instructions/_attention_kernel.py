@@ -303,6 +303,17 @@ def second_unit(pair, mode: Int32, qpk: Int32, kv0: Int32, nblk: Int32):
 
 
 @cute.jit
+def moved_rows(mtot: Int32) -> Int32:
+    """PAIR_WARP > 0: the rows a pair's second unit is moved by in warpgroup 1's tile (its query
+    row m at tile / epilogue page row m + 16 PAIR_WARP), 0 when its mtot rows would not fit
+    below row 64; the consumers and the storer agree through this one function."""
+    shift = Int32(0)
+    if mtot <= 64 - 16 * PAIR_WARP:
+        shift = Int32(16 * PAIR_WARP)
+    return shift
+
+
+@cute.jit
 def ring_block(j: Int32, walk: Int32):
     """Key block j of an instruction's ring walk: (unit, block index in that unit). A pair's two
     units alternate block by block while both have blocks (A0 B0 A1 B1 ..), then the longer
@@ -1055,8 +1066,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         pos0_w = pair[1]
                         kend_w = kend_b
                         if cutlass.const_expr(PAIR_WARP > 0):
-                            if mtot <= 64 - 16 * PAIR_WARP:
-                                mw = Int32(-16 * PAIR_WARP)     # rows in warp PAIR_WARP
+                            mw = -moved_rows(mtot)          # rows in warp PAIR_WARP
             active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
             # a warp's rows are [16 wq, 16 wq + 16) of its warpgroup's 64, r0 and r0 + 8 of each
             # thread: a decode token's 8 q heads are warp 0's first row half, so the other warps
@@ -1626,9 +1636,8 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                             mbase = Int32(0)
                             row0_w = pair[0]
                             if cutlass.const_expr(PAIR_WARP > 0):
-                                if mtot <= 64 - 16 * PAIR_WARP:       # as attn_consume
-                                    mbase = Int32(-16 * PAIR_WARP)
-                                    r_first = Int32(16 * PAIR_WARP)
+                                r_first = moved_rows(mtot)            # as attn_consume
+                                mbase = -r_first
                     page, ph = page_of(pg + w, npages)
                     bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
                     if cutlass.const_expr(len(stamps) > 0):
