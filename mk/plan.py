@@ -202,6 +202,14 @@ class PlanConfig:
     # whose attention instructions are fewer than num_sms; 0 = never. The megakernel compiles the
     # L2_PREFETCH body in only when this is > 0.
     l2_prefetch_mib: int = 0
+    # ... leaving each K slice's first l2_prefetch_skip columns to the GEMM's own early weight
+    # loads (EARLY_WEIGHTS: an instruction claimed during the attention streams its first ring of
+    # weight pages into shared memory then, so prefetching those columns into L2 too buys
+    # nothing; 256 = four K steps of the ring), and O_PROJ's weights only when
+    # l2_prefetch_o_proj is 1 (at B <= 64 an O_PROJ tile's K slice fits in the ring: its early
+    # loads take all of it). 0 / 1 reproduce the prefetch of session 5 (session 6: no gain).
+    l2_prefetch_skip: int = 0
+    l2_prefetch_o_proj: int = 1
     # 1 (default): where O_PROJ splits (TP 1), no SPLITK_REDUCE for it: the MLP norm after it sums
     # its rows' partials and adds the residual itself (mk/instructions/rows.py, "folded"), one
     # instruction and one dependency hop less per layer (at B=64 a reduce + hop is ~7-8.5 us of 134
@@ -231,7 +239,8 @@ class PlanConfig:
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
-        zero_ok = ("split_k", "l2_prefetch_mib", "kv_split_min", "splitk_reduce_rows",
+        zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
+                   "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens"
                    ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
@@ -240,7 +249,10 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
-        for name in ("fold_o_reduce", "fold_down_reduce"):
+        if self.l2_prefetch_skip % pf.GRANULE:
+            raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
+                             f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
@@ -691,20 +703,25 @@ L2_PREFETCH_STAGE_OFFSET = 0.25
 L2_PREFETCH_BYTES = 512 << 10
 
 
-def _emit_l2_prefetch(groups: list, stage: float, block: int, budget: int, weights) -> None:
+def _emit_l2_prefetch(groups: list, stage: float, block: int, budget: int, weights,
+                      skip: int = 0) -> None:
     """L2_PREFETCH instructions of at most `budget` bytes over `weights`, in order. Per (opcode,
-    rows, K slice bounds): every row's first columns of each K slice, as many in each slice (a
-    split tile streams its K slice from the start), up to whole rows, on 16-byte granules (a
-    weight whose slices do not start on one is skipped)."""
+    rows, K slice bounds): every row's first columns of each K slice after its first `skip`
+    (those the GEMM's early weight loads take), as many in each slice (a split tile streams its
+    K slice from the start), up to the slice's end, on 16-byte granules (a weight whose slices
+    do not start on one is skipped)."""
     gr = pf.GRANULE
     for op, n_rows, bounds in weights:
-        widths = np.diff(bounds)
-        if (bounds[:-1] % gr).any():
+        starts = bounds[:-1] + np.minimum(skip, np.diff(bounds))
+        widths = bounds[1:] - starts
+        if (starts % gr).any() or not widths.any():
             continue
-        cols = min(int(widths.max()), budget // (2 * n_rows * len(widths)) // gr * gr)
+        cols = min(int(widths.max()), budget // (2 * n_rows * int((widths > 0).sum())) // gr * gr)
         if cols <= 0:
             return
-        for k0, w in zip(bounds[:-1].tolist(), widths.tolist()):
+        for k0, w in zip(starts.tolist(), widths.tolist()):
+            if w == 0:
+                continue
             k1 = k0 + min(cols, w)
             per = max(1, L2_PREFETCH_BYTES // (2 * (k1 - k0)))
             c0 = np.arange(0, n_rows, per)
@@ -1194,8 +1211,9 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         # every policy's order they follow attention that leaves SMs idle and precede O_PROJ
         _emit_l2_prefetch(g, S_ATTN_RED + L2_PREFETCH_STAGE_OFFSET,
                           0 if cfg.policy == "block_major" else nb - 1, cfg.l2_prefetch_mib << 20,
-                          ((Op.O_PROJ, H, slices(Op.O_PROJ)),
-                           (Op.GATE_UP, 2 * I_loc, slices(Op.GATE_UP))))
+                          ((Op.O_PROJ, H, slices(Op.O_PROJ)),) * cfg.l2_prefetch_o_proj
+                          + ((Op.GATE_UP, 2 * I_loc, slices(Op.GATE_UP)),),
+                          skip=cfg.l2_prefetch_skip)
 
     def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
         """op's tiles into HIDDEN (TP 1) or scattered to the ranks + TP_REDUCE; returns the

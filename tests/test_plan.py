@@ -244,6 +244,47 @@ def test_l2_prefetch_instructions(split_k):
     assert not (full.instrs[:, W_OPCODE] == int(Op.L2_PREFETCH)).any()
 
 
+@pytest.mark.parametrize("split_k", [1, 0])
+def test_l2_prefetch_skips_the_early_loaded_columns(split_k):
+    """l2_prefetch_skip / l2_prefetch_o_proj: no O_PROJ rows when it is 0, and each GATE_UP K
+    slice's columns from its first + skip on (never the first skip columns, never past the
+    slice), every row once per slice; the counter targets unchanged."""
+    from mk.instructions import prefetch as pf
+    from mk.ir import W_COL0, W_COLS
+    base = dict(CFG.__dict__, split_k=split_k, splitk_align=8, l2_prefetch_mib=1,
+                l2_prefetch_o_proj=0)
+    skip = 16
+
+    def prefetches(**kw):
+        p = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL,
+                      PlanConfig(**{**base, **kw}))
+        s = p.instrs.numpy()
+        return p, s[s[:, W_OPCODE] == int(Op.L2_PREFETCH)]
+
+    plain, unskipped = prefetches()
+    p, pre = prefetches(l2_prefetch_skip=skip)
+    assert torch.equal(p.targets, plain.targets)
+    assert len(pre) and (pre[:, pf.A_WOP] == int(Op.GATE_UP)).all()
+    assert (unskipped[:, pf.A_WOP] == int(Op.GATE_UP)).all()
+    H, I = MODEL.hidden_size, MODEL.intermediate_size
+    starts = sorted({int(k) for k in unskipped[:, pf.A_K0]})    # the K slices' first columns
+    ends = dict(zip(starts, starts[1:] + [H]))
+    assert (len(starts) == 1) == (split_k == 1) and starts[0] == 0   # split: several slices
+    for layer in range(MODEL.num_layers):
+        rows = collections.Counter()
+        for w in pre[pre[:, W_LAYER] == layer]:
+            k0, k1 = int(w[pf.A_K0]), int(w[pf.A_K1])
+            assert k0 - skip in ends and k0 < k1 <= ends[k0 - skip]
+            for r in range(int(w[W_COL0]), int(w[W_COL0] + w[W_COLS])):
+                rows[r, k0] += 1
+        assert {r for r, _ in rows} == set(range(2 * I)) and set(rows.values()) == {1}
+        assert {k for _, k in rows} == {k + skip for k in starts}
+    with pytest.raises(ValueError, match="l2_prefetch_skip"):
+        PlanConfig(l2_prefetch_skip=12)
+    with pytest.raises(ValueError, match="l2_prefetch_o_proj"):
+        PlanConfig(l2_prefetch_o_proj=2)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("split_k,l2,spread,pair", [(1, 0, False, 0), (0, 1, False, 0),
                                                     (0, 0, True, 0), (1, 0, False, 2)])
