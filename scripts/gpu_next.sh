@@ -150,6 +150,14 @@
 #   stab   is a step time stable across processes: MK_STAB_RUNS (2) processes per tree (MK_AB_TREE
 #          = "off" when set, this tree "on"), decode MK_STAB_BATCH (192,256), 30 reps after 5
 #          warm-up, no journal: stab.log, stab_<tree>_<i>.json (~6 min with two trees)
+#   gutiles GATE_UP on gu_m128n64 tiles (one B page of 64 gate + 64 up rows: twice the tiles of
+#          gu_m128, so B=256's GATE_UP is 112 whole tiles instead of 56 split in two, with no
+#          SPLITK_REDUCE: B=256 19.57 -> 18.19 ms in session 16's tiles256) in the M classes
+#          MK_GU_CLASSES ("256 1024"): its GPU tests (tests/test_splitk_gpu.py and the one-page
+#          gate/up tests of tests/test_gemm_gpu.py), the two-layer checks (never / auto; the
+#          first step is 208 tokens: the 256 class) and racecheck, the auto check with a 478-token
+#          first step (the 1024 class), a memcheck; then decode MK_GU_BATCH (128,192,512,1024) as
+#          it is and with it, no journal: gutiles.log, gutiles_{off,on}.json (~9 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -218,7 +226,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -530,6 +538,22 @@ if has pair; then
   else
     echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
   fi
+fi
+if has gutiles; then
+  GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=gu_m128n64"; done
+  ( export MK_TILES=$GU; echo "== MK_TILES=$GU"
+    checks tests/test_splitk_gpu.py tests/test_gemm_gpu.py::test_one_page_gate_up_tile_matches_torch_face
+    echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
+    timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
+        --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+    echo "== memcheck, two-layer step, split-K auto"
+    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
+    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+  ) > "$OUTDIR/gutiles_check.log" 2>&1
+  cat "$OUTDIR/gutiles_check.log"
+  : > "$OUTDIR/gutiles.log"
+  time_ab gutiles "GATE_UP tiles gu_m128n64 ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
 fi
 if has pairwarp; then
   # MK_ATTN_PAIR_WARP=3 (compile-time): the pair checks (two-layer never / auto, racecheck,
