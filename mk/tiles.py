@@ -59,9 +59,7 @@ TILE_SHAPES = {
     "m64n128": TileShape("m64n128", 64, 1, 64, "N"),
     "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
-    # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128 (at B=256
-    # GATE_UP is 56 compute-bound tiles of ~108 us on 132 SMs; not in the table until measured:
-    # MK_TILES=GATE_UP@256=gu_m128n64)
+    # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128
     "gu_m128n64": TileShape("gu_m128n64", 128, 1, 128, "M", gate_up=True),
 }
 
@@ -78,7 +76,14 @@ TILE_TABLE = {
     # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
     Op.O_PROJ: ("m64n128", "m128n256", "m128n256", "m128n256"),
     Op.DOWN: ("m64n128", "m128n256", "m128n256", "m128n256"),
-    Op.GATE_UP: ("gu_m64", "gu_m128", "gu_m128", "gu_m128"),
+    # GATE_UP at 64 < M <= 1024 on 64-column tiles (gu_m128n64): at B=256 gu_m128 made 56 tiles,
+    # split in two by the planner with a SPLITK_REDUCE per tile; gu_m128n64 makes 112 whole ones
+    # (no reduce), at B=1024 448 tiles instead of 224 (a finer last wave). 70B TP8 decode ctx
+    # 1024, H200, session 16 (bench/results/tiles256_*, gutiles_*_2026-11-30_s16): B=128 15.49 ->
+    # 14.82 ms, B=192 19.28 -> 18.88, B=256 19.57 -> 18.19, B=1024 61.85 -> 60.04; its GPU tests,
+    # the two-layer checks of both classes, racecheck and memcheck clean. Above 1024 tokens not
+    # measured (gu_m128)
+    Op.GATE_UP: ("gu_m64", "gu_m128n64", "gu_m128n64", "gu_m128"),
     Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:

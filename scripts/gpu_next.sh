@@ -70,7 +70,8 @@
 #          splitk_<qkv|o|gate_up|down>_max_tokens=256; auto: QKV x4, the others x2), journal on:
 #          opsplit.log, opsplit_<none|qkv|o|gate_up|down>.json (~5.5 min)
 #   tiles256 decode B=128 / 256 (MK_T256_BATCH) with O_PROJ / DOWN on m128n128 tiles, GATE_UP on
-#          gu_m128n64 (after its GPU tests), both, and neither (MK_TILES), journal on:
+#          gu_m128 (the tile before session 16; after its GPU tests), both, and neither (MK_TILES),
+#          journal on:
 #          tiles256.log, tiles256_{none,od,gu,both}.json (~8 min: a GPU of its own). Before making
 #          one a default: tests/test_splitk_gpu.py and the two-layer checks with it (verify)
 #   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
@@ -150,10 +151,15 @@
 #   stab   is a step time stable across processes: MK_STAB_RUNS (2) processes per tree (MK_AB_TREE
 #          = "off" when set, this tree "on"), decode MK_STAB_BATCH (192,256), 30 reps after 5
 #          warm-up, no journal: stab.log, stab_<tree>_<i>.json (~6 min with two trees)
-#   gutiles GATE_UP on gu_m128n64 tiles (one B page of 64 gate + 64 up rows: twice the tiles of
-#          gu_m128, so B=256's GATE_UP is 112 whole tiles instead of 56 split in two, with no
-#          SPLITK_REDUCE: B=256 19.57 -> 18.19 ms in session 16's tiles256) in the M classes
-#          MK_GU_CLASSES ("256 1024"): its GPU tests (tests/test_splitk_gpu.py and the one-page
+#   l2skip L2 prefetch past the early-loaded ring (PlanConfig.l2_prefetch_skip / _o_proj, session
+#          16: GATE_UP's K columns after each slice's first 256, O_PROJ left to its early loads):
+#          the two-layer checks and racecheck with it (skip 64: the tiny model's slices are
+#          short), then decode MK_L2SKIP_BATCH (1,64) as it is and at each MiB of MK_L2SKIP_MIB
+#          ("40 24"), journal on: l2skip.log, l2skip_check.log, l2skip_<base|MiB>.json (~5 min)
+#   gutiles GATE_UP on MK_GU_TILE (default gu_m128: two B pages, the table's tile at 64 < M <= 1024
+#          until session 16, when this step made gu_m128n64 the default there, run the other way
+#          round: B=128 / 192 / 256 / 1024 -4.3% / -2.1% / -7.0% / -2.9%) in the M classes
+#          MK_GU_CLASSES ("256 1024"): the GPU tests (tests/test_splitk_gpu.py and the two-page
 #          gate/up tests of tests/test_gemm_gpu.py), the two-layer checks (never / auto; the
 #          first step is 208 tokens: the 256 class) and racecheck, the auto check with a 478-token
 #          first step (the 1024 class), a memcheck; then decode MK_GU_BATCH (128,192,512,1024) as
@@ -226,7 +232,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -362,6 +368,17 @@ if has l2pf; then
   cat "$OUTDIR/l2pf.log"
   MK_NO_PYTEST=1 timed_ab l2pf l2_prefetch ${MK_L2PF_BATCH:-1,16,64} "" \
       "--plan l2_prefetch_mib=${MK_L2PF_MIB:-40}"
+fi
+if has l2skip; then
+  ( export MK_CHECK_EXTRA="--plan l2_prefetch_mib=1,l2_prefetch_skip=64,l2_prefetch_o_proj=0"
+    MK_NO_PYTEST=1; echo "== l2 prefetch past the ring: checks"; checks ) > "$OUTDIR/l2skip_check.log" 2>&1
+  cat "$OUTDIR/l2skip_check.log"
+  : > "$OUTDIR/l2skip.log"
+  time_variant l2skip base "no L2 prefetch (the default)" ${MK_L2SKIP_BATCH:-1,64} "" ""
+  for m in ${MK_L2SKIP_MIB:-40 24}; do
+    x="l2_prefetch_mib=$m,l2_prefetch_skip=256,l2_prefetch_o_proj=0"
+    time_variant l2skip $m "--plan $x" ${MK_L2SKIP_BATCH:-1,64} "" "--plan $x"
+  done
 fi
 if has wgsplit; then
   ab wgsplit MK_ATTN_WG_SPLIT 1 ${MK_WGSPLIT_BATCH:-1,64,256} tests/test_attention_gpu.py \
@@ -540,9 +557,9 @@ if has pair; then
   fi
 fi
 if has gutiles; then
-  GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=gu_m128n64"; done
+  GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=${MK_GU_TILE:-gu_m128}"; done
   ( export MK_TILES=$GU; echo "== MK_TILES=$GU"
-    checks tests/test_splitk_gpu.py tests/test_gemm_gpu.py::test_one_page_gate_up_tile_matches_torch_face
+    checks tests/test_splitk_gpu.py tests/test_gemm_gpu.py::test_two_page_gate_up_tile_at_256_matches_torch_face
     echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
     timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
         --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
@@ -553,7 +570,7 @@ if has gutiles; then
   ) > "$OUTDIR/gutiles_check.log" 2>&1
   cat "$OUTDIR/gutiles_check.log"
   : > "$OUTDIR/gutiles.log"
-  time_ab gutiles "GATE_UP tiles gu_m128n64 ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
+  time_ab gutiles "GATE_UP tiles ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
 fi
 if has pairwarp; then
   # MK_ATTN_PAIR_WARP=3 (compile-time): the pair checks (two-layer never / auto, racecheck,
@@ -697,20 +714,20 @@ if has page64; then
   time_variant page64 p64 "KV page 64" ${MK_P64_BATCH:-64,256} "" "--page-size 64"
 fi
 if has tiles256; then
-  # B=256's one-wave GEMMs on more, narrower tiles (MK_TILES; the activations re-read from L2
-  # once more per tile, the weights not): O_PROJ / DOWN on m128n128 (128 tiles each instead of
-  # 64), GATE_UP on gu_m128n64 (one B page of 64 gate + 64 up rows: 112 instead of 56; built in
-  # session 8, GPU-unverified: its GPU tests run first and gate its timing)
+  # B=256's one-wave GEMMs on other tiles (MK_TILES): O_PROJ / DOWN on m128n128 (128 tiles each
+  # instead of 64), GATE_UP on gu_m128 (two B pages: 56 tiles instead of gu_m128n64's 112, the
+  # table's tile until session 16, when this step measured gu_m128n64 -7.0% at B=256; its GPU
+  # tests run first and gate its timing)
   : > "$OUTDIR/tiles256.log"
-  timeout 240 python -m pytest -q -m gpu tests/test_gemm_gpu.py -k one_page_gate_up \
+  timeout 240 python -m pytest -q -m gpu tests/test_gemm_gpu.py -k two_page_gate_up \
       > "/tmp/tiles256_check.log" 2>&1
   tail -3 "/tmp/tiles256_check.log" | tee -a "$OUTDIR/tiles256.log"
   gu_ok=0; grep -q "2 passed" "/tmp/tiles256_check.log" && gu_ok=1
-  OD="O_PROJ@256=m128n128,DOWN@256=m128n128"; GU="GATE_UP@256=gu_m128n64"
+  OD="O_PROJ@256=m128n128,DOWN@256=m128n128"; GU="GATE_UP@256=gu_m128"
   for v in none od gu both; do
     case $v in none) t="";; od) t=$OD;; gu) t=$GU;; both) t="$OD,$GU";; esac
     if [ $gu_ok = 0 ] && { [ $v = gu ] || [ $v = both ]; }; then
-      echo "== tiles $v: not timed (the one-page gate/up tile's GPU tests did not pass)" \
+      echo "== tiles $v: not timed (the two-page gate/up tile's GPU tests did not pass)" \
           | tee -a "$OUTDIR/tiles256.log"; rc=1; continue
     fi
     time_variant tiles256 $v "tiles $v (MK_TILES=$t)" ${MK_T256_BATCH:-128,256} "MK_TILES=$t" ""

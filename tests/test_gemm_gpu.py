@@ -12,9 +12,10 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")]
 
 # (op, M): M picks the tile config (gk.TILE_TABLE): 64 -> m64n128 (O_PROJ/DOWN/LM_HEAD), 200 (odd:
-# the rows tail) -> the M <= 256 tiles (BM = 128 since session 7: m128n256, gu_m128, LM_HEAD
-# m64n128, QKV m128n128), 1024 -> the BM = 128 tiles (m128n256, gu_m128, m128n128)
-CASES = [("O_PROJ", 64), ("LM_HEAD", 64)] + [
+# the rows tail) -> the M <= 256 tiles (BM = 128 since session 7: m128n256, gu_m128n64 (since
+# session 16), LM_HEAD m64n128, QKV m128n128), 1024 -> the BM = 128 tiles (m128n256, gu_m128n64,
+# m128n128); GATE_UP at 2048: gu_m128 (two B pages, the M > 1024 class)
+CASES = [("O_PROJ", 64), ("LM_HEAD", 64), ("GATE_UP", 2048)] + [
     (op, m) for op in ("O_PROJ", "DOWN", "GATE_UP", "LM_HEAD", "QKV_ROPE") for m in (200, 1024)]
 
 
@@ -115,28 +116,29 @@ def test_rows_and_gemm_in_one_megakernel():
     assert ((ga_ - ref).norm() / ref.norm()).item() < 1e-2
 
 
-ONE_PAGE_GATE_UP = r'''
+TWO_PAGE_GATE_UP = r'''
 import json, sys
 sys.path.insert(0, {root!r})
 from bench.gemm import check_case
 from mk import tiles
 from mk.ir import Op
-assert tiles.tile_name(Op.GATE_UP, {m}) == "gu_m128n64"
+assert tiles.tile_name(Op.GATE_UP, {m}) == "gu_m128"
 print(json.dumps(check_case("GATE_UP", {m}, seed={m})))
 '''
 
 
 @pytest.mark.parametrize("m", [200, 256])
-def test_one_page_gate_up_tile_matches_torch_face(m):
-    """gu_m128n64 (one B page of 64 gate + 64 up rows; not in the table: MK_TILES, read at import,
-    so in a subprocess) against GATE_UP's torch face, output poisoned outside the tile rows."""
+def test_two_page_gate_up_tile_at_256_matches_torch_face(m):
+    """gu_m128 in the M <= 256 class (the table's tile there until session 16, kept for A/Bs as
+    MK_TILES=GATE_UP@256=gu_m128, read at import, so in a subprocess; the rows tail at 200) against
+    GATE_UP's torch face, output poisoned outside the tile rows."""
     import json
     import os
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TILES="GATE_UP@256=gu_m128n64")
-    r = subprocess.run([sys.executable, "-c", ONE_PAGE_GATE_UP.format(root=root, m=m)], env=env,
+    env = dict(os.environ, MK_TILES="GATE_UP@256=gu_m128")
+    r = subprocess.run([sys.executable, "-c", TWO_PAGE_GATE_UP.format(root=root, m=m)], env=env,
                        cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])

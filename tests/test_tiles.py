@@ -28,7 +28,8 @@ def test_table_classes():
         assert tiles.m_class(m) == cls, m
     for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
-    assert tiles.tile_shape(Op.GATE_UP, 256).bn == 128 and tiles.tile_shape(Op.GATE_UP, 4096).bn == 128
+    # GATE_UP: 64-column tiles (gu_m128n64) at 64 < M <= 1024 since session 16, 128 above
+    assert [tiles.tile_shape(Op.GATE_UP, m).bn for m in (64, 256, 1024, 4096)] == [128, 64, 64, 128]
     # QKV_ROPE: one head per 128-row tile in every class (m64n256 at M <= 64 until session 14)
     assert all(tiles.tile_name(Op.QKV_ROPE, m) == "m128n128" for m in MS)
     assert all(tiles.tile_shape(Op.LM_HEAD, m).bn == 128 for m in MS)
@@ -251,39 +252,15 @@ def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
                      plan.num_counters, gemm=gemm, slots=slots)
 
 
-ONE_PAGE_GATE_UP = r'''
-import sys
-sys.path.insert(0, "tests")
-import test_tiles as T
-from mk import tiles
-from mk.ir import W_COLS, W_OPCODE, Op
-from mk.plan import PlanConfig, plan_step
-from mk.config import ParallelConfig
-assert tiles.tile_name(Op.GATE_UP, 256) == "gu_m128n64"
-assert tiles.TILE_SHAPES["gu_m128n64"].bn == 64
-plan = plan_step(T.batch_of(256), T.LLAMA_70B, ParallelConfig(1, 0), T.KERNEL_70B, PlanConfig())
-s = plan.instrs
-gu = s[s[:, W_OPCODE] == int(Op.GATE_UP)]
-assert int(gu[:, W_COLS].max()) == 64, gu[:, W_COLS].max()
-print("GATE_UP tiles per layer", len(gu) // T.LLAMA_70B.num_layers)
-for m in (200, 256):
-    T.test_megakernel_check_plan_accepts_default_gemm_tiles(m)
-    T.test_default_plan_satisfies_the_gpu_tiles(m, 0)
-    T.test_default_plan_satisfies_the_gpu_tiles(m, 7)
-'''
-
-
-def test_one_page_gate_up_tile_plans():
-    """gu_m128n64 (64 gate + 64 up rows in one B page; MK_TILES=GATE_UP@256=gu_m128n64, read at
-    import, so in a subprocess): the planner cuts GATE_UP into 64-column tiles (twice gu_m128's
-    count), and the plans pass the GPU tile predicate and mk.megakernel.check_plan."""
-    pytest.importorskip("cutlass")
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TILES="GATE_UP@256=gu_m128n64", CUTE_DSL_ARCH="sm_90a")
-    r = subprocess.run([sys.executable, "-c", ONE_PAGE_GATE_UP], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "GATE_UP tiles per layer 896" in r.stdout, r.stdout     # 2 token blocks x 28672 / 64
+@pytest.mark.parametrize("m,cols,per_layer", [(256, 64, 896), (1024, 64, 3584), (4096, 128, 7168)])
+def test_gate_up_tiles_per_class(m, cols, per_layer):
+    """GATE_UP's tiles of the table's class at m tokens: 64 output columns (gu_m128n64, one B page
+    of 64 gate + 64 up rows) at 64 < M <= 1024, 128 above (gu_m128); unsplit (split_k 1), so
+    (token blocks) x 28672 / cols tiles per layer. (The plans' GPU tile predicate and check_plan
+    at each class: test_default_plan_satisfies_the_gpu_tiles and
+    test_megakernel_check_plan_accepts_default_gemm_tiles.)"""
+    plan = plan_step(batch_of(m), LLAMA_70B, ParallelConfig(1, 0), KERNEL_70B, PlanConfig())
+    s = plan.instrs.numpy()
+    gu = s[s[:, W_OPCODE] == int(Op.GATE_UP)]
+    assert int(gu[:, W_COLS].max()) == cols
+    assert len(gu) == per_layer * LLAMA_70B.num_layers
