@@ -176,7 +176,7 @@ def test_explicit_values_override_the_table():
     assert s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS].max() == cfg.norm_rows  # row groups
     # ...and the GPU predicate says which of them the bodies cannot run
     p, row0, rows, col0, cols, K = gemm_words(s, Op.GATE_UP)
-    assert "cols <= 128" in tiles.gemm_tile_error("GATE_UP", tiles.tile_shape(Op.GATE_UP, 256),
+    assert "cols <= 64" in tiles.gemm_tile_error("GATE_UP", tiles.tile_shape(Op.GATE_UP, 256),
                                                   row0, rows, col0, cols, K)
 
 
