@@ -163,6 +163,14 @@ class PlanConfig:
     # tiles x nsplit <= num_sms, K / nsplit a multiple of splitk_align, nsplit <= max_split);
     # n >= 2 force n (capped at K / splitk_align slices; slices multiples of splitk_align).
     split_k: int = 1
+    # auto split-K (split_k 0) only: 0 the largest power of two as above; 1 the largest nsplit
+    # (<= max_split, <= K / splitk_align) with tiles x nsplit <= num_sms, any integer, the K slices
+    # near-equal multiples of splitk_align (k_slices). At B <= 64 QKV_ROPE's 10 head tiles split
+    # 13 ways instead of 8 (130 SMs stream its 21 MB of weights instead of 80: at B=1 its tiles
+    # pull ~256 KB each at ~23 GB/s per SM, 11 us for what HBM delivers in 5); at B=128 13 for
+    # 8, at B=256 6 for 4; the other ops' power-of-two factors already fill the SMs (O_PROJ /
+    # DOWN 64 x 2 and GATE_UP 28 x 4 at B <= 64)
+    split_fill: int = 0
     num_sms: int = 132
     # 128: with the 128-row tiles of the M <= 256 class, auto split-K at B=256 (QKV in 4, O /
     # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session
@@ -208,6 +216,10 @@ class PlanConfig:
     # nothing; 256 = four K steps of the ring), and O_PROJ's weights only when
     # l2_prefetch_o_proj is 1 (at B <= 64 an O_PROJ tile's K slice fits in the ring: its early
     # loads take all of it). 0 / 1 reproduce the prefetch of session 5 (session 6: no gain).
+    # Session 16 (H200, 70B TP8 decode ctx 1024, bench/results/l2skip_*_2026-11-30_s16): skip 256
+    # without O_PROJ lost at 40 MiB (B=1 +9.1%, B=64 +7.6%) and at 24 MiB (+3.7% / +5.2%): GATE_UP
+    # on the critical path went 31.7 -> 30.8 us per layer while the attention, its reduce and
+    # the norms, which run during the prefetch, slowed by more (ATTENTION 9.9 -> 13.5 us each)
     l2_prefetch_skip: int = 0
     l2_prefetch_o_proj: int = 1
     # 1 (default): where O_PROJ splits (TP 1), no SPLITK_REDUCE for it: the MLP norm after it sums
@@ -252,7 +264,7 @@ class PlanConfig:
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
-        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj"):
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "split_fill"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
@@ -362,9 +374,13 @@ class PlanConfig:
                 out[op] = max(1, min(self.split_k, chunks))
                 continue
             ns = 1
-            while (2 * ns <= self.max_split and ntiles * 2 * ns <= self.num_sms
-                   and chunks % (2 * ns) == 0 and ks[op] % self.splitk_align == 0):
-                ns *= 2
+            if self.split_fill:
+                if ks[op] % self.splitk_align == 0:
+                    ns = max(1, min(self.max_split, chunks, self.num_sms // max(ntiles, 1)))
+            else:
+                while (2 * ns <= self.max_split and ntiles * 2 * ns <= self.num_sms
+                       and chunks % (2 * ns) == 0 and ks[op] % self.splitk_align == 0):
+                    ns *= 2
             out[op] = ns
         return out
 

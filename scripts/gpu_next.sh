@@ -156,6 +156,12 @@
 #          the two-layer checks and racecheck with it (skip 64: the tiny model's slices are
 #          short), then decode MK_L2SKIP_BATCH (1,64) as it is and at each MiB of MK_L2SKIP_MIB
 #          ("40 24"), journal on: l2skip.log, l2skip_check.log, l2skip_<base|MiB>.json (~5 min)
+#   fill   PlanConfig.split_fill=1 (auto split-K factors that fill the SMs, not only powers of
+#          two: QKV_ROPE's 10 head tiles split 13 ways at B <= 128 instead of 8, 6 at B=256
+#          instead of 4; a plan change, session 16, CPU-verified): the two-layer checks and
+#          racecheck with it at --num-sms 40 (odd factors 5 / 10 in the tiny model's decode
+#          steps), a memcheck, then decode MK_FILL_BATCH (1,16,64,128,256) as it is and with it,
+#          journal on: fill.log, fill_check.log, fill_{base,on}.json (~7 min)
 #   gutiles GATE_UP on MK_GU_TILE (default gu_m128: two B pages, the table's tile at 64 < M <= 1024
 #          until session 16, when this step made gu_m128n64 the default there, run the other way
 #          round: B=128 / 192 / 256 / 1024 -4.3% / -2.1% / -7.0% / -2.9%) in the M classes
@@ -176,23 +182,23 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 15
-# (folds and auto attention pairs are defaults; e2e at every point in bench/E2E_NOTES.md):
-#   1. "pairwarp" (MK_ATTN_PAIR_WARP=3: a pair's second unit on warpgroup 1's warp 3, another
-#      sub-partition than the first unit's warp 0): session 15 ran its check + racecheck
-#      (passed) and one timing each (B=256 -1.6%, B=1024 -0.5%, no journal): its memcheck and
-#      a repeat of the timing (MK_AB_TIMEOUT=240) decide; its journal variant spills 16 bytes,
-#      which has to go before it can be the default
-#   2. "pair" with MK_PAIR_TIMED=2 MK_PAIR_BATCH=64,128 (every decode paired below 132
-#      sequences: an SM runs two units at once where attention is on the critical path; not
-#      timed yet)
-#   3. "normrows" MK_NORMROWS_BATCH=128,192,256 MK_NORMROWS_VALUES=1 (not re-run since session 12)
-#   4. "caps512" (QKV_ROPE split up to 512 tokens: B=512 -4.9% in session 9, never made default
-#      for want of its M <= 512 class check). At B=1024 the auto split leaves QKV_ROPE whole
-#      whatever its cap (80 tiles x 2 > 132 SMs): 80 tiles of ~67 us, one wave with 52 SMs idle;
-#      with pairs QKV_ROPE is 151 of the 749 us per layer on the critical path, GATE_UP 322
-#   5. GATE_UP at B >= 256 (the largest share of the SMs' time and of the path: 104 of 247 us per
-#      layer at B=256, 322 of 749 at B=1024) against cuBLAS (bench/GEMM_NOTES.md, issue 5)
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 16
+# (GATE_UP on gu_m128n64 at 65..1024 tokens is the default; session 16 had one H200, no x2):
+#   1. "fill" (split_fill=1: QKV_ROPE split 13 ways at B <= 128, 6 at 256; CPU-verified only).
+#      At B=1 QKV_ROPE is 12.4 us per layer on the critical path for 21 MB of weights on 80 SMs
+#      (~5 us at the copy rate): B=1 / 16 are 1.03 / 1.04 x the peer, so a few us per layer
+#      decide them
+#   2. "gemm" (issue 5's table; its GATE_UP rows at M=256 / 1024 now run gu_m128n64; last run in
+#      session 14) and "e2e" at 1,16,64 and 4096 (unchanged classes since session 15, but one
+#      same-run table of every point is what issue 6 asks for)
+#   3. "pairwarp" (session 15: check + racecheck passed, B=256 -1.6%, B=1024 -0.5% in one
+#      timing): its memcheck and a repeat timing decide; its journal variant spills 16 bytes
+#   4. "caps512" with --plan split_fill=1 (QKV_ROPE's 40 tiles at B=512 would split 3 ways)
+#   5. B=256 is 60% busy (bench/E2E_NOTES.md session 16): a chain of one-wave phases (GATE_UP
+#      112 tiles of 57 us, DOWN 64 of 49 us on 132 SMs). Not built: DOWN split tiles that wait
+#      only on the GATE_UP tiles of their K slice (issue 5's fine-grained dependencies; the
+#      planner's counters, no kernel change), which would let a block's DOWN start before its
+#      last GATE_UP tile. The folds at B=256 lost (8-row norms summing 128-row partials, +20%)
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
@@ -232,7 +238,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -555,6 +561,19 @@ if has pair; then
   else
     echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
   fi
+fi
+if has fill; then
+  ( export MK_CHECK_EXTRA="--plan split_fill=1 --num-sms 40"; MK_NO_PYTEST=1
+    echo "== split_fill=1 checks"; checks
+    echo "== memcheck, two-layer step, split-K auto, $MK_CHECK_EXTRA"
+    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 $MK_CHECK_EXTRA > "$OUTDIR/memcheck_full.log" 2>&1
+    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+  ) > "$OUTDIR/fill_check.log" 2>&1
+  cat "$OUTDIR/fill_check.log"
+  : > "$OUTDIR/fill.log"
+  time_variant fill base "power-of-two split factors (the default)" ${MK_FILL_BATCH:-1,16,64,128,256} "" ""
+  time_variant fill on "--plan split_fill=1" ${MK_FILL_BATCH:-1,16,64,128,256} "" "--plan split_fill=1"
 fi
 if has gutiles; then
   GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=${MK_GU_TILE:-gu_m128}"; done

@@ -107,6 +107,34 @@ def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
     assert f == [], "\n".join(str(x) for x in f[:5])
 
 
+def test_float32_fill_split_equals_unsplit(gqa, one_thread):
+    """split_fill: auto split factors that are not powers of two (24 SMs: the decode step's 8
+    O_PROJ / GATE_UP / DOWN tiles split 3 ways, K slices of unequal multiples of splitk_align):
+    logits as unsplit, and the verifier accepts such plans at TP 1 and 2."""
+    w = gqa(1, torch.float32)
+    vm_steps = mixed_steps(V)
+    base = VM(w, KERNEL, CFG)
+    want = [base.step(b) for b in vm_steps]
+    vm = VM(w, KERNEL, split_cfg(0, split_fill=1, num_sms=24))
+    odd = set()
+    for i, batch in enumerate(vm_steps):
+        got = vm.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+        split = vm.last_plan.layout["splitk"]
+        odd |= {ns for _, ns in split.values() if ns & (ns - 1)}
+        for tiles_, ns in split.values():
+            assert tiles_ * ns <= 24 or ns == 1, split
+        err = float((got - want[i]).abs().max() / want[i].abs().max())
+        assert err <= 1e-5, (i, err, split)
+    assert odd, "no split factor other than a power of two was exercised"
+    for tp in (1, 2):
+        cfg = split_cfg(0, P_CFG, split_fill=1, num_sms=24)
+        plans = [plan_step(decode_batch(2), P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg)
+                 for r in range(tp)]
+        assert plans[0].layout["splitk"]["O_PROJ"][1] == 3, plans[0].layout["splitk"]
+        f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
+        assert f == [], "\n".join(str(x) for x in f[:5])
+
+
 FOLDS = {"o": {"fold_o_reduce": 1, "fold_down_reduce": 0},
          "down": {"fold_o_reduce": 0, "fold_down_reduce": 1},
          "both": {"fold_o_reduce": 1, "fold_down_reduce": 1}}
@@ -520,6 +548,38 @@ def test_reduce_slices_never_outnumber_the_sms(m):
         gu = cut[(cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == Op.GATE_UP)]
         gw = whole[(whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == Op.GATE_UP)]
         assert len(gu) == len(gw)
+
+
+# split_fill: the largest factor with tiles x nsplit <= 132, not only powers of two (QKV_ROPE's
+# 10 head tiles: 13 ways instead of 8 at B <= 128, its 20 at B=256: 6 instead of 4)
+FILL_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
+            64: ((10, 13), (64, 2), (28, 4), (64, 2)),
+            128: ((10, 13), (32, 4), (56, 2), (32, 4)),
+            256: ((20, 6), (64, 1), (112, 1), (64, 1))}
+
+
+@pytest.mark.parametrize("m", sorted(FILL_70B))
+def test_fill_split_70b_tp8(m):
+    """split_fill=1 at TP 8: the factors above, K slices multiples of 64 that cover K once per
+    output tile, and the GPU bodies' tile predicate on every split op."""
+    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                     PlanConfig(split_k=0, split_fill=1))
+    got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
+    assert got == FILL_70B[m], got
+    for op, p, kw in _gpu_tile_words(plan, m):
+        ns = plan.layout["splitk"][op.name][1]
+        if ns == 1:
+            continue
+        layer0 = p[p[:, W_LAYER] == 0]
+        assert (layer0[:, mc.A_K0] % 64 == 0).all() and (layer0[:, kw] % 64 == 0).all()
+        # per output tile (row0, col0): the slices [k0, k0 + K) tile [0, K_op) exactly
+        for key in {(int(r), int(c)) for r, c in layer0[:, [W_ROW0, W_COL0]]}:
+            t = layer0[(layer0[:, W_ROW0] == key[0]) & (layer0[:, W_COL0] == key[1])]
+            t = t[np.argsort(t[:, mc.A_K0])]
+            assert len(t) == ns and t[0, mc.A_K0] == 0
+            assert (t[1:, mc.A_K0] == t[:-1, mc.A_K0] + t[:-1, kw]).all()
+    with pytest.raises(ValueError, match="split_fill"):
+        PlanConfig(split_fill=2)
 
 
 def test_every_splittable_op_has_its_own_cap():
