@@ -1225,11 +1225,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                     else np.array([0, gemm_k[op]]))
         # queued with the last block's attention (block_major: the first block's), so that in
         # every policy's order they follow attention that leaves SMs idle and precede O_PROJ
+        weights = [(Op.GATE_UP, 2 * I_loc, slices(Op.GATE_UP))]
+        if cfg.l2_prefetch_o_proj:
+            weights.insert(0, (Op.O_PROJ, H, slices(Op.O_PROJ)))
         _emit_l2_prefetch(g, S_ATTN_RED + L2_PREFETCH_STAGE_OFFSET,
                           0 if cfg.policy == "block_major" else nb - 1, cfg.l2_prefetch_mib << 20,
-                          ((Op.O_PROJ, H, slices(Op.O_PROJ)),) * cfg.l2_prefetch_o_proj
-                          + ((Op.GATE_UP, 2 * I_loc, slices(Op.GATE_UP)),),
-                          skip=cfg.l2_prefetch_skip)
+                          weights, skip=cfg.l2_prefetch_skip)
 
     def proj(stage, red_stage, op, src, K, tiles, wait_c, wait_t, rs, hid, residual):
         """op's tiles into HIDDEN (TP 1) or scattered to the ranks + TP_REDUCE; returns the
