@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from mk.batch import SeqChunk, StepBatch  # noqa: E402
 from mk.config import KernelConfig, ModelConfig, ParallelConfig  # noqa: E402
+from mk.peers import shard_config  # noqa: E402
 from mk.plan import PlanConfig, Planner  # noqa: E402
 
 LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
@@ -38,11 +39,7 @@ POINTS = [(1, 1024, 0), (16, 1024, 0), (64, 1024, 0), (256, 1024, 0), (1024, 102
 
 def rank_model() -> ModelConfig:
     """Rank 0 of TP 8 as a TP-1 model of the shard's shapes (mk.peers.shard_as_tp1's config)."""
-    cfg, par = ModelConfig(**LLAMA_70B), ParallelConfig(8, 0)
-    return ModelConfig(**{**LLAMA_70B, "num_heads": par.heads_local(cfg),
-                          "num_kv_heads": par.kv_heads_local(cfg),
-                          "intermediate_size": par.intermediate_local(cfg),
-                          "vocab_size": par.vocab_local(cfg)})
+    return shard_config(ModelConfig(**LLAMA_70B), ParallelConfig(8, 0))
 
 
 def point_batch(decode: int, ctx: int, prefill: int, page: int) -> StepBatch:

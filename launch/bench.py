@@ -498,16 +498,21 @@ def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
     from mk.megakernel_step import MegakernelStepBackend
     from mk.peers import shard_as_tp1
     from mk.plan import PlanConfig
-    per = -(-max(point.context, point.prefill, 1) // page)
-    seqs = point.decode + (1 if point.prefill else 0)
-    kernel = KernelConfig(page_size=page, max_seqs=max(MAX_BATCH, seqs),
-                          max_context=max(point.context, point.prefill, 1),
-                          max_batch_tokens=max(MAX_BATCH, point.tokens),
-                          num_kv_pages=max(1, seqs) * per)
+    kernel = megakernel_kernel_config(point, page)
     # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
     # tensor-parallel communication, exactly what the peers time
     return MegakernelStepBackend(shard_as_tp1(weights), kernel,
                                  plan_cfg=PlanConfig(split_k=split_k, **(plan or {}))), kernel
+
+
+def megakernel_kernel_config(point: Point, page: int = 16) -> KernelConfig:
+    """The megakernel's KernelConfig at a point (the maxima of every point, the point's pages)."""
+    per = -(-max(point.context, point.prefill, 1) // page)
+    seqs = point.decode + (1 if point.prefill else 0)
+    return KernelConfig(page_size=page, max_seqs=max(MAX_BATCH, seqs),
+                        max_context=max(point.context, point.prefill, 1),
+                        max_batch_tokens=max(MAX_BATCH, point.tokens),
+                        num_kv_pages=max(1, seqs) * per)
 
 
 def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):

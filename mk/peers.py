@@ -281,13 +281,17 @@ def shard_as_tp1(weights: RankWeights) -> RankWeights:
     """One rank's shard seen as a TP-1 model of the shard's shapes (its q / KV heads,
     intermediate and vocab slices): the rank's work without the tensor-parallel communication,
     for benchmarking one rank on one GPU (the same tensors, no copy)."""
-    cfg, par = weights.config, weights.parallel
-    if par.tp_size == 1:
+    if weights.parallel.tp_size == 1:
         return weights
-    local = replace(cfg, num_heads=par.heads_local(cfg), num_kv_heads=par.kv_heads_local(cfg),
-                    intermediate_size=par.intermediate_local(cfg),
-                    vocab_size=par.vocab_local(cfg), tie_word_embeddings=False)
-    return replace(weights, config=local, parallel=ParallelConfig())
+    return replace(weights, config=shard_config(weights.config, weights.parallel),
+                   parallel=ParallelConfig())
+
+
+def shard_config(cfg: ModelConfig, par: ParallelConfig) -> ModelConfig:
+    """The ModelConfig of one rank's shard as a TP-1 model (shard_as_tp1's config)."""
+    return replace(cfg, num_heads=par.heads_local(cfg), num_kv_heads=par.kv_heads_local(cfg),
+                   intermediate_size=par.intermediate_local(cfg),
+                   vocab_size=par.vocab_local(cfg), tie_word_embeddings=False)
 
 
 # The correctness guard ------------------------------------------------------------------------------

@@ -193,7 +193,10 @@
 #      same-run table of every point is what issue 6 asks for)
 #   3. "pairwarp" (session 15: check + racecheck passed, B=256 -1.6%, B=1024 -0.5% in one
 #      timing): its memcheck and a repeat timing decide; its journal variant spills 16 bytes
-#   4. "caps512" with --plan split_fill=1 (QKV_ROPE's 40 tiles at B=512 would split 3 ways)
+#   4. "caps512" with --plan split_fill=1 (QKV_ROPE's 40 tiles at B=512 would split 3 ways);
+#      "gutiles" with MK_GU_TILE=gu_m128n64 MK_GU_CLASSES=max MK_GU_BATCH=2048,4096: the class
+#      above 1024 tokens still runs gu_m128 (its checks reach 478 tokens only: the M > 1024 tiles
+#      are covered by tests/test_gemm_gpu.py's GATE_UP at M=2048 and the MK_TILES GPU tests)
 #   5. B=256 is 60% busy (bench/E2E_NOTES.md session 16): a chain of one-wave phases (GATE_UP
 #      112 tiles of 57 us, DOWN 64 of 49 us on 132 SMs). Not built: DOWN split tiles that wait
 #      only on the GATE_UP tiles of their K slice (issue 5's fine-grained dependencies; the

@@ -179,7 +179,8 @@ def test_m128_tiles_at_batch_128_and_256_plan_and_pass_the_host_check():
     """The M <= 256 class runs on 128-row tiles (the default since session 7, bench/E2E_NOTES.md):
     the 70B TP8 rank's B = 128 and B = 256 decode steps plan with 128-row token blocks, split-K on
     the token GEMMs at B = 128 and at B = 256 on those whose own cap allows it (QKV_ROPE and
-    GATE_UP since session 9: PlanConfig.splitk_token_cap), and pass the
+    GATE_UP since session 9: PlanConfig.splitk_token_cap; GATE_UP's 64-column tiles of session 16
+    are too many to split at B = 256), and pass the
     megakernel's host check (in a process of its own: the tile table is read at import, and
     MK_TILES is cleared)."""
     pytest.importorskip("cutlass")
@@ -202,6 +203,8 @@ for b in (128, 256):
     count = lambda p, op: int((p.instrs[:, W_OPCODE] == int(op)).sum())
     split = {op for op in SPLITK_OP_CAPS if count(plan, op) > count(whole, op)}
     want = {op for op in SPLITK_OP_CAPS if b <= cfg.splitk_token_cap(op)}
+    if b == 256:        # GATE_UP's 112 tiles of 64 columns (session 16) do not split on 132 SMs
+        want.discard(Op.GATE_UP)
     assert split == want and want, (b, split, want)
     assert (count(plan, Op.SPLITK_REDUCE) > 0) and count(whole, Op.SPLITK_REDUCE) == 0
     nbuf, T, H, kw = meta_operands(model, kernel, cfg, b)

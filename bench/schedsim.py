@@ -1,0 +1,213 @@
+"""A CPU model of the megakernel's schedule: how long a step's plan takes on N SMs, given how long
+each instruction runs. For screening plan changes (tiles, split factors, queue order) before they
+cost GPU time; a model, not a measurement: check its rank order against journaled runs first
+(`--validate`).
+
+The model: tickets are claimed in queue order, each by the SM whose controller can claim first.
+An SM holds at most NISLOTS claimed and unfinished instructions and runs them one after another;
+with claim after loads (the megakernel's M classes above 64 tokens) it claims its next ticket only
+once the instruction before it has issued its loads, modelled as `load_frac` of its run. An
+instruction runs from max(its SM's previous end, its waits met) for its opcode's duration;
+its signal adds its count to its counter at its end. Waits only name counters of earlier
+tickets (the planner's queue order guarantees it), so one pass in ticket order computes every
+time.
+
+Durations: per opcode, the mean run (ready -> signalled) of a journaled `launch/bench.py
+--journal` run (its JSON's points[i].results.megakernel.journal.ops[op].mean_us), or given.
+
+How far to trust it (session 16, each run simulated with its own journal's durations; journal
+span = the measured step with the journal on):
+
+| run (B=256 unless said) | journal ms | simulated ms |
+|---|---:|---:|
+| default tiles then (gu_m128) | 19.93 | 19.00 |
+| GATE_UP on gu_m128n64 (now the default) | 18.58 | 18.64 |
+| O_PROJ / DOWN on m128n128 | 20.35 | 18.74 |
+| both | 19.25 | 18.93 |
+| O_PROJ / DOWN split in two, folded | 23.54 | 20.90 |
+| B=1 / B=64 (slot-free claim) | 8.67 / 10.17 | 12.42 / 15.30 |
+
+At B=256 it finds the best and the worst of these but misorders the middle three (the slower
+norms of the m128n128 plans' journals are in its durations, their effect on the order is not);
+at B <= 64 it is 40-50% long: there consecutive instructions of an SM overlap (the next one's
+weights load while the current one computes, and its `ready` comes before the previous end), and
+the journal's mean runs count that overlap. Per-instruction journals (the *_journal.pt files
+that scripts/gpu_next.sh deletes to save transfer space) would give the exclusive run times.
+
+    python bench/schedsim.py --validate bench/results/tiles256_none_2026-11-30_s16.json \\
+        bench/results/tiles256_gu_2026-11-30_s16.json ...
+      each JSON's own plan (its --plan, MK_TILES from its command) simulated with its own
+      journal's durations; prints the simulated and the measured step span
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mk.ir import MAX_WAITS, NO_COUNTER, W_OPCODE, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0, Op  # noqa: E402
+
+NISLOTS = 4
+# fraction of a run after which an instruction's loader has issued its last load: GEMM tiles and
+# attention stream operands until near their end (a ring of a few stages), the rows instructions
+# load at once
+LOAD_FRAC = {Op.QKV_ROPE: 0.85, Op.O_PROJ: 0.85, Op.GATE_UP: 0.9, Op.DOWN: 0.9,
+             Op.LM_HEAD: 0.9, Op.ATTENTION: 0.8}
+DEFAULT_LOAD_FRAC = 0.1
+
+
+def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: int = NISLOTS,
+             claim_after_loads: bool = True, claim_us: float = 0.5) -> dict:
+    """Span (us) of a stream of instruction words [n, INSTR_WORDS] and the per-opcode busy time.
+    durations: {Op: us}; an opcode missing from it runs 1 us. A claim takes claim_us (the
+    controller's atomic and word fetch) before the instruction can start or the SM claim again;
+    SMs that can claim at the same time take tickets in SM order."""
+    n = len(words)
+    ops = words[:, W_OPCODE].astype(np.int64)
+    waits = words[:, W_WAIT0:W_WAIT0 + 2 * MAX_WAITS].astype(np.int64)
+    sig = words[:, W_SIGNAL].astype(np.int64)
+    cnt = np.maximum(words[:, W_SIGNAL_COUNT].astype(np.int64), 1)
+    dur = np.array([durations.get(Op(int(o)), 1.0) for o in ops])
+    load_frac = np.array([LOAD_FRAC.get(Op(int(o)), DEFAULT_LOAD_FRAC) for o in ops])
+    # per counter: the (end time, count) of its signals so far, in ticket order
+    signals: dict[int, list] = {}
+    end = np.zeros(n)
+    start = np.zeros(n)
+    # per SM: the end times of its unfinished instructions (the ring), its last instruction's end
+    # and its loads-issued time; a heap of (time the SM's controller can claim, sm)
+    ring = [[] for _ in range(num_sms)]
+    sm_free = np.zeros(num_sms)
+    loads_done = np.zeros(num_sms)
+    claim_heap = [(0.0, s) for s in range(num_sms)]
+    busy: dict[str, float] = {}
+    for t in range(n):
+        claim_t, sm = heapq.heappop(claim_heap)
+        met = 0.0
+        for i in range(MAX_WAITS):
+            c, target = waits[t, 2 * i], waits[t, 2 * i + 1]
+            if c == NO_COUNTER or target <= 0:
+                continue
+            sl = signals.get(int(c), [])
+            times = sorted(sl)
+            total, when = 0, None
+            for e, k in times:
+                total += k
+                if total >= target:
+                    when = e
+                    break
+            if when is None:
+                raise ValueError(f"ticket {t} waits on counter {c} for {target}, which earlier "
+                                 f"tickets never reach")
+            met = max(met, when)
+        start[t] = max(claim_t + claim_us, met, sm_free[sm])
+        end[t] = start[t] + dur[t]
+        sm_free[sm] = end[t]
+        loads_done[sm] = start[t] + load_frac[t] * dur[t]
+        if sig[t] != NO_COUNTER:
+            signals.setdefault(int(sig[t]), []).append((end[t], int(cnt[t])))
+        name = Op(int(ops[t])).name
+        busy[name] = busy.get(name, 0.0) + dur[t]
+        r = ring[sm]
+        r.append(end[t])
+        if len(r) > nislots:
+            r.pop(0)
+        # the next claim: a free ring slot (the oldest of nislots unfinished ends), and with
+        # claim after loads this instruction's loads issued
+        nxt = claim_t + claim_us
+        if len(r) == nislots:
+            nxt = max(nxt, r[0])
+        if claim_after_loads:
+            nxt = max(nxt, loads_done[sm])
+        heapq.heappush(claim_heap, (nxt, sm))
+    span = float(end.max()) if n else 0.0
+    return dict(span_us=span, busy_us=busy,
+                utilisation=sum(busy.values()) / (num_sms * span) if span else 0.0)
+
+
+def plan_words(batch: int, context: int, plan_text: str = "", shape: str = "70b-tp8") -> np.ndarray:
+    """The plan words of launch/bench.py's decode point (one rank's shard as a TP-1 model, the
+    megakernel's KernelConfig there) under plan_text (PlanConfig fields, as --plan takes them)."""
+    sys.path.insert(0, os.path.join(ROOT, "launch"))
+    import bench as lb
+    from mk.config import ParallelConfig
+    from mk.peers import shard_config
+    from mk.plan import PlanConfig, parse_plan_overrides, plan_step
+    cfg, tp = lb.SHAPES[shape]
+    point = lb.Point("decode", batch, context)
+    kernel = lb.megakernel_kernel_config(point)
+    plan = plan_step(lb.megakernel_batch(point, kernel, [1] * batch),
+                     shard_config(cfg, ParallelConfig(tp_size=tp)), ParallelConfig(), kernel,
+                     PlanConfig(split_k=0, **parse_plan_overrides(plan_text)))
+    return plan.instrs.numpy()
+
+
+SIM_IN_SUBPROCESS = r"""
+import json, sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/bench")
+import schedsim as S
+from mk.ir import Op
+point = json.loads({point!r})
+words = S.plan_words(point["batch"], point["context"], {plan!r})
+dur = {{Op[k]: v for k, v in json.loads({dur!r}).items()}}
+print(json.dumps(S.simulate(words, dur, claim_after_loads=point["batch"] > 64)))
+"""
+
+
+def validate(paths: list[str]) -> list[dict]:
+    """Each journaled bench JSON's points simulated with their own durations and plan: the
+    command's --plan, and the MK_TILES given after the path as PATH:TILES (the JSON does not
+    record the environment; MK_TILES is read at import, hence a subprocess per file)."""
+    rows = []
+    for arg in paths:
+        path, _, tiles = arg.partition(":")
+        d = json.load(open(path))
+        m = re.search(r"--plan (\S+)", d.get("command", ""))
+        plan_text = m.group(1) if m else ""
+        env = dict(os.environ, MK_TILES=tiles)
+        for p in d["points"]:
+            mk = p["results"].get("megakernel", {})
+            j = mk.get("journal")
+            if not j:
+                continue
+            dur = {k: v["mean_us"] for k, v in j["ops"].items()}
+            code = SIM_IN_SUBPROCESS.format(root=ROOT, point=json.dumps(
+                dict(batch=p["batch"], context=p["context"])), plan=plan_text, dur=json.dumps(dur))
+            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                               text=True, timeout=600)
+            if r.returncode:
+                raise RuntimeError(r.stderr[-2000:])
+            sim = json.loads(r.stdout.strip().splitlines()[-1])
+            rows.append(dict(file=os.path.basename(path), batch=p["batch"], plan=plan_text,
+                             tiles=env["MK_TILES"], measured_ms=mk["ms"],
+                             journal_span_ms=j["span_us"] / 1e3, sim_ms=sim["span_us"] / 1e3,
+                             sim_util=round(sim["utilisation"], 3)))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--validate", nargs="+", metavar="JSON[:MK_TILES]", required=True,
+                    help="journaled launch/bench.py JSONs (with the MK_TILES they ran under): "
+                         "simulate each point with its own durations and plan, print simulated "
+                         "vs measured")
+    a = ap.parse_args(argv)
+    rows = validate(a.validate)
+    print(f"{'file':<40}{'batch':>6}{'measured ms':>13}{'journal ms':>12}{'sim ms':>9}{'sim util':>10}")
+    for r in rows:
+        print(f"{r['file']:<40}{r['batch']:>6}{r['measured_ms']:>13.3f}{r['journal_span_ms']:>12.3f}"
+              f"{r['sim_ms']:>9.3f}{r['sim_util']:>10.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
