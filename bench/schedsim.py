@@ -15,29 +15,34 @@ time.
 Durations: per opcode, the mean run (ready -> signalled) of a journaled `launch/bench.py
 --journal` run (its JSON's points[i].results.megakernel.journal.ops[op].mean_us), or given.
 
-How far to trust it (session 16, each run simulated with its own journal's durations; journal
-span = the measured step with the journal on):
+How far to trust it (session 16, each run simulated with its own journal's durations and its
+tree's tiles and defaults; journal span = the measured step with the journal on, ms):
 
-| run (B=256 unless said) | journal ms | simulated ms |
-|---|---:|---:|
-| default tiles then (gu_m128) | 19.93 | 19.00 |
-| GATE_UP on gu_m128n64 (now the default) | 18.58 | 18.64 |
-| O_PROJ / DOWN on m128n128 | 20.35 | 18.74 |
-| both | 19.25 | 18.93 |
-| O_PROJ / DOWN split in two, folded | 23.54 | 20.90 |
-| B=1 / B=64 (slot-free claim) | 8.67 / 10.17 | 12.42 / 15.30 |
+| run | B | journal | simulated |
+|---|---:|---:|---:|
+| tiles256_none (gu_m128, the tile then) | 256 | 19.93 | 20.01 |
+| tiles256_gu (gu_m128n64, now the default) | 256 | 18.58 | 18.64 |
+| tiles256_od (O_PROJ / DOWN on m128n128) | 256 | 20.35 | 20.20 |
+| tiles256_both | 256 | 19.25 | 18.93 |
+| planab_od2 (O_PROJ / DOWN split, folded) | 256 | 23.54 | 22.44 |
+| pair_off / pair_on (session 15) | 256 | 21.69 / 19.78 | 21.60 / 19.95 |
+| pair_off / pair_on (session 15) | 1024 | 64.87 / 59.95 | 70.75 / 63.96 |
+| l2skip_base (slot-free claim) | 1 / 64 | 8.67 / 10.17 | 12.42 / 15.30 |
 
-At B=256 it finds the best and the worst of these but misorders the middle three (the slower
-norms of the m128n128 plans' journals are in its durations, their effect on the order is not);
-at B <= 64 it is 40-50% long: there consecutive instructions of an SM overlap (the next one's
-weights load while the current one computes, and its `ready` comes before the previous end), and
-the journal's mean runs count that overlap. Per-instruction journals (the *_journal.pt files
-that scripts/gpu_next.sh deletes to save transfer space) would give the exclusive run times.
+At B=256 within 5% and in the measured order but for od / none (0.4 ms apart both ways); at
+B=1024 7-9% long, in order. At B <= 64 it is 40-50% long: there consecutive instructions of an
+SM overlap (the next one's weights load while the current one computes, and its `ready` comes
+before the previous end), and the journal's mean runs count that overlap. Per-instruction
+journals (the *_journal.pt files that scripts/gpu_next.sh deletes to save transfer space) would
+give the exclusive run times. It knows nothing of contention: an opcode runs as long as it did
+in the journaled order, whatever runs beside it.
 
-    python bench/schedsim.py --validate bench/results/tiles256_none_2026-11-30_s16.json \\
-        bench/results/tiles256_gu_2026-11-30_s16.json ...
-      each JSON's own plan (its --plan, MK_TILES from its command) simulated with its own
-      journal's durations; prints the simulated and the measured step span
+    python bench/schedsim.py --validate bench/results/tiles256_gu_2026-11-30_s16.json \\
+        bench/results/tiles256_none_2026-11-30_s16.json:GATE_UP@256=gu_m128 ...
+      each JSON's own plan simulated with its own journal's durations: simulated vs measured
+    python bench/schedsim.py --predict bench/results/tiles256_gu_2026-11-30_s16.json \\
+        --plans policy=op_major split_fill=1
+      its points under other plans, with its durations
 """
 
 from __future__ import annotations
@@ -163,49 +168,90 @@ print(json.dumps(S.simulate(words, dur, claim_after_loads=point["batch"] > 64)))
 """
 
 
-def validate(paths: list[str]) -> list[dict]:
+def _journaled_points(arg: str):
+    """PATH[:MK_TILES[:PLAN]] -> (its JSON's --plan joined with PLAN, MK_TILES, and per
+    journaled point (point, megakernel result, durations by opcode name))."""
+    path, _, rest = arg.partition(":")
+    tiles, _, extra = rest.partition(":")
+    d = json.load(open(path))
+    m = re.search(r"--plan (\S+)", d.get("command", ""))
+    plan_text = ",".join(filter(None, (m.group(1) if m else "", extra)))
+    points = []
+    for p in d["points"]:
+        mk = p["results"].get("megakernel", {})
+        if mk.get("journal"):
+            points.append((p, mk, {k: v["mean_us"] for k, v in mk["journal"]["ops"].items()}))
+    return plan_text, tiles, points
+
+
+def _simulate_in(tiles: str, point: dict, plan_text: str, dur: dict) -> dict:
+    """simulate() of a point's plan under MK_TILES=tiles (read at import: a subprocess)."""
+    code = SIM_IN_SUBPROCESS.format(root=ROOT, point=json.dumps(
+        dict(batch=point["batch"], context=point["context"])), plan=plan_text, dur=json.dumps(dur))
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, MK_TILES=tiles),
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def validate(args: list[str]) -> list[dict]:
     """Each journaled bench JSON's points simulated with their own durations and plan: the
-    command's --plan, and the MK_TILES given after the path as PATH:TILES (the JSON does not
-    record the environment; MK_TILES is read at import, hence a subprocess per file)."""
+    command's --plan, and what the JSON does not record given after the path as
+    PATH:MK_TILES:PLAN (the tile table of its tree, the defaults of its tree that differ from
+    this one's)."""
     rows = []
-    for arg in paths:
-        path, _, tiles = arg.partition(":")
-        d = json.load(open(path))
-        m = re.search(r"--plan (\S+)", d.get("command", ""))
-        plan_text = m.group(1) if m else ""
-        env = dict(os.environ, MK_TILES=tiles)
-        for p in d["points"]:
-            mk = p["results"].get("megakernel", {})
-            j = mk.get("journal")
-            if not j:
-                continue
-            dur = {k: v["mean_us"] for k, v in j["ops"].items()}
-            code = SIM_IN_SUBPROCESS.format(root=ROOT, point=json.dumps(
-                dict(batch=p["batch"], context=p["context"])), plan=plan_text, dur=json.dumps(dur))
-            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                               text=True, timeout=600)
-            if r.returncode:
-                raise RuntimeError(r.stderr[-2000:])
-            sim = json.loads(r.stdout.strip().splitlines()[-1])
-            rows.append(dict(file=os.path.basename(path), batch=p["batch"], plan=plan_text,
-                             tiles=env["MK_TILES"], measured_ms=mk["ms"],
-                             journal_span_ms=j["span_us"] / 1e3, sim_ms=sim["span_us"] / 1e3,
-                             sim_util=round(sim["utilisation"], 3)))
+    for arg in args:
+        plan_text, tiles, points = _journaled_points(arg)
+        for p, mk, dur in points:
+            sim = _simulate_in(tiles, p, plan_text, dur)
+            rows.append(dict(file=os.path.basename(arg.partition(":")[0]), batch=p["batch"],
+                             measured_ms=mk["ms"], journal_span_ms=mk["journal"]["span_us"] / 1e3,
+                             sim_ms=sim["span_us"] / 1e3, sim_util=round(sim["utilisation"], 3)))
+    return rows
+
+
+def predict(arg: str, plans: list[str]) -> list[dict]:
+    """A journaled run's points simulated with its durations under its own plan and each of
+    `plans` (PlanConfig fields as --plan takes them, added to its own): the spans, and each
+    variant's change against its own plan's simulated span."""
+    plan_text, tiles, points = _journaled_points(arg)
+    rows = []
+    for p, mk, dur in points:
+        base = _simulate_in(tiles, p, plan_text, dur)["span_us"]
+        for variant in plans:
+            sim = _simulate_in(tiles, p, ",".join(filter(None, (plan_text, variant))), dur)
+            rows.append(dict(batch=p["batch"], plan=variant or "(its own)",
+                             sim_ms=sim["span_us"] / 1e3,
+                             change_pct=round(100 * (sim["span_us"] / base - 1), 1)))
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--validate", nargs="+", metavar="JSON[:MK_TILES]", required=True,
-                    help="journaled launch/bench.py JSONs (with the MK_TILES they ran under): "
-                         "simulate each point with its own durations and plan, print simulated "
-                         "vs measured")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--validate", nargs="+", metavar="JSON[:MK_TILES[:PLAN]]",
+                      help="journaled launch/bench.py JSONs (with the MK_TILES they ran under and "
+                           "plan fields whose defaults have changed since): simulate each point "
+                           "with its own durations and plan, print simulated vs measured")
+    mode.add_argument("--predict", metavar="JSON[:MK_TILES[:PLAN]]",
+                      help="one journaled JSON: simulate its points under --plans with its "
+                           "durations (an opcode's duration does not follow its tiles: change "
+                           "plans that keep them, e.g. the queue policy)")
+    ap.add_argument("--plans", nargs="+", default=["policy=op_major", "policy=block_major"],
+                    metavar="PLAN", help="--predict's plan variants (FIELD=VALUE,...)")
     a = ap.parse_args(argv)
-    rows = validate(a.validate)
-    print(f"{'file':<40}{'batch':>6}{'measured ms':>13}{'journal ms':>12}{'sim ms':>9}{'sim util':>10}")
-    for r in rows:
-        print(f"{r['file']:<40}{r['batch']:>6}{r['measured_ms']:>13.3f}{r['journal_span_ms']:>12.3f}"
-              f"{r['sim_ms']:>9.3f}{r['sim_util']:>10.3f}")
+    if a.validate:
+        rows = validate(a.validate)
+        print(f"{'file':<40}{'batch':>6}{'measured ms':>13}{'journal ms':>12}{'sim ms':>9}"
+              f"{'sim util':>10}")
+        for r in rows:
+            print(f"{r['file']:<40}{r['batch']:>6}{r['measured_ms']:>13.3f}"
+                  f"{r['journal_span_ms']:>12.3f}{r['sim_ms']:>9.3f}{r['sim_util']:>10.3f}")
+    else:
+        print(f"{'batch':>6}  {'plan':<40}{'sim ms':>9}{'change':>9}")
+        for r in predict(a.predict, [""] + a.plans):
+            print(f"{r['batch']:>6}  {r['plan']:<40}{r['sim_ms']:>9.3f}{r['change_pct']:>+8.1f}%")
     return 0
 
 

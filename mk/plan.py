@@ -1392,16 +1392,20 @@ def counter_targets(words: np.ndarray, num_counters: int, n: int, rank: int,
 
 
 def parse_plan_overrides(text: str) -> dict:
-    """FIELD=VALUE,... (the command lines' --plan) as PlanConfig keyword arguments: integer fields
-    other than split_k / policy (each command line has its own flag for those), names checked and
-    the result validated by PlanConfig itself; ValueError says what is wrong."""
-    names = {f.name for f in fields(PlanConfig)}
+    """FIELD=VALUE,... (the command lines' --plan) as PlanConfig keyword arguments: the integer
+    fields other than split_k (each command line has its own flag for it), and policy (one of
+    POLICIES); names checked and the result validated by PlanConfig itself; ValueError says what
+    is wrong."""
+    names = {f.name for f in fields(PlanConfig)} - {"split_k"}
     out = {}
     for part in filter(None, (t.strip() for t in text.split(","))):
         key, eq, val = part.partition("=")
-        if not eq or key not in names or key in ("split_k", "policy"):
-            raise ValueError(f"{part!r} is not FIELD=VALUE with an integer PlanConfig field other "
-                             f"than split_k / policy ({', '.join(sorted(names))})")
+        if not eq or key not in names:
+            raise ValueError(f"{part!r} is not FIELD=VALUE with a PlanConfig field other than "
+                             f"split_k ({', '.join(sorted(names))})")
+        if key == "policy":
+            out[key] = val          # PlanConfig says which names it takes
+            continue
         try:
             out[key] = int(val)
         except ValueError:

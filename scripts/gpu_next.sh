@@ -184,6 +184,9 @@
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
 # Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 16
 # (GATE_UP on gu_m128n64 at 65..1024 tokens is the default; session 16 had one H200, no x2):
+#   0. "planab" with MK_PLANAB="opm:policy=op_major" MK_PLANAB_BATCH=256,1024 (the queue order,
+#      never A/B'd on the 70B shape: bench/schedsim.py predicts op_major -9.4% at B=256 and
+#      -22% at B=1024 from the journals' durations, blind to contention; block_major +7%)
 #   1. "fill" (split_fill=1: QKV_ROPE split 13 ways at B <= 128, 6 at 256; CPU-verified only).
 #      At B=1 QKV_ROPE is 12.4 us per layer on the critical path for 21 MB of weights on 80 SMs
 #      (~5 us at the copy rate): B=1 / 16 are 1.03 / 1.04 x the peer, so a few us per layer

@@ -113,6 +113,8 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--plan", "kv_split=128,bogus=1"], "--plan: 'bogus=1' is not FIELD=VALUE"),
     (["--plan", "norm_rows=x"], "--plan: norm_rows='x' is not an integer"),
     (["--plan", "norm_rows=0"], "--plan: PlanConfig.norm_rows must be a positive integer"),
+    (["--plan", "policy=random"], "--plan: unknown queue policy 'random'"),
+    (["--plan", "split_k=2"], "--plan: 'split_k=2' is not FIELD=VALUE"),
 ])
 def test_bad_args_fail_clearly(bench, capsys, args, message):
     rc = bench.main(["--shape", "tiny", "--device", "cpu", "--out", os.devnull, *args])

@@ -673,3 +673,15 @@ def test_stream_advance_writes_its_block_in_every_layer(rows):
     adv.apply_host(host)
     adv.apply(dev)
     assert np.array_equal(host, want) and np.array_equal(dev.numpy(), want)
+
+
+def test_plan_overrides_take_the_policy_by_name():
+    """--plan's FIELD=VALUE list: integers, and the queue policy by name (so a command line can
+    A/B the queue order); split_k has its own flag; bad names and values are refused."""
+    from mk.plan import parse_plan_overrides
+    assert parse_plan_overrides("policy=op_major, norm_rows=2") == dict(policy="op_major",
+                                                                         norm_rows=2)
+    for text, message in (("policy=random", "unknown queue policy"),
+                          ("split_k=2", "not FIELD=VALUE"), ("norm_rows=two", "not an integer")):
+        with pytest.raises(ValueError, match=message):
+            parse_plan_overrides(text)
