@@ -12,8 +12,11 @@ its signal adds its count to its counter at its end. Waits only name counters of
 tickets (the planner's queue order guarantees it), so one pass in ticket order computes every
 time.
 
-Durations: per opcode, the mean run (ready -> signalled) of a journaled `launch/bench.py
---journal` run (its JSON's points[i].results.megakernel.journal.ops[op].mean_us), or given.
+Durations: per opcode, the mean run of a journaled `launch/bench.py --journal` run (its JSON's
+points[i].results.megakernel.journal.ops[op]: own_mean_us where the journal has it, since
+session 16: counted from the later of ready and the end of the instruction before it on its SM;
+before that mean_us, ready -> signalled, which counts the overlap with the instruction before),
+or given.
 
 How far to trust it (session 16, each run simulated with its own journal's durations and its
 tree's tiles and defaults; journal span = the measured step with the journal on, ms):
@@ -32,9 +35,9 @@ tree's tiles and defaults; journal span = the measured step with the journal on,
 At B=256 within 5% and in the measured order but for od / none (0.4 ms apart both ways); at
 B=1024 7-9% long, in order. At B <= 64 it is 40-50% long: there consecutive instructions of an
 SM overlap (the next one's weights load while the current one computes, and its `ready` comes
-before the previous end), and the journal's mean runs count that overlap. Per-instruction
-journals (the *_journal.pt files that scripts/gpu_next.sh deletes to save transfer space) would
-give the exclusive run times. It knows nothing of contention: an opcode runs as long as it did
+before the previous end), and the journal's mean runs count that overlap; own_mean_us
+(journals of session 16's later commits on) does not, and should bring the small batches closer:
+not yet validated. It knows nothing of contention: an opcode runs as long as it did
 in the journaled order, whatever runs beside it.
 
     python bench/schedsim.py --validate bench/results/tiles256_gu_2026-11-30_s16.json \\
@@ -180,7 +183,8 @@ def _journaled_points(arg: str):
     for p in d["points"]:
         mk = p["results"].get("megakernel", {})
         if mk.get("journal"):
-            points.append((p, mk, {k: v["mean_us"] for k, v in mk["journal"]["ops"].items()}))
+            points.append((p, mk, {k: v.get("own_mean_us", v["mean_us"])
+                                   for k, v in mk["journal"]["ops"].items()}))
     return plan_text, tiles, points
 
 

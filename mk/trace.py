@@ -140,10 +140,19 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
     opcode's phase time: per layer, the span from its first instruction ready to its last one
     signalled, summed over layers (layer_of[ticket] -> layer; without it the whole step is one
     phase). Phases of different opcodes overlap where the dependency graph lets them, so the
-    phase times add up to more than the step; the busy share says where the SMs spent it."""
+    phase times add up to more than the step; the busy share says where the SMs spent it.
+    own_mean_us: the mean run counted from the later of ready and the end of the instruction
+    before it on its CTA (an instruction whose waits were met while its CTA still ran the one
+    before, e.g. during early weight loads, is busy from ready but has the SM only from then):
+    what an SM spends on it alone (bench/schedsim.py's durations)."""
     ev, ctas = events(journal, jcta, n)
     if not ev:
         return {}
+    own, prev_end = {}, {}
+    for e in sorted(ev, key=lambda e: (e["fetch"], e["ticket"])):
+        start = max(e["ready"], prev_end.get(e["cta"], e["ready"]))
+        own[e["ticket"]] = max(e["end"] - start, 0)
+        prev_end[e["cta"]] = max(prev_end.get(e["cta"], e["end"]), e["end"])
     span = max(e["end"] for e in ev) - min(c["entry"] for c in ctas) if ctas else 0
     ops: dict[str, dict] = {}
     phases: dict[tuple[str, int], list[int]] = {}
@@ -156,10 +165,11 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
         for role in WAIT_WORDS:
             if role in e:
                 spans.setdefault(name, {}).setdefault(role, []).append(e[role])
-        d = ops.setdefault(name, dict(count=0, busy=0, wait=0, max=0))
+        d = ops.setdefault(name, dict(count=0, busy=0, wait=0, max=0, own=0))
         dur = e["end"] - e["ready"]
         d["count"] += 1
         d["busy"] += dur
+        d["own"] += own[e["ticket"]]
         d["wait"] += e["ready"] - e["fetch"]
         d["max"] = max(d["max"], dur)
         layer = int(layer_of[e["ticket"]]) if layer_of is not None else 0
@@ -172,6 +182,7 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
         out[name] = dict(count=d["count"], busy_us=round(d["busy"] / 1e3, 1),
                          busy_share=round(d["busy"] / total_busy, 3),
                          mean_us=round(d["busy"] / d["count"] / 1e3, 2),
+                         own_mean_us=round(d["own"] / d["count"] / 1e3, 2),
                          max_us=round(d["max"] / 1e3, 2), wait_us=round(d["wait"] / 1e3, 1),
                          phase_us=round(phase / 1e3, 1))
         for role, v in spans.get(name, {}).items():

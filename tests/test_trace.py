@@ -37,12 +37,27 @@ def test_by_opcode_busy_phase_and_role_medians():
     # per layer: layer 0 spans 2000 -> 6000, layer 1 21000 -> 23000
     assert n["phase_us"] == pytest.approx(6.0, abs=0.05)
     assert g["busy_share"] == pytest.approx(10000 / 18000, abs=1e-3)
+    # own runs: CTA 0's GATE_UP was ready at 7000, after its RMSNORM's end (6000): all its own;
+    # so are the RMSNORMs (CTA 1's second one was ready at 21000, its first ended at 5000)
+    assert g["own_mean_us"] == pytest.approx(10.0)
+    assert n["own_mean_us"] == pytest.approx(8 / 3, abs=0.01)
     # role spans from the one RMSNORM that has them: ready 2000 -> load0 2500 etc.
     assert n["load_late_us"] == pytest.approx(0.5) and n["load_us"] == pytest.approx(0.5)
     assert n["cons_us"] == pytest.approx(2.4) and n["store_tail_us"] == pytest.approx(1.0)
     assert g["cons_late_us"] == pytest.approx(0.6)       # ready 7000 -> cons0 7600
     text = tr.format_by_opcode(r)
     assert "load_late" in text and "GATE_UP" in text and "RMSNORM" in text
+
+
+def test_own_run_starts_at_the_previous_end_on_its_cta():
+    """An instruction ready before its CTA's previous one ended (early weight loads) owns the SM
+    only from that end: own_mean_us counts from there, mean_us from ready."""
+    gemm = int(Op.GATE_UP)
+    j, c = _journal([(0, gemm, 0, 1000, 2000, 12000, {}),
+                     (0, gemm, 1, 3000, 4000, 20000, {})])      # ready at 4000, SM free at 12000
+    g = tr.by_opcode(j, c, 2)["ops"]["GATE_UP"]
+    assert g["mean_us"] == pytest.approx((10000 + 16000) / 2 / 1e3)
+    assert g["own_mean_us"] == pytest.approx((10000 + 8000) / 2 / 1e3)
 
 
 def test_by_opcode_without_role_words():
