@@ -167,6 +167,7 @@ from mk.ir import Op
 point = json.loads({point!r})
 words = S.plan_words(point["batch"], point["context"], {plan!r})
 dur = {{Op[k]: v for k, v in json.loads({dur!r}).items()}}
+# claim after loads above 64 tokens: mk.megakernel.CLAIM_AFTER_LOADS_MIN_M (that module needs cutlass)
 print(json.dumps(S.simulate(words, dur, claim_after_loads=point["batch"] > 64)))
 """
 
