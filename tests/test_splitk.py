@@ -558,6 +558,10 @@ FILL_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
             256: ((20, 6), (64, 1), (112, 1), (64, 1))}
 
 
+# K of each split op at one rank of TP 8: hidden, q heads x head_dim, hidden, intermediate / 8
+K_70B_TP8 = {Op.QKV_ROPE: 8192, Op.O_PROJ: 1024, Op.GATE_UP: 8192, Op.DOWN: 3584}
+
+
 @pytest.mark.parametrize("m", sorted(FILL_70B))
 def test_fill_split_70b_tp8(m):
     """split_fill=1 at TP 8: the factors above, K slices multiples of 64 that cover K once per
@@ -578,6 +582,7 @@ def test_fill_split_70b_tp8(m):
             t = t[np.argsort(t[:, mc.A_K0])]
             assert len(t) == ns and t[0, mc.A_K0] == 0
             assert (t[1:, mc.A_K0] == t[:-1, mc.A_K0] + t[:-1, kw]).all()
+            assert t[-1, mc.A_K0] + t[-1, kw] == K_70B_TP8[op]
     with pytest.raises(ValueError, match="split_fill"):
         PlanConfig(split_fill=2)
 
