@@ -115,7 +115,10 @@
 #          NAME:PLAN entries (PLAN as --plan takes it; default "od1:splitk_o_max_tokens=1,
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
 #          two-layer check (split-K auto) with each, then decode MK_PLANAB_BATCH (16,64) as it is
-#          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan)
+#          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan).
+#          MK_PLANAB_CHECK: more arguments of the check (e.g. "--prompt-lens 1,13,64,130,200,70":
+#          478 tokens, four token blocks, where the queue policy matters); MK_PLANAB_RACE=1: a
+#          racecheck of it too
 #   pair   PlanConfig.attn_pair (two decode units per ATTENTION instruction): two-layer checks,
 #          racecheck, memcheck with every decode paired, then B=256,1024 (MK_PAIR_BATCH) without
 #          pairs and with attn_pair=MK_PAIR_TIMED (default 1: auto), journal on: pair.log,
@@ -668,9 +671,16 @@ if has planab; then
   PLANS=${MK_PLANAB:-"od1:splitk_o_max_tokens=1,splitk_down_max_tokens=1"}
   : > "$OUTDIR/planab.log"
   for e in $PLANS; do
-    echo "== check --layers 2 --split-k 0 --plan ${e#*:}" | tee -a "$OUTDIR/planab.log"
-    timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan "${e#*:}" 2>&1 \
-        | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/planab.log"
+    echo "== check --layers 2 --split-k 0 --plan ${e#*:} ${MK_PLANAB_CHECK:-}" | tee -a "$OUTDIR/planab.log"
+    timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan "${e#*:}" \
+        ${MK_PLANAB_CHECK:-} 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/planab.log"
+    if [ "${MK_PLANAB_RACE:-0}" = 1 ]; then
+      echo "== racecheck, the same check, one decode step" | tee -a "$OUTDIR/planab.log"
+      CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+          check --layers 2 --decode-steps 1 --split-k 0 --plan "${e#*:}" ${MK_PLANAB_CHECK:-} \
+          > "$OUTDIR/racecheck_full.log" 2>&1
+      grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/planab.log"
+    fi
   done
   time_variant planab base "the default plan" ${MK_PLANAB_BATCH:-16,64} "" ""
   for e in $PLANS; do
