@@ -44,7 +44,7 @@ in the journaled order, whatever runs beside it.
         bench/results/tiles256_none_2026-11-30_s16.json:GATE_UP@256=gu_m128 ...
       each JSON's own plan simulated with its own journal's durations: simulated vs measured
     python bench/schedsim.py --predict bench/results/tiles256_gu_2026-11-30_s16.json \\
-        --plans policy=op_major split_fill=1
+        --plans policy=interleave split_fill_max_tokens=256
       its points under other plans, with its durations
 """
 

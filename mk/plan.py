@@ -58,7 +58,10 @@ counters (block 0 is the prelude "layer -1" of EMBED; layer l uses block l+1):
 
 Queue order (PlanConfig.policy), always a topological order (every wait's producers come earlier
 in every rank's queue, and the ranks' queues have the same structure):
-    "op_major"     per layer: all norms, all QKV tiles, all attention, all O tiles, ...
+    "op_major"     per layer: all norms, all QKV tiles, all attention, all O tiles, ... (the
+                   default since session 17: 70B TP8 decode B=1024 60.591 -> 51.389 ms, -15.2%,
+                   B=256 -1.7% against interleave, bench/E2E_NOTES.md; at one token block, i.e.
+                   up to 128 tokens, the three orders are the same queue)
     "block_major"  per layer: everything of block 0, then block 1, ...
     "interleave"   per layer, a software pipeline: instruction (stage s, block b) at time b + s;
                    within a time slice the stages are interleaved proportionally, so memory-bound
@@ -117,7 +120,7 @@ class PlanConfig:
     KernelConfig.token_block). Values given here override the table (tests use tiny tiles); they
     are validated once, at the edge (here, and against the model by `validate_for`)."""
 
-    policy: str = "interleave"
+    policy: str = "op_major"
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
     mlp_tile: int | None = None     # gate/up output columns per tile (of I/n; each computes gate and up)
@@ -163,14 +166,15 @@ class PlanConfig:
     # tiles x nsplit <= num_sms, K / nsplit a multiple of splitk_align, nsplit <= max_split);
     # n >= 2 force n (capped at K / splitk_align slices; slices multiples of splitk_align).
     split_k: int = 1
-    # auto split-K (split_k 0) only: 0 the largest power of two as above; 1 the largest nsplit
-    # (<= max_split, <= K / splitk_align) with tiles x nsplit <= num_sms, any integer, the K slices
-    # near-equal multiples of splitk_align (k_slices). At B <= 64 QKV_ROPE's 10 head tiles split
-    # 13 ways instead of 8 (130 SMs stream its 21 MB of weights instead of 80: at B=1 its tiles
-    # pull ~256 KB each at ~23 GB/s per SM, 11 us for what HBM delivers in 5); at B=128 13 for
-    # 8, at B=256 6 for 4; the other ops' power-of-two factors already fill the SMs (O_PROJ /
-    # DOWN 64 x 2 and GATE_UP 28 x 4 at B <= 64)
-    split_fill: int = 0
+    # auto split-K (split_k 0) in steps of at most split_fill_max_tokens rows (0: none): the
+    # largest nsplit (<= max_split, <= K / splitk_align) with tiles x nsplit <= num_sms, any
+    # integer, the K slices near-equal multiples of splitk_align (k_slices); in larger steps the
+    # largest power of two as above. At B <= 64 QKV_ROPE's 10 head tiles split 13 ways instead
+    # of 8 (130 SMs stream its 21 MB of weights instead of 80); the other ops' power-of-two
+    # factors already fill the SMs there (O_PROJ / DOWN 64 x 2 and GATE_UP 28 x 4). Session 17
+    # (70B TP8 decode, same GPU, journal on): B=1 8.454 -> 8.345 ms (-1.3%), B=16 -1.2%, B=64
+    # -0.1%; in larger steps it lost (B=128 +1.5%, 13 for 8; B=256 +7.3%, 6 for 4), hence 64
+    split_fill_max_tokens: int = 64
     num_sms: int = 132
     # 128: with the 128-row tiles of the M <= 256 class, auto split-K at B=256 (QKV in 4, O /
     # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session
@@ -253,7 +257,7 @@ class PlanConfig:
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
-                   "splitk_reduce_max_tokens", "small_norm_max_tokens"
+                   "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens"
                    ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits") + zero_ok:
@@ -264,7 +268,7 @@ class PlanConfig:
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
-        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "split_fill"):
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
@@ -374,7 +378,7 @@ class PlanConfig:
                 out[op] = max(1, min(self.split_k, chunks))
                 continue
             ns = 1
-            if self.split_fill:
+            if num_tokens <= self.split_fill_max_tokens:
                 if ks[op] % self.splitk_align == 0:
                     ns = max(1, min(self.max_split, chunks, self.num_sms // max(ntiles, 1)))
             else:

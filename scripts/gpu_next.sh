@@ -159,12 +159,14 @@
 #          the two-layer checks and racecheck with it (skip 64: the tiny model's slices are
 #          short), then decode MK_L2SKIP_BATCH (1,64) as it is and at each MiB of MK_L2SKIP_MIB
 #          ("40 24"), journal on: l2skip.log, l2skip_check.log, l2skip_<base|MiB>.json (~5 min)
-#   fill   PlanConfig.split_fill=1 (auto split-K factors that fill the SMs, not only powers of
-#          two: QKV_ROPE's 10 head tiles split 13 ways at B <= 128 instead of 8, 6 at B=256
-#          instead of 4; a plan change, session 16, CPU-verified): the two-layer checks and
-#          racecheck with it at --num-sms 40 (odd factors 5 / 10 in the tiny model's decode
-#          steps), a memcheck, then decode MK_FILL_BATCH (1,16,64,128,256) as it is and with it,
-#          journal on: fill.log, fill_check.log, fill_{base,on}.json (~7 min)
+#   fill   PlanConfig.split_fill_max_tokens (auto split-K factors that fill the SMs, not only powers
+#          of two, in steps of at most that many tokens: QKV_ROPE's 10 head tiles split 13 ways
+#          instead of 8; 64 by default since session 17, when this step measured B=1 / 16 / 64
+#          / 128 / 256 -1.3% / -1.2% / -0.1% / +1.5% / +7.3% with it in every step): the
+#          two-layer checks and racecheck with it in every step at --num-sms 40 (odd factors 5
+#          / 10 in the tiny model's steps), a memcheck, then decode MK_FILL_BATCH (1,16,64) as it
+#          is and with split_fill_max_tokens=0 (powers of two only), journal on: fill.log,
+#          fill_check.log, fill_{base,off}.json (~6 min)
 #   gutiles GATE_UP on MK_GU_TILE (default gu_m128: two B pages, the table's tile at 64 < M <= 1024
 #          until session 16, when this step made gu_m128n64 the default there, run the other way
 #          round: B=128 / 192 / 256 / 1024 -4.3% / -2.1% / -7.0% / -2.9%) in the M classes
@@ -572,8 +574,8 @@ if has pair; then
   fi
 fi
 if has fill; then
-  ( export MK_CHECK_EXTRA="--plan split_fill=1 --num-sms 40"; MK_NO_PYTEST=1
-    echo "== split_fill=1 checks"; checks
+  ( export MK_CHECK_EXTRA="--plan split_fill_max_tokens=4096 --num-sms 40"; MK_NO_PYTEST=1
+    echo "== fill split factors in every step: checks"; checks
     echo "== memcheck, two-layer step, split-K auto, $MK_CHECK_EXTRA"
     timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
         check --layers 2 --decode-steps 1 --split-k 0 $MK_CHECK_EXTRA > "$OUTDIR/memcheck_full.log" 2>&1
@@ -581,8 +583,9 @@ if has fill; then
   ) > "$OUTDIR/fill_check.log" 2>&1
   cat "$OUTDIR/fill_check.log"
   : > "$OUTDIR/fill.log"
-  time_variant fill base "power-of-two split factors (the default)" ${MK_FILL_BATCH:-1,16,64,128,256} "" ""
-  time_variant fill on "--plan split_fill=1" ${MK_FILL_BATCH:-1,16,64,128,256} "" "--plan split_fill=1"
+  time_variant fill base "the default (fill factors up to 64 tokens)" ${MK_FILL_BATCH:-1,16,64} "" ""
+  time_variant fill off "--plan split_fill_max_tokens=0" ${MK_FILL_BATCH:-1,16,64} "" \
+      "--plan split_fill_max_tokens=0"
 fi
 if has gutiles; then
   GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=${MK_GU_TILE:-gu_m128}"; done
