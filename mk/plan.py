@@ -121,6 +121,11 @@ class PlanConfig:
     are validated once, at the edge (here, and against the model by `validate_for`)."""
 
     policy: str = "op_major"
+    # op_major only: a GEMM's tiles of each run of raster_blocks token blocks are queued column
+    # tile by column tile (the blocks' tiles that share a weight slice together, so the SMs that
+    # run at once share weights in L2 rather than re-reading all of them from HBM per block);
+    # 1: block by block
+    raster_blocks: int = 1
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
     mlp_tile: int | None = None     # gate/up output columns per tile (of I/n; each computes gate and up)
@@ -260,7 +265,7 @@ class PlanConfig:
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens"
                    ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
-                     "kv_spread_min_splits") + zero_ok:
+                     "kv_spread_min_splits", "raster_blocks") + zero_ok:
             v = getattr(self, name)
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
@@ -829,14 +834,30 @@ def _grid(nb: int, ntiles: int):
     return np.repeat(np.arange(nb), ntiles), np.tile(np.arange(ntiles), nb)
 
 
-def _order(groups: list, policy: str, stage_count: int) -> np.ndarray:
-    """Concatenate the groups in the queue order of `policy`."""
+# the GEMM tiles that op_major's raster_blocks queues column by column
+RASTER_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)
+
+
+def _order(groups: list, policy: str, stage_count: int, raster: int = 1) -> np.ndarray:
+    """Concatenate the groups in the queue order of `policy` (op_major: a GEMM's tiles of each
+    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks)."""
     words = np.concatenate([g.words for g in groups])
     stage = np.concatenate([np.full(len(g.block), g.stage) for g in groups])
     block = np.concatenate([g.block for g in groups])
     gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
     seq = np.arange(len(block))
-    if policy == "op_major":
+    if policy == "op_major" and raster > 1:
+        # a GEMM instruction's place in its (group, block) run: its column tile (and split)
+        key = gid * (block.max() + 1) + block
+        o = np.lexsort((seq, key))
+        sk_ = key[o]
+        first = np.r_[0, np.flatnonzero(sk_[1:] != sk_[:-1]) + 1]
+        counts = np.diff(np.r_[first, len(sk_)])
+        pos = np.empty(len(sk_), np.int64)
+        pos[o] = np.arange(len(sk_)) - np.repeat(first, counts)
+        pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
+        idx = np.lexsort((seq, block, pos, block // raster, stage))
+    elif policy == "op_major":
         idx = np.lexsort((seq, block, stage))
     elif policy == "block_major":
         idx = np.lexsort((seq, stage, block))
@@ -1286,7 +1307,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     down_args = proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"],
                      gu_target, C["DRS"], C["HM"], True)
-    template = _order(g, cfg.policy, NUM_STAGES)
+    template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks)
 
     # prelude: EMBED on the DOWN grid, counters of block 0 ---------------------------------------
     g = []
@@ -1331,7 +1352,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     _emit(g, 2, Op.LM_HEAD, b, row0=b * LB, rows=np.minimum(LB, S - b * LB), col0=lm_c0[t], cols=lm_w[t],
           waits=[(LMN, len(ub))], signal=DONE,
           args={mm.A_SRC: Buf.LAST_NORMED, mm.A_DST: Buf.LOGITS, mm.A_EPI: mm.Epi.STORE, mm.A_K: H})
-    final = _order(g, "op_major", 3)
+    final = _order(g, "op_major", 3, cfg.raster_blocks)
     # The layer word indexes the stacked weights an instruction reads; the final norm and the LM
     # head read unstacked ones ([H], [V/n, H]), so theirs is 0 like the prelude's.
     for arr in (template, prelude, final):

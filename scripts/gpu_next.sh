@@ -174,7 +174,8 @@
 #          gate/up tests of tests/test_gemm_gpu.py), the two-layer checks (never / auto; the
 #          first step is 208 tokens: the 256 class) and racecheck, the auto check with a 478-token
 #          first step (the 1024 class), a memcheck; then decode MK_GU_BATCH (128,192,512,1024) as
-#          it is and with it, no journal: gutiles.log, gutiles_{off,on}.json (~9 min)
+#          it is and with it, no journal: gutiles.log, gutiles_{off,on}.json (~9 min;
+#          MK_GU_NOCHECK=1: the timings only, for a tile whose checks passed before)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -589,7 +590,7 @@ if has fill; then
 fi
 if has gutiles; then
   GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=${MK_GU_TILE:-gu_m128}"; done
-  ( export MK_TILES=$GU; echo "== MK_TILES=$GU"
+  [ "${MK_GU_NOCHECK:-0}" = 1 ] || ( export MK_TILES=$GU; echo "== MK_TILES=$GU"
     checks tests/test_splitk_gpu.py tests/test_gemm_gpu.py::test_two_page_gate_up_tile_at_256_matches_torch_face
     echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
     timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
@@ -599,7 +600,7 @@ if has gutiles; then
         check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
     grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
   ) > "$OUTDIR/gutiles_check.log" 2>&1
-  cat "$OUTDIR/gutiles_check.log"
+  [ "${MK_GU_NOCHECK:-0}" = 1 ] || cat "$OUTDIR/gutiles_check.log"
   : > "$OUTDIR/gutiles.log"
   time_ab gutiles "GATE_UP tiles ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
 fi
