@@ -76,14 +76,16 @@ TILE_TABLE = {
     # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
     Op.O_PROJ: ("m64n128", "m128n256", "m128n256", "m128n256"),
     Op.DOWN: ("m64n128", "m128n256", "m128n256", "m128n256"),
-    # GATE_UP at 64 < M <= 1024 on 64-column tiles (gu_m128n64): at B=256 gu_m128 made 56 tiles,
+    # GATE_UP at 64 < M <= 256 on 64-column tiles (gu_m128n64): at B=256 gu_m128 made 56 tiles,
     # split in two by the planner with a SPLITK_REDUCE per tile; gu_m128n64 makes 112 whole ones
-    # (no reduce), at B=1024 448 tiles instead of 224 (a finer last wave). 70B TP8 decode ctx
-    # 1024, H200, session 16 (bench/results/tiles256_*, gutiles_*_2026-11-30_s16): B=128 15.49 ->
-    # 14.82 ms, B=192 19.28 -> 18.88, B=256 19.57 -> 18.19, B=1024 61.85 -> 60.04; its GPU tests,
-    # the two-layer checks of both classes, racecheck and memcheck clean. Above 1024 tokens not
-    # measured (gu_m128)
-    Op.GATE_UP: ("gu_m64", "gu_m128n64", "gu_m128n64", "gu_m128"),
+    # (no reduce). 70B TP8 decode ctx 1024, H200, session 16 (bench/results/tiles256_*,
+    # gutiles_*_2026-11-30_s16): B=128 15.49 -> 14.82 ms, B=192 19.28 -> 18.88, B=256 19.57 ->
+    # 18.19; its GPU tests, the two-layer checks, racecheck and memcheck clean. In the 1024 class
+    # it was the tile in session 16 (B=1024 -2.9% under the interleaved queue), but with the
+    # op-major queue (session 17), where a layer's GATE_UP tiles run on all SMs at once,
+    # gu_m128's two B pages per A page (a third less L2 traffic per flop) win: B=512 28.65 ->
+    # 27.49 ms (-4.1%), B=1024 52.02 -> 49.27 (-5.3%) (gutiles_*_2026-11-30_s17)
+    Op.GATE_UP: ("gu_m64", "gu_m128n64", "gu_m128", "gu_m128"),
     Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:

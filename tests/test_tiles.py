@@ -28,8 +28,9 @@ def test_table_classes():
         assert tiles.m_class(m) == cls, m
     for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
-    # GATE_UP: 64-column tiles (gu_m128n64) at 64 < M <= 1024 since session 16, 128 above
-    assert [tiles.tile_shape(Op.GATE_UP, m).bn for m in (64, 256, 1024, 4096)] == [128, 64, 64, 128]
+    # GATE_UP: 64-column tiles (gu_m128n64) at 64 < M <= 256 since session 16, 128 above (the
+    # 1024 class went back to gu_m128 with the op-major queue in session 17)
+    assert [tiles.tile_shape(Op.GATE_UP, m).bn for m in (64, 256, 1024, 4096)] == [128, 64, 128, 128]
     # QKV_ROPE: one head per 128-row tile in every class (m64n256 at M <= 64 until session 14)
     assert all(tiles.tile_name(Op.QKV_ROPE, m) == "m128n128" for m in MS)
     assert all(tiles.tile_shape(Op.LM_HEAD, m).bn == 128 for m in MS)
@@ -252,10 +253,10 @@ def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
                      plan.num_counters, gemm=gemm, slots=slots)
 
 
-@pytest.mark.parametrize("m,cols,per_layer", [(256, 64, 896), (1024, 64, 3584), (4096, 128, 7168)])
+@pytest.mark.parametrize("m,cols,per_layer", [(256, 64, 896), (1024, 128, 1792), (4096, 128, 7168)])
 def test_gate_up_tiles_per_class(m, cols, per_layer):
     """GATE_UP's tiles of the table's class at m tokens: 64 output columns (gu_m128n64, one B page
-    of 64 gate + 64 up rows) at 64 < M <= 1024, 128 above (gu_m128); unsplit (split_k 1), so
+    of 64 gate + 64 up rows) at 64 < M <= 256, 128 above (gu_m128); unsplit (split_k 1), so
     (token blocks) x 28672 / cols tiles per layer. (The plans' GPU tile predicate and check_plan
     at each class: test_default_plan_satisfies_the_gpu_tiles and
     test_megakernel_check_plan_accepts_default_gemm_tiles.)"""
