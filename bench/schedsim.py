@@ -31,6 +31,15 @@ tree's tiles and defaults; journal span = the measured step with the journal on,
 | pair_off / pair_on (session 15) | 256 | 21.69 / 19.78 | 21.60 / 19.95 |
 | pair_off / pair_on (session 15) | 1024 | 64.87 / 59.95 | 70.75 / 63.96 |
 | l2skip_base (slot-free claim) | 1 / 64 | 8.67 / 10.17 | 12.42 / 15.30 |
+| planab_base (session 17, interleave) | 256 / 1024 | 18.49 / 56.44 | 18.19 / 54.59 |
+| planab_opm (session 17, op_major) | 256 / 1024 | 18.06 / 50.53 | 17.16 / 48.91 |
+
+The defaults changed during session 17 (op_major, raster_blocks 8, split_fill_max_tokens 64,
+GATE_UP@1024 gu_m128; the two rows above were simulated with their runs' own, as below): an
+older JSON needs its tree's defaults after its path, e.g.
+`tiles256_gu_2026-11-30_s16.json:GATE_UP@1024=gu_m128n64:policy=interleave,raster_blocks=1,
+split_fill_max_tokens=0`. The model has no L2 or HBM: it cannot rank raster_blocks or tile
+shapes by their memory traffic.
 
 At B=256 within 5% and in the measured order but for od / none (0.4 ms apart both ways); at
 B=1024 7-9% long, in order. At B <= 64 it is 40-50% long: there consecutive instructions of an
@@ -40,10 +49,11 @@ before the previous end), and the journal's mean runs count that overlap; own_me
 not yet validated. It knows nothing of contention: an opcode runs as long as it did
 in the journaled order, whatever runs beside it.
 
-    python bench/schedsim.py --validate bench/results/tiles256_gu_2026-11-30_s16.json \\
-        bench/results/tiles256_none_2026-11-30_s16.json:GATE_UP@256=gu_m128 ...
+    python bench/schedsim.py --validate \\
+        bench/results/planab_opm_2026-11-30_s17.json:GATE_UP@1024=gu_m128n64:raster_blocks=1 \\
+        bench/results/planab_base_2026-11-30_s17.json:GATE_UP@1024=gu_m128n64:policy=interleave
       each JSON's own plan simulated with its own journal's durations: simulated vs measured
-    python bench/schedsim.py --predict bench/results/tiles256_gu_2026-11-30_s16.json \\
+    python bench/schedsim.py --predict bench/results/planab_opm_2026-11-30_s17.json \\
         --plans policy=interleave split_fill_max_tokens=256
       its points under other plans, with its durations
 """

@@ -124,8 +124,11 @@ class PlanConfig:
     # op_major only: a GEMM's tiles of each run of raster_blocks token blocks are queued column
     # tile by column tile (the blocks' tiles that share a weight slice together, so the SMs that
     # run at once share weights in L2 rather than re-reading all of them from HBM per block);
-    # 1: block by block
-    raster_blocks: int = 1
+    # 1: block by block. 70B TP8 decode, H200, session 17 (bench/results/raster*_2026-11-30_s17,
+    # same GPU, 1 vs 8): B=256 17.843 -> 17.676 ms (-0.9%), B=1024 48.105 -> 47.844 (-0.5%),
+    # B=4096 ctx 256 167.010 -> 150.415 (-9.9%). Up to 64 tokens no change; at 65..128 tokens
+    # only LM_HEAD's two 64-row blocks (not timed there)
+    raster_blocks: int = 8
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
     mlp_tile: int | None = None     # gate/up output columns per tile (of I/n; each computes gate and up)

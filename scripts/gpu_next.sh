@@ -181,36 +181,30 @@
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
-# (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only the .gpu toolkits
-# (59 MiB) and run in the uploaded tree (a tarball of the tree next to them went over the limit
-# in session 11), e.g.
+# (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
+# and the cutlass-dsl tarball (55 MiB; nothing in mk imports nvshmem4py, and with it the tree
+# went over the limit in session 17) and run in the uploaded tree (a tarball of the tree next to
+# them went over the limit in session 11), e.g.
 #   . .gpu/prelude.sh >/dev/null && export PYTHONPATH=$PWD:$PYTHONPATH MK_COMMIT=<sha> && ( \
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 16
-# (GATE_UP on gu_m128n64 at 65..1024 tokens is the default; session 16 had one H200, no x2):
-#   0. "planab" with MK_PLANAB="opm:policy=op_major" MK_PLANAB_BATCH=256,1024 (the queue order,
-#      never A/B'd on the 70B shape: bench/schedsim.py predicts op_major -9.4% at B=256 and
-#      -22% at B=1024 from the journals' durations, blind to contention; block_major +7%)
-#   1. "fill" (split_fill=1: QKV_ROPE split 13 ways at B <= 128, 6 at 256; CPU-verified only).
-#      At B=1 QKV_ROPE is 12.4 us per layer on the critical path for 21 MB of weights on 80 SMs
-#      (~5 us at the copy rate): B=1 / 16 are 1.03 / 1.04 x the peer, so a few us per layer
-#      decide them
-#   2. "gemm" (issue 5's table; its GATE_UP rows at M=256 / 1024 now run gu_m128n64; last run in
-#      session 14) and "e2e" at 1,16,64 and 4096 (unchanged classes since session 15, but one
-#      same-run table of every point is what issue 6 asks for)
-#   3. "pairwarp" (session 15: check + racecheck passed, B=256 -1.6%, B=1024 -0.5% in one
-#      timing): its memcheck and a repeat timing decide; its journal variant spills 16 bytes
-#   4. "caps512" with --plan split_fill=1 (QKV_ROPE's 40 tiles at B=512 would split 3 ways);
-#      "gutiles" with MK_GU_TILE=gu_m128n64 MK_GU_CLASSES=max MK_GU_BATCH=2048,4096: the class
-#      above 1024 tokens still runs gu_m128 (its checks reach 478 tokens only: the M > 1024 tiles
-#      are covered by tests/test_gemm_gpu.py's GATE_UP at M=2048 and the MK_TILES GPU tests)
-#   5. B=256 is 60% busy (bench/E2E_NOTES.md session 16): a chain of one-wave phases (GATE_UP
-#      112 tiles of 57 us, DOWN 64 of 49 us on 132 SMs). Not built: DOWN split tiles that wait
-#      only on the GATE_UP tiles of their K slice (issue 5's fine-grained dependencies; the
-#      planner's counters, no kernel change), which would let a block's DOWN start before its
-#      last GATE_UP tile. The folds at B=256 lost (8-row norms summing 128-row partials, +20%)
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 17
+# (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, GATE_UP on
+# gu_m128n64 at 65..256 tokens and gu_m128 above; all GPU-checked; always set MK_COMMIT, the
+# device's tree has no .git and the bench JSONs record a stale commit without it):
+#   0. "e2e" at every point (MK_E2E_BATCH=1,16,64,256 on one GPU, 1024,4096 on the other): the
+#      gu_m128 and raster_blocks changes came after session 17's same-run table (B=1024 / 4096
+#      ~1.10 / ~1.11 of that run's peer, B=256 ~1.36); issue 6 asks for one same-run table
+#   1. raster_blocks at other values (planab MK_PLANAB="r4:raster_blocks=4 r32:raster_blocks=32"
+#      at B=1024,4096) and the mixed prefill step (MK_E2E_MIXED) with op_major: never timed
+#   2. "gemm" (issue 5's table, last run in session 14; GATE_UP rows at 256 / 1024 now run
+#      gu_m128n64 / gu_m128)
+#   3. B=256 (1.36): one-wave GEMM phases in a chain (65% busy). Not built: DOWN split tiles that
+#      wait only on the GATE_UP tiles of their K slice (fine-grained dependencies; the planner's
+#      counters, no kernel change). "tiles256" under op_major (O / DOWN m128n128 lost +1.7%
+#      under interleave)
+#   4. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).

@@ -123,7 +123,7 @@ def test_policies_same_instructions_different_order():
     assert Op.QKV_ROPE in ops[first_attn:first_attn + 40]
 
 
-@pytest.mark.parametrize("raster", [2, 3, 8])
+@pytest.mark.parametrize("raster", [2, 3, 8])     # 8: the default
 @pytest.mark.parametrize("tp", [1, 2])
 def test_raster_blocks_reorders_gemm_tiles_only(tp, raster):
     """op_major with raster_blocks: the same instructions; within each run of `raster` token
@@ -131,7 +131,8 @@ def test_raster_blocks_reorders_gemm_tiles_only(tp, raster):
     other instruction keeps op_major's place; the verifier accepts the plans (targets, order,
     races)."""
     from mk.verify import check
-    base_cfg = PlanConfig(**{**CFG.__dict__, "policy": "op_major", "split_k": 3, "splitk_align": 8})
+    base_cfg = PlanConfig(**{**CFG.__dict__, "policy": "op_major", "split_k": 3, "splitk_align": 8,
+                             "raster_blocks": 1})
     cfg = PlanConfig(**{**base_cfg.__dict__, "raster_blocks": raster})
     base = plan_step(mixed_batch(), MODEL, ParallelConfig(tp, 0), KERNEL, base_cfg).instrs.numpy()
     plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
