@@ -191,8 +191,8 @@
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
 # Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 17
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, GATE_UP on
-# gu_m128n64 at 65..256 tokens and gu_m128 above; all GPU-checked; always set MK_COMMIT, the
-# device's tree has no .git and the bench JSONs record a stale commit without it):
+# gu_m128n64 at 65..256 tokens and gu_m128 above; all GPU-checked; always set MK_COMMIT: the
+# device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
 #   0. "e2e" at every point (MK_E2E_BATCH=1,16,64,256 on one GPU, 1024,4096 on the other): the
 #      gu_m128 and raster_blocks changes came after session 17's same-run table (B=1024 / 4096
 #      ~1.10 / ~1.11 of that run's peer, B=256 ~1.36); issue 6 asks for one same-run table
