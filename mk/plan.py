@@ -62,6 +62,8 @@ in every rank's queue, and the ranks' queues have the same structure):
                    default since session 17: 70B TP8 decode B=1024 60.591 -> 51.389 ms, -15.2%,
                    B=256 -1.7% against interleave, bench/E2E_NOTES.md; at one token block, i.e.
                    up to 128 tokens, the three orders are the same queue)
+                   With raster_blocks > 1 a GEMM's tiles of each run of that many token
+                   blocks go column tile by column tile (the default: 8).
     "block_major"  per layer: everything of block 0, then block 1, ...
     "interleave"   per layer, a software pipeline: instruction (stage s, block b) at time b + s;
                    within a time slice the stages are interleaved proportionally, so memory-bound
@@ -841,6 +843,19 @@ def _grid(nb: int, ntiles: int):
 RASTER_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)
 
 
+def _run_position(gid: np.ndarray, block: np.ndarray, seq: np.ndarray):
+    """Each instruction's place in its (group, block) run (0, 1, ...) and that run's length."""
+    key = gid * (block.max() + 1) + block
+    o = np.lexsort((seq, key))
+    sk = key[o]
+    first = np.r_[0, np.flatnonzero(sk[1:] != sk[:-1]) + 1]
+    counts = np.diff(np.r_[first, len(sk)])
+    pos, length = np.empty(len(sk), np.int64), np.empty(len(sk), np.int64)
+    pos[o] = np.arange(len(sk)) - np.repeat(first, counts)
+    length[o] = np.repeat(counts, counts)
+    return pos, length
+
+
 def _order(groups: list, policy: str, stage_count: int, raster: int = 1) -> np.ndarray:
     """Concatenate the groups in the queue order of `policy` (op_major: a GEMM's tiles of each
     `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks)."""
@@ -850,14 +865,8 @@ def _order(groups: list, policy: str, stage_count: int, raster: int = 1) -> np.n
     gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
     seq = np.arange(len(block))
     if policy == "op_major" and raster > 1:
-        # a GEMM instruction's place in its (group, block) run: its column tile (and split)
-        key = gid * (block.max() + 1) + block
-        o = np.lexsort((seq, key))
-        sk_ = key[o]
-        first = np.r_[0, np.flatnonzero(sk_[1:] != sk_[:-1]) + 1]
-        counts = np.diff(np.r_[first, len(sk_)])
-        pos = np.empty(len(sk_), np.int64)
-        pos[o] = np.arange(len(sk_)) - np.repeat(first, counts)
+        # a GEMM tile's place in its (group, block) run is its column tile (and split)
+        pos, _ = _run_position(gid, block, seq)
         pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
         idx = np.lexsort((seq, block, pos, block // raster, stage))
     elif policy == "op_major":
@@ -866,15 +875,8 @@ def _order(groups: list, policy: str, stage_count: int, raster: int = 1) -> np.n
         idx = np.lexsort((seq, stage, block))
     else:
         # position of each instruction within its (group, block) run, as a fraction of the run
-        key = gid * (block.max() + 1) + block
-        o = np.lexsort((seq, key))
-        sk = key[o]
-        first = np.r_[0, np.flatnonzero(sk[1:] != sk[:-1]) + 1]
-        counts = np.diff(np.r_[first, len(sk)])
-        run = np.repeat(np.arange(len(first)), counts)
-        frac = np.empty(len(sk))
-        frac[o] = (np.arange(len(sk)) - first[run]) / counts[run]
-        idx = np.lexsort((seq, stage, frac, block + stage))
+        pos, length = _run_position(gid, block, seq)
+        idx = np.lexsort((seq, stage, pos / length, block + stage))
     return words[idx]
 
 
