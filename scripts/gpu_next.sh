@@ -198,24 +198,24 @@
 #      ~1.10 / ~1.11 of that run's peer, B=256 ~1.36); issue 6 asks for one same-run table
 #   1. raster_blocks at other values (planab MK_PLANAB="r4:raster_blocks=4 r32:raster_blocks=32"
 #      at B=1024,4096) and the mixed prefill step (MK_E2E_MIXED) with op_major: never timed
-#   2. "gemm" (issue 5's table, last run in session 14; GATE_UP rows at 256 / 1024 now run
-#      gu_m128n64 / gu_m128)
-#   1b. "tiles256" with MK_T256_BATCH=256 under op_major: O_PROJ / DOWN on m128n128 (128 tiles
+#   2. "tiles256" with MK_T256_BATCH=256 under op_major: O_PROJ / DOWN on m128n128 (128 tiles
 #      instead of 64: at B=256 the op-major DOWN phase runs 64 tiles of ~49 us on 132 SMs) lost
 #      +1.7% under interleave in session 16, where other blocks' work filled the idle SMs;
 #      bench/schedsim.py predicts -9.6% against op_major alone (15.26 vs 16.88 ms simulated from
 #      session 16's tiles256_{both,gu} journals; it over-predicted op_major itself, -9.4% vs
 #      -1.7% measured). If it wins, make it the 256 class's tile (tests/test_splitk_gpu.py and
 #      the two-layer checks first)
-#   1c. "planab" MK_PLANAB="nr2:norm_rows=2" MK_PLANAB_BATCH=256,1024: under op_major a norm
+#   3. "planab" MK_PLANAB="nr2:norm_rows=2" MK_PLANAB_BATCH=256,1024: under op_major a norm
 #      is a phase of its own, at B=256 32 eight-row instructions of ~8.6 us on 132 SMs (18 us
 #      per layer on the path); schedsim predicts -3.4% at B=256 with session 12's 2-row
 #      duration (5.0 us). Session 12-13 measured 1- and 2-row norms at 256 under interleave
 #      (bimodal timings, left at 8)
-#   3. B=256 (1.36): one-wave GEMM phases in a chain (65% busy). Not built: DOWN split tiles that
+#   4. "gemm" (issue 5's table, last run in session 14; GATE_UP rows at 256 / 1024 now run
+#      gu_m128n64 / gu_m128)
+#   5. B=256 (1.36): one-wave GEMM phases in a chain (65% busy). Not built: DOWN split tiles that
 #      wait only on the GATE_UP tiles of their K slice (fine-grained dependencies; the planner's
 #      counters, no kernel change)
-#   4. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
+#   6. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).

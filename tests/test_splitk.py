@@ -108,10 +108,10 @@ def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
 
 
 def test_float32_fill_split_equals_unsplit(gqa, one_thread):
-    """split_fill_max_tokens: auto split factors that are not powers of two in every step here (24
-    SMs: the decode step's 8
-    O_PROJ / GATE_UP / DOWN tiles split 3 ways, K slices of unequal multiples of splitk_align):
-    logits as unsplit, and the verifier accepts such plans at TP 1 and 2."""
+    """split_fill_max_tokens: auto split factors that are not powers of two in every step here
+    (24 SMs: the decode step's 8 O_PROJ / GATE_UP / DOWN tiles split 3 ways, K slices of unequal
+    multiples of splitk_align): logits as unsplit, and the verifier accepts such plans at TP 1
+    and 2."""
     w = gqa(1, torch.float32)
     vm_steps = mixed_steps(V)
     base = VM(w, KERNEL, CFG)
