@@ -212,7 +212,7 @@
 #      (bimodal timings, left at 8)
 #   4. "gemm" (issue 5's table, last run in session 14; GATE_UP rows at 256 / 1024 now run
 #      gu_m128n64 / gu_m128)
-#   5. B=256 (1.36): one-wave GEMM phases in a chain (65% busy). Not built: DOWN split tiles that
+#   5. B=256 (1.36): one-wave GEMM phases in a chain (62% busy). Not built: DOWN split tiles that
 #      wait only on the GATE_UP tiles of their K slice (fine-grained dependencies; the planner's
 #      counters, no kernel change)
 #   6. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
