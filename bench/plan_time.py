@@ -1,6 +1,6 @@
 """Planning time of one step: a 4096-token step of Llama-70B, TP 8, one rank (not a timed test).
 
-    python bench/plan_time.py [--repeat 15] [--policy interleave] [--layers 80]
+    python bench/plan_time.py [--repeat 15] [--policy op_major] [--raster 8] [--layers 80]
 
 Prints, per batch shape, the instruction count and the median / min planning time in ms
 (mk.plan.plan_step: metadata, tiles, counters, queue order, the int32 [N, 32] stream).
@@ -51,7 +51,9 @@ def batches(kernel: KernelConfig):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=15)
-    p.add_argument("--policy", default="interleave")
+    p.add_argument("--policy", default=PlanConfig.policy)
+    p.add_argument("--raster", type=int, default=PlanConfig.raster_blocks,
+                   help="PlanConfig.raster_blocks (op_major's column order over token blocks)")
     p.add_argument("--layers", type=int, default=80)
     p.add_argument("--tp", type=int, default=8)
     args = p.parse_args(argv)
@@ -59,9 +61,9 @@ def main(argv=None) -> int:
     kernel = KernelConfig(token_block=128, page_size=16, max_batch_tokens=4096, max_seqs=4096,
                           max_context=4096, num_kv_pages=4096 * 4096 // 16)
     par = ParallelConfig(args.tp, 0)
-    cfg = PlanConfig(policy=args.policy)
+    cfg = PlanConfig(policy=args.policy, raster_blocks=args.raster)
     print(f"Llama-70B-shaped model, {args.layers} layers, TP {args.tp} rank 0, token block "
-          f"{kernel.token_block}, policy {args.policy}, tiles qkv {cfg.qkv_tile} o {cfg.o_tile} "
+          f"{kernel.token_block}, policy {args.policy} (raster {args.raster}), tiles qkv {cfg.qkv_tile} o {cfg.o_tile} "
           f"mlp {cfg.mlp_tile} down {cfg.down_tile} lm {cfg.lm_tile}, kv split {cfg.kv_split}")
     planner = Planner(model, par, kernel, cfg, fast_path=False)   # the full plan every time
     for name, batch in batches(kernel).items():

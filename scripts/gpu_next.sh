@@ -72,7 +72,8 @@
 #   tiles256 decode B=128 / 256 (MK_T256_BATCH) with O_PROJ / DOWN on m128n128 tiles, GATE_UP on
 #          gu_m128 (the tile before session 16; after its GPU tests), both, and neither (MK_TILES),
 #          journal on:
-#          tiles256.log, tiles256_{none,od,gu,both}.json (~8 min: a GPU of its own). Before making
+#          tiles256.log, tiles256_{none,od,gu,both}.json (~8 min: a GPU of its own;
+#          MK_T256_VARIANTS="none od": only those, ~2 min at B=256 alone). Before making
 #          one a default: tests/test_splitk_gpu.py and the two-layer checks with it (verify)
 #   opcombo the split-K caps together: the two-layer check with QKV / GATE_UP / DOWN split at up
 #          to 256 tokens, then decode B=192 / 256 (MK_OC_BATCH) as it is, QKV + GATE_UP, and with
@@ -198,7 +199,7 @@
 #      ~1.10 / ~1.11 of that run's peer, B=256 ~1.36); issue 6 asks for one same-run table
 #   1. raster_blocks at other values (planab MK_PLANAB="r4:raster_blocks=4 r32:raster_blocks=32"
 #      at B=1024,4096) and the mixed prefill step (MK_E2E_MIXED) with op_major: never timed
-#   2. "tiles256" with MK_T256_BATCH=256 under op_major: O_PROJ / DOWN on m128n128 (128 tiles
+#   2. "tiles256" with MK_T256_BATCH=256 MK_T256_VARIANTS="none od" under op_major: O_PROJ / DOWN on m128n128 (128 tiles
 #      instead of 64: at B=256 the op-major DOWN phase runs 64 tiles of ~49 us on 132 SMs) lost
 #      +1.7% under interleave in session 16, where other blocks' work filled the idle SMs;
 #      bench/schedsim.py predicts -9.6% against op_major alone (15.26 vs 16.88 ms simulated from
@@ -768,7 +769,7 @@ if has tiles256; then
   tail -3 "/tmp/tiles256_check.log" | tee -a "$OUTDIR/tiles256.log"
   gu_ok=0; grep -q "2 passed" "/tmp/tiles256_check.log" && gu_ok=1
   OD="O_PROJ@256=m128n128,DOWN@256=m128n128"; GU="GATE_UP@256=gu_m128"
-  for v in none od gu both; do
+  for v in ${MK_T256_VARIANTS:-none od gu both}; do
     case $v in none) t="";; od) t=$OD;; gu) t=$GU;; both) t="$OD,$GU";; esac
     if [ $gu_ok = 0 ] && { [ $v = gu ] || [ $v = both ]; }; then
       echo "== tiles $v: not timed (the two-page gate/up tile's GPU tests did not pass)" \
