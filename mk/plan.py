@@ -250,6 +250,16 @@ class PlanConfig:
     # With O_PROJ's (session 15, bench/results/foldboth_*_2026-11-30_s15): B=1 -2.7%, B=16
     # -4.5%, B=64 -6.2% (B=256 splits neither: unchanged); checks, racecheck, memcheck clean
     fold_down_reduce: int = 1
+    # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the
+    # GATE_UP tiles of its K slice (the MLP_ACT columns it reads: a counter per token block and
+    # DOWN K slice) instead of all of its block's GATE_UP tiles, so a slice's DOWN tiles can
+    # start while GATE_UP's later columns still run (issue 5's fine-grained dependencies). Where
+    # GATE_UP splits too, its partials share the SPLITK workspace with DOWN's (mk.verify finds
+    # the race), so the block's waits stay. Needs every GATE_UP tile inside one slice (plan_step
+    # says when not). 0 (default): one counter per block. Bitwise the same step. Not timed yet
+    # (scripts/gpu_next.sh); in today's default plans DOWN splits only at <= 128 tokens, where
+    # GATE_UP splits as well: raise splitk_down_max_tokens to use it
+    down_slice_waits: int = 0
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -278,7 +288,7 @@ class PlanConfig:
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
-        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj"):
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
@@ -778,7 +788,8 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
                scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows=0,
                fold=False) -> None:
     """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
-    tiles (tile-major; same waits; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
+    tiles (tile-major; the tile's waits, or per split where a wait's counters and targets are
+    [m, nsplit] arrays; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
     (waits sk_ids = nsplit, sends the unsplit tile's signal): one, or with reduce_rows > 0 (a
     value, or one per tile) one per slice of at most reduce_rows of the tile's rows, each sending
     that signal. fold: no reduce; every split tile sends the unsplit tile's signal (the
@@ -791,12 +802,16 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
 
     def rep(v):
         return np.repeat(np.broadcast_to(np.asarray(v), (m,)), nsplit)
+    def rep_wait(v):
+        # [m, nsplit]: one value per split tile (DOWN's slice waits), else one per output tile
+        a = np.asarray(v)
+        return a.reshape(-1) if a.ndim == 2 else rep(v)
     j = np.tile(np.arange(nsplit), m)
     split_args = {word: rep(v) for word, v in args.items()}
     split_args.update({k_word: np.diff(k_bounds)[j], mc.A_NSPLIT: nsplit, mc.A_SPLIT_J: j,
                        mc.A_K0: k_bounds[:-1][j], mc.A_SPLIT_ROW: stride})
     _emit(groups, stage, op, rep(block), row0=rep(row0), rows=rep(rows), col0=rep(col0),
-          cols=rep(cols), waits=[(rep(c), rep(t)) for c, t in waits],
+          cols=rep(cols), waits=[(rep_wait(c), rep_wait(t)) for c, t in waits],
           signal=rep(signal) if fold else rep(sk_ids), args=split_args)
     if fold:
         return
@@ -1091,11 +1106,26 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                          f"rows, the buffer has {P} (raise PlanConfig.kv_split or partial_rows)")
 
     # counter layout -------------------------------------------------------------------------------
+    # DOWN's slice waits (PlanConfig.down_slice_waits): GU counters per (block, DOWN K slice);
+    # each GATE_UP tile signals the counter of the slice its MLP_ACT columns lie in
+    # (only where GATE_UP does not split: its partials and DOWN's share the SPLITK workspace, so
+    # a DOWN split tile may not start while GATE_UP reduces of other slices still read theirs)
+    gu_slices = (nsplit[Op.DOWN] if cfg.down_slice_waits and nsplit[Op.DOWN] > 1
+                 and nsplit[Op.GATE_UP] == 1 else 1)
+    g_slice = np.zeros(n_g, np.int64)
+    if gu_slices > 1:
+        d_kb = cfg.k_slices(I_loc, gu_slices)
+        g_slice = np.searchsorted(d_kb, g_c0, side="right") - 1
+        if (g_c0 + g_w > d_kb[g_slice + 1]).any():
+            raise ValueError(f"PlanConfig.down_slice_waits: GATE_UP tiles of {int(g_w.max())} "
+                             f"columns straddle DOWN's K slices {d_kb.tolist()} (a tile must lie "
+                             f"in one slice; set down_slice_waits=0 or another mlp_tile)")
     names = ["NA", "QKV", "ATTN", "ORS", "HA", "NM", "GU", "DRS", "HM"]
     groups_layout, off = {}, 0
     for nm in names:
-        groups_layout[nm] = (off, nb)
-        off += nb
+        size = nb * gu_slices if nm == "GU" else nb
+        groups_layout[nm] = (off, size)
+        off += size
     # JOIN counters only for segments followed by another of their sequence, SPLIT counters only
     # for split segments
     join_id = np.cumsum(~seg_is_last) - 1                         # valid where ~seg_is_last
@@ -1143,6 +1173,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     # each signal; at TP > 1 the hidden rows' counters count TP_REDUCEs, one per rank)
     qkv_target = n_qkv * red_sl[Op.QKV_ROPE]
     gu_target = n_g * red_sl[Op.GATE_UP]
+    # per (block, DOWN K slice): the signals of the slice's GATE_UP tiles
+    gu_slice_target = np.bincount(g_slice, minlength=gu_slices)[None, :] * red_sl[Op.GATE_UP][:, None]
     hid_a_target = n_o * red_sl[Op.O_PROJ] if tp1 else np.full(nb, n)
     if fold_o:
         hid_a_target = np.full(nb, n_o * nsplit[Op.O_PROJ])     # every split tile signals
@@ -1275,7 +1307,14 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 gemm(stage, op, b, t, mm.A_K, **kw)
         common = dict(row0=brow0[b], rows=brows[b], col0=c0[t], cols=wd[t])
         targs = {mm.A_SRC: src, mm.A_K: K} if op != Op.EMBED else {}
-        waits = [] if wait_c is None else [(wait_c + b, np.asarray(wait_t)[b] if np.ndim(wait_t) else wait_t)]
+        if wait_c is None:
+            waits = []
+        elif np.ndim(wait_t) == 2:
+            # [block, K slice] targets: split j of a tile waits for counter (block, j)
+            ns = np.asarray(wait_t).shape[1]
+            waits = [(wait_c + b[:, None] * ns + np.arange(ns)[None, :], np.asarray(wait_t)[b])]
+        else:
+            waits = [(wait_c + b, np.asarray(wait_t)[b] if np.ndim(wait_t) else wait_t)]
         if tp1:
             epi = mm.Epi.RESIDUAL if residual else mm.Epi.STORE
             if op == Op.EMBED:
@@ -1308,10 +1347,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
          nsplit[Op.O_PROJ] if fold_o else 0)
     b, t = _grid(nb, n_g)
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
-         waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b,
+         waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b * gu_slices + g_slice[t],
          args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     down_args = proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"],
-                     gu_target, C["DRS"], C["HM"], True)
+                     gu_slice_target if gu_slices > 1 else gu_target, C["DRS"], C["HM"], True)
     template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks)
 
     # prelude: EMBED on the DOWN grid, counters of block 0 ---------------------------------------

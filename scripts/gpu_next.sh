@@ -213,13 +213,16 @@
 #      (bimodal timings, left at 8)
 #   4. "gemm" (issue 5's table, last run in session 14; GATE_UP rows at 256 / 1024 now run
 #      gu_m128n64 / gu_m128)
-#   5. Not built: DOWN split tiles that wait only on the GATE_UP tiles of their K slice (issue
-#      5's fine-grained dependencies; planner only: GU counters per (block, DOWN K slice), per
-#      split waits in _emit_gemm, GATE_UP tiles signalling their slice's counter). Where it could
-#      pay: B=1024 with raster_blocks 8, where every block's GATE_UP ends with the column sweep
-#      (DOWN 95 -> 113 us per layer on the path) and 40 SMs idle in GATE_UP's last wave; DOWN
-#      does not split above 128 tokens today, so it needs splitk_down_max_tokens too (fp32
-#      partials, folded into the next norm). At B <= 256 the phases are one wave: little to gain
+#   5. PlanConfig.down_slice_waits (session 17, CPU-verified, off): DOWN split tiles wait only for
+#      the GATE_UP tiles of their K slice (issue 5's fine-grained dependencies), where DOWN
+#      splits and GATE_UP does not (they share the SPLITK workspace). Today that is only with a
+#      raised DOWN cap, e.g. at B=256: "planab" MK_PLANAB="ds:splitk_down_max_tokens=256,
+#      splitk_gate_up_max_tokens=1 dsw:splitk_down_max_tokens=256,splitk_gate_up_max_tokens=1,
+#      down_slice_waits=1" MK_PLANAB_BATCH=256 (the GATE_UP cap only makes the tiny model's
+#      check exercise it; 70B's GATE_UP does not split at 256). bench/schedsim.py predicts no
+#      gain there (one GATE_UP wave: every slice's tiles end together); it would pay where
+#      GATE_UP runs several waves (B >= 512), which needs a per-op split factor that auto split
+#      does not give DOWN today (256 tiles at B=1024)
 #   6. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a

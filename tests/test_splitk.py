@@ -78,6 +78,70 @@ def test_float32_split_equals_unsplit(gqa, one_thread, tp, splits):
     assert any(ns > 1 for _, ns in vm.last_plan.layout["splitk"].values())
 
 
+def _down_slice_producers(plan):
+    """Layer 0's DOWN split tiles, each with the layer-0 instructions that signal the counter it
+    waits for: [(down word row, producers' rows)]."""
+    s = plan.instrs.numpy()
+    l0 = s[s[:, W_LAYER] == 0]
+    downs = l0[(l0[:, W_OPCODE] == int(Op.DOWN)) & (l0[:, mc.A_NSPLIT] > 1)]
+    return [(d, l0[l0[:, W_SIGNAL] == d[W_WAIT0]]) for d in downs]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_down_slice_waits_bitwise_and_finer(gqa, one_thread, tp):
+    """PlanConfig.down_slice_waits: each DOWN split tile waits only for the GATE_UP tiles of its K
+    slice. The logits are bitwise those of the same split plan without it (same tiles, partials
+    and order of sums; only the waits differ), in queue and random order on every rank; the
+    verifier accepts the plans; and each DOWN split's wait counter is signalled by exactly the
+    GATE_UP tiles (or their reduces) whose MLP_ACT columns make up its K slice of its block's
+    rows, its target their count."""
+    w = gqa(tp, torch.float32)
+    # DOWN (and the others but GATE_UP) split in two in every step
+    every_step = dict(splitk_max_tokens=4096, **{**NO_OP_CAPS, "splitk_gate_up_max_tokens": 1})
+    base = VM(w, KERNEL, split_cfg(2, **every_step))
+    vm = VM(w, KERNEL, split_cfg(2, down_slice_waits=1, **every_step))
+    for i, batch in enumerate(mixed_steps(V)):
+        want = base.step(batch)
+        got = vm.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+        assert torch.equal(got, want), i
+    cfg = split_cfg(2, P_CFG, down_slice_waits=1, **every_step)
+    plans = [plan_step(mixed_batch(), P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg)
+             for r in range(tp)]
+    assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
+    pairs = _down_slice_producers(plans[0])
+    assert pairs and len({int(d[W_WAIT0]) for d, _ in pairs}) > len({int(d[W_ROW0]) for d, _ in pairs})
+    for d, prod in pairs:
+        k0, k1 = int(d[mc.A_K0]), int(d[mc.A_K0] + d[mm.A_K])
+        assert len(prod) == d[W_WAIT0 + 1], (len(prod), int(d[W_WAIT0 + 1]))
+        assert set(prod[:, W_OPCODE].tolist()) <= {int(Op.GATE_UP), int(Op.SPLITK_REDUCE)}
+        assert (prod[:, W_COL0] >= k0).all() and (prod[:, W_COL0] + prod[:, W_COLS] <= k1).all()
+        assert sorted({int(c) for c in prod[:, W_COL0]}) == list(range(k0, k1, int(prod[0, W_COLS])))
+        assert (prod[:, W_ROW0] >= d[W_ROW0]).all()
+        assert (prod[:, W_ROW0] + prod[:, W_ROWS] <= d[W_ROW0] + d[W_ROWS]).all()
+    # without it, every split of a DOWN tile waits for all of its block's GATE_UP tiles
+    plain = plan_step(mixed_batch(), P_MODEL, ParallelConfig(tp, 0), P_KERNEL,
+                      split_cfg(2, P_CFG, **every_step))
+    for d, prod in _down_slice_producers(plain):
+        assert prod[:, W_COL0].min() == 0 and (prod[:, W_COL0] + prod[:, W_COLS]).max() == 128 // tp
+
+
+def test_down_slice_waits_refuses_tiles_across_slices():
+    """GATE_UP tiles of 16 columns against DOWN slices [0, 40, 80, 128) (3 ways, align 8): a clear
+    error, not a plan that waits for the wrong tiles. Where GATE_UP splits too (the SPLITK
+    workspace), the block's waits stay: the same plan as without the option."""
+    cfg = split_cfg(3, P_CFG, down_slice_waits=1, splitk_max_tokens=4096, **NO_OP_CAPS)
+    with pytest.raises(ValueError, match="straddle DOWN's K slices"):
+        plan_step(mixed_batch(), P_MODEL, ParallelConfig(1, 0), P_KERNEL,
+                  PlanConfig(**{**cfg.__dict__, "splitk_gate_up_max_tokens": 1}))
+    both = plan_step(mixed_batch(), P_MODEL, ParallelConfig(1, 0), P_KERNEL, split_cfg(
+        2, P_CFG, down_slice_waits=1, splitk_max_tokens=4096, **NO_OP_CAPS))
+    assert both.layout["splitk"]["GATE_UP"][1] == 2
+    assert torch.equal(both.instrs, plan_step(mixed_batch(), P_MODEL, ParallelConfig(1, 0), P_KERNEL,
+                       split_cfg(2, P_CFG, splitk_max_tokens=4096, **NO_OP_CAPS)).instrs)
+    with pytest.raises(ValueError, match="down_slice_waits"):
+        PlanConfig(down_slice_waits=2)
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_float32_qkv_only_split_equals_unsplit(gqa, one_thread, tp):
     """splitk_qkv_max_tokens above splitk_max_tokens: in steps between the two caps QKV_ROPE alone
