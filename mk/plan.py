@@ -802,6 +802,7 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
 
     def rep(v):
         return np.repeat(np.broadcast_to(np.asarray(v), (m,)), nsplit)
+
     def rep_wait(v):
         # [m, nsplit]: one value per split tile (DOWN's slice waits), else one per output tile
         a = np.asarray(v)
