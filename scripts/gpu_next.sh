@@ -224,6 +224,11 @@
 #      GATE_UP runs several waves (B >= 512), which needs a per-op split factor that auto split
 #      does not give DOWN today (256 tiles at B=1024)
 #   6. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
+#   7. B=64 (1.18): ATTENTION is 26.7 us per layer on the path (fill_*_2026-11-30_s17): 64 units
+#      of 1024 keys on 64 of the 132 SMs. spread_kv_splits would cut them in two (512 keys, 128
+#      instructions + 64 ATTN_REDUCE) but kv_spread_min_splits 4 forbids it (session 9: 48 / 64
+#      lost with spreads, before the wide ATTN_REDUCE and the folds): "planab"
+#      MK_PLANAB="sp2:kv_spread_min_splits=2" MK_PLANAB_BATCH=48,64
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
