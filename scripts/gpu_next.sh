@@ -692,21 +692,29 @@ if has planab; then
   # timed them unsplit no slower at M=64 (O 17.6 vs 20.2 us, DOWN 29.9 vs 29.8)
   PLANS=${MK_PLANAB:-"od1:splitk_o_max_tokens=1,splitk_down_max_tokens=1"}
   : > "$OUTDIR/planab.log"
+  # an entry NAME:PLAN|VAR=VALUE also sets one environment variable (MK_TILES, a kernel knob):
+  # its check and timing run with it; PLAN may be empty ("od:|MK_TILES=DOWN@256=m128n128")
+  plan_of() { local p=${1#*:}; echo "${p%%|*}"; }
+  env_of() { case $1 in *"|"*) echo "${1#*|}";; *) echo "";; esac; }
   for e in $PLANS; do
-    echo "== check --layers 2 --split-k 0 --plan ${e#*:} ${MK_PLANAB_CHECK:-}" | tee -a "$OUTDIR/planab.log"
-    timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 --plan "${e#*:}" \
+    [ "${MK_PLANAB_NOCHECK:-0}" = 1 ] && break
+    pl=$(plan_of "$e"); ev=$(env_of "$e")
+    echo "== check --layers 2 --split-k 0 --plan ${pl:-(none)} ${MK_PLANAB_CHECK:-} ${ev}" | tee -a "$OUTDIR/planab.log"
+    env $ev timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 ${pl:+--plan "$pl"} \
         ${MK_PLANAB_CHECK:-} 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/planab.log"
     if [ "${MK_PLANAB_RACE:-0}" = 1 ]; then
       echo "== racecheck, the same check, one decode step" | tee -a "$OUTDIR/planab.log"
-      CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-          check --layers 2 --decode-steps 1 --split-k 0 --plan "${e#*:}" ${MK_PLANAB_CHECK:-} \
+      env $ev CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+          check --layers 2 --decode-steps 1 --split-k 0 ${pl:+--plan "$pl"} ${MK_PLANAB_CHECK:-} \
           > "$OUTDIR/racecheck_full.log" 2>&1
       grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/planab.log"
     fi
   done
   time_variant planab base "the default plan" ${MK_PLANAB_BATCH:-16,64} "" ""
   for e in $PLANS; do
-    time_variant planab "${e%%:*}" "--plan ${e#*:}" ${MK_PLANAB_BATCH:-16,64} "" "--plan ${e#*:}"
+    pl=$(plan_of "$e"); ev=$(env_of "$e")
+    time_variant planab "${e%%:*}" "--plan ${pl:-(none)} $ev" ${MK_PLANAB_BATCH:-16,64} "$ev" \
+        "${pl:+--plan $pl}"
   done
 fi
 if has wgtime; then
