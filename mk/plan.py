@@ -170,6 +170,14 @@ class PlanConfig:
     # steps over 64 tokens keep norm_rows)
     small_norm_rows: int = 1
     small_norm_max_tokens: int = 64
+    # ... and in steps of at most norm_fill_max_tokens tokens (0: never) as few rows as make
+    # about one instruction per SM, ceil(tokens / num_sms), between small_norm_rows and
+    # norm_rows: under the op-major queue a layer's norm is a phase of its own, and at B=256
+    # 32 eight-row instructions (~8.6 us each) left 100 of the 132 SMs idle. 70B TP8 decode ctx
+    # 1024, H200, session 18 (bench/results/planab_{base,nr2}_2026-11-30_s18): two rows at
+    # B=256 17.884 -> 17.153 ms (-4.1%); at B=1024 +0.4% (47.789 -> 47.998; 8 rows there already
+    # make 128 instructions), hence the cap
+    norm_fill_max_tokens: int = 256
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
     # Split-K (mk/instructions/splitk.py) of QKV_ROPE / O_PROJ / GATE_UP / DOWN in steps of at most
     # splitk_max_tokens rows: 1 never; 0 auto (per op, the largest power of two nsplit with
@@ -277,8 +285,8 @@ class PlanConfig:
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
-                   "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens"
-                   ) + tuple(SPLITK_OP_CAPS.values())
+                   "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
+                   "norm_fill_max_tokens") + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
             v = getattr(self, name)
@@ -318,6 +326,9 @@ class PlanConfig:
         """Rows per RMSNORM / LM_NORM instruction in a step of num_tokens tokens."""
         if num_tokens <= self.small_norm_max_tokens:
             return min(self.norm_rows, self.small_norm_rows)
+        if num_tokens <= self.norm_fill_max_tokens:
+            fill = -(-num_tokens // self.num_sms)
+            return min(self.norm_rows, max(self.small_norm_rows, fill))
         return self.norm_rows
 
     def max_partial_rows(self, kernel: KernelConfig) -> int:

@@ -5,7 +5,8 @@
 # Logs under $OUT (else bench/results/); at most 7 files per call (the device tool brings back 8).
 # Steps (MK_STEPS; each call at most 10 minutes, so about two or three steps per call):
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
-#          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log
+#          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
+#          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
 #   attnexp attention leave-one-out experiments (MK_ATTN_EXPERIMENT nomath / noload / nostore and
 #          combinations, each its own compiled variant, bench/ATTENTION_NOTES.md "Leave-one-out
 #          experiments"): decode ctx1024 B=1 / 64, ctx512 B=64, ctx8192 B=32 in the standalone
@@ -256,6 +257,8 @@ set -u
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
+# scratch logs of this run alone: two runs side by side (one per GPU) must not share them
+TMPD=$(mktemp -d /tmp/gpu_next.XXXXXX)
 export PYTHONUNBUFFERED=1
 STEPS=${MK_STEPS:-"attnexp base"}
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
@@ -304,7 +307,8 @@ passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), bo
       && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
 }
 if has verify; then
-  checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py > "$OUTDIR/verify.log" 2>&1
+  checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py ${MK_VERIFY_EXTRA:-} \
+      > "$OUTDIR/verify.log" 2>&1
   echo "== verify (default build)"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi
@@ -331,9 +335,9 @@ time_ab() {
     e=""; a=$common
     [ $v = on ] && { e=$on_env; a="$common $on_args"; }
     env $e timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a --out "$OUTDIR/${name}_$v.json" \
-        > "/tmp/${name}_$v.log" 2>&1 || rc=1
+        > "$TMPD/${name}_$v.log" 2>&1 || rc=1
     echo "== $label $v" | tee -a "$OUTDIR/$name.log"
-    { table "/tmp/${name}_$v.log" | grep -E "^decode|^ATTN|^opcode"; grep Error "/tmp/${name}_$v.log"; } \
+    { table "$TMPD/${name}_$v.log" | grep -E "^decode|^ATTN|^opcode"; grep Error "$TMPD/${name}_$v.log"; } \
         | tee -a "$OUTDIR/$name.log"
     rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
   done
@@ -343,10 +347,10 @@ time_ab() {
 time_variant() {
   local name=$1 v=$2 label=$3 batches=$4 e=$5 a=$6
   env $e timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a --journal \
-      --out "$OUTDIR/${name}_$v.json" > "/tmp/${name}_$v.log" 2>&1 || rc=1
+      --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
   echo "== $label" | tee -a "$OUTDIR/$name.log"
-  { table "/tmp/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE|ATTENTION|ATTN_REDUCE) "
-    grep Error "/tmp/${name}_$v.log"; } | tee -a "$OUTDIR/$name.log"
+  { table "$TMPD/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE|ATTENTION|ATTN_REDUCE) "
+    grep Error "$TMPD/${name}_$v.log"; } | tee -a "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
 }
 # one run of $B and ARGS in the source tree DIR, with a kernel cache of its own (suffix V): NAME.json,
@@ -356,9 +360,9 @@ bench_in_tree() {
   local name=$1 v=$2 d=$3 log=$4 label=$5
   shift 5
   ( cd "$d" && PYTHONPATH="$d:${PYTHONPATH:-}" MK_CACHE_DIR="${MK_CACHE_DIR:-/tmp/mk-cache}_$v" \
-      timeout ${MK_AB_TIMEOUT:-270} $B "$@" --out "$OUTDIR/$name.json" ) > "/tmp/$name.log" 2>&1 || rc=1
+      timeout ${MK_AB_TIMEOUT:-270} $B "$@" --out "$OUTDIR/$name.json" ) > "$TMPD/$name.log" 2>&1 || rc=1
   echo "== $label: $d" | tee -a "$log"
-  { table "/tmp/$name.log" | grep -E "^decode"; grep Error "/tmp/$name.log"; } | tee -a "$log"
+  { table "$TMPD/$name.log" | grep -E "^decode"; grep Error "$TMPD/$name.log"; } | tee -a "$log"
   rm -f "$OUTDIR"/"$name"_*_journal.pt "$OUTDIR"/"$name"_*_timeline.png
 }
 # time_ab, only when the variant's checks' log NAME.log passed
@@ -433,10 +437,10 @@ if has split; then
   for m in 0 ${MK_SPLIT_MIN:-64}; do
     x=""; [ $m = 0 ] || x=${MK_SPLIT_EXTRA:-}
     timeout 200 $B --batch ${MK_SPLIT_BATCH:-1,16,64} --plan kv_split_min=$m$x --journal \
-        --out "$OUTDIR/split_$m.json" > "/tmp/split_$m.log" 2>&1 || rc=1
+        --out "$OUTDIR/split_$m.json" > "$TMPD/split_$m.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/split_"$m"_*_journal.pt "$OUTDIR"/split_"$m"_*_timeline.png
     echo "== kv_split_min=$m" | tee -a "$OUTDIR/split.log"
-    table "/tmp/split_$m.log" | grep -E "^decode|^ATTN|^opcode|^step" | tee -a "$OUTDIR/split.log"
+    table "$TMPD/split_$m.log" | grep -E "^decode|^ATTN|^opcode|^step" | tee -a "$OUTDIR/split.log"
   done
 fi
 if has rwide; then
@@ -765,9 +769,9 @@ if has gemmold; then
     d=$PWD; x="--split-k none"; [ $v = off ] && { d=$MK_AB_TREE; x=""; }
     ( cd "$d" && PYTHONPATH="$d:$PYTHONPATH" timeout 200 python bench/gemm.py --no-compile \
         --ops ${MK_GEMMOLD_OPS:-GATE_UP,O_PROJ} --m ${MK_GEMMOLD_M:-4096} --odd-m 0 --reps 15 $x \
-        --out "$OUTDIR/gemmold_$v.json" ) > "/tmp/gemmold_$v.log" 2>&1 || rc=1
+        --out "$OUTDIR/gemmold_$v.json" ) > "$TMPD/gemmold_$v.log" 2>&1 || rc=1
     echo "== gemm tree $v: $d" | tee -a "$OUTDIR/gemmold.log"
-    grep -E "^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|LM_HEAD) " "/tmp/gemmold_$v.log" | tee -a "$OUTDIR/gemmold.log"
+    grep -E "^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|LM_HEAD) " "$TMPD/gemmold_$v.log" | tee -a "$OUTDIR/gemmold.log"
   done
 fi
 if has page64; then
@@ -785,9 +789,9 @@ if has tiles256; then
   # tests run first and gate its timing)
   : > "$OUTDIR/tiles256.log"
   timeout 240 python -m pytest -q -m gpu tests/test_gemm_gpu.py -k two_page_gate_up \
-      > "/tmp/tiles256_check.log" 2>&1
-  tail -3 "/tmp/tiles256_check.log" | tee -a "$OUTDIR/tiles256.log"
-  gu_ok=0; grep -q "2 passed" "/tmp/tiles256_check.log" && gu_ok=1
+      > "$TMPD/tiles256_check.log" 2>&1
+  tail -3 "$TMPD/tiles256_check.log" | tee -a "$OUTDIR/tiles256.log"
+  gu_ok=0; grep -q "2 passed" "$TMPD/tiles256_check.log" && gu_ok=1
   OD="O_PROJ@256=m128n128,DOWN@256=m128n128"; GU="GATE_UP@256=gu_m128"
   for v in ${MK_T256_VARIANTS:-none od gu both}; do
     case $v in none) t="";; od) t=$OD;; gu) t=$GU;; both) t="$OD,$GU";; esac
@@ -851,11 +855,11 @@ if has ncu; then
     CUTE_DSL_LINEINFO=1 timeout 240 ncu --clock-control none -k regex:Megakernel -c 1 \
         --section SourceCounters --section WarpStateStats --section SpeedOfLight \
         -f -o "$OUTDIR/ncu_b$b" $B --batch $b --layers 4 --reps 1 --warmup 1 \
-        --out /tmp/ncu_b$b.json > /tmp/ncu_b$b.log 2>&1 || { rc=1; tail -20 /tmp/ncu_b$b.log; }
+        --out $TMPD/ncu_b$b.json > $TMPD/ncu_b$b.log 2>&1 || { rc=1; tail -20 $TMPD/ncu_b$b.log; }
     ncu -i "$OUTDIR/ncu_b$b.ncu-rep" --page source --csv --print-source cuda,sass \
-        > "$OUTDIR/ncu_b${b}_source.csv" 2> /tmp/ncu_src.err \
+        > "$OUTDIR/ncu_b${b}_source.csv" 2> $TMPD/ncu_src.err \
       || ncu -i "$OUTDIR/ncu_b$b.ncu-rep" --page source --csv --print-source sass \
-        > "$OUTDIR/ncu_b${b}_source.csv" 2>> /tmp/ncu_src.err || cat /tmp/ncu_src.err
+        > "$OUTDIR/ncu_b${b}_source.csv" 2>> $TMPD/ncu_src.err || cat $TMPD/ncu_src.err
     ncu -i "$OUTDIR/ncu_b$b.ncu-rep" --page details --csv >> "$OUTDIR/ncu_details.csv" 2>&1
     echo "== ncu batch $b"; ls -la "$OUTDIR"/ncu_b$b*; head -c 600 "$OUTDIR/ncu_b${b}_source.csv"; echo
   done

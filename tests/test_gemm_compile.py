@@ -33,8 +33,10 @@ REQUIRED_PTX = {
 # (O_PROJ / DOWN m64n256 left the table in session 7; the PAGE mode stays covered by QKV_ROPE's)
 CASES = [
     ("O_PROJ", "m128n256", 8),
+    ("O_PROJ", "m128n128", 4),     # the M <= 256 class since session 18
     ("O_PROJ", "m64n128", 4),
     ("DOWN", "m128n256", 8),
+    ("DOWN", "m128n128", 4),
     ("DOWN", "m64n128", 4),
     ("GATE_UP", "gu_m128", 8),
     ("GATE_UP", "gu_m64", 8),
@@ -87,7 +89,8 @@ def test_tile_table_fits_the_pool():
             cfg = gk.TILES[name]
             cfg.check(gk.out_bytes_of(gk.epi_of(op)), 13)
             assert cfg.gate_up == (op == Op.GATE_UP), (op, name)
-    for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
+    for m, want in ((64, "m64n128"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
+                    (1024, "m128n256"), (4096, "m128n256")):
         assert gk.choose_tile(Op.O_PROJ, m).name == want
 
 

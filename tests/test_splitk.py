@@ -522,12 +522,13 @@ def batch_70b(m):
 AUTO_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
             16: ((10, 13), (64, 2), (28, 4), (64, 2)),
             64: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            # BM = 128: 1 row tile; GATE_UP on 64-column tiles (gu_m128n64) from 65 tokens
-            128: ((10, 8), (32, 4), (56, 2), (32, 4)),
+            # BM = 128: 1 row tile; GATE_UP on 64-column tiles (gu_m128n64) from 65 tokens,
+            # O_PROJ / DOWN on m128n128 (session 18)
+            128: ((10, 8), (64, 2), (56, 2), (64, 2)),
             # over splitk_max_tokens: only the ops with their own cap of 256 (QKV_ROPE and
             # GATE_UP: -15.8% at B=256 on the H200, session 9); GATE_UP's 112 64-column tiles
             # (session 16) are too many to split on 132 SMs
-            256: ((20, 4), (64, 1), (112, 1), (64, 1))}
+            256: ((20, 4), (128, 1), (112, 1), (128, 1))}
 
 
 def _gpu_tile_words(plan, m):
@@ -621,8 +622,8 @@ def test_reduce_slices_never_outnumber_the_sms(m):
 # 10 head tiles: 13 ways instead of 8 at B <= 128, its 20 at B=256: 6 instead of 4)
 FILL_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
             64: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            128: ((10, 13), (32, 4), (56, 2), (32, 4)),
-            256: ((20, 6), (64, 1), (112, 1), (64, 1))}
+            128: ((10, 13), (64, 2), (56, 2), (64, 2)),
+            256: ((20, 6), (128, 1), (112, 1), (128, 1))}
 
 
 # K of each split op at one rank of TP 8: hidden, q heads x head_dim, hidden, intermediate / 8
@@ -661,17 +662,18 @@ def test_every_splittable_op_has_its_own_cap():
     assert all(SPLITK_OP_CAPS[op] in names for op in SPLITK_OP_CAPS)
 
 
-# GATE_UP's 112 tiles of 64 columns (gu_m128n64, session 16) do not split on 132 SMs
-B256_ALONE = {"splitk_qkv_max_tokens": ((20, 4), (64, 1), (112, 1), (64, 1)),
-              "splitk_o_max_tokens": ((20, 1), (64, 2), (112, 1), (64, 1)),
-              "splitk_gate_up_max_tokens": ((20, 1), (64, 1), (112, 1), (64, 1)),
-              "splitk_down_max_tokens": ((20, 1), (64, 1), (112, 1), (64, 2))}
+# GATE_UP's 112 tiles of 64 columns (gu_m128n64, session 16) and O_PROJ / DOWN's 128 tiles of
+# 128 columns (m128n128, session 18) do not split on 132 SMs
+B256_ALONE = {"splitk_qkv_max_tokens": ((20, 4), (128, 1), (112, 1), (128, 1)),
+              "splitk_o_max_tokens": ((20, 1), (128, 1), (112, 1), (128, 1)),
+              "splitk_gate_up_max_tokens": ((20, 1), (128, 1), (112, 1), (128, 1)),
+              "splitk_down_max_tokens": ((20, 1), (128, 1), (112, 1), (128, 1))}
 
 
 @pytest.mark.parametrize("cap", sorted(B256_ALONE))
 def test_one_op_split_70b_tp8_b256(cap):
-    """An op's own cap of 256: at B=256 that op alone splits (auto: QKV_ROPE's 20 head tiles in
-    4, O_PROJ / DOWN in 2, GATE_UP's 112 not at all), the rest stay whole (over
+    """An op's own cap of 256: at B=256 that op alone may split (auto: QKV_ROPE's 20 head tiles
+    in 4; GATE_UP's 112 and O_PROJ / DOWN's 128 not at all), the rest stay whole (over
     splitk_max_tokens); the workspace grows to
     256-token partials and the split tiles keep the GPU bodies' predicate (the verifier's check of
     such plans: test_float32_qkv_only_split_equals_unsplit)."""

@@ -26,8 +26,11 @@ def test_table_classes():
     """The classes and picks the GPU compile gate and GEMM_NOTES describe."""
     for m, cls in ((1, 0), (64, 0), (65, 1), (256, 1), (257, 2), (1024, 2), (1025, 3), (4096, 3)):
         assert tiles.m_class(m) == cls, m
-    for m, want in ((64, "m64n128"), (65, "m128n256"), (1024, "m128n256"), (4096, "m128n256")):
+    # O_PROJ / DOWN: m128n128 at 64 < M <= 256 since session 18 (128 tiles at B=256, not 64)
+    for m, want in ((64, "m64n128"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
+                    (1024, "m128n256"), (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
+        assert tiles.tile_name(Op.DOWN, m) == want
     # GATE_UP: 64-column tiles (gu_m128n64) at 64 < M <= 256 since session 16, 128 above (the
     # 1024 class went back to gu_m128 with the op-major queue in session 17)
     assert [tiles.tile_shape(Op.GATE_UP, m).bn for m in (64, 256, 1024, 4096)] == [128, 64, 128, 128]
@@ -145,10 +148,10 @@ def test_small_steps_take_one_row_norms():
     instructions (1 by default: the norms are on a small step's critical path), larger steps
     into norm_rows; small_norm_max_tokens 0 turns the rule off, and an explicit norm_rows below
     small_norm_rows stays."""
-    cfg = PlanConfig()
+    cfg = PlanConfig(norm_fill_max_tokens=0)
     assert cfg.norm_rows_for(cfg.small_norm_max_tokens) == cfg.small_norm_rows == 1
     assert cfg.norm_rows_for(cfg.small_norm_max_tokens + 1) == cfg.norm_rows == 8
-    assert PlanConfig(small_norm_max_tokens=0).norm_rows_for(1) == 8
+    assert PlanConfig(small_norm_max_tokens=0, norm_fill_max_tokens=0).norm_rows_for(1) == 8
     assert PlanConfig(norm_rows=2, small_norm_rows=4).norm_rows_for(16) == 2
     with pytest.raises(ValueError, match="small_norm_rows must be a positive integer"):
         PlanConfig(small_norm_rows=0)
@@ -156,12 +159,33 @@ def test_small_steps_take_one_row_norms():
         PlanConfig(small_norm_max_tokens=-1)
     for n, rows in ((64, 1), (65, 8)):                  # 64 decodes; 16 decodes + 49 prefill
         batch = batch_of(n)
-        plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig()).plan(batch)
+        plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).plan(batch)
         s = plan.instrs.numpy()
         norms = s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS]
         assert norms.max() == rows and norms.sum() == 2 * LLAMA_70B.num_layers * n
         lm_norms = s[s[:, W_OPCODE] == int(Op.LM_NORM), W_ROWS]
         assert lm_norms.max() <= rows and lm_norms.sum() == len(batch.seqs)
+
+
+def test_mid_steps_take_about_one_norm_instruction_per_sm():
+    """Up to norm_fill_max_tokens tokens a norm takes ceil(tokens / num_sms) rows per instruction
+    (at least small_norm_rows, at most norm_rows): at B=256 two rows, 128 instructions for 132
+    SMs, not 32 of eight; above the cap norm_rows."""
+    cfg = PlanConfig()
+    assert cfg.norm_fill_max_tokens == 256
+    for n, rows in ((64, 1), (65, 1), (132, 1), (133, 2), (256, 2), (257, 8), (1024, 8)):
+        assert cfg.norm_rows_for(n) == rows, n
+    assert PlanConfig(num_sms=16).norm_rows_for(256) == 8          # capped by norm_rows
+    assert PlanConfig(small_norm_rows=4, small_norm_max_tokens=0).norm_rows_for(100) == 4
+    with pytest.raises(ValueError, match="norm_fill_max_tokens must be an integer >= 0"):
+        PlanConfig(norm_fill_max_tokens=-1)
+    for n in (200, 256):
+        batch = batch_of(n)
+        plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).plan(batch)
+        s = plan.instrs.numpy()
+        norms = s[(s[:, W_OPCODE] == int(Op.RMSNORM)) & (s[:, W_LAYER] == 0), W_ROWS]
+        assert norms.max() == 2 and norms.sum() == 2 * n
+        assert len(norms) == 2 * -(-n // 2)
 
 
 def test_explicit_values_override_the_table():
@@ -174,7 +198,7 @@ def test_explicit_values_override_the_table():
         assert s[s[:, W_OPCODE] == int(op), W_COLS].max() == w
     assert s[s[:, W_OPCODE] == int(Op.QKV_ROPE), W_COLS].max() == 384
     assert s[s[:, W_OPCODE] == int(Op.QKV_ROPE), W_ROWS].max() == 32         # token_block
-    assert s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS].max() == cfg.norm_rows  # row groups
+    assert s[s[:, W_OPCODE] == int(Op.RMSNORM), W_ROWS].max() == cfg.norm_rows_for(256)
     # ...and the GPU predicate says which of them the bodies cannot run
     p, row0, rows, col0, cols, K = gemm_words(s, Op.GATE_UP)
     assert "cols <= 64" in tiles.gemm_tile_error("GATE_UP", tiles.tile_shape(Op.GATE_UP, 256),
