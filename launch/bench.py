@@ -63,7 +63,7 @@ import torch
 
 from mk import dist as mkdist
 from mk.config import ConfigError, KernelConfig, ModelConfig, ParallelConfig, RopeConfig
-from mk.provenance import git_commit
+from mk.provenance import git_commit, knob_env
 from mk.tiny import TINY_CONFIG
 
 # Shapes --------------------------------------------------------------------------------------------
@@ -1121,7 +1121,7 @@ def run(args, device: torch.device) -> int:
                    vocab_local=par.vocab_local(cfg), dtype=args.dtype,
                    weight_bytes=weight_bytes(cfg, par, elt)),
         weights=source, systems=systems, compile_mode=args.compile_mode, split_k=args.split_k,
-        page_size=args.page_size, plan=plan_overrides(args.plan),
+        page_size=args.page_size, plan=plan_overrides(args.plan), env=knob_env(),
         reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
         measured=rates, checks=checks, notes=notes, points=[])
 

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# MK_ variables that only say where things go, not what runs
+_WHERE_VARS = {"MK_COMMIT", "MK_CACHE_DIR", "MK_NO_PROGRESS", "MK_BENCH_TRACEBACK"}
+
+
+def _read_vars() -> set:
+    """The MK_* names that mk's and launch's sources quote (the variables the code reads)."""
+    names = set()
+    for d in ("mk", "launch"):
+        for f in (ROOT / d).rglob("*.py"):
+            names.update(re.findall(r"[\"'](MK_[A-Z0-9_]+)[\"']", f.read_text(errors="replace")))
+    return names - _WHERE_VARS
+
+
+def knob_env() -> dict:
+    """The set MK_* environment variables that mk or launch read and that can change what runs
+    (kernel knobs such as MK_TILES or MK_ATTN_PAIR_WARP), for a result's record: an A/B by
+    environment variable must be told apart in its JSON. Scripts' own variables (MK_STEPS, ...)
+    are left out."""
+    names = _read_vars()
+    return {k: v for k, v in sorted(os.environ.items()) if k in names}
 
 
 def git_commit(root: Path = ROOT) -> str:
