@@ -175,9 +175,10 @@ class PlanConfig:
     # norm_rows: under the op-major queue a layer's norm is a phase of its own, and at B=256
     # 32 eight-row instructions (~8.6 us each) left 100 of the 132 SMs idle. 70B TP8 decode ctx
     # 1024, H200, session 18 (bench/results/planab_{base,nr2}_2026-11-30_s18): two rows at
-    # B=256 17.884 -> 17.153 ms (-4.1%); at B=1024 +0.4% (47.789 -> 47.998; 8 rows there already
-    # make 128 instructions), hence the cap
-    norm_fill_max_tokens: int = 256
+    # B=256 17.884 -> 17.153 ms (-4.1%), B=128 -12.4%, B=192 -4.5% (with the m128n128 O / DOWN
+    # tiles); up to 1024: B=384 -0.9%, B=512 -0.8%, B=1024 -0.2% (8 rows there: unchanged; two
+    # rows at B=1024, 512 instructions, were +0.4%)
+    norm_fill_max_tokens: int = 1024
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
     # Split-K (mk/instructions/splitk.py) of QKV_ROPE / O_PROJ / GATE_UP / DOWN in steps of at most
     # splitk_max_tokens rows: 1 never; 0 auto (per op, the largest power of two nsplit with
@@ -203,8 +204,13 @@ class PlanConfig:
     # 132 SMs exist; session 8 journal), and splitting every op lost 3.7% (session 7). Each op's
     # split alone at B=256 (session 9, bench/results/opsplit_2026-11-30_s9*): QKV -11.2%,
     # GATE_UP -6.4%, DOWN 0, O_PROJ +2.8%; QKV and GATE_UP together -19.4% / -15.8% at B=192 /
-    # 256, with DOWN too -18.5% / -3.3% (opcombo_2026-11-30_s9*)
-    splitk_qkv_max_tokens: int = 256
+    # 256, with DOWN too -18.5% / -3.3% (opcombo_2026-11-30_s9*). QKV_ROPE's cap went to 1024
+    # in session 18: its 10 head tiles per token block are a third of the SMs up to ~512 tokens
+    # (40 tiles at B=512 split in 2, 30 at B=384 in 4; from ~850 tokens its tiles fill the SMs
+    # and auto split stops): B=384 24.962 -> 23.415 ms (-6.2%), B=512 26.635 -> 25.181 (-5.5%),
+    # B=1024 -0.0% (planab_{nf1024,q1024}_2026-11-30_s18). The SPLITK workspace (max_split x
+    # the largest cap rows of float32) grows to 512 MiB at 70B TP8
+    splitk_qkv_max_tokens: int = 1024
     splitk_o_max_tokens: int = 0
     splitk_gate_up_max_tokens: int = 256
     splitk_down_max_tokens: int = 0

@@ -528,7 +528,12 @@ AUTO_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
             # over splitk_max_tokens: only the ops with their own cap of 256 (QKV_ROPE and
             # GATE_UP: -15.8% at B=256 on the H200, session 9); GATE_UP's 112 64-column tiles
             # (session 16) are too many to split on 132 SMs
-            256: ((20, 4), (128, 1), (112, 1), (128, 1))}
+            256: ((20, 4), (128, 1), (112, 1), (128, 1)),
+            # QKV_ROPE's own cap is 1024 (session 18): 30 / 40 head tiles split in 4 / 2; at
+            # 1024 tokens its 80 tiles no longer split (160 > 132 SMs)
+            384: ((30, 4), (96, 1), (84, 1), (96, 1)),
+            512: ((40, 2), (128, 1), (112, 1), (128, 1)),
+            1024: ((80, 1), (256, 1), (224, 1), (256, 1))}
 
 
 def _gpu_tile_words(plan, m):
@@ -560,7 +565,7 @@ def test_auto_split_70b_tp8(m):
                                         p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw], k0=bad)
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
-    assert shapes[Buf.SPLITK] == (16 * 256, 8192)      # max_split x the largest cap rows
+    assert shapes[Buf.SPLITK] == (16 * 1024, 8192)     # max_split x the largest cap rows
 
 
 @pytest.mark.parametrize("m", [16, 64, 128, 256])

@@ -170,11 +170,13 @@ def test_small_steps_take_one_row_norms():
 def test_mid_steps_take_about_one_norm_instruction_per_sm():
     """Up to norm_fill_max_tokens tokens a norm takes ceil(tokens / num_sms) rows per instruction
     (at least small_norm_rows, at most norm_rows): at B=256 two rows, 128 instructions for 132
-    SMs, not 32 of eight; above the cap norm_rows."""
+    SMs, not 32 of eight; B=512 four; above the cap norm_rows."""
     cfg = PlanConfig()
-    assert cfg.norm_fill_max_tokens == 256
-    for n, rows in ((64, 1), (65, 1), (132, 1), (133, 2), (256, 2), (257, 8), (1024, 8)):
+    assert cfg.norm_fill_max_tokens == 1024
+    for n, rows in ((64, 1), (65, 1), (132, 1), (133, 2), (256, 2), (257, 2), (512, 4),
+                    (1024, 8), (1025, 8)):
         assert cfg.norm_rows_for(n) == rows, n
+    assert PlanConfig(norm_fill_max_tokens=256).norm_rows_for(257) == 8
     assert PlanConfig(num_sms=16).norm_rows_for(256) == 8          # capped by norm_rows
     assert PlanConfig(small_norm_rows=4, small_norm_max_tokens=0).norm_rows_for(100) == 4
     with pytest.raises(ValueError, match="norm_fill_max_tokens must be an integer >= 0"):
