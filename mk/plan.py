@@ -75,6 +75,7 @@ replicated over layers by adding layer x CPL to its counter ids.
 
 from __future__ import annotations
 
+import functools
 import math
 from itertools import chain
 from dataclasses import dataclass, field, fields
@@ -389,11 +390,16 @@ class PlanConfig:
         take.sort()
         return sc[take], sc[take + 1]
 
-    def splitk_rows(self, kernel: KernelConfig) -> int:
-        """SPLITK rows: max_split partials of every row of a splittable step (0: never split)."""
+    def splitk_rows(self, kernel: KernelConfig, model: ModelConfig,
+                    parallel: ParallelConfig) -> int:
+        """SPLITK rows: room for the partials of every splittable step (0: never split). Forced
+        split_k partials of every row of the largest such step; auto, what its factors need
+        (auto_splitk_rows: 54 MiB at 70B TP8, where max_split x 1024 rows would be 512)."""
         if self.split_k == 1:
             return 0
-        return self.max_split * min(self.splitk_token_cap(), kernel.max_batch_tokens)
+        if self.split_k >= 2:
+            return self.split_k * min(self.splitk_token_cap(), kernel.max_batch_tokens)
+        return auto_splitk_rows(self, kernel, model, parallel)
 
     def splitk_token_cap(self, op=None) -> int:
         """The largest step (token rows) in which op (None: any op) may split."""
@@ -459,7 +465,7 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
         Buf.LAST_NORMED: (kernel.max_seqs, H),
         Buf.LOGITS: (kernel.max_seqs, parallel.vocab_local(model)),
         Buf.K_CACHE: (kv_rows, hkv * D), Buf.V_CACHE: (kv_rows, hkv * D),
-        Buf.SPLITK: (plan_cfg.splitk_rows(kernel), splitk_width(model, parallel)),
+        Buf.SPLITK: (plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)),
     }
 
 
@@ -855,6 +861,52 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
           args=red_args)
 
 
+def _column_tiles(model: ModelConfig, parallel: ParallelConfig, tl: tiles.StepTiles) -> dict:
+    """Each split-K op's output column tiles in one token block: {op: (col0, width, aux)} arrays,
+    aux = QKV_ROPE's section (0 q, 1 k, 2 v), O_PROJ / DOWN's owner rank slice."""
+    D, n = model.head_dim, parallel.tp_size
+    hq, hkv = parallel.heads_local(model), parallel.kv_heads_local(model)
+    sec_c0, sec_w, sec_id = [], [], []
+    for sec, (c0, width) in enumerate(((0, hq * D), (hq * D, hkv * D), ((hq + hkv) * D, hkv * D))):
+        st, wd, _ = _tiles(width, tl.qkv)
+        sec_c0 += list(c0 + st)
+        sec_w += list(wd)
+        sec_id += [sec] * len(st)
+    return {Op.QKV_ROPE: (np.array(sec_c0), np.array(sec_w), np.array(sec_id)),
+            Op.O_PROJ: _tiles(model.hidden_size, tl.o, n),
+            Op.DOWN: _tiles(model.hidden_size, tl.down, n),
+            Op.GATE_UP: _tiles(parallel.intermediate_local(model), tl.mlp)}
+
+
+def _gemm_k(model: ModelConfig, parallel: ParallelConfig) -> dict:
+    """K of each split-K op at one rank."""
+    H, D = model.hidden_size, model.head_dim
+    return {Op.QKV_ROPE: H, Op.O_PROJ: parallel.heads_local(model) * D, Op.GATE_UP: H,
+            Op.DOWN: parallel.intermediate_local(model)}
+
+
+@functools.lru_cache(maxsize=64)
+def auto_splitk_rows(cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
+                     parallel: ParallelConfig) -> int:
+    """SPLITK rows that auto split-K needs at most: max over step sizes T up to the largest cap
+    of T x the step's largest split factor (a step of T rows writes split j's partials at SPLITK
+    rows j * T + row). Each op's factor keeps its tiles x nsplit within num_sms, so this is a
+    few thousand rows where max_split x the cap would be 16 x 1024."""
+    cap = min(cfg.splitk_token_cap(), kernel.max_batch_tokens)
+    gemm_k = _gemm_k(model, parallel)
+    per_block = {}                  # (token_block, tile widths) -> tiles per block of each op
+    rows = 0
+    for T in range(1, cap + 1):
+        tl = cfg.step_tiles(T, 1, model, kernel)
+        key = (tl.token_block, tl.qkv, tl.o, tl.mlp, tl.down)
+        if key not in per_block:
+            per_block[key] = {op: len(c[0]) for op, c in _column_tiles(model, parallel, tl).items()}
+        nb = -(-T // tl.token_block)
+        ns = cfg.split_factors(T, {op: nb * c for op, c in per_block[key].items()}, gemm_k)
+        rows = max(rows, max(ns.values()) * T if max(ns.values()) > 1 else 0)
+    return rows
+
+
 def _tiles(width: int, tile: int, slices: int = 1):
     """Column tiles [c0, c0+w) of `width` split in `slices` equal slices, no tile crossing one."""
     sl = width // slices
@@ -1062,33 +1114,25 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         raise ValueError(f"TP size {n} does not divide hidden_size {H}")
 
     # tiles ----------------------------------------------------------------------------------------
-    qt = tl.qkv
-    sec_c0, sec_w, sec_id = [], [], []
-    for sec, (c0, width) in enumerate(((0, hq * D), (hq * D, hkv * D), ((hq + hkv) * D, hkv * D))):
-        st, wd, _ = _tiles(width, qt)
-        sec_c0 += list(c0 + st)
-        sec_w += list(wd)
-        sec_id += [sec] * len(st)
-    qkv_c0, qkv_w, qkv_sec = np.array(sec_c0), np.array(sec_w), np.array(sec_id)
+    ct = _column_tiles(model, parallel, tl)
+    (qkv_c0, qkv_w, qkv_sec), (o_c0, o_w, o_own) = ct[Op.QKV_ROPE], ct[Op.O_PROJ]
+    (d_c0, d_w, d_own), (g_c0, g_w, _) = ct[Op.DOWN], ct[Op.GATE_UP]
     qkv_base = np.array([0, hq * D, (hq + hkv) * D])[qkv_sec]
-    o_c0, o_w, o_own = _tiles(H, tl.o, n)
-    d_c0, d_w, d_own = _tiles(H, tl.down, n)
-    g_c0, g_w, _ = _tiles(I_loc, tl.mlp)
     n_qkv, n_o, n_d, n_g = len(qkv_c0), len(o_c0), len(d_c0), len(g_c0)
     o_per_slice, d_per_slice = n_o // n, n_d // n
 
     # split-K: nsplit per op, the SK counters of its split output tiles (tile b * ntiles + t)
     ntiles = {Op.QKV_ROPE: n_qkv, Op.O_PROJ: n_o, Op.GATE_UP: n_g, Op.DOWN: n_d}
-    gemm_k = {Op.QKV_ROPE: H, Op.O_PROJ: hq * D, Op.GATE_UP: H, Op.DOWN: I_loc}
+    gemm_k = _gemm_k(model, parallel)
     nsplit = cfg.split_factors(T, {op: nb * c for op, c in ntiles.items()}, gemm_k)
     sk_off, sk_count = {}, 0
     for op in ntiles:
         if nsplit[op] > 1:
             sk_off[op] = sk_count
             sk_count += nb * ntiles[op]
-    if sk_count and max(nsplit.values()) * T > cfg.splitk_rows(kernel):
+    if sk_count and max(nsplit.values()) * T > cfg.splitk_rows(kernel, model, parallel):
         raise ValueError(f"split-K of a {T}-token step needs {max(nsplit.values()) * T} SPLITK rows, "
-                         f"the workspace has {cfg.splitk_rows(kernel)}")
+                         f"the workspace has {cfg.splitk_rows(kernel, model, parallel)}")
 
     # segments: the rows of one sequence inside one block ---------------------------------------
     r0s, lens = meta.seq_row0, meta.seq_rows

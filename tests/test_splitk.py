@@ -8,6 +8,7 @@ the GPU bodies need 64, the default) and pretend 16 SMs for the auto split (num_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import fields
 
@@ -565,7 +566,26 @@ def test_auto_split_70b_tp8(m):
                                         p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw], k0=bad)
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
-    assert shapes[Buf.SPLITK] == (16 * 1024, 8192)     # max_split x the largest cap rows
+    # what auto split needs at most: 384 tokens, QKV_ROPE's 30 tiles in 4 (48 MiB of float32)
+    assert shapes[Buf.SPLITK] == (4 * 384, 8192)
+
+
+def test_auto_splitk_workspace_holds_every_step_70b_tp8():
+    """The SPLITK rows auto split-K gets (auto_splitk_rows) hold the partials of every step up to
+    the largest cap (split j of a T-row step at rows j * T + row: max nsplit x T), with no room
+    to spare at the step that needs the most; forced split_k keeps split_k x the cap."""
+    model = dataclasses.replace(LLAMA_70B, num_layers=1)
+    cfg = PlanConfig(split_k=0)
+    rows = buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, cfg)[Buf.SPLITK][0]
+    need = {}
+    for m in sorted(set(range(1, 1025, 23)) | {64, 65, 128, 129, 256, 257, 383, 384, 512, 1024}):
+        plan = plan_step(batch_70b(m), model, ParallelConfig(8, 0), KERNEL_70B, cfg)
+        need[m] = max(ns for _, ns in plan.layout["splitk"].values()) * m
+    assert max(need.values()) == rows == need[384]
+    assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B,
+                         PlanConfig(split_k=4))[Buf.SPLITK][0] == 4 * 1024
+    small = PlanConfig(split_k=2, splitk_qkv_max_tokens=0, splitk_gate_up_max_tokens=0)
+    assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, small)[Buf.SPLITK][0] == 256
 
 
 @pytest.mark.parametrize("m", [16, 64, 128, 256])
@@ -690,7 +710,7 @@ def test_one_op_split_70b_tp8_b256(cap):
     s = plan.instrs.numpy()
     assert (s[:, W_OPCODE] == Op.SPLITK_REDUCE).any() == any(ns > 1 for _, ns in got)
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
-    assert shapes[Buf.SPLITK] == (16 * 256, 8192)
+    assert shapes[Buf.SPLITK] == (8 * 128, 8192)     # QKV_ROPE's 10 tiles in 8 at 128 tokens
     # no op's own cap (0 = splitk_max_tokens): nothing splits
     plain = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
                       PlanConfig(split_k=0, **NO_OP_CAPS))
