@@ -120,7 +120,8 @@
 #          and with each, journal on: planab.log, planab_<base|NAME>.json (~5 min with one plan).
 #          MK_PLANAB_CHECK: more arguments of the check (e.g. "--prompt-lens 1,13,64,130,200,70":
 #          478 tokens, four token blocks, where the queue policy matters); MK_PLANAB_RACE=1: a
-#          racecheck of it too
+#          racecheck of it too; an entry NAME:PLAN|VAR=VALUE also sets one environment variable
+#          (MK_TILES: a tile A/B); MK_PLANAB_NOCHECK=1: the timings alone
 #   pair   PlanConfig.attn_pair (two decode units per ATTENTION instruction): two-layer checks,
 #          racecheck, memcheck with every decode paired, then B=256,1024 (MK_PAIR_BATCH) without
 #          pairs and with attn_pair=MK_PAIR_TIMED (default 1: auto), journal on: pair.log,
@@ -191,45 +192,37 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 17
-# (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, GATE_UP on
-# gu_m128n64 at 65..256 tokens and gu_m128 above; all GPU-checked; always set MK_COMMIT: the
-# device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
-#   0. "e2e" at every point (MK_E2E_BATCH=1,16,64,256 on one GPU, 1024,4096 on the other): the
-#      gu_m128 and raster_blocks changes came after session 17's same-run table (B=1024 / 4096
-#      ~1.10 / ~1.11 of that run's peer, B=256 ~1.36); issue 6 asks for one same-run table
-#   1. raster_blocks at other values (planab MK_PLANAB="r4:raster_blocks=4 r32:raster_blocks=32"
-#      at B=1024,4096) and the mixed prefill step (MK_E2E_MIXED) with op_major: never timed
-#   2. "tiles256" with MK_T256_BATCH=256 MK_T256_VARIANTS="none od" under op_major: O_PROJ / DOWN on m128n128 (128 tiles
-#      instead of 64: at B=256 the op-major DOWN phase runs 64 tiles of ~49 us on 132 SMs) lost
-#      +1.7% under interleave in session 16, where other blocks' work filled the idle SMs;
-#      bench/schedsim.py predicts -9.6% against op_major alone (15.26 vs 16.88 ms simulated from
-#      session 16's tiles256_{both,gu} journals; it over-predicted op_major itself, -9.4% vs
-#      -1.7% measured). If it wins, make it the 256 class's tile (tests/test_splitk_gpu.py and
-#      the two-layer checks first)
-#   3. "planab" MK_PLANAB="nr2:norm_rows=2" MK_PLANAB_BATCH=256,1024: under op_major a norm
-#      is a phase of its own, at B=256 32 eight-row instructions of ~8.6 us on 132 SMs (18 us
-#      per layer on the path); schedsim predicts -3.4% at B=256 with session 12's 2-row
-#      duration (5.0 us). Session 12-13 measured 1- and 2-row norms at 256 under interleave
-#      (bimodal timings, left at 8)
-#   4. "gemm" (issue 5's table, last run in session 14; GATE_UP rows at 256 / 1024 now run
-#      gu_m128n64 / gu_m128)
-#   5. PlanConfig.down_slice_waits (session 17, CPU-verified, off): DOWN split tiles wait only for
-#      the GATE_UP tiles of their K slice (issue 5's fine-grained dependencies), where DOWN
-#      splits and GATE_UP does not (they share the SPLITK workspace). Today that is only with a
-#      raised DOWN cap, e.g. at B=256: "planab" MK_PLANAB="ds:splitk_down_max_tokens=256,
-#      splitk_gate_up_max_tokens=1 dsw:splitk_down_max_tokens=256,splitk_gate_up_max_tokens=1,
-#      down_slice_waits=1" MK_PLANAB_BATCH=256 (the GATE_UP cap only makes the tiny model's
-#      check exercise it; 70B's GATE_UP does not split at 256). bench/schedsim.py predicts no
-#      gain there (one GATE_UP wave: every slice's tiles end together); it would pay where
-#      GATE_UP runs several waves (B >= 512), which needs a per-op split factor that auto split
-#      does not give DOWN today (256 tiles at B=1024)
-#   6. "pairwarp" (memcheck + repeat timing), "caps512" with split_fill_max_tokens=512
-#   7. B=64 (1.18): ATTENTION is 26.7 us per layer on the path (fill_*_2026-11-30_s17): 64 units
-#      of 1024 keys on 64 of the 132 SMs. spread_kv_splits would cut them in two (512 keys, 128
-#      instructions + 64 ATTN_REDUCE) but kv_spread_min_splits 4 forbids it (session 9: 48 / 64
-#      lost with spreads, before the wide ATTN_REDUCE and the folds): "planab"
-#      MK_PLANAB="sp2:kv_spread_min_splits=2" MK_PLANAB_BATCH=48,64
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 18
+# (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
+# on m128n128 at 65..256 tokens, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
+# split-K up to 1024 tokens; all GPU-checked but the SPLITK workspace sizing of 14ea28c; always
+# set MK_COMMIT: the device's copy carries an older .git, and without it the bench JSONs record
+# <old>-dirty):
+#   0. "verify" at the newest commit with MK_VERIFY_EXTRA="tests/test_splitk_gpu.py" and, on the
+#      other GPU, the 478-token check and its racecheck ("planab" MK_PLANAB="d:"
+#      MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" MK_PLANAB_RACE=1 MK_PLANAB_BATCH=512):
+#      the SPLITK workspace is now sized to what auto split-K needs (1536 rows at 70B TP8, was
+#      max_split x the cap) and has not run on the GPU
+#   1. the mixed step's journal (1.38 of the peer, the worst point, never profiled):
+#      `python launch/bench.py --systems megakernel --skip-check --mixed 256:1024:1024 --batch 1
+#      --reps 10 --warmup 3 --no-png --journal` (~150 s: session 18's 75 s limit cut it)
+#   2. QKV_ROPE's reduce in row slices above 128 tokens: only QKV splits there now, and its
+#      reduce is 9-10 us per layer on the path at B=256..512: "planab"
+#      MK_PLANAB="rs:splitk_reduce_max_tokens=1024" MK_PLANAB_BATCH=192,256,384,512 (the check
+#      with MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" first; slices lost at B >= 192 in
+#      session 11 when GATE_UP split there too)
+#   3. B=64 (1.15): "sp2:kv_spread_min_splits=2" cut ATTENTION on the path 27.4 -> 20.9 us per
+#      layer but its ATTN_REDUCE hop added 5.3 (+1.8% in all). A cheaper combine (folded into
+#      O_PROJ's A operand, or run by the last split to finish) is kernel work; B=1's ATTN_REDUCE
+#      is 5.7 of 107 us per layer too
+#   4. "planab" MK_PLANAB="od1k:|MK_TILES=O_PROJ@1024=m128n128,DOWN@1024=m128n128"
+#      MK_PLANAB_BATCH=384,512: at B=384 DOWN runs 96 m128n256 tiles of ~50 us on 132 SMs
+#      (the 256 class's change was -13.2%); the check first (478 tokens: this class)
+#   5. LM_HEAD on m128n128 at 65..256 tokens (issue 5's table: m64n128 at M=256 is 1.57 of
+#      cuBLAS + epilogue; needs lm_block uncapped by the token block)
+#   6. "gemm" after any tile change (session 18's table: every op but QKV 1.01-1.10 at M >= 1024)
+#   7. "pairwarp" (memcheck + repeat timing); down_slice_waits (built, off) has nothing to act on
+#      in today's plans: DOWN does not split above 128 tokens (m128n128 fills the SMs at B=256)
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
