@@ -159,6 +159,16 @@ class PlanConfig:
     # B=1024 69.45 -> 64.11 ms (-7.7% each; ATTENTION's SM time -37% at B=1024); checks,
     # racecheck and memcheck of every decode paired clean
     attn_pair: int = 1
+    # query rows (tokens) per ATTENTION instruction of a prefill segment (0: the whole segment,
+    # up to token_block rows, in one instruction). An instruction runs its M tiles (128 query
+    # rows: 128 / (q heads per KV head) tokens each) one after another on one SM, so the last
+    # 128-token block of a 1024-token prompt walks 8 tiles x up to 16 key blocks on one SM while
+    # the layer's O_PROJ waits for it (the mixed step of launch/bench.py: 1.38 of the peer in
+    # session 18, the worst point). Segments longer than this are cut into chunks of this many
+    # rows, rounded up to whole M tiles (the GPU body then runs the same tiles as before: the same
+    # results), queued longest first, each on an SM of its own. Built in session 18 and checked on
+    # the CPU only (off until timed: scripts/gpu_next.sh)
+    attn_chunk_rows: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
@@ -293,7 +303,7 @@ class PlanConfig:
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
-                   "norm_fill_max_tokens") + tuple(SPLITK_OP_CAPS.values())
+                   "norm_fill_max_tokens", "attn_chunk_rows") + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
             v = getattr(self, name)
@@ -337,6 +347,14 @@ class PlanConfig:
             fill = -(-num_tokens // self.num_sms)
             return min(self.norm_rows, max(self.small_norm_rows, fill))
         return self.norm_rows
+
+    def attn_chunk_for(self, qpk: int) -> int:
+        """Rows per prefill ATTENTION chunk (attn_chunk_rows rounded up to whole M tiles of
+        128 // qpk tokens; 0: no chunks)."""
+        if not self.attn_chunk_rows:
+            return 0
+        tile = max(1, at.ATTN_TILE_ROWS // qpk)
+        return tile * -(-self.attn_chunk_rows // tile)
 
     def max_partial_rows(self, kernel: KernelConfig) -> int:
         # spread decode splits add at most 2 rows per SM (spread_kv_splits: <= num_sms split
@@ -1159,6 +1177,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     seg_is_last = seg_k == nseg_s[seg_seq] - 1
     nseg = len(seg_seq)
     split = seg_nsplit > 1
+    # ATTENTION instructions per (segment, group, split): row chunks of long prefill segments
+    chunk_h = cfg.attn_chunk_for(qpk)
+    seg_nchunk = (np.maximum(1, -(-seg_rows // chunk_h)) if chunk_h
+                  else np.ones(len(seg_seq), np.int64))
     slot_need = np.where(split, seg_rows * seg_nsplit, 0)
     seg_slot = np.zeros(nseg, np.int64)
     np.cumsum(slot_need[:-1], out=seg_slot[1:])
@@ -1248,7 +1270,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     down_tile_signals = np.full(nb, nsplit[Op.DOWN]) if fold_d else red_sl[Op.DOWN]
 
     attn_target = np.zeros(nb, np.int64)
-    np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp))
+    np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp * seg_nchunk))
 
     def gemm(stage, op, b, t, k_word, **kw):
         """_emit_gemm of tiles (block b, column tile t) of op with the step's split."""
@@ -1295,12 +1317,15 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     _emit(g, S_JOIN, Op.NOOP, seg_blk[js], row0=seg_r0[js], rows=seg_rows[js], col0=0, cols=0,
           waits=[(C["QKV"] + seg_blk[js], qkv_target[seg_blk[js]]), (jw_prev[js], jw_prev_t[js])],
           signal=C["JOIN"] + join_id[js])
-    # attention instructions: segment x group x split
-    reps = ngrp * seg_nsplit
+    # attention instructions: segment x group x split x row chunk (longest chunk first)
+    reps = ngrp * seg_nsplit * seg_nchunk
     a_seg = np.repeat(seg_ids, reps)
     within = np.arange(len(a_seg)) - np.repeat(np.cumsum(reps) - reps, reps)
-    a_grp = within // seg_nsplit[a_seg]
-    a_spl = within % seg_nsplit[a_seg]
+    a_grp = within // (seg_nsplit[a_seg] * seg_nchunk[a_seg])
+    a_spl = within // seg_nchunk[a_seg] % seg_nsplit[a_seg]
+    a_off = (seg_nchunk[a_seg] - 1 - within % seg_nchunk[a_seg]) * chunk_h   # chunk's first row
+    a_rows = np.where(seg_nchunk[a_seg] > 1, np.minimum(chunk_h, seg_rows[a_seg] - a_off),
+                      seg_rows[a_seg])
     a_split = split[a_seg]
     a_kv0 = a_spl * seg_kv[a_seg]
     a_kv1 = np.minimum(a_kv0 + seg_kv[a_seg], seg_ctx[a_seg])
@@ -1322,14 +1347,14 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         pair_words[w][pa] = v
     keep = np.ones(len(a_seg), bool)
     keep[pb] = False
-    per_instr = dict(block=seg_blk[a_seg], row0=seg_r0[a_seg], rows=seg_rows[a_seg],
+    per_instr = dict(block=seg_blk[a_seg], row0=seg_r0[a_seg] + a_off, rows=a_rows,
                      col0=grp_c0[a_grp], cols=grp_w[a_grp], qkv_wait=C["QKV"] + seg_blk[a_seg],
                      qkv_t=qkv_target[seg_blk[a_seg]], join=jw_prev[a_seg], join_t=jw_prev_t[a_seg],
                      signal=np.where(a_split, C["SPLIT"] + split_id[a_seg],
                                      C["ATTN"] + seg_blk[a_seg]), count=a_count)
-    args = {at.A_SEQ: a_seq, at.A_POS0: seg_pos0[a_seg], at.A_KV0: a_kv0, at.A_KV1: a_kv1,
+    args = {at.A_SEQ: a_seq, at.A_POS0: seg_pos0[a_seg] + a_off, at.A_KV0: a_kv0, at.A_KV1: a_kv1,
             at.A_PAGE_OFF: meta.page_off[a_seq], at.A_MODE: a_mode,
-            at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg], 0),
+            at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg] + a_off, 0),
             at.A_NEW0: meta.seq_start[a_seq], **pair_words}
     k = {name: v[keep] for name, v in per_instr.items()}
     _emit(g, S_ATTN, Op.ATTENTION, k["block"], row0=k["row0"], rows=k["rows"], col0=k["col0"],
@@ -1338,7 +1363,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           args={at.A_QPK: qpk, at.A_HEAD_DIM: D, **{w: v[keep] for w, v in args.items()}})
     ss = seg_ids[split]
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
-          cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss])], signal=C["ATTN"] + seg_blk[ss],
+          cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss] * seg_nchunk[ss])],
+          signal=C["ATTN"] + seg_blk[ss],
           args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss], at.A_QPK: qpk, at.A_HEAD_DIM: D})
 
     # L2 prefetch of the layer's next weights by the SMs its attention leaves idle (queued after the

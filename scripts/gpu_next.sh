@@ -121,7 +121,8 @@
 #          MK_PLANAB_CHECK: more arguments of the check (e.g. "--prompt-lens 1,13,64,130,200,70":
 #          478 tokens, four token blocks, where the queue policy matters); MK_PLANAB_RACE=1: a
 #          racecheck of it too; an entry NAME:PLAN|VAR=VALUE also sets one environment variable
-#          (MK_TILES: a tile A/B); MK_PLANAB_NOCHECK=1: the timings alone
+#          (MK_TILES: a tile A/B); MK_PLANAB_NOCHECK=1: the timings alone; MK_PLANAB_MIXED=
+#          256:1024:1024: launch/bench.py's mixed step timed too
 #   pair   PlanConfig.attn_pair (two decode units per ATTENTION instruction): two-layer checks,
 #          racecheck, memcheck with every decode paired, then B=256,1024 (MK_PAIR_BATCH) without
 #          pairs and with attn_pair=MK_PAIR_TIMED (default 1: auto), journal on: pair.log,
@@ -203,9 +204,15 @@
 #      MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" MK_PLANAB_RACE=1 MK_PLANAB_BATCH=512):
 #      the SPLITK workspace is now sized to what auto split-K needs (1536 rows at 70B TP8, was
 #      max_split x the cap) and has not run on the GPU
-#   1. the mixed step's journal (1.38 of the peer, the worst point, never profiled):
-#      `python launch/bench.py --systems megakernel --skip-check --mixed 256:1024:1024 --batch 1
-#      --reps 10 --warmup 3 --no-png --journal` (~150 s: session 18's 75 s limit cut it)
+#   1. the mixed step (1.38 of the peer, the worst point): its 1024-token prefill's last token
+#      block is one ATTENTION instruction of 8 M tiles x up to 16 key blocks on one SM (~8x the
+#      longest decode unit) per layer. PlanConfig.attn_chunk_rows (session 18, CPU-checked, off)
+#      cuts such segments into chunks of whole M tiles, longest first: "planab"
+#      MK_PLANAB="ch16:attn_chunk_rows=16" MK_PLANAB_MIXED=256:1024:1024 MK_PLANAB_BATCH=1
+#      MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" MK_PLANAB_RACE=1 (the check's prompts
+#      of 130 / 200 tokens have multi-tile segments; the journal shows ATTENTION's max us and
+#      the path); if it wins, default it (the GPU's tiles are the unchunked instruction's, so
+#      the step's results are the same)
 #   2. QKV_ROPE's reduce in row slices above 128 tokens: only QKV splits there now, and its
 #      reduce is 9-10 us per layer on the path at B=256..512: "planab"
 #      MK_PLANAB="rs:splitk_reduce_max_tokens=1024" MK_PLANAB_BATCH=192,256,384,512 (the check
@@ -707,11 +714,13 @@ if has planab; then
       grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/planab.log"
     fi
   done
-  time_variant planab base "the default plan" ${MK_PLANAB_BATCH:-16,64} "" ""
+  # MK_PLANAB_MIXED=D:C:P: the mixed step (D decodes at context C + a P-token prefill) too
+  mx=${MK_PLANAB_MIXED:+--mixed $MK_PLANAB_MIXED}
+  time_variant planab base "the default plan" ${MK_PLANAB_BATCH:-16,64} "" "$mx"
   for e in $PLANS; do
     pl=$(plan_of "$e"); ev=$(env_of "$e")
     time_variant planab "${e%%:*}" "--plan ${pl:-(none)} $ev" ${MK_PLANAB_BATCH:-16,64} "$ev" \
-        "${pl:+--plan $pl}"
+        "$mx ${pl:+--plan $pl}"
   done
 fi
 if has wgtime; then

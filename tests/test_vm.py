@@ -27,7 +27,7 @@ import torch
 from conftest import GQA_LLAMA3, TIED_HEADDIM, TINY_MHA, make_hf_checkpoint
 from mk.batch import SeqChunk, StepBatch
 from mk.config import KernelConfig, ParallelConfig
-from mk.ir import W_OPCODE, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
+from mk.ir import W_OPCODE, W_ROWS, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
 from mk.plan import PlanConfig
 from mk.reference import PagedKVCache, ReferenceModel
 from mk.vm import VM, VMError, VMStall
@@ -369,3 +369,40 @@ def test_paired_decode_attention_changes_nothing(checkpoints, tp):
                                    plain.step(batch, mode="random", sms=5, seed=i),
                                    rtol=0, atol=0, equal_nan=True)
     assert n_pairs > 0
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
+    """PlanConfig.attn_chunk_rows: a prefill segment's ATTENTION cut into row chunks of whole M
+    tiles (GQA_LLAMA3: 4 q heads per KV head, 32-token tiles), longest chunk first, gives the
+    logits of the unchunked plan in random interleavings, with prompts split over KV (kv_split
+    64: partial slots per chunk and ATTN_REDUCE) and across token blocks (joins); mk.verify finds
+    nothing in the chunked plans (TP 1)."""
+    from mk.instructions import attention as at
+    from mk.verify import check
+    ck = checkpoints("GQA_LLAMA3")
+    w = weights(ck, tp, torch.float32)
+    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=192, max_seqs=8,
+                          max_context=192, num_kv_pages=200)
+    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 64})
+    plain = VM(w, kernel, cfg)
+    chunked = VM(w, kernel, PlanConfig(**{**cfg.__dict__, "attn_chunk_rows": 20}))
+    assert chunked.plan_cfg.attn_chunk_for(4) == 32           # rounded up to one 32-token tile
+    g = torch.Generator().manual_seed(11)
+    toks = lambda n: torch.randint(0, GQA_LLAMA3["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
+    table = lambda i: list(range(i * 48, (i + 1) * 48))       # noqa: E731
+    steps = [StepBatch([SeqChunk(toks(100), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
+             StepBatch([SeqChunk(toks(1), 100, table(0)), SeqChunk(toks(90), 40, table(1)),
+                        SeqChunk(toks(7), 0, table(2))])]
+    for i, batch in enumerate(steps):
+        plan = chunked.plan(batch)
+        s = plan.instrs.numpy()
+        a = s[s[:, W_OPCODE] == int(Op.ATTENTION)]
+        assert a[:, W_ROWS].max() == 32 and (a[:, W_ROWS] > 1).sum() > 4
+        if i == 1:      # sequence 1's 90 rows at 40..130: split over KV, chunked
+            assert (a[:, at.A_MODE] == at.MODE_PARTIAL).any()
+        if tp == 1:
+            assert check([plan.instrs], plan.num_counters, meta=plan.meta) == []
+        torch.testing.assert_close(chunked.step(batch, mode="random", sms=5, seed=i),
+                                   plain.step(batch, mode="random", sms=5, seed=i),
+                                   rtol=1e-6, atol=1e-6, equal_nan=True)

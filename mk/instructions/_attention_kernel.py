@@ -109,7 +109,7 @@ D = 128                         # head dim (Llama-70B); the only one compiled
 KB = 64                         # keys per block (one K page, one V page)
 HALF = 64                       # head-dim half = one SW128 atom column (128 B)
 HALF_BYTES = KB * HALF * 2      # 8 KiB: one (64 keys x 64 dims) sub-box
-MT = 128                        # query rows per M tile (two warpgroups x 64)
+MT = at.ATTN_TILE_ROWS          # query rows per M tile (two warpgroups x 64)
 NUM_CONSUMER_WARPS = 8
 CONSUMER_THREADS = 256
 DONE_ARRIVALS = NUM_CONSUMER_WARPS

@@ -69,6 +69,10 @@ A_SLOT0 = ARG0
 A_NSPLIT = ARG0 + 1
 
 MODE_DIRECT, MODE_PARTIAL, MODE_PAIR = 0, 1, 2
+# query rows per M tile of the GPU body (_attention_kernel.MT: two warpgroups x 64): an
+# instruction's tiles start at its row0, ATTN_TILE_ROWS // qpk tokens each, so the planner's
+# prefill row chunks (PlanConfig.attn_chunk_rows) are whole tiles of the unchunked instruction
+ATTN_TILE_ROWS = 128
 # a pair's unit is one consumer warpgroup's 64 query rows: its token's q heads of the KV head
 PAIR_MAX_QPK = 64
 
