@@ -226,7 +226,11 @@
 #      MK_PLANAB_BATCH=384,512: at B=384 DOWN runs 96 m128n256 tiles of ~50 us on 132 SMs
 #      (the 256 class's change was -13.2%); the check first (478 tokens: this class)
 #   5. LM_HEAD on m128n128 at 65..256 tokens (issue 5's table: m64n128 at M=256 is 1.57 of
-#      cuBLAS + epilogue; needs lm_block uncapped by the token block)
+#      cuBLAS + epilogue, 191 us once per step; session 3 measured 205 -> 140 us with m128n128):
+#      "planab" MK_PLANAB="lm:|MK_TILES=LM_HEAD@256=m128n128" MK_PLANAB_BATCH=128,256 with its
+#      check (the planner keeps LM row tiles within the smaller class's BM: a 250-token step of
+#      51 sequences gets 64-row tiles on the m128n128 body, which its predicate allows; checked
+#      on the CPU in session 18), then tests/test_gemm_gpu.py's LM_HEAD M=200 with it
 #   6. "gemm" after any tile change (session 18's table: every op but QKV 1.01-1.10 at M >= 1024)
 #   7. "pairwarp" (memcheck + repeat timing); down_slice_waits (built, off) has nothing to act on
 #      in today's plans: DOWN does not split above 128 tokens (m128n128 fills the SMs at B=256)
