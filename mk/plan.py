@@ -205,6 +205,14 @@ class PlanConfig:
     # (70B TP8 decode, same GPU, journal on): B=1 8.454 -> 8.345 ms (-1.3%), B=16 -1.2%, B=64
     # -0.1%; in larger steps it lost (B=128 +1.5%, 13 for 8; B=256 +7.3%, 6 for 4), hence 64
     split_fill_max_tokens: int = 64
+    # ... and in steps of at most split_uneven_max_tokens rows of those (0: never) an op whose
+    # tiles leave SMs idle at the fill factor may take more splits with a short last K slice
+    # (about half the others: uneven_split), queued after every full slice so that two short
+    # ones share an SM. 70B TP8 at B <= 64: GATE_UP's 28 tiles in 4 slices of 32 K steps use 112
+    # of 132 SMs; in 29 + 29 + 29 + 29 + 12 they use 126, at most 29 K steps each (-9% of the
+    # longest weight stream). Built in session 18, CPU-checked, off until timed
+    # (scripts/gpu_next.sh)
+    split_uneven_max_tokens: int = 0
     num_sms: int = 132
     # 128: with the 128-row tiles of the M <= 256 class, auto split-K at B=256 (QKV in 4, O /
     # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session
@@ -303,7 +311,7 @@ class PlanConfig:
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
-                   "norm_fill_max_tokens", "attn_chunk_rows") + tuple(SPLITK_OP_CAPS.values())
+                   "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens") + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
             v = getattr(self, name)
@@ -442,12 +450,47 @@ class PlanConfig:
             if num_tokens <= self.split_fill_max_tokens:
                 if ks[op] % self.splitk_align == 0:
                     ns = max(1, min(self.max_split, chunks, self.num_sms // max(ntiles, 1)))
+                uneven = self.uneven_split(num_tokens, ntiles, ks[op])
+                if uneven:
+                    ns = uneven[0]
             else:
                 while (2 * ns <= self.max_split and ntiles * 2 * ns <= self.num_sms
                        and chunks % (2 * ns) == 0 and ks[op] % self.splitk_align == 0):
                     ns *= 2
             out[op] = ns
         return out
+
+    def uneven_split(self, num_tokens: int, ntiles: int, K: int) -> tuple[int, int] | None:
+        """(nsplit, K chunks of each full slice) of an uneven split (split_uneven_max_tokens) of
+        an op of ntiles output tiles and K columns in a step of num_tokens rows, or None where
+        it does not apply or the fill factor's near-equal slices are as short. Each tile gets
+        nsplit - 1 full slices of c chunks and a last one of at most c / 2, so that the tiles'
+        last slices, two to an SM, fit with the full ones in num_sms:
+        ntiles * (nsplit - 1) + ceil(ntiles / 2) <= num_sms."""
+        if (self.split_k != 0 or K % self.splitk_align
+                or num_tokens > min(self.split_uneven_max_tokens, self.split_fill_max_tokens,
+                                    self.splitk_token_cap())):
+            return None
+        chunks, m = K // self.splitk_align, max(ntiles, 1)
+        fill = max(1, min(self.max_split, chunks, self.num_sms // m))
+        ns = min(self.max_split, chunks, (self.num_sms - (m + 1) // 2) // m + 1)
+        if ns < 2:
+            return None
+        c = -(-2 * chunks // (2 * ns - 1))
+        last = chunks - (ns - 1) * c
+        if last <= 0 or 2 * last > c or c >= -(-chunks // fill):
+            return None
+        return ns, c
+
+    def op_k_slices(self, num_tokens: int, ntiles: int, K: int, nsplit: int) -> np.ndarray:
+        """Bounds [nsplit + 1] of an op's K slices in a step (ntiles: the op's output tiles of
+        the step): uneven_split's where it chose nsplit, else k_slices'."""
+        uneven = self.uneven_split(num_tokens, ntiles, K)
+        if uneven and uneven[0] == nsplit:
+            b = self.splitk_align * uneven[1] * np.arange(nsplit + 1)
+            b[-1] = K
+            return b
+        return self.k_slices(K, nsplit)
 
     def k_slices(self, K: int, nsplit: int) -> np.ndarray:
         """Bounds [nsplit + 1] of the K slices: near-equal multiples of splitk_align (the last
@@ -827,14 +870,15 @@ REDUCE_STAGE_OFFSET = 0.5
 def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bounds, k_word: int,
                sk_ids, stride: int, row0, rows, col0, cols, waits=(), signal=NO_COUNTER,
                scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows=0,
-               fold=False) -> None:
+               fold=False, short_last=False) -> None:
     """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
     tiles (tile-major; the tile's waits, or per split where a wait's counters and targets are
     [m, nsplit] arrays; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
     (waits sk_ids = nsplit, sends the unsplit tile's signal): one, or with reduce_rows > 0 (a
     value, or one per tile) one per slice of at most reduce_rows of the tile's rows, each sending
     that signal. fold: no reduce; every split tile sends the unsplit tile's signal (the
-    instruction that waits on it finishes the tiles: a folded RMSNORM)."""
+    instruction that waits on it finishes the tiles: a folded RMSNORM). short_last: the tiles'
+    last (short) slices are queued after every other split tile (PlanConfig.uneven_split)."""
     if nsplit <= 1:
         _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
               signal=signal, scope=scope, srank=srank, args=args)
@@ -855,6 +899,10 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     _emit(groups, stage, op, rep(block), row0=rep(row0), rows=rep(rows), col0=rep(col0),
           cols=rep(cols), waits=[(rep_wait(c), rep_wait(t)) for c, t in waits],
           signal=rep(signal) if fold else rep(sk_ids), args=split_args)
+    if short_last:
+        order = np.argsort(j == nsplit - 1, kind="stable")
+        last = groups[-1]
+        groups[-1] = _Group(last.words[order], last.stage, last.block[order])
     if fold:
         return
     red_args = sk.reduce_words(op, nsplit, stride, args)
@@ -1198,7 +1246,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                  and nsplit[Op.GATE_UP] == 1 else 1)
     g_slice = np.zeros(n_g, np.int64)
     if gu_slices > 1:
-        d_kb = cfg.k_slices(I_loc, gu_slices)
+        d_kb = cfg.op_k_slices(T, nb * n_d, I_loc, gu_slices)
         g_slice = np.searchsorted(d_kb, g_c0, side="right") - 1
         if (g_c0 + g_w > d_kb[g_slice + 1]).any():
             raise ValueError(f"PlanConfig.down_slice_waits: GATE_UP tiles of {int(g_w.max())} "
@@ -1278,8 +1326,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         sk_ids = C["SK"] + sk_off[op] + b * ntiles[op] + t if ns > 1 else None
         if ns > 1 and op == Op.GATE_UP:
             kw["args"] = {**kw["args"], mm.A_UP_COL: I_loc}
-        _emit_gemm(g, stage, op, b, nsplit=ns, k_bounds=cfg.k_slices(gemm_k[op], ns) if ns > 1
-                   else None, k_word=k_word, sk_ids=sk_ids, stride=T,
+        uneven = ns > 1 and cfg.uneven_split(T, nb * ntiles[op], gemm_k[op]) is not None
+        _emit_gemm(g, stage, op, b, nsplit=ns,
+                   k_bounds=cfg.op_k_slices(T, nb * ntiles[op], gemm_k[op], ns) if ns > 1
+                   else None, k_word=k_word, sk_ids=sk_ids, stride=T, short_last=uneven,
                    reduce_rows=red_h[op][b],
                    fold=(fold_o and op == Op.O_PROJ) or (fold_d and op == Op.DOWN), **kw)
 
@@ -1371,7 +1421,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     # attention, before O_PROJ; no waits, no signal)
     if cfg.l2_prefetch_mib and int(keep.sum()) + len(ss) < cfg.num_sms:
         def slices(op):
-            return (cfg.k_slices(gemm_k[op], nsplit[op]) if nsplit[op] > 1
+            return (cfg.op_k_slices(T, nb * ntiles[op], gemm_k[op], nsplit[op]) if nsplit[op] > 1
                     else np.array([0, gemm_k[op]]))
         # queued with the last block's attention (block_major: the first block's), so that in
         # every policy's order they follow attention that leaves SMs idle and precede O_PROJ

@@ -213,6 +213,13 @@
 #      of 130 / 200 tokens have multi-tile segments; the journal shows ATTENTION's max us and
 #      the path); if it wins, default it (the GPU's tiles are the unchunked instruction's, so
 #      the step's results are the same)
+#   1b. PlanConfig.split_uneven_max_tokens (session 18, CPU-checked, off): GATE_UP at B <= 64
+#      in 29 + 29 + 29 + 29 + 12 K steps instead of 4 x 32 (126 SMs instead of 112; GATE_UP is
+#      31.7 of 107 us per layer at B=1, where the step is 1.02 of the peer): "planab"
+#      MK_PLANAB="uv:split_uneven_max_tokens=64" MK_PLANAB_BATCH=1,16,64
+#      MK_PLANAB_CHECK="--num-sms 12" MK_PLANAB_RACE=1 (with 12 SMs the tiny model's 8 GATE_UP
+#      tiles split 6 + 2 chunks: the check exercises the short slices). Watch the journal's
+#      GATE_UP max us: an SM that claims two full slices would double the phase
 #   2. QKV_ROPE's reduce in row slices above 128 tokens: only QKV splits there now, and its
 #      reduce is 9-10 us per layer on the path at B=256..512: "planab"
 #      MK_PLANAB="rs:splitk_reduce_max_tokens=1024" MK_PLANAB_BATCH=192,256,384,512 (the check

@@ -201,6 +201,62 @@ def test_float32_fill_split_equals_unsplit(gqa, one_thread):
         assert f == [], "\n".join(str(x) for x in f[:5])
 
 
+def test_float32_uneven_split_equals_unsplit(gqa, one_thread):
+    """split_uneven_max_tokens: ops whose tiles leave SMs idle at the fill factor take one more
+    split with a short last K slice (20 SMs: the decode step's 8 GATE_UP tiles in 7 + 7 + 2
+    chunks of 8 columns instead of 8 + 8), the short slices queued after every full one:
+    logits as unsplit in queue and random order, and the verifier accepts the plans at TP 1
+    and 2 (folded reduces included)."""
+    w = gqa(1, torch.float32)
+    vm_steps = mixed_steps(V)
+    base = VM(w, KERNEL, CFG)
+    want = [base.step(b) for b in vm_steps]
+    cfg = split_cfg(0, split_fill_max_tokens=4096, split_uneven_max_tokens=4096, num_sms=20)
+    assert cfg.uneven_split(1, 8, 128) == (3, 7)
+    assert cfg.op_k_slices(1, 8, 128, 3).tolist() == [0, 56, 112, 128]
+    vm = VM(w, KERNEL, cfg)
+    uneven = 0
+    for i, batch in enumerate(vm_steps):
+        got = vm.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+        s = vm.last_plan.instrs.numpy()
+        gu = s[(s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, W_LAYER] == 0)]
+        if (gu[:, mc.A_NSPLIT] == 3).any():
+            uneven += 1
+            k = gu[:, mm.A_K]
+            assert sorted(set(k.tolist())) == [16, 56]
+            # every short slice after every full one
+            assert (np.flatnonzero(k == 16).min() > np.flatnonzero(k == 56).max())
+        err = float((got - want[i]).abs().max() / want[i].abs().max())
+        assert err <= 1e-5, (i, err, vm.last_plan.layout["splitk"])
+    assert uneven, "no uneven split was exercised"
+    for tp in (1, 2):
+        cfg = split_cfg(0, P_CFG, split_fill_max_tokens=4096, split_uneven_max_tokens=4096,
+                        num_sms=20)
+        plans = [plan_step(decode_batch(2), P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg)
+                 for r in range(tp)]
+        f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
+        assert f == [], "\n".join(str(x) for x in f[:5])
+
+
+def test_uneven_split_70b_tp8():
+    """At 70B TP8 up to 64 tokens only GATE_UP splits unevenly: its 28 tiles in 29 + 29 + 29 +
+    29 + 12 K steps (126 SMs, at most 29 K steps each, against 4 x 32 on 112), the slices on
+    the GPU bodies' BK grid; QKV_ROPE / O_PROJ / DOWN keep their factors. Off by default."""
+    assert PlanConfig().split_uneven_max_tokens == 0
+    cfg = PlanConfig(split_k=0, split_uneven_max_tokens=64)
+    for m in (1, 16, 64):
+        plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+        got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
+        assert got == ((10, 13), (64, 2), (28, 5), (64, 2)), got
+        for op, p, kw in _gpu_tile_words(plan, m):
+            if op == Op.GATE_UP:
+                layer0 = p[p[:, W_LAYER] == 0]
+                assert sorted(set(layer0[:, kw].tolist())) == [12 * 64, 29 * 64]
+                assert sorted(set(layer0[:, mc.A_K0].tolist())) == [0, 1856, 3712, 5568, 7424]
+    plan = plan_step(batch_70b(128), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+    assert plan.layout["splitk"]["GATE_UP"] == (56, 2)          # over the fill rule's 64 tokens
+
+
 FOLDS = {"o": {"fold_o_reduce": 1, "fold_down_reduce": 0},
          "down": {"fold_o_reduce": 0, "fold_down_reduce": 1},
          "both": {"fold_o_reduce": 1, "fold_down_reduce": 1}}
