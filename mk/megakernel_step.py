@@ -313,7 +313,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     greedy tokens equal. The small run compute-sanitizer checks
     (`python -m mk.megakernel_step check --layers 2`). split_k: PlanConfig.split_k of both sides
     (1 never; n >= 2 forces n-way split-K tiles + SPLITK_REDUCE in every step within an op's
-    split cap: QKV_ROPE 1024 tokens, GATE_UP 256, O_PROJ / DOWN 128; 0 auto), so the megakernel runs the split plan the interpreter runs. kv_split_min /
+    split cap: QKV_ROPE 1024 tokens, GATE_UP 256, O_PROJ / DOWN 128; 0 auto), so the megakernel
+    runs the split plan the interpreter runs. kv_split_min /
     num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
     further PlanConfig fields (e.g. splitk_qkv_max_tokens; they win over the arguments above),

@@ -227,8 +227,8 @@ class PlanConfig:
     # in session 18: its 10 head tiles per token block are a third of the SMs up to ~512 tokens
     # (40 tiles at B=512 split in 2, 30 at B=384 in 4; from ~850 tokens its tiles fill the SMs
     # and auto split stops): B=384 24.962 -> 23.415 ms (-6.2%), B=512 26.635 -> 25.181 (-5.5%),
-    # B=1024 -0.0% (planab_{nf1024,q1024}_2026-11-30_s18). The SPLITK workspace (max_split x
-    # the largest cap rows of float32) grows to 512 MiB at 70B TP8
+    # B=1024 -0.0% (planab_{nf1024,q1024}_2026-11-30_s18). The SPLITK workspace is sized to
+    # what the factors need (auto_splitk_rows: 1536 rows, 48 MiB at 70B TP8)
     splitk_qkv_max_tokens: int = 1024
     splitk_o_max_tokens: int = 0
     splitk_gate_up_max_tokens: int = 256
@@ -311,7 +311,8 @@ class PlanConfig:
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
-                   "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens") + tuple(SPLITK_OP_CAPS.values())
+                   "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens"
+                   ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
             v = getattr(self, name)
@@ -420,7 +421,7 @@ class PlanConfig:
                     parallel: ParallelConfig) -> int:
         """SPLITK rows: room for the partials of every splittable step (0: never split). Forced
         split_k partials of every row of the largest such step; auto, what its factors need
-        (auto_splitk_rows: 54 MiB at 70B TP8, where max_split x 1024 rows would be 512)."""
+        (auto_splitk_rows: 48 MiB at 70B TP8, where max_split x 1024 rows would be 512)."""
         if self.split_k == 1:
             return 0
         if self.split_k >= 2:
