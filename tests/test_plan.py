@@ -13,7 +13,7 @@ from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.ir import (MAX_WAITS, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS,
                    W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0, Op,
                    SignalScope)
-from mk.plan import POLICIES, PlanConfig, Planner, build_meta, plan_step
+from mk.plan import POLICIES, PlanConfig, Planner, _gemm_k, build_meta, plan_step
 
 MODEL = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8, num_kv_heads=2,
                     head_dim=8, vocab_size=256)
@@ -320,21 +320,29 @@ def test_l2_prefetch_skips_the_early_loaded_columns(split_k):
         PlanConfig(l2_prefetch_o_proj=2)
 
 
+# uneven: split_uneven_max_tokens with 12 SMs and K slices of 8 columns (O_PROJ / GATE_UP's 8
+# tiles in 6 + 2 chunks, DOWN's in 11 + 5); attn_chunk_rows on (its chunks are 32-token tiles,
+# longer than any segment of 8-token blocks: one chunk each, the unchunked words)
+UNEVEN = dict(splitk_align=8, num_sms=12, split_fill_max_tokens=4096,
+              split_uneven_max_tokens=4096, attn_chunk_rows=1, attn_pair=0)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("split_k,l2,spread,pair", [(1, 0, False, 0), (0, 1, False, 0),
-                                                    (0, 0, True, 0), (1, 0, False, 2)])
-def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair):
+@pytest.mark.parametrize("split_k,l2,spread,pair,extra", [
+    (1, 0, False, 0, {}), (0, 1, False, 0, {}), (0, 0, True, 0, {}), (1, 0, False, 2, {}),
+    (0, 0, False, 0, UNEVEN)], ids=["plain", "l2", "spread", "pair", "uneven"])
+def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, extra):
     """Planner's fast path (a batch with the previous plan's structure: only the attention's
     position words change) gives plan_step's stream, targets and metadata bitwise, over a run of
     decode steps that crosses KV-split boundaries, drops and adds sequences and mixes in prefill
     chunks (each of which takes the full plan); spread: decode keys spread over 24 SMs in splits
     of a size that grows with the contexts (kv_split_min); pair: decode units paired
     (attn_pair, the second unit's position words move too; kv_split 64, so that the decodes
-    stay direct for a while)."""
+    stay direct for a while); extra: more PlanConfig fields (uneven split-K slices)."""
     cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "split_k": split_k, "splitk_align": 8,
                         "l2_prefetch_mib": l2,
                         **(dict(kv_split=32, kv_split_min=4, num_sms=24) if spread else {}),
-                        **(dict(kv_split=64, attn_pair=pair) if pair else {})})
+                        **(dict(kv_split=64, attn_pair=pair) if pair else {}), **extra})
     from mk.instructions import attention as at
     spread_sizes = set()
     planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
@@ -344,6 +352,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair):
     pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
     fast_before = 0
     n_pairs = 0
+    uneven_seen = False
     for step in range(40):
         chunks = [SeqChunk([int(rng.integers(1, 200))], n, pages[i]) for i, n in seqs.items()]
         if step in (9, 25):
@@ -352,6 +361,11 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair):
         got = planner.plan(batch)
         want = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
         assert torch.equal(got.instrs, want.instrs), step
+        if extra:
+            ks = _gemm_k(MODEL, ParallelConfig(1, 0))
+            for name, (t, ns) in want.layout["splitk"].items():
+                u = cfg.uneven_split(want.meta.num_tokens, t, ks[Op[name]])
+                uneven_seen |= u is not None and u[0] == ns
         a = want.instrs[want.instrs[:, W_OPCODE] == int(Op.ATTENTION)]
         n_pairs += int((a[:, at.A_MODE] == at.MODE_PAIR).sum())
         spread_sizes.update(set(a[:, at.A_KV0][a[:, at.A_KV0] % cfg.kv_split != 0].tolist()))
@@ -376,6 +390,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair):
     assert planner.fast_plans >= (12 if spread else 20), planner.fast_plans
     assert bool(spread_sizes) == spread, spread_sizes       # splits not at kv_split multiples
     assert (n_pairs > 0) == bool(pair), n_pairs
+    assert uneven_seen == bool(extra)
     slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
     slow.plan(batch)
     slow.plan(batch)
