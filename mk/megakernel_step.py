@@ -12,8 +12,9 @@ The backend owns every buffer of mk.plan.buffer_shapes, allocated once for the c
 activation arena [3, T, H] (HIDDEN, NORMED, SCRATCH), Q, ATTN_OUT, MLP_ACT, ATTN_PARTIAL /
 ATTN_LSE (float32), LAST_NORMED, LOGITS (float32), the K/V cache as one [2, rows, hkv*D]
 tensor (z = 0 K, z = 1 V: the layout both QKV_ROPE's append and the attention TMA read), and the
-split-K workspace SPLITK (float32; only when PlanConfig.split_k != 1: the default plans never
-split, and their megakernel variant is the one without split-K code).
+split-K workspace SPLITK (float32; only when PlanConfig.split_k != 1, as in this backend's
+default auto split, PlanConfig(split_k=0); as many rows as the plans' split factors need,
+mk.plan.auto_splitk_rows; with split_k 1 the megakernel variant has no split-K code).
 
 What it refuses, before anything runs (`unsupported_reasons`, CPU-importable checks):
     TP > 1 (needs mk.comm), weights not bfloat16 on a CUDA device, head_dim != 128, widths that are
