@@ -166,9 +166,12 @@ class PlanConfig:
     # the layer's O_PROJ waits for it (the mixed step of launch/bench.py: 1.38 of the peer in
     # session 18, the worst point). Segments longer than this are cut into chunks of this many
     # rows, rounded up to whole M tiles (the GPU body then runs the same tiles as before: the same
-    # results), queued longest first, each on an SM of its own. Built in session 18 and checked on
-    # the CPU only (off until timed: scripts/gpu_next.sh)
-    attn_chunk_rows: int = 0
+    # results), queued longest first, each on an SM of its own. Segments split over KV
+    # (contexts over kv_split) are not chunked. 16 (one M tile at 8 q heads per KV head):
+    # session 19, 70B TP8, H200 (planab_{base,ch16}_2026-12-01_s19), the mixed step of 256
+    # decodes at ctx 1024 + a 1024-token prompt 61.93 -> 50.98 ms (-17.7%; ATTENTION's longest
+    # instruction 291 -> 65 us), decode B=1 unchanged
+    attn_chunk_rows: int = 16
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
@@ -205,12 +208,15 @@ class PlanConfig:
     # (70B TP8 decode, same GPU, journal on): B=1 8.454 -> 8.345 ms (-1.3%), B=16 -1.2%, B=64
     # -0.1%; in larger steps it lost (B=128 +1.5%, 13 for 8; B=256 +7.3%, 6 for 4), hence 64
     split_fill_max_tokens: int = 64
-    # ... and in steps of at most split_uneven_max_tokens rows of those (0: never) an op whose
-    # tiles leave SMs idle at the fill factor may take more splits with a short last K slice
-    # (about half the others: uneven_split), queued after every full slice so that two short
-    # ones share an SM. 70B TP8 at B <= 64: GATE_UP's 28 tiles in 4 slices of 32 K steps use 112
-    # of 132 SMs; in 29 + 29 + 29 + 29 + 12 they use 126, at most 29 K steps each (-9% of the
-    # longest weight stream). Built in session 18, CPU-checked, off until timed
+    # ... and in steps of at most split_uneven_max_tokens rows (0: never; within the op's split
+    # cap) an op whose tiles leave SMs idle at the even factor (fill or power of two,
+    # even_split) may take more splits with a short last K slice (about half the others:
+    # uneven_split), queued after every full slice so that two short ones share an SM. 70B TP8
+    # at B <= 64: GATE_UP's 28 tiles in 4 slices of 32 K steps use 112 of 132 SMs; in 29 + 29 +
+    # 29 + 29 + 12 they use 126, at most 29 K steps each (-9% of the longest weight stream). At
+    # 1024 tokens QKV_ROPE's 80 head tiles (unsplit: 80 SMs busy, 52 idle) in 86 + 42 K steps
+    # (-33% of its longest tile); at 512 its 40 in 52 + 52 + 24 instead of 2 x 64. Built in
+    # session 18 (<= 64 tokens) and 19 (larger steps), CPU-checked, off until timed
     # (scripts/gpu_next.sh)
     split_uneven_max_tokens: int = 0
     num_sms: int = 132
@@ -248,9 +254,12 @@ class PlanConfig:
     # op (plan_step's reduce_slice_rows makes slices taller past that). Steps of at most 16 tokens
     # are unchanged (a tile of <= 16 rows is one slice). Session 11 (rslice_*_2026-11-30_s11):
     # with the cap at 256, B=128 18.53 -> 16.02 ms (-13.5%), but B=192 +57% and B=256 +65%:
-    # the cap is 128.
+    # the cap was 128. Since session 18 only QKV_ROPE splits above 128 tokens (20 to 40 head
+    # tiles, whose whole-tile reduces were 9-10 us per layer on the path at B=256..512), and
+    # slices there gained (session 19, planab_{base,rs}_2026-12-01_s19, the 478-token check
+    # first): B=256 15.128 -> 14.948 ms (-1.2%), B=384 -1.4%, B=512 -0.7%
     splitk_reduce_rows: int = 16
-    splitk_reduce_max_tokens: int = 128
+    splitk_reduce_max_tokens: int = 1024
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
     # (L2_PREFETCH: O_PROJ's, then the first K columns of each of GATE_UP's K slices), in steps
@@ -447,19 +456,27 @@ class PlanConfig:
             if self.split_k >= 2:
                 out[op] = max(1, min(self.split_k, chunks))
                 continue
-            ns = 1
-            if num_tokens <= self.split_fill_max_tokens:
-                if ks[op] % self.splitk_align == 0:
-                    ns = max(1, min(self.max_split, chunks, self.num_sms // max(ntiles, 1)))
-                uneven = self.uneven_split(num_tokens, ntiles, ks[op])
-                if uneven:
-                    ns = uneven[0]
-            else:
-                while (2 * ns <= self.max_split and ntiles * 2 * ns <= self.num_sms
-                       and chunks % (2 * ns) == 0 and ks[op] % self.splitk_align == 0):
-                    ns *= 2
+            ns = self.even_split(num_tokens, ntiles, ks[op])
+            uneven = self.uneven_split(num_tokens, ntiles, ks[op])
+            if uneven:
+                ns = uneven[0]
             out[op] = ns
         return out
+
+    def even_split(self, num_tokens: int, ntiles: int, K: int) -> int:
+        """Auto split-K's factor of near-equal slices for an op of ntiles output tiles and K
+        columns in a step of num_tokens rows (its token cap not applied): the fill factor in
+        steps of at most split_fill_max_tokens rows, else the largest power of two."""
+        chunks = K // self.splitk_align
+        if K % self.splitk_align:
+            return 1
+        if num_tokens <= self.split_fill_max_tokens:
+            return max(1, min(self.max_split, chunks, self.num_sms // max(ntiles, 1)))
+        ns = 1
+        while (2 * ns <= self.max_split and ntiles * 2 * ns <= self.num_sms
+               and chunks % (2 * ns) == 0):
+            ns *= 2
+        return ns
 
     def uneven_split(self, num_tokens: int, ntiles: int, K: int) -> tuple[int, int] | None:
         """(nsplit, K chunks of each full slice) of an uneven split (split_uneven_max_tokens) of
@@ -469,17 +486,16 @@ class PlanConfig:
         last slices, two to an SM, fit with the full ones in num_sms:
         ntiles * (nsplit - 1) + ceil(ntiles / 2) <= num_sms."""
         if (self.split_k != 0 or K % self.splitk_align
-                or num_tokens > min(self.split_uneven_max_tokens, self.split_fill_max_tokens,
-                                    self.splitk_token_cap())):
+                or num_tokens > min(self.split_uneven_max_tokens, self.splitk_token_cap())):
             return None
         chunks, m = K // self.splitk_align, max(ntiles, 1)
-        fill = max(1, min(self.max_split, chunks, self.num_sms // m))
+        even = self.even_split(num_tokens, ntiles, K)
         ns = min(self.max_split, chunks, (self.num_sms - (m + 1) // 2) // m + 1)
         if ns < 2:
             return None
         c = -(-2 * chunks // (2 * ns - 1))
         last = chunks - (ns - 1) * c
-        if last <= 0 or 2 * last > c or c >= -(-chunks // fill):
+        if last <= 0 or 2 * last > c or c >= -(-chunks // even):
             return None
         return ns, c
 
@@ -1226,9 +1242,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     seg_is_last = seg_k == nseg_s[seg_seq] - 1
     nseg = len(seg_seq)
     split = seg_nsplit > 1
-    # ATTENTION instructions per (segment, group, split): row chunks of long prefill segments
+    # ATTENTION instructions per (segment, group, split): row chunks of long unsplit prefill
+    # segments. A split segment stays whole: its chunks before a split's first key would have no
+    # key at all, and the split's ATTN_REDUCE reads a partial per row from every split (its
+    # splits already spread the segment's keys over as many SMs)
     chunk_h = cfg.attn_chunk_for(qpk)
-    seg_nchunk = (np.maximum(1, -(-seg_rows // chunk_h)) if chunk_h
+    seg_nchunk = (np.where(split, 1, np.maximum(1, -(-seg_rows // chunk_h))) if chunk_h
                   else np.ones(len(seg_seq), np.int64))
     slot_need = np.where(split, seg_rows * seg_nsplit, 0)
     seg_slot = np.zeros(nseg, np.int64)

@@ -201,8 +201,10 @@ def test_float32_fill_split_equals_unsplit(gqa, one_thread):
         assert f == [], "\n".join(str(x) for x in f[:5])
 
 
-def test_float32_uneven_split_equals_unsplit(gqa, one_thread):
-    """split_uneven_max_tokens: ops whose tiles leave SMs idle at the fill factor take one more
+@pytest.mark.parametrize("fill", [4096, 0], ids=["fill", "pow2"])
+def test_float32_uneven_split_equals_unsplit(gqa, one_thread, fill):
+    """split_uneven_max_tokens: ops whose tiles leave SMs idle at the even factor (the fill
+    factor, or with split_fill_max_tokens 0 the power of two of larger steps) take one more
     split with a short last K slice (20 SMs: the decode step's 8 GATE_UP tiles in 7 + 7 + 2
     chunks of 8 columns instead of 8 + 8), the short slices queued after every full one:
     logits as unsplit in queue and random order, and the verifier accepts the plans at TP 1
@@ -211,7 +213,8 @@ def test_float32_uneven_split_equals_unsplit(gqa, one_thread):
     vm_steps = mixed_steps(V)
     base = VM(w, KERNEL, CFG)
     want = [base.step(b) for b in vm_steps]
-    cfg = split_cfg(0, split_fill_max_tokens=4096, split_uneven_max_tokens=4096, num_sms=20)
+    cfg = split_cfg(0, split_fill_max_tokens=fill, split_uneven_max_tokens=4096, num_sms=20)
+    assert cfg.even_split(1, 8, 128) == 2
     assert cfg.uneven_split(1, 8, 128) == (3, 7)
     assert cfg.op_k_slices(1, 8, 128, 3).tolist() == [0, 56, 112, 128]
     vm = VM(w, KERNEL, cfg)
@@ -230,7 +233,7 @@ def test_float32_uneven_split_equals_unsplit(gqa, one_thread):
         assert err <= 1e-5, (i, err, vm.last_plan.layout["splitk"])
     assert uneven, "no uneven split was exercised"
     for tp in (1, 2):
-        cfg = split_cfg(0, P_CFG, split_fill_max_tokens=4096, split_uneven_max_tokens=4096,
+        cfg = split_cfg(0, P_CFG, split_fill_max_tokens=fill, split_uneven_max_tokens=4096,
                         num_sms=20)
         plans = [plan_step(decode_batch(2), P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg)
                  for r in range(tp)]
@@ -254,7 +257,28 @@ def test_uneven_split_70b_tp8():
                 assert sorted(set(layer0[:, kw].tolist())) == [12 * 64, 29 * 64]
                 assert sorted(set(layer0[:, mc.A_K0].tolist())) == [0, 1856, 3712, 5568, 7424]
     plan = plan_step(batch_70b(128), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
-    assert plan.layout["splitk"]["GATE_UP"] == (56, 2)          # over the fill rule's 64 tokens
+    assert plan.layout["splitk"]["GATE_UP"] == (56, 2)          # over the cap's 64 tokens
+
+
+@pytest.mark.parametrize("m,tiles,k_steps", [(512, 40, [52, 52, 24]), (1024, 80, [86, 42])])
+def test_uneven_split_70b_tp8_large_steps(m, tiles, k_steps):
+    """Above the fill rule's 64 tokens the even factor is a power of two: at 1024 tokens
+    QKV_ROPE's 80 head tiles do not split (160 > 132 SMs) and at 512 its 40 split in two; with
+    split_uneven_max_tokens = 1024 they take 86 + 42 and 52 + 52 + 24 K steps, the short slices
+    queued last. The other ops' tiles fill the SMs there and stay whole; 384 tokens (30 tiles
+    x 4 slices of 32) keeps its even split."""
+    cfg = PlanConfig(split_k=0, split_uneven_max_tokens=1024)
+    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+    split = plan.layout["splitk"]
+    assert split["QKV_ROPE"] == (tiles, len(k_steps)), split
+    assert all(split[op][1] == 1 for op in ("O_PROJ", "GATE_UP", "DOWN")), split
+    for op, p, kw in _gpu_tile_words(plan, m):
+        if op == Op.QKV_ROPE:
+            k = p[p[:, W_LAYER] == 0][:, kw] // 64
+            assert sorted(k.tolist()) == sorted(k_steps * tiles)
+            assert np.flatnonzero(k == k_steps[-1]).min() > np.flatnonzero(k != k_steps[-1]).max()
+    plan = plan_step(batch_70b(384), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+    assert plan.layout["splitk"]["QKV_ROPE"] == (30, 4)
 
 
 FOLDS = {"o": {"fold_o_reduce": 1, "fold_down_reduce": 0},
@@ -644,21 +668,31 @@ def test_auto_splitk_workspace_holds_every_step_70b_tp8():
     assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, small)[Buf.SPLITK][0] == 256
 
 
-@pytest.mark.parametrize("m", [16, 64, 128, 256])
+@pytest.mark.parametrize("m", [16, 64, 128, 256, 512])
 def test_default_reduce_slices_70b_tp8(m):
-    """The default PlanConfig cuts a split tile's SPLITK_REDUCE into 16-row slices in steps of at
-    most 128 tokens (on the H200: B=64 -7.3%, B=128 -13.5%; B=192 / 256 lost 57% / 65% with them,
-    so they keep whole-tile reduces): at TP 8 the QKV_ROPE and GATE_UP reduces of a 64-token
-    step come in 4 slices per tile, of a 128-token step in 8 (GATE_UP's in 4: its 56 split tiles
-    of 64 columns would make 448 slices, over two per SM), O_PROJ / DOWN stay whole (their
-    reduces signal peers), a 16-token step is unchanged."""
+    """The default PlanConfig cuts a split tile's SPLITK_REDUCE into 16-row slices (on the H200:
+    B=64 -7.3%, B=128 -13.5%; B=192 / 256 lost 57% / 65% in session 11, when GATE_UP split
+    there too): at TP 8 the QKV_ROPE and GATE_UP reduces of a 64-token step come in 4 slices
+    per tile, of a 128-token step in 8 (GATE_UP's in 4: its 56 split tiles of 64 columns would
+    make 448 slices, over two per SM), O_PROJ / DOWN stay whole (their reduces signal peers), a
+    16-token step is unchanged. Above 128 tokens only QKV_ROPE splits, and since session 19
+    (B=256 / 384 / 512 -1.2% / -1.4% / -0.7%) its reduces are sliced too, taller slices where
+    16 rows would give an op over two reduces per SM."""
     whole = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
-                      PlanConfig(split_k=0, splitk_reduce_rows=0)).instrs.numpy()
+                      PlanConfig(split_k=0, splitk_reduce_rows=0))
     cut = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
-                    PlanConfig(split_k=0)).instrs.numpy()
+                    PlanConfig(split_k=0))
+    nl = LLAMA_70B.num_layers
+    whole, cut = whole.instrs.numpy(), cut.instrs.numpy()
     for op in SPLIT_OPS:
-        nw = int(((whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == op)).sum())
-        nc = int(((cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == op)).sum())
+        sel_w = (whole[:, W_OPCODE] == Op.SPLITK_REDUCE) & (whole[:, sk.A_OP] == op)
+        sel_c = (cut[:, W_OPCODE] == Op.SPLITK_REDUCE) & (cut[:, sk.A_OP] == op)
+        nw, nc = int(sel_w.sum()), int(sel_c.sum())
+        assert cut[sel_c][:, W_ROWS].sum() == whole[sel_w][:, W_ROWS].sum()
+        if m > 128:
+            assert (nc > nw) if op == Op.QKV_ROPE else nc == nw == 0, (op, nw, nc)
+            assert nc <= 2 * PlanConfig().num_sms * nl, (op, nc)
+            continue
         slices = {64: 4, 128: 8 if op == Op.QKV_ROPE else 4}.get(m, 1) \
             if op in (Op.QKV_ROPE, Op.GATE_UP) else 1
         assert nc == slices * nw, (op, nw, nc)

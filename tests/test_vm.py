@@ -375,9 +375,10 @@ def test_paired_decode_attention_changes_nothing(checkpoints, tp):
 def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
     """PlanConfig.attn_chunk_rows: a prefill segment's ATTENTION cut into row chunks of whole M
     tiles (GQA_LLAMA3: 4 q heads per KV head, 32-token tiles), longest chunk first, gives the
-    logits of the unchunked plan in random interleavings, with prompts split over KV (kv_split
-    64: partial slots per chunk and ATTN_REDUCE) and across token blocks (joins); mk.verify finds
-    nothing in the chunked plans (TP 1)."""
+    logits of the unchunked plan in random interleavings, with prompts across token blocks
+    (joins) and prompts split over KV (kv_split 64), which stay unchunked: a chunk of a 130-token
+    prompt's first rows has no key of its second split (session 19: the GPU check failed on
+    such a plan); mk.verify finds nothing in the chunked plans (TP 1)."""
     from mk.instructions import attention as at
     from mk.verify import check
     ck = checkpoints("GQA_LLAMA3")
@@ -391,16 +392,24 @@ def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
     g = torch.Generator().manual_seed(11)
     toks = lambda n: torch.randint(0, GQA_LLAMA3["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
     table = lambda i: list(range(i * 48, (i + 1) * 48))       # noqa: E731
-    steps = [StepBatch([SeqChunk(toks(100), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
-             StepBatch([SeqChunk(toks(1), 100, table(0)), SeqChunk(toks(90), 40, table(1)),
-                        SeqChunk(toks(7), 0, table(2))])]
+    steps = [StepBatch([SeqChunk(toks(60), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
+             StepBatch([SeqChunk(toks(1), 60, table(0)), SeqChunk(toks(90), 40, table(1)),
+                        SeqChunk(toks(7), 0, table(2))]),
+             StepBatch([SeqChunk(toks(130), 0, table(3)), SeqChunk(toks(50), 0, table(2))])]
     for i, batch in enumerate(steps):
         plan = chunked.plan(batch)
         s = plan.instrs.numpy()
         a = s[s[:, W_OPCODE] == int(Op.ATTENTION)]
-        assert a[:, W_ROWS].max() == 32 and (a[:, W_ROWS] > 1).sum() > 4
-        if i == 1:      # sequence 1's 90 rows at 40..130: split over KV, chunked
-            assert (a[:, at.A_MODE] == at.MODE_PARTIAL).any()
+        direct = a[a[:, at.A_MODE] == at.MODE_DIRECT]
+        assert direct[:, W_ROWS].max() <= 32
+        if i != 1:      # the 60-, 40- and 50-token prompts and the 130's first rows: chunked
+            assert (direct[:, W_ROWS] == 32).sum() >= 2
+        if i:           # sequence 1's 90 rows at 40..130, the 130-token prompt: split, whole
+            p = plain.plan(batch).instrs.numpy()
+            p = p[p[:, W_OPCODE] == int(Op.ATTENTION)]
+            part = a[a[:, at.A_MODE] == at.MODE_PARTIAL]
+            assert len(part) and sorted(part[:, W_ROWS].tolist()) == sorted(
+                p[p[:, at.A_MODE] == at.MODE_PARTIAL][:, W_ROWS].tolist())
         if tp == 1:
             assert check([plan.instrs], plan.num_counters, meta=plan.meta) == []
         torch.testing.assert_close(chunked.step(batch, mode="random", sms=5, seed=i),
