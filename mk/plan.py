@@ -216,9 +216,13 @@ class PlanConfig:
     # 29 + 29 + 12 they use 126, at most 29 K steps each (-9% of the longest weight stream). At
     # 1024 tokens QKV_ROPE's 80 head tiles (unsplit: 80 SMs busy, 52 idle) in 86 + 42 K steps
     # (-33% of its longest tile); at 512 its 40 in 52 + 52 + 24 instead of 2 x 64. Built in
-    # session 18 (<= 64 tokens) and 19 (larger steps), CPU-checked, off until timed
-    # (scripts/gpu_next.sh)
+    # session 18 (<= 64 tokens) and 19 (larger steps). Timed at B <= 64 in session 19 (70B TP8,
+    # H200, planab_{base_uv,uv}_2026-12-01_s19; its GPU check at --num-sms 12 passed): B=1 / 16
+    # / 64 +5.8% / +5.4% / +6.5%, GATE_UP's phase per layer 31 -> 37 us (a 29-step slice took
+    # 27 us where a 32-step one took 29.5, and the longest GATE_UP instruction 35 -> 40 us):
+    # off; the larger steps are scripts/gpu_next.sh's
     split_uneven_max_tokens: int = 0
+    split_uneven_min_tokens: int = 0    # ... and of more than this many rows
     num_sms: int = 132
     # 128: with the 128-row tiles of the M <= 256 class, auto split-K at B=256 (QKV in 4, O /
     # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session
@@ -320,7 +324,8 @@ class PlanConfig:
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
-                   "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens"
+                   "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens",
+                   "split_uneven_min_tokens"
                    ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
@@ -486,7 +491,8 @@ class PlanConfig:
         last slices, two to an SM, fit with the full ones in num_sms:
         ntiles * (nsplit - 1) + ceil(ntiles / 2) <= num_sms."""
         if (self.split_k != 0 or K % self.splitk_align
-                or num_tokens > min(self.split_uneven_max_tokens, self.splitk_token_cap())):
+                or num_tokens > min(self.split_uneven_max_tokens, self.splitk_token_cap())
+                or num_tokens <= self.split_uneven_min_tokens):
             return None
         chunks, m = K // self.splitk_align, max(ntiles, 1)
         even = self.even_split(num_tokens, ntiles, K)

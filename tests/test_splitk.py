@@ -279,6 +279,10 @@ def test_uneven_split_70b_tp8_large_steps(m, tiles, k_steps):
             assert np.flatnonzero(k == k_steps[-1]).min() > np.flatnonzero(k != k_steps[-1]).max()
     plan = plan_step(batch_70b(384), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     assert plan.layout["splitk"]["QKV_ROPE"] == (30, 4)
+    # split_uneven_min_tokens: only in steps of more rows
+    low = dataclasses.replace(cfg, split_uneven_min_tokens=m)
+    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, low)
+    assert plan.layout["splitk"]["QKV_ROPE"] == (tiles, {512: 2, 1024: 1}[m])
 
 
 FOLDS = {"o": {"fold_o_reduce": 1, "fold_down_reduce": 0},
