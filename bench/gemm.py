@@ -136,11 +136,14 @@ def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, 
     return serialize(out), (0 if signal_base is None else signal_base + mt)
 
 
-def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0):
-    """Each unsplit GEMM tile of `instrs` -> nsplit split tiles (near-equal K slices, multiples of
-    64, like mk.plan) signalling a new counter ctr0 + i, then (after every split tile of the
-    stream) one SPLITK_REDUCE per tile waiting for it (target nsplit) and sending the unsplit
-    tile's signal. Returns (int32 [n, 32] stream, counters used)."""
+def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0,
+                 k_bounds=None):
+    """Each unsplit GEMM tile of `instrs` -> nsplit split tiles (K slices k_bounds [nsplit + 1],
+    default near-equal multiples of 64, like mk.plan) signalling a new counter ctr0 + i, then
+    (after every split tile of the stream) one SPLITK_REDUCE per tile waiting for it (target
+    nsplit) and sending the unsplit tile's signal. Uneven slices (a short last one, the
+    planner's uneven_split) queue every tile's last slice after all the others, as mk.plan
+    does. Returns (int32 [n, 32] stream, counters used)."""
     import mk.instructions._common as mc
     from mk.instructions import matmul as mm
     from mk.instructions import splitk as sk
@@ -151,7 +154,8 @@ def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_c
         kw = qk.A_K if u.opcode == int(Op.QKV_ROPE) else mm.A_K
         K = u.args[kw - ARG0]
         assert K // 64 >= nsplit, (K, nsplit)
-        b = [int(v) for v in PlanConfig().k_slices(K, nsplit)]      # the planner's K slices
+        b = [int(v) for v in (PlanConfig().k_slices(K, nsplit) if k_bounds is None
+                              else k_bounds)]                    # the planner's K slices
         for j in range(nsplit):
             args = list(u.args)
             args[kw - ARG0] = b[j + 1] - b[j]
@@ -172,6 +176,11 @@ def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_c
         reduces.append(Instruction(int(Op.SPLITK_REDUCE), layer=u.layer, row0=u.row0, rows=u.rows,
                                    col0=u.col0, cols=u.cols, waits=[(ctr0 + i, nsplit)],
                                    signal=u.signal, signal_count=u.signal_count, args=args))
+    widths = [int(k_bounds[j + 1] - k_bounds[j]) for j in range(nsplit)] if k_bounds is not None \
+        else []
+    if widths and len(set(widths[:-1])) == 1 and widths[-1] < widths[0]:
+        splits = ([s for i, s in enumerate(splits) if i % nsplit != nsplit - 1]
+                  + splits[nsplit - 1::nsplit])
     return serialize(splits + reduces), ctr0 + len(reduces)
 
 
@@ -201,7 +210,10 @@ def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=N
     K, N, NO, _, _ = SHAPES[op]
     up = N // 2 if op == "GATE_UP" else 0
     width = 2 * up if op == "GATE_UP" else (QKV if op == "QKV_ROPE" else NO)
-    stream, _ = split_stream(instrs, ns, T, nctr, up)
+    from mk.plan import PlanConfig
+    cfg = PlanConfig(split_k=0, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    stream, _ = split_stream(instrs, ns, T, nctr, up,
+                             cfg.op_k_slices(m, int(instrs.shape[0]), K, ns))
     sk = torch.full((ns * T, width), POISON, dtype=torch.float32, device="cuda")
     return stream, ns, sk
 

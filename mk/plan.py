@@ -208,21 +208,22 @@ class PlanConfig:
     # (70B TP8 decode, same GPU, journal on): B=1 8.454 -> 8.345 ms (-1.3%), B=16 -1.2%, B=64
     # -0.1%; in larger steps it lost (B=128 +1.5%, 13 for 8; B=256 +7.3%, 6 for 4), hence 64
     split_fill_max_tokens: int = 64
-    # ... and in steps of at most split_uneven_max_tokens rows (0: never; within the op's split
-    # cap) an op whose tiles leave SMs idle at the even factor (fill or power of two,
-    # even_split) may take more splits with a short last K slice (about half the others:
-    # uneven_split), queued after every full slice so that two short ones share an SM. 70B TP8
-    # at B <= 64: GATE_UP's 28 tiles in 4 slices of 32 K steps use 112 of 132 SMs; in 29 + 29 +
-    # 29 + 29 + 12 they use 126, at most 29 K steps each (-9% of the longest weight stream). At
-    # 1024 tokens QKV_ROPE's 80 head tiles (unsplit: 80 SMs busy, 52 idle) in 86 + 42 K steps
-    # (-33% of its longest tile); at 512 its 40 in 52 + 52 + 24 instead of 2 x 64. Built in
-    # session 18 (<= 64 tokens) and 19 (larger steps). Timed at B <= 64 in session 19 (70B TP8,
-    # H200, planab_{base_uv,uv}_2026-12-01_s19; its GPU check at --num-sms 12 passed): B=1 / 16
-    # / 64 +5.8% / +5.4% / +6.5%, GATE_UP's phase per layer 31 -> 37 us (a 29-step slice took
-    # 27 us where a 32-step one took 29.5, and the longest GATE_UP instruction 35 -> 40 us):
-    # off; the larger steps are scripts/gpu_next.sh's
-    split_uneven_max_tokens: int = 0
-    split_uneven_min_tokens: int = 0    # ... and of more than this many rows
+    # ... and in steps of more than split_uneven_min_tokens and at most split_uneven_max_tokens
+    # rows (within the op's split cap; max 0: never) an op whose tiles leave SMs idle at the
+    # even factor (fill or power of two, even_split) takes more splits with a short last K
+    # slice (about half the others: uneven_split), queued after every full slice so that two
+    # short ones share an SM. At 70B TP8 only QKV_ROPE there: at 1024 tokens its 80 head tiles
+    # (unsplit: 80 SMs busy, 52 idle) in 86 + 42 K steps, at 512 its 40 in 52 + 52 + 24 instead
+    # of 2 x 64. Session 19, H200, journal on (planab_{base_uv1k,uv1k,base_uvm,uvm}_2026-12-01_s19;
+    # the 478-token check at --num-sms 48, where the tiny model's QKV splits 6 + 2 chunks, and
+    # racecheck passed): B=1024 47.998 -> 46.830 ms (-2.4%; QKV_ROPE on the path 69.5 -> 42.9 us
+    # per layer + a 13.0 us reduce), B=512 -0.9%, but B=256 +3.5% (its 20 tiles in 7 slices
+    # instead of 4: SPLITK_REDUCE on the path 7.8 -> 11.2 us) and at B <= 64 (session 18's
+    # rule, GATE_UP's 28 tiles in 29 + 29 + 29 + 29 + 12 K steps) B=1 / 16 / 64 +5.8% / +5.4% /
+    # +6.5% (a 29-step slice ran 27.0 us where a 32-step one ran 29.5: at these sizes the fixed
+    # cost per instruction is most of a slice), hence 256 < tokens <= 1024
+    split_uneven_max_tokens: int = 1024
+    split_uneven_min_tokens: int = 256
     num_sms: int = 132
     # 128: with the 128-row tiles of the M <= 256 class, auto split-K at B=256 (QKV in 4, O /
     # GATE_UP / DOWN in 2) made the 70B TP8 decode step 3.7% slower than no split (H200, session

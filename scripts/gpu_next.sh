@@ -193,54 +193,28 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 18
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 19
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
 # on m128n128 at 65..256 tokens, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
-# split-K up to 1024 tokens; all GPU-checked but the SPLITK workspace sizing of 14ea28c; always
-# set MK_COMMIT: the device's copy carries an older .git, and without it the bench JSONs record
-# <old>-dirty):
-#   0. "verify" at the newest commit with MK_VERIFY_EXTRA="tests/test_splitk_gpu.py" and, on the
-#      other GPU, the 478-token check and its racecheck ("planab" MK_PLANAB="d:"
-#      MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" MK_PLANAB_RACE=1 MK_PLANAB_BATCH=512):
-#      the SPLITK workspace is now sized to what auto split-K needs (1536 rows at 70B TP8, was
-#      max_split x the cap) and has not run on the GPU
-#   1. the mixed step (1.38 of the peer, the worst point): its 1024-token prefill's last token
-#      block is one ATTENTION instruction of 8 M tiles x up to 16 key blocks on one SM (~8x the
-#      longest decode unit) per layer. PlanConfig.attn_chunk_rows (session 18, CPU-checked, off)
-#      cuts such segments into chunks of whole M tiles, longest first: "planab"
-#      MK_PLANAB="ch16:attn_chunk_rows=16" MK_PLANAB_MIXED=256:1024:1024 MK_PLANAB_BATCH=1
-#      MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" MK_PLANAB_RACE=1 (the check's prompts
-#      of 130 / 200 tokens have multi-tile segments; the journal shows ATTENTION's max us and
-#      the path); if it wins, default it (the GPU's tiles are the unchunked instruction's, so
-#      the step's results are the same)
-#   1b. PlanConfig.split_uneven_max_tokens (session 18, CPU-checked, off): GATE_UP at B <= 64
-#      in 29 + 29 + 29 + 29 + 12 K steps instead of 4 x 32 (126 SMs instead of 112; GATE_UP is
-#      31.7 of 107 us per layer at B=1, where the step is 1.02 of the peer): "planab"
-#      MK_PLANAB="uv:split_uneven_max_tokens=64" MK_PLANAB_BATCH=1,16,64
-#      MK_PLANAB_CHECK="--num-sms 12" MK_PLANAB_RACE=1 (with 12 SMs the tiny model's 8 GATE_UP
-#      tiles split 6 + 2 chunks: the check exercises the short slices). Watch the journal's
-#      GATE_UP max us: an SM that claims two full slices would double the phase
-#   2. QKV_ROPE's reduce in row slices above 128 tokens: only QKV splits there now, and its
-#      reduce is 9-10 us per layer on the path at B=256..512: "planab"
-#      MK_PLANAB="rs:splitk_reduce_max_tokens=1024" MK_PLANAB_BATCH=192,256,384,512 (the check
-#      with MK_PLANAB_CHECK="--prompt-lens 1,13,64,130,200,70" first; slices lost at B >= 192 in
-#      session 11 when GATE_UP split there too)
-#   3. B=64 (1.15): "sp2:kv_spread_min_splits=2" cut ATTENTION on the path 27.4 -> 20.9 us per
-#      layer but its ATTN_REDUCE hop added 5.3 (+1.8% in all). A cheaper combine (folded into
-#      O_PROJ's A operand, or run by the last split to finish) is kernel work; B=1's ATTN_REDUCE
-#      is 5.7 of 107 us per layer too
-#   4. "planab" MK_PLANAB="od1k:|MK_TILES=O_PROJ@1024=m128n128,DOWN@1024=m128n128"
-#      MK_PLANAB_BATCH=384,512: at B=384 DOWN runs 96 m128n256 tiles of ~50 us on 132 SMs
-#      (the 256 class's change was -13.2%); the check first (478 tokens: this class)
-#   5. LM_HEAD on m128n128 at 65..256 tokens (issue 5's table: m64n128 at M=256 is 1.57 of
-#      cuBLAS + epilogue, 191 us once per step; session 3 measured 205 -> 140 us with m128n128):
-#      "planab" MK_PLANAB="lm:|MK_TILES=LM_HEAD@256=m128n128" MK_PLANAB_BATCH=128,256 with its
-#      check (the planner keeps LM row tiles within the smaller class's BM: a 250-token step of
-#      51 sequences gets 64-row tiles on the m128n128 body, which its predicate allows; checked
-#      on the CPU in session 18), then tests/test_gemm_gpu.py's LM_HEAD M=200 with it
-#   6. "gemm" after any tile change (session 18's table: every op but QKV 1.01-1.10 at M >= 1024)
-#   7. "pairwarp" (memcheck + repeat timing); down_slice_waits (built, off) has nothing to act on
-#      in today's plans: DOWN does not split above 128 tokens (m128n128 fills the SMs at B=256)
+# split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
+# tokens, prefill ATTENTION in 16-token row chunks; all GPU-checked; always set MK_COMMIT: the
+# device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
+#   0. "e2e" at B=512,1024 (MK_E2E_BATCH; the table's points predate the uneven split default)
+#      and "gemm" (issue 5's table: QKV_ROPE M=1024 now splits 86 + 42 as the step does)
+#   1. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
+#      (+0.8%) (planab_od1k_2026-12-01_s19): a token cap inside the class (a tile override by
+#      tokens) would take the 384 gain only
+#   2. B=64 / 256 (1.15): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2" cut
+#      ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a combine
+#      by the last split to finish (an arrival counter per segment) is kernel work
+#   3. "planab" MK_PLANAB="lm:|MK_TILES=LM_HEAD@256=m128n128" MK_PLANAB_BATCH=128,256 with its
+#      check, then tests/test_gemm_gpu.py's LM_HEAD M=200 with it (issue 5: m64n128 at M=256 is
+#      1.57 of cuBLAS + epilogue)
+#   4. B=1024 (1.12): the SMs are busy 95% of the step (journal), so the gap is per instruction:
+#      O_PROJ's K = 1024 tile 17.4 us against 12.8 at cuBLAS's per-SM rate, QKV_ROPE's
+#      m128n128 64.9 against 51, DOWN 49.7 against 45 (GATE_UP at cuBLAS's rate): the epilogue
+#      of one tile overlapping the next tile's mainloop (session 5's attempt deadlocked)
+#   5. "pairwarp" (memcheck + repeat timing)
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).

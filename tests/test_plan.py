@@ -324,7 +324,8 @@ def test_l2_prefetch_skips_the_early_loaded_columns(split_k):
 # tiles in 6 + 2 chunks, DOWN's in 11 + 5); attn_chunk_rows on (its chunks are 32-token tiles,
 # longer than any segment of 8-token blocks: one chunk each, the unchunked words)
 UNEVEN = dict(splitk_align=8, num_sms=12, split_fill_max_tokens=4096,
-              split_uneven_max_tokens=4096, attn_chunk_rows=1, attn_pair=0)
+              split_uneven_max_tokens=4096, split_uneven_min_tokens=0, attn_chunk_rows=1,
+              attn_pair=0)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -213,7 +213,8 @@ def test_float32_uneven_split_equals_unsplit(gqa, one_thread, fill):
     vm_steps = mixed_steps(V)
     base = VM(w, KERNEL, CFG)
     want = [base.step(b) for b in vm_steps]
-    cfg = split_cfg(0, split_fill_max_tokens=fill, split_uneven_max_tokens=4096, num_sms=20)
+    cfg = split_cfg(0, split_fill_max_tokens=fill, split_uneven_max_tokens=4096,
+                    split_uneven_min_tokens=0, num_sms=20)
     assert cfg.even_split(1, 8, 128) == 2
     assert cfg.uneven_split(1, 8, 128) == (3, 7)
     assert cfg.op_k_slices(1, 8, 128, 3).tolist() == [0, 56, 112, 128]
@@ -234,7 +235,7 @@ def test_float32_uneven_split_equals_unsplit(gqa, one_thread, fill):
     assert uneven, "no uneven split was exercised"
     for tp in (1, 2):
         cfg = split_cfg(0, P_CFG, split_fill_max_tokens=fill, split_uneven_max_tokens=4096,
-                        num_sms=20)
+                        split_uneven_min_tokens=0, num_sms=20)
         plans = [plan_step(decode_batch(2), P_MODEL, ParallelConfig(tp, r), P_KERNEL, cfg)
                  for r in range(tp)]
         f = check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta)
@@ -245,8 +246,7 @@ def test_uneven_split_70b_tp8():
     """At 70B TP8 up to 64 tokens only GATE_UP splits unevenly: its 28 tiles in 29 + 29 + 29 +
     29 + 12 K steps (126 SMs, at most 29 K steps each, against 4 x 32 on 112), the slices on
     the GPU bodies' BK grid; QKV_ROPE / O_PROJ / DOWN keep their factors. Off by default."""
-    assert PlanConfig().split_uneven_max_tokens == 0
-    cfg = PlanConfig(split_k=0, split_uneven_max_tokens=64)
+    cfg = PlanConfig(split_k=0, split_uneven_max_tokens=64, split_uneven_min_tokens=0)
     for m in (1, 16, 64):
         plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
         got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
@@ -267,7 +267,8 @@ def test_uneven_split_70b_tp8_large_steps(m, tiles, k_steps):
     split_uneven_max_tokens = 1024 they take 86 + 42 and 52 + 52 + 24 K steps, the short slices
     queued last. The other ops' tiles fill the SMs there and stay whole; 384 tokens (30 tiles
     x 4 slices of 32) keeps its even split."""
-    cfg = PlanConfig(split_k=0, split_uneven_max_tokens=1024)
+    cfg = PlanConfig(split_k=0)
+    assert (cfg.split_uneven_min_tokens, cfg.split_uneven_max_tokens) == (256, 1024)
     plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
     split = plan.layout["splitk"]
     assert split["QKV_ROPE"] == (tiles, len(k_steps)), split
@@ -614,11 +615,12 @@ AUTO_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
             # GATE_UP: -15.8% at B=256 on the H200, session 9); GATE_UP's 112 64-column tiles
             # (session 16) are too many to split on 132 SMs
             256: ((20, 4), (128, 1), (112, 1), (128, 1)),
-            # QKV_ROPE's own cap is 1024 (session 18): 30 / 40 head tiles split in 4 / 2; at
-            # 1024 tokens its 80 tiles no longer split (160 > 132 SMs)
+            # QKV_ROPE's own cap is 1024 (session 18): 30 head tiles split in 4; above 256
+            # tokens uneven slices (session 19): 40 tiles in 52 + 52 + 24 K steps (2 x 64
+            # before), at 1024 tokens 80 in 86 + 42 (unsplit before: 160 > 132 SMs)
             384: ((30, 4), (96, 1), (84, 1), (96, 1)),
-            512: ((40, 2), (128, 1), (112, 1), (128, 1)),
-            1024: ((80, 1), (256, 1), (224, 1), (256, 1))}
+            512: ((40, 3), (128, 1), (112, 1), (128, 1)),
+            1024: ((80, 2), (256, 1), (224, 1), (256, 1))}
 
 
 def _gpu_tile_words(plan, m):
@@ -650,8 +652,8 @@ def test_auto_split_70b_tp8(m):
                                         p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw], k0=bad)
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
-    # what auto split needs at most: 384 tokens, QKV_ROPE's 30 tiles in 4 (48 MiB of float32)
-    assert shapes[Buf.SPLITK] == (4 * 384, 8192)
+    # what auto split needs at most: 1024 tokens, QKV_ROPE's 80 tiles in 2 (64 MiB of float32)
+    assert shapes[Buf.SPLITK] == (2 * 1024, 8192)
 
 
 def test_auto_splitk_workspace_holds_every_step_70b_tp8():
@@ -665,7 +667,8 @@ def test_auto_splitk_workspace_holds_every_step_70b_tp8():
     for m in sorted(set(range(1, 1025, 23)) | {64, 65, 128, 129, 256, 257, 383, 384, 512, 1024}):
         plan = plan_step(batch_70b(m), model, ParallelConfig(8, 0), KERNEL_70B, cfg)
         need[m] = max(ns for _, ns in plan.layout["splitk"].values()) * m
-    assert max(need.values()) == rows == need[384]
+    # QKV_ROPE's 80 tiles at 1024 tokens in 2 uneven slices: 2048 rows (64 MiB)
+    assert max(need.values()) == rows == need[1024] == 2048
     assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B,
                          PlanConfig(split_k=4))[Buf.SPLITK][0] == 4 * 1024
     small = PlanConfig(split_k=2, splitk_qkv_max_tokens=0, splitk_gate_up_max_tokens=0)
@@ -835,7 +838,9 @@ def test_qkv_gate_up_caps_over_256_keep_the_gpu_predicate(m):
     --split-k 0 --prompt-lens ...` over 256 tokens): the M <= 512 class's split tiles keep the GPU
     bodies' predicate. Auto splits QKV_ROPE alone there (GATE_UP has too many tiles to split
     within num_sms), so the measured gain is QKV's."""
-    caps = dict(NO_OP_CAPS, splitk_qkv_max_tokens=512, splitk_gate_up_max_tokens=512)
+    # (uneven slices off: with GATE_UP's cap at 512 they would split its 84 tiles at 384)
+    caps = dict(NO_OP_CAPS, splitk_qkv_max_tokens=512, splitk_gate_up_max_tokens=512,
+                split_uneven_max_tokens=0)
     plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
                      PlanConfig(split_k=0, **caps))
     split = {op.name: plan.layout["splitk"][op.name] for op in SPLIT_OPS}
@@ -868,19 +873,28 @@ def test_gemm_bench_splits_as_the_planner():
             ns = bg.nsplit_for(op, m, nt, "auto", sms=132)
             assert bg.nsplit_for(op, m, nt, "none", sms=132) == 1
             if op == "LM_HEAD" or m >= 1024:
-                assert ns == 1, (op, m, ns)
-                continue
+                # QKV_ROPE's 80 head tiles at 1024 in two uneven slices (session 19)
+                assert ns == (2 if (op, m) == ("QKV_ROPE", 1024) else 1), (op, m, ns)
+                if ns == 1:
+                    continue
             if m == 64:
                 assert ns >= 2 and nt * ns <= 132, (op, m, nt, ns)
             if ns < 2:
                 continue
-            stream, used = bg.split_stream(instrs, ns, m + 64, nctr, N // 2 if op == "GATE_UP" else 0)
+            kb = PlanConfig(split_k=0, num_sms=132).op_k_slices(m, nt, K, ns)
+            stream, used = bg.split_stream(instrs, ns, m + 64, nctr,
+                                           N // 2 if op == "GATE_UP" else 0, kb)
             rows = deserialize(stream)
             assert len(rows) == nt * (ns + 1) and used == nctr + nt
             units = deserialize(instrs)
             kw = (bg.qk.A_K if op == "QKV_ROPE" else mm.A_K) - ARG0
+            widths = [p.args[kw] for p in rows[:nt * ns]]
+            if (op, m) == ("QKV_ROPE", 1024):       # 86 + 42 K steps, the short ones last
+                assert widths == [86 * 64] * nt + [42 * 64] * nt
             for i, u in enumerate(units):
-                parts = rows[i * ns:(i + 1) * ns]
+                parts = sorted((p for p in rows[:nt * ns] if p.signal == nctr + i),
+                               key=lambda p: p.args[mc.A_K0 - ARG0])
+                assert len(parts) == ns
                 k0s = [p.args[mc.A_K0 - ARG0] for p in parts]
                 ks = [p.args[kw] for p in parts]
                 assert k0s[0] == 0 and all(a + k == b for a, k, b in zip(k0s, ks, k0s[1:] + [K]))
