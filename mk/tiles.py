@@ -7,9 +7,10 @@ same table (`step_tiles`), and `gemm_tile_error` is the tile predicate mk.megake
 applies before a launch (tests apply it to default plans on the CPU).
 
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64; a B page is 128 weight
-rows (see _gemm_kernel.py's docstring for the wgmma modes "M", "N", "PAGE"). GATE_UP tiles load
-the gate and the up rows of the same output columns: 128 in two B pages (bn = 128), or 64 in one
-(gu_m128n64: 64 gate rows then 64 up rows, bn = 64).
+rows, or 112 for the gu_m128n112 / gu_m128n56 tiles (see _gemm_kernel.py's docstring for the
+wgmma modes "M", "N", "PAGE"). GATE_UP tiles load the gate and the up rows of the same output
+columns: 128 (112) in two B pages (bn = 128 / 112), or 64 (56) in one (gu_m128n64: 64 gate rows
+then 64 up rows, bn = 64).
 
 M class: M = the step's token rows (the megakernel compiles one variant per class and picks it from
 the step's token count, `Megakernel(gemm_m=...)`); LM_HEAD's rows are sequences, and its M may be
@@ -41,14 +42,18 @@ class TileShape:
     wn: int             # wgmma N per chain: 64 or 128
     wg: str             # "M", "N" or "PAGE"
     gate_up: bool = False   # B pages are (gate, up) of the same output columns
+    # weight rows per B page: 128, or 112 for the gate/up tiles of 112 / 56 output columns
+    # (GATE_UP's 3584 columns per rank at 70B TP8 in 32 / 64 tiles per token block where 128 /
+    # 64 columns make 28 / 56: 128 tiles for 132 SMs at B=512 / 256 instead of 112)
+    b_rows: int = B_ROWS
 
     @property
     def bn(self) -> int:
-        """Output columns of a tile (gate_up: NB = 2 pages hold the gate and the up rows of 128
-        columns, NB = 1 page the gate and the up rows of 64 columns, 64 rows each)."""
+        """Output columns of a tile (gate_up: NB = 2 pages hold the gate and the up rows of
+        b_rows columns, NB = 1 page the gate and the up rows of b_rows / 2 columns)."""
         if self.gate_up:
-            return B_ROWS * self.nb // 2
-        return B_ROWS * self.nb
+            return self.b_rows * self.nb // 2
+        return self.b_rows * self.nb
 
 
 # name -> shape; the table below picks one per (opcode, M class)
@@ -61,6 +66,10 @@ TILE_SHAPES = {
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
     # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128
     "gu_m128n64": TileShape("gu_m128n64", 128, 1, 128, "M", gate_up=True),
+    # 112-row B pages (wgmma N = 112): gu_m128's and gu_m128n64's shapes for 112 / 56 output
+    # columns (built in session 19, compile-checked; A/B candidates for the 1024 / 256 classes)
+    "gu_m128n112": TileShape("gu_m128n112", 128, 2, 112, "M", gate_up=True, b_rows=112),
+    "gu_m128n56": TileShape("gu_m128n56", 128, 1, 112, "M", gate_up=True, b_rows=112),
 }
 
 # Shape classes: M (token rows of the step, or sequences for LM_HEAD) -> tile per opcode.

@@ -180,6 +180,9 @@
 #          first step (the 1024 class), a memcheck; then decode MK_GU_BATCH (128,192,512,1024) as
 #          it is and with it, no journal: gutiles.log, gutiles_{off,on}.json (~9 min;
 #          MK_GU_NOCHECK=1: the timings only, for a tile whose checks passed before)
+#          MK_GU_TILES: the whole MK_TILES value instead (a tile per class, e.g. session 19's
+#          "GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"), MK_GU_TESTS: the tile's GPU tests
+#          (default the two-page gate/up tests)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -201,6 +204,13 @@
 # device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
 #   0. "e2e" at B=512,1024 (MK_E2E_BATCH; the table's points predate the uneven split default)
 #      and "gemm" (issue 5's table: QKV_ROPE M=1024 now splits 86 + 42 as the step does)
+#   0b. GATE_UP on 112-row B pages (session 19, compile-checked only: wgmma N = 112; 64 / 32
+#      tiles per token block where the table's tiles make 56 / 28: 128 tiles for 132 SMs at
+#      B=256 / 512 instead of 112, and B=128's split tiles 64 x 2): "gutiles"
+#      MK_GU_TILES="GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"
+#      MK_GU_TESTS="tests/test_gemm_gpu.py::test_112_row_gate_up_tiles_match_torch_face"
+#      MK_GU_BATCH=128,256,512,1024 (~9 min: a GPU of its own). Watch GATE_UP's per-tile time in
+#      the journal (each tile does 7/8 of the work; the L2 traffic per flop is ~4% higher)
 #   1. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
 #      (+0.8%) (planab_od1k_2026-12-01_s19): a token cap inside the class (a tile override by
 #      tokens) would take the 384 gain only
@@ -597,8 +607,10 @@ if has fill; then
 fi
 if has gutiles; then
   GU=""; for c in ${MK_GU_CLASSES:-256 1024}; do GU="$GU${GU:+,}GATE_UP@$c=${MK_GU_TILE:-gu_m128}"; done
+  GU=${MK_GU_TILES:-$GU}      # the whole MK_TILES value (a tile per class)
   [ "${MK_GU_NOCHECK:-0}" = 1 ] || ( export MK_TILES=$GU; echo "== MK_TILES=$GU"
-    checks tests/test_splitk_gpu.py tests/test_gemm_gpu.py::test_two_page_gate_up_tile_at_256_matches_torch_face
+    checks tests/test_splitk_gpu.py \
+        ${MK_GU_TESTS:-tests/test_gemm_gpu.py::test_two_page_gate_up_tile_at_256_matches_torch_face}
     echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
     timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
         --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300

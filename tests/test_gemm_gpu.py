@@ -117,30 +117,50 @@ def test_rows_and_gemm_in_one_megakernel():
     assert ((ga_ - ref).norm() / ref.norm()).item() < 1e-2
 
 
-TWO_PAGE_GATE_UP = r'''
+GATE_UP_TILE_CASE = r'''
 import json, sys
 sys.path.insert(0, {root!r})
-from bench.gemm import check_case
+import bench.gemm as bg
 from mk import tiles
 from mk.ir import Op
-assert tiles.tile_name(Op.GATE_UP, {m}) == "gu_m128"
-print(json.dumps(check_case("GATE_UP", {m}, seed={m})))
+assert tiles.tile_name(Op.GATE_UP, {m}) == {tile!r}
+bg.SPLIT_K = {split!r}
+print(json.dumps(bg.check_case("GATE_UP", {m}, seed={m})))
 '''
 
 
-@pytest.mark.parametrize("m", [200, 256])
-def test_two_page_gate_up_tile_at_256_matches_torch_face(m):
-    """gu_m128 in the M <= 256 class (the table's tile there until session 16, kept for A/Bs as
-    MK_TILES=GATE_UP@256=gu_m128, read at import, so in a subprocess; the rows tail at 200) against
-    GATE_UP's torch face, output poisoned outside the tile rows."""
+def _gate_up_tile_case(tile: str, cls: str, m: int, split: str = "auto") -> dict:
+    """bench.gemm.check_case of GATE_UP at M = m with MK_TILES=GATE_UP@cls=tile (read at import:
+    a subprocess), output poisoned outside the tile rows; split: bench.gemm's --split-k."""
     import json
     import os
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TILES="GATE_UP@256=gu_m128")
-    r = subprocess.run([sys.executable, "-c", TWO_PAGE_GATE_UP.format(root=root, m=m)], env=env,
-                       cwd=root, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, MK_TILES=f"GATE_UP@{cls}={tile}")
+    script = GATE_UP_TILE_CASE.format(root=root, m=m, tile=tile, split=split)
+    r = subprocess.run([sys.executable, "-c", script],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("m", [200, 256])
+def test_two_page_gate_up_tile_at_256_matches_torch_face(m):
+    """gu_m128 in the M <= 256 class (the table's tile there until session 16, kept for A/Bs as
+    MK_TILES=GATE_UP@256=gu_m128; the rows tail at 200) against GATE_UP's torch face."""
+    res = _gate_up_tile_case("gu_m128", "256", m)
     assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], res
+
+
+@pytest.mark.parametrize("tile,cls,m", [("gu_m128n56", "256", 200), ("gu_m128n56", "256", 128),
+                                        ("gu_m128n112", "1024", 512), ("gu_m128n112", "1024", 300)])
+def test_112_row_gate_up_tiles_match_torch_face(tile, cls, m):
+    """The 112-row B page gate/up tiles (session 19: 56 / 112 output columns, wgmma N = 112, 64 /
+    32 tiles per token block at 70B TP8 where gu_m128n64 / gu_m128 make 56 / 28; A/B candidates
+    via MK_TILES) against GATE_UP's torch face, whole tiles and split along K as the planner
+    splits (M=128: 64 tiles x 2)."""
+    for split in ("none", "auto"):
+        res = _gate_up_tile_case(tile, cls, m, split)
+        assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
+            (split, res)

@@ -554,6 +554,32 @@ def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
     assert_clean(ptxas_report(ptx, str(tmp_path / "m64")))
 
 
+@pytest.mark.parametrize("cls,tile", [(256, "gu_m128n56"), (1024, "gu_m128n112")])
+def test_112_row_gate_up_tiles_compile_in_the_step_variant(tmp_path, cls, tile):
+    """GATE_UP on the 112-row B page tiles (session 19's A/B candidates, MK_TILES): the all-opcode
+    variant of their class compiles with them and their split-K partial stores, 0 spills, no
+    call. In a process of its own (the table is read at import)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import _compile_gate, mk.megakernel as M\n"
+        "slots = M.class_slots(%d)\n"
+        "assert %r in {s.tile for s in slots}, slots\n"
+        "comp = M.compile_fake(gemm=slots, attn_page_size=16, gather=True, splitk=True)\n"
+        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT,
+                                                           cls, tile)
+    out = tmp_path / f"{tile}.ptx"
+    env = dict(os.environ, MK_TILES=f"GATE_UP@{cls}={tile}")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = out.read_text()
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n112k16", ptx)
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / tile)))
+
+
 # ------------------------------------------------------------------------------------ L2 prefetch
 def test_l2_prefetch_variant_compiles_without_spills(tmp_path):
     """Megakernel(l2_prefetch=True): the loader's L2_PREFETCH body (bulk L2 prefetches over the

@@ -903,3 +903,28 @@ def test_gemm_bench_splits_as_the_planner():
                 red = rows[nt * ns + i]
                 assert red.opcode == int(Op.SPLITK_REDUCE)
                 assert list(red.waits) == [(nctr + i, ns)] and red.signal == u.signal
+
+
+@pytest.mark.parametrize("split_k", [1, 0], ids=["never", "auto"])
+def test_float32_112_row_gate_up_tiles_equal_the_table(gqa, one_thread, monkeypatch, split_k):
+    """GATE_UP on the 112-row B page tiles in every class (gu_m128n56 / gu_m128n112, session 19;
+    the tiny model's intermediate columns end in a short tile): the interpreter's logits as with
+    the table's tiles, in queue and random order, and the verifier accepts the plans."""
+    w = gqa(1, torch.float32)
+    vm_steps = mixed_steps(V)
+    cfg = split_cfg(split_k, mlp_tile=None)         # GATE_UP's width from the tile table
+    base = VM(w, KERNEL, cfg)
+    want = [base.step(b) for b in vm_steps]
+    monkeypatch.setattr(tiles, "TILE_TABLE", tiles.table_overrides(
+        "GATE_UP@64=gu_m128n56,GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112,"
+        "GATE_UP@max=gu_m128n112"))
+    vm = VM(w, KERNEL, cfg)
+    for i, batch in enumerate(vm_steps):
+        got = vm.step(batch, mode="random" if i % 2 else "queue", sms=5, seed=i)
+        s = vm.last_plan.instrs.numpy()
+        gu = s[s[:, W_OPCODE] == int(Op.GATE_UP)]
+        assert int(gu[:, W_COLS].max()) in (56, 112) and (gu[:, W_COL0] % 8 == 0).all()
+        # (rows past the step's sequences are NaN in both)
+        torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-5, equal_nan=True)
+        plan = vm.last_plan
+        assert check([plan.instrs], plan.num_counters, meta=plan.meta) == []

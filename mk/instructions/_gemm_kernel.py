@@ -11,7 +11,8 @@ Tile shapes (TileConfig, TILE_TABLE, choose_tile; the table itself lives in mk/t
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64 (one 128-byte swizzle atom
 of bf16). Every shared-memory operand box is exactly one 16 KiB page of the megakernel's pool:
     A page   BM x 64 bf16 (BM = 128: the whole page; BM = 64: half of it), SW128 K-major
-    B page   128 weight rows x 64 bf16, SW128 K-major
+    B page   128 weight rows x 64 bf16, SW128 K-major (112 rows for the gate/up tiles of 112 /
+             56 output columns, gu_m128n112 / gu_m128n56: wgmma N = 112, a 14 KiB load)
 so no operand needs two *contiguous* pages, and the pool can be used in plain ring order by every
 role. A stage (one K-step) is 1 A page + NB B pages. Two consumer warpgroups (256 threads) share
 each stage; how they split the tile is the config's `wg` mode:
@@ -23,7 +24,8 @@ GATE_UP loads the gate rows [c0, c0+BNo) and the up rows [I + c0, I + c0 + BNo) 
 gate_up weight (one TMA descriptor, two coordinates): NB = 2 pages of 128 rows (gate page, up page:
 each thread holds gate and up of the same (row, column) in its two chains), or, for gu_m128n64
 (NB = 1, "M"), one page of 64 gate rows then 64 up rows (two 64-row boxes; the thread's element
-of column c + 64, the up partner of gate column c, is element PARTNER_64 after it, as in RoPE).
+of column c + 64, the up partner of gate column c, is element PARTNER_64 after it, as in RoPE;
+for 112-row pages 56 + 56 rows, partner 28: TileConfig.partner).
 Either way SiLU(gate) * up is fused in registers (the interleaving the issue asks for, done by
 the loader instead of by a weight shuffle).
 
@@ -95,7 +97,6 @@ NUM_CONSUMER_WARPS = 8         # two consumer warpgroups
 CONSUMER_THREADS = 256
 EMPTY_ARRIVALS = NUM_CONSUMER_WARPS
 DONE_ARRIVALS = NUM_CONSUMER_WARPS
-B_PAGE_BYTES = B_ROWS * BK * 2
 # In an m64n128 accumulator fragment, element i = e + 2h + 4j holds column 8j + 2(lane%4) + e of
 # row 16w + lane/4 + 8h: for j < 8 (i < 32) the element of column c + 64 is i + PARTNER_64 (RoPE's
 # rotate-half partner; the up column of a one-page gate/up tile's gate column)
@@ -153,14 +154,27 @@ class TileConfig(tiles.TileShape):
 
     @property
     def half_gate_up(self) -> bool:
-        """GATE_UP with one B page per stage: 64 gate rows, then 64 up rows (bn = 64)."""
+        """GATE_UP with one B page per stage: b_rows / 2 gate rows, then as many up rows."""
         return self.gate_up and self.nb == 1
+
+    @property
+    def partner(self) -> int:
+        """One-page gate/up: the fragment offset of gate column c's up column c + b_rows / 2
+        (PARTNER_64 for 128-row pages; 28 for 112: 7 groups of 8 columns x 4 elements)."""
+        return self.b_rows // 4
+
+    @property
+    def b_bytes(self) -> int:
+        """Bytes of one B page's TMA load (b_rows x BK bf16; the page is 16 KiB or less)."""
+        return self.b_rows * BK * 2
 
     def atom_layout(self):
         return {"M": (2, 1, 1), "N": (1, 2, 1), "PAGE": (1, 1, 1)}[self.wg]
 
     def epi_boxes(self, out_bytes: int) -> int:
-        return self.bn * out_bytes // 128
+        """128-byte column boxes of the output tile (the last one partly used when bn x
+        out_bytes is no multiple of 128: the storer masks columns past the tile)."""
+        return -(-self.bn * out_bytes // 128)
 
     def epi_pages(self, out_bytes: int) -> int:
         bpp = 128 // self.bm
@@ -171,17 +185,19 @@ class TileConfig(tiles.TileShape):
         return self.chains() * 64 * self.wn // 128
 
     def check(self, out_bytes: int = 2, npages: int = 13):
-        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (64, 128)
+        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (64, 112, 128)
+        assert self.b_rows == B_ROWS or (self.b_rows == 112 and self.gate_up and self.wg == "M"), \
+            "112-row B pages only for gate/up tiles in M mode"
         if self.wg == "M":
-            assert self.bm == 128 and self.wn == 128
+            assert self.bm == 128 and self.wn == self.b_rows
         elif self.wg == "N":
             assert self.bm == 64 and self.wn == 64
         else:
             assert self.wg == "PAGE" and self.bm == 64 and self.nb == 2 and self.wn == 128
             assert not self.gate_up, "PAGE mode puts gate and up in different warpgroups"
         if self.gate_up:
-            assert self.nb == 2 or (self.wg == "M" and self.wn == 128), \
-                "a one-page gate/up tile needs the page's 128 rows in one wgmma chain"
+            assert self.nb == 2 or (self.wg == "M" and self.wn == self.b_rows), \
+                "a one-page gate/up tile needs the page's rows in one wgmma chain"
         e = self.epi_pages(out_bytes)
         # deadlock-freedom of the ring: two stages in flight in the consumers, E staging pages
         assert 2 * self.stage_pages <= npages and e + self.stage_pages <= npages, (self, e)
@@ -239,22 +255,27 @@ class GemmAtoms:
         self.sA_layout = cute.slice_(sm90_utils.make_smem_layout_a(
             lay, (cfg.bm, B_ROWS, BK), BFloat16, 1), (None, None, 0))
         self.sB_layout = cute.slice_(sm90_utils.make_smem_layout_b(
-            lay, (cfg.bm, B_ROWS, BK), BFloat16, 1), (None, None, 0))
+            lay, (cfg.bm, cfg.b_rows, BK), BFloat16, 1), (None, None, 0))
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         self.tma_a, self.gA = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, x, self.sA_layout,
                                                                      (cfg.bm, BK))
-        # the loader's B box: the whole page, or (one-page gate/up) 64 rows, twice per page; the
-        # SW128 K-major layout of 128 rows is two 64-row ones back to back
-        self.b_box_rows = B_ROWS // 2 if cfg.half_gate_up else B_ROWS
+        # the loader's B box: the whole page, or (one-page gate/up) half of its rows, twice per
+        # page; the SW128 K-major layout of 128 (112) rows is two 64 (56)-row ones back to back
+        # (56 rows = 7 swizzle atoms of 1024 bytes: the second box starts on an atom)
+        self.b_box_rows = cfg.b_rows // 2 if cfg.half_gate_up else cfg.b_rows
         self.sB_load_layout = self.sB_layout
         if cfg.half_gate_up:
-            self.sB_load_layout = cute.slice_(sm90_utils.make_smem_layout_b(
-                lay, (cfg.bm, self.b_box_rows, BK), BFloat16, 1), (None, None, 0))
+            # the SW128 atom tiled to the box directly: slicing the stage mode off
+            # make_smem_layout_b's layout aborts in the DSL for 56 rows (an odd count of 8-row
+            # atoms; 4.8.1); for 64 rows this is the same layout
+            atom = sm90_utils.make_smem_layout_atom(
+                sm90_utils.get_smem_layout_atom(lay, BFloat16, BK), BFloat16)
+            self.sB_load_layout = cute.tile_to_shape(atom, (self.b_box_rows, BK), order=(0, 1))
         self.tma_b, self.gB = cute.nvgpu.cpasync.make_tiled_tma_atom(
             g2s, w, self.sB_load_layout, (self.b_box_rows, BK))
         self.a_bytes = cute.size_in_bytes(BFloat16, self.sA_layout)
         assert self.a_bytes == cfg.bm * BK * 2 and self.a_bytes <= PAGE
-        assert cute.size_in_bytes(BFloat16, self.sB_layout) == B_PAGE_BYTES
+        assert cute.size_in_bytes(BFloat16, self.sB_layout) == cfg.b_bytes <= PAGE
         # the epilogue box (BM rows x 64 bf16 columns, SW128) has the A page's layout
         self.tma_r, self.gR = None, None
         if residual:
@@ -341,27 +362,27 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                  kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
                  npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
     """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
-    TMA its 128 weight rows x 64 K columns at K column kc (gate_up: the second page is the up
+    TMA its b_rows weight rows x 64 K columns at K column kc (gate_up: the second page is the up
     rows from up_row0)."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(full + page, B_PAGE_BYTES)
+            cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
         if cutlass.const_expr(cfg.half_gate_up):
-            # 64 gate rows, then the 64 up rows of the same columns (sB_layout: the 64-row box)
-            half = B_PAGE_BYTES // 2
-            tma_box(tma_b, gB, sB_layout, B_ROWS // 2, pool, page, 0, col0, kc, layer,
+            # b_rows / 2 gate rows, then the up rows of the same columns (sB_layout: that box)
+            half = cfg.b_bytes // 2
+            tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, 0, col0, kc, layer,
                     full + page, policy)
-            tma_box(tma_b, gB, sB_layout, B_ROWS // 2, pool, page, half, up_row0, kc, layer,
+            tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, half, up_row0, kc, layer,
                     full + page, policy)
         else:
-            wrow = col0 + j * B_ROWS
+            wrow = col0 + j * cfg.b_rows
             if cutlass.const_expr(cfg.gate_up and j == 1):
                 wrow = up_row0
-            tma_box(tma_b, gB, sB_layout, B_ROWS, pool, page, 0, wrow, kc, layer, full + page,
-                    policy)
+            tma_box(tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc, layer,
+                    full + page, policy)
 
 
 @cute.jit
@@ -463,15 +484,15 @@ def silu_mul_bf16(g: Float32, u: Float32) -> Float32:
 
 def out_pairs(cfg, acc) -> int:
     """Accumulator pairs of a chain that hold output columns (trace time): all of them, or for a
-    one-page gate/up tile the gate half (columns c < 64; their up at + PARTNER_64)."""
-    return PARTNER_64 // 2 if cfg.half_gate_up else cute.size(acc) // 2
+    one-page gate/up tile the gate half (columns c < b_rows / 2; their up at + cfg.partner)."""
+    return cfg.partner // 2 if cfg.half_gate_up else cute.size(acc) // 2
 
 
 def up_pair(cfg, accs, acc, i: int):
     """The up values of a GATE_UP tile's gate pair i: the second chain's pair i (two B pages), or
-    the same chain's pair PARTNER_64 later (one page)."""
+    the same chain's pair cfg.partner later (one page)."""
     if cfg.half_gate_up:
-        return acc[2 * i + PARTNER_64], acc[2 * i + 1 + PARTNER_64]
+        return acc[2 * i + cfg.partner], acc[2 * i + 1 + cfg.partner]
     return accs[1][2 * i], accs[1][2 * i + 1]
 
 
