@@ -70,6 +70,9 @@ TILE_SHAPES = {
     # columns (built in session 19, compile-checked; A/B candidates for the 1024 / 256 classes)
     "gu_m128n112": TileShape("gu_m128n112", 128, 2, 112, "M", gate_up=True, b_rows=112),
     "gu_m128n56": TileShape("gu_m128n56", 128, 1, 112, "M", gate_up=True, b_rows=112),
+    # gu_m64's shape on 112-row pages (each warpgroup 56 of the 112 columns): at 70B TP8 and
+    # B <= 64 GATE_UP's 32 tiles split 4 ways stream its weights on 128 SMs instead of 112
+    "gu_m64n112": TileShape("gu_m64n112", 64, 2, 56, "N", gate_up=True, b_rows=112),
 }
 
 # Shape classes: M (token rows of the step, or sequences for LM_HEAD) -> tile per opcode.

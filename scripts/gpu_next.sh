@@ -204,13 +204,16 @@
 # device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
 #   0. "e2e" at B=512,1024 (MK_E2E_BATCH; the table's points predate the uneven split default)
 #      and "gemm" (issue 5's table: QKV_ROPE M=1024 now splits 86 + 42 as the step does)
-#   0b. GATE_UP on 112-row B pages (session 19, compile-checked only: wgmma N = 112; 64 / 32
-#      tiles per token block where the table's tiles make 56 / 28: 128 tiles for 132 SMs at
-#      B=256 / 512 instead of 112, and B=128's split tiles 64 x 2): "gutiles"
-#      MK_GU_TILES="GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"
+#   0b. GATE_UP on 112-row B pages (session 19, compile-checked only: wgmma N = 112, or 56 per
+#      warpgroup for gu_m64n112; 32 / 64 / 32 tiles per token block where the table's tiles
+#      make 28 / 56 / 28: at B <= 64 its weights streamed by 128 SMs instead of 112 (32 x 4
+#      splits; GATE_UP is 31.7 of B=1's 107 us per layer), 128 tiles for 132 SMs at B=256 / 512
+#      instead of 112, B=128's split tiles 64 x 2): "gutiles" MK_GU_TILES="GATE_UP@64=gu_m64n112,
+#      GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112" (no spaces)
 #      MK_GU_TESTS="tests/test_gemm_gpu.py::test_112_row_gate_up_tiles_match_torch_face"
-#      MK_GU_BATCH=128,256,512,1024 (~9 min: a GPU of its own). Watch GATE_UP's per-tile time in
-#      the journal (each tile does 7/8 of the work; the L2 traffic per flop is ~4% higher)
+#      MK_GU_BATCH=1,16,64 on one GPU and MK_GU_NOCHECK=1 MK_GU_BATCH=256,512,1024 on the other.
+#      Watch GATE_UP's per-tile time in the journal (each tile does 7/8 of the work; ~4% more L2
+#      bytes per flop); take each class's tile on its own result (MK_TILES per class)
 #   1. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
 #      (+0.8%) (planab_od1k_2026-12-01_s19): a token cap inside the class (a tile override by
 #      tokens) would take the 384 gain only

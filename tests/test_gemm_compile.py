@@ -20,7 +20,7 @@ from _compile_gate import (assert_clean, assert_split_variant, dump_dir,  # noqa
 pytestmark = pytest.mark.compile
 
 REQUIRED_PTX = {
-    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(64|112|128)k16\.f32\.bf16\.bf16",
+    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(56|64|112|128)k16\.f32\.bf16\.bf16",
     "wgmma wait_group 1 (async chain)": r"wgmma\.wait_group\.sync\.aligned\s+1;",
     "cp.async.bulk.tensor": r"cp\.async\.bulk\.tensor",
     "setmaxnreg.inc": r"setmaxnreg\.inc",
@@ -43,6 +43,7 @@ CASES = [
     ("GATE_UP", "gu_m128n64", 4),      # one B page of 64 gate + 64 up rows
     ("GATE_UP", "gu_m128n112", 8),     # 112-row B pages, wgmma N = 112 (session 19, A/B only)
     ("GATE_UP", "gu_m128n56", 4),      # one B page of 56 gate + 56 up rows
+    ("GATE_UP", "gu_m64n112", 8),      # gu_m64 on 112-row pages: m64n56 per warpgroup
     ("LM_HEAD", "m128n128", 4),
     ("LM_HEAD", "m64n128", 4),
     ("QKV_ROPE", "m128n128", 4),

@@ -554,7 +554,8 @@ def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
     assert_clean(ptxas_report(ptx, str(tmp_path / "m64")))
 
 
-@pytest.mark.parametrize("cls,tile", [(256, "gu_m128n56"), (1024, "gu_m128n112")])
+@pytest.mark.parametrize("cls,tile", [(64, "gu_m64n112"), (256, "gu_m128n56"),
+                                      (1024, "gu_m128n112")])
 def test_112_row_gate_up_tiles_compile_in_the_step_variant(tmp_path, cls, tile):
     """GATE_UP on the 112-row B page tiles (session 19's A/B candidates, MK_TILES): the all-opcode
     variant of their class compiles with them and their split-K partial stores, 0 spills, no
@@ -575,7 +576,7 @@ def test_112_row_gate_up_tiles_compile_in_the_step_variant(tmp_path, cls, tile):
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     ptx = out.read_text()
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n112k16", ptx)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n(56|112)k16", ptx)
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, str(tmp_path / tile)))
 

@@ -907,7 +907,8 @@ def test_gemm_bench_splits_as_the_planner():
 
 @pytest.mark.parametrize("split_k", [1, 0], ids=["never", "auto"])
 def test_float32_112_row_gate_up_tiles_equal_the_table(gqa, one_thread, monkeypatch, split_k):
-    """GATE_UP on the 112-row B page tiles in every class (gu_m128n56 / gu_m128n112, session 19;
+    """GATE_UP on the 112-row B page tiles in every class (gu_m64n112 / gu_m128n56 / gu_m128n112,
+    session 19;
     the tiny model's intermediate columns end in a short tile): the interpreter's logits as with
     the table's tiles, in queue and random order, and the verifier accepts the plans."""
     w = gqa(1, torch.float32)
@@ -916,7 +917,7 @@ def test_float32_112_row_gate_up_tiles_equal_the_table(gqa, one_thread, monkeypa
     base = VM(w, KERNEL, cfg)
     want = [base.step(b) for b in vm_steps]
     monkeypatch.setattr(tiles, "TILE_TABLE", tiles.table_overrides(
-        "GATE_UP@64=gu_m128n56,GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112,"
+        "GATE_UP@64=gu_m64n112,GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112,"
         "GATE_UP@max=gu_m128n112"))
     vm = VM(w, KERNEL, cfg)
     for i, batch in enumerate(vm_steps):

@@ -293,24 +293,26 @@ def test_gate_up_tiles_per_class(m, cols, per_layer):
     assert len(gu) == per_layer * LLAMA_70B.num_layers
 
 
-@pytest.mark.parametrize("m,tiles_per_block,nsplit", [(128, 64, 2), (256, 64, 1), (512, 32, 1),
-                                                      (1024, 32, 1)])
+@pytest.mark.parametrize("m,tiles_per_block,nsplit", [(1, 32, 4), (64, 32, 4), (128, 64, 2),
+                                                      (256, 64, 1), (512, 32, 1), (1024, 32, 1)])
 def test_112_row_gate_up_tiles_plan(monkeypatch, m, tiles_per_block, nsplit):
-    """MK_TILES=GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112 (session 19's A/B candidates:
-    112-row B pages, 56 / 112 output columns): at 70B TP8 GATE_UP's 3584 columns per rank in 64
-    / 32 tiles per token block (128 tiles at B=256 / 512 for 132 SMs, where the table's tiles
-    make 112), split as auto split-K splits them (B=128: 64 x 2 = 128 instead of 56 x 2), and
-    every GEMM instruction keeps the GPU bodies' tile predicate."""
+    """MK_TILES=GATE_UP@64=gu_m64n112,GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112 (session
+    19's A/B candidates: 112-row B pages, 112 / 56 / 112 output columns): at 70B TP8 GATE_UP's
+    3584 columns per rank in 32 / 64 / 32 tiles per token block, split as auto split-K splits
+    them: 128 units for 132 SMs at B <= 64 (32 x 4; the table's 28 x 4 = 112), B=128 (64 x 2),
+    B=256 and 512 (the table's: 112), and every GATE_UP instruction keeps the GPU bodies' tile
+    predicate."""
     monkeypatch.setattr(tiles, "TILE_TABLE", tiles.table_overrides(
-        "GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"))
+        "GATE_UP@64=gu_m64n112,GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"))
     shape = tiles.tile_shape(Op.GATE_UP, m)
-    assert shape.bn == (56 if m <= 256 else 112) and shape.b_rows == 112
+    assert shape.bn == (56 if 64 < m <= 256 else 112) and shape.b_rows == 112
     par = ParallelConfig(8, 0)
     plan = plan_step(batch_of(m), LLAMA_70B, par, KERNEL_70B, PlanConfig(split_k=0))
-    assert plan.layout["splitk"]["GATE_UP"] == (-(-m // 128) * tiles_per_block, nsplit)
+    nblk = -(-m // tiles.default_token_block(m, KERNEL_70B.token_block))
+    assert plan.layout["splitk"]["GATE_UP"] == (nblk * tiles_per_block, nsplit)
     s = plan.instrs.numpy()
     gu = s[(s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, W_LAYER] == 0)]
-    assert len(gu) == -(-m // 128) * tiles_per_block * nsplit
+    assert len(gu) == nblk * tiles_per_block * nsplit
     assert int(gu[:, W_COLS].max()) == shape.bn
     err = tiles.gemm_tile_error("GATE_UP", shape, gu[:, W_ROW0], gu[:, W_ROWS], gu[:, W_COL0],
                                 gu[:, W_COLS], gu[:, mm.A_K])

@@ -12,7 +12,8 @@ A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64 (one 128-
 of bf16). Every shared-memory operand box is exactly one 16 KiB page of the megakernel's pool:
     A page   BM x 64 bf16 (BM = 128: the whole page; BM = 64: half of it), SW128 K-major
     B page   128 weight rows x 64 bf16, SW128 K-major (112 rows for the gate/up tiles of 112 /
-             56 output columns, gu_m128n112 / gu_m128n56: wgmma N = 112, a 14 KiB load)
+             56 output columns, gu_m128n112 / gu_m64n112 / gu_m128n56: wgmma N = 112, or 56 per
+             warpgroup in N mode; a 14 KiB load)
 so no operand needs two *contiguous* pages, and the pool can be used in plain ring order by every
 role. A stage (one K-step) is 1 A page + NB B pages. Two consumer warpgroups (256 threads) share
 each stage; how they split the tile is the config's `wg` mode:
@@ -185,13 +186,14 @@ class TileConfig(tiles.TileShape):
         return self.chains() * 64 * self.wn // 128
 
     def check(self, out_bytes: int = 2, npages: int = 13):
-        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (64, 112, 128)
-        assert self.b_rows == B_ROWS or (self.b_rows == 112 and self.gate_up and self.wg == "M"), \
-            "112-row B pages only for gate/up tiles in M mode"
+        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (56, 64, 112, 128)
+        assert self.b_rows == B_ROWS or (self.b_rows == 112 and self.gate_up
+                                         and self.wg in ("M", "N")), \
+            "112-row B pages only for gate/up tiles in M or N mode"
         if self.wg == "M":
             assert self.bm == 128 and self.wn == self.b_rows
         elif self.wg == "N":
-            assert self.bm == 64 and self.wn == 64
+            assert self.bm == 64 and self.wn == self.b_rows // 2
         else:
             assert self.wg == "PAGE" and self.bm == 64 and self.nb == 2 and self.wn == 128
             assert not self.gate_up, "PAGE mode puts gate and up in different warpgroups"
