@@ -485,9 +485,10 @@ class PlanConfig:
         return ns
 
     def uneven_split(self, num_tokens: int, ntiles: int, K: int) -> tuple[int, int] | None:
-        """(nsplit, K chunks of each full slice) of an uneven split (split_uneven_max_tokens) of
-        an op of ntiles output tiles and K columns in a step of num_tokens rows, or None where
-        it does not apply or the fill factor's near-equal slices are as short. Each tile gets
+        """(nsplit, K chunks of each full slice) of an uneven split (split_uneven_min_tokens <
+        num_tokens <= split_uneven_max_tokens) of an op of ntiles output tiles and K columns in
+        a step of num_tokens rows, or None where it does not apply or the even factor's
+        near-equal slices are as short. Each tile gets
         nsplit - 1 full slices of c chunks and a last one of at most c / 2, so that the tiles'
         last slices, two to an SM, fit with the full ones in num_sms:
         ntiles * (nsplit - 1) + ceil(ntiles / 2) <= num_sms."""

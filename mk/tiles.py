@@ -7,7 +7,7 @@ same table (`step_tiles`), and `gemm_tile_error` is the tile predicate mk.megake
 applies before a launch (tests apply it to default plans on the CPU).
 
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64; a B page is 128 weight
-rows, or 112 for the gu_m128n112 / gu_m128n56 tiles (see _gemm_kernel.py's docstring for the
+rows, or 112 for the gu_m*n112 / gu_m128n56 tiles (see _gemm_kernel.py's docstring for the
 wgmma modes "M", "N", "PAGE"). GATE_UP tiles load the gate and the up rows of the same output
 columns: 128 (112) in two B pages (bn = 128 / 112), or 64 (56) in one (gu_m128n64: 64 gate rows
 then 64 up rows, bn = 64).
@@ -39,12 +39,13 @@ class TileShape:
     name: str
     bm: int             # token rows per tile: 64 or 128
     nb: int             # B pages per stage: 1 or 2
-    wn: int             # wgmma N per chain: 64 or 128
+    wn: int             # wgmma N per chain: 64 or 128 (56 / 112 on 112-row B pages)
     wg: str             # "M", "N" or "PAGE"
     gate_up: bool = False   # B pages are (gate, up) of the same output columns
     # weight rows per B page: 128, or 112 for the gate/up tiles of 112 / 56 output columns
     # (GATE_UP's 3584 columns per rank at 70B TP8 in 32 / 64 tiles per token block where 128 /
-    # 64 columns make 28 / 56: 128 tiles for 132 SMs at B=512 / 256 instead of 112)
+    # 64 columns make 28 / 56: 128 units for 132 SMs at B <= 64 (x 4 splits), 256 and 512
+    # instead of 112)
     b_rows: int = B_ROWS
 
     @property
