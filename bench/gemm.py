@@ -210,10 +210,13 @@ def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=N
     K, N, NO, _, _ = SHAPES[op]
     up = N // 2 if op == "GATE_UP" else 0
     width = 2 * up if op == "GATE_UP" else (QKV if op == "QKV_ROPE" else NO)
-    from mk.plan import PlanConfig
-    cfg = PlanConfig(split_k=0, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    stream, _ = split_stream(instrs, ns, T, nctr, up,
-                             cfg.op_k_slices(m, int(instrs.shape[0]), K, ns))
+    k_bounds = None                 # a forced factor: near-equal slices
+    if (SPLIT_K if split is None else split) == "auto":
+        # the planner's slices for its factor (uneven ones above 256 tokens: QKV_ROPE at 1024)
+        from mk.plan import PlanConfig
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        k_bounds = PlanConfig(split_k=0, num_sms=sms).op_k_slices(m, int(instrs.shape[0]), K, ns)
+    stream, _ = split_stream(instrs, ns, T, nctr, up, k_bounds)
     sk = torch.full((ns * T, width), POISON, dtype=torch.float32, device="cuda")
     return stream, ns, sk
 
