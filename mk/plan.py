@@ -488,10 +488,9 @@ class PlanConfig:
         """(nsplit, K chunks of each full slice) of an uneven split (split_uneven_min_tokens <
         num_tokens <= split_uneven_max_tokens) of an op of ntiles output tiles and K columns in
         a step of num_tokens rows, or None where it does not apply or the even factor's
-        near-equal slices are as short. Each tile gets
-        nsplit - 1 full slices of c chunks and a last one of at most c / 2, so that the tiles'
-        last slices, two to an SM, fit with the full ones in num_sms:
-        ntiles * (nsplit - 1) + ceil(ntiles / 2) <= num_sms."""
+        near-equal slices are as short. Each tile gets nsplit - 1 full slices of c chunks and a
+        last one of at most c / 2, so that the tiles' last slices, two to an SM, fit with the
+        full ones in num_sms: ntiles * (nsplit - 1) + ceil(ntiles / 2) <= num_sms."""
         if (self.split_k != 0 or K % self.splitk_align
                 or num_tokens > min(self.split_uneven_max_tokens, self.splitk_token_cap())
                 or num_tokens <= self.split_uneven_min_tokens):

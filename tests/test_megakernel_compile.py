@@ -346,10 +346,11 @@ def test_experimental_switches_compile_without_spills(tmp_path):
     assert_clean(rep)
 
 
-def variant_ptx(tmp_path, name: str, env: dict, check: str) -> str:
-    """The PTX of the all-opcode M64 variant with split-K, compiled in a process of its own
-    (compile-time switches are read at import) with the environment updated by env; `check`: a
-    Python line run there after `import mk.megakernel as M` (the modules saw the switch)."""
+def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64) -> str:
+    """The PTX of the all-opcode variant of M class m_class (default M64) with split-K, compiled
+    in a process of its own (compile-time switches and MK_TILES are read at import) with the
+    environment updated by env; `check`: a Python line run there after `import mk.megakernel as
+    M` (the modules saw the switch)."""
     import subprocess
     import sys
     code = (
@@ -357,8 +358,10 @@ def variant_ptx(tmp_path, name: str, env: dict, check: str) -> str:
         "import _compile_gate, mk.megakernel as M\n"
         "from mk.instructions import _rows_kernel as rk\n"
         "%s\n"
-        "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
-        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT, check)
+        "comp = M.compile_fake(gemm=M.class_slots(%d), attn_page_size=16, gather=True, "
+        "splitk=True)\n"
+        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT, check,
+                                                           m_class)
     out = tmp_path / f"{name}.ptx"
     r = subprocess.run([sys.executable, "-c", code, str(out)], env=dict(os.environ, **env),
                        capture_output=True, text=True, timeout=900)
@@ -532,24 +535,11 @@ def test_pair_warp_variant_compiles_without_spills(tmp_path):
 def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
     """The M <= 256 class on the 64-row tiles (the default before session 7; scripts/gpu_next.sh
     `tiles` times them against the 128-row default through MK_TILES): the all-opcode M256
-    variant compiles with them and their split-K partial stores, 0 spills, no call. In a process
-    of its own (the table is read at import)."""
-    import subprocess
-    import sys
-    code = (
-        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
-        "import _compile_gate, mk.megakernel as M\n"
-        "slots = M.class_slots(256)\n"
-        "assert {s.tile for s in slots} >= {'m64n256', 'gu_m64'}, slots\n"
-        "comp = M.compile_fake(gemm=slots, attn_page_size=16, gather=True, splitk=True)\n"
-        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
-    out = tmp_path / "m64.ptx"
-    env = dict(os.environ, MK_TILES="QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,"
-                                    "GATE_UP@256=gu_m64,DOWN@256=m64n256")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ptx = out.read_text()
+    variant compiles with them and their split-K partial stores, 0 spills, no call."""
+    env = {"MK_TILES": "QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,GATE_UP@256=gu_m64,"
+                       "DOWN@256=m64n256"}
+    ptx = variant_ptx(tmp_path, "m64", env, "assert {s.tile for s in M.class_slots(256)} >= "
+                      "{'m64n256', 'gu_m64'}", m_class=256)
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, str(tmp_path / "m64")))
 
@@ -559,23 +549,9 @@ def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
 def test_112_row_gate_up_tiles_compile_in_the_step_variant(tmp_path, cls, tile):
     """GATE_UP on the 112-row B page tiles (session 19's A/B candidates, MK_TILES): the all-opcode
     variant of their class compiles with them and their split-K partial stores, 0 spills, no
-    call. In a process of its own (the table is read at import)."""
-    import subprocess
-    import sys
-    code = (
-        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
-        "import _compile_gate, mk.megakernel as M\n"
-        "slots = M.class_slots(%d)\n"
-        "assert %r in {s.tile for s in slots}, slots\n"
-        "comp = M.compile_fake(gemm=slots, attn_page_size=16, gather=True, splitk=True)\n"
-        "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT,
-                                                           cls, tile)
-    out = tmp_path / f"{tile}.ptx"
-    env = dict(os.environ, MK_TILES=f"GATE_UP@{cls}={tile}")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ptx = out.read_text()
+    call."""
+    ptx = variant_ptx(tmp_path, tile, {"MK_TILES": f"GATE_UP@{cls}={tile}"},
+                      f"assert {tile!r} in {{s.tile for s in M.class_slots({cls})}}", m_class=cls)
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n(56|112)k16", ptx)
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, str(tmp_path / tile)))
