@@ -68,11 +68,12 @@ TILE_SHAPES = {
     # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128
     "gu_m128n64": TileShape("gu_m128n64", 128, 1, 128, "M", gate_up=True),
     # 112-row B pages (wgmma N = 112): gu_m128's and gu_m128n64's shapes for 112 / 56 output
-    # columns (built in session 19, compile-checked; A/B candidates for the 1024 / 256 classes)
+    # columns (built in session 19; the defaults of the 1024 / 256 classes since session 20)
     "gu_m128n112": TileShape("gu_m128n112", 128, 2, 112, "M", gate_up=True, b_rows=112),
     "gu_m128n56": TileShape("gu_m128n56", 128, 1, 112, "M", gate_up=True, b_rows=112),
     # gu_m64's shape on 112-row pages (each warpgroup 56 of the 112 columns): at 70B TP8 and
-    # B <= 64 GATE_UP's 32 tiles split 4 ways stream its weights on 128 SMs instead of 112
+    # B <= 64 GATE_UP's 32 tiles split 4 ways stream its weights on 128 SMs instead of 112 (the
+    # default of the 64 class since session 20)
     "gu_m64n112": TileShape("gu_m64n112", 64, 2, 56, "N", gate_up=True, b_rows=112),
 }
 
@@ -102,8 +103,14 @@ TILE_TABLE = {
     # it was the tile in session 16 (B=1024 -2.9% under the interleaved queue), but with the
     # op-major queue (session 17), where a layer's GATE_UP tiles run on all SMs at once,
     # gu_m128's two B pages per A page (a third less L2 traffic per flop) win: B=512 28.65 ->
-    # 27.49 ms (-4.1%), B=1024 52.02 -> 49.27 (-5.3%) (gutiles_*_2026-11-30_s17)
-    Op.GATE_UP: ("gu_m64", "gu_m128n64", "gu_m128", "gu_m128"),
+    # 27.49 ms (-4.1%), B=1024 52.02 -> 49.27 (-5.3%) (gutiles_*_2026-11-30_s17). Since session
+    # 20 the classes up to 1024 run those shapes on 112-row B pages (112 / 56 output columns: 32 /
+    # 64 / 32 tiles per token block of 3584 columns where 128 / 64 made 28 / 56 / 28, so 128 units
+    # fill 132 SMs instead of 112). 70B TP8 decode ctx 1024, H200, every other default as it was
+    # (bench/results/gutiles112_*_2026-12-01_s20): B=1 / 16 / 64 -0.4% / +0.0% / -0.2%, B=256 /
+    # 512 / 1024 -0.5% / -2.3% / -3.0%; its GPU tests, the two-layer checks (never / auto, a
+    # 478-token step), racecheck and memcheck clean. Above 1024 gu_m128 stays (not timed there)
+    Op.GATE_UP: ("gu_m64n112", "gu_m128n56", "gu_m128n112", "gu_m128"),
     Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:
