@@ -111,7 +111,10 @@ TILE_TABLE = {
     # 512 / 1024 -0.5% / -2.3% / -3.0%; its GPU tests, the two-layer checks (never / auto, a
     # 478-token step), racecheck and memcheck clean. Above 1024 gu_m128 stays (not timed there)
     Op.GATE_UP: ("gu_m64n112", "gu_m128n56", "gu_m128n112", "gu_m128"),
-    Op.LM_HEAD: ("m64n128", "m64n128", "m128n128", "m128n128"),
+    # LM_HEAD at 64 < M <= 256 on m128n128 since session 20 (half the tiles, each re-reading half
+    # as many weight bytes per flop): bench/gemm.py at M=256 188.4 -> 131.6 us, 1.55 -> 1.09 of
+    # cuBLAS + epilogue (bench/results/gemm_lm128_2026-12-01_s20; poisoned checks at M=200 / 256)
+    Op.LM_HEAD: ("m64n128", "m128n128", "m128n128", "m128n128"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:
     # 10 tiles split 8 ways instead of 6 split 16 (the same weight bytes per SM, half the

@@ -242,11 +242,16 @@ def test_float32_uneven_split_equals_unsplit(gqa, one_thread, fill):
         assert f == [], "\n".join(str(x) for x in f[:5])
 
 
-def test_uneven_split_70b_tp8():
-    """At 70B TP8 up to 64 tokens only GATE_UP splits unevenly: its 28 tiles in 29 + 29 + 29 +
-    29 + 12 K steps (126 SMs, at most 29 K steps each, against 4 x 32 on 112), the slices on
-    the GPU bodies' BK grid; QKV_ROPE / O_PROJ / DOWN keep their factors. Off by default."""
+def test_uneven_split_70b_tp8(monkeypatch):
+    """At 70B TP8 up to 64 tokens only GATE_UP's 128-column tiles (the table's before session 20)
+    split unevenly: 28 tiles in 29 + 29 + 29 + 29 + 12 K steps (126 SMs, at most 29 K steps
+    each, against 4 x 32 on 112), the slices on the GPU bodies' BK grid; QKV_ROPE / O_PROJ / DOWN
+    keep their factors. The 112-row tiles' 32 split evenly in 4 on 128 SMs. Off by default."""
     cfg = PlanConfig(split_k=0, split_uneven_max_tokens=64, split_uneven_min_tokens=0)
+    for m in (1, 16, 64):
+        plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
+        assert plan.layout["splitk"]["GATE_UP"] == (32, 4)
+    monkeypatch.setitem(tiles.TILE_TABLE, Op.GATE_UP, ("gu_m64", "gu_m128n64", "gu_m128", "gu_m128"))
     for m in (1, 16, 64):
         plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
         got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)
@@ -605,22 +610,24 @@ def batch_70b(m):
 # (output tiles, nsplit) per op: QKV_ROPE, O_PROJ, GATE_UP, DOWN
 # QKV_ROPE: one head per tile; up to split_fill_max_tokens = 64 the factors fill the SMs (13),
 # above it powers of two (session 17: B=1 / 16 -1.3% / -1.2% with 13, B=128 +1.5%, B=256 +7.3%)
-AUTO_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            16: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            64: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            # BM = 128: 1 row tile; GATE_UP on 64-column tiles (gu_m128n64) from 65 tokens,
+# GATE_UP on 112-row B pages up to 1024 tokens (session 20): 32 tiles of 112 columns per token
+# block (28 of 128 before), 64 of 56 at 65..256 tokens (56 of 64 before)
+AUTO_70B = {1: ((10, 13), (64, 2), (32, 4), (64, 2)),
+            16: ((10, 13), (64, 2), (32, 4), (64, 2)),
+            64: ((10, 13), (64, 2), (32, 4), (64, 2)),
+            # BM = 128: 1 row tile; GATE_UP on half-width tiles (gu_m128n56) from 65 tokens,
             # O_PROJ / DOWN on m128n128 (session 18)
-            128: ((10, 8), (64, 2), (56, 2), (64, 2)),
+            128: ((10, 8), (64, 2), (64, 2), (64, 2)),
             # over splitk_max_tokens: only the ops with their own cap of 256 (QKV_ROPE and
-            # GATE_UP: -15.8% at B=256 on the H200, session 9); GATE_UP's 112 64-column tiles
-            # (session 16) are too many to split on 132 SMs
-            256: ((20, 4), (128, 1), (112, 1), (128, 1)),
+            # GATE_UP: -15.8% at B=256 on the H200, session 9); GATE_UP's 128 half-width tiles
+            # are too many to split on 132 SMs
+            256: ((20, 4), (128, 1), (128, 1), (128, 1)),
             # QKV_ROPE's own cap is 1024 (session 18): 30 head tiles split in 4; above 256
             # tokens uneven slices (session 19): 40 tiles in 52 + 52 + 24 K steps (2 x 64
             # before), at 1024 tokens 80 in 86 + 42 (unsplit before: 160 > 132 SMs)
-            384: ((30, 4), (96, 1), (84, 1), (96, 1)),
-            512: ((40, 3), (128, 1), (112, 1), (128, 1)),
-            1024: ((80, 2), (256, 1), (224, 1), (256, 1))}
+            384: ((30, 4), (96, 1), (96, 1), (96, 1)),
+            512: ((40, 3), (128, 1), (128, 1), (128, 1)),
+            1024: ((80, 2), (256, 1), (256, 1), (256, 1))}
 
 
 def _gpu_tile_words(plan, m):
@@ -742,10 +749,10 @@ def test_reduce_slices_never_outnumber_the_sms(m):
 
 # fill split factors: the largest with tiles x nsplit <= 132, not only powers of two (QKV_ROPE's
 # 10 head tiles: 13 ways instead of 8 at B <= 128, its 20 at B=256: 6 instead of 4)
-FILL_70B = {1: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            64: ((10, 13), (64, 2), (28, 4), (64, 2)),
-            128: ((10, 13), (64, 2), (56, 2), (64, 2)),
-            256: ((20, 6), (128, 1), (112, 1), (128, 1))}
+FILL_70B = {1: ((10, 13), (64, 2), (32, 4), (64, 2)),
+            64: ((10, 13), (64, 2), (32, 4), (64, 2)),
+            128: ((10, 13), (64, 2), (64, 2), (64, 2)),
+            256: ((20, 6), (128, 1), (128, 1), (128, 1))}
 
 
 # K of each split op at one rank of TP 8: hidden, q heads x head_dim, hidden, intermediate / 8
@@ -784,18 +791,18 @@ def test_every_splittable_op_has_its_own_cap():
     assert all(SPLITK_OP_CAPS[op] in names for op in SPLITK_OP_CAPS)
 
 
-# GATE_UP's 112 tiles of 64 columns (gu_m128n64, session 16) and O_PROJ / DOWN's 128 tiles of
+# GATE_UP's 128 tiles of 56 columns (gu_m128n56, session 20) and O_PROJ / DOWN's 128 tiles of
 # 128 columns (m128n128, session 18) do not split on 132 SMs
-B256_ALONE = {"splitk_qkv_max_tokens": ((20, 4), (128, 1), (112, 1), (128, 1)),
-              "splitk_o_max_tokens": ((20, 1), (128, 1), (112, 1), (128, 1)),
-              "splitk_gate_up_max_tokens": ((20, 1), (128, 1), (112, 1), (128, 1)),
-              "splitk_down_max_tokens": ((20, 1), (128, 1), (112, 1), (128, 1))}
+B256_ALONE = {"splitk_qkv_max_tokens": ((20, 4), (128, 1), (128, 1), (128, 1)),
+              "splitk_o_max_tokens": ((20, 1), (128, 1), (128, 1), (128, 1)),
+              "splitk_gate_up_max_tokens": ((20, 1), (128, 1), (128, 1), (128, 1)),
+              "splitk_down_max_tokens": ((20, 1), (128, 1), (128, 1), (128, 1))}
 
 
 @pytest.mark.parametrize("cap", sorted(B256_ALONE))
 def test_one_op_split_70b_tp8_b256(cap):
     """An op's own cap of 256: at B=256 that op alone may split (auto: QKV_ROPE's 20 head tiles
-    in 4; GATE_UP's 112 and O_PROJ / DOWN's 128 not at all), the rest stay whole (over
+    in 4; GATE_UP's and O_PROJ / DOWN's 128 not at all), the rest stay whole (over
     splitk_max_tokens); the workspace grows to
     256-token partials and the split tiles keep the GPU bodies' predicate (the verifier's check of
     such plans: test_float32_qkv_only_split_equals_unsplit)."""
