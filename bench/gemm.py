@@ -54,6 +54,7 @@ from mk.config import RopeConfig  # noqa: E402
 from mk.instructions.base import Buf  # noqa: E402
 from mk.instructions.matmul import GemmFamily  # noqa: E402
 from mk.ir import Op, deserialize  # noqa: E402
+from mk.provenance import knob_env  # noqa: E402
 
 H, I_LOCAL, QKV, V_LOCAL, D_ATTN = 8192, 3584, 1280, 16032, 1024
 MS = (64, 256, 1024, 4096)
@@ -944,7 +945,7 @@ def main(argv=None) -> int:
                git_commit=_commit(), torch=torch.__version__,
                command="python bench/gemm.py " + " ".join(sys.argv[1:] if argv is None else argv),
                reg_split="mk.megakernel.reg_split: 72/216, 80/208 with QKV_ROPE",
-               split_k=a.split_k, checks=[], rows=[])
+               split_k=a.split_k, env=knob_env(), checks=[], rows=[])
     t0 = time.time()
     if a.suite:
         all_ok = suite(a, ops, check_ms, bench_ms, res, out)

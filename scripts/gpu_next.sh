@@ -183,6 +183,17 @@
 #          MK_GU_TILES: the whole MK_TILES value instead (a tile per class, e.g. session 19's
 #          "GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"), MK_GU_TESTS: the tile's GPU tests
 #          (default the two-page gate/up tests)
+#   direct MK_GEMM_DIRECT_EPI (session 20, compile-checked only: the RESIDUAL / SILU_MUL GEMM tiles
+#          store from the consumers' registers and take no epilogue pages; "1" = both, "silu_mul"
+#          or "residual" alone; bench/GEMM_NOTES.md session 20), in parts (MK_DIRECT_PARTS,
+#          default "check gemm time"; ~9 min in all, so two calls: "check" then "gemm time"):
+#          check = with MK_GEMM_DIRECT_EPI=1 tests/test_gemm_gpu.py, tests/test_splitk_gpu.py
+#          and tests/test_megakernel_gpu.py, the two-layer checks never / auto, racecheck, the
+#          478-token check, a memcheck (direct_check.log); gemm = bench/gemm.py O_PROJ, DOWN,
+#          GATE_UP at M = MK_DIRECT_GEMM_M (256,1024,4096) with each of MK_DIRECT_VALUES ("0
+#          silu_mul 1"; 0 = the staged build) (direct_gemm_<v>.json); time = decode
+#          MK_DIRECT_BATCH (64,256,1024) with each value, journal on (`cons_epi`, the critical
+#          path): direct.log, direct_<v>.json. Timed only where its checks passed (direct_check.log)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -196,38 +207,34 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 19
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 20
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
-# on m128n128 at 65..256 tokens, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
+# on m128n128 at 65..256 tokens, GATE_UP on 112-row B pages up to 1024 tokens, LM_HEAD on
+# m128n128 at 65..256 sequences, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
 # tokens, prefill ATTENTION in 16-token row chunks; all GPU-checked; always set MK_COMMIT: the
 # device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
-#   0. "e2e" at B=512,1024 (MK_E2E_BATCH; the table's points predate the uneven split default)
-#      and "gemm" (issue 5's table: QKV_ROPE M=1024 now splits 86 + 42 as the step does)
-#   0b. GATE_UP on 112-row B pages (session 19, compile-checked only: wgmma N = 112, or 56 per
-#      warpgroup for gu_m64n112; 32 / 64 / 32 tiles per token block where the table's tiles
-#      make 28 / 56 / 28: at B <= 64 its weights streamed by 128 SMs instead of 112 (32 x 4
-#      splits; GATE_UP is 31.7 of B=1's 107 us per layer), 128 tiles for 132 SMs at B=256 / 512
-#      instead of 112, B=128's split tiles 64 x 2): "gutiles" MK_GU_TILES="GATE_UP@64=gu_m64n112,
-#      GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112" (no spaces)
-#      MK_GU_TESTS="tests/test_gemm_gpu.py::test_112_row_gate_up_tiles_match_torch_face"
-#      MK_GU_BATCH=1,16,64 on one GPU and MK_GU_NOCHECK=1 MK_GU_BATCH=256,512,1024 on the other.
-#      Watch GATE_UP's per-tile time in the journal (each tile does 7/8 of the work; ~4% more L2
-#      bytes per flop); take each class's tile on its own result (MK_TILES per class)
-#   1. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
+#   0. "direct" (the direct GEMM epilogue, session 20, compile-checked only): MK_DIRECT_PARTS=
+#      check in one call (~5 min), then "gemm time" (~5 min). Session 3's profile put 6-10 us of
+#      an O_PROJ / DOWN tile in the staging pages' recycle chain; the journal's `cons_epi` per
+#      GEMM instruction (2.3-5.9 us at B=1024) is the first thing to read. RESIDUAL's loads
+#      come in groups of 8 pairs (MK_GEMM_DIRECT_LOAD_GROUP; 16 spilled 32 bytes at M1024):
+#      if "residual" loses where "silu_mul" wins, the next step is to prefetch the residual
+#      rows (prefetch.global.L2 during the mainloop's last stages) or to keep RESIDUAL staged.
+#      Adopt per epilogue on its own result (the default of DIRECT_EPIS in _gemm_kernel.py,
+#      then tests/test_megakernel_compile.py's expectations and a verify)
+#   1. "verify" of the default build (session 20 changed the tile table; the 112-row tiles were
+#      checked with MK_TILES set to them, LM_HEAD m128n128 through bench/gemm.py at M=200 / 256)
+#      and "e2e" MK_E2E_BATCH=4096 (ctx 256, launch/bench.py's default there: the table's only
+#      point from session 18)
+#   2. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
+#      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
+#      combine by the last split to finish (an arrival counter per segment) is kernel work, and
+#      the same for SPLITK_REDUCE (17.1 us of B=128's 138.6 per layer on the path)
+#   3. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
 #      (+0.8%) (planab_od1k_2026-12-01_s19): a token cap inside the class (a tile override by
 #      tokens) would take the 384 gain only
-#   2. B=64 / 256 (1.15): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2" cut
-#      ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a combine
-#      by the last split to finish (an arrival counter per segment) is kernel work
-#   3. "planab" MK_PLANAB="lm:|MK_TILES=LM_HEAD@256=m128n128" MK_PLANAB_BATCH=128,256 with its
-#      check, then tests/test_gemm_gpu.py's LM_HEAD M=200 with it (issue 5: m64n128 at M=256 is
-#      1.57 of cuBLAS + epilogue)
-#   4. B=1024 (1.12): the SMs are busy 95% of the step (journal), so the gap is per instruction:
-#      O_PROJ's K = 1024 tile 17.4 us against 12.8 at cuBLAS's per-SM rate, QKV_ROPE's
-#      m128n128 64.9 against 51, DOWN 49.7 against 45 (GATE_UP at cuBLAS's rate): the epilogue
-#      of one tile overlapping the next tile's mainloop (session 5's attempt deadlocked)
-#   5. "pairwarp" (memcheck + repeat timing)
+#   4. "pairwarp" (memcheck + repeat timing)
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
@@ -269,7 +276,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [direct]=540)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -625,6 +632,41 @@ if has gutiles; then
   [ "${MK_GU_NOCHECK:-0}" = 1 ] || cat "$OUTDIR/gutiles_check.log"
   : > "$OUTDIR/gutiles.log"
   time_ab gutiles "GATE_UP tiles ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
+fi
+if has direct; then
+  DP=" ${MK_DIRECT_PARTS:-check gemm time} "
+  if [[ $DP == *" check "* ]]; then
+    ( export MK_GEMM_DIRECT_EPI=1; echo "== MK_GEMM_DIRECT_EPI=1"
+      checks tests/test_gemm_gpu.py tests/test_splitk_gpu.py tests/test_megakernel_gpu.py
+      echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
+      timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
+          --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+      echo "== memcheck, two-layer step, split-K auto"
+      timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+          check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
+      grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+    ) > "$OUTDIR/direct_check.log" 2>&1
+    cat "$OUTDIR/direct_check.log"
+  fi
+  if [[ $DP == *" gemm "* ]]; then
+    for v in ${MK_DIRECT_VALUES:-0 silu_mul 1}; do
+      MK_GEMM_DIRECT_EPI=$v timeout 200 python bench/gemm.py --ops O_PROJ,DOWN,GATE_UP \
+          --m ${MK_DIRECT_GEMM_M:-256,1024,4096} --odd-m 0 --reps 15 --no-compile \
+          --out "$OUTDIR/direct_gemm_$v.json" > "$TMPD/direct_gemm_$v.log" 2>&1 || rc=1
+      echo "== bench/gemm.py MK_GEMM_DIRECT_EPI=$v" | tee -a "$OUTDIR/direct.log"
+      grep -E "^(O_PROJ|DOWN|GATE_UP) |FAIL|Error" "$TMPD/direct_gemm_$v.log" | tee -a "$OUTDIR/direct.log"
+    done
+  fi
+  if [[ $DP == *" time "* ]]; then
+    if [[ $DP == *" check "* ]] && ! passed "$OUTDIR/direct_check.log"; then
+      echo "== direct: checks did not pass: not timed" | tee -a "$OUTDIR/direct.log"; rc=1
+    else
+      for v in ${MK_DIRECT_VALUES:-0 silu_mul 1}; do
+        time_variant direct "$v" "MK_GEMM_DIRECT_EPI=$v" ${MK_DIRECT_BATCH:-64,256,1024} \
+            "MK_GEMM_DIRECT_EPI=$v" ""
+      done
+    fi
+  fi
 fi
 if has pairwarp; then
   # MK_ATTN_PAIR_WARP=3 (compile-time): the pair checks (two-layer never / auto, racecheck,

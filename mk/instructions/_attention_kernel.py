@@ -94,8 +94,7 @@ import cutlass.cute as cute
 import cutlass.experimental.primitives as prims
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from mk.instructions import _common as mc
@@ -659,14 +658,7 @@ def bf_pair(a: Float32, b: Float32, *, loc=None, ip=None):
     (cvt.rn.bf16x2.f32, F2FP) and two integer ops, where x.to(BFloat16).to(Float32) costs a
     scalar conversion (F2F) each on the pipe that also runs exp2 (the DSL's 2-element
     .to(BFloat16) stays scalar in the PTX)."""
-    packed = Int32(llvm.inline_asm(
-        T.i32(), [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
-        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
-        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-    lo = packed << 16                  # the low half holds bf16(a)
-    hi = packed & Int32(-65536)        # 0xffff0000: bf16(b)
-    return (Float32(llvm.bitcast(T.f32(), lo.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
-            Float32(llvm.bitcast(T.f32(), hi.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)))
+    return rk.unpack_bf16x2(rk.pack_bf16x2(a, b, loc=loc, ip=ip), loc=loc, ip=ip)
 
 
 @cute.jit

@@ -51,6 +51,8 @@ import os
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from mk import tiles
 from mk.ir import Op
@@ -520,6 +522,60 @@ def f32x8(addr: Int64):
     """8 float32 (32 bytes, 16-byte aligned) of global memory at byte address addr."""
     return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=16),
                             cute.make_layout(8))
+
+
+@dsl_user_op
+def pack_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
+    """(bf16(a), bf16(b)) in one 32-bit word, a in the low half (the lower address in memory):
+    one packed round to nearest even (cvt.rn.bf16x2.f32, F2FP), where .to(BFloat16) costs a
+    scalar conversion per element."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Float32(b).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def unpack_bf16x2(packed: Int32, *, loc=None, ip=None):
+    """The two bf16 halves of a 32-bit word widened to float32, low half first (exact: a shift
+    and a mask)."""
+    lo = packed << 16
+    hi = packed & Int32(-65536)        # 0xffff0000
+    return (Float32(llvm.bitcast(T.f32(), lo.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
+            Float32(llvm.bitcast(T.f32(), hi.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)))
+
+
+# a predicate from two registers and an immediate inside the access's own asm: "row_ok != 0 and
+# j < n" (j the immediate), so that no per-access predicate stays live between a tile's loads and
+# its stores (32 of them spilled in the direct GEMM epilogue of the M1024 variant)
+_MASK_PRED = "{ .reg .pred p, q; setp.ne.b32 p, $%d, 0; setp.gt.s32 q, $%d, %d; and.pred p, p, q; "
+
+
+@dsl_user_op
+def ld_global_b32_masked(base: Int64, offset: int, row_ok: Int32, j: int, n: Int32, *, loc=None,
+                         ip=None) -> Int32:
+    """The 4-byte word at global byte address base + offset (a compile-time immediate) when
+    row_ok != 0 and j < n (j compile-time), else 0: one predicated LDG off a base register, no
+    branch (volatile: it stays after the barrier waits before it)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int64(base).ir_value(loc=loc, ip=ip), Int32(row_ok).ir_value(loc=loc, ip=ip),
+                  Int32(n).ir_value(loc=loc, ip=ip)],
+        _MASK_PRED % (2, 3, j) + "mov.b32 $0, 0; @p ld.global.b32 $0, [$1+%d]; }" % offset,
+        "=r,l,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def st_global_b32_masked(base: Int64, offset: int, value: Int32, row_ok: Int32, j: int, n: Int32,
+                         *, loc=None, ip=None):
+    """Store the 4-byte word value at global byte address base + offset (compile-time) when
+    row_ok != 0 and j < n (j compile-time): one predicated STG off a base register."""
+    llvm.inline_asm(
+        None, [Int64(base).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip),
+               Int32(row_ok).ir_value(loc=loc, ip=ip), Int32(n).ir_value(loc=loc, ip=ip)],
+        _MASK_PRED % (2, 3, j) + "@p st.global.b32 [$0+%d], $1; }" % offset,
+        "l,r,r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 @cute.jit
