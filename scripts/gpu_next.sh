@@ -311,6 +311,17 @@ passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), bo
       && ! grep -q '"passed": false' "$1" && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
       && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
 }
+# the two-layer check with a 478-token first step (the 1024 class; split-K auto) and a memcheck
+# of the two-layer step (memcheck_full.log), for a variant whose environment is exported
+check478_memcheck() {
+  echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
+  timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
+      --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+  echo "== memcheck, two-layer step, split-K auto"
+  timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
+  grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+}
 if has verify; then
   checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py ${MK_VERIFY_EXTRA:-} \
       > "$OUTDIR/verify.log" 2>&1
@@ -621,13 +632,7 @@ if has gutiles; then
   [ "${MK_GU_NOCHECK:-0}" = 1 ] || ( export MK_TILES=$GU; echo "== MK_TILES=$GU"
     checks tests/test_splitk_gpu.py \
         ${MK_GU_TESTS:-tests/test_gemm_gpu.py::test_two_page_gate_up_tile_at_256_matches_torch_face}
-    echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
-    timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
-        --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
-    echo "== memcheck, two-layer step, split-K auto"
-    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
-        check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
-    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+    check478_memcheck
   ) > "$OUTDIR/gutiles_check.log" 2>&1
   [ "${MK_GU_NOCHECK:-0}" = 1 ] || cat "$OUTDIR/gutiles_check.log"
   : > "$OUTDIR/gutiles.log"
@@ -638,13 +643,7 @@ if has direct; then
   if [[ $DP == *" check "* ]]; then
     ( export MK_GEMM_DIRECT_EPI=1; echo "== MK_GEMM_DIRECT_EPI=1"
       checks tests/test_gemm_gpu.py tests/test_splitk_gpu.py tests/test_megakernel_gpu.py
-      echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
-      timeout 120 python -m mk.megakernel_step check --layers 2 --split-k 0 \
-          --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
-      echo "== memcheck, two-layer step, split-K auto"
-      timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
-          check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
-      grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+      check478_memcheck
     ) > "$OUTDIR/direct_check.log" 2>&1
     cat "$OUTDIR/direct_check.log"
   fi

@@ -535,6 +535,18 @@ def up_pair(cfg, accs, acc, i: int):
     return accs[1][2 * i], accs[1][2 * i + 1]
 
 
+def out_pair(cfg, accs, acc, i: int):
+    """Output pair i of chain acc before the destination's part of the epilogue: the
+    accumulators, or for GATE_UP silu_mul_bf16 of the gate pair and its up pair."""
+    v0 = acc[2 * i]
+    v1 = acc[2 * i + 1]
+    if cutlass.const_expr(cfg.gate_up):
+        u0, u1 = up_pair(cfg, accs, acc, i)
+        v0 = silu_mul_bf16(v0, u0)
+        v1 = silu_mul_bf16(v1, u1)
+    return v0, v1
+
+
 @cute.jit
 def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute.TiledMma,
                  sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, kt: Int32,
@@ -685,12 +697,7 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         for i in cutlass.range_constexpr(npair):
             r, c = tCcC[2 * i]
             c = c + col_off + ch * cfg.wn
-            v0 = acc[2 * i]
-            v1 = acc[2 * i + 1]
-            if cutlass.const_expr(cfg.gate_up):
-                u0, u1 = up_pair(cfg, accs, acc, i)
-                v0 = silu_mul_bf16(v0, u0)
-                v1 = silu_mul_bf16(v1, u1)
+            v0, v1 = out_pair(cfg, accs, acc, i)
             a = epi_addr(pool, ep0, r, c, cfg.bm, ob, npages)
             if cutlass.const_expr(ob == 4):
                 d = cute.make_tensor(cute.make_ptr(Float32, a, cute.AddressSpace.smem,
@@ -918,12 +925,7 @@ def store_direct(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC: cut
                 for q in cutlass.range_constexpr(p, min(p + DIRECT_LOAD_GROUP, npair)):
                     resid[q] = rk.ld_global_b32_masked(row_base[q % 2], 16 * (q // 2),
                                                        row_ok[q % 2], q // 2, nj)
-            v0 = acc[2 * p]
-            v1 = acc[2 * p + 1]
-            if cutlass.const_expr(cfg.gate_up):
-                u0, u1 = up_pair(cfg, accs, acc, p)
-                v0 = silu_mul_bf16(v0, u0)
-                v1 = silu_mul_bf16(v1, u1)
+            v0, v1 = out_pair(cfg, accs, acc, p)
             if cutlass.const_expr(epi == EPI_RESIDUAL):
                 d0, d1 = rk.unpack_bf16x2(resid[p])
                 v0 = residual_add(d0, v0)
