@@ -193,7 +193,8 @@
 #          GATE_UP at M = MK_DIRECT_GEMM_M (256,1024,4096) with each of MK_DIRECT_VALUES ("0
 #          silu_mul 1"; 0 = the staged build) (direct_gemm_<v>.json); time = decode
 #          MK_DIRECT_BATCH (64,256,1024) with each value, journal on (`cons_epi`, the critical
-#          path): direct.log, direct_<v>.json. Timed only where its checks passed (direct_check.log)
+#          path; the journal variant of M1024 spills 8 bytes with it, the timed one none):
+#          direct.log, direct_<v>.json. Timed only where its checks passed (direct_check.log)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)

@@ -17,6 +17,11 @@ import pytest
 from _compile_gate import (assert_clean, assert_split_variant, dump_dir,  # noqa: F401
                            ptxas_report)  # (env set first)
 
+import cutlass  # noqa: E402  (after _compile_gate: CUTE_DSL_ARCH)
+import cutlass.cute as cute  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
+from cutlass import BFloat16, Float32  # noqa: E402
+
 pytestmark = pytest.mark.compile
 
 REQUIRED_PTX = {
@@ -169,3 +174,38 @@ def test_split_gemm_body_compiles_other_handoffs(dump_dir, handoff):
     assert len(re.findall(r"st\.global\.v2\.b32", ptx)) == slots[0].cfg.acc_regs() // 2
     rep = ptxas_report(ptx, os.path.join(dump_dir, f"split_gate_up_{handoff}"))
     assert_clean(rep)
+
+
+
+
+# the C thread-value layout of each tile config's tiled MMA, by tile name (_c_layout_probe)
+_C_LAYOUTS = {}
+
+
+@cute.jit
+def _c_layout_probe(cfg: cutlass.Constexpr):
+    """Records a tile config's C thread-value layout (shape, stride) in _C_LAYOUTS (at module
+    level: the DSL resolves a jit's annotations in its module)."""
+    mma = sm90_utils.make_trivial_tiled_mma(
+        BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+        Float32, cfg.atom_layout(), tiler_mn=(64, cfg.wn))
+    tv = mma.tv_layout_C_tiled
+    _C_LAYOUTS[cfg.name] = (tv.shape, tv.stride)
+
+
+def test_accumulator_fragment_is_what_the_epilogues_assume():
+    """Every tile config's tiled MMA hands each consumer thread the m64nN accumulator fragment
+    whose element i = e + 2h + 4j is row r + 8h, column c + 8j + e of its first element (the
+    C thread-value layout's value mode: shape (2, 2, wn / 8), strides (Mt, 8, 8 Mt) in the
+    column-major (Mt, Nt) tile): the direct epilogue's two row bases with immediate offsets
+    (_gemm_kernel.store_direct) and the RoPE / one-page gate-up partner offsets (PARTNER_64,
+    TileConfig.partner) rest on it. Lane l holds row l / 4, columns 2 (l % 4)."""
+    from mk.instructions import _gemm_kernel as gk
+
+    for name, cfg in gk.TILES.items():
+        cute.compile(_c_layout_probe, cfg)
+        (thr_shape, (val_shape, _)), (thr_stride, (val_stride, _)) = _C_LAYOUTS[name]
+        mt = 64 * cfg.atom_layout()[0]              # rows of the tiled MMA's C tile
+        assert val_shape == (2, 2, cfg.wn // 8), (name, val_shape)
+        assert val_stride == (mt, 8, 8 * mt), (name, val_stride)
+        assert thr_shape[:2] == (4, 8) and thr_stride[:2] == (2 * mt, 1), (name, thr_shape)
