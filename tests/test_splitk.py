@@ -251,7 +251,8 @@ def test_uneven_split_70b_tp8(monkeypatch):
     for m in (1, 16, 64):
         plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
         assert plan.layout["splitk"]["GATE_UP"] == (32, 4)
-    monkeypatch.setitem(tiles.TILE_TABLE, Op.GATE_UP, ("gu_m64", "gu_m128n64", "gu_m128", "gu_m128"))
+    monkeypatch.setitem(tiles.TILE_TABLE, Op.GATE_UP,
+                        ("gu_m64", "gu_m128n64", "gu_m128", "gu_m128"))
     for m in (1, 16, 64):
         plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
         got = tuple(plan.layout["splitk"][op.name] for op in SPLIT_OPS)

@@ -34,7 +34,8 @@ def test_table_classes():
     # GATE_UP: half-width tiles at 64 < M <= 256 since session 16, full ones around them (the
     # 1024 class went back to two B pages with the op-major queue in session 17); on 112-row B
     # pages up to 1024 tokens since session 20 (112 / 56 output columns)
-    assert [tiles.tile_shape(Op.GATE_UP, m).bn for m in (64, 256, 1024, 4096)] == [112, 56, 112, 128]
+    assert [tiles.tile_shape(Op.GATE_UP, m).bn for m in (64, 256, 1024, 4096)] == \
+        [112, 56, 112, 128]
     assert [tiles.tile_shape(Op.GATE_UP, m).b_rows for m in (64, 256, 1024, 4096)] == \
         [112, 112, 112, 128]
     # QKV_ROPE: one head per 128-row tile in every class (m64n256 at M <= 64 until session 14)
@@ -282,12 +283,14 @@ def test_megakernel_check_plan_accepts_default_gemm_tiles(m):
                      plan.num_counters, gemm=gemm, slots=slots)
 
 
-@pytest.mark.parametrize("m,cols,per_layer", [(256, 56, 1024), (1024, 112, 2048), (4096, 128, 7168)])
+@pytest.mark.parametrize("m,cols,per_layer",
+                         [(256, 56, 1024), (1024, 112, 2048), (4096, 128, 7168)])
 def test_gate_up_tiles_per_class(m, cols, per_layer):
     """GATE_UP's tiles of the table's class at m tokens: 56 output columns (gu_m128n56, one
     112-row B page of 56 gate + 56 up rows) at 64 < M <= 256, 112 up to 1024 (gu_m128n112), 128
-    above (gu_m128); unsplit (split_k 1), so (token blocks) x 28672 / cols tiles per layer. (The plans' GPU tile predicate and check_plan
-    at each class: test_default_plan_satisfies_the_gpu_tiles and
+    above (gu_m128); unsplit (split_k 1), so (token blocks) x 28672 / cols tiles per layer.
+    (The plans' GPU tile predicate and check_plan at each class:
+    test_default_plan_satisfies_the_gpu_tiles and
     test_megakernel_check_plan_accepts_default_gemm_tiles.)"""
     plan = plan_step(batch_of(m), LLAMA_70B, ParallelConfig(1, 0), KERNEL_70B, PlanConfig())
     s = plan.instrs.numpy()

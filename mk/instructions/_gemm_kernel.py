@@ -150,7 +150,7 @@ EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
 # mainloop's tail), hence the two are separate switches.
 _DIRECT_NAMES = {"silu_mul": EPI_SILU_MUL, "residual": EPI_RESIDUAL}
 _direct_env = os.environ.get("MK_GEMM_DIRECT_EPI", "0").strip()
-_direct_env = "silu_mul,residual" if _direct_env == "1" else ("" if _direct_env == "0" else _direct_env)
+_direct_env = {"1": "silu_mul,residual", "0": ""}.get(_direct_env, _direct_env)
 if not set(t for t in _direct_env.split(",") if t) <= set(_DIRECT_NAMES):
     raise ValueError(f"MK_GEMM_DIRECT_EPI={_direct_env!r}: a comma-separated list of "
                      f"{sorted(_DIRECT_NAMES)}, 1 (both) or 0 (none)")
@@ -560,9 +560,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages (or, direct_epilogue(epi), straight to the destination). Returns the new page count.
 
-    dest: (ybase, ld, col0, cols) of the destination when direct_epilogue(epi) (DirectDest in
-    the megakernel; None otherwise): the byte address of its (0, 0), its row pitch in elements,
-    the tile's first column and column count.
+    dest: (ybase, ld, col0, cols) of the destination when direct_epilogue(epi) (the
+    megakernel's consumer dispatch builds it; None otherwise): the byte address of its (0, 0),
+    its row pitch in elements, the tile's first column and column count.
 
     journal / stamp_epi (the megakernel's journal variant only): word of row `ticket` that gets
     the time the last wgmma retired (the epilogue, or a split tile's partial stores, start).
