@@ -381,14 +381,15 @@ def assert_switch_adds_waits(tmp_path, name: str, var: str, check: str) -> None:
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / f"{name}1")))
 
 
-@pytest.mark.parametrize("m_class", [64, 1024])
-def test_direct_gemm_epilogue_variant_compiles_without_spills(tmp_path, m_class):
+def test_direct_gemm_epilogue_variant_compiles_without_spills(tmp_path):
     """MK_GEMM_DIRECT_EPI=1 (compile-time; built in session 20, not yet GPU-run): the RESIDUAL
     and SILU_MUL tiles store from the consumers' registers (predicated 4-byte stores and, for
     RESIDUAL, loads off two row bases with immediate offsets) and take no epilogue pages. The
-    M64 and M1024 variants (m128n256 tiles: 128 accumulator registers) compile with 0 spills
-    and no call; the residual tile's TMA loads are gone; with the switch off the PTX has no such
-    access (the default build is the staged one)."""
+    M1024 variant (m128n256 tiles: 128 accumulator registers, the most register pressure; the
+    other classes compiled clean too in session 20) compiles with 0 spills and no call; the
+    residual tile's TMA loads are gone; with the switch off the PTX has no such access (the
+    default build is the staged one)."""
+    m_class = 1024
     check = "from mk.instructions import _gemm_kernel as gk; assert gk.DIRECT_EPIS == %s"
     on = variant_ptx(tmp_path, f"direct{m_class}", {"MK_GEMM_DIRECT_EPI": "1"},
                      check % "{gk.EPI_RESIDUAL, gk.EPI_SILU_MUL}", m_class)
