@@ -860,7 +860,7 @@ class MegakernelDSL:
                         if op == GS[gi].op:
                             g = gops[gi]
                             kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
-                            # gk.DIRECT_EPI: the consumers store the tile themselves
+                            # gk.DIRECT_EPIS: the consumers store the tile themselves
                             dest = None
                             if cutlass.const_expr(gk.direct_epilogue(GS[gi].epi)):
                                 dest = (gk.dest_base(GS[gi].epi, g[9], ring, base + ARG0,

@@ -155,7 +155,6 @@ if not set(t for t in _direct_env.split(",") if t) <= set(_DIRECT_NAMES):
     raise ValueError(f"MK_GEMM_DIRECT_EPI={_direct_env!r}: a comma-separated list of "
                      f"{sorted(_DIRECT_NAMES)}, 1 (both) or 0 (none)")
 DIRECT_EPIS = frozenset(_DIRECT_NAMES[t] for t in _direct_env.split(",") if t)
-DIRECT_EPI = bool(DIRECT_EPIS)
 # residual pairs a direct RESIDUAL epilogue has in flight before it stores them (16 spilled 32
 # bytes and a chain's 32 spilled 176 in the M1024 variant, beside an m128n256 tile's 128
 # accumulator registers)
@@ -264,7 +263,7 @@ def out_bytes_of(epi: int) -> int:
 
 
 def direct_epilogue(epi: int) -> bool:
-    """Whether tiles of epilogue `epi` store from registers (DIRECT_EPI) and take no epilogue
+    """Whether tiles of epilogue `epi` store from registers (DIRECT_EPIS) and take no epilogue
     pages (compile-time; every role asks the same question)."""
     return epi in DIRECT_EPIS
 
