@@ -860,19 +860,12 @@ class MegakernelDSL:
                         if op == GS[gi].op:
                             g = gops[gi]
                             kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
-                            # gk.DIRECT_EPIS: the consumers store the tile themselves
-                            dest = None
-                            if cutlass.const_expr(gk.direct_epilogue(GS[gi].epi)):
-                                dest = (gk.dest_base(GS[gi].epi, g[9], ring, base + ARG0,
-                                                     GS[gi].yb),
-                                        g[9].shape[1], ring[base + W_COL0], ring[base + W_COLS])
                             pg = gk.gemm_consume(GS[gi].cfg, GS[gi].epi, g[6], g[7], g[8], kt,
                                                  pool, full, empty, done, pg, NP, ctv, timeout_ns,
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
                                                  PS, self.split_tile(GS[gi], g, ring, base, skops),
-                                                 journal, J_CONS_EPI if self.journal else -1,
-                                                 dest)
+                                                 journal, J_CONS_EPI if self.journal else -1)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and

@@ -183,18 +183,6 @@
 #          MK_GU_TILES: the whole MK_TILES value instead (a tile per class, e.g. session 19's
 #          "GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"), MK_GU_TESTS: the tile's GPU tests
 #          (default the two-page gate/up tests)
-#   direct MK_GEMM_DIRECT_EPI (session 20, compile-checked only: the RESIDUAL / SILU_MUL GEMM tiles
-#          store from the consumers' registers and take no epilogue pages; "1" = both, "silu_mul"
-#          or "residual" alone; bench/GEMM_NOTES.md session 20), in parts (MK_DIRECT_PARTS,
-#          default "check gemm time"; ~9 min in all, so two calls: "check" then "gemm time"):
-#          check = with MK_GEMM_DIRECT_EPI=1 tests/test_gemm_gpu.py, tests/test_splitk_gpu.py
-#          and tests/test_megakernel_gpu.py, the two-layer checks never / auto, racecheck, the
-#          478-token check, a memcheck (direct_check.log); gemm = bench/gemm.py O_PROJ, DOWN,
-#          GATE_UP at M = MK_DIRECT_GEMM_M (256,1024,4096) with each of MK_DIRECT_VALUES ("0
-#          silu_mul 1"; 0 = the staged build) (direct_gemm_<v>.json); time = decode
-#          MK_DIRECT_BATCH (64,256,1024) with each value, journal on (`cons_epi`, the critical
-#          path; the journal variant of M1024 spills 8 bytes with it, the timed one none):
-#          direct.log, direct_<v>.json. Timed only where its checks passed (direct_check.log)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -208,34 +196,27 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 20
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 21
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
 # on m128n128 at 65..256 tokens, GATE_UP on 112-row B pages up to 1024 tokens, LM_HEAD on
 # m128n128 at 65..256 sequences, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
 # tokens, prefill ATTENTION in 16-token row chunks; all GPU-checked; always set MK_COMMIT: the
 # device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
-#   0. "direct" (the direct GEMM epilogue, session 20, compile-checked only): MK_DIRECT_PARTS=
-#      check in one call (~5 min), then "gemm time" (~5 min). Session 3's profile put 6-10 us of
-#      an O_PROJ / DOWN tile in the staging pages' recycle chain; the journal's `cons_epi` per
-#      GEMM instruction (2.3-5.9 us at B=1024) is the first thing to read. RESIDUAL's loads
-#      come in groups of 8 pairs (MK_GEMM_DIRECT_LOAD_GROUP; 16 spilled 32 bytes at M1024):
-#      if "residual" loses where "silu_mul" wins, the next step is to prefetch the residual
-#      rows (prefetch.global.L2 during the mainloop's last stages) or to keep RESIDUAL staged.
-#      Adopt per epilogue on its own result (the default of DIRECT_EPIS in _gemm_kernel.py,
-#      then tests/test_megakernel_compile.py's expectations and a verify)
-#   1. "verify" of the default build (session 20 changed the tile table; the 112-row tiles were
-#      checked with MK_TILES set to them, LM_HEAD m128n128 through bench/gemm.py at M=200 / 256)
-#      and "e2e" MK_E2E_BATCH=4096 (ctx 256, launch/bench.py's default there: the table's only
-#      point from session 18)
-#   2. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
+#   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
 #      the same for SPLITK_REDUCE (17.1 us of B=128's 138.6 per layer on the path)
-#   3. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
+#   2. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
 #      (+0.8%) (planab_od1k_2026-12-01_s19): a token cap inside the class (a tile override by
 #      tokens) would take the 384 gain only
-#   4. "pairwarp" (memcheck + repeat timing)
+#   3. "pairwarp" (memcheck + repeat timing)
+# The GEMM tiles' epilogue (issue 5): session 21 measured the register-direct epilogue (session
+# 20's MK_GEMM_DIRECT_EPI, removed since; bench/GEMM_NOTES.md session 21) slower than the staged
+# one (RESIDUAL 2.1x at M=1024, SILU_MUL +2% at M >= 1024): without staging pages the
+# consumers' own scattered stores took the time the staged copy took. Overlapping a tile's
+# epilogue with the next tile's mainloop likely needs two accumulator sets (ping-pong consumer
+# warpgroups, as CUTLASS's sm90 ping-pong kernels), not yet built
 # MK_DEADLINE_S skips a step whose STEP_S estimate does not fit: give the step's own limits
 # (MK_AB_TIMEOUT) and a deadline past its estimate, or it is skipped at 0 s (session 13 lost a
 # B=4096 timing that way).
@@ -277,7 +258,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [direct]=540)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -638,35 +619,6 @@ if has gutiles; then
   [ "${MK_GU_NOCHECK:-0}" = 1 ] || cat "$OUTDIR/gutiles_check.log"
   : > "$OUTDIR/gutiles.log"
   time_ab gutiles "GATE_UP tiles ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
-fi
-if has direct; then
-  DP=" ${MK_DIRECT_PARTS:-check gemm time} "
-  if [[ $DP == *" check "* ]]; then
-    ( export MK_GEMM_DIRECT_EPI=1; echo "== MK_GEMM_DIRECT_EPI=1"
-      checks tests/test_gemm_gpu.py tests/test_splitk_gpu.py tests/test_megakernel_gpu.py
-      check478_memcheck
-    ) > "$OUTDIR/direct_check.log" 2>&1
-    cat "$OUTDIR/direct_check.log"
-  fi
-  if [[ $DP == *" gemm "* ]]; then
-    for v in ${MK_DIRECT_VALUES:-0 silu_mul 1}; do
-      MK_GEMM_DIRECT_EPI=$v timeout 200 python bench/gemm.py --ops O_PROJ,DOWN,GATE_UP \
-          --m ${MK_DIRECT_GEMM_M:-256,1024,4096} --odd-m 0 --reps 15 --no-compile \
-          --out "$OUTDIR/direct_gemm_$v.json" > "$TMPD/direct_gemm_$v.log" 2>&1 || rc=1
-      echo "== bench/gemm.py MK_GEMM_DIRECT_EPI=$v" | tee -a "$OUTDIR/direct.log"
-      grep -E "^(O_PROJ|DOWN|GATE_UP) |FAIL|Error" "$TMPD/direct_gemm_$v.log" | tee -a "$OUTDIR/direct.log"
-    done
-  fi
-  if [[ $DP == *" time "* ]]; then
-    if [[ $DP == *" check "* ]] && ! passed "$OUTDIR/direct_check.log"; then
-      echo "== direct: checks did not pass: not timed" | tee -a "$OUTDIR/direct.log"; rc=1
-    else
-      for v in ${MK_DIRECT_VALUES:-0 silu_mul 1}; do
-        time_variant direct "$v" "MK_GEMM_DIRECT_EPI=$v" ${MK_DIRECT_BATCH:-64,256,1024} \
-            "MK_GEMM_DIRECT_EPI=$v" ""
-      done
-    fi
-  fi
 fi
 if has pairwarp; then
   # MK_ATTN_PAIR_WARP=3 (compile-time): the pair checks (two-layer never / auto, racecheck,

@@ -197,8 +197,7 @@ def test_accumulator_fragment_is_what_the_epilogues_assume():
     """Every tile config's tiled MMA hands each consumer thread the m64nN accumulator fragment
     whose element i = e + 2h + 4j is row r + 8h, column c + 8j + e of its first element (the
     C thread-value layout's value mode: shape (2, 2, wn / 8), strides (Mt, 8, 8 Mt) in the
-    column-major (Mt, Nt) tile): the direct epilogue's two row bases with immediate offsets
-    (_gemm_kernel.store_direct) and the RoPE / one-page gate-up partner offsets (PARTNER_64,
+    column-major (Mt, Nt) tile): the RoPE / one-page gate-up partner offsets (PARTNER_64,
     TileConfig.partner) rest on it. Lane l holds row l / 4, columns 2 (l % 4)."""
     from mk.instructions import _gemm_kernel as gk
 

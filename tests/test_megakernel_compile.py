@@ -381,41 +381,6 @@ def assert_switch_adds_waits(tmp_path, name: str, var: str, check: str) -> None:
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / f"{name}1")))
 
 
-def test_direct_gemm_epilogue_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_DIRECT_EPI=1 (compile-time; built in session 20, not yet GPU-run): the RESIDUAL
-    and SILU_MUL tiles store from the consumers' registers (predicated 4-byte stores and, for
-    RESIDUAL, loads off two row bases with immediate offsets) and take no epilogue pages. The
-    M1024 variant (m128n256 tiles: 128 accumulator registers, the most register pressure; the
-    other classes compiled clean too in session 20) compiles with 0 spills and no call; the
-    residual tile's TMA loads are gone; with the switch off the PTX has no such access (the
-    default build is the staged one)."""
-    m_class = 1024
-    check = "from mk.instructions import _gemm_kernel as gk; assert gk.DIRECT_EPIS == %s"
-    on = variant_ptx(tmp_path, f"direct{m_class}", {"MK_GEMM_DIRECT_EPI": "1"},
-                     check % "{gk.EPI_RESIDUAL, gk.EPI_SILU_MUL}", m_class)
-    off = variant_ptx(tmp_path, f"staged{m_class}", {"MK_GEMM_DIRECT_EPI": "0"},
-                      check % "frozenset()", m_class)
-    masked_st = re.compile(r"@p st\.global\.b32 \[%rd\d+\+\d+\]")
-    masked_ld = re.compile(r"@p ld\.global\.b32 %r\d+, \[%rd\d+\+\d+\]")
-    assert len(masked_st.findall(on)) >= 32 and len(masked_ld.findall(on)) >= 32
-    assert not masked_st.findall(off) and not masked_ld.findall(off)
-    tma = [p.count("cp.async.bulk.tensor") for p in (on, off)]
-    assert tma[0] < tma[1], tma
-    assert not re.search(r"^\s*call", on, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(on, str(tmp_path / f"direct{m_class}")))
-
-
-def test_direct_gemm_epilogue_switch_refuses_unknown_names():
-    """MK_GEMM_DIRECT_EPI names epilogues; a typo is an error at import, not a silent staged
-    build."""
-    import subprocess
-    import sys
-    r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"],
-                       env=dict(os.environ, MK_GEMM_DIRECT_EPI="silu_mul,resid"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MK_GEMM_DIRECT_EPI='silu_mul,resid'" in r.stderr, r.stderr[-2000:]
-
-
 def test_early_weights_variant_compiles_without_spills(tmp_path):
     """MK_EARLY_WEIGHTS=1, the default (the controller hands an instruction over before its
     dependency waits; a GEMM's loader streams its first weight pages during them, every other role

@@ -135,30 +135,6 @@ assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {s
 # faster (bench/results/gemm_profile_jobs_2026-11-29.json); MK_GEMM_EPI_BATCH=0 restores the
 # one-pass loop.
 EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
-# Direct epilogue (MK_GEMM_DIRECT_EPI: a comma-separated list of "silu_mul" / "residual", or "1"
-# for both; compile-time, read once at import; built in session 20, compile-checked, not yet
-# GPU-run, so none by default): those epilogues go from the consumers' registers straight to the
-# destination (4-byte bf16-pair stores; RESIDUAL loads its residual pairs from global memory,
-# DIRECT_LOAD_GROUP of them in flight at a time), and their tiles take no epilogue pages in any
-# role, like a split tile's partial stores. Why: a staged epilogue takes E pages of the 13-page
-# ring right after the mainloop (m128n256: 4 of them beside 4 stages of 3), so the next tile's
-# first stages wait for this tile's last wgmmas to retire and for the storer to copy and free the
-# staging pages; session 3's profile put 6-10 us of an O_PROJ / DOWN tile in that recycle chain
-# (bench/GEMM_NOTES.md "Where the time goes"), and session 20's journal 2.3-5.9 us of `cons_epi`
-# per GEMM instruction at B=1024. SILU_MUL (GATE_UP) stores only; RESIDUAL trades the recycle
-# chain for the residual loads' round trips (the staged path TMA-loads the residual during the
-# mainloop's tail), hence the two are separate switches.
-_DIRECT_NAMES = {"silu_mul": EPI_SILU_MUL, "residual": EPI_RESIDUAL}
-_direct_env = os.environ.get("MK_GEMM_DIRECT_EPI", "0").strip()
-_direct_env = {"1": "silu_mul,residual", "0": ""}.get(_direct_env, _direct_env)
-if not set(t for t in _direct_env.split(",") if t) <= set(_DIRECT_NAMES):
-    raise ValueError(f"MK_GEMM_DIRECT_EPI={_direct_env!r}: a comma-separated list of "
-                     f"{sorted(_DIRECT_NAMES)}, 1 (both) or 0 (none)")
-DIRECT_EPIS = frozenset(_DIRECT_NAMES[t] for t in _direct_env.split(",") if t)
-# residual pairs a direct RESIDUAL epilogue has in flight before it stores them (16 spilled 32
-# bytes and a chain's 32 spilled 176 in the M1024 variant, beside an m128n256 tile's 128
-# accumulator registers)
-DIRECT_LOAD_GROUP = int(os.environ.get("MK_GEMM_DIRECT_LOAD_GROUP", "8"))
 # The consumers do not free operand pages themselves (MK_GEMM_CONSUMER_FREE, removed 2026-11-29):
 # with the storer then waiting `done` of epilogue pages only, a page's previous operand use could
 # still be pending and the parity wait passed on a stale phase (deadlock on the H200). A sound
@@ -262,19 +238,8 @@ def out_bytes_of(epi: int) -> int:
     return 4 if epi == EPI_STORE_F32 else 2
 
 
-def direct_epilogue(epi: int) -> bool:
-    """Whether tiles of epilogue `epi` store from registers (DIRECT_EPIS) and take no epilogue
-    pages (compile-time; every role asks the same question)."""
-    return epi in DIRECT_EPIS
-
-
-def epi_pages_of(cfg: TileConfig, epi: int) -> int:
-    """Epilogue (staging) pages of an unsplit tile of epilogue `epi`."""
-    return 0 if direct_epilogue(epi) else cfg.epi_pages(out_bytes_of(epi))
-
-
 def pages_per_instr(cfg: TileConfig, epi: int, kt: int) -> int:
-    return kt * cfg.stage_pages + epi_pages_of(cfg, epi)
+    return kt * cfg.stage_pages + cfg.epi_pages(out_bytes_of(epi))
 
 
 # ============================================================================ host-side builders
@@ -383,14 +348,13 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      pg + 1, npages, timeout_ns, state, ticket)
         pg = pg + cfg.stage_pages
-    if cutlass.const_expr(not direct_epilogue(epi)):
-        if cutlass.const_expr(split is None):
+    if cutlass.const_expr(split is None):
+        pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty, pg,
+                           npages, timeout_ns, state, ticket)
+    else:
+        if split.nsplit() < 2:
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
                                pg, npages, timeout_ns, state, ticket)
-        else:
-            if split.nsplit() < 2:
-                pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
-                                   empty, pg, npages, timeout_ns, state, ticket)
     return pg
 
 
@@ -554,14 +518,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
                  row0: Int32, rows: Int32, section: Int32,
                  share: cutlass.Constexpr = DONE_ARRIVALS, split=None,
-                 journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1,
-                 dest=None) -> Int32:
+                 journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
-    pages (or, direct_epilogue(epi), straight to the destination). Returns the new page count.
-
-    dest: (ybase, ld, col0, cols) of the destination when direct_epilogue(epi) (the
-    megakernel's consumer dispatch builds it; None otherwise): the byte address of its (0, 0),
-    its row pitch in elements, the tile's first column and column count.
+    pages. Returns the new page count.
 
     journal / stamp_epi (the megakernel's journal variant only): word of row `ticket` that gets
     the time the last wgmma retired (the epilogue, or a split tile's partial stores, start).
@@ -629,22 +588,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             store_partial(cfg, accs, tCcC, wg, split, row0, rows)
             if cutlass.const_expr(share != CONSUMER_THREADS):
                 cute.arch.sync_warp()       # lane 0's `done` arrive speaks for the warp's stores
-        else:
-            if cutlass.const_expr(direct_epilogue(epi)):
-                store_direct(cfg, epi, accs, tCcC, wg, dest, row0, rows)
-                if cutlass.const_expr(share != CONSUMER_THREADS):
-                    cute.arch.sync_warp()
-    else:
-        if cutlass.const_expr(direct_epilogue(epi)):
-            # like a split tile's partial: before the last stage's `done`, so the storer's walk
-            # orders these stores before its signal
-            store_direct(cfg, epi, accs, tCcC, wg, dest, row0, rows)
-            if cutlass.const_expr(share != CONSUMER_THREADS):
-                cute.arch.sync_warp()
     release_stage(pg + (kt - 1) * spp, spp, npages, done, lane, share)
     pg = pg + kt * spp
-    if cutlass.const_expr(direct_epilogue(epi)):
-        return pg
     if cutlass.const_expr(split is None):
         pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg, npages,
                               lane, timeout_ns, state, ticket, meta, inv_freq, row0, rows, section,
@@ -859,7 +804,9 @@ def gemm_dest(epi: cutlass.Constexpr, y: cute.Tensor, kv: cute.Tensor, meta: cut
     ring index w0 (base + ARG0 for a GEMM instruction, further on for SPLITK_REDUCE's copy), read
     where needed. y: the slot's destination (T, N, Z), z = dst word - yb; QKV_ROPE's K/V sections:
     the paged cache kv (rows, hkv*D, 2), rows kv_slot[t] + layer * stride, column c - sec_col0."""
-    ybase = dest_base(epi, y, ring, w0, yb)
+    ob = out_bytes_of(epi)
+    yz = ring[w0 + U_DST] - yb
+    ybase = y.iterator.toint() + Int64(yz) * Int64(y.shape[0]) * Int64(y.shape[1]) * ob
     ld = y.shape[1]
     rowmap = Int32(-1)
     radd = Int32(0)
@@ -874,63 +821,6 @@ def gemm_dest(epi: cutlass.Constexpr, y: cute.Tensor, kv: cute.Tensor, meta: cut
             radd = ring[base + W_LAYER] * meta[mc.M_KV_LAYER_STRIDE]
             dcol0 = col0 - ring[w0 + U_SEC_COL0]
     return ybase, ld, rowmap, radd, dcol0
-
-
-@cute.jit
-def dest_base(epi: cutlass.Constexpr, y: cute.Tensor, ring: cute.Tensor, w0: Int32,
-              yb: cutlass.Constexpr) -> Int64:
-    """Byte address of (0, 0) of the tile's destination y[:, :, z], z = dst word - yb (the slot's
-    destination tensor (T, N, Z), compact in z)."""
-    yz = ring[w0 + U_DST] - yb
-    return (y.iterator.toint()
-            + Int64(yz) * Int64(y.shape[0]) * Int64(y.shape[1]) * out_bytes_of(epi))
-
-
-# ============================================================================ direct epilogue
-@cute.jit
-def store_direct(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC: cute.Tensor,
-                 wg: Int32, dest, row0: Int32, rows: Int32):
-    """Consumers (direct_epilogue(epi)): the fused epilogue of an unsplit tile from registers to
-    the destination: y[row0 + r, col0 + c] for r < rows and c < cols, one 4-byte store per bf16
-    pair (the epilogue math of consume_epilogue: SILU_MUL's silu_mul_bf16, RESIDUAL's
-    bf16(dst + bf16(acc)) with dst read here, the rounding to bf16 one cvt.rn per pair).
-    RESIDUAL issues the residual loads of DIRECT_LOAD_GROUP pairs before their stores.
-
-    Addresses: a wgmma m64nN fragment's element i = e + 2h + 4j is row r + 8h, column c + 8j + e
-    of the thread's first element (r, c) (see PARTNER_64), so pair p = i / 2 sits in row h = p % 2
-    at byte offset 16 j (j = p / 2) from that row's base: two 64-bit row bases per chain and
-    predicated loads / stores with immediate offsets (rk.ld_global_b32_masked /
-    st_global_b32_masked).
-    Addresses per pair (and branches around each access) spilled 0.4-1.7 KB in the M1024
-    variant."""
-    ybase, ld, col0, cols = dest
-    col_off = tile_col_off(cfg, wg)
-    nout = 1 if cfg.gate_up else cfg.chains()
-    r_t, c_t = tCcC[0]
-    for ch in cutlass.range_constexpr(nout):
-        acc = accs[ch]
-        assert cute.size(acc) == 4 * (cfg.wn // 8), "m64nN fragment: e + 2h + 4j"
-        npair = out_pairs(cfg, acc)
-        c_ch = c_t + col_off + ch * cfg.wn
-        row_base = [ybase + (Int64(row0 + r_t + 8 * h) * Int64(ld) + Int64(col0 + c_ch)) * 2
-                    for h in range(2)]
-        # pair p is in the tile iff its row is (row_ok[p % 2]) and j = p / 2 < nj: columns
-        # c_ch + 8 j < cols (cols a multiple of 8, c_ch < 8 past a multiple of 8)
-        row_ok = [Int32(r_t + 8 * h < rows) for h in range(2)]
-        nj = (cols - c_ch + 7) // 8
-        resid = [None] * npair
-        for p in cutlass.range_constexpr(npair):
-            if cutlass.const_expr(epi == EPI_RESIDUAL and p % DIRECT_LOAD_GROUP == 0):
-                for q in cutlass.range_constexpr(p, min(p + DIRECT_LOAD_GROUP, npair)):
-                    resid[q] = rk.ld_global_b32_masked(row_base[q % 2], 16 * (q // 2),
-                                                       row_ok[q % 2], q // 2, nj)
-            v0, v1 = out_pair(cfg, accs, acc, p)
-            if cutlass.const_expr(epi == EPI_RESIDUAL):
-                d0, d1 = rk.unpack_bf16x2(resid[p])
-                v0 = residual_add(d0, v0)
-                v1 = residual_add(d1, v1)
-            rk.st_global_b32_masked(row_base[p % 2], 16 * (p // 2), rk.pack_bf16x2(v0, v1),
-                                    row_ok[p % 2], p // 2, nj)
 
 
 # ============================================================================ split-K tiles
@@ -1043,16 +933,15 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     pg = pg + kt * cfg.stage_pages
-    if cutlass.const_expr(not direct_epilogue(epi)):
-        if cutlass.const_expr(split is None):
+    if cutlass.const_expr(split is None):
+        pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done, pg,
+                            npages, sid, bar_id, nthreads, timeout_ns, state, ticket, meta,
+                            rowmap_off, row_add, dcol0, share)
+    else:
+        if split.nsplit() < 2:
             pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
                                 pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket,
                                 meta, rowmap_off, row_add, dcol0, share)
-        else:
-            if split.nsplit() < 2:
-                pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty,
-                                    done, pg, npages, sid, bar_id, nthreads, timeout_ns, state,
-                                    ticket, meta, rowmap_off, row_add, dcol0, share)
     return pg
 
 
@@ -1118,8 +1007,9 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
 # ============================================================================ descriptions
 def describe(cfg: TileConfig, epi: int, k: int, npages: int = 13) -> dict:
     """Numbers for notes/tests: pages, stages in the pool, accumulator registers, FLOP per page."""
+    ob = out_bytes_of(epi)
     kt = math.ceil(k / BK)
     return dict(name=cfg.name, bm=cfg.bm, bn=cfg.bn, nb=cfg.nb, wn=cfg.wn, wg=cfg.wg,
                 stage_pages=cfg.stage_pages, stages_in_pool=cfg.stages_in_pool(npages),
-                epi_pages=epi_pages_of(cfg, epi), pages_per_tile=pages_per_instr(cfg, epi, kt),
+                epi_pages=cfg.epi_pages(ob), pages_per_tile=pages_per_instr(cfg, epi, kt),
                 acc_regs=cfg.acc_regs())

@@ -545,39 +545,6 @@ def unpack_bf16x2(packed: Int32, *, loc=None, ip=None):
             Float32(llvm.bitcast(T.f32(), hi.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)))
 
 
-# a predicate from two registers and an immediate inside the access's own asm: "row_ok != 0 and
-# j < n" (j the immediate), so that no per-access predicate stays live between a tile's loads and
-# its stores (32 of them spilled in the direct GEMM epilogue of the M1024 variant)
-_MASK_PRED = "{ .reg .pred p, q; setp.ne.b32 p, $%d, 0; setp.gt.s32 q, $%d, %d; and.pred p, p, q; "
-
-
-@dsl_user_op
-def ld_global_b32_masked(base: Int64, offset: int, row_ok: Int32, j: int, n: Int32, *, loc=None,
-                         ip=None) -> Int32:
-    """The 4-byte word at global byte address base + offset (a compile-time immediate) when
-    row_ok != 0 and j < n (j compile-time), else 0: one predicated LDG off a base register, no
-    branch (volatile: it stays after the barrier waits before it)."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int64(base).ir_value(loc=loc, ip=ip), Int32(row_ok).ir_value(loc=loc, ip=ip),
-                  Int32(n).ir_value(loc=loc, ip=ip)],
-        _MASK_PRED % (2, 3, j) + "mov.b32 $0, 0; @p ld.global.b32 $0, [$1+%d]; }" % offset,
-        "=r,l,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-
-@dsl_user_op
-def st_global_b32_masked(base: Int64, offset: int, value: Int32, row_ok: Int32, j: int, n: Int32,
-                         *, loc=None, ip=None):
-    """Store the 4-byte word value at global byte address base + offset (compile-time) when
-    row_ok != 0 and j < n (j compile-time): one predicated STG off a base register."""
-    llvm.inline_asm(
-        None, [Int64(base).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip),
-               Int32(row_ok).ir_value(loc=loc, ip=ip), Int32(n).ir_value(loc=loc, ip=ip)],
-        _MASK_PRED % (2, 3, j) + "@p st.global.b32 [$0+%d], $1; }" % offset,
-        "l,r,r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
 @cute.jit
 def residual_add(res: Float32, acc: Float32) -> Float32:
     """RESIDUAL: res + bf16(acc) in float32 (the caller rounds it to bf16 once more: torch's
