@@ -909,6 +909,9 @@ def merge_ranks(reports: list[dict]) -> dict:
 
 
 # Main ----------------------------------------------------------------------------------------------
+MERGED_NOTE = "merged from"
+
+
 def merge_files(paths: list[str]) -> dict:
     """One report from several runs' JSON: points in order (decode by batch, then mixed), a later
     file's point replacing an earlier one of the same shape; each point keeps the floor of its run."""
@@ -932,11 +935,13 @@ def merge_files(paths: list[str]) -> dict:
                                                           p["context"], p["prefill"]))
     base["systems"] = [s for s in SYSTEMS if any(s in r["systems"] for r in reports)]
     base["complete"] = all(r.get("complete") for r in reports)
-    base["merged_from"] = [dict(path=str(p), command=r.get("command"), date=r.get("date"),
-                                git_commit=r.get("git_commit"), measured=r.get("measured"))
-                           for p, r in zip(paths, reports)]
-    base["notes"] = list(base["notes"]) + [f"merged from {len(paths)} runs (each point keeps the "
-                                           f"floor measured in its run)"]
+    # a merged input contributes the runs it was merged from (one flat list, one note)
+    base["merged_from"] = [src for p, r in zip(paths, reports) for src in r.get("merged_from") or
+                           [dict(path=str(p), command=r.get("command"), date=r.get("date"),
+                                 git_commit=r.get("git_commit"), measured=r.get("measured"))]]
+    base["notes"] = [n for n in base["notes"] if not n.startswith(MERGED_NOTE)] + [
+        f"{MERGED_NOTE} {len(base['merged_from'])} runs (each point keeps the floor measured in "
+        f"its run)"]
     return base
 
 

@@ -95,6 +95,15 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
         [("decode", 1), ("decode", 4), ("decode", 8), ("mixed", 2)]
     assert len(merged["merged_from"]) == 2
     assert "mk/best peer" in capsys.readouterr().out
+    # merging a merged report again: its runs listed once each, one "merged from" note
+    rc = bench.main(["--merge", str(tmp_path / "m.json"), str(tmp_path / "b.json"), "--out",
+                     str(tmp_path / "m2.json"), "--no-png"])
+    assert rc == 0
+    again = json.loads((tmp_path / "m2.json").read_text())
+    assert [src["path"] for src in again["merged_from"]] == [str(out), str(tmp_path / "b.json"),
+                                                             str(tmp_path / "b.json")]
+    assert [n for n in again["notes"] if n.startswith("merged from")] == \
+        ["merged from 3 runs (each point keeps the floor measured in its run)"]
 
 
 @pytest.mark.parametrize("args, message", [
