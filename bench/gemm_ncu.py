@@ -1,0 +1,99 @@
+"""Where a GEMM instruction's time goes: one launch of mk's whole-matrix GEMM and one of cuBLAS
+(torch.matmul, same shapes), each under Nsight Compute's speed-of-light and memory sections.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -f -o OUT \\
+        python bench/gemm_ncu.py --ops GATE_UP,DOWN --m 4096
+    ncu -i OUT.ncu-rep --page details --csv > OUT.csv
+    python bench/gemm_ncu.py --summary OUT.csv       # the figures side by side
+
+The question it answers (issue 5, M >= 1024): is mk's tile mainloop bound by the SMs' tensor
+pipes, by L2 -> SM traffic (each CTA loads its own A and B tiles; cuBLAS shares them between the
+two CTAs of a cluster by TMA multicast), or by DRAM. The profiled region holds exactly the two
+launches per op (warm: each ran twice before), in the order mk, cuBLAS; the inputs are the ones
+bench/gemm.py times (its plan, split-K as the step's planner cuts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# figures of the details page that answer the question (section, metric name as ncu prints it)
+METRICS = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "L1/TEX Cache Throughput",
+           "L2 Cache Throughput", "DRAM Throughput", "L2 Hit Rate", "Mem Busy", "Max Bandwidth",
+           "Executed Ipc Active", "SM Busy", "Issue Slots Busy")
+
+
+def profile(ops: list[str], m: int) -> None:
+    import torch
+    import gemm as G
+    from mk.ir import Op
+
+    for op in ops:
+        if op == "QKV_ROPE":
+            raise SystemExit("gemm_ncu.py: QKV_ROPE has its own problem builder; not covered")
+        K, N, NO, src, dst = G.SHAPES[op]
+        cfg = G.gk.choose_tile(Op[op], m)
+        x, w, y = G.make_problem(op, m)
+        y.nan_to_num_(0.0)
+        lay = 0 if op == "LM_HEAD" else 1
+        unsplit, nctr = G.plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src),
+                                     dst=int(dst))
+        instrs, ns, sk = G.split_plan(op, m, unsplit, nctr, m + 64)
+        h = G.MkGemm(Op[op], m)
+        mk_launch = h.launcher(h.prepare(instrs, x, w, y, splitk=sk))
+        cublas, _ = G.torch_fns(op, x, w, y, m)
+        for _ in range(2):
+            mk_launch()
+            cublas()
+        torch.cuda.synchronize()
+        h.check()
+        print(f"[gemm_ncu] {op} M={m}: mk tile {G.tile_name(cfg, ns)}, then cuBLAS", flush=True)
+        torch.cuda.profiler.start()
+        mk_launch()
+        torch.cuda.synchronize()
+        cublas()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        h.check()
+
+
+def summary(path: str) -> int:
+    """The details page's CSV: one row per (kernel, metric); prints METRICS per kernel."""
+    rows = list(csv.DictReader(open(path)))
+    if not rows:
+        print(f"gemm_ncu.py: {path} holds no rows", file=sys.stderr)
+        return 1
+    kernels: dict = {}
+    for r in rows:
+        key = (r.get("ID"), r.get("Kernel Name", "")[:60])
+        if r.get("Metric Name") in METRICS:
+            kernels.setdefault(key, {})[r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}"
+    for (kid, name), vals in kernels.items():
+        print(f"== kernel {kid}: {name}")
+        for k in METRICS:
+            if k in vals:
+                print(f"   {k:26s} {vals[k]}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", default="GATE_UP,DOWN")
+    p.add_argument("--m", type=int, default=4096)
+    p.add_argument("--summary", default=None, help="print the figures of an ncu details CSV")
+    a = p.parse_args(argv)
+    if a.summary:
+        return summary(a.summary)
+    profile([o.strip() for o in a.ops.split(",") if o.strip()], a.m)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
