@@ -162,12 +162,14 @@ STORE_STAMPS = (J_STORE_KV, J_STORE_EPI, J_STORE_P0, J_FREE_P0, J_EPI1)
 J_CONS_EPI = 19
 # ATTENTION's page waits, each summed over the instruction (ns, not times): the loader's for free
 # K/V pages, consumer thread 0's for full ones, storer thread 0's for the consumers' `done` (which
-# role of a decode instruction waits on which: its ~14 GB/s per SM, bench/ATTENTION_NOTES.md)
-J_ATTN_LOAD_WAIT, J_ATTN_CONS_WAIT, J_ATTN_STORE_WAIT = 20, 21, 22
-# ... and consumer thread 0's time waiting for its key blocks' wgmmas to retire, and in their
-# online softmax (session 11: in the step at B=256 the consumers wait 3.7 us of a 41 us
-# instruction for K/V pages while the storer waits 23 us for them: where do the other 31 go?)
-J_ATTN_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
+# role of a decode instruction waits on which: its ~14 GB/s per SM, bench/ATTENTION_NOTES.md);
+# a GEMM's consumer thread 0 sums its mainloop's waits for full operand pages into J_CONS_WAIT
+J_LOAD_WAIT, J_CONS_WAIT, J_STORE_WAIT = 20, 21, 22
+# ... and consumer thread 0's time waiting for wgmmas to retire (ATTENTION: its key blocks'; a
+# GEMM: the previous K step's, i.e. the tensor pipe busy), and ATTENTION's online softmax
+# (session 11: in the step at B=256 the consumers wait 3.7 us of a 41 us instruction for K/V
+# pages while the storer waits 23 us for them: where do the other 31 go?)
+J_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -712,7 +714,7 @@ class MegakernelDSL:
                                                   ring[base + at.A_MODE], ring[base + at.A_QPK],
                                                   pool, full, empty, pg, NP, timeout_ns, state, t,
                                                   ready, new0, journal,
-                                                  J_ATTN_LOAD_WAIT if self.journal else -1,
+                                                  J_LOAD_WAIT if self.journal else -1,
                                                   self.attn_pair(ring, base))
                             elif op == ak.OP_ATTN_REDUCE:
                                 pg = ak.reduce_load(ring[base + W_ROWS], ring[base + W_COLS],
@@ -865,7 +867,9 @@ class MegakernelDSL:
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
                                                  PS, self.split_tile(GS[gi], g, ring, base, skops),
-                                                 journal, J_CONS_EPI if self.journal else -1)
+                                                 journal, J_CONS_EPI if self.journal else -1,
+                                                 J_CONS_WAIT if self.journal else -1,
+                                                 J_MMA_WAIT if self.journal else -1)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and
@@ -890,8 +894,8 @@ class MegakernelDSL:
                                                  ring[base + at.A_QPK], pool, full, empty, done,
                                                  pg, NP, ctv, timeout_ns, state, t, PS,
                                                  ak.WG_SPLIT, journal,
-                                                 J_ATTN_CONS_WAIT if self.journal else -1,
-                                                 J_ATTN_MMA_WAIT if self.journal else -1,
+                                                 J_CONS_WAIT if self.journal else -1,
+                                                 J_MMA_WAIT if self.journal else -1,
                                                  J_ATTN_SOFTMAX if self.journal else -1,
                                                  self.attn_pair(ring, base))
                         elif op == ak.OP_ATTN_REDUCE:
@@ -989,7 +993,7 @@ class MegakernelDSL:
                                pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                page_share(self.handoff), journal,
                                STORE_STAMPS if self.journal else (),
-                               J_ATTN_STORE_WAIT if self.journal else -1,
+                               J_STORE_WAIT if self.journal else -1,
                                self.attn_pair(ring, base))
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],

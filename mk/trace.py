@@ -36,7 +36,8 @@ ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "c
               "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
               "epi1": 18, "cons_epi0": 19}
 # journal words that hold durations (ns summed by the instruction's roles, not times):
-# mk.megakernel.J_ATTN_LOAD_WAIT .. (ATTENTION's page waits); by_opcode reports their medians
+# mk.megakernel.J_LOAD_WAIT .. (ATTENTION's page and wgmma waits, a GEMM's operand and wgmma
+# waits); by_opcode reports their medians
 WAIT_WORDS = {"ld_wait": 20, "cons_wait": 21, "st_wait": 22, "mma_wait": 23, "softmax": 24}
 # per-instruction intervals by_opcode reports (median over the opcode's instructions), each from
 # the first event to the second: when it ran behind earlier work of its SM, when each role ran
@@ -209,9 +210,10 @@ def format_by_opcode(r: dict) -> str:
             line += "".join(f"{d.get(k + '_us', float('nan')):>11.2f}" for k in cols)
         lines.append(line)
     if roles:
-        waits = ("; ATTENTION's page waits summed per instruction: ld_wait the loader's for "
-                 "free pages, cons_wait the consumers' for full ones, st_wait the storer's for "
-                 "done") if len(cols) > len(ROLE_SPANS) else ""
+        waits = ("; waits summed per instruction: ATTENTION's ld_wait the loader's for free "
+                 "pages, cons_wait the consumers' for full ones, st_wait the storer's for done; "
+                 "a GEMM's cons_wait its consumers' for full operand pages, mma_wait for the "
+                 "previous K step's wgmmas") if len(cols) > len(ROLE_SPANS) else ""
         lines.append("(role columns: medians in us; " + ", ".join(
             f"{k} = {a} -> {b}" for k, (a, b) in ROLE_SPANS.items()) + waits + ")")
     return "\n".join(lines)

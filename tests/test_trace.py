@@ -98,8 +98,8 @@ def test_role_words_match_the_megakernel():
                              "store_kv": M.J_STORE_KV, "store_epi": M.J_STORE_EPI,
                              "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1,
                              "cons_epi0": M.J_CONS_EPI}
-    assert tr.WAIT_WORDS == {"ld_wait": M.J_ATTN_LOAD_WAIT, "cons_wait": M.J_ATTN_CONS_WAIT,
-                             "st_wait": M.J_ATTN_STORE_WAIT, "mma_wait": M.J_ATTN_MMA_WAIT,
+    assert tr.WAIT_WORDS == {"ld_wait": M.J_LOAD_WAIT, "cons_wait": M.J_CONS_WAIT,
+                             "st_wait": M.J_STORE_WAIT, "mma_wait": M.J_MMA_WAIT,
                              "softmax": M.J_ATTN_SOFTMAX}
     assert not set(tr.WAIT_WORDS.values()) & set(tr.ROLE_WORDS.values())
     assert M.J_STORE_EPI > M.J_TICKET

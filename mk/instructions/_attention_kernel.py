@@ -348,42 +348,6 @@ def page_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Te
         bar_wait(bar, phase, timeout_ns, state, kind, ticket)
 
 
-@cute.jit
-def wait_clock_start(wclk):
-    """The journal variant's wait clock (wclk: a 1-element Int64 register tensor, or None outside
-    it): the time before a page wait."""
-    t0 = Int64(0)
-    if cutlass.const_expr(wclk is not None):
-        t0 = cute.arch.globaltimer()
-    return t0
-
-
-@cute.jit
-def wait_clock_add(wclk, t0: Int64):
-    """Add the time since t0 (wait_clock_start) to the wait clock."""
-    if cutlass.const_expr(wclk is not None):
-        wclk[0] = wclk[0] + Int32(cute.arch.globaltimer() - t0)
-
-
-@cute.jit
-def wait_clock_write(wclk, journal, ticket: Int32, word: cutlass.Constexpr, me):
-    """The wait clock's total into word `word` of the journal row `ticket` (thread `me`)."""
-    if cutlass.const_expr(wclk is not None):
-        rk.journal_put(journal, ticket, word, Int64(wclk[0]), me)
-
-
-def make_wait_clock(word: int):
-    """A wait clock (zeroed) when the journal variant asks for one (word >= 0), else None. 32-bit
-    nanoseconds (an instruction's waits are far below 4 s): the consumers hold three of them
-    through their block loop, and as 64-bit sums they spilled the journal variant once the
-    pairs' block walk was in (session 15)."""
-    if word < 0:
-        return None
-    wclk = cute.make_rmem_tensor(cute.make_layout(1), Int32)
-    wclk[0] = Int32(0)
-    return wclk
-
-
 # The ATTENTION loader takes its K/V page-table entries 32 at a time (one warp-wide load,
 # shuffled out per sub-box) instead of loading each block's entries before its TMA: with one
 # dependent L2 round trip per 64-key block, the single loader warp could not keep ahead of the
@@ -416,9 +380,9 @@ def load_kv_block(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Compose
     nsub = KB // psb
     for z in cutlass.range_constexpr(2):        # K page, then V page
         page, ph = page_of(pg, npages)
-        t0 = wait_clock_start(wclk)
+        t0 = rk.wait_clock_start(wclk)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-        wait_clock_add(wclk, t0)
+        rk.wait_clock_add(wclk, t0)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, nval * (2 * psb * HALF * 2))
         for s in cutlass.range_constexpr(nsub):
@@ -529,7 +493,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     waited = None
     if cutlass.const_expr(early):
         waited = Int32(0)
-    wclk = make_wait_clock(wait_word)
+    wclk = rk.make_wait_clock(wait_word)
     policy = kv_policy(R)
     lstride = meta[mc.M_KV_LAYER_STRIDE]
     crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
@@ -612,7 +576,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     if cutlass.const_expr(early):
         if waited == 0:             # no unit (never planned): the wait still pairs with iready
             bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
-    wait_clock_write(wclk, journal, ticket, wait_word, cute.arch.lane_idx() == 0)
+    rk.wait_clock_write(wclk, journal, ticket, wait_word, cute.arch.lane_idx() == 0)
     return pg
 
 
@@ -937,21 +901,21 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                 release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
         else:
-            t0 = wait_clock_start(wclk)
+            t0 = rk.wait_clock_start(wclk)
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-            wait_clock_add(wclk, t0)
+            rk.wait_clock_add(wclk, t0)
             if cutlass.const_expr(not NOMATH):
                 if active:
                     qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
-                    t0 = wait_clock_start(mclk)
+                    t0 = rk.wait_clock_start(mclk)
                     cute.nvgpu.warpgroup.wait_group(0)
-                    wait_clock_add(mclk, t0)
+                    rk.wait_clock_add(mclk, t0)
             # K page read (S retired): hand it to the storer (a narrow unit's page outside the
             # "thread" hand-off: this WG's threads arrive for both)
             release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(not NOMATH):
                 if warp_rows:                     # implies active
-                    t0 = wait_clock_start(sclk)
+                    t0 = rk.wait_clock_start(sclk)
                     if both_halves:
                         mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
                                                             ls0, ls1, accO0, accO1, rP, scale,
@@ -960,19 +924,19 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
                                                             ls0, ls1, accO0, accO1, rP, scale,
                                                             False)
-                    wait_clock_add(sclk, t0)
-            t0 = wait_clock_start(wclk)
+                    rk.wait_clock_add(sclk, t0)
+            t0 = rk.wait_clock_start(wclk)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-            wait_clock_add(wclk, t0)
+            rk.wait_clock_add(wclk, t0)
             if cutlass.const_expr(not NOMATH):
                 nkeys = kend - kb0
                 if nkeys < KB:
                     v_tail_zero(pool, pv, nkeys, narrow, wg, wtid, ctid)
                 if active:
                     pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
-                    t0 = wait_clock_start(mclk)
+                    t0 = rk.wait_clock_start(mclk)
                     cute.nvgpu.warpgroup.wait_group(0)
-                    wait_clock_add(mclk, t0)
+                    rk.wait_clock_add(mclk, t0)
             release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
         pg = pg + 2
     return mr0, mr1, ls0, ls1, pg
@@ -1002,9 +966,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     pair (the megakernel: the second unit's words, see second_unit; None: never a pair): in a
     MODE_PAIR instruction warpgroup w runs unit w (its own Q row, keys and epilogue page w)."""
     hm = handoff_of(share)
-    wclk = make_wait_clock(wait_word)
-    mclk = make_wait_clock(mma_word)
-    sclk = make_wait_clock(softmax_word)
+    wclk = rk.make_wait_clock(wait_word)
+    mclk = rk.make_wait_clock(mma_word)
+    sclk = rk.make_wait_clock(softmax_word)
     wg = ctid // 128
     wtid = ctid % 128
     lane = ctid % 32
@@ -1211,9 +1175,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 pe, _ = page_of(pg + e, npages)
                 rk.release(done + pe, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm, sync=False)
             pg = pg + ne
-    wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
-    wait_clock_write(mclk, journal, ticket, mma_word, ctid == 0)
-    wait_clock_write(sclk, journal, ticket, softmax_word, ctid == 0)
+    rk.wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
+    rk.wait_clock_write(mclk, journal, ticket, mma_word, ctid == 0)
+    rk.wait_clock_write(sclk, journal, ticket, softmax_word, ctid == 0)
     return pg
 
 
@@ -1595,7 +1559,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
     variant only): STORE_STAMPS words of row `ticket` that get the times of the first unit's
     storer steps (where the storer's tail goes); wait_word >= 0: storer thread 0's time waiting
     for the consumers' `done` of K/V pages, summed, into that word."""
-    wclk = make_wait_clock(wait_word)
+    wclk = rk.make_wait_clock(wait_word)
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
     for kh in range(cols):
@@ -1606,9 +1570,9 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
             nkv = 2 * (nblk + nblk_b)
             for j in range(nkv):
                 page, ph = page_of(pg + j, npages)
-                t0 = wait_clock_start(wclk)
+                t0 = rk.wait_clock_start(wclk)
                 bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
-                wait_clock_add(wclk, t0)
+                rk.wait_clock_add(wclk, t0)
                 if sid == 0:
                     cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
             pg = pg + nkv
@@ -1670,7 +1634,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_PARTIAL
     bulk_store_drain()
-    wait_clock_write(wclk, journal, ticket, wait_word, sid == 0)
+    rk.wait_clock_write(wclk, journal, ticket, wait_word, sid == 0)
     return pg
 
 

@@ -518,12 +518,16 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
                  row0: Int32, rows: Int32, section: Int32,
                  share: cutlass.Constexpr = DONE_ARRIVALS, split=None,
-                 journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1) -> Int32:
+                 journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1,
+                 wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
 
     journal / stamp_epi (the megakernel's journal variant only): word of row `ticket` that gets
-    the time the last wgmma retired (the epilogue, or a split tile's partial stores, start).
+    the time the last wgmma retired (the epilogue, or a split tile's partial stores, start);
+    wait_word / mma_word: words that get consumer thread 0's time in the mainloop waiting for
+    full operand pages (the loads late), and for the previous K step's wgmmas to retire (the
+    tensor pipe busy), each summed over the instruction (mk.trace: cons_wait / mma_wait).
 
     share: done[p]'s init count. CONSUMER_THREADS = every consumer thread arrives itself (the
     megakernel's "thread" hand-off, which compute-sanitizer racecheck credits); otherwise lane 0 of
@@ -553,13 +557,17 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     for ch in cutlass.range_constexpr(nch):
         accs[ch].fill(0.0)
     tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    wclk = rk.make_wait_clock(wait_word)
+    mclk = rk.make_wait_clock(mma_word)
 
     for k in range(kt):
         pa, pha = page_of(pg + k * spp, npages)
+        t0 = rk.wait_clock_start(wclk)
         bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         for j in cutlass.range_constexpr(cfg.nb):
             pb, phb = page_of(pg + k * spp + 1 + j, npages)
             bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        rk.wait_clock_add(wclk, t0)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(page_tensor(pool, pa, sA_layout)))
         cute.nvgpu.warpgroup.fence()
         for ch in cutlass.range_constexpr(nch):
@@ -572,7 +580,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(tiled_mma, accs[ch], tCrA[(None, None, kb)], tCrB[(None, None, kb)],
                           accs[ch])
         cute.nvgpu.warpgroup.commit_group()
+        t0 = rk.wait_clock_start(mclk)
         cute.nvgpu.warpgroup.wait_group(1)
+        rk.wait_clock_add(mclk, t0)
         if k > 0:
             # the previous stage's wgmmas retired: hand its pages to the storer (one `done` arrive
             # per warp), which frees them (`empty`) in ring order: every use of a page completes
@@ -581,6 +591,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(stamp_epi >= 0):
         rk.journal_stamp(journal, ticket, stamp_epi, ctid == 0)
+    rk.wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
+    rk.wait_clock_write(mclk, journal, ticket, mma_word, ctid == 0)
     if cutlass.const_expr(split is not None):
         if split.nsplit() >= 2:
             # before the last stage's `done`: the storer's walk of the operand pages then orders

@@ -186,6 +186,44 @@ def journal_stamp(journal: cute.Tensor, ticket: Int32, word: cutlass.Constexpr, 
 
 
 @cute.jit
+def wait_clock_start(wclk):
+    """The journal variant's wait clock (wclk: a 1-element Int32 register tensor, or None outside
+    it): the time before a wait."""
+    t0 = Int64(0)
+    if cutlass.const_expr(wclk is not None):
+        t0 = cute.arch.globaltimer()
+    return t0
+
+
+@cute.jit
+def wait_clock_add(wclk, t0: Int64):
+    """Add the time since t0 (wait_clock_start) to the wait clock."""
+    if cutlass.const_expr(wclk is not None):
+        wclk[0] = wclk[0] + Int32(cute.arch.globaltimer() - t0)
+
+
+@cute.jit
+def wait_clock_write(wclk, journal, ticket: Int32, word: cutlass.Constexpr, me):
+    """The wait clock's total into word `word` of the journal row `ticket` (thread `me`)."""
+    if cutlass.const_expr(wclk is not None):
+        journal_put(journal, ticket, word, Int64(wclk[0]), me)
+
+
+def make_wait_clock(word: int):
+    """A wait clock (zeroed) when the journal variant asks for one (word >= 0), else None: the
+    time a role spends in one kind of wait, summed over an instruction (ATTENTION's page and
+    wgmma waits, GEMM's operand and wgmma waits; mk.trace reports them per opcode). 32-bit
+    nanoseconds (an instruction's waits are far below 4 s): the attention consumers hold three
+    of them through their block loop, and as 64-bit sums they spilled the journal variant once
+    the pairs' block walk was in (session 15)."""
+    if word < 0:
+        return None
+    wclk = cute.make_rmem_tensor(cute.make_layout(1), Int32)
+    wclk[0] = Int32(0)
+    return wclk
+
+
+@cute.jit
 def imin(a: Int32, b: Int32) -> Int32:
     r = a
     if b < a:
