@@ -189,9 +189,15 @@
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
-# and the cutlass-dsl tarball (55 MiB; nothing in mk imports nvshmem4py, and with it the tree
-# went over the limit in session 17) and run in the uploaded tree (a tarball of the tree next to
-# them went over the limit in session 11), e.g.
+# and the slim cutlass-dsl tarball (nothing in mk imports nvshmem4py, and with it the tree went
+# over the limit in session 17) and run in the uploaded tree (a tarball of the tree next to them
+# went over the limit in session 11). Since session 21 the tree (12.8 MB, most of it
+# bench/results) and the full tarball (54.6 MB) no longer fit: carry
+# .gpu/cutlass-dsl-4.8.1-cu13-py312-slim.tar.xz (53.4 MB: the same DSL without its unused
+# top-level `iket` package, repacked as the original, `xz --x86 --lzma2=preset=9e,dict=192MiB`;
+# rebuild it from the full one if it is missing: untar, rm -r
+# nvidia_cutlass_dsl/dsl_packages/iket bin, tar | xz as above, ~4 min). ~0.9 MB of headroom
+# remain: keep large logs out of bench/results (gzip them, or keep only the summary), e.g.
 #   . .gpu/prelude.sh >/dev/null && export PYTHONPATH=$PWD:$PYTHONPATH MK_COMMIT=<sha> && ( \
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
@@ -203,6 +209,12 @@
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
 # tokens, prefill ATTENTION in 16-token row chunks; all GPU-checked; always set MK_COMMIT: the
 # device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
+#   0. GEMM operand delivery (issue 5 and every batch >= 256; bench/GEMM_NOTES.md session 21):
+#      the journal's GEMM `cons_wait` (new) is 21-33% of every tile at B=1024 / 4096 and
+#      `mma_wait` ~0: the consumers starve for operand pages. Kernel work, then measure with
+#      `launch/bench.py --journal` (cons_wait / mma_wait per opcode) and bench/gemm.py:
+#      (a) consumers free operand pages (`empty`) themselves, not through the storer's walk;
+#      (b) 2-CTA clusters sharing the weight tile by TMA multicast (48 -> 32 KB per K step)
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
