@@ -213,7 +213,8 @@
 #      the journal's GEMM `cons_wait` (new) is 21-33% of every tile at B=1024 / 4096 and
 #      `mma_wait` ~0: the consumers starve for operand pages. Kernel work, then measure with
 #      `launch/bench.py --journal` (cons_wait / mma_wait per opcode) and bench/gemm.py:
-#      (a) consumers free operand pages (`empty`) themselves, not through the storer's walk;
+#      (a) consumers free operand pages (`empty`) themselves, not through the storer's walk
+#          (a per-page done-parity mask in every family's storer: _gemm_kernel.py's comment);
 #      (b) 2-CTA clusters sharing the weight tile by TMA multicast (48 -> 32 KB per K step)
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
