@@ -66,7 +66,8 @@ def profile(ops: list[str], m: int) -> None:
 
 def summary(path: str) -> int:
     """The details page's CSV: one row per (kernel, metric); prints METRICS per kernel."""
-    rows = list(csv.DictReader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
     if not rows:
         print(f"gemm_ncu.py: {path} holds no rows", file=sys.stderr)
         return 1
