@@ -162,6 +162,8 @@ class AttnHarnessDSL:
                 # ------------------------------------------------------------ storer (warps 2-3)
                 sid = tidx - 64
                 pg = Int32(0)
+                dpar = cute.make_rmem_tensor(cute.make_layout(1), Int32)    # rk.wait_done
+                rk.done_parity_init(dpar)
                 t = Int32(bidx)
                 out_base = out.iterator.toint()
                 part_base = part.iterator.toint()
@@ -177,13 +179,14 @@ class AttnHarnessDSL:
                                            instrs[t, W_COLS], instrs[t, at.A_POS0],
                                            instrs[t, at.A_KV0], instrs[t, at.A_KV1],
                                            instrs[t, at.A_MODE], instrs[t, at.A_QPK],
-                                           instrs[t, at.A_SLOT], pool, empty, done, pg, NP, sid,
-                                           BAR_STORER, N_STORER, timeout_ns, state, t, PS)
+                                           instrs[t, at.A_SLOT], pool, empty, done, dpar, pg, NP,
+                                           sid, BAR_STORER, N_STORER, timeout_ns, state, t, PS)
                     elif op == ak.OP_ATTN_REDUCE:
                         pg = ak.reduce_store(out_base, ldo, instrs[t, W_ROW0], instrs[t, W_ROWS],
                                              instrs[t, W_COL0], instrs[t, W_COLS],
-                                             instrs[t, at.A_QPK], pool, empty, done, pg, NP, sid,
-                                             BAR_STORER, N_STORER, timeout_ns, state, t, PS)
+                                             instrs[t, at.A_QPK], pool, empty, done, dpar, pg,
+                                             NP, sid, BAR_STORER, N_STORER, timeout_ns, state,
+                                             t, PS)
                     cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                     if sid == 0:
                         sig = instrs[t, W_SIGNAL]

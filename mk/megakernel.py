@@ -744,6 +744,8 @@ class MegakernelDSL:
                 iph = Int32(0)
                 live = Int32(1)
                 pg = Int32(0)
+                dpar = cute.make_rmem_tensor(cute.make_layout(1), Int32)    # rk.wait_done
+                rk.done_parity_init(dpar)
                 while live == 1:
                     rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
                                         Int32(-1))
@@ -761,26 +763,26 @@ class MegakernelDSL:
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
                                                ring[base + W_ROWS], ring[base + W_COL0],
-                                               ring[base + W_COLS], bufs, pool, empty, done, pg,
-                                               NP, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
-                                               HM, PS)
+                                               ring[base + W_COLS], bufs, pool, empty, done,
+                                               dpar, pg, NP, sid, BAR_STORER, N_STORER,
+                                               timeout_ns, state, t, HM, PS)
                         elif op == rk.OP_RMSNORM:
-                            pg = rk.store_handoff(empty, done, pg, NP, sv, timeout_ns, state, t,
-                                                  PS)
+                            pg = rk.store_handoff(empty, done, dpar, pg, NP, sv, timeout_ns,
+                                                  state, t, PS)
                         for gi in cutlass.range_constexpr(NG):
                             if op == GS[gi].op:
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
-                                                     empty, done, pg, sv, timeout_ns, state, t,
-                                                     skops)
+                                                     empty, done, dpar, pg, sv, timeout_ns,
+                                                     state, t, skops)
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
-                                pg = rk.store_handoff(empty, done, pg, NP, sv, timeout_ns,
-                                                      state, t, PS)
+                                pg = rk.store_handoff(empty, done, dpar, pg, NP, sv,
+                                                      timeout_ns, state, t, PS)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
                                 pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
-                                                     empty, done, pg, sv, timeout_ns, state, t,
-                                                     journal)
+                                                     empty, done, dpar, pg, sv, timeout_ns,
+                                                     state, t, journal)
                         if cutlass.const_expr(self.gather):
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
@@ -955,8 +957,8 @@ class MegakernelDSL:
     @cute.jit
     def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,
                    meta: cute.Tensor, kv: cute.Tensor, pool: Int32, empty: cute.Pointer,
-                   done: cute.Pointer, pg: Int32, sid: Int32, timeout_ns: Int64,
-                   state: cute.Tensor, t: Int32, skops: list) -> Int32:
+                   done: cute.Pointer, dpar: cute.Tensor, pg: Int32, sid: Int32,
+                   timeout_ns: Int64, state: cute.Tensor, t: Int32, skops: list) -> Int32:
         """Storer body of one GEMM slot: the destination (gk.gemm_dest: z = dst word - yb;
         QKV_ROPE's K/V sections: the paged cache rows kv_slot[t] + layer * stride), then
         gk.gemm_store."""
@@ -966,8 +968,8 @@ class MegakernelDSL:
         ybase, ld, rowmap, radd, dcol0 = gk.gemm_dest(gs.epi, g[9], kv, meta, ring, base,
                                                       base + ARG0, gs.yb, col0)
         return gk.gemm_store(gs.cfg, gs.epi, ybase, ld, row0, ring[base + W_ROWS], col0,
-                             ring[base + W_COLS], pool, empty, done, pg, kt, self.npages, sid,
-                             BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
+                             ring[base + W_COLS], pool, empty, done, dpar, pg, kt, self.npages,
+                             sid, BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
                              dcol0, page_share(self.handoff),
                              self.split_tile(gs, g, ring, base, skops))
 
@@ -980,8 +982,9 @@ class MegakernelDSL:
     @cute.jit
     def store_attn(self, op: Int32, ring: cute.Tensor, base: Int32, aout: cute.Tensor,
                    apart: cute.Tensor, alse: cute.Tensor, pool: Int32, empty: cute.Pointer,
-                   done: cute.Pointer, pg: Int32, sid: Int32, timeout_ns: Int64,
-                   state: cute.Tensor, t: Int32, journal: cute.Tensor) -> Int32:
+                   done: cute.Pointer, dpar: cute.Tensor, pg: Int32, sid: Int32,
+                   timeout_ns: Int64, state: cute.Tensor, t: Int32,
+                   journal: cute.Tensor) -> Int32:
         """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch)."""
         if op == ak.OP_ATTENTION:
             pg = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
@@ -990,16 +993,16 @@ class MegakernelDSL:
                                ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
                                ring[base + at.A_KV1], ring[base + at.A_MODE],
                                ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
-                               pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns, state, t,
-                               page_share(self.handoff), journal,
+                               dpar, pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns,
+                               state, t, page_share(self.handoff), journal,
                                STORE_STAMPS if self.journal else (),
                                J_STORE_WAIT if self.journal else -1,
                                self.attn_pair(ring, base))
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],
-                                 ring[base + at.A_QPK], pool, empty, done, pg, self.npages, sid,
-                                 BAR_STORER, N_STORER, timeout_ns, state, t,
+                                 ring[base + at.A_QPK], pool, empty, done, dpar, pg, self.npages,
+                                 sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                  page_share(self.handoff))
         return pg
 

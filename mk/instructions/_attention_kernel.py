@@ -1545,9 +1545,9 @@ def bulk_store_drain():
 def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_base: Int64,
                ldl: Int32, row0: Int32, R: Int32, col0: Int32, cols: Int32, pos0: Int32, kv0: Int32,
                kv1: Int32, mode: Int32, qpk: Int32, slot: Int32, pool: Int32, empty: cute.Pointer,
-               done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, sid: Int32,
-               bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
-               state: cute.Tensor, ticket: Int32,
+               done: cute.Pointer, dpar: cute.Tensor, pg: Int32, npages: cutlass.Constexpr,
+               sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
+               timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                share: cutlass.Constexpr = EMPTY_ARRIVALS, journal: cute.Tensor = None,
                stamps: cutlass.Constexpr = (), wait_word: cutlass.Constexpr = -1,
                pair=None) -> Int32:
@@ -1555,10 +1555,11 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
     rows of ATTN_PARTIAL and ATTN_LSE at slot + i; a pair (pair: see second_unit): page 1 holds
     the second unit's rows, for its ATTN_OUT row). Byte addresses of the buffers' (0, 0).
-    share: empty[p]'s init count (see free_page). journal / stamps (the megakernel's journal
-    variant only): STORE_STAMPS words of row `ticket` that get the times of the first unit's
-    storer steps (where the storer's tail goes); wait_word >= 0: storer thread 0's time waiting
-    for the consumers' `done` of K/V pages, summed, into that word."""
+    share: empty[p]'s init count (see free_page); dpar: the storer's done parity bits
+    (rk.wait_done). journal / stamps (the megakernel's journal variant only): STORE_STAMPS
+    words of row `ticket` that get the times of the first unit's storer steps (where the
+    storer's tail goes); wait_word >= 0: storer thread 0's time waiting for the consumers'
+    `done` of K/V pages, summed, into that word."""
     wclk = rk.make_wait_clock(wait_word)
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
@@ -1569,9 +1570,9 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
             paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             nkv = 2 * (nblk + nblk_b)
             for j in range(nkv):
-                page, ph = page_of(pg + j, npages)
+                page, _ = page_of(pg + j, npages)
                 t0 = rk.wait_clock_start(wclk)
-                bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
                 rk.wait_clock_add(wclk, t0)
                 if sid == 0:
                     cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
@@ -1594,8 +1595,8 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                             if cutlass.const_expr(PAIR_WARP > 0):
                                 r_first = moved_rows(mtot)            # as attn_consume
                                 mbase = -r_first
-                    page, ph = page_of(pg + w, npages)
-                    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                    page, _ = page_of(pg + w, npages)
+                    rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
                     if cutlass.const_expr(len(stamps) > 0):
                         # epilogue page w done; page 0 stored; page 0 freed
                         rk.journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
@@ -1610,14 +1611,14 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 pg = pg + E_DIRECT
             else:
                 for w in cutlass.range_constexpr(4):
-                    page, ph = page_of(pg + w, npages)
-                    bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                    page, _ = page_of(pg + w, npages)
+                    rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
                     if cutlass.const_expr(not NOSTORE):
                         store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
                                         part_base, ldp, sid, nthreads)
                     free_page(page, empty, sid, bar_id, nthreads, share)
-                page, ph = page_of(pg + 4, npages)
-                bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+                page, _ = page_of(pg + 4, npages)
+                rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
                 for u in cutlass.range_constexpr(0 if NOSTORE else MT // nthreads):
                     r = u * nthreads + sid
                     m = m0 + r
@@ -1640,17 +1641,17 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
 
 @cute.jit
 def reduce_store(out_base: Int64, ldo: Int32, row0: Int32, R: Int32, col0: Int32, cols: Int32,
-                 qpk: Int32, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
-                 npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
-                 nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                 ticket: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
+                 qpk: Int32, pool: Int32, empty: cute.Pointer, done: cute.Pointer,
+                 dpar: cute.Tensor, pg: Int32, npages: cutlass.Constexpr, sid: Int32,
+                 bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr, timeout_ns: Int64,
+                 state: cute.Tensor, ticket: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS) -> Int32:
     """Storer warps of ATTN_REDUCE: store each output page (bf16 rows), then free it."""
     nh = cols * qpk
     mtot = R * nh
     npg = (mtot + 63) // 64
     for c in range(npg):
-        page, ph = page_of(pg, npages)
-        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        page, _ = page_of(pg, npages)
+        rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         store_rows_page(pool, page, 2, 64, c * 64, mtot, nh, col0 * qpk, row0, out_base, ldo,
                         sid, nthreads)
         free_page(page, empty, sid, bar_id, nthreads, share)

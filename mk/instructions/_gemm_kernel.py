@@ -39,12 +39,15 @@ parity wait cannot tell phase u from u - 2):
     full[p]   count 1: loader arrive_and_expect_tx + TMA bytes (operand pages, and epilogue pages
               holding the residual tile for RESIDUAL), or a plain arrive (epilogue page granted)
     done[p]   count DONE_ARRIVALS = 8: every consumer warp, once its part of the output is in
-              the epilogue page, or (operand pages) once the wgmmas reading the page retired
-              (wait_group(1))
+              the epilogue page, or (operand pages the storer frees, OPERAND_FREE) once the
+              wgmmas reading the page retired (wait_group(1))
     empty[p]  count EMPTY_ARRIVALS = 8: the storer (arrive_count=8) after waiting `done`: at once
-              for operand pages, after its stores for epilogue pages. The storer walks every page
-              in ring order, so every use of a page completes exactly one phase of each barrier
-              and no waiter can be two phases behind (parity waits are then unambiguous).
+              for operand pages, after its stores for epilogue pages; or (OPERAND_FREE
+              "consumer": every operand stage but the last) the consumers once the wgmmas
+              reading the page retired. Every use of a page completes exactly one phase of full
+              and of empty, walked in ring order by their waiters, and done[p] completes one
+              only for the uses the storer waits on, whose parity it counts (rk.wait_done): no
+              waiter can be two phases behind (parity waits are then unambiguous).
 Epilogue pages hold the output tile as boxes of BM rows x 128 bytes (64 bf16 or 32 fp32 columns),
 SW128-swizzled like the A operand (byte offset r*128 + ((chunk ^ (r & 7)) << 4)), 128 / BM boxes
 per page; for RESIDUAL the loader TMA-loads the destination's residual tile into them (issued as
@@ -54,8 +57,8 @@ past the tile's last token) and frees the page.
 
 Mainloop of the consumers (both warpgroups, per K-step): wait full on the stage's pages, wgmma
 fence, 4 k-blocks x NCH wgmma chains, commit, wait_group(1) (so the tensor cores always have the
-next K-step queued), then hand the *previous* stage's pages to the storer (`done`; the storer frees
-them in ring order). wait_group(0) after the last step.
+next K-step queued), then free the *previous* stage's pages (OPERAND_FREE: `empty` at once, or
+`done` to the storer, which frees them in ring order). wait_group(0) after the last step.
 
 Split-K (compiled in only for Megakernel(splitk=...): `split` = a SplitTile, else None and the
 code is the unsplit one): a tile whose A_NSPLIT word is >= 2 loads K columns [k0, k0 + K) (A_K0,
@@ -135,10 +138,20 @@ assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {s
 # faster (bench/results/gemm_profile_jobs_2026-11-29.json); MK_GEMM_EPI_BATCH=0 restores the
 # one-pass loop.
 EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
-# The consumers do not free operand pages themselves (MK_GEMM_CONSUMER_FREE, removed 2026-11-29):
-# with the storer then waiting `done` of epilogue pages only, a page's previous operand use could
-# still be pending and the parity wait passed on a stale phase (deadlock on the H200). A sound
-# version needs a per-page done-parity mask in every family's storer (bench/GEMM_NOTES.md).
+# Who frees a GEMM's operand pages (MK_GEMM_OPERAND_FREE):
+#   "storer"    the consumers arrive `done` once a stage's wgmmas retired, the storer walks every
+#               page and frees it (`empty`): the page recycle goes consumer -> storer -> loader,
+#               and while the storer stores a tile's epilogue, the next tile's operand pages wait
+#               for it (bench/GEMM_NOTES.md, "Where the time goes", session 3)
+#   "consumer"  the consumers arrive `empty` themselves (consumer -> loader) for every stage but
+#               the last, whose pages still go through `done` and the storer's walk (so its wait
+#               orders a split tile's partial stores before the signal); the storer skips the
+#               other operand pages. Sound because done[p] then completes phases only for the
+#               uses the storer waits on, whose parity it counts per page (rk.wait_done); the
+#               first attempt (MK_GEMM_CONSUMER_FREE, removed 2026-11-29) waited with the ring
+#               generation's parity and passed on a stale phase.
+OPERAND_FREE = os.environ.get("MK_GEMM_OPERAND_FREE", "storer")
+assert OPERAND_FREE in ("storer", "consumer"), f"MK_GEMM_OPERAND_FREE={OPERAND_FREE!r}"
 
 
 @dataclass(frozen=True)
@@ -584,10 +597,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         cute.nvgpu.warpgroup.wait_group(1)
         rk.wait_clock_add(mclk, t0)
         if k > 0:
-            # the previous stage's wgmmas retired: hand its pages to the storer (one `done` arrive
-            # per warp), which frees them (`empty`) in ring order: every use of a page completes
-            # exactly one phase of full, done and empty, and no waiter can fall two phases behind
-            release_stage(pg + (k - 1) * spp, spp, npages, done, lane, share)
+            # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use of a
+            # page completes exactly one phase of full and of empty, and no waiter can fall two
+            # phases behind
+            release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(stamp_epi >= 0):
         rk.journal_stamp(journal, ticket, stamp_epi, ctid == 0)
@@ -681,15 +694,20 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     return pg + ne
 
 
+def operand_bar(empty: cute.Pointer, done: cute.Pointer) -> cute.Pointer:
+    """The barriers the consumers arrive on for an operand stage but the last (OPERAND_FREE)."""
+    return empty if OPERAND_FREE == "consumer" else done
+
+
 @cute.jit
 def release_stage(stage_pg: Int32, spp: cutlass.Constexpr, npages: cutlass.Constexpr,
-                  done: cute.Pointer, lane: Int32, share: cutlass.Constexpr):
+                  bars: cute.Pointer, lane: Int32, share: cutlass.Constexpr):
     """A consumer thread's hand-off of the spp pages of the stage starting at ring count
-    stage_pg, whose wgmmas retired: `done` only; the storer's walk frees them (`empty`) in ring
-    order (gemm_store)."""
+    stage_pg, whose wgmmas retired, on barriers `bars`: `empty` (the page is free again) or
+    `done` (the storer's walk frees it in ring order, gemm_store)."""
     for j in cutlass.range_constexpr(spp):
         pp, _ = page_of(stage_pg + j, npages)
-        consumer_arrive(done + pp, lane, share)
+        consumer_arrive(bars + pp, lane, share)
 
 
 @cute.jit
@@ -910,7 +928,7 @@ def store_partial(cfg: cutlass.Constexpr, accs, tCcC: cute.Tensor, wg: Int32, sp
 @cute.jit
 def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld: Int32,
                row0: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
-               empty: cute.Pointer, done: cute.Pointer, pg: Int32, kt: Int32,
+               empty: cute.Pointer, done: cute.Pointer, dpar: cute.Tensor, pg: Int32, kt: Int32,
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                ticket: Int32, meta: cute.Tensor, rowmap_off: Int32, row_add: Int32,
@@ -919,13 +937,14 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
     freeing each page after its stores. Returns the new page count.
 
-    The storer walks every page of the instruction in ring order: for the operand pages it waits
-    on `done` (the consumers' wgmmas on it retired) and frees the page (`empty`), like the rows
-    family's storer. A parity wait only tells phase u from u - 1; with the storer releasing every
-    page, no barrier can run two phases ahead of its waiter. Jumping kt stages ahead straight to
-    the epilogue pages (the first GPU runs) waited up to 3 ring generations ahead, passed at once
-    on a stale parity, stored stale operand data (the weights) and freed pages still in use (page
-    waits timed out, launch failures).
+    The storer walks the operand pages the consumers hand it in ring order (every stage's with
+    OPERAND_FREE "storer", the last stage's with "consumer"): it waits on `done` (the consumers'
+    wgmmas on the page retired) and frees the page (`empty`). A parity wait only tells phase u
+    from u - 1: done[p]'s parity is the storer's own count of its waits on the page (dpar,
+    rk.wait_done), never the ring generation, since the pages the consumers free themselves
+    complete no `done` phase. The first GPU runs jumped kt stages ahead straight to the epilogue
+    pages with the generation's parity: it passed at once on a stale phase, stored stale operand
+    data (the weights) and freed pages still in use (page waits timed out, launch failures).
 
     Tile element (r, c) goes to destination row drow(row0 + r), column dcol0 + c, where
     drow(t) = t, or meta[rowmap_off + t] + row_add when rowmap_off >= 0 (the K/V cache rows of
@@ -938,21 +957,24 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in); a split tile
     has operand pages only (the consumers stored its partial; their last `done` follows those
     stores, so the signal after this walk is ordered after them)."""
-    for j in range(kt * cfg.stage_pages):
+    j0 = Int32(0)
+    if cutlass.const_expr(OPERAND_FREE == "consumer"):
+        j0 = (kt - 1) * cfg.stage_pages     # the consumers freed the stages before the last
+    for j in range(j0, kt * cfg.stage_pages):
         # operand pages: the consumers are done with them (their wgmmas retired): free them
-        page, ph = page_of(pg + j, npages)
-        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        page, _ = page_of(pg + j, npages)
+        rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     pg = pg + kt * cfg.stage_pages
     if cutlass.const_expr(split is None):
-        pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done, pg,
-                            npages, sid, bar_id, nthreads, timeout_ns, state, ticket, meta,
+        pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done, dpar,
+                            pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket, meta,
                             rowmap_off, row_add, dcol0, share)
     else:
         if split.nsplit() < 2:
             pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
-                                pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket,
+                                dpar, pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket,
                                 meta, rowmap_off, row_add, dcol0, share)
     return pg
 
@@ -960,7 +982,8 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
 @cute.jit
 def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld: Int32,
                    row0: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
-                   empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                   empty: cute.Pointer, done: cute.Pointer, dpar: cute.Tensor, pg: Int32,
+                   npages: cutlass.Constexpr,
                    sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
                    timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
                    rowmap_off: Int32, row_add: Int32, dcol0: Int32,
@@ -982,8 +1005,8 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     if n_it > per_thread // UNR:
         n_it = Int32(per_thread // UNR)
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
-        page, ph = page_of(pg + e, npages)
-        bar_wait(done + page, ph, timeout_ns, state, rk.ERR_PAGE_DONE, ticket)
+        page, _ = page_of(pg + e, npages)
+        rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         for s in cutlass.range_constexpr(0 if "nostore" in EXPERIMENT else min(bpp, nbox - e * bpp)):
             box = e * bpp + s
             sbase = pool + page * PAGE + s * (cfg.bm * 128)

@@ -18,9 +18,9 @@ sequence, so each computes the same page numbers from a running page count `pg`:
                    themselves; the page only orders those stores before the storer's signal.
 Roles and their arrivals on the page barriers:
     full[p]   loader arrive_and_expect_tx (count 1) + TMA bytes
-    done[p]   consumer warpgroup once the page holds the result to store (also for RESIDUAL_ADD's
-              src page, which nobody waits on: one completion per use keeps every barrier's phase
-              = the page's use count)
+    done[p]   consumer warpgroup once the page holds the result to store (not for RESIDUAL_ADD's
+              src page, which nobody waits on: done[p] completes a phase only for the page uses
+              the storer waits on, whose parity the storer counts itself, see wait_done)
     empty[p]  storer warps after the stores read the page; for RESIDUAL_ADD's src page the
               consumer warpgroup, as soon as it has read it
 Loads are TMA (cp.async.bulk.tensor, async proxy); stores are 16-byte st.global by the storer warps
@@ -244,6 +244,28 @@ def page_of(pg: Int32, npages: cutlass.Constexpr):
     npages needs a sign fix-up: fewer instructions at each of the many page waits."""
     upg = cutlass.Uint32(pg)
     return Int32(upg % npages), Int32((upg // npages) & 1)
+
+
+# The storer's parity of every page's done[p]. done[p] completes a phase only for the page uses
+# the storer waits on (result and epilogue pages, a GEMM's last stage); a page the consumers free
+# themselves (RESIDUAL_ADD's src page, a GEMM's operand pages under GEMM_OPERAND_FREE=consumer)
+# completes none, so the parity of its next phase is not the ring generation's: the storer keeps
+# one bit per page (dpar[0], an rmem word of the storer's threads; NP <= 32), flipped at each wait.
+# Sound as the ring parity is: the next use of the page the storer waits on needs the loader's
+# grant, which needs the storer's own free of this use (every later use of the page waits for the
+# empty phase that free completes), so done[p] never runs two phases ahead of the storer, and
+# its previous phase is one the storer waited on itself.
+@cute.jit
+def done_parity_init(dpar: cute.Tensor):
+    dpar[0] = Int32(0)
+
+
+@cute.jit
+def wait_done(done: cute.Pointer, page: Int32, dpar: cute.Tensor, timeout_ns: Int64,
+              state: cute.Tensor, ticket: Int32):
+    """The storer's wait for the consumers' `done` on `page`, and its parity bit's flip."""
+    bar_wait(done + page, (dpar[0] >> page) & 1, timeout_ns, state, ERR_PAGE_DONE, ticket)
+    dpar[0] = dpar[0] ^ (Int32(1) << page)
 
 
 # L2 eviction priorities of TMA loads: CUTLASS's CacheHintSm90 encodings of an L2 cache policy
@@ -513,11 +535,9 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
                         tb = smem_vec(pool + pb * PAGE + off)
                         s = ta.load().to(Float32) + tb.load().to(Float32)
                         tb.store(s.to(BFloat16))
-            # src page pa: last read done, free it now; every use of a page gets exactly one
-            # `done` completion (the storer never waits on the src page's), so each barrier's
-            # phase parity stays (use count) & 1
+            # src page pa: last read done, free it now (no `done`: the storer never waits on
+            # it, and done[p] completes phases only for the uses it waits on, see wait_done)
             release(empty + pa, share, nthreads, ctid, bar_id, mode)
-            release(done + pa, share, nthreads, ctid, bar_id, mode, sync=False)
             release(done + pb, share, nthreads, ctid, bar_id, mode, sync=False)
             pg = pg + 2
     return pg
@@ -729,14 +749,14 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
 
 
 @cute.jit
-def store_handoff(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                  sid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                  share: cutlass.Constexpr) -> Int32:
+def store_handoff(empty: cute.Pointer, done: cute.Pointer, dpar: cute.Tensor, pg: Int32,
+                  npages: cutlass.Constexpr, sid: Int32, timeout_ns: Int64, state: cute.Tensor,
+                  ticket: Int32, share: cutlass.Constexpr) -> Int32:
     """Storer warps of a body whose consumers store to global memory themselves (RMSNORM,
     SPLITK_REDUCE): wait for their `done` on the instruction's one page (their stores precede
     it), free the page; the megakernel's signal follows. Returns the new page count."""
-    page, ph = page_of(pg, npages)
-    bar_wait(done + page, ph, timeout_ns, state, ERR_PAGE_DONE, ticket)
+    page, _ = page_of(pg, npages)
+    wait_done(done, page, dpar, timeout_ns, state, ticket)
     if sid == 0:
         cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     return pg + 1
@@ -745,7 +765,8 @@ def store_handoff(empty: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cu
 # ------------------------------------------------------------------------------------ storer
 @cute.jit
 def rows_store(op: Int32, dst: Int32, row0: Int32, rows: Int32, col0: Int32, cols: Int32,
-               bufs: cute.Tensor, pool: Int32, empty: cute.Pointer, done: cute.Pointer, pg: Int32,
+               bufs: cute.Tensor, pool: Int32, empty: cute.Pointer, done: cute.Pointer,
+               dpar: cute.Tensor, pg: Int32,
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr) -> Int32:
@@ -767,7 +788,7 @@ def rows_store(op: Int32, dst: Int32, row0: Int32, rows: Int32, col0: Int32, col
         cc = i % ncc
         q = pg + step - 1          # the result page of this chunk
         page = q % npages
-        bounded_bar_wait(done + page, (q // npages) & 1, timeout_ns, state, ERR_PAGE_DONE, ticket)
+        wait_done(done, page, dpar, timeout_ns, state, ticket)
         r0 = row0 + g * PR
         c0 = col0 + cc * PC
         for it in range(PR * (PC // 8) // nthreads):
