@@ -149,8 +149,9 @@ EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
 #               other operand pages. Sound because done[p] then completes phases only for the
 #               uses the storer waits on, whose parity it counts per page (rk.wait_done); the
 #               first attempt (MK_GEMM_CONSUMER_FREE, removed 2026-11-29) waited with the ring
-#               generation's parity and passed on a stale phase.
-OPERAND_FREE = os.environ.get("MK_GEMM_OPERAND_FREE", "storer")
+#               generation's parity and passed on a stale phase. The default since session 22
+#               (GPU-checked, racecheck clean; as fast as "storer": bench/GEMM_NOTES.md)
+OPERAND_FREE = os.environ.get("MK_GEMM_OPERAND_FREE", "consumer")
 assert OPERAND_FREE in ("storer", "consumer"), f"MK_GEMM_OPERAND_FREE={OPERAND_FREE!r}"
 
 

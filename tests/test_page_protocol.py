@@ -1,0 +1,255 @@
+"""A model of the megakernel's page-ring protocol (full / done / empty mbarriers per page of the
+shared-memory pool), run under random interleavings of the loader, consumer and storer roles.
+
+What the device code does and this model repeats, role by role (mk/instructions/_gemm_kernel.py,
+_rows_kernel.py, _attention_kernel.py): every role walks the same pages in ring order; the loader
+and the consumers wait full / empty with the ring generation's parity; the storer waits done
+with its own per-page parity bits (rk.wait_done). An mbarrier parity wait passes when the
+barrier's current phase parity differs from the one asked for, so it cannot tell phase u from
+u - 2: the model checks, at every wait that passes, that the phase it passed on is the one the
+waiter meant (the same ring position's arrival), and that the roles never all block.
+
+The GEMM body is modelled in both MK_GEMM_OPERAND_FREE modes; the negative controls show that
+the model catches the earlier bug (consumers freeing operand pages while the storer waits with
+the ring generation's parity, removed 2026-11-29) and a storer that skips operand pages whose
+`done` the consumers still complete.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+NP = 13
+
+
+class Violation(AssertionError):
+    pass
+
+
+class Barrier:
+    """One mbarrier: the ring positions whose arrival completed each phase, in order (the model
+    arrives once per hand-off: a role's arrivals for one use complete one phase together)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.sources = []
+
+    def arrive(self, pos):
+        self.sources.append(pos)
+
+    def try_wait(self, parity):
+        return (len(self.sources) & 1) != parity
+
+
+def gemm(kt, spp, epi, split=False):
+    return ("gemm", kt, spp, 0 if split else epi)
+
+
+def rows_copy(n):
+    return ("copy", n)
+
+
+def residual_add(n):
+    return ("resadd", n)
+
+
+class Ring:
+    def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False):
+        self.full = [Barrier(f"full{p}") for p in range(NP)]
+        self.done = [Barrier(f"done{p}") for p in range(NP)]
+        self.empty = [Barrier(f"empty{p}") for p in range(NP)]
+        self.operand_free = operand_free
+        self.arrivals = lambda: sum(len(b.sources) for b in self.full + self.done + self.empty)
+        self.done_parity = done_parity
+        # negative control: the consumers free operand pages and still arrive `done` on them,
+        # while the storer skips them (its next wait may then be two phases behind)
+        self.skip_operand_done = skip_operand_done
+
+    # ------------------------------------------------------------------------- waits
+    def wait(self, bar, parity, want):
+        """Generator step: block until the parity wait passes, then check that the phase it
+        passed on was completed by ring position `want` (None: no phase completed yet is the
+        right state, the page's first use)."""
+        while not bar.try_wait(parity):
+            yield bar.name
+        got = bar.sources[-1] if bar.sources else None
+        if got != want:
+            raise Violation(f"{bar.name}: the wait passed on the arrival of ring position {got}, "
+                            f"meant {want}")
+
+    # ------------------------------------------------------------------------- roles
+    def loader(self, prog):
+        pg = 0
+        for ins in prog:
+            for _ in range(pages_of(ins)):
+                p, g = pg % NP, pg // NP
+                yield from self.wait(self.empty[p], (g & 1) ^ 1, pg - NP if pg >= NP else None)
+                self.full[p].arrive(pg)
+                pg += 1
+
+    def consumer(self, prog):
+        pg = 0
+        for ins in prog:
+            if ins[0] == "gemm":
+                _, kt, spp, epi = ins
+                for k in range(kt):
+                    for j in range(spp):
+                        q = pg + k * spp + j
+                        yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                    if k > 0:
+                        self.release_stage(pg + (k - 1) * spp, spp, last=False)
+                    yield "wgmma"
+                self.release_stage(pg + (kt - 1) * spp, spp, last=True)
+                pg += kt * spp
+                for e in range(epi):
+                    q = pg + e
+                    yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                    yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1,
+                                         q - NP if q >= NP else None)
+                for e in range(epi):
+                    self.done[(pg + e) % NP].arrive(pg + e)
+                pg += epi
+            elif ins[0] == "copy":
+                for _ in range(ins[1]):
+                    yield from self.wait(self.full[pg % NP], (pg // NP) & 1, pg)
+                    self.done[pg % NP].arrive(pg)
+                    pg += 1
+            else:   # RESIDUAL_ADD: src page pa freed by the consumers, the sum in place in pb
+                for _ in range(ins[1]):
+                    pa, pb = pg, pg + 1
+                    yield from self.wait(self.full[pa % NP], (pa // NP) & 1, pa)
+                    yield from self.wait(self.full[pb % NP], (pb // NP) & 1, pb)
+                    self.empty[pa % NP].arrive(pa)
+                    self.done[pb % NP].arrive(pb)
+                    pg += 2
+
+    def release_stage(self, q0, spp, last):
+        for j in range(spp):
+            q = q0 + j
+            if self.operand_free == "consumer" and not last:
+                self.empty[q % NP].arrive(q)
+                if self.skip_operand_done:
+                    self.done[q % NP].arrive(q)
+            else:
+                self.done[q % NP].arrive(q)
+
+    def storer(self, prog):
+        pg = 0
+        dpar = 0
+        # the model's truth for the ring parity variant: the generation of the page
+        for ins in prog:
+            if ins[0] == "gemm":
+                _, kt, spp, epi = ins
+                j0 = (kt - 1) * spp if self.operand_free == "consumer" else 0
+                waited = [pg + j for j in range(j0, kt * spp)] + [pg + kt * spp + e
+                                                                   for e in range(epi)]
+                pg += kt * spp + epi
+            elif ins[0] == "copy":
+                waited = list(range(pg, pg + ins[1]))
+                pg += ins[1]
+            else:
+                waited = [pg + 2 * i + 1 for i in range(ins[1])]
+                pg += 2 * ins[1]
+            for q in waited:
+                p = q % NP
+                parity = (dpar >> p) & 1 if self.done_parity == "mask" else (q // NP) & 1
+                yield from self.wait(self.done[p], parity, q)
+                dpar ^= 1 << p
+                yield "store"
+                self.empty[p].arrive(q)
+
+
+def pages_of(ins) -> int:
+    if ins[0] == "gemm":
+        return ins[1] * ins[2] + ins[3]
+    if ins[0] == "copy":
+        return ins[1]
+    return 2 * ins[1]
+
+
+def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
+    """Interleave the three roles at random; raise Violation on a wrong pass or a deadlock (every
+    unfinished role waiting, and no arrival since each of them last tried)."""
+    roles = {"loader": ring.loader(prog), "consumer": ring.consumer(prog),
+             "storer": ring.storer(prog)}
+    waiting = {}            # role -> (barrier name, arrivals when it last tried)
+    # each schedule gives the roles their own speeds (a storer busy with stores falls behind)
+    speed = {r: rng.choice((1, 4, 16)) for r in roles}
+    for _ in range(max_steps):
+        live = list(roles)
+        if not live:
+            return
+        now = ring.arrivals()
+        if all(r in waiting and waiting[r][1] == now for r in live):
+            raise Violation(f"deadlock: {dict((r, w[0]) for r, w in waiting.items())}")
+        name = rng.choices(live, weights=[speed[r] for r in live])[0]
+        try:
+            what = next(roles[name])
+        except StopIteration:
+            del roles[name]
+            waiting.pop(name, None)
+            continue
+        if what.startswith(("full", "done", "empty")):
+            waiting[name] = (what, ring.arrivals())
+        else:
+            waiting.pop(name, None)
+    raise Violation("no end within the step limit")
+
+
+def random_prog(rng: random.Random, n: int = 40):
+    prog = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.6:
+            spp = rng.choice((2, 3))
+            prog.append(gemm(rng.randint(1, 12), spp, rng.choice((1, 2, 4)),
+                             split=rng.random() < 0.25))
+        elif kind < 0.8:
+            prog.append(rows_copy(rng.randint(1, 6)))
+        else:
+            prog.append(residual_add(rng.randint(1, 5)))
+    return prog
+
+
+@pytest.mark.parametrize("operand_free", ["storer", "consumer"])
+def test_protocol_holds_under_random_interleavings(operand_free):
+    """Both GEMM modes with the storer's per-page done parity: every wait passes on the phase
+    its own ring position completed, and every schedule ends."""
+    for seed in range(150):
+        rng = random.Random(seed)
+        run(Ring(operand_free=operand_free, done_parity="mask"), random_prog(rng), rng)
+
+
+def _fails(ring_kw, seeds=200, prog_filter=None):
+    failures = 0
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        prog = random_prog(rng)
+        if prog_filter:
+            prog = prog_filter(prog)
+        try:
+            run(Ring(**ring_kw), prog, rng)
+        except Violation:
+            failures += 1
+    return failures
+
+
+def test_model_catches_ring_parity_with_consumer_freed_pages():
+    """Negative control: the removed MK_GEMM_CONSUMER_FREE (the storer waiting `done` with the
+    ring generation's parity while operand pages complete no `done` phase) passes stale phases
+    or deadlocks under the model."""
+    assert _fails(dict(operand_free="consumer", done_parity="ring")) > 0
+
+
+def test_model_catches_a_storer_two_phases_behind():
+    """Negative control: consumers completing `done` on pages the storer skips (so done[p] can
+    run ahead of the storer's count) fail under the model too."""
+    assert _fails(dict(operand_free="consumer", done_parity="mask", skip_operand_done=True)) > 0
+
+
+def test_model_catches_ring_parity_with_a_consumer_freed_src_page():
+    """Negative control: RESIDUAL_ADD's src page completes no `done` phase, so the rows storer
+    too needs the per-page parity: with the ring generation's it fails under the model."""
+    assert _fails(dict(operand_free="storer", done_parity="ring")) > 0
