@@ -4,8 +4,8 @@
     python bench/gemm_profile.py --jobs O_PROJ:4096:ncu: --ncu   # under ncu, see below
 
 A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
-tile's work compiled out, e.g. "nostore", "noepi"; "+" separates several) or "nosig" (the plan
-carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
+tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several) or "nosig"
+(the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
 config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1). KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     for job in [j for j in a.jobs.split(",") if j]:
         exp = job.split(":")[3]
         env = dict(os.environ, MK_GEMM_EXPERIMENT=",".join(
-            t for t in exp.split("+") if t in ("nostore", "noepi")))
+            t for t in exp.split("+") if t in ("nostore", "noepi", "nob1")))
         if "batch" in exp.split("+"):
             env["MK_GEMM_EPI_BATCH"] = "1"
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,

@@ -202,20 +202,22 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 21
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 22
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
 # on m128n128 at 65..256 tokens, GATE_UP on 112-row B pages up to 1024 tokens, LM_HEAD on
 # m128n128 at 65..256 sequences, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
 # tokens, prefill ATTENTION in 16-token row chunks; all GPU-checked; always set MK_COMMIT: the
 # device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
-#   0. GEMM operand delivery (issue 5 and every batch >= 256; bench/GEMM_NOTES.md session 21):
-#      the journal's GEMM `cons_wait` (new) is 21-33% of every tile at B=1024 / 4096 and
-#      `mma_wait` ~0: the consumers starve for operand pages. Kernel work, then measure with
-#      `launch/bench.py --journal` (cons_wait / mma_wait per opcode) and bench/gemm.py:
-#      (a) consumers free operand pages (`empty`) themselves, not through the storer's walk
-#          (a per-page done-parity mask in every family's storer: _gemm_kernel.py's comment);
-#      (b) 2-CTA clusters sharing the weight tile by TMA multicast (48 -> 32 KB per K step)
+#   0. GEMM operand delivery (issue 5 and every batch >= 256; bench/GEMM_NOTES.md sessions
+#      21-22): the journal's GEMM `cons_wait` is 21-33% of every tile at B=1024 / 4096 and
+#      `mma_wait` ~0: the consumers starve for operand pages. Session 22 took the storer off the
+#      page recycle (MK_GEMM_OPERAND_FREE=consumer, now the default, rk.wait_done's per-page
+#      parity): no change, so the loads' own latency is the limit. Next, kernel work, then
+#      measure with `launch/bench.py --journal` (cons_wait / mma_wait per opcode) and
+#      bench/gemm.py: 2-CTA clusters sharing the weight tile by TMA multicast (48 -> 32 KB per K
+#      step per SM; design points in GEMM_NOTES session 21; tests/test_page_protocol.py is the
+#      place to model the remote `empty` arrivals first)
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and

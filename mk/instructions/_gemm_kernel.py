@@ -128,9 +128,13 @@ A_SPLIT_ROW = mc.A_SPLIT_ROW
 # parts of the tile's work to leave out, so that timing differences place the per-tile time
 # (bench/gemm_profile.py): "nostore" = the storer skips its global stores (it still waits and
 # frees every page), "noepi" = the consumers skip the epilogue math and smem writes (they still
-# wait for and hand over the epilogue pages). Results are wrong under either.
+# wait for and hand over the epilogue pages), "nob1" = the loader grants every stage's second B
+# page without loading it (the wgmmas read what it held before): a two-B-page tile (m128n256,
+# gu_m128) then pulls 32 KB per K step instead of 48, what a 2-CTA cluster multicasting its
+# weight tile would pull per SM (bench/GEMM_NOTES.md session 22). Results are wrong under each.
 EXPERIMENT = frozenset(t for t in os.environ.get("MK_GEMM_EXPERIMENT", "").split(",") if t)
-assert EXPERIMENT <= {"nostore", "noepi"}, f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
+assert EXPERIMENT <= {"nostore", "noepi", "nob1"}, \
+    f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
 # RESIDUAL epilogue: issue all of a chain's residual smem loads before its first store. The compiler
 # keeps each load behind the previous pair's store (it cannot prove the addresses apart), so the
 # one-pass loop pays one full LDS latency per element pair (64 per thread per 128 x 256 tile).
@@ -384,21 +388,25 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
-        if cutlass.const_expr(cfg.half_gate_up):
-            # b_rows / 2 gate rows, then the up rows of the same columns (sB_layout: that box)
-            half = cfg.b_bytes // 2
-            tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, 0, col0, kc, layer,
-                    full + page, policy)
-            tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, half, up_row0, kc, layer,
-                    full + page, policy)
+        if cutlass.const_expr(j == 1 and "nob1" in EXPERIMENT):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(full + page)      # granted, not loaded (EXPERIMENT)
         else:
-            wrow = col0 + j * cfg.b_rows
-            if cutlass.const_expr(cfg.gate_up and j == 1):
-                wrow = up_row0
-            tma_box(tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc, layer,
-                    full + page, policy)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
+            if cutlass.const_expr(cfg.half_gate_up):
+                # b_rows / 2 gate rows, then the up rows of the same columns (sB_layout: that box)
+                half = cfg.b_bytes // 2
+                tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, 0, col0, kc, layer,
+                        full + page, policy)
+                tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, half, up_row0, kc,
+                        layer, full + page, policy)
+            else:
+                wrow = col0 + j * cfg.b_rows
+                if cutlass.const_expr(cfg.gate_up and j == 1):
+                    wrow = up_row0
+                tma_box(tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc, layer,
+                        full + page, policy)
 
 
 @cute.jit
