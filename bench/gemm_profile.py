@@ -132,6 +132,21 @@ def worker(job: str, reps: int) -> dict:
     return out
 
 
+def record(results: list) -> dict:
+    """The --out JSON: the jobs' results with where they came from (date, commit, device,
+    command; each job's MK_GEMM_EXPERIMENT is in its "experiment")."""
+    import datetime
+
+    from mk.provenance import git_commit, knob_env
+    try:
+        import torch
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        device = "unknown"
+    return dict(date=datetime.date.today().isoformat(), git_commit=git_commit(), device=device,
+                command="python " + " ".join(sys.argv), env=knob_env(), jobs=results)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", required=True, help="comma-separated OP:M:KIND:EXPERIMENT")
@@ -162,7 +177,7 @@ def main(argv=None) -> int:
         results.append(r)
         print(json.dumps(r), flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
+        Path(a.out).write_text(json.dumps(record(results), indent=1))
     return 0
 
 

@@ -213,11 +213,13 @@
 #      21-22): the journal's GEMM `cons_wait` is 21-33% of every tile at B=1024 / 4096 and
 #      `mma_wait` ~0: the consumers starve for operand pages. Session 22 took the storer off the
 #      page recycle (MK_GEMM_OPERAND_FREE=consumer, now the default, rk.wait_done's per-page
-#      parity): no change, so the loads' own latency is the limit. Next, kernel work, then
-#      measure with `launch/bench.py --journal` (cons_wait / mma_wait per opcode) and
-#      bench/gemm.py: 2-CTA clusters sharing the weight tile by TMA multicast (48 -> 32 KB per K
-#      step per SM; design points in GEMM_NOTES session 21; tests/test_page_protocol.py is the
-#      place to model the remote `empty` arrivals first)
+#      parity): no change. A third fewer operand bytes per SM (MK_GEMM_EXPERIMENT=nob1, what
+#      a 2-CTA multicast cluster would pull) took only 1-4% off: multicast is NOT the lever.
+#      Next, kernel work, then `launch/bench.py --journal` (cons_wait / mma_wait per opcode),
+#      bench/gemm.py and bench/gemm_profile.py: where in a tile cons_wait falls (a per-K-step
+#      histogram), then a deeper operand ring (epilogue pages taken when the epilogue starts,
+#      or BK = 32 half stages); tests/test_page_protocol.py models any page-protocol change
+#      first
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
