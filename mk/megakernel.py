@@ -582,6 +582,7 @@ class MegakernelDSL:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         NP = self.npages
+        assert NP <= 32, "rk.wait_done keeps one done-parity bit per page in an Int32"
         HM = self.handoff
         PS = page_share(HM)          # done[p] / empty[p] init count (both families)
         GS = self.gemm
