@@ -131,9 +131,12 @@ A_SPLIT_ROW = mc.A_SPLIT_ROW
 # wait for and hand over the epilogue pages), "nob1" = the loader grants every stage's second B
 # page without loading it (the wgmmas read what it held before): a two-B-page tile (m128n256,
 # gu_m128) then pulls 32 KB per K step instead of 48, what a 2-CTA cluster multicasting its
-# weight tile would pull per SM (bench/GEMM_NOTES.md session 22). Results are wrong under each.
+# weight tile would pull per SM (bench/GEMM_NOTES.md session 22), "earlyfree" = the consumers
+# free a stage's pages as soon as the next stage's wgmmas are issued, before the stage's own
+# retire (the loader may overwrite pages the tensor cores still read: one more stage in flight,
+# what a deeper ring would give). Results are wrong under each.
 EXPERIMENT = frozenset(t for t in os.environ.get("MK_GEMM_EXPERIMENT", "").split(",") if t)
-assert EXPERIMENT <= {"nostore", "noepi", "nob1"}, \
+assert EXPERIMENT <= {"nostore", "noepi", "nob1", "earlyfree"}, \
     f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
 # RESIDUAL epilogue: issue all of a chain's residual smem loads before its first store. The compiler
 # keeps each load behind the previous pair's store (it cannot prove the addresses apart), so the
@@ -602,14 +605,20 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(tiled_mma, accs[ch], tCrA[(None, None, kb)], tCrB[(None, None, kb)],
                           accs[ch])
         cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr("earlyfree" in EXPERIMENT):
+            if k > 0:
+                release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane,
+                              share)
         t0 = rk.wait_clock_start(mclk)
         cute.nvgpu.warpgroup.wait_group(1)
         rk.wait_clock_add(mclk, t0)
-        if k > 0:
-            # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use of a
-            # page completes exactly one phase of full and of empty, and no waiter can fall two
-            # phases behind
-            release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane, share)
+        if cutlass.const_expr("earlyfree" not in EXPERIMENT):
+            if k > 0:
+                # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use
+                # of a page completes exactly one phase of full and of empty, and no waiter can
+                # fall two phases behind
+                release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane,
+                              share)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(stamp_epi >= 0):
         rk.journal_stamp(journal, ticket, stamp_epi, ctid == 0)
