@@ -215,11 +215,12 @@
 #      page recycle (MK_GEMM_OPERAND_FREE=consumer, now the default, rk.wait_done's per-page
 #      parity): no change. A third fewer operand bytes per SM (MK_GEMM_EXPERIMENT=nob1, what
 #      a 2-CTA multicast cluster would pull) took only 1-4% off: multicast is NOT the lever.
-#      Next, kernel work, then `launch/bench.py --journal` (cons_wait / mma_wait per opcode),
-#      bench/gemm.py and bench/gemm_profile.py: where in a tile cons_wait falls (a per-K-step
-#      histogram), then a deeper operand ring (epilogue pages taken when the epilogue starts,
-#      or BK = 32 half stages); tests/test_page_protocol.py models any page-protocol change
-#      first
+#      One more stage in flight (earlyfree, what a deeper ring gives) took nothing either:
+#      cons_wait overstates the idle tensor pipe (stage k's wgmmas are queued while the
+#      consumers wait for k + 1). Next, kernel work, then bench/gemm_profile.py and
+#      bench/gemm.py: the tensor pipe's real idle gaps per K step of one CTA (journal variant:
+#      issue / retire times), then the epilogue overlap (ping-pong consumer warpgroups) for
+#      the per-tile costs; tests/test_page_protocol.py models any page-protocol change first
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
