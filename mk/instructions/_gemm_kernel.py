@@ -666,6 +666,18 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     ep0 = pg % npages
     col_off = tile_col_off(cfg, wg)
     nout = 1 if cfg.gate_up else nch
+    if cutlass.const_expr("noepi" in EXPERIMENT):
+        # keep every accumulator live (with no use of them the compiler dropped the wgmmas:
+        # session 22's first noepi timings ran above the tensor pipe's peak): their sum, stored
+        # only if it is never-seen value
+        tot = Float32(0.0)
+        for ch in cutlass.range_constexpr(nch):
+            for i in cutlass.range_constexpr(cute.size(accs[ch])):
+                tot = tot + accs[ch][i]
+        if tot == Float32(-1.2345e-30):
+            d = cute.make_tensor(cute.make_ptr(Float32, pool + ep0 * PAGE, cute.AddressSpace.smem,
+                                               assumed_align=4), cute.make_layout(1))
+            d[0] = tot
     if cutlass.const_expr(epi == EPI_ROPE and "noepi" not in EXPERIMENT):
         rope_epilogue(cfg, accs, tCcC, col_off, pool, ep0, npages, meta, inv_freq, row0, rows,
                       section)
