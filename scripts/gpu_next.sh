@@ -218,9 +218,12 @@
 #      One more stage in flight (earlyfree, what a deeper ring gives) took nothing either:
 #      cons_wait overstates the idle tensor pipe (stage k's wgmmas are queued while the
 #      consumers wait for k + 1). Next, kernel work, then bench/gemm_profile.py and
-#      bench/gemm.py: the tensor pipe's real idle gaps per K step of one CTA (journal variant:
-#      issue / retire times), then the epilogue overlap (ping-pong consumer warpgroups) for
-#      the per-tile costs; tests/test_page_protocol.py models any page-protocol change first
+#      bench/gemm.py: with the epilogue math and stores left out (noepi+nostore, valid since
+#      402d4b7) mk is still 1.18-1.30x cuBLAS alone: the mainloop itself is slow. Measure the
+#      tensor pipe's real idle gaps per K step of one CTA (journal variant: issue / retire
+#      times) and the SM clock of both kernels under ncu (role warps' polling: issue slots,
+#      power); then the epilogue overlap (ping-pong) for O_PROJ's 9-12%;
+#      tests/test_page_protocol.py models any page-protocol change first
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
