@@ -428,8 +428,10 @@ class MegakernelDSL:
             tma_r, gR = at.tma_a, at.gA          # placeholders (never used) without a residual
             if cutlass.const_expr(resid):
                 tma_r, gR = at.tma_r, at.gR
+            # [12]: the mainloop's wgmma where it is not tiled_mma (a wide tile)
             gops.append((at.tma_a, at.gA, at.tma_b, at.gB, tma_r, gR, at.tiled_mma, at.sA_layout,
-                         at.sB_layout, y, w, at.sB_load_layout))
+                         at.sB_mainloop_layout, y, w, at.sB_load_layout)
+                        + ((at.mainloop_mma,) if g.cfg.wide else ()))
         aops = []
         if cutlass.const_expr(self.attn_ps > 0):
             aa = ak.AttnAtoms(kv, self.attn_ps)
@@ -865,8 +867,9 @@ class MegakernelDSL:
                         if op == GS[gi].op:
                             g = gops[gi]
                             kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
-                            pg = gk.gemm_consume(GS[gi].cfg, GS[gi].epi, g[6], g[7], g[8], kt,
-                                                 pool, full, empty, done, pg, NP, ctv, timeout_ns,
+                            pg = gk.gemm_consume(GS[gi].cfg, GS[gi].epi, g[6],
+                                                 gk.mainloop_mma_of(GS[gi].cfg, g), g[7], g[8],
+                                                 kt, pool, full, empty, done, pg, NP, ctv, timeout_ns,
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
                                                  PS, self.split_tile(GS[gi], g, ring, base, skops),

@@ -160,6 +160,12 @@ EPI_BATCH = os.environ.get("MK_GEMM_EPI_BATCH", "1") == "1"
 #               (GPU-checked, racecheck clean; as fast as "storer": bench/GEMM_NOTES.md)
 OPERAND_FREE = os.environ.get("MK_GEMM_OPERAND_FREE", "consumer")
 assert OPERAND_FREE in ("storer", "consumer"), f"MK_GEMM_OPERAND_FREE={OPERAND_FREE!r}"
+# One wgmma chain of N = 256 over both B pages of an "M" tile (m128n256, gu_m128) instead of two
+# chains of N = 128, one per page (MK_GEMM_WIDE=0: the two chains). The A operand is then read
+# from shared memory once per k-block instead of once per chain, and each warpgroup issues half
+# the wgmmas. It needs the stage's two B pages adjacent in the pool: a stage whose B pages would
+# wrap around the ring's end puts its A page last instead (stage_a_offset).
+WIDE = os.environ.get("MK_GEMM_WIDE", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,15 @@ class TileConfig(tiles.TileShape):
     def b_bytes(self) -> int:
         """Bytes of one B page's TMA load (b_rows x BK bf16; the page is 16 KiB or less)."""
         return self.b_rows * BK * 2
+
+    @property
+    def wide(self) -> bool:
+        """One wgmma chain of N = 2 x 128 over both (adjacent) B pages (WIDE)."""
+        return WIDE and self.wg == "M" and self.nb == 2 and self.b_rows == B_ROWS
+
+    def mainloop_wn(self) -> int:
+        """wgmma N of the mainloop's chains."""
+        return 2 * self.wn if self.wide else self.wn
 
     def atom_layout(self):
         return {"M": (2, 1, 1), "N": (1, 2, 1), "PAGE": (1, 1, 1)}[self.wg]
@@ -279,6 +294,17 @@ class GemmAtoms:
             lay, (cfg.bm, B_ROWS, BK), BFloat16, 1), (None, None, 0))
         self.sB_layout = cute.slice_(sm90_utils.make_smem_layout_b(
             lay, (cfg.bm, cfg.b_rows, BK), BFloat16, 1), (None, None, 0))
+        # the mainloop's wgmma and B operand: the same, or (wide) N = 256 over both B pages,
+        # which are adjacent in the pool (the SW128 K-major layout of 256 rows is two of 128
+        # back to back); tiled_mma stays the fragment map of the epilogues (a chain's columns)
+        self.mainloop_mma, self.sB_mainloop_layout = self.tiled_mma, self.sB_layout
+        if cfg.wide:
+            self.mainloop_mma = sm90_utils.make_trivial_tiled_mma(
+                BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+                Float32, cfg.atom_layout(), tiler_mn=(64, cfg.mainloop_wn()))
+            self.sB_mainloop_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+                lay, (cfg.bm, cfg.nb * cfg.b_rows, BK), BFloat16, 1), (None, None, 0))
+            assert cute.size_in_bytes(BFloat16, self.sB_mainloop_layout) == cfg.nb * PAGE
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         self.tma_a, self.gA = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, x, self.sA_layout,
                                                                      (cfg.bm, BK))
@@ -312,6 +338,12 @@ class GemmAtoms:
             cute.nvgpu.cpasync.prefetch_descriptor(self.tma_r)
 
 
+def mainloop_mma_of(cfg: TileConfig, ops: tuple):
+    """The mainloop's tiled MMA in the megakernel's per-slot operand tuple: [12] where the tile
+    is wide (only then is it a kernel parameter of its own), else the chain's [6]."""
+    return ops[12] if cfg.wide else ops[6]
+
+
 # ============================================================================ device helpers
 @cute.jit
 def page_tensor(pool: Int32, page: Int32, layout: cute.ComposedLayout):
@@ -319,6 +351,32 @@ def page_tensor(pool: Int32, page: Int32, layout: cute.ComposedLayout):
     p = cute.make_ptr(BFloat16, pool + page * PAGE, cute.AddressSpace.smem, assumed_align=1024)
     p = cute.recast_ptr(p, layout.inner, dtype=BFloat16)
     return cute.make_tensor(p, layout.outer)
+
+
+# ============================================================================ stage layout
+def stage_a_offset(cfg, stage_pg, npages: int):
+    """Ring offset of a stage's A page (its B pages follow it, or, at offset 2, precede it):
+    0, except for a wide tile (TileConfig.wide) whose B pages would otherwise wrap around the
+    ring's end (pages npages - 1 and 0), which one wgmma cannot span: its A page goes last.
+    Every role derives the stage's pages from this, so they agree on them; the pages are still
+    used, waited on and freed in the same ring positions."""
+    if not cfg.wide:
+        return 0
+    return _wrap_a_offset(stage_pg, npages)
+
+
+@cute.jit
+def _wrap_a_offset(stage_pg: Int32, npages: cutlass.Constexpr) -> Int32:
+    page, _ = page_of(stage_pg, npages)
+    off = Int32(0)
+    if page == npages - 2:
+        off = Int32(2)
+    return off
+
+
+def stage_b_offset(a_off):
+    """Ring offset of a stage's first B page, given its A page's (stage_a_offset)."""
+    return 1 - a_off // 2
 
 
 # ============================================================================ loader (1 warp)
@@ -361,13 +419,14 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         kc = k * BK
         if cutlass.const_expr(split is not None):
             kc = k0 + k * BK
-        page, ph = page_of(pg, npages)
+        a_off = stage_a_offset(cfg, pg, npages)
+        page, ph = page_of(pg + a_off, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
-                     pg + 1, npages, timeout_ns, state, ticket)
+                     pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket)
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty, pg,
@@ -429,16 +488,19 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
         npre = Int32(npages // cfg.stage_pages)
     for k in range(npre):
         kc = k0 + k * BK
-        page, ph = page_of(pg + k * cfg.stage_pages, npages)
+        stage_pg = pg + k * cfg.stage_pages
+        a_off = stage_a_offset(cfg, stage_pg, npages)
+        page, ph = page_of(stage_pg + a_off, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
-                     pg + k * cfg.stage_pages + 1, npages, timeout_ns, state, ticket)
+                     stage_pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket)
     bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
     # the activations were written by generic-proxy stores of other CTAs (acquired by the
     # controller's waits, handed over by `ready`): order them before the async-proxy reads
     cute.arch.fence_proxy("async.global")
     for k in range(npre):
-        page, ph = page_of(pg + k * cfg.stage_pages, npages)
+        stage_pg = pg + k * cfg.stage_pages
+        page, ph = page_of(stage_pg + stage_a_offset(cfg, stage_pg, npages), npages)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, k0 + k * BK, xb, full + page)
@@ -537,7 +599,8 @@ def out_pair(cfg, accs, acc, i: int):
 
 @cute.jit
 def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute.TiledMma,
-                 sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, kt: Int32,
+                 mainloop_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
+                 sB_layout: cute.ComposedLayout, kt: Int32,
                  pool: Int32, full: cute.Pointer, empty: cute.Pointer, done: cute.Pointer,
                  pg: Int32, npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
                  state: cute.Tensor, ticket: Int32, meta: cute.Tensor, inv_freq: cute.Tensor,
@@ -547,6 +610,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
+
+    tiled_mma: the fragment map of a chain (the epilogues'); mainloop_mma / sB_layout: the
+    mainloop's wgmma and B operand (GemmAtoms.mainloop_mma / sB_mainloop_layout: for a wide tile
+    one chain over both B pages, whose accumulator is the chains' side by side).
 
     journal / stamp_epi (the megakernel's journal variant only): word of row `ticket` that gets
     the time the last wgmma retired (the epilogue, or a split tile's partial stores, start);
@@ -572,38 +639,47 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     if cutlass.const_expr(cfg.wg == "PAGE"):
         mma_tid = ctid % 128
     thr_mma = tiled_mma.get_slice(mma_tid)
+    thr_main = mainloop_mma.get_slice(mma_tid)
     nch = cfg.chains()
     spp = cfg.stage_pages
 
-    # accumulators: one per wgmma chain
+    # accumulators: one per wgmma chain (a wide tile: one for both, split after the mainloop)
     cC = cute.make_identity_tensor((64 * cfg.atom_layout()[0], cfg.wn * cfg.atom_layout()[1]))
     tCcC = thr_mma.partition_C(cC)
     accs = [cute.make_rmem_tensor(tCcC.shape, Float32) for _ in range(nch)]
-    for ch in cutlass.range_constexpr(nch):
-        accs[ch].fill(0.0)
-    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    mains = accs
+    if cutlass.const_expr(cfg.wide):
+        cW = cute.make_identity_tensor((64 * cfg.atom_layout()[0], cfg.mainloop_wn()))
+        mains = [cute.make_rmem_tensor(thr_main.partition_C(cW).shape, Float32)]
+    for ch in cutlass.range_constexpr(len(mains)):
+        mains[ch].fill(0.0)
+    mainloop_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
 
     for k in range(kt):
-        pa, pha = page_of(pg + k * spp, npages)
+        a_off = stage_a_offset(cfg, pg + k * spp, npages)
+        b_off = stage_b_offset(a_off)
+        pa, pha = page_of(pg + k * spp + a_off, npages)
         t0 = rk.wait_clock_start(wclk)
         bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         for j in cutlass.range_constexpr(cfg.nb):
-            pb, phb = page_of(pg + k * spp + 1 + j, npages)
+            pb, phb = page_of(pg + k * spp + b_off + j, npages)
             bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         rk.wait_clock_add(wclk, t0)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(page_tensor(pool, pa, sA_layout)))
+        tCrA = mainloop_mma.make_fragment_A(
+            thr_main.partition_A(page_tensor(pool, pa, sA_layout)))
         cute.nvgpu.warpgroup.fence()
-        for ch in cutlass.range_constexpr(nch):
+        for ch in cutlass.range_constexpr(len(mains)):
             jb = ch
             if cutlass.const_expr(cfg.wg == "PAGE"):
                 jb = wg
-            pb, _ = page_of(pg + k * spp + 1 + jb, npages)
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(page_tensor(pool, pb, sB_layout)))
+            pb, _ = page_of(pg + k * spp + b_off + jb, npages)
+            tCrB = mainloop_mma.make_fragment_B(
+                thr_main.partition_B(page_tensor(pool, pb, sB_layout)))
             for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(tiled_mma, accs[ch], tCrA[(None, None, kb)], tCrB[(None, None, kb)],
-                          accs[ch])
+                cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
+                          tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
@@ -620,6 +696,13 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane,
                               share)
     cute.nvgpu.warpgroup.wait_group(0)
+    if cutlass.const_expr(cfg.wide):
+        # the N = 256 fragment is the two N = 128 chains' side by side (element e + 2h + 4j holds
+        # column 8j + ..., j < 32): register moves the compiler folds away
+        per_chain = cute.size(accs[0])
+        for ch in cutlass.range_constexpr(nch):
+            for i in cutlass.range_constexpr(per_chain):
+                accs[ch][i] = mains[0][ch * per_chain + i]
     if cutlass.const_expr(stamp_epi >= 0):
         rk.journal_stamp(journal, ticket, stamp_epi, ctid == 0)
     rk.wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
