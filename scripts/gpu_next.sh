@@ -279,7 +279,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -859,6 +859,50 @@ if has treeab; then
     echo "== treeab: MK_AB_TREE (${MK_AB_TREE:-unset}) is not a directory" | tee -a "$OUTDIR/treeab.log"
     rc=1
   fi
+fi
+if has wide; then
+  # MK_GEMM_WIDE=1 (session 23: one wgmma chain of N = 256 over both B pages of the m128n256 /
+  # gu_m128 tiles, the 1024 and max classes' O_PROJ / DOWN and the max class's GATE_UP; A read
+  # from shared memory once per k-block instead of twice): bench/gemm.py's poisoned checks and
+  # timings with 0 and 1 in one call (O_PROJ / DOWN / GATE_UP at MK_WIDE_M), and with 1 and
+  # MK_WIDE_TILES (two-B-page tiles where the table has one: GATE_UP gu_m128 in the 1024 class,
+  # QKV_ROPE on two-head m128n256 tiles) for MK_WIDE_TOPS; then the two-layer checks of the 1024
+  # and max classes (478 and 1078 tokens), racecheck and memcheck with it: wide.log,
+  # wide_check.log, wide_gemm_{0,1,tiles}.json (~8 min)
+  : > "$OUTDIR/wide.log"
+  WT=${MK_WIDE_TILES:-GATE_UP@1024=gu_m128,QKV_ROPE@1024=m128n256,QKV_ROPE@max=m128n256}
+  for v in 0 1 tiles; do
+    e="MK_GEMM_WIDE=$v"; o=${MK_WIDE_OPS:-O_PROJ,DOWN,GATE_UP}
+    [ $v = tiles ] && { e="MK_GEMM_WIDE=1 MK_TILES=$WT"; o=${MK_WIDE_TOPS:-GATE_UP,QKV_ROPE}; }
+    env $e timeout 240 python bench/gemm.py --no-compile --ops $o --m ${MK_WIDE_M:-1024,4096} \
+        --odd-m ${MK_WIDE_ODD:-1100} --reps 15 --out "$OUTDIR/wide_gemm_$v.json" \
+        > "$TMPD/wide_gemm_$v.log" 2>&1 || rc=1
+    echo "== bench/gemm.py $e" | tee -a "$OUTDIR/wide.log"
+    grep -vE "^\[mk\.(plan|compile)" "$TMPD/wide_gemm_$v.log" | tail -${MK_WIDE_TAIL:-24} \
+        | tee -a "$OUTDIR/wide.log"
+  done
+  ( export MK_GEMM_WIDE=1; echo "== MK_GEMM_WIDE=1 checks"
+    MK_CHECK_EXTRA="--prompt-lens 1,13,64,130,200,70" checks
+    echo "== check --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70,600 (the max class)"
+    timeout 150 python -m mk.megakernel_step check --layers 2 --split-k 0 \
+        --prompt-lens 1,13,64,130,200,70,600 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+    echo "== memcheck, two-layer step, 478 tokens"
+    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 \
+        > "$OUTDIR/memcheck_full.log" 2>&1
+    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+  ) > "$OUTDIR/wide_check.log" 2>&1
+  cat "$OUTDIR/wide_check.log" | tee -a "$OUTDIR/wide.log"
+  MK_NO_PYTEST=1 passed "$OUTDIR/wide_check.log" && grep -q "ERROR SUMMARY: 0 errors" \
+      "$OUTDIR/wide_check.log" && echo "== wide: checks passed" || { echo "== wide: checks FAILED"; rc=1; }
+fi
+if has widetime; then
+  # decode MK_WIDE_BATCH (1024,4096) of the default build and with MK_WIDE_ON_ENV
+  # ("MK_GEMM_WIDE=1"; e.g. "MK_GEMM_WIDE=1 MK_TILES=GATE_UP@1024=gu_m128"), no journal:
+  # widetime.log, widetime_{off,on}.json (~3 min per batch)
+  : > "$OUTDIR/widetime.log"
+  MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab widetime "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" \
+      ${MK_WIDE_BATCH:-1024,4096} "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" ""
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
