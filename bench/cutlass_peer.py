@@ -105,6 +105,9 @@ def worker(example: str, config, shapes, reps: int, lock_path: str) -> dict:
 
     ex = load_example(example)
     tile, cluster = config
+    # the DSL's HardwareInfo queries the driver without initialising it: let torch do that
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
     gemm = ex.HopperWgmmaGemmPersistentKernel(cutlass.Float32, tile, cluster, 1, True)
     max_clusters = cutlass.utils.HardwareInfo().get_max_active_clusters(cluster[0] * cluster[1])
     stream_t = torch.cuda.Stream()
