@@ -19,7 +19,7 @@ import pytest
 DUMP = os.environ.get("CUTE_DSL_DUMP_DIR") or tempfile.mkdtemp(prefix="mk_dump_")
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ.setdefault("CUTE_DSL_DUMP_DIR", DUMP)
-BAD_PTXAS = ("C7506", "C7508", "C7510")
+BAD_PTXAS = ("C7506", "C7508", "C7510", "C7519")
 
 
 def _find_ptxas():

@@ -135,8 +135,15 @@ A_SPLIT_ROW = mc.A_SPLIT_ROW
 # free a stage's pages as soon as the next stage's wgmmas are issued, before the stage's own
 # retire (the loader may overwrite pages the tensor cores still read: one more stage in flight,
 # what a deeper ring would give). Results are wrong under each.
+# One that keeps results right (session 23: the mainloop against CUTLASS's own, which runs the
+# same 128 x 256 cooperative tile at cuBLAS's rate): "onefull" = one `full` barrier per stage,
+# the A page's: the B
+# pages' TMAs complete their bytes on it, and their own `full` barriers get a plain arrival, so
+# each page use still completes one phase of each (the consumers wait on one barrier per K step
+# instead of 1 + NB). (One wgmma.fence before the K loop instead of one per K step, as CUTLASS's
+# DSL example has it, makes ptxas serialize the wgmmas here: C7519, compile-checked in session 23.)
 EXPERIMENT = frozenset(t for t in os.environ.get("MK_GEMM_EXPERIMENT", "").split(",") if t)
-assert EXPERIMENT <= {"nostore", "noepi", "nob1", "earlyfree"}, \
+assert EXPERIMENT <= {"nostore", "noepi", "nob1", "earlyfree", "onefull"}, \
     f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
 # RESIDUAL epilogue: issue all of a chain's residual smem loads before its first store. The compiler
 # keeps each load behind the previous pair's store (it cannot prove the addresses apart), so the
@@ -166,6 +173,7 @@ assert OPERAND_FREE in ("storer", "consumer"), f"MK_GEMM_OPERAND_FREE={OPERAND_F
 # the wgmmas. It needs the stage's two B pages adjacent in the pool: a stage whose B pages would
 # wrap around the ring's end puts its A page last instead (stage_a_offset).
 WIDE = os.environ.get("MK_GEMM_WIDE", "0") == "1"
+ONE_FULL = "onefull" in EXPERIMENT
 
 
 @dataclass(frozen=True)
@@ -423,10 +431,11 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         page, ph = page_of(pg + a_off, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
+            cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes + stage_b_bytes(cfg))
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
-                     pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket)
+                     pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
+                     stage_full(full + page))
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty, pg,
@@ -442,33 +451,58 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
 def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                  sB_layout: cute.ComposedLayout, layer: Int32, col0: Int32, up_row0: Int32,
                  kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
-                 npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
+                 npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                 a_full=None):
     """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
     TMA its b_rows weight rows x 64 K columns at K column kc (gate_up: the second page is the up
-    rows from up_row0)."""
+    rows from up_row0).
+
+    a_full: the stage's A-page `full` barrier under "onefull" (stage_full; None otherwise): the
+    B loads complete their bytes there (the caller expects them) and each B page's own `full`
+    gets a plain arrival."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        bar = full + page
+        if cutlass.const_expr(a_full is not None):
+            bar = a_full
         if cutlass.const_expr(j == 1 and "nob1" in EXPERIMENT):
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(full + page)      # granted, not loaded (EXPERIMENT)
         else:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
+                if cutlass.const_expr(a_full is not None):
+                    cute.arch.mbarrier_arrive(full + page)
+                else:
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
             if cutlass.const_expr(cfg.half_gate_up):
                 # b_rows / 2 gate rows, then the up rows of the same columns (sB_layout: that box)
                 half = cfg.b_bytes // 2
                 tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, 0, col0, kc, layer,
-                        full + page, policy)
+                        bar, policy)
                 tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, half, up_row0, kc,
-                        layer, full + page, policy)
+                        layer, bar, policy)
             else:
                 wrow = col0 + j * cfg.b_rows
                 if cutlass.const_expr(cfg.gate_up and j == 1):
                     wrow = up_row0
                 tma_box(tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc, layer,
-                        full + page, policy)
+                        bar, policy)
+
+
+def stage_full(a_full):
+    """The barrier a stage's B pages complete on: the A page's under "onefull", else their own
+    (None)."""
+    return a_full if ONE_FULL else None
+
+
+def stage_b_bytes(cfg) -> int:
+    """Bytes of a stage's B loads that its A page's `full` barrier expects ("onefull"; else 0)."""
+    if not ONE_FULL:
+        return 0
+    nb = cfg.nb - 1 if "nob1" in EXPERIMENT else cfg.nb
+    return nb * cfg.b_bytes
 
 
 @cute.jit
@@ -492,8 +526,14 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
         a_off = stage_a_offset(cfg, stage_pg, npages)
         page, ph = page_of(stage_pg + a_off, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        if cutlass.const_expr(ONE_FULL):
+            # the A page is free (its last phase of `full` completed): its barrier may take this
+            # stage's B bytes now, its arrival (with the A bytes) comes after `ready`
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_expect_tx(full + page, stage_b_bytes(cfg))
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
-                     stage_pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket)
+                     stage_pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
+                     stage_full(full + page))
     bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
     # the activations were written by generic-proxy stores of other CTAs (acquired by the
     # controller's waits, handed over by `ready`): order them before the async-proxy reads
@@ -663,9 +703,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         pa, pha = page_of(pg + k * spp + a_off, npages)
         t0 = rk.wait_clock_start(wclk)
         bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-        for j in cutlass.range_constexpr(cfg.nb):
-            pb, phb = page_of(pg + k * spp + b_off + j, npages)
-            bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        if cutlass.const_expr(not ONE_FULL):
+            for j in cutlass.range_constexpr(cfg.nb):
+                pb, phb = page_of(pg + k * spp + b_off + j, npages)
+                bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         rk.wait_clock_add(wclk, t0)
         tCrA = mainloop_mma.make_fragment_A(
             thr_main.partition_A(page_tensor(pool, pa, sA_layout)))
