@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     for job in [j for j in a.jobs.split(",") if j]:
         exp = job.split(":")[3]
         env = dict(os.environ, MK_GEMM_EXPERIMENT=",".join(
-            t for t in exp.split("+") if t in ("nostore", "noepi", "nob1", "earlyfree", "onefull")))
+            t for t in exp.split("+") if t in ("nostore", "noepi", "nob1", "earlyfree")))
         if "batch" in exp.split("+"):
             env["MK_GEMM_EPI_BATCH"] = "1"
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,

@@ -135,15 +135,10 @@ A_SPLIT_ROW = mc.A_SPLIT_ROW
 # free a stage's pages as soon as the next stage's wgmmas are issued, before the stage's own
 # retire (the loader may overwrite pages the tensor cores still read: one more stage in flight,
 # what a deeper ring would give). Results are wrong under each.
-# One that keeps results right (session 23: the mainloop against CUTLASS's own, which runs the
-# same 128 x 256 cooperative tile at cuBLAS's rate): "onefull" = one `full` barrier per stage,
-# the A page's: the B
-# pages' TMAs complete their bytes on it, and their own `full` barriers get a plain arrival, so
-# each page use still completes one phase of each (the consumers wait on one barrier per K step
-# instead of 1 + NB). (One wgmma.fence before the K loop instead of one per K step, as CUTLASS's
-# DSL example has it, makes ptxas serialize the wgmmas here: C7519, compile-checked in session 23.)
+# (One wgmma.fence before the K loop instead of one per K step, as CUTLASS's DSL example has it,
+# makes ptxas serialize the wgmmas here: C7519, compile-checked in session 23.)
 EXPERIMENT = frozenset(t for t in os.environ.get("MK_GEMM_EXPERIMENT", "").split(",") if t)
-assert EXPERIMENT <= {"nostore", "noepi", "nob1", "earlyfree", "onefull"}, \
+assert EXPERIMENT <= {"nostore", "noepi", "nob1", "earlyfree"}, \
     f"unknown MK_GEMM_EXPERIMENT parts {set(EXPERIMENT)}"
 # RESIDUAL epilogue: issue all of a chain's residual smem loads before its first store. The compiler
 # keeps each load behind the previous pair's store (it cannot prove the addresses apart), so the
@@ -172,8 +167,24 @@ assert OPERAND_FREE in ("storer", "consumer"), f"MK_GEMM_OPERAND_FREE={OPERAND_F
 # from shared memory once per k-block instead of once per chain, and each warpgroup issues half
 # the wgmmas. It needs the stage's two B pages adjacent in the pool: a stage whose B pages would
 # wrap around the ring's end puts its A page last instead (stage_a_offset).
-WIDE = os.environ.get("MK_GEMM_WIDE", "0") == "1"
-ONE_FULL = "onefull" in EXPERIMENT
+# The default since session 23 (bench/gemm.py, median us, cold L2: O_PROJ / DOWN / GATE_UP at
+# M=4096 -2.1 / -1.4 / -0.9%, O_PROJ / DOWN at 1024 -1.4 / -1.8%; its poisoned checks, the
+# two-layer checks of the 1024 class, racecheck and memcheck clean:
+# bench/results/wide_*_2026-12-01_s23*).
+WIDE = os.environ.get("MK_GEMM_WIDE", "1") == "1"
+# One `full` barrier per GEMM stage, its A page's (MK_GEMM_STAGE_FULL=page: one per page, as
+# before session 23): the loader arms it with the whole stage's bytes and the B pages' TMAs
+# complete on it; each B page's own `full` gets a plain arrival, so every page use still
+# completes one phase of each barrier (the page protocol of tests/test_page_protocol.py), and
+# the consumers wait on one barrier per K step instead of 1 + NB. Found against CUTLASS's own
+# CuTe DSL persistent GEMM (bench/cutlass_peer.py), whose 128 x 256 cooperative tile (one
+# barrier per stage) ran within 1-3% of cuBLAS where mk's ran 10-12% slower: bench/gemm_profile.py
+# GATE_UP M=4096 700.1 -> 663.7 us (-5.2%), DOWN 4096 -2.1%, O_PROJ / DOWN 1024 -2.0 / -1.9%
+# (bench/results/onefull_*_2026-12-01_s23*; every tile mode's poisoned check, the two-layer
+# checks and racecheck clean).
+STAGE_FULL = os.environ.get("MK_GEMM_STAGE_FULL", "stage")
+assert STAGE_FULL in ("stage", "page"), f"MK_GEMM_STAGE_FULL={STAGE_FULL!r}"
+ONE_FULL = STAGE_FULL == "stage"
 
 
 @dataclass(frozen=True)
@@ -457,7 +468,7 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
     TMA its b_rows weight rows x 64 K columns at K column kc (gate_up: the second page is the up
     rows from up_row0).
 
-    a_full: the stage's A-page `full` barrier under "onefull" (stage_full; None otherwise): the
+    a_full: the stage's A-page `full` barrier under ONE_FULL (stage_full; None otherwise): the
     B loads complete their bytes there (the caller expects them) and each B page's own `full`
     gets a plain arrival."""
     policy = rk.weight_policy()
@@ -492,13 +503,13 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
 
 
 def stage_full(a_full):
-    """The barrier a stage's B pages complete on: the A page's under "onefull", else their own
+    """The barrier a stage's B pages complete on: the A page's under ONE_FULL, else their own
     (None)."""
     return a_full if ONE_FULL else None
 
 
 def stage_b_bytes(cfg) -> int:
-    """Bytes of a stage's B loads that its A page's `full` barrier expects ("onefull"; else 0)."""
+    """Bytes of a stage's B loads that its A page's `full` barrier expects (ONE_FULL; else 0)."""
     if not ONE_FULL:
         return 0
     nb = cfg.nb - 1 if "nob1" in EXPERIMENT else cfg.nb
