@@ -202,28 +202,28 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 22
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 23
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
 # on m128n128 at 65..256 tokens, GATE_UP on 112-row B pages up to 1024 tokens, LM_HEAD on
 # m128n128 at 65..256 sequences, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
-# tokens, prefill ATTENTION in 16-token row chunks; all GPU-checked; always set MK_COMMIT: the
-# device's copy carries an older .git, and without it the bench JSONs record <old>-dirty):
-#   0. GEMM operand delivery (issue 5 and every batch >= 256; bench/GEMM_NOTES.md sessions
-#      21-22): the journal's GEMM `cons_wait` is 21-33% of every tile at B=1024 / 4096 and
-#      `mma_wait` ~0: the consumers starve for operand pages. Session 22 took the storer off the
-#      page recycle (MK_GEMM_OPERAND_FREE=consumer, now the default, rk.wait_done's per-page
-#      parity): no change. A third fewer operand bytes per SM (MK_GEMM_EXPERIMENT=nob1, what
-#      a 2-CTA multicast cluster would pull) took only 1-4% off: multicast is NOT the lever.
-#      One more stage in flight (earlyfree, what a deeper ring gives) took nothing either:
-#      cons_wait overstates the idle tensor pipe (stage k's wgmmas are queued while the
-#      consumers wait for k + 1). Next, kernel work, then bench/gemm_profile.py and
-#      bench/gemm.py: with the epilogue math and stores left out (noepi+nostore, valid since
-#      402d4b7) mk is still 1.18-1.30x cuBLAS alone: the mainloop itself is slow. Measure the
-#      tensor pipe's real idle gaps per K step of one CTA (journal variant: issue / retire
-#      times) and the SM clock of both kernels under ncu (role warps' polling: issue slots,
-#      power); then the epilogue overlap (ping-pong) for O_PROJ's 9-12%;
-#      tests/test_page_protocol.py models any page-protocol change first
+# tokens, prefill ATTENTION in 16-token row chunks, since session 23 one `full` barrier per GEMM
+# stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1);
+# all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
+# the bench JSONs record <old>-dirty):
+#   0. The same-run table at the points session 23 changed: `e2e` with MK_E2E_BATCH=1024,4096
+#      (the peers too; session 23 timed the megakernel alone: B=1024 -1.7%, B=4096 -3.2%), and
+#      `verify` of the new default (the GPU test files; session 23 ran bench/gemm.py's checks of
+#      every tile mode, the two-layer checks, racecheck and memcheck, not the pytest files);
+#      B <= 256 with the new default (one-barrier stages there too, not timed)
+#   0b. GEMM per-tile cost (issue 5; bench/GEMM_NOTES.md session 23: a tile costs a + b x K
+#      steps, mk a = 4.2 us against CUTLASS's 1.8, b = 0.697 against 0.680 in fp16): the
+#      consumers' epilogue (2.3-3.1 us, MUFU- and issue-bound) and the storer's 64 KB copy,
+#      which holds the epilogue pages the next tile's third / fourth stages need: a TMA store of
+#      full tiles, then ping-pong consumers (one tile's epilogue under the other's mainloop);
+#      `python bench/cutlass_peer.py --example <CUTLASS's dense_gemm_persistent.py, carried in
+#      .gpu/>` is the peer of the mainloop itself; tests/test_page_protocol.py models any
+#      page-protocol change first
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and

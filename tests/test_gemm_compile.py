@@ -25,7 +25,7 @@ from cutlass import BFloat16, Float32  # noqa: E402
 pytestmark = pytest.mark.compile
 
 REQUIRED_PTX = {
-    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(56|64|112|128)k16\.f32\.bf16\.bf16",
+    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(56|64|112|128|256)k16\.f32\.bf16\.bf16",
     "wgmma wait_group 1 (async chain)": r"wgmma\.wait_group\.sync\.aligned\s+1;",
     "cp.async.bulk.tensor": r"cp\.async\.bulk\.tensor",
     "setmaxnreg.inc": r"setmaxnreg\.inc",
@@ -123,6 +123,10 @@ def test_gemm_body_compiles_for_sm90a(dump_dir, op, tile, wgmma_per_k):
     missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
     assert not missing, f"PTX lacks {missing}"
     n = len(re.findall(r"wgmma\.mma_async", ptx))
+    if slots[0].cfg.wide:
+        # one N = 256 chain over both B pages (gk.WIDE): half the wgmmas, each twice as wide
+        wgmma_per_k //= 2
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16", ptx), "no m64n256k16"
     assert n == wgmma_per_k, f"{n} wgmma.mma_async in the PTX, expected {wgmma_per_k} per K-step"
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
     work = os.path.join(dump_dir, f"{op}_{tile}")

@@ -601,3 +601,20 @@ def test_check_plan_l2_prefetch():
     refused(pf.A_K0, 3, "granules")
     refused(pf.A_K1, 1 << 20, "K columns")
     refused(W_LAYER, 99, "layer beyond")
+
+
+def test_gemm_mainloop_switches_off_compile_without_spills(tmp_path):
+    """MK_GEMM_WIDE=0 (two N = 128 wgmma chains per two-B-page tile) and MK_GEMM_STAGE_FULL=page
+    (a `full` barrier wait per operand page), the build before session 23 and the A/B knobs of
+    the defaults (one N = 256 chain, one barrier per stage; bench/GEMM_NOTES.md session 23):
+    compile-time, read at import, so in a process of its own. The all-opcode variant of the 1024
+    class (O_PROJ / DOWN on m128n256) with split-K compiles with 0 spills and no call, without
+    the m64n256 wgmma the default has there (tests/test_gemm_compile.py)."""
+    from mk.instructions import _gemm_kernel as gk
+    assert gk.WIDE and gk.ONE_FULL, "the defaults changed: update this test"
+    off = variant_ptx(tmp_path, "mainloop_off", {"MK_GEMM_WIDE": "0", "MK_GEMM_STAGE_FULL": "page"},
+                      "from mk.instructions import _gemm_kernel as gk\n"
+                      "assert not gk.WIDE and not gk.ONE_FULL", m_class=1024)
+    assert "m64n256k16" not in off and "m64n128k16" in off
+    assert not re.search(r"^\s*call", off, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(off, str(tmp_path / "mainloop_off")))

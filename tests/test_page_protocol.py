@@ -13,6 +13,15 @@ The GEMM body is modelled in both MK_GEMM_OPERAND_FREE modes; the negative contr
 the model catches the earlier bug (consumers freeing operand pages while the storer waits with
 the ring generation's parity, removed 2026-11-29) and a storer that skips operand pages whose
 `done` the consumers still complete.
+
+The loads land asynchronously (a fourth role, the TMA engine, completes them in any order), and
+every page a consumer reads must hold its own ring position's data: that is what the `full`
+barriers are for. Both MK_GEMM_STAGE_FULL modes are modelled ("page": a `full` wait per operand
+page; "stage": the A page's barrier takes the whole stage's bytes, the B pages' own `full` get a
+plain arrival), with the early-weights order too (a GEMM's first B pages loaded before its A
+pages, their bytes expected on an A barrier not yet armed); the negative control: a consumer
+that waits on the A page alone while the B loads complete on their own barriers reads stale B
+pages.
 """
 
 from __future__ import annotations
@@ -30,14 +39,33 @@ class Violation(AssertionError):
 
 class Barrier:
     """One mbarrier: the ring positions whose arrival completed each phase, in order (the model
-    arrives once per hand-off: a role's arrivals for one use complete one phase together)."""
+    arrives once per hand-off: a role's arrivals for one use complete one phase together). With
+    a transaction count (`full`): a phase completes once its arrival came and the bytes it
+    expects (here: loads, one unit each) all landed; a load may land before the arrival that
+    expects it (the count goes below zero, as the hardware's may within a phase)."""
 
     def __init__(self, name):
         self.name = name
         self.sources = []
+        self.arrived = None     # the ring position of this phase's arrival, once it came
+        self.tx = 0
 
-    def arrive(self, pos):
-        self.sources.append(pos)
+    def arrive(self, pos, expect=0):
+        self.arrived = pos
+        self.tx += expect
+        self._complete()
+
+    def expect(self, n):
+        self.tx += n
+
+    def complete_tx(self, n=1):
+        self.tx -= n
+        self._complete()
+
+    def _complete(self):
+        if self.arrived is not None and self.tx == 0:
+            self.sources.append(self.arrived)
+            self.arrived = None
 
     def try_wait(self, parity):
         return (len(self.sources) & 1) != parity
@@ -56,7 +84,8 @@ def residual_add(n):
 
 
 class Ring:
-    def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False):
+    def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
+                 stage_full="page", b_on_own_full=False):
         self.full = [Barrier(f"full{p}") for p in range(NP)]
         self.done = [Barrier(f"done{p}") for p in range(NP)]
         self.empty = [Barrier(f"empty{p}") for p in range(NP)]
@@ -66,6 +95,11 @@ class Ring:
         # negative control: the consumers free operand pages and still arrive `done` on them,
         # while the storer skips them (its next wait may then be two phases behind)
         self.skip_operand_done = skip_operand_done
+        self.stage_full = stage_full
+        # negative control: "stage" waits with the B loads completing on their own barriers
+        self.b_on_own_full = b_on_own_full
+        self.contents = [None] * NP     # the ring position whose load landed last in each page
+        self.in_flight = []             # loads issued, not landed: (page, position, barrier)
 
     # ------------------------------------------------------------------------- waits
     def wait(self, bar, parity, want):
@@ -80,14 +114,82 @@ class Ring:
                             f"meant {want}")
 
     # ------------------------------------------------------------------------- roles
-    def loader(self, prog):
+    def wait_empty(self, q):
+        yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1, q - NP if q >= NP else None)
+
+    def load(self, q, bar):
+        """Issue the TMA load of ring position q's data, landing on barrier `bar`."""
+        self.in_flight.append((q % NP, q, bar))
+
+    def tma(self, rng):
+        """The TMA engine: lands the loads in flight in any order."""
+        while True:
+            if not self.in_flight:
+                yield "idle"
+                continue
+            p, q, bar = self.in_flight.pop(rng.randrange(len(self.in_flight)))
+            self.contents[p] = q
+            bar.complete_tx()
+            yield "landed"
+
+    def loader(self, prog, rng):
         pg = 0
         for ins in prog:
-            for _ in range(pages_of(ins)):
-                p, g = pg % NP, pg // NP
-                yield from self.wait(self.empty[p], (g & 1) ^ 1, pg - NP if pg >= NP else None)
-                self.full[p].arrive(pg)
+            if ins[0] != "gemm":
+                for _ in range(pages_of(ins)):
+                    yield from self.wait_empty(pg)
+                    self.full[pg % NP].arrive(pg, expect=1)
+                    self.load(pg, self.full[pg % NP])
+                    pg += 1
+                continue
+            _, kt, spp, epi = ins
+            one = self.stage_full == "stage" and not self.b_on_own_full
+
+            def b_pages(a, k):
+                """A stage's B pages: each waits free, its load lands on the stage's barrier
+                ("stage") or its own, whose phase it then completes (a plain arrival) or arms."""
+                for j in range(1, spp):
+                    q = a + j
+                    yield from self.wait_empty(q)
+                    if one:
+                        self.load(q, self.full[a % NP])
+                        self.full[q % NP].arrive(q)
+                    else:
+                        self.full[q % NP].arrive(q, expect=1)
+                        self.load(q, self.full[q % NP])
+
+            # early weights: the first stages' B pages before their A pages (A pages taken and
+            # waited free in ring order, their barrier armed after the instruction's `ready`)
+            early = rng.choice((0, min(kt, NP // spp)))
+            for k in range(early):
+                a = pg + k * spp
+                yield from self.wait_empty(a)
+                if one:
+                    self.full[a % NP].expect(spp - 1)
+                yield from b_pages(a, k)
+            yield "ready"
+            for k in range(early):
+                a = pg + k * spp
+                self.full[a % NP].arrive(a, expect=1)
+                self.load(a, self.full[a % NP])
+            for k in range(early, kt):
+                a = pg + k * spp
+                yield from self.wait_empty(a)
+                self.full[a % NP].arrive(a, expect=1 + (spp - 1 if one else 0))
+                self.load(a, self.full[a % NP])
+                yield from b_pages(a, k)
+            pg += kt * spp
+            for e in range(epi):        # epilogue pages: a residual load, or a plain grant
+                yield from self.wait_empty(pg)
+                self.full[pg % NP].arrive(pg, expect=1)
+                self.load(pg, self.full[pg % NP])
                 pg += 1
+
+    def read(self, q):
+        """A consumer reads ring position q's page: it must hold q's data."""
+        if self.contents[q % NP] != q:
+            raise Violation(f"page {q % NP} read for ring position {q} holds "
+                            f"{self.contents[q % NP]}'s data")
 
     def consumer(self, prog):
         pg = 0
@@ -95,9 +197,11 @@ class Ring:
             if ins[0] == "gemm":
                 _, kt, spp, epi = ins
                 for k in range(kt):
-                    for j in range(spp):
+                    for j in range(1 if self.stage_full == "stage" else spp):
                         q = pg + k * spp + j
                         yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                    for j in range(spp):
+                        self.read(pg + k * spp + j)
                     if k > 0:
                         self.release_stage(pg + (k - 1) * spp, spp, last=False)
                     yield "wgmma"
@@ -114,6 +218,7 @@ class Ring:
             elif ins[0] == "copy":
                 for _ in range(ins[1]):
                     yield from self.wait(self.full[pg % NP], (pg // NP) & 1, pg)
+                    self.read(pg)
                     self.done[pg % NP].arrive(pg)
                     pg += 1
             else:   # RESIDUAL_ADD: src page pa freed by the consumers, the sum in place in pb
@@ -171,8 +276,9 @@ def pages_of(ins) -> int:
 def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
     """Interleave the three roles at random; raise Violation on a wrong pass or a deadlock (every
     unfinished role waiting, and no arrival since each of them last tried)."""
-    roles = {"loader": ring.loader(prog), "consumer": ring.consumer(prog),
+    roles = {"loader": ring.loader(prog, rng), "consumer": ring.consumer(prog),
              "storer": ring.storer(prog)}
+    tma = ring.tma(rng)     # runs until the others end (it never does)
     waiting = {}            # role -> (barrier name, arrivals when it last tried)
     # each schedule gives the roles their own speeds (a storer busy with stores falls behind)
     speed = {r: rng.choice((1, 4, 16)) for r in roles}
@@ -181,8 +287,11 @@ def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
         if not live:
             return
         now = ring.arrivals()
-        if all(r in waiting and waiting[r][1] == now for r in live):
+        if not ring.in_flight and all(r in waiting and waiting[r][1] == now for r in live):
             raise Violation(f"deadlock: {dict((r, w[0]) for r, w in waiting.items())}")
+        if ring.in_flight and rng.random() < 0.3:
+            next(tma)
+            continue
         name = rng.choices(live, weights=[speed[r] for r in live])[0]
         try:
             what = next(roles[name])
@@ -212,13 +321,16 @@ def random_prog(rng: random.Random, n: int = 40):
     return prog
 
 
+@pytest.mark.parametrize("stage_full", ["stage", "page"])
 @pytest.mark.parametrize("operand_free", ["storer", "consumer"])
-def test_protocol_holds_under_random_interleavings(operand_free):
-    """Both GEMM modes with the storer's per-page done parity: every wait passes on the phase
-    its own ring position completed, and every schedule ends."""
+def test_protocol_holds_under_random_interleavings(operand_free, stage_full):
+    """Both GEMM operand-free modes and both `full` modes with the storer's per-page done
+    parity: every wait passes on the phase its own ring position completed, every page read
+    holds its own position's data, and every schedule ends."""
     for seed in range(150):
         rng = random.Random(seed)
-        run(Ring(operand_free=operand_free, done_parity="mask"), random_prog(rng), rng)
+        run(Ring(operand_free=operand_free, done_parity="mask", stage_full=stage_full),
+            random_prog(rng), rng)
 
 
 def _fails(ring_kw, seeds=200):
@@ -250,3 +362,19 @@ def test_model_catches_ring_parity_with_a_consumer_freed_src_page():
     """Negative control: RESIDUAL_ADD's src page completes no `done` phase, so the rows storer
     too needs the per-page parity: with the ring generation's it fails under the model."""
     assert _fails(dict(operand_free="storer", done_parity="ring")) > 0
+
+
+def test_model_catches_a_stage_wait_without_the_b_bytes():
+    """Negative control: consumers waiting on the A page's `full` alone while the B loads
+    complete on the B pages' own barriers (the stage barrier not expecting their bytes) read B
+    pages whose loads have not landed: stale data, not a deadlock."""
+    n, stale = 0, 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        try:
+            run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
+                     b_on_own_full=True), random_prog(rng), rng)
+        except Violation as e:
+            n += 1
+            stale += "holds" in str(e)
+    assert n > 0 and stale == n, (n, stale)
