@@ -100,7 +100,12 @@ def test_import_mk_does_not_load_cutlass():
 
 
 # ---------------------------------------------------------------------------------------- split-K
-@pytest.mark.parametrize("m,page_size", FULL_VARIANTS, ids=[f"M{m}-ps{p}" for m, p in FULL_VARIANTS])
+# the step's variants (split-K compiled in), with the class above 1024 tokens too (gu_m128's
+# wide chain runs only there)
+STEP_VARIANTS = FULL_VARIANTS + [(4096, 16)]
+
+
+@pytest.mark.parametrize("m,page_size", STEP_VARIANTS, ids=[f"M{m}-ps{p}" for m, p in STEP_VARIANTS])
 def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_size):
     """The all-opcode variant with split-K compiled in (Megakernel(splitk=...)): the partial store
     of every splittable slot (8-byte float32 stores, one per accumulator pair: the expected count)

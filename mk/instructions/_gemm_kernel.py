@@ -750,11 +750,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(cfg.wide):
         # the N = 256 fragment is the two N = 128 chains' side by side (element e + 2h + 4j holds
-        # column 8j + ..., j < 32): register moves the compiler folds away
+        # column 8j + ..., j < 32): each chain's accumulator is a view of its half
         per_chain = cute.size(accs[0])
-        for ch in cutlass.range_constexpr(nch):
-            for i in cutlass.range_constexpr(per_chain):
-                accs[ch][i] = mains[0][ch * per_chain + i]
+        accs = [cute.make_tensor(mains[0].iterator + ch * per_chain, accs[ch].layout)
+                for ch in range(nch)]
     if cutlass.const_expr(stamp_epi >= 0):
         rk.journal_stamp(journal, ticket, stamp_epi, ctid == 0)
     rk.wait_clock_write(wclk, journal, ticket, wait_word, ctid == 0)
