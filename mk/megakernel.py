@@ -170,6 +170,10 @@ J_LOAD_WAIT, J_CONS_WAIT, J_STORE_WAIT = 20, 21, 22
 # (session 11: in the step at B=256 the consumers wait 3.7 us of a 41 us instruction for K/V
 # pages while the storer waits 23 us for them: where do the other 31 go?)
 J_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
+# ... and the time a GEMM's epilogue pages were all full (a RESIDUAL tile's residual tile loaded
+# into them; from J_CONS_EPI: the consumers' wait for it, session 23's per-tile cost,
+# bench/GEMM_NOTES.md)
+J_EPI_READY = 25
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -875,7 +879,8 @@ class MegakernelDSL:
                                                  PS, self.split_tile(GS[gi], g, ring, base, skops),
                                                  journal, J_CONS_EPI if self.journal else -1,
                                                  J_CONS_WAIT if self.journal else -1,
-                                                 J_MMA_WAIT if self.journal else -1)
+                                                 J_MMA_WAIT if self.journal else -1,
+                                                 J_EPI_READY if self.journal else -1)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and

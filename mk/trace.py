@@ -34,7 +34,7 @@ def _op_name(op: int) -> str:
 # module never imports cutlass)
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
               "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
-              "epi1": 18, "cons_epi0": 19}
+              "epi1": 18, "cons_epi0": 19, "epi_ready": 25}
 # journal words that hold durations (ns summed by the instruction's roles, not times):
 # mk.megakernel.J_LOAD_WAIT .. (ATTENTION's page and wgmma waits, a GEMM's operand and wgmma
 # waits); by_opcode reports their medians
@@ -59,6 +59,8 @@ ROLE_SPANS = {
     "p1_rest": ("epi1", "store1"),
     # GEMM opcodes only: the consumers' epilogue (or partial stores) after the last wgmma
     "cons_epi": ("cons_epi0", "cons1"),
+    # ... of which the wait for the epilogue pages (a RESIDUAL tile's residual loads)
+    "epi_wait": ("cons_epi0", "epi_ready"),
 }
 
 

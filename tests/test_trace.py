@@ -10,9 +10,9 @@ from mk.ir import Op
 
 
 def _journal(rows):
-    """rows: (sm, op, ticket, fetch, ready, end, roles dict) -> a 24-word journal + CTA table
+    """rows: (sm, op, ticket, fetch, ready, end, roles dict) -> a 32-word journal + CTA table
     (roles: ROLE_WORDS names with times, or WAIT_WORDS names with durations)."""
-    j = torch.zeros(len(rows), 24, dtype=torch.int64)
+    j = torch.zeros(len(rows), 32, dtype=torch.int64)
     for i, (sm, op, tk, tf, trd, te, roles) in enumerate(rows):
         j[i, :7] = torch.tensor([sm, sm, op, tf, trd, te, tk])
         for name, v in roles.items():
@@ -97,7 +97,7 @@ def test_role_words_match_the_megakernel():
                              "cons1_wg1": M.J_CONS1_WG1, "store1": M.J_STORE1,
                              "store_kv": M.J_STORE_KV, "store_epi": M.J_STORE_EPI,
                              "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1,
-                             "cons_epi0": M.J_CONS_EPI}
+                             "cons_epi0": M.J_CONS_EPI, "epi_ready": M.J_EPI_READY}
     assert tr.WAIT_WORDS == {"ld_wait": M.J_LOAD_WAIT, "cons_wait": M.J_CONS_WAIT,
                              "st_wait": M.J_STORE_WAIT, "mma_wait": M.J_MMA_WAIT,
                              "softmax": M.J_ATTN_SOFTMAX}

@@ -658,7 +658,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  row0: Int32, rows: Int32, section: Int32,
                  share: cutlass.Constexpr = DONE_ARRIVALS, split=None,
                  journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1,
-                 wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1) -> Int32:
+                 wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
+                 epi_word: cutlass.Constexpr = -1) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
 
@@ -670,7 +671,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     the time the last wgmma retired (the epilogue, or a split tile's partial stores, start);
     wait_word / mma_word: words that get consumer thread 0's time in the mainloop waiting for
     full operand pages (the loads late), and for the previous K step's wgmmas to retire (the
-    tensor pipe busy), each summed over the instruction (mk.trace: cons_wait / mma_wait).
+    tensor pipe busy), each summed over the instruction (mk.trace: cons_wait / mma_wait);
+    epi_word: the word that gets the time the epilogue pages were all full (a RESIDUAL tile's
+    residual loads landed; mk.trace: epi_wait = cons_epi0 -> epi_ready).
 
     share: done[p]'s init count. CONSUMER_THREADS = every consumer thread arrives itself (the
     megakernel's "thread" hand-off, which compute-sanitizer racecheck credits); otherwise lane 0 of
@@ -770,12 +773,12 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     if cutlass.const_expr(split is None):
         pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg, npages,
                               lane, timeout_ns, state, ticket, meta, inv_freq, row0, rows, section,
-                              share)
+                              share, journal, epi_word, ctid == 0)
     else:
         if split.nsplit() < 2:
             pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg,
                                   npages, lane, timeout_ns, state, ticket, meta, inv_freq, row0,
-                                  rows, section, share)
+                                  rows, section, share, journal, epi_word, ctid == 0)
     return pg
 
 
@@ -785,7 +788,8 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                      done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, lane: Int32,
                      timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
                      inv_freq: cute.Tensor, row0: Int32, rows: Int32, section: Int32,
-                     share: cutlass.Constexpr) -> Int32:
+                     share: cutlass.Constexpr, journal: cute.Tensor = None,
+                     epi_word: cutlass.Constexpr = -1, me=None) -> Int32:
     """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
     ring count pg), handed to the storer. Returns the new page count."""
     nch = cfg.chains()
@@ -797,6 +801,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         # the storer's reads of the page's previous use (complete already: the loader waited on
         # it before granting the page): a direct storer-read -> consumer-write edge for racecheck
         bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+    if cutlass.const_expr(epi_word >= 0):
+        # a time, not a summed clock: a clock register held through the waits spilled the
+        # journal variant's consumers (8 bytes at M1024 / max)
+        rk.journal_stamp(journal, ticket, epi_word, me)
     ep0 = pg % npages
     col_off = tile_col_off(cfg, wg)
     nout = 1 if cfg.gate_up else nch
