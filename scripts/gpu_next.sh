@@ -186,6 +186,12 @@
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
+#   wide   MK_GEMM_WIDE (one N = 256 chain over two B pages; default since session 23): bench/gemm.py
+#          checks and timings with 0 / 1 and with two-B-page tiles elsewhere (MK_WIDE_TILES), the
+#          two-layer checks of the 1024 class, racecheck, memcheck: wide.log, wide_gemm_*.json
+#   widetime decode MK_WIDE_BATCH (1024,4096) as it is and with MK_WIDE_ON_ENV: widetime_{off,on}.json
+#   storeunr MK_GEMM_STORE_UNROLL 4 / 8 / 16 (the GEMM storer's loads in flight; built in session
+#          23, compile-checked): bench/gemm.py checks and timings, then the step at 1024 / 4096
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -223,7 +229,9 @@
 #      full tiles, then ping-pong consumers (one tile's epilogue under the other's mainloop);
 #      `python bench/cutlass_peer.py --example <CUTLASS's dense_gemm_persistent.py, carried in
 #      .gpu/>` is the peer of the mainloop itself; tests/test_page_protocol.py models any
-#      page-protocol change first
+#      page-protocol change first. Built for it: `storeunr` (the storer's copy with more loads
+#      in flight, MK_GEMM_STORE_UNROLL) and the journal's `epi_wait` span (GEMM consumers'
+#      wait for their epilogue pages, i.e. the residual tile: `base` / any journaled timing)
 #   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
@@ -279,7 +287,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -903,6 +911,24 @@ if has widetime; then
   : > "$OUTDIR/widetime.log"
   MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab widetime "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" \
       ${MK_WIDE_BATCH:-1024,4096} "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" ""
+fi
+if has storeunr; then
+  # MK_GEMM_STORE_UNROLL (session 23, compile-checked only: the GEMM storer's 16-byte smem
+  # loads in flight before its stores, 4 by default): bench/gemm.py's poisoned checks and
+  # timings at 4 and each of MK_UNR_VALUES ("8 16") for O_PROJ / DOWN / GATE_UP at 1024 / 4096,
+  # then decode MK_UNR_BATCH (1024,4096) as it is and with MK_UNR_TIMED (16), no journal:
+  # storeunr.log, storeunr_gemm_<n>.json, storeunr_{off,on}.json (~8 min)
+  : > "$OUTDIR/storeunr.log"
+  for v in 4 ${MK_UNR_VALUES:-8 16}; do
+    MK_GEMM_STORE_UNROLL=$v timeout 200 python bench/gemm.py --no-compile --ops O_PROJ,DOWN,GATE_UP \
+        --m 1024,4096 --odd-m 1100 --reps 15 --out "$OUTDIR/storeunr_gemm_$v.json" \
+        > "$TMPD/storeunr_gemm_$v.log" 2>&1 || rc=1
+    echo "== bench/gemm.py MK_GEMM_STORE_UNROLL=$v" | tee -a "$OUTDIR/storeunr.log"
+    grep -E "^(O_PROJ|DOWN|GATE_UP) |FAIL|all checks" "$TMPD/storeunr_gemm_$v.log" | tail -12 \
+        | tee -a "$OUTDIR/storeunr.log"
+  done
+  MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab storeunr "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" \
+      ${MK_UNR_BATCH:-1024,4096} "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" ""
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \

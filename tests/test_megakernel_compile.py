@@ -623,3 +623,27 @@ def test_gemm_mainloop_switches_off_compile_without_spills(tmp_path):
     assert "m64n256k16" not in off and "m64n128k16" in off
     assert not re.search(r"^\s*call", off, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(off, str(tmp_path / "mainloop_off")))
+
+
+def test_gemm_store_unroll_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_STORE_UNROLL=16 (the GEMM storer's epilogue copy with every 16-byte smem load of a
+    128-row page in flight before its stores; 4 by default; compile-time, read at import, so in
+    a process of its own): the all-opcode 1024-class variant with split-K compiles with 0 spills
+    and no call, and differs from the default's PTX (the switch still changes the kernel)."""
+    ptx = variant_ptx(tmp_path, "unr16", {"MK_GEMM_STORE_UNROLL": "16"},
+                      "from mk.instructions import _gemm_kernel as gk\n"
+                      "assert gk.STORE_UNROLL == 16", m_class=1024)
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "unr16")))
+    base = variant_ptx(tmp_path, "unr4", {}, "", m_class=1024)
+    assert base != ptx
+
+
+def test_gemm_store_unroll_out_of_range_is_refused():
+    """MK_GEMM_STORE_UNROLL outside 4 / 8 / 16 is refused at import with the variable named."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_GEMM_STORE_UNROLL="5"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "MK_GEMM_STORE_UNROLL=5" in r.stderr, r.stderr[-2000:]
