@@ -182,6 +182,10 @@ WIDE = os.environ.get("MK_GEMM_WIDE", "1") == "1"
 # GATE_UP M=4096 700.1 -> 663.7 us (-5.2%), DOWN 4096 -2.1%, O_PROJ / DOWN 1024 -2.0 / -1.9%
 # (bench/results/onefull_*_2026-12-01_s23*; every tile mode's poisoned check, the two-layer
 # checks and racecheck clean).
+STAGE_FULL = os.environ.get("MK_GEMM_STAGE_FULL", "stage")
+if STAGE_FULL not in ("stage", "page"):
+    raise ValueError(f"MK_GEMM_STAGE_FULL={STAGE_FULL!r}: expected stage or page")
+ONE_FULL = STAGE_FULL == "stage"
 # The storer's epilogue copy: 16-byte smem loads in flight per thread before its global stores
 # (MK_GEMM_STORE_UNROLL, 4, 8 or 16; 4 = the build until session 23). A 128 x 256 bf16 tile's
 # four staging pages are copied by the two storer warps one page after the other, each page
@@ -189,10 +193,8 @@ WIDE = os.environ.get("MK_GEMM_WIDE", "1") == "1"
 # (bench/GEMM_NOTES.md session 23: the per-tile cost); more loads in flight shorten a latency-
 # bound copy at the storer's register cost (compile-checked 0 spills: tests).
 STORE_UNROLL = int(os.environ.get("MK_GEMM_STORE_UNROLL", "4"))
-assert STORE_UNROLL in (4, 8, 16), f"MK_GEMM_STORE_UNROLL={STORE_UNROLL}: expected 4, 8 or 16"
-STAGE_FULL = os.environ.get("MK_GEMM_STAGE_FULL", "stage")
-assert STAGE_FULL in ("stage", "page"), f"MK_GEMM_STAGE_FULL={STAGE_FULL!r}"
-ONE_FULL = STAGE_FULL == "stage"
+if STORE_UNROLL not in (4, 8, 16):
+    raise ValueError(f"MK_GEMM_STORE_UNROLL={STORE_UNROLL}: expected 4, 8 or 16")
 
 
 @dataclass(frozen=True)
