@@ -6,7 +6,9 @@
 A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
 tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several) or "nosig"
 (the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
-config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1). KIND:
+config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "epiearly=R"
+(MK_GEMM_EPI_EARLY=R: a RESIDUAL tile's epilogue pages granted R stages before its end) or
+"unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight). KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
@@ -167,6 +169,11 @@ def main(argv=None) -> int:
             t for t in exp.split("+") if t in ("nostore", "noepi", "nob1", "earlyfree")))
         if "batch" in exp.split("+"):
             env["MK_GEMM_EPI_BATCH"] = "1"
+        for t in exp.split("+"):
+            if t.startswith("epiearly="):
+                env["MK_GEMM_EPI_EARLY"] = t[9:]
+            if t.startswith("unroll="):
+                env["MK_GEMM_STORE_UNROLL"] = t[7:]
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,
                "--reps", str(a.reps)]
         procs.append((job, _jobs.start(cmd, env)))

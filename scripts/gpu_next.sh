@@ -192,6 +192,13 @@
 #   widetime decode MK_WIDE_BATCH (1024,4096) as it is and with MK_WIDE_ON_ENV: widetime_{off,on}.json
 #   storeunr MK_GEMM_STORE_UNROLL 4 / 8 / 16 (the GEMM storer's loads in flight; built in session
 #          23, compile-checked): bench/gemm.py checks and timings, then the step at 1024 / 4096
+#   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
+#          stages before the tile's end; built in session 24, compile-checked, modelled in
+#          tests/test_page_protocol.py): bench/gemm_profile.py's poisoned checks with each of
+#          MK_EE_VALUES ("1 2") at O_PROJ 200 / 1100, DOWN 1024 / 4096, timings with 0 and each
+#          (and MK_GEMM_STORE_UNROLL=16 at 0) of O_PROJ / DOWN at 1024 / 4096, then with
+#          MK_EE_CHECK (1) the two-layer checks (478 tokens split-K auto, 208 tokens split-K
+#          never) and racecheck: epiearly.log, epiearly.json (~8 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -287,7 +294,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -929,6 +936,38 @@ if has storeunr; then
   done
   MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab storeunr "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" \
       ${MK_UNR_BATCH:-1024,4096} "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" ""
+fi
+if has epiearly; then
+  J=""
+  for r in ${MK_EE_VALUES:-1 2}; do
+    for c in O_PROJ:200 O_PROJ:1100 DOWN:1024 DOWN:4096; do J="$J,$c:check:epiearly=$r"; done
+  done
+  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
+    for r in 0 ${MK_EE_VALUES:-1 2}; do J="$J,$c:time:epiearly=$r"; done
+    J="$J,$c:time:unroll=16"
+  done
+  timeout 330 python bench/gemm_profile.py --jobs "${J#,}" --reps 15 --timeout 320 \
+      --out "$OUTDIR/epiearly.json" > "$OUTDIR/epiearly.log" 2>&1 || rc=1
+  echo "== epiearly: bench/gemm_profile.py (check: ok rel_err; time: median us)"
+  python - "$OUTDIR/epiearly.log" <<'PYEOF'
+import json, sys
+for ln in open(sys.argv[1]):
+    if not ln.startswith("{"):
+        continue
+    r = json.loads(ln)
+    v = r.get("mk_us", r.get("ok"))
+    print(f"{r.get('job', '?'):34s} {v} {r.get('rel_err', '')} {r.get('error', '')[-300:]}")
+PYEOF
+  export MK_GEMM_EPI_EARLY=${MK_EE_CHECK:-1}
+  for a in "--layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70" "--layers 2 --split-k 1"; do
+    echo "== check MK_GEMM_EPI_EARLY=$MK_GEMM_EPI_EARLY $a"
+    timeout 120 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300
+  done | tee -a "$OUTDIR/epiearly.log"
+  echo "== racecheck MK_GEMM_EPI_EARLY=$MK_GEMM_EPI_EARLY, two-layer step, split-K auto"
+  CUTE_DSL_LINEINFO=1 timeout 170 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/epiearly.log"
+  unset MK_GEMM_EPI_EARLY
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \

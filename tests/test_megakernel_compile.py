@@ -647,3 +647,30 @@ def test_gemm_store_unroll_out_of_range_is_refused():
                        env=dict(os.environ, MK_GEMM_STORE_UNROLL="5"), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "MK_GEMM_STORE_UNROLL=5" in r.stderr, r.stderr[-2000:]
+
+
+def test_gemm_epi_early_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_EPI_EARLY=1 (a RESIDUAL tile's epilogue pages and residual TMA granted one stage
+    before the tile's end; 0 by default; compile-time, so in a process of its own): the
+    all-opcode 1024-class variant with split-K compiles with 0 spills and no call, and differs
+    from the default's PTX; the default's PTX does not depend on the switch's code
+    (tests/test_page_protocol.py models the page layout)."""
+    ptx = variant_ptx(tmp_path, "epiearly1", {"MK_GEMM_EPI_EARLY": "1"},
+                      "from mk.instructions import _gemm_kernel as gk\n"
+                      "assert gk.EPI_EARLY == 1 and gk.epi_early(gk.EPI_RESIDUAL) == 1\n"
+                      "assert gk.epi_early(gk.EPI_SILU_MUL) == 0", m_class=1024)
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "epiearly1")))
+    base = variant_ptx(tmp_path, "epiearly0", {"MK_GEMM_EPI_EARLY": "0"}, "", m_class=1024)
+    assert base != ptx
+
+
+def test_gemm_epi_early_out_of_range_is_refused():
+    """MK_GEMM_EPI_EARLY outside 0 / 1 / 2 is refused at import with the variable named (3 and
+    more would hold a 128 x 256 tile's four epilogue pages with the ring's other nine)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_GEMM_EPI_EARLY="3"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "MK_GEMM_EPI_EARLY=3" in r.stderr, r.stderr[-2000:]

@@ -22,6 +22,13 @@ plain arrival), with the early-weights order too (a GEMM's first B pages loaded 
 pages, their bytes expected on an A barrier not yet armed); the negative control: a consumer
 that waits on the A page alone while the B loads complete on their own barriers reads stale B
 pages.
+
+MK_GEMM_EPI_EARLY=R (epi_early): a GEMM's epilogue pages take the ring positions right after
+stage kt - R, before the last R stages (theirs shift by the epilogue's page count), so the loader
+grants them (a RESIDUAL tile: issues its residual load) R stages earlier, still in ring order;
+the consumers take them after the last stage and the storer frees them after the last stage's
+pages. Sound while the epilogue pages and the last R stages fit in the ring (E + R * spp <= 13);
+the negative control: a tile whose epilogue pages and last stages do not fit deadlocks.
 """
 
 from __future__ import annotations
@@ -85,7 +92,7 @@ def residual_add(n):
 
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
-                 stage_full="page", b_on_own_full=False):
+                 stage_full="page", b_on_own_full=False, epi_early=0):
         self.full = [Barrier(f"full{p}") for p in range(NP)]
         self.done = [Barrier(f"done{p}") for p in range(NP)]
         self.empty = [Barrier(f"empty{p}") for p in range(NP)]
@@ -98,8 +105,15 @@ class Ring:
         self.stage_full = stage_full
         # negative control: "stage" waits with the B loads completing on their own barriers
         self.b_on_own_full = b_on_own_full
+        self.epi_early = epi_early
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
+
+    def layout(self, kt, spp, epi):
+        """(s_epi, stage_pos): the stage before which the epilogue pages sit (kt: after the
+        last, the layout without epi_early) and each stage's ring offset in the tile."""
+        s_epi = max(kt - self.epi_early, 0) if epi else kt
+        return s_epi, (lambda k: k * spp + (epi if k >= s_epi else 0))
 
     # ------------------------------------------------------------------------- waits
     def wait(self, bar, parity, want):
@@ -158,32 +172,42 @@ class Ring:
                         self.full[q % NP].arrive(q, expect=1)
                         self.load(q, self.full[q % NP])
 
+            s_epi, pos = self.layout(kt, spp, epi)
+
+            def grant_epilogue():
+                """The epilogue pages: a residual load each, or a plain grant."""
+                for e in range(epi):
+                    q = pg + s_epi * spp + e
+                    yield from self.wait_empty(q)
+                    self.full[q % NP].arrive(q, expect=1)
+                    self.load(q, self.full[q % NP])
+
             # early weights: the first stages' B pages before their A pages (A pages taken and
-            # waited free in ring order, their barrier armed after the instruction's `ready`)
-            early = rng.choice((0, min(kt, NP // spp)))
+            # waited free in ring order, their barrier armed after the instruction's `ready`),
+            # never past the epilogue pages (gemm_load caps them there)
+            early = rng.choice((0, min(kt, NP // spp, s_epi)))
             for k in range(early):
-                a = pg + k * spp
+                a = pg + pos(k)
                 yield from self.wait_empty(a)
                 if one:
                     self.full[a % NP].expect(spp - 1)
                 yield from b_pages(a)
             yield "ready"
             for k in range(early):
-                a = pg + k * spp
+                a = pg + pos(k)
                 self.full[a % NP].arrive(a, expect=1)
                 self.load(a, self.full[a % NP])
             for k in range(early, kt):
-                a = pg + k * spp
+                if k == s_epi:
+                    yield from grant_epilogue()
+                a = pg + pos(k)
                 yield from self.wait_empty(a)
                 self.full[a % NP].arrive(a, expect=1 + (spp - 1 if one else 0))
                 self.load(a, self.full[a % NP])
                 yield from b_pages(a)
-            pg += kt * spp
-            for e in range(epi):        # epilogue pages: a residual load, or a plain grant
-                yield from self.wait_empty(pg)
-                self.full[pg % NP].arrive(pg, expect=1)
-                self.load(pg, self.full[pg % NP])
-                pg += 1
+            if s_epi == kt:
+                yield from grant_epilogue()
+            pg += kt * spp + epi
 
     def read(self, q):
         """A consumer reads ring position q's page: it must hold q's data."""
@@ -196,25 +220,27 @@ class Ring:
         for ins in prog:
             if ins[0] == "gemm":
                 _, kt, spp, epi = ins
+                s_epi, pos = self.layout(kt, spp, epi)
                 for k in range(kt):
                     for j in range(1 if self.stage_full == "stage" else spp):
-                        q = pg + k * spp + j
+                        q = pg + pos(k) + j
                         yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     for j in range(spp):
-                        self.read(pg + k * spp + j)
+                        self.read(pg + pos(k) + j)
                     if k > 0:
-                        self.release_stage(pg + (k - 1) * spp, spp, last=False)
+                        self.release_stage(pg + pos(k - 1), spp, last=False)
                     yield "wgmma"
-                self.release_stage(pg + (kt - 1) * spp, spp, last=True)
-                pg += kt * spp
+                self.release_stage(pg + pos(kt - 1), spp, last=True)
+                ep = pg + s_epi * spp
                 for e in range(epi):
-                    q = pg + e
+                    q = ep + e
                     yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1,
                                          q - NP if q >= NP else None)
                 for e in range(epi):
-                    self.done[(pg + e) % NP].arrive(pg + e)
-                pg += epi
+                    self.read(ep + e)       # a residual tile's own rows
+                    self.done[(ep + e) % NP].arrive(ep + e)
+                pg += kt * spp + epi
             elif ins[0] == "copy":
                 for _ in range(ins[1]):
                     yield from self.wait(self.full[pg % NP], (pg // NP) & 1, pg)
@@ -246,9 +272,10 @@ class Ring:
         for ins in prog:
             if ins[0] == "gemm":
                 _, kt, spp, epi = ins
-                j0 = (kt - 1) * spp if self.operand_free == "consumer" else 0
-                waited = [pg + j for j in range(j0, kt * spp)] + [pg + kt * spp + e
-                                                                   for e in range(epi)]
+                s_epi, pos = self.layout(kt, spp, epi)
+                k0 = kt - 1 if self.operand_free == "consumer" else 0
+                waited = ([pg + pos(k) + j for k in range(k0, kt) for j in range(spp)]
+                          + [pg + s_epi * spp + e for e in range(epi)])
                 pg += kt * spp + epi
             elif ins[0] == "copy":
                 waited = list(range(pg, pg + ins[1]))
@@ -321,16 +348,28 @@ def random_prog(rng: random.Random, n: int = 40):
     return prog
 
 
+@pytest.mark.parametrize("epi_early", [0, 1, 2])
 @pytest.mark.parametrize("stage_full", ["stage", "page"])
 @pytest.mark.parametrize("operand_free", ["storer", "consumer"])
-def test_protocol_holds_under_random_interleavings(operand_free, stage_full):
-    """Both GEMM operand-free modes and both `full` modes with the storer's per-page done
+def test_protocol_holds_under_random_interleavings(operand_free, stage_full, epi_early):
+    """Both GEMM operand-free modes, both `full` modes and the epilogue pages at their place or
+    granted 1 / 2 stages before the end (MK_GEMM_EPI_EARLY), with the storer's per-page done
     parity: every wait passes on the phase its own ring position completed, every page read
     holds its own position's data, and every schedule ends."""
-    for seed in range(150):
+    for seed in range(150 if epi_early == 0 else 60):
         rng = random.Random(seed)
-        run(Ring(operand_free=operand_free, done_parity="mask", stage_full=stage_full),
-            random_prog(rng), rng)
+        run(Ring(operand_free=operand_free, done_parity="mask", stage_full=stage_full,
+                 epi_early=epi_early), random_prog(rng), rng)
+
+
+def test_model_catches_epilogue_pages_granted_too_early():
+    """Negative control: epilogue pages granted so early that they and the stages after them
+    pass the ring's 13 pages (a 4-page epilogue 4 stages of 3 pages before the end) deadlock:
+    the loader waits for a page that only this tile's own epilogue frees."""
+    rng = random.Random(0)
+    with pytest.raises(Violation, match="deadlock"):
+        run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage", epi_early=4),
+            [gemm(8, 3, 4)] * 3, rng)
 
 
 def _violations(ring_kw, seeds=200) -> list[str]:

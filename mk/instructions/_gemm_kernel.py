@@ -195,6 +195,26 @@ ONE_FULL = STAGE_FULL == "stage"
 STORE_UNROLL = int(os.environ.get("MK_GEMM_STORE_UNROLL", "4"))
 if STORE_UNROLL not in (4, 8, 16):
     raise ValueError(f"MK_GEMM_STORE_UNROLL={STORE_UNROLL}: expected 4, 8 or 16")
+# Where a RESIDUAL tile's epilogue pages sit in its window of the page ring (MK_GEMM_EPI_EARLY=R,
+# 0, 1 or 2): after the last stage (0, the build until session 24), or right after stage kt - R,
+# before the last R stages, whose ring positions shift by the epilogue's page count. The loader
+# takes pages in ring order, so it grants the epilogue pages, and issues the residual tile's TMA
+# into them, R stages earlier: the session 24 journal (bench/E2E_NOTES.md) had DOWN's consumers
+# wait 2.72 us for their epilogue pages at B=1024 (a tile without a residual: 0.67), the residual
+# issued only once the last stage's loads were out and the pages after them free. The cost: the
+# pages are held R stages longer, so in the last R stages the loader runs 3 stages ahead instead
+# of 4, and the next tile's stages reach the pages the storer still copies R stages sooner. The
+# consumers still take the pages after the last stage, the storer frees them after the last
+# stage's pages; sound while the epilogue pages and the last R stages fit in the ring (E + R *
+# spp <= 13: tests/test_page_protocol.py models it, and its negative control deadlocks).
+EPI_EARLY = int(os.environ.get("MK_GEMM_EPI_EARLY", "0"))
+if EPI_EARLY not in (0, 1, 2):
+    raise ValueError(f"MK_GEMM_EPI_EARLY={EPI_EARLY}: expected 0, 1 or 2")
+
+
+def epi_early(epi: int) -> int:
+    """Stages before a tile's end at which its epilogue pages are granted (trace time)."""
+    return EPI_EARLY if epi == EPI_RESIDUAL else 0
 
 
 @dataclass(frozen=True)
@@ -408,6 +428,32 @@ def stage_b_offset(a_off):
     return 1 - a_off // 2
 
 
+@cute.jit
+def epi_stage(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, kt: Int32, split=None) -> Int32:
+    """The stage before which the tile's epilogue pages sit in its ring window (EPI_EARLY): kt
+    (after the last stage; also a split tile's, which has none), else kt - R, at least 0."""
+    s_epi = kt
+    if cutlass.const_expr(epi_early(epi) > 0):
+        s_epi = kt - epi_early(epi)
+        if s_epi < 0:
+            s_epi = Int32(0)
+        if cutlass.const_expr(split is not None):
+            if split.nsplit() >= 2:
+                s_epi = kt
+    return s_epi
+
+
+@cute.jit
+def stage_ring(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, k, s_epi: Int32):
+    """Ring offset of stage k's first page in its tile's window: k * stage_pages, past the
+    epilogue pages for the stages from s_epi on (epi_stage)."""
+    off = k * cfg.stage_pages
+    if cutlass.const_expr(epi_early(epi) > 0):
+        if k >= s_epi:
+            off = off + cfg.epi_pages(out_bytes_of(epi))
+    return off
+
+
 # ============================================================================ loader (1 warp)
 @cute.jit
 def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAtom,
@@ -438,13 +484,21 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     k0 = Int32(0)
     if cutlass.const_expr(split is not None):
         k0 = split.k0()     # 0 in every unsplit instruction
+    s_epi = epi_stage(cfg, epi, kt, split)
     k_first = 0
     if cutlass.const_expr(ready is not None):
         k_first = prefetch_weights(cfg, tma_a, gA, tma_b, gB, sA_layout, sB_layout, xb, layer,
                                    row0, col0, up_row0, k0, kt, pool, full, empty, pg, npages,
-                                   timeout_ns, state, ticket, ready)
+                                   timeout_ns, state, ticket, ready,
+                                   s_epi if epi_early(epi) > 0 else None)
         pg = pg + k_first * cfg.stage_pages
     for k in range(k_first, kt):
+        if cutlass.const_expr(epi_early(epi) > 0):
+            if k == s_epi:
+                # the epilogue pages in ring order, before the last stages (EPI_EARLY; the early
+                # weights stop short of them, so this loop always reaches s_epi < kt)
+                pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
+                                   empty, pg, npages, timeout_ns, state, ticket)
         kc = k * BK
         if cutlass.const_expr(split is not None):
             kc = k0 + k * BK
@@ -458,13 +512,14 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
                      stage_full(full + page))
         pg = pg + cfg.stage_pages
-    if cutlass.const_expr(split is None):
-        pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty, pg,
-                           npages, timeout_ns, state, ticket)
-    else:
-        if split.nsplit() < 2:
+    if cutlass.const_expr(epi_early(epi) == 0):
+        if cutlass.const_expr(split is None):
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
                                pg, npages, timeout_ns, state, ticket)
+        else:
+            if split.nsplit() < 2:
+                pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
+                                   empty, pg, npages, timeout_ns, state, ticket)
     return pg
 
 
@@ -533,14 +588,19 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
                      col0: Int32, up_row0: Int32, k0: Int32, kt: Int32, pool: Int32,
                      full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                      npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                     ticket: Int32, ready) -> Int32:
+                     ticket: Int32, ready, s_epi=None) -> Int32:
     """gemm_load's first stages under EARLY_WEIGHTS: the B pages of up to a ring's worth of
     stages (their A pages taken in ring order but left empty), then the wait for the
-    instruction's dependencies, then those stages' A pages. Returns the stages done."""
+    instruction's dependencies, then those stages' A pages. Returns the stages done: never
+    past stage s_epi (epi_stage; None: no cap), so that gemm_load grants the epilogue pages in
+    ring order."""
     a_bytes = cfg.bm * BK * 2
     npre = kt
     if npre > npages // cfg.stage_pages:
         npre = Int32(npages // cfg.stage_pages)
+    if cutlass.const_expr(s_epi is not None):
+        if npre > s_epi:
+            npre = s_epi
     for k in range(npre):
         kc = k0 + k * BK
         stage_pg = pg + k * cfg.stage_pages
@@ -720,16 +780,18 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     mainloop_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
+    s_epi = epi_stage(cfg, epi, kt, split)
 
     for k in range(kt):
-        a_off = stage_a_offset(cfg, pg + k * spp, npages)
+        sp = pg + stage_ring(cfg, epi, k, s_epi)
+        a_off = stage_a_offset(cfg, sp, npages)
         b_off = stage_b_offset(a_off)
-        pa, pha = page_of(pg + k * spp + a_off, npages)
+        pa, pha = page_of(sp + a_off, npages)
         t0 = rk.wait_clock_start(wclk)
         bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         if cutlass.const_expr(not ONE_FULL):
             for j in cutlass.range_constexpr(cfg.nb):
-                pb, phb = page_of(pg + k * spp + b_off + j, npages)
+                pb, phb = page_of(sp + b_off + j, npages)
                 bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         rk.wait_clock_add(wclk, t0)
         tCrA = mainloop_mma.make_fragment_A(
@@ -739,7 +801,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             jb = ch
             if cutlass.const_expr(cfg.wg == "PAGE"):
                 jb = wg
-            pb, _ = page_of(pg + k * spp + b_off + jb, npages)
+            pb, _ = page_of(sp + b_off + jb, npages)
             tCrB = mainloop_mma.make_fragment_B(
                 thr_main.partition_B(page_tensor(pool, pb, sB_layout)))
             for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
@@ -748,8 +810,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         cute.nvgpu.warpgroup.commit_group()
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
-                release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane,
-                              share)
+                release_stage(pg + stage_ring(cfg, epi, k - 1, s_epi), spp, npages,
+                              operand_bar(empty, done), lane, share)
         t0 = rk.wait_clock_start(mclk)
         cute.nvgpu.warpgroup.wait_group(1)
         rk.wait_clock_add(mclk, t0)
@@ -758,8 +820,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use
                 # of a page completes exactly one phase of full and of empty, and no waiter can
                 # fall two phases behind
-                release_stage(pg + (k - 1) * spp, spp, npages, operand_bar(empty, done), lane,
-                              share)
+                release_stage(pg + stage_ring(cfg, epi, k - 1, s_epi), spp, npages,
+                              operand_bar(empty, done), lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(cfg.wide):
         # the N = 256 fragment is the two N = 128 chains' side by side (element e + 2h + 4j holds
@@ -778,17 +840,19 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             store_partial(cfg, accs, tCcC, wg, split, row0, rows)
             if cutlass.const_expr(share != CONSUMER_THREADS):
                 cute.arch.sync_warp()       # lane 0's `done` arrive speaks for the warp's stores
-    release_stage(pg + (kt - 1) * spp, spp, npages, done, lane, share)
+    release_stage(pg + stage_ring(cfg, epi, kt - 1, s_epi), spp, npages, done, lane, share)
+    ep = pg + s_epi * spp           # the epilogue pages (after the last stage without EPI_EARLY)
     pg = pg + kt * spp
     if cutlass.const_expr(split is None):
-        pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg, npages,
-                              lane, timeout_ns, state, ticket, meta, inv_freq, row0, rows, section,
-                              share, journal, epi_word, ctid == 0)
+        pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep, npages,
+                                   lane, timeout_ns, state, ticket, meta, inv_freq, row0, rows,
+                                   section, share, journal, epi_word, ctid == 0) - ep
     else:
         if split.nsplit() < 2:
-            pg = consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, pg,
-                                  npages, lane, timeout_ns, state, ticket, meta, inv_freq, row0,
-                                  rows, section, share, journal, epi_word, ctid == 0)
+            pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep,
+                                       npages, lane, timeout_ns, state, ticket, meta, inv_freq,
+                                       row0, rows, section, share, journal, epi_word,
+                                       ctid == 0) - ep
     return pg
 
 
@@ -1142,22 +1206,28 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     j0 = Int32(0)
     if cutlass.const_expr(OPERAND_FREE == "consumer"):
         j0 = (kt - 1) * cfg.stage_pages     # the consumers freed the stages before the last
+    s_epi = epi_stage(cfg, epi, kt, split)
     for j in range(j0, kt * cfg.stage_pages):
         # operand pages: the consumers are done with them (their wgmmas retired): free them
-        page, _ = page_of(pg + j, npages)
+        q = pg + j
+        if cutlass.const_expr(epi_early(epi) > 0):
+            if j >= s_epi * cfg.stage_pages:
+                q = q + cfg.epi_pages(out_bytes_of(epi))   # past the epilogue pages (EPI_EARLY)
+        page, _ = page_of(q, npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+    ep = pg + s_epi * cfg.stage_pages
     pg = pg + kt * cfg.stage_pages
     if cutlass.const_expr(split is None):
-        pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done, dpar,
-                            pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket, meta,
-                            rowmap_off, row_add, dcol0, share)
+        pg = pg + store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
+                                 dpar, ep, npages, sid, bar_id, nthreads, timeout_ns, state,
+                                 ticket, meta, rowmap_off, row_add, dcol0, share) - ep
     else:
         if split.nsplit() < 2:
-            pg = store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
-                                dpar, pg, npages, sid, bar_id, nthreads, timeout_ns, state, ticket,
-                                meta, rowmap_off, row_add, dcol0, share)
+            pg = pg + store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty,
+                                     done, dpar, ep, npages, sid, bar_id, nthreads, timeout_ns,
+                                     state, ticket, meta, rowmap_off, row_add, dcol0, share) - ep
     return pg
 
 
