@@ -8,7 +8,8 @@ tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several
 (the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
 config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "epiearly=R"
 (MK_GEMM_EPI_EARLY=R: a RESIDUAL tile's epilogue pages granted R stages before its end) or
-"unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight). KIND:
+"unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight) or "tmastore=1"
+(MK_GEMM_TMA_STORE=1: full bf16 tiles leave through TMA stores). KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
@@ -34,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import _jobs  # noqa: E402
 
 LOCK = "/tmp/mk_gemm_gpu.lock"
+# EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
+KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
+         "tmastore": "MK_GEMM_TMA_STORE"}
 
 
 def gpu_lock():
@@ -170,10 +174,9 @@ def main(argv=None) -> int:
         if "batch" in exp.split("+"):
             env["MK_GEMM_EPI_BATCH"] = "1"
         for t in exp.split("+"):
-            if t.startswith("epiearly="):
-                env["MK_GEMM_EPI_EARLY"] = t[9:]
-            if t.startswith("unroll="):
-                env["MK_GEMM_STORE_UNROLL"] = t[7:]
+            key, eq, val = t.partition("=")
+            if eq and key in KNOBS:
+                env[KNOBS[key]] = val
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,
                "--reps", str(a.reps)]
         procs.append((job, _jobs.start(cmd, env)))

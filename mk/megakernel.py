@@ -428,14 +428,16 @@ class MegakernelDSL:
         for g in self.gemm:
             x, w, y = gt[g.slot]
             resid = g.epi == gk.EPI_RESIDUAL
-            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid)
+            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid, store=gk.tma_stores(g.epi, g.cfg))
             tma_r, gR = at.tma_a, at.gA          # placeholders (never used) without a residual
             if cutlass.const_expr(resid):
                 tma_r, gR = at.tma_r, at.gR
-            # [12]: the mainloop's wgmma where it is not tiled_mma (a wide tile)
+            # [12]: the mainloop's wgmma where it is not tiled_mma (a wide tile); last: the TMA
+            # store atom and its view of y where full tiles leave that way (gk.tma_store_of)
             gops.append((at.tma_a, at.gA, at.tma_b, at.gB, tma_r, gR, at.tiled_mma, at.sA_layout,
                          at.sB_mainloop_layout, y, w, at.sB_load_layout)
-                        + ((at.mainloop_mma,) if g.cfg.wide else ()))
+                        + ((at.mainloop_mma,) if g.cfg.wide else ())
+                        + ((at.tma_s, at.gS) if gk.tma_stores(g.epi, g.cfg) else ()))
         aops = []
         if cutlass.const_expr(self.attn_ps > 0):
             aa = ak.AttnAtoms(kv, self.attn_ps)
@@ -622,6 +624,9 @@ class MegakernelDSL:
                 cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][2])
                 if cutlass.const_expr(GS[gi].epi == gk.EPI_RESIDUAL):
                     cute.nvgpu.cpasync.prefetch_descriptor(gops[gi][4])
+                if cutlass.const_expr(gk.tma_stores(GS[gi].epi, GS[gi].cfg)):
+                    cute.nvgpu.cpasync.prefetch_descriptor(
+                        gk.tma_store_of(GS[gi].cfg, GS[gi].epi, gops[gi])[0])
             if cutlass.const_expr(self.attn_ps > 0):
                 cute.nvgpu.cpasync.prefetch_descriptor(aops[0])
             with cute.arch.elect_one():
@@ -976,11 +981,16 @@ class MegakernelDSL:
         kt = (ring[base + gs.kw] + (gk.BK - 1)) // gk.BK
         ybase, ld, rowmap, radd, dcol0 = gk.gemm_dest(gs.epi, g[9], kv, meta, ring, base,
                                                       base + ARG0, gs.yb, col0)
+        tma_store = None
+        if cutlass.const_expr(gk.tma_stores(gs.epi, gs.cfg)):
+            # (S2G atom, its view of y, z = dst word - yb as gemm_dest's, the box layout)
+            tma_s, gS = gk.tma_store_of(gs.cfg, gs.epi, g)
+            tma_store = (tma_s, gS, ring[base + ARG0 + gk.U_DST] - gs.yb, g[7])
         return gk.gemm_store(gs.cfg, gs.epi, ybase, ld, row0, ring[base + W_ROWS], col0,
                              ring[base + W_COLS], pool, empty, done, dpar, pg, kt, self.npages,
                              sid, BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
                              dcol0, page_share(self.handoff),
-                             self.split_tile(gs, g, ring, base, skops))
+                             self.split_tile(gs, g, ring, base, skops), tma_store)
 
     def attn_pair(self, ring: cute.Tensor, base: Int32):
         """A MODE_PAIR ATTENTION's second unit words (row0, pos0, page_off, new0) for the

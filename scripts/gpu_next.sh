@@ -192,6 +192,15 @@
 #   widetime decode MK_WIDE_BATCH (1024,4096) as it is and with MK_WIDE_ON_ENV: widetime_{off,on}.json
 #   storeunr MK_GEMM_STORE_UNROLL 4 / 8 / 16 (the GEMM storer's loads in flight; built in session
 #          23, compile-checked): bench/gemm.py checks and timings, then the step at 1024 / 4096
+#   tmastore MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles, O_PROJ / DOWN / GATE_UP on 64-column-box
+#          tiles, leave the staging pages through TMA stores from one storer thread; built in
+#          session 24, compile-checked only): bench/gemm_profile.py's poisoned checks with it
+#          (O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096; with
+#          MK_GEMM_EPI_EARLY=1 too at O_PROJ 1100, DOWN 1024) and timings as it is, with it and
+#          with both (O_PROJ / DOWN / GATE_UP at 1024 / 4096), then with it the two-layer checks
+#          (478 tokens split-K auto, 208 tokens never), racecheck and memcheck: tmastore.log,
+#          tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then time the step
+#          (planab / time_ab with MK_GEMM_TMA_STORE=1 at 1024,4096) if it gains
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, compile-checked, modelled in
 #          tests/test_page_protocol.py): bench/gemm_profile.py's poisoned checks with each of
@@ -294,7 +303,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -936,6 +945,52 @@ if has storeunr; then
   done
   MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab storeunr "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" \
       ${MK_UNR_BATCH:-1024,4096} "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" ""
+fi
+if has tmastore; then
+  J=""
+  for c in O_PROJ:200 O_PROJ:1100 O_PROJ:4096 DOWN:1024 DOWN:4096 GATE_UP:1100 GATE_UP:4096; do
+    J="$J,$c:check:tmastore=1"
+  done
+  J="$J,O_PROJ:1100:check:tmastore=1+epiearly=1,DOWN:1024:check:tmastore=1+epiearly=1"
+  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096 GATE_UP:1024 GATE_UP:4096; do
+    J="$J,$c:time:,$c:time:tmastore=1,$c:time:tmastore=1+epiearly=1"
+  done
+  timeout 300 python bench/gemm_profile.py --jobs "${J#,}" --reps 15 --timeout 290 \
+      --out "$OUTDIR/tmastore.json" > "$OUTDIR/tmastore.log" 2>&1 || rc=1
+  echo "== tmastore: bench/gemm_profile.py (check: ok rel_err; time: median us)"
+  python - "$OUTDIR/tmastore.log" <<'PYEOF'
+import json, sys
+for ln in open(sys.argv[1]):
+    if not ln.startswith("{"):
+        continue
+    r = json.loads(ln)
+    v = r.get("mk_us", r.get("ok"))
+    print(f"{r.get('job', '?'):40s} {v} {r.get('rel_err', '')} {r.get('error', '')[-300:]}")
+PYEOF
+  export MK_GEMM_TMA_STORE=1
+  tcheck() {    # the two-layer check with these arguments, if it still fits (its timeout $1)
+    local lim=$1; shift
+    if [ $SECONDS -lt $((DEADLINE - lim)) ]; then
+      echo "== check MK_GEMM_TMA_STORE=1 $*" | tee -a "$OUTDIR/tmastore.log"
+      timeout $lim python -m mk.megakernel_step check "$@" 2>&1 | grep -v "^\[mk" | tail -1 \
+          | cut -c1-300 | tee -a "$OUTDIR/tmastore.log"
+    else
+      echo "== check $* skipped (time)" | tee -a "$OUTDIR/tmastore.log"; rc=1
+    fi
+  }
+  tcheck 100 --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70
+  echo "== racecheck / memcheck MK_GEMM_TMA_STORE=1, two-layer step, split-K auto"
+  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 \
+      > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
+  tcheck 90 --layers 2 --split-k 1
+  if [ $SECONDS -lt $((DEADLINE - 110)) ]; then
+    timeout 110 compute-sanitizer --tool memcheck python -m mk.megakernel_step check --layers 2 \
+        --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
+    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
+  fi
+  unset MK_GEMM_TMA_STORE
 fi
 if has epiearly; then
   J=""

@@ -674,3 +674,38 @@ def test_gemm_epi_early_out_of_range_is_refused():
                        env=dict(os.environ, MK_GEMM_EPI_EARLY="3"), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "MK_GEMM_EPI_EARLY=3" in r.stderr, r.stderr[-2000:]
+
+
+def test_gemm_tma_store_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles leave their staging pages through TMA stores
+    issued by one storer thread; off by default; compile-time, so in a process of its own): the
+    all-opcode 1024-class variant with split-K has the bulk-tensor stores (one per 16 KB page of
+    O_PROJ's and DOWN's m128n256 tiles, four each; GATE_UP's gu_m128n112 tiles, 112 columns, keep
+    the copy) with a read wait before each page is freed and a write wait before the signal,
+    compiles with 0 spills and no call, and the default's PTX has none of them."""
+    ptx = variant_ptx(tmp_path, "tmastore1", {"MK_GEMM_TMA_STORE": "1"},
+                      "from mk.instructions import _gemm_kernel as gk\n"
+                      "T = gk.TILES\n"
+                      "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
+                      "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
+                      "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
+                      "assert not gk.tma_stores(gk.EPI_ROPE, T['m128n128'])", m_class=1024)
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
+    reads = re.findall(r"cp\.async\.bulk\.wait_group\.read", ptx)
+    assert len(stores) == 8 and len(reads) == 8, (len(stores), len(reads))
+    assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "tmastore1")))
+    base = variant_ptx(tmp_path, "tmastore0", {"MK_GEMM_TMA_STORE": "0"}, "", m_class=1024)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", base)
+    assert "cp.async.bulk.wait_group" not in base
+
+
+def test_gemm_tma_store_bad_value_is_refused():
+    """MK_GEMM_TMA_STORE other than 0 / 1 is refused at import with the variable named."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_GEMM_TMA_STORE="yes"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "MK_GEMM_TMA_STORE='yes'" in r.stderr, r.stderr[-2000:]

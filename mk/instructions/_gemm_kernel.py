@@ -208,6 +208,28 @@ if STORE_UNROLL not in (4, 8, 16):
 # stage's pages; sound while the epilogue pages and the last R stages fit in the ring (E + R *
 # spp <= 13: tests/test_page_protocol.py models it, and its negative control deadlocks).
 EPI_EARLY = int(os.environ.get("MK_GEMM_EPI_EARLY", "0"))
+# How a full tile's bf16 epilogue (RESIDUAL, SILU_MUL: O_PROJ, DOWN, GATE_UP) leaves its staging
+# pages (MK_GEMM_TMA_STORE): "0" the storer warps' copy (64 threads, a 16-byte LDS + STG pair
+# per chunk, 1024 of them per 128 x 256 tile; the build until session 24), "1" one storer thread
+# issues the pages' TMA stores (cp.async.bulk.tensor, one 16 KB box per page of 128 rows) and
+# frees each page once the engine has read it (cp.async.bulk.wait_group.read); partial tiles
+# (rows or columns past the matrix: a decode batch's last row tile, gu_m128n112's 112-column
+# tiles) and QKV_ROPE keep the copy. Session 24 (bench/GEMM_NOTES.md) found the per-tile cost set
+# by how long the storer holds the epilogue pages, which the next tile's third and fourth stages
+# load into (store_body 2.1-5.2 us at B=1024). The consumers fence their staging writes to the
+# async proxy before the hand-off; the storer waits for the stores' writes before the
+# instruction's signal. Built in session 24, compile-checked only: off until GPU-checked.
+TMA_STORE = os.environ.get("MK_GEMM_TMA_STORE", "0")
+if TMA_STORE not in ("0", "1"):
+    raise ValueError(f"MK_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
+
+
+def tma_stores(epi: int, cfg) -> bool:
+    """Whether full tiles of epilogue `epi` on tile `cfg` leave through TMA stores (trace time):
+    bf16 outputs whose tile width is whole 64-column boxes (gu_m128n112's 112 columns: a box
+    would write 16 of the next tile's)."""
+    return (TMA_STORE == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL)
+            and cfg.bn * out_bytes_of(epi) % 128 == 0)
 if EPI_EARLY not in (0, 1, 2):
     raise ValueError(f"MK_GEMM_EPI_EARLY={EPI_EARLY}: expected 0, 1 or 2")
 
@@ -331,9 +353,11 @@ def pages_per_instr(cfg: TileConfig, epi: int, kt: int) -> int:
 class GemmAtoms:
     """Host-side (inside the @cute.jit __call__) TMA atoms, smem layouts and the tiled MMA of one
     tile config. x: activations (T, K, NBX) K-contiguous; w: weights (N, K, L) K-contiguous;
-    y: destination (T, N, NBY) N-contiguous (bf16; only its residual TMA is built here)."""
+    y: destination (T, N, NBY) N-contiguous (bf16; its residual TMA load, with `residual`, and
+    with `store` its TMA store (TMA_STORE), both over the epilogue box)."""
 
-    def __init__(self, cfg: TileConfig, x: cute.Tensor, w: cute.Tensor, y=None, residual=False):
+    def __init__(self, cfg: TileConfig, x: cute.Tensor, w: cute.Tensor, y=None, residual=False,
+                 store=False):
         self.cfg = cfg
         lay = LayoutEnum.ROW_MAJOR   # K-major A and B
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -379,6 +403,10 @@ class GemmAtoms:
         if residual:
             self.tma_r, self.gR = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, y, self.sA_layout,
                                                                          (cfg.bm, BK))
+        self.tma_s, self.gS = None, None
+        if store:
+            self.tma_s, self.gS = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), y, self.sA_layout, (cfg.bm, BK))
 
     def prefetch(self):
         cute.nvgpu.cpasync.prefetch_descriptor(self.tma_a)
@@ -391,6 +419,13 @@ def mainloop_mma_of(cfg: TileConfig, ops: tuple):
     """The mainloop's tiled MMA in the megakernel's per-slot operand tuple: [12] where the tile
     is wide (only then is it a kernel parameter of its own), else the chain's [6]."""
     return ops[12] if cfg.wide else ops[6]
+
+
+def tma_store_of(cfg: TileConfig, epi: int, ops: tuple):
+    """The TMA store atom and its view of y in the megakernel's per-slot operand tuple (its last
+    two entries, there only where tma_stores(epi, cfg): no kernel parameter otherwise)."""
+    assert tma_stores(epi, cfg), (epi, cfg.name)
+    return ops[-2], ops[-1]
 
 
 # ============================================================================ device helpers
@@ -932,6 +967,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                         v1 = residual_add(d[1].to(Float32), v1)
                 d[0] = v0.to(BFloat16)
                 d[1] = v1.to(BFloat16)
+    if cutlass.const_expr(tma_stores(epi, cfg)):
+        # the storer may hand these pages to the TMA engine (async proxy): order this thread's
+        # generic st.shared before its reads (CUTLASS's tma_store_fence, by every writer)
+        cute.arch.fence_proxy("async.shared", space="cta")
     if cutlass.const_expr(share != CONSUMER_THREADS):
         cute.arch.sync_warp()
     for e in cutlass.range_constexpr(ne):
@@ -1178,7 +1217,8 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
                npages: cutlass.Constexpr, sid: Int32, bar_id: cutlass.Constexpr,
                nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                ticket: Int32, meta: cute.Tensor, rowmap_off: Int32, row_add: Int32,
-               dcol0: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS, split=None) -> Int32:
+               dcol0: Int32, share: cutlass.Constexpr = EMPTY_ARRIVALS, split=None,
+               tma_store=None) -> Int32:
     """Storer warps (nthreads threads): copy the epilogue pages to y (byte address ybase of the
     destination's (0, 0), row pitch ld elements) with 16-byte stores and exact row/column masks,
     freeing each page after its stores. Returns the new page count.
@@ -1202,7 +1242,10 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
 
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in); a split tile
     has operand pages only (the consumers stored its partial; their last `done` follows those
-    stores, so the signal after this walk is ordered after them)."""
+    stores, so the signal after this walk is ordered after them).
+
+    tma_store: (S2G atom, its gmem view, z, the box's smem layout) of the destination where full
+    tiles leave through TMA stores (tma_stores(epi, cfg); None: the copy for every tile)."""
     j0 = Int32(0)
     if cutlass.const_expr(OPERAND_FREE == "consumer"):
         j0 = (kt - 1) * cfg.stage_pages     # the consumers freed the stages before the last
@@ -1222,12 +1265,13 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     if cutlass.const_expr(split is None):
         pg = pg + store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
                                  dpar, ep, npages, sid, bar_id, nthreads, timeout_ns, state,
-                                 ticket, meta, rowmap_off, row_add, dcol0, share) - ep
+                                 ticket, meta, rowmap_off, row_add, dcol0, share, tma_store) - ep
     else:
         if split.nsplit() < 2:
             pg = pg + store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty,
                                      done, dpar, ep, npages, sid, bar_id, nthreads, timeout_ns,
-                                     state, ticket, meta, rowmap_off, row_add, dcol0, share) - ep
+                                     state, ticket, meta, rowmap_off, row_add, dcol0, share,
+                                     tma_store) - ep
     return pg
 
 
@@ -1239,56 +1283,103 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
                    sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
                    timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
                    rowmap_off: Int32, row_add: Int32, dcol0: Int32,
-                   share: cutlass.Constexpr) -> Int32:
-    """Storer: the E epilogue pages (first at ring count pg) to y, freeing each (gemm_store)."""
+                   share: cutlass.Constexpr, tma_store=None) -> Int32:
+    """Storer: the E epilogue pages (first at ring count pg) to y, freeing each (gemm_store):
+    copied by the storer threads, or (tma_store, a full tile) TMA-stored by thread 0."""
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
     bpp = 128 // cfg.bm
-    epc = 16 // ob                      # elements per 16-byte chunk
     chunks = cfg.bm * 8                 # 16-byte chunks per box
     per_thread = chunks // nthreads
     UNR = min(STORE_UNROLL, per_thread)  # independent smem loads in flight before the stores
     row_end = row0 + rows
     col_end = col0 + cols
-    ety = Float32 if ob == 4 else BFloat16
     # iteration `it` covers box rows [it, it + 1) x UNR * nthreads / 8: only those with tile rows
     # (a decode step of B tokens fills B of a 64- or 128-row tile)
     n_it = (rows * 8 + (UNR * nthreads - 1)) // (UNR * nthreads)
     if n_it > per_thread // UNR:
         n_it = Int32(per_thread // UNR)
-    for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
+    ne = cfg.epi_pages(ob)
+    # 1: this tile leaves through TMA stores (every row and column of its boxes in the matrix)
+    by_tma = 0
+    if cutlass.const_expr(tma_store is not None):
+        by_tma = Int32(0)
+        if rows == cfg.bm:
+            if cols == nbox * (128 // ob):
+                by_tma = Int32(1)
+    for e in cutlass.range_constexpr(ne):
         page, _ = page_of(pg + e, npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
-        for s in cutlass.range_constexpr(0 if "nostore" in EXPERIMENT else min(bpp, nbox - e * bpp)):
-            box = e * bpp + s
-            sbase = pool + page * PAGE + s * (cfg.bm * 128)
-            for it in range(n_it):
-                vals = [None] * UNR
-                for u in cutlass.range_constexpr(UNR):
-                    q = (it * UNR + u) * nthreads + sid
-                    r = q >> 3                  # q >= 0: q // 8 and q % 8 without sign fix-ups
-                    ch = q & 7
-                    sp = cute.make_ptr(Int32, sbase + r * 128 + ((ch ^ (r & 7)) << 4),
-                                       cute.AddressSpace.smem, assumed_align=16)
-                    vals[u] = cute.make_tensor(sp, cute.make_layout(4)).load()
-                for u in cutlass.range_constexpr(UNR):
-                    q = (it * UNR + u) * nthreads + sid
-                    r = q >> 3
-                    ch = q & 7
-                    row = row0 + r
-                    col = col0 + box * (128 // ob) + ch * epc
-                    if row < row_end:
-                        if col < col_end:
-                            drow = row
-                            if cutlass.const_expr(epi == EPI_ROPE):
-                                drow = dest_row(meta, rowmap_off, row_add, row)
-                            dcol = col - col0 + dcol0
-                            gp = cute.make_ptr(ety, row_addr(ybase, drow, ld, dcol, ob),
-                                               cute.AddressSpace.gmem, assumed_align=16)
-                            gp = cute.recast_ptr(gp, dtype=Int32)
-                            cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
-        rk.free_page(page, empty, sid, bar_id, nthreads, share)
-    return pg + cfg.epi_pages(ob)
+        if cutlass.const_expr(tma_store is not None and "nostore" not in EXPERIMENT):
+            if by_tma == 1:
+                if sid == 0:
+                    # the consumers fenced their writes to the async proxy before `done`
+                    for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
+                        rk.tma_store_box(tma_store[0], tma_store[1], tma_store[3], cfg.bm,
+                                         pool, page, s * (cfg.bm * 128), row0,
+                                         col0 + (e * bpp + s) * 64, tma_store[2])
+                    cute.arch.cp_async_bulk_commit_group()
+        if by_tma == 0:
+            store_page(cfg, epi, ybase, ld, row0, row_end, col0, col_end, pool, page, e, n_it,
+                       UNR, sid, nthreads, meta, rowmap_off, row_add, dcol0)
+            rk.free_page(page, empty, sid, bar_id, nthreads, share)
+    if cutlass.const_expr(tma_store is not None):
+        if by_tma == 1:
+            # each page back to the loader once the engine has read it (page e's group is the
+            # e-th of ne: ne - 1 - e groups may still be pending), then the writes complete
+            # before the instruction's signal (the caller's barrier + release)
+            for e in cutlass.range_constexpr(ne):
+                page, _ = page_of(pg + e, npages)
+                if sid == 0:
+                    cute.arch.cp_async_bulk_wait_group(ne - 1 - e, read=True)
+                rk.free_page(page, empty, sid, bar_id, nthreads, share)
+            if sid == 0:
+                cute.arch.cp_async_bulk_wait_group(0)
+                cute.arch.fence_proxy("async.global")
+    return pg + ne
+
+
+@cute.jit
+def store_page(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld: Int32,
+               row0: Int32, row_end: Int32, col0: Int32, col_end: Int32, pool: Int32,
+               page: Int32, e: cutlass.Constexpr, n_it: Int32, UNR: cutlass.Constexpr,
+               sid: Int32, nthreads: cutlass.Constexpr, meta: cute.Tensor, rowmap_off: Int32,
+               row_add: Int32, dcol0: Int32):
+    """The storer threads' copy of epilogue page e (pool page `page`) to y with 16-byte stores
+    and exact row / column masks (store_epilogue)."""
+    ob = out_bytes_of(epi)
+    nbox = cfg.epi_boxes(ob)
+    bpp = 128 // cfg.bm
+    epc = 16 // ob                      # elements per 16-byte chunk
+    ety = Float32 if ob == 4 else BFloat16
+    for s in cutlass.range_constexpr(0 if "nostore" in EXPERIMENT else min(bpp, nbox - e * bpp)):
+        box = e * bpp + s
+        sbase = pool + page * PAGE + s * (cfg.bm * 128)
+        for it in range(n_it):
+            vals = [None] * UNR
+            for u in cutlass.range_constexpr(UNR):
+                q = (it * UNR + u) * nthreads + sid
+                r = q >> 3                  # q >= 0: q // 8 and q % 8 without sign fix-ups
+                ch = q & 7
+                sp = cute.make_ptr(Int32, sbase + r * 128 + ((ch ^ (r & 7)) << 4),
+                                   cute.AddressSpace.smem, assumed_align=16)
+                vals[u] = cute.make_tensor(sp, cute.make_layout(4)).load()
+            for u in cutlass.range_constexpr(UNR):
+                q = (it * UNR + u) * nthreads + sid
+                r = q >> 3
+                ch = q & 7
+                row = row0 + r
+                col = col0 + box * (128 // ob) + ch * epc
+                if row < row_end:
+                    if col < col_end:
+                        drow = row
+                        if cutlass.const_expr(epi == EPI_ROPE):
+                            drow = dest_row(meta, rowmap_off, row_add, row)
+                        dcol = col - col0 + dcol0
+                        gp = cute.make_ptr(ety, row_addr(ybase, drow, ld, dcol, ob),
+                                           cute.AddressSpace.gmem, assumed_align=16)
+                        gp = cute.recast_ptr(gp, dtype=Int32)
+                        cute.make_tensor(gp, cute.make_layout(4)).store(vals[u])
 
 
 # ============================================================================ descriptions
