@@ -117,32 +117,38 @@ def test_rows_and_gemm_in_one_megakernel():
     assert ((ga_ - ref).norm() / ref.norm()).item() < 1e-2
 
 
-GATE_UP_TILE_CASE = r'''
+VARIANT_CASE = r'''
 import json, sys
 sys.path.insert(0, {root!r})
 import bench.gemm as bg
 from mk import tiles
 from mk.ir import Op
-assert tiles.tile_name(Op.GATE_UP, {m}) == {tile!r}
+{check}
 bg.SPLIT_K = {split!r}
-print(json.dumps(bg.check_case("GATE_UP", {m}, seed={m})))
+print(json.dumps(bg.check_case({op!r}, {m}, seed={m})))
 '''
 
 
-def _gate_up_tile_case(tile: str, cls: str, m: int, split: str = "auto") -> dict:
-    """bench.gemm.check_case of GATE_UP at M = m with MK_TILES=GATE_UP@cls=tile (read at import:
-    a subprocess), output poisoned outside the tile rows; split: bench.gemm's --split-k."""
+def _variant_case(op: str, m: int, env: dict, split: str = "auto", check: str = "") -> dict:
+    """bench.gemm.check_case of op at M = m in a subprocess with the environment updated by env
+    (MK_TILES and the GEMM bodies' switches are read at import), output poisoned outside the
+    tile rows; split: bench.gemm's --split-k; check: a line run there first (the variant took)."""
     import json
     import os
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TILES=f"GATE_UP@{cls}={tile}")
-    script = GATE_UP_TILE_CASE.format(root=root, m=m, tile=tile, split=split)
-    r = subprocess.run([sys.executable, "-c", script],
-                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    script = VARIANT_CASE.format(root=root, op=op, m=m, split=split, check=check)
+    r = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env), cwd=root,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _gate_up_tile_case(tile: str, cls: str, m: int, split: str = "auto") -> dict:
+    """GATE_UP at M = m with MK_TILES=GATE_UP@cls=tile (_variant_case)."""
+    return _variant_case("GATE_UP", m, {"MK_TILES": f"GATE_UP@{cls}={tile}"}, split,
+                         f"assert tiles.tile_name(Op.GATE_UP, {m}) == {tile!r}")
 
 
 @pytest.mark.parametrize("m", [200, 256])
@@ -164,5 +170,22 @@ def test_112_row_gate_up_tiles_match_torch_face(tile, cls, m):
     M=128: 64 x 2)."""
     for split in ("none", "auto"):
         res = _gate_up_tile_case(tile, cls, m, split)
+        assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
+            (split, res)
+
+
+TMA_STORE_CASES = [("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 1024), ("DOWN", 64),
+                   ("GATE_UP", 2048), ("GATE_UP", 1100), ("LM_HEAD", 1024), ("QKV_ROPE", 200)]
+
+
+@pytest.mark.parametrize("op,m", TMA_STORE_CASES, ids=[f"{o}-M{m}" for o, m in TMA_STORE_CASES])
+def test_tma_store_tiles_match_torch_face(op, m):
+    """MK_GEMM_TMA_STORE=1 (full bf16 tiles leave through TMA stores, partial ones through the
+    storer's copy: 200 / 1100 rows have both, 64 rows one full m64n128 tile; LM_HEAD's float32
+    tiles and QKV_ROPE keep the copy) against the torch face, whole tiles and split along K."""
+    for split in ("none", "auto"):
+        res = _variant_case(op, m, {"MK_GEMM_TMA_STORE": "1"}, split,
+                            "from mk.instructions import _gemm_kernel as gk\n"
+                            "assert gk.TMA_STORE == '1'")
         assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
             (split, res)
