@@ -233,22 +233,23 @@
 # stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1);
 # all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0. The same-run table at the points session 23 changed: `e2e` with MK_E2E_BATCH=1024,4096
-#      (the peers too; session 23 timed the megakernel alone: B=1024 -1.7%, B=4096 -3.2%), and
-#      `verify` of the new default (the GPU test files; session 23 ran bench/gemm.py's checks of
-#      every tile mode, the two-layer checks, racecheck and memcheck, not the pytest files);
-#      B <= 256 with the new default (one-barrier stages there too, not timed)
-#   0b. GEMM per-tile cost (issue 5; bench/GEMM_NOTES.md session 23: a tile costs a + b x K
-#      steps, mk a = 4.2 us against CUTLASS's 1.8, b = 0.697 against 0.680 in fp16): the
-#      consumers' epilogue (2.3-3.1 us, MUFU- and issue-bound) and the storer's 64 KB copy,
-#      which holds the epilogue pages the next tile's third / fourth stages need: a TMA store of
-#      full tiles, then ping-pong consumers (one tile's epilogue under the other's mainloop);
-#      `python bench/cutlass_peer.py --example <CUTLASS's dense_gemm_persistent.py, carried in
-#      .gpu/>` is the peer of the mainloop itself; tests/test_page_protocol.py models any
-#      page-protocol change first. Built for it: `storeunr` (the storer's copy with more loads
-#      in flight, MK_GEMM_STORE_UNROLL) and the journal's `epi_wait` span (GEMM consumers'
-#      wait for their epilogue pages, i.e. the residual tile: `base` / any journaled timing)
-#   1. B=64 / 256 (1.15 / 1.14): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
+#   0. `tmastore` (MK_GEMM_TMA_STORE=1, built in session 24, compile-checked only): its poisoned
+#      checks, timings with and without (and with MK_GEMM_EPI_EARLY=1 on top: once the storer
+#      frees the epilogue pages sooner, the earlier residual may pay), the two-layer checks,
+#      racecheck, memcheck in one call; then `verify` with MK_VERIFY_EXTRA=
+#      "tests/test_gemm_gpu.py::test_tma_store_tiles_match_torch_face" and the step A/B (time_ab
+#      / planab with "MK_GEMM_TMA_STORE=1" at 256,1024,4096) if it gains; if it does not, read
+#      the journal (`base`-like run at B=1024: store_body, epi_wait) with it on. Session 24's
+#      reading (bench/GEMM_NOTES.md): the per-tile cost is the storer's hold of the four
+#      epilogue pages (store_body 2.1-5.2 us at B=1024), which the next tile's stages load into;
+#      granting them earlier (MK_GEMM_EPI_EARLY) and 16 loads in flight in the copy both lost
+#   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
+#      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
+#      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
+#      ping-pong consumers; `python bench/cutlass_peer.py --example <CUTLASS's
+#      dense_gemm_persistent.py, carried in .gpu/>` is the peer of the mainloop itself;
+#      tests/test_page_protocol.py models any page-protocol change first
+#   1. B=64 / 256 (1.15 / 1.10 in session 24): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
 #      combine by the last split to finish (an arrival counter per segment) is kernel work, and
 #      the same for SPLITK_REDUCE (17.1 us of B=128's 138.6 per layer on the path)
