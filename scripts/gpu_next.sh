@@ -314,6 +314,23 @@ has() {
   return 0
 }
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode|^critical path"; }
+# bench/gemm_profile.py's jobs (comma-separated) within LIMIT s: NAME.json, NAME.log and a table
+# of its job lines: job, median us (time) or ok + rel_err (check), error
+run_profile() {
+  local name=$1 jobs=$2 lim=$3
+  timeout "$lim" python bench/gemm_profile.py --jobs "$jobs" --reps 15 --timeout $((lim - 10)) \
+      --out "$OUTDIR/$name.json" > "$OUTDIR/$name.log" 2>&1 || rc=1
+  echo "== $name: bench/gemm_profile.py (check: ok rel_err; time: median us)"
+  python - "$OUTDIR/$name.log" <<'PYEOF'
+import json, sys
+for ln in open(sys.argv[1]):
+    if not ln.startswith("{"):
+        continue
+    r = json.loads(ln)
+    v = r.get("mk_us", r.get("ok"))
+    print(f"{r.get('job', '?'):40s} {v} {r.get('rel_err', '')} {r.get('error', '')[-300:]}")
+PYEOF
+}
 # the correctness checks of a variant (its environment already exported): pytest files, the
 # two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
 # (no pytest files: none run; MK_CHECK_EXTRA: more arguments of the two-layer checks)
@@ -956,18 +973,7 @@ if has tmastore; then
   for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096 GATE_UP:1024 GATE_UP:4096; do
     J="$J,$c:time:,$c:time:tmastore=1,$c:time:tmastore=1+epiearly=1"
   done
-  timeout 300 python bench/gemm_profile.py --jobs "${J#,}" --reps 15 --timeout 290 \
-      --out "$OUTDIR/tmastore.json" > "$OUTDIR/tmastore.log" 2>&1 || rc=1
-  echo "== tmastore: bench/gemm_profile.py (check: ok rel_err; time: median us)"
-  python - "$OUTDIR/tmastore.log" <<'PYEOF'
-import json, sys
-for ln in open(sys.argv[1]):
-    if not ln.startswith("{"):
-        continue
-    r = json.loads(ln)
-    v = r.get("mk_us", r.get("ok"))
-    print(f"{r.get('job', '?'):40s} {v} {r.get('rel_err', '')} {r.get('error', '')[-300:]}")
-PYEOF
+  run_profile tmastore "${J#,}" 300
   export MK_GEMM_TMA_STORE=1
   tcheck() {    # the two-layer check with these arguments, if it still fits (its timeout $1)
     local lim=$1; shift
@@ -1002,18 +1008,7 @@ if has epiearly; then
     for r in 0 ${MK_EE_VALUES:-1 2}; do J="$J,$c:time:epiearly=$r"; done
     J="$J,$c:time:unroll=16"
   done
-  timeout 280 python bench/gemm_profile.py --jobs "${J#,}" --reps 15 --timeout 270 \
-      --out "$OUTDIR/epiearly.json" > "$OUTDIR/epiearly.log" 2>&1 || rc=1
-  echo "== epiearly: bench/gemm_profile.py (check: ok rel_err; time: median us)"
-  python - "$OUTDIR/epiearly.log" <<'PYEOF'
-import json, sys
-for ln in open(sys.argv[1]):
-    if not ln.startswith("{"):
-        continue
-    r = json.loads(ln)
-    v = r.get("mk_us", r.get("ok"))
-    print(f"{r.get('job', '?'):34s} {v} {r.get('rel_err', '')} {r.get('error', '')[-300:]}")
-PYEOF
+  run_profile epiearly "${J#,}" 280
   export MK_GEMM_EPI_EARLY=${MK_EE_CHECK:-1}
   a="--layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
   echo "== check MK_GEMM_EPI_EARLY=$MK_GEMM_EPI_EARLY $a" | tee -a "$OUTDIR/epiearly.log"
