@@ -9,7 +9,8 @@ tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several
 config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "epiearly=R"
 (MK_GEMM_EPI_EARLY=R: a RESIDUAL tile's epilogue pages granted R stages before its end) or
 "unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight) or "tmastore=1"
-(MK_GEMM_TMA_STORE=1: full bf16 tiles leave through TMA stores). KIND:
+(MK_GEMM_TMA_STORE=1: full bf16 tiles leave through TMA stores) or "stsm=1" (MK_GEMM_STSM=1:
+RESIDUAL epilogues staged by ldmatrix / stmatrix). KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
@@ -37,7 +38,7 @@ from bench import _jobs  # noqa: E402
 LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
 KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
-         "tmastore": "MK_GEMM_TMA_STORE"}
+         "tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM"}
 
 
 def gpu_lock():

@@ -193,14 +193,16 @@
 #   storeunr MK_GEMM_STORE_UNROLL 4 / 8 / 16 (the GEMM storer's loads in flight; built in session
 #          23, compile-checked): bench/gemm.py checks and timings, then the step at 1024 / 4096
 #   tmastore MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles, O_PROJ / DOWN / GATE_UP on 64-column-box
-#          tiles, leave the staging pages through TMA stores from one storer thread; built in
-#          session 24, compile-checked only): bench/gemm_profile.py's poisoned checks with it
-#          (O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096; with
-#          MK_GEMM_EPI_EARLY=1 too at O_PROJ 1100, DOWN 1024) and timings as it is, with it and
-#          with both (O_PROJ / DOWN / GATE_UP at 1024 / 4096), then with it the two-layer checks
-#          (478 tokens split-K auto, 208 tokens never), racecheck and memcheck: tmastore.log,
-#          tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then time the step
-#          (planab / time_ab with MK_GEMM_TMA_STORE=1 at 1024,4096) if it gains
+#          tiles, leave the staging pages through TMA stores from one storer thread) and
+#          MK_GEMM_STSM=1 (RESIDUAL epilogues staged by ldmatrix / stmatrix), both built in
+#          session 24, compile-checked only: bench/gemm_profile.py's poisoned checks with each
+#          (TMA: O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096, with
+#          MK_GEMM_EPI_EARLY=1 too at O_PROJ 1100, DOWN 1024; STSM: O_PROJ 200 / 1100, DOWN 64 /
+#          1024; both: O_PROJ 1100, DOWN 4096) and timings as it is, with each and combined
+#          (O_PROJ / DOWN at 1024 / 4096; GATE_UP with TMA), then with both on the two-layer
+#          checks (478 tokens split-K auto, 208 tokens never), racecheck and memcheck:
+#          tmastore.log, tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then
+#          time the step (planab / time_ab at 1024,4096) with what gains
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, compile-checked, modelled in
 #          tests/test_page_protocol.py): bench/gemm_profile.py's poisoned checks with each of
@@ -233,12 +235,12 @@
 # stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1);
 # all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0. `tmastore` (MK_GEMM_TMA_STORE=1, built in session 24, compile-checked only): its poisoned
-#      checks, timings with and without (and with MK_GEMM_EPI_EARLY=1 on top: once the storer
-#      frees the epilogue pages sooner, the earlier residual may pay), the two-layer checks,
-#      racecheck, memcheck in one call; then `verify` with MK_VERIFY_EXTRA=
-#      "tests/test_gemm_gpu.py::test_tma_store_tiles_match_torch_face" and the step A/B (time_ab
-#      / planab with "MK_GEMM_TMA_STORE=1" at 256,1024,4096) if it gains; if it does not, read
+#   0. `tmastore` (MK_GEMM_TMA_STORE=1 and MK_GEMM_STSM=1, built in session 24, compile-checked
+#      only): their poisoned checks, timings with and without (and with MK_GEMM_EPI_EARLY=1 on
+#      top: once the storer frees the epilogue pages sooner, the earlier residual may pay), the
+#      two-layer checks, racecheck, memcheck in one call; then `verify` with MK_VERIFY_EXTRA=
+#      "tests/test_gemm_gpu.py::test_epilogue_variants_match_torch_face" and the step A/B
+#      (time_ab / planab with what gained, at 256,1024,4096); if nothing gains, read
 #      the journal (`base`-like run at B=1024: store_body, epi_wait) with it on. Session 24's
 #      reading (bench/GEMM_NOTES.md): the per-tile cost is the storer's hold of the four
 #      epilogue pages (store_body 2.1-5.2 us at B=1024), which the next tile's stages load into;
@@ -970,15 +972,21 @@ if has tmastore; then
     J="$J,$c:check:tmastore=1"
   done
   J="$J,O_PROJ:1100:check:tmastore=1+epiearly=1,DOWN:1024:check:tmastore=1+epiearly=1"
-  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096 GATE_UP:1024 GATE_UP:4096; do
-    J="$J,$c:time:,$c:time:tmastore=1,$c:time:tmastore=1+epiearly=1"
+  for c in O_PROJ:200 O_PROJ:1100 DOWN:64 DOWN:1024; do J="$J,$c:check:stsm=1"; done
+  J="$J,O_PROJ:1100:check:tmastore=1+stsm=1,DOWN:4096:check:tmastore=1+stsm=1"
+  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
+    J="$J,$c:time:,$c:time:tmastore=1,$c:time:tmastore=1+epiearly=1,$c:time:stsm=1"
+    J="$J,$c:time:tmastore=1+stsm=1"
   done
+  for c in GATE_UP:1024 GATE_UP:4096; do J="$J,$c:time:,$c:time:tmastore=1"; done
   run_profile tmastore "${J#,}" 300
-  export MK_GEMM_TMA_STORE=1
+  # the two-layer checks and sanitizers with both switches (bench/gemm_profile.py's checks above
+  # tell them apart)
+  export MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1
   tcheck() {    # the two-layer check with these arguments, if it still fits (its timeout $1)
     local lim=$1; shift
     if [ $SECONDS -lt $((DEADLINE - lim)) ]; then
-      echo "== check MK_GEMM_TMA_STORE=1 $*" | tee -a "$OUTDIR/tmastore.log"
+      echo "== check MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1 $*" | tee -a "$OUTDIR/tmastore.log"
       timeout $lim python -m mk.megakernel_step check "$@" 2>&1 | grep -v "^\[mk" | tail -1 \
           | cut -c1-300 | tee -a "$OUTDIR/tmastore.log"
     else
@@ -986,7 +994,7 @@ if has tmastore; then
     fi
   }
   tcheck 100 --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70
-  echo "== racecheck / memcheck MK_GEMM_TMA_STORE=1, two-layer step, split-K auto"
+  echo "== racecheck / memcheck MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1, two-layer step, split-K auto"
   CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
       check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 \
       > "$OUTDIR/racecheck_full.log" 2>&1
@@ -997,7 +1005,7 @@ if has tmastore; then
         --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
     grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
   fi
-  unset MK_GEMM_TMA_STORE
+  unset MK_GEMM_TMA_STORE MK_GEMM_STSM
 fi
 if has epiearly; then
   J=""

@@ -174,18 +174,29 @@ def test_112_row_gate_up_tiles_match_torch_face(tile, cls, m):
             (split, res)
 
 
-TMA_STORE_CASES = [("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 1024), ("DOWN", 64),
-                   ("GATE_UP", 2048), ("GATE_UP", 1100), ("LM_HEAD", 1024), ("QKV_ROPE", 200)]
+TMA = {"MK_GEMM_TMA_STORE": "1"}
+STSM = {"MK_GEMM_STSM": "1"}
+EPILOGUE_VARIANT_CASES = (
+    [("tmastore", TMA, op, m) for op, m in (("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 1024),
+                                             ("DOWN", 64), ("GATE_UP", 2048), ("GATE_UP", 1100),
+                                             ("LM_HEAD", 1024), ("QKV_ROPE", 200))]
+    + [("stsm", STSM, op, m) for op, m in (("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 64),
+                                            ("DOWN", 1024), ("GATE_UP", 1024))]
+    + [("both", dict(TMA, **STSM), op, m) for op, m in (("O_PROJ", 1100), ("DOWN", 4096))])
 
 
-@pytest.mark.parametrize("op,m", TMA_STORE_CASES, ids=[f"{o}-M{m}" for o, m in TMA_STORE_CASES])
-def test_tma_store_tiles_match_torch_face(op, m):
-    """MK_GEMM_TMA_STORE=1 (full bf16 tiles leave through TMA stores, partial ones through the
+@pytest.mark.parametrize("name,env,op,m", EPILOGUE_VARIANT_CASES,
+                         ids=[f"{n}-{o}-M{m}" for n, _, o, m in EPILOGUE_VARIANT_CASES])
+def test_epilogue_variants_match_torch_face(name, env, op, m):
+    """The GEMM epilogue switches against the torch face, whole tiles and split along K:
+    MK_GEMM_TMA_STORE=1 (full bf16 tiles leave through TMA stores, partial ones through the
     storer's copy: 200 / 1100 rows have both, 64 rows one full m64n128 tile; LM_HEAD's float32
-    tiles and QKV_ROPE keep the copy) against the torch face, whole tiles and split along K."""
+    tiles and QKV_ROPE keep the copy), MK_GEMM_STSM=1 (RESIDUAL tiles staged by ldmatrix /
+    stmatrix; GATE_UP keeps the pair stores), and both."""
     for split in ("none", "auto"):
-        res = _variant_case(op, m, {"MK_GEMM_TMA_STORE": "1"}, split,
+        res = _variant_case(op, m, env, split,
                             "from mk.instructions import _gemm_kernel as gk\n"
-                            "assert gk.TMA_STORE == '1'")
+                            f"assert (gk.TMA_STORE, gk.STSM) == "
+                            f"{(env.get('MK_GEMM_TMA_STORE', '0'), env.get('MK_GEMM_STSM', '0'))!r}")
         assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
             (split, res)

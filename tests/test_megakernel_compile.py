@@ -709,3 +709,33 @@ def test_gemm_tma_store_bad_value_is_refused():
                        env=dict(os.environ, MK_GEMM_TMA_STORE="yes"), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "MK_GEMM_TMA_STORE='yes'" in r.stderr, r.stderr[-2000:]
+
+
+def test_gemm_stsm_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_STSM=1 (RESIDUAL epilogues staged with one ldmatrix.x4 of the residual and one
+    stmatrix.x4 per four accumulator pairs; off by default; compile-time, in a process of its
+    own): the all-opcode 1024-class variant with split-K has them for O_PROJ's and DOWN's
+    m128n256 tiles (two chains of eight column groups each: 16 + 16 of each), compiles with 0
+    spills and no call, and the default has none."""
+    ptx = variant_ptx(tmp_path, "stsm1", {"MK_GEMM_STSM": "1"},
+                      "from mk.instructions import _gemm_kernel as gk\n"
+                      "assert gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)\n"
+                      "assert not gk.stsm_chain_ok(gk.EPI_SILU_MUL, 32)\n"
+                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)", m_class=1024)
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
+    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
+    assert "add.rn.bf16x2" in ptx
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "stsm1")))
+    base = variant_ptx(tmp_path, "stsm0", {"MK_GEMM_STSM": "0"}, "", m_class=1024)
+    assert "stmatrix" not in base and "ldmatrix" not in base
+
+
+def test_gemm_stsm_bad_value_is_refused():
+    """MK_GEMM_STSM other than 0 / 1 is refused at import with the variable named."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_GEMM_STSM="2"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "MK_GEMM_STSM='2'" in r.stderr, r.stderr[-2000:]

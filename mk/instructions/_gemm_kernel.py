@@ -79,6 +79,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.experimental.primitives as prims
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.tensor_utils import LayoutEnum
@@ -222,6 +223,22 @@ EPI_EARLY = int(os.environ.get("MK_GEMM_EPI_EARLY", "0"))
 TMA_STORE = os.environ.get("MK_GEMM_TMA_STORE", "0")
 if TMA_STORE not in ("0", "1"):
     raise ValueError(f"MK_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
+
+
+# How the consumers write a RESIDUAL epilogue (O_PROJ, DOWN) into the staging pages
+# (MK_GEMM_STSM): "0" per accumulator pair a 4-byte ld.shared of the residual, the add, a 4-byte
+# st.shared, each at its swizzled address (the build until session 24), "1" per four pairs (16
+# columns x the warp's 16 rows) one ldmatrix.x4 of the residual and one stmatrix.x4, one row
+# address per lane: a quarter of the shared-memory instructions and their addresses (session
+# 24's journal: DOWN's epilogue 2.8 us of work per tile at B=1024). The same values (the add in
+# packed bf16, rk.add_bf16x2, as the compiler makes of the pair path). SILU_MUL keeps the pair
+# stores: its bf16 product is an HMUL2 there, and a packed store of float32 values made it an
+# FMUL + F2F per element (SASS of the 1024 class). Built in session 24, compile-checked only
+# (0 spills; SASS of the 1024 class: STS -128, LDS -128, + 32 LDSM / STSM): off until
+# GPU-checked.
+STSM = os.environ.get("MK_GEMM_STSM", "0")
+if STSM not in ("0", "1"):
+    raise ValueError(f"MK_GEMM_STSM={STSM!r}: expected 0 or 1")
 
 
 def tma_stores(epi: int, cfg) -> bool:
@@ -935,38 +952,11 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
         acc = accs[ch]
         npair = out_pairs(cfg, acc)
-        resid = [None] * npair
-        if cutlass.const_expr(epi == EPI_RESIDUAL and EPI_BATCH):
-            # every residual pair of this chain in flight before the first store (see EPI_BATCH)
-            for i in cutlass.range_constexpr(npair):
-                r, c = tCcC[2 * i]
-                a = epi_addr(pool, ep0, r, c + col_off + ch * cfg.wn, cfg.bm, ob, npages)
-                d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
-                                                   assumed_align=4), cute.make_layout(2))
-                resid[i] = (d[0].to(Float32), d[1].to(Float32))
-        for i in cutlass.range_constexpr(npair):
-            r, c = tCcC[2 * i]
-            c = c + col_off + ch * cfg.wn
-            v0, v1 = out_pair(cfg, accs, acc, i)
-            a = epi_addr(pool, ep0, r, c, cfg.bm, ob, npages)
-            if cutlass.const_expr(ob == 4):
-                d = cute.make_tensor(cute.make_ptr(Float32, a, cute.AddressSpace.smem,
-                                                   assumed_align=8), cute.make_layout(2))
-                d[0] = v0
-                d[1] = v1
-            else:
-                d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
-                                                   assumed_align=4), cute.make_layout(2))
-                if cutlass.const_expr(epi == EPI_RESIDUAL):
-                    # torch: dst + bf16(y), rounded once more to bf16
-                    if cutlass.const_expr(EPI_BATCH):
-                        v0 = residual_add(resid[i][0], v0)
-                        v1 = residual_add(resid[i][1], v1)
-                    else:
-                        v0 = residual_add(d[0].to(Float32), v0)
-                        v1 = residual_add(d[1].to(Float32), v1)
-                d[0] = v0.to(BFloat16)
-                d[1] = v1.to(BFloat16)
+        if cutlass.const_expr(stsm_chain_ok(epi, npair)):
+            stsm_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages,
+                          lane)
+        else:
+            pair_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages)
     if cutlass.const_expr(tma_stores(epi, cfg)):
         # the storer may hand these pages to the TMA engine (async proxy): order this thread's
         # generic st.shared before its reads (CUTLASS's tma_store_fence, by every writer)
@@ -977,6 +967,92 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         pe, _ = page_of(pg + e, npages)
         consumer_arrive(done + pe, lane, share)
     return pg + ne
+
+
+def stsm_chain_ok(epi: int, npair: int) -> bool:
+    """Whether a chain of npair output pairs takes the stmatrix epilogue (STSM; trace time)."""
+    return STSM == "1" and epi == EPI_RESIDUAL and npair % 4 == 0 and "noepi" not in EXPERIMENT
+
+
+@cute.jit
+def pair_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCcC: cute.Tensor,
+                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr):
+    """One chain's output pairs (accumulator acc, its columns at tile column offset coff) into
+    the epilogue pages at first page ep0: a 4- (8-) byte st.shared per pair at its swizzled
+    address, RESIDUAL's residual read from the same place first."""
+    ob = out_bytes_of(epi)
+    npair = out_pairs(cfg, acc)
+    resid = [None] * npair
+    if cutlass.const_expr(epi == EPI_RESIDUAL and EPI_BATCH):
+        # every residual pair of this chain in flight before the first store (see EPI_BATCH)
+        for i in cutlass.range_constexpr(npair):
+            r, c = tCcC[2 * i]
+            a = epi_addr(pool, ep0, r, c + coff, cfg.bm, ob, npages)
+            d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                               assumed_align=4), cute.make_layout(2))
+            resid[i] = (d[0].to(Float32), d[1].to(Float32))
+    for i in cutlass.range_constexpr(npair):
+        r, c = tCcC[2 * i]
+        c = c + coff
+        v0, v1 = out_pair(cfg, accs, acc, i)
+        a = epi_addr(pool, ep0, r, c, cfg.bm, ob, npages)
+        if cutlass.const_expr(ob == 4):
+            d = cute.make_tensor(cute.make_ptr(Float32, a, cute.AddressSpace.smem,
+                                               assumed_align=8), cute.make_layout(2))
+            d[0] = v0
+            d[1] = v1
+        else:
+            d = cute.make_tensor(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                               assumed_align=4), cute.make_layout(2))
+            if cutlass.const_expr(epi == EPI_RESIDUAL):
+                # torch: dst + bf16(y), rounded once more to bf16
+                if cutlass.const_expr(EPI_BATCH):
+                    v0 = residual_add(resid[i][0], v0)
+                    v1 = residual_add(resid[i][1], v1)
+                else:
+                    v0 = residual_add(d[0].to(Float32), v0)
+                    v1 = residual_add(d[1].to(Float32), v1)
+            d[0] = v0.to(BFloat16)
+            d[1] = v1.to(BFloat16)
+
+
+@cute.jit
+def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCcC: cute.Tensor,
+                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32):
+    """pair_epilogue with one stmatrix.x4 per four output pairs (STSM): pairs 4k .. 4k + 3 of a
+    thread are the wgmma fragment's (rows r, r + 8) x (columns c, c + 8) of column group k, i.e.
+    the four 8 x 8 matrices of the warp's 16 rows x 16 columns in the order stmatrix takes them;
+    lane l gives the row address of matrix l // 8, row l % 8 (matrix m: rows + 8 (m & 1),
+    columns + 8 (m >> 1)). A group's 16 columns lie in one 64-column box, each matrix row in one
+    16-byte chunk of the swizzle, so epi_addr of the row's first column is its address.
+    RESIDUAL: the residual by one ldmatrix.x4 of the same addresses (the same fragment order),
+    group by group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in
+    packed bf16 (rk.add_bf16x2)."""
+    ob = out_bytes_of(epi)
+    ngroup = out_pairs(cfg, acc) // 4
+    r0, c0 = tCcC[0]
+    m = lane >> 3
+    # the warp's first row and the thread's first column group, from its first pair's (row
+    # r0 = base + lane / 4, column c0 = base + 2 (lane % 4))
+    row = r0 - ((lane & 31) >> 2) + ((m & 1) << 3) + (lane & 7)
+    col = c0 - ((lane & 3) << 1) + ((m >> 1) << 3) + coff
+    for k in cutlass.range_constexpr(ngroup):
+        a = epi_addr(pool, ep0, row, col + 16 * k, cfg.bm, ob, npages)
+        resid = None
+        if cutlass.const_expr(epi == EPI_RESIDUAL):
+            resid = prims.ldmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                                 assumed_align=16).llvm_ptr, 4,
+                                   prims.MMALayout.ROW)
+        words = []
+        for i in cutlass.range_constexpr(4):
+            v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
+            w = rk.pack_bf16x2(v0, v1)
+            if cutlass.const_expr(epi == EPI_RESIDUAL):
+                # torch: dst + bf16(y), rounded once more to bf16 (residual_add's value)
+                w = rk.add_bf16x2(Int32(resid[i]), w)
+            words.append(w)
+        prims.stmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                     assumed_align=16).llvm_ptr, words, prims.MMALayout.ROW)
 
 
 def operand_bar(empty: cute.Pointer, done: cute.Pointer) -> cute.Pointer:

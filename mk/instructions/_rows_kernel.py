@@ -613,6 +613,18 @@ def pack_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def add_bf16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """The two bf16 sums of packed a and b, rounded once to nearest even (add.rn.bf16x2, HADD2):
+    equal to the float32 sum rounded to bf16 (a float32 holds 24 bits, >= 2 x 8 + 2, so the two
+    roundings of a bf16 + bf16 sum are innocuous), i.e. RESIDUAL's res + bf16(acc) in bf16, the
+    HADD2 the compiler makes of residual_add where it sees bf16 operands."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
+        "add.rn.bf16x2 $0, $1, $2;", "=r,r,r", has_side_effects=False,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
 def unpack_bf16x2(packed: Int32, *, loc=None, ip=None):
     """The two bf16 halves of a 32-bit word widened to float32, low half first (exact: a shift
     and a mask)."""
