@@ -209,6 +209,15 @@ if STORE_UNROLL not in (4, 8, 16):
 # stage's pages; sound while the epilogue pages and the last R stages fit in the ring (E + R *
 # spp <= 13: tests/test_page_protocol.py models it, and its negative control deadlocks).
 EPI_EARLY = int(os.environ.get("MK_GEMM_EPI_EARLY", "0"))
+if EPI_EARLY not in (0, 1, 2):
+    raise ValueError(f"MK_GEMM_EPI_EARLY={EPI_EARLY}: expected 0, 1 or 2")
+
+
+def epi_early(epi: int) -> int:
+    """Stages before a tile's end at which its epilogue pages are granted (trace time)."""
+    return EPI_EARLY if epi == EPI_RESIDUAL else 0
+
+
 # How a full tile's bf16 epilogue (RESIDUAL, SILU_MUL: O_PROJ, DOWN, GATE_UP) leaves its staging
 # pages (MK_GEMM_TMA_STORE): "0" the storer warps' copy (64 threads, a 16-byte LDS + STG pair
 # per chunk, 1024 of them per 128 x 256 tile; the build until session 24), "1" one storer thread
@@ -247,13 +256,6 @@ def tma_stores(epi: int, cfg) -> bool:
     would write 16 of the next tile's)."""
     return (TMA_STORE == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL)
             and cfg.bn * out_bytes_of(epi) % 128 == 0)
-if EPI_EARLY not in (0, 1, 2):
-    raise ValueError(f"MK_GEMM_EPI_EARLY={EPI_EARLY}: expected 0, 1 or 2")
-
-
-def epi_early(epi: int) -> int:
-    """Stages before a tile's end at which its epilogue pages are granted (trace time)."""
-    return EPI_EARLY if epi == EPI_RESIDUAL else 0
 
 
 @dataclass(frozen=True)
