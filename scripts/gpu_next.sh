@@ -191,7 +191,8 @@
 #          two-layer checks of the 1024 class, racecheck, memcheck: wide.log, wide_gemm_*.json
 #   widetime decode MK_WIDE_BATCH (1024,4096) as it is and with MK_WIDE_ON_ENV: widetime_{off,on}.json
 #   storeunr MK_GEMM_STORE_UNROLL 4 / 8 / 16 (the GEMM storer's loads in flight; built in session
-#          23, compile-checked): bench/gemm.py checks and timings, then the step at 1024 / 4096
+#          23): bench/gemm.py checks and timings, then the step at 1024 / 4096 (session 24's
+#          `epiearly` timed 16 alone: O_PROJ +13%, DOWN +4.5% at M = 1024 / 4096; 8 not timed)
 #   tmastore MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles, O_PROJ / DOWN / GATE_UP on 64-column-box
 #          tiles, leave the staging pages through TMA stores from one storer thread) and
 #          MK_GEMM_STSM=1 (RESIDUAL epilogues staged by ldmatrix / stmatrix), both built in
@@ -204,8 +205,9 @@
 #          tmastore.log, tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then
 #          time the step (planab / time_ab at 1024,4096) with what gains
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
-#          stages before the tile's end; built in session 24, compile-checked, modelled in
-#          tests/test_page_protocol.py): bench/gemm_profile.py's poisoned checks with each of
+#          stages before the tile's end; built in session 24, modelled in
+#          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
+#          +1..2%, off): bench/gemm_profile.py's poisoned checks with each of
 #          MK_EE_VALUES ("1 2") at O_PROJ 200 / 1100, DOWN 1024 / 4096, timings with 0 and each
 #          (and MK_GEMM_STORE_UNROLL=16 at 0) of O_PROJ / DOWN at 1024 / 4096, then with
 #          MK_EE_CHECK (1) the two-layer checks (478 tokens split-K auto, 208 tokens split-K
