@@ -195,13 +195,13 @@
 #          `epiearly` timed 16 alone: O_PROJ +13%, DOWN +4.5% at M = 1024 / 4096; 8 not timed)
 #   tmastore MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles, O_PROJ / DOWN / GATE_UP on 64-column-box
 #          tiles, leave the staging pages through TMA stores from one storer thread) and
-#          MK_GEMM_STSM=1 (RESIDUAL epilogues staged by ldmatrix / stmatrix), both built in
+#          MK_GEMM_STSM=1 (RESIDUAL / SILU_MUL epilogues staged by stmatrix), both built in
 #          session 24, compile-checked only: bench/gemm_profile.py's poisoned checks with each
 #          (TMA: O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096, with
 #          MK_GEMM_EPI_EARLY=1 too at O_PROJ 1100, DOWN 1024; STSM: O_PROJ 200 / 1100, DOWN 64 /
-#          1024; both: O_PROJ 1100, DOWN 4096) and timings as it is, with each and combined
-#          (O_PROJ / DOWN at 1024 / 4096; GATE_UP with TMA), then with both on the two-layer
-#          checks (478 tokens split-K auto, 208 tokens never), racecheck and memcheck:
+#          1024, GATE_UP 1024 / 4096; both: O_PROJ 1100, DOWN 4096) and timings as it is, with
+#          each and combined (O_PROJ / DOWN / GATE_UP at 1024 / 4096), then with both on the
+#          two-layer checks (478 tokens split-K auto, 208 tokens never), racecheck and memcheck:
 #          tmastore.log, tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then
 #          time the step (planab / time_ab at 1024,4096) with what gains
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
@@ -974,13 +974,17 @@ if has tmastore; then
     J="$J,$c:check:tmastore=1"
   done
   J="$J,O_PROJ:1100:check:tmastore=1+epiearly=1,DOWN:1024:check:tmastore=1+epiearly=1"
-  for c in O_PROJ:200 O_PROJ:1100 DOWN:64 DOWN:1024; do J="$J,$c:check:stsm=1"; done
+  for c in O_PROJ:200 O_PROJ:1100 DOWN:64 DOWN:1024 GATE_UP:1024 GATE_UP:4096; do
+    J="$J,$c:check:stsm=1"
+  done
   J="$J,O_PROJ:1100:check:tmastore=1+stsm=1,DOWN:4096:check:tmastore=1+stsm=1"
   for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
     J="$J,$c:time:,$c:time:tmastore=1,$c:time:tmastore=1+epiearly=1,$c:time:stsm=1"
     J="$J,$c:time:tmastore=1+stsm=1"
   done
-  for c in GATE_UP:1024 GATE_UP:4096; do J="$J,$c:time:,$c:time:tmastore=1"; done
+  for c in GATE_UP:1024 GATE_UP:4096; do
+    J="$J,$c:time:,$c:time:tmastore=1,$c:time:stsm=1,$c:time:tmastore=1+stsm=1"
+  done
   run_profile tmastore "${J#,}" 300
   # the two-layer checks and sanitizers with both switches (bench/gemm_profile.py's checks above
   # tell them apart)

@@ -181,7 +181,7 @@ EPILOGUE_VARIANT_CASES = (
                                              ("DOWN", 64), ("GATE_UP", 2048), ("GATE_UP", 1100),
                                              ("LM_HEAD", 1024), ("QKV_ROPE", 200))]
     + [("stsm", STSM, op, m) for op, m in (("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 64),
-                                            ("DOWN", 1024), ("GATE_UP", 1024))]
+                                            ("DOWN", 1024), ("GATE_UP", 1024), ("GATE_UP", 2048))]
     + [("both", dict(TMA, **STSM), op, m) for op, m in (("O_PROJ", 1100), ("DOWN", 4096))])
 
 
@@ -191,12 +191,13 @@ def test_epilogue_variants_match_torch_face(name, env, op, m):
     """The GEMM epilogue switches against the torch face, whole tiles and split along K:
     MK_GEMM_TMA_STORE=1 (full bf16 tiles leave through TMA stores, partial ones through the
     storer's copy: 200 / 1100 rows have both, 64 rows one full m64n128 tile; LM_HEAD's float32
-    tiles and QKV_ROPE keep the copy), MK_GEMM_STSM=1 (RESIDUAL tiles staged by ldmatrix /
-    stmatrix; GATE_UP keeps the pair stores), and both."""
+    tiles and QKV_ROPE keep the copy), MK_GEMM_STSM=1 (RESIDUAL and SILU_MUL tiles staged by
+    stmatrix, RESIDUAL's residual read by ldmatrix: gu_m128n112 at 1024, gu_m128 at 2048), and
+    both."""
+    want = (env.get("MK_GEMM_TMA_STORE", "0"), env.get("MK_GEMM_STSM", "0"))
     for split in ("none", "auto"):
         res = _variant_case(op, m, env, split,
                             "from mk.instructions import _gemm_kernel as gk\n"
-                            f"assert (gk.TMA_STORE, gk.STSM) == "
-                            f"{(env.get('MK_GEMM_TMA_STORE', '0'), env.get('MK_GEMM_STSM', '0'))!r}")
+                            f"assert (gk.TMA_STORE, gk.STSM) == {want!r}")
         assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
             (split, res)

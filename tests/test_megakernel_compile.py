@@ -681,17 +681,19 @@ def test_gemm_tma_store_variant_compiles_without_spills(tmp_path):
 
 
 def test_gemm_stsm_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_STSM=1 (RESIDUAL epilogues staged with one ldmatrix.x4 of the residual and one
-    stmatrix.x4 per four accumulator pairs; off by default; compile-time, in a process of its
-    own): the all-opcode 1024-class variant with split-K has them for O_PROJ's and DOWN's
-    m128n256 tiles (two chains of eight column groups each: 16 + 16 of each), compiles with 0
-    spills and no call, and the default has none."""
+    """MK_GEMM_STSM=1 (RESIDUAL / SILU_MUL epilogues staged with one stmatrix.x4 per four
+    accumulator pairs, RESIDUAL's residual read by one ldmatrix.x4; off by default; compile-time,
+    in a process of its own): the all-opcode 1024-class variant with split-K has them (O_PROJ's
+    and DOWN's m128n256 tiles: two chains of eight column groups, 16 + 16 of each; GATE_UP's
+    gu_m128n112: seven stmatrix), compiles with 0 spills and no call, and the default has
+    none."""
     ptx = variant_ptx(tmp_path, "stsm1", {"MK_GEMM_STSM": "1"},
                       "from mk.instructions import _gemm_kernel as gk\n"
                       "assert gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)\n"
-                      "assert not gk.stsm_chain_ok(gk.EPI_SILU_MUL, 32)\n"
+                      "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
+                      "assert not gk.stsm_chain_ok(gk.EPI_ROPE, 32)\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)", m_class=1024)
-    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 39
     assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
     assert "add.rn.bf16x2" in ptx
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"

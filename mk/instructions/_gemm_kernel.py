@@ -234,17 +234,19 @@ if TMA_STORE not in ("0", "1"):
     raise ValueError(f"MK_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
 
 
-# How the consumers write a RESIDUAL epilogue (O_PROJ, DOWN) into the staging pages
-# (MK_GEMM_STSM): "0" per accumulator pair a 4-byte ld.shared of the residual, the add, a 4-byte
-# st.shared, each at its swizzled address (the build until session 24), "1" per four pairs (16
-# columns x the warp's 16 rows) one ldmatrix.x4 of the residual and one stmatrix.x4, one row
-# address per lane: a quarter of the shared-memory instructions and their addresses (session
-# 24's journal: DOWN's epilogue 2.8 us of work per tile at B=1024). The same values (the add in
-# packed bf16, rk.add_bf16x2, as the compiler makes of the pair path). SILU_MUL keeps the pair
-# stores: its bf16 product is an HMUL2 there, and a packed store of float32 values made it an
-# FMUL + F2F per element (SASS of the 1024 class). Built in session 24, compile-checked only
-# (0 spills; SASS of the 1024 class: STS -128, LDS -128, + 32 LDSM / STSM): off until
-# GPU-checked.
+# How the consumers write a RESIDUAL or SILU_MUL epilogue (O_PROJ, DOWN, GATE_UP) into the
+# staging pages (MK_GEMM_STSM): "0" per accumulator pair a 4-byte st.shared (RESIDUAL: after a
+# 4-byte ld.shared of the residual and the add), each at its swizzled address (the build until
+# session 24), "1" per four pairs (16 columns x the warp's 16 rows) one stmatrix.x4 (RESIDUAL:
+# after one ldmatrix.x4 of the residual), one row address per lane: a quarter of the
+# shared-memory instructions and their addresses (session 24's journal at B=1024: DOWN's
+# epilogue 2.8 us of work per tile, GATE_UP's 3.7). The same values: RESIDUAL's add in packed
+# bf16 (rk.add_bf16x2, the HADD2 the compiler makes of the pair path); SILU_MUL's values rounded
+# by .to(BFloat16) into a register fragment recast to words (packing float32 values with
+# cvt.rn.bf16x2 turned its HMUL2 product into FMUL + F2F per element). Chains whose output
+# pairs are no multiple of four keep the pair stores. Built in session 24, compile-checked only
+# (0 spills in every class and the journal variant; SASS of the 1024 class: STS -156, LDS -128,
+# 32 LDSM, 39 STSM): off until GPU-checked.
 STSM = os.environ.get("MK_GEMM_STSM", "0")
 if STSM not in ("0", "1"):
     raise ValueError(f"MK_GEMM_STSM={STSM!r}: expected 0 or 1")
@@ -972,8 +974,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
 
 
 def stsm_chain_ok(epi: int, npair: int) -> bool:
-    """Whether a chain of npair output pairs takes the stmatrix epilogue (STSM; trace time)."""
-    return STSM == "1" and epi == EPI_RESIDUAL and npair % 4 == 0 and "noepi" not in EXPERIMENT
+    """Whether a chain of npair output pairs of epilogue epi takes the stmatrix epilogue (STSM;
+    trace time)."""
+    return (STSM == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL) and npair % 4 == 0
+            and "noepi" not in EXPERIMENT)
 
 
 @cute.jit
@@ -1029,7 +1033,8 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     16-byte chunk of the swizzle, so epi_addr of the row's first column is its address.
     RESIDUAL: the residual by one ldmatrix.x4 of the same addresses (the same fragment order),
     group by group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in
-    packed bf16 (rk.add_bf16x2)."""
+    packed bf16 (rk.add_bf16x2). SILU_MUL: out_pair's values rounded as pair_epilogue rounds
+    them."""
     ob = out_bytes_of(epi)
     ngroup = out_pairs(cfg, acc) // 4
     r0, c0 = tCcC[0]
@@ -1046,13 +1051,21 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
                                                  assumed_align=16).llvm_ptr, 4,
                                    prims.MMALayout.ROW)
         words = []
-        for i in cutlass.range_constexpr(4):
-            v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
-            w = rk.pack_bf16x2(v0, v1)
-            if cutlass.const_expr(epi == EPI_RESIDUAL):
+        if cutlass.const_expr(epi == EPI_RESIDUAL):
+            for i in cutlass.range_constexpr(4):
+                v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
                 # torch: dst + bf16(y), rounded once more to bf16 (residual_add's value)
-                w = rk.add_bf16x2(Int32(resid[i]), w)
-            words.append(w)
+                words.append(rk.add_bf16x2(Int32(resid[i]), rk.pack_bf16x2(v0, v1)))
+        else:
+            # the bf16 values as pair_epilogue rounds them (.to(BFloat16): SILU_MUL's product
+            # stays one HMUL2 per pair), their words by a register recast
+            frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+            for i in cutlass.range_constexpr(4):
+                v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
+                frag[2 * i] = v0.to(BFloat16)
+                frag[2 * i + 1] = v1.to(BFloat16)
+            packed = cute.recast_tensor(frag, Int32)
+            words = [packed[i] for i in range(4)]
         prims.stmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
                                      assumed_align=16).llvm_ptr, words, prims.MMALayout.ROW)
 
