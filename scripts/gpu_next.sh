@@ -985,7 +985,7 @@ if has tmastore; then
   for c in GATE_UP:1024 GATE_UP:4096; do
     J="$J,$c:time:,$c:time:tmastore=1,$c:time:stsm=1,$c:time:tmastore=1+stsm=1"
   done
-  run_profile tmastore "${J#,}" 300
+  run_profile tmastore "${J#,}" 330
   # the two-layer checks and sanitizers with both switches (bench/gemm_profile.py's checks above
   # tell them apart)
   export MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1
