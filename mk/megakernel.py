@@ -983,9 +983,9 @@ class MegakernelDSL:
                                                       base + ARG0, gs.yb, col0)
         tma_store = None
         if cutlass.const_expr(gk.tma_stores(gs.epi, gs.cfg)):
-            # (S2G atom, its view of y, z = dst word - yb as gemm_dest's, the box layout)
+            # (S2G atom, its view of y, z as gemm_dest's, the box layout)
             tma_s, gS = gk.tma_store_of(gs.cfg, gs.epi, g)
-            tma_store = (tma_s, gS, ring[base + ARG0 + gk.U_DST] - gs.yb, g[7])
+            tma_store = (tma_s, gS, gk.dest_z(ring, base + ARG0, gs.yb), g[7])
         return gk.gemm_store(gs.cfg, gs.epi, ybase, ld, row0, ring[base + W_ROWS], col0,
                              ring[base + W_COLS], pool, empty, done, dpar, pg, kt, self.npages,
                              sid, BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,

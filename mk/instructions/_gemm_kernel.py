@@ -500,14 +500,19 @@ def epi_stage(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, kt: Int32, split=N
 
 
 @cute.jit
-def stage_ring(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, k, s_epi: Int32):
-    """Ring offset of stage k's first page in its tile's window: k * stage_pages, past the
-    epilogue pages for the stages from s_epi on (epi_stage)."""
-    off = k * cfg.stage_pages
+def operand_ring(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, j, s_epi: Int32):
+    """Ring offset of the tile's operand page j (stage j // stage_pages) in its window: j, past
+    the epilogue pages for the stages from s_epi on (epi_stage)."""
+    off = j
     if cutlass.const_expr(epi_early(epi) > 0):
-        if k >= s_epi:
+        if j >= s_epi * cfg.stage_pages:
             off = off + cfg.epi_pages(out_bytes_of(epi))
     return off
+
+
+def stage_ring(cfg, epi: int, k, s_epi: Int32):
+    """Ring offset of stage k's first page in its tile's window (operand_ring)."""
+    return operand_ring(cfg, epi, k * cfg.stage_pages, s_epi)
 
 
 # ============================================================================ loader (1 warp)
@@ -1202,6 +1207,12 @@ def dest_row(meta: cute.Tensor, rowmap_off: Int32, row_add: Int32, row: Int32) -
     return drow
 
 
+def dest_z(ring: cute.Tensor, w0, yb: int):
+    """The destination's z index in its slot's buffer view: the instruction's dst word - yb
+    (w0: where its unsplit argument words start, gemm_dest)."""
+    return ring[w0 + U_DST] - yb
+
+
 @cute.jit
 def gemm_dest(epi: cutlass.Constexpr, y: cute.Tensor, kv: cute.Tensor, meta: cute.Tensor,
               ring: cute.Tensor, base: Int32, w0: Int32, yb: cutlass.Constexpr, col0: Int32):
@@ -1211,7 +1222,7 @@ def gemm_dest(epi: cutlass.Constexpr, y: cute.Tensor, kv: cute.Tensor, meta: cut
     where needed. y: the slot's destination (T, N, Z), z = dst word - yb; QKV_ROPE's K/V sections:
     the paged cache kv (rows, hkv*D, 2), rows kv_slot[t] + layer * stride, column c - sec_col0."""
     ob = out_bytes_of(epi)
-    yz = ring[w0 + U_DST] - yb
+    yz = dest_z(ring, w0, yb)
     ybase = y.iterator.toint() + Int64(yz) * Int64(y.shape[0]) * Int64(y.shape[1]) * ob
     ld = y.shape[1]
     rowmap = Int32(-1)
@@ -1343,11 +1354,7 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     s_epi = epi_stage(cfg, epi, kt, split)
     for j in range(j0, kt * cfg.stage_pages):
         # operand pages: the consumers are done with them (their wgmmas retired): free them
-        q = pg + j
-        if cutlass.const_expr(epi_early(epi) > 0):
-            if j >= s_epi * cfg.stage_pages:
-                q = q + cfg.epi_pages(out_bytes_of(epi))   # past the epilogue pages (EPI_EARLY)
-        page, _ = page_of(q, npages)
+        page, _ = page_of(pg + operand_ring(cfg, epi, j, s_epi), npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
