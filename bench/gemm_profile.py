@@ -10,7 +10,7 @@ config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) 
 (MK_GEMM_EPI_EARLY=R: a RESIDUAL tile's epilogue pages granted R stages before its end) or
 "unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight) or "tmastore=1"
 (MK_GEMM_TMA_STORE=1: full bf16 tiles leave through TMA stores) or "stsm=1" (MK_GEMM_STSM=1:
-RESIDUAL epilogues staged by ldmatrix / stmatrix). KIND:
+RESIDUAL / SILU_MUL epilogues staged by stmatrix); an unknown part is refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
@@ -39,6 +39,28 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
 KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
          "tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM"}
+EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
+FLAGS = ("nosig", "batch")
+
+
+def job_env(job: str) -> dict:
+    """The environment changes of job OP:M:KIND:EXPERIMENT (module docstring); an EXPERIMENT part
+    that is none of them is refused (a typo would time the default build under its name)."""
+    parts = job.split(":")
+    if len(parts) != 4:
+        raise SystemExit(f"gemm_profile: job {job!r}: expected OP:M:KIND:EXPERIMENT")
+    env = {"MK_GEMM_EXPERIMENT": ",".join(t for t in parts[3].split("+") if t in EXPERIMENTS)}
+    for t in [t for t in parts[3].split("+") if t]:
+        key, eq, val = t.partition("=")
+        if eq and key in KNOBS:
+            env[KNOBS[key]] = val
+        elif t == "batch":
+            env["MK_GEMM_EPI_BATCH"] = "1"
+        elif not (t in EXPERIMENTS or t in FLAGS or (eq and key == "tile")):
+            raise SystemExit(f"gemm_profile: job {job!r}: unknown experiment part {t!r} (known: "
+                             f"{', '.join(EXPERIMENTS + FLAGS)}, tile=NAME, "
+                             f"{', '.join(k + '=V' for k in KNOBS)})")
+    return env
 
 
 def gpu_lock():
@@ -169,15 +191,7 @@ def main(argv=None) -> int:
         return 0
     procs = []
     for job in [j for j in a.jobs.split(",") if j]:
-        exp = job.split(":")[3]
-        env = dict(os.environ, MK_GEMM_EXPERIMENT=",".join(
-            t for t in exp.split("+") if t in ("nostore", "noepi", "nob1", "earlyfree")))
-        if "batch" in exp.split("+"):
-            env["MK_GEMM_EPI_BATCH"] = "1"
-        for t in exp.split("+"):
-            key, eq, val = t.partition("=")
-            if eq and key in KNOBS:
-                env[KNOBS[key]] = val
+        env = dict(os.environ, **job_env(job))
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--jobs", job,
                "--reps", str(a.reps)]
         procs.append((job, _jobs.start(cmd, env)))

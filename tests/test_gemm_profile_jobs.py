@@ -1,0 +1,25 @@
+"""bench/gemm_profile.py's job strings (CPU): each EXPERIMENT part sets its switch in the job's
+environment, and an unknown part is refused rather than timing the default build under its name."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.gemm_profile import job_env
+
+
+def test_job_parts_set_their_switches():
+    assert job_env("O_PROJ:1024:time:") == {"MK_GEMM_EXPERIMENT": ""}
+    assert job_env("DOWN:4096:check:tmastore=1+stsm=1+epiearly=2") == {
+        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1",
+        "MK_GEMM_EPI_EARLY": "2"}
+    assert job_env("DOWN:64:time:nostore+nob1+batch+tile=m64n128+nosig+unroll=8") == {
+        "MK_GEMM_EXPERIMENT": "nostore,nob1", "MK_GEMM_EPI_BATCH": "1",
+        "MK_GEMM_STORE_UNROLL": "8"}
+
+
+@pytest.mark.parametrize("job", ["O_PROJ:1024:time:tmastor=1", "O_PROJ:1024:time:nostor",
+                                 "O_PROJ:1024:time"])
+def test_bad_jobs_are_refused(job):
+    with pytest.raises(SystemExit, match="gemm_profile: job"):
+        job_env(job)
