@@ -308,7 +308,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -784,6 +784,13 @@ if has planab; then
         "$mx ${pl:+--plan $pl}"
   done
 fi
+if has epiab; then
+  # session 25's default epilogue (RESIDUAL tiles: TMA stores + stmatrix staging) against the
+  # build before it, megakernel only, off = the default, on = the old epilogue
+  : > "$OUTDIR/epiab.log"
+  time_ab epiab "MK_GEMM_TMA_STORE=0 MK_GEMM_STSM=0 (the epilogue before session 25)" \
+      ${MK_EPIAB_BATCH:-1024} "MK_GEMM_TMA_STORE=0 MK_GEMM_STSM=0" "" "${MK_EPIAB_ARGS:-}"
+fi
 if has wgtime; then
   # timing only (the checks are wgsplit's / wgrace's): where ATTENTION is most of the step
   # (B=256: 46% of the busy time in session 8) the halved serial chain of key blocks may pay more
@@ -1007,7 +1014,7 @@ if has tmastore; then
   grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
   tcheck 90 --layers 2 --split-k 1
   if [ $SECONDS -lt $((DEADLINE - 110)) ]; then
-    timeout 110 compute-sanitizer --tool memcheck python -m mk.megakernel_step check --layers 2 \
+    timeout 110 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step check --layers 2 \
         --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
     grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
   fi

@@ -220,44 +220,54 @@ def epi_early(epi: int) -> int:
 
 # How a full tile's bf16 epilogue (RESIDUAL, SILU_MUL: O_PROJ, DOWN, GATE_UP) leaves its staging
 # pages (MK_GEMM_TMA_STORE): "0" the storer warps' copy (64 threads, a 16-byte LDS + STG pair
-# per chunk, 1024 of them per 128 x 256 tile; the build until session 24), "1" one storer thread
-# issues the pages' TMA stores (cp.async.bulk.tensor, one 16 KB box per page of 128 rows) and
-# frees each page once the engine has read it (cp.async.bulk.wait_group.read); partial tiles
-# (rows or columns past the matrix: a decode batch's last row tile, gu_m128n112's 112-column
-# tiles) and QKV_ROPE keep the copy. Session 24 (bench/GEMM_NOTES.md) found the per-tile cost set
-# by how long the storer holds the epilogue pages, which the next tile's third and fourth stages
-# load into (store_body 2.1-5.2 us at B=1024). The consumers fence their staging writes to the
-# async proxy before the hand-off; the storer waits for the stores' writes before the
-# instruction's signal. Built in session 24, compile-checked only: off until GPU-checked.
-TMA_STORE = os.environ.get("MK_GEMM_TMA_STORE", "0")
-if TMA_STORE not in ("0", "1"):
-    raise ValueError(f"MK_GEMM_TMA_STORE={TMA_STORE!r}: expected 0 or 1")
+# per chunk, 1024 of them per 128 x 256 tile; the build until session 24), "residual" (the
+# default since session 25) RESIDUAL tiles (O_PROJ, DOWN) through TMA stores, "1" RESIDUAL and
+# SILU_MUL tiles: one storer thread issues the pages' TMA stores (cp.async.bulk.tensor, one 16 KB
+# box per page of 128 rows) and frees each page once the engine has read it
+# (cp.async.bulk.wait_group.read); partial tiles (rows or columns past the matrix: a decode
+# batch's last row tile, gu_m128n112's 112-column tiles) and QKV_ROPE keep the copy. Session 24
+# (bench/GEMM_NOTES.md) found the per-tile cost set by how long the storer holds the epilogue
+# pages, which the next tile's third and fourth stages load into (store_body 2.1-5.2 us at
+# B=1024). The consumers fence their staging writes to the async proxy before the hand-off; the
+# storer waits for the stores' writes before the instruction's signal. Session 25
+# (gemm_profile, tmastore_2026-12-02_s25): with STSM, O_PROJ -2.6% / -3.3% at M = 1024 / 4096,
+# DOWN -2.0% / -2.1%; GATE_UP's SiLU tiles +0.7% / +1.4% with it, so "residual".
+TMA_STORE = os.environ.get("MK_GEMM_TMA_STORE", "residual")
+if TMA_STORE not in ("0", "residual", "1"):
+    raise ValueError(f"MK_GEMM_TMA_STORE={TMA_STORE!r}: expected 0, residual or 1")
 
 
 # How the consumers write a RESIDUAL or SILU_MUL epilogue (O_PROJ, DOWN, GATE_UP) into the
 # staging pages (MK_GEMM_STSM): "0" per accumulator pair a 4-byte st.shared (RESIDUAL: after a
 # 4-byte ld.shared of the residual and the add), each at its swizzled address (the build until
-# session 24), "1" per four pairs (16 columns x the warp's 16 rows) one stmatrix.x4 (RESIDUAL:
-# after one ldmatrix.x4 of the residual), one row address per lane: a quarter of the
+# session 24), "residual" (the default since session 25) RESIDUAL tiles as "1", SILU_MUL's
+# pairs as "0", "1" both: per four pairs (16 columns x the warp's 16 rows) one stmatrix.x4
+# (RESIDUAL: after one ldmatrix.x4 of the residual), one row address per lane: a quarter of the
 # shared-memory instructions and their addresses (session 24's journal at B=1024: DOWN's
 # epilogue 2.8 us of work per tile, GATE_UP's 3.7). The same values: RESIDUAL's add in packed
 # bf16 (rk.add_bf16x2, the HADD2 the compiler makes of the pair path); SILU_MUL's values rounded
 # by .to(BFloat16) into a register fragment recast to words (packing float32 values with
 # cvt.rn.bf16x2 turned its HMUL2 product into FMUL + F2F per element). Chains whose output
-# pairs are no multiple of four keep the pair stores. Built in session 24, compile-checked only
-# (0 spills in every class and the journal variant; SASS of the 1024 class: STS -156, LDS -128,
-# 32 LDSM, 39 STSM): off until GPU-checked.
-STSM = os.environ.get("MK_GEMM_STSM", "0")
-if STSM not in ("0", "1"):
-    raise ValueError(f"MK_GEMM_STSM={STSM!r}: expected 0 or 1")
+# pairs are no multiple of four keep the pair stores. 0 spills in every class and the journal
+# variant (SASS of the 1024 class with "1": STS -156, LDS -128, 32 LDSM, 39 STSM). Session 25:
+# GPU-checked; with the TMA store it takes RESIDUAL tiles a further ~1%, GATE_UP +0.5% / -0.3%
+# (noise) at M = 1024 / 4096 alone.
+STSM = os.environ.get("MK_GEMM_STSM", "residual")
+if STSM not in ("0", "residual", "1"):
+    raise ValueError(f"MK_GEMM_STSM={STSM!r}: expected 0, residual or 1")
+
+
+def _switch_takes(value: str, epi: int) -> bool:
+    """Whether a per-epilogue switch's value ("0", "residual", "1") covers epilogue epi."""
+    return epi == EPI_RESIDUAL if value == "residual" else (
+        value == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL))
 
 
 def tma_stores(epi: int, cfg) -> bool:
     """Whether full tiles of epilogue `epi` on tile `cfg` leave through TMA stores (trace time):
     bf16 outputs whose tile width is whole 64-column boxes (gu_m128n112's 112 columns: a box
     would write 16 of the next tile's)."""
-    return (TMA_STORE == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL)
-            and cfg.bn * out_bytes_of(epi) % 128 == 0)
+    return _switch_takes(TMA_STORE, epi) and cfg.bn * out_bytes_of(epi) % 128 == 0
 
 
 @dataclass(frozen=True)
@@ -981,8 +991,7 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
 def stsm_chain_ok(epi: int, npair: int) -> bool:
     """Whether a chain of npair output pairs of epilogue epi takes the stmatrix epilogue (STSM;
     trace time)."""
-    return (STSM == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL) and npair % 4 == 0
-            and "noepi" not in EXPERIMENT)
+    return _switch_takes(STSM, epi) and npair % 4 == 0 and "noepi" not in EXPERIMENT
 
 
 @cute.jit
