@@ -8,9 +8,10 @@ tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several
 (the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
 config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "epiearly=R"
 (MK_GEMM_EPI_EARLY=R: a RESIDUAL tile's epilogue pages granted R stages before its end) or
-"unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight) or "tmastore=1"
-(MK_GEMM_TMA_STORE=1: full bf16 tiles leave through TMA stores) or "stsm=1" (MK_GEMM_STSM=1:
-RESIDUAL / SILU_MUL epilogues staged by stmatrix); an unknown part is refused. KIND:
+"unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight) or "tmastore=V"
+(MK_GEMM_TMA_STORE=V: 0 the storer's copy, residual (the default) full RESIDUAL tiles through TMA
+stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same values: epilogues
+staged by stmatrix); an unknown part is refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles

@@ -655,51 +655,58 @@ def test_gemm_epi_early_variant_compiles_without_spills(tmp_path):
     assert base != ptx
 
 
-def test_gemm_tma_store_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles leave their staging pages through TMA stores
-    issued by one storer thread; off by default; compile-time, so in a process of its own): the
-    all-opcode 1024-class variant with split-K has the bulk-tensor stores (one per 16 KB page of
-    O_PROJ's and DOWN's m128n256 tiles, four each; GATE_UP's gu_m128n112 tiles, 112 columns, keep
-    the copy) with a read wait before each page is freed and a write wait before the signal,
-    compiles with 0 spills and no call, and the default's PTX has none of them."""
-    ptx = variant_ptx(tmp_path, "tmastore1", {"MK_GEMM_TMA_STORE": "1"},
+def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
+    """The GEMM epilogue's default since session 25 (MK_GEMM_TMA_STORE=residual and
+    MK_GEMM_STSM=residual; compile-time, read at import, so in a process of its own): in the
+    all-opcode 1024-class variant with split-K, O_PROJ's and DOWN's m128n256 tiles (RESIDUAL)
+    stage their output by stmatrix.x4 after an ldmatrix.x4 of the residual (two chains of eight
+    column groups each: 16 + 16 of both) and leave through TMA stores (one per 16 KB page, four
+    each) with a read wait before each page is freed and a write wait before the signal;
+    GATE_UP's SiLU tiles keep the pair stores and the copy. 0 spills, no call."""
+    ptx = variant_ptx(tmp_path, "epi_default", {},
                       "from mk.instructions import _gemm_kernel as gk\n"
                       "T = gk.TILES\n"
+                      "assert (gk.TMA_STORE, gk.STSM) == ('residual', 'residual')\n"
                       "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
-                      "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
-                      "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
-                      "assert not gk.tma_stores(gk.EPI_ROPE, T['m128n128'])", m_class=1024)
+                      "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
+                      "assert not gk.tma_stores(gk.EPI_ROPE, T['m128n128'])\n"
+                      "assert gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)\n"
+                      "assert not gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
+                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)", m_class=1024)
     stores = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
     reads = re.findall(r"cp\.async\.bulk\.wait_group\.read", ptx)
     assert len(stores) == 8 and len(reads) == 8, (len(stores), len(reads))
     assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "tmastore1")))
-    base = variant_ptx(tmp_path, "tmastore0", {"MK_GEMM_TMA_STORE": "0"}, "", m_class=1024)
-    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", base)
-    assert "cp.async.bulk.wait_group" not in base
-
-
-def test_gemm_stsm_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_STSM=1 (RESIDUAL / SILU_MUL epilogues staged with one stmatrix.x4 per four
-    accumulator pairs, RESIDUAL's residual read by one ldmatrix.x4; off by default; compile-time,
-    in a process of its own): the all-opcode 1024-class variant with split-K has them (O_PROJ's
-    and DOWN's m128n256 tiles: two chains of eight column groups, 16 + 16 of each; GATE_UP's
-    gu_m128n112: seven stmatrix), compiles with 0 spills and no call, and the default has
-    none."""
-    ptx = variant_ptx(tmp_path, "stsm1", {"MK_GEMM_STSM": "1"},
-                      "from mk.instructions import _gemm_kernel as gk\n"
-                      "assert gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)\n"
-                      "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
-                      "assert not gk.stsm_chain_ok(gk.EPI_ROPE, 32)\n"
-                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)", m_class=1024)
-    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 39
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
     assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
     assert "add.rn.bf16x2" in ptx
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "stsm1")))
-    base = variant_ptx(tmp_path, "stsm0", {"MK_GEMM_STSM": "0"}, "", m_class=1024)
-    assert "stmatrix" not in base and "ldmatrix" not in base
+    assert_clean(ptxas_report(ptx, str(tmp_path / "epi_default")))
+
+
+def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
+    """MK_GEMM_TMA_STORE / MK_GEMM_STSM = 0 (the epilogue before session 25: pair stores and the
+    storer's copy) and = 1 (SILU_MUL too: GATE_UP's gu_m128n112 tiles of the 1024 class stage by
+    seven stmatrix, and keep the copy, 112 columns being no whole box; gu_m128 above 1024 tokens
+    takes the TMA store, tests/test_gemm_gpu.py): each compiles with 0 spills and no call."""
+    old = variant_ptx(tmp_path, "epi0", {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"},
+                      "from mk.instructions import _gemm_kernel as gk\n"
+                      "assert not gk.tma_stores(gk.EPI_RESIDUAL, gk.TILES['m128n256'])\n"
+                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)", m_class=1024)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", old)
+    assert "cp.async.bulk.wait_group" not in old
+    assert "stmatrix" not in old and "ldmatrix" not in old
+    assert_clean(ptxas_report(old, str(tmp_path / "epi0")))
+    both = variant_ptx(tmp_path, "epi1", {"MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1"},
+                       "from mk.instructions import _gemm_kernel as gk\n"
+                       "T = gk.TILES\n"
+                       "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
+                       "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
+                       "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)", m_class=1024)
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", both)) == 8
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", both)) == 39
+    assert not re.search(r"^\s*call", both, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(both, str(tmp_path / "epi1")))
 
 
 @pytest.mark.parametrize("var,value,shown", [
