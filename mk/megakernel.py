@@ -437,7 +437,8 @@ class MegakernelDSL:
             gops.append((at.tma_a, at.gA, at.tma_b, at.gB, tma_r, gR, at.tiled_mma, at.sA_layout,
                          at.sB_mainloop_layout, y, w, at.sB_load_layout)
                         + ((at.mainloop_mma,) if g.cfg.wide else ())
-                        + ((at.tma_s, at.gS) if gk.tma_stores(g.epi, g.cfg) else ()))
+                        + ((at.tma_s, at.gS, at.sY_layout) if gk.tma_stores(g.epi, g.cfg)
+                           else ()))
         aops = []
         if cutlass.const_expr(self.attn_ps > 0):
             aa = ak.AttnAtoms(kv, self.attn_ps)
@@ -984,8 +985,8 @@ class MegakernelDSL:
         tma_store = None
         if cutlass.const_expr(gk.tma_stores(gs.epi, gs.cfg)):
             # (S2G atom, its view of y, z as gemm_dest's, the box layout)
-            tma_s, gS = gk.tma_store_of(gs.cfg, gs.epi, g)
-            tma_store = (tma_s, gS, gk.dest_z(ring, base + ARG0, gs.yb), g[7])
+            tma_s, gS, sY = gk.tma_store_of(gs.cfg, gs.epi, g)
+            tma_store = (tma_s, gS, gk.dest_z(ring, base + ARG0, gs.yb), sY)
         return gk.gemm_store(gs.cfg, gs.epi, ybase, ld, row0, ring[base + W_ROWS], col0,
                              ring[base + W_COLS], pool, empty, done, dpar, pg, kt, self.npages,
                              sid, BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,

@@ -204,6 +204,19 @@
 #          two-layer checks (478 tokens split-K auto, 208 tokens never), racecheck and memcheck:
 #          tmastore.log, tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then
 #          time the step (planab / time_ab at 1024,4096) with what gains
+#          (session 25 ran this step: all correct; RESIDUAL tiles -2..-3.3% with both, the
+#          default since then as "residual"; the MK_GEMM_TMA_STORE=1 / MK_GEMM_STSM=1 values
+#          take SILU_MUL too, which lost 1.4% at GATE_UP 4096)
+#   epiab  the epilogue default against the build before it (MK_GEMM_TMA_STORE=0 MK_GEMM_STSM=0)
+#          in the step, megakernel only, at MK_EPIAB_BATCH (default 1024; MK_EPIAB_ARGS, e.g.
+#          --journal, to both): epiab.log, epiab_{off,on}.json ("on" = the old build; ~2 min
+#          per batch)
+#   f32store MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores, built in
+#          session 25): bench/gemm_profile.py's poisoned checks of LM_HEAD at 64 / 200 / 1024 /
+#          1100 / 4096, timings at 256 / 1024 / 4096 with and without, LM_HEAD on m128n256 (8
+#          float32 epilogue pages) checked and timed at 1024 / 4096 with and without, QKV_ROPE
+#          on m128n256 (two heads a tile) checked and timed at 4096, racecheck of the 256
+#          check: f32store.log, f32store.json, racecheck_full.log (~7 min)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -228,25 +241,24 @@
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
 #       bash scripts/gpu_next.sh $OUT/g1 > $OUT/g1.txt 2>&1; wait ); tail ...; tar ...
-# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 23
+# Steps run in this file's order whatever MK_STEPS's order (verify first). As of session 25
 # (defaults: op_major queue, raster_blocks 8, fill split factors up to 64 tokens, O_PROJ / DOWN
 # on m128n128 at 65..256 tokens, GATE_UP on 112-row B pages up to 1024 tokens, LM_HEAD on
 # m128n128 at 65..256 sequences, norms of ceil(tokens / 132) rows up to 1024 tokens, QKV_ROPE
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
 # tokens, prefill ATTENTION in 16-token row chunks, since session 23 one `full` barrier per GEMM
-# stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1);
-# all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
+# stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1),
+# since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
+# MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0. `tmastore` (MK_GEMM_TMA_STORE=1 and MK_GEMM_STSM=1, built in session 24, compile-checked
-#      only): their poisoned checks, timings with and without (and with MK_GEMM_EPI_EARLY=1 on
-#      top: once the storer frees the epilogue pages sooner, the earlier residual may pay), the
-#      two-layer checks, racecheck, memcheck in one call; then `verify` with MK_VERIFY_EXTRA=
-#      "tests/test_gemm_gpu.py::test_epilogue_variants_match_torch_face" and the step A/B
-#      (time_ab / planab with what gained, at 256,1024,4096); if nothing gains, read
-#      the journal (`base`-like run at B=1024: store_body, epi_wait) with it on. Session 24's
-#      reading (bench/GEMM_NOTES.md): the per-tile cost is the storer's hold of the four
-#      epilogue pages (store_body 2.1-5.2 us at B=1024), which the next tile's stages load into;
-#      granting them earlier (MK_GEMM_EPI_EARLY) and 16 loads in flight in the copy both lost
+#   0. `f32store` (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through TMA stores, built in
+#      session 25, compile-checked only): poisoned checks, timings with and without, racecheck of
+#      a check job (~6 min); if it gains, tests/test_gemm_gpu.py::test_epilogue_variants_match_
+#      torch_face and make it default. Then the B=4096 question: session 25's epilogue default
+#      (`tmastore` step, done: RESIDUAL tiles by TMA store + stmatrix, -2..-3.3% per O_PROJ /
+#      DOWN launch) gained at B=256 / 1024 (-0.7% / -1.1%) but not at B=4096 (+0.5%, noise
+#      level): a journal at B=4096 with and without (`epiab` with MK_EPIAB_BATCH=4096
+#      MK_EPIAB_ARGS=--journal: store_body, signal, epi_wait of O_PROJ / DOWN)
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
@@ -308,7 +320,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1019,6 +1031,34 @@ if has tmastore; then
     grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
   fi
   unset MK_GEMM_TMA_STORE MK_GEMM_STSM
+fi
+if has f32store; then
+  # MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores; built in session 25,
+  # compile-checked only): the poisoned checks (64 sequences: one full m64n128 row tile; 200 /
+  # 1100: full and partial row tiles; 1024 / 4096 on m128n128; the vocabulary shard's last
+  # column tile is partial in all), the timings as it is and with it, then racecheck of one
+  # check job (the two-layer step check has at most 7 sequences: no full LM_HEAD tile)
+  J=""
+  for m in 64 200 1024 1100 4096; do J="$J,LM_HEAD:$m:check:tmastoref32=1"; done
+  for m in 1024 4096; do
+    J="$J,LM_HEAD:$m:check:tile=m128n256,LM_HEAD:$m:check:tile=m128n256+tmastoref32=1"
+  done
+  for m in 256 1024 4096; do J="$J,LM_HEAD:$m:time:,LM_HEAD:$m:time:tmastoref32=1"; done
+  # LM_HEAD on the 128 x 256 tile (half the tiles, each re-reading its A rows half as often:
+  # m128n128 pulls ~9 TB/s of operands from L2 at its rate) with 8 float32 epilogue pages of
+  # the ring's 13: one stage of the next tile prefetches during the epilogue
+  for m in 1024 4096; do
+    J="$J,LM_HEAD:$m:time:tile=m128n256,LM_HEAD:$m:time:tile=m128n256+tmastoref32=1"
+  done
+  # the same question for QKV_ROPE (m128n128 per head, 1.65x cuBLAS at M = 4096 in session 23;
+  # its two-head m128n256 tile lost in the 1024 class's step in session 20, not timed alone)
+  J="$J,QKV_ROPE:4096:check:tile=m128n256,QKV_ROPE:4096:time:,QKV_ROPE:4096:time:tile=m128n256"
+  run_profile f32store "${J#,}" 330
+  echo "== racecheck: bench/gemm_profile.py LM_HEAD:256:check:tmastoref32=1" | tee -a "$OUTDIR/f32store.log"
+  MK_PROFILE_TIMEOUT_S=60 CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck \
+      python bench/gemm_profile.py \
+      --jobs LM_HEAD:256:check:tmastoref32=1 --timeout 190 > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|\"ok\"" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/f32store.log"
 fi
 if has epiearly; then
   J=""

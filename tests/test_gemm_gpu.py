@@ -177,6 +177,7 @@ def test_112_row_gate_up_tiles_match_torch_face(tile, cls, m):
 TMA = {"MK_GEMM_TMA_STORE": "1"}
 STSM = {"MK_GEMM_STSM": "1"}
 OLD_EPI = {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"}
+F32 = {"MK_GEMM_TMA_STORE_F32": "1"}
 EPILOGUE_VARIANT_CASES = (
     [("tmastore", TMA, op, m) for op, m in (("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 1024),
                                              ("DOWN", 64), ("GATE_UP", 2048), ("GATE_UP", 1100),
@@ -184,7 +185,8 @@ EPILOGUE_VARIANT_CASES = (
     + [("stsm", STSM, op, m) for op, m in (("O_PROJ", 200), ("O_PROJ", 1100), ("DOWN", 64),
                                             ("DOWN", 1024), ("GATE_UP", 1024), ("GATE_UP", 2048))]
     + [("both", dict(TMA, **STSM), op, m) for op, m in (("O_PROJ", 1100), ("DOWN", 4096))]
-    + [("old", OLD_EPI, op, m) for op, m in (("O_PROJ", 1100), ("DOWN", 64), ("GATE_UP", 2048))])
+    + [("old", OLD_EPI, op, m) for op, m in (("O_PROJ", 1100), ("DOWN", 64), ("GATE_UP", 2048))]
+    + [("tmastoref32", F32, "LM_HEAD", m) for m in (64, 200, 1024, 1100)])
 
 
 @pytest.mark.parametrize("name,env,op,m", EPILOGUE_VARIANT_CASES,
@@ -197,11 +199,15 @@ def test_epilogue_variants_match_torch_face(name, env, op, m):
     storer's copy: 200 / 1100 rows have both, 64 rows one full m64n128 tile; LM_HEAD's float32
     tiles and QKV_ROPE keep the copy), MK_GEMM_STSM=1 (RESIDUAL and SILU_MUL tiles staged by
     stmatrix, RESIDUAL's residual read by ldmatrix: gu_m128n112 at 1024, gu_m128 at 2048), and
-    both, and neither (the epilogue before session 25)."""
+    both, and neither (the epilogue before session 25); MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's
+    float32 tiles through TMA stores: 64 sequences one full m64n128 row tile, 200 / 1100 full
+    and partial row tiles, every shape with the vocabulary shard's last, partial column
+    tile)."""
     want = (env.get("MK_GEMM_TMA_STORE", "residual"), env.get("MK_GEMM_STSM", "residual"))
     for split in ("none", "auto"):
         res = _variant_case(op, m, env, split,
                             "from mk.instructions import _gemm_kernel as gk\n"
-                            f"assert (gk.TMA_STORE, gk.STSM) == {want!r}")
+                            f"assert (gk.TMA_STORE, gk.STSM) == {want!r}\n"
+                            f"assert gk.TMA_STORE_F32 == {env.get('MK_GEMM_TMA_STORE_F32', '0')!r}")
         assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
             (split, res)

@@ -13,6 +13,8 @@ def test_job_parts_set_their_switches():
     assert job_env("DOWN:4096:check:tmastore=1+stsm=1+epiearly=2") == {
         "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1",
         "MK_GEMM_EPI_EARLY": "2"}
+    assert job_env("LM_HEAD:1024:time:tmastoref32=1") == {
+        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE_F32": "1"}
     assert job_env("DOWN:64:time:nostore+nob1+batch+tile=m64n128+nosig+unroll=8") == {
         "MK_GEMM_EXPERIMENT": "nostore,nob1", "MK_GEMM_EPI_BATCH": "1",
         "MK_GEMM_STORE_UNROLL": "8"}

@@ -655,6 +655,24 @@ def test_gemm_epi_early_variant_compiles_without_spills(tmp_path):
     assert base != ptx
 
 
+# the trace-time check lines of a GEMM epilogue variant start with these
+GK = "from mk.instructions import _gemm_kernel as gk\nT = gk.TILES\n"
+
+
+def epilogue_counts(ptx: str) -> tuple:
+    """(bulk-tensor stores, their read waits, stmatrix.x4, ldmatrix.x4) in a variant's PTX."""
+    return tuple(len(re.findall(rx, ptx)) for rx in (
+        r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", r"cp\.async\.bulk\.wait_group\.read",
+        r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16",
+        r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16"))
+
+
+def assert_variant_clean(ptx: str, tmp_path, name: str) -> None:
+    """No function call in the kernel; ptxas: 0 spills, no stack frame."""
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / name)))
+
+
 def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
     """The GEMM epilogue's default since session 25 (MK_GEMM_TMA_STORE=residual and
     MK_GEMM_STSM=residual; compile-time, read at import, so in a process of its own): in the
@@ -663,9 +681,7 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
     column groups each: 16 + 16 of both) and leave through TMA stores (one per 16 KB page, four
     each) with a read wait before each page is freed and a write wait before the signal;
     GATE_UP's SiLU tiles keep the pair stores and the copy. 0 spills, no call."""
-    ptx = variant_ptx(tmp_path, "epi_default", {},
-                      "from mk.instructions import _gemm_kernel as gk\n"
-                      "T = gk.TILES\n"
+    ptx = variant_ptx(tmp_path, "epi_default", {}, GK +
                       "assert (gk.TMA_STORE, gk.STSM) == ('residual', 'residual')\n"
                       "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
@@ -673,15 +689,10 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
                       "assert gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)", m_class=1024)
-    stores = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
-    reads = re.findall(r"cp\.async\.bulk\.wait_group\.read", ptx)
-    assert len(stores) == 8 and len(reads) == 8, (len(stores), len(reads))
+    assert epilogue_counts(ptx) == (8, 8, 32, 32)
     assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
-    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
-    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 32
     assert "add.rn.bf16x2" in ptx
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "epi_default")))
+    assert_variant_clean(ptx, tmp_path, "epi_default")
 
 
 def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
@@ -689,31 +700,39 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
     storer's copy) and = 1 (SILU_MUL too: GATE_UP's gu_m128n112 tiles of the 1024 class stage by
     seven stmatrix, and keep the copy, 112 columns being no whole box; gu_m128 above 1024 tokens
     takes the TMA store, tests/test_gemm_gpu.py): each compiles with 0 spills and no call."""
-    old = variant_ptx(tmp_path, "epi0", {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"},
-                      "from mk.instructions import _gemm_kernel as gk\n"
-                      "assert not gk.tma_stores(gk.EPI_RESIDUAL, gk.TILES['m128n256'])\n"
+    old = variant_ptx(tmp_path, "epi0", {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"}, GK +
+                      "assert not gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)", m_class=1024)
-    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", old)
-    assert "cp.async.bulk.wait_group" not in old
-    assert "stmatrix" not in old and "ldmatrix" not in old
-    assert_clean(ptxas_report(old, str(tmp_path / "epi0")))
-    both = variant_ptx(tmp_path, "epi1", {"MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1"},
-                       "from mk.instructions import _gemm_kernel as gk\n"
-                       "T = gk.TILES\n"
+    assert epilogue_counts(old) == (0, 0, 0, 0) and "cp.async.bulk.wait_group" not in old
+    assert_variant_clean(old, tmp_path, "epi0")
+    both = variant_ptx(tmp_path, "epi1", {"MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1"}, GK +
                        "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
                        "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
                        "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)", m_class=1024)
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", both)) == 8
-    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", both)) == 39
-    assert not re.search(r"^\s*call", both, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(both, str(tmp_path / "epi1")))
+    assert epilogue_counts(both) == (8, 8, 39, 32)
+    assert_variant_clean(both, tmp_path, "epi1")
+
+
+def test_gemm_f32_tma_store_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles leave through TMA stores; off by default;
+    compile-time, in a process of its own): the all-opcode 1024-class variant with split-K has
+    four more bulk-tensor stores than the default (LM_HEAD's m128n128 tile: four boxes of 128
+    rows x 32 float32, one per page) with their read waits, compiles with 0 spills and no
+    call."""
+    ptx = variant_ptx(tmp_path, "f32store", {"MK_GEMM_TMA_STORE_F32": "1"}, GK +
+                      "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
+                      "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
+                      "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])", m_class=1024)
+    assert epilogue_counts(ptx)[:2] == (12, 12)
+    assert_variant_clean(ptx, tmp_path, "f32store")
 
 
 @pytest.mark.parametrize("var,value,shown", [
     ("MK_GEMM_STORE_UNROLL", "5", "MK_GEMM_STORE_UNROLL=5"),
     ("MK_GEMM_EPI_EARLY", "3", "MK_GEMM_EPI_EARLY=3"),
     ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
-    ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'")])
+    ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
+    ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named
     (MK_GEMM_EPI_EARLY=3 would hold a 128 x 256 tile's four epilogue pages with all nine

@@ -257,6 +257,18 @@ if STSM not in ("0", "residual", "1"):
     raise ValueError(f"MK_GEMM_STSM={STSM!r}: expected 0, residual or 1")
 
 
+# LM_HEAD's float32 tiles (EPI_STORE_F32) through TMA stores as well (MK_GEMM_TMA_STORE_F32=1;
+# full tiles of whole 32-column boxes: m128n128 / m64n128, four 16 KB boxes of 128 x 32 float32
+# per 128-row tile): the float32 store box's own S2G atom over a SW128 layout of 32 float32
+# columns (the byte pattern the consumers' fp32 staging and the copy use). LM_HEAD stayed at 1.06
+# of cuBLAS + eager epilogue at M >= 1024 (bench/GEMM_NOTES.md session 23), its copy after the
+# consumers 2.05 us + 2.1 us of tail per 63 us tile at B=1024 (session 24's journal). Built in
+# session 25, compile-checked only: off until GPU-checked.
+TMA_STORE_F32 = os.environ.get("MK_GEMM_TMA_STORE_F32", "0")
+if TMA_STORE_F32 not in ("0", "1"):
+    raise ValueError(f"MK_GEMM_TMA_STORE_F32={TMA_STORE_F32!r}: expected 0 or 1")
+
+
 def _switch_takes(value: str, epi: int) -> bool:
     """Whether a per-epilogue switch's value ("0", "residual", "1") covers epilogue epi."""
     return epi == EPI_RESIDUAL if value == "residual" else (
@@ -265,9 +277,10 @@ def _switch_takes(value: str, epi: int) -> bool:
 
 def tma_stores(epi: int, cfg) -> bool:
     """Whether full tiles of epilogue `epi` on tile `cfg` leave through TMA stores (trace time):
-    bf16 outputs whose tile width is whole 64-column boxes (gu_m128n112's 112 columns: a box
+    outputs whose tile width is whole 128-byte boxes (gu_m128n112's 112 bf16 columns: a box
     would write 16 of the next tile's)."""
-    return _switch_takes(TMA_STORE, epi) and cfg.bn * out_bytes_of(epi) % 128 == 0
+    takes = _switch_takes(TMA_STORE, epi) or (TMA_STORE_F32 == "1" and epi == EPI_STORE_F32)
+    return takes and cfg.bn * out_bytes_of(epi) % 128 == 0
 
 
 @dataclass(frozen=True)
@@ -434,10 +447,19 @@ class GemmAtoms:
         if residual:
             self.tma_r, self.gR = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, y, self.sA_layout,
                                                                          (cfg.bm, BK))
-        self.tma_s, self.gS = None, None
+        # the TMA store's box: the epilogue box of bf16 (the A page's layout) or of float32 (32
+        # columns, SW128: the same bytes per row, the same swizzle)
+        self.tma_s, self.gS, self.sY_layout = None, None, self.sA_layout
         if store:
+            box_cols = BK
+            if y.element_type == Float32:
+                box_cols = 32
+                self.sY_layout = cute.slice_(sm90_utils.make_smem_layout_a(
+                    lay, (cfg.bm, B_ROWS, box_cols), Float32, 1), (None, None, 0))
+                assert cute.size_in_bytes(Float32, self.sY_layout) == cfg.bm * 128
             self.tma_s, self.gS = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), y, self.sA_layout, (cfg.bm, BK))
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), y, self.sY_layout,
+                (cfg.bm, box_cols))
 
     def prefetch(self):
         cute.nvgpu.cpasync.prefetch_descriptor(self.tma_a)
@@ -453,10 +475,11 @@ def mainloop_mma_of(cfg: TileConfig, ops: tuple):
 
 
 def tma_store_of(cfg: TileConfig, epi: int, ops: tuple):
-    """The TMA store atom and its view of y in the megakernel's per-slot operand tuple (its last
-    two entries, there only where tma_stores(epi, cfg): no kernel parameter otherwise)."""
+    """The TMA store atom, its view of y and its box's smem layout in the megakernel's per-slot
+    operand tuple (its last three entries, there only where tma_stores(epi, cfg): no kernel
+    parameter otherwise)."""
     assert tma_stores(epi, cfg), (epi, cfg.name)
-    return ops[-2], ops[-1]
+    return ops[-3], ops[-2], ops[-1]
 
 
 # ============================================================================ device helpers
@@ -1424,7 +1447,8 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
                     for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
                         rk.tma_store_box(tma_store[0], tma_store[1], tma_store[3], cfg.bm,
                                          pool, page, s * (cfg.bm * 128), row0,
-                                         col0 + (e * bpp + s) * 64, tma_store[2])
+                                         col0 + (e * bpp + s) * (128 // ob), tma_store[2],
+                                         Float32 if ob == 4 else BFloat16)
                     cute.arch.cp_async_bulk_commit_group()
         if by_tma == 0:
             store_page(cfg, epi, ybase, ld, row0, row_end, col0, col_end, pool, page, e, n_it,

@@ -299,14 +299,16 @@ def weight_policy():
 @cute.jit
 def tma_views(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
               box_rows: cutlass.Constexpr, pool: Int32, page: Int32, byte_off, row: Int32,
-              col: Int32, z: Int32):
-    """The TMA partitions (smem, gmem) of one (box_rows x 64) bf16 box: page `page` of the pool at
-    `byte_off`, element (row, col, z) of g (rows, cols, z) (64 columns = one SW128 atom)."""
-    p = cute.make_ptr(BFloat16, pool + page * PAGE + byte_off, cute.AddressSpace.smem,
+              col: Int32, z: Int32, dtype: cutlass.Constexpr = BFloat16):
+    """The TMA partitions (smem, gmem) of one box of box_rows x 128 bytes (64 bf16 or 32 float32
+    columns of `dtype`: one SW128 atom): page `page` of the pool at `byte_off`, element (row,
+    col, z) of g (rows, cols, z)."""
+    p = cute.make_ptr(dtype, pool + page * PAGE + byte_off, cute.AddressSpace.smem,
                       assumed_align=1024)
-    p = cute.recast_ptr(p, s_layout.inner, dtype=BFloat16)
+    p = cute.recast_ptr(p, s_layout.inner, dtype=dtype)
     s = cute.make_tensor(p, s_layout.outer)
-    gt = cute.local_tile(cute.domain_offset((row, col, z), g), (box_rows, 64), (0, 0, 0))
+    gt = cute.local_tile(cute.domain_offset((row, col, z), g),
+                         (box_rows, 128 // (dtype.width // 8)), (0, 0, 0))
     return cute.nvgpu.cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
                                             cute.group_modes(gt, 0, 2))
 
@@ -314,10 +316,11 @@ def tma_views(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
 @cute.jit
 def tma_store_box(tma: cute.CopyAtom, g: cute.Tensor, s_layout: cute.ComposedLayout,
                   box_rows: cutlass.Constexpr, pool: Int32, page: Int32, byte_off, row: Int32,
-                  col: Int32, z: Int32):
-    """TMA-store one (box_rows x 64) bf16 box from page `page` of the pool at `byte_off` to element
-    (row, col, z) of g (tma: an S2G atom; the caller commits the bulk group and waits on it)."""
-    ts, tg = tma_views(tma, g, s_layout, box_rows, pool, page, byte_off, row, col, z)
+                  col: Int32, z: Int32, dtype: cutlass.Constexpr = BFloat16):
+    """TMA-store one box (box_rows x 128 bytes of `dtype`, tma_views) from page `page` of the pool
+    at `byte_off` to element (row, col, z) of g (tma: an S2G atom; the caller commits the bulk
+    group and waits on it)."""
+    ts, tg = tma_views(tma, g, s_layout, box_rows, pool, page, byte_off, row, col, z, dtype)
     cute.copy(tma, ts, tg)
 
 
