@@ -288,16 +288,24 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
 
 
 # ==================================================================================== self-check
-# the check's kernel: sequences (the prompts and one late prefill chunk), context, step tokens
+# the check's kernel: sequences (the prompts and one late prefill chunk), context, step tokens;
+# more than CHECK_SEQS - 1 prompts (up to MAX_CHECK_SEQS - 1) size the kernel's sequences to
+# them: 64 one-token prompts make a step whose LM_HEAD runs one full 64-row tile
 CHECK_SEQS, CHECK_CONTEXT, MAX_CHECK_TOKENS = 8, 512, 512
+MAX_CHECK_SEQS = 128
+
+
+def check_seqs(prompt_lens: tuple[int, ...]) -> int:
+    """The check kernel's max_seqs for these prompts (and the late prefill chunk)."""
+    return max(CHECK_SEQS, len(prompt_lens) + 1)
 
 
 def check_prompt_lens(prompt_lens: tuple[int, ...], decode_steps: int) -> None:
     """ValueError unless check_against_vm's kernel holds these prompts and decode steps."""
-    if not 1 <= len(prompt_lens) <= CHECK_SEQS - 1 or min(prompt_lens) < 1 \
+    if not 1 <= len(prompt_lens) <= MAX_CHECK_SEQS - 1 or min(prompt_lens) < 1 \
             or sum(prompt_lens) > MAX_CHECK_TOKENS \
             or max(prompt_lens) + decode_steps + 1 > CHECK_CONTEXT:
-        raise ValueError(f"prompt lengths {list(prompt_lens)}: 1 to {CHECK_SEQS - 1} prompts of at "
+        raise ValueError(f"prompt lengths {list(prompt_lens)}: 1 to {MAX_CHECK_SEQS - 1} prompts of at "
                          f"least 1 token, at most {MAX_CHECK_TOKENS} together, each at most "
                          f"{CHECK_CONTEXT - decode_steps - 1} (the check's kernel: "
                          f"max_context {CHECK_CONTEXT} with {decode_steps} decode steps)")
@@ -320,8 +328,9 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
     further PlanConfig fields (e.g. splitk_qkv_max_tokens; they win over the arguments above),
     on both sides. prompt_lens: the
-    first step's prompts (at most 7, at most MAX_CHECK_TOKENS tokens together; 208 by default,
-    a step of the M <= 256 tile class; more than 256 runs the M <= 512 class's tiles)."""
+    first step's prompts (at most MAX_CHECK_SEQS - 1, at most MAX_CHECK_TOKENS tokens together;
+    208 by default, a step of the M <= 256 tile class; more than 256 runs the M <= 512 class's
+    tiles)."""
     check_prompt_lens(prompt_lens, decode_steps)
     from dataclasses import replace as dc_replace
 
@@ -336,8 +345,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     ckpt = tiny_checkpoint(seed=seed, config=cfg)
     w = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cuda"),
                           progress=False)
-    kernel = default_kernel_config(cfg, max_seqs=CHECK_SEQS, max_context=CHECK_CONTEXT,
-                                   max_batch_tokens=MAX_CHECK_TOKENS)
+    kernel = default_kernel_config(cfg, max_seqs=check_seqs(prompt_lens),
+                                   max_context=CHECK_CONTEXT, max_batch_tokens=MAX_CHECK_TOKENS)
     pcfg = PlanConfig(**{**dict(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
                                 num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib),
                          **(plan or {})})

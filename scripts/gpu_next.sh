@@ -215,8 +215,10 @@
 #          session 25): bench/gemm_profile.py's poisoned checks of LM_HEAD at 64 / 200 / 1024 /
 #          1100 / 4096, timings at 256 / 1024 / 4096 with and without, LM_HEAD on m128n256 (8
 #          float32 epilogue pages) checked and timed at 1024 / 4096 with and without, QKV_ROPE
-#          on m128n256 (two heads a tile) checked and timed at 4096, racecheck of the 256
-#          check: f32store.log, f32store.json, racecheck_full.log (~7 min)
+#          on m128n256 (two heads a tile) checked and timed at 4096, then with it the
+#          two-layer checks (split-K auto / never) of 64 one-token prompts (8 full 64-row
+#          LM_HEAD tiles) and their racecheck: f32store.log, f32store.json, racecheck_full.log
+#          (~9 min)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -1053,12 +1055,23 @@ if has f32store; then
   # the same question for QKV_ROPE (m128n128 per head, 1.65x cuBLAS at M = 4096 in session 23;
   # its two-head m128n256 tile lost in the 1024 class's step in session 20, not timed alone)
   J="$J,QKV_ROPE:4096:check:tile=m128n256,QKV_ROPE:4096:time:,QKV_ROPE:4096:time:tile=m128n256"
-  run_profile f32store "${J#,}" 330
-  echo "== racecheck: bench/gemm_profile.py LM_HEAD:256:check:tmastoref32=1" | tee -a "$OUTDIR/f32store.log"
-  MK_PROFILE_TIMEOUT_S=60 CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck \
-      python bench/gemm_profile.py \
-      --jobs LM_HEAD:256:check:tmastoref32=1 --timeout 190 > "$OUTDIR/racecheck_full.log" 2>&1
-  grep -E "SUMMARY|\"ok\"" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/f32store.log"
+  run_profile f32store "${J#,}" 300
+  # the two-layer step with 64 one-token prompts: its first step's LM_HEAD is 8 full 64-row
+  # tiles (and O_PROJ / DOWN full m64n128 tiles through the default's TMA store), then racecheck
+  ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
+  for sk in 0 1; do
+    echo "== check MK_GEMM_TMA_STORE_F32=1 --layers 2 --split-k $sk --prompt-lens 1 x 64" \
+        | tee -a "$OUTDIR/f32store.log"
+    MK_GEMM_TMA_STORE_F32=1 timeout 100 python -m mk.megakernel_step check --layers 2 \
+        --split-k $sk --prompt-lens "$ones" 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
+        | tee -a "$OUTDIR/f32store.log"
+  done
+  echo "== racecheck MK_GEMM_TMA_STORE_F32=1, the same check, split-K auto, one decode step" \
+      | tee -a "$OUTDIR/f32store.log"
+  MK_GEMM_TMA_STORE_F32=1 CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck \
+      python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
+      --prompt-lens "$ones" > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/f32store.log"
 fi
 if has epiearly; then
   J=""

@@ -265,11 +265,21 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     assert sum(m.checked for m in mks.values()) == be.stream_uploads
 
 
+def test_two_layer_check_sizes_its_kernel_to_many_prompts():
+    """64 one-token prompts (a step whose LM_HEAD has one full 64-row tile) are accepted, and
+    the check's kernel then holds them and the late prefill chunk; a few keep CHECK_SEQS."""
+    from mk.megakernel_step import CHECK_SEQS, check_prompt_lens, check_seqs
+    many = (1,) * 64
+    check_prompt_lens(many, decode_steps=3)
+    assert check_seqs(many) == 65 and check_seqs((1, 13, 64, 130)) == CHECK_SEQS
+
+
 @pytest.mark.parametrize("argv,why", [
     (["--prompt-lens", "1,600"], "prompt lengths [1, 600]"),
     (["--prompt-lens", "300,300"], "at most 512 together"),
     (["--prompt-lens", "1,x"], "is not N,N,..."),
-    (["--prompt-lens", ","], "1 to 7 prompts"),
+    (["--prompt-lens", ","], "1 to 127 prompts"),
+    (["--prompt-lens", ",".join(["1"] * 128)], "1 to 127 prompts"),
     (["--plan", "bogus=1"], "'bogus=1' is not FIELD=VALUE"),
 ])
 def test_two_layer_check_refuses_bad_arguments_before_the_gpu(argv, why, capsys):
