@@ -260,7 +260,8 @@
 #      (`tmastore` step, done: RESIDUAL tiles by TMA store + stmatrix, -2..-3.3% per O_PROJ /
 #      DOWN launch) gained at B=256 / 1024 (-0.7% / -1.1%) but not at B=4096 (+0.5%, noise
 #      level): a journal at B=4096 with and without (`epiab` with MK_EPIAB_BATCH=4096
-#      MK_EPIAB_ARGS=--journal: store_body, signal, epi_wait of O_PROJ / DOWN)
+#      MK_EPIAB_ARGS=--journal: store_body, signal, epi_wait of O_PROJ / DOWN); then issue 5's
+#      table (`gemm`) and the same-run e2e table (`e2e`, two calls) with the new default
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
