@@ -305,8 +305,8 @@ def check_prompt_lens(prompt_lens: tuple[int, ...], decode_steps: int) -> None:
     if not 1 <= len(prompt_lens) <= MAX_CHECK_SEQS - 1 or min(prompt_lens) < 1 \
             or sum(prompt_lens) > MAX_CHECK_TOKENS \
             or max(prompt_lens) + decode_steps + 1 > CHECK_CONTEXT:
-        raise ValueError(f"prompt lengths {list(prompt_lens)}: 1 to {MAX_CHECK_SEQS - 1} prompts of at "
-                         f"least 1 token, at most {MAX_CHECK_TOKENS} together, each at most "
+        raise ValueError(f"prompt lengths {list(prompt_lens)}: 1 to {MAX_CHECK_SEQS - 1} prompts "
+                         f"of at least 1 token, at most {MAX_CHECK_TOKENS} together, each at most "
                          f"{CHECK_CONTEXT - decode_steps - 1} (the check's kernel: "
                          f"max_context {CHECK_CONTEXT} with {decode_steps} decode steps)")
 

@@ -1039,8 +1039,8 @@ if has f32store; then
   # MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores; built in session 25,
   # compile-checked only): the poisoned checks (64 sequences: one full m64n128 row tile; 200 /
   # 1100: full and partial row tiles; 1024 / 4096 on m128n128; the vocabulary shard's last
-  # column tile is partial in all), the timings as it is and with it, then racecheck of one
-  # check job (the two-layer step check has at most 7 sequences: no full LM_HEAD tile)
+  # column tile is partial in all), the timings as it is and with it, then the two-layer
+  # checks of 64 one-token prompts (full LM_HEAD tiles) and their racecheck
   J=""
   for m in 64 200 1024 1100 4096; do J="$J,LM_HEAD:$m:check:tmastoref32=1"; done
   for m in 1024 4096; do
