@@ -323,7 +323,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=330)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1073,6 +1073,27 @@ if has f32store; then
       python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
       --prompt-lens "$ones" > "$OUTDIR/racecheck_full.log" 2>&1
   grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/f32store.log"
+fi
+if has lm256; then
+  # session 26: LM_HEAD on m128n256 in the 1024 / max classes (the default since then; the
+  # f32store step timed it alone: -10.5% / -8.7% at M = 1024 / 4096). The 256 class too (126
+  # tiles at M = 256 for 132 SMs where m128n128 makes 252), and QKV_ROPE's two-head tile at M =
+  # 1024 / 4096 (bench/gemm_profile.py times QKV_ROPE since session 26); then the two-layer
+  # checks of a 478-token first step (the 1024 class: LM_HEAD m128n256, six sequences) and the
+  # LM_HEAD GPU tests with the new table
+  J="LM_HEAD:200:check:tile=m128n256,LM_HEAD:256:check:tile=m128n256"
+  J="$J,QKV_ROPE:1024:check:tile=m128n256"
+  for e in "" tile=m128n256 tmastoref32=1 tile=m128n256+tmastoref32=1; do J="$J,LM_HEAD:256:time:$e"; done
+  for m in 1024 4096; do J="$J,QKV_ROPE:$m:time:,QKV_ROPE:$m:time:tile=m128n256"; done
+  run_profile lm256 "$J" 240 | tee "$OUTDIR/lm256_summary.log"
+  for sk in 0 1; do
+    echo "== check --layers 2 --split-k $sk --prompt-lens 1,13,64,130,200,70" | tee -a "$OUTDIR/lm256_summary.log"
+    timeout 120 python -m mk.megakernel_step check --layers 2 --split-k $sk \
+        --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
+        | tee -a "$OUTDIR/lm256_summary.log"
+  done
+  timeout 200 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider tests/test_gemm_gpu.py \
+      -k LM_HEAD 2>&1 | grep -v "^\[mk" | tail -8 | tee -a "$OUTDIR/lm256_summary.log"
 fi
 if has epiearly; then
   J=""
