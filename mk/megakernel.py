@@ -428,7 +428,8 @@ class MegakernelDSL:
         for g in self.gemm:
             x, w, y = gt[g.slot]
             resid = g.epi == gk.EPI_RESIDUAL
-            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid, store=gk.tma_stores(g.epi, g.cfg))
+            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid, store=gk.tma_stores(g.epi, g.cfg),
+                              reduce=gk.residual_reduces(g.epi, g.cfg))
             tma_r, gR = at.tma_a, at.gA          # placeholders (never used) without a residual
             if cutlass.const_expr(resid):
                 tma_r, gR = at.tma_r, at.gR
@@ -707,7 +708,7 @@ class MegakernelDSL:
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
                                                   empty, pg, NP, timeout_ns, state, t,
                                                   self.split_tile(GS[gi], g, ring, base, skops),
-                                                  ready)
+                                                  ready, ring[base + W_ROWS], ring[base + W_COLS])
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
                                 # one page, granted with no TMA: the consumers' hand-off to the
@@ -886,7 +887,8 @@ class MegakernelDSL:
                                                  journal, J_CONS_EPI if self.journal else -1,
                                                  J_CONS_WAIT if self.journal else -1,
                                                  J_MMA_WAIT if self.journal else -1,
-                                                 J_EPI_READY if self.journal else -1)
+                                                 J_EPI_READY if self.journal else -1,
+                                                 ring[base + W_COLS])
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and

@@ -323,7 +323,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=330)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=280)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1092,8 +1092,34 @@ if has lm256; then
         --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
         | tee -a "$OUTDIR/lm256_summary.log"
   done
-  timeout 200 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider tests/test_gemm_gpu.py \
-      -k LM_HEAD 2>&1 | grep -v "^\[mk" | tail -8 | tee -a "$OUTDIR/lm256_summary.log"
+fi
+if has rreduce; then
+  # MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's residual added by its TMA store, a
+  # cp.reduce.async.bulk.tensor .add: no residual load into its epilogue pages; built in
+  # session 26): poisoned checks (64 rows: one whole m64n128 row tile; 200 / 1100: whole and
+  # partial; 1024 / 4096 whole), timings with and without, then (MK_RR_CHECK=1) the two-layer
+  # checks of 64 one-token prompts and of two 256-token ones (whole tiles in the 64 and the 1024
+  # classes) and a racecheck
+  J=""
+  for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:64 DOWN:1024 DOWN:4096; do
+    J="$J,$c:check:rreduce=1"
+  done
+  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do J="$J,$c:time:,$c:time:rreduce=1"; done
+  run_profile rreduce "${J#,}" 280 | tee "$OUTDIR/rreduce_summary.log"
+  if [ "${MK_RR_CHECK:-0}" = 1 ]; then
+    ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
+    for a in "--split-k 0 --prompt-lens $ones" "--split-k 1 --prompt-lens $ones" \
+             "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
+      echo "== check MK_GEMM_RESIDUAL_REDUCE=1 --layers 2 ${a:0:60}" | tee -a "$OUTDIR/rreduce_summary.log"
+      MK_GEMM_RESIDUAL_REDUCE=1 timeout 120 python -m mk.megakernel_step check --layers 2 $a 2>&1 \
+          | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/rreduce_summary.log"
+    done
+    echo "== racecheck MK_GEMM_RESIDUAL_REDUCE=1, 256,256 split-K auto" | tee -a "$OUTDIR/rreduce_summary.log"
+    MK_GEMM_RESIDUAL_REDUCE=1 CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck \
+        python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
+        --prompt-lens 256,256 > "$OUTDIR/racecheck_full.log" 2>&1
+    grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/rreduce_summary.log"
+  fi
 fi
 if has epiearly; then
   J=""

@@ -269,6 +269,24 @@ if TMA_STORE_F32 not in ("0", "1"):
     raise ValueError(f"MK_GEMM_TMA_STORE_F32={TMA_STORE_F32!r}: expected 0 or 1")
 
 
+# A full RESIDUAL tile's residual added by its TMA store (MK_GEMM_RESIDUAL_REDUCE=1): the
+# store is a cp.reduce.async.bulk.tensor .add of bf16(acc) onto the destination, which holds the
+# residual (dst += y in place), so the loader grants the tile's epilogue pages without loading
+# the residual tile into them and the consumers stage bf16(acc) alone. Session 24's journal had
+# DOWN's consumers wait 2.72 us per tile at B=1024 for those pages (0.67 without a residual).
+# The value is HF's residual + bf16(y) rounded to bf16 if the engine's bf16 add rounds to
+# nearest even (checked on the GPU against the torch face). Partial tiles keep the residual
+# load and the copy. Needs the TMA store and the stmatrix staging of RESIDUAL tiles (their
+# defaults). Built in session 26: off until GPU-checked.
+RESIDUAL_REDUCE = os.environ.get("MK_GEMM_RESIDUAL_REDUCE", "0")
+if RESIDUAL_REDUCE not in ("0", "1"):
+    raise ValueError(f"MK_GEMM_RESIDUAL_REDUCE={RESIDUAL_REDUCE!r}: expected 0 or 1")
+if RESIDUAL_REDUCE == "1" and (TMA_STORE == "0" or STSM == "0"):
+    raise ValueError("MK_GEMM_RESIDUAL_REDUCE=1 needs the RESIDUAL tiles' TMA store and stmatrix "
+                     f"staging (MK_GEMM_TMA_STORE={TMA_STORE!r}, MK_GEMM_STSM={STSM!r}: "
+                     "expected residual or 1 for both)")
+
+
 def _switch_takes(value: str, epi: int) -> bool:
     """Whether a per-epilogue switch's value ("0", "residual", "1") covers epilogue epi."""
     return epi == EPI_RESIDUAL if value == "residual" else (
@@ -281,6 +299,25 @@ def tma_stores(epi: int, cfg) -> bool:
     would write 16 of the next tile's)."""
     takes = _switch_takes(TMA_STORE, epi) or (TMA_STORE_F32 == "1" and epi == EPI_STORE_F32)
     return takes and cfg.bn * out_bytes_of(epi) % 128 == 0
+
+
+def residual_reduces(epi: int, cfg) -> bool:
+    """Whether full tiles of epilogue `epi` on `cfg` add their residual in the TMA store
+    (RESIDUAL_REDUCE; trace time)."""
+    return RESIDUAL_REDUCE == "1" and epi == EPI_RESIDUAL and tma_stores(epi, cfg)
+
+
+@cute.jit
+def whole_tile(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, rows: Int32, cols: Int32) -> Int32:
+    """1 where a tile of rows x cols leaves through TMA stores (all its rows and its boxes'
+    columns in the matrix: the storer's test, which the loader and the consumers repeat where the
+    store adds the residual), else 0."""
+    ob = out_bytes_of(epi)
+    whole = Int32(0)
+    if rows == cfg.bm:
+        if cols == cfg.epi_boxes(ob) * (128 // ob):
+            whole = Int32(1)
+    return whole
 
 
 @dataclass(frozen=True)
@@ -398,10 +435,11 @@ class GemmAtoms:
     """Host-side (inside the @cute.jit __call__) TMA atoms, smem layouts and the tiled MMA of one
     tile config. x: activations (T, K, NBX) K-contiguous; w: weights (N, K, L) K-contiguous;
     y: destination (T, N, NBY) N-contiguous (bf16; its residual TMA load, with `residual`, and
-    with `store` its TMA store (TMA_STORE), both over the epilogue box)."""
+    with `store` its TMA store (TMA_STORE; with `reduce` an add onto y, RESIDUAL_REDUCE), both
+    over the epilogue box)."""
 
     def __init__(self, cfg: TileConfig, x: cute.Tensor, w: cute.Tensor, y=None, residual=False,
-                 store=False):
+                 store=False, reduce=False):
         self.cfg = cfg
         lay = LayoutEnum.ROW_MAJOR   # K-major A and B
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -457,9 +495,11 @@ class GemmAtoms:
                 self.sY_layout = cute.slice_(sm90_utils.make_smem_layout_a(
                     lay, (cfg.bm, B_ROWS, box_cols), Float32, 1), (None, None, 0))
                 assert cute.size_in_bytes(Float32, self.sY_layout) == cfg.bm * 128
+            s2g = cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp()
+            if reduce:
+                s2g = cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD)
             self.tma_s, self.gS = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), y, self.sY_layout,
-                (cfg.bm, box_cols))
+                s2g, y, self.sY_layout, (cfg.bm, box_cols))
 
     def prefetch(self):
         cute.nvgpu.cpasync.prefetch_descriptor(self.tma_a)
@@ -556,7 +596,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
               xb: Int32, yb: Int32, layer: Int32, row0: Int32, col0: Int32, up_row0: Int32,
               kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32, split=None, ready=None) -> Int32:
+              ticket: Int32, split=None, ready=None, rows=None, cols=None) -> Int32:
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
@@ -569,7 +609,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS:
     the controller hands the instruction over before its waits are met): the weight (B) pages of
     the first stages are loaded before that wait, since weights depend on no instruction, and
-    the activation (A) pages of those stages after it."""
+    the activation (A) pages of those stages after it.
+    rows / cols: the tile's (where the store adds the residual: a whole tile loads none)."""
     if cutlass.const_expr(ready is None):
         # activations were written by generic-proxy stores of other CTAs (acquired by the
         # controller): order them before this warp's async-proxy reads (with `ready`: after it)
@@ -592,7 +633,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
                 # the epilogue pages in ring order, before the last stages (EPI_EARLY; the early
                 # weights stop short of them, so this loop always reaches s_epi < kt)
                 pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
-                                   empty, pg, npages, timeout_ns, state, ticket)
+                                   empty, pg, npages, timeout_ns, state, ticket, rows, cols)
         kc = k * BK
         if cutlass.const_expr(split is not None):
             kc = k0 + k * BK
@@ -609,11 +650,11 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     if cutlass.const_expr(epi_early(epi) == 0):
         if cutlass.const_expr(split is None):
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
-                               pg, npages, timeout_ns, state, ticket)
+                               pg, npages, timeout_ns, state, ticket, rows, cols)
         else:
             if split.nsplit() < 2:
                 pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
-                                   empty, pg, npages, timeout_ns, state, ticket)
+                                   empty, pg, npages, timeout_ns, state, ticket, rows, cols)
     return pg
 
 
@@ -726,21 +767,30 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
 def load_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_r, gR,
                   sA_layout: cute.ComposedLayout, yb: Int32, row0: Int32, col0: Int32, pool: Int32,
                   full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
-    """Loader: grant the E epilogue pages (RESIDUAL: TMA-load the residual tile into them)."""
+                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, rows=None,
+                  cols=None) -> Int32:
+    """Loader: grant the E epilogue pages (RESIDUAL: TMA-load the residual tile into them, but
+    for a whole tile whose store adds it, residual_reduces)."""
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
     bpp = 128 // cfg.bm
+    load_residual = Int32(1)
+    if cutlass.const_expr(residual_reduces(epi, cfg)):
+        load_residual = 1 - whole_tile(cfg, epi, rows, cols)
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
         page, ph = page_of(pg + e, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         if cutlass.const_expr(epi == EPI_RESIDUAL):
-            nb_here = min(bpp, nbox - e * bpp)
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + page, nb_here * cfg.bm * 128)
-            for s in cutlass.range_constexpr(nb_here):
-                tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, s * cfg.bm * 128, row0,
-                        col0 + (e * bpp + s) * 64, yb, full + page)
+            if load_residual == 1:
+                nb_here = min(bpp, nbox - e * bpp)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + page, nb_here * cfg.bm * 128)
+                for s in cutlass.range_constexpr(nb_here):
+                    tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, s * cfg.bm * 128, row0,
+                            col0 + (e * bpp + s) * 64, yb, full + page)
+            else:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(full + page)
         else:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(full + page)
@@ -823,7 +873,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  share: cutlass.Constexpr = DONE_ARRIVALS, split=None,
                  journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1,
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
-                 epi_word: cutlass.Constexpr = -1) -> Int32:
+                 epi_word: cutlass.Constexpr = -1, cols=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
 
@@ -846,7 +896,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
 
     EPI_ROPE only: meta is the step metadata (positions at meta[meta[M_OFF_POS] + row]), inv_freq
     the head's 64 (llama3-scaled) inverse frequencies in float32 (mk.instructions.qkv.inv_freq),
-    section the qkv section (V: no RoPE). The other epilogues ignore these.
+    section the qkv section (V: no RoPE). The other epilogues ignore these. cols: the tile's
+    output columns (RESIDUAL where the store adds the residual: a whole tile stages bf16(acc)).
 
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A tile whose
     nsplit word is >= 2 stores its float32 accumulators to the SPLITK workspace (store_partial)
@@ -940,13 +991,13 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     if cutlass.const_expr(split is None):
         pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep, npages,
                                    lane, timeout_ns, state, ticket, meta, inv_freq, row0, rows,
-                                   section, share, journal, epi_word, ctid == 0) - ep
+                                   section, share, journal, epi_word, ctid == 0, cols) - ep
     else:
         if split.nsplit() < 2:
             pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep,
                                        npages, lane, timeout_ns, state, ticket, meta, inv_freq,
                                        row0, rows, section, share, journal, epi_word,
-                                       ctid == 0) - ep
+                                       ctid == 0, cols) - ep
     return pg
 
 
@@ -957,9 +1008,14 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                      timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
                      inv_freq: cute.Tensor, row0: Int32, rows: Int32, section: Int32,
                      share: cutlass.Constexpr, journal: cute.Tensor = None,
-                     epi_word: cutlass.Constexpr = -1, me=None) -> Int32:
+                     epi_word: cutlass.Constexpr = -1, me=None, cols=None) -> Int32:
     """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
     ring count pg), handed to the storer. Returns the new page count."""
+    # RESIDUAL: all ones where the pages hold the residual, 0 where the store adds it (the
+    # staged words are then bf16(acc) + 0, the same bits; a -0 becomes +0)
+    resid_mask = Int32(-1)
+    if cutlass.const_expr(residual_reduces(epi, cfg)):
+        resid_mask = whole_tile(cfg, epi, rows, cols) - 1
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
@@ -994,9 +1050,12 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
         acc = accs[ch]
         npair = out_pairs(cfg, acc)
+        # the pair stores read the residual from pages that a reducing store's whole tile left
+        # unloaded: only the stmatrix path masks it
+        assert stsm_chain_ok(epi, npair) or not residual_reduces(epi, cfg), (cfg.name, npair)
         if cutlass.const_expr(stsm_chain_ok(epi, npair)):
             stsm_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages,
-                          lane)
+                          lane, resid_mask)
         else:
             pair_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages)
     if cutlass.const_expr(tma_stores(epi, cfg)):
@@ -1061,7 +1120,8 @@ def pair_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
 
 @cute.jit
 def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCcC: cute.Tensor,
-                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32):
+                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32,
+                  resid_mask: Int32):
     """pair_epilogue with one stmatrix.x4 per four output pairs (STSM): pairs 4k .. 4k + 3 of a
     thread are the wgmma fragment's (rows r, r + 8) x (columns c, c + 8) of column group k, i.e.
     the four 8 x 8 matrices of the warp's 16 rows x 16 columns in the order stmatrix takes them;
@@ -1070,8 +1130,8 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     16-byte chunk of the swizzle, so epi_addr of the row's first column is its address.
     RESIDUAL: the residual by one ldmatrix.x4 of the same addresses (the same fragment order),
     group by group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in
-    packed bf16 (rk.add_bf16x2). SILU_MUL: out_pair's values rounded as pair_epilogue rounds
-    them."""
+    packed bf16 (rk.add_bf16x2), its words ANDed with resid_mask (0: pages without the residual,
+    residual_reduces). SILU_MUL: out_pair's values rounded as pair_epilogue rounds them."""
     ob = out_bytes_of(epi)
     ngroup = out_pairs(cfg, acc) // 4
     r0, c0 = tCcC[0]
@@ -1092,7 +1152,10 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
             for i in cutlass.range_constexpr(4):
                 v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
                 # torch: dst + bf16(y), rounded once more to bf16 (residual_add's value)
-                words.append(rk.add_bf16x2(Int32(resid[i]), rk.pack_bf16x2(v0, v1)))
+                rw = Int32(resid[i])
+                if cutlass.const_expr(residual_reduces(epi, cfg)):
+                    rw = rw & resid_mask
+                words.append(rk.add_bf16x2(rw, rk.pack_bf16x2(v0, v1)))
         else:
             # the bf16 values as pair_epilogue rounds them (.to(BFloat16): SILU_MUL's product
             # stays one HMUL2 per pair), their words by a register recast
@@ -1443,6 +1506,10 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
         if cutlass.const_expr(tma_store is not None and "nostore" not in EXPERIMENT):
             if by_tma == 1:
                 if sid == 0:
+                    if cutlass.const_expr(e == 0 and residual_reduces(epi, cfg)):
+                        # the add reads the destination through the async proxy: order the
+                        # generic writes of its residual that this thread acquired before it
+                        cute.arch.fence_proxy("async.global")
                     # the consumers fenced their writes to the async proxy before `done`
                     for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
                         rk.tma_store_box(tma_store[0], tma_store[1], tma_store[3], cfg.bm,
