@@ -716,15 +716,31 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
 def test_gemm_f32_tma_store_variant_compiles_without_spills(tmp_path):
     """MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles leave through TMA stores; off by default;
     compile-time, in a process of its own): the all-opcode 1024-class variant with split-K has
-    four more bulk-tensor stores than the default (LM_HEAD's m128n128 tile: four boxes of 128
-    rows x 32 float32, one per page) with their read waits, compiles with 0 spills and no
-    call."""
+    eight more bulk-tensor stores than the default (LM_HEAD's m128n256 tile since session 26:
+    eight boxes of 128 rows x 32 float32, one per page) with their read waits, compiles with 0
+    spills and no call."""
     ptx = variant_ptx(tmp_path, "f32store", {"MK_GEMM_TMA_STORE_F32": "1"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
+                      "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
                       "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])", m_class=1024)
-    assert epilogue_counts(ptx)[:2] == (12, 12)
+    assert epilogue_counts(ptx)[:2] == (16, 16)
     assert_variant_clean(ptx, tmp_path, "f32store")
+
+
+def test_gemm_residual_reduce_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's residual added by its TMA store; off by
+    default; compile-time, in a process of its own): in the all-opcode 1024-class variant with
+    split-K O_PROJ's and DOWN's four boxes each leave by cp.reduce.async.bulk.tensor .add
+    instead of plain bulk stores (with the same read waits), the stmatrix staging and the
+    residual's ldmatrix (partial tiles still load it) stay; 0 spills, no call."""
+    ptx = variant_ptx(tmp_path, "rreduce", {"MK_GEMM_RESIDUAL_REDUCE": "1"}, GK +
+                      "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m128n256'])\n"
+                      "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m64n128'])\n"
+                      "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])", m_class=1024)
+    assert epilogue_counts(ptx) == (0, 8, 32, 32)
+    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add", ptx)) == 8
+    assert_variant_clean(ptx, tmp_path, "rreduce")
 
 
 @pytest.mark.parametrize("var,value,shown", [
@@ -732,7 +748,8 @@ def test_gemm_f32_tma_store_variant_compiles_without_spills(tmp_path):
     ("MK_GEMM_EPI_EARLY", "3", "MK_GEMM_EPI_EARLY=3"),
     ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
     ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
-    ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'")])
+    ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
+    ("MK_GEMM_RESIDUAL_REDUCE", "yes", "MK_GEMM_RESIDUAL_REDUCE='yes'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named
     (MK_GEMM_EPI_EARLY=3 would hold a 128 x 256 tile's four epilogue pages with all nine
@@ -743,3 +760,15 @@ def test_gemm_switch_bad_value_is_refused(var, value, shown):
                        env=dict(os.environ, **{var: value}), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode != 0 and shown in r.stderr, r.stderr[-2000:]
+
+
+def test_gemm_residual_reduce_needs_the_tma_store():
+    """MK_GEMM_RESIDUAL_REDUCE=1 without the RESIDUAL tiles' TMA store or stmatrix staging (the
+    pair stores would read a residual the loader never loaded) is refused at import."""
+    import subprocess
+    import sys
+    for var in ("MK_GEMM_TMA_STORE", "MK_GEMM_STSM"):
+        env = dict(os.environ, MK_GEMM_RESIDUAL_REDUCE="1", **{var: "0"})
+        r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0 and "MK_GEMM_RESIDUAL_REDUCE=1 needs" in r.stderr, r.stderr[-2000:]
