@@ -323,7 +323,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=280)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1105,11 +1105,17 @@ if has rreduce; then
     J="$J,$c:check:rreduce=1"
   done
   for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do J="$J,$c:time:,$c:time:rreduce=1"; done
+  # MK_RR_LM=1: the lm256 step's LM_HEAD jobs of the 256 class in the same profile
+  if [ "${MK_RR_LM:-0}" = 1 ]; then
+    J="$J,LM_HEAD:200:check:tile=m128n256,LM_HEAD:256:check:tile=m128n256"
+    for e in "" tile=m128n256 tmastoref32=1; do J="$J,LM_HEAD:256:time:$e"; done
+  fi
   run_profile rreduce "${J#,}" 280 | tee "$OUTDIR/rreduce_summary.log"
-  if [ "${MK_RR_CHECK:-0}" = 1 ]; then
+  if [ "${MK_RR_CHECK:-1}" = 1 ]; then
+    # the 478-token step is the 1024 class with partial tiles (and LM_HEAD's m128n256)
     ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
-    for a in "--split-k 0 --prompt-lens $ones" "--split-k 1 --prompt-lens $ones" \
-             "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
+    for a in "--split-k 0 --prompt-lens $ones" "--split-k 0 --prompt-lens 256,256" \
+             "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
       echo "== check MK_GEMM_RESIDUAL_REDUCE=1 --layers 2 ${a:0:60}" | tee -a "$OUTDIR/rreduce_summary.log"
       MK_GEMM_RESIDUAL_REDUCE=1 timeout 120 python -m mk.megakernel_step check --layers 2 $a 2>&1 \
           | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/rreduce_summary.log"
