@@ -323,7 +323,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [rrmem]=150)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1126,6 +1126,25 @@ if has rreduce; then
         --prompt-lens 256,256 > "$OUTDIR/racecheck_full.log" 2>&1
     grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/rreduce_summary.log"
   fi
+fi
+if has lmverify; then
+  # the default (LM_HEAD on m128n256 in the 1024 / max classes since session 26) in the step: the
+  # two-layer checks of a 512-token first step (whole tiles) and of the 478-token one (partial)
+  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70" \
+           "--split-k 1 --prompt-lens 1,13,64,130,200,70"; do
+    echo "== check --layers 2 $a" | tee -a "$OUTDIR/lmverify.log"
+    timeout 120 python -m mk.megakernel_step check --layers 2 $a 2>&1 | grep -v "^\[mk" \
+        | tail -1 | cut -c1-300 | tee -a "$OUTDIR/lmverify.log"
+  done
+fi
+if has rrmem; then
+  # MK_GEMM_RESIDUAL_REDUCE=1's launch failure (session 26) under memcheck: one O_PROJ check
+  echo "== memcheck MK_GEMM_RESIDUAL_REDUCE=1 O_PROJ:1024:check" | tee -a "$OUTDIR/rrmem.log"
+  MK_GEMM_RESIDUAL_REDUCE=1 MK_GEMM_EXPERIMENT="" CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer \
+      --tool memcheck --report-api-errors no python bench/gemm_profile.py --worker \
+      --jobs O_PROJ:1024:check:rreduce=1 > "$OUTDIR/rrmem_full.log" 2>&1
+  grep -vE "^\[mk" "$OUTDIR/rrmem_full.log" | grep -E "=====|error|Error" | head -40 | cut -c1-250 \
+      | tee -a "$OUTDIR/rrmem.log"
 fi
 if has epiearly; then
   J=""
