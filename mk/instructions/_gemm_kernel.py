@@ -1493,6 +1493,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     if n_it > per_thread // UNR:
         n_it = Int32(per_thread // UNR)
     ne = cfg.epi_pages(ob)
+    reduces = residual_reduces(epi, cfg)
     # 1: this tile leaves through TMA stores (every row and column of its boxes in the matrix)
     by_tma = 0
     if cutlass.const_expr(tma_store is not None):
@@ -1505,8 +1506,8 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if cutlass.const_expr(tma_store is not None and "nostore" not in EXPERIMENT):
             if by_tma == 1:
-                if sid == 0:
-                    if cutlass.const_expr(e == 0 and residual_reduces(epi, cfg)):
+                if bulk_issuer(sid, reduces):
+                    if cutlass.const_expr(e == 0 and reduces):
                         # the add reads the destination through the async proxy: order the
                         # generic writes of its residual that this thread acquired before it
                         cute.arch.fence_proxy("async.global")
@@ -1528,13 +1529,23 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
             # before the instruction's signal (the caller's barrier + release)
             for e in cutlass.range_constexpr(ne):
                 page, _ = page_of(pg + e, npages)
-                if sid == 0:
+                if bulk_issuer(sid, reduces):
                     cute.arch.cp_async_bulk_wait_group(ne - 1 - e, read=True)
                 rk.free_page(page, empty, sid, bar_id, nthreads, share)
-            if sid == 0:
+            if bulk_issuer(sid, reduces):
                 cute.arch.cp_async_bulk_wait_group(0)
                 cute.arch.fence_proxy("async.global")
     return pg + ne
+
+
+def bulk_issuer(sid, reduces: bool):
+    """Whether storer thread sid issues, commits and waits for a tile's bulk stores: thread 0,
+    or for the reducing store (residual_reduces) the whole first storer warp: the DSL lowers
+    that one inside an elect.sync over the full warp, which one thread alone may not execute
+    (session 26's first GPU run of it failed to launch). Each thread waits for its own bulk
+    groups; the lanes not elected have none. (Built at each use: the default's PTX stays the
+    build's before.)"""
+    return sid < 32 if reduces else sid == 0
 
 
 @cute.jit
