@@ -1110,7 +1110,8 @@ if has rreduce; then
     J="$J,LM_HEAD:200:check:tile=m128n256,LM_HEAD:256:check:tile=m128n256"
     for e in "" tile=m128n256 tmastoref32=1; do J="$J,LM_HEAD:256:time:$e"; done
   fi
-  run_profile rreduce "${J#,}" 280 | tee "$OUTDIR/rreduce_summary.log"
+  J=${MK_RR_JOBS:-$J}        # MK_RR_JOBS: these jobs instead
+  run_profile rreduce "${J#,}" ${MK_RR_PROFILE_S:-280} | tee "$OUTDIR/rreduce_summary.log"
   if [ "${MK_RR_CHECK:-1}" = 1 ]; then
     # the 478-token step is the 1024 class with partial tiles (and LM_HEAD's m128n256)
     ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
