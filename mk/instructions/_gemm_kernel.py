@@ -274,10 +274,11 @@ if TMA_STORE_F32 not in ("0", "1"):
 # residual (dst += y in place), so the loader grants the tile's epilogue pages without loading
 # the residual tile into them and the consumers stage bf16(acc) alone. Session 24's journal had
 # DOWN's consumers wait 2.72 us per tile at B=1024 for those pages (0.67 without a residual).
-# The value is HF's residual + bf16(y) rounded to bf16 if the engine's bf16 add rounds to
-# nearest even (checked on the GPU against the torch face). Partial tiles keep the residual
-# load and the copy. Needs the TMA store and the stmatrix staging of RESIDUAL tiles (their
-# defaults). Built in session 26: off until GPU-checked.
+# Partial tiles keep the residual load and the copy. Needs the TMA store and the stmatrix
+# staging of RESIDUAL tiles (their defaults). Session 26 (bench/GEMM_NOTES.md): correct on the
+# GPU (poisoned checks: rel_err 0.0 at O_PROJ 1024 / 1100, the engine's bf16 add rounds as the
+# face) but slower, O_PROJ +18%, DOWN +5.2% at M = 1024 (the destination's read-modify-write in
+# L2 outlasts a residual load plus a plain store): off.
 RESIDUAL_REDUCE = os.environ.get("MK_GEMM_RESIDUAL_REDUCE", "0")
 if RESIDUAL_REDUCE not in ("0", "1"):
     raise ValueError(f"MK_GEMM_RESIDUAL_REDUCE={RESIDUAL_REDUCE!r}: expected 0 or 1")
