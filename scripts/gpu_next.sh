@@ -253,15 +253,17 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0. `f32store` (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through TMA stores, built in
-#      session 25, compile-checked only): poisoned checks, timings with and without, racecheck of
-#      a check job (~6 min); if it gains, tests/test_gemm_gpu.py::test_epilogue_variants_match_
-#      torch_face and make it default. Then the B=4096 question: session 25's epilogue default
-#      (`tmastore` step, done: RESIDUAL tiles by TMA store + stmatrix, -2..-3.3% per O_PROJ /
-#      DOWN launch) gained at B=256 / 1024 (-0.7% / -1.1%) but not at B=4096 (+0.5%, noise
-#      level): a journal at B=4096 with and without (`epiab` with MK_EPIAB_BATCH=4096
-#      MK_EPIAB_ARGS=--journal: store_body, signal, epi_wait of O_PROJ / DOWN); then issue 5's
-#      table (`gemm`) and the same-run e2e table (`e2e`, two calls) with the new default
+#   0. Session 26 made LM_HEAD m128n256 the default above 256 sequences (f32store / lm256 /
+#      lmverify steps: -10.5% / -8.7% at M = 1024 / 4096, step checks pass); the F32 TMA store
+#      gains only on m128n128 (off) and MK_GEMM_RESIDUAL_REDUCE=1 loses (O_PROJ +18%, off).
+#      First call: `MK_GEMM_M=1024,4096 MK_STEPS="gemm"` (issue 5's table with the new LM_HEAD
+#      tile; M = 64 / 256 with `MK_GEMM_M=64,256` in another) plus `verify` with
+#      MK_VERIFY_EXTRA=tests/test_gemm_gpu.py (its LM_HEAD 1024 case takes m128n256; the
+#      verify step's racecheck covers the 256-token default step, add one of `--prompt-lens
+#      256,256` for the 1024 class). Then the 256 class: `MK_RR_LM=1 MK_RR_JOBS=<LM_HEAD 256
+#      jobs only>` (LM_HEAD 256 on m128n256: 126 tiles for 132 SMs instead of 252; and the F32
+#      store there: -2.7% on m128n128). Then the B=4096 journal (`epiab` with
+#      MK_EPIAB_BATCH=4096 MK_EPIAB_ARGS=--journal) and the same-run e2e table (`e2e`, two calls)
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
