@@ -20,6 +20,9 @@ in the TMA store); an unknown part is refused. KIND:
     check    bench/gemm.py's correctness case (poisoned output vs the torch face)
     ncu      one launch between cudaProfilerStart/Stop (run the job under
              `ncu --profile-from-start off`)
+    floor    as time, of a launch running the first tile alone (QKV_ROPE: unsplit): the
+             launch, the roles' prologue and one tile's latency, the fixed part of a
+             whole-matrix time (what a small M pays once per launch and the step once per step)
 Each job is its own process (one compiled variant per environment); the driver starts them all at
 once (their compiles overlap) and a file lock lets one job at a time use the GPU. One JSON line per
 job on stdout (prefix @@JOB) and in --out.
@@ -45,6 +48,7 @@ KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "rreduce": "MK_GEMM_RESIDUAL_REDUCE"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch")
+KINDS = ("time", "floor", "check", "journal", "ncu")
 
 
 def job_env(job: str) -> dict:
@@ -53,6 +57,9 @@ def job_env(job: str) -> dict:
     parts = job.split(":")
     if len(parts) != 4:
         raise SystemExit(f"gemm_profile: job {job!r}: expected OP:M:KIND:EXPERIMENT")
+    if parts[2] not in KINDS:
+        raise SystemExit(f"gemm_profile: job {job!r}: unknown kind {parts[2]!r} "
+                         f"({', '.join(KINDS)})")
     env = {"MK_GEMM_EXPERIMENT": ",".join(t for t in parts[3].split("+") if t in EXPERIMENTS)}
     for t in [t for t in parts[3].split("+") if t]:
         key, eq, val = t.partition("=")
@@ -97,9 +104,13 @@ def worker(job: str, reps: int) -> dict:
         unsplit, nctr = bg.plan_qkv(cfg, m, bg.QKV_SECTIONS, K, bg.HEAD_DIM, layer=lay,
                                     src=int(src), dst=int(dst))
         instrs, _, splitk = bg.split_plan("QKV_ROPE", m, unsplit, nctr, m + 64)
+        if kind == "floor":
+            instrs, splitk = unsplit, None
     else:
         instrs, _ = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst),
                                   signal_base=sig)
+    if kind == "floor":
+        instrs = instrs[:1]
     out = dict(job=job, op=op, m=m, kind=kind, experiment=exp, tile=cfg.name,
                n_tiles=int(instrs.shape[0]), kt=K // gk.BK)
     if kind == "check":

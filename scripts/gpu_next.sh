@@ -219,6 +219,9 @@
 #          two-layer checks (split-K auto / never) of 64 one-token prompts (8 full 64-row
 #          LM_HEAD tiles) and their racecheck: f32store.log, f32store.json, racecheck_full.log
 #          (~9 min)
+#   floor  each GEMM opcode's first tile alone in a launch (bench/gemm_profile.py kind floor:
+#          the launch, the roles' prologue, one tile's latency) and its whole matrix, at
+#          MK_FLOOR_M (default "64 256"): floor.log, floor.json, floor_summary.log (~4 min)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -325,7 +328,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [rrmem]=150)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [rrmem]=150 [floor]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1129,6 +1132,16 @@ if has rreduce; then
         --prompt-lens 256,256 > "$OUTDIR/racecheck_full.log" 2>&1
     grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/rreduce_summary.log"
   fi
+fi
+if has floor; then
+  # what a whole-matrix launch pays before its tiles (issue 5's misses at M = 64 / 256, session
+  # 20's table: O_PROJ 64 1.50, DOWN 64 1.21 of cuBLAS + epilogue): each op's first tile alone
+  # in a launch (bench/gemm_profile.py kind floor) next to its whole matrix at the same M
+  J=""
+  for op in QKV_ROPE O_PROJ GATE_UP DOWN LM_HEAD; do
+    for m in ${MK_FLOOR_M:-64 256}; do J="$J,$op:$m:floor:,$op:$m:time:"; done
+  done
+  run_profile floor "${J#,}" 300 | tee "$OUTDIR/floor_summary.log"
 fi
 if has lmverify; then
   # the default (LM_HEAD on m128n256 in the 1024 / max classes since session 26) in the step: the

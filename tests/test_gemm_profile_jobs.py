@@ -15,6 +15,7 @@ def test_job_parts_set_their_switches():
         "MK_GEMM_EPI_EARLY": "2"}
     assert job_env("LM_HEAD:1024:time:tmastoref32=1") == {
         "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE_F32": "1"}
+    assert job_env("O_PROJ:64:floor:") == {"MK_GEMM_EXPERIMENT": ""}
     assert job_env("DOWN:1024:check:rreduce=1") == {
         "MK_GEMM_EXPERIMENT": "", "MK_GEMM_RESIDUAL_REDUCE": "1"}
     assert job_env("DOWN:64:time:nostore+nob1+batch+tile=m64n128+nosig+unroll=8") == {
@@ -23,7 +24,7 @@ def test_job_parts_set_their_switches():
 
 
 @pytest.mark.parametrize("job", ["O_PROJ:1024:time:tmastor=1", "O_PROJ:1024:time:nostor",
-                                 "O_PROJ:1024:time"])
+                                 "O_PROJ:1024:time", "O_PROJ:1024:timing:"])
 def test_bad_jobs_are_refused(job):
     with pytest.raises(SystemExit, match="gemm_profile: job"):
         job_env(job)
