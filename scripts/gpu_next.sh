@@ -266,7 +266,10 @@
 #      256,256` for the 1024 class). Then the 256 class: `MK_RR_LM=1 MK_RR_JOBS=<LM_HEAD 256
 #      jobs only>` (LM_HEAD 256 on m128n256: 126 tiles for 132 SMs instead of 252; and the F32
 #      store there: -2.7% on m128n128). Then the B=4096 journal (`epiab` with
-#      MK_EPIAB_BATCH=4096 MK_EPIAB_ARGS=--journal) and the same-run e2e table (`e2e`, two calls)
+#      MK_EPIAB_BATCH=4096 MK_EPIAB_ARGS=--journal) and the same-run e2e table (`e2e`, two calls).
+#      Issue 5's small-M misses (session 20's table, not re-run since: O_PROJ 64 / 256 1.50 /
+#      1.09, DOWN 1.21 / 1.12, GATE_UP 1.05 / 1.09 of cuBLAS + epilogue): `floor` first (what
+#      a launch pays before its tiles), then `MK_GEMM_M=64,256 gemm`
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
