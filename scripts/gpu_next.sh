@@ -269,7 +269,10 @@
 #      MK_EPIAB_BATCH=4096 MK_EPIAB_ARGS=--journal) and the same-run e2e table (`e2e`, two calls).
 #      Issue 5's small-M misses (session 20's table, not re-run since: O_PROJ 64 / 256 1.50 /
 #      1.09, DOWN 1.21 / 1.12, GATE_UP 1.05 / 1.09 of cuBLAS + epilogue): `floor` first (what
-#      a launch pays before its tiles), then `MK_GEMM_M=64,256 gemm`
+#      a launch pays before its tiles), then `MK_GEMM_M=64,256 gemm`. QKV_ROPE at M = 4096 (1.65x
+#      cuBLAS alone): its 320 m128n128 tiles are 2.42 waves of 132 SMs; split along K in two
+#      they are 4.85 (no code: `--plan splitk_qkv_max_tokens=4096` in the step A/B, `--split-k
+#      2` in bench/gemm.py) against the reduce's ~42 MB of float32 partials
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
