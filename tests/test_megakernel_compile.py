@@ -713,34 +713,29 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
     assert_variant_clean(both, tmp_path, "epi1")
 
 
-def test_gemm_f32_tma_store_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles leave through TMA stores; off by default;
-    compile-time, in a process of its own): the all-opcode 1024-class variant with split-K has
-    eight more bulk-tensor stores than the default (LM_HEAD's m128n256 tile since session 26:
-    eight boxes of 128 rows x 32 float32, one per page) with their read waits, compiles with 0
-    spills and no call."""
-    ptx = variant_ptx(tmp_path, "f32store", {"MK_GEMM_TMA_STORE_F32": "1"}, GK +
+def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
+    """The off-by-default epilogue experiments together (compile-time, in a process of its own;
+    one compile for both, the CI's time): MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles
+    through TMA stores: its m128n256 tile in the 1024 class since session 26, eight boxes of 128
+    rows x 32 float32, one per page) and MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's
+    residual added by its TMA store: O_PROJ's and DOWN's four boxes each leave by
+    cp.reduce.async.bulk.tensor .add instead of plain bulk stores). Every bulk store keeps its
+    read wait; the stmatrix staging and the residual's ldmatrix (partial tiles still load it)
+    stay. 0 spills, no call."""
+    ptx = variant_ptx(tmp_path, "epi_experiments",
+                      {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_RESIDUAL_REDUCE": "1"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
-                      "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])", m_class=1024)
-    assert epilogue_counts(ptx)[:2] == (16, 16)
-    assert_variant_clean(ptx, tmp_path, "f32store")
-
-
-def test_gemm_residual_reduce_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's residual added by its TMA store; off by
-    default; compile-time, in a process of its own): in the all-opcode 1024-class variant with
-    split-K O_PROJ's and DOWN's four boxes each leave by cp.reduce.async.bulk.tensor .add
-    instead of plain bulk stores (with the same read waits), the stmatrix staging and the
-    residual's ldmatrix (partial tiles still load it) stay; 0 spills, no call."""
-    ptx = variant_ptx(tmp_path, "rreduce", {"MK_GEMM_RESIDUAL_REDUCE": "1"}, GK +
                       "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m64n128'])\n"
-                      "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])", m_class=1024)
-    assert epilogue_counts(ptx) == (0, 8, 32, 32)
+                      "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])\n"
+                      "assert not gk.residual_reduces(gk.EPI_STORE_F32, T['m128n256'])",
+                      m_class=1024)
+    # plain bulk stores: LM_HEAD's 8; read waits: those and the reducing stores' 8
+    assert epilogue_counts(ptx) == (8, 16, 32, 32)
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add", ptx)) == 8
-    assert_variant_clean(ptx, tmp_path, "rreduce")
+    assert_variant_clean(ptx, tmp_path, "epi_experiments")
 
 
 @pytest.mark.parametrize("var,value,shown", [
