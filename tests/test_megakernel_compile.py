@@ -734,7 +734,8 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
                       m_class=1024)
     # plain bulk stores: LM_HEAD's 8; read waits: those and the reducing stores' 8
     assert epilogue_counts(ptx) == (8, 16, 32, 32)
-    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add", ptx)) == 8
+    reducing = r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add"
+    assert len(re.findall(reducing, ptx)) == 8
     assert_variant_clean(ptx, tmp_path, "epi_experiments")
 
 
