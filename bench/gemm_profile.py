@@ -103,9 +103,9 @@ def worker(job: str, reps: int) -> dict:
         # QKV_ROPE's tiles carry their head sections and RoPE positions: bench.gemm's own plan
         unsplit, nctr = bg.plan_qkv(cfg, m, bg.QKV_SECTIONS, K, bg.HEAD_DIM, layer=lay,
                                     src=int(src), dst=int(dst))
-        instrs, _, splitk = bg.split_plan("QKV_ROPE", m, unsplit, nctr, m + 64)
-        if kind == "floor":
-            instrs, splitk = unsplit, None
+        instrs = unsplit               # floor: its first whole tile
+        if kind != "floor":
+            instrs, _, splitk = bg.split_plan("QKV_ROPE", m, unsplit, nctr, m + 64)
     else:
         instrs, _ = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst),
                                   signal_base=sig)

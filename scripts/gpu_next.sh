@@ -334,7 +334,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [rrmem]=150 [floor]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -378,6 +378,13 @@ checks() {
   CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
       check --layers 2 --decode-steps 1 --split-k 0 ${MK_CHECK_EXTRA:-} > "$OUTDIR/racecheck_full.log" 2>&1
   grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200
+}
+check_to() {   # the two-layer check with these arguments (the environment as it is), into log $1
+  local log=$1; shift
+  local shown="$*"
+  echo "== check ${MK_CHECK_TAG:-}--layers 2 ${shown:0:80}" | tee -a "$log"
+  timeout 120 python -m mk.megakernel_step check --layers 2 "$@" 2>&1 | grep -v "^\[mk" \
+      | tail -1 | cut -c1-300 | tee -a "$log"
 }
 passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), both checks and the
              # racecheck run passed, 0 hazards
@@ -1090,27 +1097,25 @@ if has lm256; then
   # f32store step timed it alone: -10.5% / -8.7% at M = 1024 / 4096). The 256 class too (126
   # tiles at M = 256 for 132 SMs where m128n128 makes 252), and QKV_ROPE's two-head tile at M =
   # 1024 / 4096 (bench/gemm_profile.py times QKV_ROPE since session 26); then the two-layer
-  # checks of a 478-token first step (the 1024 class: LM_HEAD m128n256, six sequences) and the
-  # LM_HEAD GPU tests with the new table
+  # checks of a 478-token first step (the 1024 class: LM_HEAD m128n256, six sequences)
   J="LM_HEAD:200:check:tile=m128n256,LM_HEAD:256:check:tile=m128n256"
   J="$J,QKV_ROPE:1024:check:tile=m128n256"
   for e in "" tile=m128n256 tmastoref32=1 tile=m128n256+tmastoref32=1; do J="$J,LM_HEAD:256:time:$e"; done
   for m in 1024 4096; do J="$J,QKV_ROPE:$m:time:,QKV_ROPE:$m:time:tile=m128n256"; done
   run_profile lm256 "$J" 240 | tee "$OUTDIR/lm256_summary.log"
   for sk in 0 1; do
-    echo "== check --layers 2 --split-k $sk --prompt-lens 1,13,64,130,200,70" | tee -a "$OUTDIR/lm256_summary.log"
-    timeout 120 python -m mk.megakernel_step check --layers 2 --split-k $sk \
-        --prompt-lens 1,13,64,130,200,70 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
-        | tee -a "$OUTDIR/lm256_summary.log"
+    check_to "$OUTDIR/lm256_summary.log" --split-k $sk --prompt-lens 1,13,64,130,200,70
   done
 fi
 if has rreduce; then
   # MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's residual added by its TMA store, a
   # cp.reduce.async.bulk.tensor .add: no residual load into its epilogue pages; built in
   # session 26): poisoned checks (64 rows: one whole m64n128 row tile; 200 / 1100: whole and
-  # partial; 1024 / 4096 whole), timings with and without, then (MK_RR_CHECK=1) the two-layer
-  # checks of 64 one-token prompts and of two 256-token ones (whole tiles in the 64 and the 1024
-  # classes) and a racecheck
+  # partial; 1024 / 4096 whole), timings with and without, then (MK_RR_CHECK=1, the default) the
+  # two-layer checks of 64 one-token prompts without split-K (whole m64n128 tiles: split-K auto
+  # splits O_PROJ / DOWN there, so the reducing store would not run), of two 256-token ones
+  # (whole tiles of the 1024 class) and of the 478-token one (partial tiles), and a racecheck.
+  # Session 26: correct, O_PROJ +18% / DOWN +5.2% at M = 1024 (off)
   J=""
   for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:64 DOWN:1024 DOWN:4096; do
     J="$J,$c:check:rreduce=1"
@@ -1126,12 +1131,13 @@ if has rreduce; then
   if [ "${MK_RR_CHECK:-1}" = 1 ]; then
     # the 478-token step is the 1024 class with partial tiles (and LM_HEAD's m128n256)
     ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
-    for a in "--split-k 0 --prompt-lens $ones" "--split-k 0 --prompt-lens 256,256" \
+    export MK_GEMM_RESIDUAL_REDUCE=1 MK_CHECK_TAG="MK_GEMM_RESIDUAL_REDUCE=1 "
+    for a in "--split-k 1 --prompt-lens $ones" "--split-k 0 --prompt-lens 256,256" \
              "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
-      echo "== check MK_GEMM_RESIDUAL_REDUCE=1 --layers 2 ${a:0:60}" | tee -a "$OUTDIR/rreduce_summary.log"
-      MK_GEMM_RESIDUAL_REDUCE=1 timeout 120 python -m mk.megakernel_step check --layers 2 $a 2>&1 \
-          | grep -v "^\[mk" | tail -1 | cut -c1-300 | tee -a "$OUTDIR/rreduce_summary.log"
+      # shellcheck disable=SC2086  # $a: the arguments, split
+      check_to "$OUTDIR/rreduce_summary.log" $a
     done
+    unset MK_GEMM_RESIDUAL_REDUCE MK_CHECK_TAG
     echo "== racecheck MK_GEMM_RESIDUAL_REDUCE=1, 256,256 split-K auto" | tee -a "$OUTDIR/rreduce_summary.log"
     MK_GEMM_RESIDUAL_REDUCE=1 CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck \
         python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
@@ -1152,21 +1158,10 @@ fi
 if has lmverify; then
   # the default (LM_HEAD on m128n256 in the 1024 / max classes since session 26) in the step: the
   # two-layer checks of a 512-token first step (whole tiles) and of the 478-token one (partial)
-  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70" \
-           "--split-k 1 --prompt-lens 1,13,64,130,200,70"; do
-    echo "== check --layers 2 $a" | tee -a "$OUTDIR/lmverify.log"
-    timeout 120 python -m mk.megakernel_step check --layers 2 $a 2>&1 | grep -v "^\[mk" \
-        | tail -1 | cut -c1-300 | tee -a "$OUTDIR/lmverify.log"
+  check_to "$OUTDIR/lmverify.log" --split-k 0 --prompt-lens 256,256
+  for sk in 0 1; do
+    check_to "$OUTDIR/lmverify.log" --split-k $sk --prompt-lens 1,13,64,130,200,70
   done
-fi
-if has rrmem; then
-  # MK_GEMM_RESIDUAL_REDUCE=1's launch failure (session 26) under memcheck: one O_PROJ check
-  echo "== memcheck MK_GEMM_RESIDUAL_REDUCE=1 O_PROJ:1024:check" | tee -a "$OUTDIR/rrmem.log"
-  MK_GEMM_RESIDUAL_REDUCE=1 MK_GEMM_EXPERIMENT="" CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer \
-      --tool memcheck --report-api-errors no python bench/gemm_profile.py --worker \
-      --jobs O_PROJ:1024:check:rreduce=1 > "$OUTDIR/rrmem_full.log" 2>&1
-  grep -vE "^\[mk" "$OUTDIR/rrmem_full.log" | grep -E "=====|error|Error" | head -40 | cut -c1-250 \
-      | tee -a "$OUTDIR/rrmem.log"
 fi
 if has epiearly; then
   J=""
