@@ -311,8 +311,8 @@ def residual_reduces(epi: int, cfg) -> bool:
 @cute.jit
 def whole_tile(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, rows: Int32, cols: Int32) -> Int32:
     """1 where a tile of rows x cols leaves through TMA stores (all its rows and its boxes'
-    columns in the matrix: the storer's test, which the loader and the consumers repeat where the
-    store adds the residual), else 0."""
+    columns in the matrix), else 0: the storer's test (store_epilogue), which the loader and the
+    consumers repeat where the store adds the residual (residual_reduces)."""
     ob = out_bytes_of(epi)
     whole = Int32(0)
     if rows == cfg.bm:
@@ -1498,10 +1498,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     # 1: this tile leaves through TMA stores (every row and column of its boxes in the matrix)
     by_tma = 0
     if cutlass.const_expr(tma_store is not None):
-        by_tma = Int32(0)
-        if rows == cfg.bm:
-            if cols == nbox * (128 // ob):
-                by_tma = Int32(1)
+        by_tma = whole_tile(cfg, epi, rows, cols)
     for e in cutlass.range_constexpr(ne):
         page, _ = page_of(pg + e, npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
