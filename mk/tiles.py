@@ -117,8 +117,11 @@ TILE_TABLE = {
     # Above 256 on m128n256 since session 26 (half the tiles again; each re-reads its A rows
     # half as often, and its 8 float32 epilogue pages leave the ring's next stage free):
     # bench/gemm_profile.py at M=1024 453.4 -> 406.0 us, M=4096 1758.4 -> 1606.1 us
-    # (bench/results/f32store_2026-12-02_s26.json; poisoned checks at 1024 / 4096)
-    Op.LM_HEAD: ("m64n128", "m128n128", "m128n256", "m128n256"),
+    # (bench/results/f32store_2026-12-02_s26.json; poisoned checks at 1024 / 4096), and at
+    # 64 < M <= 256 since session 27 (126 tiles for 132 SMs at M=256 instead of 252):
+    # bench/gemm_profile.py at M=256 126.0 -> 117.1 us (bench/results/lm256_2026-12-02_s27.json;
+    # poisoned checks at 200 / 256)
+    Op.LM_HEAD: ("m64n128", "m128n256", "m128n256", "m128n256"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:
     # 10 tiles split 8 ways instead of 6 split 16 (the same weight bytes per SM, half the

@@ -49,8 +49,8 @@ CASES = [
     ("GATE_UP", "gu_m128n112", 8),     # 112-row B pages, wgmma N = 112 (session 19, A/B only)
     ("GATE_UP", "gu_m128n56", 4),      # one B page of 56 gate + 56 up rows
     ("GATE_UP", "gu_m64n112", 8),      # gu_m64 on 112-row pages: m64n56 per warpgroup
-    ("LM_HEAD", "m128n256", 8),       # the M > 256 classes since session 26
-    ("LM_HEAD", "m128n128", 4),
+    ("LM_HEAD", "m128n256", 8),       # the M > 64 classes since session 27
+    ("LM_HEAD", "m128n128", 4),       # the M <= 256 class in sessions 20-26
     ("LM_HEAD", "m64n128", 4),
     ("QKV_ROPE", "m128n128", 4),
     ("QKV_ROPE", "m64n256", 4),

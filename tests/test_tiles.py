@@ -40,9 +40,9 @@ def test_table_classes():
         [112, 112, 112, 128]
     # QKV_ROPE: one head per 128-row tile in every class (m64n256 at M <= 64 until session 14)
     assert all(tiles.tile_name(Op.QKV_ROPE, m) == "m128n128" for m in MS)
-    # LM_HEAD: 128 vocab columns a tile up to 256 sequences, 256 above (session 26)
-    assert [tiles.tile_shape(Op.LM_HEAD, m).bn for m in (64, 256, 257, 1024, 4096)] == \
-        [128, 128, 256, 256, 256]
+    # LM_HEAD: 128 vocab columns a tile up to 64 sequences, 256 above (sessions 26 / 27)
+    assert [tiles.tile_shape(Op.LM_HEAD, m).bn for m in (64, 65, 256, 257, 1024, 4096)] == \
+        [128, 256, 256, 256, 256, 256]
     for op, names in tiles.TILE_TABLE.items():
         assert len(names) == len(tiles.M_CLASSES) + 1
         for name in names:
