@@ -23,6 +23,8 @@ in the TMA store); an unknown part is refused. KIND:
     floor    as time, of a launch running the first tile alone (QKV_ROPE: unsplit): the
              launch, the roles' prologue and one tile's latency, the fixed part of a
              whole-matrix time (what a small M pays once per launch and the step once per step)
+    launch   as time, of a launch of the same compiled variant running one NOOP: the launch and
+             the roles' prologue and teardown alone (floor - launch = one tile's latency)
 Each job is its own process (one compiled variant per environment); the driver starts them all at
 once (their compiles overlap) and a file lock lets one job at a time use the GPU. One JSON line per
 job on stdout (prefix @@JOB) and in --out.
@@ -48,7 +50,7 @@ KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "rreduce": "MK_GEMM_RESIDUAL_REDUCE"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch")
-KINDS = ("time", "floor", "check", "journal", "ncu")
+KINDS = ("time", "floor", "launch", "check", "journal", "ncu")
 
 
 def job_env(job: str) -> dict:
@@ -111,6 +113,9 @@ def worker(job: str, reps: int) -> dict:
                                   signal_base=sig)
     if kind == "floor":
         instrs = instrs[:1]
+    elif kind == "launch":
+        from mk.ir import Instruction, serialize
+        instrs = serialize([Instruction(int(Op.NOOP))])
     out = dict(job=job, op=op, m=m, kind=kind, experiment=exp, tile=cfg.name,
                n_tiles=int(instrs.shape[0]), kt=K // gk.BK)
     if kind == "check":

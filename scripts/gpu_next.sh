@@ -1148,10 +1148,13 @@ fi
 if has floor; then
   # what a whole-matrix launch pays before its tiles (issue 5's misses at M = 64 / 256, session
   # 20's table: O_PROJ 64 1.50, DOWN 64 1.21 of cuBLAS + epilogue): each op's first tile alone
-  # in a launch (bench/gemm_profile.py kind floor) next to its whole matrix at the same M
+  # in a launch (bench/gemm_profile.py kind floor) next to its whole matrix at the same M, and
+  # (since session 27) a launch of the same variant running one NOOP (kind launch): floor -
+  # launch is one tile's latency. Session 27 (floor alone): O_PROJ 64 floor 12.4 us, whole
+  # (unsplit) 14.5, cuBLAS + epilogue 12.4
   J=""
   for op in QKV_ROPE O_PROJ GATE_UP DOWN LM_HEAD; do
-    for m in ${MK_FLOOR_M:-64 256}; do J="$J,$op:$m:floor:,$op:$m:time:"; done
+    for m in ${MK_FLOOR_M:-64 256}; do J="$J,$op:$m:launch:,$op:$m:floor:,$op:$m:time:"; done
   done
   run_profile floor "${J#,}" 300 | tee "$OUTDIR/floor_summary.log"
 fi
