@@ -708,7 +708,8 @@ class MegakernelDSL:
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
                                                   empty, pg, NP, timeout_ns, state, t,
                                                   self.split_tile(GS[gi], g, ring, base, skops),
-                                                  ready, ring[base + W_ROWS], ring[base + W_COLS])
+                                                  ready, ring[base + W_ROWS], ring[base + W_COLS],
+                                                  g[9])
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
                                 # one page, granted with no TMA: the consumers' hand-off to the

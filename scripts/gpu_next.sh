@@ -221,7 +221,13 @@
 #          (~9 min)
 #   floor  each GEMM opcode's first tile alone in a launch (bench/gemm_profile.py kind floor:
 #          the launch, the roles' prologue, one tile's latency) and its whole matrix, at
-#          MK_FLOOR_M (default "64 256"): floor.log, floor.json, floor_summary.log (~4 min)
+#          MK_FLOOR_M (default "64 256"), and (kind launch, since session 27) a launch of one
+#          NOOP in the same variant: floor.log, floor.json, floor_summary.log (~2 min in s27)
+#   rl2    MK_GEMM_RESIDUAL_L2=LEAD (built in session 27, off: the loader's L2 prefetch of a
+#          RESIDUAL tile's residual rows LEAD K steps before its end): poisoned checks with 8,
+#          O_PROJ / DOWN 1024 / 4096 timed with 0 / MK_RL2_LEADS ("8 64"), the two-layer
+#          checks (512 / 478 tokens), decode B=MK_RL2_BATCH (1024) off / on with the journal:
+#          rl2.log, rl2.json, rl2_summary.log, rl2_{off,on}.json (~7 min)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -256,23 +262,19 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0. Session 26 made LM_HEAD m128n256 the default above 256 sequences (f32store / lm256 /
-#      lmverify steps: -10.5% / -8.7% at M = 1024 / 4096, step checks pass); the F32 TMA store
-#      gains only on m128n128 (off) and MK_GEMM_RESIDUAL_REDUCE=1 loses (O_PROJ +18%, off).
-#      First call: `MK_GEMM_M=1024,4096 MK_STEPS="gemm"` (issue 5's table with the new LM_HEAD
-#      tile; M = 64 / 256 with `MK_GEMM_M=64,256` in another) plus `verify` with
-#      MK_VERIFY_EXTRA=tests/test_gemm_gpu.py (its LM_HEAD 1024 case takes m128n256; the
-#      verify step's racecheck covers the 256-token default step, add one of `--prompt-lens
-#      256,256` for the 1024 class). Then the 256 class: `MK_RR_LM=1 MK_RR_JOBS=<LM_HEAD 256
-#      jobs only>` (LM_HEAD 256 on m128n256: 126 tiles for 132 SMs instead of 252; and the F32
-#      store there: -2.7% on m128n128). Then the B=4096 journal (`epiab` with
-#      MK_EPIAB_BATCH=4096 MK_EPIAB_ARGS=--journal) and the same-run e2e table (`e2e`, two calls).
-#      Issue 5's small-M misses (session 20's table, not re-run since: O_PROJ 64 / 256 1.50 /
-#      1.09, DOWN 1.21 / 1.12, GATE_UP 1.05 / 1.09 of cuBLAS + epilogue): `floor` first (what
-#      a launch pays before its tiles), then `MK_GEMM_M=64,256 gemm`. QKV_ROPE at M = 4096 (1.65x
-#      cuBLAS alone): its 320 m128n128 tiles are 2.42 waves of 132 SMs; split along K in two
-#      they are 4.85 (no code: `--plan splitk_qkv_max_tokens=4096` in the step A/B, `--split-k
-#      2` in bench/gemm.py) against the reduce's ~42 MB of float32 partials
+#   0. Session 27 ran issue 5's table at every M (gemm_2026-12-02_s27), made LM_HEAD m128n256
+#      the default from 65 sequences (M=256 -7.1%, checks + racecheck passed), ran floor and
+#      the e2e table (B=1 / 16 1.00, 64 1.15, 256 1.11, 1024 1.05, 4096 1.10). First call:
+#      `MK_STEPS="rl2 floor"` (MK_DEADLINE_S=900, ~8-9 min: the residual's L2 prefetch, built
+#      in session 27, checked and timed; floor with the new kind launch, which says how much of
+#      O_PROJ 64's 12.4 us first-tile launch is the launch itself). If rl2 gains: racecheck a
+#      1024-class step with it (`--prompt-lens 256,256`), make it the default, update
+#      test_megakernel_compile. Then tests/test_gemm_gpu.py as pytest in a call of its own
+#      (`timeout 560 python -m pytest -m gpu -q tests/test_gemm_gpu.py`: session 27's verify
+#      with it ran past its 420 s pytest cap; its -k LM_HEAD part passed), the
+#      B=512 and mixed e2e points (not run since session 20: `python launch/bench.py --batch
+#      512 --mixed 256:1024:1024`). Still open from session 26: QKV_ROPE at M=4096 (0.77; on
+#      m128n256 +15%, split-K 2 -2.9% in the bench: not taken), the bigger levers below
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
@@ -334,7 +336,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [rl2]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1143,6 +1145,33 @@ if has rreduce; then
         python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
         --prompt-lens 256,256 > "$OUTDIR/racecheck_full.log" 2>&1
     grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/rreduce_summary.log"
+  fi
+fi
+if has rl2; then
+  # MK_GEMM_RESIDUAL_L2=LEAD (built in session 27, off): the loader prefetches a RESIDUAL tile's
+  # residual rows into L2 LEAD K steps before the tile's end, so that the residual's TMA into the
+  # epilogue pages (DOWN's consumers waited 2.72 us for them at B=1024 in session 24, 0.67
+  # without a residual) reads L2. Poisoned checks (O_PROJ 200 / 1100 partial, 1024 whole; DOWN
+  # 64 / 4096) with LEAD 8, whole-matrix timings with LEAD 0 / MK_RL2_LEADS (default "8 64": 64
+  # = at the tile's first stage), then the two-layer checks of a 512- and a 478-token first step
+  # with LEAD 8 and, MK_RL2_TIME=1 (default), decode B=MK_RL2_BATCH (default 1024) megakernel
+  # only, off / LEAD 8, journal on (the DOWN row's epi_wait): rl2.log, rl2.json, rl2_{off,on}.json
+  J=""
+  for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:64 DOWN:4096; do J="$J,$c:check:rl2=8"; done
+  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
+    J="$J,$c:time:"
+    for l in ${MK_RL2_LEADS:-8 64}; do J="$J,$c:time:rl2=$l"; done
+  done
+  run_profile rl2 "${J#,}" ${MK_RL2_PROFILE_S:-240} | tee "$OUTDIR/rl2_summary.log"
+  export MK_GEMM_RESIDUAL_L2=8 MK_CHECK_TAG="MK_GEMM_RESIDUAL_L2=8 "
+  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
+    # shellcheck disable=SC2086  # $a: the arguments, split
+    check_to "$OUTDIR/rl2_summary.log" $a
+  done
+  unset MK_GEMM_RESIDUAL_L2 MK_CHECK_TAG
+  if [ "${MK_RL2_TIME:-1}" = 1 ]; then
+    time_variant rl2 off "MK_GEMM_RESIDUAL_L2=0" ${MK_RL2_BATCH:-1024} "" ""
+    time_variant rl2 on "MK_GEMM_RESIDUAL_L2=8" ${MK_RL2_BATCH:-1024} "MK_GEMM_RESIDUAL_L2=8" ""
   fi
 fi
 if has floor; then

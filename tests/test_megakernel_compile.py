@@ -721,21 +721,30 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     residual added by its TMA store: O_PROJ's and DOWN's four boxes each leave by
     cp.reduce.async.bulk.tensor .add instead of plain bulk stores). Every bulk store keeps its
     read wait; the stmatrix staging and the residual's ldmatrix (partial tiles still load it)
-    stay. 0 spills, no call."""
+    stay. With them MK_GEMM_RESIDUAL_L2=8 (the loader's L2 prefetch of a RESIDUAL tile's
+    residual rows 8 K steps before its end: bulk prefetches in O_PROJ's and DOWN's loader
+    bodies, the default build has none). 0 spills, no call."""
     ptx = variant_ptx(tmp_path, "epi_experiments",
-                      {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_RESIDUAL_REDUCE": "1"}, GK +
+                      {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_RESIDUAL_REDUCE": "1",
+                       "MK_GEMM_RESIDUAL_L2": "8"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
                       "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m64n128'])\n"
                       "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])\n"
-                      "assert not gk.residual_reduces(gk.EPI_STORE_F32, T['m128n256'])",
+                      "assert not gk.residual_reduces(gk.EPI_STORE_F32, T['m128n256'])\n"
+                      "assert gk.residual_prefetches(gk.EPI_RESIDUAL)\n"
+                      "assert not gk.residual_prefetches(gk.EPI_SILU_MUL)",
                       m_class=1024)
     # plain bulk stores: LM_HEAD's 8; read waits: those and the reducing stores' 8
     assert epilogue_counts(ptx) == (8, 16, 32, 32)
     reducing = r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add"
     assert len(re.findall(reducing, ptx)) == 8
+    # the residual's row prefetches: each RESIDUAL slot's loader issues them at one of two
+    # points (the stage kt - 8, or after the loop where the early weights took every stage)
+    prefetches = len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx))
+    assert prefetches >= 4, prefetches
     assert_variant_clean(ptx, tmp_path, "epi_experiments")
 
 
@@ -745,7 +754,9 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
     ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
     ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
-    ("MK_GEMM_RESIDUAL_REDUCE", "yes", "MK_GEMM_RESIDUAL_REDUCE='yes'")])
+    ("MK_GEMM_RESIDUAL_REDUCE", "yes", "MK_GEMM_RESIDUAL_REDUCE='yes'"),
+    ("MK_GEMM_RESIDUAL_L2", "yes", "MK_GEMM_RESIDUAL_L2='yes'"),
+    ("MK_GEMM_RESIDUAL_L2", "-1", "MK_GEMM_RESIDUAL_L2='-1'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named
     (MK_GEMM_EPI_EARLY=3 would hold a 128 x 256 tile's four epilogue pages with all nine
