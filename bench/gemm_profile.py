@@ -14,7 +14,9 @@ stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same val
 staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through
 TMA stores) or "rreduce=1" (MK_GEMM_RESIDUAL_REDUCE=1: full RESIDUAL tiles add their residual
 in the TMA store) or "rl2=LEAD" (MK_GEMM_RESIDUAL_L2=LEAD: the loader prefetches a RESIDUAL tile's
-residual into L2 LEAD K steps before its end); an unknown part is refused. KIND:
+residual into L2 LEAD K steps before its end) or "chain=1" (MK_GEMM_CHAIN_HANDOFF=1: a 128 x 256
+tile's epilogue pages handed over and freed one output chain at a time); an unknown part is
+refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
@@ -49,7 +51,7 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
          "tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "rreduce": "MK_GEMM_RESIDUAL_REDUCE",
-         "rl2": "MK_GEMM_RESIDUAL_L2"}
+         "rl2": "MK_GEMM_RESIDUAL_L2", "chain": "MK_GEMM_CHAIN_HANDOFF"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch")
 KINDS = ("time", "floor", "launch", "check", "journal", "ncu")

@@ -228,6 +228,11 @@
 #          O_PROJ / DOWN 1024 / 4096 timed with 0 / MK_RL2_LEADS ("8 64"), the two-layer
 #          checks (512 / 478 tokens), decode B=MK_RL2_BATCH (1024) off / on with the journal:
 #          rl2.log, rl2.json, rl2_summary.log, rl2_{off,on}.json (~7 min)
+#   chain  MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, off: a 128 x 256 tile's epilogue pages
+#          handed over and freed one output chain at a time): poisoned checks, O_PROJ / DOWN /
+#          LM_HEAD 1024 / 4096 timed with and without (MK_CHAIN_RL2=8: with rl2 too), the
+#          two-layer checks, racecheck, decode B=MK_CHAIN_BATCH (1024) off / on: chain.log,
+#          chain.json, chain_summary.log, chain_{off,on}.json, racecheck_full.log (~9 min)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -269,7 +274,8 @@
 #      in session 27, checked and timed; floor with the new kind launch, which says how much of
 #      O_PROJ 64's 12.4 us first-tile launch is the launch itself). If rl2 gains: racecheck a
 #      1024-class step with it (`--prompt-lens 256,256`), make it the default, update
-#      test_megakernel_compile. Then tests/test_gemm_gpu.py as pytest in a call of its own
+#      test_megakernel_compile. Second call: `MK_STEPS=chain` (the epilogue handed over chain
+#      by chain, built in session 27; MK_CHAIN_RL2=8 times both together). Then tests/test_gemm_gpu.py as pytest in a call of its own
 #      (`timeout 560 python -m pytest -m gpu -q tests/test_gemm_gpu.py`: session 27's verify
 #      with it ran past its 420 s pytest cap; its -k LM_HEAD part passed), the
 #      B=512 and mixed e2e points (not run since session 20: `python launch/bench.py --batch
@@ -336,7 +342,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [rl2]=560)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [rl2]=560 [chain]=590)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1172,6 +1178,41 @@ if has rl2; then
   if [ "${MK_RL2_TIME:-1}" = 1 ]; then
     time_variant rl2 off "MK_GEMM_RESIDUAL_L2=0" ${MK_RL2_BATCH:-1024} "" ""
     time_variant rl2 on "MK_GEMM_RESIDUAL_L2=8" ${MK_RL2_BATCH:-1024} "MK_GEMM_RESIDUAL_L2=8" ""
+  fi
+fi
+if has chain; then
+  # MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, off): a 128 x 256 tile's epilogue pages handed
+  # to the storer and freed one output chain (128 columns) at a time, so the first half's TMA
+  # stores go out while the second is staged and its pages return to the loader sooner.
+  # Poisoned checks (O_PROJ 200 / 1024 / 1100, DOWN 1024 / 4096, LM_HEAD 1024 / 1100: whole and
+  # partial tiles, bf16 and float32 pages), timings of O_PROJ / DOWN / LM_HEAD at 1024 / 4096
+  # with and without (MK_CHAIN_RL2=8: also with both switches), the two-layer checks of a 512-
+  # and a 478-token first step and racecheck with it, then (MK_CHAIN_TIME=1, default) decode
+  # B=MK_CHAIN_BATCH (1024) megakernel only, off / on, journal on: chain.log, chain.json,
+  # chain_summary.log, chain_{off,on}.json, racecheck_full.log
+  J=""
+  for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:1024 DOWN:4096 LM_HEAD:1024 LM_HEAD:1100; do
+    J="$J,$c:check:chain=1"
+  done
+  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096 LM_HEAD:1024 LM_HEAD:4096; do
+    J="$J,$c:time:,$c:time:chain=1"
+    [ -n "${MK_CHAIN_RL2:-}" ] && J="$J,$c:time:chain=1+rl2=$MK_CHAIN_RL2"
+  done
+  run_profile chain "${J#,}" ${MK_CHAIN_PROFILE_S:-240} | tee "$OUTDIR/chain_summary.log"
+  export MK_GEMM_CHAIN_HANDOFF=1 MK_CHECK_TAG="MK_GEMM_CHAIN_HANDOFF=1 "
+  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
+    # shellcheck disable=SC2086  # $a: the arguments, split
+    check_to "$OUTDIR/chain_summary.log" $a
+  done
+  echo "== racecheck MK_GEMM_CHAIN_HANDOFF=1, 256,256 split-K auto" | tee -a "$OUTDIR/chain_summary.log"
+  CUTE_DSL_LINEINFO=1 timeout 170 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 256,256 \
+      > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/chain_summary.log"
+  unset MK_GEMM_CHAIN_HANDOFF MK_CHECK_TAG
+  if [ "${MK_CHAIN_TIME:-1}" = 1 ]; then
+    time_variant chain off "MK_GEMM_CHAIN_HANDOFF=0" ${MK_CHAIN_BATCH:-1024} "" ""
+    time_variant chain on "MK_GEMM_CHAIN_HANDOFF=1" ${MK_CHAIN_BATCH:-1024} "MK_GEMM_CHAIN_HANDOFF=1" ""
   fi
 fi
 if has floor; then

@@ -723,10 +723,12 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     read wait; the stmatrix staging and the residual's ldmatrix (partial tiles still load it)
     stay. With them MK_GEMM_RESIDUAL_L2=8 (the loader's L2 prefetch of a RESIDUAL tile's
     residual rows 8 K steps before its end: bulk prefetches in O_PROJ's and DOWN's loader
-    bodies, the default build has none). 0 spills, no call."""
+    bodies, the default build has none) and MK_GEMM_CHAIN_HANDOFF=1 (the 128 x 256 tiles'
+    epilogue pages handed over and freed one output chain at a time: one read wait for the
+    first chain's pages, then one per page of the last chain). 0 spills, no call."""
     ptx = variant_ptx(tmp_path, "epi_experiments",
                       {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_RESIDUAL_REDUCE": "1",
-                       "MK_GEMM_RESIDUAL_L2": "8"}, GK +
+                       "MK_GEMM_RESIDUAL_L2": "8", "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
@@ -735,10 +737,15 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
                       "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])\n"
                       "assert not gk.residual_reduces(gk.EPI_STORE_F32, T['m128n256'])\n"
                       "assert gk.residual_prefetches(gk.EPI_RESIDUAL)\n"
-                      "assert not gk.residual_prefetches(gk.EPI_SILU_MUL)",
+                      "assert not gk.residual_prefetches(gk.EPI_SILU_MUL)\n"
+                      "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
+                      "assert gk.chain_pages(T['m128n256'], gk.EPI_STORE_F32) == 4\n"
+                      "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
+                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0",
                       m_class=1024)
-    # plain bulk stores: LM_HEAD's 8; read waits: those and the reducing stores' 8
-    assert epilogue_counts(ptx) == (8, 16, 32, 32)
+    # plain bulk stores: LM_HEAD's 8; read waits (chain by chain): LM_HEAD's 1 + 4, O_PROJ's
+    # and DOWN's reducing stores' 1 + 2 each
+    assert epilogue_counts(ptx) == (8, 11, 32, 32)
     reducing = r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add"
     assert len(re.findall(reducing, ptx)) == 8
     # the residual's row prefetches: each RESIDUAL slot's loader issues them at one of two
@@ -756,7 +763,8 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
     ("MK_GEMM_RESIDUAL_REDUCE", "yes", "MK_GEMM_RESIDUAL_REDUCE='yes'"),
     ("MK_GEMM_RESIDUAL_L2", "yes", "MK_GEMM_RESIDUAL_L2='yes'"),
-    ("MK_GEMM_RESIDUAL_L2", "-1", "MK_GEMM_RESIDUAL_L2='-1'")])
+    ("MK_GEMM_RESIDUAL_L2", "-1", "MK_GEMM_RESIDUAL_L2='-1'"),
+    ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named
     (MK_GEMM_EPI_EARLY=3 would hold a 128 x 256 tile's four epilogue pages with all nine

@@ -92,7 +92,7 @@ def residual_add(n):
 
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
-                 stage_full="page", b_on_own_full=False, epi_early=0):
+                 stage_full="page", b_on_own_full=False, epi_early=0, chain_pages=0):
         self.full = [Barrier(f"full{p}") for p in range(NP)]
         self.done = [Barrier(f"done{p}") for p in range(NP)]
         self.empty = [Barrier(f"empty{p}") for p in range(NP)]
@@ -106,6 +106,9 @@ class Ring:
         # negative control: "stage" waits with the B loads completing on their own barriers
         self.b_on_own_full = b_on_own_full
         self.epi_early = epi_early
+        # MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over the epilogue pages
+        # chain_pages at a time (a tile whose page count it divides; 0: all at once)
+        self.chain_pages = chain_pages
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
 
@@ -232,14 +235,18 @@ class Ring:
                     yield "wgmma"
                 self.release_stage(pg + pos(kt - 1), spp, last=True)
                 ep = pg + s_epi * spp
-                for e in range(epi):
-                    q = ep + e
-                    yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
-                    yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1,
-                                         q - NP if q >= NP else None)
-                for e in range(epi):
-                    self.read(ep + e)       # a residual tile's own rows
-                    self.done[(ep + e) % NP].arrive(ep + e)
+                cp = self.chain_pages
+                step = cp if cp and epi % cp == 0 else max(epi, 1)
+                for c0 in range(0, epi, step):
+                    for e in range(c0, c0 + step):
+                        q = ep + e
+                        yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                        yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1,
+                                             q - NP if q >= NP else None)
+                    yield "epilogue"
+                    for e in range(c0, c0 + step):
+                        self.read(ep + e)       # a residual tile's own rows
+                        self.done[(ep + e) % NP].arrive(ep + e)
                 pg += kt * spp + epi
             elif ins[0] == "copy":
                 for _ in range(ins[1]):
@@ -274,22 +281,29 @@ class Ring:
                 _, kt, spp, epi = ins
                 s_epi, pos = self.layout(kt, spp, epi)
                 k0 = kt - 1 if self.operand_free == "consumer" else 0
-                waited = ([pg + pos(k) + j for k in range(k0, kt) for j in range(spp)]
-                          + [pg + s_epi * spp + e for e in range(epi)])
+                waited = [[pg + pos(k) + j] for k in range(k0, kt) for j in range(spp)]
+                # the epilogue pages: with chain_pages a chain's all waited for, then stored and
+                # freed (the TMA stores' read wait), before the next chain's
+                cp = self.chain_pages
+                step = cp if cp and epi % cp == 0 else 1
+                waited += [[pg + s_epi * spp + e for e in range(c0, c0 + step)]
+                           for c0 in range(0, epi, step)]
                 pg += kt * spp + epi
             elif ins[0] == "copy":
-                waited = list(range(pg, pg + ins[1]))
+                waited = [[q] for q in range(pg, pg + ins[1])]
                 pg += ins[1]
             else:
-                waited = [pg + 2 * i + 1 for i in range(ins[1])]
+                waited = [[pg + 2 * i + 1] for i in range(ins[1])]
                 pg += 2 * ins[1]
-            for q in waited:
-                p = q % NP
-                parity = (dpar >> p) & 1 if self.done_parity == "mask" else (q // NP) & 1
-                yield from self.wait(self.done[p], parity, q)
-                dpar ^= 1 << p
-                yield "store"
-                self.empty[p].arrive(q)
+            for group in waited:
+                for q in group:
+                    p = q % NP
+                    parity = (dpar >> p) & 1 if self.done_parity == "mask" else (q // NP) & 1
+                    yield from self.wait(self.done[p], parity, q)
+                    dpar ^= 1 << p
+                    yield "store"
+                for q in group:
+                    self.empty[q % NP].arrive(q)
 
 
 def pages_of(ins) -> int:
@@ -360,6 +374,18 @@ def test_protocol_holds_under_random_interleavings(operand_free, stage_full, epi
         rng = random.Random(seed)
         run(Ring(operand_free=operand_free, done_parity="mask", stage_full=stage_full,
                  epi_early=epi_early), random_prog(rng), rng)
+
+
+@pytest.mark.parametrize("chain_pages", [1, 2])
+def test_protocol_holds_with_the_epilogue_handed_over_by_chain(chain_pages):
+    """MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over a tile's epilogue
+    pages one output chain at a time (two of a 128 x 256 bf16 tile's four pages; 1: page by
+    page), while the storer takes them in ring order: every wait passes on its own phase, every
+    read holds its own position's data, every schedule ends."""
+    for seed in range(120):
+        rng = random.Random(seed)
+        run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
+                 chain_pages=chain_pages), random_prog(rng), rng)
 
 
 def test_model_catches_epilogue_pages_granted_too_early():

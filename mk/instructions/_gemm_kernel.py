@@ -309,6 +309,36 @@ if RESIDUAL_L2 < 0:
                      "prefetched into L2")
 
 
+# A 128 x 256 tile's epilogue handed to the storer chain by chain (MK_GEMM_CHAIN_HANDOFF=1): the
+# consumers wait for the pages of one output chain (128 columns: two bf16 pages, four float32
+# ones), stage it and hand those pages over (`done`) before the next chain's, so the storer's TMA
+# stores of the first half go out while the second is staged; the storer frees a chain's pages
+# once the engine has read them, before it waits for the next chain's, instead of all pages after
+# the last store. Session 24 found the per-tile cost in how long the storer holds the epilogue
+# pages, which the next tile's fourth stage loads into (bench/GEMM_NOTES.md); a RESIDUAL tile's
+# first chain also starts when its own residual pages have landed. Tiles of one output chain
+# (m128n128, m64n128, the gate/up tiles) and QKV_ROPE are unchanged. The page protocol with it:
+# tests/test_page_protocol.py (chain_pages). Built in session 27, compile-checked only: off.
+CHAIN_HANDOFF = os.environ.get("MK_GEMM_CHAIN_HANDOFF", "0")
+if CHAIN_HANDOFF not in ("0", "1"):
+    raise ValueError(f"MK_GEMM_CHAIN_HANDOFF={CHAIN_HANDOFF!r}: expected 0 or 1")
+
+
+def chain_pages(cfg, epi: int) -> int:
+    """Epilogue pages that each output chain of tile cfg fills where the consumers hand them
+    over chain by chain (CHAIN_HANDOFF), else 0 (trace time)."""
+    # "M" mode: both warpgroups write every column of chain ch, [ch * wn, (ch + 1) * wn)
+    if CHAIN_HANDOFF != "1" or epi == EPI_ROPE or cfg.gate_up or cfg.wg != "M" \
+            or cfg.chains() < 2 or "noepi" in EXPERIMENT:
+        return 0
+    bpp = 128 // cfg.bm
+    ob = out_bytes_of(epi)
+    if cfg.wn * ob % 128 or (cfg.wn * ob // 128) % bpp:
+        return 0
+    cp = cfg.wn * ob // 128 // bpp
+    return cp if cp * cfg.chains() == cfg.epi_pages(ob) else 0
+
+
 def residual_prefetches(epi: int) -> bool:
     """Whether the loader prefetches a tile's residual into L2 (RESIDUAL_L2; trace time)."""
     return RESIDUAL_L2 > 0 and epi == EPI_RESIDUAL
@@ -1078,15 +1108,15 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
-    for e in cutlass.range_constexpr(ne):
-        pe, phe = page_of(pg + e, npages)
-        bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-        # the storer's reads of the page's previous use (complete already: the loader waited on
-        # it before granting the page): a direct storer-read -> consumer-write edge for racecheck
-        bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+    # CHAIN_HANDOFF: chain ch's pages [ch * cp, (ch + 1) * cp) waited for and handed over around
+    # its own epilogue (cp = 0: every page before the first chain, all handed over after the last)
+    cp = chain_pages(cfg, epi)
+    wait_epilogue_pages(full, empty, pg, 0, cp if cp > 0 else ne, npages, timeout_ns, state,
+                        ticket)
     if cutlass.const_expr(epi_word >= 0):
         # a time, not a summed clock: a clock register held through the waits spilled the
-        # journal variant's consumers (8 bytes at M1024 / max)
+        # journal variant's consumers (8 bytes at M1024 / max); with CHAIN_HANDOFF the first
+        # chain's pages
         rk.journal_stamp(journal, ticket, epi_word, me)
     ep0 = pg % npages
     col_off = tile_col_off(cfg, wg)
@@ -1106,7 +1136,11 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     if cutlass.const_expr(epi == EPI_ROPE and "noepi" not in EXPERIMENT):
         rope_epilogue(cfg, accs, tCcC, col_off, pool, ep0, npages, meta, inv_freq, row0, rows,
                       section)
+    handed = 0
     for ch in cutlass.range_constexpr(0 if (epi == EPI_ROPE or "noepi" in EXPERIMENT) else nout):
+        if cutlass.const_expr(cp > 0 and ch > 0):
+            wait_epilogue_pages(full, empty, pg, ch * cp, (ch + 1) * cp, npages, timeout_ns,
+                                state, ticket)
         acc = accs[ch]
         npair = out_pairs(cfg, acc)
         # the pair stores read the residual from pages that a reducing store's whole tile left
@@ -1117,16 +1151,46 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                           lane, resid_mask)
         else:
             pair_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages)
-    if cutlass.const_expr(tma_stores(epi, cfg)):
-        # the storer may hand these pages to the TMA engine (async proxy): order this thread's
-        # generic st.shared before its reads (CUTLASS's tma_store_fence, by every writer)
-        cute.arch.fence_proxy("async.shared", space="cta")
-    if cutlass.const_expr(share != CONSUMER_THREADS):
-        cute.arch.sync_warp()
-    for e in cutlass.range_constexpr(ne):
-        pe, _ = page_of(pg + e, npages)
-        consumer_arrive(done + pe, lane, share)
+        if cutlass.const_expr(cp > 0 and ch < nout - 1):
+            hand_off_epilogue_pages(cfg, epi, done, pg, ch * cp, (ch + 1) * cp, npages, lane,
+                                    share)
+            handed = (ch + 1) * cp
+    hand_off_epilogue_pages(cfg, epi, done, pg, handed, ne, npages, lane, share)
     return pg + ne
+
+
+@cute.jit
+def wait_epilogue_pages(full: cute.Pointer, empty: cute.Pointer, pg: Int32,
+                        e0: cutlass.Constexpr, e1: cutlass.Constexpr,
+                        npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                        ticket: Int32):
+    """Consumers: epilogue pages e0 .. e1 - 1 (ring counts pg + e) granted (full: a RESIDUAL
+    tile's residual landed) and their previous use's storer reads done."""
+    for e in cutlass.range_constexpr(e0, e1):
+        pe, phe = page_of(pg + e, npages)
+        bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        # the storer's reads of the page's previous use (complete already: the loader waited on
+        # it before granting the page): a direct storer-read -> consumer-write edge for racecheck
+        bar_wait(empty + pe, phe ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+
+
+@cute.jit
+def hand_off_epilogue_pages(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, done: cute.Pointer,
+                            pg: Int32, e0: cutlass.Constexpr, e1: cutlass.Constexpr,
+                            npages: cutlass.Constexpr, lane: Int32,
+                            share: cutlass.Constexpr):
+    """Consumers: epilogue pages e0 .. e1 - 1, staged, to the storer (`done`)."""
+    if cutlass.const_expr(e1 > e0):
+        if cutlass.const_expr(tma_stores(epi, cfg)):
+            # the storer may hand these pages to the TMA engine (async proxy): order this
+            # thread's generic st.shared before its reads (CUTLASS's tma_store_fence, by every
+            # writer)
+            cute.arch.fence_proxy("async.shared", space="cta")
+        if cutlass.const_expr(share != CONSUMER_THREADS):
+            cute.arch.sync_warp()
+        for e in cutlass.range_constexpr(e0, e1):
+            pe, _ = page_of(pg + e, npages)
+            consumer_arrive(done + pe, lane, share)
 
 
 def stsm_chain_ok(epi: int, npair: int) -> bool:
@@ -1561,7 +1625,19 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     by_tma = 0
     if cutlass.const_expr(tma_store is not None):
         by_tma = whole_tile(cfg, epi, rows, cols)
+    # CHAIN_HANDOFF: a chain's pages freed once the engine has read them, before the wait for the
+    # next chain's (cp = 0: every page after the last store)
+    cp = chain_pages(cfg, epi) if tma_store is not None else 0
+    freed = 0
     for e in cutlass.range_constexpr(ne):
+        if cutlass.const_expr(cp > 0 and e > 0 and e % cp == 0):
+            if by_tma == 1:
+                if bulk_issuer(sid, reduces):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                for f in cutlass.range_constexpr(e - cp, e):
+                    page_f, _ = page_of(pg + f, npages)
+                    rk.free_page(page_f, empty, sid, bar_id, nthreads, share)
+            freed = e
         page, _ = page_of(pg + e, npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if cutlass.const_expr(tma_store is not None and "nostore" not in EXPERIMENT):
@@ -1587,7 +1663,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
             # each page back to the loader once the engine has read it (page e's group is the
             # e-th of ne: ne - 1 - e groups may still be pending), then the writes complete
             # before the instruction's signal (the caller's barrier + release)
-            for e in cutlass.range_constexpr(ne):
+            for e in cutlass.range_constexpr(freed, ne):
                 page, _ = page_of(pg + e, npages)
                 if bulk_issuer(sid, reduces):
                     cute.arch.cp_async_bulk_wait_group(ne - 1 - e, read=True)
