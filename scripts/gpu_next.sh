@@ -471,6 +471,31 @@ bench_in_tree() {
   { table "$TMPD/$name.log" | grep -E "^decode"; grep Error "$TMPD/$name.log"; } | tee -a "$log"
   rm -f "$OUTDIR"/"$name"_*_journal.pt "$OUTDIR"/"$name"_*_timeline.png
 }
+# a compile-time switch VAR=VALUE in the step: the two-layer checks (split-K auto) of a 512-token
+# first step (whole tiles of the 1024 class) and of the 478-token one (partial tiles) into LOG,
+# with RACE=1 a racecheck of the first (racecheck_full.log), then with TIME=1 decode BATCH,
+# megakernel only, VAR=0 / VAR=VALUE with the journal (time_variant NAME off / on)
+#   switch_step NAME VAR VALUE LOG RACE TIME BATCH
+switch_step() {
+  local name=$1 var=$2 val=$3 log=$4 race=$5 tm=$6 batch=$7
+  export "$var=$val" MK_CHECK_TAG="$var=$val "
+  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
+    # shellcheck disable=SC2086  # $a: the arguments, split
+    check_to "$log" $a
+  done
+  if [ "$race" = 1 ]; then
+    echo "== racecheck $var=$val, 256,256 split-K auto" | tee -a "$log"
+    CUTE_DSL_LINEINFO=1 timeout 170 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 256,256 \
+        > "$OUTDIR/racecheck_full.log" 2>&1
+    grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$log"
+  fi
+  unset "$var" MK_CHECK_TAG
+  if [ "$tm" = 1 ]; then
+    time_variant "$name" off "$var=0" "$batch" "" ""
+    time_variant "$name" on "$var=$val" "$batch" "$var=$val" ""
+  fi
+}
 # time_ab, only when the variant's checks' log NAME.log passed
 timed_ab() {
   if passed "$OUTDIR/$1.log"; then
@@ -1169,16 +1194,8 @@ if has rl2; then
     for l in ${MK_RL2_LEADS:-8 64}; do J="$J,$c:time:rl2=$l"; done
   done
   run_profile rl2 "${J#,}" ${MK_RL2_PROFILE_S:-240} | tee "$OUTDIR/rl2_summary.log"
-  export MK_GEMM_RESIDUAL_L2=8 MK_CHECK_TAG="MK_GEMM_RESIDUAL_L2=8 "
-  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
-    # shellcheck disable=SC2086  # $a: the arguments, split
-    check_to "$OUTDIR/rl2_summary.log" $a
-  done
-  unset MK_GEMM_RESIDUAL_L2 MK_CHECK_TAG
-  if [ "${MK_RL2_TIME:-1}" = 1 ]; then
-    time_variant rl2 off "MK_GEMM_RESIDUAL_L2=0" ${MK_RL2_BATCH:-1024} "" ""
-    time_variant rl2 on "MK_GEMM_RESIDUAL_L2=8" ${MK_RL2_BATCH:-1024} "MK_GEMM_RESIDUAL_L2=8" ""
-  fi
+  switch_step rl2 MK_GEMM_RESIDUAL_L2 8 "$OUTDIR/rl2_summary.log" 0 "${MK_RL2_TIME:-1}" \
+      "${MK_RL2_BATCH:-1024}"
 fi
 if has chain; then
   # MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, off): a 128 x 256 tile's epilogue pages handed
@@ -1199,21 +1216,8 @@ if has chain; then
     [ -n "${MK_CHAIN_RL2:-}" ] && J="$J,$c:time:chain=1+rl2=$MK_CHAIN_RL2"
   done
   run_profile chain "${J#,}" ${MK_CHAIN_PROFILE_S:-240} | tee "$OUTDIR/chain_summary.log"
-  export MK_GEMM_CHAIN_HANDOFF=1 MK_CHECK_TAG="MK_GEMM_CHAIN_HANDOFF=1 "
-  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
-    # shellcheck disable=SC2086  # $a: the arguments, split
-    check_to "$OUTDIR/chain_summary.log" $a
-  done
-  echo "== racecheck MK_GEMM_CHAIN_HANDOFF=1, 256,256 split-K auto" | tee -a "$OUTDIR/chain_summary.log"
-  CUTE_DSL_LINEINFO=1 timeout 170 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-      check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 256,256 \
-      > "$OUTDIR/racecheck_full.log" 2>&1
-  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/chain_summary.log"
-  unset MK_GEMM_CHAIN_HANDOFF MK_CHECK_TAG
-  if [ "${MK_CHAIN_TIME:-1}" = 1 ]; then
-    time_variant chain off "MK_GEMM_CHAIN_HANDOFF=0" ${MK_CHAIN_BATCH:-1024} "" ""
-    time_variant chain on "MK_GEMM_CHAIN_HANDOFF=1" ${MK_CHAIN_BATCH:-1024} "MK_GEMM_CHAIN_HANDOFF=1" ""
-  fi
+  switch_step chain MK_GEMM_CHAIN_HANDOFF 1 "$OUTDIR/chain_summary.log" 1 \
+      "${MK_CHAIN_TIME:-1}" "${MK_CHAIN_BATCH:-1024}"
 fi
 if has floor; then
   # what a whole-matrix launch pays before its tiles (issue 5's misses at M = 64 / 256, session
