@@ -84,6 +84,7 @@ from mk.instructions import qkv as qk  # noqa: E402
 
 GROUP_M = 8            # tiles raster: GROUP_M row tiles x all column tiles, then the next group
 SPLIT_K = "auto"       # --split-k: "auto" (the planner's factor), "none" or an integer
+PLAN = {}              # --plan: PlanConfig fields for "auto" (mk.plan.parse_plan_overrides)
 
 
 def plan_tiles(op, cfg: gk.TileConfig, m: int, n_out: int, k: int, layer: int = 0,
@@ -194,11 +195,16 @@ def nsplit_for(op: str, m: int, ntiles: int, split=None, sms: int | None = None)
         return 1
     if split != "auto":
         return int(split)
-    from mk.plan import PlanConfig
     sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
     o = Op[op]
-    # split_k=0: auto, as the megakernel backend plans (mk.megakernel_step)
-    return PlanConfig(split_k=0, num_sms=sms).split_factors(m, {o: ntiles}, {o: SHAPES[op][0]})[o]
+    return auto_plan(sms).split_factors(m, {o: ntiles}, {o: SHAPES[op][0]})[o]
+
+
+def auto_plan(sms: int):
+    """The PlanConfig whose split-K the "auto" rows follow: split_k=0 (auto, as the megakernel
+    backend plans, mk.megakernel_step) on sms SMs, with --plan's fields."""
+    from mk.plan import PlanConfig
+    return PlanConfig(split_k=0, num_sms=sms, **PLAN)
 
 
 def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=None):
@@ -214,9 +220,8 @@ def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=N
     k_bounds = None                 # a forced factor: near-equal slices
     if (SPLIT_K if split is None else split) == "auto":
         # the planner's slices for its factor (uneven ones above 256 tokens: QKV_ROPE at 1024)
-        from mk.plan import PlanConfig
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        k_bounds = PlanConfig(split_k=0, num_sms=sms).op_k_slices(m, int(instrs.shape[0]), K, ns)
+        k_bounds = auto_plan(sms).op_k_slices(m, int(instrs.shape[0]), K, ns)
     stream, _ = split_stream(instrs, ns, T, nctr, up, k_bounds)
     sk = torch.full((ns * T, width), POISON, dtype=torch.float32, device="cuda")
     return stream, ns, sk
@@ -802,7 +807,8 @@ def suite(a, ops, check_ms, bench_ms, res, out: Path) -> bool:
         cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "--child", "--ops", op,
                "--m", ",".join(map(str, check_ms)), "--odd-m", "0",
                "--bench-m", ",".join(map(str, bench_ms)) if bench_ms else "",
-               "--reps", str(a.reps), "--split-k", a.split_k, "--out", str(tmp / f"{op}.json")]
+               "--reps", str(a.reps), "--split-k", a.split_k, "--plan", a.plan,
+               "--out", str(tmp / f"{op}.json")]
         if a.no_compile:
             cmd.append("--no-compile")
         pr = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -910,6 +916,10 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--split-k", default="auto",
                    help="auto (the planner's K splits at each M), none, or a split count")
+    p.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
+                   help="PlanConfig fields for --split-k auto (as launch/bench.py --plan), e.g. "
+                        "splitk_qkv_max_tokens=4096: the planner's split factor and slices "
+                        "with them")
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--odd-m", type=int, default=200, help="extra correctness M (rows tail); 0: none")
@@ -924,8 +934,15 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.split_k not in ("auto", "none") and not (a.split_k.isdigit() and int(a.split_k) >= 1):
         p.error(f"--split-k must be auto, none or a positive integer, got {a.split_k!r}")
-    global SPLIT_K
-    SPLIT_K = a.split_k
+    from mk.plan import parse_plan_overrides
+    try:
+        plan = parse_plan_overrides(a.plan)
+    except ValueError as e:
+        p.error(f"--plan: {e}")
+    if plan and a.split_k != "auto":
+        p.error(f"--plan applies to --split-k auto, not {a.split_k!r}")
+    global SPLIT_K, PLAN
+    SPLIT_K, PLAN = a.split_k, plan
     if os.environ.get("MK_GEMM_DRYRUN"):
         _dryrun()
     assert torch.cuda.is_available(), "bench/gemm.py needs a GPU"
@@ -945,7 +962,7 @@ def main(argv=None) -> int:
                git_commit=_commit(), torch=torch.__version__,
                command="python bench/gemm.py " + " ".join(sys.argv[1:] if argv is None else argv),
                reg_split="mk.megakernel.reg_split: 72/216, 80/208 with QKV_ROPE",
-               split_k=a.split_k, env=knob_env(), checks=[], rows=[])
+               split_k=a.split_k, plan=PLAN, env=knob_env(), checks=[], rows=[])
     t0 = time.time()
     if a.suite:
         all_ok = suite(a, ops, check_ms, bench_ms, res, out)

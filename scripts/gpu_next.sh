@@ -279,8 +279,11 @@
 #      (`timeout 560 python -m pytest -m gpu -q tests/test_gemm_gpu.py`: session 27's verify
 #      with it ran past its 420 s pytest cap; its -k LM_HEAD part passed), the
 #      B=512 and mixed e2e points (not run since session 20: `python launch/bench.py --batch
-#      512 --mixed 256:1024:1024`). Still open from session 26: QKV_ROPE at M=4096 (0.77; on
-#      m128n256 +15%, split-K 2 -2.9% in the bench: not taken), the bigger levers below
+#      512 --mixed 256:1024:1024`). QKV_ROPE at M=4096 (0.77; on m128n256 +15%, split-K 2 in
+#      near-equal slices -2.9%: not taken; the planner never splits 320 tiles, whatever its
+#      cap): a split of the last partial wave's tiles only (bench/GEMM_NOTES.md session 27,
+#      ~17% of the mainloop's span by arithmetic) is planner work, not built; the bigger levers
+#      below
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then

@@ -857,6 +857,26 @@ def test_qkv_gate_up_caps_over_256_keep_the_gpu_predicate(m):
     assert len(list(_gpu_tile_words(plan, m))) == len(SPLIT_OPS)
 
 
+def test_gemm_bench_plan_fields_steer_its_auto_split(monkeypatch):
+    """bench/gemm.py --plan: its "auto" rows split as a PlanConfig with those fields would (QKV_ROPE
+    at 1024 tokens: two uneven slices by default, unsplit with its cap at 512), and a field that
+    is not PlanConfig's, or --plan with a forced split, is refused before any GPU work."""
+    pytest.importorskip("cutlass")
+    import bench.gemm as bg
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op
+    cfg = gk.choose_tile(Op.QKV_ROPE, 1024)
+    instrs, _ = bg.plan_qkv(cfg, 1024, bg.QKV_SECTIONS, bg.SHAPES["QKV_ROPE"][0], bg.HEAD_DIM)
+    nt = int(instrs.shape[0])
+    assert bg.nsplit_for("QKV_ROPE", 1024, nt, "auto", sms=132) == 2
+    monkeypatch.setattr(bg, "PLAN", {"splitk_qkv_max_tokens": 512})
+    assert bg.nsplit_for("QKV_ROPE", 1024, nt, "auto", sms=132) == 1
+    for argv in (["--plan", "no_such_field=1"], ["--plan", "splitk_qkv_max_tokens=512",
+                                                   "--split-k", "2"]):
+        with pytest.raises(SystemExit):
+            bg.main(argv)
+
+
 def test_gemm_bench_splits_as_the_planner():
     """bench/gemm.py --split-k auto: at M = 64 every token GEMM of the 70B TP8 rank is cut along K
     (its tiles x nsplit within the 132 SMs, as mk.plan does), at M >= 1024 none is, LM_HEAD never;
