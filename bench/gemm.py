@@ -918,7 +918,7 @@ def main(argv=None) -> int:
                    help="auto (the planner's K splits at each M), none, or a split count")
     p.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
                    help="PlanConfig fields for --split-k auto (as launch/bench.py --plan), e.g. "
-                        "splitk_qkv_max_tokens=4096: the planner's split factor and slices "
+                        "splitk_qkv_max_tokens=512: the planner's split factor and slices "
                         "with them")
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
