@@ -13,9 +13,10 @@ config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) 
 stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same values: epilogues
 staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through
 TMA stores) or "rreduce=1" (MK_GEMM_RESIDUAL_REDUCE=1: full RESIDUAL tiles add their residual
-in the TMA store) or "rl2=LEAD" (MK_GEMM_RESIDUAL_L2=LEAD: the loader prefetches a RESIDUAL tile's
-residual into L2 LEAD K steps before its end) or "chain=1" (MK_GEMM_CHAIN_HANDOFF=1: a 128 x 256
-tile's epilogue pages handed over and freed one output chain at a time); an unknown part is
+in the TMA store) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
+128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
+tile's at once) or "claim=V" (MK_FIRST_CLAIM_EARLY=V: 1 the controller's first ticket claimed
+and its words loaded during the prologue); an unknown part is
 refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
@@ -28,6 +29,13 @@ refused. KIND:
              whole-matrix time (what a small M pays once per launch and the step once per step)
     launch   as time, of a launch of the same compiled variant running one NOOP: the launch and
              the roles' prologue and teardown alone (floor - launch = one tile's latency)
+    empty    as time, of an empty CuTe DSL kernel with the megakernel's grid, block and shared
+             memory (bench/_empty_kernel.py): what the GPU charges to start and retire the CTAs;
+             launch - empty is the megakernel's own prologue, queue and teardown
+The journal kind takes the flags "noop" (one NOOP, as kind launch) and "first" (the first tile
+alone, as kind floor); it then also reports where the launch's time goes: the CTAs' start spread,
+the first instruction's fetch / ready / end after the first CTA started, and the teardown (the
+last CTA's exit after the last instruction's end).
 Each job is its own process (one compiled variant per environment); the driver starts them all at
 once (their compiles overlap) and a file lock lets one job at a time use the GPU. One JSON line per
 job on stdout (prefix @@JOB) and in --out.
@@ -51,10 +59,10 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
          "tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "rreduce": "MK_GEMM_RESIDUAL_REDUCE",
-         "rl2": "MK_GEMM_RESIDUAL_L2", "chain": "MK_GEMM_CHAIN_HANDOFF"}
+         "chain": "MK_GEMM_CHAIN_HANDOFF", "claim": "MK_FIRST_CLAIM_EARLY"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
-FLAGS = ("nosig", "batch")
-KINDS = ("time", "floor", "launch", "check", "journal", "ncu")
+FLAGS = ("nosig", "batch", "noop", "first")
+KINDS = ("time", "floor", "launch", "empty", "check", "journal", "ncu")
 
 
 def job_env(job: str) -> dict:
@@ -115,13 +123,26 @@ def worker(job: str, reps: int) -> dict:
     else:
         instrs, _ = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst),
                                   signal_base=sig)
-    if kind == "floor":
+    flags = exp.split("+")
+    if kind == "floor" or (kind == "journal" and "first" in flags):
         instrs = instrs[:1]
-    elif kind == "launch":
+    elif kind == "launch" or (kind == "journal" and "noop" in flags):
         from mk.ir import Instruction, serialize
         instrs = serialize([Instruction(int(Op.NOOP))])
     out = dict(job=job, op=op, m=m, kind=kind, experiment=exp, tile=cfg.name,
                n_tiles=int(instrs.shape[0]), kt=K // gk.BK)
+    if kind == "empty":
+        import mk.megakernel as M
+        from bench import _empty_kernel
+        from mk.instructions import _rows_kernel as rk
+        grid = torch.cuda.get_device_properties(0).multi_processor_count
+        fn = _empty_kernel.launcher(grid, M.THREADS, M.NPAGES * rk.PAGE + 4096)
+        fn()
+        torch.cuda.synchronize()
+        with gpu_lock():
+            us, ts = bg.time_rotating([fn], reps)
+        out.update(mk_us=us, min_us=ts[0], max_us=ts[-1], grid=grid)
+        return out
     if kind == "check":
         with gpu_lock():
             c = bg.check_case(op, m, seed=m)
@@ -164,6 +185,12 @@ def worker(job: str, reps: int) -> dict:
                    kernel_ns=int(jc[:mkk.grid, 1].max()) - t0,
                    tail_ns=int(jc[:mkk.grid, 1].max()) - int(jc[:mkk.grid, 1].min()),
                    fetch_to_ready_ns_p50=float((ready - fetch).float().median()))
+        # where a short launch's time goes (the first instruction, the CTAs' start and exit)
+        i0 = int(fetch.argmin())
+        out.update(cta_start_spread_ns=int(jc[:mkk.grid, 0].max()) - t0,
+                   first_fetch_ns=int(fetch[i0]) - t0, first_ready_ns=int(ready[i0]) - t0,
+                   first_end_ns=int(end[i0]) - t0,
+                   teardown_ns=int(jc[:mkk.grid, 1].max()) - int(end.max()))
         return out
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)

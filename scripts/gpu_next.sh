@@ -223,16 +223,16 @@
 #          the launch, the roles' prologue, one tile's latency) and its whole matrix, at
 #          MK_FLOOR_M (default "64 256"), and (kind launch, since session 27) a launch of one
 #          NOOP in the same variant: floor.log, floor.json, floor_summary.log (~2 min in s27)
-#   rl2    MK_GEMM_RESIDUAL_L2=LEAD (built in session 27, off: the loader's L2 prefetch of a
-#          RESIDUAL tile's residual rows LEAD K steps before its end): poisoned checks with 8,
-#          O_PROJ / DOWN 1024 / 4096 timed with 0 / MK_RL2_LEADS ("8 64"), the two-layer
-#          checks (512 / 478 tokens), decode B=MK_RL2_BATCH (1024) off / on with the journal:
-#          rl2.log, rl2.json, rl2_summary.log, rl2_{off,on}.json (~7 min)
-#   chain  MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, off: a 128 x 256 tile's epilogue pages
-#          handed over and freed one output chain at a time): poisoned checks, O_PROJ / DOWN /
-#          LM_HEAD 1024 / 4096 timed with and without (MK_CHAIN_RL2=8: with rl2 too), the
-#          two-layer checks, racecheck, decode B=MK_CHAIN_BATCH (1024) off / on: chain.log,
-#          chain.json, chain_summary.log, chain_{off,on}.json, racecheck_full.log (~9 min)
+#   chain  MK_GEMM_CHAIN_HANDOFF (1, the default since session 28: a 128 x 256 tile's epilogue
+#          pages handed over and freed one output chain at a time; 0 the whole tile's): poisoned
+#          checks, O_PROJ / DOWN / LM_HEAD 1024 / 4096 timed with 0 and 1, the two-layer checks,
+#          racecheck, decode B=MK_CHAIN_BATCH (1024) 0 / 1: chain.log, chain.json,
+#          chain_summary.log, chain_{off,on}.json, racecheck_full.log (~6 min in session 28).
+#          (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
+#   claim  MK_FIRST_CLAIM_EARLY=1 (built in session 28, off: the controller's first ticket claimed
+#          during the prologue): the empty kernel, one NOOP and the journal of a NOOP / a first
+#          tile with 0 / 1, poisoned checks, issue 5's small-M rows timed with 0 / 1, the two-layer
+#          checks and racecheck: claim.log, claim.json, claim_summary.log (~6 min)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -345,7 +345,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [rl2]=560 [chain]=590)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [chain]=590 [claim]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1181,32 +1181,14 @@ if has rreduce; then
     grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/rreduce_summary.log"
   fi
 fi
-if has rl2; then
-  # MK_GEMM_RESIDUAL_L2=LEAD (built in session 27, off): the loader prefetches a RESIDUAL tile's
-  # residual rows into L2 LEAD K steps before the tile's end, so that the residual's TMA into the
-  # epilogue pages (DOWN's consumers waited 2.72 us for them at B=1024 in session 24, 0.67
-  # without a residual) reads L2. Poisoned checks (O_PROJ 200 / 1100 partial, 1024 whole; DOWN
-  # 64 / 4096) with LEAD 8, whole-matrix timings with LEAD 0 / MK_RL2_LEADS (default "8 64": 64
-  # = at the tile's first stage), then the two-layer checks of a 512- and a 478-token first step
-  # with LEAD 8 and, MK_RL2_TIME=1 (default), decode B=MK_RL2_BATCH (default 1024) megakernel
-  # only, off / LEAD 8, journal on (the DOWN row's epi_wait): rl2.log, rl2.json, rl2_{off,on}.json
-  J=""
-  for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:64 DOWN:4096; do J="$J,$c:check:rl2=8"; done
-  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
-    J="$J,$c:time:"
-    for l in ${MK_RL2_LEADS:-8 64}; do J="$J,$c:time:rl2=$l"; done
-  done
-  run_profile rl2 "${J#,}" ${MK_RL2_PROFILE_S:-240} | tee "$OUTDIR/rl2_summary.log"
-  switch_step rl2 MK_GEMM_RESIDUAL_L2 8 "$OUTDIR/rl2_summary.log" 0 "${MK_RL2_TIME:-1}" \
-      "${MK_RL2_BATCH:-1024}"
-fi
 if has chain; then
-  # MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, off): a 128 x 256 tile's epilogue pages handed
-  # to the storer and freed one output chain (128 columns) at a time, so the first half's TMA
-  # stores go out while the second is staged and its pages return to the loader sooner.
+  # MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, the default since session 28): a 128 x 256
+  # tile's epilogue pages handed to the storer and freed one output chain (128 columns) at a
+  # time, so the first half's TMA stores go out while the second is staged and its pages
+  # return to the loader sooner.
   # Poisoned checks (O_PROJ 200 / 1024 / 1100, DOWN 1024 / 4096, LM_HEAD 1024 / 1100: whole and
   # partial tiles, bf16 and float32 pages), timings of O_PROJ / DOWN / LM_HEAD at 1024 / 4096
-  # with and without (MK_CHAIN_RL2=8: also with both switches), the two-layer checks of a 512-
+  # with 0 and 1, the two-layer checks of a 512-
   # and a 478-token first step and racecheck with it, then (MK_CHAIN_TIME=1, default) decode
   # B=MK_CHAIN_BATCH (1024) megakernel only, off / on, journal on: chain.log, chain.json,
   # chain_summary.log, chain_{off,on}.json, racecheck_full.log
@@ -1215,12 +1197,40 @@ if has chain; then
     J="$J,$c:check:chain=1"
   done
   for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096 LM_HEAD:1024 LM_HEAD:4096; do
-    J="$J,$c:time:,$c:time:chain=1"
-    [ -n "${MK_CHAIN_RL2:-}" ] && J="$J,$c:time:chain=1+rl2=$MK_CHAIN_RL2"
+    J="$J,$c:time:chain=0,$c:time:chain=1"
   done
   run_profile chain "${J#,}" ${MK_CHAIN_PROFILE_S:-240} | tee "$OUTDIR/chain_summary.log"
   switch_step chain MK_GEMM_CHAIN_HANDOFF 1 "$OUTDIR/chain_summary.log" 1 \
       "${MK_CHAIN_TIME:-1}" "${MK_CHAIN_BATCH:-1024}"
+fi
+if has claim; then
+  # MK_FIRST_CLAIM_EARLY=1 (built in session 28, off): the controller's first ticket claimed and
+  # its words loaded during the prologue. Where a short launch's time goes first: the empty
+  # kernel of the megakernel's shape (kind empty), one NOOP (kind launch) and the journal of one
+  # NOOP / the first tile with and without (journal flags noop / first: cta_start_spread_ns,
+  # first_fetch / ready / end_ns, teardown_ns in claim.json); poisoned checks with it (O_PROJ
+  # 200, DOWN 64, LM_HEAD 256); issue 5's small-M rows timed with 0 / 1 (O_PROJ / DOWN 64 / 256,
+  # GATE_UP 64, LM_HEAD 256; bench/gemm_profile.py time, the whole matrix unsplit); the
+  # two-layer checks and racecheck with it: claim.log, claim.json, claim_summary.log,
+  # racecheck_full.log (~6 min)
+  J="O_PROJ:64:empty:"
+  for v in 0 1; do
+    J="$J,O_PROJ:64:launch:claim=$v,O_PROJ:64:journal:noop+claim=$v,O_PROJ:64:journal:first+claim=$v"
+  done
+  for c in O_PROJ:200 DOWN:64 LM_HEAD:256; do J="$J,$c:check:claim=1"; done
+  for c in ${MK_CLAIM_CASES:-O_PROJ:64 O_PROJ:256 DOWN:64 DOWN:256 GATE_UP:64 LM_HEAD:256}; do
+    J="$J,$c:time:claim=0,$c:time:claim=1"
+  done
+  run_profile claim "$J" ${MK_CLAIM_PROFILE_S:-300} | tee "$OUTDIR/claim_summary.log"
+  python - "$OUTDIR/claim.log" <<'PYEOF' | tee -a "$OUTDIR/claim_summary.log"
+import json, sys
+for ln in open(sys.argv[1]):
+    if ln.startswith("{") and '"journal"' in ln:
+        r = json.loads(ln)
+        print(r.get("job"), {k: r.get(k) for k in ("cta_start_spread_ns", "first_fetch_ns",
+              "first_ready_ns", "first_end_ns", "teardown_ns", "kernel_ns")})
+PYEOF
+  switch_step claim MK_FIRST_CLAIM_EARLY 1 "$OUTDIR/claim_summary.log" 1 0 1
 fi
 if has floor; then
   # what a whole-matrix launch pays before its tiles (issue 5's misses at M = 64 / 256, session

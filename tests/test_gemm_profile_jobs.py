@@ -17,9 +17,8 @@ def test_job_parts_set_their_switches():
         "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE_F32": "1"}
     assert job_env("O_PROJ:64:floor:") == {"MK_GEMM_EXPERIMENT": ""}
     assert job_env("DOWN:256:launch:") == {"MK_GEMM_EXPERIMENT": ""}
-    assert job_env("DOWN:4096:time:rl2=8") == {"MK_GEMM_EXPERIMENT": "", "MK_GEMM_RESIDUAL_L2": "8"}
-    assert job_env("LM_HEAD:1024:check:chain=1+rl2=64") == {
-        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_CHAIN_HANDOFF": "1", "MK_GEMM_RESIDUAL_L2": "64"}
+    assert job_env("LM_HEAD:1024:check:chain=0+tmastoref32=1") == {
+        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_CHAIN_HANDOFF": "0", "MK_GEMM_TMA_STORE_F32": "1"}
     assert job_env("DOWN:1024:check:rreduce=1") == {
         "MK_GEMM_EXPERIMENT": "", "MK_GEMM_RESIDUAL_REDUCE": "1"}
     assert job_env("DOWN:64:time:nostore+nob1+batch+tile=m64n128+nosig+unroll=8") == {

@@ -679,8 +679,10 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
     all-opcode 1024-class variant with split-K, O_PROJ's and DOWN's m128n256 tiles (RESIDUAL)
     stage their output by stmatrix.x4 after an ldmatrix.x4 of the residual (two chains of eight
     column groups each: 16 + 16 of both) and leave through TMA stores (one per 16 KB page, four
-    each) with a read wait before each page is freed and a write wait before the signal;
-    GATE_UP's SiLU tiles keep the pair stores and the copy. 0 spills, no call."""
+    each) with a write wait before the signal; since session 28 their epilogue pages are handed
+    over chain by chain (MK_GEMM_CHAIN_HANDOFF=1): one read wait for the first chain's pages,
+    then one per page of the last chain (1 + 2 each). GATE_UP's SiLU tiles keep the pair stores
+    and the copy. 0 spills, no call."""
     ptx = variant_ptx(tmp_path, "epi_default", {}, GK +
                       "assert (gk.TMA_STORE, gk.STSM) == ('residual', 'residual')\n"
                       "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
@@ -688,8 +690,11 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
                       "assert not gk.tma_stores(gk.EPI_ROPE, T['m128n128'])\n"
                       "assert gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
-                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)", m_class=1024)
-    assert epilogue_counts(ptx) == (8, 8, 32, 32)
+                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)\n"
+                      "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
+                      "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
+                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0", m_class=1024)
+    assert epilogue_counts(ptx) == (8, 6, 32, 32)
     assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
     assert "add.rn.bf16x2" in ptx
     assert_variant_clean(ptx, tmp_path, "epi_default")
@@ -699,16 +704,20 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
     """MK_GEMM_TMA_STORE / MK_GEMM_STSM = 0 (the epilogue before session 25: pair stores and the
     storer's copy) and = 1 (SILU_MUL too: GATE_UP's gu_m128n112 tiles of the 1024 class stage by
     seven stmatrix, and keep the copy, 112 columns being no whole box; gu_m128 above 1024 tokens
-    takes the TMA store, tests/test_gemm_gpu.py): each compiles with 0 spills and no call."""
+    takes the TMA store, tests/test_gemm_gpu.py), the second with MK_GEMM_CHAIN_HANDOFF=0 (the
+    whole-tile hand-over before session 28: a read wait per page): each compiles with 0 spills
+    and no call."""
     old = variant_ptx(tmp_path, "epi0", {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"}, GK +
                       "assert not gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)", m_class=1024)
     assert epilogue_counts(old) == (0, 0, 0, 0) and "cp.async.bulk.wait_group" not in old
     assert_variant_clean(old, tmp_path, "epi0")
-    both = variant_ptx(tmp_path, "epi1", {"MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1"}, GK +
+    both = variant_ptx(tmp_path, "epi1", {"MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1",
+                                          "MK_GEMM_CHAIN_HANDOFF": "0"}, GK +
                        "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
                        "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
-                       "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)", m_class=1024)
+                       "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
+                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 0", m_class=1024)
     assert epilogue_counts(both) == (8, 8, 39, 32)
     assert_variant_clean(both, tmp_path, "epi1")
 
@@ -721,14 +730,12 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     residual added by its TMA store: O_PROJ's and DOWN's four boxes each leave by
     cp.reduce.async.bulk.tensor .add instead of plain bulk stores). Every bulk store keeps its
     read wait; the stmatrix staging and the residual's ldmatrix (partial tiles still load it)
-    stay. With them MK_GEMM_RESIDUAL_L2=8 (the loader's L2 prefetch of a RESIDUAL tile's
-    residual rows 8 K steps before its end: bulk prefetches in O_PROJ's and DOWN's loader
-    bodies, the default build has none) and MK_GEMM_CHAIN_HANDOFF=1 (the 128 x 256 tiles'
-    epilogue pages handed over and freed one output chain at a time: one read wait for the
-    first chain's pages, then one per page of the last chain). 0 spills, no call."""
+    stay; the 128 x 256 tiles' epilogue pages go chain by chain (the default since session 28:
+    one read wait for the first chain's pages, then one per page of the last chain). 0 spills,
+    no call."""
     ptx = variant_ptx(tmp_path, "epi_experiments",
                       {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_RESIDUAL_REDUCE": "1",
-                       "MK_GEMM_RESIDUAL_L2": "8", "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
+                       "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
@@ -736,8 +743,6 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
                       "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m64n128'])\n"
                       "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])\n"
                       "assert not gk.residual_reduces(gk.EPI_STORE_F32, T['m128n256'])\n"
-                      "assert gk.residual_prefetches(gk.EPI_RESIDUAL)\n"
-                      "assert not gk.residual_prefetches(gk.EPI_SILU_MUL)\n"
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_STORE_F32) == 4\n"
                       "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
@@ -748,10 +753,6 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     assert epilogue_counts(ptx) == (8, 11, 32, 32)
     reducing = r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add"
     assert len(re.findall(reducing, ptx)) == 8
-    # the residual's row prefetches: each RESIDUAL slot's loader issues them at one of two
-    # points (the stage kt - 8, or after the loop where the early weights took every stage)
-    prefetches = len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx))
-    assert prefetches >= 4, prefetches
     assert_variant_clean(ptx, tmp_path, "epi_experiments")
 
 
@@ -762,8 +763,6 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
     ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
     ("MK_GEMM_RESIDUAL_REDUCE", "yes", "MK_GEMM_RESIDUAL_REDUCE='yes'"),
-    ("MK_GEMM_RESIDUAL_L2", "yes", "MK_GEMM_RESIDUAL_L2='yes'"),
-    ("MK_GEMM_RESIDUAL_L2", "-1", "MK_GEMM_RESIDUAL_L2='-1'"),
     ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named

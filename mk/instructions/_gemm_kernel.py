@@ -288,25 +288,10 @@ if RESIDUAL_REDUCE == "1" and (TMA_STORE == "0" or STSM == "0"):
                      "expected residual or 1 for both)")
 
 
-# A RESIDUAL tile's residual rows prefetched into L2 by the loader (MK_GEMM_RESIDUAL_L2=LEAD K
-# steps, 0 = off): lane i of the loader warp issues cp.async.bulk.prefetch.L2 of rows i, i + 32,
-# .. of the tile's residual when it issues stage kt - LEAD (the first stage it issues where the
-# tile is shorter), so that the residual's TMA into the epilogue pages, issued only once the
-# last stage's loads are out and the pages after them free (load_epilogue), reads L2, not HBM.
-# Session 24's journal at B=1024 had DOWN's consumers wait 2.72 us per tile for those pages (a
-# tile without a residual 0.67): DOWN's residual is the hidden rows that O_PROJ wrote before
-# GATE_UP's weights streamed through L2. A hint, issued after the instruction's dependencies
-# (gemm_load's loop runs after the early weights' ready wait); full tiles and partial ones
-# alike (only the tile's own rows and columns). Built in session 27, compile-checked only: off
-# until timed (bench/gemm_profile.py knob rl2=LEAD).
-try:
-    RESIDUAL_L2 = int(os.environ.get("MK_GEMM_RESIDUAL_L2", "0"))
-except ValueError:
-    RESIDUAL_L2 = -1
-if RESIDUAL_L2 < 0:
-    raise ValueError(f"MK_GEMM_RESIDUAL_L2={os.environ.get('MK_GEMM_RESIDUAL_L2')!r}: expected "
-                     "0 (off) or the K steps before a tile's end at which its residual is "
-                     "prefetched into L2")
+# (A RESIDUAL tile's residual prefetched into L2 by the loader some K steps before its end,
+# MK_GEMM_RESIDUAL_L2, built in session 27, lost on the H200 in session 28: O_PROJ +16% / +17%
+# at M = 1024 / 4096, DOWN +6%, the B=1024 step +1.8%; bench/results/rl2_*_2026-12-02_s28.
+# Removed; bench/GEMM_NOTES.md session 28.)
 
 
 # A 128 x 256 tile's epilogue handed to the storer chain by chain (MK_GEMM_CHAIN_HANDOFF=1): the
@@ -318,8 +303,12 @@ if RESIDUAL_L2 < 0:
 # pages, which the next tile's fourth stage loads into (bench/GEMM_NOTES.md); a RESIDUAL tile's
 # first chain also starts when its own residual pages have landed. Tiles of one output chain
 # (m128n128, m64n128, the gate/up tiles) and QKV_ROPE are unchanged. The page protocol with it:
-# tests/test_page_protocol.py (chain_pages). Built in session 27, compile-checked only: off.
-CHAIN_HANDOFF = os.environ.get("MK_GEMM_CHAIN_HANDOFF", "0")
+# tests/test_page_protocol.py (chain_pages). Built in session 27; default since session 28
+# (H200, bench/results/chain_*_2026-12-02_s28): O_PROJ -2.5% / -1.8% at M = 1024 / 4096,
+# LM_HEAD -0.8% / -0.5%, DOWN +0.4% / +0.3% (noise), the B=1024 step 45.02 -> 44.91 ms (its
+# DOWN instructions 53.5 -> 51.3 us, O_PROJ 20.9 -> 20.0); poisoned checks, the two-layer checks
+# and racecheck (0 hazards) pass. MK_GEMM_CHAIN_HANDOFF=0 builds the whole-tile hand-over.
+CHAIN_HANDOFF = os.environ.get("MK_GEMM_CHAIN_HANDOFF", "1")
 if CHAIN_HANDOFF not in ("0", "1"):
     raise ValueError(f"MK_GEMM_CHAIN_HANDOFF={CHAIN_HANDOFF!r}: expected 0 or 1")
 
@@ -337,11 +326,6 @@ def chain_pages(cfg, epi: int) -> int:
         return 0
     cp = cfg.wn * ob // 128 // bpp
     return cp if cp * cfg.chains() == cfg.epi_pages(ob) else 0
-
-
-def residual_prefetches(epi: int) -> bool:
-    """Whether the loader prefetches a tile's residual into L2 (RESIDUAL_L2; trace time)."""
-    return RESIDUAL_L2 > 0 and epi == EPI_RESIDUAL
 
 
 def _switch_takes(value: str, epi: int) -> bool:
@@ -653,7 +637,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
               xb: Int32, yb: Int32, layer: Int32, row0: Int32, col0: Int32, up_row0: Int32,
               kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32, split=None, ready=None, rows=None, cols=None, y=None) -> Int32:
+              ticket: Int32, split=None, ready=None, rows=None, cols=None) -> Int32:
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
@@ -667,9 +651,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     the controller hands the instruction over before its waits are met): the weight (B) pages of
     the first stages are loaded before that wait, since weights depend on no instruction, and
     the activation (A) pages of those stages after it.
-    rows / cols: the tile's (where the store adds the residual: a whole tile loads none; the
-    residual's L2 prefetch covers them). y: the slot's destination (T, N, Z), where RESIDUAL_L2
-    prefetches the residual (yb: its z)."""
+    rows / cols: the tile's (where the store adds the residual: a whole tile loads none)."""
     if cutlass.const_expr(ready is None):
         # activations were written by generic-proxy stores of other CTAs (acquired by the
         # controller): order them before this warp's async-proxy reads (with `ready`: after it)
@@ -686,19 +668,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
                                    timeout_ns, state, ticket, ready,
                                    s_epi if epi_early(epi) > 0 else None)
         pg = pg + k_first * cfg.stage_pages
-    prefetch = residual_prefetches(epi) and y is not None
-    k_pf = Int32(0)
-    if cutlass.const_expr(prefetch):
-        # the stage at which the residual's prefetch goes out (RESIDUAL_L2); a split tile
-        # (nsplit >= 2) has no epilogue, its SPLITK_REDUCE adds the residual
-        k_pf = cutlass.max(kt - RESIDUAL_L2, Int32(k_first))
-        if cutlass.const_expr(split is not None):
-            if split.nsplit() >= 2:
-                k_pf = kt + 1
     for k in range(k_first, kt):
-        if cutlass.const_expr(prefetch):
-            if k == k_pf:
-                prefetch_residual_l2(y, yb, row0, rows, col0, cols)
         if cutlass.const_expr(epi_early(epi) > 0):
             if k == s_epi:
                 # the epilogue pages in ring order, before the last stages (EPI_EARLY; the early
@@ -718,9 +688,6 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
                      stage_full(full + page))
         pg = pg + cfg.stage_pages
-    if cutlass.const_expr(prefetch):
-        if k_pf == kt:              # every stage went out with the early weights
-            prefetch_residual_l2(y, yb, row0, rows, col0, cols)
     if cutlass.const_expr(epi_early(epi) == 0):
         if cutlass.const_expr(split is None):
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
@@ -835,21 +802,6 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, k0 + k * BK, xb, full + page)
     return npre
-
-
-@cute.jit
-def prefetch_residual_l2(y: cute.Tensor, yz: Int32, row0: Int32, rows: Int32, col0: Int32,
-                         cols: Int32):
-    """Loader warp (RESIDUAL_L2): a bulk L2 prefetch of each of the tile's residual rows (lane i:
-    rows i, i + 32, ..) of y[:, :, yz], columns [col0, col0 + cols) rounded down to 16 bytes (a
-    RESIDUAL tile's bf16 columns start at multiples of 64). Nothing waits for them."""
-    lane = cute.arch.lane_idx()
-    base, ld = z_base(y, yz, 2)
-    nbytes = (cols * 2) & Int32(-16)
-    for r in range(lane, rows, 32):
-        prims.cp_async_bulk_prefetch(
-            cute.make_ptr(BFloat16, row_addr(base, row0 + r, ld, col0, 2), cute.AddressSpace.gmem,
-                          assumed_align=16), nbytes)
 
 
 @cute.jit
