@@ -15,8 +15,7 @@ staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float
 TMA stores) or "rreduce=1" (MK_GEMM_RESIDUAL_REDUCE=1: full RESIDUAL tiles add their residual
 in the TMA store) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
 128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
-tile's at once) or "claim=V" (MK_FIRST_CLAIM_EARLY=V: 1 the controller's first ticket claimed
-and its words loaded during the prologue); an unknown part is
+tile's at once); an unknown part is
 refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
@@ -59,7 +58,7 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
          "tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "rreduce": "MK_GEMM_RESIDUAL_REDUCE",
-         "chain": "MK_GEMM_CHAIN_HANDOFF", "claim": "MK_FIRST_CLAIM_EARLY"}
+         "chain": "MK_GEMM_CHAIN_HANDOFF"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")
 KINDS = ("time", "floor", "launch", "empty", "check", "journal", "ncu")

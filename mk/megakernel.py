@@ -231,18 +231,6 @@ EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 # B=64 +0.3%, but B=1 / 16 +2.3% / +2.1% (there every SM runs about one instruction per phase
 # and the look-ahead hides the claim), so it is on for the M classes above CLAIM_AFTER_LOADS_MIN_M
 # tokens. MK_CLAIM_AFTER_LOADS=0 / 1 forces it off / on in every variant (A/Bs).
-# The first claim before the prologue (MK_FIRST_CLAIM_EARLY=1): the controller's lane 0 issues
-# its first ticket's atomic as the kernel starts, and the warp loads that instruction's words
-# before the CTA's barrier initialisation barrier, so the round trips of both overlap the
-# prologue instead of following it. The ticket order and claim semantics are unchanged (a CTA
-# still takes only what the queue hands it). Session 28's floor run measured a launch of one NOOP
-# at 5.4-5.7 us (bench/results/floor_2026-12-02_s28.json), a fixed cost that every standalone
-# GEMM launch of issue 5's table at M = 64 / 256 pays (O_PROJ 64: 15.2 us, cuBLAS + epilogue
-# 12.4). Built in session 28: off until timed (bench/gemm_profile.py knob claim=1).
-FIRST_CLAIM_EARLY = os.environ.get("MK_FIRST_CLAIM_EARLY", "0")
-if FIRST_CLAIM_EARLY not in ("0", "1"):
-    raise ValueError(f"MK_FIRST_CLAIM_EARLY={FIRST_CLAIM_EARLY!r}: expected 0 or 1")
-FIRST_CLAIM_EARLY = FIRST_CLAIM_EARLY == "1"
 CLAIM_AFTER_LOADS_MIN_M = 64
 CLAIM_AFTER_LOADS_ENV = os.environ.get("MK_CLAIM_AFTER_LOADS", "")
 if CLAIM_AFTER_LOADS_ENV not in ("", "0", "1"):
@@ -527,16 +515,14 @@ class MegakernelDSL:
                    state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor, meta: cute.Tensor,
                    ring: cute.Tensor, tick: cute.Tensor, ifull: cute.Pointer,
                    iempty: cute.Pointer, iready, lnext, lane: Int32, bidx: Int32,
-                   HM: cutlass.Constexpr, t_first: Int32, w_first: Int32):
+                   HM: cutlass.Constexpr):
         """The controller warp: per free ring slot a ticket from the queue, the instruction's
         words into the slot, its waits (instr_waits), `ifull`. Without EARLY_WEIGHTS the slot is
         filled after the waits (END after a failed one); with it, before them, and `iready`
         follows the waits (after a failed wait too: the roles finish that instruction, the error
         is recorded and the host raises it) and END goes into the next slot. With
         claim_after_loads a ticket is claimed only once the loader is done with the previous
-        slot's instruction (`lnext`). With FIRST_CLAIM_EARLY the first ticket t_first and its
-        words w_first (this lane's) were claimed and loaded before the prologue."""
-        first = Int32(1)
+        slot's instruction (`lnext`)."""
         islot = Int32(0)
         iph = Int32(0)
         live = Int32(1)
@@ -554,23 +540,22 @@ class MegakernelDSL:
                 prev_slot = islot
                 prev_ph = iph
             t = Int32(0)
-            if cutlass.const_expr(FIRST_CLAIM_EARLY):
-                if first == 1:
-                    t = t_first
-                else:
-                    t = self.claim(state, n_instr, stop, lane)
+            if cutlass.const_expr(EARLY_WEIGHTS):
+                t = Int32(n_instr)
+                if stop == 0:
+                    if lane == 0:
+                        t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr,
+                                                 Int32(1), sem="relaxed", scope="gpu")
+                    t = cute.arch.shuffle_sync(t, 0)
             else:
-                t = self.claim(state, n_instr, stop, lane)
+                if lane == 0:
+                    t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
+                                             sem="relaxed", scope="gpu")
+                t = cute.arch.shuffle_sync(t, 0)
             tf = cute.arch.globaltimer()
             w = Int32(OP_END)
             if t < n_instr:
-                if cutlass.const_expr(FIRST_CLAIM_EARLY):
-                    if first == 1:
-                        w = w_first
-                    else:
-                        w = instrs[t, lane]
-                else:
-                    w = instrs[t, lane]
+                w = instrs[t, lane]
                 if cutlass.const_expr(not EARLY_WEIGHTS):
                     if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
                                         meta, bidx) == 0:
@@ -591,26 +576,7 @@ class MegakernelDSL:
                         stop = Int32(1)
                     # the waits' acquire loads are this warp's; the release hands them on
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-            first = Int32(0)
             islot, iph = next_slot(islot, iph)
-
-    @cute.jit
-    def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
-        """The controller's next ticket from the queue (lane 0's atomic, broadcast); with
-        EARLY_WEIGHTS n_instr (END) once a wait failed (stop)."""
-        t = Int32(n_instr)
-        if cutlass.const_expr(EARLY_WEIGHTS):
-            if stop == 0:
-                if lane == 0:
-                    t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
-                                             sem="relaxed", scope="gpu")
-                t = cute.arch.shuffle_sync(t, 0)
-        else:
-            if lane == 0:
-                t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
-                                         sem="relaxed", scope="gpu")
-            t = cute.arch.shuffle_sync(t, 0)
-        return t
 
     @cute.kernel
     def kernel(self, instrs: cute.Tensor, n_instr: Int32, counters: cute.Tensor, n_ctr: Int32,
@@ -653,15 +619,6 @@ class MegakernelDSL:
             if tidx == 0:
                 jcta[bidx, 0] = cute.arch.globaltimer()
                 jcta[bidx, 2] = Int64(cute.arch.smid())
-        # FIRST_CLAIM_EARLY: the controller's first ticket, its atomic issued before the
-        # prologue and its words loaded before the barrier below (the controller's first slot)
-        t_first = Int32(0)
-        w_first = Int32(OP_END)
-        if cutlass.const_expr(FIRST_CLAIM_EARLY):
-            if warp == 0:
-                if lane == 0:
-                    t_first = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr,
-                                                   Int32(1), sem="relaxed", scope="gpu")
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma)
             for gi in cutlass.range_constexpr(NG):
@@ -689,10 +646,6 @@ class MegakernelDSL:
                     cute.arch.mbarrier_init(empty + p, PS)
                     cute.arch.mbarrier_init(done + p, PS)
             cute.arch.mbarrier_init_fence()
-            if cutlass.const_expr(FIRST_CLAIM_EARLY):
-                t_first = cute.arch.shuffle_sync(t_first, 0)
-                if t_first < n_instr:
-                    w_first = instrs[t_first, lane]
         cute.arch.sync_threads()
 
         if warp < 4:
@@ -700,8 +653,7 @@ class MegakernelDSL:
             if warp == 0:
                 # ------------------------------------------------------------ controller
                 self.controller(instrs, n_instr, counters, state, timeout_ns, journal, meta,
-                                ring, tick, ifull, iempty, iready, lnext, lane, bidx, HM,
-                                t_first, w_first)
+                                ring, tick, ifull, iempty, iready, lnext, lane, bidx, HM)
             elif warp == 1:
                 # ------------------------------------------------------------ TMA loader
                 islot = Int32(0)

@@ -229,10 +229,9 @@
 #          racecheck, decode B=MK_CHAIN_BATCH (1024) 0 / 1: chain.log, chain.json,
 #          chain_summary.log, chain_{off,on}.json, racecheck_full.log (~6 min in session 28).
 #          (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
-#   fclaim MK_FIRST_CLAIM_EARLY=1 (built in session 28, off: the controller's first ticket claimed
-#          during the prologue): the empty kernel, one NOOP and the journal of a NOOP / a first
-#          tile with 0 / 1, poisoned checks, issue 5's small-M rows timed with 0 / 1, the two-layer
-#          checks and racecheck (MK_FCLAIM_STEP=0: not): fclaim.log, fclaim.json, fclaim_summary.log (~6 min)
+#   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
+#          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
+#          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
 #   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
 #          stages before the tile's end; built in session 24, modelled in
 #          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
@@ -345,7 +344,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [chain]=590 [fclaim]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1203,26 +1202,17 @@ if has chain; then
   switch_step chain MK_GEMM_CHAIN_HANDOFF 1 "$OUTDIR/chain_summary.log" 1 \
       "${MK_CHAIN_TIME:-1}" "${MK_CHAIN_BATCH:-1024}"
 fi
-if has fclaim; then
-  # MK_FIRST_CLAIM_EARLY=1 (built in session 28, off): the controller's first ticket claimed and
-  # its words loaded during the prologue. Where a short launch's time goes first: the empty
-  # kernel of the megakernel's shape (kind empty), one NOOP (kind launch) and the journal of one
-  # NOOP / the first tile with and without (journal flags noop / first: cta_start_spread_ns,
-  # first_fetch / ready / end_ns, teardown_ns in fclaim.json); poisoned checks with it (O_PROJ
-  # 200, DOWN 64, LM_HEAD 256); issue 5's small-M rows timed with 0 / 1 (O_PROJ / DOWN 64 / 256,
-  # GATE_UP 64, LM_HEAD 256; bench/gemm_profile.py time, the whole matrix unsplit); the
-  # two-layer checks and racecheck with it: fclaim.log, fclaim.json, fclaim_summary.log,
-  # racecheck_full.log (~6 min)
-  J="O_PROJ:64:empty:"
-  for v in 0 1; do
-    J="$J,O_PROJ:64:launch:claim=$v,O_PROJ:64:journal:noop+claim=$v,O_PROJ:64:journal:first+claim=$v"
-  done
-  for c in ${MK_FCLAIM_CHECKS:-O_PROJ:200 DOWN:64 LM_HEAD:256}; do J="$J,$c:check:claim=1"; done
-  for c in ${MK_CLAIM_CASES:-O_PROJ:64 O_PROJ:256 DOWN:64 DOWN:256 GATE_UP:64 LM_HEAD:256}; do
-    J="$J,$c:time:claim=0,$c:time:claim=1"
-  done
-  run_profile fclaim "$J" ${MK_CLAIM_PROFILE_S:-300} | tee "$OUTDIR/fclaim_summary.log"
-  python - "$OUTDIR/fclaim.log" <<'PYEOF' | tee -a "$OUTDIR/fclaim_summary.log"
+if has launchcost; then
+  # where a short launch's time goes (issue 5's misses at M = 64 / 256): the empty kernel of the
+  # megakernel's grid, block and shared memory (kind empty: the GPU's own launch floor), one NOOP
+  # (kind launch) and the journal of one NOOP / the first tile (journal flags noop / first:
+  # cta_start_spread_ns, first_fetch / ready / end_ns, teardown_ns), MK_LC_OP at M=64 (default
+  # O_PROJ): launchcost.log, launchcost.json, launchcost_summary.log (~1.5 min). Session 28:
+  # empty 3.49 us, NOOP 5.41, the NOOP's first fetch 1.31 us after the first CTA started
+  op=${MK_LC_OP:-O_PROJ}
+  J="$op:64:empty:,$op:64:launch:,$op:64:journal:noop,$op:64:journal:first,$op:64:time:"
+  run_profile launchcost "$J" 200 | tee "$OUTDIR/launchcost_summary.log"
+  python - "$OUTDIR/launchcost.log" <<'PYEOF' | tee -a "$OUTDIR/launchcost_summary.log"
 import json, sys
 for ln in open(sys.argv[1]):
     if ln.startswith("{") and '"journal"' in ln:
@@ -1230,9 +1220,6 @@ for ln in open(sys.argv[1]):
         print(r.get("job"), {k: r.get(k) for k in ("cta_start_spread_ns", "first_fetch_ns",
               "first_ready_ns", "first_end_ns", "teardown_ns", "kernel_ns")})
 PYEOF
-  if [ "${MK_FCLAIM_STEP:-1}" = 1 ]; then
-    switch_step fclaim MK_FIRST_CLAIM_EARLY 1 "$OUTDIR/fclaim_summary.log" 1 0 1
-  fi
 fi
 if has floor; then
   # what a whole-matrix launch pays before its tiles (issue 5's misses at M = 64 / 256, session
