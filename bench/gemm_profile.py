@@ -6,14 +6,11 @@
 A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
 tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several) or "nosig"
 (the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
-config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "epiearly=R"
-(MK_GEMM_EPI_EARLY=R: a RESIDUAL tile's epilogue pages granted R stages before its end) or
-"unroll=N" (MK_GEMM_STORE_UNROLL=N: the storer's smem loads in flight) or "tmastore=V"
+config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "tmastore=V"
 (MK_GEMM_TMA_STORE=V: 0 the storer's copy, residual (the default) full RESIDUAL tiles through TMA
 stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same values: epilogues
 staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through
-TMA stores) or "rreduce=1" (MK_GEMM_RESIDUAL_REDUCE=1: full RESIDUAL tiles add their residual
-in the TMA store) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
+TMA stores) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
 128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
 tile's at once); an unknown part is
 refused. KIND:
@@ -55,10 +52,8 @@ from bench import _jobs  # noqa: E402
 
 LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
-KNOBS = {"epiearly": "MK_GEMM_EPI_EARLY", "unroll": "MK_GEMM_STORE_UNROLL",
-         "tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
-         "tmastoref32": "MK_GEMM_TMA_STORE_F32", "rreduce": "MK_GEMM_RESIDUAL_REDUCE",
-         "chain": "MK_GEMM_CHAIN_HANDOFF"}
+KNOBS = {"tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
+         "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")
 KINDS = ("time", "floor", "launch", "empty", "check", "journal", "ncu")

@@ -428,8 +428,7 @@ class MegakernelDSL:
         for g in self.gemm:
             x, w, y = gt[g.slot]
             resid = g.epi == gk.EPI_RESIDUAL
-            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid, store=gk.tma_stores(g.epi, g.cfg),
-                              reduce=gk.residual_reduces(g.epi, g.cfg))
+            at = gk.GemmAtoms(g.cfg, x, w, y, residual=resid, store=gk.tma_stores(g.epi, g.cfg))
             tma_r, gR = at.tma_a, at.gA          # placeholders (never used) without a residual
             if cutlass.const_expr(resid):
                 tma_r, gR = at.tma_r, at.gR

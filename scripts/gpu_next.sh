@@ -190,15 +190,11 @@
 #          checks and timings with 0 / 1 and with two-B-page tiles elsewhere (MK_WIDE_TILES), the
 #          two-layer checks of the 1024 class, racecheck, memcheck: wide.log, wide_gemm_*.json
 #   widetime decode MK_WIDE_BATCH (1024,4096) as it is and with MK_WIDE_ON_ENV: widetime_{off,on}.json
-#   storeunr MK_GEMM_STORE_UNROLL 4 / 8 / 16 (the GEMM storer's loads in flight; built in session
-#          23): bench/gemm.py checks and timings, then the step at 1024 / 4096 (session 24's
-#          `epiearly` timed 16 alone: O_PROJ +13%, DOWN +4.5% at M = 1024 / 4096; 8 not timed)
 #   tmastore MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles, O_PROJ / DOWN / GATE_UP on 64-column-box
 #          tiles, leave the staging pages through TMA stores from one storer thread) and
 #          MK_GEMM_STSM=1 (RESIDUAL / SILU_MUL epilogues staged by stmatrix), both built in
 #          session 24, compile-checked only: bench/gemm_profile.py's poisoned checks with each
-#          (TMA: O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096, with
-#          MK_GEMM_EPI_EARLY=1 too at O_PROJ 1100, DOWN 1024; STSM: O_PROJ 200 / 1100, DOWN 64 /
+#          (TMA: O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096; STSM: O_PROJ 200 / 1100, DOWN 64 /
 #          1024, GATE_UP 1024 / 4096; both: O_PROJ 1100, DOWN 4096) and timings as it is, with
 #          each and combined (O_PROJ / DOWN / GATE_UP at 1024 / 4096), then with both on the
 #          two-layer checks (478 tokens split-K auto, 208 tokens never), racecheck and memcheck:
@@ -232,14 +228,6 @@
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
-#   epiearly MK_GEMM_EPI_EARLY=R (a RESIDUAL tile's epilogue pages, so its residual TMA, granted R
-#          stages before the tile's end; built in session 24, modelled in
-#          tests/test_page_protocol.py; session 24 ran this step: correct, O_PROJ +5..9%, DOWN
-#          +1..2%, off): bench/gemm_profile.py's poisoned checks with each of
-#          MK_EE_VALUES ("1 2") at O_PROJ 200 / 1100, DOWN 1024 / 4096, timings with 0 and each
-#          (and MK_GEMM_STORE_UNROLL=16 at 0) of O_PROJ / DOWN at 1024 / 4096, then with
-#          MK_EE_CHECK (1) the two-layer checks (478 tokens split-K auto, 208 tokens split-K
-#          never) and racecheck: epiearly.log, epiearly.json (~8 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -344,7 +332,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [storeunr]=480 [epiearly]=560 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [rreduce]=540 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1025,36 +1013,17 @@ if has widetime; then
   MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab widetime "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" \
       ${MK_WIDE_BATCH:-1024,4096} "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" ""
 fi
-if has storeunr; then
-  # MK_GEMM_STORE_UNROLL (session 23, compile-checked only: the GEMM storer's 16-byte smem
-  # loads in flight before its stores, 4 by default): bench/gemm.py's poisoned checks and
-  # timings at 4 and each of MK_UNR_VALUES ("8 16") for O_PROJ / DOWN / GATE_UP at 1024 / 4096,
-  # then decode MK_UNR_BATCH (1024,4096) as it is and with MK_UNR_TIMED (16), no journal:
-  # storeunr.log, storeunr_gemm_<n>.json, storeunr_{off,on}.json (~8 min)
-  : > "$OUTDIR/storeunr.log"
-  for v in 4 ${MK_UNR_VALUES:-8 16}; do
-    MK_GEMM_STORE_UNROLL=$v timeout 200 python bench/gemm.py --no-compile --ops O_PROJ,DOWN,GATE_UP \
-        --m 1024,4096 --odd-m 1100 --reps 15 --out "$OUTDIR/storeunr_gemm_$v.json" \
-        > "$TMPD/storeunr_gemm_$v.log" 2>&1 || rc=1
-    echo "== bench/gemm.py MK_GEMM_STORE_UNROLL=$v" | tee -a "$OUTDIR/storeunr.log"
-    grep -E "^(O_PROJ|DOWN|GATE_UP) |FAIL|all checks" "$TMPD/storeunr_gemm_$v.log" | tail -12 \
-        | tee -a "$OUTDIR/storeunr.log"
-  done
-  MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab storeunr "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" \
-      ${MK_UNR_BATCH:-1024,4096} "MK_GEMM_STORE_UNROLL=${MK_UNR_TIMED:-16}" ""
-fi
 if has tmastore; then
   J=""
   for c in O_PROJ:200 O_PROJ:1100 O_PROJ:4096 DOWN:1024 DOWN:4096 GATE_UP:1100 GATE_UP:4096; do
     J="$J,$c:check:tmastore=1"
   done
-  J="$J,O_PROJ:1100:check:tmastore=1+epiearly=1,DOWN:1024:check:tmastore=1+epiearly=1"
   for c in O_PROJ:200 O_PROJ:1100 DOWN:64 DOWN:1024 GATE_UP:1024 GATE_UP:4096; do
     J="$J,$c:check:stsm=1"
   done
   J="$J,O_PROJ:1100:check:tmastore=1+stsm=1,DOWN:4096:check:tmastore=1+stsm=1"
   for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
-    J="$J,$c:time:,$c:time:tmastore=1,$c:time:tmastore=1+epiearly=1,$c:time:stsm=1"
+    J="$J,$c:time:,$c:time:tmastore=1,$c:time:stsm=1"
     J="$J,$c:time:tmastore=1+stsm=1"
   done
   for c in GATE_UP:1024 GATE_UP:4096; do
@@ -1142,44 +1111,6 @@ if has lm256; then
     check_to "$OUTDIR/lm256_summary.log" --split-k $sk --prompt-lens 1,13,64,130,200,70
   done
 fi
-if has rreduce; then
-  # MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's residual added by its TMA store, a
-  # cp.reduce.async.bulk.tensor .add: no residual load into its epilogue pages; built in
-  # session 26): poisoned checks (64 rows: one whole m64n128 row tile; 200 / 1100: whole and
-  # partial; 1024 / 4096 whole), timings with and without, then (MK_RR_CHECK=1, the default) the
-  # two-layer checks of 64 one-token prompts without split-K (whole m64n128 tiles: split-K auto
-  # splits O_PROJ / DOWN there, so the reducing store would not run), of two 256-token ones
-  # (whole tiles of the 1024 class) and of the 478-token one (partial tiles), and a racecheck.
-  # Session 26: correct, O_PROJ +18% / DOWN +5.2% at M = 1024 (off)
-  J=""
-  for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:64 DOWN:1024 DOWN:4096; do
-    J="$J,$c:check:rreduce=1"
-  done
-  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do J="$J,$c:time:,$c:time:rreduce=1"; done
-  # MK_RR_LM=1: the lm256 step's LM_HEAD jobs of the 256 class in the same profile
-  if [ "${MK_RR_LM:-0}" = 1 ]; then
-    J="$J,LM_HEAD:200:check:tile=m128n256,LM_HEAD:256:check:tile=m128n256"
-    for e in "" tile=m128n256 tmastoref32=1; do J="$J,LM_HEAD:256:time:$e"; done
-  fi
-  J=${MK_RR_JOBS:-$J}        # MK_RR_JOBS: these jobs instead
-  run_profile rreduce "${J#,}" ${MK_RR_PROFILE_S:-280} | tee "$OUTDIR/rreduce_summary.log"
-  if [ "${MK_RR_CHECK:-1}" = 1 ]; then
-    # the 478-token step is the 1024 class with partial tiles (and LM_HEAD's m128n256)
-    ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
-    export MK_GEMM_RESIDUAL_REDUCE=1 MK_CHECK_TAG="MK_GEMM_RESIDUAL_REDUCE=1 "
-    for a in "--split-k 1 --prompt-lens $ones" "--split-k 0 --prompt-lens 256,256" \
-             "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
-      # shellcheck disable=SC2086  # $a: the arguments, split
-      check_to "$OUTDIR/rreduce_summary.log" $a
-    done
-    unset MK_GEMM_RESIDUAL_REDUCE MK_CHECK_TAG
-    echo "== racecheck MK_GEMM_RESIDUAL_REDUCE=1, 256,256 split-K auto" | tee -a "$OUTDIR/rreduce_summary.log"
-    MK_GEMM_RESIDUAL_REDUCE=1 CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck \
-        python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
-        --prompt-lens 256,256 > "$OUTDIR/racecheck_full.log" 2>&1
-    grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/rreduce_summary.log"
-  fi
-fi
 if has chain; then
   # MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, the default since session 28): a 128 x 256
   # tile's epilogue pages handed to the storer and freed one output chain (128 columns) at a
@@ -1241,33 +1172,6 @@ if has lmverify; then
   for sk in 0 1; do
     check_to "$OUTDIR/lmverify.log" --split-k $sk --prompt-lens 1,13,64,130,200,70
   done
-fi
-if has epiearly; then
-  J=""
-  for r in ${MK_EE_VALUES:-1 2}; do
-    for c in O_PROJ:200 O_PROJ:1100 DOWN:1024 DOWN:4096; do J="$J,$c:check:epiearly=$r"; done
-  done
-  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
-    for r in 0 ${MK_EE_VALUES:-1 2}; do J="$J,$c:time:epiearly=$r"; done
-    J="$J,$c:time:unroll=16"
-  done
-  run_profile epiearly "${J#,}" 280
-  export MK_GEMM_EPI_EARLY=${MK_EE_CHECK:-1}
-  a="--layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70"
-  echo "== check MK_GEMM_EPI_EARLY=$MK_GEMM_EPI_EARLY $a" | tee -a "$OUTDIR/epiearly.log"
-  timeout 110 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
-      | tee -a "$OUTDIR/epiearly.log"
-  echo "== racecheck MK_GEMM_EPI_EARLY=$MK_GEMM_EPI_EARLY, two-layer step, split-K auto"
-  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-      check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/racecheck_full.log" 2>&1
-  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/epiearly.log"
-  if [ $SECONDS -lt $((DEADLINE - 100)) ]; then
-    a="--layers 2 --split-k 1"
-    echo "== check MK_GEMM_EPI_EARLY=$MK_GEMM_EPI_EARLY $a" | tee -a "$OUTDIR/epiearly.log"
-    timeout 95 python -m mk.megakernel_step check $a 2>&1 | grep -v "^\[mk" | tail -1 \
-        | cut -c1-300 | tee -a "$OUTDIR/epiearly.log"
-  fi
-  unset MK_GEMM_EPI_EARLY
 fi
 if has e2e; then
   timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \

@@ -625,36 +625,6 @@ def test_gemm_mainloop_switches_off_compile_without_spills(tmp_path):
     assert_clean(ptxas_report(off, str(tmp_path / "mainloop_off")))
 
 
-def test_gemm_store_unroll_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_STORE_UNROLL=16 (the GEMM storer's epilogue copy with every 16-byte smem load of a
-    128-row page in flight before its stores; 4 by default; compile-time, read at import, so in
-    a process of its own): the all-opcode 1024-class variant with split-K compiles with 0 spills
-    and no call, and differs from the default's PTX (the switch still changes the kernel)."""
-    ptx = variant_ptx(tmp_path, "unr16", {"MK_GEMM_STORE_UNROLL": "16"},
-                      "from mk.instructions import _gemm_kernel as gk\n"
-                      "assert gk.STORE_UNROLL == 16", m_class=1024)
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "unr16")))
-    base = variant_ptx(tmp_path, "unr4", {}, "", m_class=1024)
-    assert base != ptx
-
-
-def test_gemm_epi_early_variant_compiles_without_spills(tmp_path):
-    """MK_GEMM_EPI_EARLY=1 (a RESIDUAL tile's epilogue pages and residual TMA granted one stage
-    before the tile's end; 0 by default; compile-time, so in a process of its own): the
-    all-opcode 1024-class variant with split-K compiles with 0 spills and no call, and differs
-    from the default's PTX; the default's PTX does not depend on the switch's code
-    (tests/test_page_protocol.py models the page layout)."""
-    ptx = variant_ptx(tmp_path, "epiearly1", {"MK_GEMM_EPI_EARLY": "1"},
-                      "from mk.instructions import _gemm_kernel as gk\n"
-                      "assert gk.EPI_EARLY == 1 and gk.epi_early(gk.EPI_RESIDUAL) == 1\n"
-                      "assert gk.epi_early(gk.EPI_SILU_MUL) == 0", m_class=1024)
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "epiearly1")))
-    base = variant_ptx(tmp_path, "epiearly0", {"MK_GEMM_EPI_EARLY": "0"}, "", m_class=1024)
-    assert base != ptx
-
-
 # the trace-time check lines of a GEMM epilogue variant start with these
 GK = "from mk.instructions import _gemm_kernel as gk\nT = gk.TILES\n"
 
@@ -723,51 +693,35 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
 
 
 def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
-    """The off-by-default epilogue experiments together (compile-time, in a process of its own;
-    one compile for both, the CI's time): MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles
-    through TMA stores: its m128n256 tile in the 1024 class since session 26, eight boxes of 128
-    rows x 32 float32, one per page) and MK_GEMM_RESIDUAL_REDUCE=1 (a whole RESIDUAL tile's
-    residual added by its TMA store: O_PROJ's and DOWN's four boxes each leave by
-    cp.reduce.async.bulk.tensor .add instead of plain bulk stores). Every bulk store keeps its
-    read wait; the stmatrix staging and the residual's ldmatrix (partial tiles still load it)
-    stay; the 128 x 256 tiles' epilogue pages go chain by chain (the default since session 28:
-    one read wait for the first chain's pages, then one per page of the last chain). 0 spills,
-    no call."""
+    """The off-by-default epilogue experiment (compile-time, in a process of its own):
+    MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores: its m128n256 tile in the
+    1024 class since session 26, eight boxes of 128 rows x 32 float32, one per page), next to
+    O_PROJ's and DOWN's four bf16 boxes each; the 128 x 256 tiles' epilogue pages go chain by
+    chain (the default since session 28: one read wait for the first chain's pages, then one per
+    page of the last chain). 0 spills, no call."""
     ptx = variant_ptx(tmp_path, "epi_experiments",
-                      {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_RESIDUAL_REDUCE": "1",
-                       "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
+                      {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
-                      "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m128n256'])\n"
-                      "assert gk.residual_reduces(gk.EPI_RESIDUAL, T['m64n128'])\n"
-                      "assert not gk.residual_reduces(gk.EPI_SILU_MUL, T['gu_m128'])\n"
-                      "assert not gk.residual_reduces(gk.EPI_STORE_F32, T['m128n256'])\n"
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_STORE_F32) == 4\n"
                       "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
                       "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0",
                       m_class=1024)
-    # plain bulk stores: LM_HEAD's 8; read waits (chain by chain): LM_HEAD's 1 + 4, O_PROJ's
-    # and DOWN's reducing stores' 1 + 2 each
-    assert epilogue_counts(ptx) == (8, 11, 32, 32)
-    reducing = r"cp\.reduce\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.add"
-    assert len(re.findall(reducing, ptx)) == 8
+    # bulk stores: LM_HEAD's 8, O_PROJ's and DOWN's 4 each; read waits (chain by chain):
+    # LM_HEAD's 1 + 4, O_PROJ's and DOWN's 1 + 2 each
+    assert epilogue_counts(ptx) == (16, 11, 32, 32)
     assert_variant_clean(ptx, tmp_path, "epi_experiments")
 
 
 @pytest.mark.parametrize("var,value,shown", [
-    ("MK_GEMM_STORE_UNROLL", "5", "MK_GEMM_STORE_UNROLL=5"),
-    ("MK_GEMM_EPI_EARLY", "3", "MK_GEMM_EPI_EARLY=3"),
     ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
     ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
     ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
-    ("MK_GEMM_RESIDUAL_REDUCE", "yes", "MK_GEMM_RESIDUAL_REDUCE='yes'"),
     ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
-    """A GEMM body switch outside its values is refused at import with the variable named
-    (MK_GEMM_EPI_EARLY=3 would hold a 128 x 256 tile's four epilogue pages with all nine
-    others of the ring)."""
+    """A GEMM body switch outside its values is refused at import with the variable named."""
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"], cwd=ROOT,
@@ -776,13 +730,3 @@ def test_gemm_switch_bad_value_is_refused(var, value, shown):
     assert r.returncode != 0 and shown in r.stderr, r.stderr[-2000:]
 
 
-def test_gemm_residual_reduce_needs_the_tma_store():
-    """MK_GEMM_RESIDUAL_REDUCE=1 without the RESIDUAL tiles' TMA store or stmatrix staging (the
-    pair stores would read a residual the loader never loaded) is refused at import."""
-    import subprocess
-    import sys
-    for var in ("MK_GEMM_TMA_STORE", "MK_GEMM_STSM"):
-        env = dict(os.environ, MK_GEMM_RESIDUAL_REDUCE="1", **{var: "0"})
-        r = subprocess.run([sys.executable, "-c", "import mk.instructions._gemm_kernel"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode != 0 and "MK_GEMM_RESIDUAL_REDUCE=1 needs" in r.stderr, r.stderr[-2000:]

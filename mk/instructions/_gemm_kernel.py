@@ -187,35 +187,13 @@ STAGE_FULL = os.environ.get("MK_GEMM_STAGE_FULL", "stage")
 if STAGE_FULL not in ("stage", "page"):
     raise ValueError(f"MK_GEMM_STAGE_FULL={STAGE_FULL!r}: expected stage or page")
 ONE_FULL = STAGE_FULL == "stage"
-# The storer's epilogue copy: 16-byte smem loads in flight per thread before its global stores
-# (MK_GEMM_STORE_UNROLL, 4, 8 or 16; 4 = the build until session 23). A 128 x 256 bf16 tile's
-# four staging pages are copied by the two storer warps one page after the other, each page
-# freed after its copy, and the next tile's third and fourth stages load into those pages
-# (bench/GEMM_NOTES.md session 23: the per-tile cost); more loads in flight shorten a latency-
-# bound copy at the storer's register cost (compile-checked 0 spills: tests).
-STORE_UNROLL = int(os.environ.get("MK_GEMM_STORE_UNROLL", "4"))
-if STORE_UNROLL not in (4, 8, 16):
-    raise ValueError(f"MK_GEMM_STORE_UNROLL={STORE_UNROLL}: expected 4, 8 or 16")
-# Where a RESIDUAL tile's epilogue pages sit in its window of the page ring (MK_GEMM_EPI_EARLY=R,
-# 0, 1 or 2): after the last stage (0, the build until session 24), or right after stage kt - R,
-# before the last R stages, whose ring positions shift by the epilogue's page count. The loader
-# takes pages in ring order, so it grants the epilogue pages, and issues the residual tile's TMA
-# into them, R stages earlier: the session 24 journal (bench/E2E_NOTES.md) had DOWN's consumers
-# wait 2.72 us for their epilogue pages at B=1024 (a tile without a residual: 0.67), the residual
-# issued only once the last stage's loads were out and the pages after them free. The cost: the
-# pages are held R stages longer, so in the last R stages the loader runs 3 stages ahead instead
-# of 4, and the next tile's stages reach the pages the storer still copies R stages sooner. The
-# consumers still take the pages after the last stage, the storer frees them after the last
-# stage's pages; sound while the epilogue pages and the last R stages fit in the ring (E + R *
-# spp <= 13: tests/test_page_protocol.py models it, and its negative control deadlocks).
-EPI_EARLY = int(os.environ.get("MK_GEMM_EPI_EARLY", "0"))
-if EPI_EARLY not in (0, 1, 2):
-    raise ValueError(f"MK_GEMM_EPI_EARLY={EPI_EARLY}: expected 0, 1 or 2")
-
-
-def epi_early(epi: int) -> int:
-    """Stages before a tile's end at which its epilogue pages are granted (trace time)."""
-    return EPI_EARLY if epi == EPI_RESIDUAL else 0
+# The storer's epilogue copy keeps STORE_UNROLL 16-byte smem loads per thread in flight before its
+# global stores (16 lost in session 24: O_PROJ +13%, DOWN +4.5%; the switch MK_GEMM_STORE_UNROLL
+# removed in session 28).
+STORE_UNROLL = 4
+# (A RESIDUAL tile's epilogue pages granted R stages before its end, MK_GEMM_EPI_EARLY, session
+# 24: correct, lost (O_PROJ +7.2% / +5.0% at M = 1024 / 4096 with R = 1); removed in session 28,
+# bench/GEMM_NOTES.md session 24. The epilogue pages follow the tile's last stage in its window.)
 
 
 # How a full tile's bf16 epilogue (RESIDUAL, SILU_MUL: O_PROJ, DOWN, GATE_UP) leaves its staging
@@ -269,23 +247,9 @@ if TMA_STORE_F32 not in ("0", "1"):
     raise ValueError(f"MK_GEMM_TMA_STORE_F32={TMA_STORE_F32!r}: expected 0 or 1")
 
 
-# A full RESIDUAL tile's residual added by its TMA store (MK_GEMM_RESIDUAL_REDUCE=1): the
-# store is a cp.reduce.async.bulk.tensor .add of bf16(acc) onto the destination, which holds the
-# residual (dst += y in place), so the loader grants the tile's epilogue pages without loading
-# the residual tile into them and the consumers stage bf16(acc) alone. Session 24's journal had
-# DOWN's consumers wait 2.72 us per tile at B=1024 for those pages (0.67 without a residual).
-# Partial tiles keep the residual load and the copy. Needs the TMA store and the stmatrix
-# staging of RESIDUAL tiles (their defaults). Session 26 (bench/GEMM_NOTES.md): correct on the
-# GPU (poisoned checks: rel_err 0.0 at O_PROJ 1024 / 1100, the engine's bf16 add rounds as the
-# face) but slower, O_PROJ +18%, DOWN +5.2% at M = 1024 (the destination's read-modify-write in
-# L2 outlasts a residual load plus a plain store): off.
-RESIDUAL_REDUCE = os.environ.get("MK_GEMM_RESIDUAL_REDUCE", "0")
-if RESIDUAL_REDUCE not in ("0", "1"):
-    raise ValueError(f"MK_GEMM_RESIDUAL_REDUCE={RESIDUAL_REDUCE!r}: expected 0 or 1")
-if RESIDUAL_REDUCE == "1" and (TMA_STORE == "0" or STSM == "0"):
-    raise ValueError("MK_GEMM_RESIDUAL_REDUCE=1 needs the RESIDUAL tiles' TMA store and stmatrix "
-                     f"staging (MK_GEMM_TMA_STORE={TMA_STORE!r}, MK_GEMM_STSM={STSM!r}: "
-                     "expected residual or 1 for both)")
+# (A full RESIDUAL tile's residual added by its TMA store, cp.reduce.async.bulk.tensor .add onto
+# the destination, MK_GEMM_RESIDUAL_REDUCE, session 26: correct, lost (O_PROJ +18%, DOWN +5.2% at
+# M = 1024); removed in session 28, bench/GEMM_NOTES.md session 26.)
 
 
 # (A RESIDUAL tile's residual prefetched into L2 by the loader some K steps before its end,
@@ -342,17 +306,10 @@ def tma_stores(epi: int, cfg) -> bool:
     return takes and cfg.bn * out_bytes_of(epi) % 128 == 0
 
 
-def residual_reduces(epi: int, cfg) -> bool:
-    """Whether full tiles of epilogue `epi` on `cfg` add their residual in the TMA store
-    (RESIDUAL_REDUCE; trace time)."""
-    return RESIDUAL_REDUCE == "1" and epi == EPI_RESIDUAL and tma_stores(epi, cfg)
-
-
 @cute.jit
 def whole_tile(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, rows: Int32, cols: Int32) -> Int32:
     """1 where a tile of rows x cols leaves through TMA stores (all its rows and its boxes'
-    columns in the matrix), else 0: the storer's test (store_epilogue), which the loader and the
-    consumers repeat where the store adds the residual (residual_reduces)."""
+    columns in the matrix), else 0: the storer's test (store_epilogue)."""
     ob = out_bytes_of(epi)
     whole = Int32(0)
     if rows == cfg.bm:
@@ -476,11 +433,10 @@ class GemmAtoms:
     """Host-side (inside the @cute.jit __call__) TMA atoms, smem layouts and the tiled MMA of one
     tile config. x: activations (T, K, NBX) K-contiguous; w: weights (N, K, L) K-contiguous;
     y: destination (T, N, NBY) N-contiguous (bf16; its residual TMA load, with `residual`, and
-    with `store` its TMA store (TMA_STORE; with `reduce` an add onto y, RESIDUAL_REDUCE), both
-    over the epilogue box)."""
+    with `store` its TMA store (TMA_STORE), both over the epilogue box)."""
 
     def __init__(self, cfg: TileConfig, x: cute.Tensor, w: cute.Tensor, y=None, residual=False,
-                 store=False, reduce=False):
+                 store=False):
         self.cfg = cfg
         lay = LayoutEnum.ROW_MAJOR   # K-major A and B
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -537,8 +493,6 @@ class GemmAtoms:
                     lay, (cfg.bm, B_ROWS, box_cols), Float32, 1), (None, None, 0))
                 assert cute.size_in_bytes(Float32, self.sY_layout) == cfg.bm * 128
             s2g = cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp()
-            if reduce:
-                s2g = cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp(cute.ReductionKind.ADD)
             self.tma_s, self.gS = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 s2g, y, self.sY_layout, (cfg.bm, box_cols))
 
@@ -598,37 +552,6 @@ def stage_b_offset(a_off):
     return 1 - a_off // 2
 
 
-@cute.jit
-def epi_stage(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, kt: Int32, split=None) -> Int32:
-    """The stage before which the tile's epilogue pages sit in its ring window (EPI_EARLY): kt
-    (after the last stage; also a split tile's, which has none), else kt - R, at least 0."""
-    s_epi = kt
-    if cutlass.const_expr(epi_early(epi) > 0):
-        s_epi = kt - epi_early(epi)
-        if s_epi < 0:
-            s_epi = Int32(0)
-        if cutlass.const_expr(split is not None):
-            if split.nsplit() >= 2:
-                s_epi = kt
-    return s_epi
-
-
-@cute.jit
-def operand_ring(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, j, s_epi: Int32):
-    """Ring offset of the tile's operand page j (stage j // stage_pages) in its window: j, past
-    the epilogue pages for the stages from s_epi on (epi_stage)."""
-    off = j
-    if cutlass.const_expr(epi_early(epi) > 0):
-        if j >= s_epi * cfg.stage_pages:
-            off = off + cfg.epi_pages(out_bytes_of(epi))
-    return off
-
-
-def stage_ring(cfg, epi: int, k, s_epi: Int32):
-    """Ring offset of stage k's first page in its tile's window (operand_ring)."""
-    return operand_ring(cfg, epi, k * cfg.stage_pages, s_epi)
-
-
 # ============================================================================ loader (1 warp)
 @cute.jit
 def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAtom,
@@ -660,21 +583,13 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     k0 = Int32(0)
     if cutlass.const_expr(split is not None):
         k0 = split.k0()     # 0 in every unsplit instruction
-    s_epi = epi_stage(cfg, epi, kt, split)
     k_first = 0
     if cutlass.const_expr(ready is not None):
         k_first = prefetch_weights(cfg, tma_a, gA, tma_b, gB, sA_layout, sB_layout, xb, layer,
                                    row0, col0, up_row0, k0, kt, pool, full, empty, pg, npages,
-                                   timeout_ns, state, ticket, ready,
-                                   s_epi if epi_early(epi) > 0 else None)
+                                   timeout_ns, state, ticket, ready)
         pg = pg + k_first * cfg.stage_pages
     for k in range(k_first, kt):
-        if cutlass.const_expr(epi_early(epi) > 0):
-            if k == s_epi:
-                # the epilogue pages in ring order, before the last stages (EPI_EARLY; the early
-                # weights stop short of them, so this loop always reaches s_epi < kt)
-                pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
-                                   empty, pg, npages, timeout_ns, state, ticket, rows, cols)
         kc = k * BK
         if cutlass.const_expr(split is not None):
             kc = k0 + k * BK
@@ -688,14 +603,13 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
                      stage_full(full + page))
         pg = pg + cfg.stage_pages
-    if cutlass.const_expr(epi_early(epi) == 0):
-        if cutlass.const_expr(split is None):
-            pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
-                               pg, npages, timeout_ns, state, ticket, rows, cols)
-        else:
-            if split.nsplit() < 2:
-                pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
-                                   empty, pg, npages, timeout_ns, state, ticket, rows, cols)
+    if cutlass.const_expr(split is None):
+        pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
+                           pg, npages, timeout_ns, state, ticket, rows, cols)
+    else:
+        if split.nsplit() < 2:
+            pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
+                               empty, pg, npages, timeout_ns, state, ticket, rows, cols)
     return pg
 
 
@@ -764,19 +678,14 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
                      col0: Int32, up_row0: Int32, k0: Int32, kt: Int32, pool: Int32,
                      full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                      npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                     ticket: Int32, ready, s_epi=None) -> Int32:
+                     ticket: Int32, ready) -> Int32:
     """gemm_load's first stages under EARLY_WEIGHTS: the B pages of up to a ring's worth of
     stages (their A pages taken in ring order but left empty), then the wait for the
-    instruction's dependencies, then those stages' A pages. Returns the stages done: never
-    past stage s_epi (epi_stage; None: no cap), so that gemm_load grants the epilogue pages in
-    ring order."""
+    instruction's dependencies, then those stages' A pages. Returns the stages done."""
     a_bytes = cfg.bm * BK * 2
     npre = kt
     if npre > npages // cfg.stage_pages:
         npre = Int32(npages // cfg.stage_pages)
-    if cutlass.const_expr(s_epi is not None):
-        if npre > s_epi:
-            npre = s_epi
     for k in range(npre):
         kc = k0 + k * BK
         stage_pg = pg + k * cfg.stage_pages
@@ -810,28 +719,20 @@ def load_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_r, gR,
                   full: cute.Pointer, empty: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
                   timeout_ns: Int64, state: cute.Tensor, ticket: Int32, rows=None,
                   cols=None) -> Int32:
-    """Loader: grant the E epilogue pages (RESIDUAL: TMA-load the residual tile into them, but
-    for a whole tile whose store adds it, residual_reduces)."""
+    """Loader: grant the E epilogue pages (RESIDUAL: TMA-load the residual tile into them)."""
     ob = out_bytes_of(epi)
     nbox = cfg.epi_boxes(ob)
     bpp = 128 // cfg.bm
-    load_residual = Int32(1)
-    if cutlass.const_expr(residual_reduces(epi, cfg)):
-        load_residual = 1 - whole_tile(cfg, epi, rows, cols)
     for e in cutlass.range_constexpr(cfg.epi_pages(ob)):
         page, ph = page_of(pg + e, npages)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         if cutlass.const_expr(epi == EPI_RESIDUAL):
-            if load_residual == 1:
-                nb_here = min(bpp, nbox - e * bpp)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(full + page, nb_here * cfg.bm * 128)
-                for s in cutlass.range_constexpr(nb_here):
-                    tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, s * cfg.bm * 128, row0,
-                            col0 + (e * bpp + s) * 64, yb, full + page)
-            else:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(full + page)
+            nb_here = min(bpp, nbox - e * bpp)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full + page, nb_here * cfg.bm * 128)
+            for s in cutlass.range_constexpr(nb_here):
+                tma_box(tma_r, gR, sA_layout, cfg.bm, pool, page, s * cfg.bm * 128, row0,
+                        col0 + (e * bpp + s) * 64, yb, full + page)
         else:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(full + page)
@@ -966,10 +867,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     mainloop_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
-    s_epi = epi_stage(cfg, epi, kt, split)
-
     for k in range(kt):
-        sp = pg + stage_ring(cfg, epi, k, s_epi)
+        sp = pg + k * cfg.stage_pages
         a_off = stage_a_offset(cfg, sp, npages)
         b_off = stage_b_offset(a_off)
         pa, pha = page_of(sp + a_off, npages)
@@ -996,7 +895,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         cute.nvgpu.warpgroup.commit_group()
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
-                release_stage(pg + stage_ring(cfg, epi, k - 1, s_epi), spp, npages,
+                release_stage(pg + (k - 1) * spp, spp, npages,
                               operand_bar(empty, done), lane, share)
         t0 = rk.wait_clock_start(mclk)
         cute.nvgpu.warpgroup.wait_group(1)
@@ -1006,7 +905,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use
                 # of a page completes exactly one phase of full and of empty, and no waiter can
                 # fall two phases behind
-                release_stage(pg + stage_ring(cfg, epi, k - 1, s_epi), spp, npages,
+                release_stage(pg + (k - 1) * spp, spp, npages,
                               operand_bar(empty, done), lane, share)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(cfg.wide):
@@ -1026,8 +925,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             store_partial(cfg, accs, tCcC, wg, split, row0, rows)
             if cutlass.const_expr(share != CONSUMER_THREADS):
                 cute.arch.sync_warp()       # lane 0's `done` arrive speaks for the warp's stores
-    release_stage(pg + stage_ring(cfg, epi, kt - 1, s_epi), spp, npages, done, lane, share)
-    ep = pg + s_epi * spp           # the epilogue pages (after the last stage without EPI_EARLY)
+    release_stage(pg + (kt - 1) * spp, spp, npages, done, lane, share)
+    ep = pg + kt * spp              # the epilogue pages (after the last stage)
     pg = pg + kt * spp
     if cutlass.const_expr(split is None):
         pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep, npages,
@@ -1052,11 +951,6 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                      epi_word: cutlass.Constexpr = -1, me=None, cols=None) -> Int32:
     """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
     ring count pg), handed to the storer. Returns the new page count."""
-    # RESIDUAL: all ones where the pages hold the residual, 0 where the store adds it (the
-    # staged words are then bf16(acc) + 0, the same bits; a -0 becomes +0)
-    resid_mask = Int32(-1)
-    if cutlass.const_expr(residual_reduces(epi, cfg)):
-        resid_mask = whole_tile(cfg, epi, rows, cols) - 1
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
@@ -1095,12 +989,9 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                                 state, ticket)
         acc = accs[ch]
         npair = out_pairs(cfg, acc)
-        # the pair stores read the residual from pages that a reducing store's whole tile left
-        # unloaded: only the stmatrix path masks it
-        assert stsm_chain_ok(epi, npair) or not residual_reduces(epi, cfg), (cfg.name, npair)
         if cutlass.const_expr(stsm_chain_ok(epi, npair)):
             stsm_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages,
-                          lane, resid_mask)
+                          lane)
         else:
             pair_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages)
         if cutlass.const_expr(cp > 0 and ch < nout - 1):
@@ -1195,8 +1086,7 @@ def pair_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
 
 @cute.jit
 def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCcC: cute.Tensor,
-                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32,
-                  resid_mask: Int32):
+                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32):
     """pair_epilogue with one stmatrix.x4 per four output pairs (STSM): pairs 4k .. 4k + 3 of a
     thread are the wgmma fragment's (rows r, r + 8) x (columns c, c + 8) of column group k, i.e.
     the four 8 x 8 matrices of the warp's 16 rows x 16 columns in the order stmatrix takes them;
@@ -1205,8 +1095,7 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     16-byte chunk of the swizzle, so epi_addr of the row's first column is its address.
     RESIDUAL: the residual by one ldmatrix.x4 of the same addresses (the same fragment order),
     group by group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in
-    packed bf16 (rk.add_bf16x2), its words ANDed with resid_mask (0: pages without the residual,
-    residual_reduces). SILU_MUL: out_pair's values rounded as pair_epilogue rounds them."""
+    packed bf16 (rk.add_bf16x2). SILU_MUL: out_pair's values rounded as pair_epilogue rounds them."""
     ob = out_bytes_of(epi)
     ngroup = out_pairs(cfg, acc) // 4
     r0, c0 = tCcC[0]
@@ -1227,10 +1116,7 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
             for i in cutlass.range_constexpr(4):
                 v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
                 # torch: dst + bf16(y), rounded once more to bf16 (residual_add's value)
-                rw = Int32(resid[i])
-                if cutlass.const_expr(residual_reduces(epi, cfg)):
-                    rw = rw & resid_mask
-                words.append(rk.add_bf16x2(rw, rk.pack_bf16x2(v0, v1)))
+                words.append(rk.add_bf16x2(Int32(resid[i]), rk.pack_bf16x2(v0, v1)))
         else:
             # the bf16 values as pair_epilogue rounds them (.to(BFloat16): SILU_MUL's product
             # stays one HMUL2 per pair), their words by a register recast
@@ -1525,15 +1411,14 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
     j0 = Int32(0)
     if cutlass.const_expr(OPERAND_FREE == "consumer"):
         j0 = (kt - 1) * cfg.stage_pages     # the consumers freed the stages before the last
-    s_epi = epi_stage(cfg, epi, kt, split)
     for j in range(j0, kt * cfg.stage_pages):
         # operand pages: the consumers are done with them (their wgmmas retired): free them
-        page, _ = page_of(pg + operand_ring(cfg, epi, j, s_epi), npages)
+        page, _ = page_of(pg + j, npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
-    ep = pg + s_epi * cfg.stage_pages
-    pg = pg + kt * cfg.stage_pages
+    ep = pg + kt * cfg.stage_pages
+    pg = ep
     if cutlass.const_expr(split is None):
         pg = pg + store_epilogue(cfg, epi, ybase, ld, row0, rows, col0, cols, pool, empty, done,
                                  dpar, ep, npages, sid, bar_id, nthreads, timeout_ns, state,
@@ -1572,7 +1457,6 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     if n_it > per_thread // UNR:
         n_it = Int32(per_thread // UNR)
     ne = cfg.epi_pages(ob)
-    reduces = residual_reduces(epi, cfg)
     # 1: this tile leaves through TMA stores (every row and column of its boxes in the matrix)
     by_tma = 0
     if cutlass.const_expr(tma_store is not None):
@@ -1584,7 +1468,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     for e in cutlass.range_constexpr(ne):
         if cutlass.const_expr(cp > 0 and e > 0 and e % cp == 0):
             if by_tma == 1:
-                if bulk_issuer(sid, reduces):
+                if sid == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
                 for f in cutlass.range_constexpr(e - cp, e):
                     page_f, _ = page_of(pg + f, npages)
@@ -1594,11 +1478,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
         if cutlass.const_expr(tma_store is not None and "nostore" not in EXPERIMENT):
             if by_tma == 1:
-                if bulk_issuer(sid, reduces):
-                    if cutlass.const_expr(e == 0 and reduces):
-                        # the add reads the destination through the async proxy: order the
-                        # generic writes of its residual that this thread acquired before it
-                        cute.arch.fence_proxy("async.global")
+                if sid == 0:
                     # the consumers fenced their writes to the async proxy before `done`
                     for s in cutlass.range_constexpr(min(bpp, nbox - e * bpp)):
                         rk.tma_store_box(tma_store[0], tma_store[1], tma_store[3], cfg.bm,
@@ -1617,23 +1497,13 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
             # before the instruction's signal (the caller's barrier + release)
             for e in cutlass.range_constexpr(freed, ne):
                 page, _ = page_of(pg + e, npages)
-                if bulk_issuer(sid, reduces):
+                if sid == 0:
                     cute.arch.cp_async_bulk_wait_group(ne - 1 - e, read=True)
                 rk.free_page(page, empty, sid, bar_id, nthreads, share)
-            if bulk_issuer(sid, reduces):
+            if sid == 0:
                 cute.arch.cp_async_bulk_wait_group(0)
                 cute.arch.fence_proxy("async.global")
     return pg + ne
-
-
-def bulk_issuer(sid, reduces: bool):
-    """Whether storer thread sid issues, commits and waits for a tile's bulk stores: thread 0,
-    or for the reducing store (residual_reduces) the whole first storer warp: the DSL lowers
-    that one inside an elect.sync over the full warp, which one thread alone may not execute
-    (session 26's first GPU run of it failed to launch). Each thread waits for its own bulk
-    groups; the lanes not elected have none. (Built at each use: the default's PTX stays the
-    build's before.)"""
-    return sid < 32 if reduces else sid == 0
 
 
 @cute.jit
