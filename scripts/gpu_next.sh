@@ -254,23 +254,26 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0. Session 27 ran issue 5's table at every M (gemm_2026-12-02_s27), made LM_HEAD m128n256
-#      the default from 65 sequences (M=256 -7.1%, checks + racecheck passed), ran floor and
-#      the e2e table (B=1 / 16 1.00, 64 1.15, 256 1.11, 1024 1.05, 4096 1.10). First call:
-#      `MK_STEPS="rl2 floor"` (MK_DEADLINE_S=900, ~8-9 min: the residual's L2 prefetch, built
-#      in session 27, checked and timed; floor with the new kind launch, which says how much of
-#      O_PROJ 64's 12.4 us first-tile launch is the launch itself). If rl2 gains: racecheck a
-#      1024-class step with it (`--prompt-lens 256,256`), make it the default, update
-#      test_megakernel_compile. Second call: `MK_STEPS=chain` (the epilogue handed over chain
-#      by chain, built in session 27; MK_CHAIN_RL2=8 times both together). Then tests/test_gemm_gpu.py as pytest in a call of its own
-#      (`timeout 560 python -m pytest -m gpu -q tests/test_gemm_gpu.py`: session 27's verify
-#      with it ran past its 420 s pytest cap; its -k LM_HEAD part passed), the
-#      B=512 and mixed e2e points (not run since session 20: `python launch/bench.py --batch
-#      512 --mixed 256:1024:1024`). QKV_ROPE at M=4096 (0.77; on m128n256 +15%, split-K 2 in
-#      near-equal slices -2.9%: not taken; the planner never splits 320 tiles, whatever its
-#      cap): a split of the last partial wave's tiles only (bench/GEMM_NOTES.md session 27,
-#      ~17% of the mainloop's span by arithmetic) is planner work, not built; the bigger levers
-#      below
+#   0. Session 28 made MK_GEMM_CHAIN_HANDOFF=1 the default (O_PROJ -2.5% / -1.8% at M = 1024 /
+#      4096, B=1024 step -0.2%; its checks and racecheck passed), removed the lost switches
+#      (RESIDUAL_L2: O_PROJ +16%; EPI_EARLY, RESIDUAL_REDUCE, STORE_UNROLL) and measured a
+#      launch: 5.4 us, of which an empty kernel of its shape is 3.49 and the prologue + first
+#      ticket ~1.3 (`launchcost` step). First call: `timeout 560 python -m pytest -m gpu -q
+#      tests/test_gemm_gpu.py` alone (the whole GEMM GPU file has not run as pytest since session
+#      26; with verify's files it passes the 420 s cap), then `MK_STEPS=verify`, then the e2e
+#      table at every point in two calls (`python launch/bench.py --batch B --mixed none` for
+#      B = 1, 16, 64, 256, 1024, 4096 at ctx 256, and B=512 with `--mixed 256:1024:1024`, not
+#      run since session 20). Levers, by expected gain: (a) B=64's decode attention (26.6 us per
+#      layer on the path, 64 one-row units on 132 SMs): two KV splits per unit cut it to ~20.9
+#      but the ATTN_REDUCE hop adds ~5.3 (session 18); the combine done by the last split to
+#      arrive (an acq_rel arrival on the SPLIT counter in the storer, the last one reads the
+#      partials and writes ATTN_OUT, then signals ATTN; vm / verifier / planner words ARG0 + 10..
+#      of mode 1) would make that a ~4% gain at B=64 and ~3% at B=1 / 16 (their ATTN_REDUCE is
+#      5.7 us on the path); (b) the first ticket without the contended atomic (CTA b takes ticket
+#      b; ~1 us of each launch: issue 5's M = 64 / 256 misses) changes the queue's contract (a
+#      CTA that never starts would hold a ticket): weigh it first; (c) QKV_ROPE at M=4096, a
+#      split of the last partial wave's tiles (planner; ~17% of its mainloop span by arithmetic,
+#      ~1.6% of the B=4096 step)
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
 #      CUTLASS's 1.8): the consumers' epilogue code (GATE_UP's SiLU 3.7 us, DOWN's residual
 #      add 2.8 us at B=1024: stmatrix / ldmatrix would cut the per-pair instructions), then
