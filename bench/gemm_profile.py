@@ -12,7 +12,8 @@ stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same val
 staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through
 TMA stores) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
 128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
-tile's at once); an unknown part is
+tile's at once) or "ticket=V" (MK_STATIC_FIRST_TICKET=V: 1 CTA b's first ticket is b, no
+atomic); an unknown part is
 refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
@@ -53,7 +54,8 @@ from bench import _jobs  # noqa: E402
 LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
 KNOBS = {"tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
-         "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF"}
+         "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF",
+         "ticket": "MK_STATIC_FIRST_TICKET"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")
 KINDS = ("time", "floor", "launch", "empty", "check", "journal", "ncu")

@@ -225,6 +225,10 @@
 #          racecheck, decode B=MK_CHAIN_BATCH (1024) 0 / 1: chain.log, chain.json,
 #          chain_summary.log, chain_{off,on}.json, racecheck_full.log (~6 min in session 28).
 #          (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
+#   sticket MK_STATIC_FIRST_TICKET=1 (built in session 28, off: CTA b's first ticket is b, no
+#          atomic): a NOOP launch and its journal, issue 5's small-M rows with 0 / 1, poisoned
+#          checks, the two-layer checks, racecheck, decode B=1 / 64 off / on: sticket.log,
+#          sticket.json, sticket_summary.log, sticket_{off,on}.json (~7 min)
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
@@ -271,7 +275,8 @@
 #      of mode 1) would make that a ~4% gain at B=64 and ~3% at B=1 / 16 (their ATTN_REDUCE is
 #      5.7 us on the path); (b) the first ticket without the contended atomic (CTA b takes ticket
 #      b; ~1 us of each launch: issue 5's M = 64 / 256 misses) changes the queue's contract (a
-#      CTA that never starts would hold a ticket): weigh it first; (c) QKV_ROPE at M=4096, a
+#      CTA that never starts would hold a ticket): built off (MK_STATIC_FIRST_TICKET=1, step
+#      `sticket`, ~7 min), time it, then weigh the contract; (c) QKV_ROPE at M=4096, a
 #      split of the last partial wave's tiles (planner; ~17% of its mainloop span by arithmetic,
 #      ~1.6% of the B=4096 step)
 #   0b. GEMM per-tile cost, the rest (issue 5; a tile costs a + b x K steps, mk a = 4.2 us against
@@ -335,7 +340,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1135,6 +1140,32 @@ if has chain; then
   run_profile chain "${J#,}" ${MK_CHAIN_PROFILE_S:-240} | tee "$OUTDIR/chain_summary.log"
   switch_step chain MK_GEMM_CHAIN_HANDOFF 1 "$OUTDIR/chain_summary.log" 1 \
       "${MK_CHAIN_TIME:-1}" "${MK_CHAIN_BATCH:-1024}"
+fi
+if has sticket; then
+  # MK_STATIC_FIRST_TICKET=1 (built in session 28, off): CTA b's first ticket is b, without the
+  # queue's atomic (session 28: 132 CTAs' first atomics on one word, the first instruction's
+  # words loaded 1.79 us after the first CTA started). One NOOP launch and its journal, issue
+  # 5's small-M rows timed with 0 / 1 (O_PROJ / DOWN 64 / 256, GATE_UP 64, LM_HEAD 256), poisoned
+  # checks with it, then the two-layer checks and racecheck and (MK_STICKET_TIME=1, default)
+  # decode B=MK_STICKET_BATCH (1,64) off / on, journal on: sticket.log, sticket.json,
+  # sticket_summary.log, sticket_{off,on}.json, racecheck_full.log (~7 min)
+  J=""
+  for v in 0 1; do J="$J,O_PROJ:64:launch:ticket=$v,O_PROJ:64:journal:noop+ticket=$v"; done
+  for c in O_PROJ:200 DOWN:64 LM_HEAD:256; do J="$J,$c:check:ticket=1"; done
+  for c in ${MK_STICKET_CASES:-O_PROJ:64 O_PROJ:256 DOWN:64 DOWN:256 GATE_UP:64 LM_HEAD:256}; do
+    J="$J,$c:time:ticket=0,$c:time:ticket=1"
+  done
+  run_profile sticket "${J#,}" ${MK_STICKET_PROFILE_S:-240} | tee "$OUTDIR/sticket_summary.log"
+  python - "$OUTDIR/sticket.log" <<'PYEOF' | tee -a "$OUTDIR/sticket_summary.log"
+import json, sys
+for ln in open(sys.argv[1]):
+    if ln.startswith("{") and '"journal"' in ln:
+        r = json.loads(ln)
+        print(r.get("job"), {k: r.get(k) for k in ("cta_start_spread_ns", "first_fetch_ns",
+              "first_ready_ns", "first_end_ns", "teardown_ns", "kernel_ns")})
+PYEOF
+  switch_step sticket MK_STATIC_FIRST_TICKET 1 "$OUTDIR/sticket_summary.log" 1 \
+      "${MK_STICKET_TIME:-1}" "${MK_STICKET_BATCH:-1,64}"
 fi
 if has launchcost; then
   # where a short launch's time goes (issue 5's misses at M = 64 / 256): the empty kernel of the
