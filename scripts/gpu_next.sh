@@ -367,6 +367,18 @@ for ln in open(sys.argv[1]):
     print(f"{r.get('job', '?'):40s} {v} {r.get('rel_err', '')} {r.get('error', '')[-300:]}")
 PYEOF
 }
+# the journal jobs of run_profile NAME (journal flags noop / first): where a short launch's time
+# goes, appended to NAME_summary.log
+launch_journal() {
+  python - "$OUTDIR/$1.log" <<'PYEOF' | tee -a "$OUTDIR/$1_summary.log"
+import json, sys
+for ln in open(sys.argv[1]):
+    if ln.startswith("{") and '"journal"' in ln:
+        r = json.loads(ln)
+        print(r.get("job"), {k: r.get(k) for k in ("cta_start_spread_ns", "first_fetch_ns",
+              "first_ready_ns", "first_end_ns", "teardown_ns", "kernel_ns")})
+PYEOF
+}
 # the correctness checks of a variant (its environment already exported): pytest files, the
 # two-layer step vs mk.vm (split-K never / auto), racecheck of that step; "FAILED" on any failure
 # (no pytest files: none run; MK_CHECK_EXTRA: more arguments of the two-layer checks)
@@ -1156,14 +1168,7 @@ if has sticket; then
     J="$J,$c:time:ticket=0,$c:time:ticket=1"
   done
   run_profile sticket "${J#,}" ${MK_STICKET_PROFILE_S:-240} | tee "$OUTDIR/sticket_summary.log"
-  python - "$OUTDIR/sticket.log" <<'PYEOF' | tee -a "$OUTDIR/sticket_summary.log"
-import json, sys
-for ln in open(sys.argv[1]):
-    if ln.startswith("{") and '"journal"' in ln:
-        r = json.loads(ln)
-        print(r.get("job"), {k: r.get(k) for k in ("cta_start_spread_ns", "first_fetch_ns",
-              "first_ready_ns", "first_end_ns", "teardown_ns", "kernel_ns")})
-PYEOF
+  launch_journal sticket
   switch_step sticket MK_STATIC_FIRST_TICKET 1 "$OUTDIR/sticket_summary.log" 1 \
       "${MK_STICKET_TIME:-1}" "${MK_STICKET_BATCH:-1,64}"
 fi
@@ -1177,14 +1182,7 @@ if has launchcost; then
   op=${MK_LC_OP:-O_PROJ}
   J="$op:64:empty:,$op:64:launch:,$op:64:journal:noop,$op:64:journal:first,$op:64:time:"
   run_profile launchcost "$J" 200 | tee "$OUTDIR/launchcost_summary.log"
-  python - "$OUTDIR/launchcost.log" <<'PYEOF' | tee -a "$OUTDIR/launchcost_summary.log"
-import json, sys
-for ln in open(sys.argv[1]):
-    if ln.startswith("{") and '"journal"' in ln:
-        r = json.loads(ln)
-        print(r.get("job"), {k: r.get(k) for k in ("cta_start_spread_ns", "first_fetch_ns",
-              "first_ready_ns", "first_end_ns", "teardown_ns", "kernel_ns")})
-PYEOF
+  launch_journal launchcost
 fi
 if has floor; then
   # what a whole-matrix launch pays before its tiles (issue 5's misses at M = 64 / 256, session
