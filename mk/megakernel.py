@@ -219,18 +219,6 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # of the 70B rank's decode step at B=1 / 64 (bench/results/ab_2026-11-29_s6_summary.json);
 # MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
-# Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
-# claims the next ticket only once the loader has issued every load of the instruction before it
-# (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
-# instruction soon: an SM in the middle of a 60-120 us GATE_UP tile claimed the next tiles and
-# norms and ran them back to back while other SMs went idle. Claimed after the loads, the next
-# instruction's waits and weight prefetch still overlap the consumers' last ring's worth of the
-# current one; short instructions (norms, reduces) are loaded at once, so their claims come as
-# early as before. H200, 70B TP8 rank decode ctx 1024 (bench/results/claim_*_2026-11-30_s13,
-# bench/E2E_NOTES.md session 13): B=1024 81.02 -> 66.48 ms (-17.9%), B=192 -1.4%, B=256 -0.8%,
-# B=64 +0.3%, but B=1 / 16 +2.3% / +2.1% (there every SM runs about one instruction per phase
-# and the look-ahead hides the claim), so it is on for the M classes above CLAIM_AFTER_LOADS_MIN_M
-# tokens. MK_CLAIM_AFTER_LOADS=0 / 1 forces it off / on in every variant (A/Bs).
 # The first ticket without the queue's atomic (MK_STATIC_FIRST_TICKET=1, off): CTA b takes ticket
 # b, the queue hands out grid + i after. Session 28's journal of one NOOP launch
 # (bench/results/fclaim_2026-12-02_s28.json): the first instruction's ticket comes back 1.31 us
@@ -246,6 +234,18 @@ STATIC_FIRST_TICKET = os.environ.get("MK_STATIC_FIRST_TICKET", "0")
 if STATIC_FIRST_TICKET not in ("0", "1"):
     raise ValueError(f"MK_STATIC_FIRST_TICKET={STATIC_FIRST_TICKET!r}: expected 0 or 1")
 STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
+# Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
+# claims the next ticket only once the loader has issued every load of the instruction before it
+# (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
+# instruction soon: an SM in the middle of a 60-120 us GATE_UP tile claimed the next tiles and
+# norms and ran them back to back while other SMs went idle. Claimed after the loads, the next
+# instruction's waits and weight prefetch still overlap the consumers' last ring's worth of the
+# current one; short instructions (norms, reduces) are loaded at once, so their claims come as
+# early as before. H200, 70B TP8 rank decode ctx 1024 (bench/results/claim_*_2026-11-30_s13,
+# bench/E2E_NOTES.md session 13): B=1024 81.02 -> 66.48 ms (-17.9%), B=192 -1.4%, B=256 -0.8%,
+# B=64 +0.3%, but B=1 / 16 +2.3% / +2.1% (there every SM runs about one instruction per phase
+# and the look-ahead hides the claim), so it is on for the M classes above CLAIM_AFTER_LOADS_MIN_M
+# tokens. MK_CLAIM_AFTER_LOADS=0 / 1 forces it off / on in every variant (A/Bs).
 CLAIM_AFTER_LOADS_MIN_M = 64
 CLAIM_AFTER_LOADS_ENV = os.environ.get("MK_CLAIM_AFTER_LOADS", "")
 if CLAIM_AFTER_LOADS_ENV not in ("", "0", "1"):
