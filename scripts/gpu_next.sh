@@ -330,6 +330,15 @@ mkdir -p "$OUTDIR"
 TMPD=$(mktemp -d /tmp/gpu_next.XXXXXX)
 export PYTHONUNBUFFERED=1
 STEPS=${MK_STEPS:-"attnexp base"}
+# every requested step must be one block of this file: a typo would run nothing, and a second
+# block of one name would run both (session 28 lost a call to a new step named as an old one)
+for s in $STEPS; do
+  n=$(grep -c "^if has $s; then" "$0")
+  if [ "$n" != 1 ]; then
+    echo "gpu_next.sh: step '$s' has $n blocks in $0 (expected 1)" >&2
+    exit 2
+  fi
+done
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 # the M <= 256 class on the 64-row tiles (the default before session 7)
 M64_AT_256="QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,GATE_UP@256=gu_m64,DOWN@256=m64n256"
