@@ -1589,6 +1589,11 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
                 or (r[:, at.A_SLOT0] + ns * r[:, W_ROWS] > min(P, attn.lse.shape[0])).any():
             raise ValueError(f"megakernel: ATTN_REDUCE slots beyond ATTN_PARTIAL / ATTN_LSE "
                              f"({P} rows)")
+    # a reduce run by its last split reads the split's copies of its words
+    bad = at.check_last_combines(s)
+    if bad:
+        raise ValueError("megakernel: an ATTN_REDUCE by the last split does not match its "
+                         "splits: " + "; ".join(bad[:3]))
 
 
 def _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape):
