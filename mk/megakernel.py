@@ -576,6 +576,25 @@ class MegakernelDSL:
                         w = instrs[t, lane]
                 else:
                     w = instrs[t, lane]
+            if cutlass.const_expr(self.attn_ps > 0):
+                # an ATTN_REDUCE run by its last split (attention.py's by_last) is no ticket's
+                # work: claim the next one instead
+                while self.run_by_last_split(w, t, n_instr) == 1:
+                    if cutlass.const_expr(self.journal):
+                        # no event: mk.trace skips rows without a fetch time (the journal
+                        # buffer lives across launches, so the row may hold an older one)
+                        if lane == 0:
+                            if t < journal.shape[0]:
+                                journal[t, J_FETCH] = Int64(0)
+                    t = self.claim(state, n_instr, stop, lane)
+                    if cutlass.const_expr(STATIC_FIRST_TICKET):
+                        if t < n_instr:
+                            t = t + grid
+                    tf = cute.arch.globaltimer()
+                    w = Int32(OP_END)
+                    if t < n_instr:
+                        w = instrs[t, lane]
+            if t < n_instr:
                 if cutlass.const_expr(not EARLY_WEIGHTS):
                     if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
                                         meta, bidx) == 0:
@@ -598,6 +617,19 @@ class MegakernelDSL:
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             first = Int32(0)
             islot, iph = next_slot(islot, iph)
+
+    @cute.jit
+    def run_by_last_split(self, w: Int32, t: Int32, n_instr: Int32) -> Int32:
+        """1 where ticket t (its words w, one per lane) is an ATTN_REDUCE that its last split
+        runs (warp-uniform)."""
+        op = cute.arch.shuffle_sync(w, W_OPCODE)
+        by_last = cute.arch.shuffle_sync(w, at.A_BY_LAST)
+        res = Int32(0)
+        if t < n_instr:
+            if op == ak.OP_ATTN_REDUCE:
+                if by_last == 1:
+                    res = Int32(1)
+        return res
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
@@ -849,8 +881,14 @@ class MegakernelDSL:
                                                   n_layers, eps, sv)
                         self.stamp(journal, t, J_STORE1, sid == 0)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
+                        sig = ring[base + W_SIGNAL]
+                        if cutlass.const_expr(self.attn_ps > 0):
+                            if op == ak.OP_ATTENTION:
+                                if ring[base + at.A_MODE] == at.MODE_PARTIAL:
+                                    if ring[base + at.A_COMBINE_ARRIVALS] > 0:
+                                        sig = self.last_split_combine(ring, base, counters, aout,
+                                                                      apart, alse, flag, sid)
                         if sid == 0:
-                            sig = ring[base + W_SIGNAL]
                             if sig >= 0:
                                 # every store of this instruction precedes the barrier above
                                 cute.arch.fence_acq_rel_gpu()
@@ -1073,6 +1111,34 @@ class MegakernelDSL:
                                  sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                  page_share(self.handoff))
         return pg
+
+    @cute.jit
+    def last_split_combine(self, ring: cute.Tensor, base: Int32, counters: cute.Tensor,
+                           aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor,
+                           flag: cute.Tensor, sid: Int32) -> Int32:
+        """A split of an ATTN_REDUCE run by its last split (mk/instructions/attention.py, its
+        partial stored by every storer thread before the barrier that precedes this): its arrival
+        on its signal counter (acq_rel: it releases this split's partial, and the last arrival
+        acquires every other split's), and, in the split that brings it to the reduce's target,
+        the reduce itself into ATTN_OUT. Returns the counter to signal after it: the reduce's
+        (the last split) or none (-1)."""
+        if sid == 0:
+            cute.arch.fence_acq_rel_gpu()
+            old = cute.arch.atomic_add((counters.iterator + ring[base + W_SIGNAL]).llvm_ptr,
+                                       Int32(1), sem="acq_rel", scope="gpu")
+            flag[1] = Int32(1) if old + 1 == ring[base + at.A_COMBINE_ARRIVALS] else Int32(0)
+        cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
+        sig = Int32(-1)
+        if flag[1] == 1:
+            ak.combine_store(apart, alse, aout.iterator.toint(), aout.shape[1],
+                             ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
+                             ring[base + W_COLS], ring[base + at.A_QPK],
+                             ring[base + at.A_COMBINE_SLOT0], ring[base + at.A_COMBINE_NSPLIT],
+                             sid, N_STORER)
+            # every storer thread's ATTN_OUT stores before sid 0's signal
+            cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
+            sig = ring[base + at.A_COMBINE_SIGNAL]
+        return sig
 
     @cute.jit
     def store_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,

@@ -383,7 +383,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         worst = max(worst, err / max(tol, 1e-30))
         steps.append(dict(tokens=batch.num_tokens, seqs=len(batch.seqs), max_abs_err=err,
                           tol=tol, argmax_equal=same, near_ties=ties,
-                          worst_tie_gap=float(gap.max())))
+                          worst_tie_gap=float(gap.max()),
+                          last_split_reduces=_last_split_reduces(vm.last_plan.instrs)))
         for j, c in enumerate(batch.seqs):
             ctx[j] = c.end_pos
         nxt = want.argmax(-1).tolist()
@@ -408,6 +409,13 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                 steps=steps,
                 worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,
                 device=torch.cuda.get_device_name())
+
+
+def _last_split_reduces(instrs: torch.Tensor) -> int:
+    """ATTN_REDUCEs of a stream that their last split runs (PlanConfig.attn_combine_pairs)."""
+    from mk.instructions import attention as at
+    from mk.ir import Op
+    return int(((instrs[:, 0] == int(Op.ATTN_REDUCE)) & (instrs[:, at.A_BY_LAST] == 1)).sum())
 
 
 def _split_op() -> int:

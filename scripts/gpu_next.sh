@@ -258,6 +258,10 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00. Session 29: `combine` (ATTN_REDUCE by the last split, PlanConfig.attn_combine_pairs,
+#      off by default until it is timed; ~8 min) first; if its checks pass and it gains, make 64
+#      the default and run `verify` (the default build's PTX changed: the controller's dropped
+#      tickets and the storer's combine branch) before the e2e table
 #   0. Session 28 made MK_GEMM_CHAIN_HANDOFF=1 the default (O_PROJ -2.5% / -1.8% at M = 1024 /
 #      4096, B=1024 step -0.2%; its checks and racecheck passed), removed the lost switches
 #      (RESIDUAL_L2: O_PROJ +16%; EPI_EARLY, RESIDUAL_REDUCE, STORE_UNROLL) and measured a
@@ -349,7 +353,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [combine]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -744,6 +748,37 @@ if has pair; then
         "--plan attn_pair=${MK_PAIR_TIMED:-1}"
   else
     echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
+  fi
+fi
+if has combine; then
+  # PlanConfig.attn_combine_pairs (ATTN_REDUCE run by the last split to finish, in its storer;
+  # the controller drops the reduce's ticket; session 29): the GPU tests of it (two layers vs
+  # the interpreter, splits of 64 keys and spread splits of 16), the two-layer checks, racecheck
+  # and memcheck with it (kv_split 64: decodes of contexts 65 / 131 split; MK_COMBINE_CHECK more
+  # check arguments), then decode MK_COMBINE_BATCH (1,16,64) without it, with it, and with it
+  # and two-split spread decodes (kv_spread_min_splits=2, which lost +1.8% at B=64 with the
+  # reduce's ticket, session 18), journal on
+  : > "$OUTDIR/combine.log"
+  CMB="--plan attn_combine_pairs=64"
+  ( MK_CHECK_EXTRA="$CMB ${MK_COMBINE_CHECK:-}" checks tests/test_megakernel_step_gpu.py -k last_split
+    echo "== memcheck, two-layer step, split-K auto, $CMB"
+    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 $CMB ${MK_COMBINE_CHECK:-} \
+        > "$OUTDIR/memcheck_full.log" 2>&1
+    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
+  ) > "$OUTDIR/combine_check.log" 2>&1
+  cat "$OUTDIR/combine_check.log" | tee -a "$OUTDIR/combine.log"
+  if passed "$OUTDIR/combine_check.log" \
+      && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/combine_check.log"; then
+    echo "== combine: checks passed" | tee -a "$OUTDIR/combine.log"
+    time_variant combine off "attn_combine_pairs=0 (the reduce's ticket)" \
+        ${MK_COMBINE_BATCH:-1,16,64} "" "--plan attn_combine_pairs=0"
+    time_variant combine on "attn_combine_pairs=64" ${MK_COMBINE_BATCH:-1,16,64} "" \
+        "--plan attn_combine_pairs=64"
+    time_variant combine sp2 "attn_combine_pairs=64,kv_spread_min_splits=2" \
+        ${MK_COMBINE_BATCH:-1,16,64} "" "--plan attn_combine_pairs=64,kv_spread_min_splits=2"
+  else
+    echo "== combine: checks FAILED, not timed" | tee -a "$OUTDIR/combine.log"; rc=1
   fi
 fi
 if has fill; then

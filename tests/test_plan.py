@@ -744,3 +744,43 @@ def test_plan_overrides_take_the_policy_by_name():
                           ("split_k=2", "not FIELD=VALUE"), ("norm_rows=two", "not an integer")):
         with pytest.raises(ValueError, match=message):
             parse_plan_overrides(text)
+
+
+def test_last_split_combine_words_are_checked():
+    """attention.check_last_combines (run by the megakernel's check_plan: the GPU runs a by_last
+    ATTN_REDUCE from its splits' copies of its words) finds each way a split's words can disagree
+    with its reduce, a reduce the combine cannot hold, and stray combine words; the planner's
+    plans pass. PlanConfig refuses more pairs than a combine holds."""
+    from mk.instructions import attention as at
+    from mk.ir import W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
+    batch = StepBatch([SeqChunk([5], 40, list(range(12))), SeqChunk([6], 33, list(range(12, 24)))])
+    cfg = PlanConfig(**{**CFG.__dict__, "attn_combine_pairs": 64})
+    s = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg).instrs.numpy().copy()
+    assert not at.check_last_combines(s)
+    red = np.flatnonzero((s[:, W_OPCODE] == int(Op.ATTN_REDUCE)) & (s[:, at.A_BY_LAST] == 1))
+    assert len(red) == 2 * 2 * MODEL.num_layers       # (sequence, KV head) per layer
+    r = red[3]
+    splits = np.flatnonzero((s[:, W_OPCODE] == int(Op.ATTENTION)) & (s[:, W_SIGNAL] == s[r, W_WAIT0]))
+    assert len(splits) == s[r, W_WAIT0 + 1] >= 2
+
+    def found(edit, what):
+        m = s.copy()
+        edit(m)
+        bad = at.check_last_combines(m)
+        assert bad and what in " ".join(bad), (what, bad)
+
+    j = splits[1]
+    for word, what in ((at.A_COMBINE_SLOT0, "combine slot0"), (at.A_COMBINE_NSPLIT, "combine nsplit"),
+                       (at.A_COMBINE_SIGNAL, "combine signal"), (at.A_COMBINE_ARRIVALS, "combine arrivals"),
+                       (W_COLS, "its cols"), (W_ROW0, "its row0"), (W_LAYER, "its layer")):
+        found(lambda m, word=word: m.__setitem__((j, word), m[j, word] + 1), what)
+    found(lambda m: m.__setitem__((j, W_SIGNAL_COUNT), 2), "signal count")
+    found(lambda m: m.__setitem__((r, W_WAIT0 + 1), m[r, W_WAIT0 + 1] + 1), "instructions signal it")
+    found(lambda m: m.__setitem__((r, W_WAIT0 + 2), 0), "exactly one wait")
+    found(lambda m: m.__setitem__((r, W_SIGNAL_COUNT), 2), "exactly one wait")
+    found(lambda m: m.__setitem__((r, W_ROWS), 65), "pairs")
+    found(lambda m: m.__setitem__((r, at.A_BY_LAST), 2), "by_last is 2")
+    found(lambda m: m.__setitem__((r, at.A_BY_LAST), 0), "no by_last ATTN_REDUCE")
+    found(lambda m: m.__setitem__((red[2], W_WAIT0), m[r, W_WAIT0]), "as another")
+    with pytest.raises(ValueError, match="attn_combine_pairs"):
+        PlanConfig(attn_combine_pairs=at.COMBINE_MAX_PAIRS + 1)
