@@ -760,6 +760,12 @@ if has combine; then
   # reduce's ticket, session 18), journal on
   : > "$OUTDIR/combine.log"
   CMB="--plan attn_combine_pairs=64"
+  # MK_COMBINE_NOCHECK=1: its GPU tests alone, then the timings (checks run in an earlier call)
+  if [ "${MK_COMBINE_NOCHECK:-0}" = 1 ]; then
+    timeout 240 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
+        tests/test_megakernel_step_gpu.py -k last_split 2>&1 | grep -v "^\[mk" | tail -8 \
+        | tee "$OUTDIR/combine_check.log"
+  else
   ( MK_CHECK_EXTRA="$CMB ${MK_COMBINE_CHECK:-}" checks tests/test_megakernel_step_gpu.py -k last_split
     echo "== memcheck, two-layer step, split-K auto, $CMB"
     timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
@@ -768,8 +774,11 @@ if has combine; then
     grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
   ) > "$OUTDIR/combine_check.log" 2>&1
   cat "$OUTDIR/combine_check.log" | tee -a "$OUTDIR/combine.log"
-  if passed "$OUTDIR/combine_check.log" \
-      && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/combine_check.log"; then
+  fi
+  if { [ "${MK_COMBINE_NOCHECK:-0}" = 1 ] && grep -qE "^[0-9]+ passed" "$OUTDIR/combine_check.log" \
+         && ! grep -qE "[0-9]+ failed" "$OUTDIR/combine_check.log"; } \
+      || { passed "$OUTDIR/combine_check.log" \
+           && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/combine_check.log"; }; then
     echo "== combine: checks passed" | tee -a "$OUTDIR/combine.log"
     time_variant combine off "attn_combine_pairs=0 (the reduce's ticket)" \
         ${MK_COMBINE_BATCH:-1,16,64} "" "--plan attn_combine_pairs=0"
@@ -1250,8 +1259,9 @@ if has lmverify; then
   done
 fi
 if has e2e; then
-  timeout 560 python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
-      --mixed ${MK_E2E_MIXED:-none} --out "$OUTDIR/e2e.json" > "$OUTDIR/e2e.log" 2>&1 || rc=1
+  # MK_E2E_ARGS: more launch/bench.py arguments (e.g. --plan FIELD=VALUE)
+  timeout ${MK_E2E_TIMEOUT:-560} python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
+      --mixed ${MK_E2E_MIXED:-none} ${MK_E2E_ARGS:-} --out "$OUTDIR/e2e.json" > "$OUTDIR/e2e.log" 2>&1 || rc=1
   grep -vE "^\[mk\.(plan|compile)" "$OUTDIR/e2e.log" | tail -25
 fi
 if has ncu; then

@@ -191,16 +191,17 @@ def test_check_cli_two_layers():
     assert r["kv_cache_max_abs_diff"] < 0.1, json.dumps(r, indent=1)
 
 
-@pytest.mark.parametrize("spread", [0, 16], ids=["kv_split", "spread"])
+@pytest.mark.parametrize("spread", [False, True], ids=["kv_split", "spread"])
 def test_last_split_combine_two_layers(spread):
     """ATTN_REDUCE run by its last split (PlanConfig.attn_combine_pairs): the decode steps' split
     segments reduce in the storer of their last split to finish, the controller drops their
     reduce tickets; two layers vs the interpreter (which runs the reduces as tickets), with
-    splits of 64 keys and, spread, decode keys spread over the SMs in splits of 16."""
+    splits of 64 keys and, spread, decode keys spread over the SMs (splits of 64 keys where the
+    context has at least two, kv_split 1024)."""
     from mk.megakernel_step import check_against_vm
     import json
-    r = check_against_vm(layers=2, kv_split=64, kv_split_min=spread,
-                         plan=dict(attn_combine_pairs=64))
+    r = check_against_vm(layers=2, kv_split=1024 if spread else 64, kv_split_min=64 if spread else 0,
+                         plan=dict(attn_combine_pairs=64, kv_spread_min_splits=2 if spread else 4))
     assert r["passed"], json.dumps(r, indent=1)
     assert sum(st["last_split_reduces"] for st in r["steps"][1:]) > 0, json.dumps(r, indent=1)
     assert r["kv_cache_max_abs_diff"] < 0.1, json.dumps(r, indent=1)
