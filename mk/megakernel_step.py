@@ -33,6 +33,7 @@ import torch
 from mk.batch import StepBatch
 from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.instructions import _common as mc
+from mk.instructions import attention as at
 from mk.instructions.base import Buf
 from mk.plan import PlanConfig, Planner, buffer_shapes
 from mk.tiles import NORM_MAX_HIDDEN
@@ -81,6 +82,9 @@ def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: Ke
     if plan_cfg.kv_split_min % KEY_BLOCK:
         why.append(f"PlanConfig.kv_split_min {plan_cfg.kv_split_min} is not a multiple of "
                    f"{KEY_BLOCK} (the attention splits start on key blocks)")
+    if plan_cfg.attn_combine_pairs and not at.combine_built():
+        why.append("PlanConfig.attn_combine_pairs > 0 needs the megakernel built with the "
+                   "last-split combine (MK_ATTN_COMBINE=1)")
     if plan_cfg.split_k != 1 and plan_cfg.splitk_align % K_ALIGN:
         why.append(f"PlanConfig.splitk_align {plan_cfg.splitk_align} is not a multiple of "
                    f"{K_ALIGN} (a split tile's K0 and K are TMA K coordinates)")
@@ -413,7 +417,6 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
 
 def _last_split_reduces(instrs: torch.Tensor) -> int:
     """ATTN_REDUCEs of a stream that their last split runs (PlanConfig.attn_combine_pairs)."""
-    from mk.instructions import attention as at
     from mk.ir import Op
     return int(((instrs[:, 0] == int(Op.ATTN_REDUCE)) & (instrs[:, at.A_BY_LAST] == 1)).sum())
 

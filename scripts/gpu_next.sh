@@ -258,10 +258,15 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   00. Session 29: `combine` (ATTN_REDUCE by the last split, PlanConfig.attn_combine_pairs,
-#      off by default until it is timed; ~8 min) first; if its checks pass and it gains, make 64
-#      the default and run `verify` (the default build's PTX changed: the controller's dropped
-#      tickets and the storer's combine branch) before the e2e table
+#   00. Session 29: `combine` (ATTN_REDUCE by the last split, MK_ATTN_COMBINE=1 +
+#      PlanConfig.attn_combine_pairs=64) passed its GPU tests, checks, racecheck and memcheck but
+#      LOST (B=1 +5.0%, B=16 +3.1%: the storer's combine is ~32 dependent round trips on two
+#      warps); it is a build of its own, off, the default PTX as before. Next: `rfused`
+#      (MK_ATTN_REDUCE_FUSED=1: the reduce ticket's rows of <= 16 splits in one round trip instead
+#      of four; bitwise the same; compile-checked only, ~6 min), then the e2e table below. A
+#      combine that pays would stage the splits' partials into the last split's own epilogue
+#      pages with cp.async before freeing them (64 KB at B=1 in one round trip) and combine from
+#      shared memory (a page-protocol change: model it in tests/test_page_protocol.py first)
 #   0. Session 28 made MK_GEMM_CHAIN_HANDOFF=1 the default (O_PROJ -2.5% / -1.8% at M = 1024 /
 #      4096, B=1024 step -0.2%; its checks and racecheck passed), removed the lost switches
 #      (RESIDUAL_L2: O_PROJ +16%; EPI_EARLY, RESIDUAL_REDUCE, STORE_UNROLL) and measured a
@@ -353,7 +358,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [combine]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [combine]=480 [rfused]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -759,6 +764,8 @@ if has combine; then
   # and two-split spread decodes (kv_spread_min_splits=2, which lost +1.8% at B=64 with the
   # reduce's ticket, session 18), journal on
   : > "$OUTDIR/combine.log"
+  # (since session 29's timing the combine is a build of its own: MK_ATTN_COMBINE=1)
+  export MK_ATTN_COMBINE=1
   CMB="--plan attn_combine_pairs=64"
   # MK_COMBINE_NOCHECK=1: its GPU tests alone, then the timings (checks run in an earlier call)
   if [ "${MK_COMBINE_NOCHECK:-0}" = 1 ]; then
@@ -780,14 +787,45 @@ if has combine; then
       || { passed "$OUTDIR/combine_check.log" \
            && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/combine_check.log"; }; then
     echo "== combine: checks passed" | tee -a "$OUTDIR/combine.log"
-    time_variant combine off "attn_combine_pairs=0 (the reduce's ticket)" \
-        ${MK_COMBINE_BATCH:-1,16,64} "" "--plan attn_combine_pairs=0"
+    time_variant combine off "attn_combine_pairs=0 (the reduce's ticket), the default build" \
+        ${MK_COMBINE_BATCH:-1,16,64} "MK_ATTN_COMBINE=0" "--plan attn_combine_pairs=0"
     time_variant combine on "attn_combine_pairs=64" ${MK_COMBINE_BATCH:-1,16,64} "" \
         "--plan attn_combine_pairs=64"
     time_variant combine sp2 "attn_combine_pairs=64,kv_spread_min_splits=2" \
         ${MK_COMBINE_BATCH:-1,16,64} "" "--plan attn_combine_pairs=64,kv_spread_min_splits=2"
   else
     echo "== combine: checks FAILED, not timed" | tee -a "$OUTDIR/combine.log"; rc=1
+  fi
+  unset MK_ATTN_COMBINE
+fi
+if has rfused; then
+  # MK_ATTN_REDUCE_FUSED=1 (ATTN_REDUCE rows of <= 16 splits in one round trip, bitwise the same
+  # rows by construction; session 29, compile-checked only): the attention harness's reduce
+  # cases with 0 / 1 (checks, cold us), the two-layer checks with many splits and racecheck with
+  # it, then decode MK_RFUSED_BATCH (1,16) without and with it, journal on (ATTN_REDUCE was 5.8
+  # us per layer on the B=1 path, session 29)
+  for f in 0 1; do
+    MK_ATTN_REDUCE_FUSED=$f timeout 150 python bench/attention.py --quick \
+        --cases decode-ctx8192-b32,decode-varlen \
+        --out "$OUTDIR/rfused_harness_$f.json" > "$OUTDIR/rfused_harness_$f.log" 2>&1 || rc=1
+    echo "== attention harness, MK_ATTN_REDUCE_FUSED=$f"
+    grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$OUTDIR/rfused_harness_$f.log" | cut -c1-200
+    python - "$OUTDIR/rfused_harness_$f.json" <<'PY' || true
+import json, sys
+for r in json.load(open(sys.argv[1]))["timing"]:
+    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("cold_us")})
+PY
+  done
+  ( export MK_ATTN_REDUCE_FUSED=1 MK_CHECK_EXTRA="--kv-split 1024 --kv-split-min 64 --plan kv_spread_min_splits=2"
+    MK_NO_PYTEST=1 checks ) > "$OUTDIR/rfused_check.log" 2>&1
+  cat "$OUTDIR/rfused_check.log" | tee "$OUTDIR/rfused.log"
+  if MK_NO_PYTEST=1 passed "$OUTDIR/rfused_check.log"; then
+    time_variant rfused off "MK_ATTN_REDUCE_FUSED=0 (the default)" ${MK_RFUSED_BATCH:-1,16} \
+        "MK_ATTN_REDUCE_FUSED=0" ""
+    time_variant rfused on "MK_ATTN_REDUCE_FUSED=1" ${MK_RFUSED_BATCH:-1,16} \
+        "MK_ATTN_REDUCE_FUSED=1" ""
+  else
+    echo "== rfused: checks FAILED, not timed" | tee -a "$OUTDIR/rfused.log"; rc=1
   fi
 fi
 if has fill; then

@@ -435,6 +435,34 @@ def test_static_first_ticket_variant_compiles_without_spills(tmp_path):
     assert r.returncode != 0 and "MK_STATIC_FIRST_TICKET='2'" in r.stderr, r.stderr[-2000:]
 
 
+def test_last_split_combine_variant_compiles_without_spills(tmp_path):
+    """MK_ATTN_COMBINE=1 (ATTN_REDUCE by the last split: the storer's acq_rel arrival and
+    combine, the controller's dropped tickets; off by default, compile-time, so in a process of
+    its own): the all-opcode M64 variant with split-K compiles with 0 spills and no call and has
+    one more acq_rel atomic than the default build (the arrival; the other is the exit count)."""
+    ptx = {f: variant_ptx(tmp_path, f"combine{f}", {"MK_ATTN_COMBINE": f},
+                          f"assert M.ATTN_COMBINE == {f == '1'}") for f in ("0", "1")}
+    acq = {f: len(re.findall(r"atom\.global\.acq_rel\.add", p)) for f, p in ptx.items()}
+    assert acq == {"0": 1, "1": 2}, acq
+    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx["1"], str(tmp_path / "combine1")))
+
+
+def test_fused_reduce_variant_compiles_without_spills(tmp_path):
+    """MK_ATTN_REDUCE_FUSED=1 (ATTN_REDUCE rows of <= 16 splits with every load issued first;
+    off until timed, compile-time, so in a process of its own): the all-opcode M64 variant with
+    split-K compiles with 0 spills and no call, and its PTX differs from the default's."""
+    on = variant_ptx(tmp_path, "rfused", {"MK_ATTN_REDUCE_FUSED": "1"},
+                     "from mk.instructions import _attention_kernel as ak; "
+                     "assert ak.REDUCE_FUSED")
+    off = variant_ptx(tmp_path, "rfused0", {"MK_ATTN_REDUCE_FUSED": "0"},
+                      "from mk.instructions import _attention_kernel as ak; "
+                      "assert not ak.REDUCE_FUSED")
+    assert on != off
+    assert not re.search(r"^\s*call", on, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(on, str(tmp_path / "rfused")))
+
+
 def test_claim_after_loads_policy_by_m_class(monkeypatch):
     """The claim policy per variant: off for the M <= 64 class (B=1 / 16 lost 2% with it), on
     above (B=1024 -17.9%); MK_CLAIM_AFTER_LOADS forces it either way (read at import: patched

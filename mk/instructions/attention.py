@@ -98,6 +98,17 @@ PAIR_MAX_QPK = 64
 COMBINE_MAX_PAIRS = 64
 
 
+def combine_built() -> bool:
+    """Whether the megakernel is built with the last-split combine (MK_ATTN_COMBINE=1; off by
+    default: it lost on the GPU, mk/megakernel.py ATTN_COMBINE). Read from the environment, so
+    the CPU side (the backend's refusals) needs no cutlass."""
+    import os
+    v = os.environ.get("MK_ATTN_COMBINE", "0")
+    if v not in ("0", "1"):
+        raise ValueError(f"MK_ATTN_COMBINE={v!r}: expected 0 or 1")
+    return v == "1"
+
+
 @dataclass(frozen=True)
 class Unit:
     """One attention unit of an instruction: query rows [row0, row0 + rows) of one sequence at
