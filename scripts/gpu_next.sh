@@ -440,6 +440,22 @@ check478_memcheck() {
       check --layers 2 --decode-steps 1 --split-k 0 > "$OUTDIR/memcheck_full.log" 2>&1
   grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
 }
+# the attention harness's split-decode cases (its reduce) with a compile-time switch VAR=VALUE:
+# its checks and cold times, NAME_harness_VALUE.{json,log}
+#   reduce_harness NAME VAR VALUE
+reduce_harness() {
+  local name=$1 var=$2 val=$3
+  env "$var=$val" timeout 150 python bench/attention.py --quick \
+      --cases decode-ctx8192-b32,decode-varlen \
+      --out "$OUTDIR/${name}_harness_$val.json" > "$OUTDIR/${name}_harness_$val.log" 2>&1 || rc=1
+  echo "== attention harness, $var=$val"
+  grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$OUTDIR/${name}_harness_$val.log" | cut -c1-200
+  python - "$OUTDIR/${name}_harness_$val.json" <<'PY' || true
+import json, sys
+for r in json.load(open(sys.argv[1]))["timing"]:
+    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("cold_us")})
+PY
+}
 if has verify; then
   checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py ${MK_VERIFY_EXTRA:-} \
       > "$OUTDIR/verify.log" 2>&1
@@ -603,18 +619,7 @@ if has split; then
   done
 fi
 if has rwide; then
-  for w in 0 1; do
-    MK_ATTN_REDUCE_WIDE=$w timeout 150 python bench/attention.py --quick \
-        --cases decode-ctx8192-b32,decode-varlen \
-        --out "$OUTDIR/rwide_harness_$w.json" > "$OUTDIR/rwide_harness_$w.log" 2>&1 || rc=1
-    echo "== attention harness, MK_ATTN_REDUCE_WIDE=$w"
-    grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$OUTDIR/rwide_harness_$w.log" | cut -c1-200
-    python - "$OUTDIR/rwide_harness_$w.json" <<'PY' || true
-import json, sys
-for r in json.load(open(sys.argv[1]))["timing"]:
-    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("cold_us")})
-PY
-  done
+  for w in 0 1; do reduce_harness rwide MK_ATTN_REDUCE_WIDE $w; done
   ( export MK_ATTN_REDUCE_WIDE=1 MK_CHECK_EXTRA="--kv-split 256 --kv-split-min 64"
     echo "== MK_ATTN_REDUCE_WIDE=1 (checks also with --kv-split 64: many splits)"
     timeout 100 python -m mk.megakernel_step check --layers 2 --split-k 0 2>&1 | grep -v "^\[mk" \
@@ -804,18 +809,7 @@ if has rfused; then
   # cases with 0 / 1 (checks, cold us), the two-layer checks with many splits and racecheck with
   # it, then decode MK_RFUSED_BATCH (1,16) without and with it, journal on (ATTN_REDUCE was 5.8
   # us per layer on the B=1 path, session 29)
-  for f in 0 1; do
-    MK_ATTN_REDUCE_FUSED=$f timeout 150 python bench/attention.py --quick \
-        --cases decode-ctx8192-b32,decode-varlen \
-        --out "$OUTDIR/rfused_harness_$f.json" > "$OUTDIR/rfused_harness_$f.log" 2>&1 || rc=1
-    echo "== attention harness, MK_ATTN_REDUCE_FUSED=$f"
-    grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$OUTDIR/rfused_harness_$f.log" | cut -c1-200
-    python - "$OUTDIR/rfused_harness_$f.json" <<'PY' || true
-import json, sys
-for r in json.load(open(sys.argv[1]))["timing"]:
-    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("cold_us")})
-PY
-  done
+  for f in 0 1; do reduce_harness rfused MK_ATTN_REDUCE_FUSED $f; done
   ( export MK_ATTN_REDUCE_FUSED=1 MK_CHECK_EXTRA="--kv-split 1024 --kv-split-min 64 --plan kv_spread_min_splits=2"
     MK_NO_PYTEST=1 checks ) > "$OUTDIR/rfused_check.log" 2>&1
   cat "$OUTDIR/rfused_check.log" | tee "$OUTDIR/rfused.log"
