@@ -807,17 +807,22 @@ if has rfused; then
   # MK_ATTN_REDUCE_FUSED=1 (ATTN_REDUCE rows of <= 16 splits in one round trip, bitwise the same
   # rows by construction; session 29, compile-checked only): the attention harness's reduce
   # cases with 0 / 1 (checks, cold us), the two-layer checks with many splits and racecheck with
-  # it, then decode MK_RFUSED_BATCH (1,16) without and with it, journal on (ATTN_REDUCE was 5.8
-  # us per layer on the B=1 path, session 29)
+  # it, then decode MK_RFUSED_BATCH (1,16,64) without and with it, journal on (ATTN_REDUCE was 5.8
+  # us per layer on the B=1 path, session 29), and B=64 with it and two-split spread decodes
+  # (MK_RFUSED_SP2_BATCH, 64)
   for f in 0 1; do reduce_harness rfused MK_ATTN_REDUCE_FUSED $f; done
   ( export MK_ATTN_REDUCE_FUSED=1 MK_CHECK_EXTRA="--kv-split 1024 --kv-split-min 64 --plan kv_spread_min_splits=2"
     MK_NO_PYTEST=1 checks ) > "$OUTDIR/rfused_check.log" 2>&1
   cat "$OUTDIR/rfused_check.log" | tee "$OUTDIR/rfused.log"
   if MK_NO_PYTEST=1 passed "$OUTDIR/rfused_check.log"; then
-    time_variant rfused off "MK_ATTN_REDUCE_FUSED=0 (the default)" ${MK_RFUSED_BATCH:-1,16} \
+    time_variant rfused off "MK_ATTN_REDUCE_FUSED=0 (the default)" ${MK_RFUSED_BATCH:-1,16,64} \
         "MK_ATTN_REDUCE_FUSED=0" ""
-    time_variant rfused on "MK_ATTN_REDUCE_FUSED=1" ${MK_RFUSED_BATCH:-1,16} \
+    time_variant rfused on "MK_ATTN_REDUCE_FUSED=1" ${MK_RFUSED_BATCH:-1,16,64} \
         "MK_ATTN_REDUCE_FUSED=1" ""
+    # B=64 in two KV splits per decode (ATTENTION 27.4 -> 20.9 us per layer on the path, but
+    # the reduce ticket's hop cost 5.3 us: +1.8% in session 18): with the faster reduce?
+    time_variant rfused sp2 "MK_ATTN_REDUCE_FUSED=1, kv_spread_min_splits=2" \
+        ${MK_RFUSED_SP2_BATCH:-64} "MK_ATTN_REDUCE_FUSED=1" "--plan kv_spread_min_splits=2"
   else
     echo "== rfused: checks FAILED, not timed" | tee -a "$OUTDIR/rfused.log"; rc=1
   fi
