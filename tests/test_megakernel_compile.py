@@ -281,6 +281,47 @@ def test_check_plan_attention_pairs():
             M.check_plan(bad, nbuf, T, H, 1 << 20, **kw)
 
 
+def test_check_plan_last_split_reduces(monkeypatch):
+    """PlanConfig.attn_combine_pairs: decode steps whose split segments reduce in their last
+    split pass check_plan on a build with the combine (MK_ATTN_COMBINE, patched here), and on the
+    representative rows too; the default build refuses them naming the switch; a split whose
+    copy of its reduce's words is off is refused."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.batch import SeqChunk, StepBatch
+    from mk.config import ParallelConfig
+    from mk.engine import PageManager, default_kernel_config
+    from mk.instructions import attention as at
+    from mk.ir import W_OPCODE, Op
+    from mk.megakernel_step import meta_operands
+    from mk.plan import PlanConfig, Planner
+    from mk.tiny import TINY_HD128_CONFIG as cfg
+    kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
+    pcfg = PlanConfig(kv_split=64, attn_combine_pairs=64)
+    pages = PageManager(kernel.kv_pages, kernel.page_size)
+    chunks = []
+    for i, ctx in enumerate((70, 131, 200)):
+        pages.allocate(i, ctx + 1)
+        chunks.append(SeqChunk([1], ctx, pages.pages(i)))
+    p = Planner(cfg, ParallelConfig(), kernel, pcfg).plan(StepBatch(chunks))
+    nbuf, T, H, kw = meta_operands(cfg, kernel, pcfg, len(chunks))
+    kw.pop("splitk_shape")
+    instrs = p.instrs
+    red = ((instrs[:, W_OPCODE] == int(Op.ATTN_REDUCE)) & (instrs[:, at.A_BY_LAST] == 1)).nonzero()
+    assert len(red) == 3 * cfg.num_layers * cfg.num_kv_heads
+    monkeypatch.setattr(M, "ATTN_COMBINE", False)
+    with pytest.raises(ValueError, match="MK_ATTN_COMBINE=1"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    monkeypatch.setattr(M, "ATTN_COMBINE", True)
+    full = M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    assert M.check_plan(p.representative_stream(), nbuf, T, H, 1 << 20, **kw) == full
+    bad = instrs.clone()
+    split = ((bad[:, W_OPCODE] == int(Op.ATTENTION)) & (bad[:, at.A_COMBINE_ARRIVALS] > 0)).nonzero()
+    bad[int(split[-1]), at.A_COMBINE_SLOT0] += 1
+    with pytest.raises(ValueError, match="combine slot0"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, **kw)
+
+
 @pytest.mark.parametrize("split_k", [1, 4])
 def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
     """mk.megakernel_step checks only StepPlan.representative_rows: on a planner stream it gives
