@@ -311,9 +311,11 @@ class PlanConfig:
     # mk/instructions/attention.py) instead of as its own ticket, where the reduce holds at most
     # this many (row, head) pairs (decode: one token x its q heads); 0: always its own ticket.
     # With it each (segment, KV head group) reduces alone (its own arrival counter), so a
-    # segment of several groups has one reduce per group. The ticket cost the reduce's hop on
-    # the decode path (ATTN_REDUCE 5.7 us per layer at B=1, session 18): the storer of the last
-    # split now combines in place. At most attention.COMBINE_MAX_PAIRS
+    # segment of several groups has one reduce per group. It saves the reduce ticket's hop on
+    # the decode path (ATTN_REDUCE 5.8 us per layer at B=1) but its storer combine is slower
+    # than the ticket: B=1 +5.0%, B=16 +3.1% (H200, session 29, bench/E2E_NOTES.md), so 0. The
+    # megakernel runs such plans only when built with MK_ATTN_COMBINE=1. At most
+    # attention.COMBINE_MAX_PAIRS
     attn_combine_pairs: int = 0
 
     def __post_init__(self):
