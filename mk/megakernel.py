@@ -234,17 +234,6 @@ STATIC_FIRST_TICKET = os.environ.get("MK_STATIC_FIRST_TICKET", "0")
 if STATIC_FIRST_TICKET not in ("0", "1"):
     raise ValueError(f"MK_STATIC_FIRST_TICKET={STATIC_FIRST_TICKET!r}: expected 0 or 1")
 STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
-# ATTN_REDUCE run by its last split (PlanConfig.attn_combine_pairs, mk/instructions/attention.py's
-# by_last): the controller drops the reduce's ticket, the storer of the split that arrives last
-# combines the splits into ATTN_OUT (ak.combine_store) and signals. Built and GPU-checked in
-# session 29 (two-layer GPU tests vs the interpreter, checks, racecheck 0 hazards, memcheck 0
-# errors) but it lost: decode ctx 1024 B=1 8.226 -> 8.641 ms (+5.0%), B=16 +3.1%, B=64 0.0%
-# (bench/results/combine_*_2026-12-03_s29): the storer's two warps at the low register count
-# walk the 8 (token, head) rows four each with 4 splits in flight, ~32 dependent L2 round trips
-# where the reduce's ticket takes 4 on eight consumer warps (ATTENTION + ATTN_REDUCE on the B=1
-# path 17.0 -> 21.5 us per layer). Off by default (the default build's PTX is the one before it);
-# MK_ATTN_COMBINE=1 builds it, and a plan with by_last reduces needs that build.
-ATTN_COMBINE = at.combine_built()
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -587,11 +576,6 @@ class MegakernelDSL:
                         w = instrs[t, lane]
                 else:
                     w = instrs[t, lane]
-                if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
-                    t, w, tf = self.skip_by_last_split(instrs, n_instr, state, stop, lane, grid,
-                                                       journal, t, w, tf)
-                    if t >= n_instr:
-                        live = Int32(0)
                 if cutlass.const_expr(not EARLY_WEIGHTS):
                     if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
                                         meta, bidx) == 0:
@@ -614,43 +598,6 @@ class MegakernelDSL:
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             first = Int32(0)
             islot, iph = next_slot(islot, iph)
-
-    @cute.jit
-    def skip_by_last_split(self, instrs: cute.Tensor, n_instr: Int32, state: cute.Tensor,
-                           stop: Int32, lane: Int32, grid: Int32, journal: cute.Tensor, t: Int32,
-                           w: Int32, tf: Int64):
-        """ATTN_COMBINE: an ATTN_REDUCE run by its last split (attention.py's by_last) is no
-        ticket's work: past such tickets to the next other one (its t, words w, fetch time tf; t
-        >= n_instr and w END when the queue ran out). instr_waits refuses to wait on END."""
-        while self.run_by_last_split(w, t, n_instr) == 1:
-            if cutlass.const_expr(self.journal):
-                # no event: mk.trace skips rows without a fetch time (the journal buffer lives
-                # across launches, so the row may hold an older one)
-                if lane == 0:
-                    if t < journal.shape[0]:
-                        journal[t, J_FETCH] = Int64(0)
-            t = self.claim(state, n_instr, stop, lane)
-            if cutlass.const_expr(STATIC_FIRST_TICKET):
-                if t < n_instr:
-                    t = t + grid
-            tf = cute.arch.globaltimer()
-            w = Int32(OP_END)
-            if t < n_instr:
-                w = instrs[t, lane]
-        return t, w, tf
-
-    @cute.jit
-    def run_by_last_split(self, w: Int32, t: Int32, n_instr: Int32) -> Int32:
-        """1 where ticket t (its words w, one per lane) is an ATTN_REDUCE that its last split
-        runs (warp-uniform)."""
-        op = cute.arch.shuffle_sync(w, W_OPCODE)
-        by_last = cute.arch.shuffle_sync(w, at.A_BY_LAST)
-        res = Int32(0)
-        if t < n_instr:
-            if op == ak.OP_ATTN_REDUCE:
-                if by_last == 1:
-                    res = Int32(1)
-        return res
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
@@ -902,19 +849,8 @@ class MegakernelDSL:
                                                   n_layers, eps, sv)
                         self.stamp(journal, t, J_STORE1, sid == 0)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
-                        combined = None
-                        if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
-                            combined = Int32(-2)        # -2: not a split of a by_last reduce
-                            if op == ak.OP_ATTENTION:
-                                if ring[base + at.A_MODE] == at.MODE_PARTIAL:
-                                    if ring[base + at.A_COMBINE_ARRIVALS] > 0:
-                                        combined = self.last_split_combine(
-                                            ring, base, counters, aout, apart, alse, flag, sid)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
-                            if cutlass.const_expr(combined is not None):
-                                if combined != -2:
-                                    sig = combined
                             if sig >= 0:
                                 # every store of this instruction precedes the barrier above
                                 cute.arch.fence_acq_rel_gpu()
@@ -1137,34 +1073,6 @@ class MegakernelDSL:
                                  sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                  page_share(self.handoff))
         return pg
-
-    @cute.jit
-    def last_split_combine(self, ring: cute.Tensor, base: Int32, counters: cute.Tensor,
-                           aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor,
-                           flag: cute.Tensor, sid: Int32) -> Int32:
-        """A split of an ATTN_REDUCE run by its last split (mk/instructions/attention.py, its
-        partial stored by every storer thread before the barrier that precedes this): its arrival
-        on its signal counter (acq_rel: it releases this split's partial, and the last arrival
-        acquires every other split's), and, in the split that brings it to the reduce's target,
-        the reduce itself into ATTN_OUT. Returns the counter to signal after it: the reduce's
-        (the last split) or none (-1)."""
-        if sid == 0:
-            cute.arch.fence_acq_rel_gpu()
-            old = cute.arch.atomic_add((counters.iterator + ring[base + W_SIGNAL]).llvm_ptr,
-                                       Int32(1), sem="acq_rel", scope="gpu")
-            flag[1] = Int32(1) if old + 1 == ring[base + at.A_COMBINE_ARRIVALS] else Int32(0)
-        cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
-        sig = Int32(-1)
-        if flag[1] == 1:
-            ak.combine_store(apart, alse, aout.iterator.toint(), aout.shape[1],
-                             ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
-                             ring[base + W_COLS], ring[base + at.A_QPK],
-                             ring[base + at.A_COMBINE_SLOT0], ring[base + at.A_COMBINE_NSPLIT],
-                             sid, N_STORER)
-            # every storer thread's ATTN_OUT stores before sid 0's signal
-            cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
-            sig = ring[base + at.A_COMBINE_SIGNAL]
-        return sig
 
     @cute.jit
     def store_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
@@ -1681,16 +1589,6 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
                 or (r[:, at.A_SLOT0] + ns * r[:, W_ROWS] > min(P, attn.lse.shape[0])).any():
             raise ValueError(f"megakernel: ATTN_REDUCE slots beyond ATTN_PARTIAL / ATTN_LSE "
                              f"({P} rows)")
-    # a reduce run by its last split reads the split's copies of its words
-    if not ATTN_COMBINE and (r[:, at.A_BY_LAST] != 0).any():
-        raise ValueError("megakernel: the plan has ATTN_REDUCEs run by their last split "
-                         "(PlanConfig.attn_combine_pairs > 0), but this build has no last-split "
-                         "combine: set MK_ATTN_COMBINE=1 before the megakernel is imported, or "
-                         "plan with attn_combine_pairs=0")
-    bad = at.check_last_combines(s)
-    if bad:
-        raise ValueError("megakernel: an ATTN_REDUCE by the last split does not match its "
-                         "splits: " + "; ".join(bad[:3]))
 
 
 def _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape):

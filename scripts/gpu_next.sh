@@ -258,15 +258,11 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   00. Session 29: `combine` (ATTN_REDUCE by the last split, MK_ATTN_COMBINE=1 +
-#      PlanConfig.attn_combine_pairs=64) passed its GPU tests, checks, racecheck and memcheck but
-#      LOST (B=1 +5.0%, B=16 +3.1%: the storer's combine is ~32 dependent round trips on two
-#      warps); it is a build of its own, off, the default PTX as before. Next: `rfused`
+#   00. Session 29 built an ATTN_REDUCE run by the storer of the last split (no ticket): correct
+#      on the GPU, but B=1 +5.0%, B=16 +3.1% (the storer's two warps, ~32 dependent round trips);
+#      removed (it lives at b09cdba; bench/E2E_NOTES.md session 29). Next: `rfused`
 #      (MK_ATTN_REDUCE_FUSED=1: the reduce ticket's rows of <= 16 splits in one round trip instead
-#      of four; bitwise the same; compile-checked only, ~6 min), then the e2e table below. A
-#      combine that pays would stage the splits' partials into the last split's own epilogue
-#      pages with cp.async before freeing them (64 KB at B=1 in one round trip) and combine from
-#      shared memory (a page-protocol change: model it in tests/test_page_protocol.py first).
+#      of four; bitwise the same; compile-checked only, ~8 min), then the e2e table below.
 #      tests/test_gemm_gpu.py ran 35 of its 46 tests in 560 s (all passed): the other 11 in a
 #      call of their own, `-k "(stsm and GATE_UP and (M1024 or M2048)) or both or old or
 #      tmastoref32"`
@@ -282,10 +278,9 @@
 #      run since session 20). Levers, by expected gain: (a) B=64's decode attention (26.6 us per
 #      layer on the path, 64 one-row units on 132 SMs): two KV splits per unit cut it to ~20.9
 #      but the ATTN_REDUCE hop adds ~5.3 (session 18); the combine done by the last split to
-#      arrive (an acq_rel arrival on the SPLIT counter in the storer, the last one reads the
-#      partials and writes ATTN_OUT, then signals ATTN; vm / verifier / planner words ARG0 + 10..
-#      of mode 1) would make that a ~4% gain at B=64 and ~3% at B=1 / 16 (their ATTN_REDUCE is
-#      5.7 us on the path); (b) the first ticket without the contended atomic (CTA b takes ticket
+#      arrive was built and lost in session 29 (its storer is too slow; 00 above): the faster
+#      reduce ticket (`rfused`, with two-split spread at B=64 timed in the same step) is what
+#      is left of this lever; (b) the first ticket without the contended atomic (CTA b takes ticket
 #      b; ~1 us of each launch: issue 5's M = 64 / 256 misses) changes the queue's contract (a
 #      CTA that never starts would hold a ticket): built off (MK_STATIC_FIRST_TICKET=1, step
 #      `sticket`, ~7 min), time it, then weigh the contract; (c) QKV_ROPE at M=4096, a
@@ -299,8 +294,9 @@
 #      tests/test_page_protocol.py models any page-protocol change first
 #   1. B=64 / 256 (1.15 / 1.10 in session 24): the ATTN combine as its own hop ("sp2:kv_spread_min_splits=2"
 #      cut ATTENTION on the B=64 path 27.4 -> 20.9 us per layer, ATTN_REDUCE added 5.3); a
-#      combine by the last split to finish (an arrival counter per segment) is kernel work, and
-#      the same for SPLITK_REDUCE (17.1 us of B=128's 138.6 per layer on the path)
+#      combine by the last split to finish lost in session 29 (the storer's registers hold too
+#      few loads in flight); SPLITK_REDUCE (17.1 us of B=128's 138.6 per layer on the path) the
+#      same way would need its combine staged through shared memory
 #   2. O_PROJ / DOWN on m128n128 in the 1024 class gained at B=384 (-2.6%) and lost at 512
 #      (+0.8%) (planab_od1k_2026-12-01_s19): a token cap inside the class (a tile override by
 #      tokens) would take the 384 gain only
@@ -361,7 +357,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [combine]=480 [rfused]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [rfused]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -762,49 +758,6 @@ if has pair; then
   else
     echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
   fi
-fi
-if has combine; then
-  # PlanConfig.attn_combine_pairs (ATTN_REDUCE run by the last split to finish, in its storer;
-  # the controller drops the reduce's ticket; session 29): the GPU tests of it (two layers vs
-  # the interpreter, splits of 64 keys and spread splits of 16), the two-layer checks, racecheck
-  # and memcheck with it (kv_split 64: decodes of contexts 65 / 131 split; MK_COMBINE_CHECK more
-  # check arguments), then decode MK_COMBINE_BATCH (1,16,64) without it, with it, and with it
-  # and two-split spread decodes (kv_spread_min_splits=2, which lost +1.8% at B=64 with the
-  # reduce's ticket, session 18), journal on
-  : > "$OUTDIR/combine.log"
-  # (since session 29's timing the combine is a build of its own: MK_ATTN_COMBINE=1)
-  export MK_ATTN_COMBINE=1
-  CMB="--plan attn_combine_pairs=64"
-  # MK_COMBINE_NOCHECK=1: its GPU tests alone, then the timings (checks run in an earlier call)
-  if [ "${MK_COMBINE_NOCHECK:-0}" = 1 ]; then
-    timeout 240 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
-        tests/test_megakernel_step_gpu.py -k last_split 2>&1 | grep -v "^\[mk" | tail -8 \
-        | tee "$OUTDIR/combine_check.log"
-  else
-  ( MK_CHECK_EXTRA="$CMB ${MK_COMBINE_CHECK:-}" checks tests/test_megakernel_step_gpu.py -k last_split
-    echo "== memcheck, two-layer step, split-K auto, $CMB"
-    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
-        check --layers 2 --decode-steps 1 --split-k 0 $CMB ${MK_COMBINE_CHECK:-} \
-        > "$OUTDIR/memcheck_full.log" 2>&1
-    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
-  ) > "$OUTDIR/combine_check.log" 2>&1
-  cat "$OUTDIR/combine_check.log" | tee -a "$OUTDIR/combine.log"
-  fi
-  if { [ "${MK_COMBINE_NOCHECK:-0}" = 1 ] && grep -qE "^[0-9]+ passed" "$OUTDIR/combine_check.log" \
-         && ! grep -qE "[0-9]+ failed" "$OUTDIR/combine_check.log"; } \
-      || { passed "$OUTDIR/combine_check.log" \
-           && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/combine_check.log"; }; then
-    echo "== combine: checks passed" | tee -a "$OUTDIR/combine.log"
-    time_variant combine off "attn_combine_pairs=0 (the reduce's ticket), the default build" \
-        ${MK_COMBINE_BATCH:-1,16,64} "MK_ATTN_COMBINE=0" "--plan attn_combine_pairs=0"
-    time_variant combine on "attn_combine_pairs=64" ${MK_COMBINE_BATCH:-1,16,64} "" \
-        "--plan attn_combine_pairs=64"
-    time_variant combine sp2 "attn_combine_pairs=64,kv_spread_min_splits=2" \
-        ${MK_COMBINE_BATCH:-1,16,64} "" "--plan attn_combine_pairs=64,kv_spread_min_splits=2"
-  else
-    echo "== combine: checks FAILED, not timed" | tee -a "$OUTDIR/combine.log"; rc=1
-  fi
-  unset MK_ATTN_COMBINE
 fi
 if has rfused; then
   # MK_ATTN_REDUCE_FUSED=1 (ATTN_REDUCE rows of <= 16 splits in one round trip, bitwise the same

@@ -281,47 +281,6 @@ def test_check_plan_attention_pairs():
             M.check_plan(bad, nbuf, T, H, 1 << 20, **kw)
 
 
-def test_check_plan_last_split_reduces(monkeypatch):
-    """PlanConfig.attn_combine_pairs: decode steps whose split segments reduce in their last
-    split pass check_plan on a build with the combine (MK_ATTN_COMBINE, patched here), and on the
-    representative rows too; the default build refuses them naming the switch; a split whose
-    copy of its reduce's words is off is refused."""
-    pytest.importorskip("cutlass")
-    import mk.megakernel as M
-    from mk.batch import SeqChunk, StepBatch
-    from mk.config import ParallelConfig
-    from mk.engine import PageManager, default_kernel_config
-    from mk.instructions import attention as at
-    from mk.ir import W_OPCODE, Op
-    from mk.megakernel_step import meta_operands
-    from mk.plan import PlanConfig, Planner
-    from mk.tiny import TINY_HD128_CONFIG as cfg
-    kernel = default_kernel_config(cfg, max_seqs=8, max_context=512, max_batch_tokens=512)
-    pcfg = PlanConfig(kv_split=64, attn_combine_pairs=64)
-    pages = PageManager(kernel.kv_pages, kernel.page_size)
-    chunks = []
-    for i, ctx in enumerate((70, 131, 200)):
-        pages.allocate(i, ctx + 1)
-        chunks.append(SeqChunk([1], ctx, pages.pages(i)))
-    p = Planner(cfg, ParallelConfig(), kernel, pcfg).plan(StepBatch(chunks))
-    nbuf, T, H, kw = meta_operands(cfg, kernel, pcfg, len(chunks))
-    kw.pop("splitk_shape")
-    instrs = p.instrs
-    red = ((instrs[:, W_OPCODE] == int(Op.ATTN_REDUCE)) & (instrs[:, at.A_BY_LAST] == 1)).nonzero()
-    assert len(red) == 3 * cfg.num_layers * cfg.num_kv_heads
-    monkeypatch.setattr(M, "ATTN_COMBINE", False)
-    with pytest.raises(ValueError, match="MK_ATTN_COMBINE=1"):
-        M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
-    monkeypatch.setattr(M, "ATTN_COMBINE", True)
-    full = M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
-    assert M.check_plan(p.representative_stream(), nbuf, T, H, 1 << 20, **kw) == full
-    bad = instrs.clone()
-    split = ((bad[:, W_OPCODE] == int(Op.ATTENTION)) & (bad[:, at.A_COMBINE_ARRIVALS] > 0)).nonzero()
-    bad[int(split[-1]), at.A_COMBINE_SLOT0] += 1
-    with pytest.raises(ValueError, match="combine slot0"):
-        M.check_plan(bad, nbuf, T, H, 1 << 20, **kw)
-
-
 @pytest.mark.parametrize("split_k", [1, 4])
 def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
     """mk.megakernel_step checks only StepPlan.representative_rows: on a planner stream it gives
@@ -474,19 +433,6 @@ def test_static_first_ticket_variant_compiles_without_spills(tmp_path):
                        env=dict(os.environ, MK_STATIC_FIRST_TICKET="2"), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "MK_STATIC_FIRST_TICKET='2'" in r.stderr, r.stderr[-2000:]
-
-
-def test_last_split_combine_variant_compiles_without_spills(tmp_path):
-    """MK_ATTN_COMBINE=1 (ATTN_REDUCE by the last split: the storer's acq_rel arrival and
-    combine, the controller's dropped tickets; off by default, compile-time, so in a process of
-    its own): the all-opcode M64 variant with split-K compiles with 0 spills and no call and has
-    one more acq_rel atomic than the default build (the arrival; the other is the exit count)."""
-    ptx = {f: variant_ptx(tmp_path, f"combine{f}", {"MK_ATTN_COMBINE": f},
-                          f"assert M.ATTN_COMBINE == {f == '1'}") for f in ("0", "1")}
-    acq = {f: len(re.findall(r"atom\.global\.acq_rel\.add", p)) for f, p in ptx.items()}
-    assert acq == {"0": 1, "1": 2}, acq
-    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx["1"], str(tmp_path / "combine1")))
 
 
 def test_fused_reduce_variant_compiles_without_spills(tmp_path):

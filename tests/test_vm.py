@@ -27,7 +27,7 @@ import torch
 from conftest import GQA_LLAMA3, TIED_HEADDIM, TINY_MHA, make_hf_checkpoint
 from mk.batch import SeqChunk, StepBatch
 from mk.config import KernelConfig, ParallelConfig
-from mk.ir import W_COLS, W_OPCODE, W_ROWS, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
+from mk.ir import W_OPCODE, W_ROWS, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
 from mk.plan import PlanConfig
 from mk.reference import PagedKVCache, ReferenceModel
 from mk.vm import VM, VMError, VMStall
@@ -415,34 +415,3 @@ def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
         torch.testing.assert_close(chunked.step(batch, mode="random", sms=5, seed=i),
                                    plain.step(batch, mode="random", sms=5, seed=i),
                                    rtol=1e-6, atol=1e-6, equal_nan=True)
-
-
-@pytest.mark.parametrize("tp", [1, 2])
-def test_last_split_combine_changes_nothing(checkpoints, tp):
-    """PlanConfig.attn_combine_pairs: split segments reduced by their last split (ATTN_REDUCE
-    by_last, one per KV head group, its words copied into the splits) give bitwise the logits of
-    plans with one reduce per segment, in random interleavings; the plans verify clean and their
-    splits' words agree with their reduces (attention.check_last_combines)."""
-    from mk.instructions import attention as at
-    from mk.verify import verify
-    ck = checkpoints("GQA_LLAMA3")
-    w = weights(ck, tp, torch.float32)
-    plain = VM(w, KERNEL, CFG)
-    comb = VM(w, KERNEL, PlanConfig(**{**CFG.__dict__, "attn_combine_pairs": 64}))
-    n_last = n_groups = 0
-    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
-        p = comb.plan(batch)
-        streams = [p.for_rank(r).instrs for r in range(tp)]
-        verify(streams, p.num_counters, meta=p.meta)
-        s = streams[0]
-        assert not at.check_last_combines(s.numpy())
-        red = s[s[:, W_OPCODE] == int(Op.ATTN_REDUCE)]
-        last = red[red[:, at.A_BY_LAST] == 1]
-        n_last += len(last)
-        # two KV heads at TP 1: one reduce per head group (one head each), else one per segment
-        n_groups += int((last[:, W_COLS] < 2 // tp).sum())
-        assert (last[:, W_COLS] == 1).all()
-        torch.testing.assert_close(comb.step(batch, mode="random", sms=5, seed=i),
-                                   plain.step(batch, mode="random", sms=5, seed=i),
-                                   rtol=0, atol=0, equal_nan=True)
-    assert n_last > 0 and (n_groups > 0) == (tp == 1)

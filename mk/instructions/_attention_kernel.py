@@ -1329,8 +1329,7 @@ def combine_row(part: cute.Tensor, lse_t: cute.Tensor, it: Int32, h: Int32, slot
     acc[4] = sum_j w_j o_j, returns 1 / sum_j w_j (w_j = exp(lse_j - max lse)); `splits` splits
     per iteration with all their loads issued first. Splits past nsplit - 1 in an iteration re-read
     the last split (in bounds, never accumulated). The float32 operations and their order are the
-    same for every `splits`: ATTN_REDUCE's ticket (the consumers) and a last-split combine (the
-    storer) give bitwise the same rows."""
+    same for every `splits` (and in combine_row_fused): bitwise the same rows."""
     col = h * D + lane * 4
     ldp = part.shape[1]
     mx = Float32(NEG_INF)
@@ -1425,38 +1424,6 @@ def reduce_rows_wide(part: cute.Tensor, lse_t: cute.Tensor, m0: Int32, mtot: Int
                              cute.make_layout(4))
         for e in cutlass.range_constexpr(4):
             d[e] = (acc[e] * inv).to(BFloat16)
-
-
-# splits per iteration of the storer's last-split combine (its warps run at the low register count)
-COMBINE_SPLITS = 4
-
-
-@cute.jit
-def combine_store(part: cute.Tensor, lse_t: cute.Tensor, out_base: Int64, ldo: Int32, row0: Int32,
-                  R: Int32, col0: Int32, cols: Int32, qpk: Int32, slot0: Int32, nsplit: Int32,
-                  sid: Int32, nthreads: cutlass.Constexpr):
-    """A last-split combine (ATTN_REDUCE by_last, mk/instructions/attention.py) on the storer's
-    nthreads threads: ATTN_REDUCE's rows (rows R from row0, KV heads [col0, col0 + cols), splits
-    at slot0 + j R) straight to the bf16 ATTN_OUT rows at byte address out_base (row pitch ldo
-    elements), a warp per (token, head) row (combine_row), 8 bytes a lane."""
-    nh = cols * qpk
-    h0 = col0 * qpk
-    mtot = R * nh
-    lane = sid % 32
-    m = sid // 32
-    while m < mtot:
-        it = m // nh
-        h = h0 + m - it * nh
-        acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-        inv = combine_row(part, lse_t, it, h, slot0, R, nsplit, lane, acc, COMBINE_SPLITS)
-        o = cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
-        for e in cutlass.range_constexpr(4):
-            o[e] = (acc[e] * inv).to(BFloat16)
-        off = (Int64(row0 + it) * Int64(ldo) + Int64(h * D + lane * 4)) * 2
-        d = cute.make_tensor(cute.make_ptr(BFloat16, out_base + off, cute.AddressSpace.gmem,
-                                           assumed_align=8), cute.make_layout(4))
-        d.store(o.load())
-        m = m + nthreads // 32
 
 
 @cute.jit
