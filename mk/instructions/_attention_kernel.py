@@ -1323,13 +1323,13 @@ def reduce_row_loads_first(part: cute.Tensor, lse_t: cute.Tensor, acc: cute.Tens
 
 @cute.jit
 def combine_row(part: cute.Tensor, lse_t: cute.Tensor, it: Int32, h: Int32, slot0: Int32, R: Int32,
-                nsplit: Int32, lane: Int32, acc: cute.Tensor,
-                splits: cutlass.Constexpr = WIDE_SPLITS) -> Float32:
+                nsplit: Int32, lane: Int32, acc: cute.Tensor) -> Float32:
     """One (token it, q head h) row of ATTN_REDUCE on one warp, lane l on columns 4 l .. 4 l + 3:
-    acc[4] = sum_j w_j o_j, returns 1 / sum_j w_j (w_j = exp(lse_j - max lse)); `splits` splits
-    per iteration with all their loads issued first. Splits past nsplit - 1 in an iteration re-read
-    the last split (in bounds, never accumulated). The float32 operations and their order are the
-    same for every `splits` (and in combine_row_fused): bitwise the same rows."""
+    acc[4] = sum_j w_j o_j, returns 1 / sum_j w_j (w_j = exp(lse_j - max lse)); WIDE_SPLITS
+    splits per iteration with all their loads issued first. Splits past nsplit - 1 in an
+    iteration re-read the last split (in bounds, never accumulated). combine_row_fused does the
+    same float32 operations in the same order: bitwise the same rows."""
+    splits = WIDE_SPLITS
     col = h * D + lane * 4
     ldp = part.shape[1]
     mx = Float32(NEG_INF)
