@@ -1252,7 +1252,7 @@ if has lmverify; then
   done
 fi
 if has e2e; then
-  # MK_E2E_ARGS: more launch/bench.py arguments (e.g. --plan FIELD=VALUE)
+  # MK_E2E_ARGS: more launch/bench.py arguments (e.g. --plan FIELD=VALUE); MK_E2E_TIMEOUT its cap (560 s)
   timeout ${MK_E2E_TIMEOUT:-560} python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
       --mixed ${MK_E2E_MIXED:-none} ${MK_E2E_ARGS:-} --out "$OUTDIR/e2e.json" > "$OUTDIR/e2e.log" 2>&1 || rc=1
   grep -vE "^\[mk\.(plan|compile)" "$OUTDIR/e2e.log" | tail -25
