@@ -357,7 +357,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [rfused]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -757,30 +757,6 @@ if has pair; then
         "--plan attn_pair=${MK_PAIR_TIMED:-1}"
   else
     echo "== pair: checks FAILED, not timed" | tee -a "$OUTDIR/pair.log"; rc=1
-  fi
-fi
-if has rfused; then
-  # MK_ATTN_REDUCE_FUSED=1 (ATTN_REDUCE rows of <= 16 splits in one round trip, bitwise the same
-  # rows by construction; session 29, compile-checked only): the attention harness's reduce
-  # cases with 0 / 1 (checks, cold us), the two-layer checks with many splits and racecheck with
-  # it, then decode MK_RFUSED_BATCH (1,16,64) without and with it, journal on (ATTN_REDUCE was 5.8
-  # us per layer on the B=1 path, session 29), and B=64 with it and two-split spread decodes
-  # (MK_RFUSED_SP2_BATCH, 64)
-  for f in 0 1; do reduce_harness rfused MK_ATTN_REDUCE_FUSED $f; done
-  ( export MK_ATTN_REDUCE_FUSED=1 MK_CHECK_EXTRA="--kv-split 1024 --kv-split-min 64 --plan kv_spread_min_splits=2"
-    MK_NO_PYTEST=1 checks ) > "$OUTDIR/rfused_check.log" 2>&1
-  cat "$OUTDIR/rfused_check.log" | tee "$OUTDIR/rfused.log"
-  if MK_NO_PYTEST=1 passed "$OUTDIR/rfused_check.log"; then
-    time_variant rfused off "MK_ATTN_REDUCE_FUSED=0 (the default)" ${MK_RFUSED_BATCH:-1,16,64} \
-        "MK_ATTN_REDUCE_FUSED=0" ""
-    time_variant rfused on "MK_ATTN_REDUCE_FUSED=1" ${MK_RFUSED_BATCH:-1,16,64} \
-        "MK_ATTN_REDUCE_FUSED=1" ""
-    # B=64 in two KV splits per decode (ATTENTION 27.4 -> 20.9 us per layer on the path, but
-    # the reduce ticket's hop cost 5.3 us: +1.8% in session 18): with the faster reduce?
-    time_variant rfused sp2 "MK_ATTN_REDUCE_FUSED=1, kv_spread_min_splits=2" \
-        ${MK_RFUSED_SP2_BATCH:-64} "MK_ATTN_REDUCE_FUSED=1" "--plan kv_spread_min_splits=2"
-  else
-    echo "== rfused: checks FAILED, not timed" | tee -a "$OUTDIR/rfused.log"; rc=1
   fi
 fi
 if has fill; then

@@ -435,21 +435,6 @@ def test_static_first_ticket_variant_compiles_without_spills(tmp_path):
     assert r.returncode != 0 and "MK_STATIC_FIRST_TICKET='2'" in r.stderr, r.stderr[-2000:]
 
 
-def test_fused_reduce_variant_compiles_without_spills(tmp_path):
-    """MK_ATTN_REDUCE_FUSED=1 (ATTN_REDUCE rows of <= 16 splits with every load issued first;
-    off until timed, compile-time, so in a process of its own): the all-opcode M64 variant with
-    split-K compiles with 0 spills and no call, and its PTX differs from the default's."""
-    on = variant_ptx(tmp_path, "rfused", {"MK_ATTN_REDUCE_FUSED": "1"},
-                     "from mk.instructions import _attention_kernel as ak; "
-                     "assert ak.REDUCE_FUSED")
-    off = variant_ptx(tmp_path, "rfused0", {"MK_ATTN_REDUCE_FUSED": "0"},
-                      "from mk.instructions import _attention_kernel as ak; "
-                      "assert not ak.REDUCE_FUSED")
-    assert on != off
-    assert not re.search(r"^\s*call", on, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(on, str(tmp_path / "rfused")))
-
-
 def test_claim_after_loads_policy_by_m_class(monkeypatch):
     """The claim policy per variant: off for the M <= 64 class (B=1 / 16 lost 2% with it), on
     above (B=1024 -17.9%); MK_CLAIM_AFTER_LOADS forces it either way (read at import: patched

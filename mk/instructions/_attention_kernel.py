@@ -1327,8 +1327,8 @@ def combine_row(part: cute.Tensor, lse_t: cute.Tensor, it: Int32, h: Int32, slot
     """One (token it, q head h) row of ATTN_REDUCE on one warp, lane l on columns 4 l .. 4 l + 3:
     acc[4] = sum_j w_j o_j, returns 1 / sum_j w_j (w_j = exp(lse_j - max lse)); WIDE_SPLITS
     splits per iteration with all their loads issued first. Splits past nsplit - 1 in an
-    iteration re-read the last split (in bounds, never accumulated). combine_row_fused does the
-    same float32 operations in the same order: bitwise the same rows."""
+    iteration re-read the last split (in bounds, never accumulated). (All 16 splits' loads
+    issued at once, one round trip instead of four, was no faster in the step: session 30.)"""
     splits = WIDE_SPLITS
     col = h * D + lane * 4
     ldp = part.shape[1]
@@ -1360,44 +1360,6 @@ def combine_row(part: cute.Tensor, lse_t: cute.Tensor, it: Int32, h: Int32, slot
     return Float32(1.0) / den
 
 
-# ATTN_REDUCE rows of at most FUSED_SPLITS splits (a decode spread over the SMs: 16 splits of 64
-# keys at ctx 1024) in one round trip: every split's LSE and partial issued before the first use,
-# then the maximum and the weighted sum as combine_row computes them (the same float32
-# operations in the same order: bitwise the same rows). combine_row's two passes of WIDE_SPLITS
-# splits each take 2 x ceil(nsplit / 8) dependent L2 round trips (4 at 16 splits; ATTN_REDUCE was
-# 5.8 us per layer on the B=1 path in session 29). 16 LSEs + 16 vectors of 4 float32 live at
-# once: the consumers' register budget. Compile-time, off until timed: MK_ATTN_REDUCE_FUSED=1.
-REDUCE_FUSED = os.environ.get("MK_ATTN_REDUCE_FUSED", "0") == "1"
-FUSED_SPLITS = 16
-
-
-@cute.jit
-def combine_row_fused(part: cute.Tensor, lse_t: cute.Tensor, it: Int32, h: Int32, slot0: Int32,
-                      R: Int32, nsplit: Int32, lane: Int32, acc: cute.Tensor) -> Float32:
-    """combine_row for nsplit <= FUSED_SPLITS, every load issued first (REDUCE_FUSED). Splits
-    past nsplit - 1 re-read the last split (in bounds; they leave the maximum as it is and are
-    never accumulated)."""
-    col = h * D + lane * 4
-    ldp = part.shape[1]
-    ls = []
-    ps = []
-    for u in cutlass.range_constexpr(FUSED_SPLITS):
-        srow = slot0 + imin(Int32(u), nsplit - 1) * R + it
-        ls.append(lse_t[srow, h])
-        ps.append(partial_loads(part, srow, ldp, col, 1))
-    mx = Float32(NEG_INF)
-    for u in cutlass.range_constexpr(FUSED_SPLITS):
-        mx = cute.arch.fmax(mx, ls[u])
-    acc.fill(0.0)
-    den = Float32(0.0)
-    for u in cutlass.range_constexpr(FUSED_SPLITS):
-        if u < nsplit:
-            w = cute.math.exp2((ls[u] - mx) * Float32(LOG2E), fastmath=True)
-            den = den + w
-            partial_add(acc, w, ps[u])
-    return Float32(1.0) / den
-
-
 @cute.jit
 def reduce_rows_wide(part: cute.Tensor, lse_t: cute.Tensor, m0: Int32, mtot: Int32, nh: Int32,
                      h0: Int32, slot0: Int32, R: Int32, nsplit: Int32, page_base: Int32,
@@ -1411,14 +1373,7 @@ def reduce_rows_wide(part: cute.Tensor, lse_t: cute.Tensor, m0: Int32, mtot: Int
         it = m // nh
         h = h0 + m - it * nh
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-        if cutlass.const_expr(REDUCE_FUSED):
-            inv = Float32(0.0)
-            if nsplit <= FUSED_SPLITS:
-                inv = combine_row_fused(part, lse_t, it, h, slot0, R, nsplit, lane, acc)
-            else:
-                inv = combine_row(part, lse_t, it, h, slot0, R, nsplit, lane, acc)
-        else:
-            inv = combine_row(part, lse_t, it, h, slot0, R, nsplit, lane, acc)
+        inv = combine_row(part, lse_t, it, h, slot0, R, nsplit, lane, acc)
         d = cute.make_tensor(cute.make_ptr(BFloat16, page_base + r * 256 + lane * 8,
                                            cute.AddressSpace.smem, assumed_align=8),
                              cute.make_layout(4))
