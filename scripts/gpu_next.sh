@@ -258,14 +258,20 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000. Session 30 ran `rfused` (MK_ATTN_REDUCE_FUSED=1: correct, no gain, removed), the e2e
+#      table at every point in one process (213 s: `python launch/bench.py --batch
+#      1,16,64,256,1024,4096 --mixed 256:1024:1024`; 0.99 / 0.98 / 1.12 / 1.09 / 1.04 / 1.10,
+#      mixed 1.07) and `verify` (passed). Of session 29's 11 leftover GEMM tests, 8 passed; the
+#      last three (`-k "tmastoref32 and (M200 or M1024 or M1100)"`, an off switch) were cut by
+#      the call's cap. Next (bench/E2E_NOTES.md session 30): the decode unit's swapped
+#      formulation (S^T = K Q^T, keys on M; bench/ATTENTION_NOTES.md session 30) in the
+#      attention harness first (`python bench/attention.py`, its GPU tests), then in the
+#      megakernel, B=64 / 256 / 1024 timed with the journal; or the small instructions' protocol
+#      (RMSNORM writing global memory and signalling from its consumers, no staging page, no
+#      storer hop) measured at B=64. `sticket` (~7 min) is still untimed (a launch's ~1 us).
 #   00. Session 29 built an ATTN_REDUCE run by the storer of the last split (no ticket): correct
 #      on the GPU, but B=1 +5.0%, B=16 +3.1% (the storer's two warps, ~32 dependent round trips);
-#      removed (it lives at b09cdba; bench/E2E_NOTES.md session 29). Next: `rfused`
-#      (MK_ATTN_REDUCE_FUSED=1: the reduce ticket's rows of <= 16 splits in one round trip instead
-#      of four; bitwise the same; compile-checked only, ~8 min), then the e2e table below.
-#      tests/test_gemm_gpu.py ran 35 of its 46 tests in 560 s (all passed): the other 11 in a
-#      call of their own, `-k "(stsm and GATE_UP and (M1024 or M2048)) or both or old or
-#      tmastoref32"`
+#      removed (it lives at b09cdba; bench/E2E_NOTES.md session 29).
 #   0. Session 28 made MK_GEMM_CHAIN_HANDOFF=1 the default (O_PROJ -2.5% / -1.8% at M = 1024 /
 #      4096, B=1024 step -0.2%; its checks and racecheck passed), removed the lost switches
 #      (RESIDUAL_L2: O_PROJ +16%; EPI_EARLY, RESIDUAL_REDUCE, STORE_UNROLL) and measured a
@@ -279,8 +285,8 @@
 #      layer on the path, 64 one-row units on 132 SMs): two KV splits per unit cut it to ~20.9
 #      but the ATTN_REDUCE hop adds ~5.3 (session 18); the combine done by the last split to
 #      arrive was built and lost in session 29 (its storer is too slow; 00 above): the faster
-#      reduce ticket (`rfused`, with two-split spread at B=64 timed in the same step) is what
-#      is left of this lever; (b) the first ticket without the contended atomic (CTA b takes ticket
+#      reduce ticket (`rfused`) ran in session 30: no gain (000 above); what is left of this
+#      lever is the unit's own block chain (the swapped formulation); (b) the first ticket without the contended atomic (CTA b takes ticket
 #      b; ~1 us of each launch: issue 5's M = 64 / 256 misses) changes the queue's contract (a
 #      CTA that never starts would hold a ticket): built off (MK_STATIC_FIRST_TICKET=1, step
 #      `sticket`, ~7 min), time it, then weigh the contract; (c) QKV_ROPE at M=4096, a
