@@ -264,8 +264,9 @@
 #      mixed 1.07) and `verify` (passed). Of session 29's 11 leftover GEMM tests, 8 passed; the
 #      last three (`-k "tmastoref32 and (M200 or M1024 or M1100)"`, an off switch) were cut by
 #      the call's cap. Next (bench/E2E_NOTES.md session 30): the decode unit's swapped
-#      formulation (S^T = K Q^T, keys on M; bench/ATTENTION_NOTES.md session 30) in the
-#      attention harness first (`python bench/attention.py`, its GPU tests), then in the
+#      formulation (S^T = K Q^T, keys on M; bench/ATTENTION_NOTES.md session 30): first
+#      `python bench/probes/swapped_decode_probe.py` (seconds; compiled on the CPU only: its
+#      operand modes vs torch), then in the attention harness (`python bench/attention.py`, its GPU tests), then in the
 #      megakernel, B=64 / 256 / 1024 timed with the journal; or the small instructions' protocol
 #      (RMSNORM writing global memory and signalling from its consumers, no staging page, no
 #      storer hop) measured at B=64. `sticket` (~7 min) is still untimed (a launch's ~1 us).

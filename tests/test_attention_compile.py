@@ -254,3 +254,20 @@ def test_store_mode_refuses_unknown_values():
                         "import mk.instructions._attention_kernel"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "MK_ATTN_STORE='fast'" in r.stderr, r.stderr[-2000:]
+
+
+def test_swapped_decode_probe_compiles_with_keys_on_m():
+    """bench/probes/swapped_decode_probe.py (the next decode-attention lever, bench/ATTENTION_NOTES.md
+    session 30): S^T = K Q^T and O^T = V^T P^T compile to m64n8k16 chains, the first with K and Q
+    K-major, the second reading the V block M-major (tnspA 1), with no spills."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "bench", "probes",
+                                                     "swapped_decode_probe.py"), "--compile-only"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, CUTE_DSL_ARCH="sm_90a"))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "m64n8k16.f32.bf16.bf16" in r.stdout, r.stdout
+    assert "('0', '0'): 8" in r.stdout and "('1', '0'): 8" in r.stdout, r.stdout
+    assert "0 bytes spill stores" in r.stdout, r.stdout
