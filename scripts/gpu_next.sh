@@ -232,6 +232,11 @@
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
+#   swapped bench/probes/swapped_decode_probe.py (the decode chain with the keys on wgmma's M,
+#          session 30, compiled on the CPU only): its checks vs torch and ns per key block at 16
+#          and 1 blocks, then, as the same run's peer, the attention harness's decode-ctx1024-b1
+#          (one unit, 16 blocks) with its math in and out (experiments none / nomath):
+#          swapped.log, swapped_harness.json (~3 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -264,9 +269,10 @@
 #      mixed 1.07) and `verify` (passed). Of session 29's 11 leftover GEMM tests, 8 passed; the
 #      last three (`-k "tmastoref32 and (M200 or M1024 or M1100)"`, an off switch) were cut by
 #      the call's cap. Next (bench/E2E_NOTES.md session 30): the decode unit's swapped
-#      formulation (S^T = K Q^T, keys on M; bench/ATTENTION_NOTES.md session 30): first
-#      `python bench/probes/swapped_decode_probe.py` (seconds; compiled on the CPU only: its
-#      operand modes vs torch), then in the attention harness (`python bench/attention.py`, its GPU tests), then in the
+#      formulation (S^T = K Q^T, keys on M; bench/ATTENTION_NOTES.md session 30): first step
+#      `swapped` (~3 min: bench/probes/swapped_decode_probe.py, compiled on the CPU only, vs
+#      torch, its ns per key block beside the harness's decode unit with / without its math),
+#      then in the attention harness (`python bench/attention.py`, its GPU tests), then the
 #      megakernel, B=64 / 256 / 1024 timed with the journal; or the small instructions' protocol
 #      (RMSNORM writing global memory and signalling from its consumers, no staging page, no
 #      storer hop) measured at B=64. `sticket` (~7 min) is still untimed (a launch's ~1 us).
@@ -364,7 +370,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -467,6 +473,19 @@ if has verify; then
       > "$OUTDIR/verify.log" 2>&1
   echo "== verify (default build)"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
+fi
+if has swapped; then
+  { for nb in 16 1; do
+      timeout 120 python bench/probes/swapped_decode_probe.py --blocks $nb > "$TMPD/swapped_$nb.log" 2>&1 \
+          || rc=1
+      tail -3 "$TMPD/swapped_$nb.log"
+    done
+    timeout 280 python bench/attention.py --experiments none,nomath --cases decode-ctx1024-b1 \
+        --exp-timeout 260 --out "$OUTDIR/swapped_harness.json" > "$TMPD/swapped_harness.log" 2>&1 || rc=1
+    grep -E "^\[attention\] (exp|experiments|FAIL|experiment .* FAILED)" "$TMPD/swapped_harness.log" \
+        || tail -20 "$TMPD/swapped_harness.log"
+  } > "$OUTDIR/swapped.log" 2>&1
+  echo "== swapped"; cat "$OUTDIR/swapped.log"
 fi
 if has attnexp; then
   timeout 480 python bench/attention.py \
