@@ -222,11 +222,10 @@ def build(resident: int):
     return SwappedDecode
 
 
-def compile_only(resident: int):
+def compile_ptx(resident: int) -> str:
+    """The probe's PTX for sm_90a, compiled with fake tensors (no GPU needed)."""
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    dump = os.environ.setdefault("CUTE_DSL_DUMP_DIR", "/tmp/mk_swapped_probe")
-    os.makedirs(dump, exist_ok=True)
     k = make_fake_compact_tensor(BFloat16, (resident * KEYS, D), stride_order=(1, 0))
     v = make_fake_compact_tensor(BFloat16, (resident * KEYS, D), stride_order=(1, 0))
     q = make_fake_compact_tensor(BFloat16, (HEADS, D), stride_order=(1, 0))
@@ -236,21 +235,18 @@ def compile_only(resident: int):
     timing = make_fake_compact_tensor(Int64, (1,))
     comp = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
         build(resident)(), q, k, v, s, o, stats, timing, Int32(16), drv.CUstream(0))
-    ptx = comp.__ptx__
-    wg = sorted(set(re.findall(r"wgmma\.mma_async[^ ]*", ptx)))
-    print("wgmma in the PTX:", wg)
-    # the last two immediates of each wgmma: A and B transposed (the O^T chain reads the V block
-    # M-major: tnspA 1; the S^T chain reads K and Q K-major: 0, 0)
+    return comp.__ptx__
+
+
+def wgmma_modes(ptx: str) -> dict:
+    """{(shape, tnspA, tnspB): count} of the PTX's wgmma instructions (the last two immediates:
+    A and B transposed; the O^T chain reads the V block M-major, tnspA 1)."""
     modes = {}
-    for m in re.finditer(r"wgmma\.mma_async[^;]*?(\d+),\s*(\d+);", ptx):
-        modes[(m.group(1), m.group(2))] = modes.get((m.group(1), m.group(2)), 0) + 1
-    print("wgmma (tnspA, tnspB): count", modes)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tests"))
-    from _compile_gate import ptxas_report
-    rep = ptxas_report(ptx, os.path.join(dump, "ptxas"))
-    print("ptxas:", " | ".join(ln.strip() for ln in rep.splitlines() if "registers" in ln
-                                or "spill" in ln))
-    return wg
+    for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)[^;]*?(\d+),\s*(\d+);",
+                         ptx):
+        key = (m.group(1), int(m.group(2)), int(m.group(3)))
+        modes[key] = modes.get(key, 0) + 1
+    return modes
 
 
 def run(nblocks: int, resident: int, reps: int) -> bool:
@@ -313,8 +309,15 @@ def main():
     if a.blocks < 1:
         ap.error("--blocks must be >= 1")
     if a.compile_only:
-        wg = compile_only(a.resident)
-        sys.exit(0 if any("m64n8k16" in w for w in wg) else 1)
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tests"))
+        from _compile_gate import ptxas_report
+        ptx = compile_ptx(a.resident)
+        modes = wgmma_modes(ptx)
+        print("wgmma (shape, tnspA, tnspB): count", modes)
+        rep = ptxas_report(ptx, os.path.join(os.environ.get("TMPDIR", "/tmp"), "mk_swapped_probe"))
+        print("ptxas:", " | ".join(ln.strip() for ln in rep.splitlines() if "registers" in ln
+                                    or "spill" in ln))
+        sys.exit(0 if modes.get(("m64n8k16", 1, 0)) and modes.get(("m64n8k16", 0, 0)) else 1)
     sys.exit(0 if run(a.blocks, a.resident, a.reps) else 1)
 
 
