@@ -96,16 +96,20 @@ class AttnHarnessDSL:
                  grid: Int32, stream):
         a = ak.AttnAtoms(kv, self.page_size)
 
-        @cute.struct
-        class Storage:
-            full: cute.struct.MemRange[cutlass.Int64, self.npages]
-            empty: cute.struct.MemRange[cutlass.Int64, self.npages]
-            done: cute.struct.MemRange[cutlass.Int64, self.npages]
-            pool: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * ak.PAGE], 1024]
+        fields = dict(
+            full=cute.struct.MemRange[cutlass.Int64, self.npages],
+            empty=cute.struct.MemRange[cutlass.Int64, self.npages],
+            done=cute.struct.MemRange[cutlass.Int64, self.npages],
+            pool=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * ak.PAGE],
+                                   1024])
+        if cutlass.const_expr(ak.SWAPPED):      # the swapped decode chain's Q^T / P^T, per WG
+            fields["ascr"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint8,
+                                                                    2 * ak.SWAP_SCRATCH], 1024]
+        Storage = cute.struct(type("Storage", (), {"__annotations__": fields}))
         self.storage = Storage
         self.kernel(instrs, n_instr, counters, state, meta, q, a.tma, a.gKV, a.box_layout,
                     a.mma_qk, a.mma_pv, a.sK_layout, a.sV_layout, out, part, lse,
-                    timeout_ns).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
+                    timeout_ns, a.swap_ops()).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream,
                                        max_number_threads=[THREADS, 1, 1], min_blocks_per_mp=1)
 
     @cute.kernel
@@ -114,7 +118,7 @@ class AttnHarnessDSL:
                gKV: cute.Tensor, box_layout: cute.ComposedLayout, mma_qk: cute.TiledMma,
                mma_pv: cute.TiledMma, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, out: cute.Tensor, part: cute.Tensor,
-               lse: cute.Tensor, timeout_ns: Int64):
+               lse: cute.Tensor, timeout_ns: Int64, swap_ops: list):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -127,6 +131,9 @@ class AttnHarnessDSL:
         empty = st.empty.data_ptr()
         done = st.done.data_ptr()
         pool = st.pool.data_ptr().toint()
+        swap = None
+        if cutlass.const_expr(ak.SWAPPED):
+            swap = tuple(swap_ops) + (st.ascr.data_ptr().toint(),)
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma)
             with cute.arch.elect_one():
@@ -199,6 +206,7 @@ class AttnHarnessDSL:
         else:
             # ---------------------------------------------------------------- consumers (2 WGs)
             cute.arch.setmaxregister_increase(REG_HIGH)
+            ak.attn_mma_init(mma_qk, mma_pv, swap)
             ctid = tidx - 128
             pg = Int32(0)
             t = Int32(bidx)
@@ -207,13 +215,19 @@ class AttnHarnessDSL:
             while t < n_instr:
                 op = instrs[t, W_OPCODE]
                 if op == ak.OP_ATTENTION:
-                    pg = ak.attn_consume(mma_qk, mma_pv, sK_layout, sV_layout, q_base, ldq,
-                                         instrs[t, W_ROW0], instrs[t, W_ROWS], instrs[t, W_COL0],
-                                         instrs[t, W_COLS], instrs[t, at.A_POS0],
-                                         instrs[t, at.A_KV0], instrs[t, at.A_KV1],
-                                         instrs[t, at.A_MODE], instrs[t, at.A_QPK], pool, full,
-                                         empty, done, pg, NP, ctid, timeout_ns, state, t, PS,
-                                         self.wg_split)
+                    # (mk.megakernel's dispatch: the swapped chain's trace for <= 8 query rows)
+                    args = (mma_qk, mma_pv, sK_layout, sV_layout, q_base, ldq, instrs[t, W_ROW0],
+                            instrs[t, W_ROWS], instrs[t, W_COL0], instrs[t, W_COLS],
+                            instrs[t, at.A_POS0], instrs[t, at.A_KV0], instrs[t, at.A_KV1],
+                            instrs[t, at.A_MODE], instrs[t, at.A_QPK], pool, full, empty, done,
+                            pg, NP, ctid, timeout_ns, state, t, PS, self.wg_split)
+                    if cutlass.const_expr(swap is None):
+                        pg = ak.attn_consume(*args)
+                    else:
+                        if ak.swapped_rows(instrs[t, W_ROWS], instrs[t, at.A_QPK]):
+                            pg = ak.attn_consume(*args, swap=swap)
+                        else:
+                            pg = ak.attn_consume(*args)
                 elif op == ak.OP_ATTN_REDUCE:
                     pg = ak.reduce_consume(part, lse, instrs[t, W_ROW0], instrs[t, W_ROWS],
                                            instrs[t, W_COL0], instrs[t, W_COLS],

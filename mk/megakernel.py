@@ -458,7 +458,7 @@ class MegakernelDSL:
         if cutlass.const_expr(self.attn_ps > 0):
             aa = ak.AttnAtoms(kv, self.attn_ps)
             aops = [aa.tma, aa.gKV, aa.box_layout, aa.mma_qk, aa.mma_pv, aa.sK_layout,
-                    aa.sV_layout]
+                    aa.sV_layout] + aa.swap_ops()
 
         # the CTA's shared memory; `iready` only in the EARLY_WEIGHTS variant
         fields = dict(ifull=cute.struct.MemRange[cutlass.Int64, NISLOTS],
@@ -476,6 +476,10 @@ class MegakernelDSL:
             flag=cute.struct.MemRange[cutlass.Int32, 4],
             pool=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.npages * rk.PAGE],
                                    1024])
+        if cutlass.const_expr(self.attn_ps > 0 and ak.SWAPPED):
+            # the swapped decode chain's Q^T / P^T operands, one area per consumer warpgroup
+            fields["ascr"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint8,
+                                                                    2 * ak.SWAP_SCRATCH], 1024]
         self.storage = cute.struct(type("Storage", (), {"__annotations__": fields}))
         skops = [sk] if self.splitk else []      # not a kernel parameter unless compiled in
         self.kernel(instrs, n_instr, counters, n_ctr, state, tma, mT, bufs, normw, n_layers, eps,
@@ -653,6 +657,9 @@ class MegakernelDSL:
         tick = st.tick.get_tensor(cute.make_layout(NISLOTS))
         flag = st.flag.get_tensor(cute.make_layout(4))
         pool = st.pool.data_ptr().toint()
+        aswap = None
+        if cutlass.const_expr(self.attn_ps > 0 and ak.SWAPPED):
+            aswap = tuple(aops[7:13]) + (st.ascr.data_ptr().toint(),)
 
         if cutlass.const_expr(self.journal):
             if tidx == 0:
@@ -868,6 +875,8 @@ class MegakernelDSL:
             # ---------------------------------------------------------------- consumer warpgroup
             cute.arch.setmaxregister_increase(self.reg_high)
             ctid = tidx - 128
+            if cutlass.const_expr(self.attn_ps > 0):
+                ak.attn_mma_init(aops[3], aops[4], aswap)
             # the loop carries only the instruction count (slot = nins % NISLOTS, phase from
             # nins // NISLOTS, -1 = stop) and the page count: registers are tightest here (the
             # all-opcode variant at the M128 class spilled its slot index with 4 loop-carried
@@ -950,19 +959,23 @@ class MegakernelDSL:
                                             ctv, timeout_ns, state, t, PS)
                     if cutlass.const_expr(self.attn_ps > 0):
                         if op == ak.OP_ATTENTION:
-                            pg = ak.attn_consume(aops[3], aops[4], aops[5], aops[6],
-                                                 aq.iterator.toint(), aq.shape[1],
-                                                 ring[base + W_ROW0], ring[base + W_ROWS],
-                                                 ring[base + W_COL0], ring[base + W_COLS],
-                                                 ring[base + at.A_POS0], ring[base + at.A_KV0],
-                                                 ring[base + at.A_KV1], ring[base + at.A_MODE],
-                                                 ring[base + at.A_QPK], pool, full, empty, done,
-                                                 pg, NP, ctv, timeout_ns, state, t, PS,
-                                                 ak.WG_SPLIT, journal,
-                                                 J_CONS_WAIT if self.journal else -1,
-                                                 J_MMA_WAIT if self.journal else -1,
-                                                 J_ATTN_SOFTMAX if self.journal else -1,
-                                                 self.attn_pair(ring, base))
+                            # the swapped chain's trace for instructions of <= 8 query rows
+                            # (decode), the m64n64 one's for the rest (ak.attn_consume's swap)
+                            if cutlass.const_expr(aswap is None):
+                                pg = self.consume_attention(ring, base, aops, aq, pool, full,
+                                                            empty, done, pg, NP, ctv, timeout_ns,
+                                                            state, t, PS, journal, None)
+                            else:
+                                if ak.swapped_rows(ring[base + W_ROWS], ring[base + at.A_QPK]):
+                                    pg = self.consume_attention(ring, base, aops, aq, pool, full,
+                                                                empty, done, pg, NP, ctv,
+                                                                timeout_ns, state, t, PS, journal,
+                                                                aswap)
+                                else:
+                                    pg = self.consume_attention(ring, base, aops, aq, pool, full,
+                                                                empty, done, pg, NP, ctv,
+                                                                timeout_ns, state, t, PS, journal,
+                                                                None)
                         elif op == ak.OP_ATTN_REDUCE:
                             pg = ak.reduce_consume(apart, alse, ring[base + W_ROW0],
                                                    ring[base + W_ROWS], ring[base + W_COL0],
@@ -1040,6 +1053,21 @@ class MegakernelDSL:
                              sid, BAR_STORER, N_STORER, timeout_ns, state, t, meta, rowmap, radd,
                              dcol0, page_share(self.handoff),
                              self.split_tile(gs, g, ring, base, skops), tma_store)
+
+    def consume_attention(self, ring, base, aops, aq, pool, full, empty, done, pg, NP, ctv,
+                          timeout_ns, state, t, PS, journal, aswap):
+        """Consumer body of ATTENTION (ak.attn_consume; aswap: the swapped chain's operands, or
+        None), traced where it is called."""
+        return ak.attn_consume(aops[3], aops[4], aops[5], aops[6], aq.iterator.toint(),
+                               aq.shape[1], ring[base + W_ROW0], ring[base + W_ROWS],
+                               ring[base + W_COL0], ring[base + W_COLS], ring[base + at.A_POS0],
+                               ring[base + at.A_KV0], ring[base + at.A_KV1],
+                               ring[base + at.A_MODE], ring[base + at.A_QPK], pool, full, empty,
+                               done, pg, NP, ctv, timeout_ns, state, t, PS, ak.WG_SPLIT, journal,
+                               J_CONS_WAIT if self.journal else -1,
+                               J_MMA_WAIT if self.journal else -1,
+                               J_ATTN_SOFTMAX if self.journal else -1,
+                               self.attn_pair(ring, base), aswap)
 
     def attn_pair(self, ring: cute.Tensor, base: Int32):
         """A MODE_PAIR ATTENTION's second unit words (row0, pos0, page_off, new0) for the
@@ -1224,7 +1252,7 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
 def smem_bytes_estimate(npages: int = NPAGES, claim_after_loads: bool = False) -> int:
     slot_bars = 2 + int(EARLY_WEIGHTS) + int(claim_after_loads)   # ifull, iempty, iready, lnext
     return (npages * rk.PAGE + 1024 + 8 * (slot_bars * NISLOTS + 3 * npages)
-            + 4 * (NISLOTS * INSTR_WORDS + NISLOTS + 4))
+            + 4 * (NISLOTS * INSTR_WORDS + NISLOTS + 4) + 2 * ak.SWAP_SCRATCH * int(ak.SWAPPED))
 
 
 def norm_table(weights, dtype=torch.bfloat16) -> torch.Tensor:

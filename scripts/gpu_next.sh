@@ -370,7 +370,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -486,6 +486,50 @@ if has swapped; then
         || tail -20 "$TMPD/swapped_harness.log"
   } > "$OUTDIR/swapped.log" 2>&1
   echo "== swapped"; cat "$OUTDIR/swapped.log"
+fi
+if has swapk; then
+  # the swapped decode chain (MK_ATTN_SWAPPED=1, bench/ATTENTION_NOTES.md session 31) in the
+  # attention harness: its GPU tests (every case against the torch faces, outputs poisoned), then
+  # the decode cases' cold / warm times with 0 and 1 (checked too)
+  { echo "== attention harness GPU tests, MK_ATTN_SWAPPED=1"
+    MK_ATTN_SWAPPED=1 timeout 300 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+        tests/test_attention_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
+    for v in 0 1; do
+      MK_ATTN_SWAPPED=$v timeout 150 python bench/attention.py --quick \
+          --cases ${MK_SWAPK_CASES:-decode-ctx1024-b1,decode-ctx1024-b64,decode-ctx512-b64,decode-ctx8192-b32,decode-varlen} \
+          --out "$OUTDIR/swapk_harness_$v.json" > "$TMPD/swapk_h_$v.log" 2>&1 || rc=1
+      echo "== attention harness, MK_ATTN_SWAPPED=$v"
+      grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$TMPD/swapk_h_$v.log" | cut -c1-200
+      python - "$OUTDIR/swapk_harness_$v.json" <<'PY' || tail -20 "$TMPD/swapk_h_$v.log"
+import json, sys
+for r in json.load(open(sys.argv[1]))["timing"]:
+    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("_us")})
+PY
+    done
+  } > "$OUTDIR/swapk.log" 2>&1
+  echo "== swapk"; cat "$OUTDIR/swapk.log"
+fi
+if has swapm; then
+  # the swapped chain in the megakernel: the step GPU tests, the two-layer checks and racecheck
+  # with MK_ATTN_SWAPPED=1 (swapm.log), then (MK_SWAPM_TIME=1, only if they passed) decode
+  # MK_SWAPM_BATCH without / with it, journal on: swapm_{off,on}.json
+  ( export MK_ATTN_SWAPPED=1; echo "== MK_ATTN_SWAPPED=1"
+    checks tests/test_megakernel_step_gpu.py ${MK_SWAPM_EXTRA:-} ) > "$OUTDIR/swapm.log" 2>&1
+  cat "$OUTDIR/swapm.log"
+  if [ "${MK_SWAPM_TIME:-0}" = 1 ]; then
+    if passed "$OUTDIR/swapm.log"; then
+      time_variant swapm off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
+      time_variant swapm on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
+    else
+      echo "== swapm checks did not pass: not timed"; rc=1
+    fi
+  fi
+fi
+if has swaptime; then
+  # timing alone (swapm's checks passed in an earlier call): decode MK_SWAPM_BATCH, journal on
+  : > "$OUTDIR/swaptime.log"
+  time_variant swaptime off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
+  time_variant swaptime on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
 fi
 if has attnexp; then
   timeout 480 python bench/attention.py \

@@ -152,6 +152,20 @@ if STORE_MODE not in ("unrolled", "loop", "bulk"):
     raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
 BULK_STORE = STORE_MODE == "bulk"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
+# The swapped decode chain (compile-time, MK_ATTN_SWAPPED; bench/ATTENTION_NOTES.md session 31):
+# a warpgroup whose unit has at most SWAP_ROWS query rows (a decode token's qpk = 8 q heads) runs
+# S^T = K Q^T and O^T = V^T P^T (keys / head dims on wgmma's M, the unit's rows on N = 8) instead
+# of S = Q K^T on m64n64 with 56 of its 64 rows padding and the softmax on warp 0 alone: 8x less
+# tensor work and the softmax's exp2 on all four warps (session 31's probe: 426 ns a 64-key block
+# against ~1100 in the step). Its operands Q^T and P^T live in SWAP_SCRATCH bytes of shared memory
+# per warpgroup beside the page pool (the caller's `scratch`): Q^T (8 x 128 bf16, the wgmma B
+# layout) at 0, P^T (8 x 64 bf16) at SWAP_P_OFF, the four warps' column maxima / sums (4 x 8 fp32)
+# at SWAP_RED_OFF. The pages, their waits and releases are the same as the other path's.
+SWAPPED = os.environ.get("MK_ATTN_SWAPPED", "0") == "1"
+SWAP_ROWS = 8
+SWAP_SCRATCH = 4096
+SWAP_P_OFF = 2048
+SWAP_RED_OFF = 3072
 # Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
 # production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
 # work to leave out, so that timing differences place the time of one instruction
@@ -252,6 +266,35 @@ class AttnAtoms:
                                                         (1, 1, 1), (64, KB), a_source=RS)
         self.mma_pv = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K_, MN_, Float32,
                                                         (1, 1, 1), (64, HALF), a_source=RS)
+        if SWAPPED:
+            # S^T = K Q^T: A = the K page (M = 64 keys, K = 128 dims, K-major: the page's two
+            # SW128 sub-boxes of 64 dims, 8 KiB apart, are exactly this layout's), B = Q^T in the
+            # scratch (N = 8 rows, K-major); O^T = V^T P^T: A = the V page read M-major (M = 128
+            # dims in two m64 tiles, K = 64 keys: the same bytes), B = P^T (N = 8, K = 64 keys)
+            self.mma_s = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, K_, K_, Float32,
+                                                           (1, 1, 1), (64, SWAP_ROWS))
+            self.mma_o = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, MN_, K_, Float32,
+                                                           (1, 1, 1), (64, SWAP_ROWS))
+            self.sKt_layout = cute.slice_(sm90_utils.make_smem_layout_a(
+                lay, (KB, SWAP_ROWS, D), BFloat16, 1), (None, None, 0))
+            self.sVt_layout = cute.slice_(sm90_utils.make_smem_layout_a(
+                LayoutEnum.COL_MAJOR, (D, SWAP_ROWS, KB), BFloat16, 1), (None, None, 0))
+            self.sQt_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+                lay, (KB, SWAP_ROWS, D), BFloat16, 1), (None, None, 0))
+            self.sPt_layout = cute.slice_(sm90_utils.make_smem_layout_b(
+                lay, (D, SWAP_ROWS, KB), BFloat16, 1), (None, None, 0))
+            assert cute.size_in_bytes(BFloat16, self.sKt_layout) == PAGE
+            assert cute.size_in_bytes(BFloat16, self.sVt_layout) == PAGE
+            assert cute.size_in_bytes(BFloat16, self.sQt_layout) == SWAP_P_OFF
+            assert cute.size_in_bytes(BFloat16, self.sPt_layout) == SWAP_RED_OFF - SWAP_P_OFF
+
+    def swap_ops(self) -> list:
+        """The swapped chain's tilings for the kernel's parameters ([] unless SWAPPED): the
+        caller appends its scratch address and passes them to attn_consume as `swap`."""
+        if not SWAPPED:
+            return []
+        return [self.mma_s, self.mma_o, self.sKt_layout, self.sVt_layout, self.sQt_layout,
+                self.sPt_layout]
 
     def prefetch(self):
         cute.nvgpu.cpasync.prefetch_descriptor(self.tma)
@@ -630,7 +673,13 @@ def rescale_row(m_old: Float32, block_max: Float32, l_sum: Float32):
     """The online softmax's row update for one key block: the new max m (over the quad), the
     exp2 offset m * log2(e) (0 while the row has seen no key, so exp2 never sees -inf - -inf),
     the rescale factor exp(m_old - m) and the rescaled partial sum. Returns (m, ms, alpha, l)."""
-    mn = cute.arch.fmax(m_old, quad_max(block_max))
+    return rescale_to(m_old, cute.arch.fmax(m_old, quad_max(block_max)), l_sum)
+
+
+@cute.jit
+def rescale_to(m_old: Float32, mn: Float32, l_sum: Float32):
+    """rescale_row's update once the new max mn is known (the swapped chain's comes from all
+    four warps)."""
     mu = mn
     if mn == Float32(NEG_INF):
         mu = Float32(0.0)
@@ -780,6 +829,34 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
 
 
 @cute.jit
+def load_q_rows(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int32, row0: Int32,
+                mw: Int32, mtot: Int32, qpk: Int32, head0: Int32, wg_split: cutlass.Constexpr):
+    """Q rows mw + r -> the A fragment (registers), zero past the last row: all loads first
+    (Q_HOIST) or one behind each row test."""
+    if cutlass.const_expr(Q_HOIST and not wg_split):
+        load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0, mw, mtot, qpk, head0)
+    else:
+        for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
+            r, c = tQcQ[2 * v]
+            m = mw + r
+            q0 = Float32(0.0)
+            q1 = Float32(0.0)
+            if cutlass.const_expr(PAIR_WARP > 0):
+                if m < 0:
+                    m = mtot                # a row before a moved pair unit's: zero
+            if m < mtot:
+                it = m // qpk
+                h = m - it * qpk
+                addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
+                qv = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
+                                                    assumed_align=4), cute.make_layout(2)).load()
+                q0 = qv[0].to(Float32)
+                q1 = qv[1].to(Float32)
+            tSrQ[2 * v] = q0.to(BFloat16)
+            tSrQ[2 * v + 1] = q1.to(BFloat16)
+
+
+@cute.jit
 def bulk_writer_fence():
     """STORE_MODE "bulk": a consumer's generic writes of an epilogue page, ordered before the
     storer's async-proxy bulk copies of it (the fence before the page's `done`)."""
@@ -832,6 +909,312 @@ def pv_issue(mma_pv: cute.TiledMma, thr_pv, accO0: cute.Tensor, accO1: cute.Tens
 
 
 @cute.jit
+def frag_writes(accO0: cute.Tensor, accO1: cute.Tensor, r0: Int32, c0: Int32, inv0: Float32,
+                inv1: Float32, lse0: Float32, lse1: Float32, pool: Int32, ep0: Int32,
+                npages: cutlass.Constexpr, mode: Int32, wg: Int32, lane: Int32):
+    """O / l of the warpgroup's 64 rows (the m64n64 fragments; pair v of a chain: row r0 + 8
+    (v % 2), column c0 + 8 (v // 2) (+ 64 chain)) into its epilogue pages: bf16 rows of 256 B
+    (direct, pairs) or fp32 rows of 512 B + the LSE page (MODE_PARTIAL)."""
+    nov = cute.size(accO0)
+    if mode != at.MODE_PARTIAL:       # direct, or a pair: page w is unit w's
+        pgw = ep0 + wg
+        if pgw >= npages:
+            pgw = pgw - npages
+        tb = pool + pgw * PAGE + r0 * 256 + c0 * 2
+        for j in cutlass.range_constexpr(2):
+            acc = accO0 if j == 0 else accO1
+            for v in cutlass.range_constexpr(nov // 2):
+                iv = inv0 if v % 2 == 0 else inv1
+                d = cute.make_tensor(cute.make_ptr(
+                    BFloat16, tb + ((v % 2) * 8 * 256 + ((v // 2) * 8 + j * HALF) * 2),
+                    cute.AddressSpace.smem, assumed_align=4), cute.make_layout(2))
+                d[0] = (acc[2 * v] * iv).to(BFloat16)
+                d[1] = (acc[2 * v + 1] * iv).to(BFloat16)
+    else:
+        pgw = ep0 + wg * 2 + r0 // 32
+        if pgw >= npages:
+            pgw = pgw - npages
+        tb = pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4
+        for j in cutlass.range_constexpr(2):
+            acc = accO0 if j == 0 else accO1
+            for v in cutlass.range_constexpr(nov // 2):
+                iv = inv0 if v % 2 == 0 else inv1
+                d = cute.make_tensor(cute.make_ptr(
+                    Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
+                    cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
+                d[0] = acc[2 * v] * iv
+                d[1] = acc[2 * v + 1] * iv
+        # LSE page (epilogue page 4): the quad's lane 0 writes its two rows
+        if lane % 4 == 0:
+            pgl = ep0 + 4
+            if pgl >= npages:
+                pgl = pgl - npages
+            lb = pool + pgl * PAGE + (wg * 64 + r0) * 4
+            for hh in cutlass.range_constexpr(2):
+                lp = cute.make_tensor(cute.make_ptr(Float32, lb + hh * 8 * 4,
+                                                    cute.AddressSpace.smem, assumed_align=4),
+                                      cute.make_layout(1))
+                lp[0] = lse0 if hh == 0 else lse1
+
+
+# ---------------------------------------------------------------- the swapped decode chain
+# (SWAPPED; the module constants' comment says why). `sw`: the per-warpgroup bundle attn_consume
+# builds once (swap_bundle); the chain's per-block state is the other path's scalars: each thread
+# holds two of the unit's rows (wgmma columns 2 (lane % 4), + 1), so (mr0, mr1, ls0, ls1) are their
+# running maxima and this thread's share of their sums.
+def attn_mma_init(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, swap=None):
+    """The attention tiled MMAs accumulate (the swapped chain's too): set once where the
+    consumers start, before their instruction loop. Not in attn_consume: it is traced once per
+    chain inside the caller's branches, and a field set in one trace's branch does not dominate
+    the other's uses."""
+    mma_qk.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    mma_pv.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    if swap is not None:
+        swap[0].set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        swap[1].set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+
+
+@cute.jit
+def swapped_rows(R: Int32, qpk: Int32):
+    """An ATTENTION instruction the swapped chain runs (attn_consume's swap): at most SWAP_ROWS
+    query rows (a decode token's q heads of one KV head, or a pair's)."""
+    return R * qpk <= SWAP_ROWS
+
+
+@cute.jit
+def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Tensor):
+    """(mma_s, mma_o, thr_s, thr_o, sKt_layout, sVt_layout, tSrQt, tOrPt, tScSt, tOcOt, accSt,
+    accOt, sQt, sPt, red, scratch address) of warpgroup wg; S^T and O^T accumulate in the first
+    elements of the other path's accS / accO0 registers (never live together); the tiled MMAs
+    accumulate (attn_mma_init)."""
+    mma_s, mma_o, sKt_layout, sVt_layout, sQt_layout, sPt_layout, scratch = swap
+    # opaque: derived afresh at each use (hoisted out of the instruction loop, the Q^T / P^T
+    # descriptors and addresses stayed live across every body: the megakernel spilled 112 B)
+    scr = rk.opaque(scratch + wg * SWAP_SCRATCH)
+    sQt = cute.make_tensor(cute.recast_ptr(cute.make_ptr(BFloat16, scr, cute.AddressSpace.smem,
+                                                         assumed_align=1024),
+                                           sQt_layout.inner, dtype=BFloat16), sQt_layout.outer)
+    sPt = cute.make_tensor(cute.recast_ptr(cute.make_ptr(BFloat16, scr + SWAP_P_OFF,
+                                                         cute.AddressSpace.smem,
+                                                         assumed_align=1024),
+                                           sPt_layout.inner, dtype=BFloat16), sPt_layout.outer)
+    red = cute.make_tensor(cute.make_ptr(Float32, scr + SWAP_RED_OFF, cute.AddressSpace.smem,
+                                         assumed_align=16),
+                           cute.make_layout((4, SWAP_ROWS), stride=(SWAP_ROWS, 1)))
+    thr_s = mma_s.get_slice(wtid)
+    thr_o = mma_o.get_slice(wtid)
+    tSrQt = thr_s.make_fragment_B(thr_s.partition_B(sQt))
+    tOrPt = thr_o.make_fragment_B(thr_o.partition_B(sPt))
+    tScSt = thr_s.partition_C(cute.make_identity_tensor((KB, SWAP_ROWS)))
+    tOcOt = thr_o.partition_C(cute.make_identity_tensor((D, SWAP_ROWS)))
+    accSt = cute.make_tensor(accS.iterator, cute.make_layout(thr_s.partition_shape_C((KB, SWAP_ROWS))))
+    accOt = cute.make_tensor(accO0.iterator, cute.make_layout(thr_o.partition_shape_C((D, SWAP_ROWS))))
+    return (mma_s, mma_o, thr_s, thr_o, sKt_layout, sVt_layout, tSrQt, tOrPt, tScSt, tOcOt, accSt,
+            accOt, sQt, sPt, red, scr)
+
+
+@cute.jit
+def swap_load_q(sw, q_base: Int64, ldq: Int32, row0: Int32, mw: Int32, mtot: Int32, qpk: Int32,
+                head0: Int32, wtid: Int32, wg: Int32):
+    """Q^T of the warpgroup's rows mw .. mw + 7 (zero past the last row) into its scratch: thread
+    wtid loads row wtid // 16's 16 bytes of dims 8 (wtid % 16) .. + 8; then the async-proxy fence
+    and the warpgroup's barrier before the first wgmma reads them."""
+    sw = swap_bundle(*sw)
+    n = wtid // 16
+    ch = wtid % 16
+    m = mw + n
+    qv = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+    qv.fill(0.0)
+    if m < mtot:
+        it = m // qpk
+        h = m - it * qpk
+        addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + ch * 8) * 2
+        qv.store(cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
+                                                assumed_align=16), cute.make_layout(8)).load())
+    # one 16-byte store at sQt_layout's address of (n, 8 ch): S<3,4,3> o ((8,1),(64,2)):
+    # ((64,0),(1,512)), i.e. row n at 128 n, dim half at 1 KiB, 16-byte chunk XOR row (element
+    # by element through the layout, 8 swizzled addresses stayed live across the kernel: spills)
+    off = (ch // 8) * 1024 + n * 128 + ((ch % 8) ^ n) * 16
+    cute.make_tensor(cute.make_ptr(BFloat16, sw[15] + off, cute.AddressSpace.smem,
+                                   assumed_align=16), cute.make_layout(8)).store(qv.load())
+    cute.arch.fence_proxy("async.shared", space="cta")
+    wg_barrier(wg)
+
+
+@cute.jit
+def swap_limits(sw, kend: Int32, pos0: Int32, mw: Int32, qpk: Int32):
+    """The causal key limits of this thread's two rows (columns) in the swapped chain."""
+    sw = swap_bundle(*sw)
+    _k, n0 = sw[8][0]
+    return (imin(kend, pos0 + (mw + n0) // qpk + 1), imin(kend, pos0 + (mw + n0 + 1) // qpk + 1))
+
+
+@cute.jit
+def st_issue(sw, pool: Int32, pk: Int32):
+    """S^T = K Q^T of the K page pk (64 keys x 8 rows, K = 128 dims): issued and committed as
+    one group, not waited for."""
+    sw = swap_bundle(*sw)
+    mma_s, thr_s, sKt_layout, tSrQt, accSt = sw[0], sw[2], sw[4], sw[6], sw[10]
+    accSt.fill(0.0)
+    cute.nvgpu.warpgroup.fence()
+    tSrK = thr_s.make_fragment_A(thr_s.partition_A(swz_tensor(pool, pk, 0, sKt_layout)))
+    for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+        cute.gemm(mma_s, accSt, tSrK[(None, None, kb)], tSrQt[(None, None, kb)], accSt)
+    cute.nvgpu.warpgroup.commit_group()
+
+
+@cute.jit
+def ot_issue(sw, pool: Int32, pv: Int32):
+    """O^T += V^T P^T of the V page pv (128 dims in two m64 tiles x 8 rows, K = 64 keys; P^T
+    from the scratch): issued and committed as one group, not waited for."""
+    sw = swap_bundle(*sw)
+    mma_o, thr_o, sVt_layout, tOrPt, accOt = sw[1], sw[3], sw[5], sw[7], sw[11]
+    cute.nvgpu.warpgroup.fence()
+    tOrV = thr_o.make_fragment_A(thr_o.partition_A(swz_tensor(pool, pv, 0, sVt_layout)))
+    for kb in cutlass.range_constexpr(cute.size(tOrV, mode=[2])):
+        cute.gemm(mma_o, accOt, tOrV[(None, None, kb)], tOrPt[(None, None, kb)], accOt)
+    cute.nvgpu.warpgroup.commit_group()
+
+
+@cute.jit
+def column_max(x: Float32) -> Float32:
+    """Max over the 8 lanes of a wgmma column (lane bits 2..4)."""
+    for off in cutlass.range_constexpr(3):
+        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=4 << off))
+    return x
+
+
+@cute.jit
+def column_sum(x: Float32) -> Float32:
+    for off in cutlass.range_constexpr(3):
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=4 << off)
+    return x
+
+
+@cute.jit
+def swap_exchange(red: cute.Tensor, x0: Float32, x1: Float32, wq: Int32, lane: Int32, wg: Int32,
+                  is_max: cutlass.Constexpr):
+    """The four warps' column values (max or sum) of this thread's two columns, through the
+    scratch and the warpgroup's barrier: every thread gets the warpgroup's result."""
+    if lane < 4:
+        red[wq, 2 * lane] = x0
+        red[wq, 2 * lane + 1] = x1
+    wg_barrier(wg)
+    c = 2 * (lane % 4)
+    if cutlass.const_expr(is_max):
+        x0 = cute.arch.fmax(cute.arch.fmax(red[0, c], red[1, c]), cute.arch.fmax(red[2, c], red[3, c]))
+        x1 = cute.arch.fmax(cute.arch.fmax(red[0, c + 1], red[1, c + 1]),
+                            cute.arch.fmax(red[2, c + 1], red[3, c + 1]))
+    else:
+        x0 = red[0, c] + red[1, c] + red[2, c] + red[3, c]
+        x1 = red[0, c + 1] + red[1, c + 1] + red[2, c + 1] + red[3, c + 1]
+    return x0, x1
+
+
+@cute.jit
+def swapped_softmax(sw, kb0: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32,
+                    ls0: Float32, ls1: Float32, scale: Float32, wq: Int32, lane: Int32, wg: Int32):
+    """One key block of the online softmax on S^T (the face's roundings, as online_softmax): the
+    columns' maxima over the 64 keys (this thread's two keys, the column's lanes, the four warps
+    through the scratch), O^T's columns rescaled, P^T (bf16) into the scratch, then the fence and
+    the barrier before O^T's wgmma reads it. The maxima's exchange is safe to overwrite: every
+    thread read the previous block's before its P^T barrier. Returns the new (m0, m1, l0, l1)."""
+    sw = swap_bundle(*sw)
+    tScSt, accSt, accOt, red = sw[8], sw[10], sw[11], sw[14]
+    bm0 = Float32(NEG_INF)
+    bm1 = Float32(NEG_INF)
+    for v in cutlass.range_constexpr(2):            # elements 2v, 2v + 1: one key, two columns
+        q0, q1 = bf_pair(accSt[2 * v], accSt[2 * v + 1])
+        s0, s1 = bf_pair(q0 * scale, q1 * scale)
+        key, _n = tScSt[2 * v]
+        if kb0 + key >= lim0:
+            s0 = Float32(NEG_INF)
+        if kb0 + key >= lim1:
+            s1 = Float32(NEG_INF)
+        bm0 = cute.arch.fmax(bm0, s0)
+        bm1 = cute.arch.fmax(bm1, s1)
+        accSt[2 * v] = s0
+        accSt[2 * v + 1] = s1
+    bm0, bm1 = swap_exchange(red, column_max(bm0), column_max(bm1), wq, lane, wg, True)
+    mr0, ms0, al0, ls0 = rescale_to(mr0, cute.arch.fmax(mr0, bm0), ls0)
+    mr1, ms1, al1, ls1 = rescale_to(mr1, cute.arch.fmax(mr1, bm1), ls1)
+    for e in cutlass.range_constexpr(cute.size(accOt)):
+        accOt[e] = accOt[e] * (al0 if e % 2 == 0 else al1)
+    # P^T [row n, key] (sPt_layout: S<3,4,3> o ((8,1),(64,1)):((64,0),(1,0)), row n at 128 n, the
+    # 16-byte chunk key / 8 XOR n): this thread's keys k0 = 16 wq + lane / 4 and k0 + 8 in rows
+    # n0 = 2 (lane % 4) (even) and n0 + 1; chunk (2 wq) ^ n0 is even, so the four addresses are
+    # one base + 0 / 16 (row n0) and + 144 / 128 (row n0 + 1)
+    n0 = 2 * (lane % 4)
+    pbase = sw[15] + SWAP_P_OFF + n0 * 128 + ((2 * wq) ^ n0) * 16 + (lane // 4) * 2
+    for e in cutlass.range_constexpr(cute.size(accSt)):
+        p = cute.math.exp2(accSt[e] * Float32(LOG2E) - (ms0 if e % 2 == 0 else ms1),
+                           fastmath=True)
+        if cutlass.const_expr(e % 2 == 0):
+            ls0 = ls0 + p
+        else:
+            ls1 = ls1 + p
+        pd = cute.make_tensor(cute.make_ptr(BFloat16, pbase + (0, 144, 16, 128)[e],
+                                            cute.AddressSpace.smem, assumed_align=2),
+                              cute.make_layout(1))
+        pd[0] = p.to(BFloat16)
+    cute.arch.fence_proxy("async.shared", space="cta")
+    wg_barrier(wg)
+    return mr0, mr1, ls0, ls1
+
+
+@cute.jit
+def swap_row_sums(sw, ls0: Float32, ls1: Float32, wq: Int32, lane: Int32, wg: Int32):
+    """The two rows' sums over every key of the unit (the column's lanes, the four warps), then a
+    second barrier: every thread's reads before the next unit's writes of the scratch."""
+    sw = swap_bundle(*sw)
+    t0, t1 = swap_exchange(sw[14], column_sum(ls0), column_sum(ls1), wq, lane, wg, False)
+    wg_barrier(wg)
+    return t0, t1
+
+
+@cute.jit
+def swap_writes(sw, inv0: Float32, inv1: Float32, lse0: Float32, lse1: Float32, pool: Int32,
+                ep0: Int32, npages: cutlass.Constexpr, mode: Int32, wg: Int32, wq: Int32,
+                lane: Int32):
+    """O^T / l into the warpgroup's epilogue page rows (the unit's row n = column n, as the
+    other path's rows): bf16 rows of 256 B (direct, pairs) or fp32 rows of 512 B + the LSE page
+    (MODE_PARTIAL); rows past the unit's last are garbage the storer never stores."""
+    sw = swap_bundle(*sw)
+    tOcOt, accOt = sw[9], sw[11]
+    if mode != at.MODE_PARTIAL:
+        pgw = ep0 + wg
+        if pgw >= npages:
+            pgw = pgw - npages
+        for e in cutlass.range_constexpr(cute.size(accOt)):
+            dim, n = tOcOt[e]
+            d = cute.make_tensor(cute.make_ptr(BFloat16, pool + pgw * PAGE + n * 256 + dim * 2,
+                                               cute.AddressSpace.smem, assumed_align=2),
+                                 cute.make_layout(1))
+            d[0] = (accOt[e] * (inv0 if e % 2 == 0 else inv1)).to(BFloat16)
+    else:
+        pgw = ep0 + wg * 2
+        if pgw >= npages:
+            pgw = pgw - npages
+        for e in cutlass.range_constexpr(cute.size(accOt)):
+            dim, n = tOcOt[e]
+            d = cute.make_tensor(cute.make_ptr(Float32, pool + pgw * PAGE + n * 512 + dim * 4,
+                                               cute.AddressSpace.smem, assumed_align=4),
+                                 cute.make_layout(1))
+            d[0] = accOt[e] * (inv0 if e % 2 == 0 else inv1)
+        if wq == 0:
+            if lane < 4:
+                pgl = ep0 + 4
+                if pgl >= npages:
+                    pgl = pgl - npages
+                lp = cute.make_tensor(cute.make_ptr(Float32, pool + pgl * PAGE
+                                                    + (wg * 64 + 2 * lane) * 4,
+                                                    cute.AddressSpace.smem, assumed_align=8),
+                                      cute.make_layout(2))
+                lp[0] = lse0
+                lp[1] = lse1
+
+
+@cute.jit
 def v_tail_zero(pool: Int32, pv: Int32, nkeys: Int32, narrow, wg: Int32, wtid: Int32,
                 ctid: Int32):
     """V rows past the key end of a block with nkeys < KB keys -> 0 by every thread that reads
@@ -856,7 +1239,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 ls1: Float32, scale: Float32, narrow, active, warp_rows, both_halves, wg: Int32,
                 wtid: Int32, ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                 share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None, paired=None,
-                walk: Int32 = 0, wg_split: cutlass.Constexpr = False):
+                walk: Int32 = 0, wg_split: cutlass.Constexpr = False, sw=None):
     """A unit's key blocks one after the other (ring block j: K page pg + 2j, V page pg + 2j +
     1): S = Q K^T, the online softmax, O += P V, each waited for before the next. An inactive
     warpgroup (no query row) only waits for the pages and arrives `done`, a warp without query
@@ -867,7 +1250,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     narrow units of one unit may occur too (attn_consume's). Returns the rows' (m0, m1, l0, l1)
     and the page count after. wclk / mclk / sclk (the journal variant's clocks, else None): time
     waiting for full K/V pages, for the wgmmas (QK^T, then P V) to retire, and in the online
-    softmax."""
+    softmax. sw (None: the m64n64 chain): swap_bundle's arguments, the swapped chain (S^T,
+    swapped_softmax, O^T) on the same pages; the caller traces one loop per chain so that
+    neither carries the other's registers."""
     hm = handoff_of(share)
     # "thread" hand-off: a narrow unit's pages get every consumer thread's `done` arrival, as a
     # full unit's do (the other warpgroup's once the page is full, so never into the previous
@@ -906,7 +1291,10 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
             rk.wait_clock_add(wclk, t0)
             if cutlass.const_expr(not NOMATH):
                 if active:
-                    qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
+                    if cutlass.const_expr(sw is None):
+                        qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
+                    else:
+                        st_issue(sw, pool, pk)
                     t0 = rk.wait_clock_start(mclk)
                     cute.nvgpu.warpgroup.wait_group(0)
                     rk.wait_clock_add(mclk, t0)
@@ -916,14 +1304,18 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
             if cutlass.const_expr(not NOMATH):
                 if warp_rows:                     # implies active
                     t0 = rk.wait_clock_start(sclk)
-                    if both_halves:
-                        mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
-                                                            ls0, ls1, accO0, accO1, rP, scale,
-                                                            True)
+                    if cutlass.const_expr(sw is None):
+                        if both_halves:
+                            mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
+                                                                mr1, ls0, ls1, accO0, accO1, rP,
+                                                                scale, True)
+                        else:
+                            mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0,
+                                                                mr1, ls0, ls1, accO0, accO1, rP,
+                                                                scale, False)
                     else:
-                        mr0, mr1, ls0, ls1 = online_softmax(accS, tScS, kb0, lim0, lim1, mr0, mr1,
-                                                            ls0, ls1, accO0, accO1, rP, scale,
-                                                            False)
+                        mr0, mr1, ls0, ls1 = swapped_softmax(sw, kb0, lim0, lim1, mr0, mr1, ls0,
+                                                             ls1, scale, wtid // 32, wtid % 32, wg)
                     rk.wait_clock_add(sclk, t0)
             t0 = rk.wait_clock_start(wclk)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
@@ -933,7 +1325,10 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 if nkeys < KB:
                     v_tail_zero(pool, pv, nkeys, narrow, wg, wtid, ctid)
                 if active:
-                    pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
+                    if cutlass.const_expr(sw is None):
+                        pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
+                    else:
+                        ot_issue(sw, pool, pv)
                     t0 = rk.wait_clock_start(mclk)
                     cute.nvgpu.warpgroup.wait_group(0)
                     rk.wait_clock_add(mclk, t0)
@@ -952,7 +1347,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  share: cutlass.Constexpr = DONE_ARRIVALS,
                  wg_split: cutlass.Constexpr = WG_SPLIT, journal=None,
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
-                 softmax_word: cutlass.Constexpr = -1, pair=None) -> Int32:
+                 softmax_word: cutlass.Constexpr = -1, pair=None, swap=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
     pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
     (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
@@ -964,7 +1359,12 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     waiting for the key blocks' wgmmas to retire / in their online softmax (where a decode
     instruction's consumer time goes, bench/ATTENTION_NOTES.md session 11).
     pair (the megakernel: the second unit's words, see second_unit; None: never a pair): in a
-    MODE_PAIR instruction warpgroup w runs unit w (its own Q row, keys and epilogue page w)."""
+    MODE_PAIR instruction warpgroup w runs unit w (its own Q row, keys and epilogue page w).
+    swap (SWAPPED: AttnAtoms.swap_ops() + the scratch's shared-memory address; None: the m64n64
+    chain): every active warpgroup runs the swapped chain, for an instruction of at most
+    SWAP_ROWS query rows (R * qpk, the caller's test: swapped_rows); the caller traces this
+    function once per chain, so that neither's registers are live in the other's code (one trace
+    with a branch per unit spilled 112 B in the megakernel's M64 variant)."""
     hm = handoff_of(share)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
@@ -984,8 +1384,6 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     accO1 = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, HALF)), Float32)
     rP = cute.make_rmem_tensor(accS.layout, BFloat16)
     tOrP = cute.make_tensor(rP.iterator, acc_to_frgA_layout(rP.layout))
-    mma_qk.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-    mma_pv.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     scale = Float32(D ** -0.5)
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
@@ -993,7 +1391,12 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     # arithmetic, not a branch on the mode (with the branch the harness's wg_split variant
     # spilled 12 bytes)
     ne = Int32(E_DIRECT) + (mode & 1) * (E_PARTIAL - E_DIRECT)
-    nov = cute.size(accO0)
+    sw = None
+    if cutlass.const_expr(swap is not None):
+        assert not wg_split and PAIR_WARP == 0, "the swapped chain: no wg_split, PAIR_WARP 0"
+        # swap_bundle's arguments: each use builds its part (one bundle built here and carried
+        # through the loops kept its values live across the other path: 12 B of spills)
+        sw = (swap, wg, wtid, accS, accO0)
     for kh in range(cols):
         head0 = (col0 + kh) * qpk                 # first q head of this KV head
         for mt in range(n_mt):
@@ -1033,36 +1436,25 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if cutlass.const_expr(PAIR_WARP > 0 and pair is not None):
                 if mw + wq * 16 < 0:              # before a moved pair unit's rows
                     warp_rows = cutlass.Boolean(False)
+            if cutlass.const_expr(sw is not None):
+                warp_rows = active                # the swapped chain runs on all four warps
             if not warp_rows:
                 rP.fill(0.0)
-            # ---- Q rows -> A fragment (registers), zero past the last row
-            if cutlass.const_expr(Q_HOIST and not wg_split):
-                load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0_w, mw, mtot, qpk, head0)
+            # ---- Q rows -> A fragment (registers), zero past the last row; or Q^T into the
+            #      scratch (swapped)
+            if cutlass.const_expr(sw is None):
+                load_q_rows(tSrQ, tQcQ, q_base, ldq, row0_w, mw, mtot, qpk, head0, wg_split)
             else:
-                for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
-                    r, c = tQcQ[2 * v]
-                    m = mw + r
-                    q0 = Float32(0.0)
-                    q1 = Float32(0.0)
-                    if cutlass.const_expr(PAIR_WARP > 0):
-                        if m < 0:
-                            m = mtot                # a row before a moved pair unit's: zero
-                    if m < mtot:
-                        it = m // qpk
-                        h = m - it * qpk
-                        addr = q_base + Int64((row0_w + it) * ldq + (head0 + h) * D + c) * 2
-                        qv = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.gmem,
-                                                            assumed_align=4), cute.make_layout(2)).load()
-                        q0 = qv[0].to(Float32)
-                        q1 = qv[1].to(Float32)
-                    tSrQ[2 * v] = q0.to(BFloat16)
-                    tSrQ[2 * v + 1] = q1.to(BFloat16)
+                if active:
+                    swap_load_q(sw, q_base, ldq, row0_w, mw, mtot, qpk, head0, wtid, wg)
             # ---- per-row causal limits (each thread holds 2 rows: fragment element i is in row
             #      half (i // 2) % 2); scalars, so the dynamic loops carry them
             r_a, _ca = tScS[0]
             r_b, _cb = tScS[2]
             lim0 = imin(kend_w, pos0_w + (mw + r_a) // qpk + 1)
             lim1 = imin(kend_w, pos0_w + (mw + r_b) // qpk + 1)
+            if cutlass.const_expr(sw is not None):
+                lim0, lim1 = swap_limits(sw, kend_w, pos0_w, mw, qpk)
             mr0 = Float32(NEG_INF)
             mr1 = Float32(NEG_INF)
             ls0 = Float32(0.0)
@@ -1079,15 +1471,18 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             pflag = None
             if cutlass.const_expr(pair is not None):
                 pflag = paired
-            mr0, mr1, ls0, ls1, pg = attn_blocks(
-                mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS, accO0,
-                accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0, kend_w, lim0,
-                lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows, both_halves, wg, wtid,
-                ctid, timeout_ns, state, ticket, share, wclk, mclk, sclk,
-                pflag, walk, wg_split)
+            blocks = (mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
+                      accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0,
+                      kend_w, lim0, lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows,
+                      both_halves, wg, wtid, ctid, timeout_ns, state, ticket, share, wclk, mclk,
+                      sclk, pflag, walk, wg_split)
+            mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
+            if cutlass.const_expr(sw is not None):
+                if active:
+                    lt0, lt1 = swap_row_sums(sw, ls0, ls1, wq, lane, wg)
             for e in range(ne):
                 pe, phe = page_of(pg + e, npages)
                 bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
@@ -1129,45 +1524,13 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                 inv1 = Float32(1.0) / lt1
                 lse1 = mr1 + cute.math.log2(lt1, fastmath=True) * Float32(LN2)
             if writes:
-                if mode != at.MODE_PARTIAL:       # direct, or a pair: page w is unit w's
-                    pgw = ep0 + wg
-                    if pgw >= npages:
-                        pgw = pgw - npages
-                    tb = pool + pgw * PAGE + r0 * 256 + c0 * 2
-                    for j in cutlass.range_constexpr(2):
-                        acc = accO0 if j == 0 else accO1
-                        for v in cutlass.range_constexpr(nov // 2):
-                            iv = inv0 if v % 2 == 0 else inv1
-                            d = cute.make_tensor(cute.make_ptr(
-                                BFloat16, tb + ((v % 2) * 8 * 256 + ((v // 2) * 8 + j * HALF) * 2),
-                                cute.AddressSpace.smem, assumed_align=4), cute.make_layout(2))
-                            d[0] = (acc[2 * v] * iv).to(BFloat16)
-                            d[1] = (acc[2 * v + 1] * iv).to(BFloat16)
+                if cutlass.const_expr(sw is None):
+                    frag_writes(accO0, accO1, r0, c0, inv0, inv1, lse0, lse1, pool, ep0, npages,
+                                mode, wg, lane)
                 else:
-                    pgw = ep0 + wg * 2 + r0 // 32
-                    if pgw >= npages:
-                        pgw = pgw - npages
-                    tb = pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4
-                    for j in cutlass.range_constexpr(2):
-                        acc = accO0 if j == 0 else accO1
-                        for v in cutlass.range_constexpr(nov // 2):
-                            iv = inv0 if v % 2 == 0 else inv1
-                            d = cute.make_tensor(cute.make_ptr(
-                                Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
-                                cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
-                            d[0] = acc[2 * v] * iv
-                            d[1] = acc[2 * v + 1] * iv
-                    # LSE page (epilogue page 4): the quad's lane 0 writes its two rows
-                    if lane % 4 == 0:
-                        pgl = ep0 + 4
-                        if pgl >= npages:
-                            pgl = pgl - npages
-                        lb = pool + pgl * PAGE + (wg * 64 + r0) * 4
-                        for hh in cutlass.range_constexpr(2):
-                            lp = cute.make_tensor(cute.make_ptr(Float32, lb + hh * 8 * 4,
-                                                                cute.AddressSpace.smem, assumed_align=4),
-                                                  cute.make_layout(1))
-                            lp[0] = lse0 if hh == 0 else lse1
+                    if active:
+                        swap_writes(sw, inv0, inv1, lse0, lse1, pool, ep0, npages, mode, wg, wq,
+                                    lane)
             bulk_writer_fence()
             if cutlass.const_expr(hm == "warp"):
                 cute.arch.sync_warp()

@@ -616,6 +616,17 @@ def pack_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def opaque(x: Int32, *, loc=None, ip=None) -> Int32:
+    """x through a volatile move: the compiler cannot hoist or merge what is derived from it.
+    Loop-invariant shared-memory addresses (wgmma descriptors of a fixed operand) hoisted out of
+    the consumers' instruction loop stay live across every other body there (spills)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip))
+
+
+@dsl_user_op
 def add_bf16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
     """The two bf16 sums of packed a and b, rounded once to nearest even (add.rn.bf16x2, HADD2):
     equal to the float32 sum rounded to bf16 (a float32 holds 24 bits, >= 2 x 8 + 2, so the two
