@@ -957,6 +957,46 @@ def frag_writes(accO0: cute.Tensor, accO1: cute.Tensor, r0: Int32, c0: Int32, in
                 lp[0] = lse0 if hh == 0 else lse1
 
 
+@cute.jit
+def zero_page_bytes(page_base: Int32, begin: Int32, end: Int32, wtid: Int32):
+    """Bytes [begin, end) of a page (multiples of 16) <- 0 by a warpgroup's 128 threads."""
+    off = begin + wtid * 16
+    while off < end:
+        cute.make_tensor(cute.make_ptr(Int32, page_base + off, cute.AddressSpace.smem,
+                                       assumed_align=16), cute.make_layout(4)).fill(0)
+        off = off + 128 * 16
+
+
+@cute.jit
+def swap_zero_rest(active, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, mode: Int32,
+                   wg: Int32, wtid: Int32):
+    """The warpgroup's epilogue-page bytes the swapped chain does not write (rows past the unit's
+    8, an inactive warpgroup's pages, its rows of the LSE page) <- 0, as the m64n64 chain writes
+    its padding rows: the pages' generic-write footprint is the same in both traces. Without it
+    racecheck reported RMSNORM's scratch write against the read of an earlier RMSNORM on a page
+    that the swapped ATTENTION between them had held without writing (session 31; the ring's
+    mbarriers do order them: a checker's view of a two-hop hand-off, kept clean)."""
+    rows_bytes = Int32(0)                  # bytes of the unit's rows in its first page
+    if active:
+        rows_bytes = Int32(SWAP_ROWS * 256)
+    if mode != at.MODE_PARTIAL:
+        pgw = ep0 + wg
+        if pgw >= npages:
+            pgw = pgw - npages
+        zero_page_bytes(pool + pgw * PAGE, rows_bytes, Int32(PAGE), wtid)
+    else:
+        for j in cutlass.range_constexpr(2):
+            pgw = ep0 + wg * 2 + j
+            if pgw >= npages:
+                pgw = pgw - npages
+            zero_page_bytes(pool + pgw * PAGE, rows_bytes * 2 if j == 0 else Int32(0),
+                            Int32(PAGE), wtid)
+        pgl = ep0 + 4
+        if pgl >= npages:
+            pgl = pgl - npages
+        zero_page_bytes(pool + pgl * PAGE, wg * 256 + rows_bytes // 64, wg * 256 + 256, wtid)
+
+
 # ---------------------------------------------------------------- the swapped decode chain
 # (SWAPPED; the module constants' comment says why). `sw`: the per-warpgroup bundle attn_consume
 # builds once (swap_bundle); the chain's per-block state is the other path's scalars: each thread
@@ -1531,6 +1571,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     if active:
                         swap_writes(sw, inv0, inv1, lse0, lse1, pool, ep0, npages, mode, wg, wq,
                                     lane)
+                    swap_zero_rest(active, pool, ep0, npages, mode, wg, wtid)
             bulk_writer_fence()
             if cutlass.const_expr(hm == "warp"):
                 cute.arch.sync_warp()
