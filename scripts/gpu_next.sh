@@ -509,28 +509,6 @@ PY
   } > "$OUTDIR/swapk.log" 2>&1
   echo "== swapk"; cat "$OUTDIR/swapk.log"
 fi
-if has swapm; then
-  # the swapped chain in the megakernel: the step GPU tests, the two-layer checks and racecheck
-  # with MK_ATTN_SWAPPED=1 (swapm.log), then (MK_SWAPM_TIME=1, only if they passed) decode
-  # MK_SWAPM_BATCH without / with it, journal on: swapm_{off,on}.json
-  ( export MK_ATTN_SWAPPED=1; echo "== MK_ATTN_SWAPPED=1"
-    checks tests/test_megakernel_step_gpu.py ${MK_SWAPM_EXTRA:-} ) > "$OUTDIR/swapm.log" 2>&1
-  cat "$OUTDIR/swapm.log"
-  if [ "${MK_SWAPM_TIME:-0}" = 1 ]; then
-    if passed "$OUTDIR/swapm.log"; then
-      time_variant swapm off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
-      time_variant swapm on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
-    else
-      echo "== swapm checks did not pass: not timed"; rc=1
-    fi
-  fi
-fi
-if has swaptime; then
-  # timing alone (swapm's checks passed in an earlier call): decode MK_SWAPM_BATCH, journal on
-  : > "$OUTDIR/swaptime.log"
-  time_variant swaptime off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
-  time_variant swaptime on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
-fi
 if has attnexp; then
   timeout 480 python bench/attention.py \
       --experiments ${MK_ATTN_EXPERIMENTS:-none,nomath,noload,nostore,noload+nomath,noload+nomath+nostore} \
@@ -626,6 +604,28 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
+if has swapm; then
+  # the swapped chain in the megakernel: the step GPU tests, the two-layer checks and racecheck
+  # with MK_ATTN_SWAPPED=1 (swapm.log), then (MK_SWAPM_TIME=1, only if they passed) decode
+  # MK_SWAPM_BATCH without / with it, journal on: swapm_{off,on}.json
+  ( export MK_ATTN_SWAPPED=1; echo "== MK_ATTN_SWAPPED=1"
+    checks tests/test_megakernel_step_gpu.py ${MK_SWAPM_EXTRA:-} ) > "$OUTDIR/swapm.log" 2>&1
+  cat "$OUTDIR/swapm.log"
+  if [ "${MK_SWAPM_TIME:-0}" = 1 ]; then
+    if passed "$OUTDIR/swapm.log"; then
+      time_variant swapm off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
+      time_variant swapm on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
+    else
+      echo "== swapm checks did not pass: not timed"; rc=1
+    fi
+  fi
+fi
+if has swaptime; then
+  # timing alone (swapm's checks passed in an earlier call): decode MK_SWAPM_BATCH, journal on
+  : > "$OUTDIR/swaptime.log"
+  time_variant swaptime off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
+  time_variant swaptime on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
+fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do
     # every step sliced (the default slices only steps of <= 64 tokens)
