@@ -237,6 +237,15 @@
 #          and 1 blocks, then, as the same run's peer, the attention harness's decode-ctx1024-b1
 #          (one unit, 16 blocks) with its math in and out (experiments none / nomath):
 #          swapped.log, swapped_harness.json (~3 min)
+#   swapk  MK_ATTN_SWAPPED=1 (the swapped decode chain in the bodies, session 31) in the attention
+#          harness: its GPU tests, then decode cases' cold / warm us with 0 and 1: swapk.log,
+#          swapk_harness_{0,1}.json (~1.5 min)
+#   swapm  its megakernel checks (the step GPU tests, two-layer checks, racecheck): swapm.log;
+#          MK_SWAPM_TIME=1 times it too if they pass (rarely fits one call) (~5.5 min)
+#   swaptime decode MK_SWAPM_BATCH (default 1,16,64,256) with 0 / 1, journal on:
+#          swaptime.log, swaptime_{off,on}.json (~5.5 min at 1,64,256)
+#   swaprace racecheck of the two-layer step with MK_ATTN_SWAPPED=1, hazards named (threads,
+#          addresses): swaprace.log, racecheck_swapped.log (~1.5 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -263,6 +272,15 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   0000. Session 31 built the swapped decode chain into the bodies (MK_ATTN_SWAPPED=1, off):
+#      correct (harness 12 GPU tests, megakernel step tests 7, two-layer checks), faster (decode
+#      B=1 / 64 / 256: -1.6% / -4.4% / -1.2%; ATTENTION on B=64's path 26.5 -> 21.3 us a layer)
+#      but racecheck reports 3 RAW hazard groups on RMSNORM's partials (written by warpgroup 0,
+#      read by warpgroup 1 after barrier 1) in every swapped run, 0 in the default's
+#      (bench/ATTENTION_NOTES.md session 31). First call: `MK_STEPS=swaprace` (~1.5 min: HEAD
+#      has the inactive warpgroup mirror the chain's barrier syncs, the hypothesis under test);
+#      clean -> `swapm` (its checks) and make it the default (e2e at every point after); not
+#      clean -> the hazard list names the threads: next hypothesis in the notes.
 #   000. Session 30 ran `rfused` (MK_ATTN_REDUCE_FUSED=1: correct, no gain, removed), the e2e
 #      table at every point in one process (213 s: `python launch/bench.py --batch
 #      1,16,64,256,1024,4096 --mixed 256:1024:1024`; 0.99 / 0.98 / 1.12 / 1.09 / 1.04 / 1.10,
@@ -370,7 +388,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=420 [swaprace]=150)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -619,6 +637,21 @@ if has swapm; then
       echo "== swapm checks did not pass: not timed"; rc=1
     fi
   fi
+fi
+if has swaprace; then
+  # racecheck of the two-layer step with the swapped chain alone (~100 s): session 31 saw 3 RAW
+  # hazard groups on RMSNORM's cross-warp partials in every swapped run (0 in the default's);
+  # --racecheck-report hazard names the threads and addresses: swaprace.log, racecheck_swapped.log
+  MK_ATTN_SWAPPED=1 CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck \
+      --racecheck-report hazard python -m mk.megakernel_step check --layers 2 --decode-steps 1 \
+      --split-k 0 > "$TMPD/racecheck_swapped.log" 2>&1 || rc=1
+  grep -v "^\[mk" "$TMPD/racecheck_swapped.log" | head -300 > "$OUTDIR/racecheck_swapped.log"
+  { echo "== racecheck, MK_ATTN_SWAPPED=1, two-layer step, split-K auto"
+    grep -E "SUMMARY|passed" "$TMPD/racecheck_swapped.log" | cut -c1-200
+    grep -A2 "Error: Potential" "$TMPD/racecheck_swapped.log" | grep -oE "(RAW|WAR|WAW) hazard|Write Thread \([0-9]+|Read Thread \([0-9]+" \
+        | paste - - - | sort | uniq -c | head -20
+  } > "$OUTDIR/swaprace.log" 2>&1
+  cat "$OUTDIR/swaprace.log"
 fi
 if has swaptime; then
   # timing alone (swapm's checks passed in an earlier call): decode MK_SWAPM_BATCH, journal on

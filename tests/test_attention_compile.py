@@ -256,18 +256,65 @@ def test_store_mode_refuses_unknown_values():
     assert r.returncode != 0 and "MK_ATTN_STORE='fast'" in r.stderr, r.stderr[-2000:]
 
 
-def test_swapped_decode_probe_compiles_with_keys_on_m(dump_dir):
-    """bench/probes/swapped_decode_probe.py (the next decode-attention lever, bench/ATTENTION_NOTES.md
-    session 30): S^T = K Q^T and O^T = V^T P^T compile to m64n8k16 chains, the first with K and Q
-    K-major, the second reading the V block M-major (tnspA 1), with no spills."""
+def _swapped_probe():
+    """bench/probes/swapped_decode_probe.py as a module (its compile_ptx, wgmma_modes)."""
     import importlib.util
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location(
         "swapped_decode_probe", os.path.join(root, "bench", "probes", "swapped_decode_probe.py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def test_swapped_decode_probe_compiles_with_keys_on_m(dump_dir):
+    """bench/probes/swapped_decode_probe.py (the next decode-attention lever, bench/ATTENTION_NOTES.md
+    session 30): S^T = K Q^T and O^T = V^T P^T compile to m64n8k16 chains, the first with K and Q
+    K-major, the second reading the V block M-major (tnspA 1), with no spills."""
+    probe = _swapped_probe()
     ptx = probe.compile_ptx(4)
     # 128 / 16 K steps of S^T; 2 M tiles x 64 / 16 K steps of O^T
     assert probe.wgmma_modes(ptx) == {("m64n8k16", 0, 0): 8, ("m64n8k16", 1, 0): 8}
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, os.path.join(dump_dir, "swapped_probe")))
+
+
+SWAPPED_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests"))
+from bench.attention import compile_fake
+from mk.instructions import _attention_kernel as ak
+import mk.megakernel as M
+assert ak.SWAPPED
+open({out!r} + ".harness", "w").write(compile_fake(16, handoff="thread").__ptx__)
+open({out!r} + ".m64", "w").write(M.compile_fake(gemm=M.class_slots(64), attn_page_size=16,
+                                                 gather=True, splitk=True).__ptx__)
+"""
+
+
+def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path):
+    """MK_ATTN_SWAPPED=1 (the swapped decode chain, bench/ATTENTION_NOTES.md session 31; read at
+    import, so in a subprocess): the harness and the megakernel's all-opcode M64 variant hold the
+    chain's S^T (8 m64n8k16, K-major) and O^T (8, V read M-major: tnspA 1) beside the m64n64
+    chain's wgmmas, without spills or calls (one trace of attn_consume per chain: one trace with a
+    branch per unit spilled 112 B in the M64 variant); the default harness has no m64n8k16."""
+    import subprocess
+    import sys
+    from mk.instructions import _attention_kernel as ak
+    wgmma_modes = _swapped_probe().wgmma_modes
+    assert not ak.SWAPPED, "the swapped chain is off by default (racecheck: ATTENTION_NOTES.md)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = str(tmp_path / "swapped")
+    env = dict(os.environ, MK_ATTN_SWAPPED="1", CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", SWAPPED_SCRIPT.format(root=root, out=out)],
+                       env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for kind in ("harness", "m64"):
+        ptx = open(f"{out}.{kind}").read()
+        modes = wgmma_modes(ptx)
+        assert modes.get(("m64n8k16", 0, 0)) == 8 and modes.get(("m64n8k16", 1, 0)) == 8, modes
+        assert any(shape == "m64n64k16" for shape, _a, _b in modes), modes
+        assert not re.search(r"^\s*call", ptx, flags=re.M), f"function calls in the {kind} kernel"
+        regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_swapped_{kind}")))
+        print(f"swapped chain, {kind}: {modes}, {regs} registers, 0 spills")
+    assert default_counts["wgmma"] == WGMMA     # the default harness: the m64n64 chain alone

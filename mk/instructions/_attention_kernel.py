@@ -957,46 +957,6 @@ def frag_writes(accO0: cute.Tensor, accO1: cute.Tensor, r0: Int32, c0: Int32, in
                 lp[0] = lse0 if hh == 0 else lse1
 
 
-@cute.jit
-def zero_page_bytes(page_base: Int32, begin: Int32, end: Int32, wtid: Int32):
-    """Bytes [begin, end) of a page (multiples of 16) <- 0 by a warpgroup's 128 threads."""
-    off = begin + wtid * 16
-    while off < end:
-        cute.make_tensor(cute.make_ptr(Int32, page_base + off, cute.AddressSpace.smem,
-                                       assumed_align=16), cute.make_layout(4)).fill(0)
-        off = off + 128 * 16
-
-
-@cute.jit
-def swap_zero_rest(active, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, mode: Int32,
-                   wg: Int32, wtid: Int32):
-    """The warpgroup's epilogue-page bytes the swapped chain does not write (rows past the unit's
-    8, an inactive warpgroup's pages, its rows of the LSE page) <- 0, as the m64n64 chain writes
-    its padding rows: the pages' generic-write footprint is the same in both traces. Without it
-    racecheck reported RMSNORM's scratch write against the read of an earlier RMSNORM on a page
-    that the swapped ATTENTION between them had held without writing (session 31; the ring's
-    mbarriers do order them: a checker's view of a two-hop hand-off, kept clean)."""
-    rows_bytes = Int32(0)                  # bytes of the unit's rows in its first page
-    if active:
-        rows_bytes = Int32(SWAP_ROWS * 256)
-    if mode != at.MODE_PARTIAL:
-        pgw = ep0 + wg
-        if pgw >= npages:
-            pgw = pgw - npages
-        zero_page_bytes(pool + pgw * PAGE, rows_bytes, Int32(PAGE), wtid)
-    else:
-        for j in cutlass.range_constexpr(2):
-            pgw = ep0 + wg * 2 + j
-            if pgw >= npages:
-                pgw = pgw - npages
-            zero_page_bytes(pool + pgw * PAGE, rows_bytes * 2 if j == 0 else Int32(0),
-                            Int32(PAGE), wtid)
-        pgl = ep0 + 4
-        if pgl >= npages:
-            pgl = pgl - npages
-        zero_page_bytes(pool + pgl * PAGE, wg * 256 + rows_bytes // 64, wg * 256 + 256, wtid)
-
-
 # ---------------------------------------------------------------- the swapped decode chain
 # (SWAPPED; the module constants' comment says why). `sw`: the per-warpgroup bundle attn_consume
 # builds once (swap_bundle); the chain's per-block state is the other path's scalars: each thread
@@ -1051,6 +1011,19 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
     accOt = cute.make_tensor(accO0.iterator, cute.make_layout(thr_o.partition_shape_C((D, SWAP_ROWS))))
     return (mma_s, mma_o, thr_s, thr_o, sKt_layout, sVt_layout, tSrQt, tOrPt, tScSt, tOcOt, accSt,
             accOt, sQt, sPt, red, scr)
+
+
+@cute.jit
+def swap_idle_barriers(wg: Int32, n: cutlass.Constexpr):
+    """An inactive warpgroup's stand-ins for the swapped chain's n warpgroup barriers at this
+    point (Q^T 1, a key block 2, the sums 2), so that both warpgroups execute the same sequence
+    of named-barrier syncs. The hypothesis they test (session 31, not yet run): racecheck
+    reported RAW hazards on RMSNORM's cross-warp partials (written by warpgroup 0, read by
+    warpgroup 1 after the 256-thread barrier 1) in every swapped run and in no default run, where
+    warpgroup 0 alone had synced on barrier 5 dozens of times; a checker that pairs barrier
+    instances by each warp's count of syncs would see those as unordered."""
+    for _ in cutlass.range_constexpr(n):
+        wg_barrier(wg)
 
 
 @cute.jit
@@ -1357,6 +1330,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         mr0, mr1, ls0, ls1 = swapped_softmax(sw, kb0, lim0, lim1, mr0, mr1, ls0,
                                                              ls1, scale, wtid // 32, wtid % 32, wg)
                     rk.wait_clock_add(sclk, t0)
+                else:
+                    if cutlass.const_expr(sw is not None):
+                        swap_idle_barriers(wg, 2)
             t0 = rk.wait_clock_start(wclk)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
             rk.wait_clock_add(wclk, t0)
@@ -1487,6 +1463,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             else:
                 if active:
                     swap_load_q(sw, q_base, ldq, row0_w, mw, mtot, qpk, head0, wtid, wg)
+                else:
+                    swap_idle_barriers(wg, 1)
             # ---- per-row causal limits (each thread holds 2 rows: fragment element i is in row
             #      half (i // 2) % 2); scalars, so the dynamic loops carry them
             r_a, _ca = tScS[0]
@@ -1523,6 +1501,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if cutlass.const_expr(sw is not None):
                 if active:
                     lt0, lt1 = swap_row_sums(sw, ls0, ls1, wq, lane, wg)
+                else:
+                    swap_idle_barriers(wg, 2)
             for e in range(ne):
                 pe, phe = page_of(pg + e, npages)
                 bar_wait(full + pe, phe, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
@@ -1571,7 +1551,6 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     if active:
                         swap_writes(sw, inv0, inv1, lse0, lse1, pool, ep0, npages, mode, wg, wq,
                                     lane)
-                    swap_zero_rest(active, pool, ep0, npages, mode, wg, wtid)
             bulk_writer_fence()
             if cutlass.const_expr(hm == "warp"):
                 cute.arch.sync_warp()
