@@ -650,6 +650,11 @@ if has swaprace; then
     grep -E "SUMMARY|passed" "$TMPD/racecheck_swapped.log" | cut -c1-200
     grep -A2 "Error: Potential" "$TMPD/racecheck_swapped.log" | grep -oE "(RAW|WAR|WAW) hazard|Write Thread \([0-9]+|Read Thread \([0-9]+" \
         | paste - - - | sort | uniq -c | head -20
+    # the pattern alone: does racecheck credit barrier 1 after one warpgroup synced barrier 5 by
+    # itself (asym)? plain / sym should be clean, none reported
+    echo "== racecheck, bench/probes/racecheck_named_barrier_probe.py"
+    timeout 120 compute-sanitizer --tool racecheck python bench/probes/racecheck_named_barrier_probe.py \
+        2>&1 | grep -E "== probe|SUMMARY|Error: Potential" | cut -c1-160 | uniq -c | head -40
   } > "$OUTDIR/swaprace.log" 2>&1
   cat "$OUTDIR/swaprace.log"
 fi

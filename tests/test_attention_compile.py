@@ -318,3 +318,20 @@ def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path):
         regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_swapped_{kind}")))
         print(f"swapped chain, {kind}: {modes}, {regs} registers, 0 spills")
     assert default_counts["wgmma"] == WGMMA     # the default harness: the m64n64 chain alone
+
+
+def test_racecheck_named_barrier_probe_compiles():
+    """bench/probes/racecheck_named_barrier_probe.py (session 31's racecheck hypothesis, run by
+    gpu_next's `swaprace`): each variant compiles with exactly its named barriers."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "racecheck_named_barrier_probe",
+        os.path.join(root, "bench", "probes", "racecheck_named_barrier_probe.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    want = {"plain": {"1"}, "asym": {"1", "5"}, "sym": {"1", "5", "6"}, "none": set()}
+    for v in probe.VARIANTS:
+        ptx = probe.compile_ptx(v)
+        ids = set(re.findall(r"bar(?:rier)?\.sync(?:\.aligned)?\s+(\d+)", ptx))
+        assert ids == want[v], (v, ids)
