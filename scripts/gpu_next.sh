@@ -237,15 +237,18 @@
 #          and 1 blocks, then, as the same run's peer, the attention harness's decode-ctx1024-b1
 #          (one unit, 16 blocks) with its math in and out (experiments none / nomath):
 #          swapped.log, swapped_harness.json (~3 min)
-#   swapk  MK_ATTN_SWAPPED=1 (the swapped decode chain in the bodies, session 31) in the attention
-#          harness: its GPU tests, then decode cases' cold / warm us with 0 and 1: swapk.log,
-#          swapk_harness_{0,1}.json (~1.5 min)
-#   swapm  its megakernel checks (the step GPU tests, two-layer checks, racecheck): swapm.log;
-#          MK_SWAPM_TIME=1 times it too if they pass (rarely fits one call) (~5.5 min)
-#   swaptime decode MK_SWAPM_BATCH (default 1,16,64,256) with 0 / 1, journal on:
-#          swaptime.log, swaptime_{off,on}.json (~5.5 min at 1,64,256)
-#   swaprace racecheck of the two-layer step with MK_ATTN_SWAPPED=1, hazards named (threads,
-#          addresses): swaprace.log, racecheck_swapped.log (~1.5 min)
+#   swapk  MK_ATTN_SWAPPED=<each of MK_SWAP_VALUES, default "1 split"> (the swapped decode chain
+#          in the bodies, session 31; split: a unit's key blocks over both warpgroups) in the
+#          attention harness: its GPU tests, then decode cases' cold / warm us with 0 and each:
+#          swapk.log, swapk_harness_<v>.json (~2.5 min)
+#   swapm  the megakernel checks (the step GPU tests, two-layer checks, racecheck) with
+#          MK_ATTN_SWAPPED=$MK_SWAP_VALUE (default 1): swapm.log; MK_SWAPM_TIME=1 times it too if
+#          they pass (rarely fits one call) (~5.5 min)
+#   swaptime decode MK_SWAPM_BATCH (default 1,16,64,256) with 0 and each of MK_SWAP_VALUES,
+#          journal on: swaptime.log, swaptime_{off,<v>}.json (~8 min at 1,64,256 for 0 / 1 / split)
+#   swaprace racecheck of the two-layer step with each of MK_SWAP_VALUES, hazards named (threads,
+#          addresses), then bench/probes/racecheck_named_barrier_probe.py: swaprace.log,
+#          racecheck_swapped_<v>.log (~4.5 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -277,10 +280,14 @@
 #      B=1 / 64 / 256: -1.6% / -4.4% / -1.2%; ATTENTION on B=64's path 26.5 -> 21.3 us a layer)
 #      but racecheck reports 3 RAW hazard groups on RMSNORM's partials (written by warpgroup 0,
 #      read by warpgroup 1 after barrier 1) in every swapped run, 0 in the default's
-#      (bench/ATTENTION_NOTES.md session 31). First call: `MK_STEPS=swaprace` (~1.5 min: HEAD
-#      has the inactive warpgroup mirror the chain's barrier syncs, the hypothesis under test);
-#      clean -> `swapm` (its checks) and make it the default (e2e at every point after); not
-#      clean -> the hazard list names the threads: next hypothesis in the notes.
+#      (bench/ATTENTION_NOTES.md session 31). HEAD also has MK_ATTN_SWAPPED=split (a unit's
+#      key blocks over both warpgroups, merged at the end; compiled only) and has the idle
+#      warpgroup of "1" mirror the chain's barrier syncs (the racecheck hypothesis under test).
+#      First call: `MK_STEPS="swaprace swapk"` (~7 min: racecheck of 1 and split and the
+#      named-barrier probe; split's harness GPU tests and both values' harness times); then
+#      `MK_STEPS=swaptime MK_SWAPM_BATCH=1,64,256`; the value that is clean and faster gets
+#      `MK_SWAP_VALUE=<v> MK_STEPS=swapm` and becomes the default (the other one is removed;
+#      e2e at every point after).
 #   000. Session 30 ran `rfused` (MK_ATTN_REDUCE_FUSED=1: correct, no gain, removed), the e2e
 #      table at every point in one process (213 s: `python launch/bench.py --batch
 #      1,16,64,256,1024,4096 --mixed 256:1024:1024`; 0.99 / 0.98 / 1.12 / 1.09 / 1.04 / 1.10,
@@ -388,7 +395,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=420 [swaprace]=150)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=540 [swaprace]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -506,13 +513,16 @@ if has swapped; then
   echo "== swapped"; cat "$OUTDIR/swapped.log"
 fi
 if has swapk; then
-  # the swapped decode chain (MK_ATTN_SWAPPED=1, bench/ATTENTION_NOTES.md session 31) in the
-  # attention harness: its GPU tests (every case against the torch faces, outputs poisoned), then
-  # the decode cases' cold / warm times with 0 and 1 (checked too)
-  { echo "== attention harness GPU tests, MK_ATTN_SWAPPED=1"
-    MK_ATTN_SWAPPED=1 timeout 300 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-        tests/test_attention_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
-    for v in 0 1; do
+  # the swapped decode chain (MK_ATTN_SWAPPED=1 / split, bench/ATTENTION_NOTES.md session 31) in
+  # the attention harness: its GPU tests (every case against the torch faces, outputs poisoned)
+  # for each value of MK_SWAP_VALUES, then the decode cases' cold / warm times with 0 and each
+  # (checked too)
+  { for v in ${MK_SWAP_VALUES:-1 split}; do
+      echo "== attention harness GPU tests, MK_ATTN_SWAPPED=$v"
+      MK_ATTN_SWAPPED=$v timeout 300 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+          tests/test_attention_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
+    done
+    for v in 0 ${MK_SWAP_VALUES:-1 split}; do
       MK_ATTN_SWAPPED=$v timeout 150 python bench/attention.py --quick \
           --cases ${MK_SWAPK_CASES:-decode-ctx1024-b1,decode-ctx1024-b64,decode-ctx512-b64,decode-ctx8192-b32,decode-varlen} \
           --out "$OUTDIR/swapk_harness_$v.json" > "$TMPD/swapk_h_$v.log" 2>&1 || rc=1
@@ -626,30 +636,34 @@ if has swapm; then
   # the swapped chain in the megakernel: the step GPU tests, the two-layer checks and racecheck
   # with MK_ATTN_SWAPPED=1 (swapm.log), then (MK_SWAPM_TIME=1, only if they passed) decode
   # MK_SWAPM_BATCH without / with it, journal on: swapm_{off,on}.json
-  ( export MK_ATTN_SWAPPED=1; echo "== MK_ATTN_SWAPPED=1"
+  ( export MK_ATTN_SWAPPED=${MK_SWAP_VALUE:-1}; echo "== MK_ATTN_SWAPPED=$MK_ATTN_SWAPPED"
     checks tests/test_megakernel_step_gpu.py ${MK_SWAPM_EXTRA:-} ) > "$OUTDIR/swapm.log" 2>&1
   cat "$OUTDIR/swapm.log"
   if [ "${MK_SWAPM_TIME:-0}" = 1 ]; then
     if passed "$OUTDIR/swapm.log"; then
       time_variant swapm off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
-      time_variant swapm on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
+      time_variant swapm on "MK_ATTN_SWAPPED=${MK_SWAP_VALUE:-1}" ${MK_SWAPM_BATCH:-1,16,64,256} \
+          "MK_ATTN_SWAPPED=${MK_SWAP_VALUE:-1}" ""
     else
       echo "== swapm checks did not pass: not timed"; rc=1
     fi
   fi
 fi
 if has swaprace; then
-  # racecheck of the two-layer step with the swapped chain alone (~100 s): session 31 saw 3 RAW
+  # racecheck of the two-layer step with each swapped value (~100 s each): session 31 saw 3 RAW
   # hazard groups on RMSNORM's cross-warp partials in every swapped run (0 in the default's);
   # --racecheck-report hazard names the threads and addresses: swaprace.log, racecheck_swapped.log
-  MK_ATTN_SWAPPED=1 CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck \
-      --racecheck-report hazard python -m mk.megakernel_step check --layers 2 --decode-steps 1 \
-      --split-k 0 > "$TMPD/racecheck_swapped.log" 2>&1 || rc=1
-  grep -v "^\[mk" "$TMPD/racecheck_swapped.log" | head -300 > "$OUTDIR/racecheck_swapped.log"
-  { echo "== racecheck, MK_ATTN_SWAPPED=1, two-layer step, split-K auto"
-    grep -E "SUMMARY|passed" "$TMPD/racecheck_swapped.log" | cut -c1-200
-    grep -A2 "Error: Potential" "$TMPD/racecheck_swapped.log" | grep -oE "(RAW|WAR|WAW) hazard|Write Thread \([0-9]+|Read Thread \([0-9]+" \
-        | paste - - - | sort | uniq -c | head -20
+  { for v in ${MK_SWAP_VALUES:-1 split}; do
+      MK_ATTN_SWAPPED=$v CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck \
+          --racecheck-report hazard python -m mk.megakernel_step check --layers 2 --decode-steps 1 \
+          --split-k 0 > "$TMPD/racecheck_swapped_$v.log" 2>&1 || rc=1
+      grep -v "^\[mk" "$TMPD/racecheck_swapped_$v.log" | head -200 > "$OUTDIR/racecheck_swapped_$v.log"
+      echo "== racecheck, MK_ATTN_SWAPPED=$v, two-layer step, split-K auto"
+      grep -E "SUMMARY|passed" "$TMPD/racecheck_swapped_$v.log" | cut -c1-200
+      grep -A2 "Error: Potential" "$TMPD/racecheck_swapped_$v.log" \
+          | grep -oE "(RAW|WAR|WAW) hazard|Write Thread \([0-9]+|Read Thread \([0-9]+" \
+          | paste - - - | sort | uniq -c | head -20
+    done
     # the pattern alone: does racecheck credit barrier 1 after one warpgroup synced barrier 5 by
     # itself (asym)? plain / sym should be clean, none reported
     echo "== racecheck, bench/probes/racecheck_named_barrier_probe.py"
@@ -662,7 +676,9 @@ if has swaptime; then
   # timing alone (swapm's checks passed in an earlier call): decode MK_SWAPM_BATCH, journal on
   : > "$OUTDIR/swaptime.log"
   time_variant swaptime off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
-  time_variant swaptime on "MK_ATTN_SWAPPED=1" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=1" ""
+  for v in ${MK_SWAP_VALUES:-1 split}; do
+    time_variant swaptime "$v" "MK_ATTN_SWAPPED=$v" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=$v" ""
+  done
 fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do

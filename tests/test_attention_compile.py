@@ -245,6 +245,17 @@ def test_store_modes_compile_clean(dump_dir, default_counts, tmp_path, mode):
     print(f"store mode {mode}: {got} (default {ref}), {bulk} bulk copies, {regs} registers")
 
 
+def test_swapped_mode_refuses_unknown_values():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MK_ATTN_SWAPPED="yes")
+    r = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); "
+                        "import mk.instructions._attention_kernel"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "MK_ATTN_SWAPPED='yes'" in r.stderr, r.stderr[-2000:]
+
+
 def test_store_mode_refuses_unknown_values():
     import subprocess
     import sys
@@ -285,16 +296,17 @@ sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests")
 from bench.attention import compile_fake
 from mk.instructions import _attention_kernel as ak
 import mk.megakernel as M
-assert ak.SWAPPED
+assert ak.SWAPPED and ak.SWAPPED_MODE == {mode!r}
 open({out!r} + ".harness", "w").write(compile_fake(16, handoff="thread").__ptx__)
 open({out!r} + ".m64", "w").write(M.compile_fake(gemm=M.class_slots(64), attn_page_size=16,
                                                  gather=True, splitk=True).__ptx__)
 """
 
 
-def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path):
-    """MK_ATTN_SWAPPED=1 (the swapped decode chain, bench/ATTENTION_NOTES.md session 31; read at
-    import, so in a subprocess): the harness and the megakernel's all-opcode M64 variant hold the
+@pytest.mark.parametrize("mode", ["1", "split"])
+def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path, mode):
+    """MK_ATTN_SWAPPED=1 / split (the swapped decode chain, bench/ATTENTION_NOTES.md session 31;
+    split: a unit's key blocks over both warpgroups; read at import, so in a subprocess): the harness and the megakernel's all-opcode M64 variant hold the
     chain's S^T (8 m64n8k16, K-major) and O^T (8, V read M-major: tnspA 1) beside the m64n64
     chain's wgmmas, without spills or calls (one trace of attn_consume per chain: one trace with a
     branch per unit spilled 112 B in the M64 variant); the default harness has no m64n8k16."""
@@ -305,8 +317,8 @@ def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path):
     assert not ak.SWAPPED, "the swapped chain is off by default (racecheck: ATTENTION_NOTES.md)"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = str(tmp_path / "swapped")
-    env = dict(os.environ, MK_ATTN_SWAPPED="1", CUTE_DSL_ARCH="sm_90a")
-    r = subprocess.run([sys.executable, "-c", SWAPPED_SCRIPT.format(root=root, out=out)],
+    env = dict(os.environ, MK_ATTN_SWAPPED=mode, CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", SWAPPED_SCRIPT.format(root=root, out=out, mode=mode)],
                        env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     for kind in ("harness", "m64"):
@@ -315,8 +327,9 @@ def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path):
         assert modes.get(("m64n8k16", 0, 0)) == 8 and modes.get(("m64n8k16", 1, 0)) == 8, modes
         assert any(shape == "m64n64k16" for shape, _a, _b in modes), modes
         assert not re.search(r"^\s*call", ptx, flags=re.M), f"function calls in the {kind} kernel"
-        regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, f"attn_swapped_{kind}")))
-        print(f"swapped chain, {kind}: {modes}, {regs} registers, 0 spills")
+        regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir,
+                                                           f"attn_swapped_{mode}_{kind}")))
+        print(f"swapped chain {mode}, {kind}: {modes}, {regs} registers, 0 spills")
     assert default_counts["wgmma"] == WGMMA     # the default harness: the m64n64 chain alone
 
 

@@ -161,7 +161,15 @@ THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-of
 # per warpgroup beside the page pool (the caller's `scratch`): Q^T (8 x 128 bf16, the wgmma B
 # layout) at 0, P^T (8 x 64 bf16) at SWAP_P_OFF, the four warps' column maxima / sums (4 x 8 fp32)
 # at SWAP_RED_OFF. The pages, their waits and releases are the same as the other path's.
-SWAPPED = os.environ.get("MK_ATTN_SWAPPED", "0") == "1"
+# MK_ATTN_SWAPPED=split: a single unit's key blocks alternate between the two warpgroups (two
+# chains, each with its own max / sums / O^T, merged through warpgroup 1's epilogue page at the
+# end, as the m64n64 chain's wg_split): half the chain per unit, and warpgroup 1 no longer idles
+# (session 31, compiled only); pairs keep one unit per warpgroup.
+SWAPPED_MODE = os.environ.get("MK_ATTN_SWAPPED", "0")
+if SWAPPED_MODE not in ("0", "1", "split"):
+    raise ValueError(f"MK_ATTN_SWAPPED={SWAPPED_MODE!r}: expected 0, 1 or split")
+SWAPPED = SWAPPED_MODE != "0"
+SWAP_SPLIT = SWAPPED_MODE == "split"
 SWAP_ROWS = 8
 SWAP_SCRATCH = 4096
 SWAP_P_OFF = 2048
@@ -1419,7 +1427,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
             paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             narrow = cutlass.Boolean(False)       # the unit's blocks split between the WGs
-            if cutlass.const_expr(wg_split):
+            if cutlass.const_expr(wg_split or (sw is not None and SWAP_SPLIT)):
+                # (the swapped trace runs instructions of <= SWAP_ROWS rows: narrow units)
                 narrow = mtot - mt * MT <= NARROW_ROWS
                 if cutlass.const_expr(pair is not None):
                     if paired:
@@ -1493,7 +1502,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                       accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0,
                       kend_w, lim0, lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows,
                       both_halves, wg, wtid, ctid, timeout_ns, state, ticket, share, wclk, mclk,
-                      sclk, pflag, walk, wg_split)
+                      sclk, pflag, walk, wg_split or (sw is not None and SWAP_SPLIT))
             mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
@@ -1533,6 +1542,22 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         if wq == 0:
                             mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0,
                                                           mr1, lt0, lt1, False)
+            if cutlass.const_expr(sw is not None and SWAP_SPLIT):
+                if narrow:
+                    # warpgroup 1's (m, l, O^T) of its blocks -> its own epilogue page (no row
+                    # of the unit is stored from it), folded in by warpgroup 0 (same wtid)
+                    mpg = ep0 + 1
+                    if mode != at.MODE_DIRECT:
+                        mpg = ep0 + 2
+                    if mpg >= npages:
+                        mpg = mpg - npages
+                    mb = pool + mpg * PAGE
+                    if wg == 1:
+                        writes = False
+                        swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, True)
+                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
+                    if wg == 0:
+                        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, False)
             inv0 = Float32(0.0)
             inv1 = Float32(0.0)
             lse0 = Float32(NEG_INF)
@@ -1565,18 +1590,16 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
 
 
 @cute.jit
-def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, accO1: cute.Tensor,
-             mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32, write: cutlass.Constexpr):
-    """The (m, l, O) merge of a narrow unit through page base mb (warp 0 of each WG): write=True
-    (WG1) stores this thread's unnormalised O fragment (fp32 row r at r * 512, NARROW_ROWS rows)
-    and its rows' (m, l) at MERGE_ML_OFF + wtid * 16; write=False (WG0) reads them and folds them
-    into its own: m = max, a = exp(m_own - m), o = a_0 o_0 + a_1 o_1, l likewise (a row without
-    keys on one side has m = -inf there: a = 0). Returns the merged (m0, m1, l0, l1)."""
-    nov = cute.size(accO0)
+def merge_factors(mb: Int32, wtid: Int32, mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32,
+                  write: cutlass.Constexpr):
+    """The (m, l) half of a narrow unit's merge through page base mb: write=True (warpgroup 1)
+    stores this thread's two rows' (m, l) at MERGE_ML_OFF + wtid * 16; write=False (warpgroup 0)
+    reads them and folds them into its own: m = max, a = exp(m_own - m), l = a_0 l_0 + a_1 l_1 (a
+    row without keys on one side has m = -inf there: a = 0). Returns (own factor of row 0, of
+    row 1, the other's factor of row 0, of row 1, m0, m1, l0, l1)."""
     ml = cute.make_tensor(cute.make_ptr(Float32, mb + MERGE_ML_OFF + wtid * 16,
                                         cute.AddressSpace.smem, assumed_align=16),
                           cute.make_layout(4))
-    tb = mb + r0 * 512 + c0 * 4
     a00 = Float32(1.0)
     a01 = Float32(1.0)
     a10 = Float32(0.0)
@@ -1605,6 +1628,19 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
         lt1 = a01 * lt1 + a11 * ml[3]
         mr0 = ma
         mr1 = mb_
+    return a00, a01, a10, a11, mr0, mr1, lt0, lt1
+
+
+@cute.jit
+def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, accO1: cute.Tensor,
+             mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32, write: cutlass.Constexpr):
+    """The (m, l, O) merge of a narrow unit through page base mb (warp 0 of each WG): write=True
+    (WG1) stores this thread's unnormalised O fragment (fp32 row r at r * 512, NARROW_ROWS rows)
+    and its rows' (m, l) (merge_factors); write=False (WG0) reads them and folds them into its
+    own: o = a_0 o_0 + a_1 o_1. Returns the merged (m0, m1, l0, l1)."""
+    nov = cute.size(accO0)
+    tb = mb + r0 * 512 + c0 * 4
+    a00, a01, a10, a11, mr0, mr1, lt0, lt1 = merge_factors(mb, wtid, mr0, mr1, lt0, lt1, write)
     for j in cutlass.range_constexpr(2):
         acc = accO0 if j == 0 else accO1
         for v in cutlass.range_constexpr(nov // 2):
@@ -1619,6 +1655,26 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
                 oth = a10 if v % 2 == 0 else a11
                 acc[2 * v] = acc[2 * v] * own + d[0] * oth
                 acc[2 * v + 1] = acc[2 * v + 1] * own + d[1] * oth
+    return mr0, mr1, lt0, lt1
+
+
+@cute.jit
+def swap_merge(sw, mb: Int32, wtid: Int32, mr0: Float32, mr1: Float32, lt0: Float32,
+               lt1: Float32, write: cutlass.Constexpr):
+    """merge_io for the swapped chain (SWAP_SPLIT): this thread's 8 O^T floats at mb + 32 wtid,
+    its columns' (m, l) through merge_factors (column c = 2 (lane % 4) + e % 2 of element e).
+    Returns the merged (m0, m1, l0, l1)."""
+    sw = swap_bundle(*sw)
+    accOt = sw[11]
+    a00, a01, a10, a11, mr0, mr1, lt0, lt1 = merge_factors(mb, wtid, mr0, mr1, lt0, lt1, write)
+    d = cute.make_tensor(cute.make_ptr(Float32, mb + wtid * 32, cute.AddressSpace.smem,
+                                       assumed_align=16), cute.make_layout(8))
+    for e in cutlass.range_constexpr(cute.size(accOt)):
+        if cutlass.const_expr(write):
+            d[e] = accOt[e]
+        else:
+            accOt[e] = (accOt[e] * (a00 if e % 2 == 0 else a01)
+                        + d[e] * (a10 if e % 2 == 0 else a11))
     return mr0, mr1, lt0, lt1
 
 
