@@ -245,26 +245,18 @@ def test_store_modes_compile_clean(dump_dir, default_counts, tmp_path, mode):
     print(f"store mode {mode}: {got} (default {ref}), {bulk} bulk copies, {regs} registers")
 
 
-def test_swapped_mode_refuses_unknown_values():
+@pytest.mark.parametrize("var,value", [("MK_ATTN_SWAPPED", "yes"), ("MK_ATTN_STORE", "fast")])
+def test_compile_switches_refuse_unknown_values(var, value):
+    """A compile-time switch (read at import) with a value it does not know stops the import and
+    names the variable and the value."""
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_ATTN_SWAPPED="yes")
+    env = dict(os.environ, **{var: value})
     r = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); "
                         "import mk.instructions._attention_kernel"],
                        env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MK_ATTN_SWAPPED='yes'" in r.stderr, r.stderr[-2000:]
-
-
-def test_store_mode_refuses_unknown_values():
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_ATTN_STORE="fast")
-    r = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); "
-                        "import mk.instructions._attention_kernel"],
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MK_ATTN_STORE='fast'" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and f"{var}={value!r}" in r.stderr, r.stderr[-2000:]
 
 
 def _swapped_probe():

@@ -1071,30 +1071,32 @@ def swap_limits(sw, kend: Int32, pos0: Int32, mw: Int32, qpk: Int32):
 
 
 @cute.jit
-def st_issue(sw, pool: Int32, pk: Int32):
-    """S^T = K Q^T of the K page pk (64 keys x 8 rows, K = 128 dims): issued and committed as
-    one group, not waited for."""
-    sw = swap_bundle(*sw)
-    mma_s, thr_s, sKt_layout, tSrQt, accSt = sw[0], sw[2], sw[4], sw[6], sw[10]
-    accSt.fill(0.0)
+def page_chain_issue(mma: cute.TiledMma, thr, a_layout: cute.ComposedLayout, pool: Int32,
+                     page: Int32, tB: cute.Tensor, acc: cute.Tensor, zero: cutlass.Constexpr):
+    """acc (+)= A B with A the pool page `page` (a_layout) and B the scratch operand tB, over the
+    whole K extent: issued and committed as one group, not waited for."""
+    if cutlass.const_expr(zero):
+        acc.fill(0.0)
     cute.nvgpu.warpgroup.fence()
-    tSrK = thr_s.make_fragment_A(thr_s.partition_A(swz_tensor(pool, pk, 0, sKt_layout)))
-    for kb in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
-        cute.gemm(mma_s, accSt, tSrK[(None, None, kb)], tSrQt[(None, None, kb)], accSt)
+    tA = thr.make_fragment_A(thr.partition_A(swz_tensor(pool, page, 0, a_layout)))
+    for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+        cute.gemm(mma, acc, tA[(None, None, kb)], tB[(None, None, kb)], acc)
     cute.nvgpu.warpgroup.commit_group()
+
+
+@cute.jit
+def st_issue(sw, pool: Int32, pk: Int32):
+    """S^T = K Q^T of the K page pk (64 keys x 8 rows, K = 128 dims)."""
+    b = swap_bundle(*sw)
+    page_chain_issue(b[0], b[2], b[4], pool, pk, b[6], b[10], True)
 
 
 @cute.jit
 def ot_issue(sw, pool: Int32, pv: Int32):
     """O^T += V^T P^T of the V page pv (128 dims in two m64 tiles x 8 rows, K = 64 keys; P^T
-    from the scratch): issued and committed as one group, not waited for."""
-    sw = swap_bundle(*sw)
-    mma_o, thr_o, sVt_layout, tOrPt, accOt = sw[1], sw[3], sw[5], sw[7], sw[11]
-    cute.nvgpu.warpgroup.fence()
-    tOrV = thr_o.make_fragment_A(thr_o.partition_A(swz_tensor(pool, pv, 0, sVt_layout)))
-    for kb in cutlass.range_constexpr(cute.size(tOrV, mode=[2])):
-        cute.gemm(mma_o, accOt, tOrV[(None, None, kb)], tOrPt[(None, None, kb)], accOt)
-    cute.nvgpu.warpgroup.commit_group()
+    from the scratch)."""
+    b = swap_bundle(*sw)
+    page_chain_issue(b[1], b[3], b[5], pool, pv, b[7], b[11], False)
 
 
 @cute.jit
@@ -1522,11 +1524,11 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
             r0, c0 = tOcO[0]
             writes = cutlass.Boolean(True)        # this WG writes its rows into the pages
-            if cutlass.const_expr(wg_split):
+            if cutlass.const_expr(wg_split or (sw is not None and SWAP_SPLIT)):
                 if narrow:
                     # merge: WG1's (m, l, unnormalised O) of its blocks -> its own epilogue page
                     # (its rows hold no query row: the storer stores nothing from it), read by WG0
-                    # (the same fragment coordinates per wtid); all query rows are in warp 0
+                    # (the same coordinates per wtid)
                     mpg = ep0 + 1
                     if mode != at.MODE_DIRECT:
                         mpg = ep0 + 2
@@ -1535,29 +1537,12 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     mb = pool + mpg * PAGE
                     if wg == 1:
                         writes = False
-                        if wq == 0:
-                            merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1, True)
+                        merge_unit(sw, mb, wtid, wq, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1,
+                                   True)
                     cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
                     if wg == 0:
-                        if wq == 0:
-                            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0,
-                                                          mr1, lt0, lt1, False)
-            if cutlass.const_expr(sw is not None and SWAP_SPLIT):
-                if narrow:
-                    # warpgroup 1's (m, l, O^T) of its blocks -> its own epilogue page (no row
-                    # of the unit is stored from it), folded in by warpgroup 0 (same wtid)
-                    mpg = ep0 + 1
-                    if mode != at.MODE_DIRECT:
-                        mpg = ep0 + 2
-                    if mpg >= npages:
-                        mpg = mpg - npages
-                    mb = pool + mpg * PAGE
-                    if wg == 1:
-                        writes = False
-                        swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, True)
-                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
-                    if wg == 0:
-                        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, False)
+                        mr0, mr1, lt0, lt1 = merge_unit(sw, mb, wtid, wq, r0, c0, accO0, accO1,
+                                                        mr0, mr1, lt0, lt1, False)
             inv0 = Float32(0.0)
             inv1 = Float32(0.0)
             lse0 = Float32(NEG_INF)
@@ -1655,6 +1640,22 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
                 oth = a10 if v % 2 == 0 else a11
                 acc[2 * v] = acc[2 * v] * own + d[0] * oth
                 acc[2 * v + 1] = acc[2 * v + 1] * own + d[1] * oth
+    return mr0, mr1, lt0, lt1
+
+
+@cute.jit
+def merge_unit(sw, mb: Int32, wtid: Int32, wq: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor,
+               accO1: cute.Tensor, mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32,
+               write: cutlass.Constexpr):
+    """A narrow unit's merge, write (warpgroup 1) or fold (warpgroup 0): the m64n64 chain's rows
+    are in warp 0 (merge_io), the swapped chain's columns on every warp (swap_merge; sw not
+    None). Returns the (merged) (m0, m1, l0, l1)."""
+    if cutlass.const_expr(sw is None):
+        if wq == 0:
+            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1,
+                                          write)
+    else:
+        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, write)
     return mr0, mr1, lt0, lt1
 
 
