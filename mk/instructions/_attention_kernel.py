@@ -152,8 +152,9 @@ if STORE_MODE not in ("unrolled", "loop", "bulk"):
     raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
 BULK_STORE = STORE_MODE == "bulk"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
-# The swapped decode chain (compile-time, MK_ATTN_SWAPPED; bench/ATTENTION_NOTES.md session 31):
-# a warpgroup whose unit has at most SWAP_ROWS query rows (a decode token's qpk = 8 q heads) runs
+# The swapped decode chain (compile-time, MK_ATTN_SWAPPED, off by default: racecheck is not yet
+# clean with it; bench/ATTENTION_NOTES.md session 31): in an instruction of at most SWAP_ROWS
+# query rows (a decode token's qpk = 8 q heads, or a pair's) each active warpgroup runs
 # S^T = K Q^T and O^T = V^T P^T (keys / head dims on wgmma's M, the unit's rows on N = 8) instead
 # of S = Q K^T on m64n64 with 56 of its 64 rows padding and the softmax on warp 0 alone: 8x less
 # tensor work and the softmax's exp2 on all four warps (session 31's probe: 426 ns a 64-key block
@@ -966,10 +967,11 @@ def frag_writes(accO0: cute.Tensor, accO1: cute.Tensor, r0: Int32, c0: Int32, in
 
 
 # ---------------------------------------------------------------- the swapped decode chain
-# (SWAPPED; the module constants' comment says why). `sw`: the per-warpgroup bundle attn_consume
-# builds once (swap_bundle); the chain's per-block state is the other path's scalars: each thread
-# holds two of the unit's rows (wgmma columns 2 (lane % 4), + 1), so (mr0, mr1, ls0, ls1) are their
-# running maxima and this thread's share of their sums.
+# (SWAPPED; the module constants' comment says why). `sw`: swap_bundle's arguments, from which
+# each helper builds the part it uses at its point of use (one bundle carried through the loops
+# kept its addresses live: spills); the chain's per-block state is the other path's scalars:
+# each thread holds two of the unit's rows (wgmma columns 2 (lane % 4), + 1), so (mr0, mr1, ls0,
+# ls1) are their running maxima and this thread's share of their sums.
 def attn_mma_init(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, swap=None):
     """The attention tiled MMAs accumulate (the swapped chain's too): set once where the
     consumers start, before their instruction loop. Not in attn_consume: it is traced once per
