@@ -283,7 +283,7 @@
 #      (bench/ATTENTION_NOTES.md session 31). HEAD also has MK_ATTN_SWAPPED=split (a unit's
 #      key blocks over both warpgroups, merged at the end; compiled only) and has the idle
 #      warpgroup of "1" mirror the chain's barrier syncs (the racecheck hypothesis under test).
-#      First call: `MK_STEPS="swaprace swapk"` (~7 min: racecheck of 1 and split and the
+#      First call: `MK_STEPS="swaprace swapk" MK_DEADLINE_S=590` (~7 min: racecheck of 1 and split and the
 #      named-barrier probe; split's harness GPU tests and both values' harness times); then
 #      `MK_STEPS=swaptime MK_SWAPM_BATCH=1,64,256`; the value that is clean and faster gets
 #      `MK_SWAP_VALUE=<v> MK_STEPS=swapm` and becomes the default (the other one is removed;
