@@ -246,9 +246,9 @@
 #          they pass (rarely fits one call) (~5.5 min)
 #   swaptime decode MK_SWAPM_BATCH (default 1,16,64,256) with 0 and each of MK_SWAP_VALUES,
 #          journal on: swaptime.log, swaptime_{off,<v>}.json (~8 min at 1,64,256 for 0 / 1 / split)
-#   swaprace racecheck of the two-layer step with each of MK_SWAP_VALUES, hazards named (threads,
-#          addresses), then bench/probes/racecheck_named_barrier_probe.py: swaprace.log,
-#          racecheck_swapped_<v>.log (~4.5 min)
+#   swaprace racecheck (hazards named: threads, addresses) and synccheck of the two-layer step
+#          with each of MK_SWAP_VALUES, then bench/probes/racecheck_named_barrier_probe.py:
+#          swaprace.log, racecheck_swapped_<v>.log (~7 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -283,11 +283,11 @@
 #      (bench/ATTENTION_NOTES.md session 31). HEAD also has MK_ATTN_SWAPPED=split (a unit's
 #      key blocks over both warpgroups, merged at the end; compiled only) and has the idle
 #      warpgroup of "1" mirror the chain's barrier syncs (the racecheck hypothesis under test).
-#      First call: `MK_STEPS="swaprace swapk" MK_DEADLINE_S=590` (~7 min: racecheck of 1 and split and the
-#      named-barrier probe; split's harness GPU tests and both values' harness times); then
-#      `MK_STEPS=swaptime MK_SWAPM_BATCH=1,64,256`; the value that is clean and faster gets
-#      `MK_SWAP_VALUE=<v> MK_STEPS=swapm` and becomes the default (the other one is removed;
-#      e2e at every point after).
+#      Calls: `MK_STEPS=swaprace MK_DEADLINE_S=590` (~7 min: racecheck and synccheck of 1 and
+#      split, the named-barrier probe); `MK_STEPS=swapk` (~3.5 min: split's harness GPU tests,
+#      both values' harness times); `MK_STEPS=swaptime MK_SWAPM_BATCH=1,64,256` (~8 min); the
+#      value that is clean and faster gets `MK_SWAP_VALUE=<v> MK_STEPS=swapm` and becomes the
+#      default (the other one is removed; e2e at every point after).
 #   000. Session 30 ran `rfused` (MK_ATTN_REDUCE_FUSED=1: correct, no gain, removed), the e2e
 #      table at every point in one process (213 s: `python launch/bench.py --batch
 #      1,16,64,256,1024,4096 --mixed 256:1024:1024`; 0.99 / 0.98 / 1.12 / 1.09 / 1.04 / 1.10,
@@ -395,7 +395,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=540 [swaprace]=300)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=540 [swaprace]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -663,6 +663,12 @@ if has swaprace; then
       grep -A2 "Error: Potential" "$TMPD/racecheck_swapped_$v.log" \
           | grep -oE "(RAW|WAR|WAW) hazard|Write Thread \([0-9]+|Read Thread \([0-9]+" \
           | paste - - - | sort | uniq -c | head -20
+      # synccheck: illegal barrier use (divergent bar.sync, a named barrier's count or
+      # participants mismatched) would make a real race of what racecheck reports
+      MK_ATTN_SWAPPED=$v timeout 200 compute-sanitizer --tool synccheck python -m mk.megakernel_step \
+          check --layers 2 --decode-steps 1 --split-k 0 > "$TMPD/synccheck_swapped_$v.log" 2>&1 || rc=1
+      echo "== synccheck, MK_ATTN_SWAPPED=$v"
+      grep -E "SUMMARY|passed|Error" "$TMPD/synccheck_swapped_$v.log" | cut -c1-200 | head -10
     done
     # the pattern alone: does racecheck credit barrier 1 after one warpgroup synced barrier 5 by
     # itself (asym)? plain / sym should be clean, none reported
