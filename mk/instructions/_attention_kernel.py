@@ -918,41 +918,46 @@ def pv_issue(mma_pv: cute.TiledMma, thr_pv, accO0: cute.Tensor, accO1: cute.Tens
 
 
 @cute.jit
+def frag_rows_store(accO0: cute.Tensor, accO1: cute.Tensor, tb: Int32,
+                    dtype: cutlass.Constexpr, inv0: Float32, inv1: Float32):
+    """The m64n64 fragments times their rows' 1 / l as dtype (bf16 or fp32) rows of 128 columns
+    from byte address tb (this thread's row r0, column c0): pair v of chain j at row + 8 (v % 2),
+    column + 8 (v // 2) + 64 j."""
+    eb = dtype.width // 8
+    for j in cutlass.range_constexpr(2):
+        acc = accO0 if j == 0 else accO1
+        for v in cutlass.range_constexpr(cute.size(accO0) // 2):
+            iv = inv0 if v % 2 == 0 else inv1
+            d = cute.make_tensor(cute.make_ptr(
+                dtype, tb + ((v % 2) * 8 * D * eb + ((v // 2) * 8 + j * HALF) * eb),
+                cute.AddressSpace.smem, assumed_align=2 * eb), cute.make_layout(2))
+            if cutlass.const_expr(dtype == Float32):
+                d[0] = acc[2 * v] * iv
+                d[1] = acc[2 * v + 1] * iv
+            else:
+                d[0] = (acc[2 * v] * iv).to(dtype)
+                d[1] = (acc[2 * v + 1] * iv).to(dtype)
+
+
+@cute.jit
 def frag_writes(accO0: cute.Tensor, accO1: cute.Tensor, r0: Int32, c0: Int32, inv0: Float32,
                 inv1: Float32, lse0: Float32, lse1: Float32, pool: Int32, ep0: Int32,
                 npages: cutlass.Constexpr, mode: Int32, wg: Int32, lane: Int32):
     """O / l of the warpgroup's 64 rows (the m64n64 fragments; pair v of a chain: row r0 + 8
     (v % 2), column c0 + 8 (v // 2) (+ 64 chain)) into its epilogue pages: bf16 rows of 256 B
     (direct, pairs) or fp32 rows of 512 B + the LSE page (MODE_PARTIAL)."""
-    nov = cute.size(accO0)
     if mode != at.MODE_PARTIAL:       # direct, or a pair: page w is unit w's
         pgw = ep0 + wg
         if pgw >= npages:
             pgw = pgw - npages
-        tb = pool + pgw * PAGE + r0 * 256 + c0 * 2
-        for j in cutlass.range_constexpr(2):
-            acc = accO0 if j == 0 else accO1
-            for v in cutlass.range_constexpr(nov // 2):
-                iv = inv0 if v % 2 == 0 else inv1
-                d = cute.make_tensor(cute.make_ptr(
-                    BFloat16, tb + ((v % 2) * 8 * 256 + ((v // 2) * 8 + j * HALF) * 2),
-                    cute.AddressSpace.smem, assumed_align=4), cute.make_layout(2))
-                d[0] = (acc[2 * v] * iv).to(BFloat16)
-                d[1] = (acc[2 * v + 1] * iv).to(BFloat16)
+        frag_rows_store(accO0, accO1, pool + pgw * PAGE + r0 * 256 + c0 * 2, BFloat16, inv0,
+                        inv1)
     else:
         pgw = ep0 + wg * 2 + r0 // 32
         if pgw >= npages:
             pgw = pgw - npages
-        tb = pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4
-        for j in cutlass.range_constexpr(2):
-            acc = accO0 if j == 0 else accO1
-            for v in cutlass.range_constexpr(nov // 2):
-                iv = inv0 if v % 2 == 0 else inv1
-                d = cute.make_tensor(cute.make_ptr(
-                    Float32, tb + ((v % 2) * 8 * 512 + ((v // 2) * 8 + j * HALF) * 4),
-                    cute.AddressSpace.smem, assumed_align=8), cute.make_layout(2))
-                d[0] = acc[2 * v] * iv
-                d[1] = acc[2 * v + 1] * iv
+        frag_rows_store(accO0, accO1, pool + pgw * PAGE + (r0 % 32) * 512 + c0 * 4, Float32,
+                        inv0, inv1)
         # LSE page (epilogue page 4): the quad's lane 0 writes its two rows
         if lane % 4 == 0:
             pgl = ep0 + 4
@@ -1198,6 +1203,23 @@ def swap_row_sums(sw, ls0: Float32, ls1: Float32, wq: Int32, lane: Int32, wg: In
 
 
 @cute.jit
+def swap_rows_store(sw, page_base: Int32, dtype: cutlass.Constexpr, inv0: Float32, inv1: Float32):
+    """O^T times its columns' 1 / l as dtype (bf16 or fp32) rows of 128 columns from page_base:
+    element e of this thread at (row n, column dim) of tOcOt."""
+    tOcOt, accOt = sw[9], sw[11]
+    eb = dtype.width // 8
+    for e in cutlass.range_constexpr(cute.size(accOt)):
+        dim, n = tOcOt[e]
+        d = cute.make_tensor(cute.make_ptr(dtype, page_base + (n * D + dim) * eb,
+                                           cute.AddressSpace.smem, assumed_align=eb),
+                             cute.make_layout(1))
+        if cutlass.const_expr(dtype == Float32):
+            d[0] = accOt[e] * (inv0 if e % 2 == 0 else inv1)
+        else:
+            d[0] = (accOt[e] * (inv0 if e % 2 == 0 else inv1)).to(dtype)
+
+
+@cute.jit
 def swap_writes(sw, inv0: Float32, inv1: Float32, lse0: Float32, lse1: Float32, pool: Int32,
                 ep0: Int32, npages: cutlass.Constexpr, mode: Int32, wg: Int32, wq: Int32,
                 lane: Int32):
@@ -1205,27 +1227,16 @@ def swap_writes(sw, inv0: Float32, inv1: Float32, lse0: Float32, lse1: Float32, 
     other path's rows): bf16 rows of 256 B (direct, pairs) or fp32 rows of 512 B + the LSE page
     (MODE_PARTIAL); rows past the unit's last are garbage the storer never stores."""
     sw = swap_bundle(*sw)
-    tOcOt, accOt = sw[9], sw[11]
     if mode != at.MODE_PARTIAL:
         pgw = ep0 + wg
         if pgw >= npages:
             pgw = pgw - npages
-        for e in cutlass.range_constexpr(cute.size(accOt)):
-            dim, n = tOcOt[e]
-            d = cute.make_tensor(cute.make_ptr(BFloat16, pool + pgw * PAGE + n * 256 + dim * 2,
-                                               cute.AddressSpace.smem, assumed_align=2),
-                                 cute.make_layout(1))
-            d[0] = (accOt[e] * (inv0 if e % 2 == 0 else inv1)).to(BFloat16)
+        swap_rows_store(sw, pool + pgw * PAGE, BFloat16, inv0, inv1)
     else:
         pgw = ep0 + wg * 2
         if pgw >= npages:
             pgw = pgw - npages
-        for e in cutlass.range_constexpr(cute.size(accOt)):
-            dim, n = tOcOt[e]
-            d = cute.make_tensor(cute.make_ptr(Float32, pool + pgw * PAGE + n * 512 + dim * 4,
-                                               cute.AddressSpace.smem, assumed_align=4),
-                                 cute.make_layout(1))
-            d[0] = accOt[e] * (inv0 if e % 2 == 0 else inv1)
+        swap_rows_store(sw, pool + pgw * PAGE, Float32, inv0, inv1)
         if wq == 0:
             if lane < 4:
                 pgl = ep0 + 4
