@@ -131,8 +131,8 @@ class AttnHarnessDSL:
         empty = st.empty.data_ptr()
         done = st.done.data_ptr()
         pool = st.pool.data_ptr().toint()
-        swap = None
-        if cutlass.const_expr(ak.SWAPPED):
+        swap = None                     # wg_split's decode units keep the m64n64 chain
+        if cutlass.const_expr(ak.SWAPPED and not self.wg_split):
             swap = tuple(swap_ops) + (st.ascr.data_ptr().toint(),)
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma)

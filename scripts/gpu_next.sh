@@ -7,6 +7,9 @@
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
 #          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
 #          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
+#   synccheck compute-sanitizer synccheck of the two-layer step (session 32: 8 "Missing wait"
+#          errors on the B pages' `full` phases before own_phase_seen): synccheck.log,
+#          synccheck_full.log (~2 min); MK_SYNC_PROBE=1 adds the mbarrier probe's variants
 #   attnexp attention leave-one-out experiments (MK_ATTN_EXPERIMENT nomath / noload / nostore and
 #          combinations, each its own compiled variant, bench/ATTENTION_NOTES.md "Leave-one-out
 #          experiments"): decode ctx1024 B=1 / 64, ctx512 B=64, ctx8192 B=32 in the standalone
@@ -237,18 +240,6 @@
 #          and 1 blocks, then, as the same run's peer, the attention harness's decode-ctx1024-b1
 #          (one unit, 16 blocks) with its math in and out (experiments none / nomath):
 #          swapped.log, swapped_harness.json (~3 min)
-#   swapk  MK_ATTN_SWAPPED=<each of MK_SWAP_VALUES, default "1 split"> (the swapped decode chain
-#          in the bodies, session 31; split: a unit's key blocks over both warpgroups) in the
-#          attention harness: its GPU tests, then decode cases' cold / warm us with 0 and each:
-#          swapk.log, swapk_harness_<v>.json (~2.5 min)
-#   swapm  the megakernel checks (the step GPU tests, two-layer checks, racecheck) with
-#          MK_ATTN_SWAPPED=$MK_SWAP_VALUE (default 1): swapm.log; MK_SWAPM_TIME=1 times it too if
-#          they pass (rarely fits one call) (~5.5 min)
-#   swaptime decode MK_SWAPM_BATCH (default 1,16,64,256) with 0 and each of MK_SWAP_VALUES,
-#          journal on: swaptime.log, swaptime_{off,<v>}.json (~8 min at 1,64,256 for 0 / 1 / split)
-#   swaprace racecheck (hazards named: threads, addresses) and synccheck of the two-layer step
-#          with each of MK_SWAP_VALUES, then bench/probes/racecheck_named_barrier_probe.py:
-#          swaprace.log, racecheck_swapped_<v>.log (~7 min)
 # Suggested calls (30 min of device time; on nvidia-h200-x2 two at once, one per GPU with
 # CUDA_VISIBLE_DEVICES and MK_CACHE_DIR of its own). The working tree travels with every call
 # (tracked + untracked files) plus the carried paths, 64 MiB in all: carry only .gpu/prelude.sh
@@ -275,19 +266,14 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   0000. Session 31 built the swapped decode chain into the bodies (MK_ATTN_SWAPPED=1, off):
-#      correct (harness 12 GPU tests, megakernel step tests 7, two-layer checks), faster (decode
-#      B=1 / 64 / 256: -1.6% / -4.4% / -1.2%; ATTENTION on B=64's path 26.5 -> 21.3 us a layer)
-#      but racecheck reports 3 RAW hazard groups on RMSNORM's partials (written by warpgroup 0,
-#      read by warpgroup 1 after barrier 1) in every swapped run, 0 in the default's
-#      (bench/ATTENTION_NOTES.md session 31). HEAD also has MK_ATTN_SWAPPED=split (a unit's
-#      key blocks over both warpgroups, merged at the end; compiled only) and has the idle
-#      warpgroup of "1" mirror the chain's barrier syncs (the racecheck hypothesis under test).
-#      Calls: `MK_STEPS=swaprace MK_DEADLINE_S=590` (~7 min: racecheck and synccheck of 1 and
-#      split, the named-barrier probe); `MK_STEPS=swapk` (~3.5 min: split's harness GPU tests,
-#      both values' harness times); `MK_STEPS=swaptime MK_SWAPM_BATCH=1,64,256` (~8 min); the
-#      value that is clean and faster gets `MK_SWAP_VALUE=<v> MK_STEPS=swapm` and becomes the
-#      default (the other one is removed; e2e at every point after).
+#   0000. Session 32 made session 31's swapped decode chain the default (racecheck clean with the
+#      idle warpgroup's mirrored barriers; B=1 / 64 / 256 -2.1% / -4.1% / -1.5%; e2e at every
+#      point: 1.00 / 0.97 / 1.11 / 1.06 / 1.02 / 1.09, mixed 1.08) and removed `split`
+#      (racecheck: 100 hazards). synccheck stops the two-layer step with 8 "Missing wait" errors
+#      on the loader's `full` arrivals, default build too (bench/E2E_NOTES.md session 32).
+#      Next: `MK_STEPS="verify synccheck"` at HEAD (the default build's checks with the chain in
+#      it, racecheck, synccheck), then the e2e table at every point.
+#   00000. Session 31 built the swapped decode chain behind MK_ATTN_SWAPPED (then off).
 #   000. Session 30 ran `rfused` (MK_ATTN_REDUCE_FUSED=1: correct, no gain, removed), the e2e
 #      table at every point in one process (213 s: `python launch/bench.py --batch
 #      1,16,64,256,1024,4096 --mixed 256:1024:1024`; 0.99 / 0.98 / 1.12 / 1.09 / 1.04 / 1.10,
@@ -395,7 +381,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [swapk]=300 [swapm]=330 [swaptime]=540 [swaprace]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -499,6 +485,26 @@ if has verify; then
   echo "== verify (default build)"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi
+if has synccheck; then
+  # synccheck of the two-layer step (split-K auto): every mbarrier phase must be observed by a
+  # successful wait before the next arrival (PTX ISA; "Missing wait" stops the kernel: session
+  # 32); with MK_SYNC_PROBE=1 also bench/probes/synccheck_mbarrier_probe.py's variants, one
+  # process each (ring / twice / selfwait / conswait clean; skipwait / double / stagefull flagged)
+  { echo "== synccheck, two-layer step, split-K auto (first 150 lines: synccheck_full.log)"
+    CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool synccheck python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 > "$TMPD/synccheck.log" 2>&1 || rc=1
+    grep -v "^\[mk" "$TMPD/synccheck.log" | head -150 > "$OUTDIR/synccheck_full.log"
+    grep -E "ERROR SUMMARY|passed" "$TMPD/synccheck.log" | cut -c1-200
+    grep -A1 "Barrier error" "$TMPD/synccheck.log" | grep -oE "[a-z_]+\.py:[0-9]+" | sort | uniq -c
+    if [ "${MK_SYNC_PROBE:-0}" = 1 ]; then
+      for v in ring skipwait double twice stagefull selfwait conswait; do
+        echo "== probe $v: $(CUTE_DSL_LINEINFO=1 timeout 60 compute-sanitizer --tool synccheck \
+            python bench/probes/synccheck_mbarrier_probe.py $v 2>&1 | grep -c 'Missing wait') Missing wait"
+      done
+    fi
+  } > "$OUTDIR/synccheck.log" 2>&1
+  cat "$OUTDIR/synccheck.log"
+fi
 if has swapped; then
   { for nb in 16 1; do
       timeout 120 python bench/probes/swapped_decode_probe.py --blocks $nb > "$TMPD/swapped_$nb.log" 2>&1 \
@@ -511,31 +517,6 @@ if has swapped; then
         || tail -20 "$TMPD/swapped_harness.log"
   } > "$OUTDIR/swapped.log" 2>&1
   echo "== swapped"; cat "$OUTDIR/swapped.log"
-fi
-if has swapk; then
-  # the swapped decode chain (MK_ATTN_SWAPPED=1 / split, bench/ATTENTION_NOTES.md session 31) in
-  # the attention harness: its GPU tests (every case against the torch faces, outputs poisoned)
-  # for each value of MK_SWAP_VALUES, then the decode cases' cold / warm times with 0 and each
-  # (checked too)
-  { for v in ${MK_SWAP_VALUES:-1 split}; do
-      echo "== attention harness GPU tests, MK_ATTN_SWAPPED=$v"
-      MK_ATTN_SWAPPED=$v timeout 300 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-          tests/test_attention_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
-    done
-    for v in 0 ${MK_SWAP_VALUES:-1 split}; do
-      MK_ATTN_SWAPPED=$v timeout 150 python bench/attention.py --quick \
-          --cases ${MK_SWAPK_CASES:-decode-ctx1024-b1,decode-ctx1024-b64,decode-ctx512-b64,decode-ctx8192-b32,decode-varlen} \
-          --out "$OUTDIR/swapk_harness_$v.json" > "$TMPD/swapk_h_$v.log" 2>&1 || rc=1
-      echo "== attention harness, MK_ATTN_SWAPPED=$v"
-      grep -E "FAIL|Error|^\[attention\] (ok|passed)" "$TMPD/swapk_h_$v.log" | cut -c1-200
-      python - "$OUTDIR/swapk_harness_$v.json" <<'PY' || tail -20 "$TMPD/swapk_h_$v.log"
-import json, sys
-for r in json.load(open(sys.argv[1]))["timing"]:
-    print(" ", r["case"], {k: round(v, 1) for k, v in r.items() if k.endswith("_us")})
-PY
-    done
-  } > "$OUTDIR/swapk.log" 2>&1
-  echo "== swapk"; cat "$OUTDIR/swapk.log"
 fi
 if has attnexp; then
   timeout 480 python bench/attention.py \
@@ -632,60 +613,6 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
-if has swapm; then
-  # the swapped chain in the megakernel: the step GPU tests, the two-layer checks and racecheck
-  # with MK_ATTN_SWAPPED=1 (swapm.log), then (MK_SWAPM_TIME=1, only if they passed) decode
-  # MK_SWAPM_BATCH without / with it, journal on: swapm_{off,on}.json
-  ( export MK_ATTN_SWAPPED=${MK_SWAP_VALUE:-1}; echo "== MK_ATTN_SWAPPED=$MK_ATTN_SWAPPED"
-    checks tests/test_megakernel_step_gpu.py ${MK_SWAPM_EXTRA:-} ) > "$OUTDIR/swapm.log" 2>&1
-  cat "$OUTDIR/swapm.log"
-  if [ "${MK_SWAPM_TIME:-0}" = 1 ]; then
-    if passed "$OUTDIR/swapm.log"; then
-      time_variant swapm off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
-      time_variant swapm on "MK_ATTN_SWAPPED=${MK_SWAP_VALUE:-1}" ${MK_SWAPM_BATCH:-1,16,64,256} \
-          "MK_ATTN_SWAPPED=${MK_SWAP_VALUE:-1}" ""
-    else
-      echo "== swapm checks did not pass: not timed"; rc=1
-    fi
-  fi
-fi
-if has swaprace; then
-  # racecheck of the two-layer step with each swapped value (~100 s each): session 31 saw 3 RAW
-  # hazard groups on RMSNORM's cross-warp partials in every swapped run (0 in the default's);
-  # --racecheck-report hazard names the threads and addresses: swaprace.log, racecheck_swapped.log
-  { for v in ${MK_SWAP_VALUES:-1 split}; do
-      MK_ATTN_SWAPPED=$v CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool racecheck \
-          --racecheck-report hazard python -m mk.megakernel_step check --layers 2 --decode-steps 1 \
-          --split-k 0 > "$TMPD/racecheck_swapped_$v.log" 2>&1 || rc=1
-      grep -v "^\[mk" "$TMPD/racecheck_swapped_$v.log" | head -200 > "$OUTDIR/racecheck_swapped_$v.log"
-      echo "== racecheck, MK_ATTN_SWAPPED=$v, two-layer step, split-K auto"
-      grep -E "SUMMARY|passed" "$TMPD/racecheck_swapped_$v.log" | cut -c1-200
-      grep -A2 "Error: Potential" "$TMPD/racecheck_swapped_$v.log" \
-          | grep -oE "(RAW|WAR|WAW) hazard|Write Thread \([0-9]+|Read Thread \([0-9]+" \
-          | paste - - - | sort | uniq -c | head -20
-      # synccheck: illegal barrier use (divergent bar.sync, a named barrier's count or
-      # participants mismatched) would make a real race of what racecheck reports
-      MK_ATTN_SWAPPED=$v timeout 200 compute-sanitizer --tool synccheck python -m mk.megakernel_step \
-          check --layers 2 --decode-steps 1 --split-k 0 > "$TMPD/synccheck_swapped_$v.log" 2>&1 || rc=1
-      echo "== synccheck, MK_ATTN_SWAPPED=$v"
-      grep -E "SUMMARY|passed|Error" "$TMPD/synccheck_swapped_$v.log" | cut -c1-200 | head -10
-    done
-    # the pattern alone: does racecheck credit barrier 1 after one warpgroup synced barrier 5 by
-    # itself (asym)? plain / sym should be clean, none reported
-    echo "== racecheck, bench/probes/racecheck_named_barrier_probe.py"
-    timeout 120 compute-sanitizer --tool racecheck python bench/probes/racecheck_named_barrier_probe.py \
-        2>&1 | grep -E "== probe|SUMMARY|Error: Potential" | cut -c1-160 | uniq -c | head -40
-  } > "$OUTDIR/swaprace.log" 2>&1
-  cat "$OUTDIR/swaprace.log"
-fi
-if has swaptime; then
-  # timing alone (swapm's checks passed in an earlier call): decode MK_SWAPM_BATCH, journal on
-  : > "$OUTDIR/swaptime.log"
-  time_variant swaptime off "MK_ATTN_SWAPPED=0" ${MK_SWAPM_BATCH:-1,16,64,256} "" ""
-  for v in ${MK_SWAP_VALUES:-1 split}; do
-    time_variant swaptime "$v" "MK_ATTN_SWAPPED=$v" ${MK_SWAPM_BATCH:-1,16,64,256} "MK_ATTN_SWAPPED=$v" ""
-  done
-fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do
     # every step sliced (the default slices only steps of <= 64 tokens)

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.compile
 
-from _compile_gate import BAD_PTXAS, assert_clean, dump_dir, ptxas_report  # noqa: F401  (env set first)
+from _compile_gate import BAD_PTXAS, assert_clean, dump_dir, ptxas_report, swapped_probe  # noqa: F401  (env set first)
 
 REQUIRED_PTX = {
     "wgmma.mma_async (RS, bf16)": r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16",
@@ -28,6 +28,10 @@ REQUIRED_PTX = {
 }
 # QK^T: 2 halves of D x 4 k16 blocks; PV: 2 halves of D x 4 k16 blocks
 WGMMA = 16
+# the swapped decode chain (ak.SWAPPED, the default; not beside wg_split): S^T = K Q^T, 8
+# m64n8k16 K-major; O^T = V^T P^T, 8 m64n8k16 with the V page read M-major (tnspA 1)
+SWAP_MODES = {("m64n8k16", 0, 0): 8, ("m64n8k16", 1, 0): 8}
+SWAP_WGMMA = sum(SWAP_MODES.values())
 # page size -> TMA copies in the PTX (K/V page: 2 halves x 64 / min(ps, 64) sub-boxes, one loop
 # body emitted for K and one for V)
 # (page size, TMA copies, hand-off, wg_split: decode units split between the consumer WGs)
@@ -57,8 +61,8 @@ def test_host_mirror_of_the_unit_ranges():
                          ids=[f"page{p}-{h}-split{int(w)}" for p, _, h, w in CASES])
 def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff, wg_split):
     """handoff: the done/empty arrivals (share 256 = every thread, the megakernel's default;
-    8 = one per warp). wg_split: both variants of attn_consume (the split one adds the
-    warpgroup-local named barriers ak.BAR_ATTN_WG for its V tails)."""
+    8 = one per warp). wg_split: both variants of attn_consume (the split one's decode units run
+    the m64n64 chain, split between the warpgroups; the other's the swapped chain)."""
     from bench.attention import LAUNCH_REGS, REG_HIGH, REG_LOW, THREADS, compile_fake
     from mk.instructions import _attention_kernel as ak
     comp = compile_fake(page_size, handoff=handoff, wg_split=wg_split)
@@ -67,11 +71,15 @@ def test_attention_bodies_compile_for_sm90a(dump_dir, page_size, tma, handoff, w
     missing = [k for k, rx in REQUIRED_PTX.items() if not re.search(rx, ptx)]
     assert not missing, f"PTX lacks {missing}"
     n = len(re.findall(r"wgmma\.mma_async", ptx))
-    assert n == WGMMA, f"{n} wgmma.mma_async in the PTX, expected {WGMMA}"
+    want = WGMMA + (0 if wg_split else SWAP_WGMMA)
+    assert n == want, f"{n} wgmma.mma_async in the PTX, expected {want}"
+    modes = swapped_probe().wgmma_modes(ptx)
+    assert all(modes.get(k, 0) == (0 if wg_split else v) for k, v in SWAP_MODES.items()), modes
     # the A operand comes from registers (RS): the wgmma takes a register vector, not a descriptor
     assert re.search(r"wgmma\.mma_async[^;]*\{[^}]*\},\s*\{%r", ptx), "QK^T / PV are not RS wgmma"
     wg_bars = {int(b) for b in re.findall(r"bar\.sync\s+(\d+),\s*128;", ptx)}
-    assert wg_bars == (set(ak.BAR_ATTN_WG) if wg_split else set()), wg_bars
+    # warpgroup-local named barriers: wg_split's V tails, the swapped chain's Q^T / P^T
+    assert wg_bars == set(ak.BAR_ATTN_WG), wg_bars
     nt = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
     assert nt == tma, f"{nt} TMA copies in the PTX, expected {tma}"
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel (C7506/C7510)"
@@ -140,7 +148,7 @@ def test_attention_experiment_variants_compile(dump_dir, default_counts, tmp_pat
     got, ref = _counts(ptx), default_counts
     assert got != ref
     if experiment == "noload":       # no K/V TMA; the math stays
-        assert got["tma"] == 0 < ref["tma"] and got["wgmma"] == ref["wgmma"] == WGMMA, got
+        assert got["tma"] == 0 < ref["tma"] and got["wgmma"] == ref["wgmma"] == WGMMA + SWAP_WGMMA, got
         assert got["ld_global"] < ref["ld_global"], (got, ref)      # no page-table loads
     elif experiment == "nomath":     # no wgmma, softmax exps only in ATTN_REDUCE; loads all kept
         assert got["wgmma"] == 0 and got["tma"] == ref["tma"], got
@@ -245,7 +253,7 @@ def test_store_modes_compile_clean(dump_dir, default_counts, tmp_path, mode):
     print(f"store mode {mode}: {got} (default {ref}), {bulk} bulk copies, {regs} registers")
 
 
-@pytest.mark.parametrize("var,value", [("MK_ATTN_SWAPPED", "yes"), ("MK_ATTN_STORE", "fast")])
+@pytest.mark.parametrize("var,value", [("MK_ATTN_STORE", "fast")])
 def test_compile_switches_refuse_unknown_values(var, value):
     """A compile-time switch (read at import) with a value it does not know stops the import and
     names the variable and the value."""
@@ -259,70 +267,16 @@ def test_compile_switches_refuse_unknown_values(var, value):
     assert r.returncode != 0 and f"{var}={value!r}" in r.stderr, r.stderr[-2000:]
 
 
-def _swapped_probe():
-    """bench/probes/swapped_decode_probe.py as a module (its compile_ptx, wgmma_modes)."""
-    import importlib.util
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "swapped_decode_probe", os.path.join(root, "bench", "probes", "swapped_decode_probe.py"))
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
-
-
 def test_swapped_decode_probe_compiles_with_keys_on_m(dump_dir):
     """bench/probes/swapped_decode_probe.py (the next decode-attention lever, bench/ATTENTION_NOTES.md
     session 30): S^T = K Q^T and O^T = V^T P^T compile to m64n8k16 chains, the first with K and Q
     K-major, the second reading the V block M-major (tnspA 1), with no spills."""
-    probe = _swapped_probe()
+    probe = swapped_probe()
     ptx = probe.compile_ptx(4)
     # 128 / 16 K steps of S^T; 2 M tiles x 64 / 16 K steps of O^T
     assert probe.wgmma_modes(ptx) == {("m64n8k16", 0, 0): 8, ("m64n8k16", 1, 0): 8}
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, os.path.join(dump_dir, "swapped_probe")))
-
-
-SWAPPED_SCRIPT = """
-import os, sys
-sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests"))
-from bench.attention import compile_fake
-from mk.instructions import _attention_kernel as ak
-import mk.megakernel as M
-assert ak.SWAPPED and ak.SWAPPED_MODE == {mode!r}
-open({out!r} + ".harness", "w").write(compile_fake(16, handoff="thread").__ptx__)
-open({out!r} + ".m64", "w").write(M.compile_fake(gemm=M.class_slots(64), attn_page_size=16,
-                                                 gather=True, splitk=True).__ptx__)
-"""
-
-
-@pytest.mark.parametrize("mode", ["1", "split"])
-def test_swapped_chain_compiles_clean(dump_dir, default_counts, tmp_path, mode):
-    """MK_ATTN_SWAPPED=1 / split (the swapped decode chain, bench/ATTENTION_NOTES.md session 31;
-    split: a unit's key blocks over both warpgroups; read at import, so in a subprocess): the harness and the megakernel's all-opcode M64 variant hold the
-    chain's S^T (8 m64n8k16, K-major) and O^T (8, V read M-major: tnspA 1) beside the m64n64
-    chain's wgmmas, without spills or calls (one trace of attn_consume per chain: one trace with a
-    branch per unit spilled 112 B in the M64 variant); the default harness has no m64n8k16."""
-    import subprocess
-    import sys
-    from mk.instructions import _attention_kernel as ak
-    wgmma_modes = _swapped_probe().wgmma_modes
-    assert not ak.SWAPPED, "the swapped chain is off by default (racecheck: ATTENTION_NOTES.md)"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = str(tmp_path / "swapped")
-    env = dict(os.environ, MK_ATTN_SWAPPED=mode, CUTE_DSL_ARCH="sm_90a")
-    r = subprocess.run([sys.executable, "-c", SWAPPED_SCRIPT.format(root=root, out=out, mode=mode)],
-                       env=env, capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    for kind in ("harness", "m64"):
-        ptx = open(f"{out}.{kind}").read()
-        modes = wgmma_modes(ptx)
-        assert modes.get(("m64n8k16", 0, 0)) == 8 and modes.get(("m64n8k16", 1, 0)) == 8, modes
-        assert any(shape == "m64n64k16" for shape, _a, _b in modes), modes
-        assert not re.search(r"^\s*call", ptx, flags=re.M), f"function calls in the {kind} kernel"
-        regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir,
-                                                           f"attn_swapped_{mode}_{kind}")))
-        print(f"swapped chain {mode}, {kind}: {modes}, {regs} registers, 0 spills")
-    assert default_counts["wgmma"] == WGMMA     # the default harness: the m64n64 chain alone
 
 
 def test_racecheck_named_barrier_probe_compiles():

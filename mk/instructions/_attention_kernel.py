@@ -152,25 +152,20 @@ if STORE_MODE not in ("unrolled", "loop", "bulk"):
     raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
 BULK_STORE = STORE_MODE == "bulk"
 THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-off
-# The swapped decode chain (compile-time, MK_ATTN_SWAPPED, off by default: racecheck is not yet
-# clean with it; bench/ATTENTION_NOTES.md session 31): in an instruction of at most SWAP_ROWS
-# query rows (a decode token's qpk = 8 q heads, or a pair's) each active warpgroup runs
-# S^T = K Q^T and O^T = V^T P^T (keys / head dims on wgmma's M, the unit's rows on N = 8) instead
-# of S = Q K^T on m64n64 with 56 of its 64 rows padding and the softmax on warp 0 alone: 8x less
-# tensor work and the softmax's exp2 on all four warps (session 31's probe: 426 ns a 64-key block
-# against ~1100 in the step). Its operands Q^T and P^T live in SWAP_SCRATCH bytes of shared memory
-# per warpgroup beside the page pool (the caller's `scratch`): Q^T (8 x 128 bf16, the wgmma B
-# layout) at 0, P^T (8 x 64 bf16) at SWAP_P_OFF, the four warps' column maxima / sums (4 x 8 fp32)
-# at SWAP_RED_OFF. The pages, their waits and releases are the same as the other path's.
-# MK_ATTN_SWAPPED=split: a single unit's key blocks alternate between the two warpgroups (two
-# chains, each with its own max / sums / O^T, merged through warpgroup 1's epilogue page at the
-# end, as the m64n64 chain's wg_split): half the chain per unit, and warpgroup 1 no longer idles
-# (session 31, compiled only); pairs keep one unit per warpgroup.
-SWAPPED_MODE = os.environ.get("MK_ATTN_SWAPPED", "0")
-if SWAPPED_MODE not in ("0", "1", "split"):
-    raise ValueError(f"MK_ATTN_SWAPPED={SWAPPED_MODE!r}: expected 0, 1 or split")
-SWAPPED = SWAPPED_MODE != "0"
-SWAP_SPLIT = SWAPPED_MODE == "split"
+# The swapped decode chain (default since session 32; bench/ATTENTION_NOTES.md sessions 30-32):
+# in an instruction of at most SWAP_ROWS query rows (a decode token's qpk = 8 q heads, or a
+# pair's) each active warpgroup runs S^T = K Q^T and O^T = V^T P^T (keys / head dims on wgmma's
+# M, the unit's rows on N = 8) instead of S = Q K^T on m64n64 with 56 of its 64 rows padding and
+# the softmax on warp 0 alone: 8x less tensor work and the softmax's exp2 on all four warps
+# (session 31's probe: 426 ns a 64-key block against ~1100 in the step; session 32's step: B=1
+# -2.1%, B=64 -4.1%, B=256 -1.5%). Its operands Q^T and P^T live in SWAP_SCRATCH bytes of shared
+# memory per warpgroup beside the page pool (the caller's `scratch`): Q^T (8 x 128 bf16, the
+# wgmma B layout) at 0, P^T (8 x 64 bf16) at SWAP_P_OFF, the four warps' column maxima / sums
+# (4 x 8 fp32) at SWAP_RED_OFF. The pages, their waits and releases are the same as the other
+# path's. Not with the experimental wg_split / PAIR_WARP layouts (their decode units keep the
+# m64n64 chain). Session 31's MK_ATTN_SWAPPED=split (a unit's key blocks over both warpgroups)
+# was removed: racecheck reported 100 hazards with it (bench/results/*_2026-12-04_s32*).
+SWAPPED = not WG_SPLIT and PAIR_WARP == 0
 SWAP_ROWS = 8
 SWAP_SCRATCH = 4096
 SWAP_P_OFF = 2048
@@ -1032,11 +1027,10 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
 def swap_idle_barriers(wg: Int32, n: cutlass.Constexpr):
     """An inactive warpgroup's stand-ins for the swapped chain's n warpgroup barriers at this
     point (Q^T 1, a key block 2, the sums 2), so that both warpgroups execute the same sequence
-    of named-barrier syncs. The hypothesis they test (session 31, not yet run): racecheck
-    reported RAW hazards on RMSNORM's cross-warp partials (written by warpgroup 0, read by
-    warpgroup 1 after the 256-thread barrier 1) in every swapped run and in no default run, where
-    warpgroup 0 alone had synced on barrier 5 dozens of times; a checker that pairs barrier
-    instances by each warp's count of syncs would see those as unordered."""
+    of named-barrier syncs. Without them racecheck reported RAW hazards on RMSNORM's cross-warp
+    partials (written by warpgroup 0, read by warpgroup 1 after the 256-thread barrier 1) in
+    every swapped run, where warpgroup 0 alone had synced on barrier 5 dozens of times; with
+    them 0 hazards (session 32, bench/results/swaprace_2026-12-04_s32.log)."""
     for _ in cutlass.range_constexpr(n):
         wg_barrier(wg)
 
@@ -1442,8 +1436,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
             paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             narrow = cutlass.Boolean(False)       # the unit's blocks split between the WGs
-            if cutlass.const_expr(wg_split or (sw is not None and SWAP_SPLIT)):
-                # (the swapped trace runs instructions of <= SWAP_ROWS rows: narrow units)
+            if cutlass.const_expr(wg_split):
                 narrow = mtot - mt * MT <= NARROW_ROWS
                 if cutlass.const_expr(pair is not None):
                     if paired:
@@ -1517,7 +1510,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                       accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0,
                       kend_w, lim0, lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows,
                       both_halves, wg, wtid, ctid, timeout_ns, state, ticket, share, wclk, mclk,
-                      sclk, pflag, walk, wg_split or (sw is not None and SWAP_SPLIT))
+                      sclk, pflag, walk, wg_split)
             mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
@@ -1537,7 +1530,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
             r0, c0 = tOcO[0]
             writes = cutlass.Boolean(True)        # this WG writes its rows into the pages
-            if cutlass.const_expr(wg_split or (sw is not None and SWAP_SPLIT)):
+            if cutlass.const_expr(wg_split):
                 if narrow:
                     # merge: WG1's (m, l, unnormalised O) of its blocks -> its own epilogue page
                     # (its rows hold no query row: the storer stores nothing from it), read by WG0
@@ -1550,12 +1543,13 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     mb = pool + mpg * PAGE
                     if wg == 1:
                         writes = False
-                        merge_unit(sw, mb, wtid, wq, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1,
-                                   True)
+                        if wq == 0:
+                            merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1, True)
                     cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
                     if wg == 0:
-                        mr0, mr1, lt0, lt1 = merge_unit(sw, mb, wtid, wq, r0, c0, accO0, accO1,
-                                                        mr0, mr1, lt0, lt1, False)
+                        if wq == 0:
+                            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0,
+                                                          mr1, lt0, lt1, False)
             inv0 = Float32(0.0)
             inv1 = Float32(0.0)
             lse0 = Float32(NEG_INF)
@@ -1653,42 +1647,6 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
                 oth = a10 if v % 2 == 0 else a11
                 acc[2 * v] = acc[2 * v] * own + d[0] * oth
                 acc[2 * v + 1] = acc[2 * v + 1] * own + d[1] * oth
-    return mr0, mr1, lt0, lt1
-
-
-@cute.jit
-def merge_unit(sw, mb: Int32, wtid: Int32, wq: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor,
-               accO1: cute.Tensor, mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32,
-               write: cutlass.Constexpr):
-    """A narrow unit's merge, write (warpgroup 1) or fold (warpgroup 0): the m64n64 chain's rows
-    are in warp 0 (merge_io), the swapped chain's columns on every warp (swap_merge; sw not
-    None). Returns the (merged) (m0, m1, l0, l1)."""
-    if cutlass.const_expr(sw is None):
-        if wq == 0:
-            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1,
-                                          write)
-    else:
-        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, write)
-    return mr0, mr1, lt0, lt1
-
-
-@cute.jit
-def swap_merge(sw, mb: Int32, wtid: Int32, mr0: Float32, mr1: Float32, lt0: Float32,
-               lt1: Float32, write: cutlass.Constexpr):
-    """merge_io for the swapped chain (SWAP_SPLIT): this thread's 8 O^T floats at mb + 32 wtid,
-    its columns' (m, l) through merge_factors (column c = 2 (lane % 4) + e % 2 of element e).
-    Returns the merged (m0, m1, l0, l1)."""
-    sw = swap_bundle(*sw)
-    accOt = sw[11]
-    a00, a01, a10, a11, mr0, mr1, lt0, lt1 = merge_factors(mb, wtid, mr0, mr1, lt0, lt1, write)
-    d = cute.make_tensor(cute.make_ptr(Float32, mb + wtid * 32, cute.AddressSpace.smem,
-                                       assumed_align=16), cute.make_layout(8))
-    for e in cutlass.range_constexpr(cute.size(accOt)):
-        if cutlass.const_expr(write):
-            d[e] = accOt[e]
-        else:
-            accOt[e] = (accOt[e] * (a00 if e % 2 == 0 else a01)
-                        + d[e] * (a10 if e % 2 == 0 else a11))
     return mr0, mr1, lt0, lt1
 
 

@@ -614,6 +614,18 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
 
 
 @cute.jit
+def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
+                   ticket: Int32):
+    """The loader's wait on a `full` phase it completed itself with a plain arrival (a B page
+    whose bytes complete on the stage's A-page barrier: nobody else waits on it). The PTX ISA
+    requires every mbarrier phase to be observed by a successful wait before the next arrival
+    ("Phases of the mbarrier object"); without it synccheck stops the kernel with "Missing wait"
+    at the page's next use (session 32, bench/probes/synccheck_mbarrier_probe.py). Returns at
+    once: the arrival completed the phase."""
+    bar_wait(bar, phase, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+
+
+@cute.jit
 def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                  sB_layout: cute.ComposedLayout, layer: Int32, col0: Int32, up_row0: Int32,
                  kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
@@ -636,10 +648,12 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
         if cutlass.const_expr(j == 1 and "nob1" in EXPERIMENT):
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(full + page)      # granted, not loaded (EXPERIMENT)
+                own_phase_seen(full + page, ph, timeout_ns, state, ticket)
         else:
             with cute.arch.elect_one():
                 if cutlass.const_expr(a_full is not None):
                     cute.arch.mbarrier_arrive(full + page)
+                    own_phase_seen(full + page, ph, timeout_ns, state, ticket)
                 else:
                     cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
             if cutlass.const_expr(cfg.half_gate_up):
