@@ -271,8 +271,10 @@
 #      point: 1.00 / 0.97 / 1.11 / 1.06 / 1.02 / 1.09, mixed 1.08) and removed `split`
 #      (racecheck: 100 hazards). synccheck stops the two-layer step with 8 "Missing wait" errors
 #      on the loader's `full` arrivals, default build too (bench/E2E_NOTES.md session 32).
-#      Next: `MK_STEPS="verify synccheck"` at HEAD (the default build's checks with the chain in
-#      it, racecheck, synccheck), then the e2e table at every point.
+#      The loader now waits on those phases (own_phase_seen): at 5708f5e the two-layer step is
+#      clean under synccheck / racecheck / memcheck. Next: `MK_STEPS="verify synccheck"` at HEAD
+#      (the pytest GPU tests with the chain in the default build were run at c92c04c with the
+#      switch on; not at HEAD), then the e2e table at every point.
 #   00000. Session 31 built the swapped decode chain behind MK_ATTN_SWAPPED (then off).
 #   000. Session 30 ran `rfused` (MK_ATTN_REDUCE_FUSED=1: correct, no gain, removed), the e2e
 #      table at every point in one process (213 s: `python launch/bench.py --batch

@@ -23,6 +23,13 @@ pages, their bytes expected on an A barrier not yet armed); the negative control
 that waits on the A page alone while the B loads complete on their own barriers reads stale B
 pages.
 
+Every barrier also keeps the PTX ISA's rule ("Phases of the mbarrier object"): each completed
+phase is observed by a successful wait before the next arrival on the barrier (compute-sanitizer
+synccheck's "Missing wait", which stops the kernel). Under "stage" nobody else waits on a B
+page's own `full`, so the loader waits on the phase its plain arrival completed
+(gk.own_phase_seen, session 32); the negative control: without that wait the model reports the
+loader's next arrival on the page.
+
 (Session 24's MK_GEMM_EPI_EARLY, the epilogue pages granted R stages before a tile's end, was
 modelled here too; it lost on the GPU and was removed from the kernel and the model in session
 28.)
@@ -48,13 +55,18 @@ class Barrier:
     expects (here: loads, one unit each) all landed; a load may land before the arrival that
     expects it (the count goes below zero, as the hardware's may within a phase)."""
 
-    def __init__(self, name):
+    def __init__(self, name, phase_rule=True):
         self.name = name
+        self.phase_rule = phase_rule    # the PTX rule below checked (the module docstring)
         self.sources = []
         self.arrived = None     # the ring position of this phase's arrival, once it came
         self.tx = 0
+        self.seen = 0           # completed phases observed by a successful wait
 
     def arrive(self, pos, expect=0):
+        if self.phase_rule and self.seen < len(self.sources):
+            raise Violation(f"{self.name}: Missing wait: ring position {pos} arrives after the "
+                            f"phase of ring position {self.sources[-1]} completed unobserved")
         self.arrived = pos
         self.tx += expect
         self._complete()
@@ -89,10 +101,11 @@ def residual_add(n):
 
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
-                 stage_full="page", b_on_own_full=False, chain_pages=0):
-        self.full = [Barrier(f"full{p}") for p in range(NP)]
-        self.done = [Barrier(f"done{p}") for p in range(NP)]
-        self.empty = [Barrier(f"empty{p}") for p in range(NP)]
+                 stage_full="page", b_on_own_full=False, chain_pages=0, loader_sees_b=True,
+                 phase_rule=True):
+        self.full = [Barrier(f"full{p}", phase_rule) for p in range(NP)]
+        self.done = [Barrier(f"done{p}", phase_rule) for p in range(NP)]
+        self.empty = [Barrier(f"empty{p}", phase_rule) for p in range(NP)]
         self.operand_free = operand_free
         self.arrivals = lambda: sum(len(b.sources) for b in self.full + self.done + self.empty)
         self.done_parity = done_parity
@@ -105,6 +118,9 @@ class Ring:
         # MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over the epilogue pages
         # chain_pages at a time (a tile whose page count it divides; 0: all at once)
         self.chain_pages = chain_pages
+        # gk.own_phase_seen: under "stage" the loader waits on the B page's `full` phase that its
+        # plain arrival completed (False: the negative control, the kernel before session 32)
+        self.loader_sees_b = loader_sees_b
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
 
@@ -120,6 +136,7 @@ class Ring:
         right state, the page's first use)."""
         while not bar.try_wait(parity):
             yield bar.name
+        bar.seen = len(bar.sources)
         got = bar.sources[-1] if bar.sources else None
         if got != want:
             raise Violation(f"{bar.name}: the wait passed on the arrival of ring position {got}, "
@@ -166,6 +183,8 @@ class Ring:
                     if one:
                         self.load(q, self.full[a % NP])
                         self.full[q % NP].arrive(q)
+                        if self.loader_sees_b:
+                            yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     else:
                         self.full[q % NP].arrive(q, expect=1)
                         self.load(q, self.full[q % NP])
@@ -420,7 +439,18 @@ def test_model_catches_ring_parity_with_a_consumer_freed_src_page():
 def test_model_catches_a_stage_wait_without_the_b_bytes():
     """Negative control: consumers waiting on the A page's `full` alone while the B loads
     complete on the B pages' own barriers (the stage barrier not expecting their bytes) read B
-    pages whose loads have not landed: stale data, not a deadlock."""
+    pages whose loads have not landed: stale data, not a deadlock. (The PTX phase rule is off
+    here: it would report the B pages' unobserved phases first.)"""
     bad = _violations(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
-                           b_on_own_full=True))
+                           b_on_own_full=True, phase_rule=False))
     assert bad and all("holds" in m for m in bad), bad[:3]
+
+
+def test_model_catches_an_unobserved_b_page_phase():
+    """Negative control: under "stage" without the loader's wait on the B pages' own `full`
+    (the kernel before session 32) the B page's phase completes unobserved, and the next arrival
+    on that page's `full` breaks the PTX rule: synccheck's "Missing wait", which the H200 showed
+    on the loader's arrivals (bench/results/synccheck_default_2026-12-04_s32.log)."""
+    bad = _violations(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
+                           loader_sees_b=False), seeds=60)
+    assert bad and all("Missing wait" in m and m.startswith("full") for m in bad), bad[:3]
