@@ -88,6 +88,14 @@ STATE_WORDS = 4
 
 
 @cute.jit
+def stage_pages(r: Int32):
+    """Round r's two ring positions 2r (A) and 2r + 1 (B): (page, parity) of each."""
+    qa = 2 * r
+    qb = qa + 1
+    return qa % NP, (qa // NP) & 1, qb % NP, (qb // NP) & 1
+
+
+@cute.jit
 def bwait(bar: cute.Pointer, phase: Int32, state: cute.Tensor, which: cutlass.Constexpr,
           r: Int32):
     """mbarrier parity wait with a globaltimer deadline (as mk's rk.bounded_bar_wait): on timeout
@@ -188,12 +196,7 @@ class _SyncProbeBase:
             # ---------------------------------------------------------------- (d), (e), (f)
             if warp == 0:
                 for r in range(ROUNDS):
-                    qa = 2 * r
-                    qb = qa + 1
-                    pa = qa % NP
-                    pha = (qa // NP) & 1
-                    pb = qb % NP
-                    phb = (qb // NP) & 1
+                    pa, pha, pb, phb = stage_pages(r)
                     if lane == 0:
                         bwait(empty + pa, pha ^ 1, state, W_EMPTY, r)
                         bwait(empty + pb, phb ^ 1, state, W_EMPTY, r)
@@ -208,12 +211,7 @@ class _SyncProbeBase:
                         cute.arch.mbarrier_arrive(full + pa)
             elif warp == 1:
                 for r in range(ROUNDS):
-                    qa = 2 * r
-                    qb = qa + 1
-                    pa = qa % NP
-                    pha = (qa // NP) & 1
-                    pb = qb % NP
-                    phb = (qb // NP) & 1
+                    pa, pha, pb, phb = stage_pages(r)
                     bwait(full + pa, pha, state, W_FULL_A, r)
                     if cutlass.const_expr(V == "conswait"):
                         if lane == 0:
