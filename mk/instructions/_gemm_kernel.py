@@ -637,7 +637,7 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
 
     a_full: the stage's A-page `full` barrier under ONE_FULL (stage_full; None otherwise): the
     B loads complete their bytes there (the caller expects them) and each B page's own `full`
-    gets a plain arrival."""
+    gets a plain arrival, whose phase the loader then observes itself (own_phase_seen)."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
