@@ -95,13 +95,18 @@ def dump_dir():
     yield d
 
 
-def swapped_probe():
-    """bench/probes/swapped_decode_probe.py as a module (its compile_ptx, and wgmma_modes: the
-    PTX's wgmma shapes / transposes, which the swapped decode chain's tests count)."""
+def probe_module(name: str):
+    """bench/probes/<name>.py as a module (the probes are scripts, not a package)."""
     import importlib.util
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location(
-        "swapped_decode_probe", os.path.join(root, "bench", "probes", "swapped_decode_probe.py"))
+        name, os.path.join(root, "bench", "probes", name + ".py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     return probe
+
+
+def swapped_probe():
+    """bench/probes/swapped_decode_probe.py (its compile_ptx, and wgmma_modes: the PTX's wgmma
+    shapes / transposes, which the swapped decode chain's tests count)."""
+    return probe_module("swapped_decode_probe")

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.compile
 
-from _compile_gate import BAD_PTXAS, assert_clean, dump_dir, ptxas_report, swapped_probe  # noqa: F401  (env set first)
+from _compile_gate import BAD_PTXAS, assert_clean, dump_dir, ptxas_report, probe_module, swapped_probe  # noqa: F401  (env set first)
 
 REQUIRED_PTX = {
     "wgmma.mma_async (RS, bf16)": r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16",
@@ -282,13 +282,7 @@ def test_swapped_decode_probe_compiles_with_keys_on_m(dump_dir):
 def test_racecheck_named_barrier_probe_compiles():
     """bench/probes/racecheck_named_barrier_probe.py (session 31's racecheck hypothesis, run by
     gpu_next's `swaprace`): each variant compiles with exactly its named barriers."""
-    import importlib.util
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "racecheck_named_barrier_probe",
-        os.path.join(root, "bench", "probes", "racecheck_named_barrier_probe.py"))
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = probe_module("racecheck_named_barrier_probe")
     want = {"plain": {"1"}, "asym": {"1", "5"}, "sym": {"1", "5", "6"}, "none": set()}
     for v in probe.VARIANTS:
         ptx = probe.compile_ptx(v)

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from _compile_gate import (assert_clean, assert_split_variant, dump_dir,  # noqa: F401
-                           ptxas_report, swapped_probe)  # (env set first)
+                           ptxas_report, probe_module, swapped_probe)  # (env set first)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.compile
@@ -779,12 +779,7 @@ def test_synccheck_probe_compiles():
     reports as "Missing wait"; its H200 log: bench/results/synccheck_probe_2026-12-04_s32.log):
     every variant compiles, and the fixes add exactly their waits: selfwait and conswait wait on
     the B page's `full` that stagefull leaves unobserved (gemm's own_phase_seen is selfwait)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "synccheck_mbarrier_probe", os.path.join(ROOT, "bench", "probes",
-                                                 "synccheck_mbarrier_probe.py"))
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = probe_module("synccheck_mbarrier_probe")
     waits = {v: len(re.findall(r"mbarrier\.try_wait", probe.compile_ptx(v)))
              for v in ("stagefull", "selfwait", "conswait")}
     assert waits["selfwait"] > waits["stagefull"] and waits["conswait"] > waits["stagefull"], waits
