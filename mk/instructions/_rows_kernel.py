@@ -656,46 +656,158 @@ def residual_add(res: Float32, acc: Float32) -> Float32:
     return res + acc.to(BFloat16).to(Float32)
 
 
+# Splits of a split-K reduce whose partial loads are issued together, before their adds: one L2
+# round trip per SPLITS_IN_FLIGHT splits of an item instead of one per split or two (session 33:
+# SPLITK_REDUCE's items and the folded RMSNORM's rows; QKV_ROPE's 13 splits at B <= 64 took 7
+# round trips, GATE_UP's 4 took 3, the folded norm's 2 took 2 plus a reload of its own stores).
+# The adds stay in split order (p0 + p1 + ..., the torch face's), so the sums are bitwise the
+# same. Compile-time (MK_SPLITS_IN_FLIGHT): the loads' registers are allocated for all of them.
+SPLITS_IN_FLIGHT = int(os.environ.get("MK_SPLITS_IN_FLIGHT", 4))
+if not 1 <= SPLITS_IN_FLIGHT <= 8:
+    raise ValueError(f"MK_SPLITS_IN_FLIGHT={SPLITS_IN_FLIGHT}: 1 .. 8 splits per round trip")
+
+
 @cute.jit
-def fold_partials(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64, row0: Int32,
-                  rows: Int32, H: Int32, cols: list, ctid: Int32, nthreads: cutlass.Constexpr):
-    """A folded RMSNORM's reduce (mk/instructions/rows.py): for each of its rows and each 8-column
-    vector the thread owns in rmsnorm_consume, h = bf16(src + bf16(sum_j SPLITK[j * stride +
-    row])) (float32 sum, j in order, as SPLITK_REDUCE), stored back into src: the norm then
-    reads its own thread's stores. Per row, the first partial and the residual of every vector
-    are loaded together, then each further split's partials of every vector together: 1 +
-    (nsplit - 1) round trips a row. Walking the vectors one by one (session 13's body: a vector's
-    loads, its adds, its store, then the next vector's loads, which the store keeps behind it)
-    cost the folded norm ~3 us more than a plain one at B=1 (bench/E2E_NOTES.md session 14).
-    cols: rmsnorm_consume's columns of the thread's vectors (a vector past H reads column H - 8
-    and is not stored)."""
-    ld = Int64(sk.shape[1])
-    skb = sk.iterator.toint()
-    for r in range(rows):
-        row = Int64(row0 + r)
-        accs = []
-        ress = []
+def sum_splits(accs: list, sk_base: Int64, ld: Int64, stride: Int32, nsplit: Int32, row: Int32,
+               cols: list, inflight: cutlass.Constexpr):
+    """accs[i][0:8] = sum_j SPLITK[j * stride + row, cols[i] : cols[i] + 8] for every column
+    offset cols[i], float32, j = 0 .. nsplit-1 in order (nsplit >= 1; sk_base: the byte address
+    of SPLITK[0, 0], ld its pitch in elements). The loads of `inflight` splits of every column
+    are issued before their adds: ceil(nsplit / inflight) round trips. A split past nsplit in
+    the last group loads split nsplit - 1 again (no branch before the loads) and is not added."""
+    nc = len(cols)
+    parts = split_loads(sk_base, ld, stride, nsplit, row, cols, Int32(0), inflight)
+    for i in cutlass.range_constexpr(nc):
+        accs[i].store(parts[i])
+    add_splits(accs, parts, nsplit, Int32(0), inflight)
+    j0 = Int32(inflight)
+    while j0 < nsplit:
+        parts = split_loads(sk_base, ld, stride, nsplit, row, cols, j0, inflight)
+        for i in cutlass.range_constexpr(nc):
+            accs[i].store(accs[i].load() + parts[i])
+        add_splits(accs, parts, nsplit, j0, inflight)
+        j0 = j0 + inflight
+
+
+@cute.jit
+def split_loads(sk_base: Int64, ld: Int64, stride: Int32, nsplit: Int32, row: Int32, cols: list,
+                j0: Int32, inflight: cutlass.Constexpr) -> list:
+    """sum_splits' loads of splits j0 .. j0 + inflight - 1 (past nsplit: split nsplit - 1)."""
+    parts = []
+    for g in cutlass.range_constexpr(inflight):
+        srow = Int64(imin(j0 + g, nsplit - 1) * stride + row)
+        for i in cutlass.range_constexpr(len(cols)):
+            parts.append(f32x8(sk_base + (srow * ld + Int64(cols[i])) * 4).load())
+    return parts
+
+
+@cute.jit
+def add_splits(accs: list, parts: list, nsplit: Int32, j0: Int32, inflight: cutlass.Constexpr):
+    """sum_splits' adds of splits j0 + 1 .. of split_loads' parts that are < nsplit."""
+    nc = len(accs)
+    for g in cutlass.range_constexpr(1, inflight):
+        if j0 + g < nsplit:
+            for i in cutlass.range_constexpr(nc):
+                accs[i].store(accs[i].load() + parts[g * nc + i])
+
+
+# The folded RMSNORM's splits in flight: O_PROJ / DOWN split in 2 where a norm folds their reduce
+# (B <= 64 at 70B TP8); 4 vectors x 8 float32 per split, beside the row's sums and residual.
+FOLD_IN_FLIGHT = min(SPLITS_IN_FLIGHT, 2)
+
+
+@cute.jit
+def fold_row(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64, row: Int32, H: Int32,
+             cols: list, xs: list, store, ctid: Int32, nthreads: cutlass.Constexpr):
+    """A folded RMSNORM's reduce of one row (mk/instructions/rows.py): for each 8-column vector v
+    the thread owns in rmsnorm_consume, h = bf16(src + bf16(sum_j SPLITK[j * stride + row]))
+    (float32 sum, j in order, as SPLITK_REDUCE), stored back into src (the residual stream's
+    next value) and kept in xs[v] for the norm: one round trip for the residual and the first
+    FOLD_IN_FLIGHT splits, none to read h back. cols: rmsnorm_consume's columns of the thread's
+    vectors (a vector past H reads column H - 8 and is not stored)."""
+    row64 = Int64(row)
+    for v in cutlass.range_constexpr(NORM_VECS):     # the residual, then h in its registers
+        xs[v].store(bf16x8(src_base + (row64 * Int64(H) + Int64(cols[v])) * 2).load())
+    accs = []
+    for v in cutlass.range_constexpr(NORM_VECS):
+        accs.append(cute.make_rmem_tensor(cute.make_layout(8), Float32))
+    sum_splits(accs, sk.iterator.toint(), Int64(sk.shape[1]), stride, nsplit, row, cols,
+               FOLD_IN_FLIGHT)
+    for v in cutlass.range_constexpr(NORM_VECS):
+        # residual_add on the vector: res + bf16(acc) in float32, rounded to bf16
+        xs[v].store((xs[v].load().to(Float32) + accs[v].load().to(BFloat16).to(Float32))
+                    .to(BFloat16))
+        if store and (v * nthreads + ctid) * 8 < H:
+            bf16x8(src_base + (row64 * Int64(H) + Int64(cols[v])) * 2).store(xs[v].load())
+
+
+@cute.jit
+def load_rows(xs: list, src_base: Int64, row_offs: list, cols: list):
+    """The group's rows (row_offs: element offsets of their first columns in the buffer) at the
+    thread's columns into xs
+    (rmsnorm_consume's row-major list of bf16 x 8 register tensors), every load issued first."""
+    for k in cutlass.range_constexpr(len(row_offs)):
         for v in cutlass.range_constexpr(NORM_VECS):
-            acc = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-            acc.store(f32x8(skb + (row * ld + Int64(cols[v])) * 4).load())
-            accs.append(acc)
-            res = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-            res.store(bf16x8(src_base + (row * Int64(H) + Int64(cols[v])) * 2).load())
-            ress.append(res)
-        for j in range(1, nsplit):
-            srow = Int64(j * stride) + row
-            parts = []
+            xs[k * NORM_VECS + v].store(
+                bf16x8(src_base + (row_offs[k] + Int64(cols[v])) * 2).load())
+
+
+@cute.jit
+def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: Int32, cols: list,
+                ws: list, scratch: Int32, eps: Float32, ctid: Int32, bar_id: cutlass.Constexpr,
+                nthreads: cutlass.Constexpr, row_batch: cutlass.Constexpr, fold=None):
+    """rmsnorm_consume's rows in groups of row_batch (see there); fold: (SPLITK workspace,
+    nsplit, stride) of a folded norm, whose rows are fold_row's h, else None (rows loaded)."""
+    warp = ctid // 32
+    lane = ctid % 32
+    inv_h = Float32(1.0) / Float32(H)
+    last = rows - 1
+    ngroups = ceil_div(rows, row_batch)
+    for g in range(ngroups):
+        r0 = g * row_batch
+        row_offs = []
+        xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
+        for k in cutlass.range_constexpr(row_batch):
+            row_offs.append(Int64(row0 + imin(r0 + k, last)) * Int64(H))
             for v in cutlass.range_constexpr(NORM_VECS):
-                parts.append(f32x8(skb + (srow * ld + Int64(cols[v])) * 4).load())
+                xs.append(cute.make_rmem_tensor(cute.make_layout(8), BFloat16))
+        if cutlass.const_expr(fold is None):
+            load_rows(xs, src_base, row_offs, cols)
+        else:
+            # a group's missing rows (past `rows`) fold the last row again and store nothing
+            for k in cutlass.range_constexpr(row_batch):
+                fold_row(fold[0], fold[1], fold[2], src_base, row0 + imin(r0 + k, last), H,
+                         cols, xs[k * NORM_VECS:(k + 1) * NORM_VECS], r0 + k < rows, ctid,
+                         nthreads)
+        # two scratch slots by group parity: a thread is at most one group ahead of another
+        # (the barrier below), so one named barrier per group suffices
+        slot = scratch + (g % 2) * (4 * NORM_WARPS * row_batch)
+        parts = []      # the group's row k: one float32 per warp, at slot + k * 4 * NORM_WARPS
+        for k in cutlass.range_constexpr(row_batch):
+            parts.append(cute.make_tensor(
+                cute.make_ptr(Float32, slot + k * 4 * NORM_WARPS, cute.AddressSpace.smem,
+                              assumed_align=16),
+                cute.make_layout(nthreads // 32)))
+        for k in cutlass.range_constexpr(row_batch):
+            ss = Float32(0.0)
             for v in cutlass.range_constexpr(NORM_VECS):
-                accs[v].store(accs[v].load() + parts[v])
-        for v in cutlass.range_constexpr(NORM_VECS):
-            if (v * nthreads + ctid) * 8 < H:
-                resf = ress[v].load().to(Float32)
-                h = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-                for e in cutlass.range_constexpr(8):
-                    h[e] = residual_add(resf[e], accs[v][e]).to(BFloat16)
-                bf16x8(src_base + (row * Int64(H) + Int64(cols[v])) * 2).store(h.load())
+                if (v * nthreads + ctid) * 8 < H:
+                    xf = xs[k * NORM_VECS + v].load().to(Float32)
+                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            ss = warp_allreduce_sum(ss)
+            if lane == 0:
+                parts[k][warp] = ss
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        for k in cutlass.range_constexpr(row_batch):
+            if r0 + k < rows:
+                tot = parts[k].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                rs = cute.math.rsqrt(tot * inv_h + eps)
+                for v in cutlass.range_constexpr(NORM_VECS):
+                    if (v * nthreads + ctid) * 8 < H:
+                        y = ((xs[k * NORM_VECS + v].load().to(Float32) * rs).to(BFloat16).to(Float32)
+                             * ws[v].to(Float32))
+                        bf16x8(dst_base + (row_offs[k] + Int64(cols[v])) * 2).store(
+                            y.to(BFloat16))
 
 
 @cute.jit
@@ -717,7 +829,7 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
     of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
     variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's or DOWN's
-    split tiles of its rows (fold_partials). row_batch: rows per group (NORM_ROW_BATCH; the
+    split tiles of each row (fold_row) and normalizes h from its registers. row_batch: rows per group (NORM_ROW_BATCH; the
     megakernel's variants without GEMM slots pass 1: the rows-only journal variant spilled 12
     bytes with 2)."""
     page, ph = page_of(pg, npages)
@@ -740,52 +852,18 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
         ws.append(norm_weight(normw, wrow, c))
     src_base = (bufs.iterator + src * (T * H)).toint()
     dst_base = (bufs.iterator + dst * (T * H)).toint()
-    if cutlass.const_expr(sk is not None):
-        if red_nsplit > 0:
-            fold_partials(sk, red_nsplit, red_stride, src_base, row0, rows, H, cols, ctid,
-                          nthreads)
     scratch = pool + page * PAGE
-    inv_h = Float32(1.0) / Float32(H)
-    last = rows - 1
-    ngroups = ceil_div(rows, row_batch)
-    for g in range(ngroups):
-        r0 = g * row_batch
-        row_offs = []
-        xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
-        for k in cutlass.range_constexpr(row_batch):
-            row_off = Int64(row0 + imin(r0 + k, last)) * Int64(H)
-            row_offs.append(row_off)
-            for v in cutlass.range_constexpr(NORM_VECS):
-                xs.append(bf16x8(src_base + (row_off + Int64(cols[v])) * 2).load())
-        # two scratch slots by group parity: a thread is at most one group ahead of another
-        # (the barrier below), so one named barrier per group suffices
-        slot = scratch + (g % 2) * (4 * NORM_WARPS * row_batch)
-        parts = []      # the group's row k: one float32 per warp, at slot + k * 4 * NORM_WARPS
-        for k in cutlass.range_constexpr(row_batch):
-            parts.append(cute.make_tensor(
-                cute.make_ptr(Float32, slot + k * 4 * NORM_WARPS, cute.AddressSpace.smem,
-                              assumed_align=16),
-                cute.make_layout(nthreads // 32)))
-        for k in cutlass.range_constexpr(row_batch):
-            ss = Float32(0.0)
-            for v in cutlass.range_constexpr(NORM_VECS):
-                if (v * nthreads + ctid) * 8 < H:
-                    xf = xs[k * NORM_VECS + v].to(Float32)
-                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            ss = warp_allreduce_sum(ss)
-            if lane == 0:
-                parts[k][warp] = ss
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
-        for k in cutlass.range_constexpr(row_batch):
-            if r0 + k < rows:
-                tot = parts[k].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                rs = cute.math.rsqrt(tot * inv_h + eps)
-                for v in cutlass.range_constexpr(NORM_VECS):
-                    if (v * nthreads + ctid) * 8 < H:
-                        y = ((xs[k * NORM_VECS + v].to(Float32) * rs).to(BFloat16).to(Float32)
-                             * ws[v].to(Float32))
-                        bf16x8(dst_base + (row_offs[k] + Int64(cols[v])) * 2).store(
-                            y.to(BFloat16))
+    if cutlass.const_expr(sk is None):
+        norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
+                    nthreads, row_batch)
+    elif red_nsplit > 0:
+        # a folded norm walks its rows one by one: they are few (one per instruction at B <= 64)
+        # and the fold's loads take the registers a second row's would
+        norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
+                    nthreads, 1, (sk, red_nsplit, red_stride))
+    else:
+        norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
+                    nthreads, row_batch)
     if lane == 0:
         # the scratch partials were generic writes; a later use of the page is a TMA write
         cute.arch.fence_proxy("async.shared", space="cta")

@@ -24,7 +24,9 @@ destination comes from the unsplit decoder (gk.gemm_dest).
 Roles: elementwise, no operand pages. Both consumer warpgroups (256 threads) do the work straight
 from global memory (the partials are L2-resident: written by the split tiles just before) to global
 memory, 8 output columns per item: 2 x 16-byte float32 loads per split (and as many for the up
-columns of GATE_UP), one 16-byte store (QKV_ROPE: 8 columns + their 8 partners per item). The loader grants one ring page with no TMA and the
+columns of GATE_UP), rk.SPLITS_IN_FLIGHT splits' loads issued together (rk.sum_splits), one
+16-byte store (QKV_ROPE: 8 columns + their 8 partners per item). The loader grants one ring page
+with no TMA and the
 consumers arrive `done` on it after their stores; the storer (rk.store_handoff, shared with
 RMSNORM) waits on that `done`, frees the page
 and signals: the page's barriers order the consumers' global stores before the storer's
@@ -33,8 +35,6 @@ barrier), with the ring's usual one-phase-per-use rule.
 """
 
 from __future__ import annotations
-
-import os
 
 import cutlass
 import cutlass.cute as cute
@@ -58,53 +58,6 @@ R_EPI0 = sk.A_WORDS - ARG0      # word ARG0 + R_EPI0 + i = the unsplit instructi
 VEC = 8             # output columns per work item (one 16-byte bf16 store)
 
 
-gvec_f32 = rk.f32x8      # 8 float32 of global memory (VEC == 8; shared with the folded RMSNORM)
-
-
-# The partial sums with their loads issued ahead of the adds: both sums of an item (GATE_UP's gate
-# and up, QKV's low and high halves) in one loop, two splits per iteration, so 4 loads are in
-# flight per L2 round trip instead of 1 (sum_partials' loop waits for each load before the next,
-# and the two sums ran one after the other: 2 x nsplit round trips, 32 for QKV's 16 splits).
-# Same float32 summation order (p0 + p1 + ... per sum). Compile-time, on by default since its GPU
-# check (bench/results/switches_2026-11-29.log); MK_SPLITK_LOADS_FIRST=0 builds the old loop.
-LOADS_FIRST = os.environ.get("MK_SPLITK_LOADS_FIRST", "1") == "1"
-
-
-@cute.jit
-def sum_partials2(acc: cute.Tensor, other: cute.Tensor, pb: Int64, ld: Int32, stride: Int32,
-                  nsplit: Int32, r: Int32, c: Int32, c2: Int32):
-    """acc[0:8] = sum_j SPLITK[j * stride + r, c : c + 8] and other[0:8] the same at column c2,
-    j in order, two splits per iteration with the loads first (LOADS_FIRST)."""
-    a0 = gvec_f32(gk.row_addr(pb, r, ld, c, 4)).load()
-    o0 = gvec_f32(gk.row_addr(pb, r, ld, c2, 4)).load()
-    acc.store(a0)
-    other.store(o0)
-    j = Int32(1)
-    while j + 1 < nsplit:
-        a1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c, 4)).load()
-        o1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c2, 4)).load()
-        a2 = gvec_f32(gk.row_addr(pb, (j + 1) * stride + r, ld, c, 4)).load()
-        o2 = gvec_f32(gk.row_addr(pb, (j + 1) * stride + r, ld, c2, 4)).load()
-        acc.store(acc.load() + a1)
-        other.store(other.load() + o1)
-        acc.store(acc.load() + a2)
-        other.store(other.load() + o2)
-        j = j + 2
-    if j < nsplit:
-        a1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c, 4)).load()
-        o1 = gvec_f32(gk.row_addr(pb, j * stride + r, ld, c2, 4)).load()
-        acc.store(acc.load() + a1)
-        other.store(other.load() + o1)
-
-
-@cute.jit
-def sum_partials(acc: cute.Tensor, pb: Int64, ld: Int32, stride: Int32, nsplit: Int32, r: Int32,
-                 c: Int32):
-    """acc[0:8] = sum_j SPLITK[j * stride + r, c : c + 8] (pb: byte address of SPLITK[row0,
-    col0]), float32, j in order: p0 + p1 + ... like the torch face (nsplit >= 1)."""
-    acc.store(gvec_f32(gk.row_addr(pb, r, ld, c, 4)).load())
-    for j in range(1, nsplit):
-        acc.store(acc.load() + gvec_f32(gk.row_addr(pb, j * stride + r, ld, c, 4)).load())
 
 
 @cute.jit
@@ -154,27 +107,27 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
         if cutlass.const_expr(epi == gk.EPI_ROPE):
             c = (ci // 8) * 128 + (ci % 8) * VEC
         drow = row0 + r
-        if cutlass.const_expr(LOADS_FIRST and epi != gk.EPI_RESIDUAL):
-            # the item's second sum: GATE_UP's up part, QKV's rotate-half partner
+        res = None
+        if cutlass.const_expr(epi == gk.EPI_RESIDUAL):
+            # the residual's load in flight with the first splits'
+            res = gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c, 2)).load()
+            rk.sum_splits([acc], pb, Int64(ld), stride, nsplit, r, [c], rk.SPLITS_IN_FLIGHT)
+        else:
+            # both sums of the item: GATE_UP's gate and up parts, QKV's rotate-half partners
             c2 = c + 64
             if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
                 c2 = c + up_col
-            sum_partials2(acc, other, pb, ld, stride, nsplit, r, c, c2)
-        else:
-            sum_partials(acc, pb, ld, stride, nsplit, r, c)
+            rk.sum_splits([acc, other], pb, Int64(ld), stride, nsplit, r, [c, c2],
+                          rk.SPLITS_IN_FLIGHT)
         if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
-            if cutlass.const_expr(not LOADS_FIRST):
-                sum_partials(other, pb, ld, stride, nsplit, r, c + up_col)
             for e in cutlass.range_constexpr(VEC):
                 out[e] = gk.silu_mul_bf16(acc[e], other[e]).to(BFloat16)
         elif cutlass.const_expr(epi == gk.EPI_RESIDUAL):
-            res = gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c, 2)).load().to(Float32)
+            resf = res.to(Float32)
             for e in cutlass.range_constexpr(VEC):
-                out[e] = gk.residual_add(res[e], acc[e]).to(BFloat16)
+                out[e] = gk.residual_add(resf[e], acc[e]).to(BFloat16)
         else:
             assert epi == gk.EPI_ROPE, f"SPLITK_REDUCE has no epilogue {epi}"
-            if cutlass.const_expr(not LOADS_FIRST):
-                sum_partials(other, pb, ld, stride, nsplit, r, c + 64)
             for e in cutlass.range_constexpr(VEC):      # v section: y itself
                 out[e] = acc[e].to(BFloat16)
                 out_hi[e] = other[e].to(BFloat16)
