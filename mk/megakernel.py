@@ -219,6 +219,12 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # of the 70B rank's decode step at B=1 / 64 (bench/results/ab_2026-11-29_s6_summary.json);
 # MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
+# With EARLY_WEIGHTS, the loader grants the data-less page of RMSNORM, SPLITK_REDUCE and
+# ATTN_REDUCE without waiting for `iready` (their consumers wait for it anyway): the controller's
+# release then wakes the consumers directly instead of the loader, whose grant then woke them,
+# on every small instruction of the critical path (4-5 a layer at B <= 64; session 33).
+# MK_GRANT_EARLY=0 builds the loader that waits first.
+GRANT_EARLY = EARLY_WEIGHTS and os.environ.get("MK_GRANT_EARLY", "1") != "0"
 # The first ticket without the queue's atomic (MK_STATIC_FIRST_TICKET=1, off): CTA b takes ticket
 # b, the queue hands out grid + i after. Session 28's journal of one NOOP launch
 # (bench/results/fclaim_2026-12-02_s28.json): the first instruction's ticket comes back 1.31 us
@@ -727,7 +733,11 @@ class MegakernelDSL:
                         if cutlass.const_expr(EARLY_WEIGHTS):
                             # a GEMM waits for `iready` inside gemm_load, after its first weight
                             # pages, ATTENTION inside attn_load after its first K/V blocks of
-                            # earlier steps; every other body's loads wait here
+                            # earlier steps; every other body's loads wait here. Bodies whose
+                            # pages the loader only grants (no data: RMSNORM, SPLITK_REDUCE,
+                            # ATTN_REDUCE) do not wait: their consumers wait for `iready`
+                            # themselves before they read, so the grant is off the path from
+                            # the controller's waits to the body (GRANT_EARLY)
                             ready = (iready + islot, iph)
                             early_op = Int32(0)
                             for gi in cutlass.range_constexpr(NG):
@@ -736,6 +746,15 @@ class MegakernelDSL:
                             if cutlass.const_expr(self.attn_ps > 0):
                                 if op == ak.OP_ATTENTION:
                                     early_op = Int32(1)
+                            if cutlass.const_expr(GRANT_EARLY):
+                                if op == rk.OP_RMSNORM:
+                                    early_op = Int32(1)
+                                if cutlass.const_expr(self.splitk):
+                                    if op == OP_SPLITK_REDUCE:
+                                        early_op = Int32(1)
+                                if cutlass.const_expr(self.attn_ps > 0):
+                                    if op == ak.OP_ATTN_REDUCE:
+                                        early_op = Int32(1)
                             if early_op == 0:
                                 rk.bar_wait(iready + islot, iph, timeout_ns, state,
                                             rk.ERR_INSTR_READY, t)
