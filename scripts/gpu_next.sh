@@ -7,6 +7,11 @@
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
 #          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
 #          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
+#   sigfence MK_SIGNAL_FENCE red / fence (the signal with one MEMBAR.GPU instead of two; the
+#          default "both" has fence.acq_rel + red.release): two-layer checks + racecheck of each,
+#          then decode B=1 / 64 / 256 with each and the default, journal on: sigfence.log,
+#          sigfence_{both,red,fence}.json (~9 min). Session 33: the signal takes 2.7-3.0 us per
+#          SPLITK_REDUCE at B=64 (0.7-1.1 us for the other opcodes)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -386,7 +391,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [sigfence]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -489,14 +494,6 @@ if has verify; then
       > "$OUTDIR/verify.log" 2>&1
   echo "== verify (default build)"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
-fi
-if has grant; then
-  # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
-  # ATTN_REDUCE's data-less page without waiting for `iready`. Timed only (its checks: verify):
-  # decode MK_GRANT_BATCH with 0 and the default, journal on: grant.log, grant_{off,on}.json
-  : > "$OUTDIR/grant.log"
-  time_variant grant off "MK_GRANT_EARLY=0" ${MK_GRANT_BATCH:-1,64,256} "MK_GRANT_EARLY=0" ""
-  time_variant grant on "default (MK_GRANT_EARLY=1)" ${MK_GRANT_BATCH:-1,64,256} "" ""
 fi
 if has synccheck; then
   # synccheck of the two-layer step (split-K auto): every mbarrier phase must be observed by a
@@ -626,6 +623,31 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
+if has sigfence; then
+  # MK_SIGNAL_FENCE (session 33): the storer's signal with one MEMBAR instead of two ("red":
+  # red.release alone, "fence": fence.acq_rel + red.relaxed; default "both"). The two-layer
+  # checks and racecheck of each (MK_SIGFENCE_MODES, default "red fence"), then decode
+  # MK_SIGFENCE_BATCH (1,64,256) with the default and each, journal on (the signal column):
+  # sigfence.log, sigfence_{both,red,fence}.json (~9 min: a call of its own)
+  : > "$OUTDIR/sigfence.log"
+  for v in ${MK_SIGFENCE_MODES:-red fence}; do
+    ( export MK_SIGNAL_FENCE=$v; echo "== MK_SIGNAL_FENCE=$v"; checks ) >> "$OUTDIR/sigfence.log" 2>&1
+  done
+  cat "$OUTDIR/sigfence.log"
+  time_variant sigfence both "MK_SIGNAL_FENCE=both (default)" ${MK_SIGFENCE_BATCH:-1,64,256} "" ""
+  for v in ${MK_SIGFENCE_MODES:-red fence}; do
+    time_variant sigfence $v "MK_SIGNAL_FENCE=$v" ${MK_SIGFENCE_BATCH:-1,64,256} \
+        "MK_SIGNAL_FENCE=$v" ""
+  done
+fi
+if has grant; then
+  # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
+  # ATTN_REDUCE's data-less page without waiting for `iready`. Timed only (its checks: verify):
+  # decode MK_GRANT_BATCH with 0 and the default, journal on: grant.log, grant_{off,on}.json
+  : > "$OUTDIR/grant.log"
+  time_variant grant off "MK_GRANT_EARLY=0" ${MK_GRANT_BATCH:-1,64,256} "MK_GRANT_EARLY=0" ""
+  time_variant grant on "default (MK_GRANT_EARLY=1)" ${MK_GRANT_BATCH:-1,64,256} "" ""
+fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do
     # every step sliced (the default slices only steps of <= 64 tokens)
