@@ -274,6 +274,14 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00000a. Session 33: verify at 368d703 passed (synccheck 0 errors); MK_SPLITS_IN_FLIGHT=4 +
+#      the folded norm's h in registers (B=1 / 64 / 256 -0.4% / -0.7% / +0.4%) and GRANT_EARLY
+#      (B=1 / 64 -0.5% / -0.5%) are default, both verified (38 tests, checks, racecheck). Next:
+#      `MK_STEPS=sigfence` (a call of its own, ~9 min: MK_SIGNAL_FENCE red / fence, the
+#      signal with one MEMBAR; SPLITK_REDUCE's signal is 2.7-3.0 us at B=64), then
+#      `MK_STEPS="verify synccheck"` at HEAD if sigfence's winner becomes the default, then the
+#      e2e table at every point (`e2e` with MK_E2E_BATCH=1,16,64,256 and a second call
+#      1024,4096 + mixed).
 #   0000. Session 32 made session 31's swapped decode chain the default (racecheck clean with the
 #      idle warpgroup's mirrored barriers; B=1 / 64 / 256 -2.1% / -4.1% / -1.5%; e2e at every
 #      point: 1.00 / 0.97 / 1.11 / 1.06 / 1.02 / 1.09, mixed 1.08) and removed `split`
