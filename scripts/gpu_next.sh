@@ -281,7 +281,10 @@
 #      signal with one MEMBAR; SPLITK_REDUCE's signal is 2.7-3.0 us at B=64), then
 #      `MK_STEPS="verify synccheck"` at HEAD if sigfence's winner becomes the default, then the
 #      e2e table at every point (`e2e` with MK_E2E_BATCH=1,16,64,256 and a second call
-#      1024,4096 + mixed).
+#      1024,4096 + mixed). Also ready, not on main: branch s33-spillfree (7f476b8: attention's
+#      S / P zero-filled on every path, so no register tensor is carried undefined across the
+#      consumer loop; every variant 0 spills, LOOP_SPILL gone, 54 compile tests pass): merge it
+#      after `verify` passes with it (reverted on main in fdb9ce4 only for want of a GPU run).
 #   0000. Session 32 made session 31's swapped decode chain the default (racecheck clean with the
 #      idle warpgroup's mirrored barriers; B=1 / 64 / 256 -2.1% / -4.1% / -1.5%; e2e at every
 #      point: 1.00 / 0.97 / 1.11 / 1.06 / 1.02 / 1.09, mixed 1.08) and removed `split`
