@@ -744,8 +744,8 @@ def fold_row(sk: cute.Tensor, nsplit: Int32, stride: Int32, src_base: Int64, row
 @cute.jit
 def load_rows(xs: list, src_base: Int64, row_offs: list, cols: list):
     """The group's rows (row_offs: element offsets of their first columns in the buffer) at the
-    thread's columns into xs
-    (rmsnorm_consume's row-major list of bf16 x 8 register tensors), every load issued first."""
+    thread's columns into xs (rmsnorm_consume's row-major list of bf16 x 8 register tensors),
+    every load issued first."""
     for k in cutlass.range_constexpr(len(row_offs)):
         for v in cutlass.range_constexpr(NORM_VECS):
             xs[k * NORM_VECS + v].store(
@@ -804,8 +804,8 @@ def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: I
                 rs = cute.math.rsqrt(tot * inv_h + eps)
                 for v in cutlass.range_constexpr(NORM_VECS):
                     if (v * nthreads + ctid) * 8 < H:
-                        y = ((xs[k * NORM_VECS + v].load().to(Float32) * rs).to(BFloat16).to(Float32)
-                             * ws[v].to(Float32))
+                        xn = (xs[k * NORM_VECS + v].load().to(Float32) * rs).to(BFloat16)
+                        y = xn.to(Float32) * ws[v].to(Float32)
                         bf16x8(dst_base + (row_offs[k] + Int64(cols[v])) * 2).store(
                             y.to(BFloat16))
 
@@ -829,9 +829,9 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
     of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
     variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's or DOWN's
-    split tiles of each row (fold_row) and normalizes h from its registers. row_batch: rows per group (NORM_ROW_BATCH; the
-    megakernel's variants without GEMM slots pass 1: the rows-only journal variant spilled 12
-    bytes with 2)."""
+    split tiles of each row (fold_row) and normalizes h from its registers. row_batch: rows per
+    group (NORM_ROW_BATCH; the megakernel's variants without GEMM slots pass 1: the rows-only
+    journal variant spilled 12 bytes with 2)."""
     page, ph = page_of(pg, npages)
     bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
     T = bufs.shape[0]

@@ -26,12 +26,10 @@ from global memory (the partials are L2-resident: written by the split tiles jus
 memory, 8 output columns per item: 2 x 16-byte float32 loads per split (and as many for the up
 columns of GATE_UP), rk.SPLITS_IN_FLIGHT splits' loads issued together (rk.sum_splits), one
 16-byte store (QKV_ROPE: 8 columns + their 8 partners per item). The loader grants one ring page
-with no TMA and the
-consumers arrive `done` on it after their stores; the storer (rk.store_handoff, shared with
-RMSNORM) waits on that `done`, frees the page
-and signals: the page's barriers order the consumers' global stores before the storer's
-fence.acq_rel.gpu + red.release (the hand-off the GEMM storer's stores get from its named
-barrier), with the ring's usual one-phase-per-use rule.
+with no TMA and the consumers arrive `done` on it after their stores; the storer
+(rk.store_handoff, shared with RMSNORM) waits on that `done`, frees the page and signals: the
+page's barriers order the consumers' global stores before the storer's signal (the hand-off the
+GEMM storer's stores get from its named barrier), with the ring's usual one-phase-per-use rule.
 """
 
 from __future__ import annotations
@@ -56,8 +54,6 @@ R_NSPLIT = sk.A_NSPLIT - ARG0   # nsplit
 R_STRIDE = sk.A_STRIDE - ARG0   # SPLITK row stride between splits
 R_EPI0 = sk.A_WORDS - ARG0      # word ARG0 + R_EPI0 + i = the unsplit instruction's word ARG0 + i
 VEC = 8             # output columns per work item (one 16-byte bf16 store)
-
-
 
 
 @cute.jit
