@@ -53,15 +53,12 @@ def ptxas_report(ptx: str, workdir: str) -> str:
     return out
 
 
-def assert_clean(rep: str, allow: tuple = (0, 0)):
-    """No spills, no stack frame, no C7506/C7508/C7510; returns the registers ptxas used.
-    allow = (spill store bytes, spill load bytes): a known spill's measured size (and the stack
-    frame that holds it), for the few variants that carry one (tests/test_megakernel_compile.py
-    KNOWN_SPILLS says why); anything larger still fails."""
+def assert_clean(rep: str):
+    """No spills, no stack frame, no C7506/C7508/C7510; returns the registers ptxas used."""
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
-    assert spills and all(int(a) <= allow[0] and int(b) <= allow[1] for a, b in spills), rep
+    assert spills and all(a == "0" and b == "0" for a, b in spills), rep
     stack = re.findall(r"(\d+) bytes stack frame", rep)
-    assert all(int(s) <= allow[0] for s in stack), rep
+    assert all(s == "0" for s in stack), rep
     bad = [c for c in BAD_PTXAS if c in rep]
     assert not bad, f"ptxas warned {bad}:\n{rep}"
     used = [int(v) for v in re.findall(r"Used (\d+) registers", rep)]
@@ -69,8 +66,7 @@ def assert_clean(rep: str, allow: tuple = (0, 0)):
     return max(used)
 
 
-def assert_split_variant(ptx: str, required: dict, want_partials: int, workdir: str,
-                         allow: tuple = (0, 0)) -> int:
+def assert_split_variant(ptx: str, required: dict, want_partials: int, workdir: str) -> int:
     """A split-K variant's PTX: every `required` pattern present, no call, want_partials partial
     stores (8-byte st.global.v2.b32, one per accumulator pair), then ptxas clean and silent.
     Returns the registers ptxas used."""
@@ -80,7 +76,7 @@ def assert_split_variant(ptx: str, required: dict, want_partials: int, workdir: 
     got = len(re.findall(r"st\.global\.v2\.b32", ptx))
     assert got == want_partials, f"{got} partial stores (st.global.v2.b32), expected {want_partials}"
     rep = ptxas_report(ptx, workdir)
-    regs = assert_clean(rep, allow)
+    regs = assert_clean(rep)
     assert "warning" not in rep.lower(), rep        # ptxas silent
     print([ln.strip() for ln in rep.splitlines() if "registers" in ln or "spill" in ln])
     return regs

@@ -883,9 +883,9 @@ def release_kv_page(page: Int32, done: cute.Pointer, narrow, share: cutlass.Cons
 @cute.jit
 def qk_issue(mma_qk: cute.TiledMma, thr_qk, accS: cute.Tensor, tSrQ: cute.Tensor, pool: Int32,
              pk: Int32, sK_layout: cute.ComposedLayout):
-    """S = Q K^T of the K page pk (64 keys, both head-dim halves) into accS: the wgmmas issued
-    and committed as one group, not waited for."""
-    accS.fill(0.0)
+    """S += Q K^T of the K page pk (64 keys, both head-dim halves) into accS (zeroed by the
+    caller: attn_blocks says why): the wgmmas issued and committed as one group, not waited
+    for."""
     cute.nvgpu.warpgroup.fence()
     for hf in cutlass.range_constexpr(2):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
@@ -1073,11 +1073,9 @@ def swap_limits(sw, kend: Int32, pos0: Int32, mw: Int32, qpk: Int32):
 
 @cute.jit
 def page_chain_issue(mma: cute.TiledMma, thr, a_layout: cute.ComposedLayout, pool: Int32,
-                     page: Int32, tB: cute.Tensor, acc: cute.Tensor, zero: cutlass.Constexpr):
-    """acc (+)= A B with A the pool page `page` (a_layout) and B the scratch operand tB, over the
+                     page: Int32, tB: cute.Tensor, acc: cute.Tensor):
+    """acc += A B with A the pool page `page` (a_layout) and B the scratch operand tB, over the
     whole K extent: issued and committed as one group, not waited for."""
-    if cutlass.const_expr(zero):
-        acc.fill(0.0)
     cute.nvgpu.warpgroup.fence()
     tA = thr.make_fragment_A(thr.partition_A(swz_tensor(pool, page, 0, a_layout)))
     for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
@@ -1087,9 +1085,10 @@ def page_chain_issue(mma: cute.TiledMma, thr, a_layout: cute.ComposedLayout, poo
 
 @cute.jit
 def st_issue(sw, pool: Int32, pk: Int32):
-    """S^T = K Q^T of the K page pk (64 keys x 8 rows, K = 128 dims)."""
+    """S^T += K Q^T of the K page pk (64 keys x 8 rows, K = 128 dims; S^T zeroed by the caller,
+    as qk_issue's S)."""
     b = swap_bundle(*sw)
-    page_chain_issue(b[0], b[2], b[4], pool, pk, b[6], b[10], True)
+    page_chain_issue(b[0], b[2], b[4], pool, pk, b[6], b[10])
 
 
 @cute.jit
@@ -1097,7 +1096,7 @@ def ot_issue(sw, pool: Int32, pv: Int32):
     """O^T += V^T P^T of the V page pv (128 dims in two m64 tiles x 8 rows, K = 64 keys; P^T
     from the scratch)."""
     b = swap_bundle(*sw)
-    page_chain_issue(b[1], b[3], b[5], pool, pv, b[7], b[11], False)
+    page_chain_issue(b[1], b[3], b[5], pool, pv, b[7], b[11])
 
 
 @cute.jit
@@ -1320,6 +1319,12 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
             rk.wait_clock_add(wclk, t0)
             if cutlass.const_expr(not NOMATH):
+                # S (S^T: its first elements) zeroed on every path, not only behind `active`: the
+                # softmax reads it behind warp_rows, which the compiler cannot tell implies
+                # `active`, so S was a value carried from one instruction to the next, its 32
+                # registers (S^T's 4) live across the whole persistent loop (the all-opcode
+                # variants spilled the loop's count and ticket; session 34)
+                accS.fill(0.0)
                 if active:
                     if cutlass.const_expr(sw is None):
                         qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
@@ -1350,6 +1355,13 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 else:
                     if cutlass.const_expr(sw is not None):
                         swap_idle_barriers(wg, 2)
+                    else:
+                        # P = 0 (no query row): written for each block, as the softmax writes
+                        # it, so that P is never carried across blocks or instructions (filled
+                        # once per unit before the loop, it was live across the persistent
+                        # loop: accS's fill above says why); an opaque 0, or the compiler
+                        # zeroes P ahead of the branch, live beside S through the softmax
+                        rP.fill(Float32(rk.opaque(Int32(0))))
             t0 = rk.wait_clock_start(wclk)
             page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
             rk.wait_clock_add(wclk, t0)
@@ -1462,7 +1474,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
             # a warp's rows are [16 wq, 16 wq + 16) of its warpgroup's 64, r0 and r0 + 8 of each
             # thread: a decode token's 8 q heads are warp 0's first row half, so the other warps
-            # skip the softmax (their P stays 0, their O rows 0, never stored) and warp 0 does
+            # skip the softmax (their P is 0, their O rows 0, never stored) and warp 0 does
             # half of it; the wgmmas are the warpgroup's whatever its rows
             warp_rows = mw + wq * 16 < mtot
             both_halves = mw + wq * 16 + 8 < mtot
@@ -1471,8 +1483,6 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     warp_rows = cutlass.Boolean(False)
             if cutlass.const_expr(sw is not None):
                 warp_rows = active                # the swapped chain runs on all four warps
-            if not warp_rows:
-                rP.fill(0.0)
             # ---- Q rows -> A fragment (registers), zero past the last row; or Q^T into the
             #      scratch (swapped)
             if cutlass.const_expr(sw is None):
