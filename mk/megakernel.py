@@ -221,16 +221,16 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 # The storer's signal (the instruction's counter, after the barrier that orders every store of
 # the instruction before it; MK_SIGNAL_FENCE, compile-time):
-#   both   fence.acq_rel.gpu, then red.release.gpu: two MEMBAR.ALL.GPU in the SASS (the fence's
-#          with ERRBAR + CCTL.IVALL, then the release's own), as built since session 1
-#   fence  fence.acq_rel.gpu, then red.relaxed.gpu (CUTLASS's barrier arrive): one MEMBAR
-#   red    red.release.gpu alone (a release is cumulative in the PTX model: it covers the other
-#          threads' stores that the barrier ordered before it): one MEMBAR, no L1 invalidation
-# Session 33's journal: the signal (storer barrier -> counter) takes 2.7-3.0 us per
-# SPLITK_REDUCE at B=64, 0.7-1.1 us for the other opcodes; not yet timed with fence / red.
-SIGNAL_FENCE = os.environ.get("MK_SIGNAL_FENCE", "both")
-if SIGNAL_FENCE not in ("both", "fence", "red"):
-    raise ValueError(f"MK_SIGNAL_FENCE={SIGNAL_FENCE}: both, fence or red")
+#   red    (default) red.release.gpu alone: a release is cumulative in the PTX model, and the
+#          storer barrier synchronizes the other storer threads' stores (and thread 0's drained
+#          TMA stores + proxy fence) before it; one MEMBAR.GPU, no L1 invalidation
+#   both   fence.acq_rel.gpu, then red.release.gpu: two MEMBAR.ALL.GPU (the fence's with ERRBAR +
+#          CCTL.IVALL), the build of sessions 1-33
+# Session 34 (bench/results/sigfence_*_s34.json, same run): B=1 8.225 -> 7.948 ms (-3.4%), B=64
+# 9.297 -> 8.995 ms (-3.2%); the two-layer checks and racecheck (0 hazards) passed with it.
+SIGNAL_FENCE = os.environ.get("MK_SIGNAL_FENCE", "red")
+if SIGNAL_FENCE not in ("both", "red"):
+    raise ValueError(f"MK_SIGNAL_FENCE={SIGNAL_FENCE}: red (default) or both")
 # With EARLY_WEIGHTS, the loader grants the data-less page of RMSNORM, SPLITK_REDUCE and
 # ATTN_REDUCE without waiting for `iready` (their consumers wait for it anyway): the controller's
 # release then wakes the consumers directly instead of the loader, whose grant then woke them,
@@ -891,12 +891,11 @@ class MegakernelDSL:
                             sig = ring[base + W_SIGNAL]
                             if sig >= 0:
                                 # every store of this instruction precedes the barrier above
-                                if cutlass.const_expr(SIGNAL_FENCE != "red"):
+                                if cutlass.const_expr(SIGNAL_FENCE == "both"):
                                     cute.arch.fence_acq_rel_gpu()
                                 cute.arch.red((counters.iterator + sig).llvm_ptr,
                                               ring[base + W_SIGNAL_COUNT], op="add", dtype="s32",
-                                              sem="relaxed" if SIGNAL_FENCE == "fence"
-                                              else "release", scope="gpu")
+                                              sem="release", scope="gpu")
                             if cutlass.const_expr(self.journal):
                                 if t < journal.shape[0]:
                                     journal[t, J_END] = cute.arch.globaltimer()
