@@ -7,11 +7,12 @@
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
 #          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
 #          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
-#   sigfence MK_SIGNAL_FENCE red / fence (the signal with one MEMBAR.GPU instead of two; the
-#          default "both" has fence.acq_rel + red.release): two-layer checks + racecheck of each,
-#          then decode B=1 / 64 / 256 with each and the default, journal on: sigfence.log,
-#          sigfence_{both,red,fence}.json (~9 min). Session 33: the signal takes 2.7-3.0 us per
-#          SPLITK_REDUCE at B=64 (0.7-1.1 us for the other opcodes)
+#   ownphase MK_OWN_PHASE_SEEN=after (the GEMM loader's waits on its B pages' own `full` phases
+#          once the stage's B loads are issued, not after each arrival): two-layer checks +
+#          racecheck with it, then decode MK_OWN_BATCH (64,256) with after / inline, journal on:
+#          ownphase.log, ownphase_{after,inline}.json (~7 min). Session 34: no wait at all ("0",
+#          synccheck-unclean) saves 8.0% at B=256 (14.786 -> 13.599 ms). With
+#          MK_OWN_PHASE_SEEN=after exported, `synccheck` checks it (~2 min; a second call)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -274,6 +275,17 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00000b. Session 34 made MK_SIGNAL_FENCE=red the default (the storer's signal with
+#      red.release alone: B=1 / 64 -3.4% / -3.2%; checks + racecheck 0 with it), re-applied
+#      s33-spillfree, and verified HEAD b046fa4 (`verify synccheck`: 38 tests, checks, racecheck 0,
+#      synccheck 0 errors). e2e (b046fa4): 0.94 / 0.96 / 1.07 / 1.13 / 1.12 / 1.15, mixed 1.14.
+#      The large batches lost ~8-12% since session 32's table: session 32's synccheck fix (the
+#      loader's own_phase_seen after each B page arrival) costs 8.0% at B=256 (MK_OWN_PHASE_SEEN=0:
+#      14.786 -> 13.599 ms; ATTENTION and GATE_UP both faster without it). Next, first:
+#      `MK_STEPS=ownphase` (~7 min: MK_OWN_PHASE_SEEN=after, the same waits once the stage's B
+#      loads are issued: checks + racecheck, then B=64 / 256 after vs inline), then
+#      `MK_OWN_PHASE_SEEN=after MK_STEPS=synccheck`; if clean and as fast as "0", make "after"
+#      the default and rerun the e2e table (1024 / 4096 / mixed especially).
 #   00000a. Session 33: verify at 368d703 passed (synccheck 0 errors); MK_SPLITS_IN_FLIGHT=4 +
 #      the folded norm's h in registers (B=1 / 64 / 256 -0.4% / -0.7% / +0.4%) and GRANT_EARLY
 #      (B=1 / 64 -0.5% / -0.5%) are default, both verified (38 tests, checks, racecheck). Next:
@@ -402,7 +414,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [sigfence]=560)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=450)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -634,23 +646,6 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
-if has sigfence; then
-  # MK_SIGNAL_FENCE (session 33): the storer's signal with one MEMBAR instead of two ("red":
-  # red.release alone, "fence": fence.acq_rel + red.relaxed; default "both"). The two-layer
-  # checks and racecheck of each (MK_SIGFENCE_MODES, default "red fence"), then decode
-  # MK_SIGFENCE_BATCH (1,64,256) with the default and each, journal on (the signal column):
-  # sigfence.log, sigfence_{both,red,fence}.json (~9 min: a call of its own)
-  : > "$OUTDIR/sigfence.log"
-  for v in ${MK_SIGFENCE_MODES:-red fence}; do
-    ( export MK_SIGNAL_FENCE=$v; echo "== MK_SIGNAL_FENCE=$v"; checks ) >> "$OUTDIR/sigfence.log" 2>&1
-  done
-  cat "$OUTDIR/sigfence.log"
-  time_variant sigfence both "MK_SIGNAL_FENCE=both (default)" ${MK_SIGFENCE_BATCH:-1,64,256} "" ""
-  for v in ${MK_SIGFENCE_MODES:-red fence}; do
-    time_variant sigfence $v "MK_SIGNAL_FENCE=$v" ${MK_SIGFENCE_BATCH:-1,64,256} \
-        "MK_SIGNAL_FENCE=$v" ""
-  done
-fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
   # ATTN_REDUCE's data-less page without waiting for `iready`. Timed only (its checks: verify):
@@ -658,6 +653,23 @@ if has grant; then
   : > "$OUTDIR/grant.log"
   time_variant grant off "MK_GRANT_EARLY=0" ${MK_GRANT_BATCH:-1,64,256} "MK_GRANT_EARLY=0" ""
   time_variant grant on "default (MK_GRANT_EARLY=1)" ${MK_GRANT_BATCH:-1,64,256} "" ""
+fi
+if has ownphase; then
+  # MK_OWN_PHASE_SEEN (session 34): where the GEMM loader observes its B pages' own `full` phases
+  # (session 32's synccheck fix). Session 34: "inline" (the default) 14.786 ms at B=256, "0"
+  # (no wait, synccheck-unclean) 13.599 ms. The two-layer checks + racecheck with "after" (the
+  # waits once the stage's B loads are issued; MK_OWN_CHECK=0 skips them), then decode
+  # MK_OWN_BATCH (64,256) with each of MK_OWN_MODES (after inline), journal on: ownphase.log,
+  # ownphase_{after,inline}.json (~7 min). Its synccheck: MK_OWN_PHASE_SEEN=after MK_STEPS=synccheck
+  : > "$OUTDIR/ownphase.log"
+  if [ "${MK_OWN_CHECK:-1}" = 1 ]; then
+    ( export MK_OWN_PHASE_SEEN=after; echo "== MK_OWN_PHASE_SEEN=after"; checks ) \
+        >> "$OUTDIR/ownphase.log" 2>&1
+    cat "$OUTDIR/ownphase.log"
+  fi
+  for v in ${MK_OWN_MODES:-after inline}; do
+    time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-64,256} "MK_OWN_PHASE_SEEN=$v" ""
+  done
 fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do

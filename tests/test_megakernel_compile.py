@@ -793,3 +793,20 @@ def test_signal_fence_variants_compile_without_spills(tmp_path):
         assert bool(re.search(fenced_release, ptx)) == (mode == "both"), \
             f"{mode}: a fence.acq_rel before the release red is {'missing' if mode == 'both' else 'left'}"
         assert_clean(ptxas_report(ptx, str(tmp_path / f"sig_{mode}")))
+
+
+def test_own_phase_seen_after_moves_the_waits_without_spills(tmp_path):
+    """MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN, session 34): "after" observes the B pages' own
+    `full` phases once the stage's B loads are issued instead of right after each arrival. It
+    compiles (M64 with split-K) with 0 spills and keeps every wait: as many mbarrier try_waits
+    as the default ("inline"), and more than "0" (none; the negative control)."""
+    waits = {}
+    for mode in ("inline", "after", "0"):
+        env = {} if mode == "inline" else {"MK_OWN_PHASE_SEEN": mode}
+        ptx = variant_ptx(tmp_path, f"own_{mode}", env,
+                          f"import mk.instructions._gemm_kernel as gk; "
+                          f"assert gk.OWN_PHASE_SEEN == {mode!r}")
+        waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
+        if mode == "after":
+            assert_clean(ptxas_report(ptx, str(tmp_path / f"own_{mode}")))
+    assert waits["after"] == waits["inline"] > waits["0"], waits

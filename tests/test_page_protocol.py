@@ -118,8 +118,10 @@ class Ring:
         # MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over the epilogue pages
         # chain_pages at a time (a tile whose page count it divides; 0: all at once)
         self.chain_pages = chain_pages
-        # gk.own_phase_seen: under "stage" the loader waits on the B page's `full` phase that its
-        # plain arrival completed (False: the negative control, the kernel before session 32)
+        # gk.own_phase_seen (gk.OWN_PHASE_SEEN): under "stage" the loader waits on the B page's
+        # `full` phase that its plain arrival completed, right after the arrival ("inline", True)
+        # or once the stage's B pages are all issued ("after"); False: the negative control, the
+        # kernel before session 32
         self.loader_sees_b = loader_sees_b
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
@@ -183,11 +185,15 @@ class Ring:
                     if one:
                         self.load(q, self.full[a % NP])
                         self.full[q % NP].arrive(q)
-                        if self.loader_sees_b:
+                        if self.loader_sees_b in (True, "inline"):
                             yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     else:
                         self.full[q % NP].arrive(q, expect=1)
                         self.load(q, self.full[q % NP])
+                if one and self.loader_sees_b == "after":
+                    for j in range(1, spp):
+                        q = a + j
+                        yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
 
             s_epi, pos = self.layout(kt, spp, epi)
 
@@ -398,6 +404,16 @@ def test_protocol_holds_with_the_epilogue_handed_over_by_chain(chain_pages):
         rng = random.Random(seed)
         run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
                  chain_pages=chain_pages), random_prog(rng), rng)
+
+
+def test_protocol_holds_with_b_phases_seen_after_the_stage():
+    """MK_OWN_PHASE_SEEN=after (session 34): the loader observes its B pages' own `full` phases
+    once the stage's B loads are all issued, not after each arrival: every wait passes on its
+    own phase, the PTX phase rule holds, every schedule ends."""
+    for seed in range(150):
+        rng = random.Random(seed)
+        run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
+                 loader_sees_b="after"), random_prog(rng), rng)
 
 
 def _violations(ring_kw, seeds=200) -> list[str]:
