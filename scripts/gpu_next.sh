@@ -7,12 +7,12 @@
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
 #          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
 #          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
-#   ownphase MK_OWN_PHASE_SEEN=after (the GEMM loader's waits on its B pages' own `full` phases
-#          once the stage's B loads are issued, not after each arrival): two-layer checks +
-#          racecheck with it, then decode MK_OWN_BATCH (64,256) with after / inline, journal on:
-#          ownphase.log, ownphase_{after,inline}.json (~7 min). Session 34: no wait at all ("0",
-#          synccheck-unclean) saves 8.0% at B=256 (14.786 -> 13.599 ms). With
-#          MK_OWN_PHASE_SEEN=after exported, `synccheck` checks it (~2 min; a second call)
+#   ownphase MK_OWN_PHASE_SEEN 0 / after / test / inline (where the GEMM loader observes its B
+#          pages' own `full` phases: never, once the stage's B loads are issued, a test_wait not
+#          branched on, a bounded wait right after each arrival = the default), timed only:
+#          decode MK_OWN_BATCH (256), journal on: ownphase.log, ownphase_<mode>.json (~5 min).
+#          Session 34: "0" (synccheck-unclean) saves 8.0% at B=256 (14.786 -> 13.599 ms). The
+#          winner's checks: MK_OWN_PHASE_SEEN=<mode> MK_STEPS="verify synccheck" (a second call)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -282,10 +282,12 @@
 #      The large batches lost ~8-12% since session 32's table: session 32's synccheck fix (the
 #      loader's own_phase_seen after each B page arrival) costs 8.0% at B=256 (MK_OWN_PHASE_SEEN=0:
 #      14.786 -> 13.599 ms; ATTENTION and GATE_UP both faster without it). Next, first:
-#      `MK_STEPS=ownphase` (~7 min: MK_OWN_PHASE_SEEN=after, the same waits once the stage's B
-#      loads are issued: checks + racecheck, then B=64 / 256 after vs inline), then
-#      `MK_OWN_PHASE_SEEN=after MK_STEPS=synccheck`; if clean and as fast as "0", make "after"
-#      the default and rerun the e2e table (1024 / 4096 / mixed especially).
+#      `MK_STEPS=ownphase` (~5 min: B=256 with MK_OWN_PHASE_SEEN 0 / after / test / inline:
+#      "after" the same waits once the stage's B loads are issued, "test" a test_wait that
+#      nothing branches on), then `MK_OWN_PHASE_SEEN=<the fastest of after / test>
+#      MK_STEPS="verify synccheck"` (~7 min); if clean, make it the default and rerun the e2e
+#      table (1024 / 4096 / mixed especially), then issue 5's GEMM table (bench/gemm.py: session
+#      27's predates the wait).
 #   00000a. Session 33: verify at 368d703 passed (synccheck 0 errors); MK_SPLITS_IN_FLIGHT=4 +
 #      the folded norm's h in registers (B=1 / 64 / 256 -0.4% / -0.7% / +0.4%) and GRANT_EARLY
 #      (B=1 / 64 -0.5% / -0.5%) are default, both verified (38 tests, checks, racecheck). Next:
@@ -414,7 +416,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=450)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=330)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -657,18 +659,12 @@ fi
 if has ownphase; then
   # MK_OWN_PHASE_SEEN (session 34): where the GEMM loader observes its B pages' own `full` phases
   # (session 32's synccheck fix). Session 34: "inline" (the default) 14.786 ms at B=256, "0"
-  # (no wait, synccheck-unclean) 13.599 ms. The two-layer checks + racecheck with "after" (the
-  # waits once the stage's B loads are issued; MK_OWN_CHECK=0 skips them), then decode
-  # MK_OWN_BATCH (64,256) with each of MK_OWN_MODES (after inline), journal on: ownphase.log,
-  # ownphase_{after,inline}.json (~7 min). Its synccheck: MK_OWN_PHASE_SEEN=after MK_STEPS=synccheck
+  # (no wait, synccheck-unclean) 13.599 ms. Timed only: decode MK_OWN_BATCH (256) with each
+  # of MK_OWN_MODES (0 after test inline), journal on: ownphase.log, ownphase_<mode>.json
+  # (~5 min). The winner's checks: MK_OWN_PHASE_SEEN=<mode> MK_STEPS="verify synccheck"
   : > "$OUTDIR/ownphase.log"
-  if [ "${MK_OWN_CHECK:-1}" = 1 ]; then
-    ( export MK_OWN_PHASE_SEEN=after; echo "== MK_OWN_PHASE_SEEN=after"; checks ) \
-        >> "$OUTDIR/ownphase.log" 2>&1
-    cat "$OUTDIR/ownphase.log"
-  fi
-  for v in ${MK_OWN_MODES:-after inline}; do
-    time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-64,256} "MK_OWN_PHASE_SEEN=$v" ""
+  for v in ${MK_OWN_MODES:-0 after test inline}; do
+    time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
   done
 fi
 if has rslice; then

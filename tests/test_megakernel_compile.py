@@ -795,18 +795,22 @@ def test_signal_fence_variants_compile_without_spills(tmp_path):
         assert_clean(ptxas_report(ptx, str(tmp_path / f"sig_{mode}")))
 
 
-def test_own_phase_seen_after_moves_the_waits_without_spills(tmp_path):
+def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
     """MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN, session 34): "after" observes the B pages' own
-    `full` phases once the stage's B loads are issued instead of right after each arrival. It
-    compiles (M64 with split-K) with 0 spills and keeps every wait: as many mbarrier try_waits
-    as the default ("inline"), and more than "0" (none; the negative control)."""
-    waits = {}
-    for mode in ("inline", "after", "0"):
+    `full` phases once the stage's B loads are issued instead of right after each arrival,
+    "test" with one mbarrier.test_wait after each arrival that nothing branches on. Each
+    compiles (M64 with split-K) with 0 spills; "after" keeps as many mbarrier try_waits as the
+    default ("inline"), "test" as many as "0" (none; the negative control) plus its test_waits,
+    which the other modes do not have."""
+    waits, tests = {}, {}
+    for mode in ("inline", "after", "test", "0"):
         env = {} if mode == "inline" else {"MK_OWN_PHASE_SEEN": mode}
         ptx = variant_ptx(tmp_path, f"own_{mode}", env,
                           f"import mk.instructions._gemm_kernel as gk; "
                           f"assert gk.OWN_PHASE_SEEN == {mode!r}")
         waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
-        if mode == "after":
+        tests[mode] = len(re.findall(r"mbarrier\.test_wait", ptx))
+        if mode in ("after", "test"):
             assert_clean(ptxas_report(ptx, str(tmp_path / f"own_{mode}")))
-    assert waits["after"] == waits["inline"] > waits["0"], waits
+    assert waits["after"] == waits["inline"] > waits["0"] == waits["test"], waits
+    assert tests["test"] > tests["inline"] == tests["after"] == tests["0"], tests

@@ -119,9 +119,9 @@ class Ring:
         # chain_pages at a time (a tile whose page count it divides; 0: all at once)
         self.chain_pages = chain_pages
         # gk.own_phase_seen (gk.OWN_PHASE_SEEN): under "stage" the loader waits on the B page's
-        # `full` phase that its plain arrival completed, right after the arrival ("inline", True)
-        # or once the stage's B pages are all issued ("after"); False: the negative control, the
-        # kernel before session 32
+        # `full` phase that its plain arrival completed, right after the arrival ("inline", True;
+        # "test" observes it there too) or once the stage's B pages are all issued ("after");
+        # False: the negative control, the kernel before session 32
         self.loader_sees_b = loader_sees_b
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
@@ -185,7 +185,7 @@ class Ring:
                     if one:
                         self.load(q, self.full[a % NP])
                         self.full[q % NP].arrive(q)
-                        if self.loader_sees_b in (True, "inline"):
+                        if self.loader_sees_b in (True, "inline", "test"):
                             yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     else:
                         self.full[q % NP].arrive(q, expect=1)
@@ -406,14 +406,16 @@ def test_protocol_holds_with_the_epilogue_handed_over_by_chain(chain_pages):
                  chain_pages=chain_pages), random_prog(rng), rng)
 
 
-def test_protocol_holds_with_b_phases_seen_after_the_stage():
+@pytest.mark.parametrize("where", ["after", "test"])
+def test_protocol_holds_with_b_phases_seen_after_the_stage(where):
     """MK_OWN_PHASE_SEEN=after (session 34): the loader observes its B pages' own `full` phases
-    once the stage's B loads are all issued, not after each arrival: every wait passes on its
-    own phase, the PTX phase rule holds, every schedule ends."""
+    once the stage's B loads are all issued, not after each arrival ("test": right after it, as
+    "inline"): every wait passes on its own phase, the PTX phase rule holds, every schedule
+    ends."""
     for seed in range(150):
         rng = random.Random(seed)
         run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
-                 loader_sees_b="after"), random_prog(rng), rng)
+                 loader_sees_b=where), random_prog(rng), rng)
 
 
 def _violations(ring_kw, seeds=200) -> list[str]:

@@ -627,13 +627,16 @@ def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cu
 
 
 # Where the loader observes its B pages' own `full` phases (compile-time, MK_OWN_PHASE_SEEN;
-# session 34 experiment): "inline" (the default, session 32's) right after each page's arrival,
-# before its TMA; "after" once the stage's B loads are all issued (the arrivals have landed by
-# then); "0" never (synccheck's "Missing wait"). Session 34 (ownphase_*_s34): at B=256 the step
-# takes 14.786 ms inline and 13.599 ms with "0" (-8.0%; GATE_UP 58.0 -> 52.3 us a tile).
+# session 34 experiment): "inline" (the default, session 32's) a bounded wait right after each
+# page's arrival, before its TMA; "after" the same waits once the stage's B loads are all issued
+# (the arrivals have landed by then); "test" one mbarrier.test_wait right after the arrival,
+# its result not branched on (the phase is complete: this thread's arrival completed it), so the
+# warp does not wait for it; "0" never (synccheck's "Missing wait"). Session 34
+# (ownphase_*_s34): at B=256 the step takes 14.786 ms inline and 13.599 ms with "0" (-8.0%;
+# GATE_UP 58.0 -> 52.3 us a tile).
 OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "inline")
-if OWN_PHASE_SEEN not in ("inline", "after", "0"):
-    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected inline, after or 0")
+if OWN_PHASE_SEEN not in ("inline", "after", "test", "0"):
+    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected inline, after, test or 0")
 
 
 @cute.jit
@@ -666,6 +669,8 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                     cute.arch.mbarrier_arrive(full + page)
                     if cutlass.const_expr(OWN_PHASE_SEEN == "inline"):
                         own_phase_seen(full + page, ph, timeout_ns, state, ticket)
+                    if cutlass.const_expr(OWN_PHASE_SEEN == "test"):
+                        cute.arch.mbarrier_test_wait(full + page, ph)
                 else:
                     cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
             if cutlass.const_expr(cfg.half_gate_up):
