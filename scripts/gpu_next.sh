@@ -13,6 +13,10 @@
 #          decode MK_OWN_BATCH (256), journal on: ownphase.log, ownphase_<mode>.json (~5 min).
 #          Session 34: "0" (synccheck-unclean) saves 8.0% at B=256 (14.786 -> 13.599 ms). The
 #          winner's checks: MK_OWN_PHASE_SEEN=<mode> MK_STEPS="verify synccheck" (a second call)
+#   stagefree MK_STAGE_EMPTY=stage (the GEMM loader tests a stage's pages free with back-to-back
+#          test_waits, not one dependent wait per page): decode MK_STAGE_BATCH (64,256) page vs
+#          stage with the call's MK_OWN_PHASE_SEEN, journal on: stagefree.log,
+#          stagefree_{page,stage}.json (~4 min)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -287,7 +291,9 @@
 #      nothing branches on), then `MK_OWN_PHASE_SEEN=<the fastest of after / test>
 #      MK_STEPS="verify synccheck"` (~7 min); if clean, make it the default and rerun the e2e
 #      table (1024 / 4096 / mixed especially), then issue 5's GEMM table (bench/gemm.py: session
-#      27's predates the wait).
+#      27's predates the wait). Then `MK_OWN_PHASE_SEEN=<winner> MK_STEPS=stagefree` (~4 min:
+#      MK_STAGE_EMPTY=stage, the loader's stage of empty waits as back-to-back tests) and, if it
+#      wins, `MK_STAGE_EMPTY=stage MK_OWN_PHASE_SEEN=<winner> MK_STEPS="verify synccheck"`.
 #   00000a. Session 33: verify at 368d703 passed (synccheck 0 errors); MK_SPLITS_IN_FLIGHT=4 +
 #      the folded norm's h in registers (B=1 / 64 / 256 -0.4% / -0.7% / +0.4%) and GRANT_EARLY
 #      (B=1 / 64 -0.5% / -0.5%) are default, both verified (38 tests, checks, racecheck). Next:
@@ -416,7 +422,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=330)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=330 [stagefree]=270)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -665,6 +671,19 @@ if has ownphase; then
   : > "$OUTDIR/ownphase.log"
   for v in ${MK_OWN_MODES:-0 after test inline}; do
     time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
+  done
+fi
+if has stagefree; then
+  # MK_STAGE_EMPTY=stage (session 34): the GEMM loader tests a stage's pages free with
+  # back-to-back test_waits (a wait on the stage's last page, the tests again, then the per-page
+  # waits as fallback) instead of one dependent wait per page. Timed only, with whatever
+  # MK_OWN_PHASE_SEEN the call exports: decode MK_STAGE_BATCH (64,256) page vs stage, journal
+  # on: stagefree.log, stagefree_{page,stage}.json (~4 min). Its checks: MK_STAGE_EMPTY=stage
+  # MK_STEPS="verify synccheck"
+  : > "$OUTDIR/stagefree.log"
+  for v in page stage; do
+    time_variant stagefree $v "MK_STAGE_EMPTY=$v (MK_OWN_PHASE_SEEN=${MK_OWN_PHASE_SEEN:-inline})" \
+        ${MK_STAGE_BATCH:-64,256} "MK_STAGE_EMPTY=$v" ""
   done
 fi
 if has rslice; then

@@ -814,3 +814,22 @@ def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
             assert_clean(ptxas_report(ptx, str(tmp_path / f"own_{mode}")))
     assert waits["after"] == waits["inline"] > waits["0"] == waits["test"], waits
     assert tests["test"] > tests["inline"] == tests["after"] == tests["0"], tests
+
+
+def test_stage_empty_variant_tests_a_stage_at_once_without_spills(tmp_path):
+    """MK_STAGE_EMPTY=stage (gk.STAGE_EMPTY, session 34): the GEMM loader tests every page of a
+    stage free with back-to-back mbarrier test_waits before its per-page waits. It compiles
+    (M64 with split-K) with 0 spills and adds test_waits to the default's PTX (the default has
+    none: the negative control), keeping every try_wait of the fallback."""
+    tests, waits = {}, {}
+    for mode in ("page", "stage"):
+        env = {} if mode == "page" else {"MK_STAGE_EMPTY": mode}
+        ptx = variant_ptx(tmp_path, f"stage_{mode}", env,
+                          f"import mk.instructions._gemm_kernel as gk; "
+                          f"assert gk.STAGE_EMPTY == {mode!r}")
+        tests[mode] = len(re.findall(r"mbarrier\.test_wait", ptx))
+        waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
+        if mode == "stage":
+            assert_clean(ptxas_report(ptx, str(tmp_path / f"stage_{mode}")))
+    assert tests["stage"] > tests["page"] == 0, tests
+    assert waits["stage"] >= waits["page"], waits

@@ -102,7 +102,7 @@ def residual_add(n):
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
                  stage_full="page", b_on_own_full=False, chain_pages=0, loader_sees_b=True,
-                 phase_rule=True):
+                 phase_rule=True, stage_empty="page"):
         self.full = [Barrier(f"full{p}", phase_rule) for p in range(NP)]
         self.done = [Barrier(f"done{p}", phase_rule) for p in range(NP)]
         self.empty = [Barrier(f"empty{p}", phase_rule) for p in range(NP)]
@@ -123,6 +123,9 @@ class Ring:
         # "test" observes it there too) or once the stage's B pages are all issued ("after");
         # False: the negative control, the kernel before session 32
         self.loader_sees_b = loader_sees_b
+        # gk.STAGE_EMPTY: "page" (a wait per page) or "stage" (stage_free's batched tests first)
+        self.stage_empty = stage_empty
+        self.stage_tests = {True: 0, False: 0}     # stage_free's answers
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
 
@@ -147,6 +150,23 @@ class Ring:
     # ------------------------------------------------------------------------- roles
     def wait_empty(self, q):
         yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1, q - NP if q >= NP else None)
+
+    def stage_free(self, a, spp):
+        """gk.stage_free: a test of every page's `empty` of the stage at ring position a, at one
+        instant; True (each phase then seen, checked as a wait's) when all passed."""
+        bars = [(self.empty[q % NP], ((q // NP) & 1) ^ 1, q - NP if q >= NP else None)
+                for q in range(a, a + spp)]
+        if not all(bar.try_wait(parity) for bar, parity, _ in bars):
+            self.stage_tests[False] += 1
+            return False
+        self.stage_tests[True] += 1
+        for bar, _, want in bars:
+            bar.seen = len(bar.sources)
+            got = bar.sources[-1] if bar.sources else None
+            if got != want:
+                raise Violation(f"{bar.name}: the test passed on the arrival of ring position "
+                                f"{got}, meant {want}")
+        return True
 
     def load(self, q, bar):
         """Issue the TMA load of ring position q's data, landing on barrier `bar`."""
@@ -176,12 +196,14 @@ class Ring:
             _, kt, spp, epi = ins
             one = self.stage_full == "stage" and not self.b_on_own_full
 
-            def b_pages(a):
-                """A stage's B pages: each waits free, its load lands on the stage's barrier
-                ("stage") or its own, whose phase it then completes (a plain arrival) or arms."""
+            def b_pages(a, free=False):
+                """A stage's B pages: each waits free (unless stage_free saw them all), its load
+                lands on the stage's barrier ("stage") or its own, whose phase it then completes
+                (a plain arrival) or arms."""
                 for j in range(1, spp):
                     q = a + j
-                    yield from self.wait_empty(q)
+                    if not free:
+                        yield from self.wait_empty(q)
                     if one:
                         self.load(q, self.full[a % NP])
                         self.full[q % NP].arrive(q)
@@ -224,10 +246,19 @@ class Ring:
                 if k == s_epi:
                     yield from grant_epilogue()
                 a = pg + pos(k)
-                yield from self.wait_empty(a)
+                free = False
+                if self.stage_empty == "stage":
+                    # gk.STAGE_EMPTY=stage: the stage's tests; else a wait on its last page and
+                    # the tests again; else the per-page waits
+                    free = self.stage_free(a, spp)
+                    if not free:
+                        yield from self.wait_empty(a + spp - 1)
+                        free = self.stage_free(a, spp)
+                if not free:
+                    yield from self.wait_empty(a)
                 self.full[a % NP].arrive(a, expect=1 + (spp - 1 if one else 0))
                 self.load(a, self.full[a % NP])
-                yield from b_pages(a)
+                yield from b_pages(a, free)
             if s_epi == kt:
                 yield from grant_epilogue()
             pg += kt * spp + epi
@@ -416,6 +447,24 @@ def test_protocol_holds_with_b_phases_seen_after_the_stage(where):
         rng = random.Random(seed)
         run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
                  loader_sees_b=where), random_prog(rng), rng)
+
+
+@pytest.mark.parametrize("operand_free", ["storer", "consumer"])
+def test_protocol_holds_with_a_stage_tested_free_at_once(operand_free):
+    """MK_STAGE_EMPTY=stage (session 34): the loader tests every page of a GEMM stage free at
+    once and skips the per-page waits when all passed (else it waits on the stage's last page,
+    tests again, and falls back to the per-page waits): every wait and test passes on its own
+    phase, the PTX phase rule holds, every page read holds its own data, every schedule ends."""
+    answers = {True: 0, False: 0}
+    for seed in range(150):
+        rng = random.Random(seed)
+        ring = Ring(operand_free=operand_free, done_parity="mask", stage_full="stage",
+                    stage_empty="stage", loader_sees_b="test")
+        run(ring, random_prog(rng), rng)
+        for k in answers:
+            answers[k] += ring.stage_tests[k]
+    # both paths ran: stages found free at once, and stages that had to wait
+    assert answers[True] > 0 and answers[False] > 0, answers
 
 
 def _violations(ring_kw, seeds=200) -> list[str]:

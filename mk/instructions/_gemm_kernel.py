@@ -595,13 +595,25 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             kc = k0 + k * BK
         a_off = stage_a_offset(cfg, pg, npages)
         page, ph = page_of(pg + a_off, npages)
-        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        free = None
+        if cutlass.const_expr(STAGE_EMPTY == "stage"):
+            free = stage_free(cfg, empty, pg, npages)
+            if not free:
+                # the consumers free a stage's pages in ring order: once the last is free, the
+                # others normally are too, and one more batch of tests sees them all
+                last, last_ph = page_of(pg + cfg.stage_pages - 1, npages)
+                bar_wait(empty + last, last_ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+                free = stage_free(cfg, empty, pg, npages)
+            if not free:
+                bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        else:
+            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes + stage_b_bytes(cfg))
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
-                     stage_full(full + page))
+                     stage_full(full + page), free)
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
@@ -634,6 +646,18 @@ def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cu
 # warp does not wait for it; "0" never (synccheck's "Missing wait"). Session 34
 # (ownphase_*_s34): at B=256 the step takes 14.786 ms inline and 13.599 ms with "0" (-8.0%;
 # GATE_UP 58.0 -> 52.3 us a tile).
+# How the loader's GEMM main loop waits for a stage's pages to be free (compile-time,
+# MK_STAGE_EMPTY; session 34 experiment): "page" (the default) one bounded wait per page, each
+# waiting for the previous one's answer; "stage" first a test_wait on every page of the stage
+# issued back to back (stage_free); if one failed, a wait on the stage's last page (the
+# consumers free a stage's pages in ring order) and the tests again; the per-page waits only
+# when those fail too. Why:
+# session 34 found the loader's dependent mbarrier round trips per stage on the B=256 step's
+# path (own_phase_seen's one per B page cost 8.0%); in the steady state a stage's pages are
+# freed together, so the second and third round trips of a stage are latency only.
+STAGE_EMPTY = os.environ.get("MK_STAGE_EMPTY", "page")
+if STAGE_EMPTY not in ("page", "stage"):
+    raise ValueError(f"MK_STAGE_EMPTY={STAGE_EMPTY!r}: expected page or stage")
 OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "inline")
 if OWN_PHASE_SEEN not in ("inline", "after", "test", "0"):
     raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected inline, after, test or 0")
@@ -644,18 +668,24 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                  sB_layout: cute.ComposedLayout, layer: Int32, col0: Int32, up_row0: Int32,
                  kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
                  npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                 a_full=None):
+                 a_full=None, free=None):
     """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
     TMA its b_rows weight rows x 64 K columns at K column kc (gate_up: the second page is the up
     rows from up_row0).
 
     a_full: the stage's A-page `full` barrier under ONE_FULL (stage_full; None otherwise): the
     B loads complete their bytes there (the caller expects them) and each B page's own `full`
-    gets a plain arrival, whose phase the loader then observes itself (own_phase_seen)."""
+    gets a plain arrival, whose phase the loader then observes itself (own_phase_seen).
+    free: stage_free's answer for the stage (STAGE_EMPTY=stage): when true, the pages' `empty`
+    phases were all seen there and the per-page waits are skipped (None: wait on each)."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
-        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        if cutlass.const_expr(free is None):
+            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        else:
+            if not free:
+                bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         bar = full + page
         if cutlass.const_expr(a_full is not None):
             bar = a_full
@@ -692,6 +722,20 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                 if cutlass.const_expr(not (j == 1 and "nob1" in EXPERIMENT)):
                     page, ph = page_of(pg_b + j, npages)
                     own_phase_seen(full + page, ph, timeout_ns, state, ticket)
+
+
+@cute.jit
+def stage_free(cfg: cutlass.Constexpr, empty: cute.Pointer, stage_pg: Int32,
+               npages: cutlass.Constexpr) -> cutlass.Boolean:
+    """STAGE_EMPTY=stage: one mbarrier.test_wait on the `empty` of every page of the stage at
+    ring count stage_pg, issued back to back (none waits for another's answer), and whether
+    they all passed: then each page's phase has been seen and the loader skips its per-page
+    waits; else it falls back to them (a page seen twice is harmless)."""
+    free = cutlass.Boolean(True)
+    for j in cutlass.range_constexpr(cfg.stage_pages):
+        page, ph = page_of(stage_pg + j, npages)
+        free = free & cute.arch.mbarrier_test_wait(empty + page, ph ^ 1)
+    return free
 
 
 def stage_full(a_full):
