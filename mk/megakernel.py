@@ -223,7 +223,8 @@ EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 # the instruction before it; MK_SIGNAL_FENCE, compile-time):
 #   red    (default) red.release.gpu alone: a release is cumulative in the PTX model, and the
 #          storer barrier synchronizes the other storer threads' stores (and thread 0's drained
-#          TMA stores + proxy fence) before it; one MEMBAR.GPU, no L1 invalidation
+#          TMA stores + proxy fence) before it, the consumers' own stores reach the storer
+#          through the page's `done` mbarrier; one MEMBAR.GPU, no L1 invalidation
 #   both   fence.acq_rel.gpu, then red.release.gpu: two MEMBAR.ALL.GPU (the fence's with ERRBAR +
 #          CCTL.IVALL), the build of sessions 1-33
 # Session 34 (bench/results/sigfence_*_s34.json, same run): B=1 8.225 -> 7.948 ms (-3.4%), B=64

@@ -795,6 +795,24 @@ def test_signal_fence_variants_compile_without_spills(tmp_path):
         assert_clean(ptxas_report(ptx, str(tmp_path / f"sig_{mode}")))
 
 
+def gemm_switch_counts(tmp_path, var: str, attr: str, modes, clean) -> tuple[dict, dict]:
+    """The all-opcode M64 variant with split-K compiled with each value of a gk switch (modes[0]
+    the default, compiled without var set; `attr` the module constant that must see it), each in
+    a process of its own; the modes in `clean` also through ptxas (0 spills). Returns the PTX's
+    counts of mbarrier try_waits and test_waits per mode."""
+    waits, tests = {}, {}
+    for mode in modes:
+        env = {} if mode == modes[0] else {var: mode}
+        name = f"{attr.lower()}_{mode}"
+        ptx = variant_ptx(tmp_path, name, env, f"import mk.instructions._gemm_kernel as gk; "
+                                               f"assert gk.{attr} == {mode!r}")
+        waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
+        tests[mode] = len(re.findall(r"mbarrier\.test_wait", ptx))
+        if mode in clean:
+            assert_clean(ptxas_report(ptx, str(tmp_path / name)))
+    return waits, tests
+
+
 def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
     """MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN, session 34): "after" observes the B pages' own
     `full` phases once the stage's B loads are issued instead of right after each arrival,
@@ -802,16 +820,8 @@ def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
     compiles (M64 with split-K) with 0 spills; "after" keeps as many mbarrier try_waits as the
     default ("inline"), "test" as many as "0" (none; the negative control) plus its test_waits,
     which the other modes do not have."""
-    waits, tests = {}, {}
-    for mode in ("inline", "after", "test", "0"):
-        env = {} if mode == "inline" else {"MK_OWN_PHASE_SEEN": mode}
-        ptx = variant_ptx(tmp_path, f"own_{mode}", env,
-                          f"import mk.instructions._gemm_kernel as gk; "
-                          f"assert gk.OWN_PHASE_SEEN == {mode!r}")
-        waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
-        tests[mode] = len(re.findall(r"mbarrier\.test_wait", ptx))
-        if mode in ("after", "test"):
-            assert_clean(ptxas_report(ptx, str(tmp_path / f"own_{mode}")))
+    waits, tests = gemm_switch_counts(tmp_path, "MK_OWN_PHASE_SEEN", "OWN_PHASE_SEEN",
+                                      ("inline", "after", "test", "0"), ("after", "test"))
     assert waits["after"] == waits["inline"] > waits["0"] == waits["test"], waits
     assert tests["test"] > tests["inline"] == tests["after"] == tests["0"], tests
 
@@ -821,15 +831,7 @@ def test_stage_empty_variant_tests_a_stage_at_once_without_spills(tmp_path):
     stage free with back-to-back mbarrier test_waits before its per-page waits. It compiles
     (M64 with split-K) with 0 spills and adds test_waits to the default's PTX (the default has
     none: the negative control), keeping every try_wait of the fallback."""
-    tests, waits = {}, {}
-    for mode in ("page", "stage"):
-        env = {} if mode == "page" else {"MK_STAGE_EMPTY": mode}
-        ptx = variant_ptx(tmp_path, f"stage_{mode}", env,
-                          f"import mk.instructions._gemm_kernel as gk; "
-                          f"assert gk.STAGE_EMPTY == {mode!r}")
-        tests[mode] = len(re.findall(r"mbarrier\.test_wait", ptx))
-        waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
-        if mode == "stage":
-            assert_clean(ptxas_report(ptx, str(tmp_path / f"stage_{mode}")))
+    waits, tests = gemm_switch_counts(tmp_path, "MK_STAGE_EMPTY", "STAGE_EMPTY",
+                                      ("page", "stage"), ("stage",))
     assert tests["stage"] > tests["page"] == 0, tests
     assert waits["stage"] >= waits["page"], waits

@@ -443,10 +443,8 @@ def test_protocol_holds_with_b_phases_seen_after_the_stage(where):
     once the stage's B loads are all issued, not after each arrival ("test": right after it, as
     "inline"): every wait passes on its own phase, the PTX phase rule holds, every schedule
     ends."""
-    for seed in range(150):
-        rng = random.Random(seed)
-        run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
-                 loader_sees_b=where), random_prog(rng), rng)
+    _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
+                loader_sees_b=where))
 
 
 @pytest.mark.parametrize("operand_free", ["storer", "consumer"])
@@ -455,16 +453,22 @@ def test_protocol_holds_with_a_stage_tested_free_at_once(operand_free):
     once and skips the per-page waits when all passed (else it waits on the stage's last page,
     tests again, and falls back to the per-page waits): every wait and test passes on its own
     phase, the PTX phase rule holds, every page read holds its own data, every schedule ends."""
-    answers = {True: 0, False: 0}
-    for seed in range(150):
-        rng = random.Random(seed)
-        ring = Ring(operand_free=operand_free, done_parity="mask", stage_full="stage",
-                    stage_empty="stage", loader_sees_b="test")
-        run(ring, random_prog(rng), rng)
-        for k in answers:
-            answers[k] += ring.stage_tests[k]
+    rings = _holds(dict(operand_free=operand_free, done_parity="mask", stage_full="stage",
+                        stage_empty="stage", loader_sees_b="test"))
+    answers = {k: sum(r.stage_tests[k] for r in rings) for k in (True, False)}
     # both paths ran: stages found free at once, and stages that had to wait
     assert answers[True] > 0 and answers[False] > 0, answers
+
+
+def _holds(ring_kw, seeds=150) -> list:
+    """Runs `seeds` random streams under Ring(**ring_kw) (a violation fails the test); returns
+    the rings."""
+    rings = []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        rings.append(Ring(**ring_kw))
+        run(rings[-1], random_prog(rng), rng)
+    return rings
 
 
 def _violations(ring_kw, seeds=200) -> list[str]:

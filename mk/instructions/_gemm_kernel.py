@@ -638,6 +638,19 @@ def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cu
         bar_wait(bar, phase, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
+# How the loader's GEMM main loop waits for a stage's pages to be free (compile-time,
+# MK_STAGE_EMPTY; session 34 experiment): "page" (the default) one bounded wait per page, each
+# waiting for the previous one's answer; "stage" first a test_wait on every page of the stage
+# issued back to back (stage_free); if one failed, a wait on the stage's last page (the
+# consumers free a stage's pages in ring order) and the tests again; the per-page waits only
+# when those fail too. Why: session 34 found the loader's dependent mbarrier round trips per
+# stage on the B=256 step's path (own_phase_seen's one per B page cost 8.0%); in the steady
+# state a stage's pages are freed together, so a stage's second and third round trips are
+# latency only.
+STAGE_EMPTY = os.environ.get("MK_STAGE_EMPTY", "page")
+if STAGE_EMPTY not in ("page", "stage"):
+    raise ValueError(f"MK_STAGE_EMPTY={STAGE_EMPTY!r}: expected page or stage")
+
 # Where the loader observes its B pages' own `full` phases (compile-time, MK_OWN_PHASE_SEEN;
 # session 34 experiment): "inline" (the default, session 32's) a bounded wait right after each
 # page's arrival, before its TMA; "after" the same waits once the stage's B loads are all issued
@@ -646,18 +659,6 @@ def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cu
 # warp does not wait for it; "0" never (synccheck's "Missing wait"). Session 34
 # (ownphase_*_s34): at B=256 the step takes 14.786 ms inline and 13.599 ms with "0" (-8.0%;
 # GATE_UP 58.0 -> 52.3 us a tile).
-# How the loader's GEMM main loop waits for a stage's pages to be free (compile-time,
-# MK_STAGE_EMPTY; session 34 experiment): "page" (the default) one bounded wait per page, each
-# waiting for the previous one's answer; "stage" first a test_wait on every page of the stage
-# issued back to back (stage_free); if one failed, a wait on the stage's last page (the
-# consumers free a stage's pages in ring order) and the tests again; the per-page waits only
-# when those fail too. Why:
-# session 34 found the loader's dependent mbarrier round trips per stage on the B=256 step's
-# path (own_phase_seen's one per B page cost 8.0%); in the steady state a stage's pages are
-# freed together, so the second and third round trips of a stage are latency only.
-STAGE_EMPTY = os.environ.get("MK_STAGE_EMPTY", "page")
-if STAGE_EMPTY not in ("page", "stage"):
-    raise ValueError(f"MK_STAGE_EMPTY={STAGE_EMPTY!r}: expected page or stage")
 OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "inline")
 if OWN_PHASE_SEEN not in ("inline", "after", "test", "0"):
     raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected inline, after, test or 0")
