@@ -141,10 +141,16 @@ class Ring:
         right state, the page's first use)."""
         while not bar.try_wait(parity):
             yield bar.name
+        self.seen(bar, want, "wait")
+
+    @staticmethod
+    def seen(bar, want, what):
+        """A passed wait or test (`what`) observes the barrier's completed phases; the phase it
+        passed on must be ring position want's."""
         bar.seen = len(bar.sources)
         got = bar.sources[-1] if bar.sources else None
         if got != want:
-            raise Violation(f"{bar.name}: the wait passed on the arrival of ring position {got}, "
+            raise Violation(f"{bar.name}: the {what} passed on the arrival of ring position {got}, "
                             f"meant {want}")
 
     # ------------------------------------------------------------------------- roles
@@ -161,11 +167,7 @@ class Ring:
             return False
         self.stage_tests[True] += 1
         for bar, _, want in bars:
-            bar.seen = len(bar.sources)
-            got = bar.sources[-1] if bar.sources else None
-            if got != want:
-                raise Violation(f"{bar.name}: the test passed on the arrival of ring position "
-                                f"{got}, meant {want}")
+            self.seen(bar, want, "test")
         return True
 
     def load(self, q, bar):
