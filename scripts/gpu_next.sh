@@ -7,16 +7,10 @@
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
 #          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
 #          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
-#   ownphase MK_OWN_PHASE_SEEN 0 / after / test / inline (where the GEMM loader observes its B
-#          pages' own `full` phases: never, once the stage's B loads are issued, a test_wait not
-#          branched on, a bounded wait right after each arrival = the default), timed only:
-#          decode MK_OWN_BATCH (256), journal on: ownphase.log, ownphase_<mode>.json (~5 min).
-#          Session 34: "0" (synccheck-unclean) saves 8.0% at B=256 (14.786 -> 13.599 ms). The
-#          winner's checks: MK_OWN_PHASE_SEEN=<mode> MK_STEPS="verify synccheck" (a second call)
-#   stagefree MK_STAGE_EMPTY=stage (the GEMM loader tests a stage's pages free with back-to-back
-#          test_waits, not one dependent wait per page): decode MK_STAGE_BATCH (64,256) page vs
-#          stage with the call's MK_OWN_PHASE_SEEN, journal on: stagefree.log,
-#          stagefree_{page,stage}.json (~4 min)
+#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer inline: who observes the GEMM B
+#          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
+#          the loader after each arrival), timed only: decode MK_OWN_BATCH (256), journal on:
+#          ownphase.log, ownphase_<mode>.json (~70 s a mode)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -422,7 +416,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=300 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=330 [stagefree]=270)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -663,27 +657,13 @@ if has grant; then
   time_variant grant on "default (MK_GRANT_EARLY=1)" ${MK_GRANT_BATCH:-1,64,256} "" ""
 fi
 if has ownphase; then
-  # MK_OWN_PHASE_SEEN (session 34): where the GEMM loader observes its B pages' own `full` phases
-  # (session 32's synccheck fix). Session 34: "inline" (the default) 14.786 ms at B=256, "0"
-  # (no wait, synccheck-unclean) 13.599 ms. Timed only: decode MK_OWN_BATCH (256) with each
-  # of MK_OWN_MODES (0 after test inline), journal on: ownphase.log, ownphase_<mode>.json
-  # (~5 min). The winner's checks: MK_OWN_PHASE_SEEN=<mode> MK_STEPS="verify synccheck"
+  # MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN): who observes the GEMM B pages' own `full` phases
+  # (session 32's synccheck rule). Sessions 34 / 35: at B=256 the loader's wait ("inline")
+  # costs 8-10% against "0" (nobody, synccheck-unclean). Timed only: decode MK_OWN_BATCH (256)
+  # with each of MK_OWN_MODES, journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
   : > "$OUTDIR/ownphase.log"
-  for v in ${MK_OWN_MODES:-0 after test inline}; do
+  for v in ${MK_OWN_MODES:-0 consumer inline}; do
     time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
-  done
-fi
-if has stagefree; then
-  # MK_STAGE_EMPTY=stage (session 34): the GEMM loader tests a stage's pages free with
-  # back-to-back test_waits (a wait on the stage's last page, the tests again, then the per-page
-  # waits as fallback) instead of one dependent wait per page. Timed only, with whatever
-  # MK_OWN_PHASE_SEEN the call exports: decode MK_STAGE_BATCH (64,256) page vs stage, journal
-  # on: stagefree.log, stagefree_{page,stage}.json (~4 min). Its checks: MK_STAGE_EMPTY=stage
-  # MK_STEPS="verify synccheck"
-  : > "$OUTDIR/stagefree.log"
-  for v in page stage; do
-    time_variant stagefree $v "MK_STAGE_EMPTY=$v (MK_OWN_PHASE_SEEN=${MK_OWN_PHASE_SEEN:-inline})" \
-        ${MK_STAGE_BATCH:-64,256} "MK_STAGE_EMPTY=$v" ""
   done
 fi
 if has rslice; then

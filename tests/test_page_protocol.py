@@ -26,8 +26,9 @@ pages.
 Every barrier also keeps the PTX ISA's rule ("Phases of the mbarrier object"): each completed
 phase is observed by a successful wait before the next arrival on the barrier (compute-sanitizer
 synccheck's "Missing wait", which stops the kernel). Under "stage" nobody else waits on a B
-page's own `full`, so the loader waits on the phase its plain arrival completed
-(gk.own_phase_seen, session 32); the negative control: without that wait the model reports the
+page's own `full`, so one consumer waits on the phase the loader's plain arrival completed,
+before its own arrival frees the stage (gk.b_phases_seen, session 35; session 32's loader waited
+itself, gk.own_phase_seen); the negative control: without that wait the model reports the
 loader's next arrival on the page.
 
 (Session 24's MK_GEMM_EPI_EARLY, the epilogue pages granted R stages before a tile's end, was
@@ -101,8 +102,8 @@ def residual_add(n):
 
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
-                 stage_full="page", b_on_own_full=False, chain_pages=0, loader_sees_b=True,
-                 phase_rule=True, stage_empty="page"):
+                 stage_full="page", b_on_own_full=False, chain_pages=0, b_phase_seen="consumer",
+                 phase_rule=True):
         self.full = [Barrier(f"full{p}", phase_rule) for p in range(NP)]
         self.done = [Barrier(f"done{p}", phase_rule) for p in range(NP)]
         self.empty = [Barrier(f"empty{p}", phase_rule) for p in range(NP)]
@@ -118,14 +119,12 @@ class Ring:
         # MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over the epilogue pages
         # chain_pages at a time (a tile whose page count it divides; 0: all at once)
         self.chain_pages = chain_pages
-        # gk.own_phase_seen (gk.OWN_PHASE_SEEN): under "stage" the loader waits on the B page's
-        # `full` phase that its plain arrival completed, right after the arrival ("inline", True;
-        # "test" observes it there too) or once the stage's B pages are all issued ("after");
-        # False: the negative control, the kernel before session 32
-        self.loader_sees_b = loader_sees_b
-        # gk.STAGE_EMPTY: "page" (a wait per page) or "stage" (stage_free's batched tests first)
-        self.stage_empty = stage_empty
-        self.stage_tests = {True: 0, False: 0}     # stage_free's answers
+        # gk.OWN_PHASE_SEEN: who observes the B pages' own `full` phases under "stage" (a plain
+        # arrival completes them): "consumer" (gk.b_phases_seen: a consumer once the stage's A
+        # page passed, before its arrival frees the stage), "inline" (gk.own_phase_seen: the
+        # loader right after the arrival); None: the negative control, the kernel before
+        # session 32
+        self.b_phase_seen = b_phase_seen
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
 
@@ -157,19 +156,6 @@ class Ring:
     def wait_empty(self, q):
         yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1, q - NP if q >= NP else None)
 
-    def stage_free(self, a, spp):
-        """gk.stage_free: a test of every page's `empty` of the stage at ring position a, at one
-        instant; True (each phase then seen, checked as a wait's) when all passed."""
-        bars = [(self.empty[q % NP], ((q // NP) & 1) ^ 1, q - NP if q >= NP else None)
-                for q in range(a, a + spp)]
-        if not all(bar.try_wait(parity) for bar, parity, _ in bars):
-            self.stage_tests[False] += 1
-            return False
-        self.stage_tests[True] += 1
-        for bar, _, want in bars:
-            self.seen(bar, want, "test")
-        return True
-
     def load(self, q, bar):
         """Issue the TMA load of ring position q's data, landing on barrier `bar`."""
         self.in_flight.append((q % NP, q, bar))
@@ -198,26 +184,21 @@ class Ring:
             _, kt, spp, epi = ins
             one = self.stage_full == "stage" and not self.b_on_own_full
 
-            def b_pages(a, free=False):
-                """A stage's B pages: each waits free (unless stage_free saw them all), its load
-                lands on the stage's barrier ("stage") or its own, whose phase it then completes
-                (a plain arrival) or arms."""
+            def b_pages(a):
+                """A stage's B pages: each waits free, its load lands on the stage's barrier
+                ("stage") or its own, whose phase it then completes (a plain arrival) or
+                arms."""
                 for j in range(1, spp):
                     q = a + j
-                    if not free:
-                        yield from self.wait_empty(q)
+                    yield from self.wait_empty(q)
                     if one:
                         self.load(q, self.full[a % NP])
                         self.full[q % NP].arrive(q)
-                        if self.loader_sees_b in (True, "inline", "test"):
+                        if self.b_phase_seen == "inline":
                             yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     else:
                         self.full[q % NP].arrive(q, expect=1)
                         self.load(q, self.full[q % NP])
-                if one and self.loader_sees_b == "after":
-                    for j in range(1, spp):
-                        q = a + j
-                        yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
 
             s_epi, pos = self.layout(kt, spp, epi)
 
@@ -248,19 +229,10 @@ class Ring:
                 if k == s_epi:
                     yield from grant_epilogue()
                 a = pg + pos(k)
-                free = False
-                if self.stage_empty == "stage":
-                    # gk.STAGE_EMPTY=stage: the stage's tests; else a wait on its last page and
-                    # the tests again; else the per-page waits
-                    free = self.stage_free(a, spp)
-                    if not free:
-                        yield from self.wait_empty(a + spp - 1)
-                        free = self.stage_free(a, spp)
-                if not free:
-                    yield from self.wait_empty(a)
+                yield from self.wait_empty(a)
                 self.full[a % NP].arrive(a, expect=1 + (spp - 1 if one else 0))
                 self.load(a, self.full[a % NP])
-                yield from b_pages(a, free)
+                yield from b_pages(a)
             if s_epi == kt:
                 yield from grant_epilogue()
             pg += kt * spp + epi
@@ -285,6 +257,11 @@ class Ring:
                         self.read(pg + pos(k) + j)
                     if k > 0:
                         self.release_stage(pg + pos(k - 1), spp, last=False)
+                    if self.stage_full == "stage" and self.b_phase_seen == "consumer":
+                        # gk.b_phases_seen: complete since the A page's barrier passed
+                        for j in range(1, spp):
+                            q = pg + pos(k) + j
+                            yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     yield "wgmma"
                 self.release_stage(pg + pos(kt - 1), spp, last=True)
                 ep = pg + s_epi * spp
@@ -439,27 +416,12 @@ def test_protocol_holds_with_the_epilogue_handed_over_by_chain(chain_pages):
                  chain_pages=chain_pages), random_prog(rng), rng)
 
 
-@pytest.mark.parametrize("where", ["after", "test"])
-def test_protocol_holds_with_b_phases_seen_after_the_stage(where):
-    """MK_OWN_PHASE_SEEN=after (session 34): the loader observes its B pages' own `full` phases
-    once the stage's B loads are all issued, not after each arrival ("test": right after it, as
-    "inline"): every wait passes on its own phase, the PTX phase rule holds, every schedule
-    ends."""
+def test_protocol_holds_with_b_phases_seen_by_the_loader():
+    """MK_OWN_PHASE_SEEN=inline (session 32; the default until session 35): the loader observes
+    each B page's own `full` phase right after its arrival, instead of a consumer: every wait
+    passes on its own phase, the PTX phase rule holds, every schedule ends."""
     _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
-                loader_sees_b=where))
-
-
-@pytest.mark.parametrize("operand_free", ["storer", "consumer"])
-def test_protocol_holds_with_a_stage_tested_free_at_once(operand_free):
-    """MK_STAGE_EMPTY=stage (session 34): the loader tests every page of a GEMM stage free at
-    once and skips the per-page waits when all passed (else it waits on the stage's last page,
-    tests again, and falls back to the per-page waits): every wait and test passes on its own
-    phase, the PTX phase rule holds, every page read holds its own data, every schedule ends."""
-    rings = _holds(dict(operand_free=operand_free, done_parity="mask", stage_full="stage",
-                        stage_empty="stage", loader_sees_b="test"))
-    answers = {k: sum(r.stage_tests[k] for r in rings) for k in (True, False)}
-    # both paths ran: stages found free at once, and stages that had to wait
-    assert answers[True] > 0 and answers[False] > 0, answers
+                b_phase_seen="inline"))
 
 
 def _holds(ring_kw, seeds=150) -> list:
@@ -525,5 +487,5 @@ def test_model_catches_an_unobserved_b_page_phase():
     on that page's `full` breaks the PTX rule: synccheck's "Missing wait", which the H200 showed
     on the loader's arrivals (bench/results/synccheck_default_2026-12-04_s32.log)."""
     bad = _violations(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
-                           loader_sees_b=False), seeds=60)
+                           b_phase_seen=None), seeds=60)
     assert bad and all("Missing wait" in m and m.startswith("full") for m in bad), bad[:3]

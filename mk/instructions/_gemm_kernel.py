@@ -595,25 +595,13 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             kc = k0 + k * BK
         a_off = stage_a_offset(cfg, pg, npages)
         page, ph = page_of(pg + a_off, npages)
-        free = None
-        if cutlass.const_expr(STAGE_EMPTY == "stage"):
-            free = stage_free(cfg, empty, pg, npages)
-            if not free:
-                # the consumers free a stage's pages in ring order: once the last is free, the
-                # others normally are too, and one more batch of tests sees them all
-                last, last_ph = page_of(pg + cfg.stage_pages - 1, npages)
-                bar_wait(empty + last, last_ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-                free = stage_free(cfg, empty, pg, npages)
-            if not free:
-                bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-        else:
-            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes + stage_b_bytes(cfg))
         tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
-                     stage_full(full + page), free)
+                     stage_full(full + page))
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
@@ -625,43 +613,50 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     return pg
 
 
+# Who observes a GEMM stage's B pages' own `full` phases under ONE_FULL (compile-time,
+# MK_OWN_PHASE_SEEN). Their bytes complete on the A page's barrier, so each B page's `full` gets
+# a plain arrival that completes its phase, and the PTX ISA requires every mbarrier phase to be
+# observed by a successful wait before the next arrival ("Phases of the mbarrier object");
+# without one synccheck stops the kernel with "Missing wait" at the page's next use (session 32,
+# bench/probes/synccheck_mbarrier_probe.py). "consumer" (the default since session 35): consumer
+# thread 0 waits on them once the stage's wgmmas are queued and the previous stage is freed,
+# before its own arrival frees this stage (gemm_consume), off the loader's path; "inline"
+# (session 32): the loader waits right after each arrival, one mbarrier round trip per B page
+# before its TMA, on the step's path when the GEMM is load-bound; "0": nobody waits
+# (synccheck-unclean; a timing reference only). Sessions 34 / 35 (ownphase_*): at B=256 inline
+# costs 8-10% of the step against "0"; waiting after the stage's loads ("after") as much; a
+# test_wait after the arrival that nothing branches on ("test") is as fast as "0" but synccheck
+# still reports Missing wait (the test can run before the arrival has landed).
+OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "consumer")
+if OWN_PHASE_SEEN not in ("consumer", "inline", "0"):
+    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, inline or 0")
+
+
 @cute.jit
 def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
                    ticket: Int32):
-    """The loader's wait on a `full` phase it completed itself with a plain arrival (a B page
-    whose bytes complete on the stage's A-page barrier: nobody else waits on it). The PTX ISA
-    requires every mbarrier phase to be observed by a successful wait before the next arrival
-    ("Phases of the mbarrier object"); without it synccheck stops the kernel with "Missing wait"
-    at the page's next use (session 32, bench/probes/synccheck_mbarrier_probe.py). Returns at
-    once: the arrival completed the phase (MK_OWN_PHASE_SEEN below says where it is called)."""
-    if cutlass.const_expr(OWN_PHASE_SEEN != "0"):
-        bar_wait(bar, phase, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+    """The loader's wait on a B page's `full` phase its own plain arrival completed
+    (OWN_PHASE_SEEN=inline): returns at once."""
+    bar_wait(bar, phase, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
-# How the loader's GEMM main loop waits for a stage's pages to be free (compile-time,
-# MK_STAGE_EMPTY; session 34 experiment): "page" (the default) one bounded wait per page, each
-# waiting for the previous one's answer; "stage" first a test_wait on every page of the stage
-# issued back to back (stage_free); if one failed, a wait on the stage's last page (the
-# consumers free a stage's pages in ring order) and the tests again; the per-page waits only
-# when those fail too. Why: session 34 found the loader's dependent mbarrier round trips per
-# stage on the B=256 step's path (own_phase_seen's one per B page cost 8.0%); in the steady
-# state a stage's pages are freed together, so a stage's second and third round trips are
-# latency only.
-STAGE_EMPTY = os.environ.get("MK_STAGE_EMPTY", "page")
-if STAGE_EMPTY not in ("page", "stage"):
-    raise ValueError(f"MK_STAGE_EMPTY={STAGE_EMPTY!r}: expected page or stage")
-
-# Where the loader observes its B pages' own `full` phases (compile-time, MK_OWN_PHASE_SEEN;
-# session 34 experiment): "inline" (the default, session 32's) a bounded wait right after each
-# page's arrival, before its TMA; "after" the same waits once the stage's B loads are all issued
-# (the arrivals have landed by then); "test" one mbarrier.test_wait right after the arrival,
-# its result not branched on (the phase is complete: this thread's arrival completed it), so the
-# warp does not wait for it; "0" never (synccheck's "Missing wait"). Session 34
-# (ownphase_*_s34): at B=256 the step takes 14.786 ms inline and 13.599 ms with "0" (-8.0%;
-# GATE_UP 58.0 -> 52.3 us a tile).
-OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "inline")
-if OWN_PHASE_SEEN not in ("inline", "after", "test", "0"):
-    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected inline, after, test or 0")
+@cute.jit
+def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
+                  npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+                  ticket: Int32):
+    """OWN_PHASE_SEEN=consumer: one consumer thread's wait on the `full` phases of a stage's NB
+    B pages, the first at ring count pg_b, after the stage's A-page barrier passed. They were
+    complete before it (the loader arrives on each before issuing the TMA whose bytes that
+    barrier counts), so the try_waits go back to back and normally all pass; the bounded waits
+    only when one did not."""
+    seen = cutlass.Boolean(True)
+    for j in cutlass.range_constexpr(cfg.nb):
+        page, ph = page_of(pg_b + j, npages)
+        seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
+    if not seen:
+        for j in cutlass.range_constexpr(cfg.nb):
+            page, ph = page_of(pg_b + j, npages)
+            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
 @cute.jit
@@ -669,24 +664,18 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                  sB_layout: cute.ComposedLayout, layer: Int32, col0: Int32, up_row0: Int32,
                  kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
                  npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                 a_full=None, free=None):
+                 a_full=None):
     """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
     TMA its b_rows weight rows x 64 K columns at K column kc (gate_up: the second page is the up
     rows from up_row0).
 
     a_full: the stage's A-page `full` barrier under ONE_FULL (stage_full; None otherwise): the
     B loads complete their bytes there (the caller expects them) and each B page's own `full`
-    gets a plain arrival, whose phase the loader then observes itself (own_phase_seen).
-    free: stage_free's answer for the stage (STAGE_EMPTY=stage): when true, the pages' `empty`
-    phases were all seen there and the per-page waits are skipped (None: wait on each)."""
+    gets a plain arrival, whose phase someone must then observe (OWN_PHASE_SEEN)."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
-        if cutlass.const_expr(free is None):
-            bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
-        else:
-            if not free:
-                bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
+        bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         bar = full + page
         if cutlass.const_expr(a_full is not None):
             bar = a_full
@@ -700,8 +689,6 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                     cute.arch.mbarrier_arrive(full + page)
                     if cutlass.const_expr(OWN_PHASE_SEEN == "inline"):
                         own_phase_seen(full + page, ph, timeout_ns, state, ticket)
-                    if cutlass.const_expr(OWN_PHASE_SEEN == "test"):
-                        cute.arch.mbarrier_test_wait(full + page, ph)
                 else:
                     cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
             if cutlass.const_expr(cfg.half_gate_up):
@@ -717,26 +704,6 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                     wrow = up_row0
                 tma_box(tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc, layer,
                         bar, policy)
-    if cutlass.const_expr(a_full is not None and OWN_PHASE_SEEN == "after"):
-        with cute.arch.elect_one():
-            for j in cutlass.range_constexpr(cfg.nb):
-                if cutlass.const_expr(not (j == 1 and "nob1" in EXPERIMENT)):
-                    page, ph = page_of(pg_b + j, npages)
-                    own_phase_seen(full + page, ph, timeout_ns, state, ticket)
-
-
-@cute.jit
-def stage_free(cfg: cutlass.Constexpr, empty: cute.Pointer, stage_pg: Int32,
-               npages: cutlass.Constexpr) -> cutlass.Boolean:
-    """STAGE_EMPTY=stage: one mbarrier.test_wait on the `empty` of every page of the stage at
-    ring count stage_pg, issued back to back (none waits for another's answer), and whether
-    they all passed: then each page's phase has been seen and the loader skips its per-page
-    waits; else it falls back to them (a page seen twice is harmless)."""
-    free = cutlass.Boolean(True)
-    for j in cutlass.range_constexpr(cfg.stage_pages):
-        page, ph = page_of(stage_pg + j, npages)
-        free = free & cute.arch.mbarrier_test_wait(empty + page, ph ^ 1)
-    return free
 
 
 def stage_full(a_full):
@@ -989,6 +956,11 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # fall two phases behind
                 release_stage(pg + (k - 1) * spp, spp, npages,
                               operand_bar(empty, done), lane, share)
+        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN == "consumer"):
+            # this stage's B pages' own phases, before this thread's arrival frees the stage
+            # (the next iteration, or the `done` after the loop); its wgmmas run meanwhile
+            if ctid == 0:
+                b_phases_seen(cfg, full, sp + b_off, npages, timeout_ns, state, ticket)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(cfg.wide):
         # the N = 256 fragment is the two N = 128 chains' side by side (element e + 2h + 4j holds
