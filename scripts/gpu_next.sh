@@ -273,6 +273,14 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00000c. Session 35: MK_OWN_PHASE_SEEN=consumer is the default (consumer thread 0 observes the
+#      B pages' own `full` phases; the loader's wait, "inline", cost 10.4% at B=256 against
+#      none); verify + synccheck at 049a5d9 clean (38 tests, checks, racecheck 0, synccheck 0).
+#      Not timed yet. First: `MK_STEPS=ownphase` alone (~5 min: B=256 with 0 / consumer /
+#      inline); then the e2e table (`MK_E2E_BATCH=1,16,64,256 MK_STEPS=e2e`, then
+#      `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`) and issue 5's GEMM table
+#      (`gemm`). Steps run in this script's order whatever MK_STEPS's order: put `verify` in a
+#      call of its own (its pytest compiles take ~4 min on a fresh machine).
 #   00000b. Session 34 made MK_SIGNAL_FENCE=red the default (the storer's signal with
 #      red.release alone: B=1 / 64 -3.4% / -3.2%; checks + racecheck 0 with it), re-applied
 #      s33-spillfree, and verified HEAD b046fa4 (`verify synccheck`: 38 tests, checks, racecheck 0,
