@@ -37,7 +37,9 @@ Barrier arrivals per page (counts are the megakernel's init counts); every use o
 exactly one phase of each of its three barriers, and every waiter walks the pages in ring order (a
 parity wait cannot tell phase u from u - 2):
     full[p]   count 1: loader arrive_and_expect_tx + TMA bytes (operand pages, and epilogue pages
-              holding the residual tile for RESIDUAL), or a plain arrive (epilogue page granted)
+              holding the residual tile for RESIDUAL), or a plain arrive (epilogue page granted;
+              under ONE_FULL a stage's B pages, whose bytes count on its A page's `full`, and
+              whose phase consumer thread 0 then observes: OWN_PHASE_SEEN)
     done[p]   count DONE_ARRIVALS = 8: every consumer warp, once its part of the output is in
               the epilogue page, or (operand pages the storer frees, OPERAND_FREE) once the
               wgmmas reading the page retired (wait_group(1))
