@@ -279,8 +279,7 @@
 #      Not timed yet. First: `MK_STEPS=ownphase` alone (~5 min: B=256 with 0 / consumer /
 #      inline); then the e2e table (`MK_E2E_BATCH=1,16,64,256 MK_STEPS=e2e`, then
 #      `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`) and issue 5's GEMM table
-#      (`gemm`). Steps run in this script's order whatever MK_STEPS's order: put `verify` in a
-#      call of its own (its pytest compiles take ~4 min on a fresh machine).
+#      (`gemm`). Steps now run in MK_STEPS's order (verify takes ~460 s on a fresh machine).
 #   00000b. Session 34 made MK_SIGNAL_FENCE=red the default (the storer's signal with
 #      red.release alone: B=1 / 64 -3.4% / -3.2%; checks + racecheck 0 with it), re-applied
 #      s33-spillfree, and verified HEAD b046fa4 (`verify synccheck`: 38 tests, checks, racecheck 0,
@@ -397,8 +396,9 @@
 # pytest of both GPU files did not finish in 420 s; with OMP_NUM_THREADS=16 each, 137 s), so each
 # job gets half the cores unless OMP_NUM_THREADS is set. A step whose usual duration (STEP_S
 # below) would pass MK_DEADLINE_S (default 570 s from the script's start) is skipped and says so.
-# Steps run in this script's order, not MK_STEPS's; verify comes first and takes ~460 s on a fresh
-# machine (its pytest compiles ~240 s): give it a call of its own (session 35 lost a timing so).
+# Steps run in MK_STEPS's order (the script runs itself once per step; until session 35 they ran
+# in this file's order, and a verify listed last took a call's time first); verify takes ~460 s on
+# a fresh machine (its pytest compiles ~240 s).
 set -u
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 OUTDIR=${1:-${OUT:-bench/results}}
@@ -416,6 +416,16 @@ for s in $STEPS; do
     exit 2
   fi
 done
+if [ -z "${MK_GPU_NEXT_ONE:-}" ] && [ "$(echo $STEPS | wc -w)" -gt 1 ]; then
+  # one run of this script per step, in MK_STEPS's order, each with the deadline's remainder
+  DEADLINE=${MK_DEADLINE_S:-570}
+  rc=0
+  for s in $STEPS; do
+    MK_GPU_NEXT_ONE=1 MK_STEPS=$s MK_DEADLINE_S=$((DEADLINE - SECONDS)) bash "$0" "$OUTDIR" || rc=1
+  done
+  rm -rf "$TMPD"
+  exit $rc
+fi
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 # the M <= 256 class on the 64-row tiles (the default before session 7)
 M64_AT_256="QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,GATE_UP@256=gu_m64,DOWN@256=m64n256"
