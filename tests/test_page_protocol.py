@@ -123,7 +123,8 @@ class Ring:
         # arrival completes them): "consumer" (gk.b_phases_seen: a consumer once the stage's A
         # page passed, before its arrival frees the stage), "inline" (gk.own_phase_seen: the
         # loader right after the arrival); None: the negative control, the kernel before
-        # session 32
+        # session 32; "consumer_late" (a negative control): the consumer's waits after its
+        # arrival that frees the stage
         self.b_phase_seen = b_phase_seen
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
@@ -257,13 +258,16 @@ class Ring:
                         self.read(pg + pos(k) + j)
                     if k > 0:
                         self.release_stage(pg + pos(k - 1), spp, last=False)
-                    if self.stage_full == "stage" and self.b_phase_seen == "consumer":
-                        # gk.b_phases_seen: complete since the A page's barrier passed
-                        for j in range(1, spp):
-                            q = pg + pos(k) + j
-                            yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                        if self.b_phase_seen == "consumer_late":
+                            yield "released"        # the loader may run in between
+                            yield from self.b_phases_seen(pg + pos(k - 1), spp)
+                    if self.b_phase_seen == "consumer":
+                        yield from self.b_phases_seen(pg + pos(k), spp)
                     yield "wgmma"
                 self.release_stage(pg + pos(kt - 1), spp, last=True)
+                if self.b_phase_seen == "consumer_late":
+                    yield "released"
+                    yield from self.b_phases_seen(pg + pos(kt - 1), spp)
                 ep = pg + s_epi * spp
                 cp = self.chain_pages
                 step = cp if cp and epi % cp == 0 else max(epi, 1)
@@ -292,6 +296,15 @@ class Ring:
                     self.empty[pa % NP].arrive(pa)
                     self.done[pb % NP].arrive(pb)
                     pg += 2
+
+    def b_phases_seen(self, a, spp):
+        """gk.b_phases_seen: the consumer's waits on the `full` of the B pages of the stage at
+        ring position a (under "stage"; complete since the stage's A-page barrier passed)."""
+        if self.stage_full != "stage":
+            return
+        for j in range(1, spp):
+            q = a + j
+            yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
 
     def release_stage(self, q0, spp, last):
         for j in range(spp):
@@ -479,6 +492,15 @@ def test_model_catches_a_stage_wait_without_the_b_bytes():
     bad = _violations(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
                            b_on_own_full=True, phase_rule=False))
     assert bad and all("holds" in m for m in bad), bad[:3]
+
+
+def test_model_catches_b_phases_seen_after_the_stage_is_freed():
+    """Negative control of gk.b_phases_seen's order: the consumer's waits on a stage's B pages'
+    `full` after its own arrival that frees the stage (not before) let the loader arrive on a
+    B page's `full` again before its previous phase was observed: "Missing wait"."""
+    bad = _violations(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
+                           b_phase_seen="consumer_late"), seeds=60)
+    assert bad and all("Missing wait" in m and m.startswith("full") for m in bad), bad[:3]
 
 
 def test_model_catches_an_unobserved_b_page_phase():
