@@ -276,8 +276,8 @@
 #   00000c. Session 35: MK_OWN_PHASE_SEEN=consumer is the default (consumer thread 0 observes the
 #      B pages' own `full` phases; the loader's wait, "inline", cost 10.4% at B=256 against
 #      none); verify + synccheck at 049a5d9 clean (38 tests, checks, racecheck 0, synccheck 0).
-#      Not timed yet. First: `MK_STEPS=ownphase` alone (~5 min: B=256 with 0 / consumer /
-#      inline); then the e2e table (`MK_E2E_BATCH=1,16,64,256 MK_STEPS=e2e`, then
+#      Not timed yet. First: `MK_OWN_BATCH=64,256 MK_STEPS=ownphase` alone (~5-6 min: 0 /
+#      consumer / inline at B=64 and 256); then the e2e table (`MK_E2E_BATCH=1,16,64,256 MK_STEPS=e2e`, then
 #      `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`) and issue 5's GEMM table
 #      (`gemm`). Steps now run in MK_STEPS's order (verify takes ~460 s on a fresh machine).
 #   00000b. Session 34 made MK_SIGNAL_FENCE=red the default (the storer's signal with
