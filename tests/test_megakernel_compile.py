@@ -752,7 +752,9 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
     ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
     ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
-    ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'")])
+    ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'"),
+    # a removed mode (session 35: synccheck-unclean) is refused, not silently the default
+    ("MK_OWN_PHASE_SEEN", "test", "MK_OWN_PHASE_SEEN='test'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named."""
     import subprocess
