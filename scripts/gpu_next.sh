@@ -7,6 +7,11 @@
 #   verify the default build's correctness checks (checks() below: the megakernel and whole-step
 #          GPU tests, the two-layer step vs mk.vm with split-K never / auto, racecheck): verify.log;
 #          MK_VERIFY_EXTRA: more pytest files / node ids (a changed tile's GPU tests)
+#   swapsplit MK_ATTN_SWAP_SPLIT=1 (a lone decode unit's key blocks over both warpgroups): the
+#          attention harness GPU tests, two-layer checks (--kv-split 1024 and default), racecheck
+#          + synccheck: swapsplit.log (~7 min)
+#   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64), journal on:
+#          swapsplittime.log, swapsplittime_{off,on}.json (~3-4 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer inline: who observes the GEMM B
 #          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
 #          the loader after each arrival), timed only: decode MK_OWN_BATCH (256), journal on:
@@ -436,7 +441,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -685,6 +690,41 @@ if has ownphase; then
   for v in ${MK_OWN_MODES:-0 consumer inline}; do
     time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
   done
+fi
+if has swapsplit; then
+  # MK_ATTN_SWAP_SPLIT=1 (session 35, ak.SWAP_SPLIT): a lone decode unit's key blocks over both
+  # warpgroups, merged at the end. Checks with it: the attention harness's GPU tests; the
+  # two-layer step vs mk.vm with decode units of 1..4 key blocks (--kv-split 1024: odd and even
+  # counts) and with the default 64-key splits (one block: warpgroup 1 owns none); racecheck and
+  # synccheck of the former (swapsplit_{racecheck,synccheck}.log): swapsplit.log (~7 min; its
+  # timing is the step swapsplittime)
+  lens="--prompt-lens 1,13,64,130,200,70"
+  export MK_ATTN_SWAP_SPLIT=1 MK_CHECK_TAG="MK_ATTN_SWAP_SPLIT=1 "
+  { echo "== attention harness GPU tests, MK_ATTN_SWAP_SPLIT=1"
+    timeout 240 python -m pytest -m gpu -q tests/test_attention_gpu.py 2>&1 | tail -3
+  } | tee "$OUTDIR/swapsplit.log"
+  # shellcheck disable=SC2086  # $lens: the arguments, split
+  check_to "$OUTDIR/swapsplit.log" --kv-split 1024 --split-k 0 $lens
+  # shellcheck disable=SC2086
+  check_to "$OUTDIR/swapsplit.log" --split-k 0 $lens
+  for tool in racecheck synccheck; do
+    echo "== $tool, MK_ATTN_SWAP_SPLIT=1, --kv-split 1024" | tee -a "$OUTDIR/swapsplit.log"
+    # shellcheck disable=SC2086
+    CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool $tool python -m mk.megakernel_step \
+        check --layers 2 --decode-steps 1 --split-k 0 --kv-split 1024 $lens \
+        > "$TMPD/swapsplit_$tool.log" 2>&1 || rc=1
+    grep -v "^\[mk" "$TMPD/swapsplit_$tool.log" | head -150 > "$OUTDIR/swapsplit_$tool.log"
+    grep -E "SUMMARY|passed" "$TMPD/swapsplit_$tool.log" | cut -c1-200 | tee -a "$OUTDIR/swapsplit.log"
+  done
+  unset MK_ATTN_SWAP_SPLIT MK_CHECK_TAG
+fi
+if has swapsplittime; then
+  # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64), journal on:
+  # swapsplittime.log, swapsplittime_{off,on}.json (~3-4 min)
+  : > "$OUTDIR/swapsplittime.log"
+  time_variant swapsplittime off "MK_ATTN_SWAP_SPLIT=0" ${MK_SWAPSPLIT_BATCH:-1,16,64} "" ""
+  time_variant swapsplittime on "MK_ATTN_SWAP_SPLIT=1" ${MK_SWAPSPLIT_BATCH:-1,16,64} \
+      "MK_ATTN_SWAP_SPLIT=1" ""
 fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do

@@ -824,3 +824,25 @@ def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
     waits, _ = gemm_switch_counts(tmp_path, "MK_OWN_PHASE_SEEN", "OWN_PHASE_SEEN",
                                   ("consumer", "inline", "0"), ("consumer", "inline"))
     assert waits["consumer"] > waits["0"] and waits["inline"] > waits["0"], waits
+
+
+def test_swap_split_variant_mirrors_its_barriers_without_spills(tmp_path):
+    """MK_ATTN_SWAP_SPLIT=1 (ak.SWAP_SPLIT, session 35, off): a lone decode unit's key blocks over
+    both warpgroups, merged at the end. It compiles (M64 with split-K) with 0 spills and no call;
+    each warpgroup's own named barrier (5 and 6, 128 threads) is synced at as many places as the
+    other's, and at more than in the default build (the key blocks a warpgroup does not own
+    mirror the owner's syncs); the merge adds its exp2s (merge_factors)."""
+    check = "import mk.instructions._attention_kernel as ak; assert ak.SWAP_SPLIT == {on}"
+    ptx = {on: variant_ptx(tmp_path, f"swsplit_{on}", {"MK_ATTN_SWAP_SPLIT": "1" if on else "0"},
+                           check.format(on=on))
+           for on in (False, True)}
+
+    def wg_syncs(p):
+        return [len(re.findall(rf"bar\.sync\s+{b},\s*128;", p)) for b in (5, 6)]
+
+    off, on = wg_syncs(ptx[False]), wg_syncs(ptx[True])
+    assert on[0] == on[1] > off[0] == off[1], (off, on)
+    exp2 = {k: len(re.findall(r"ex2\.approx", p)) for k, p in ptx.items()}
+    assert exp2[True] > exp2[False], exp2
+    assert not re.search(r"^\s*call", ptx[True], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx[True], str(tmp_path / "swsplit_1")))

@@ -163,13 +163,30 @@ THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-of
 # wgmma B layout) at 0, P^T (8 x 64 bf16) at SWAP_P_OFF, the four warps' column maxima / sums
 # (4 x 8 fp32) at SWAP_RED_OFF. The pages, their waits and releases are the same as the other
 # path's. Not with the experimental wg_split / PAIR_WARP layouts (their decode units keep the
-# m64n64 chain). Session 31's MK_ATTN_SWAPPED=split (a unit's key blocks over both warpgroups)
-# was removed: racecheck reported 100 hazards with it (bench/results/*_2026-12-04_s32*).
+# m64n64 chain).
 SWAPPED = not WG_SPLIT and PAIR_WARP == 0
 SWAP_ROWS = 8
 SWAP_SCRATCH = 4096
 SWAP_P_OFF = 2048
 SWAP_RED_OFF = 3072
+# MK_ATTN_SWAP_SPLIT=1 (session 35; built and compile-checked, not yet GPU-run, off): a lone
+# decode unit's key blocks alternate between the two warpgroups, each running the swapped chain
+# on its blocks with its own scratch, max, sums and O^T, merged at the end through warpgroup 1's
+# epilogue page (no row of the unit is stored from it) as the m64n64 chain's wg_split merges
+# (merge_factors). Why: in a decode step of fewer than ~132 sequences an ATTENTION instruction
+# is one unit on one warpgroup while the other idles (B=64: 20.7 us an instruction, ~1.3 us per
+# key block of chain latency; 22 us of the 115 us critical path per layer); half the blocks each
+# should take it near 11. Session 31 built this as MK_ATTN_SWAPPED=split and session 32 removed
+# it: racecheck's 100 RAW hazards there were RMSNORM's cross-warp partials (_rows_kernel.py,
+# written by warpgroup 1's first thread, read after the norm's barrier:
+# bench/results/racecheck_swapped_split_2026-12-04_s32.log), session 31's signature of
+# warpgroups that sync their own named barriers unequally often. So here a warpgroup also syncs
+# its barrier for each key block it does not own, as often as the owner does (swap_idle_barriers
+# and the V tail's), and both execute the same barrier sequence whatever the block count.
+SWAP_SPLIT_VALUE = os.environ.get("MK_ATTN_SWAP_SPLIT", "0")
+if SWAP_SPLIT_VALUE not in ("0", "1"):
+    raise ValueError(f"MK_ATTN_SWAP_SPLIT={SWAP_SPLIT_VALUE!r}: expected 0 or 1")
+SWAP_SPLIT = SWAP_SPLIT_VALUE == "1" and SWAPPED
 # Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
 # production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
 # work to leave out, so that timing differences place the time of one instruction
@@ -1314,6 +1331,12 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
                 page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                 release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
+            if cutlass.const_expr(sw is not None and SWAP_SPLIT and not NOMATH):
+                # the owner's barrier syncs of this block (the softmax's two, the V tail's):
+                # both warpgroups sync theirs equally often (SWAP_SPLIT says why)
+                swap_idle_barriers(wg, 2)
+                if kend - kb0 < KB:
+                    wg_barrier(wg)
         else:
             t0 = rk.wait_clock_start(wclk)
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
@@ -1437,6 +1460,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     # spilled 12 bytes)
     ne = Int32(E_DIRECT) + (mode & 1) * (E_PARTIAL - E_DIRECT)
     sw = None
+    # a lone decode unit's key blocks over both warpgroups: the m64n64 chain's wg_split, or the
+    # swapped chain's SWAP_SPLIT
+    split_units = wg_split or (swap is not None and SWAP_SPLIT)
     if cutlass.const_expr(swap is not None):
         assert not wg_split and PAIR_WARP == 0, "the swapped chain: no wg_split, PAIR_WARP 0"
         # swap_bundle's arguments: each use builds its part (one bundle built here and carried
@@ -1448,7 +1474,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             kend, nblk = unit_range(R, qpk, pos0, kv0, kv1, mt)
             paired, kend_b, nblk_b, walk = second_unit(pair, mode, qpk, kv0, nblk)
             narrow = cutlass.Boolean(False)       # the unit's blocks split between the WGs
-            if cutlass.const_expr(wg_split):
+            if cutlass.const_expr(split_units):
+                # (the swapped trace runs instructions of <= SWAP_ROWS rows: narrow units)
                 narrow = mtot - mt * MT <= NARROW_ROWS
                 if cutlass.const_expr(pair is not None):
                     if paired:
@@ -1520,7 +1547,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                       accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0,
                       kend_w, lim0, lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows,
                       both_halves, wg, wtid, ctid, timeout_ns, state, ticket, share, wclk, mclk,
-                      sclk, pflag, walk, wg_split)
+                      sclk, pflag, walk, split_units)
             mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
@@ -1545,12 +1572,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     # merge: WG1's (m, l, unnormalised O) of its blocks -> its own epilogue page
                     # (its rows hold no query row: the storer stores nothing from it), read by WG0
                     # (the same coordinates per wtid)
-                    mpg = ep0 + 1
-                    if mode != at.MODE_DIRECT:
-                        mpg = ep0 + 2
-                    if mpg >= npages:
-                        mpg = mpg - npages
-                    mb = pool + mpg * PAGE
+                    mb = pool + merge_page(ep0, mode, npages) * PAGE
                     if wg == 1:
                         writes = False
                         if wq == 0:
@@ -1560,6 +1582,17 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         if wq == 0:
                             mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0,
                                                           mr1, lt0, lt1, False)
+            if cutlass.const_expr(sw is not None and SWAP_SPLIT):
+                if narrow:
+                    # warpgroup 1's (m, l, O^T) of its blocks -> its own epilogue page (no row
+                    # of the unit is stored from it), folded in by warpgroup 0 (same wtid)
+                    mb = pool + merge_page(ep0, mode, npages) * PAGE
+                    if wg == 1:
+                        writes = False
+                        swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, True)
+                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
+                    if wg == 0:
+                        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, False)
             inv0 = Float32(0.0)
             inv1 = Float32(0.0)
             lse0 = Float32(NEG_INF)
@@ -1658,6 +1691,40 @@ def merge_io(mb: Int32, wtid: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor, a
                 acc[2 * v] = acc[2 * v] * own + d[0] * oth
                 acc[2 * v + 1] = acc[2 * v + 1] * own + d[1] * oth
     return mr0, mr1, lt0, lt1
+
+
+@cute.jit
+def swap_merge(sw, mb: Int32, wtid: Int32, mr0: Float32, mr1: Float32, lt0: Float32,
+               lt1: Float32, write: cutlass.Constexpr):
+    """merge_io for the swapped chain (SWAP_SPLIT): this thread's 8 O^T floats at mb + 32 wtid
+    (both warpgroups' thread wtid hold the same (dim, column) elements), its columns' (m, l)
+    through merge_factors (column 2 (lane % 4) + e % 2 of element e). Returns the merged
+    (m0, m1, l0, l1)."""
+    sw = swap_bundle(*sw)
+    accOt = sw[11]
+    a00, a01, a10, a11, mr0, mr1, lt0, lt1 = merge_factors(mb, wtid, mr0, mr1, lt0, lt1, write)
+    d = cute.make_tensor(cute.make_ptr(Float32, mb + wtid * 32, cute.AddressSpace.smem,
+                                       assumed_align=16), cute.make_layout(8))
+    for e in cutlass.range_constexpr(cute.size(accOt)):
+        if cutlass.const_expr(write):
+            d[e] = accOt[e]
+        else:
+            accOt[e] = (accOt[e] * (a00 if e % 2 == 0 else a01)
+                        + d[e] * (a10 if e % 2 == 0 else a11))
+    return mr0, mr1, lt0, lt1
+
+
+@cute.jit
+def merge_page(ep0: Int32, mode: Int32, npages: cutlass.Constexpr) -> Int32:
+    """The page a narrow unit's merge goes through: warpgroup 1's first epilogue page (bf16
+    rows: ep0 + 1; float32 rows, MODE_PARTIAL: ep0 + 2), which holds no row of the unit (at
+    most NARROW_ROWS rows, all in warpgroup 0's page), so the storer stores nothing from it."""
+    mpg = ep0 + 1
+    if mode == at.MODE_PARTIAL:
+        mpg = ep0 + 2
+    if mpg >= npages:
+        mpg = mpg - npages
+    return mpg
 
 
 # ATTN_REDUCE's loads two splits ahead: the LSE maximum and the weighted sum each take two splits
