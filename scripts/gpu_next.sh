@@ -285,6 +285,9 @@
 #      consumer / inline at B=64 and 256); then the e2e table (`MK_E2E_BATCH=1,16,64,256 MK_STEPS=e2e`, then
 #      `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`) and issue 5's GEMM table
 #      (`gemm`). Steps now run in MK_STEPS's order (verify takes ~460 s on a fresh machine).
+#      Also built (off): MK_ATTN_SWAP_SPLIT=1, a lone decode unit's key blocks over both
+#      warpgroups (B=64's ATTENTION: 22 of 115 us per layer, one warpgroup idle): `swapsplit`
+#      (checks, racecheck, synccheck; a call of its own), then `swapsplittime` (B=1,16,64).
 #   00000b. Session 34 made MK_SIGNAL_FENCE=red the default (the storer's signal with
 #      red.release alone: B=1 / 64 -3.4% / -3.2%; checks + racecheck 0 with it), re-applied
 #      s33-spillfree, and verified HEAD b046fa4 (`verify synccheck`: 38 tests, checks, racecheck 0,
