@@ -10,8 +10,8 @@
 #   swapsplit MK_ATTN_SWAP_SPLIT=1 (a lone decode unit's key blocks over both warpgroups): the
 #          attention harness GPU tests, two-layer checks (--kv-split 1024 and default), racecheck
 #          + synccheck: swapsplit.log (~7 min)
-#   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64), journal on:
-#          swapsplittime.log, swapsplittime_{off,on}.json (~3-4 min)
+#   swapsplittime MK_ATTN_SWAP_SPLIT off / on / on + kv_split_min=128, decode MK_SWAPSPLIT_BATCH
+#          (1,16,64), journal on: swapsplittime.log, swapsplittime_{off,on,on128}.json (~5 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer inline: who observes the GEMM B
 #          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
 #          the loader after each arrival), timed only: decode MK_OWN_BATCH (256), journal on:
@@ -444,7 +444,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=240)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -722,12 +722,16 @@ if has swapsplit; then
   unset MK_ATTN_SWAP_SPLIT MK_CHECK_TAG
 fi
 if has swapsplittime; then
-  # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64), journal on:
-  # swapsplittime.log, swapsplittime_{off,on}.json (~3-4 min)
+  # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64), journal on;
+  # and on with decode splits of at least 128 keys (PlanConfig.kv_split_min=128: at B=1 / 16 the
+  # default 64-key splits are one block, which warpgroup 1 cannot share; two blocks a split halve
+  # ATTN_REDUCE's inputs): swapsplittime.log, swapsplittime_{off,on,on128}.json (~5 min)
   : > "$OUTDIR/swapsplittime.log"
   time_variant swapsplittime off "MK_ATTN_SWAP_SPLIT=0" ${MK_SWAPSPLIT_BATCH:-1,16,64} "" ""
   time_variant swapsplittime on "MK_ATTN_SWAP_SPLIT=1" ${MK_SWAPSPLIT_BATCH:-1,16,64} \
       "MK_ATTN_SWAP_SPLIT=1" ""
+  time_variant swapsplittime on128 "MK_ATTN_SWAP_SPLIT=1, kv_split_min=128" \
+      ${MK_SWAPSPLIT_BATCH:-1,16,64} "MK_ATTN_SWAP_SPLIT=1" "--plan kv_split_min=128"
 fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do
