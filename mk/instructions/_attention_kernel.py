@@ -1567,7 +1567,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             # fragment pair v of a chain: row r0 + 8 (v % 2), column c0 + 8 (v // 2) (+ 64 chain)
             r0, c0 = tOcO[0]
             writes = cutlass.Boolean(True)        # this WG writes its rows into the pages
-            if cutlass.const_expr(wg_split):
+            if cutlass.const_expr(split_units):
                 if narrow:
                     # merge: WG1's (m, l, unnormalised O) of its blocks -> its own epilogue page
                     # (its rows hold no query row: the storer stores nothing from it), read by WG0
@@ -1575,24 +1575,12 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     mb = pool + merge_page(ep0, mode, npages) * PAGE
                     if wg == 1:
                         writes = False
-                        if wq == 0:
-                            merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1, True)
+                        merge_half(sw, mb, wtid, wq, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1,
+                                   True)
                     cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
                     if wg == 0:
-                        if wq == 0:
-                            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0,
-                                                          mr1, lt0, lt1, False)
-            if cutlass.const_expr(sw is not None and SWAP_SPLIT):
-                if narrow:
-                    # warpgroup 1's (m, l, O^T) of its blocks -> its own epilogue page (no row
-                    # of the unit is stored from it), folded in by warpgroup 0 (same wtid)
-                    mb = pool + merge_page(ep0, mode, npages) * PAGE
-                    if wg == 1:
-                        writes = False
-                        swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, True)
-                    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
-                    if wg == 0:
-                        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, False)
+                        mr0, mr1, lt0, lt1 = merge_half(sw, mb, wtid, wq, r0, c0, accO0, accO1,
+                                                        mr0, mr1, lt0, lt1, False)
             inv0 = Float32(0.0)
             inv1 = Float32(0.0)
             lse0 = Float32(NEG_INF)
@@ -1711,6 +1699,23 @@ def swap_merge(sw, mb: Int32, wtid: Int32, mr0: Float32, mr1: Float32, lt0: Floa
         else:
             accOt[e] = (accOt[e] * (a00 if e % 2 == 0 else a01)
                         + d[e] * (a10 if e % 2 == 0 else a11))
+    return mr0, mr1, lt0, lt1
+
+
+@cute.jit
+def merge_half(sw, mb: Int32, wtid: Int32, wq: Int32, r0: Int32, c0: Int32, accO0: cute.Tensor,
+               accO1: cute.Tensor, mr0: Float32, mr1: Float32, lt0: Float32, lt1: Float32,
+               write: cutlass.Constexpr):
+    """One warpgroup's half of a narrow unit's merge through page base mb (write=True: warpgroup
+    1's, False: warpgroup 0's): the m64n64 chain's (sw None: merge_io, warp 0 holds the unit's
+    rows) or the swapped chain's (swap_merge, every thread). Returns the merged (m0, m1, l0, l1)
+    (write=True: the inputs)."""
+    if cutlass.const_expr(sw is None):
+        if wq == 0:
+            mr0, mr1, lt0, lt1 = merge_io(mb, wtid, r0, c0, accO0, accO1, mr0, mr1, lt0, lt1,
+                                          write)
+    else:
+        mr0, mr1, lt0, lt1 = swap_merge(sw, mb, wtid, mr0, mr1, lt0, lt1, write)
     return mr0, mr1, lt0, lt1
 
 
