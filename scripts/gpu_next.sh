@@ -10,8 +10,8 @@
 #   swapsplit MK_ATTN_SWAP_SPLIT=1 (a lone decode unit's key blocks over both warpgroups): the
 #          attention harness GPU tests, two-layer checks (--kv-split 1024 and default), racecheck
 #          + synccheck: swapsplit.log (~7 min)
-#   swapsplittime MK_ATTN_SWAP_SPLIT off / on / on + kv_split_min=128, decode MK_SWAPSPLIT_BATCH
-#          (1,16,64), journal on: swapsplittime.log, swapsplittime_{off,on,on128}.json (~5 min)
+#   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal
+#          on: swapsplittime.log, swapsplittime_{off,on}.json (~5 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer inline: who observes the GEMM B
 #          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
 #          the loader after each arrival), timed only: decode MK_OWN_BATCH (256), journal on:
@@ -722,16 +722,13 @@ if has swapsplit; then
   unset MK_ATTN_SWAP_SPLIT MK_CHECK_TAG
 fi
 if has swapsplittime; then
-  # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64), journal on;
-  # and on with decode splits of at least 128 keys (PlanConfig.kv_split_min=128: at B=1 / 16 the
-  # default 64-key splits are one block, which warpgroup 1 cannot share; two blocks a split halve
-  # ATTN_REDUCE's inputs): swapsplittime.log, swapsplittime_{off,on,on128}.json (~5 min)
+  # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal on:
+  # swapsplittime.log, swapsplittime_{off,on}.json (~5 min). (Session 36 removed the variant with
+  # kv_split_min=128: B=1 7.714 ms, B=16 8.033 against on's 7.747 / 8.036, off's 7.704 / 7.997.)
   : > "$OUTDIR/swapsplittime.log"
-  time_variant swapsplittime off "MK_ATTN_SWAP_SPLIT=0" ${MK_SWAPSPLIT_BATCH:-1,16,64} "" ""
-  time_variant swapsplittime on "MK_ATTN_SWAP_SPLIT=1" ${MK_SWAPSPLIT_BATCH:-1,16,64} \
+  time_variant swapsplittime off "MK_ATTN_SWAP_SPLIT=0" ${MK_SWAPSPLIT_BATCH:-1,16,64,128} "" ""
+  time_variant swapsplittime on "MK_ATTN_SWAP_SPLIT=1" ${MK_SWAPSPLIT_BATCH:-1,16,64,128} \
       "MK_ATTN_SWAP_SPLIT=1" ""
-  time_variant swapsplittime on128 "MK_ATTN_SWAP_SPLIT=1, kv_split_min=128" \
-      ${MK_SWAPSPLIT_BATCH:-1,16,64} "MK_ATTN_SWAP_SPLIT=1" "--plan kv_split_min=128"
 fi
 if has rslice; then
   for r in ${MK_RSLICE_CHECK:-16 4}; do

@@ -187,6 +187,12 @@ SWAP_SPLIT_VALUE = os.environ.get("MK_ATTN_SWAP_SPLIT", "0")
 if SWAP_SPLIT_VALUE not in ("0", "1"):
     raise ValueError(f"MK_ATTN_SWAP_SPLIT={SWAP_SPLIT_VALUE!r}: expected 0 or 1")
 SWAP_SPLIT = SWAP_SPLIT_VALUE == "1" and SWAPPED
+# A unit of fewer key blocks stays on warpgroup 0 (the other idles, as without SWAP_SPLIT): the
+# merge and the halved chain cost more than they save on a short unit. Session 36's split of
+# every unit (bench/results/swapsplittime_*_s36.json): 16 blocks (B=64) ATTENTION 20.40 -> 17.56
+# us an instruction, 2 blocks (B=16's 128-key splits) 9.42 -> 9.71, 1 block (B=1's) 7.50 ->
+# 8.06; a straight line through them crosses even near 3.3 blocks.
+SWAP_SPLIT_MIN_BLOCKS = 4
 # Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
 # production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
 # work to leave out, so that timing differences place the time of one instruction
@@ -1477,6 +1483,9 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if cutlass.const_expr(split_units):
                 # (the swapped trace runs instructions of <= SWAP_ROWS rows: narrow units)
                 narrow = mtot - mt * MT <= NARROW_ROWS
+                if cutlass.const_expr(swap is not None):
+                    if nblk < SWAP_SPLIT_MIN_BLOCKS:
+                        narrow = cutlass.Boolean(False)
                 if cutlass.const_expr(pair is not None):
                     if paired:
                         narrow = cutlass.Boolean(False)
