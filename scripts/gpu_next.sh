@@ -12,9 +12,9 @@
 #          + synccheck: swapsplit.log (~7 min)
 #   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal
 #          on: swapsplittime.log, swapsplittime_{off,on}.json (~5 min)
-#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer inline: who observes the GEMM B
+#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer early: who observes the GEMM B
 #          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
-#          the loader after each arrival), timed only: decode MK_OWN_BATCH (256), journal on:
+#          warp 0's lanes while the stage's wgmmas run; also inline), timed only: decode MK_OWN_BATCH (256), journal on:
 #          ownphase.log, ownphase_<mode>.json (~70 s a mode)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
@@ -690,7 +690,7 @@ if has ownphase; then
   # costs 8-10% against "0" (nobody, synccheck-unclean). Timed only: decode MK_OWN_BATCH (256)
   # with each of MK_OWN_MODES, journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
   : > "$OUTDIR/ownphase.log"
-  for v in ${MK_OWN_MODES:-0 consumer inline}; do
+  for v in ${MK_OWN_MODES:-0 consumer early}; do
     time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
   done
 fi

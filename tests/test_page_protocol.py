@@ -121,7 +121,8 @@ class Ring:
         self.chain_pages = chain_pages
         # gk.OWN_PHASE_SEEN: who observes the B pages' own `full` phases under "stage" (a plain
         # arrival completes them): "consumer" (gk.b_phases_seen: a consumer once the stage's A
-        # page passed, before its arrival frees the stage), "inline" (gk.own_phase_seen: the
+        # page passed, before its arrival frees the stage), "early" (gk.b_phases_seen_lanes: the
+        # same, before it frees the previous stage), "inline" (gk.own_phase_seen: the
         # loader right after the arrival); None: the negative control, the kernel before
         # session 32; "consumer_late" (a negative control): the consumer's waits after its
         # arrival that frees the stage
@@ -256,6 +257,8 @@ class Ring:
                         yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     for j in range(spp):
                         self.read(pg + pos(k) + j)
+                    if self.b_phase_seen == "early":
+                        yield from self.b_phases_seen(pg + pos(k), spp)
                     if k > 0:
                         self.release_stage(pg + pos(k - 1), spp, last=False)
                         if self.b_phase_seen == "consumer_late":
@@ -435,6 +438,14 @@ def test_protocol_holds_with_b_phases_seen_by_the_loader():
     passes on its own phase, the PTX phase rule holds, every schedule ends."""
     _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
                 b_phase_seen="inline"))
+
+
+def test_protocol_holds_with_b_phases_seen_before_the_previous_stage_is_freed():
+    """MK_OWN_PHASE_SEEN=early (session 36): a consumer observes stage k's B pages' own `full`
+    phases right after the stage's wgmmas are committed, before it frees stage k - 1: every
+    wait passes on its own phase, the PTX phase rule holds, every schedule ends."""
+    _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
+                b_phase_seen="early"))
 
 
 def _holds(ring_kw, seeds=150) -> list:

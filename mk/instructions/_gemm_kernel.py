@@ -629,9 +629,15 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
 # costs 8-10% of the step against "0"; waiting after the stage's loads ("after") as much; a
 # test_wait after the arrival that nothing branches on ("test") is as fast as "0" but synccheck
 # still reports Missing wait (the test can run before the arrival has landed).
+# "early" (session 36; compile-checked, not GPU-run): warp 0's lanes j < NB each wait on B page j
+# in one instruction, right after the stage's wgmmas are committed, so that the try_waits overlap
+# them instead of sitting between wait_group(1) and the next stage's issue, where session 36
+# measured consumer's cost at B=256: 13.854 ms against 13.528 for "0" (GATE_UP 56.9 us an
+# instruction against 52.0; bench/results/ownphase_*_s36.json).
 OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "consumer")
-if OWN_PHASE_SEEN not in ("consumer", "inline", "0"):
-    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, inline or 0")
+if OWN_PHASE_SEEN not in ("consumer", "early", "inline", "0"):
+    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, early, inline "
+                     "or 0")
 
 
 @cute.jit
@@ -659,6 +665,20 @@ def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
         for j in cutlass.range_constexpr(cfg.nb):
             page, ph = page_of(pg_b + j, npages)
             bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+
+
+@cute.jit
+def b_phases_seen_lanes(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
+                        npages: cutlass.Constexpr, lane: Int32, timeout_ns: Int64,
+                        state: cute.Tensor, ticket: Int32):
+    """OWN_PHASE_SEEN=early: b_phases_seen with lane j of one warp on B page j, all NB try_waits
+    in one instruction; the sync_warp then orders each lane's observation before the warp's
+    arrival that frees the stage (lane 0's, where one arrival speaks for the warp)."""
+    if lane < cfg.nb:
+        page, ph = page_of(pg_b + lane, npages)
+        if not cute.arch.mbarrier_try_wait(full + page, ph):
+            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+    cute.arch.sync_warp()
 
 
 @cute.jit
@@ -944,6 +964,12 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
                           tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN == "early"):
+            # this stage's B pages' own phases while its wgmmas run (before the next iteration's
+            # arrival frees the stage)
+            if ctid < 32:
+                b_phases_seen_lanes(cfg, full, sp + b_off, npages, lane, timeout_ns, state,
+                                    ticket)
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
                 release_stage(pg + (k - 1) * spp, spp, npages,
