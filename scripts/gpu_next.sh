@@ -278,6 +278,14 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00000d. Session 36: MK_ATTN_SWAP_SPLIT=1 checked clean at cdd60c1 (split of every unit) and
+#      timed at 46d1fe2 (units of >= 4 blocks): B=1/16/64/128 +0.3/+0.4/-0.7/-0.8%. Consumer's
+#      B-phase waits (default) cost 2.4% at B=256 vs none. Built: MK_OWN_PHASE_SEEN=early. Next:
+#      1. `MK_OWN_MODES="0 consumer early" MK_OWN_BATCH=64,256 MK_STEPS=ownphase` (~7 min).
+#      2. Both candidates through the checks in one build: `export MK_ATTN_SWAP_SPLIT=1
+#         MK_OWN_PHASE_SEEN=early` (or consumer if early did not win), then `MK_STEPS=verify`
+#         and `MK_STEPS=synccheck` (two calls); if clean, flip both defaults in a commit.
+#      3. The e2e table (two calls, below) and issue 5's `gemm` table at the new defaults.
 #   00000c. Session 35: MK_OWN_PHASE_SEEN=consumer is the default (consumer thread 0 observes the
 #      B pages' own `full` phases; the loader's wait, "inline", cost 10.4% at B=256 against
 #      none); verify + synccheck at 049a5d9 clean (38 tests, checks, racecheck 0, synccheck 0).
