@@ -12,6 +12,8 @@
 #          + synccheck: swapsplit.log (~7 min)
 #   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal
 #          on: swapsplittime.log, swapsplittime_{off,on}.json (~5 min)
+#   pairrace racecheck + synccheck of the two-layer step with every decode paired (attn_pair=2,
+#          unequal block counts), the environment as it is: pairrace.log (~4 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer early: who observes the GEMM B
 #          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
 #          warp 0's lanes while the stage's wgmmas run; also inline), timed only: decode MK_OWN_BATCH (256), journal on:
@@ -286,6 +288,7 @@
 #         MK_OWN_PHASE_SEEN=early` (or consumer if early did not win), then `MK_STEPS=verify`
 #         and `MK_STEPS=synccheck` (two calls); if clean, flip both defaults in a commit.
 #      3. The e2e table (two calls, below) and issue 5's `gemm` table at the new defaults.
+#      4. `MK_STEPS=pairrace` (the swapped chain's pairs under racecheck / synccheck).
 #   00000c. Session 35: MK_OWN_PHASE_SEEN=consumer is the default (consumer thread 0 observes the
 #      B pages' own `full` phases; the loader's wait, "inline", cost 10.4% at B=256 against
 #      none); verify + synccheck at 049a5d9 clean (38 tests, checks, racecheck 0, synccheck 0).
@@ -452,7 +455,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -575,6 +578,25 @@ if has synccheck; then
     fi
   } > "$OUTDIR/synccheck.log" 2>&1
   cat "$OUTDIR/synccheck.log"
+fi
+if has pairrace; then
+  # racecheck and synccheck of the two-layer step with every decode paired (attn_pair=2, kv_split
+  # 1024: pairs of unequal block counts, 2 / 14, 65 / 71, 131 / 201 keys), in the environment as
+  # it is: the swapped chain's pairs (the default since session 32) have not been through
+  # either since (the default checks' steps form no pair: attn_pair auto pairs only past num_sms
+  # instructions), and their warpgroups sync their barriers 5 / 6 unequally often when the units' block
+  # counts differ (session 31's racecheck signature): pairrace.log, pairrace_{racecheck,
+  # synccheck}.log (~4 min)
+  PAIR="--layers 2 --decode-steps 1 --split-k 0 --plan attn_pair=2 --kv-split 1024"
+  PAIR="$PAIR --prompt-lens 1,13,64,130,200,70"
+  for tool in racecheck synccheck; do
+    echo "== $tool, $PAIR" | tee -a "$OUTDIR/pairrace.log"
+    # shellcheck disable=SC2086  # $PAIR: the arguments, split
+    CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool $tool python -m mk.megakernel_step \
+        check $PAIR > "$TMPD/pairrace_$tool.log" 2>&1 || rc=1
+    grep -v "^\[mk" "$TMPD/pairrace_$tool.log" | head -150 > "$OUTDIR/pairrace_$tool.log"
+    grep -E "SUMMARY|passed" "$TMPD/pairrace_$tool.log" | cut -c1-200 | tee -a "$OUTDIR/pairrace.log"
+  done
 fi
 if has swapped; then
   { for nb in 16 1; do
