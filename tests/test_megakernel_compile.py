@@ -817,13 +817,14 @@ def gemm_switch_counts(tmp_path, var: str, attr: str, modes, clean) -> tuple[dic
 
 def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
     """MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN): the default "consumer" (session 35) observes the
-    B pages' own `full` phases in consumer thread 0 once the stage's wgmmas are queued, "inline"
-    (session 32) in the loader after each arrival. Each compiles (M64 with split-K) with 0
-    spills, and each has more mbarrier try_waits than "0" (nobody waits; the negative
-    control)."""
+    B pages' own `full` phases in consumer thread 0 once the stage's wgmmas are queued, "early"
+    (session 36) in warp 0's lanes right after they are committed, "inline" (session 32) in the
+    loader after each arrival. Each compiles (M64 with split-K) with 0 spills, and each has more
+    mbarrier try_waits than "0" (nobody waits; the negative control)."""
+    modes = ("consumer", "early", "inline")
     waits, _ = gemm_switch_counts(tmp_path, "MK_OWN_PHASE_SEEN", "OWN_PHASE_SEEN",
-                                  ("consumer", "inline", "0"), ("consumer", "inline"))
-    assert waits["consumer"] > waits["0"] and waits["inline"] > waits["0"], waits
+                                  modes + ("0",), modes)
+    assert all(waits[m] > waits["0"] for m in modes), waits
 
 
 def test_swap_split_variant_mirrors_its_barriers_without_spills(tmp_path):

@@ -169,7 +169,8 @@ SWAP_ROWS = 8
 SWAP_SCRATCH = 4096
 SWAP_P_OFF = 2048
 SWAP_RED_OFF = 3072
-# MK_ATTN_SWAP_SPLIT=1 (session 35; built and compile-checked, not yet GPU-run, off): a lone
+# MK_ATTN_SWAP_SPLIT=1 (session 35; off; session 36: checks, racecheck and synccheck clean on
+# the H200 with every unit split, timing in SWAP_SPLIT_MIN_BLOCKS's note): a lone
 # decode unit's key blocks alternate between the two warpgroups, each running the swapped chain
 # on its blocks with its own scratch, max, sums and O^T, merged at the end through warpgroup 1's
 # epilogue page (no row of the unit is stored from it) as the m64n64 chain's wg_split merges
