@@ -12,6 +12,9 @@
 #          + synccheck: swapsplit.log (~7 min)
 #   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal
 #          on: swapsplittime.log, swapsplittime_{off,on}.json (~5 min)
+#   repeat the same decode run MK_REPEAT_N (3) times in fresh processes, MK_REPEAT_ENV (none =
+#          the default build), MK_REPEAT_BATCH (64,256), journal on, core dumps on exception,
+#          read with cuda-gdb where present: repeat.log (~2 min a run)
 #   pairrace racecheck + synccheck of the two-layer step with every decode paired (attn_pair=2,
 #          unequal block counts), the environment as it is: pairrace.log (~4 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer early: who observes the GEMM B
@@ -455,7 +458,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -596,6 +599,36 @@ if has pairrace; then
         check $PAIR > "$TMPD/pairrace_$tool.log" 2>&1 || rc=1
     grep -v "^\[mk" "$TMPD/pairrace_$tool.log" | head -150 > "$OUTDIR/pairrace_$tool.log"
     grep -E "SUMMARY|passed" "$TMPD/pairrace_$tool.log" | cut -c1-200 | tee -a "$OUTDIR/pairrace.log"
+  done
+fi
+if has repeat; then
+  # the same decode run MK_REPEAT_N (3) times, each its own process, environment MK_REPEAT_ENV
+  # (none: the default build), decode MK_REPEAT_BATCH (64,256), journal on: does an intermittent
+  # failure come back (session 37: one "unspecified launch failure" at B=256 in the default
+  # build, MK_OWN_PHASE_SEEN=consumer, in 1 of 3 same-shaped runs)? A kernel exception leaves a
+  # lightweight CUDA core dump, read with cuda-gdb where the machine has it: repeat.log
+  : > "$OUTDIR/repeat.log"
+  mkdir -p "$TMPD/core"
+  for i in $(seq 1 "${MK_REPEAT_N:-3}"); do
+    # shellcheck disable=SC2086  # MK_REPEAT_ENV: VAR=VALUE words
+    env $MK_REPEAT_ENV MK_BENCH_TRACEBACK=1 CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 \
+        CUDA_ENABLE_LIGHTWEIGHT_COREDUMP=1 CUDA_COREDUMP_FILE="$TMPD/core/core_$i.%p" \
+        timeout ${MK_AB_TIMEOUT:-200} $B --batch "${MK_REPEAT_BATCH:-64,256}" --journal \
+        --out "$TMPD/repeat_$i.json" > "$TMPD/repeat_$i.log" 2>&1 || rc=1
+    echo "== run $i (${MK_REPEAT_ENV:-default build}) at ${SECONDS} s" | tee -a "$OUTDIR/repeat.log"
+    { table "$TMPD/repeat_$i.log" | grep -E "^decode|^(GATE_UP|ATTENTION) "
+      grep -E -A12 "Error|Traceback" "$TMPD/repeat_$i.log" | tail -30; } | tee -a "$OUTDIR/repeat.log"
+    for f in "$TMPD"/core/core_"$i".*; do
+      [ -e "$f" ] || continue
+      echo "core dump $f ($(stat -c %s "$f") bytes)" | tee -a "$OUTDIR/repeat.log"
+      if command -v cuda-gdb > /dev/null; then
+        timeout 120 cuda-gdb -batch -ex "target cudacore $f" -ex "info cuda kernels" \
+            -ex "info cuda warps" -ex "x/4i \$pc" 2>&1 | tail -60 | tee -a "$OUTDIR/repeat.log"
+      else
+        echo "no cuda-gdb on this machine" | tee -a "$OUTDIR/repeat.log"
+      fi
+    done
+    rm -f "$TMPD"/repeat_"$i"_*_journal.pt
   done
 fi
 if has swapped; then
