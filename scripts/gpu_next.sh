@@ -611,7 +611,7 @@ if has repeat; then
   mkdir -p "$TMPD/core"
   for i in $(seq 1 "${MK_REPEAT_N:-3}"); do
     # shellcheck disable=SC2086  # MK_REPEAT_ENV: VAR=VALUE words
-    env $MK_REPEAT_ENV MK_BENCH_TRACEBACK=1 CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 \
+    env ${MK_REPEAT_ENV:-} MK_BENCH_TRACEBACK=1 CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 \
         CUDA_ENABLE_LIGHTWEIGHT_COREDUMP=1 CUDA_COREDUMP_FILE="$TMPD/core/core_$i.%p" \
         timeout ${MK_AB_TIMEOUT:-200} $B --batch "${MK_REPEAT_BATCH:-64,256}" --journal \
         --out "$TMPD/repeat_$i.json" > "$TMPD/repeat_$i.log" 2>&1 || rc=1
