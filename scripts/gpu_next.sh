@@ -17,10 +17,10 @@
 #          read with cuda-gdb where present: repeat.log (~2 min a run)
 #   pairrace racecheck + synccheck of the two-layer step with every decode paired (attn_pair=2,
 #          unequal block counts), the environment as it is: pairrace.log (~4 min)
-#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer early: who observes the GEMM B
-#          pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0 = the default,
-#          warp 0's lanes while the stage's wgmmas run; also inline), timed only: decode MK_OWN_BATCH (256), journal on:
-#          ownphase.log, ownphase_<mode>.json (~70 s a mode)
+#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer consumer_test: who observes the
+#          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
+#          try_waits = the default, its test_waits nothing waits for; also inline), timed only:
+#          decode MK_OWN_BATCH (256), journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -283,6 +283,20 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00000e. Session 37 (plan 00000d's calls): MK_OWN_PHASE_SEEN=early lost (B=256 +5.7% vs "0";
+#      removed); consumer ran 13.844-13.886 ms at B=256 in four reruns, but one earlier run of it
+#      died at B=256 with "unspecified launch failure" (not reproduced: `repeat` step).
+#      MK_ATTN_SWAP_SPLIT=1 (46d1fe2's min-4 build): verify clean (38 tests, checks, racecheck 0),
+#      pairrace racecheck 1 hazard (RMSNORM's partials; default build's pairrace clean), now
+#      fixed on the CPU side (no idle-barrier stand-ins in a pair). Built: MK_OWN_PHASE_SEEN=
+#      consumer_test. Next, in this order:
+#      1. `MK_ATTN_SWAP_SPLIT=1 MK_STEPS=pairrace` (~150 s): if racecheck and synccheck are clean,
+#         flip SWAP_SPLIT_VALUE's default to "1" (verify at ff4c9e8 was clean with it).
+#      2. `MK_OWN_MODES="0 consumer consumer_test" MK_OWN_BATCH=256 MK_STEPS=ownphase` (~4 min),
+#         then with `MK_OWN_PHASE_SEEN=consumer_test` exported `MK_STEPS=synccheck` (~4 min): if
+#         it is faster than consumer and synccheck shows 0 errors, make it the default.
+#      3. The e2e table (two calls, below), issue 5's `gemm` table.
+#      4. `MK_REPEAT_N=4 MK_STEPS=repeat` whenever a call has room: the launch failure's core dump.
 #   00000d. Session 36: MK_ATTN_SWAP_SPLIT=1 checked clean at cdd60c1 (split of every unit) and
 #      timed at 46d1fe2 (units of >= 4 blocks): B=1/16/64/128 +0.3/+0.4/-0.7/-0.8%. Consumer's
 #      B-phase waits (default) cost 2.4% at B=256 vs none. Built: MK_OWN_PHASE_SEEN=early. Next:
@@ -559,14 +573,17 @@ PY
 if has verify; then
   checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py ${MK_VERIFY_EXTRA:-} \
       > "$OUTDIR/verify.log" 2>&1
-  echo "== verify (default build)"; cat "$OUTDIR/verify.log"
+  # the build is the default's but for the compile-time switches exported (MK_* here)
+  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT)[A-Z_]*=' | sort | tr '\n' ' ' \
+      | sed 's/ $//' | grep . || echo default build))"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi
 if has synccheck; then
   # synccheck of the two-layer step (split-K auto): every mbarrier phase must be observed by a
   # successful wait before the next arrival (PTX ISA; "Missing wait" stops the kernel: session
   # 32); with MK_SYNC_PROBE=1 also bench/probes/synccheck_mbarrier_probe.py's variants, one
-  # process each (ring / twice / selfwait / conswait clean; skipwait / double / stagefull flagged)
+  # process each (ring / twice / selfwait / conswait clean; skipwait / double / stagefull flagged;
+  # selftest / constest not run yet), or those in MK_SYNC_PROBE_VARIANTS
   { echo "== synccheck, two-layer step, split-K auto (first 150 lines: synccheck_full.log)"
     CUTE_DSL_LINEINFO=1 timeout 200 compute-sanitizer --tool synccheck python -m mk.megakernel_step \
         check --layers 2 --decode-steps 1 --split-k 0 > "$TMPD/synccheck.log" 2>&1 || rc=1
@@ -574,7 +591,7 @@ if has synccheck; then
     grep -E "ERROR SUMMARY|passed" "$TMPD/synccheck.log" | cut -c1-200
     grep -A1 "Barrier error" "$TMPD/synccheck.log" | grep -oE "[a-z_]+\.py:[0-9]+" | sort | uniq -c
     if [ "${MK_SYNC_PROBE:-0}" = 1 ]; then
-      for v in ring skipwait double twice stagefull selfwait conswait; do
+      for v in ${MK_SYNC_PROBE_VARIANTS:-ring skipwait double twice stagefull selfwait conswait selftest constest}; do
         echo "== probe $v: $(CUTE_DSL_LINEINFO=1 timeout 60 compute-sanitizer --tool synccheck \
             python bench/probes/synccheck_mbarrier_probe.py $v 2>&1 | grep -c 'Missing wait') Missing wait"
       done
@@ -753,7 +770,7 @@ if has ownphase; then
   # costs 8-10% against "0" (nobody, synccheck-unclean). Timed only: decode MK_OWN_BATCH (256)
   # with each of MK_OWN_MODES, journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
   : > "$OUTDIR/ownphase.log"
-  for v in ${MK_OWN_MODES:-0 consumer early}; do
+  for v in ${MK_OWN_MODES:-0 consumer consumer_test}; do
     time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
   done
 fi

@@ -771,11 +771,16 @@ def test_synccheck_probe_compiles():
     """bench/probes/synccheck_mbarrier_probe.py (session 32: which mbarrier patterns synccheck
     reports as "Missing wait"; its H200 log: bench/results/synccheck_probe_2026-12-04_s32.log):
     every variant compiles, and the fixes add exactly their waits: selfwait and conswait wait on
-    the B page's `full` that stagefull leaves unobserved (gemm's own_phase_seen is selfwait)."""
+    the B page's `full` that stagefull leaves unobserved (gemm's own_phase_seen is selfwait), and
+    selftest / constest test it there instead (gemm's consumer_test is constest)."""
     probe = probe_module("synccheck_mbarrier_probe")
     waits = {v: len(re.findall(r"mbarrier\.try_wait", probe.compile_ptx(v)))
              for v in ("stagefull", "selfwait", "conswait")}
     assert waits["selfwait"] > waits["stagefull"] and waits["conswait"] > waits["stagefull"], waits
+    # session 37's selftest / constest: stagefull plus one test_wait on that `full` each
+    tests = {v: len(re.findall(r"mbarrier\.test_wait", probe.compile_ptx(v)))
+             for v in ("stagefull", "selftest", "constest")}
+    assert tests == {"stagefull": 0, "selftest": 1, "constest": 1}, tests
     assert set(probe.VARIANTS) >= {"ring", "skipwait", "double", "twice"}
     for v in ("ring", "skipwait", "double", "twice"):
         assert re.search(r"mbarrier\.arrive", probe.compile_ptx(v)), v
@@ -817,14 +822,17 @@ def gemm_switch_counts(tmp_path, var: str, attr: str, modes, clean) -> tuple[dic
 
 def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
     """MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN): the default "consumer" (session 35) observes the
-    B pages' own `full` phases in consumer thread 0 once the stage's wgmmas are queued, "early"
-    (session 36) in warp 0's lanes right after they are committed, "inline" (session 32) in the
-    loader after each arrival. Each compiles (M64 with split-K) with 0 spills, and each has more
-    mbarrier try_waits than "0" (nobody waits; the negative control)."""
-    modes = ("consumer", "early", "inline")
-    waits, _ = gemm_switch_counts(tmp_path, "MK_OWN_PHASE_SEEN", "OWN_PHASE_SEEN",
-                                  modes + ("0",), modes)
-    assert all(waits[m] > waits["0"] for m in modes), waits
+    B pages' own `full` phases in consumer thread 0 once the stage's wgmmas are queued,
+    "consumer_test" (session 37) there with test_waits nothing waits for, "inline" (session 32)
+    in the loader after each arrival. Each compiles (M64 with split-K) with 0 spills; consumer
+    and inline have more mbarrier try_waits than "0" (nobody observes; the negative control),
+    consumer_test has test_waits where the others have none, and no try_wait beyond "0"'s."""
+    modes = ("consumer", "consumer_test", "inline")
+    waits, tests = gemm_switch_counts(tmp_path, "MK_OWN_PHASE_SEEN", "OWN_PHASE_SEEN",
+                                      modes + ("0",), modes)
+    assert waits["consumer"] > waits["0"] and waits["inline"] > waits["0"], waits
+    assert waits["consumer_test"] == waits["0"], waits
+    assert tests["consumer_test"] > 0 == tests["consumer"] == tests["inline"] == tests["0"], tests
 
 
 def test_swap_split_variant_mirrors_its_barriers_without_spills(tmp_path):

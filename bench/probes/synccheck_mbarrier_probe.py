@@ -37,11 +37,18 @@ stand in for arrive_and_expect_tx + bytes). Variants:
                Expected clean if a wait by the arriving thread itself counts.
     conswait   (f) stagefull + consumer lane 0 alone also try_waits full[B] after full[A]
                (complete by then). The consumer-side fix. Expected clean.
+    selftest   (g) stagefull + the producer's test_wait on full[B] right after its own plain
+               arrive, its result not branched on (session 35's MK_OWN_PHASE_SEEN=test, which
+               the megakernel's synccheck flagged: does a test_wait that is not waited for
+               count, or did it run before the arrive landed?).
+    constest   (h) conswait with a test_wait not branched on instead of the try_wait (session
+               37's MK_OWN_PHASE_SEEN=consumer_test). Expected clean if a passing test_wait
+               counts as the phase's observation.
 
 Usage, on a Hopper GPU (one process per variant: a synccheck report may end the kernel with
 "unspecified launch failure", after which the process's CUDA context is unusable):
 
-    for v in ring skipwait double twice stagefull selfwait conswait; do
+    for v in ring skipwait double twice stagefull selfwait conswait selftest constest; do
         compute-sanitizer --tool synccheck python3 bench/probes/synccheck_mbarrier_probe.py $v
     done
     python3 bench/probes/synccheck_mbarrier_probe.py --compile-only [variants]   # any machine
@@ -52,6 +59,7 @@ Result (H200, compute-sanitizer 2025.3.1, CUTE_DSL_LINEINFO=1, one process per v
     producer's arrive on full[A] of round 2 (0x408 = page 1, round 0's B page); selfwait clean;
     conswait clean. Every report ended the kernel ("unspecified launch failure"). The probe's
     full[0] sits at 0x400: dynamic shared memory starts after the 1 KiB the sm_90 reserves.
+    selftest / constest (session 37): not run yet.
 
 Each variant is one launch between '== probe <v> begin' / '== probe <v> end' markers with its own
 kernel name (class SyncProbe_<variant>). Every wait is bounded (try_wait in a loop against a
@@ -75,7 +83,8 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32, Int64  # noqa: E402
 
-VARIANTS = ("ring", "skipwait", "double", "twice", "stagefull", "selfwait", "conswait")
+VARIANTS = ("ring", "skipwait", "double", "twice", "stagefull", "selfwait", "conswait", "selftest",
+            "constest")
 ROUNDS = 8
 NP = 3                       # pages of the stagefull ring (2 ring positions a round)
 THREADS = 64                 # warp 0 producer, warp 1 consumer
@@ -206,6 +215,8 @@ class _SyncProbeBase:
                         cute.arch.mbarrier_arrive(full + pb)
                         if cutlass.const_expr(V == "selfwait"):
                             bwait(full + pb, phb, state, W_SELF, r)
+                        if cutlass.const_expr(V == "selftest"):
+                            cute.arch.mbarrier_test_wait(full + pb, phb)    # not branched on
                         # the A page's `full` (gemm_load's arrive_and_expect_tx; the flagged
                         # arrive in round 2: page 1 was round 0's B page)
                         cute.arch.mbarrier_arrive(full + pa)
@@ -216,6 +227,9 @@ class _SyncProbeBase:
                     if cutlass.const_expr(V == "conswait"):
                         if lane == 0:
                             bwait(full + pb, phb, state, W_FULL_B, r)
+                    if cutlass.const_expr(V == "constest"):
+                        if lane == 0:
+                            cute.arch.mbarrier_test_wait(full + pb, phb)    # not branched on
                     out[r, lane] = buf[pa] * 100 + buf[pb]
                     cute.arch.sync_warp()
                     if lane == 0:

@@ -1339,11 +1339,20 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                 release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(sw is not None and SWAP_SPLIT and not NOMATH):
-                # the owner's barrier syncs of this block (the softmax's two, the V tail's):
-                # both warpgroups sync theirs equally often (SWAP_SPLIT says why)
-                swap_idle_barriers(wg, 2)
-                if kend - kb0 < KB:
-                    wg_barrier(wg)
+                # a split unit: the owner's barrier syncs of this block (the softmax's two, the V
+                # tail's), so both warpgroups sync theirs equally often (SWAP_SPLIT says why).
+                # Not in a pair, whose blocks are the other unit's (its own kend, so the tail's
+                # test here was the wrong unit's): there the stand-ins drew racecheck's RAW
+                # hazards on RMSNORM's partials (session 37, pairrace with SWAP_SPLIT: 16;
+                # bench/results/pairrace_swapsplit_racecheck_ff4c9e8_2026-12-04_s37.log), and
+                # without them, the default build's pair path, racecheck finds none
+                stand_in = cutlass.Boolean(True)
+                if cutlass.const_expr(paired is not None):
+                    stand_in = not paired
+                if stand_in:
+                    swap_idle_barriers(wg, 2)
+                    if kend - kb0 < KB:
+                        wg_barrier(wg)
         else:
             t0 = rk.wait_clock_start(wclk)
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)

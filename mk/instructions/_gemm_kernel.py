@@ -629,15 +629,25 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
 # costs 8-10% of the step against "0"; waiting after the stage's loads ("after") as much; a
 # test_wait after the arrival that nothing branches on ("test") is as fast as "0" but synccheck
 # still reports Missing wait (the test can run before the arrival has landed).
-# "early" (session 36; compile-checked, not GPU-run): warp 0's lanes j < NB each wait on B page j
-# in one instruction, right after the stage's wgmmas are committed, so that the try_waits overlap
-# them instead of sitting between wait_group(1) and the next stage's issue, where session 36
-# measured consumer's cost at B=256: 13.854 ms against 13.528 for "0" (GATE_UP 56.9 us an
-# instruction against 52.0; bench/results/ownphase_*_s36.json).
+# "early" (session 36: warp 0's lanes waited right after the stage's wgmmas were committed,
+# so that the try_waits overlapped them) lost and is removed: session 37 at B=256 (f8fcb90,
+# bench/results/ownphase_*_s37.json) "0" 13.626 ms, early 14.409 (+5.7%; GATE_UP 52.6 -> 62.4 us
+# a tile), while consumer ran 13.844-13.886 in four runs of the same shape (+1.6-1.9%;
+# repeat_ff4c9e8_2026-12-04_s37.log); session 36 had measured consumer at +2.4% (13.854 against
+# 13.528).
+# "consumer_test" (session 37; compile-checked, not GPU-run): consumer's observation without its
+# round trip: thread 0 issues one mbarrier.test_wait per B page where consumer try_waits, and
+# branches on none of them, so that nothing waits for their results (consumer's try_waits are
+# branched on: the warpgroup's next wgmma issue waits one shared-memory round trip, the +1.6-2.4%
+# above). The phases are complete there (the stage's A-page barrier passed, which counts bytes of
+# TMAs the loader issued after each arrival), so each test passes. Session 35's "test", the
+# loader's test_wait right after its own arrival, was as fast as "0" yet synccheck still reported
+# Missing wait, taken to mean that a test right after the arrival may run before it lands; here
+# the test comes a whole stage later. synccheck decides.
 OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "consumer")
-if OWN_PHASE_SEEN not in ("consumer", "early", "inline", "0"):
-    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, early, inline "
-                     "or 0")
+if OWN_PHASE_SEEN not in ("consumer", "consumer_test", "inline", "0"):
+    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, consumer_test, "
+                     "inline or 0")
 
 
 @cute.jit
@@ -656,29 +666,21 @@ def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
     B pages, the first at ring count pg_b, after the stage's A-page barrier passed. They were
     complete before it (the loader arrives on each before issuing the TMA whose bytes that
     barrier counts), so the try_waits go back to back and normally all pass; the bounded waits
-    only when one did not."""
-    seen = cutlass.Boolean(True)
-    for j in cutlass.range_constexpr(cfg.nb):
-        page, ph = page_of(pg_b + j, npages)
-        seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
-    if not seen:
+    only when one did not. OWN_PHASE_SEEN=consumer_test: test_waits instead, nothing waiting for
+    their results."""
+    if cutlass.const_expr(OWN_PHASE_SEEN == "consumer_test"):
         for j in cutlass.range_constexpr(cfg.nb):
             page, ph = page_of(pg_b + j, npages)
-            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-
-
-@cute.jit
-def b_phases_seen_lanes(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
-                        npages: cutlass.Constexpr, lane: Int32, timeout_ns: Int64,
-                        state: cute.Tensor, ticket: Int32):
-    """OWN_PHASE_SEEN=early: b_phases_seen with lane j of one warp on B page j, all NB try_waits
-    in one instruction; the sync_warp then orders each lane's observation before the warp's
-    arrival that frees the stage (lane 0's, where one arrival speaks for the warp)."""
-    if lane < cfg.nb:
-        page, ph = page_of(pg_b + lane, npages)
-        if not cute.arch.mbarrier_try_wait(full + page, ph):
-            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-    cute.arch.sync_warp()
+            cute.arch.mbarrier_test_wait(full + page, ph)    # not branched on (consumer_test)
+    else:
+        seen = cutlass.Boolean(True)
+        for j in cutlass.range_constexpr(cfg.nb):
+            page, ph = page_of(pg_b + j, npages)
+            seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
+        if not seen:
+            for j in cutlass.range_constexpr(cfg.nb):
+                page, ph = page_of(pg_b + j, npages)
+                bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
 @cute.jit
@@ -964,12 +966,6 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
                           tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
-        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN == "early"):
-            # this stage's B pages' own phases while its wgmmas run (before the next iteration's
-            # arrival frees the stage)
-            if ctid < 32:
-                b_phases_seen_lanes(cfg, full, sp + b_off, npages, lane, timeout_ns, state,
-                                    ticket)
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
                 release_stage(pg + (k - 1) * spp, spp, npages,
@@ -984,7 +980,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # fall two phases behind
                 release_stage(pg + (k - 1) * spp, spp, npages,
                               operand_bar(empty, done), lane, share)
-        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN == "consumer"):
+        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN in ("consumer", "consumer_test")):
             # this stage's B pages' own phases, before this thread's arrival frees the stage
             # (the next iteration, or the `done` after the loop); its wgmmas run meanwhile
             if ctid == 0:
