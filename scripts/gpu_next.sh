@@ -441,6 +441,7 @@ OUTDIR=${1:-${OUT:-bench/results}}
 mkdir -p "$OUTDIR"
 # scratch logs of this run alone: two runs side by side (one per GPU) must not share them
 TMPD=$(mktemp -d /tmp/gpu_next.XXXXXX)
+mkdir -p "$TMPD/core"
 export PYTHONUNBUFFERED=1
 STEPS=${MK_STEPS:-"attnexp base"}
 # every requested step must be one block of this file: a typo would run nothing, and a second
@@ -482,6 +483,25 @@ has() {
   return 0
 }
 table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode|^critical path"; }
+# the environment words of a bench run NAME that leaves a lightweight CUDA core dump under
+# $TMPD/core on a kernel exception, and its traceback (session 37: a timing run of the default
+# build died once with "unspecified launch failure" and left nothing to read)
+core_env() { echo "MK_BENCH_TRACEBACK=1 CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 CUDA_ENABLE_LIGHTWEIGHT_COREDUMP=1 CUDA_COREDUMP_FILE=$TMPD/core/$1.%p"; }
+# NAME's core dumps (core_env), read with cuda-gdb where the machine has it, into LOG
+#   report_cores NAME LOG
+report_cores() {
+  local f
+  for f in "$TMPD"/core/"$1".*; do
+    [ -e "$f" ] || continue
+    echo "core dump $f ($(stat -c %s "$f") bytes)" | tee -a "$2"
+    if command -v cuda-gdb > /dev/null; then
+      timeout 120 cuda-gdb -batch -ex "target cudacore $f" -ex "info cuda kernels" \
+          -ex "info cuda warps" -ex "x/4i \$pc" 2>&1 | tail -60 | tee -a "$2"
+    else
+      echo "no cuda-gdb on this machine" | tee -a "$2"
+    fi
+  done
+}
 # bench/gemm_profile.py's jobs (comma-separated) within LIMIT s: NAME.json, NAME.log and a table
 # of its job lines: job, median us (time) or ok + rel_err (check), error
 run_profile() {
@@ -625,26 +645,15 @@ if has repeat; then
   # build, MK_OWN_PHASE_SEEN=consumer, in 1 of 3 same-shaped runs)? A kernel exception leaves a
   # lightweight CUDA core dump, read with cuda-gdb where the machine has it: repeat.log
   : > "$OUTDIR/repeat.log"
-  mkdir -p "$TMPD/core"
   for i in $(seq 1 "${MK_REPEAT_N:-3}"); do
-    # shellcheck disable=SC2086  # MK_REPEAT_ENV: VAR=VALUE words
-    env ${MK_REPEAT_ENV:-} MK_BENCH_TRACEBACK=1 CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 \
-        CUDA_ENABLE_LIGHTWEIGHT_COREDUMP=1 CUDA_COREDUMP_FILE="$TMPD/core/core_$i.%p" \
-        timeout ${MK_AB_TIMEOUT:-200} $B --batch "${MK_REPEAT_BATCH:-64,256}" --journal \
-        --out "$TMPD/repeat_$i.json" > "$TMPD/repeat_$i.log" 2>&1 || rc=1
+    # shellcheck disable=SC2086,SC2046  # MK_REPEAT_ENV, core_env: VAR=VALUE words
+    env ${MK_REPEAT_ENV:-} $(core_env "repeat_$i") timeout ${MK_AB_TIMEOUT:-200} $B \
+        --batch "${MK_REPEAT_BATCH:-64,256}" --journal --out "$TMPD/repeat_$i.json" \
+        > "$TMPD/repeat_$i.log" 2>&1 || rc=1
     echo "== run $i (${MK_REPEAT_ENV:-default build}) at ${SECONDS} s" | tee -a "$OUTDIR/repeat.log"
     { table "$TMPD/repeat_$i.log" | grep -E "^decode|^(GATE_UP|ATTENTION) "
-      grep -E -A12 "Error|Traceback" "$TMPD/repeat_$i.log" | tail -30; } | tee -a "$OUTDIR/repeat.log"
-    for f in "$TMPD"/core/core_"$i".*; do
-      [ -e "$f" ] || continue
-      echo "core dump $f ($(stat -c %s "$f") bytes)" | tee -a "$OUTDIR/repeat.log"
-      if command -v cuda-gdb > /dev/null; then
-        timeout 120 cuda-gdb -batch -ex "target cudacore $f" -ex "info cuda kernels" \
-            -ex "info cuda warps" -ex "x/4i \$pc" 2>&1 | tail -60 | tee -a "$OUTDIR/repeat.log"
-      else
-        echo "no cuda-gdb on this machine" | tee -a "$OUTDIR/repeat.log"
-      fi
-    done
+      grep -E -A12 "Error|^error|Traceback" "$TMPD/repeat_$i.log" | tail -30; } | tee -a "$OUTDIR/repeat.log"
+    report_cores "repeat_$i" "$OUTDIR/repeat.log"
     rm -f "$TMPD"/repeat_"$i"_*_journal.pt
   done
 fi
@@ -695,11 +704,13 @@ time_ab() {
 #   time_variant NAME V LABEL BATCHES ENV ARGS  -> NAME_V.json ("" ENV / ARGS: none)
 time_variant() {
   local name=$1 v=$2 label=$3 batches=$4 e=$5 a=$6
-  env $e timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a --journal \
-      --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
+  # shellcheck disable=SC2046  # core_env: VAR=VALUE words
+  env $e $(core_env "${name}_$v") timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a \
+      --journal --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
   echo "== $label" | tee -a "$OUTDIR/$name.log"
   { table "$TMPD/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE|ATTENTION|ATTN_REDUCE) "
-    grep Error "$TMPD/${name}_$v.log"; } | tee -a "$OUTDIR/$name.log"
+    grep -E -A12 "Error|^error|Traceback" "$TMPD/${name}_$v.log" | tail -30; } | tee -a "$OUTDIR/$name.log"
+  report_cores "${name}_$v" "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
 }
 # one run of $B and ARGS in the source tree DIR, with a kernel cache of its own (suffix V): NAME.json,
