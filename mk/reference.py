@@ -237,8 +237,14 @@ class ReferenceModel:
 
     def attention(self, layer: int, x: torch.Tensor, batch: StepBatch, positions: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        attn = self.attend(layer, F.linear(x, self.w.qkv[layer]), batch, cos, sin)
+        return self._all_reduce(F.linear(attn, self.w.o[layer]))
+
+    def attend(self, layer: int, qkv: torch.Tensor, batch: StepBatch, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        """The attention between the QKV and O projections: RoPE on q / k, k / v appended to the
+        cache, causal attention of each sequence's rows over its cached keys."""
         D = self.cfg.head_dim
-        qkv = F.linear(x, self.w.qkv[layer])
         q = qkv[:, : self.hq * D].view(-1, self.hq, D)
         k = qkv[:, self.hq * D: (self.hq + self.hkv) * D].view(-1, self.hkv, D)
         v = qkv[:, (self.hq + self.hkv) * D:].view(-1, self.hkv, D)
@@ -252,8 +258,7 @@ class ReferenceModel:
             kc, vc = self.cache.gather(layer, self.cache.slots(s.pages, 0, s.end_pos))
             outs.append(causal_attention(q[row:row + n], kc, vc, s.start_pos, self.scaling))
             row += n
-        attn = torch.cat(outs, dim=0)
-        return self._all_reduce(F.linear(attn, self.w.o[layer]))
+        return torch.cat(outs, dim=0)
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         gu = F.linear(x, self.w.gate_up[layer])

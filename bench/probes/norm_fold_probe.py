@@ -37,14 +37,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tests"))
 
-from mk.batch import SeqChunk, StepBatch  # noqa: E402
+from mk.batch import StepBatch  # noqa: E402
 import mk.engine  # noqa: E402
 from mk.engine import Engine, register_backend  # noqa: E402
-from mk.reference import (PagedKVCache, ReferenceModel, apply_rope, causal_attention,  # noqa: E402
-                          rope_cos_sin)
+from mk.reference import PagedKVCache, ReferenceModel, rope_cos_sin  # noqa: E402
+from test_reference_hf import PROMPTS, teacher_forced_logits  # noqa: E402
 
-PROMPTS = [[3, 17, 45, 2, 99, 120], [7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
-           [200, 201, 5]]
 BF16_REL_TOL = 0.02     # tests/test_reference_hf.py's bound
 # a wider model than the tests' (hidden 2048, head_dim 128, GQA 16:4, llama3 RoPE): longer dot
 # products, where the folded weights' own rounding could add up differently
@@ -86,23 +84,10 @@ class FoldedReference(ReferenceModel):
         positions = batch.positions().to(self.device)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         eps = self.cfg.rms_norm_eps
-        D = self.cfg.head_dim
         h = self.embed(ids)
         for layer in range(self.cfg.num_layers):
-            qkv = normed_linear(h, self.qkv_f[layer], eps)
-            q = apply_rope(qkv[:, : self.hq * D].view(-1, self.hq, D), cos, sin)
-            k = apply_rope(qkv[:, self.hq * D: (self.hq + self.hkv) * D].view(-1, self.hkv, D),
-                           cos, sin)
-            v = qkv[:, (self.hq + self.hkv) * D:].view(-1, self.hkv, D)
-            outs, row = [], 0
-            for s in batch.seqs:
-                n = len(s.tokens)
-                self.cache.append(layer, self.cache.slots(s.pages, s.start_pos, s.end_pos),
-                                  k[row:row + n], v[row:row + n])
-                kc, vc = self.cache.gather(layer, self.cache.slots(s.pages, 0, s.end_pos))
-                outs.append(causal_attention(q[row:row + n], kc, vc, s.start_pos, self.scaling))
-                row += n
-            h = h + F.linear(torch.cat(outs, dim=0), self.w.o[layer])
+            attn = self.attend(layer, normed_linear(h, self.qkv_f[layer], eps), batch, cos, sin)
+            h = h + F.linear(attn, self.w.o[layer])
             gu = normed_linear(h, self.gate_up_f[layer], eps)
             i = gu.shape[-1] // 2
             h = h + F.linear(F.silu(gu[:, :i]) * gu[:, i:], self.w.down[layer])
@@ -134,20 +119,8 @@ def make_engine(ckpt, backend: str, dtype, **kw) -> Engine:
 
 
 def teacher_forced(engine: Engine, forced: list[list[int]], n: int) -> torch.Tensor:
-    """Logits [prompts, n, V]: step 0 prefills every prompt, step t decodes forced[i][t - 1]."""
-    for i, p in enumerate(PROMPTS):
-        engine.pages.allocate(("tf", i), len(p) + n)
-    out = []
-    try:
-        for t in range(n):
-            chunks = [SeqChunk(list(p) if t == 0 else [forced[i][t - 1]],
-                               0 if t == 0 else len(p) + t - 1, engine.pages.pages(("tf", i)))
-                      for i, p in enumerate(PROMPTS)]
-            out.append(engine.step(StepBatch(chunks)))
-    finally:
-        for i in range(len(PROMPTS)):
-            engine.pages.free(("tf", i))
-    return torch.stack(out, dim=1)
+    """Logits [prompts, n, V] of the parity test's prompts, teacher-forced on `forced`."""
+    return teacher_forced_logits(engine, PROMPTS, forced, n)
 
 
 def greedy_fp32(engine: Engine, n: int) -> list[list[int]]:
