@@ -289,14 +289,19 @@
 #      MK_ATTN_SWAP_SPLIT=1 (46d1fe2's min-4 build): verify clean (38 tests, checks, racecheck 0),
 #      pairrace racecheck 1 hazard (RMSNORM's partials; default build's pairrace clean), now
 #      fixed on the CPU side (no idle-barrier stand-ins in a pair). Built: MK_OWN_PHASE_SEEN=
-#      consumer_test. Next, in this order:
-#      1. `MK_ATTN_SWAP_SPLIT=1 MK_STEPS=pairrace` (~150 s): if racecheck and synccheck are clean,
-#         flip SWAP_SPLIT_VALUE's default to "1" (verify at ff4c9e8 was clean with it).
-#      2. `MK_OWN_MODES="0 consumer consumer_test" MK_OWN_BATCH=256 MK_STEPS=ownphase` (~4 min),
-#         then with `MK_OWN_PHASE_SEEN=consumer_test` exported `MK_STEPS=synccheck` (~4 min): if
-#         it is faster than consumer and synccheck shows 0 errors, make it the default.
+#      consumer_test (and the synccheck probe's selftest / constest). Next, in this order:
+#      1. One call: `MK_ATTN_SWAP_SPLIT=1 MK_SYNC_PROBE=1 MK_SYNC_PROBE_VARIANTS="stagefull
+#         selftest constest" MK_STEPS="pairrace synccheck"` (~6 min): pairrace clean -> flip
+#         SWAP_SPLIT_VALUE's default to "1" (verify at ff4c9e8 was clean with it); the probe says
+#         whether a test_wait not waited for counts as the observation (constest clean).
+#      2. `MK_OWN_MODES="0 consumer consumer_test" MK_OWN_BATCH=256 MK_STEPS=ownphase` (~4 min);
+#         if consumer_test is faster and constest was clean: `MK_OWN_PHASE_SEEN=consumer_test
+#         MK_STEPS=synccheck`, then verify, then make it the default.
 #      3. The e2e table (two calls, below), issue 5's `gemm` table.
-#      4. `MK_REPEAT_N=4 MK_STEPS=repeat` whenever a call has room: the launch failure's core dump.
+#      4. `MK_REPEAT_N=4 MK_STEPS=repeat` whenever a call has room (the launch failure's core
+#         dump; every timed variant now leaves one too).
+#      The structural lever after these (bench/E2E_NOTES.md session 37): the RMSNORM phases
+#      (11.9 of B=64's 114.7 us a layer), folded into the next GEMM (numerics checked on the CPU).
 #   00000d. Session 36: MK_ATTN_SWAP_SPLIT=1 checked clean at cdd60c1 (split of every unit) and
 #      timed at 46d1fe2 (units of >= 4 blocks): B=1/16/64/128 +0.3/+0.4/-0.7/-0.8%. Consumer's
 #      B-phase waits (default) cost 2.4% at B=256 vs none. Built: MK_OWN_PHASE_SEEN=early. Next:
