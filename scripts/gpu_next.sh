@@ -14,7 +14,7 @@
 #          on: swapsplittime.log, swapsplittime_{off,on}.json (~5 min)
 #   repeat the same decode run MK_REPEAT_N (3) times in fresh processes, MK_REPEAT_ENV (none =
 #          the default build), MK_REPEAT_BATCH (64,256), journal on, core dumps on exception,
-#          read with cuda-gdb where present: repeat.log (~2 min a run)
+#          read with cuda-gdb where present: repeat.log, repeat_<i>.json (~2 min a run)
 #   pairrace racecheck + synccheck of the two-layer step with every decode paired (attn_pair=2,
 #          unequal block counts), the environment as it is: pairrace.log (~4 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer consumer_test: who observes the
@@ -643,25 +643,6 @@ if has pairrace; then
     grep -E "SUMMARY|passed" "$TMPD/pairrace_$tool.log" | cut -c1-200 | tee -a "$OUTDIR/pairrace.log"
   done
 fi
-if has repeat; then
-  # the same decode run MK_REPEAT_N (3) times, each its own process, environment MK_REPEAT_ENV
-  # (none: the default build), decode MK_REPEAT_BATCH (64,256), journal on: does an intermittent
-  # failure come back (session 37: one "unspecified launch failure" at B=256 in the default
-  # build, MK_OWN_PHASE_SEEN=consumer, in 1 of 3 same-shaped runs)? A kernel exception leaves a
-  # lightweight CUDA core dump, read with cuda-gdb where the machine has it: repeat.log
-  : > "$OUTDIR/repeat.log"
-  for i in $(seq 1 "${MK_REPEAT_N:-3}"); do
-    # shellcheck disable=SC2086,SC2046  # MK_REPEAT_ENV, core_env: VAR=VALUE words
-    env ${MK_REPEAT_ENV:-} $(core_env "repeat_$i") timeout ${MK_AB_TIMEOUT:-200} $B \
-        --batch "${MK_REPEAT_BATCH:-64,256}" --journal --out "$TMPD/repeat_$i.json" \
-        > "$TMPD/repeat_$i.log" 2>&1 || rc=1
-    echo "== run $i (${MK_REPEAT_ENV:-default build}) at ${SECONDS} s" | tee -a "$OUTDIR/repeat.log"
-    { table "$TMPD/repeat_$i.log" | grep -E "^decode|^(GATE_UP|ATTENTION) "
-      grep -E -A12 "Error|^error|Traceback" "$TMPD/repeat_$i.log" | tail -30; } | tee -a "$OUTDIR/repeat.log"
-    report_cores "repeat_$i" "$OUTDIR/repeat.log"
-    rm -f "$TMPD"/repeat_"$i"_*_journal.pt
-  done
-fi
 if has swapped; then
   { for nb in 16 1; do
       timeout 120 python bench/probes/swapped_decode_probe.py --blocks $nb > "$TMPD/swapped_$nb.log" 2>&1 \
@@ -779,6 +760,18 @@ if has grant; then
   : > "$OUTDIR/grant.log"
   time_variant grant off "MK_GRANT_EARLY=0" ${MK_GRANT_BATCH:-1,64,256} "MK_GRANT_EARLY=0" ""
   time_variant grant on "default (MK_GRANT_EARLY=1)" ${MK_GRANT_BATCH:-1,64,256} "" ""
+fi
+if has repeat; then
+  # the same decode run MK_REPEAT_N (3) times, each its own process, environment MK_REPEAT_ENV
+  # (none: the default build), decode MK_REPEAT_BATCH (64,256), journal on: does an intermittent
+  # failure come back (session 37: one "unspecified launch failure" at B=256 in the default
+  # build, in 1 of 5 same-shaped runs)? time_variant leaves a core dump on a kernel exception
+  # and reads it: repeat.log, repeat_<i>.json
+  : > "$OUTDIR/repeat.log"
+  for i in $(seq 1 "${MK_REPEAT_N:-3}"); do
+    time_variant repeat "$i" "run $i (${MK_REPEAT_ENV:-default build}), from ${SECONDS} s" \
+        "${MK_REPEAT_BATCH:-64,256}" "${MK_REPEAT_ENV:-}" ""
+  done
 fi
 if has ownphase; then
   # MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN): who observes the GEMM B pages' own `full` phases
