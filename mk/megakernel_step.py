@@ -36,7 +36,7 @@ from mk.instructions import _common as mc
 from mk.instructions.base import Buf
 from mk.plan import PlanConfig, Planner, buffer_shapes
 from mk.tiles import NORM_MAX_HIDDEN
-from mk.weights import RankWeights
+from mk.weights import RankWeights, fold_norms
 
 GPU_HEAD_DIM = 128
 K_ALIGN = 64            # GEMM K step (one 128-byte swizzle atom of bf16)
@@ -119,6 +119,9 @@ class MegakernelStepBackend:
         if not weights.qkv.is_cuda:
             raise UnsupportedModelError("megakernel backend: the weights must be on a CUDA device "
                                         f"(they are on {weights.qkv.device})")
+        if self.plan_cfg.norm_fold:
+            # the split QKV / gate-up tiles run on h without a norm weight (PlanConfig.norm_fold)
+            weights = fold_norms(weights)
         self.weights, self.model, self.kernel = weights, model, kernel
         self.group = group
         self.timeout_s, self.journal, self.verbose = timeout_s, journal, verbose
@@ -339,7 +342,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     from mk.engine import PageManager, default_kernel_config
     from mk.tiny import TINY_HD128_CONFIG, tiny_checkpoint
     from mk.vm import VM
-    from mk.weights import load_rank_weights
+    from mk.weights import fold_norms, load_rank_weights
 
     cfg = TINY_HD128_CONFIG if layers is None else dc_replace(TINY_HD128_CONFIG, num_layers=layers)
     ckpt = tiny_checkpoint(seed=seed, config=cfg)
@@ -354,7 +357,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),
                               progress=False)
-    vm = VM([w_cpu], kernel, pcfg, device="cpu")
+    vm = VM([fold_norms(w_cpu) if pcfg.norm_fold else w_cpu], kernel, pcfg, device="cpu")
     pages = PageManager(kernel.kv_pages, kernel.page_size)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]

@@ -297,6 +297,19 @@ class PlanConfig:
     # With O_PROJ's (session 15, bench/results/foldboth_*_2026-11-30_s15): B=1 -2.7%, B=16
     # -4.5%, B=64 -6.2% (B=256 splits neither: unchanged); checks, racecheck, memcheck clean
     fold_down_reduce: int = 1
+    # 1: the attention / MLP RMSNorm folded into the GEMM after it where that GEMM splits along
+    # K (QKV_ROPE, GATE_UP): the weights carry the norm weight (mk.weights.fold_norms; the
+    # backends refuse unfolded weights), the split tiles read the residual rows h themselves and
+    # wait only for h's writer, the norm becomes a row-scale RMSNORM (ROW_SCALE = rsqrt(mean(h^2)
+    # + eps), no normalized rows) that runs beside them, and the GEMM's SPLITK_REDUCE scales its
+    # float32 sums by it (y = bf16(acc * r)): the norm leaves the critical path (B=64: ~11.9 of
+    # 114.7 us a layer, bench/E2E_NOTES.md session 37). As accurate as HF's order
+    # (bench/probes/norm_fold_probe.py), not bitwise the same step. Where the norm also
+    # finishes a split O_PROJ / DOWN (fold_o_reduce / fold_down_reduce) it still writes h, so
+    # the GEMM waits for it: the gain needs those folds off or those ops unsplit. Unsplit
+    # steps keep the full RMSNORM (with the folded weights' unit norm weight). 0 (default):
+    # off until GPU-verified and timed
+    norm_fold: int = 0
     # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the
     # GATE_UP tiles of its K slice (the MLP_ACT columns it reads: a counter per token block and
     # DOWN K slice) instead of all of its block's GATE_UP tiles, so a slice's DOWN tiles can
@@ -337,7 +350,8 @@ class PlanConfig:
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
-        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits"):
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits",
+                     "norm_fold"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
@@ -550,11 +564,26 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
         Buf.LAST_NORMED: (kernel.max_seqs, H),
         Buf.LOGITS: (kernel.max_seqs, parallel.vocab_local(model)),
         Buf.K_CACHE: (kv_rows, hkv * D), Buf.V_CACHE: (kv_rows, hkv * D),
-        Buf.SPLITK: (plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)),
+        Buf.SPLITK: splitk_shape(plan_cfg, kernel, model, parallel),
+        Buf.ROW_SCALE: (T, 1),
     }
 
 
-FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK)
+def row_scale_rows(kernel: KernelConfig, width: int) -> int:
+    """SPLITK rows the GPU's ROW_SCALE takes at the end of the SPLITK allocation (its last
+    max_batch_tokens floats; mk.instructions.base.Buf.ROW_SCALE)."""
+    return -(-kernel.max_batch_tokens // width)
+
+
+def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
+                 parallel: ParallelConfig) -> tuple[int, int]:
+    """[rows, width] of the SPLITK allocation: the partials' rows (PlanConfig.splitk_rows), then
+    ROW_SCALE's (row_scale_rows); (0, width) where the plans never split."""
+    rows, width = plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)
+    return (rows + row_scale_rows(kernel, width) if rows else 0, width)
+
+
+FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK, Buf.ROW_SCALE)
 
 
 def buffer_dtype(buf: Buf, model_dtype: torch.dtype) -> torch.dtype:
@@ -894,7 +923,7 @@ REDUCE_STAGE_OFFSET = 0.5
 def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bounds, k_word: int,
                sk_ids, stride: int, row0, rows, col0, cols, waits=(), signal=NO_COUNTER,
                scope=SignalScope.LOCAL, srank=0, args: dict, reduce_rows=0,
-               fold=False, short_last=False) -> None:
+               fold=False, short_last=False, row_scale_wait=None) -> None:
     """GEMM tiles of `op`: unsplit (nsplit <= 1: as `_emit`), or per output tile nsplit split
     tiles (tile-major; the tile's waits, or per split where a wait's counters and targets are
     [m, nsplit] arrays; each signals the tile's counter sk_ids) and its SPLITK_REDUCE
@@ -902,7 +931,9 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     value, or one per tile) one per slice of at most reduce_rows of the tile's rows, each sending
     that signal. fold: no reduce; every split tile sends the unsplit tile's signal (the
     instruction that waits on it finishes the tiles: a folded RMSNORM). short_last: the tiles'
-    last (short) slices are queued after every other split tile (PlanConfig.uneven_split)."""
+    last (short) slices are queued after every other split tile (PlanConfig.uneven_split).
+    row_scale_wait: (counter, target), one per output tile, of the row-scale RMSNORM whose
+    ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), else None."""
     if nsplit <= 1:
         _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
               signal=signal, scope=scope, srank=srank, args=args)
@@ -929,7 +960,8 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
         groups[-1] = _Group(last.words[order], last.stage, last.block[order])
     if fold:
         return
-    red_args = sk.reduce_words(op, nsplit, stride, args)
+    red_args = sk.reduce_words(op, nsplit, stride, args, row_scale=row_scale_wait is not None)
+    rs_c, rs_t = row_scale_wait if row_scale_wait is not None else (None, None)
     if np.any(reduce_rows):
         # tile i's slices k: rows [row0_i + k * h_i, ...), every other word the tile's
         row0_i = np.broadcast_to(np.asarray(row0), (m,))
@@ -946,8 +978,11 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
         block, col0, cols, sk_ids, signal, srank = (take(v) for v in
                                                     (block, col0, cols, sk_ids, signal, srank))
         red_args = {word: take(v) for word, v in red_args.items()}
+        if rs_c is not None:
+            rs_c, rs_t = take(rs_c), take(rs_t)
+    red_waits = [(sk_ids, nsplit)] + ([(rs_c, rs_t)] if rs_c is not None else [])
     _emit(groups, stage + REDUCE_STAGE_OFFSET, Op.SPLITK_REDUCE, block, row0=row0, rows=rows,
-          col0=col0, cols=cols, waits=[(sk_ids, nsplit)], signal=signal, scope=scope, srank=srank,
+          col0=col0, cols=cols, waits=red_waits, signal=signal, scope=scope, srank=srank,
           args=red_args)
 
 
@@ -1348,7 +1383,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp * seg_nchunk))
 
     def gemm(stage, op, b, t, k_word, **kw):
-        """_emit_gemm of tiles (block b, column tile t) of op with the step's split."""
+        """_emit_gemm of tiles (block b, column tile t) of op with the step's split (kw may carry
+        row_scale_wait, a function of the tiles' blocks: norm_fold's)."""
+        if kw.get("row_scale_wait") is not None:
+            kw["row_scale_wait"] = kw["row_scale_wait"](b)
         ns = nsplit.get(op, 1)
         sk_ids = C["SK"] + sk_off[op] + b * ntiles[op] + t if ns > 1 else None
         if ns > 1 and op == Op.GATE_UP:
@@ -1368,22 +1406,38 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     nr_row0 = brow0[nr_blk] + nr_k * norm_rows
     nr_rows = np.minimum(norm_rows, brow0[nr_blk] + brows[nr_blk] - nr_row0)
 
-    def norm(stage, wait_c, wait_t, sig_c, which, fold_nsplit=0):
-        args = {rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.NORMED, rw.A_NORM_WEIGHT: which}
+    def norm(stage, wait_c, wait_t, sig_c, which, fold_nsplit=0, scale_only=False):
+        args = {rw.A_SRC: Buf.HIDDEN, rw.A_DST: Buf.ROW_SCALE if scale_only else Buf.NORMED,
+                rw.A_NORM_WEIGHT: which}
         if fold_nsplit:
             # the split tiles' partials are at SPLITK rows j * T + row (gemm's stride)
             args.update({rw.A_RED_NSPLIT: fold_nsplit, rw.A_RED_STRIDE: T})
         _emit(g, stage, Op.RMSNORM, nr_blk, row0=nr_row0, rows=nr_rows, col0=0, cols=H,
               waits=[(wait_c + nr_blk, wait_t[nr_blk])], signal=sig_c + nr_blk, args=args)
 
+    def folded_norm(op, norm_c, h_c, h_t, folded_reduce):
+        """PlanConfig.norm_fold for the GEMM op after a norm (the norm's counter norm_c; h_c /
+        h_t: the counter and targets of whoever writes the residual rows h): (src, waits of op's
+        tiles, row_scale_wait) -- where op splits, its tiles read h itself and wait for h's
+        writer (or the norm, where the norm writes h: a folded split reduce), the norm only
+        writes ROW_SCALE and op's reduces wait for it; else the norm's output and waits."""
+        if not (cfg.norm_fold and nsplit[op] > 1):
+            return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
+        if folded_reduce:
+            return Buf.HIDDEN, lambda b: [(norm_c + b, ngr[b])], lambda b: (norm_c + b, ngr[b])
+        return (Buf.HIDDEN, lambda b: [(h_c + b, np.asarray(h_t)[b])],
+                lambda b: (norm_c + b, ngr[b]))
+
     g: list = []
+    qkv_src, qkv_waits, qkv_scale = folded_norm(Op.QKV_ROPE, C["NA"], prev_HM, hid_m_target,
+                                                fold_d)
     norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
-         nsplit[Op.DOWN] if fold_d else 0)
+         nsplit[Op.DOWN] if fold_d else 0, scale_only=qkv_scale is not None)
     # QKV tiles
     b, t = _grid(nb, n_qkv)
     gemm(S_QKV, Op.QKV_ROPE, b, t, qk.A_K, row0=brow0[b], rows=brows[b], col0=qkv_c0[t],
-         cols=qkv_w[t], waits=[(C["NA"] + b, ngr[b])], signal=C["QKV"] + b,
-         args={qk.A_SRC: Buf.NORMED, qk.A_DST: Buf.Q, qk.A_SECTION: qkv_sec[t],
+         cols=qkv_w[t], waits=qkv_waits(b), signal=C["QKV"] + b, row_scale_wait=qkv_scale,
+         args={qk.A_SRC: qkv_src, qk.A_DST: Buf.Q, qk.A_SECTION: qkv_sec[t],
                 qk.A_SEC_COL0: qkv_base[t], qk.A_HEAD_DIM: D, qk.A_K: H})
     # joins and attention
     seg_ids = np.arange(nseg)
@@ -1508,12 +1562,13 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
 
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
+    gu_src, gu_waits, gu_scale = folded_norm(Op.GATE_UP, C["NM"], C["HA"], hid_a_target, fold_o)
     norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
-         nsplit[Op.O_PROJ] if fold_o else 0)
+         nsplit[Op.O_PROJ] if fold_o else 0, scale_only=gu_scale is not None)
     b, t = _grid(nb, n_g)
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
-         waits=[(C["NM"] + b, ngr[b])], signal=C["GU"] + b * gu_slices + g_slice[t],
-         args={mm.A_SRC: Buf.NORMED, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
+         waits=gu_waits(b), signal=C["GU"] + b * gu_slices + g_slice[t], row_scale_wait=gu_scale,
+         args={mm.A_SRC: gu_src, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     down_args = proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"],
                      gu_slice_target if gu_slices > 1 else gu_target, C["DRS"], C["HM"], True)
     template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks)

@@ -41,7 +41,7 @@ from mk.config import KernelConfig
 from mk.instructions.base import Buf, family_of
 from mk.ir import Instruction, SignalScope, op_name
 from mk.plan import PlanConfig, StepPlan, buffer_dtype, buffer_shapes, instruction_accesses, plan_step
-from mk.weights import RankWeights
+from mk.weights import RankWeights, fold_norms
 
 
 class VMError(RuntimeError):
@@ -101,6 +101,14 @@ class _Queue:
     head: int = 0
 
 
+def check_norms_folded(weights: RankWeights, plan_cfg: PlanConfig) -> None:
+    """PlanConfig.norm_fold runs the split QKV / gate-up GEMMs on h without a norm weight: the
+    weights must carry it (mk.weights.fold_norms), or the step would be silently wrong."""
+    if plan_cfg.norm_fold and not weights.norms_folded:
+        raise ValueError("PlanConfig.norm_fold=1 needs weights with the attention / MLP norm "
+                         "weights folded into qkv / gate_up: pass mk.weights.fold_norms(weights)")
+
+
 class VM:
     def __init__(self, weights: list[RankWeights] | RankWeights, kernel: KernelConfig,
                  plan_cfg: PlanConfig = PlanConfig(), group=None, device="cpu"):
@@ -120,6 +128,7 @@ class VM:
         for r, w in enumerate(weights):
             if not self.distributed and w.parallel.rank != r:
                 raise ValueError(f"weights[{r}] are rank {w.parallel.rank}'s")
+            check_norms_folded(w, plan_cfg)
         self.local_ranks = [w.parallel.rank for w in weights]
         self.shapes = buffer_shapes(self.config, first.parallel, kernel, plan_cfg)
         self.world: dict = {}
@@ -320,6 +329,10 @@ class VMBackend:
             cfg["kv_split"] = int(env["MK_VM_KV_SPLIT"])
         if env.get("MK_VM_SPLIT_K"):
             cfg["split_k"] = int(env["MK_VM_SPLIT_K"])
+        if env.get("MK_VM_NORM_FOLD"):
+            cfg["norm_fold"] = int(env["MK_VM_NORM_FOLD"])
+            if cfg["norm_fold"]:
+                weights = fold_norms(weights)
         self.mode = env.get("MK_VM_MODE", "queue")
         self.sms = int(env.get("MK_VM_SMS", "4"))
         self.seed = int(env.get("MK_VM_SEED", "0"))

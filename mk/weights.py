@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,10 +57,35 @@ class RankWeights:
     o: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    # True: attn_norm / mlp_norm are folded into qkv / gate_up (fold_norms): the norms are ones
+    norms_folded: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
         return self.qkv.dtype
+
+
+def fold_norms(weights: RankWeights) -> RankWeights:
+    """The same model with each layer's attention / MLP RMSNorm weight g folded into the GEMM
+    after the norm: qkv * g_attn and gate_up * g_mlp over their input (K) columns, in float32,
+    rounded once to the weights' dtype; those norm weights become ones (the final norm stays).
+    rmsnorm(h, g) @ W^T = (h * r) @ (W * g)^T with r = rsqrt(mean(h^2) + eps), so every backend
+    runs the folded weights as the same model; PlanConfig.norm_fold needs them (its split GEMMs
+    run on h and scale their rows by r). New tensors: the caller's weights are left as they are
+    (at the 70B TP8 rank the copy is ~11 GB of qkv and gate_up while both are held)."""
+    if weights.norms_folded:
+        return weights
+
+    def fold(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(w)
+        for layer in range(w.shape[0]):     # a layer at a time: float32 temporaries stay small
+            out[layer].copy_(w[layer].float() * g[layer].float()[None, :])
+        return out
+    return dataclasses.replace(
+        weights, qkv=fold(weights.qkv, weights.attn_norm),
+        gate_up=fold(weights.gate_up, weights.mlp_norm),
+        attn_norm=torch.ones_like(weights.attn_norm), mlp_norm=torch.ones_like(weights.mlp_norm),
+        norms_folded=True)
 
 
 # ------------------------------------------------------------------------------------------------

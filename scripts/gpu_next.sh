@@ -17,6 +17,9 @@
 #          read with cuda-gdb where present: repeat.log, repeat_<i>.json (~2 min a run)
 #   pairrace racecheck + synccheck of the two-layer step with every decode paired (attn_pair=2,
 #          unequal block counts), the environment as it is: pairrace.log (~4 min)
+#   normfold PlanConfig.norm_fold: GPU tests -k row_scale, the two-layer checks with it (folds on /
+#          off, split-K auto / 2), racecheck; if clean decode MK_NF_BATCH (64,256) default vs
+#          --plan norm_fold=1,fold_o_reduce=0,fold_down_reduce=0, journal on: normfold.log (~9 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer consumer_test: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default, its test_waits nothing waits for; also inline), timed only:
@@ -478,7 +481,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -753,6 +756,36 @@ ab() {
   cat "$OUTDIR/$name.log"
   timed_ab "$name" "$var" "$batches" "$var=$on" ""
 }
+if has normfold; then
+  # PlanConfig.norm_fold (session 38): the attention / MLP norms folded into the split QKV /
+  # gate-up GEMMs (row-scale RMSNORM + scaled SPLITK_REDUCE). Checks: the GPU tests of the two
+  # new modes (-k row_scale), the two-layer step vs mk.vm with norm_fold=1 and the O_PROJ / DOWN
+  # reduce folds on / off, split-K auto and forced 2 (the 478-token first step), racecheck of
+  # the auto one; then, only if all passed, decode MK_NF_BATCH (64,256), journal on: the
+  # default against norm_fold=1 with those folds off: normfold.log, normfold_{off,on}.json
+  NF_ON="norm_fold=1,fold_o_reduce=0,fold_down_reduce=0"
+  : > "$OUTDIR/normfold.log"
+  { echo "== GPU tests -k row_scale"
+    timeout 200 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -k row_scale \
+        tests/test_megakernel_ops_gpu.py tests/test_splitk_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
+  } | tee -a "$OUTDIR/normfold.log"
+  check_to "$OUTDIR/normfold.log" --split-k 0 --plan norm_fold=1
+  check_to "$OUTDIR/normfold.log" --split-k 0 --plan "$NF_ON"
+  check_to "$OUTDIR/normfold.log" --split-k 2 --plan "$NF_ON" --prompt-lens 1,13,64,130,200,70
+  echo "== racecheck, --split-k 0 --plan $NF_ON" | tee -a "$OUTDIR/normfold.log"
+  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 --split-k 0 --plan "$NF_ON" > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/normfold.log"
+  if grep -qE "^[0-9]+ passed" "$OUTDIR/normfold.log" \
+      && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)|\"passed\": false" "$OUTDIR/normfold.log" \
+      && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/normfold.log" \
+      && [ "$(grep -c '"passed": true' "$OUTDIR/normfold.log")" -ge 4 ]; then
+    time_variant normfold off "default plan" "${MK_NF_BATCH:-64,256}" "" ""
+    time_variant normfold on "--plan $NF_ON" "${MK_NF_BATCH:-64,256}" "" "--plan $NF_ON"
+  else
+    echo "== normfold: checks did not pass, not timed" | tee -a "$OUTDIR/normfold.log"; rc=1
+  fi
+fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
   # ATTN_REDUCE's data-less page without waiting for `iready`. Timed only (its checks: verify):

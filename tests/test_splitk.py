@@ -27,7 +27,8 @@ from mk.instructions import splitk as sk
 from mk.instructions.base import Buf
 from mk.ir import (ARG0, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0, W_ROWS, W_SIGNAL,
                    W_WAIT0, Op)
-from mk.plan import SPLITK_OP_CAPS, POLICIES, PlanConfig, Planner, buffer_shapes, plan_step
+from mk.plan import (SPLITK_OP_CAPS, POLICIES, PlanConfig, Planner, buffer_shapes, plan_step,
+                     row_scale_rows)
 from mk.verify import check
 from mk.vm import VM
 from mk.weights import load_rank_weights
@@ -647,6 +648,10 @@ def _gpu_tile_words(plan, m):
         yield op, p, kw
 
 
+# SPLITK rows that ROW_SCALE takes after the partials' (mk.plan.splitk_shape)
+RS_70B = row_scale_rows(KERNEL_70B, 8192)
+
+
 @pytest.mark.parametrize("m", sorted(AUTO_70B))
 def test_auto_split_70b_tp8(m):
     plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
@@ -660,8 +665,9 @@ def test_auto_split_70b_tp8(m):
                                         p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS], p[:, kw], k0=bad)
             assert err and "k0" in err, err
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, PlanConfig(split_k=0))
-    # what auto split needs at most: 1024 tokens, QKV_ROPE's 80 tiles in 2 (64 MiB of float32)
-    assert shapes[Buf.SPLITK] == (2 * 1024, 8192)
+    # what auto split needs at most: 1024 tokens, QKV_ROPE's 80 tiles in 2 (64 MiB of float32),
+    # then ROW_SCALE's rows (PlanConfig.norm_fold)
+    assert shapes[Buf.SPLITK] == (2 * 1024 + RS_70B, 8192)
 
 
 def test_auto_splitk_workspace_holds_every_step_70b_tp8():
@@ -670,7 +676,7 @@ def test_auto_splitk_workspace_holds_every_step_70b_tp8():
     to spare at the step that needs the most; forced split_k keeps split_k x the cap."""
     model = dataclasses.replace(LLAMA_70B, num_layers=1)
     cfg = PlanConfig(split_k=0)
-    rows = buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, cfg)[Buf.SPLITK][0]
+    rows = buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, cfg)[Buf.SPLITK][0] - RS_70B
     need = {}
     for m in sorted(set(range(1, 1025, 23)) | {64, 65, 128, 129, 256, 257, 383, 384, 512, 1024}):
         plan = plan_step(batch_70b(m), model, ParallelConfig(8, 0), KERNEL_70B, cfg)
@@ -678,9 +684,9 @@ def test_auto_splitk_workspace_holds_every_step_70b_tp8():
     # QKV_ROPE's 80 tiles at 1024 tokens in 2 uneven slices: 2048 rows (64 MiB)
     assert max(need.values()) == rows == need[1024] == 2048
     assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B,
-                         PlanConfig(split_k=4))[Buf.SPLITK][0] == 4 * 1024
+                         PlanConfig(split_k=4))[Buf.SPLITK][0] == 4 * 1024 + RS_70B
     small = PlanConfig(split_k=2, splitk_qkv_max_tokens=0, splitk_gate_up_max_tokens=0)
-    assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, small)[Buf.SPLITK][0] == 256
+    assert buffer_shapes(model, ParallelConfig(8, 0), KERNEL_70B, small)[Buf.SPLITK][0] == 256 + RS_70B
 
 
 @pytest.mark.parametrize("m", [16, 64, 128, 256, 512])
@@ -815,7 +821,7 @@ def test_one_op_split_70b_tp8_b256(cap):
     s = plan.instrs.numpy()
     assert (s[:, W_OPCODE] == Op.SPLITK_REDUCE).any() == any(ns > 1 for _, ns in got)
     shapes = buffer_shapes(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
-    assert shapes[Buf.SPLITK] == (8 * 128, 8192)     # QKV_ROPE's 10 tiles in 8 at 128 tokens
+    assert shapes[Buf.SPLITK] == (8 * 128 + RS_70B, 8192)   # QKV_ROPE's 10 tiles in 8 at 128 tokens
     # no op's own cap (0 = splitk_max_tokens): nothing splits
     plain = plan_step(batch_70b(256), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
                       PlanConfig(split_k=0, **NO_OP_CAPS))

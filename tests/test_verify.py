@@ -18,7 +18,7 @@ import torch
 from mk import mutate as M
 from mk.instructions.base import Buf, NormWeight
 from mk.instructions.rows import rows_instruction
-from mk.ir import W_WAIT0, Op, SignalScope, serialize
+from mk.ir import ARG0, W_OPCODE, W_WAIT0, Op, SignalScope, serialize
 from mk.verify import PlanError, check, main, schedule, verify
 
 
@@ -387,3 +387,20 @@ def test_planner_mutants_rejected_and_judged(tiny_vm, one_thread):
     for cls, row in table.items():
         assert row["rejected"] >= 8, (cls, row)
     assert sum(out != "same" for _, out in shown) >= 0.7 * len(shown), shown
+
+
+@pytest.mark.parametrize("batch,tp,folds,policy", [("mixed", 1, 1, "op_major"),
+                                                    ("mixed", 1, 0, "interleave"),
+                                                    ("decode", 2, 1, "block_major"),
+                                                    ("prefill", 1, 0, "op_major")])
+def test_norm_fold_plans_accepted(batch, tp, folds, policy):
+    """PlanConfig.norm_fold's plans (every GEMM split in 2, K slices of 16): race-free and deadlock-free,
+    ROW_SCALE's writes by the row-scale norms and reads by the scaled reduces included."""
+    c = PlanConfig(**{**P_CFGS[0].__dict__, "policy": policy, "split_k": 2, "norm_fold": 1,
+                      "splitk_align": 16,
+                      "fold_o_reduce": folds, "fold_down_reduce": folds})
+    streams, plan = planner_streams(p_batches()[batch], tp, c)
+    s = streams[0]
+    assert ((s[:, W_OPCODE] == int(Op.RMSNORM)) & (s[:, ARG0 + 1] == int(Buf.ROW_SCALE))).any()
+    findings = check(streams, plan.num_counters, meta=plan.meta)
+    assert findings == [], "\n".join(str(f) for f in findings[:5])

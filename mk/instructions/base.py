@@ -46,6 +46,11 @@ class Buf(IntEnum):
     V_CACHE = 12        # same layout as K_CACHE
     SPLITK = 13         # split-K partials, float32 [max_split * split rows, splitk width] (mk.plan):
                         # rows j * stride + t hold split j's partial of token row t
+    ROW_SCALE = 14      # float32 [T, 1]: rsqrt(mean(h^2) + eps) of each token row, written by a
+                        # row-scale RMSNORM (dst ROW_SCALE) and read by the SPLITK_REDUCE that
+                        # scales the folded GEMM's rows (PlanConfig.norm_fold). On the GPU it is
+                        # not a tensor of its own: the last T floats of the SPLITK allocation
+                        # (mk.plan.buffer_shapes pads SPLITK for it), so no kernel parameter more
 
 
 class NormWeight(IntEnum):

@@ -8,6 +8,10 @@ Arguments (words after ARG0):
     ARG0 + 4  SPLITK row stride         RMSNORM folded (the split tiles' A_SPLIT_ROW)
 Rows [row0, row0 + rows). COPY and RESIDUAL_ADD act on columns [col0, col0 + cols); RMSNORM always
 normalises whole rows (its statistic needs every column), so its col0/cols must span the width.
+A row-scale RMSNORM (destination Buf.ROW_SCALE; PlanConfig.norm_fold) writes only each row's
+    ROW_SCALE[row, 0] = rsqrt(mean(src[row]^2) + eps)    float32
+for the SPLITK_REDUCE of the GEMM its norm is folded into (mk/instructions/splitk.py, row scale);
+its norm weight word is not read (the weight is folded into that GEMM's weight, mk.weights).
 A folded RMSNORM (nsplit > 0) first finishes the split O_PROJ or DOWN tiles of its rows (the MLP
 norm O_PROJ's, the next attention norm DOWN's: mk/plan.py fold_*_reduce), exactly as their
 SPLITK_REDUCE would (mk/instructions/splitk.py; the residual epilogue into the source buffer):
@@ -58,6 +62,8 @@ class RowsFamily(InstructionFamily):
         dst = Region(_arg(instr, A_DST), r0, r1, c0, c1, rank)
         if instr.opcode == Op.RESIDUAL_ADD:
             return Accesses((src, dst), (dst,))
+        if instr.opcode == Op.RMSNORM and _arg(instr, A_DST) == Buf.ROW_SCALE:
+            dst = Region(Buf.ROW_SCALE, r0, r1, 0, 1, rank)
         if instr.opcode == Op.RMSNORM and _arg(instr, A_RED_NSPLIT) > 0:
             stride = _arg(instr, A_RED_STRIDE)
             parts = tuple(Region(Buf.SPLITK, j * stride + r0, j * stride + r1, c0, c1, rank)
@@ -72,7 +78,9 @@ class RowsFamily(InstructionFamily):
         r0, r1 = instr.row0, instr.row0 + instr.rows
         c0, c1 = instr.col0, instr.col0 + instr.cols
         src = state.buf(_arg(instr, A_SRC))[r0:r1, c0:c1]
-        dst = state.buf(_arg(instr, A_DST))[r0:r1, c0:c1]
+        scale_only = op == Op.RMSNORM and _arg(instr, A_DST) == Buf.ROW_SCALE
+        dst_buf = state.buf(_arg(instr, A_DST))
+        dst = dst_buf[r0:r1, 0:1] if scale_only else dst_buf[r0:r1, c0:c1]
         if op == Op.COPY:
             dst.copy_(src)
         elif op == Op.RESIDUAL_ADD:
@@ -84,8 +92,12 @@ class RowsFamily(InstructionFamily):
                 acc = sum_partials(state.buf(Buf.SPLITK), nsplit, _arg(instr, A_RED_STRIDE),
                                    r0, r1, [(c0, c1)])
                 src.copy_(src + acc.to(state.weights.dtype))
+            eps = state.weights.config.rms_norm_eps
+            if scale_only:
+                dst.copy_(row_scale(src, eps))
+                return
             weight = norm_weight(state.weights, _arg(instr, A_NORM_WEIGHT), instr.layer)
-            dst.copy_(rmsnorm(src, weight, state.weights.config.rms_norm_eps))
+            dst.copy_(rmsnorm(src, weight, eps))
         else:
             raise ValueError(f"RowsFamily cannot run opcode {op}")
 
@@ -100,8 +112,14 @@ def norm_weight(weights, which: int, layer: int) -> torch.Tensor:
     raise ValueError(f"unknown norm weight {which}")
 
 
+def row_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """[rows, 1] float32 rsqrt(mean(x^2) + eps): RMSNorm's statistic, the same expression."""
+    xf = x.float()
+    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face LlamaRMSNorm: statistic in float32, scale applied in the model dtype."""
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = xf * row_scale(x, eps)
     return weight * xf.to(x.dtype)

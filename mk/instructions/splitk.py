@@ -17,6 +17,11 @@ Arguments:
     ARG0 + 2  SPLITK row stride between splits
     ARG0 + 3 + i  the unsplit instruction's word ARG0 + i, i = 0 .. 6 (src, dst, epilogue or
               section, ...: decoded by the opcode's own family)
+    ARG0 + 10 row scale: 1 (QKV_ROPE, GATE_UP under PlanConfig.norm_fold) = the split tiles ran
+              on the raw residual rows h with the norm weight folded into the GEMM weight, so
+              acc *= ROW_SCALE[row] (rsqrt(mean(h^2) + eps), float32) before y's rounding:
+                  y = bf16(acc * r)      the RMSNORM folded into this GEMM
+              0 = no scale
 SPLITK columns: the family's `splitk_cols` (GATE_UP: gate at [col0, col0+cols), up at
 intermediate_local + the same).
 
@@ -28,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from mk.instructions._common import arg, rows_of
-from mk.instructions.base import Accesses, Buf, InstructionFamily, family_of, register
+from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, family_of, register
 from mk.ir import ARG0, NUM_ARGS, Instruction, Op
 
 A_OP = ARG0
@@ -36,6 +41,8 @@ A_NSPLIT = ARG0 + 1
 A_STRIDE = ARG0 + 2
 A_WORDS = ARG0 + 3
 UNSPLIT_WORDS = 7           # words ARG0 .. ARG0+6 of the unsplit instruction
+A_ROW_SCALE = A_WORDS + UNSPLIT_WORDS   # 1: acc *= ROW_SCALE[row] before the rounding (norm fold)
+ROW_SCALED = (Op.QKV_ROPE, Op.GATE_UP)  # the ops whose reduce may scale its rows
 SPLITTABLE = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
 
 
@@ -66,9 +73,14 @@ def sum_partials(sk: torch.Tensor, nsplit: int, stride: int, r0: int, r1: int,
     return acc
 
 
-def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict) -> dict:
-    """The reduce's argument words ({word: value}) for the unsplit tile's {word: value} args."""
-    out = {A_OP: int(op), A_NSPLIT: nsplit, A_STRIDE: stride}
+def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict,
+                 row_scale: int = 0) -> dict:
+    """The reduce's argument words ({word: value}) for the unsplit tile's {word: value} args;
+    row_scale: 1 = scale the rows by ROW_SCALE (only QKV_ROPE / GATE_UP: ROW_SCALED)."""
+    if row_scale and int(op) not in [int(o) for o in ROW_SCALED]:
+        raise ValueError(f"SPLITK_REDUCE scales rows only for {[o.name for o in ROW_SCALED]}, "
+                         f"not opcode {int(op)}")
+    out = {A_OP: int(op), A_NSPLIT: nsplit, A_STRIDE: stride, A_ROW_SCALE: int(bool(row_scale))}
     for word, v in unsplit_args.items():
         i = word - ARG0
         if 0 <= i < UNSPLIT_WORDS:
@@ -80,7 +92,7 @@ def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict) -> dict:
 class SplitkReduceFamily(InstructionFamily):
     opcodes = (Op.SPLITK_REDUCE,)
     ARG_NAMES = {int(Op.SPLITK_REDUCE): ("op", "nsplit", "stride") +
-                 tuple(f"w{i}" for i in range(UNSPLIT_WORDS))}
+                 tuple(f"w{i}" for i in range(UNSPLIT_WORDS)) + ("row_scale",)}
 
     def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
         u = unsplit_instruction(instr)
@@ -89,6 +101,9 @@ class SplitkReduceFamily(InstructionFamily):
         parts = tuple(reg for j in range(arg(instr, A_NSPLIT))
                       for reg in fam.splitk_regions(u, rank, j, stride))
         reads, writes = fam.epilogue_regions(u, rank, meta)
+        if arg(instr, A_ROW_SCALE):
+            r0, r1 = rows_of(u)
+            parts += (Region(Buf.ROW_SCALE, r0, r1, 0, 1, rank),)
         return Accesses(parts + tuple(reads), tuple(writes))
 
     def run_torch(self, instr: Instruction, state) -> None:
@@ -97,5 +112,7 @@ class SplitkReduceFamily(InstructionFamily):
         r0, r1 = rows_of(u)
         acc = sum_partials(state.buf(Buf.SPLITK), arg(instr, A_NSPLIT), arg(instr, A_STRIDE),
                            r0, r1, fam.splitk_cols(u))
+        if arg(instr, A_ROW_SCALE):
+            acc.mul_(state.buf(Buf.ROW_SCALE)[r0:r1, 0:1])
         fam.epilogue(u, state, acc.to(state.weights.dtype))
 
