@@ -19,7 +19,9 @@
 #          unequal block counts), the environment as it is: pairrace.log (~4 min)
 #   normfold PlanConfig.norm_fold: GPU tests -k row_scale, the two-layer checks with it (folds on /
 #          off, split-K auto / 2), racecheck; if clean decode MK_NF_BATCH (64,256) default vs
-#          --plan norm_fold=1,fold_o_reduce=0,fold_down_reduce=0, journal on: normfold.log (~9 min)
+#          --plan norm_fold=1,fold_o_reduce=0,fold_down_reduce=0 and B=64 with
+#          norm_fold=1,splitk_max_tokens=32 (O_PROJ / DOWN unsplit), no journal: normfold.log
+#          (~8 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer consumer_test: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default, its test_waits nothing waits for; also inline), timed only:
@@ -481,7 +483,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=560)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -761,8 +763,9 @@ if has normfold; then
   # gate-up GEMMs (row-scale RMSNORM + scaled SPLITK_REDUCE). Checks: the GPU tests of the two
   # new modes (-k row_scale), the two-layer step vs mk.vm with norm_fold=1 and the O_PROJ / DOWN
   # reduce folds on / off, split-K auto and forced 2 (the 478-token first step), racecheck of
-  # the auto one; then, only if all passed, decode MK_NF_BATCH (64,256), journal on: the
-  # default against norm_fold=1 with those folds off: normfold.log, normfold_{off,on}.json
+  # the auto one; then, only if all passed, decode MK_NF_BATCH (64,256), no journal: the
+  # default against norm_fold=1 with those folds off, and at B=64 norm_fold=1 with O_PROJ / DOWN
+  # unsplit: normfold.log, normfold_{off,on,unsplit}.json
   NF_ON="norm_fold=1,fold_o_reduce=0,fold_down_reduce=0"
   : > "$OUTDIR/normfold.log"
   { echo "== GPU tests -k row_scale"
@@ -780,8 +783,22 @@ if has normfold; then
       && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)|\"passed\": false" "$OUTDIR/normfold.log" \
       && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/normfold.log" \
       && [ "$(grep -c '"passed": true' "$OUTDIR/normfold.log")" -ge 4 ]; then
-    time_variant normfold off "default plan" "${MK_NF_BATCH:-64,256}" "" ""
-    time_variant normfold on "--plan $NF_ON" "${MK_NF_BATCH:-64,256}" "" "--plan $NF_ON"
+    # megakernel only, no journal (a call holds the checks and the three runs)
+    nf_runs=("off||${MK_NF_BATCH:-64,256}" "on|--plan $NF_ON|${MK_NF_BATCH:-64,256}"
+                "unsplit|--plan norm_fold=1,splitk_max_tokens=32|64")
+    # unsplit: O_PROJ / DOWN unsplit at B=64 (their cap, splitk_max_tokens, under 64), so no
+    # reduce phase is left between them and the folded GEMMs
+    for run in "${nf_runs[@]}"; do
+      IFS="|" read -r v a bt <<< "$run"
+      # shellcheck disable=SC2046,SC2086  # core_env: VAR=VALUE words; $a: the arguments, split
+      env $(core_env "normfold_$v") timeout 150 $B --batch "$bt" $a \
+          --out "$OUTDIR/normfold_$v.json" > "$TMPD/normfold_$v.log" 2>&1 || rc=1
+      echo "== $v ${a:-default plan}" | tee -a "$OUTDIR/normfold.log"
+      { table "$TMPD/normfold_$v.log" | grep -E "^decode"
+        grep -E -A12 "Error|^error|Traceback" "$TMPD/normfold_$v.log" | tail -30; } \
+          | tee -a "$OUTDIR/normfold.log"
+      report_cores "normfold_$v" "$OUTDIR/normfold.log"
+    done
   else
     echo "== normfold: checks did not pass, not timed" | tee -a "$OUTDIR/normfold.log"; rc=1
   fi
