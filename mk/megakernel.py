@@ -106,7 +106,7 @@ from mk.instructions.matmul import A_EPI as MM_A_EPI
 from mk.instructions.matmul import A_K as MM_A_K
 from mk.instructions.matmul import A_UP_COL as MM_A_UP_COL
 from mk.instructions.matmul import Epi
-from mk.ir import (ARG0, INSTR_WORDS, MAX_WAITS, NUM_ARGS, W_COL0, W_COLS, W_LAYER, W_OPCODE,
+from mk.ir import (ARG0, INSTR_WORDS, MAX_WAITS, W_COL0, W_COLS, W_LAYER, W_OPCODE,
                    W_ROW0, W_ROWS, W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_SCOPE, W_WAIT0, Op,
                    SignalScope)
 from mk.instructions.rows import A_DST, A_NORM_WEIGHT, A_RED_NSPLIT, A_RED_STRIDE, A_SRC
@@ -200,6 +200,7 @@ GATHER_OPS = (int(Op.EMBED), int(Op.LM_NORM))
 # split-K (mk/instructions/_splitk_kernel.py): split tiles of these GEMM opcodes run through their
 # slot; SPLITK_REDUCE sums the partials and runs the opcode's epilogue
 SPLITK_OPS = skk.SPLITK_OPS
+ROW_SCALED_OPS = skk.ROW_SCALED_OPS
 OP_SPLITK_REDUCE = skk.OP_SPLITK_REDUCE
 # L2 prefetches of the stacked GEMM weights (mk/instructions/_prefetch_kernel.py): a compile-time
 # variant (Megakernel(l2_prefetch=True)), so the code of every other variant is unchanged
@@ -986,8 +987,8 @@ class MegakernelDSL:
                                 if cutlass.const_expr(GS[gi].op in SPLITK_OPS):
                                     if rop == GS[gi].op:
                                         pg = skk.reduce_consume(
-                                            GS[gi].epi, ring, base, skops[0], gops[gi][9], kv,
-                                            meta, inv_freq, GS[gi].yb,
+                                            GS[gi].epi, ring, base, skops[0], bufs.shape[0],
+                                            gops[gi][9], kv, meta, inv_freq, GS[gi].yb,
                                             gops[gi][10].shape[0] // 2, pool, full, done, pg, NP,
                                             ctv, timeout_ns, state, t, PS)
                     if cutlass.const_expr(self.attn_ps > 0):
@@ -1329,7 +1330,53 @@ def _check_folded_norms(rn: np.ndarray, splitk_shape) -> None:
     last = (f[:, A_RED_NSPLIT] - 1).astype(np.int64) * f[:, A_RED_STRIDE] + f[:, W_ROW0] + f[:, W_ROWS]
     if (last > rows).any():
         raise ValueError(f"folded RMSNORM reads SPLITK row {int(last.max()) - 1}, the workspace has "
-                         f"{rows}")
+                         f"{rows} partial rows")
+
+
+def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
+    """Row-scale RMSNORMs (destination ROW_SCALE) and row-scaled SPLITK_REDUCEs (word
+    skk.R_ROW_SCALE; PlanConfig.norm_fold). ROW_SCALE is the last T floats of the SPLITK
+    allocation (T: the arena's token rows; mk.instructions.base.Buf.ROW_SCALE), so they need
+    split-K compiled in, only QKV_ROPE's and GATE_UP's reduces scale (their epilogues alone have
+    the code), their rows are token rows (< T), and the split partials of a stream that has them
+    stay out of ROW_SCALE's rows (mk.plan.row_scale_rows). Returns the [rows, width] of the
+    allocation the partials may use: splitk_shape less those rows where the stream scales rows,
+    all of it otherwise (a stream without row scales may use the whole allocation)."""
+    norm = (ops == int(Op.RMSNORM)) & (s[:, A_DST] == int(Buf.ROW_SCALE))
+    red = (ops == OP_SPLITK_REDUCE) & (s[:, ARG0 + skk.R_ROW_SCALE] != 0)
+    if not (norm.any() or red.any()):
+        return splitk_shape
+    if splitk_shape is None:
+        i = int(np.flatnonzero(norm | red)[0])
+        what = ("RMSNORM into ROW_SCALE (row-scale mode)" if norm[i] else
+                f"SPLITK_REDUCE of {_op_name(s[i, ARG0 + skk.R_OP])} with the row scale word")
+        raise ValueError(f"megakernel: instruction {i} (layer {int(s[i, W_LAYER])}, rows "
+                         f"{int(s[i, W_ROW0])}+{int(s[i, W_ROWS])}) is a {what}: ROW_SCALE lies in "
+                         f"the SPLITK workspace, and this megakernel has none (Megakernel(..., "
+                         f"splitk=...))")
+    rop = s[red, ARG0 + skk.R_OP]
+    bad = sorted(set(rop.tolist()) - set(ROW_SCALED_OPS))
+    if bad:
+        raise ValueError(f"megakernel: SPLITK_REDUCE of {[_op_name(o) for o in bad]} with the row "
+                         f"scale word: only {[Op(o).name for o in ROW_SCALED_OPS]} reduces scale "
+                         f"their rows")
+    r0, r1 = s[red, W_ROW0], s[red, W_ROW0] + s[red, W_ROWS]
+    if (r0 < 0).any() or (r1 > T).any():
+        raise ValueError(f"megakernel: row-scaled SPLITK_REDUCE rows outside ROW_SCALE's {T} "
+                         f"token rows")
+    from mk.config import KernelConfig
+    from mk.plan import row_scale_rows
+    rows, width = splitk_shape
+    reserved = row_scale_rows(KernelConfig(max_batch_tokens=T), width)
+    if rows < reserved:
+        raise ValueError(f"megakernel: the SPLITK workspace [{rows}, {width}] has no room for "
+                         f"ROW_SCALE's {T} floats in its last {reserved} rows "
+                         f"(mk.plan.splitk_shape)")
+    return rows - reserved, width
+
+
+def _op_name(op) -> str:
+    return Op(int(op)).name if int(op) in Op._value2member_map_ else str(int(op))
 
 
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
@@ -1344,8 +1391,9 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     [V, H] of the EMBED table; last_normed_shape: [S, H] of LAST_NORMED (LM_NORM);
     meta_page_size: the step metadata's KV page size when the caller has it on the host (the
     kernel checks it too, without a host sync); splitk_shape: [rows, width] of the SPLITK
-    workspace (None: split-K tiles and SPLITK_REDUCE refused); l2_prefetch: the variant has the
-    L2_PREFETCH body (else those instructions are refused)."""
+    workspace (None: split-K tiles, SPLITK_REDUCE and row scales refused; its last rows hold
+    ROW_SCALE, _check_row_scale); l2_prefetch: the variant has the L2_PREFETCH body (else those
+    instructions are refused)."""
     if stream.dtype != torch.int32 or stream.dim() != 2 or stream.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
     # numpy from here: a few hundred small array ops, each ~5x cheaper than torch's on the CPU
@@ -1363,6 +1411,8 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     mx = max(int(sig.max()) if len(s) else -1, int(waits.max()) if len(s) else -1)
     if mx >= n_counters:
         raise ValueError(f"plan uses counter {mx}, the megakernel has {n_counters}")
+    # the SPLITK rows the split partials may use: ROW_SCALE takes the last ones where used
+    partial_shape = _check_row_scale(s, ops, T, splitk_shape)
     rowops = (ops == int(Op.COPY)) | (ops == int(Op.RMSNORM)) | (ops == int(Op.RESIDUAL_ADD))
     if rowops.any():
         p = s[rowops]
@@ -1371,7 +1421,9 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         if (p[:, W_ROW0] < 0).any() or (p[:, W_ROW0] + p[:, W_ROWS] > T).any() \
                 or (p[:, W_COL0] + p[:, W_COLS] > H).any() or (p[:, W_ROWS] <= 0).any():
             raise ValueError("rows tile outside the [T, H] buffers")
-        if (p[:, A_SRC] >= nbuf).any() or (p[:, A_DST] >= nbuf).any():
+        # a row-scale RMSNORM's destination is ROW_SCALE, outside the arena (_check_row_scale)
+        scale_norm = (p[:, W_OPCODE] == int(Op.RMSNORM)) & (p[:, A_DST] == int(Buf.ROW_SCALE))
+        if (p[:, A_SRC] >= nbuf).any() or (p[~scale_norm, A_DST] >= nbuf).any():
             raise ValueError(f"buffer id beyond the arena's {nbuf} buffers")
         rn = p[p[:, W_OPCODE] == int(Op.RMSNORM)]
         if len(rn) and (((rn[:, W_COL0] != 0) | (rn[:, W_COLS] != H)).any()):
@@ -1379,13 +1431,13 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         if len(rn) and H > rk.NORM_MAX_H:
             raise ValueError(f"RMSNORM over H={H} columns: the body holds at most "
                              f"{rk.NORM_MAX_H} per row")
-        _check_folded_norms(rn, splitk_shape)
+        _check_folded_norms(rn, partial_shape)
     by_op = {g.op: g for g in slots}
     _check_l2_prefetch(s[ops == OP_L2_PREFETCH], by_op, gemm, l2_prefetch)
     # a SPLITK_REDUCE runs its opcode's epilogue with the unsplit words: check them as those of
     # an unsplit tile of that opcode (below), its workspace rows here
     red = s[ops == OP_SPLITK_REDUCE]
-    red_eq = _check_splitk_reduce(red, by_op, gemm, splitk_shape)
+    red_eq = _check_splitk_reduce(red, by_op, gemm, partial_shape)
     for op in GEMM_OPS:
         p = np.concatenate((s[ops == op], red_eq[red_eq[:, W_OPCODE] == op]))
         if not len(p):
@@ -1402,7 +1454,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         spl = p[:, gk.A_NSPLIT] >= 2
         k0 = np.where(spl, p[:, gk.A_K0], np.zeros_like(K))
         if spl.any():
-            _check_split_tiles(name, op, p[spl], sh, splitk_shape)
+            _check_split_tiles(name, op, p[spl], sh, partial_shape)
         u = p[~spl]       # the epilogue and destination words matter to unsplit tiles only
         if op != int(Op.QKV_ROPE):
             epi = u[:, MM_A_EPI]
@@ -1500,13 +1552,14 @@ def _splitk_cols(op: int, sh: dict, col0, cols):
 
 def _check_workspace(name, op, sh, splitk_shape, row_lo, row_hi, col0, cols):
     """SPLITK rows [row_lo, row_hi) and the op's column map of [col0, col0+cols) inside the
-    workspace, which must exist."""
+    workspace, which must exist (splitk_shape: its partial rows, _check_row_scale)."""
     if splitk_shape is None:
         raise ValueError(f"megakernel: {name} needs the SPLITK workspace (Megakernel(..., "
                          f"splitk=<float32 CUDA tensor [rows, width]>))")
     R, W = splitk_shape
     if (row_lo < 0).any() or (row_hi > R).any():
-        raise ValueError(f"megakernel: {name} rows outside the SPLITK workspace's {R} rows")
+        raise ValueError(f"megakernel: {name} rows outside the SPLITK workspace's {R} partial "
+                         f"rows")
     if (col0 < 0).any() or (_splitk_cols(op, sh, col0, cols) > W).any():
         raise ValueError(f"megakernel: {name} columns outside the SPLITK workspace's {W} columns")
 
@@ -1567,8 +1620,9 @@ def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
                          + p[:, W_ROWS], p[:, W_COL0], p[:, W_COLS])
     eq = r.copy()
     eq[:, W_OPCODE] = rop
-    n_epi = NUM_ARGS - skk.R_EPI0
-    eq[:, ARG0:ARG0 + n_epi] = r[:, ARG0 + skk.R_EPI0:]
+    # the unsplit words only (not the row scale word after them)
+    n_epi = skk.UNSPLIT_WORDS
+    eq[:, ARG0:ARG0 + n_epi] = r[:, ARG0 + skk.R_EPI0:ARG0 + skk.R_EPI0 + n_epi]
     eq[:, ARG0 + n_epi:] = 0
     for op in sorted(set(rop.tolist())):
         if op == int(Op.GATE_UP):

@@ -319,6 +319,107 @@ def test_check_plan_on_representative_rows_equals_the_full_check(split_k):
             M.check_plan(bad[rows], nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
 
 
+# -------------------------------------------------------------------- row scale (norm fold)
+def test_rows_splitk_variant_compiles_without_spills(dump_dir):
+    """The rows-only variant with split-K compiled in (Megakernel(splitk=...) without GEMM slots):
+    the folded RMSNORM and the row-scale RMSNORM (destination ROW_SCALE, PlanConfig.norm_fold:
+    thread 0's float32 store into the SPLITK allocation's tail) with one row per group; no spill,
+    no stack frame. (The step variants with them: test_all_opcode_splitk_variant_....)"""
+    import mk.megakernel as M
+    comp = M.compile_fake(splitk=True)
+    assert not re.search(r"^\s*call", comp.__ptx__, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(comp.__ptx__, os.path.join(dump_dir, "rows_splitk")))
+
+
+def _row_scale_norm(H: int, rows: int = 3):
+    """One row-scale RMSNORM (destination ROW_SCALE) of rows 5 .. 5 + rows."""
+    from mk.instructions.base import Buf
+    from mk.instructions.rows import rows_instruction
+    from mk.ir import Op, serialize
+    return serialize([rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.ROW_SCALE, 5, rows, 0, H)])
+
+
+def test_check_plan_row_scale_norm_needs_the_splitk_workspace():
+    """A row-scale RMSNORM passes check_plan with a SPLITK workspace (ROW_SCALE is its last T
+    floats) and is refused, the instruction named, without one; ROW_SCALE is no destination of
+    COPY / RESIDUAL_ADD, and a workspace too small for ROW_SCALE is refused."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.instructions.base import Buf
+    from mk.instructions.rows import A_DST
+    from mk.ir import W_OPCODE, Op
+    T, H = 64, 1024
+    norm = _row_scale_norm(H)
+    M.check_plan(norm, 3, T, H, 16, splitk_shape=(1, 1024))     # 1024 floats >= T
+    with pytest.raises(ValueError, match=r"instruction 0 \(layer 0, rows 5\+3\) is a RMSNORM "
+                                         r"into ROW_SCALE .* SPLITK workspace"):
+        M.check_plan(norm, 3, T, H, 16)
+    for op in (Op.COPY, Op.RESIDUAL_ADD):
+        bad = norm.clone()
+        bad[:, W_OPCODE] = int(op)
+        with pytest.raises(ValueError, match="beyond the arena"):
+            M.check_plan(bad, 3, T, H, 16, splitk_shape=(1, 1024))
+    with pytest.raises(ValueError, match="no room for ROW_SCALE's 64 floats in its last 8 rows"):
+        M.check_plan(norm, 3, T, H, 16, splitk_shape=(7, 8))
+    assert int(norm[0, A_DST]) == int(Buf.ROW_SCALE)
+
+
+def _partial_rows_end(instrs) -> int:
+    """SPLITK rows the split tiles of a stream write: max of j * stride + row0 + rows."""
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import W_ROW0, W_ROWS
+    s = instrs[instrs[:, gk.A_NSPLIT] >= 2]
+    return int((s[:, gk.A_SPLIT_J] * s[:, gk.A_SPLIT_ROW] + s[:, W_ROW0] + s[:, W_ROWS]).max())
+
+
+def test_check_plan_norm_fold():
+    """PlanConfig.norm_fold: the forced split-K plan of the tiny model (row-scale RMSNORMs, folded
+    ones among them; QKV_ROPE's and GATE_UP's reduces row-scaled) passes check_plan with mk.plan's
+    SPLITK workspace, and with one just big enough: its partial rows and ROW_SCALE's
+    (mk.plan.row_scale_rows) after them; one row less is refused (a partial would overwrite
+    ROW_SCALE), though the same stream without its row scales may use those rows. Refused too:
+    no workspace, the row scale word on a DOWN reduce, a row-scaled reduce past the T rows."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.config import KernelConfig
+    from mk.instructions import rows as rw
+    from mk.instructions import splitk as skf
+    from mk.instructions.base import Buf
+    from mk.ir import W_OPCODE, W_ROW0, Op
+    from mk.plan import row_scale_rows
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, norm_fold=1)
+    ops = instrs[:, W_OPCODE]
+    scale_norm = (ops == int(Op.RMSNORM)) & (instrs[:, rw.A_DST] == int(Buf.ROW_SCALE))
+    red = ops == M.OP_SPLITK_REDUCE
+    scaled = red & (instrs[:, skf.A_ROW_SCALE] != 0)
+    assert (scale_norm & (instrs[:, rw.A_RED_NSPLIT] > 0)).any() and (scale_norm & (
+        instrs[:, rw.A_RED_NSPLIT] == 0)).any()
+    assert set(instrs[scaled, skf.A_OP].tolist()) == {int(Op.QKV_ROPE), int(Op.GATE_UP)}
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    width = sk_shape[1]
+    end = _partial_rows_end(instrs)
+    snug = end + row_scale_rows(KernelConfig(max_batch_tokens=T), width)
+    assert snug <= sk_shape[0]
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=(snug, width), **kw)
+    with pytest.raises(ValueError, match="SPLITK row|rows outside the SPLITK"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=(snug - 1, width), **kw)
+    unscaled = instrs.clone()
+    unscaled[scale_norm, rw.A_DST] = int(Buf.NORMED)
+    unscaled[red, skf.A_ROW_SCALE] = 0
+    M.check_plan(unscaled, nbuf, T, H, 1 << 20, splitk_shape=(end, width), **kw)
+    with pytest.raises(ValueError, match="ROW_SCALE lies in the SPLITK workspace"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    bad = instrs.clone()
+    down = int((red & (instrs[:, skf.A_OP] == int(Op.DOWN))).nonzero().flatten()[0])
+    bad[down, skf.A_ROW_SCALE] = 1
+    with pytest.raises(ValueError, match=r"SPLITK_REDUCE of \['DOWN'\] with the row scale word"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    bad = instrs.clone()
+    bad[int(scaled.nonzero().flatten()[0]), W_ROW0] = T
+    with pytest.raises(ValueError, match="outside ROW_SCALE's 512 token rows"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+
+
 # ------------------------------------------------------------------- experimental switches
 # The compile-time switches that are on by default since their GPU check
 # (bench/results/switches_2026-11-29.log), with the value that turns each off.

@@ -55,6 +55,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from mk import tiles
+from mk.instructions.base import Buf
 from mk.ir import Op
 
 PR = 8                 # token rows per page
@@ -70,6 +71,8 @@ OP_NOOP = int(Op.NOOP)
 OP_COPY = int(Op.COPY)
 OP_RMSNORM = int(Op.RMSNORM)
 OP_RESIDUAL_ADD = int(Op.RESIDUAL_ADD)
+# an RMSNORM into this destination is a row-scale RMSNORM (mk/instructions/rows.py; norm fold)
+BUF_ROW_SCALE = int(Buf.ROW_SCALE)
 
 # error kinds written to the megakernel's error record (see mk.megakernel)
 ERR_COUNTER_WAIT = 1
@@ -604,6 +607,18 @@ def f32x8(addr: Int64):
                             cute.make_layout(8))
 
 
+@cute.jit
+def row_scale_at(sk: cute.Tensor, tokens: Int32, row: Int32):
+    """ROW_SCALE[row, 0] (float32; mk.instructions.base.Buf.ROW_SCALE) as a 1-element tensor. It
+    is not a kernel parameter of its own but the last `tokens` floats of the SPLITK allocation sk
+    (tokens: the arena's token rows T; mk.plan.splitk_shape pads SPLITK for them), so it adds no
+    parameter to the variants with split-K."""
+    addr = sk.iterator.toint() + (Int64(sk.shape[0]) * Int64(sk.shape[1]) - Int64(tokens)
+                                  + Int64(row)) * 4
+    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4),
+                            cute.make_layout(1))
+
+
 @dsl_user_op
 def pack_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
     """(bf16(a), bf16(b)) in one 32-bit word, a in the low half (the lower address in memory):
@@ -753,11 +768,27 @@ def load_rows(xs: list, src_base: Int64, row_offs: list, cols: list):
 
 
 @cute.jit
+def store_normed(xs: list, ws: list, rs: Float32, dst_base: Int64, row_off: Int64, cols: list,
+                 ctid: Int32, nthreads: cutlass.Constexpr, H: Int32):
+    """One row's normalized vectors (xs: its bf16 x 8 registers in rmsnorm_consume's column
+    order, rs its rsqrt statistic) into the destination rows at dst_base."""
+    for v in cutlass.range_constexpr(NORM_VECS):
+        if (v * nthreads + ctid) * 8 < H:
+            xn = (xs[v].load().to(Float32) * rs).to(BFloat16)
+            y = xn.to(Float32) * ws[v].to(Float32)
+            bf16x8(dst_base + (row_off + Int64(cols[v])) * 2).store(y.to(BFloat16))
+
+
+@cute.jit
 def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: Int32, cols: list,
                 ws: list, scratch: Int32, eps: Float32, ctid: Int32, bar_id: cutlass.Constexpr,
-                nthreads: cutlass.Constexpr, row_batch: cutlass.Constexpr, fold=None):
+                nthreads: cutlass.Constexpr, row_batch: cutlass.Constexpr, fold=None,
+                scale=None):
     """rmsnorm_consume's rows in groups of row_batch (see there); fold: (SPLITK workspace,
-    nsplit, stride) of a folded norm, whose rows are fold_row's h, else None (rows loaded)."""
+    nsplit, stride) of a folded norm, whose rows are fold_row's h, else None (rows loaded);
+    scale: (scale_only, SPLITK workspace, T) in the variants with split-K, else None: where
+    scale_only (a row-scale RMSNORM) thread 0 stores each row's rsqrt statistic into
+    ROW_SCALE[row] (row_scale_at) and no normalized row is written (dst_base is not a buffer)."""
     warp = ctid // 32
     lane = ctid % 32
     inv_h = Float32(1.0) / Float32(H)
@@ -802,12 +833,15 @@ def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: I
             if r0 + k < rows:
                 tot = parts[k].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 rs = cute.math.rsqrt(tot * inv_h + eps)
-                for v in cutlass.range_constexpr(NORM_VECS):
-                    if (v * nthreads + ctid) * 8 < H:
-                        xn = (xs[k * NORM_VECS + v].load().to(Float32) * rs).to(BFloat16)
-                        y = xn.to(Float32) * ws[v].to(Float32)
-                        bf16x8(dst_base + (row_offs[k] + Int64(cols[v])) * 2).store(
-                            y.to(BFloat16))
+                xk = xs[k * NORM_VECS:(k + 1) * NORM_VECS]
+                if cutlass.const_expr(scale is None):
+                    store_normed(xk, ws, rs, dst_base, row_offs[k], cols, ctid, nthreads, H)
+                else:
+                    if scale[0]:
+                        if ctid == 0:
+                            row_scale_at(scale[1], scale[2], row0 + r0 + k)[0] = rs
+                    else:
+                        store_normed(xk, ws, rs, dst_base, row_offs[k], cols, ctid, nthreads, H)
 
 
 @cute.jit
@@ -829,9 +863,11 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     Numerics as mk.instructions.rows: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), the sum
     of squares in float32 (in another order than torch's). sk (the split-K workspace, in the
     variants with split-K): a folded RMSNORM (red_nsplit > 0) first finishes O_PROJ's or DOWN's
-    split tiles of each row (fold_row) and normalizes h from its registers. row_batch: rows per
-    group (NORM_ROW_BATCH; the megakernel's variants without GEMM slots pass 1: the rows-only
-    journal variant spilled 12 bytes with 2)."""
+    split tiles of each row (fold_row) and normalizes h from its registers; a row-scale RMSNORM
+    (dst Buf.ROW_SCALE, only with sk) writes each row's rsqrt(mean(x^2) + eps) into ROW_SCALE
+    (row_scale_at) and no normalized row (its norm weight is folded into the GEMM after it).
+    row_batch: rows per group (NORM_ROW_BATCH; the megakernel's variants without GEMM slots pass
+    1: the rows-only journal variant spilled 12 bytes with 2)."""
     page, ph = page_of(pg, npages)
     bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
     T = bufs.shape[0]
@@ -856,14 +892,18 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     if cutlass.const_expr(sk is None):
         norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
                     nthreads, row_batch)
-    elif red_nsplit > 0:
-        # a folded norm walks its rows one by one: they are few (one per instruction at B <= 64)
-        # and the fold's loads take the registers a second row's would
-        norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
-                    nthreads, 1, (sk, red_nsplit, red_stride))
     else:
-        norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
-                    nthreads, row_batch)
+        # a row-scale RMSNORM (destination ROW_SCALE; the norm folded into the next GEMM) stores
+        # only the statistic, into the SPLITK allocation's tail: only with split-K compiled in
+        scale = (dst == BUF_ROW_SCALE, sk, T)
+        if red_nsplit > 0:
+            # a folded norm walks its rows one by one: they are few (one per instruction at
+            # B <= 64) and the fold's loads take the registers a second row's would
+            norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
+                        nthreads, 1, (sk, red_nsplit, red_stride), scale)
+        else:
+            norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
+                        nthreads, row_batch, None, scale)
     if lane == 0:
         # the scratch partials were generic writes; a later use of the page is a TMA write
         cute.arch.fence_proxy("async.shared", space="cta")

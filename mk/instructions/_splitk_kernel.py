@@ -9,6 +9,10 @@ SPLITK_REDUCE finishes ONE output tile (rows [row0, row0+rows) x columns [col0, 
 words as its split tiles) of the GEMM opcode in its word ARG0+0:
     acc = sum_j SPLITK[j * stride + r, c] in float32, j = 0 .. nsplit-1 in order (deterministic)
     y   = bf16(acc)                                    (the unsplit F.linear output rounding)
+    y   = bf16(acc * s), s = ROW_SCALE[row0 + r]       with the row scale (word ARG0+10, QKV_ROPE
+                                                       and GATE_UP only: the RMSNORM folded into
+                                                       the GEMM, PlanConfig.norm_fold; s float32,
+                                                       rk.row_scale_at)
 then exactly the unsplit opcode's epilogue, with the same functions the GEMM epilogues call
 (_gemm_kernel.py: residual_add, silu_mul_bf16, rope_cos_sin / rope_lo / rope_hi, gemm_dest /
 dest_row / row_addr):
@@ -48,25 +52,29 @@ from mk.ir import ARG0, W_COL0, W_COLS, W_ROW0, W_ROWS, Op
 
 OP_SPLITK_REDUCE = int(Op.SPLITK_REDUCE)
 SPLITK_OPS = tuple(int(o) for o in sk.SPLITTABLE)
+ROW_SCALED_OPS = tuple(int(o) for o in sk.ROW_SCALED)   # the reduces that may scale their rows
 # SPLITK_REDUCE words relative to ARG0 (mk/instructions/splitk.py)
 R_OP = sk.A_OP - ARG0           # the GEMM opcode it finishes
 R_NSPLIT = sk.A_NSPLIT - ARG0   # nsplit
 R_STRIDE = sk.A_STRIDE - ARG0   # SPLITK row stride between splits
 R_EPI0 = sk.A_WORDS - ARG0      # word ARG0 + R_EPI0 + i = the unsplit instruction's word ARG0 + i
+UNSPLIT_WORDS = sk.UNSPLIT_WORDS    # the unsplit words: R_EPI0 .. R_EPI0 + UNSPLIT_WORDS - 1
+R_ROW_SCALE = sk.A_ROW_SCALE - ARG0  # nonzero: acc *= ROW_SCALE[row] (QKV_ROPE, GATE_UP)
 VEC = 8             # output columns per work item (one 16-byte bf16 store)
 
 
 @cute.jit
 def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: cute.Tensor,
-                   y: cute.Tensor, kv: cute.Tensor, meta: cute.Tensor, inv_freq: cute.Tensor,
-                   yb: cutlass.Constexpr, up_col: Int32, pool: Int32, full: cute.Pointer,
-                   done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
-                   timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                   T: Int32, y: cute.Tensor, kv: cute.Tensor, meta: cute.Tensor,
+                   inv_freq: cute.Tensor, yb: cutlass.Constexpr, up_col: Int32, pool: Int32,
+                   full: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
+                   ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                    share: cutlass.Constexpr) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): one SPLITK_REDUCE (see the module docstring)
     of a GEMM slot compiled with epilogue `epi`, whose destination tensor is y (Buf ids from yb;
     the K/V caches kv for QKV_ROPE's k/v sections). up_col: GATE_UP's SPLITK column of the up
-    part (intermediate_local). Returns the new page count (one page)."""
+    part (intermediate_local). T: the arena's token rows (where ROW_SCALE lies in sk,
+    rk.row_scale_at). Returns the new page count (one page)."""
     lane = ctid % 32
     page, ph = page_of(pg, npages)
     # the hand-off page: its previous use is complete (parity order of the ring)
@@ -82,6 +90,9 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
     pb = gk.row_addr(sk.iterator.toint(), row0, ld, col0, 4)
     sec = Int32(0)
     pos_off = Int32(0)
+    scaled = Int32(0)       # the row scale word: only the QKV_ROPE / GATE_UP reduces have one
+    if cutlass.const_expr(epi != gk.EPI_RESIDUAL):
+        scaled = ring[base + ARG0 + R_ROW_SCALE]
     if cutlass.const_expr(epi == gk.EPI_ROPE):
         sec = ring[e0 + gk.U_SECTION]
         pos_off = meta[mc.M_OFF_POS]
@@ -113,8 +124,15 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
             c2 = c + 64
             if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
                 c2 = c + up_col
+            # the row scale (1 without it: x * 1 is x exactly), loaded with the splits' loads
+            rs = Float32(1.0)
+            if scaled != 0:
+                rs = rk.row_scale_at(sk, T, drow)[0]
             rk.sum_splits([acc, other], pb, Int64(ld), stride, nsplit, r, [c, c2],
                           rk.SPLITS_IN_FLIGHT)
+            for e in cutlass.range_constexpr(VEC):
+                acc[e] = acc[e] * rs
+                other[e] = other[e] * rs
         if cutlass.const_expr(epi == gk.EPI_SILU_MUL):
             for e in cutlass.range_constexpr(VEC):
                 out[e] = gk.silu_mul_bf16(acc[e], other[e]).to(BFloat16)
