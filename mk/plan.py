@@ -304,11 +304,16 @@ class PlanConfig:
     # + eps), no normalized rows) that runs beside them, and the GEMM's SPLITK_REDUCE scales its
     # float32 sums by it (y = bf16(acc * r)): the norm leaves the critical path (B=64: ~11.9 of
     # 114.7 us a layer, bench/E2E_NOTES.md session 37). As accurate as HF's order
-    # (bench/probes/norm_fold_probe.py), not bitwise the same step. Where the norm also
-    # finishes a split O_PROJ / DOWN (fold_o_reduce / fold_down_reduce) it still writes h, so
-    # the GEMM waits for it: the gain needs those folds off or those ops unsplit. Unsplit
-    # steps keep the full RMSNORM (with the folded weights' unit norm weight). 0 (default):
-    # off until GPU-verified and timed
+    # (bench/probes/norm_fold_probe.py), not bitwise the same step. A norm that finishes a split
+    # O_PROJ / DOWN (fold_o_reduce / fold_down_reduce: B <= 128) writes h, so the GEMM waits
+    # for it anyway: it stays a full RMSNORM, as where the GEMM does not split (both with the
+    # folded weights' unit norm weight). GPU-verified at 0c857b2 (session 38: GPU tests,
+    # two-layer checks, racecheck); 70B TP8 decode ctx 1024, megakernel only (bench/results/
+    # normfold_*_s38): B=256 13.660 -> 13.520 ms (-1.0%, QKV's norm folded); B=64 with the
+    # reduce folds off 8.790 -> 9.924 (+12.9%) and with O_PROJ / DOWN unsplit 9.892 (+12.5%):
+    # at B=64 the norm phase is O_PROJ's / DOWN's reduce, which the fold cannot remove. 0
+    # (default) until timed at more batches (and the weights' ~11 GB fold copy at 70B TP8 is
+    # weighed: mk.weights.fold_norms)
     norm_fold: int = 0
     # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the
     # GATE_UP tiles of its K slice (the MLP_ACT columns it reads: a counter per token block and
@@ -1418,13 +1423,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     def folded_norm(op, norm_c, h_c, h_t, folded_reduce):
         """PlanConfig.norm_fold for the GEMM op after a norm (the norm's counter norm_c; h_c /
         h_t: the counter and targets of whoever writes the residual rows h): (src, waits of op's
-        tiles, row_scale_wait) -- where op splits, its tiles read h itself and wait for h's
-        writer (or the norm, where the norm writes h: a folded split reduce), the norm only
-        writes ROW_SCALE and op's reduces wait for it; else the norm's output and waits."""
-        if not (cfg.norm_fold and nsplit[op] > 1):
+        tiles, row_scale_wait) -- where op splits and the norm finishes no split reduce, op's
+        tiles read h itself and wait for h's writer, the norm only writes ROW_SCALE and op's
+        reduces wait for it; else the norm's output and waits (a norm that writes h, folded
+        with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session 38)."""
+        if not (cfg.norm_fold and nsplit[op] > 1) or folded_reduce:
             return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
-        if folded_reduce:
-            return Buf.HIDDEN, lambda b: [(norm_c + b, ngr[b])], lambda b: (norm_c + b, ngr[b])
         return (Buf.HIDDEN, lambda b: [(h_c + b, np.asarray(h_t)[b])],
                 lambda b: (norm_c + b, ngr[b]))
 

@@ -401,6 +401,8 @@ def test_norm_fold_plans_accepted(batch, tp, folds, policy):
                       "fold_o_reduce": folds, "fold_down_reduce": folds})
     streams, plan = planner_streams(p_batches()[batch], tp, c)
     s = streams[0]
-    assert ((s[:, W_OPCODE] == int(Op.RMSNORM)) & (s[:, ARG0 + 1] == int(Buf.ROW_SCALE))).any()
+    row_scale = (s[:, W_OPCODE] == int(Op.RMSNORM)) & (s[:, ARG0 + 1] == int(Buf.ROW_SCALE))
+    # with the reduce folds on, at TP 1 every norm finishes a split reduce: none is folded
+    assert row_scale.any() == (not folds or tp > 1)
     findings = check(streams, plan.num_counters, meta=plan.meta)
     assert findings == [], "\n".join(str(f) for f in findings[:5])
