@@ -22,9 +22,12 @@
 #          --plan norm_fold=1,fold_o_reduce=0,fold_down_reduce=0 and B=64 with
 #          norm_fold=1,splitk_max_tokens=32 (O_PROJ / DOWN unsplit), no journal: normfold.log
 #          (~8 min)
-#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer consumer_test: who observes the
+#   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES), with and without norm_fold: the
+#          two-layer checks, racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
+#          tile + norm_fold=1, no journal: gu256.log (~6 min)
+#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
-#          try_waits = the default, its test_waits nothing waits for; also inline), timed only:
+#          try_waits = the default; also inline), timed only:
 #          decode MK_OWN_BATCH (256), journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
@@ -288,6 +291,21 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   00000f. Session 38 (plan 00000e's calls): e2e at 4eee517 0.92 / 0.94 / 1.04 / 1.06 / 1.01 /
+#      1.09 (B=1 / 16 / 64 / 256 / 1024 / 4096), mixed 1.10; SWAP_SPLIT's pairs still 1 racecheck
+#      hazard (stays off); a test_wait is no synccheck observation (consumer_test removed).
+#      PlanConfig.norm_fold built and GPU-verified at 0c857b2 (`normfold`): B=256 -1.0%; at B=64
+#      only with the reduce folds off / O_PROJ + DOWN unsplit, which lose 12-13%, so a norm that
+#      finishes a split reduce now stays a full RMSNORM (ab8ec34, not GPU-run: at B <= 128 that
+#      plan is the default's with unit norm weights). Next, in this order:
+#      1. `MK_STEPS=gu256` (~6 min): GATE_UP@256 on gu_m128n112 split in 2, with and without
+#         norm_fold, checks then B=192 / 256 timing; if it wins, make the tile the 256 class's
+#         (mk.tiles) and time `--plan norm_fold=1` at B=256 / 512 / 1024 (`MK_NF_BATCH`).
+#      2. `MK_NF_BATCH=1,16,64 MK_STEPS=normfold` at ab8ec34 (the folds-on plan: expect level
+#         at B <= 64); if norm_fold holds level there and wins above, make it the default (the
+#         backend folds its own copy of the weights; weigh folding in place).
+#      3. SWAP_SPLIT's pair hazard (bench/ATTENTION_NOTES.md session 38) before more timing.
+#      4. `MK_REPEAT_N=4 MK_STEPS=repeat` (timeout 600) when a call has room.
 #   00000e. Session 37 (plan 00000d's calls): MK_OWN_PHASE_SEEN=early lost (B=256 +5.7% vs "0";
 #      removed); consumer ran 13.844-13.886 ms at B=256 in four reruns, but one earlier run of it
 #      died at B=256 with "unspecified launch failure" (not reproduced: `repeat` step).
@@ -483,7 +501,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -704,6 +722,55 @@ time_variant() {
   report_cores "${name}_$v" "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
 }
+# megakernel-only runs without the journal, each RUN "V|ENV|ARGS|BATCHES" (ENV: VAR=VALUE words,
+# ENV / ARGS may be empty), their decode rows (and any error, core dump) appended to NAME.log:
+#   untraced_runs NAME RUN...  -> NAME_V.json
+untraced_runs() {
+  local name=$1 run v e a bt
+  shift
+  for run in "$@"; do
+    IFS="|" read -r v e a bt <<< "$run"
+    # shellcheck disable=SC2046,SC2086  # VAR=VALUE words; $a: the arguments, split
+    env $e $(core_env "${name}_$v") timeout 150 $B --batch "$bt" $a \
+        --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
+    echo "== $v ${e:-} ${a:-(default)}" | tee -a "$OUTDIR/$name.log"
+    { table "$TMPD/${name}_$v.log" | grep -E "^decode"
+      grep -E -A12 "Error|^error|Traceback" "$TMPD/${name}_$v.log" | tail -30; } \
+        | tee -a "$OUTDIR/$name.log"
+    report_cores "${name}_$v" "$OUTDIR/$name.log"
+  done
+}
+# racecheck of the two-layer step (--layers 2 --decode-steps 1 and ARGS; the environment as it
+# is) into racecheck_full.log, its summary appended to LOG
+#   racecheck_to LOG ARGS...
+racecheck_to() {
+  local log=$1; shift
+  echo "== racecheck ${MK_CHECK_TAG:-}$*" | tee -a "$log"
+  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
+      check --layers 2 --decode-steps 1 "$@" > "$OUTDIR/racecheck_full.log" 2>&1
+  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$log"
+}
+# LOG's checks passed: its GPU tests (where it ran some: a "== GPU tests" line) passed, no
+# pytest failure or error, at least N two-layer checks passed and none failed, racecheck 0
+# hazards
+#   checks_clean LOG N
+checks_clean() {
+  { ! grep -q "^== GPU tests" "$1" || grep -qE "^[0-9]+ passed" "$1"; } \
+      && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)|\"passed\": false" "$1" \
+      && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
+      && [ "$(grep -c '"passed": true' "$1")" -ge "$2" ]
+}
+# untraced_runs NAME RUN... if NAME.log's checks are clean (checks_clean NAME.log N)
+#   checked_runs NAME N RUN...
+checked_runs() {
+  local name=$1 n=$2
+  shift 2
+  if checks_clean "$OUTDIR/$name.log" "$n"; then
+    untraced_runs "$name" "$@"
+  else
+    echo "== $name: checks did not pass, not timed" | tee -a "$OUTDIR/$name.log"; rc=1
+  fi
+}
 # one run of $B and ARGS in the source tree DIR, with a kernel cache of its own (suffix V): NAME.json,
 # its decode rows appended to LOG under LABEL (treeab, stab)
 #   bench_in_tree NAME V DIR LOG LABEL ARGS...
@@ -775,33 +842,30 @@ if has normfold; then
   check_to "$OUTDIR/normfold.log" --split-k 0 --plan norm_fold=1
   check_to "$OUTDIR/normfold.log" --split-k 0 --plan "$NF_ON"
   check_to "$OUTDIR/normfold.log" --split-k 2 --plan "$NF_ON" --prompt-lens 1,13,64,130,200,70
-  echo "== racecheck, --split-k 0 --plan $NF_ON" | tee -a "$OUTDIR/normfold.log"
-  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-      check --layers 2 --decode-steps 1 --split-k 0 --plan "$NF_ON" > "$OUTDIR/racecheck_full.log" 2>&1
-  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/normfold.log"
-  if grep -qE "^[0-9]+ passed" "$OUTDIR/normfold.log" \
-      && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)|\"passed\": false" "$OUTDIR/normfold.log" \
-      && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/normfold.log" \
-      && [ "$(grep -c '"passed": true' "$OUTDIR/normfold.log")" -ge 4 ]; then
-    # megakernel only, no journal (a call holds the checks and the three runs)
-    nf_runs=("off||${MK_NF_BATCH:-64,256}" "on|--plan $NF_ON|${MK_NF_BATCH:-64,256}"
-                "unsplit|--plan norm_fold=1,splitk_max_tokens=32|64")
-    # unsplit: O_PROJ / DOWN unsplit at B=64 (their cap, splitk_max_tokens, under 64), so no
-    # reduce phase is left between them and the folded GEMMs
-    for run in "${nf_runs[@]}"; do
-      IFS="|" read -r v a bt <<< "$run"
-      # shellcheck disable=SC2046,SC2086  # core_env: VAR=VALUE words; $a: the arguments, split
-      env $(core_env "normfold_$v") timeout 150 $B --batch "$bt" $a \
-          --out "$OUTDIR/normfold_$v.json" > "$TMPD/normfold_$v.log" 2>&1 || rc=1
-      echo "== $v ${a:-default plan}" | tee -a "$OUTDIR/normfold.log"
-      { table "$TMPD/normfold_$v.log" | grep -E "^decode"
-        grep -E -A12 "Error|^error|Traceback" "$TMPD/normfold_$v.log" | tail -30; } \
-          | tee -a "$OUTDIR/normfold.log"
-      report_cores "normfold_$v" "$OUTDIR/normfold.log"
-    done
-  else
-    echo "== normfold: checks did not pass, not timed" | tee -a "$OUTDIR/normfold.log"; rc=1
-  fi
+  racecheck_to "$OUTDIR/normfold.log" --split-k 0 --plan "$NF_ON"
+  # unsplit: O_PROJ / DOWN unsplit at B=64 (their cap, splitk_max_tokens, under 64), so no
+  # reduce phase is left between them and the folded GEMMs
+  checked_runs normfold 4 "off|||${MK_NF_BATCH:-64,256}" "on||--plan $NF_ON|${MK_NF_BATCH:-64,256}" \
+      "unsplit||--plan norm_fold=1,splitk_max_tokens=32|64"
+fi
+if has gu256; then
+  # GATE_UP at 129..256 tokens on gu_m128n112 tiles split in 2 (MK_TILES; auto split takes 2:
+  # 64 tiles x 2 = 128 units, as many as gu_m128n56's 128 tiles, each reading half as many
+  # activation bytes per weight byte: at B=256 GATE_UP runs 58.3 us against cuBLAS's 42.2,
+  # issue 5's table) and with PlanConfig.norm_fold, which then folds the MLP norm as well.
+  # Checks with the tile: the two-layer step vs mk.vm (split-K auto: the 208-token first step
+  # is the 256 class), with norm_fold=1 too, racecheck; if all passed, decode MK_GU256_BATCH
+  # (192,256), megakernel only, no journal: default / the tile / the tile + norm_fold:
+  # gu256.log, gu256_{off,tile,fold}.json (~6 min)
+  : > "$OUTDIR/gu256.log"
+  export MK_TILES=GATE_UP@256=gu_m128n112 MK_CHECK_TAG="MK_TILES=GATE_UP@256=gu_m128n112 "
+  check_to "$OUTDIR/gu256.log" --split-k 0
+  check_to "$OUTDIR/gu256.log" --split-k 0 --plan norm_fold=1
+  racecheck_to "$OUTDIR/gu256.log" --split-k 0 --plan norm_fold=1
+  unset MK_TILES MK_CHECK_TAG
+  bt=${MK_GU256_BATCH:-192,256}
+  checked_runs gu256 3 "off|||$bt" "tile|MK_TILES=GATE_UP@256=gu_m128n112||$bt" \
+      "fold|MK_TILES=GATE_UP@256=gu_m128n112|--plan norm_fold=1|$bt"
 fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
@@ -829,7 +893,7 @@ if has ownphase; then
   # costs 8-10% against "0" (nobody, synccheck-unclean). Timed only: decode MK_OWN_BATCH (256)
   # with each of MK_OWN_MODES, journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
   : > "$OUTDIR/ownphase.log"
-  for v in ${MK_OWN_MODES:-0 consumer consumer_test}; do
+  for v in ${MK_OWN_MODES:-0 consumer}; do
     time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
   done
 fi

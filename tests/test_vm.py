@@ -27,7 +27,7 @@ import torch
 from conftest import GQA_LLAMA3, TIED_HEADDIM, TINY_MHA, make_hf_checkpoint
 from mk.batch import SeqChunk, StepBatch
 from mk.config import KernelConfig, ParallelConfig
-from mk.ir import W_OPCODE, W_ROWS, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
+from mk.ir import ARG0, W_OPCODE, W_ROWS, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
 from mk.instructions.base import Buf
 from mk.plan import PlanConfig
 from mk.reference import PagedKVCache, ReferenceModel
@@ -448,3 +448,31 @@ def test_norm_fold_matches_reference(checkpoints, tp, folds):
             assert set(s[scaled, sk.A_OP].tolist()) == {int(Op.QKV_ROPE), int(Op.GATE_UP)}
         got = vm.step(batch, mode="random", sms=5, seed=i)
         torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
+
+
+@pytest.mark.parametrize("name,tp", [("GQA_LLAMA3", 1), ("TINY_MHA", 2), ("TIED_HEADDIM", 1)])
+def test_norm_fold_bf16_greedy_tokens_match(checkpoints, name, tp):
+    """PlanConfig.norm_fold in bfloat16 (folded weights rounded once, rows scaled in the split
+    reduces, O_PROJ / DOWN reduce folds off so that every norm folds): the same 12 greedy tokens
+    of the 3 prompts as the TP 1 reference on the checkpoint's own weights (the reference order
+    HF matches); the fold is not bitwise that order, so tokens, not logits, are compared."""
+    from mk.weights import fold_norms
+    ck = checkpoints(name)
+    V = MODELS[name]["vocab_size"]
+    g = torch.Generator().manual_seed(PROMPT_SEED)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (13, 4, 21)]
+    want = greedy(reference(weights(ck, 1, torch.bfloat16)[0]).forward, prompts, 12, chunk=9)
+    # K slices of 16: the 64- and 96-wide models split too
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": 2, "splitk_align": 16, "norm_fold": 1,
+                        "fold_o_reduce": 0, "fold_down_reduce": 0})
+    vm = VM([fold_norms(w) for w in weights(ck, tp, torch.bfloat16)], KERNEL, cfg)
+    calls = iter(range(1000))
+    row_scaled = []
+
+    def step(b):
+        s = vm.plan(b).instrs
+        row_scaled.append(int(((s[:, W_OPCODE] == int(Op.RMSNORM))
+                               & (s[:, ARG0 + 1] == int(Buf.ROW_SCALE))).sum()))
+        return vm.step(b, mode="random", seed=next(calls))
+    got = greedy(step, prompts, 12, chunk=9)
+    assert got == want and all(row_scaled), row_scaled
