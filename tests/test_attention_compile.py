@@ -288,3 +288,79 @@ def test_racecheck_named_barrier_probe_compiles():
         ptx = probe.compile_ptx(v)
         ids = set(re.findall(r"bar(?:rier)?\.sync(?:\.aligned)?\s+(\d+)", ptx))
         assert ids == want[v], (v, ids)
+
+
+def swapped_barrier_trace(kend_a: int, kend_b: int | None, swap_split: bool, kb: int = 64,
+                          min_blocks: int = 4) -> dict:
+    """Host model of the named-barrier syncs of one decode ATTENTION instruction on the swapped
+    chain (attn_consume / attn_blocks; keys from 0): per consumer warpgroup the list of (where,
+    barrier id) in program order, where = "q", a ring block j, "sums" or "merge". kend_b: a
+    MODE_PAIR instruction's second unit (None: a lone unit, split over both warpgroups under
+    SWAP_SPLIT when it has >= min_blocks blocks). A warpgroup's own barrier is 5 + wg (128
+    threads), 3 the consumers' 256. The ring is ring_block's (A0 B0 A1 B1 .., then the longer
+    unit's); a block's owner syncs twice in the softmax (swapped_softmax, or the idle stand-ins
+    of a warpgroup without rows) and once more for a partial tail (v_tail_zero: its own barrier
+    where each page is read by one warpgroup, else 3); under SWAP_SPLIT the warpgroup that
+    does not own a block syncs the owner's syncs of it (attn_blocks's stand-ins, the tail test
+    against the owner's key end)."""
+    nblk = [-(-kend_a // kb), -(-kend_b // kb) if kend_b is not None else 0]
+    paired = kend_b is not None
+    split = swap_split and not paired and nblk[0] >= min_blocks
+    if paired:
+        walk = 2 * min(nblk) + (nblk[1] > nblk[0])
+        ring = [(j & 1, j >> 1) if j < (walk & -2) else (walk & 1, j - (walk >> 1))
+                for j in range(sum(nblk))]
+    else:
+        ring = [(0, j) for j in range(nblk[0])]
+    kends = (kend_a, kend_b)
+    trace = {}
+    for wg in (0, 1):
+        own = 5 + wg
+        t = [("q", own)]                       # swap_load_q, or swap_idle_barriers(wg, 1)
+        for j, (u, b) in enumerate(ring):
+            mine = u == wg if paired else (j % 2 == wg if split else True)
+            tail = kends[u] - b * kb < kb
+            if mine:
+                t += [(j, own)] * 2
+                if tail:
+                    t.append((j, own if paired or split else 3))
+            elif swap_split:
+                t += [(j, own)] * 2 + [(j, own)] * tail
+        t += [("sums", own)] * 2               # swap_row_sums, or its stand-ins
+        if split:
+            t.append(("merge", 3))
+        trace[wg] = t
+    return trace
+
+
+# (kend_a, kend_b): the pairrace step's pairs (2 / 14, 65 / 71, 131 / 201 keys), the longer unit
+# first or second, odd and even block counts, whole blocks (no tail) against tails
+SWAP_PAIRS = [(2, 14), (65, 71), (131, 201), (201, 131), (1, 833), (833, 1), (64, 65), (128, 129),
+              (192, 64), (257, 63), (640, 641)]
+
+
+def test_swap_split_pairs_and_split_units_sync_both_warpgroups_alike():
+    """SWAP_SPLIT's barrier rule (session 31/32's racecheck signature on RMSNORM's partials: the
+    two consumer warpgroups' own barriers 5 / 6 synced unequally often): with the switch every
+    decode instruction of the swapped chain, a pair of unequal block counts as well as a split
+    unit, has both warpgroups sync their own barrier at the same ring blocks and as often, and
+    the 256-thread barrier 3 equally. The default build's pairs do not (the shorter unit's
+    warpgroup syncs less: 10 against 12 for the pairrace step's 131 / 201 keys) and its lone
+    units do."""
+    def shape(t):                              # the trace with the warpgroup's own id as "wg"
+        return [(w, "wg" if b in (5, 6) else b) for w, b in t]
+
+    for pair in SWAP_PAIRS:
+        tr = swapped_barrier_trace(*pair, swap_split=True)
+        assert shape(tr[0]) == shape(tr[1]), (pair, tr)
+    for kend in (1, 64, 65, 200, 256, 257, 300, 1000, 1025):
+        for on in (False, True):
+            tr = swapped_barrier_trace(kend, None, swap_split=on)
+            assert shape(tr[0]) == shape(tr[1]), (kend, on, tr)
+    # the split units (>= 4 blocks) merge through barrier 3 once; a pair never does
+    assert swapped_barrier_trace(257, None, True)[0][-1] == ("merge", 3)
+    assert all(b != 3 for p in SWAP_PAIRS for t in swapped_barrier_trace(*p, True).values()
+               for _w, b in t)
+    counts = {on: [len(t) for t in swapped_barrier_trace(131, 201, on).values()]
+              for on in (False, True)}
+    assert counts == {False: [10, 12], True: [19, 19]}, counts

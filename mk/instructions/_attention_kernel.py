@@ -183,7 +183,9 @@ SWAP_RED_OFF = 3072
 # bench/results/racecheck_swapped_split_2026-12-04_s32.log), session 31's signature of
 # warpgroups that sync their own named barriers unequally often. So here a warpgroup also syncs
 # its barrier for each key block it does not own, as often as the owner does (swap_idle_barriers
-# and the V tail's), and both execute the same barrier sequence whatever the block count.
+# and the V tail's), and both execute the same barrier sequence whatever the block count; in a
+# pair too (each warpgroup's unit, blocks of unequal counts: the stand-ins cover the other unit's
+# blocks, attn_blocks' kend_o), which the default build's pairs do not.
 SWAP_SPLIT_VALUE = os.environ.get("MK_ATTN_SWAP_SPLIT", "0")
 if SWAP_SPLIT_VALUE not in ("0", "1"):
     raise ValueError(f"MK_ATTN_SWAP_SPLIT={SWAP_SPLIT_VALUE!r}: expected 0 or 1")
@@ -1292,7 +1294,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 ls1: Float32, scale: Float32, narrow, active, warp_rows, both_halves, wg: Int32,
                 wtid: Int32, ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                 share: cutlass.Constexpr, wclk=None, mclk=None, sclk=None, paired=None,
-                walk: Int32 = 0, wg_split: cutlass.Constexpr = False, sw=None):
+                walk: Int32 = 0, wg_split: cutlass.Constexpr = False, sw=None, kend_o=None):
     """A unit's key blocks one after the other (ring block j: K page pg + 2j, V page pg + 2j +
     1): S = Q K^T, the online softmax, O += P V, each waited for before the next. An inactive
     warpgroup (no query row) only waits for the pages and arrives `done`, a warp without query
@@ -1305,7 +1307,9 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
     waiting for full K/V pages, for the wgmmas (QK^T, then P V) to retire, and in the online
     softmax. sw (None: the m64n64 chain): swap_bundle's arguments, the swapped chain (S^T,
     swapped_softmax, O^T) on the same pages; the caller traces one loop per chain so that
-    neither carries the other's registers."""
+    neither carries the other's registers. kend_o (SWAP_SPLIT's swapped chain, else None): the
+    key end of the unit whose blocks this warpgroup does not own (a pair's other unit; a split
+    unit's own), for the stand-ins of the owner's V-tail sync."""
     hm = handoff_of(share)
     # "thread" hand-off: a narrow unit's pages get every consumer thread's `done` arrival, as a
     # full unit's do (the other warpgroup's once the page is full, so never into the previous
@@ -1339,20 +1343,19 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
                 release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(sw is not None and SWAP_SPLIT and not NOMATH):
-                # a split unit: the owner's barrier syncs of this block (the softmax's two, the V
-                # tail's), so both warpgroups sync theirs equally often (SWAP_SPLIT says why).
-                # Not in a pair, whose blocks are the other unit's (its own kend, so the tail's
-                # test here was the wrong unit's): there the stand-ins drew racecheck's RAW
-                # hazards on RMSNORM's partials (session 37, pairrace with SWAP_SPLIT: 16;
-                # bench/results/pairrace_swapsplit_racecheck_ff4c9e8_2026-12-04_s37.log), and
-                # without them, the default build's pair path, racecheck finds none
-                stand_in = cutlass.Boolean(True)
-                if cutlass.const_expr(paired is not None):
-                    stand_in = not paired
-                if stand_in:
-                    swap_idle_barriers(wg, 2)
-                    if kend - kb0 < KB:
-                        wg_barrier(wg)
+                # the owner's barrier syncs of this block (the softmax's two, the V tail's), so
+                # both warpgroups sync theirs equally often at every ring block (SWAP_SPLIT says
+                # why): a split unit's block, or a pair's other unit's, whose tail test is
+                # against that unit's key end (kend_o). Session 37's stand-ins in a pair tested
+                # this warpgroup's own kend: with the 131 / 201-key pair warpgroup 0 synced 20
+                # times, warpgroup 1 18 (racecheck: 16 hazard instances on RMSNORM's partials,
+                # bench/results/pairrace_swapsplit_racecheck_ff4c9e8_2026-12-04_s37.log); 7ece6c6
+                # dropped them in a pair, which leaves the default build's 10 against 12 there
+                # (session 38: 4 instances; the default build's run in session 37: 0). Now 19 /
+                # 19 (tests/test_attention_compile.py's barrier model).
+                swap_idle_barriers(wg, 2)
+                if kend_o - kb0 < KB:
+                    wg_barrier(wg)
         else:
             t0 = rk.wait_clock_start(wclk)
             page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
@@ -1562,12 +1565,20 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             pflag = None
             if cutlass.const_expr(pair is not None):
                 pflag = paired
+            kend_o = None                         # the other warpgroup's unit's key end
+            if cutlass.const_expr(sw is not None and SWAP_SPLIT):
+                kend_o = kend_w                   # a split unit: its own (both hold it)
+                if cutlass.const_expr(pair is not None):
+                    if paired:
+                        kend_o = kend_b
+                        if wg == 1:
+                            kend_o = kend
             blocks = (mma_qk, mma_pv, thr_qk, thr_pv, sK_layout, sV_layout, tSrQ, tScS, accS,
                       accO0, accO1, rP, tOrP, pool, full, done, pg, npages, nblk + nblk_b, kv0,
                       kend_w, lim0, lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows,
                       both_halves, wg, wtid, ctid, timeout_ns, state, ticket, share, wclk, mclk,
                       sclk, pflag, walk, split_units)
-            mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw)
+            mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw, kend_o)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)
