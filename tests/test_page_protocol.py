@@ -121,8 +121,7 @@ class Ring:
         self.chain_pages = chain_pages
         # gk.OWN_PHASE_SEEN: who observes the B pages' own `full` phases under "stage" (a plain
         # arrival completes them): "consumer" (gk.b_phases_seen: a consumer once the stage's A
-        # page passed, before its arrival frees the stage), "consumer_test" (the same place,
-        # test_waits that must pass there), "inline" (gk.own_phase_seen: the
+        # page passed, before its arrival frees the stage), "inline" (gk.own_phase_seen: the
         # loader right after the arrival); None: the negative control, the kernel before
         # session 32; "consumer_late" (a negative control): the consumer's waits after its
         # arrival that frees the stage
@@ -262,7 +261,7 @@ class Ring:
                         if self.b_phase_seen == "consumer_late":
                             yield "released"        # the loader may run in between
                             yield from self.b_phases_seen(pg + pos(k - 1), spp)
-                    if self.b_phase_seen in ("consumer", "consumer_test"):
+                    if self.b_phase_seen == "consumer":
                         yield from self.b_phases_seen(pg + pos(k), spp)
                     yield "wgmma"
                 self.release_stage(pg + pos(kt - 1), spp, last=True)
@@ -306,14 +305,7 @@ class Ring:
         for j in range(1, spp):
             q = a + j
             bar = self.full[q % NP]
-            if self.b_phase_seen == "consumer_test":
-                # gk's consumer_test: one test_wait, no waiting: it must pass where it stands
-                if not bar.try_wait((q // NP) & 1):
-                    raise Violation(f"{bar.name}: the consumer's test_wait for ring position {q} "
-                                    "would observe nothing (its phase is not complete)")
-                self.seen(bar, q, "test")
-            else:
-                yield from self.wait(bar, (q // NP) & 1, q)
+            yield from self.wait(bar, (q // NP) & 1, q)
 
     def release_stage(self, q0, spp, last):
         for j in range(spp):
@@ -444,15 +436,6 @@ def test_protocol_holds_with_b_phases_seen_by_the_loader():
     passes on its own phase, the PTX phase rule holds, every schedule ends."""
     _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
                 b_phase_seen="inline"))
-
-
-def test_protocol_holds_with_b_phases_tested_without_waiting():
-    """MK_OWN_PHASE_SEEN=consumer_test (session 37): the consumer's observation of a stage's B
-    pages' own `full` phases is one test_wait each, not waited for, where consumer try_waits:
-    on every seed each test finds its phase complete (so it observes it), the PTX phase rule
-    holds, every schedule ends."""
-    _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
-                b_phase_seen="consumer_test"))
 
 
 def _holds(ring_kw, seeds=150) -> list:

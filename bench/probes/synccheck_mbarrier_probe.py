@@ -42,8 +42,8 @@ stand in for arrive_and_expect_tx + bytes). Variants:
                the megakernel's synccheck flagged: does a test_wait that is not waited for
                count, or did it run before the arrive landed?).
     constest   (h) conswait with a test_wait not branched on instead of the try_wait (session
-               37's MK_OWN_PHASE_SEEN=consumer_test). Expected clean if a passing test_wait
-               counts as the phase's observation.
+               37's MK_OWN_PHASE_SEEN=consumer_test, removed). Expected clean if a passing
+               test_wait counted as the phase's observation: it does not (session 38).
 
 Usage, on a Hopper GPU (one process per variant: a synccheck report may end the kernel with
 "unspecified launch failure", after which the process's CUDA context is unusable):
@@ -59,7 +59,10 @@ Result (H200, compute-sanitizer 2025.3.1, CUTE_DSL_LINEINFO=1, one process per v
     producer's arrive on full[A] of round 2 (0x408 = page 1, round 0's B page); selfwait clean;
     conswait clean. Every report ended the kernel ("unspecified launch failure"). The probe's
     full[0] sits at 0x400: dynamic shared memory starts after the 1 KiB the sm_90 reserves.
-    selftest / constest (session 37): not run yet.
+    selftest / constest (session 38, bench/results/synccheck_probe_4eee517_2026-12-04_s38.log):
+    1 Missing wait each, as stagefull: a test_wait nothing waits for does not count as the
+    phase's observation, even a whole stage after the arrival (constest). gemm's
+    MK_OWN_PHASE_SEEN=consumer_test (= constest) was removed for it.
 
 Each variant is one launch between '== probe <v> begin' / '== probe <v> end' markers with its own
 kernel name (class SyncProbe_<variant>). Every wait is bounded (try_wait in a loop against a

@@ -635,19 +635,14 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
 # a tile), while consumer ran 13.844-13.886 in four runs of the same shape (+1.6-1.9%;
 # repeat_ff4c9e8_2026-12-04_s37.log); session 36 had measured consumer at +2.4% (13.854 against
 # 13.528).
-# "consumer_test" (session 37; compile-checked, not GPU-run): consumer's observation without its
-# round trip: thread 0 issues one mbarrier.test_wait per B page where consumer try_waits, and
-# branches on none of them, so that nothing waits for their results (consumer's try_waits are
-# branched on: the warpgroup's next wgmma issue waits one shared-memory round trip, the +1.6-2.4%
-# above). The phases are complete there (the stage's A-page barrier passed, which counts bytes of
-# TMAs the loader issued after each arrival), so each test passes. Session 35's "test", the
-# loader's test_wait right after its own arrival, was as fast as "0" yet synccheck still reported
-# Missing wait, taken to mean that a test right after the arrival may run before it lands; here
-# the test comes a whole stage later. synccheck decides.
+# "consumer_test" (session 37: thread 0 issued one mbarrier.test_wait per B page where consumer
+# try_waits, branched on none of them) lost before it was timed, removed: session 38's synccheck
+# probe (bench/probes/synccheck_mbarrier_probe.py constest, `synccheck_probe_4eee517_2026-12-04_
+# s38.log`) reports Missing wait for a test_wait nothing waits for, however late it comes (and
+# for session 35's loader-side test: selftest), so only a waited-for try_wait observes a phase.
 OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "consumer")
-if OWN_PHASE_SEEN not in ("consumer", "consumer_test", "inline", "0"):
-    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, consumer_test, "
-                     "inline or 0")
+if OWN_PHASE_SEEN not in ("consumer", "inline", "0"):
+    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, inline or 0")
 
 
 @cute.jit
@@ -666,21 +661,15 @@ def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
     B pages, the first at ring count pg_b, after the stage's A-page barrier passed. They were
     complete before it (the loader arrives on each before issuing the TMA whose bytes that
     barrier counts), so the try_waits go back to back and normally all pass; the bounded waits
-    only when one did not. OWN_PHASE_SEEN=consumer_test: test_waits instead, nothing waiting for
-    their results."""
-    if cutlass.const_expr(OWN_PHASE_SEEN == "consumer_test"):
+    only when one did not."""
+    seen = cutlass.Boolean(True)
+    for j in cutlass.range_constexpr(cfg.nb):
+        page, ph = page_of(pg_b + j, npages)
+        seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
+    if not seen:
         for j in cutlass.range_constexpr(cfg.nb):
             page, ph = page_of(pg_b + j, npages)
-            cute.arch.mbarrier_test_wait(full + page, ph)    # not branched on (consumer_test)
-    else:
-        seen = cutlass.Boolean(True)
-        for j in cutlass.range_constexpr(cfg.nb):
-            page, ph = page_of(pg_b + j, npages)
-            seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
-        if not seen:
-            for j in cutlass.range_constexpr(cfg.nb):
-                page, ph = page_of(pg_b + j, npages)
-                bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
 @cute.jit
@@ -980,7 +969,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # fall two phases behind
                 release_stage(pg + (k - 1) * spp, spp, npages,
                               operand_bar(empty, done), lane, share)
-        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN in ("consumer", "consumer_test")):
+        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN == "consumer"):
             # this stage's B pages' own phases, before this thread's arrival frees the stage
             # (the next iteration, or the `done` after the loop); its wgmmas run meanwhile
             if ctid == 0:
