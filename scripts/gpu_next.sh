@@ -19,7 +19,7 @@
 #          unequal block counts), the environment as it is: pairrace.log (~4 min)
 #   normfold PlanConfig.norm_fold: GPU tests -k row_scale, the two-layer checks with it (folds on /
 #          off, split-K auto / 2), racecheck; if clean decode MK_NF_BATCH (64,256) default vs
-#          --plan norm_fold=1,fold_o_reduce=0,fold_down_reduce=0 and B=64 with
+#          --plan MK_NF_ON (norm_fold=1,fold_o_reduce=0,fold_down_reduce=0) and B=64 with
 #          norm_fold=1,splitk_max_tokens=32 (O_PROJ / DOWN unsplit), no journal: normfold.log
 #          (~8 min)
 #   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES), with and without norm_fold: the
@@ -301,10 +301,13 @@
 #      1. `MK_STEPS=gu256` (~6 min): GATE_UP@256 on gu_m128n112 split in 2, with and without
 #         norm_fold, checks then B=192 / 256 timing; if it wins, make the tile the 256 class's
 #         (mk.tiles) and time `--plan norm_fold=1` at B=256 / 512 / 1024 (`MK_NF_BATCH`).
-#      2. `MK_NF_BATCH=1,16,64 MK_STEPS=normfold` at ab8ec34 (the folds-on plan: expect level
-#         at B <= 64); if norm_fold holds level there and wins above, make it the default (the
-#         backend folds its own copy of the weights; weigh folding in place).
-#      3. SWAP_SPLIT's pair hazard (bench/ATTENTION_NOTES.md session 38) before more timing.
+#      2. `MK_NF_ON=norm_fold=1 MK_NF_BATCH=1,16,64,256 MK_STEPS=normfold` (~8 min; the reduce
+#         folds on: at B <= 128 the default plan with unit norm weights, expect level); if
+#         norm_fold holds level there and wins above, make it the default (the backend folds
+#         its own copy of the weights; weigh folding in place).
+#      3. `MK_ATTN_SWAP_SPLIT=1 MK_STEPS=pairrace` at cefd879 or later (~4 min; the pairs now
+#         sync both warpgroups' barriers alike: bench/ATTENTION_NOTES.md session 38); clean ->
+#         verify with it, then flip its default. Also the default build's pairrace again.
 #      4. `MK_REPEAT_N=4 MK_STEPS=repeat` (timeout 600) when a call has room.
 #   00000e. Session 37 (plan 00000d's calls): MK_OWN_PHASE_SEEN=early lost (B=256 +5.7% vs "0";
 #      removed); consumer ran 13.844-13.886 ms at B=256 in four reruns, but one earlier run of it
@@ -833,7 +836,7 @@ if has normfold; then
   # the auto one; then, only if all passed, decode MK_NF_BATCH (64,256), no journal: the
   # default against norm_fold=1 with those folds off, and at B=64 norm_fold=1 with O_PROJ / DOWN
   # unsplit: normfold.log, normfold_{off,on,unsplit}.json
-  NF_ON="norm_fold=1,fold_o_reduce=0,fold_down_reduce=0"
+  NF_ON=${MK_NF_ON:-norm_fold=1,fold_o_reduce=0,fold_down_reduce=0}   # the "on" run's --plan
   : > "$OUTDIR/normfold.log"
   { echo "== GPU tests -k row_scale"
     timeout 200 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -k row_scale \
