@@ -1364,10 +1364,9 @@ def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     if (r0 < 0).any() or (r1 > T).any():
         raise ValueError(f"megakernel: row-scaled SPLITK_REDUCE rows outside ROW_SCALE's {T} "
                          f"token rows")
-    from mk.config import KernelConfig
     from mk.plan import row_scale_rows
     rows, width = splitk_shape
-    reserved = row_scale_rows(KernelConfig(max_batch_tokens=T), width)
+    reserved = row_scale_rows(T, width)
     if rows < reserved:
         raise ValueError(f"megakernel: the SPLITK workspace [{rows}, {width}] has no room for "
                          f"ROW_SCALE's {T} floats in its last {reserved} rows "
@@ -1400,8 +1399,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     # (the host check is on every step's critical path)
     s = stream.detach().cpu().numpy()
     ops = s[:, W_OPCODE]
-    bad = [Op(int(o)).name if int(o) in Op._value2member_map_ else int(o)
-           for o in np.unique(ops) if int(o) not in SUPPORTED_OPS]
+    bad = [_op_name(o) for o in np.unique(ops) if int(o) not in SUPPORTED_OPS]
     if bad:
         raise NotImplementedError(f"megakernel has no GPU body for opcodes {bad}")
     if (s[:, W_SIGNAL_SCOPE] != int(SignalScope.LOCAL)).any():

@@ -574,10 +574,11 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
     }
 
 
-def row_scale_rows(kernel: KernelConfig, width: int) -> int:
-    """SPLITK rows the GPU's ROW_SCALE takes at the end of the SPLITK allocation (its last
-    max_batch_tokens floats; mk.instructions.base.Buf.ROW_SCALE)."""
-    return -(-kernel.max_batch_tokens // width)
+def row_scale_rows(tokens: int, width: int) -> int:
+    """SPLITK rows (of width floats) the GPU's ROW_SCALE takes at the end of the SPLITK
+    allocation: its last `tokens` floats (KernelConfig.max_batch_tokens, the arena's token rows;
+    mk.instructions.base.Buf.ROW_SCALE)."""
+    return -(-tokens // width)
 
 
 def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
@@ -585,7 +586,7 @@ def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
     """[rows, width] of the SPLITK allocation: the partials' rows (PlanConfig.splitk_rows), then
     ROW_SCALE's (row_scale_rows); (0, width) where the plans never split."""
     rows, width = plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)
-    return (rows + row_scale_rows(kernel, width) if rows else 0, width)
+    return (rows + row_scale_rows(kernel.max_batch_tokens, width) if rows else 0, width)
 
 
 FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK, Buf.ROW_SCALE)

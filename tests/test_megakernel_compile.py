@@ -381,7 +381,6 @@ def test_check_plan_norm_fold():
     no workspace, the row scale word on a DOWN reduce, a row-scaled reduce past the T rows."""
     pytest.importorskip("cutlass")
     import mk.megakernel as M
-    from mk.config import KernelConfig
     from mk.instructions import rows as rw
     from mk.instructions import splitk as skf
     from mk.instructions.base import Buf
@@ -399,7 +398,7 @@ def test_check_plan_norm_fold():
     M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
     width = sk_shape[1]
     end = _partial_rows_end(instrs)
-    snug = end + row_scale_rows(KernelConfig(max_batch_tokens=T), width)
+    snug = end + row_scale_rows(T, width)
     assert snug <= sk_shape[0]
     M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=(snug, width), **kw)
     with pytest.raises(ValueError, match="SPLITK row|rows outside the SPLITK"):

@@ -649,7 +649,7 @@ def _gpu_tile_words(plan, m):
 
 
 # SPLITK rows that ROW_SCALE takes after the partials' (mk.plan.splitk_shape)
-RS_70B = row_scale_rows(KERNEL_70B, 8192)
+RS_70B = row_scale_rows(KERNEL_70B.max_batch_tokens, 8192)
 
 
 @pytest.mark.parametrize("m", sorted(AUTO_70B))

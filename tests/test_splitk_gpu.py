@@ -69,7 +69,6 @@ def split_case(op, m, nsplit, row_scale=False) -> dict:
     T floats, T = the operands' rows = the arena's) random in [0.25, 0.75] and the workspace
     padded for it as mk.plan.splitk_shape does. Returns the figures the tests assert on."""
     import bench.gemm as bg
-    from mk.config import KernelConfig
     from mk.instructions import _gemm_kernel as gk
     from mk.instructions import splitk as skf
     from mk.instructions.base import Buf
@@ -99,7 +98,7 @@ def split_case(op, m, nsplit, row_scale=False) -> dict:
         assert nsplit > 1, "only a split stream has reduces to scale"
         stream = stream.clone()
         stream[stream[:, W_OPCODE] == int(Op.SPLITK_REDUCE), skf.A_ROW_SCALE] = 1
-        reserved = row_scale_rows(KernelConfig(max_batch_tokens=T), width)
+        reserved = row_scale_rows(T, width)
     sk = torch.full((max(nsplit, 2) * T + reserved, width), float("nan"), dtype=torch.float32,
                     device="cuda")
     if row_scale:
@@ -202,7 +201,6 @@ def test_row_scale_rmsnorm_matches_the_face(nsplit, rows):
     normalized rows anywhere: NORMED / SCRATCH keep their NaN poison); the partials and ROW_SCALE's
     other rows (NaN) as they were."""
     import bench.gemm as bg
-    from mk.config import KernelConfig
     from mk.instructions import rows as rw
     from mk.instructions.base import Buf
     from mk.ir import ARG0, Op, serialize
@@ -216,7 +214,7 @@ def test_row_scale_rmsnorm_matches_the_face(nsplit, rows):
     arena = torch.full((3, T, H), float("nan"), dtype=torch.bfloat16)
     arena[int(Buf.HIDDEN)] = torch.randn(T, H, generator=g).bfloat16()
     nparts = max(nsplit, 1) * T         # partial rows j * T + row of split j (stride T)
-    sk = torch.full((nparts + row_scale_rows(KernelConfig(max_batch_tokens=T), H), H),
+    sk = torch.full((nparts + row_scale_rows(T, H), H),
                     float("nan"))
     sk[:nparts] = torch.randn(nparts, H, generator=g)
 
