@@ -13,7 +13,9 @@ staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float
 TMA stores) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
 128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
 tile's at once) or "ticket=V" (MK_STATIC_FIRST_TICKET=V: 1 CTA b's first ticket is b, no
-atomic); an unknown part is
+atomic) or "ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile
+stamped, mk.trace.gemm_ktrace's per-K-step table: loads issued how early, in flight how long,
+the consumers' waits, the tensor pipe's cycles per step); an unknown part is
 refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
@@ -55,7 +57,7 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
 KNOBS = {"tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF",
-         "ticket": "MK_STATIC_FIRST_TICKET"}
+         "ticket": "MK_STATIC_FIRST_TICKET", "ktrace": "MK_GEMM_KTRACE"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")
 KINDS = ("time", "floor", "launch", "empty", "check", "journal", "ncu")
@@ -187,6 +189,10 @@ def worker(job: str, reps: int) -> dict:
                    first_fetch_ns=int(fetch[i0]) - t0, first_ready_ns=int(ready[i0]) - t0,
                    first_end_ns=int(end[i0]) - t0,
                    teardown_ns=int(jc[:mkk.grid, 1].max()) - int(end.max()))
+        if gk.KTRACE:
+            import mk.trace as tr
+            out["ktrace"] = tr.gemm_ktrace(jr, n, gk.KTRACE)
+            print(tr.format_gemm_ktrace(out["ktrace"]), file=sys.stderr, flush=True)
         return out
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)

@@ -607,6 +607,11 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         j, c = mk.journal_rows(n)
         r = tr.by_opcode(j, c, n, layer_of=plan.instrs[:, W_LAYER].tolist())
         log(f"{point.label}: megakernel journal\n{tr.format_by_opcode(r)}")
+        ktrace = int(os.environ.get("MK_GEMM_KTRACE", "0"))
+        if ktrace:
+            # the GEMM tiles' K steps in the step (the variant was built with MK_GEMM_KTRACE)
+            r["ktrace"] = tr.gemm_ktrace(j, n, ktrace)
+            log(f"{point.label}: GEMM K steps\n{tr.format_gemm_ktrace(r['ktrace'])}")
         # the chain that set the step's end, per layer (mk.trace.critical_path)
         r["critical_path"] = cp = tr.critical_path(j, c, n, plan.instrs.cpu())
         layers = be.model.num_layers
@@ -614,7 +619,9 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         if args.out:
             stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
             # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])
-            torch.save(dict(journal=j, jcta=c, n=n, instrs=plan.instrs.cpu()), stem + "_journal.pt")
+            # (the journal's own 32 words: a K-step trace's are read above, and large)
+            torch.save(dict(journal=j[:, :32].clone(), jcta=c, n=n, instrs=plan.instrs.cpu()),
+                       stem + "_journal.pt")
             png = stem + "_timeline.png"
             tr.draw_timeline(png, j, c, n, title=f"megakernel {point.label}")
             r["timeline_png"] = os.path.basename(png)

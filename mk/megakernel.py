@@ -151,7 +151,7 @@ OP_END = -1
 # journal row: sm, cta, opcode, t_fetch (ticket taken), t_ready (waits met), t_end (signalled),
 # ticket, 0, then each role's own times for the instruction: loader start / end (TMA issued),
 # consumer start / end, storer start (it ends at t_end). globaltimer ns, one clock for every SM.
-JOURNAL_WORDS = 32
+JOURNAL_WORDS = gk.KT_BASE + gk.ktrace_words()     # + the GEMM K-step trace (MK_GEMM_KTRACE)
 J_SM, J_CTA, J_OP, J_FETCH, J_READY, J_END, J_TICKET = range(7)
 J_LOAD0, J_LOAD1, J_CONS0, J_CONS1, J_STORE0, J_CONS1_WG1, J_STORE1 = range(8, 15)
 # ATTENTION's storer, its first unit (ak.attn_store's stamps): K/V pages all freed, epilogue
@@ -174,6 +174,7 @@ J_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
 # into them; from J_CONS_EPI: the consumers' wait for it, session 23's per-tile cost,
 # bench/GEMM_NOTES.md)
 J_EPI_READY = 25
+assert gk.KT_BASE >= J_EPI_READY + 1, "the K-step trace starts after the journal's own words"
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -794,7 +795,8 @@ class MegakernelDSL:
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
                                                   empty, pg, NP, timeout_ns, state, t,
                                                   self.split_tile(GS[gi], g, ring, base, skops),
-                                                  ready, ring[base + W_ROWS], ring[base + W_COLS])
+                                                  ready, ring[base + W_ROWS], ring[base + W_COLS],
+                                                  self.ktrace(journal))
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
                                 # one page, granted with no TMA: the consumers' hand-off to the
@@ -977,7 +979,7 @@ class MegakernelDSL:
                                                  J_CONS_WAIT if self.journal else -1,
                                                  J_MMA_WAIT if self.journal else -1,
                                                  J_EPI_READY if self.journal else -1,
-                                                 ring[base + W_COLS])
+                                                 ring[base + W_COLS], self.ktrace(journal))
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and
@@ -1054,6 +1056,11 @@ class MegakernelDSL:
         row (where the journal has one); nothing is emitted without the journal."""
         if cutlass.const_expr(self.journal):
             rk.journal_stamp(journal, t, word, me)
+
+    def ktrace(self, journal: cute.Tensor):
+        """The journal for the GEMM bodies' K-step trace (gk.KTRACE) in the journal variant,
+        else None (nothing compiled in). Trace-time Python."""
+        return journal if self.journal and gk.KTRACE > 0 else None
 
     def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list):
         """The slot's gk.SplitTile when split-K is compiled in and the opcode splits, else None

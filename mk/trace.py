@@ -221,6 +221,129 @@ def format_by_opcode(r: dict) -> str:
     return "\n".join(lines)
 
 
+# The GEMM K-step trace (mk.instructions._gemm_kernel: MK_GEMM_KTRACE, KT_BASE, KT_* words; the
+# journal variant only): per K step of a tile, SM-clock cycles (clock64) of consumer thread 0
+# before / after its operand wait and after the previous stage's wgmmas retired, of consumer
+# thread 128 after its wait, and of the loader before the stage's first free-page wait / after its
+# last TMA issue. Kept here so that this module never imports cutlass (tests check they agree).
+KT_BASE = 32
+KT_WORDS = 6
+KT_C_WAIT, KT_C_FULL, KT_C_RET, KT_C1_FULL, KT_L_START, KT_L_ISSUE = range(6)
+GEMM_OP_IDS = None      # resolved lazily from mk.ir (QKV_ROPE .. LM_HEAD)
+
+
+def _gemm_op_ids() -> set:
+    global GEMM_OP_IDS
+    if GEMM_OP_IDS is None:
+        from mk.ir import Op
+        GEMM_OP_IDS = {int(Op.QKV_ROPE), int(Op.O_PROJ), int(Op.GATE_UP), int(Op.DOWN),
+                       int(Op.LM_HEAD)}
+    return GEMM_OP_IDS
+
+
+def gemm_ktrace(journal, n: int, ktrace: int, skip: int = 4, waited_cycles: int = 64,
+                max_tiles: int = 4096) -> dict:
+    """Where a GEMM tile's K steps go, per opcode, from the K-step trace (ktrace: the K steps the
+    variant traced, MK_GEMM_KTRACE). Cycles (the SM clock; clock_ghz is its rate, from the tile's
+    globaltimer stamps), over the steady-state steps of every tile (K step >= skip, as far as
+    traced; at most max_tiles tiles an opcode, evenly spaced over the journal):
+        step        consumer thread 0's cycles from one stage's retire to the next (C_RET[k] -
+                    C_RET[k-1]): what a K step costs; the tensor pipe's own floor for the tile's
+                    wgmmas is the lower bound
+        cons_wait   its wait for the stage's operands (C_FULL - C_WAIT); waited: the share of
+                    steps where that exceeded waited_cycles
+        lead        C_WAIT - L_ISSUE: how long before the consumers wanted the stage the loader
+                    had issued its last TMA (< 0: issued after they began to wait)
+        flight      C_FULL - L_ISSUE over the waited steps: issue -> the consumers past the
+                    stage's barrier, the TMA round trip when it is what they waited for
+        loader      L_ISSUE - L_START: the loader's time on a stage (its waits for free pages)
+        ahead       the tile's stages whose last TMA was issued when the consumers start to wait
+                    for stage k, minus k: how far the loader ran ahead (the ring holds ~4
+                    stages; steps within 4 of the tile's end left out)
+        wg_skew     C1_FULL - C_FULL: warpgroup 1 past the barrier after warpgroup 0
+    The loader's stamps of stages its early weight loads took (EARLY_WEIGHTS) are missing (0):
+    those steps count only in the consumer columns, and as issued in `ahead`."""
+    import numpy as np
+    if ktrace <= 0:
+        return {}
+    rows = journal[:n]
+    rows = rows.numpy() if hasattr(rows, "numpy") else np.asarray(rows, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[1] < KT_BASE + KT_WORDS * ktrace:
+        return {}
+    out: dict[str, dict] = {}
+    gemm = np.isin(rows[:, 2], list(_gemm_op_ids())) & (rows[:, 3] != 0)
+    for op in sorted(set(rows[gemm, 2].tolist())):
+        sel = rows[gemm & (rows[:, 2] == op)]
+        kt = sel[:, KT_BASE:KT_BASE + KT_WORDS * ktrace].reshape(len(sel), ktrace, KT_WORDS)
+        steps = np.count_nonzero(kt[:, :, KT_C_WAIT], axis=1)
+        keep = steps > skip
+        sel, kt, steps = sel[keep], kt[keep], steps[keep]
+        if len(sel) > max_tiles:
+            idx = np.linspace(0, len(sel) - 1, max_tiles).round().astype(int)
+            sel, kt, steps = sel[idx], kt[idx], steps[idx]
+        if not len(sel):
+            continue
+        ks = np.arange(ktrace)
+        steady = (ks[None, :] >= skip) & (ks[None, :] < steps[:, None])
+        c_wait, c_full, c_ret = kt[:, :, KT_C_WAIT], kt[:, :, KT_C_FULL], kt[:, :, KT_C_RET]
+        issued, l_start, c1 = kt[:, :, KT_L_ISSUE], kt[:, :, KT_L_START], kt[:, :, KT_C1_FULL]
+        cw = c_full - c_wait
+        step = np.zeros_like(c_ret)
+        step[:, 1:] = c_ret[:, 1:] - c_ret[:, :-1]
+        have_l = steady & (issued != 0)
+        waited = cw > waited_cycles
+        ahead = []
+        near_end = steady & (ks[None, :] + 4 < steps[:, None])
+        for t0 in range(0, len(sel), 256):          # [tiles, k, j] in chunks
+            cmp = ((issued[t0:t0 + 256, None, :] < c_wait[t0:t0 + 256, :, None])
+                   & (ks[None, None, :] < steps[t0:t0 + 256, None, None]))
+            cnt = cmp.sum(axis=2) - ks[None, :]
+            ahead.append(cnt[near_end[t0:t0 + 256]])
+        ahead = np.concatenate(ahead)
+        tile = c_ret[np.arange(len(sel)), steps - 1] - c_wait[:, 0]
+        ns = sel[:, ROLE_WORDS["cons_epi0"]] - sel[:, ROLE_WORDS["cons0"]]
+        whole = (steps < ktrace) & (ns > 0) & (tile > 0)   # the whole tile traced
+        cols = dict(step=step[steady], cons_wait=cw[steady], lead=(c_wait - issued)[have_l],
+                    flight=(c_full - issued)[have_l & waited], loader=(issued - l_start)[have_l],
+                    ahead=ahead, wg_skew=(c1 - c_full)[steady & (c1 != 0)])
+        d = dict(tiles=int(len(sel)), traced_steps_p50=int(np.median(steps)),
+                 steady_steps=int(steady.sum()),
+                 clock_ghz=(round(float(np.median(tile[whole] / ns[whole])), 3)
+                            if whole.any() else None),
+                 waited_share=round(float(waited[steady].mean()), 3))
+        for key, v in cols.items():
+            v = np.sort(v)
+            d[key] = (dict(p10=int(v[int(.1 * len(v))]), p50=int(v[int(.5 * len(v))]),
+                           p90=int(v[min(len(v) - 1, int(.9 * len(v)))]), n=int(len(v)))
+                      if len(v) else None)
+        d["cons_wait_share"] = round(float(cw[steady].sum() / max(step[steady].sum(), 1)), 3)
+        out[_op_name(int(op))] = d
+    return out
+
+
+def format_gemm_ktrace(r: dict) -> str:
+    """gemm_ktrace's dict as a table: median (p10 / p90) cycles per K step."""
+    if not r:
+        return "(no K-step trace: MK_GEMM_KTRACE=0, or no GEMM tile in the journal)"
+    cols = ("step", "cons_wait", "lead", "flight", "loader", "ahead", "wg_skew")
+    lines = [f"{'opcode':<10}{'tiles':>6}{'GHz':>6}{'waited':>8}{'wait/step':>10}"
+             + "".join(f"{c:>20}" for c in cols)]
+    for name, d in r.items():
+        cells = []
+        for c in cols:
+            v = d.get(c)
+            cells.append(f"{v['p50']} ({v['p10']}/{v['p90']})" if v else "-")
+        ghz = f"{d['clock_ghz']:.2f}" if d.get("clock_ghz") else "-"
+        lines.append(f"{name:<10}{d['tiles']:>6}{ghz:>6}{d['waited_share']:>8.1%}"
+                     f"{d['cons_wait_share']:>10.1%}" + "".join(f"{x:>20}" for x in cells))
+    lines.append("(cycles of the SM clock per steady-state K step, median (p10/p90); step = "
+                 "retire to retire, cons_wait = consumers' operand wait, lead = loads issued "
+                 "before they were wanted, flight = issue -> consumers past the barrier when "
+                 "they waited, loader = its time per stage, ahead = stages issued beyond the "
+                 "one waited for, wg_skew = warpgroup 1 after warpgroup 0)")
+    return "\n".join(lines)
+
+
 def critical_path(journal, jcta, n: int, instrs) -> dict:
     """The chain of instructions that set the step's end, walked back from the last signal. At
     each instruction the link is whichever of its two needs was met last: the producer whose

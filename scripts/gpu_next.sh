@@ -25,6 +25,10 @@
 #   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES), with and without norm_fold: the
 #          two-layer checks, racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
 #          tile + norm_fold=1, no journal: gu256.log (~6 min)
+#   ktrace the GEMM K-step trace (MK_GEMM_KTRACE): journal jobs of GATE_UP / DOWN / O_PROJ at
+#          M=4096 and DOWN at 1024, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled
+#          with 32: per K step when the loads were issued / wanted / landed and the tensor pipe's
+#          cycles (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default; also inline), timed only:
@@ -504,7 +508,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -869,6 +873,32 @@ if has gu256; then
   bt=${MK_GU256_BATCH:-192,256}
   checked_runs gu256 3 "off|||$bt" "tile|MK_TILES=GATE_UP@256=gu_m128n112||$bt" \
       "fold|MK_TILES=GATE_UP@256=gu_m128n112|--plan norm_fold=1|$bt"
+fi
+if has ktrace; then
+  # the GEMM K-step trace (MK_GEMM_KTRACE, bench/GEMM_NOTES.md session 39): per K step of every
+  # tile, when the loader issued the stage, when the consumers wanted / got it, when the stage
+  # before retired (mk.trace.gemm_ktrace). Standalone journal jobs at M=4096 (GATE_UP / DOWN /
+  # O_PROJ, 128 K steps traced) and DOWN at 1024, GATE_UP 4096 without the trace (what the stamps
+  # cost: its tile interval), then the decode step at MK_KT_BATCH (1024) with the first 32 K
+  # steps traced (in the step against standalone): ktrace.log / .json / _summary.log,
+  # ktrace_step.log / .json (~5 min)
+  J="GATE_UP:4096:journal:ktrace=128,DOWN:4096:journal:ktrace=128,O_PROJ:4096:journal:ktrace=128"
+  J="$J,DOWN:1024:journal:ktrace=128,GATE_UP:4096:journal:"
+  run_profile ktrace "$J" 240
+  python - "$OUTDIR/ktrace.log" <<'PYEOF' | tee "$OUTDIR/ktrace_summary.log"
+import json, sys
+import mk.trace as tr
+for ln in open(sys.argv[1]):
+    if ln.startswith("{"):
+        r = json.loads(ln)
+        print(f"== {r.get('job')}: tile interval ns {r.get('tile_interval_ns')}")
+        if r.get("ktrace"):
+            print(tr.format_gemm_ktrace(r["ktrace"]))
+PYEOF
+  MK_GEMM_KTRACE=32 timeout 260 $B --batch ${MK_KT_BATCH:-1024} --reps 5 --warmup 2 --journal \
+      --out "$OUTDIR/ktrace_step.json" > "$OUTDIR/ktrace_step.log" 2>&1 || rc=1
+  rm -f "$OUTDIR"/ktrace_step_*_journal.pt "$OUTDIR"/ktrace_step_*_timeline.png
+  grep -A8 "GEMM K steps" "$OUTDIR/ktrace_step.log" | tee -a "$OUTDIR/ktrace_summary.log"
 fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /

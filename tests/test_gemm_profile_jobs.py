@@ -28,3 +28,8 @@ def test_job_parts_set_their_switches():
 def test_bad_jobs_are_refused(job):
     with pytest.raises(SystemExit, match="gemm_profile: job"):
         job_env(job)
+
+
+def test_ktrace_part_sets_the_k_step_trace():
+    assert job_env("GATE_UP:4096:journal:ktrace=128") == {
+        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_KTRACE": "128"}

@@ -955,3 +955,37 @@ def test_swap_split_variant_mirrors_its_barriers_without_spills(tmp_path):
     assert exp2[True] > exp2[False], exp2
     assert not re.search(r"^\s*call", ptx[True], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx[True], str(tmp_path / "swsplit_1")))
+
+
+def test_gemm_ktrace_variant_compiles_without_spills(tmp_path):
+    """MK_GEMM_KTRACE=N (the GEMM K-step trace, journal variant only; bench/GEMM_NOTES.md session
+    39): the journal variant `launch/bench.py --journal` runs, with each GEMM slot's consumers and
+    loader stamping the SM clock (clock64) six times a K step into journal rows of 32 + 6 N words,
+    compiles with 0 spills and no call; without the journal nothing of it is compiled in."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import mk.megakernel as M\n"
+        "from mk.instructions import _gemm_kernel as gk\n"
+        "assert gk.KTRACE == 16 and M.JOURNAL_WORDS == 32 + 6 * 16, M.JOURNAL_WORDS\n"
+        "for j in (True, False):\n"
+        "    comp = M.compile_fake(journal=j, gemm=M.class_slots(64), attn_page_size=16, "
+        "gather=True, splitk=True)\n"
+        "    open(sys.argv[1] + str(j), 'w').write(comp.__ptx__)\n") % ROOT
+    out = tmp_path / "kt.ptx"
+    r = subprocess.run([sys.executable, "-c", code, str(out)],
+                       env=dict(os.environ, MK_GEMM_KTRACE="16"), capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx, plain = (tmp_path / "kt.ptxTrue").read_text(), (tmp_path / "kt.ptxFalse").read_text()
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "kt")))
+    import mk.megakernel as M
+    n_gemm = len(M.class_slots(64))
+    assert len(re.findall(r"%clock64", ptx)) >= 6 * n_gemm
+    assert "%clock64" not in plain
+    r = subprocess.run([sys.executable, "-c", "import mk.megakernel"], cwd=ROOT,
+                       env=dict(os.environ, MK_GEMM_KTRACE="999"), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "MK_GEMM_KTRACE" in r.stderr

@@ -171,3 +171,74 @@ def test_critical_path_takes_the_sm_when_it_freed_last():
     assert r["hops"]["GATE_UP -> GATE_UP (queue)"]["gap_us"] == -4.9       # 6100 - 11000
     assert r["ops"]["GATE_UP"]["queue_gap_us"] == -4.9 and r["ops"]["GATE_UP"]["dep_gap_us"] == 0
     assert r["path_us"] == r["span_us"] == 13.0
+
+
+def _ktrace_journal(steps: int, ktrace: int, period: int, issue_lead: int, tma: int,
+                    early: int = 0):
+    """One GATE_UP tile's journal row with a K-step trace: the loader issues stage k at
+    k * period - issue_lead (after waiting `period // 4` for pages), the loads land tma cycles
+    later, the consumers want stage k at k * period and retire it one period after they got it;
+    the first `early` stages carry no loader stamps (early weight loads)."""
+    j = torch.zeros(1, tr.KT_BASE + tr.KT_WORDS * ktrace, dtype=torch.int64)
+    j[0, :7] = torch.tensor([0, 0, int(Op.GATE_UP), 1000, 2000, 900000, 0])
+    base = 10_000
+    for k in range(min(steps, ktrace)):
+        w = tr.KT_BASE + k * tr.KT_WORDS
+        want = base + k * period
+        issue = want - issue_lead
+        full = max(want, issue + tma)
+        if k >= early:
+            j[0, w + tr.KT_L_START] = issue - period // 4
+            j[0, w + tr.KT_L_ISSUE] = issue
+        j[0, w + tr.KT_C_WAIT] = want
+        j[0, w + tr.KT_C_FULL] = full
+        j[0, w + tr.KT_C1_FULL] = full + 7
+        j[0, w + tr.KT_C_RET] = full + period
+    # the consumers' globaltimer stamps: at 2 cycles per ns
+    last_ret = int(j[0, tr.KT_BASE + (min(steps, ktrace) - 1) * tr.KT_WORDS + tr.KT_C_RET])
+    j[0, tr.ROLE_WORDS["cons0"]] = 500_000
+    j[0, tr.ROLE_WORDS["cons_epi0"]] = 500_000 + (last_ret - base) // 2
+    return j
+
+
+def test_gemm_ktrace_loads_issued_in_time():
+    j = _ktrace_journal(steps=24, ktrace=32, period=1000, issue_lead=3000, tma=1500)
+    d = tr.gemm_ktrace(j, 1, 32)["GATE_UP"]
+    assert d["tiles"] == 1 and d["steady_steps"] == 20 and d["traced_steps_p50"] == 24
+    assert d["step"]["p50"] == 1000 and d["cons_wait"]["p50"] == 0 and d["waited_share"] == 0
+    assert d["lead"]["p50"] == 3000 and d["loader"]["p50"] == 250 and d["flight"] is None
+    # stages k .. k + 2 issued 3000 cycles ahead: stage k + 3's issue lands exactly at k's wait
+    assert d["ahead"]["p50"] == 3
+    assert d["wg_skew"]["p50"] == 7
+    assert d["clock_ghz"] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_gemm_ktrace_late_loads_show_as_waits_and_flight():
+    # issued 500 cycles ahead, landing 1500 after the issue: the consumers wait 1000 each step
+    j = _ktrace_journal(steps=20, ktrace=16, period=1000, issue_lead=500, tma=1500, early=6)
+    d = tr.gemm_ktrace(j, 1, 16)["GATE_UP"]
+    assert d["traced_steps_p50"] == 16 and d["steady_steps"] == 12
+    assert d["cons_wait"]["p50"] == 1000 and d["waited_share"] == 1.0
+    assert d["flight"]["p50"] == 1500 and d["lead"]["p50"] == 500
+    assert d["lead"]["n"] == 10                     # steps 4, 5 carry no loader stamps
+    assert d["clock_ghz"] is None                   # the tile ran past the traced steps
+    assert d["cons_wait_share"] == pytest.approx(1000 / 1000, abs=1e-3)
+    assert "GATE_UP" in tr.format_gemm_ktrace(tr.gemm_ktrace(j, 1, 16))
+
+
+def test_gemm_ktrace_needs_the_trace_words():
+    j = _ktrace_journal(steps=8, ktrace=8, period=1000, issue_lead=2000, tma=500)
+    assert tr.gemm_ktrace(j[:, :32], 1, 8) == {}
+    assert tr.gemm_ktrace(j, 1, 0) == {}
+    assert "no K-step trace" in tr.format_gemm_ktrace({})
+
+
+def test_ktrace_words_match_the_gemm_bodies():
+    pytest.importorskip("cutlass")
+    from mk.instructions import _gemm_kernel as gk
+    assert (tr.KT_BASE, tr.KT_WORDS) == (gk.KT_BASE, gk.KT_WORDS)
+    assert (tr.KT_C_WAIT, tr.KT_C_FULL, tr.KT_C_RET, tr.KT_C1_FULL, tr.KT_L_START,
+            tr.KT_L_ISSUE) == (gk.KT_C_WAIT, gk.KT_C_FULL, gk.KT_C_RET, gk.KT_C1_FULL,
+                               gk.KT_L_START, gk.KT_L_ISSUE)
+    import mk.megakernel as M
+    assert M.JOURNAL_WORDS == gk.KT_BASE + gk.KT_WORDS * gk.KTRACE

@@ -193,6 +193,38 @@ ONE_FULL = STAGE_FULL == "stage"
 # global stores (16 lost in session 24: O_PROJ +13%, DOWN +4.5%; the switch MK_GEMM_STORE_UNROLL
 # removed in session 28).
 STORE_UNROLL = 4
+# K-step trace (journal variant only; MK_GEMM_KTRACE=N, 0 = off): the first N K steps of every
+# GEMM tile leave KT_WORDS SM-clock stamps (clock64, cycles) each in the tile's journal row, from
+# word KT_BASE on (mk.megakernel sizes the row): consumer thread 0 before and after its wait for
+# the stage's operands and after the previous stage's wgmmas retired, consumer thread 128 (the
+# second warpgroup) after its wait, the loader before its first free-page wait of the stage and
+# after the stage's last TMA was issued. Why: the mainloop runs ~11% more cycles per K step than
+# cuBLAS's (bench/GEMM_NOTES.md sessions 21-23) and the consumers wait for operands a quarter of
+# every tile, yet neither a deeper ring nor fewer bytes helped; per K step these stamps say
+# whether the loads were issued late (loader waiting for pages, or slow) or were in flight too
+# long (the TMA round trip), and where the tensor pipe went idle. mk.trace.gemm_ktrace reads them.
+KTRACE = int(os.environ.get("MK_GEMM_KTRACE", "0"))
+if not 0 <= KTRACE <= 256:
+    raise ValueError(f"MK_GEMM_KTRACE={KTRACE}: expected 0 .. 256 K steps")
+KT_BASE = 32
+KT_C_WAIT, KT_C_FULL, KT_C_RET, KT_C1_FULL, KT_L_START, KT_L_ISSUE = range(6)
+KT_WORDS = 6
+
+
+def ktrace_words() -> int:
+    """Journal words a row needs beyond the journal's own for the K-step trace."""
+    return KT_WORDS * KTRACE
+
+
+@cute.jit
+def kt_stamp(journal, ticket: Int32, k: Int32, word: cutlass.Constexpr, me):
+    """K-step trace (KTRACE): thread `me` writes the SM clock into word `word` of K step k of
+    row `ticket` (journal None, or KTRACE 0: nothing compiled in)."""
+    if cutlass.const_expr(KTRACE > 0 and journal is not None):
+        if me:
+            if k < KTRACE:
+                if ticket < journal.shape[0]:
+                    journal[ticket, KT_BASE + k * KT_WORDS + word] = cute.arch.clock64()
 # (A RESIDUAL tile's epilogue pages granted R stages before its end, MK_GEMM_EPI_EARLY, session
 # 24: correct, lost (O_PROJ +7.2% / +5.0% at M = 1024 / 4096 with R = 1); removed in session 28,
 # bench/GEMM_NOTES.md session 24. The epilogue pages follow the tile's last stage in its window.)
@@ -562,7 +594,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
               xb: Int32, yb: Int32, layer: Int32, row0: Int32, col0: Int32, up_row0: Int32,
               kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-              ticket: Int32, split=None, ready=None, rows=None, cols=None) -> Int32:
+              ticket: Int32, split=None, ready=None, rows=None, cols=None,
+              ktrace=None) -> Int32:
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
@@ -576,7 +609,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     the controller hands the instruction over before its waits are met): the weight (B) pages of
     the first stages are loaded before that wait, since weights depend on no instruction, and
     the activation (A) pages of those stages after it.
-    rows / cols: the tile's (where the store adds the residual: a whole tile loads none)."""
+    rows / cols: the tile's (where the store adds the residual: a whole tile loads none).
+    ktrace: the journal where the variant writes the K-step trace (KTRACE), else None."""
     if cutlass.const_expr(ready is None):
         # activations were written by generic-proxy stores of other CTAs (acquired by the
         # controller): order them before this warp's async-proxy reads (with `ready`: after it)
@@ -597,6 +631,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
             kc = k0 + k * BK
         a_off = stage_a_offset(cfg, pg, npages)
         page, ph = page_of(pg + a_off, npages)
+        lane0 = cute.arch.lane_idx() == 0
+        kt_stamp(ktrace, ticket, k, KT_L_START, lane0)
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes + stage_b_bytes(cfg))
@@ -604,6 +640,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
                      stage_full(full + page))
+        kt_stamp(ktrace, ticket, k, KT_L_ISSUE, lane0)
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
@@ -877,7 +914,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                  share: cutlass.Constexpr = DONE_ARRIVALS, split=None,
                  journal: cute.Tensor = None, stamp_epi: cutlass.Constexpr = -1,
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
-                 epi_word: cutlass.Constexpr = -1, cols=None) -> Int32:
+                 epi_word: cutlass.Constexpr = -1, cols=None, ktrace=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): mainloop + fused epilogue into the epilogue
     pages. Returns the new page count.
 
@@ -905,7 +942,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
 
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A tile whose
     nsplit word is >= 2 stores its float32 accumulators to the SPLITK workspace (store_partial)
-    instead of the epilogue, and takes no epilogue pages."""
+    instead of the epilogue, and takes no epilogue pages.
+
+    ktrace: the journal where the variant writes the K-step trace (KTRACE), else None."""
     wg = ctid // 128
     lane = ctid % 32
     mma_tid = ctid
@@ -935,11 +974,14 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         b_off = stage_b_offset(a_off)
         pa, pha = page_of(sp + a_off, npages)
         t0 = rk.wait_clock_start(wclk)
+        kt_stamp(ktrace, ticket, k, KT_C_WAIT, ctid == 0)
         bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         if cutlass.const_expr(not ONE_FULL):
             for j in cutlass.range_constexpr(cfg.nb):
                 pb, phb = page_of(sp + b_off + j, npages)
                 bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        kt_stamp(ktrace, ticket, k, KT_C_FULL, ctid == 0)
+        kt_stamp(ktrace, ticket, k, KT_C1_FULL, ctid == 128)
         rk.wait_clock_add(wclk, t0)
         tCrA = mainloop_mma.make_fragment_A(
             thr_main.partition_A(page_tensor(pool, pa, sA_layout)))
@@ -962,6 +1004,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         t0 = rk.wait_clock_start(mclk)
         cute.nvgpu.warpgroup.wait_group(1)
         rk.wait_clock_add(mclk, t0)
+        kt_stamp(ktrace, ticket, k, KT_C_RET, ctid == 0)
         if cutlass.const_expr("earlyfree" not in EXPERIMENT):
             if k > 0:
                 # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use
