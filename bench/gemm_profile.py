@@ -15,7 +15,9 @@ TMA stores) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 
 tile's at once) or "ticket=V" (MK_STATIC_FIRST_TICKET=V: 1 CTA b's first ticket is b, no
 atomic) or "ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile
 stamped, mk.trace.gemm_ktrace's per-K-step table: loads issued how early, in flight how long,
-the consumers' waits, the tensor pipe's cycles per step); an unknown part is
+the consumers' waits, the tensor pipe's cycles per step) or "reglow=N" / "reghigh=N"
+(MK_REG_LOW / MK_REG_HIGH: the setmaxnreg split; a variant with QKV_ROPE, as the step's, runs
+80 / 208 where one without runs 72 / 216); an unknown part is
 refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
@@ -57,7 +59,8 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
 KNOBS = {"tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF",
-         "ticket": "MK_STATIC_FIRST_TICKET", "ktrace": "MK_GEMM_KTRACE"}
+         "ticket": "MK_STATIC_FIRST_TICKET", "ktrace": "MK_GEMM_KTRACE",
+         "reglow": "MK_REG_LOW", "reghigh": "MK_REG_HIGH"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")
 KINDS = ("time", "floor", "launch", "empty", "check", "journal", "ncu")

@@ -25,9 +25,8 @@
 #   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES), with and without norm_fold: the
 #          two-layer checks, racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
 #          tile + norm_fold=1, no journal: gu256.log (~6 min)
-#   ktrace the GEMM K-step trace (MK_GEMM_KTRACE): journal jobs of GATE_UP / DOWN / O_PROJ at
-#          M=4096 and DOWN at 1024, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled
-#          with 32: per K step when the loads were issued / wanted / landed and the tensor pipe's
+#   ktrace the GEMM K-step trace (MK_GEMM_KTRACE): journal jobs of GATE_UP / DOWN at M = 1024
+#          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per K step when the loads were issued / wanted / landed and the tensor pipe's
 #          cycles (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
@@ -877,13 +876,18 @@ fi
 if has ktrace; then
   # the GEMM K-step trace (MK_GEMM_KTRACE, bench/GEMM_NOTES.md session 39): per K step of every
   # tile, when the loader issued the stage, when the consumers wanted / got it, when the stage
-  # before retired (mk.trace.gemm_ktrace). Standalone journal jobs at M=4096 (GATE_UP / DOWN /
-  # O_PROJ, 128 K steps traced) and DOWN at 1024, GATE_UP 4096 without the trace (what the stamps
-  # cost: its tile interval), then the decode step at MK_KT_BATCH (1024) with the first 32 K
-  # steps traced (in the step against standalone): ktrace.log / .json / _summary.log,
+  # before retired (mk.trace.gemm_ktrace). Standalone journal jobs of GATE_UP / DOWN at M = 1024
+  # and 4096 (128 K steps traced), GATE_UP 4096 without the trace (what the stamps cost: its
+  # tile interval), then the decode step at MK_KT_BATCH (1024: the same tiles as the 1024 jobs)
+  # with the first 64 K steps traced. Why in the step too: at B=4096 (session 21's journal) the
+  # SMs are ~100% busy with the instructions' own time, and GATE_UP / DOWN tiles took ~15% longer
+  # there than the same build's standalone tile interval (111.4 / 51.5 us against 96.2 / 44.6):
+  # ~12 ms of the step, the gap to the peer. ktrace.log / .json / _summary.log,
   # ktrace_step.log / .json (~5 min)
-  J="GATE_UP:4096:journal:ktrace=128,DOWN:4096:journal:ktrace=128,O_PROJ:4096:journal:ktrace=128"
-  J="$J,DOWN:1024:journal:ktrace=128,GATE_UP:4096:journal:"
+  J="GATE_UP:1024:journal:ktrace=128,DOWN:1024:journal:ktrace=128,GATE_UP:4096:journal:ktrace=128"
+  J="$J,DOWN:4096:journal:ktrace=128,GATE_UP:4096:journal:"
+  # ... and GATE_UP 1024 with the step's setmaxnreg split (80 / 208: its variant has QKV_ROPE)
+  J="$J,GATE_UP:1024:journal:ktrace=128+reglow=80+reghigh=208"
   run_profile ktrace "$J" 240
   python - "$OUTDIR/ktrace.log" <<'PYEOF' | tee "$OUTDIR/ktrace_summary.log"
 import json, sys
@@ -895,7 +899,7 @@ for ln in open(sys.argv[1]):
         if r.get("ktrace"):
             print(tr.format_gemm_ktrace(r["ktrace"]))
 PYEOF
-  MK_GEMM_KTRACE=32 timeout 260 $B --batch ${MK_KT_BATCH:-1024} --reps 5 --warmup 2 --journal \
+  MK_GEMM_KTRACE=64 timeout 260 $B --batch ${MK_KT_BATCH:-1024} --reps 5 --warmup 2 --journal \
       --out "$OUTDIR/ktrace_step.json" > "$OUTDIR/ktrace_step.log" 2>&1 || rc=1
   rm -f "$OUTDIR"/ktrace_step_*_journal.pt "$OUTDIR"/ktrace_step_*_timeline.png
   grep -A8 "GEMM K steps" "$OUTDIR/ktrace_step.log" | tee -a "$OUTDIR/ktrace_summary.log"

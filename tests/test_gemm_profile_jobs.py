@@ -33,3 +33,6 @@ def test_bad_jobs_are_refused(job):
 def test_ktrace_part_sets_the_k_step_trace():
     assert job_env("GATE_UP:4096:journal:ktrace=128") == {
         "MK_GEMM_EXPERIMENT": "", "MK_GEMM_KTRACE": "128"}
+    assert job_env("GATE_UP:1024:journal:ktrace=64+reglow=80+reghigh=208") == {
+        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_KTRACE": "64", "MK_REG_LOW": "80",
+        "MK_REG_HIGH": "208"}
