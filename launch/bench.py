@@ -334,6 +334,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--journal", action="store_true",
                    help="megakernel: after timing, one journaled launch per point (a compile "
                         "of its own): per-opcode time breakdown and a timeline PNG")
+    p.add_argument("--journal-isolated", default="", metavar="OPS",
+                   help="with --journal: also run each listed opcode's instructions of the "
+                        "middle layer alone through the step's journaled kernel (their waits "
+                        "and signals cleared: every tile ready at once, nothing else running) "
+                        "and print their own time next to the step's: which part of a GEMM "
+                        "tile's time in the step is its context, which the kernel variant")
     p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
     p.add_argument("--compile-mode", default="default",
@@ -616,6 +622,8 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         r["critical_path"] = cp = tr.critical_path(j, c, n, plan.instrs.cpu())
         layers = be.model.num_layers
         log(f"{point.label}: critical path\n{tr.format_critical_path(cp, per=layers)}")
+        if args.journal_isolated:
+            r["isolated"] = isolated_runs(mk, plan, args.journal_isolated, layers, r, ktrace)
         if args.out:
             stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
             # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])
@@ -628,6 +636,54 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         return r
     finally:
         be.journal, be._kernels = False, {}
+
+
+def isolated_subplan(instrs, op: str, layer: int):
+    """The step's instructions of opcode `op` (an mk.ir.Op name) in `layer`, their waits and
+    signals cleared (ready at once; they touch no counter), for isolated_runs; None if none."""
+    from mk.ir import MAX_WAITS, NO_COUNTER, W_LAYER, W_OPCODE, W_SIGNAL, W_WAIT0, Op
+    if op not in Op.__members__:
+        raise SystemExit(f"--journal-isolated: unknown opcode {op!r}")
+    sel = (instrs[:, W_OPCODE] == int(Op[op])) & (instrs[:, W_LAYER] == layer)
+    sub = instrs[sel].clone()
+    if not len(sub):
+        return None
+    for k in range(MAX_WAITS):
+        sub[:, W_WAIT0 + 2 * k] = NO_COUNTER
+        sub[:, W_WAIT0 + 2 * k + 1] = 0
+    sub[:, W_SIGNAL] = NO_COUNTER
+    return sub
+
+
+def isolated_runs(mk, plan, ops: str, layers: int, step: dict, ktrace: int) -> dict:
+    """--journal-isolated: each opcode's instructions of the middle layer launched alone through
+    the step's journaled kernel (isolated_subplan; the step's buffers, metadata and weights as
+    the step left them), their own time per instruction (mk.trace.by_opcode) against the step's,
+    and their K-step trace when the variant has one. Without signals the storer skips its fence
+    and release (~1 us a tile, after the consumers: mostly under the next tile's mainloop)."""
+    import mk.trace as tr
+    instrs = plan.instrs.cpu()
+    out = {}
+    for op in [o for o in ops.split(",") if o]:
+        sub = isolated_subplan(instrs, op, layers // 2)
+        if sub is None:
+            out[op] = None
+            continue
+        h = mk.prepare(sub)
+        mk.launch(h, check=True)                   # warm: the first launch of this stream
+        mk.launch(h, check=True)
+        j, c = mk.journal_rows(len(sub))
+        d = tr.by_opcode(j, c, len(sub))["ops"].get(op, {})
+        res = dict(count=int(len(sub)), own_mean_us=d.get("own_mean_us"),
+                   step_own_mean_us=step["ops"].get(op, {}).get("own_mean_us"))
+        if ktrace:
+            res["ktrace"] = tr.gemm_ktrace(j, len(sub), ktrace)
+        out[op] = res
+        log(f"isolated {op} (layer {layers // 2}, {len(sub)} instructions): own "
+            f"{res['own_mean_us']} us per instruction, in the step {res['step_own_mean_us']}")
+        if ktrace:
+            log(tr.format_gemm_ktrace(res["ktrace"]))
+    return out
 
 
 def run_point(point: Point, weights, args, systems: list[str], timer: Timer, device,

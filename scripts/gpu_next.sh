@@ -879,7 +879,9 @@ if has ktrace; then
   # before retired (mk.trace.gemm_ktrace). Standalone journal jobs of GATE_UP / DOWN at M = 1024
   # and 4096 (128 K steps traced), GATE_UP 4096 without the trace (what the stamps cost: its
   # tile interval), then the decode step at MK_KT_BATCH (1024: the same tiles as the 1024 jobs)
-  # with the first 64 K steps traced. Why in the step too: at B=4096 (session 21's journal) the
+  # with the first 64 K steps traced, and each GEMM's tiles of its middle layer alone through
+  # the step's kernel (--journal-isolated: the variant without the step's context). Why in the
+  # step too: at B=4096 (session 21's journal) the
   # SMs are ~100% busy with the instructions' own time, and GATE_UP / DOWN tiles took ~15% longer
   # there than the same build's standalone tile interval (111.4 / 51.5 us against 96.2 / 44.6):
   # ~12 ms of the step, the gap to the peer. ktrace.log / .json / _summary.log,
@@ -899,10 +901,15 @@ for ln in open(sys.argv[1]):
         if r.get("ktrace"):
             print(tr.format_gemm_ktrace(r["ktrace"]))
 PYEOF
+  # ... and each GEMM's tiles of the middle layer alone through the step's kernel (waits and
+  # signals cleared): the same variant without the step around it (launch/bench.py
+  # --journal-isolated)
   MK_GEMM_KTRACE=64 timeout 260 $B --batch ${MK_KT_BATCH:-1024} --reps 5 --warmup 2 --journal \
+      --journal-isolated GATE_UP,DOWN,O_PROJ,QKV_ROPE \
       --out "$OUTDIR/ktrace_step.json" > "$OUTDIR/ktrace_step.log" 2>&1 || rc=1
   rm -f "$OUTDIR"/ktrace_step_*_journal.pt "$OUTDIR"/ktrace_step_*_timeline.png
-  grep -A8 "GEMM K steps" "$OUTDIR/ktrace_step.log" | tee -a "$OUTDIR/ktrace_summary.log"
+  grep -E -A8 "GEMM K steps|\] isolated" "$OUTDIR/ktrace_step.log" | grep -v "^\[mk\." \
+      | tee -a "$OUTDIR/ktrace_summary.log"
 fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /

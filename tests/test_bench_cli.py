@@ -169,3 +169,31 @@ def test_experiment_switches_are_named(bench, monkeypatch):
     monkeypatch.setenv("MK_ATTN_EXPERIMENT", "nomath")
     monkeypatch.setenv("MK_GEMM_EXPERIMENT", "")
     assert bench.experiment_switches() == {"MK_ATTN_EXPERIMENT": "nomath"}
+
+
+def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
+    """--journal-isolated's sub-plan: the opcode's instructions of the layer, waits and signals
+    cleared (ready at once, touching no counter of the step), other words as planned."""
+    import torch
+
+    from mk.ir import (INSTR_WORDS, MAX_WAITS, NO_COUNTER, W_LAYER, W_OPCODE, W_ROW0, W_SIGNAL,
+                       W_WAIT0, Op)
+    rows = []
+    for layer in range(3):
+        for op in (Op.RMSNORM, Op.GATE_UP, Op.GATE_UP, Op.DOWN):
+            w = torch.zeros(INSTR_WORDS, dtype=torch.int32)
+            w[W_OPCODE], w[W_LAYER], w[W_ROW0] = int(op), layer, len(rows)
+            w[W_WAIT0], w[W_WAIT0 + 1], w[W_SIGNAL] = 7 + layer, 3, 9 + layer
+            rows.append(w)
+    instrs = torch.stack(rows)
+    sub = bench.isolated_subplan(instrs, "GATE_UP", 1)
+    assert sub.shape == (2, INSTR_WORDS)
+    assert (sub[:, W_OPCODE] == int(Op.GATE_UP)).all() and (sub[:, W_LAYER] == 1).all()
+    assert sub[:, W_ROW0].tolist() == [5, 6]
+    for k in range(MAX_WAITS):
+        assert (sub[:, W_WAIT0 + 2 * k] == NO_COUNTER).all()
+    assert (sub[:, W_SIGNAL] == NO_COUNTER).all()
+    assert instrs[5, W_SIGNAL] == 10                  # the step's stream is left as it was
+    assert bench.isolated_subplan(instrs, "QKV_ROPE", 1) is None
+    with pytest.raises(SystemExit, match="unknown opcode"):
+        bench.isolated_subplan(instrs, "GATEUP", 1)
