@@ -873,7 +873,21 @@ if has gu256; then
   checked_runs gu256 3 "off|||$bt" "tile|MK_TILES=GATE_UP@256=gu_m128n112||$bt" \
       "fold|MK_TILES=GATE_UP@256=gu_m128n112|--plan norm_fold=1|$bt"
 fi
+# nvidia-smi's SM clock, power and throttle reasons every 100 ms into LOG while the rest of the
+# step runs: smi_start LOG; ...; smi_stop (a long kernel runs under the power cap, a short launch
+# at boost clocks: session 21's journal had GATE_UP / DOWN tiles ~15% slower in the B=4096 step
+# than standalone)
+smi_start() {
+  SMI_PID=""
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
+        --format=csv -lms 100 > "$1" 2>&1 &
+    SMI_PID=$!
+  fi
+}
+smi_stop() { [ -n "$SMI_PID" ] && kill "$SMI_PID" 2> /dev/null; wait "$SMI_PID" 2> /dev/null; true; }
 if has ktrace; then
+  smi_start "$OUTDIR/ktrace_smi.csv"
   # the GEMM K-step trace (MK_GEMM_KTRACE, bench/GEMM_NOTES.md session 39): per K step of every
   # tile, when the loader issued the stage, when the consumers wanted / got it, when the stage
   # before retired (mk.trace.gemm_ktrace). Standalone journal jobs of GATE_UP / DOWN at M = 1024
@@ -884,13 +898,15 @@ if has ktrace; then
   # step too: at B=4096 (session 21's journal) the
   # SMs are ~100% busy with the instructions' own time, and GATE_UP / DOWN tiles took ~15% longer
   # there than the same build's standalone tile interval (111.4 / 51.5 us against 96.2 / 44.6):
-  # ~12 ms of the step, the gap to the peer. ktrace.log / .json / _summary.log,
-  # ktrace_step.log / .json (~5 min)
+  # ~12 ms of the step, the gap to the peer. nvidia-smi samples the SM clock / power meanwhile.
+  # MK_KT_JOBS=0 skips the standalone jobs (e.g. MK_KT_BATCH=4096 in a call of its own).
+  # ktrace.log / .json / _summary.log / _smi.csv, ktrace_step.log / .json (~5 min)
   J="GATE_UP:1024:journal:ktrace=128,DOWN:1024:journal:ktrace=128,GATE_UP:4096:journal:ktrace=128"
   J="$J,DOWN:4096:journal:ktrace=128,GATE_UP:4096:journal:"
   # ... and GATE_UP 1024 with the step's setmaxnreg split (80 / 208: its variant has QKV_ROPE)
   J="$J,GATE_UP:1024:journal:ktrace=128+reglow=80+reghigh=208"
-  run_profile ktrace "$J" 240
+  [ "${MK_KT_JOBS:-1}" = 0 ] || run_profile ktrace "$J" 240
+  touch "$OUTDIR/ktrace.log"
   python - "$OUTDIR/ktrace.log" <<'PYEOF' | tee "$OUTDIR/ktrace_summary.log"
 import json, sys
 import mk.trace as tr
@@ -910,6 +926,20 @@ PYEOF
   rm -f "$OUTDIR"/ktrace_step_*_journal.pt "$OUTDIR"/ktrace_step_*_timeline.png
   grep -E -A8 "GEMM K steps|\] isolated" "$OUTDIR/ktrace_step.log" | grep -v "^\[mk\." \
       | tee -a "$OUTDIR/ktrace_summary.log"
+  smi_stop
+  # the SM clock and power while the GPU was busy (samples above 1 GHz)
+  python - "$OUTDIR/ktrace_smi.csv" <<'PYEOF' | tee -a "$OUTDIR/ktrace_summary.log"
+import sys
+rows = [ln.split(", ") for ln in open(sys.argv[1]) if ln[:1].isdigit()]
+busy = sorted((int(r[1].split()[0]), float(r[2].split()[0]), r[3].strip()) for r in rows
+              if len(r) > 3 and r[1].split()[0].isdigit() and int(r[1].split()[0]) > 1000)
+if busy:
+    mhz = [b[0] for b in busy]
+    print(f"nvidia-smi while busy: {len(busy)} samples, SM MHz p10 {mhz[len(mhz) // 10]} "
+          f"p50 {mhz[len(mhz) // 2]} p90 {mhz[9 * len(mhz) // 10]}, power W p50 "
+          f"{sorted(b[1] for b in busy)[len(busy) // 2]}, throttle reasons "
+          f"{sorted(set(b[2] for b in busy))}")
+PYEOF
 fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
