@@ -1351,11 +1351,32 @@ def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     all of it otherwise (a stream without row scales may use the whole allocation)."""
     norm = (ops == int(Op.RMSNORM)) & (s[:, A_DST] == int(Buf.ROW_SCALE))
     red = (ops == OP_SPLITK_REDUCE) & (s[:, ARG0 + skk.R_ROW_SCALE] != 0)
-    if not (norm.any() or red.any()):
+    # unsplit GEMM tiles that scale their rows in the epilogue (PlanConfig.norm_fold=2; their
+    # epilogue wait, mc.A_EPI_WAIT), and stray epilogue-wait words on any other opcode
+    gemm_ops = np.isin(ops, GEMM_OPS)
+    tile = gemm_ops & (s[:, mc.A_EPI_WAIT] != 0)
+    if tile.any():
+        bad = sorted(set(ops[tile].tolist()) - set(ROW_SCALED_OPS))
+        if bad:
+            raise ValueError(f"megakernel: {[_op_name(o) for o in bad]} tiles with an epilogue "
+                             f"wait (word ARG0+{mc.A_EPI_WAIT - ARG0}): only "
+                             f"{[Op(o).name for o in ROW_SCALED_OPS]} tiles scale their rows")
+        if (s[tile, mc.A_NSPLIT] >= 2).any():
+            raise ValueError("megakernel: a split GEMM tile with an epilogue wait: split tiles "
+                             "are scaled by their SPLITK_REDUCE (its row scale word)")
+        c, t = s[tile, mc.A_EPI_WAIT] - 1, s[tile, mc.A_EPI_TARGET]
+        if (c < 0).any() or (t <= 0).any():
+            raise ValueError("megakernel: an epilogue wait needs a counter and a positive target")
+        r1 = s[tile, W_ROW0] + s[tile, W_ROWS]
+        if (r1 > T).any():
+            raise ValueError(f"megakernel: row-scaled GEMM tile rows outside ROW_SCALE's {T} "
+                             f"token rows")
+    if not (norm.any() or red.any() or tile.any()):
         return splitk_shape
     if splitk_shape is None:
-        i = int(np.flatnonzero(norm | red)[0])
+        i = int(np.flatnonzero(norm | red | tile)[0])
         what = ("RMSNORM into ROW_SCALE (row-scale mode)" if norm[i] else
+                f"{_op_name(ops[i])} tile with an epilogue wait (a row scale)" if tile[i] else
                 f"SPLITK_REDUCE of {_op_name(s[i, ARG0 + skk.R_OP])} with the row scale word")
         raise ValueError(f"megakernel: instruction {i} (layer {int(s[i, W_LAYER])}, rows "
                          f"{int(s[i, W_ROW0])}+{int(s[i, W_ROWS])}) is a {what}: ROW_SCALE lies in "
@@ -1413,7 +1434,10 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         raise NotImplementedError("megakernel: PEER/ALL signal scopes need mk.comm (not yet)")
     sig = s[:, W_SIGNAL]
     waits = s[:, W_WAIT0:W_WAIT0 + 2 * MAX_WAITS:2]
-    mx = max(int(sig.max()) if len(s) else -1, int(waits.max()) if len(s) else -1)
+    # an unsplit folded GEMM tile's epilogue wait: counter + 1 in its word (0: none)
+    epi_wait = np.where(np.isin(ops, ROW_SCALED_OPS), s[:, mc.A_EPI_WAIT] - 1, -1)
+    mx = max(int(sig.max()) if len(s) else -1, int(waits.max()) if len(s) else -1,
+             int(epi_wait.max()) if len(s) else -1)
     if mx >= n_counters:
         raise ValueError(f"plan uses counter {mx}, the megakernel has {n_counters}")
     # the SPLITK rows the split partials may use: ROW_SCALE takes the last ones where used

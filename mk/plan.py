@@ -313,7 +313,14 @@ class PlanConfig:
     # reduce folds off 8.790 -> 9.924 (+12.9%) and with O_PROJ / DOWN unsplit 9.892 (+12.5%):
     # at B=64 the norm phase is O_PROJ's / DOWN's reduce, which the fold cannot remove. 0
     # (default) until timed at more batches (and the weights' ~11 GB fold copy at 70B TP8 is
-    # weighed: mk.weights.fold_norms)
+    # weighed: mk.weights.fold_norms).
+    # 2: also where the GEMM does not split (built in session 39, not yet GPU-run): its unsplit
+    # tiles read h, wait only for h's writer, and scale their rows by ROW_SCALE in the epilogue,
+    # after an epilogue wait for the row-scale RMSNORM (mk/instructions/_common.py A_EPI_WAIT),
+    # which then runs beside their mainloops instead of before them; so the MLP norm leaves the
+    # path from B=256 up (GATE_UP unsplit there), the attention norm above 1024 tokens, and
+    # neither writes its normalized rows (at B=4096 the norms were 5% of the SMs' time and 91 us
+    # of a layer's path, session 21's journal)
     norm_fold: int = 0
     # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the
     # GATE_UP tiles of its K slice (the MLP_ACT columns it reads: a counter per token block and
@@ -355,10 +362,12 @@ class PlanConfig:
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
-        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits",
-                     "norm_fold"):
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
+        if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2):
+            raise ValueError(f"PlanConfig.norm_fold must be 0 (off), 1 (where the GEMM splits) or "
+                             f"2 (also where it does not), got {self.norm_fold!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
             raise ValueError(f"PlanConfig.attn_pair must be 0 (never), 1 (auto) or 2 (always), "
                              f"got {self.attn_pair!r}")
@@ -586,7 +595,9 @@ def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
     """[rows, width] of the SPLITK allocation: the partials' rows (PlanConfig.splitk_rows), then
     ROW_SCALE's (row_scale_rows); (0, width) where the plans never split."""
     rows, width = plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)
-    return (rows + row_scale_rows(kernel.max_batch_tokens, width) if rows else 0, width)
+    # norm_fold=2 scales unsplit tiles' rows too: ROW_SCALE whether or not anything splits
+    need = rows or plan_cfg.norm_fold == 2
+    return (rows + row_scale_rows(kernel.max_batch_tokens, width) if need else 0, width)
 
 
 FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK, Buf.ROW_SCALE)
@@ -806,7 +817,7 @@ class StepPlan:
     def representative_rows(self) -> torch.Tensor | None:
         """Row indices of the prelude, the first and the last layer and the final instructions.
         The planner builds layer l as the layer template plus l in the layer word and l * cpl in
-        every counter word (and with PlanConfig.fold_down_reduce clears the fold words of layer
+        every counter word, an unsplit folded GEMM tile's epilogue wait included (and with PlanConfig.fold_down_reduce clears the fold words of layer
         0's attention norms: the first layer is among these rows), so a per-instruction check
         that holds on these rows (bounds of rows, columns, K, buffers, the smallest and largest
         layer and counter ids) holds on the whole
@@ -939,8 +950,13 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     instruction that waits on it finishes the tiles: a folded RMSNORM). short_last: the tiles'
     last (short) slices are queued after every other split tile (PlanConfig.uneven_split).
     row_scale_wait: (counter, target), one per output tile, of the row-scale RMSNORM whose
-    ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), else None."""
+    ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), or an unsplit
+    tile its accumulators, after waiting for it in its epilogue (norm_fold=2), else None."""
     if nsplit <= 1:
+        if row_scale_wait is not None:
+            # unsplit under norm_fold=2: the tile scales its rows itself, after its epilogue wait
+            c, t = row_scale_wait
+            args = {**args, mc.A_EPI_WAIT: np.asarray(c) + 1, mc.A_EPI_TARGET: t}
         _emit(groups, stage, op, block, row0=row0, rows=rows, col0=col0, cols=cols, waits=waits,
               signal=signal, scope=scope, srank=srank, args=args)
         return
@@ -1424,11 +1440,13 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     def folded_norm(op, norm_c, h_c, h_t, folded_reduce):
         """PlanConfig.norm_fold for the GEMM op after a norm (the norm's counter norm_c; h_c /
         h_t: the counter and targets of whoever writes the residual rows h): (src, waits of op's
-        tiles, row_scale_wait) -- where op splits and the norm finishes no split reduce, op's
-        tiles read h itself and wait for h's writer, the norm only writes ROW_SCALE and op's
-        reduces wait for it; else the norm's output and waits (a norm that writes h, folded
-        with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session 38)."""
-        if not (cfg.norm_fold and nsplit[op] > 1) or folded_reduce:
+        tiles, row_scale_wait) -- where op splits (norm_fold 1 or 2) or not (2) and the norm
+        finishes no split reduce, op's tiles read h itself and wait for h's writer, the norm
+        only writes ROW_SCALE, and op's reduces (split) or its tiles' epilogues (unsplit: the
+        epilogue wait) wait for it; else the norm's output and waits (a norm that writes h,
+        folded with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session
+        38)."""
+        if not cfg.norm_fold or folded_reduce or (cfg.norm_fold == 1 and nsplit[op] <= 1):
             return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
         return (Buf.HIDDEN, lambda b: [(h_c + b, np.asarray(h_t)[b])],
                 lambda b: (norm_c + b, ngr[b]))
@@ -1637,6 +1655,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     incr[:, W_LAYER] = 1
     for wd in COUNTER_WORDS:
         incr[:, wd] = np.where(tmpl32[:, wd] != NO_COUNTER, CPL, 0)
+    # an unsplit folded GEMM tile's epilogue wait is a counter word too (counter + 1; 0: none)
+    epi = (np.isin(tmpl32[:, W_OPCODE], [int(o) for o in sk.ROW_SCALED])
+           & (tmpl32[:, mc.A_EPI_WAIT] > 0))
+    incr[epi, mc.A_EPI_WAIT] = CPL
     body = out[len(prelude):len(prelude) + L * m].reshape(L, m, INSTR_WORDS)
     step = np.zeros_like(tmpl32)
     for layer in range(L):

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mk.instructions._common import epilogue_wait_words
 from mk.instructions.base import Buf, Region, family_of
 from mk.ir import (INSTR_WORDS, MAX_WAITS, NO_COUNTER, W_COL0, W_COLS, W_LAYER, W_OPCODE, W_ROW0,
                    W_ROWS, W_SIGNAL, W_SIGNAL_COUNT, W_SIGNAL_RANK, W_SIGNAL_SCOPE, W_WAIT0,
@@ -166,9 +167,20 @@ class _Plan:
                 f"rows [{r0}, {r0 + int(w[W_ROWS])}) cols [{c0}, {c0 + int(w[W_COLS])})")
 
     def waits(self, gid: int):
+        """Every wait of the instruction: its W_WAIT words' and its epilogue wait (an unsplit
+        folded GEMM tile's, mk.instructions._common.epilogue_wait: for the counters and the
+        deadlock check a wait like the others, since the tile holds its CTA while it waits)."""
+        return self.early_waits(gid) + self.epilogue_waits(gid)
+
+    def early_waits(self, gid: int):
+        """The waits met before the instruction starts (its W_WAIT words)."""
         w = self.all[gid]
         return [(int(w[W_WAIT0 + 2 * k]), int(w[W_WAIT0 + 2 * k + 1])) for k in range(MAX_WAITS)
                 if w[W_WAIT0 + 2 * k] != NO_COUNTER]
+
+    def epilogue_waits(self, gid: int):
+        e = epilogue_wait_words(self.all[gid])
+        return [e] if e is not None else []
 
     def signal_ranks(self, gid: int) -> list[int]:
         w = self.all[gid]
@@ -215,6 +227,12 @@ def _check_format(p: _Plan) -> list[Finding]:
                 bad(gid, f"wait {k} on counter {c}, outside the {nc} counters")
             elif t <= 0:
                 bad(gid, f"wait {k} on counter {c} with target {t}: a wait that orders nothing")
+        for c, t in p.epilogue_waits(gid):
+            if not 0 <= c < nc:
+                bad(gid, f"epilogue wait on counter {c}, outside the {nc} counters")
+            elif t <= 0:
+                bad(gid, f"epilogue wait on counter {c} with target {t}: a wait that orders "
+                         f"nothing")
         s = int(w[W_SIGNAL])
         if s != NO_COUNTER:
             if not 0 <= s < nc:
@@ -449,7 +467,8 @@ def _accesses(p: _Plan, meta):
         ins = Instruction.decode(w)
         rank = int(p.rank_of[gid])
         a = fam[0].accesses(ins, rank, meta) if fam[1] else fam[0].accesses(ins, rank)
-        acc.append(([r for r in a.reads if _nonempty(r)], [r for r in a.writes if _nonempty(r)]))
+        acc.append(([r for r in a.reads if _nonempty(r)], [r for r in a.writes if _nonempty(r)],
+                    frozenset(r for r in a.late if _nonempty(r))))
     return acc
 
 
@@ -462,7 +481,7 @@ def _check_races(p: _Plan, order, signalers, totals, waits, max_races: int,
     acc = _accesses(p, meta)
     # grids
     bounds: dict[tuple[int, int], tuple[set, set]] = {}
-    for reads, writes in acc:
+    for reads, writes, _late in acc:
         for reg in (*reads, *writes):
             rows, cols = bounds.setdefault((reg.buf, reg.rank), (set(), set()))
             rows.update((reg.row0, reg.row1))
@@ -505,11 +524,9 @@ def _check_races(p: _Plan, order, signalers, totals, waits, max_races: int,
         found[k] = f
         out.append(f)
 
-    # per cell: last write (gid, region) and reads since (list of (gid, region))
-    for step, g in enumerate(order):
-        r = int(p.rank_of[g])
+    def ancestors(r, wl):
         anc = 0
-        for c, t in waits[g]:
+        for c, t in wl:
             key = (r, c)
             sigs = signalers.get(key)
             if not sigs:
@@ -521,16 +538,27 @@ def _check_races(p: _Plan, order, signalers, totals, waits, max_races: int,
                 for s in _guaranteed(sigs, tot, t):
                     if s in kept:
                         anc |= kept[s]
-        reads, writes = acc[g]
+        return anc
+
+    # per cell: last write (gid, region) and reads since (list of (gid, region))
+    for step, g in enumerate(order):
+        r = int(p.rank_of[g])
+        anc = ancestors(r, waits[g])
+        reads, writes, late = acc[g]
+        # an instruction with an epilogue wait makes its other reads before that wait: they are
+        # ordered by its W_WAIT words alone (its late reads and its writes by every wait)
+        anc_early = ancestors(r, p.early_waits(g)) if p.epilogue_waits(g) else anc
         if reads or writes:
             checked = set()
             for reg in reads:
                 grid = grids[(reg.buf, reg.rank)]
+                is_late = reg in late
+                a_reg = anc if is_late else anc_early
                 for cell in grid.cells(reg):
                     lw = grid.last.get(cell)
-                    if lw is not None and lw[0] != g and (lw[0], "raw") not in checked:
-                        checked.add((lw[0], "raw"))
-                        if not (anc >> lw[0]) & 1:
+                    if lw is not None and lw[0] != g and (lw[0], "raw", is_late) not in checked:
+                        checked.add((lw[0], "raw", is_late))
+                        if not (a_reg >> lw[0]) & 1:
                             report("raw", lw[0], g, lw[1], reg)
                     grid.readers.setdefault(cell, []).append((g, reg))
             for reg in writes:

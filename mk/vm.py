@@ -38,6 +38,7 @@ import torch
 
 from mk.batch import StepBatch
 from mk.config import KernelConfig
+from mk.instructions._common import all_waits
 from mk.instructions.base import Buf, family_of
 from mk.ir import Instruction, SignalScope, op_name
 from mk.plan import PlanConfig, StepPlan, buffer_dtype, buffer_shapes, instruction_accesses, plan_step
@@ -185,7 +186,8 @@ class VM:
     # execution -----------------------------------------------------------------------------------
     def _ready(self, r: int, ins: Instruction) -> bool:
         cnt = self.world[r].counters
-        for c, t in ins.waits:
+        # an unsplit folded GEMM tile's epilogue wait too: the VM runs an instruction whole
+        for c, t in all_waits(ins):
             if cnt[c] < t:
                 return False
         return True
@@ -268,7 +270,7 @@ class VM:
                 ins = queues[r].instrs[i]
                 cnt = self.world[r].counters
                 waits = ", ".join(f"{plan.describe_counter(c)} = {cnt[c]} (target {t})"
-                                  for c, t in ins.waits if cnt[c] < t)
+                                  for c, t in all_waits(ins) if cnt[c] < t)
                 lines.append(f"  rank {r} instruction {i} {op_name(ins.opcode)} layer {ins.layer} "
                              f"rows {ins.row0}+{ins.rows} cols {ins.col0}+{ins.cols}: waits {waits}")
         raise VMStall("VM stalled: no instruction can run\n" + "\n".join(lines))

@@ -420,6 +420,47 @@ def test_check_plan_norm_fold():
         M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
 
 
+def test_check_plan_norm_fold_unsplit():
+    """PlanConfig.norm_fold=2 without split-K (split_k 1): every QKV_ROPE / GATE_UP tile reads h
+    and scales its rows after its epilogue wait (A_EPI_WAIT), every norm is a row-scale one; the
+    SPLITK allocation exists for ROW_SCALE alone (mk.plan.splitk_shape) and check_plan accepts the
+    stream with it. Refused: no workspace, an epilogue wait on an O_PROJ tile, one on a counter
+    past the megakernel's, a split tile with one."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.instructions import _common as mc
+    from mk.instructions import rows as rw
+    from mk.instructions.base import Buf
+    from mk.ir import W_OPCODE, Op
+    from mk.plan import row_scale_rows
+    instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(1, norm_fold=2)
+    ops = instrs[:, W_OPCODE]
+    tiles = ((ops == int(Op.QKV_ROPE)) | (ops == int(Op.GATE_UP)))
+    assert (instrs[tiles, mc.A_EPI_WAIT] > 0).all()
+    assert (instrs[ops == int(Op.RMSNORM), rw.A_DST] == int(Buf.ROW_SCALE)).all()
+    assert sk_shape == (row_scale_rows(T, sk_shape[1]), sk_shape[1])
+    M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    with pytest.raises(ValueError, match="ROW_SCALE lies in the SPLITK workspace"):
+        M.check_plan(instrs, nbuf, T, H, 1 << 20, **kw)
+    i = int(tiles.nonzero().flatten()[0])
+    no_norm = instrs[ops != int(Op.RMSNORM)]      # the tiles' own refusal, no norm before them
+    with pytest.raises(ValueError, match="tile with an epilogue wait"):
+        M.check_plan(no_norm, nbuf, T, H, 1 << 20, **kw)
+    o = int((ops == int(Op.O_PROJ)).nonzero().flatten()[0])
+    bad = instrs.clone()
+    bad[o, mc.A_EPI_WAIT], bad[o, mc.A_EPI_TARGET] = instrs[i, mc.A_EPI_WAIT], 1
+    with pytest.raises(ValueError, match=r"\['O_PROJ'\] tiles with an epilogue wait"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    bad = instrs.clone()
+    bad[i, mc.A_EPI_WAIT] = 1 << 20
+    with pytest.raises(ValueError, match="plan uses counter"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+    bad = instrs.clone()
+    bad[i, mc.A_NSPLIT] = 2
+    with pytest.raises(ValueError, match="split GEMM tile with an epilogue wait"):
+        M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
+
+
 # ------------------------------------------------------------------- experimental switches
 # The compile-time switches that are on by default since their GPU check
 # (bench/results/switches_2026-11-29.log), with the value that turns each off.

@@ -406,3 +406,56 @@ def test_norm_fold_plans_accepted(batch, tp, folds, policy):
     assert row_scale.any() == (not folds or tp > 1)
     findings = check(streams, plan.num_counters, meta=plan.meta)
     assert findings == [], "\n".join(str(f) for f in findings[:5])
+
+
+@pytest.mark.parametrize("batch,tp,split_k,policy", [("mixed", 1, 1, "op_major"),
+                                                      ("mixed", 1, 2, "interleave"),
+                                                      ("decode", 2, 1, "block_major"),
+                                                      ("prefill", 1, 1, "op_major")])
+def test_norm_fold_unsplit_plans_accepted(batch, tp, split_k, policy):
+    """PlanConfig.norm_fold=2: the unsplit QKV / gate-up tiles' epilogue waits on the row-scale
+    norms (A_EPI_WAIT) order their ROW_SCALE reads and their writes; their reads of h are ordered
+    by their W_WAIT words (h's writer) alone. Race-free and deadlock-free in every layer (the
+    layer template's copies shift the epilogue wait's counter too)."""
+    from mk.instructions import _common as mc
+    c = PlanConfig(**{**P_CFGS[0].__dict__, "policy": policy, "split_k": split_k,
+                      "norm_fold": 2, "splitk_align": 16, "fold_o_reduce": 0,
+                      "fold_down_reduce": 0})
+    streams, plan = planner_streams(p_batches()[batch], tp, c)
+    s = streams[0].numpy()
+    tiles = np.isin(s[:, W_OPCODE], [int(Op.QKV_ROPE), int(Op.GATE_UP)]) & (s[:, mc.A_EPI_WAIT] > 0)
+    assert tiles.any() == (split_k == 1)
+    findings = check(streams, plan.num_counters, meta=plan.meta)
+    assert findings == [], "\n".join(str(f) for f in findings[:5])
+
+
+def _unsplit_fold_stream():
+    from mk.instructions import _common as mc
+    c = PlanConfig(**{**P_CFGS[0].__dict__, "norm_fold": 2, "fold_o_reduce": 0,
+                      "fold_down_reduce": 0})
+    streams, plan = planner_streams(p_batches()["mixed"], 1, c)
+    s = streams[0].clone()
+    tiles = np.flatnonzero(((s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, mc.A_EPI_WAIT] > 0)
+                            & (s[:, 1] == 1)).numpy())
+    return s, plan, int(tiles[0]), mc
+
+
+def test_unsplit_fold_tile_reading_h_needs_its_own_wait():
+    """A tile's reads of h come before its epilogue wait: with its W_WAIT on h's writer cleared,
+    the norm its epilogue waits for (which did wait for h) orders only the late reads, so the
+    verifier reports the read of HIDDEN."""
+    s, plan, i, _ = _unsplit_fold_stream()
+    s[i, W_WAIT0], s[i, W_WAIT0 + 1] = -1, 0
+    f = check([s], plan.num_counters, meta=plan.meta)
+    assert any(x.kind == "race" and "reads HIDDEN" in str(x) for x in f), [str(x) for x in f[:3]]
+
+
+def test_unsplit_fold_tile_epilogue_wait_on_the_wrong_norm_races():
+    """The epilogue wait pointed at the previous layer's MLP norm counter (its exact target: the
+    counters check holds): the tile's ROW_SCALE read races with this layer's row-scale norm."""
+    from mk.plan import PlanConfig as _PC  # noqa: F401
+    s, plan, i, mc = _unsplit_fold_stream()
+    cpl = plan.layout["cpl"]
+    s[i, mc.A_EPI_WAIT] -= cpl
+    f = check([s], plan.num_counters, meta=plan.meta)
+    assert any(x.kind == "race" and "ROW_SCALE" in str(x) for x in f), [str(x) for x in f[:3]]

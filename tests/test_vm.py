@@ -476,3 +476,36 @@ def test_norm_fold_bf16_greedy_tokens_match(checkpoints, name, tp):
         return vm.step(b, mode="random", seed=next(calls))
     got = greedy(step, prompts, 12, chunk=9)
     assert got == want and all(row_scaled), row_scaled
+
+
+@pytest.mark.parametrize("tp,split_k", [(1, 1), (1, 2), (2, 1)])
+def test_norm_fold_unsplit_matches_reference(checkpoints, tp, split_k):
+    """PlanConfig.norm_fold=2: unsplit QKV / gate-up tiles (split_k 1: every one) read the
+    residual rows, wait for h's writer only, and scale their rows by ROW_SCALE in the epilogue
+    after an epilogue wait for the row-scale norm (A_EPI_WAIT); with split_k 2 the split tiles'
+    reduces scale as under norm_fold=1. float32 logits within 2e-5 of the reference in random
+    interleavings (the VM runs an instruction whole: its epilogue wait is one of its waits)."""
+    from mk.instructions import _common as mc
+    from mk.instructions import rows as rw
+    from mk.instructions import splitk as sk
+    from mk.weights import fold_norms
+    ck = checkpoints("GQA_LLAMA3")
+    w = weights(ck, tp, torch.float32)
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": split_k, "norm_fold": 2,
+                        "fold_o_reduce": 0, "fold_down_reduce": 0})
+    vm = VM([fold_norms(x) for x in w], KERNEL, cfg)
+    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        s = vm.plan(batch).instrs
+        norms = s[:, W_OPCODE] == int(Op.RMSNORM)
+        assert (s[norms, rw.A_DST] == int(Buf.ROW_SCALE)).all()
+        gemm = (s[:, W_OPCODE] == int(Op.QKV_ROPE)) | (s[:, W_OPCODE] == int(Op.GATE_UP))
+        unsplit = gemm & (s[:, mc.A_NSPLIT] < 2)
+        assert unsplit.any() == (split_k == 1)
+        # every unsplit QKV / gate-up tile waits in its epilogue, no split one does
+        assert ((s[gemm, mc.A_EPI_WAIT] > 0) == unsplit[gemm]).all()
+        assert (s[unsplit, mc.A_EPI_TARGET] > 0).all()
+        scaled = (s[:, W_OPCODE] == int(Op.SPLITK_REDUCE)) & (s[:, sk.A_ROW_SCALE] == 1)
+        assert scaled.any() == (split_k == 2)
+        got = vm.step(batch, mode="random", sms=5, seed=i)
+        torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")

@@ -39,8 +39,43 @@ A_NSPLIT = ARG0 + 10    # splits of this tile's K range; 0 or 1: not split (ever
 A_SPLIT_J = ARG0 + 11   # split index j (0 .. nsplit-1)
 A_K0 = ARG0 + 12        # first K column of the slice
 A_SPLIT_ROW = ARG0 + 13 # SPLITK row stride between splits
+# An unsplit QKV_ROPE / GATE_UP tile under PlanConfig.norm_fold=2 (the norm folded into it): the
+# tile multiplies the residual rows h (its src) by the norm-weight-folded weights and scales each
+# output row by ROW_SCALE[row] (the row-scale RMSNORM's rsqrt(mean(h^2) + eps)) before the
+# rounding, y = bf16(acc * r), as a row-scaled SPLITK_REDUCE does. It reads ROW_SCALE only in its
+# epilogue, after its epilogue wait: counter A_EPI_WAIT - 1 at target A_EPI_TARGET (0: no row
+# scale, no epilogue wait). Its mainloop waits only for its W_WAIT words (h's writer), so the norm
+# runs beside it instead of before it. Queue order puts the norm earlier, so the wait, which holds
+# the tile's SM, always has a runnable producer (mk.verify checks both orders).
+A_EPI_WAIT = ARG0 + 8
+A_EPI_TARGET = ARG0 + 9
 SPLIT_ARG_NAMES = {A_NSPLIT - ARG0: "nsplit", A_SPLIT_J - ARG0: "j", A_K0 - ARG0: "k0",
-                   A_SPLIT_ROW - ARG0: "split_row"}
+                   A_SPLIT_ROW - ARG0: "split_row", A_EPI_WAIT - ARG0: "epi_wait",
+                   A_EPI_TARGET - ARG0: "epi_target"}
+
+
+def epilogue_wait(instr: Instruction) -> tuple[int, int] | None:
+    """(counter, target) of an unsplit GEMM tile's epilogue wait (A_EPI_WAIT), else None."""
+    from mk.ir import Op
+    if instr.opcode not in (int(Op.QKV_ROPE), int(Op.GATE_UP)):
+        return None
+    c = instr.args[A_EPI_WAIT - ARG0]
+    return (c - 1, instr.args[A_EPI_TARGET - ARG0]) if c > 0 else None
+
+
+def epilogue_wait_words(w) -> tuple[int, int] | None:
+    """epilogue_wait of an encoded instruction's words (a row of a stream)."""
+    from mk.ir import W_OPCODE, Op
+    if int(w[W_OPCODE]) not in (int(Op.QKV_ROPE), int(Op.GATE_UP)):
+        return None
+    c = int(w[A_EPI_WAIT])
+    return (c - 1, int(w[A_EPI_TARGET])) if c > 0 else None
+
+
+def all_waits(instr: Instruction) -> list[tuple[int, int]]:
+    """Every wait of an instruction: its W_WAIT words' and its epilogue wait."""
+    e = epilogue_wait(instr)
+    return list(instr.waits) + ([e] if e is not None else [])
 
 
 def is_split(instr: Instruction) -> bool:

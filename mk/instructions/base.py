@@ -48,7 +48,8 @@ class Buf(IntEnum):
                         # rows j * stride + t hold split j's partial of token row t
     ROW_SCALE = 14      # float32 [T, 1]: rsqrt(mean(h^2) + eps) of each token row, written by a
                         # row-scale RMSNORM (dst ROW_SCALE) and read by the SPLITK_REDUCE that
-                        # scales the folded GEMM's rows (PlanConfig.norm_fold). On the GPU it is
+                        # scales the folded GEMM's rows, or by the unsplit tile's epilogue
+                        # (PlanConfig.norm_fold). On the GPU it is
                         # not a tensor of its own: the last T floats of the SPLITK allocation
                         # (mk.plan.buffer_shapes pads SPLITK for it), so no kernel parameter more
 
@@ -82,6 +83,10 @@ class Region:
 class Accesses:
     reads: tuple[Region, ...]
     writes: tuple[Region, ...]
+    # the reads (a subset of `reads`) made only after the instruction's epilogue wait
+    # (mk.instructions._common.epilogue_wait): its other reads are ordered by its waits alone,
+    # these and its writes by those and the epilogue wait (mk.verify)
+    late: tuple[Region, ...] = ()
 
 
 class ExecState(Protocol):

@@ -18,6 +18,8 @@ Arguments:
     ARG0 + 4  K: reduction width (columns of the source read; a split tile: its slice's width)
     ARG0 + 5  GATE_UP split tiles (and their SPLITK_REDUCE's copy): intermediate_local, the SPLITK
               column of the up part (the accesses have no weights to take it from)
+    ARG0 + 8, 9  GATE_UP unsplit under PlanConfig.norm_fold=2: the epilogue wait (counter + 1,
+              target; mk/instructions/_common.py A_EPI_WAIT): y = bf16(acc * ROW_SCALE[row])
     ARG0 + 10 .. 13  split-K words (mk/instructions/_common.py: A_NSPLIT, A_SPLIT_J, A_K0,
               A_SPLIT_ROW), O_PROJ / GATE_UP / DOWN only
 
@@ -38,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from mk.instructions._common import (A_K0, A_SPLIT_J, A_SPLIT_ROW, SPLIT_ARG_NAMES, arg, cols_of,
-                                     is_split, rows_of)
+                                     epilogue_wait, is_split, rows_of)
 from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
 from mk.ir import ARG0, Instruction, Op
 
@@ -151,7 +153,11 @@ class GemmLikeFamily(InstructionFamily):
                 instr, rank, arg(instr, A_SPLIT_J), arg(instr, A_SPLIT_ROW))))
         src = Region(arg(instr, self.SRC_WORD), r0, r1, 0, K, rank)
         reads, writes = self.epilogue_regions(instr, rank, meta)
-        return Accesses((src,) + tuple(reads), tuple(writes))
+        if epilogue_wait(instr) is None:
+            return Accesses((src,) + tuple(reads), tuple(writes))
+        # the row scale is read after the epilogue wait, with the epilogue's own reads
+        late = (Region(Buf.ROW_SCALE, r0, r1, 0, 1, rank),) + tuple(reads)
+        return Accesses((src,) + late, tuple(writes), late)
 
     def run_torch(self, instr: Instruction, state) -> None:
         r0, r1 = rows_of(instr)
@@ -159,7 +165,14 @@ class GemmLikeFamily(InstructionFamily):
         w = self.weight(instr, state.weights)
         if not is_split(instr):
             x = state.buf(arg(instr, self.SRC_WORD))[r0:r1, :K]
-            self.epilogue(instr, state, gemm_tile(x, w))
+            if epilogue_wait(instr) is None:
+                self.epilogue(instr, state, gemm_tile(x, w))
+                return
+            # the norm folded in (norm_fold=2): the float32 product scaled by ROW_SCALE, then one
+            # rounding, as a row-scaled SPLITK_REDUCE finishes its split tiles
+            acc = F.linear(x.float(), w.float())
+            acc.mul_(state.buf(Buf.ROW_SCALE)[r0:r1, 0:1])
+            self.epilogue(instr, state, acc.to(state.weights.dtype))
             return
         k0 = arg(instr, A_K0)
         x = state.buf(arg(instr, self.SRC_WORD))[r0:r1, k0:k0 + K]
