@@ -452,7 +452,7 @@ def test_check_plan_norm_fold_unsplit():
     with pytest.raises(ValueError, match=r"\['O_PROJ'\] tiles with an epilogue wait"):
         M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
     bad = instrs.clone()
-    bad[i, mc.A_EPI_WAIT] = 1 << 20
+    bad[i, mc.A_EPI_WAIT] = (1 << 20) + 1          # counter 1 << 20: one past the last
     with pytest.raises(ValueError, match="plan uses counter"):
         M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
     bad = instrs.clone()
