@@ -350,37 +350,8 @@ class MegakernelHang(RuntimeError):
 
 
 # ==================================================================================== device side
-@cute.jit
-def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int64,
-                 state: cute.Tensor, ticket: Int32, backoff_ns: cutlass.Constexpr) -> Int32:
-    """Spin until counters[c] >= target (ld.acquire.gpu, nanosleep doubling from 20 ns up to
-    backoff_ns, bounded by timeout_ns from globaltimer). 1 = ok."""
-    p = (counters.iterator + c).llvm_ptr
-    v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
-    ok = Int32(1)
-    if v < target:
-        t0 = cute.arch.globaltimer()
-        ns = Int32(20)
-        st = Int32(0)
-        while st == 0:
-            prims.nanosleep(ns)
-            if ns < backoff_ns:
-                ns = ns * 2
-                if ns > backoff_ns:
-                    ns = Int32(backoff_ns)
-            v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
-            if v >= target:
-                st = Int32(1)
-            elif cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                scope="gpu") != 0:
-                st = Int32(3)
-            elif cute.arch.globaltimer() - t0 > timeout_ns:
-                st = Int32(2)
-        if st == 2:
-            rk.write_error(state, rk.ERR_COUNTER_WAIT, ticket, c, v, target)
-        if st != 1:
-            ok = Int32(0)
-    return ok
+# the controller's (and a folded GEMM tile's epilogue) counter wait: mk/instructions/_rows_kernel.py
+wait_counter = rk.wait_counter
 
 
 @cute.jit
@@ -794,7 +765,8 @@ class MegakernelDSL:
                                                   ring[base + W_LAYER], ring[base + W_ROW0], col0,
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
                                                   empty, pg, NP, timeout_ns, state, t,
-                                                  self.split_tile(GS[gi], g, ring, base, skops),
+                                                  self.split_tile(GS[gi], g, ring, base, skops,
+                                                                  bufs, counters),
                                                   ready, ring[base + W_ROWS], ring[base + W_COLS],
                                                   self.ktrace(journal))
                         if cutlass.const_expr(self.splitk):
@@ -974,7 +946,8 @@ class MegakernelDSL:
                                                  kt, pool, full, empty, done, pg, NP, ctv, timeout_ns,
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
-                                                 PS, self.split_tile(GS[gi], g, ring, base, skops),
+                                                 PS, self.split_tile(GS[gi], g, ring, base, skops,
+                                                                     bufs),
                                                  journal, J_CONS_EPI if self.journal else -1,
                                                  J_CONS_WAIT if self.journal else -1,
                                                  J_MMA_WAIT if self.journal else -1,
@@ -1062,14 +1035,21 @@ class MegakernelDSL:
         else None (nothing compiled in). Trace-time Python."""
         return journal if self.journal and gk.KTRACE > 0 else None
 
-    def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list):
+    def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list,
+                   bufs: cute.Tensor = None, counters: cute.Tensor = None):
         """The slot's gk.SplitTile when split-K is compiled in and the opcode splits, else None
         (the unsplit bodies, as compiled without split-K). Trace-time Python: no early exit
-        restriction, nothing emitted but GATE_UP's up column (the weights' half)."""
+        restriction, nothing emitted but GATE_UP's up column (the weights' half). bufs (the
+        arena: its token rows locate ROW_SCALE in the workspace) / counters: for the row-scaled
+        opcodes' epilogue wait (PlanConfig.norm_fold=2), the consumers' scale and the loader's
+        wait; None where a role needs neither."""
         if not self.splitk or gs.op not in SPLITK_OPS:
             return None
         up = g[10].shape[0] // 2 if gs.op == int(Op.GATE_UP) else None
-        return gk.SplitTile(ring, base, skops[0], up)
+        if gs.op not in ROW_SCALED_OPS:
+            bufs, counters = None, None
+        return gk.SplitTile(ring, base, skops[0], up,
+                            None if bufs is None else bufs.shape[0], counters, self.backoff_ns)
 
     @cute.jit
     def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,

@@ -14,7 +14,8 @@ ATTN_LSE (float32), LAST_NORMED, LOGITS (float32), the K/V cache as one [2, rows
 tensor (z = 0 K, z = 1 V: the layout both QKV_ROPE's append and the attention TMA read), and the
 split-K workspace SPLITK (float32; only when PlanConfig.split_k != 1, as in this backend's
 default auto split, PlanConfig(split_k=0); as many rows as the plans' split factors need,
-mk.plan.auto_splitk_rows; with split_k 1 the megakernel variant has no split-K code).
+mk.plan.auto_splitk_rows; with split_k 1 the megakernel variant has no split-K code, unless
+PlanConfig.norm_fold=2 needs the workspace for ROW_SCALE).
 
 What it refuses, before anything runs (`unsupported_reasons`, CPU-importable checks):
     TP > 1 (needs mk.comm), weights not bfloat16 on a CUDA device, head_dim != 128, widths that are

@@ -126,6 +126,10 @@ A_NSPLIT = mc.A_NSPLIT
 A_SPLIT_J = mc.A_SPLIT_J
 A_K0 = mc.A_K0
 A_SPLIT_ROW = mc.A_SPLIT_ROW
+A_EPI_WAIT, A_EPI_TARGET = mc.A_EPI_WAIT, mc.A_EPI_TARGET
+# the epilogues of the opcodes whose unsplit tiles may scale their rows (PlanConfig.norm_fold=2:
+# QKV_ROPE, GATE_UP; mk/instructions/_common.py A_EPI_WAIT)
+ROW_SCALED_EPIS = (EPI_ROPE, EPI_SILU_MUL)
 
 # Profiling variants (compile-time, read once at import; never set in production): comma-separated
 # parts of the tile's work to leave out, so that timing differences place the per-tile time
@@ -646,10 +650,25 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full, empty,
                            pg, npages, timeout_ns, state, ticket, rows, cols)
     else:
+        if cutlass.const_expr(epi in ROW_SCALED_EPIS and split.counters is not None):
+            # norm_fold=2: the row-scale norm ran beside the mainloop; the epilogue pages go to
+            # the consumers, who then read ROW_SCALE, once its counter is met (a split tile has
+            # no epilogue wait: its reduce waits)
+            wait_epilogue_counter(split.counters, split.epi_wait(), split.epi_target(),
+                                  timeout_ns, state, ticket, split.backoff_ns)
         if split.nsplit() < 2:
             pg = load_epilogue(cfg, epi, tma_r, gR, sA_layout, yb, row0, col0, pool, full,
                                empty, pg, npages, timeout_ns, state, ticket, rows, cols)
     return pg
+
+
+@cute.jit
+def wait_epilogue_counter(counters: cute.Tensor, epi_wait: Int32, target: Int32,
+                          timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
+                          backoff_ns: cutlass.Constexpr):
+    """The loader's wait for a tile's epilogue wait (word A_EPI_WAIT = counter + 1; 0: none)."""
+    if epi_wait > 0:
+        rk.wait_counter(counters, epi_wait - 1, target, timeout_ns, state, ticket, backoff_ns)
 
 
 # Who observes a GEMM stage's B pages' own `full` phases under ONE_FULL (compile-time,
@@ -1047,7 +1066,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep,
                                        npages, lane, timeout_ns, state, ticket, meta, inv_freq,
                                        row0, rows, section, share, journal, epi_word,
-                                       ctid == 0, cols) - ep
+                                       ctid == 0, cols, split) - ep
     return pg
 
 
@@ -1058,9 +1077,12 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                      timeout_ns: Int64, state: cute.Tensor, ticket: Int32, meta: cute.Tensor,
                      inv_freq: cute.Tensor, row0: Int32, rows: Int32, section: Int32,
                      share: cutlass.Constexpr, journal: cute.Tensor = None,
-                     epi_word: cutlass.Constexpr = -1, me=None, cols=None) -> Int32:
+                     epi_word: cutlass.Constexpr = -1, me=None, cols=None,
+                     split=None) -> Int32:
     """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
-    ring count pg), handed to the storer. Returns the new page count."""
+    ring count pg), handed to the storer. Returns the new page count. split: the tile's
+    SplitTile (variants with split-K): an unsplit QKV_ROPE / GATE_UP tile with an epilogue wait
+    scales its rows by ROW_SCALE first (scale_rows)."""
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
@@ -1069,6 +1091,9 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     cp = chain_pages(cfg, epi)
     wait_epilogue_pages(full, empty, pg, 0, cp if cp > 0 else ne, npages, timeout_ns, state,
                         ticket)
+    if cutlass.const_expr(split is not None and epi in ROW_SCALED_EPIS):
+        # the loader granted these pages after the row-scale norm's counter (gemm_load)
+        scale_rows(accs, tCcC, split.sk, split.tokens, split.epi_wait(), row0)
     if cutlass.const_expr(epi_word >= 0):
         # a time, not a summed clock: a clock register held through the waits spilled the
         # journal variant's consumers (8 bytes at M1024 / max); with CHAIN_HANDOFF the first
@@ -1110,6 +1135,24 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
             handed = (ch + 1) * cp
     hand_off_epilogue_pages(cfg, epi, done, pg, handed, ne, npages, lane, share)
     return pg + ne
+
+
+@cute.jit
+def scale_rows(accs, tCcC: cute.Tensor, sk: cute.Tensor, tokens: Int32, epi_wait: Int32,
+               row0: Int32):
+    """acc *= ROW_SCALE[row0 + row] for every accumulator element (its tile row from tCcC), the
+    float32 scale before the epilogue's rounding (y = bf16(acc * r), as a row-scaled
+    SPLITK_REDUCE; PlanConfig.norm_fold=2). Rows past the arena's (a partial tile's padding)
+    read the last one: their values are not stored. The loads of one row are the same address,
+    which the compiler loads once. epi_wait: the tile's A_EPI_WAIT word (0: no scale)."""
+    if epi_wait > 0:
+        last = tokens - 1
+        for ch in cutlass.range_constexpr(len(accs)):
+            for i in cutlass.range_constexpr(cute.size(accs[ch])):
+                r = row0 + tCcC[i][0]
+                if r > last:
+                    r = last
+                accs[ch][i] = accs[ch][i] * rk.row_scale_at(sk, tokens, r)[0]
 
 
 @cute.jit
@@ -1418,10 +1461,22 @@ class SplitTile:
     up_col: the SPLITK column of GATE_UP's up part (intermediate_local; None for other opcodes).
     A tile with nsplit >= 2 computes x[rows, k0:k0+K] @ W[cols, k0:k0+K]^T and stores it in
     float32 to SPLITK[j * stride + row, c] (c = the tile's output column; GATE_UP: gate part at
-    c, up part at up_col + c), with no epilogue."""
+    c, up part at up_col + c), with no epilogue.
+    Also an unsplit QKV_ROPE / GATE_UP tile's epilogue wait (A_EPI_WAIT / A_EPI_TARGET,
+    PlanConfig.norm_fold=2: its rows scaled by ROW_SCALE, which lies in sk's last `tokens`
+    floats) and what the loader needs to wait for it (counters, backoff_ns)."""
 
-    def __init__(self, ring: cute.Tensor, base, sk: cute.Tensor, up_col=None):
+    def __init__(self, ring: cute.Tensor, base, sk: cute.Tensor, up_col=None, tokens=None,
+                 counters=None, backoff_ns: int = 200):
         self.ring, self.base, self.sk, self.up_col = ring, base, sk, up_col
+        self.tokens, self.counters, self.backoff_ns = tokens, counters, backoff_ns
+
+    def epi_wait(self):
+        """The epilogue wait's counter + 1 (0: none, the tile's rows not scaled)."""
+        return self.ring[self.base + A_EPI_WAIT]
+
+    def epi_target(self):
+        return self.ring[self.base + A_EPI_TARGET]
 
     def nsplit(self):
         return self.ring[self.base + A_NSPLIT]

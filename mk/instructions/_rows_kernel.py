@@ -50,6 +50,7 @@ import os
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -399,6 +400,40 @@ S_ERR_TARGET = 9
 S_ERR_SM = 10
 S_ERR_CTA = 11
 STATE_WORDS = 16
+
+
+@cute.jit
+def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int64,
+                 state: cute.Tensor, ticket: Int32, backoff_ns: cutlass.Constexpr) -> Int32:
+    """Spin until counters[c] >= target (ld.acquire.gpu, nanosleep doubling from 20 ns up to
+    backoff_ns, bounded by timeout_ns from globaltimer). 1 = ok. The controller's waits (mk.
+    megakernel) and a folded GEMM tile's epilogue wait (the loader's, _gemm_kernel.gemm_load)."""
+    p = (counters.iterator + c).llvm_ptr
+    v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
+    ok = Int32(1)
+    if v < target:
+        t0 = cute.arch.globaltimer()
+        ns = Int32(20)
+        st = Int32(0)
+        while st == 0:
+            prims.nanosleep(ns)
+            if ns < backoff_ns:
+                ns = ns * 2
+                if ns > backoff_ns:
+                    ns = Int32(backoff_ns)
+            v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
+            if v >= target:
+                st = Int32(1)
+            elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                scope="gpu") != 0:
+                st = Int32(3)
+            elif cute.arch.globaltimer() - t0 > timeout_ns:
+                st = Int32(2)
+        if st == 2:
+            write_error(state, ERR_COUNTER_WAIT, ticket, c, v, target)
+        if st != 1:
+            ok = Int32(0)
+    return ok
 
 
 @cute.jit
