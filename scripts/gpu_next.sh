@@ -22,6 +22,10 @@
 #          --plan MK_NF_ON (norm_fold=1,fold_o_reduce=0,fold_down_reduce=0) and B=64 with
 #          norm_fold=1,splitk_max_tokens=32 (O_PROJ / DOWN unsplit), no journal: normfold.log
 #          (~8 min)
+#   nf2    PlanConfig.norm_fold=2 (unsplit QKV / gate-up tiles scale their rows after an
+#          epilogue wait for the row-scale norm): GPU tests, two-layer checks (split-K never /
+#          auto), racecheck; if clean decode MK_NF2_BATCH (256,1024) default / norm_fold=1 / 2,
+#          no journal: nf2.log, nf2_{off,nf1,nf2}.json (~7 min)
 #   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES), with and without norm_fold: the
 #          two-layer checks, racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
 #          tile + norm_fold=1, no journal: gu256.log (~6 min)
@@ -507,7 +511,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -853,6 +857,27 @@ if has normfold; then
   # reduce phase is left between them and the folded GEMMs
   checked_runs normfold 4 "off|||${MK_NF_BATCH:-64,256}" "on||--plan $NF_ON|${MK_NF_BATCH:-64,256}" \
       "unsplit||--plan norm_fold=1,splitk_max_tokens=32|64"
+fi
+if has nf2; then
+  # PlanConfig.norm_fold=2 (built in session 39, not GPU-run): unsplit QKV_ROPE / GATE_UP tiles
+  # read h and scale their rows by ROW_SCALE after an epilogue wait for the row-scale norm
+  # (the loader's counter wait before the epilogue pages), so the norm runs beside their
+  # mainloops. Checks: its GPU tests (two layers vs mk.vm, split-K never / auto), the two-layer
+  # checks with split-K never (every QKV / gate-up tile row-scaled) and auto (478 tokens: split
+  # and unsplit tiles side by side), racecheck of the never one; then, only if all passed,
+  # decode MK_NF2_BATCH (256,1024), megakernel only, no journal: default / norm_fold=1 /
+  # norm_fold=2 (both with the O_PROJ / DOWN reduce folds as they are): nf2.log,
+  # nf2_{off,nf1,nf2}.json (~7 min)
+  : > "$OUTDIR/nf2.log"
+  { echo "== GPU tests -k norm_fold_unsplit"
+    timeout 200 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+        -k norm_fold_unsplit tests/test_megakernel_step_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
+  } | tee -a "$OUTDIR/nf2.log"
+  check_to "$OUTDIR/nf2.log" --split-k 1 --plan norm_fold=2
+  check_to "$OUTDIR/nf2.log" --split-k 0 --plan norm_fold=2 --prompt-lens 1,13,64,130,200,70
+  racecheck_to "$OUTDIR/nf2.log" --split-k 1 --plan norm_fold=2
+  bt=${MK_NF2_BATCH:-256,1024}
+  checked_runs nf2 2 "off|||$bt" "nf1||--plan norm_fold=1|$bt" "nf2||--plan norm_fold=2|$bt"
 fi
 if has gu256; then
   # GATE_UP at 129..256 tokens on gu_m128n112 tiles split in 2 (MK_TILES; auto split takes 2:

@@ -189,3 +189,18 @@ def test_check_cli_two_layers():
     r = check_against_vm(layers=2, kv_split=64)
     assert r["passed"], json.dumps(r, indent=1)
     assert r["kv_cache_max_abs_diff"] < 0.1, json.dumps(r, indent=1)
+
+
+@pytest.mark.parametrize("split_k,prompt_lens", [(1, (1, 13, 64, 130)),
+                                                 (0, (1, 13, 64, 130, 200, 70))])
+def test_check_norm_fold_unsplit(split_k, prompt_lens):
+    """PlanConfig.norm_fold=2 (built in session 39, first GPU run pending): the unsplit QKV_ROPE
+    / GATE_UP tiles read h, the loader waits for the row-scale norm before their epilogue pages
+    and the consumers scale the rows by ROW_SCALE; two layers vs mk.vm on the folded weights,
+    with split-K never (every tile row-scaled) and auto over a 478-token first step (split and
+    unsplit ones side by side)."""
+    from mk.megakernel_step import check_against_vm
+    import json
+    r = check_against_vm(layers=2, kv_split=64, split_k=split_k, plan={"norm_fold": 2},
+                         prompt_lens=prompt_lens)
+    assert r["passed"], json.dumps(r, indent=1)
