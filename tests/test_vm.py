@@ -450,12 +450,15 @@ def test_norm_fold_matches_reference(checkpoints, tp, folds):
         torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
 
 
-@pytest.mark.parametrize("name,tp", [("GQA_LLAMA3", 1), ("TINY_MHA", 2), ("TIED_HEADDIM", 1)])
-def test_norm_fold_bf16_greedy_tokens_match(checkpoints, name, tp):
+@pytest.mark.parametrize("name,tp,nf,split_k", [("GQA_LLAMA3", 1, 1, 2), ("TINY_MHA", 2, 1, 2),
+                                               ("TIED_HEADDIM", 1, 1, 2), ("GQA_LLAMA3", 1, 2, 1),
+                                               ("TINY_MHA", 2, 2, 1)])
+def test_norm_fold_bf16_greedy_tokens_match(checkpoints, name, tp, nf, split_k):
     """PlanConfig.norm_fold in bfloat16 (folded weights rounded once, rows scaled in the split
-    reduces, O_PROJ / DOWN reduce folds off so that every norm folds): the same 12 greedy tokens
-    of the 3 prompts as the TP 1 reference on the checkpoint's own weights (the reference order
-    HF matches); the fold is not bitwise that order, so tokens, not logits, are compared."""
+    reduces (nf 1, split_k 2) or in the unsplit tiles' epilogues (nf 2, split_k 1), O_PROJ / DOWN
+    reduce folds off so that every norm folds): the same 12 greedy tokens of the 3 prompts as
+    the TP 1 reference on the checkpoint's own weights (the reference order HF matches); the
+    fold is not bitwise that order, so tokens, not logits, are compared."""
     from mk.weights import fold_norms
     ck = checkpoints(name)
     V = MODELS[name]["vocab_size"]
@@ -463,7 +466,7 @@ def test_norm_fold_bf16_greedy_tokens_match(checkpoints, name, tp):
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (13, 4, 21)]
     want = greedy(reference(weights(ck, 1, torch.bfloat16)[0]).forward, prompts, 12, chunk=9)
     # K slices of 16: the 64- and 96-wide models split too
-    cfg = PlanConfig(**{**CFG.__dict__, "split_k": 2, "splitk_align": 16, "norm_fold": 1,
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": split_k, "splitk_align": 16, "norm_fold": nf,
                         "fold_o_reduce": 0, "fold_down_reduce": 0})
     vm = VM([fold_norms(w) for w in weights(ck, tp, torch.bfloat16)], KERNEL, cfg)
     calls = iter(range(1000))
