@@ -862,16 +862,18 @@ if has nf2; then
   # PlanConfig.norm_fold=2 (built in session 39, not GPU-run): unsplit QKV_ROPE / GATE_UP tiles
   # read h and scale their rows by ROW_SCALE after an epilogue wait for the row-scale norm
   # (the loader's counter wait before the epilogue pages), so the norm runs beside their
-  # mainloops. Checks: its GPU tests (two layers vs mk.vm, split-K never / auto), the two-layer
+  # mainloops. Checks: its GPU tests (row-scaled tiles of GATE_UP / QKV_ROPE at M 1 / 64 / 200 /
+  # 1024 vs the faces; two layers vs mk.vm, split-K never / auto), the two-layer
   # checks with split-K never (every QKV / gate-up tile row-scaled) and auto (478 tokens: split
   # and unsplit tiles side by side), racecheck of the never one; then, only if all passed,
   # decode MK_NF2_BATCH (256,1024), megakernel only, no journal: default / norm_fold=1 /
   # norm_fold=2 (both with the O_PROJ / DOWN reduce folds as they are): nf2.log,
   # nf2_{off,nf1,nf2}.json (~7 min)
   : > "$OUTDIR/nf2.log"
-  { echo "== GPU tests -k norm_fold_unsplit"
-    timeout 200 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-        -k norm_fold_unsplit tests/test_megakernel_step_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
+  { echo "== GPU tests -k 'norm_fold_unsplit or epilogue_scaled'"
+    timeout 240 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+        -k "norm_fold_unsplit or epilogue_scaled" tests/test_megakernel_step_gpu.py \
+        tests/test_splitk_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
   } | tee -a "$OUTDIR/nf2.log"
   check_to "$OUTDIR/nf2.log" --split-k 1 --plan norm_fold=2
   check_to "$OUTDIR/nf2.log" --split-k 0 --plan norm_fold=2 --prompt-lens 1,13,64,130,200,70

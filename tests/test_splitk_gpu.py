@@ -62,12 +62,15 @@ def row_scale_of(sk: torch.Tensor, T: int) -> torch.Tensor:
     return sk.view(-1)[-T:].view(T, 1)
 
 
-def split_case(op, m, nsplit, row_scale=False) -> dict:
+def split_case(op, m, nsplit, row_scale=False, epi_scale=False) -> dict:
     """One opcode's whole GEMM at M = m cut into nsplit K slices + reduces, through the megakernel
     and the faces (see the module docstring); row_scale: every reduce row-scaled (word
     A_ROW_SCALE, PlanConfig.norm_fold: QKV_ROPE / GATE_UP), with ROW_SCALE (the workspace's last
     T floats, T = the operands' rows = the arena's) random in [0.25, 0.75] and the workspace
-    padded for it as mk.plan.splitk_shape does. Returns the figures the tests assert on."""
+    padded for it as mk.plan.splitk_shape does. epi_scale (nsplit 1, with row_scale): the
+    unsplit tiles scale their rows themselves after an epilogue wait (A_EPI_WAIT,
+    PlanConfig.norm_fold=2) on a counter a NOOP queued first signals. Returns the figures the
+    tests assert on."""
     import bench.gemm as bg
     from mk.instructions import _gemm_kernel as gk
     from mk.instructions import splitk as skf
@@ -94,7 +97,15 @@ def split_case(op, m, nsplit, row_scale=False) -> dict:
     T = x.shape[0]
     stream = bg.split_stream(unsplit, nsplit, T, nctr, up)[0] if nsplit > 1 else unsplit
     reserved = 0
-    if row_scale:
+    if row_scale and epi_scale:
+        assert nsplit == 1, "the epilogue scale is an unsplit tile's"
+        from mk.instructions import _common as mc
+        from mk.ir import Instruction, serialize
+        tiles = stream.clone()
+        tiles[:, mc.A_EPI_WAIT], tiles[:, mc.A_EPI_TARGET] = nctr + 1, 1     # counter nctr
+        stream = torch.cat([serialize([Instruction(int(Op.NOOP), signal=nctr)]), tiles])
+        reserved = row_scale_rows(T, width)
+    elif row_scale:
         assert nsplit > 1, "only a split stream has reduces to scale"
         stream = stream.clone()
         stream[stream[:, W_OPCODE] == int(Op.SPLITK_REDUCE), skf.A_ROW_SCALE] = 1
@@ -143,7 +154,7 @@ def split_case(op, m, nsplit, row_scale=False) -> dict:
     cells = ~torch.isnan(sks)
     e_part = bg.rel_err(sk[cells], sks[cells])
     r = dict(op=op, m=m, nsplit=nsplit, tile=cfg.name, n_instr=int(stream.shape[0]),
-             row_scale=row_scale, rel_err_vs_split_faces=e_split,
+             row_scale=row_scale, epi_scale=epi_scale, rel_err_vs_split_faces=e_split,
              rel_err_vs_unsplit_faces=e_unsplit, partial_rel_err=e_part,
              partial_cells_as_face=same_cells, finite=bool(torch.isfinite(got).all()),
              poison_intact=poison,
@@ -179,6 +190,25 @@ def test_row_scaled_reduce_matches_torch_faces(op, m, nsplit):
     the workspace's tail, never overwritten by a partial."""
     r = split_case(op, m, nsplit, row_scale=True)
     assert r["partial_cells_as_face"] and r["partial_rel_err"] < 1e-4, r
+    assert r["finite"] and r["poison_intact"], r
+    assert r["row_scale_intact"], r
+    assert r["rel_err_vs_split_faces"] < 1e-2, r
+    assert r["rel_err_vs_unsplit_faces"] > 0.1, r
+
+
+# the unsplit tiles that scale their own rows (PlanConfig.norm_fold=2): M classes 64 / 256 /
+# 1024 (GATE_UP's 112-row-page tiles there)
+EPI_SCALED_CASES = [(op, m) for op in ("GATE_UP", "QKV_ROPE") for m in (1, 64, 200, 1024)]
+
+
+@pytest.mark.parametrize("op,m", EPI_SCALED_CASES, ids=[f"{o}-M{m}" for o, m in EPI_SCALED_CASES])
+def test_epilogue_scaled_tiles_match_torch_faces(op, m):
+    """Unsplit QKV_ROPE / GATE_UP tiles with an epilogue wait (built in session 39, not yet
+    GPU-run): the loader waits for the counter (a NOOP's signal) before the epilogue pages, the
+    consumers scale every accumulator row by ROW_SCALE (y = bf16(acc * r), then SiLU-mul / RoPE):
+    the output vs the row-scaled faces, the unscaled faces as the negative control (scales in
+    [0.25, 0.75]); ROW_SCALE left as it was, nothing written outside the tiles."""
+    r = split_case(op, m, 1, row_scale=True, epi_scale=True)
     assert r["finite"] and r["poison_intact"], r
     assert r["row_scale_intact"], r
     assert r["rel_err_vs_split_faces"] < 1e-2, r
