@@ -298,6 +298,18 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000010. Session 39 had no device time (its one call died; then none was lent): plan
+#      00000f's calls are still to run, and this session's builds. In this order:
+#      1. `MK_STEPS=ktrace` (~5 min): the GEMM K-step trace, standalone (GATE_UP / DOWN at M =
+#         1024 / 4096, GATE_UP 1024 with the step's 80 / 208 register split) and in the B=1024
+#         step with each GEMM's middle layer isolated, nvidia-smi's clock / power meanwhile.
+#         Read ktrace_summary.log against bench/GEMM_NOTES.md session 39 (which column says
+#         what). Then, in a call of its own, `MK_KT_JOBS=0 MK_KT_BATCH=4096 MK_STEPS=ktrace`.
+#      2. `MK_STEPS=nf2` (~7 min): PlanConfig.norm_fold=2's GPU tests, checks, racecheck, then
+#         B=256 / 1024 default / norm_fold=1 / 2. If it holds and wins, time it at 64 / 4096 and
+#         the mixed step, then weigh the default (the folded weight copy, session 38).
+#      3. `MK_STEPS=gu256`, then `MK_NF_ON=norm_fold=1 MK_NF_BATCH=1,16,64,256 MK_STEPS=normfold`,
+#         then `MK_ATTN_SWAP_SPLIT=1 MK_STEPS=pairrace` (plan 00000f's 1-3 below).
 #   00000f. Session 38 (plan 00000e's calls): e2e at 4eee517 0.92 / 0.94 / 1.04 / 1.06 / 1.01 /
 #      1.09 (B=1 / 16 / 64 / 256 / 1024 / 4096), mixed 1.10; SWAP_SPLIT's pairs still 1 racecheck
 #      hazard (stays off); a test_wait is no synccheck observation (consumer_test removed).
