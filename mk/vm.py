@@ -106,7 +106,7 @@ def check_norms_folded(weights: RankWeights, plan_cfg: PlanConfig) -> None:
     """PlanConfig.norm_fold runs the split QKV / gate-up GEMMs on h without a norm weight: the
     weights must carry it (mk.weights.fold_norms), or the step would be silently wrong."""
     if plan_cfg.norm_fold and not weights.norms_folded:
-        raise ValueError("PlanConfig.norm_fold=1 needs weights with the attention / MLP norm "
+        raise ValueError("PlanConfig.norm_fold needs weights with the attention / MLP norm "
                          "weights folded into qkv / gate_up: pass mk.weights.fold_norms(weights)")
 
 

@@ -132,6 +132,19 @@ def nbox_of(col: Int32, col_end: Int32) -> Int32:
 
 
 @cute.jit
+def abort_or_timeout(state: cute.Tensor, t0: Int64, timeout_ns: Int64) -> Int32:
+    """A bounded wait's verdict while its condition still fails: 3 another wait has raised the
+    abort flag, 2 more than timeout_ns since t0 (globaltimer), else 0 (keep waiting)."""
+    st = Int32(0)
+    if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                      scope="gpu") != 0:
+        st = Int32(3)
+    elif cute.arch.globaltimer() - t0 > timeout_ns:
+        st = Int32(2)
+    return st
+
+
+@cute.jit
 def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
              kind: cutlass.Constexpr, ticket: Int32):
     """mbarrier parity wait, bounded: on timeout write the error record (first error wins, raises
@@ -144,11 +157,8 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
             while st == 0:
                 if cute.arch.mbarrier_try_wait(bar, phase):
                     st = Int32(1)
-                elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                    scope="gpu") != 0:
-                    st = Int32(3)
-                elif cute.arch.globaltimer() - t0 > timeout_ns:
-                    st = Int32(2)
+                else:
+                    st = abort_or_timeout(state, t0, timeout_ns)
         else:
             while st == 0:
                 if cute.arch.mbarrier_try_wait(bar, phase):
@@ -424,11 +434,8 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
             v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
             if v >= target:
                 st = Int32(1)
-            elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                scope="gpu") != 0:
-                st = Int32(3)
-            elif cute.arch.globaltimer() - t0 > timeout_ns:
-                st = Int32(2)
+            else:
+                st = abort_or_timeout(state, t0, timeout_ns)
         if st == 2:
             write_error(state, ERR_COUNTER_WAIT, ticket, c, v, target)
         if st != 1:
