@@ -817,8 +817,9 @@ class StepPlan:
     def representative_rows(self) -> torch.Tensor | None:
         """Row indices of the prelude, the first and the last layer and the final instructions.
         The planner builds layer l as the layer template plus l in the layer word and l * cpl in
-        every counter word, an unsplit folded GEMM tile's epilogue wait included (and with PlanConfig.fold_down_reduce clears the fold words of layer
-        0's attention norms: the first layer is among these rows), so a per-instruction check
+        every counter word, an unsplit folded GEMM tile's epilogue wait included (and with
+        PlanConfig.fold_down_reduce clears the fold words of layer 0's attention norms: the
+        first layer is among these rows), so a per-instruction check
         that holds on these rows (bounds of rows, columns, K, buffers, the smallest and largest
         layer and counter ids) holds on the whole
         stream: mk.megakernel_step checks only them, 1/40 of the rows of an 80-layer step

@@ -30,8 +30,9 @@
 #          two-layer checks, racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
 #          tile + norm_fold=1, no journal: gu256.log (~6 min)
 #   ktrace the GEMM K-step trace (MK_GEMM_KTRACE): journal jobs of GATE_UP / DOWN at M = 1024
-#          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per K step when the loads were issued / wanted / landed and the tensor pipe's
-#          cycles (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
+#          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per
+#          K step when the loads were issued / wanted / landed and the tensor pipe's cycles
+#          (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default; also inline), timed only:
