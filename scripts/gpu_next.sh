@@ -26,6 +26,8 @@
 #          epilogue wait for the row-scale norm): GPU tests, two-layer checks (split-K never /
 #          auto), racecheck; if clean decode MK_NF2_BATCH (256,1024) default / norm_fold=1 / 2,
 #          no journal: nf2.log, nf2_{off,nf1,nf2}.json (~7 min)
+#   qkv256 QKV_ROPE on m128n256 in the 1024 / max classes (MK_TILES): two-layer checks,
+#          racecheck; if clean decode B=1024 / 4096 default / the tile: qkv256.log (~7 min)
 #   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES), with and without norm_fold: the
 #          two-layer checks, racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
 #          tile + norm_fold=1, no journal: gu256.log (~6 min)
@@ -309,7 +311,9 @@
 #      2. `MK_STEPS=nf2` (~7 min): PlanConfig.norm_fold=2's GPU tests, checks, racecheck, then
 #         B=256 / 1024 default / norm_fold=1 / 2. If it holds and wins, time it at 64 / 4096 and
 #         the mixed step, then weigh the default (the folded weight copy, session 38).
-#      3. `MK_STEPS=gu256`, then `MK_NF_ON=norm_fold=1 MK_NF_BATCH=1,16,64,256 MK_STEPS=normfold`,
+#      3. `MK_STEPS=qkv256` (~7 min): QKV_ROPE on m128n256 above 256 tokens, in the steps where
+#         SM time, not waves, counts (B=1024 / 4096).
+#      4. `MK_STEPS=gu256`, then `MK_NF_ON=norm_fold=1 MK_NF_BATCH=1,16,64,256 MK_STEPS=normfold`,
 #         then `MK_ATTN_SWAP_SPLIT=1 MK_STEPS=pairrace` (plan 00000f's 1-3 below).
 #   00000f. Session 38 (plan 00000e's calls): e2e at 4eee517 0.92 / 0.94 / 1.04 / 1.06 / 1.01 /
 #      1.09 (B=1 / 16 / 64 / 256 / 1024 / 4096), mixed 1.10; SWAP_SPLIT's pairs still 1 racecheck
@@ -524,7 +528,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=420 [qkv256]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -893,6 +897,26 @@ if has nf2; then
   racecheck_to "$OUTDIR/nf2.log" --split-k 1 --plan norm_fold=2
   bt=${MK_NF2_BATCH:-256,1024}
   checked_runs nf2 2 "off|||$bt" "nf1||--plan norm_fold=1|$bt" "nf2||--plan norm_fold=2|$bt"
+fi
+if has qkv256; then
+  # QKV_ROPE on two-head m128n256 tiles above 256 tokens (MK_TILES): standalone it lost at
+  # M=4096 (211 against 184 us, session 27: 160 tiles are 1.2 waves), but the B=1024 / 4096
+  # steps are throughput-bound (the instructions' own times fill 95-100% of the SMs, session
+  # 21's journal; QKV_ROPE 7-10% of it), so what counts there is a head's SM time, and the
+  # 128 x 256 tile pulls a quarter fewer operand bytes per flop (~100 us for two heads against
+  # ~64 for one). The max class with it spills 16 bytes (the consumers' loop state around the
+  # page waits' slow path), the 1024 class none. Checks (two-layer, split-K never / auto over
+  # the 478-token step of the 1024 class), racecheck, then decode B=1024 and 4096 (ctx 256)
+  # default / the tile, no journal: qkv256.log, qkv256_*.json (~7 min)
+  : > "$OUTDIR/qkv256.log"
+  QT="QKV_ROPE@1024=m128n256,QKV_ROPE@max=m128n256"
+  export MK_TILES=$QT MK_CHECK_TAG="MK_TILES=$QT "
+  check_to "$OUTDIR/qkv256.log" --split-k 1 --prompt-lens 1,13,64,130,200,70
+  check_to "$OUTDIR/qkv256.log" --split-k 0 --prompt-lens 1,13,64,130,200,70
+  racecheck_to "$OUTDIR/qkv256.log" --split-k 1 --prompt-lens 1,13,64,130,200,70
+  unset MK_TILES MK_CHECK_TAG
+  checked_runs qkv256 2 "off1024|||1024" "tile1024|MK_TILES=$QT||1024" "off4096|||4096" \
+      "tile4096|MK_TILES=$QT||4096"
 fi
 if has gu256; then
   # GATE_UP at 129..256 tokens on gu_m128n112 tiles split in 2 (MK_TILES; auto split takes 2:
