@@ -109,7 +109,10 @@ class MegakernelStepBackend:
 
     def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None,
                  plan_cfg: PlanConfig | None = None, timeout_s: float = 10.0,
-                 journal: bool = False, verbose: bool = True):
+                 journal: bool = False, verbose: bool = True, fold_in_place: bool = False):
+        """fold_in_place: under PlanConfig.norm_fold, fold the norm weights into the given
+        weights themselves (mk.weights.fold_norms(inplace=True): no ~11 GB copy at the 70B TP8
+        rank; the caller's RankWeights is then marked folded) instead of into a copy."""
         from mk import megakernel as mkk
         mkk.require_gpu()
         model, parallel = weights.config, weights.parallel
@@ -121,8 +124,8 @@ class MegakernelStepBackend:
             raise UnsupportedModelError("megakernel backend: the weights must be on a CUDA device "
                                         f"(they are on {weights.qkv.device})")
         if self.plan_cfg.norm_fold:
-            # the split QKV / gate-up tiles run on h without a norm weight (PlanConfig.norm_fold)
-            weights = fold_norms(weights)
+            # the folded QKV / gate-up tiles run on h without a norm weight (PlanConfig.norm_fold)
+            weights = fold_norms(weights, inplace=fold_in_place)
         self.weights, self.model, self.kernel = weights, model, kernel
         self.group = group
         self.timeout_s, self.journal, self.verbose = timeout_s, journal, verbose

@@ -65,22 +65,32 @@ class RankWeights:
         return self.qkv.dtype
 
 
-def fold_norms(weights: RankWeights) -> RankWeights:
+def fold_norms(weights: RankWeights, inplace: bool = False) -> RankWeights:
     """The same model with each layer's attention / MLP RMSNorm weight g folded into the GEMM
     after the norm: qkv * g_attn and gate_up * g_mlp over their input (K) columns, in float32,
     rounded once to the weights' dtype; those norm weights become ones (the final norm stays).
     rmsnorm(h, g) @ W^T = (h * r) @ (W * g)^T with r = rsqrt(mean(h^2) + eps), so every backend
-    runs the folded weights as the same model; PlanConfig.norm_fold needs them (its split GEMMs
-    run on h and scale their rows by r). New tensors: the caller's weights are left as they are
-    (at the 70B TP8 rank the copy is ~11 GB of qkv and gate_up while both are held)."""
+    runs the folded weights as the same model; PlanConfig.norm_fold needs them (its GEMMs run on
+    h and scale their rows by r). By default new tensors: the caller's weights are left as they
+    are (at the 70B TP8 rank the copy is ~11 GB of qkv and gate_up while both are held).
+    inplace: fold the caller's tensors themselves, a layer at a time (no copy), and mark
+    `weights` folded; for a caller that owns them (every later user of this RankWeights then
+    runs the folded model, within bf16 rounding of the unfolded one, not bitwise)."""
     if weights.norms_folded:
         return weights
 
     def fold(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(w)
+        out = w if inplace else torch.empty_like(w)
         for layer in range(w.shape[0]):     # a layer at a time: float32 temporaries stay small
             out[layer].copy_(w[layer].float() * g[layer].float()[None, :])
         return out
+    if inplace:
+        fold(weights.qkv, weights.attn_norm)
+        fold(weights.gate_up, weights.mlp_norm)
+        weights.attn_norm.fill_(1)
+        weights.mlp_norm.fill_(1)
+        weights.norms_folded = True
+        return weights
     return dataclasses.replace(
         weights, qkv=fold(weights.qkv, weights.attn_norm),
         gate_up=fold(weights.gate_up, weights.mlp_norm),

@@ -513,3 +513,28 @@ def test_tiny_loads_in_transformers_and_generates_varied_tokens(tmp_path):
                 ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
         assert len(set(out)) >= 12, out
         assert len(set(out[16:])) >= 4, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fold_norms_copy_and_in_place_agree(hf_ckpts, dtype):
+    """mk.weights.fold_norms: qkv / gate_up times the attention / MLP norm weights over their K
+    columns (float32, one rounding), those norms ones, the rest untouched; the copy leaves the
+    caller's weights as they were, inplace=True folds the caller's tensors themselves (the same
+    storage, bitwise the copy's values) and marks them folded; folding folded weights is a no-op."""
+    ckpt = hf_ckpts["GQA_LLAMA3"][0]
+    w = load_rank_weights(ckpt, ParallelConfig(1, 0), dtype=dtype, progress=False)
+    before = {k: getattr(w, k).clone() for k in ("qkv", "gate_up", "attn_norm", "mlp_norm", "o")}
+    folded = W.fold_norms(w)
+    assert folded.norms_folded and not w.norms_folded
+    for k, v in before.items():
+        assert torch.equal(getattr(w, k), v), k                   # the copy left w alone
+    want = (before["qkv"].float() * before["attn_norm"].float()[:, None, :]).to(dtype)
+    assert torch.equal(folded.qkv, want)
+    assert torch.equal(folded.attn_norm, torch.ones_like(before["attn_norm"]))
+    assert folded.o is w.o
+    ptr = w.qkv.data_ptr()
+    same = W.fold_norms(w, inplace=True)
+    assert same is w and w.norms_folded and w.qkv.data_ptr() == ptr
+    for k in ("qkv", "gate_up", "attn_norm", "mlp_norm"):
+        assert torch.equal(getattr(w, k), getattr(folded, k)), k
+    assert W.fold_norms(w) is w and W.fold_norms(w, inplace=True) is w
