@@ -73,7 +73,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from mk.instructions._common import epilogue_wait_words  # noqa: E402
 from mk.ir import MAX_WAITS, NO_COUNTER, W_OPCODE, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0, Op  # noqa: E402
+# the part of a GEMM tile's run after its epilogue wait (its epilogue; bench/E2E_NOTES.md's
+# journals: cons_epi 2-6 us of 50-110 us tiles)
+EPI_FRAC = 0.05
 
 NISLOTS = 4
 # fraction of a run after which an instruction's loader has issued its last load: GEMM tiles and
@@ -93,6 +97,9 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
     n = len(words)
     ops = words[:, W_OPCODE].astype(np.int64)
     waits = words[:, W_WAIT0:W_WAIT0 + 2 * MAX_WAITS].astype(np.int64)
+    # an unsplit folded GEMM tile's epilogue wait (PlanConfig.norm_fold=2): it runs from its
+    # other waits, and ends no earlier than EPI_FRAC of its run after that wait is met
+    epi = [epilogue_wait_words(words[t]) for t in range(n)]
     sig = words[:, W_SIGNAL].astype(np.int64)
     cnt = np.maximum(words[:, W_SIGNAL_COUNT].astype(np.int64), 1)
     dur = np.array([durations.get(Op(int(o)), 1.0) for o in ops])
@@ -108,6 +115,18 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
     loads_done = np.zeros(num_sms)
     claim_heap = [(0.0, s) for s in range(num_sms)]
     busy: dict[str, float] = {}
+    def met_at(t, c, target):
+        total, when = 0, None
+        for e, k in sorted(signals.get(int(c), [])):
+            total += k
+            if total >= target:
+                when = e
+                break
+        if when is None:
+            raise ValueError(f"ticket {t} waits on counter {c} for {target}, which earlier "
+                             f"tickets never reach")
+        return when
+
     for t in range(n):
         claim_t, sm = heapq.heappop(claim_heap)
         met = 0.0
@@ -115,20 +134,11 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
             c, target = waits[t, 2 * i], waits[t, 2 * i + 1]
             if c == NO_COUNTER or target <= 0:
                 continue
-            sl = signals.get(int(c), [])
-            times = sorted(sl)
-            total, when = 0, None
-            for e, k in times:
-                total += k
-                if total >= target:
-                    when = e
-                    break
-            if when is None:
-                raise ValueError(f"ticket {t} waits on counter {c} for {target}, which earlier "
-                                 f"tickets never reach")
-            met = max(met, when)
+            met = max(met, met_at(t, c, target))
         start[t] = max(claim_t + claim_us, met, sm_free[sm])
         end[t] = start[t] + dur[t]
+        if epi[t] is not None:
+            end[t] = max(end[t], met_at(t, *epi[t]) + EPI_FRAC * dur[t])
         sm_free[sm] = end[t]
         loads_done[sm] = start[t] + load_frac[t] * dur[t]
         if sig[t] != NO_COUNTER:

@@ -59,3 +59,18 @@ def test_wait_on_a_counter_no_earlier_ticket_reaches():
     w = stream((Op.RMSNORM, [(3, 1)], None))
     with pytest.raises(ValueError, match="never reach"):
         schedsim.simulate(w, DUR, num_sms=1)
+
+
+def test_epilogue_wait_bounds_the_tiles_end_not_its_start():
+    """PlanConfig.norm_fold=2's epilogue wait: a GATE_UP tile whose epilogue waits for a norm
+    that ends late starts at once (its other waits are met) and ends EPI_FRAC of its run after
+    the norm: norm (waiting for a 30 us DOWN) ends at 31.5; the tile started at 0.6 would end
+    at 10.6, so it ends at 31.5 + 0.5. Without the word it ends at 10.6."""
+    from mk.instructions import _common as mc
+    dur = {**DUR, Op.DOWN: 30.0}
+    w = stream((Op.DOWN, [], 0), (Op.RMSNORM, [(0, 1)], 1), (Op.GATE_UP, [], None))
+    plain = schedsim.simulate(w, dur, num_sms=3, claim_after_loads=False)
+    assert plain["span_us"] == pytest.approx(31.5)
+    w[2, mc.A_EPI_WAIT], w[2, mc.A_EPI_TARGET] = 1 + 1, 1
+    r = schedsim.simulate(w, dur, num_sms=3, claim_after_loads=False)
+    assert r["span_us"] == pytest.approx(31.5 + schedsim.EPI_FRAC * 10.0)
