@@ -528,7 +528,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=420 [qkv256]=420)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -897,6 +897,12 @@ if has nf2; then
   racecheck_to "$OUTDIR/nf2.log" --split-k 1 --plan norm_fold=2
   bt=${MK_NF2_BATCH:-256,1024}
   checked_runs nf2 2 "off|||$bt" "nf1||--plan norm_fold=1|$bt" "nf2||--plan norm_fold=2|$bt"
+  if checks_clean "$OUTDIR/nf2.log" 2; then
+    # where a row-scaled tile waits: GATE_UP's epi_wait column (the consumers' wait for the
+    # epilogue pages, which the loader grants once the row-scale norm's counter is met)
+    timeout 150 $B --batch 256 --plan norm_fold=2 --journal > "$TMPD/nf2_journal.log" 2>&1 || rc=1
+    { echo "== nf2 B=256 journal"; table "$TMPD/nf2_journal.log"; } | tee -a "$OUTDIR/nf2.log"
+  fi
 fi
 if has qkv256; then
   # QKV_ROPE on two-head m128n256 tiles above 256 tokens (MK_TILES): standalone it lost at
