@@ -85,7 +85,6 @@ except ImportError as _e:  # `python -m mk.megakernel ...` without CuTe DSL: a c
                  f"nvidia-cutlass-dsl): {_e}")
     raise
 import cutlass.cute as cute
-import cutlass.experimental.primitives as prims
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk import tiles
