@@ -131,6 +131,9 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
                                 os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}"))
     low, high = M.reg_split(slots)
     assert M.reg_split_ok(low, high, regs), (regs, low, high)
+    # PlanConfig.norm_fold=2's epilogue wait: the loader's counter wait in the QKV_ROPE and
+    # GATE_UP slots beside the controller's (each rk.wait_counter has one nanosleep)
+    assert len(re.findall(r"nanosleep", comp.__ptx__)) == 3
     print(f"M{m} ps{page_size} splitk split {low}/{high}")
 
 
