@@ -64,9 +64,25 @@ ROLE_SPANS = {
 }
 
 
+# The GEMM K-step trace (mk.instructions._gemm_kernel: MK_GEMM_KTRACE, KT_BASE, KT_* words; the
+# journal variant only): per K step of a tile, SM-clock cycles (clock64) of consumer thread 0
+# before / after its operand wait and after the previous stage's wgmmas retired, of consumer
+# thread 128 after its wait, and of the loader before the stage's first free-page wait / after its
+# last TMA issue. Kept here so that this module never imports cutlass (tests check they agree).
+KT_BASE = 32
+KT_WORDS = 6
+KT_C_WAIT, KT_C_FULL, KT_C_RET, KT_C1_FULL, KT_L_START, KT_L_ISSUE = range(6)
+GEMM_OP_IDS = None      # resolved lazily from mk.ir (QKV_ROPE .. LM_HEAD)
+
+
 def events(journal, jcta, n: int):
     """Normalised rows: dicts with sm, cta, op, ticket, fetch/ready/end in ns from the first entry."""
-    j = [list(map(int, r)) for r in (journal[:n].tolist() if hasattr(journal, "tolist") else journal[:n])]
+    # the journal's own words only: a K-step trace's (MK_GEMM_KTRACE, hundreds a row) are read by
+    # gemm_ktrace, and as Python ints they would take gigabytes at B=1024
+    rows = journal[:n]
+    if hasattr(rows, "tolist"):
+        rows = (rows[:, :KT_BASE] if getattr(rows, "ndim", 1) == 2 else rows).tolist()
+    j = [list(map(int, r[:KT_BASE])) for r in rows]
     c = [list(map(int, r)) for r in (jcta.tolist() if hasattr(jcta, "tolist") else jcta)]
     starts = [r[0] for r in c if r[0] > 0]
     t0 = min(starts) if starts else min(r[3] for r in j if r[3] > 0)
@@ -219,17 +235,6 @@ def format_by_opcode(r: dict) -> str:
         lines.append("(role columns: medians in us; " + ", ".join(
             f"{k} = {a} -> {b}" for k, (a, b) in ROLE_SPANS.items()) + waits + ")")
     return "\n".join(lines)
-
-
-# The GEMM K-step trace (mk.instructions._gemm_kernel: MK_GEMM_KTRACE, KT_BASE, KT_* words; the
-# journal variant only): per K step of a tile, SM-clock cycles (clock64) of consumer thread 0
-# before / after its operand wait and after the previous stage's wgmmas retired, of consumer
-# thread 128 after its wait, and of the loader before the stage's first free-page wait / after its
-# last TMA issue. Kept here so that this module never imports cutlass (tests check they agree).
-KT_BASE = 32
-KT_WORDS = 6
-KT_C_WAIT, KT_C_FULL, KT_C_RET, KT_C1_FULL, KT_L_START, KT_L_ISSUE = range(6)
-GEMM_OP_IDS = None      # resolved lazily from mk.ir (QKV_ROPE .. LM_HEAD)
 
 
 def _gemm_op_ids() -> set:

@@ -242,3 +242,15 @@ def test_ktrace_words_match_the_gemm_bodies():
                                gk.KT_L_START, gk.KT_L_ISSUE)
     import mk.megakernel as M
     assert M.JOURNAL_WORDS == gk.KT_BASE + gk.KT_WORDS * gk.KTRACE
+
+
+def test_journal_readers_take_the_journals_own_words_of_a_ktrace_row():
+    """A journal row with a K-step trace (hundreds of words) reads as the plain journal's:
+    by_opcode / critical_path see the same instructions (events() converts only the first
+    KT_BASE words: at B=1024 the whole rows as Python ints would take gigabytes)."""
+    rows = [(0, int(Op.GATE_UP), 0, 1000, 2000, 9000, dict(cons0=2500, cons1=8000)),
+            (1, int(Op.DOWN), 1, 1000, 9100, 15000, {})]
+    j, c = _journal(rows)
+    wide = torch.cat([j, torch.full((len(rows), 6 * 64), 123456789, dtype=torch.int64)], dim=1)
+    assert tr.by_opcode(wide, c, 2) == tr.by_opcode(j, c, 2)
+    assert tr.events(wide, c, 2) == tr.events(j, c, 2)
