@@ -8,7 +8,7 @@ whose header words are fixed here so that the families, the planner and the mega
 
 from __future__ import annotations
 
-from mk.ir import ARG0, Instruction
+from mk.ir import ARG0, W_OPCODE, Instruction, Op
 
 # Step metadata header (int32 words at the start of the metadata buffer) ----------------------------
 M_NUM_TOKENS = 0        # T: token rows of the step
@@ -54,10 +54,15 @@ SPLIT_ARG_NAMES = {A_NSPLIT - ARG0: "nsplit", A_SPLIT_J - ARG0: "j", A_K0 - ARG0
                    A_EPI_TARGET - ARG0: "epi_target"}
 
 
+# the opcodes whose rows may be scaled by ROW_SCALE (PlanConfig.norm_fold): their SPLITK_REDUCE
+# (mk/instructions/splitk.py) or, unsplit, the tile's own epilogue (A_EPI_WAIT)
+ROW_SCALED = (Op.QKV_ROPE, Op.GATE_UP)
+_ROW_SCALED_IDS = frozenset(int(o) for o in ROW_SCALED)
+
+
 def epilogue_wait(instr: Instruction) -> tuple[int, int] | None:
     """(counter, target) of an unsplit GEMM tile's epilogue wait (A_EPI_WAIT), else None."""
-    from mk.ir import Op
-    if instr.opcode not in (int(Op.QKV_ROPE), int(Op.GATE_UP)):
+    if instr.opcode not in _ROW_SCALED_IDS:
         return None
     c = instr.args[A_EPI_WAIT - ARG0]
     return (c - 1, instr.args[A_EPI_TARGET - ARG0]) if c > 0 else None
@@ -65,8 +70,7 @@ def epilogue_wait(instr: Instruction) -> tuple[int, int] | None:
 
 def epilogue_wait_words(w) -> tuple[int, int] | None:
     """epilogue_wait of an encoded instruction's words (a row of a stream)."""
-    from mk.ir import W_OPCODE, Op
-    if int(w[W_OPCODE]) not in (int(Op.QKV_ROPE), int(Op.GATE_UP)):
+    if int(w[W_OPCODE]) not in _ROW_SCALED_IDS:
         return None
     c = int(w[A_EPI_WAIT])
     return (c - 1, int(w[A_EPI_TARGET])) if c > 0 else None

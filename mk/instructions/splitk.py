@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from mk.instructions import _common as mc
 from mk.instructions._common import arg, rows_of
 from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, family_of, register
 from mk.ir import ARG0, NUM_ARGS, Instruction, Op
@@ -42,7 +43,7 @@ A_STRIDE = ARG0 + 2
 A_WORDS = ARG0 + 3
 UNSPLIT_WORDS = 7           # words ARG0 .. ARG0+6 of the unsplit instruction
 A_ROW_SCALE = A_WORDS + UNSPLIT_WORDS   # 1: acc *= ROW_SCALE[row] before the rounding (norm fold)
-ROW_SCALED = (Op.QKV_ROPE, Op.GATE_UP)  # the ops whose reduce may scale its rows
+ROW_SCALED = mc.ROW_SCALED             # the ops whose reduce may scale its rows
 SPLITTABLE = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
 
 
