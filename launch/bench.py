@@ -367,6 +367,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def resolve(args, world: int, rank: int) -> dict:
     """Validate the arguments; returns the plan of the run (raises UsageError)."""
     plan_overrides(args.plan)
+    if args.journal_isolated:
+        if not args.journal:
+            raise UsageError("--journal-isolated: runs with --journal only (the journaled kernel)")
+        from mk.ir import Op
+        bad = [o for o in args.journal_isolated.split(",") if o and o not in Op.__members__]
+        if bad:
+            raise UsageError(f"--journal-isolated: unknown opcode(s) {', '.join(bad)}")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
@@ -613,7 +620,7 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         j, c = mk.journal_rows(n)
         r = tr.by_opcode(j, c, n, layer_of=plan.instrs[:, W_LAYER].tolist())
         log(f"{point.label}: megakernel journal\n{tr.format_by_opcode(r)}")
-        ktrace = int(os.environ.get("MK_GEMM_KTRACE", "0"))
+        from mk.instructions._gemm_kernel import KTRACE as ktrace
         if ktrace:
             # the GEMM tiles' K steps in the step (the variant was built with MK_GEMM_KTRACE)
             r["ktrace"] = tr.gemm_ktrace(j, n, ktrace)
@@ -628,7 +635,8 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
             stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
             # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])
             # (the journal's own 32 words: a K-step trace's are read above, and large)
-            torch.save(dict(journal=j[:, :32].clone(), jcta=c, n=n, instrs=plan.instrs.cpu()),
+            torch.save(dict(journal=j[:, :tr.KT_BASE].clone(), jcta=c, n=n,
+                            instrs=plan.instrs.cpu()),
                        stem + "_journal.pt")
             png = stem + "_timeline.png"
             tr.draw_timeline(png, j, c, n, title=f"megakernel {point.label}")

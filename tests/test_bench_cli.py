@@ -124,6 +124,9 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--plan", "norm_rows=0"], "--plan: PlanConfig.norm_rows must be a positive integer"),
     (["--plan", "policy=random"], "--plan: unknown queue policy 'random'"),
     (["--plan", "split_k=2"], "--plan: 'split_k=2' is not FIELD=VALUE"),
+    (["--journal-isolated", "GATE_UP"], "--journal-isolated: runs with --journal only"),
+    (["--journal", "--journal-isolated", "GATE_UP,GATEUP"],
+     "--journal-isolated: unknown opcode(s) GATEUP"),
 ])
 def test_bad_args_fail_clearly(bench, capsys, args, message):
     rc = bench.main(["--shape", "tiny", "--device", "cpu", "--out", os.devnull, *args])
