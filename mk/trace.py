@@ -357,10 +357,16 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
     instruction's own run (ready -> signalled) and the gap before it (the producer's signal or
     the CTA's previous end -> ready: the hop's latency; negative where the instruction's waits
     were met while its CTA's previous one still ran, e.g. during early weight loads).
+    A GEMM tile with an epilogue wait (PlanConfig.norm_fold=2: its rows scaled once the
+    row-scale norm signalled) links to that norm instead (an epilogue hop) when the norm
+    signalled after the tile's consumers reached their epilogue (journal word cons_epi0; ready
+    where it is missing): the tile was held there, and only its run after the norm's signal is
+    on the path. The hop's `held_us` sums how long the consumers waited for it.
 
     instrs: the step's words [n, INSTR_WORDS] (the journal's tickets index them). Per opcode on
     the path: count, run us, and the gaps before it by kind; per hop (producer opcode ->
     opcode): count and gap us; path_us = runs + gaps."""
+    from mk.instructions._common import epilogue_wait_words
     from mk.ir import MAX_WAITS, NO_COUNTER, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
     ev, ctas = events(journal, jcta, n)
     if not ev:
@@ -407,15 +413,24 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
         else:
             kind, nxt = "queue", prev
             before = prev["end"] if prev is not None else entry.get(cur["cta"], cur["fetch"])
+        run_from, held = cur["ready"], 0
+        epi = epilogue_wait_words(w)
+        norm = producer(*epi) if epi is not None else None
+        if norm is not None and norm["end"] > cur.get("cons_epi0", cur["ready"]):
+            # the tile's consumers waited at their epilogue for the norm's row scale
+            kind, nxt, before = "epi", norm, norm["end"]
+            run_from, held = norm["end"], norm["end"] - cur.get("cons_epi0", cur["ready"])
         name = _op_name(cur["op"])
         d = ops.setdefault(name, dict(count=0, run=0, dep_gap=0, queue_gap=0))
         d["count"] += 1
-        d["run"] += cur["end"] - cur["ready"]
-        d[kind + "_gap"] += cur["ready"] - before
+        d["run"] += cur["end"] - run_from
+        if kind != "epi":
+            d[kind + "_gap"] += cur["ready"] - before
         src = _op_name(nxt["op"]) if nxt is not None else "entry"
-        h = hops.setdefault(f"{src} -> {name} ({kind})", dict(count=0, gap=0))
+        h = hops.setdefault(f"{src} -> {name} ({kind})", dict(count=0, gap=0, held=0))
         h["count"] += 1
-        h["gap"] += cur["ready"] - before
+        h["gap"] += run_from - before
+        h["held"] += held
         cur = nxt
     us = lambda ns: round(ns / 1e3, 1)  # noqa: E731
     path = sum(d["run"] + d["dep_gap"] + d["queue_gap"] for d in ops.values())
@@ -427,7 +442,8 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
                                                                      + kv[1]["dep_gap"]
                                                                      + kv[1]["queue_gap"]))},
                 hops={k: dict(count=h["count"], gap_us=us(h["gap"]),
-                              mean_gap_us=round(h["gap"] / h["count"] / 1e3, 2))
+                              mean_gap_us=round(h["gap"] / h["count"] / 1e3, 2),
+                              **({"held_us": us(h["held"])} if k.endswith("(epi)") else {}))
                       for k, h in sorted(hops.items(), key=lambda kv: -kv[1]["gap"])})
 
 
@@ -450,7 +466,8 @@ def format_critical_path(r: dict, per: int = 1, top: int = 12) -> str:
     lines.append(f"  {'hop':<48}{'count':>8}{'gap':>9}{'mean us':>9}")
     for name, h in list(r["hops"].items())[:top]:
         lines.append(f"  {name:<48}{h['count'] / per:>8.1f}{h['gap_us'] / per:>9.1f}"
-                     f"{h['mean_gap_us']:>9.2f}")
+                     f"{h['mean_gap_us']:>9.2f}"
+                     + (f"  (held {h['held_us'] / per:.1f})" if "held_us" in h else ""))
     return "\n".join(lines)
 
 

@@ -173,6 +173,41 @@ def test_critical_path_takes_the_sm_when_it_freed_last():
     assert r["path_us"] == r["span_us"] == 13.0
 
 
+@pytest.mark.parametrize("norm_end", [12000, 8000])
+def test_critical_path_takes_a_late_norm_through_the_epilogue_wait(norm_end):
+    """norm_fold=2: a GATE_UP tile waits for h's writer (DOWN) and, at its epilogue, for the
+    row-scale norm (A_EPI_WAIT). A norm that signalled after the tile's consumers reached the
+    epilogue (cons_epi0 = 9000) held the tile: the path runs through it (an epilogue hop, the
+    tile's run counted from the norm's signal, held 3 us); one that signalled before is off the
+    path. Either way the runs and gaps add up to the span."""
+    from mk.instructions._common import A_EPI_TARGET, A_EPI_WAIT
+    from mk.ir import W_OPCODE
+    down, norm, gemm = int(Op.DOWN), int(Op.RMSNORM), int(Op.GATE_UP)
+    j, c = _journal([
+        (0, down, 0, 1000, 1000, 5000, {}),                     # writes h: signals 3
+        (1, norm, 1, 1000, 5100, norm_end, {}),                 # row-scale norm: signals 4
+        (0, gemm, 2, 2000, 5100, 13000, dict(cons_epi0=9000)),  # waits 3; epilogue waits 4
+    ])
+    w = _words([([], 3), ([(3, 1)], 4), ([(3, 1)], None)])
+    for i, op in enumerate((down, norm, gemm)):
+        w[i, W_OPCODE] = op
+    w[2, A_EPI_WAIT], w[2, A_EPI_TARGET] = 4 + 1, 1
+    r = tr.critical_path(j, c, 3, w)
+    assert r["path_us"] == r["span_us"] == 12.0
+    if norm_end > 9000:
+        assert set(r["ops"]) == {"GATE_UP", "RMSNORM", "DOWN"}
+        assert r["ops"]["GATE_UP"] == dict(count=1, run_us=1.0, dep_gap_us=0.0, queue_gap_us=0.0)
+        hop = r["hops"]["RMSNORM -> GATE_UP (epi)"]
+        assert hop["count"] == 1 and hop["gap_us"] == 0.0 and hop["held_us"] == 3.0
+        assert r["ops"]["RMSNORM"]["run_us"] == 6.9
+        assert "(held 3.0)" in tr.format_critical_path(r)
+    else:
+        assert set(r["ops"]) == {"GATE_UP", "DOWN"}
+        assert r["ops"]["GATE_UP"]["run_us"] == 7.9
+        assert r["hops"]["DOWN -> GATE_UP (dep)"]["gap_us"] == 0.1
+        assert not any(k.endswith("(epi)") for k in r["hops"])
+
+
 def _ktrace_journal(steps: int, ktrace: int, period: int, issue_lead: int, tma: int,
                     early: int = 0):
     """One GATE_UP tile's journal row with a K-step trace: the loader issues stage k at
