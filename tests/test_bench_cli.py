@@ -179,6 +179,7 @@ def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
     cleared (ready at once, touching no counter of the step), other words as planned."""
     import torch
 
+    from mk.instructions._common import A_EPI_TARGET, A_EPI_WAIT
     from mk.ir import (INSTR_WORDS, MAX_WAITS, NO_COUNTER, W_LAYER, W_OPCODE, W_ROW0, W_SIGNAL,
                        W_WAIT0, Op)
     rows = []
@@ -187,6 +188,10 @@ def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
             w = torch.zeros(INSTR_WORDS, dtype=torch.int32)
             w[W_OPCODE], w[W_LAYER], w[W_ROW0] = int(op), layer, len(rows)
             w[W_WAIT0], w[W_WAIT0 + 1], w[W_SIGNAL] = 7 + layer, 3, 9 + layer
+            if op == Op.GATE_UP:            # norm_fold=2: the epilogue waits for the norm's rows
+                w[A_EPI_WAIT], w[A_EPI_TARGET] = 9 + layer + 1, 2
+            elif op == Op.DOWN:             # the same word is another argument of DOWN's
+                w[A_EPI_WAIT] = 42
             rows.append(w)
     instrs = torch.stack(rows)
     sub = bench.isolated_subplan(instrs, "GATE_UP", 1)
@@ -196,7 +201,11 @@ def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
     for k in range(MAX_WAITS):
         assert (sub[:, W_WAIT0 + 2 * k] == NO_COUNTER).all()
     assert (sub[:, W_SIGNAL] == NO_COUNTER).all()
+    assert (sub[:, A_EPI_WAIT] == 0).all() and (sub[:, A_EPI_TARGET] == 0).all()
     assert instrs[5, W_SIGNAL] == 10                  # the step's stream is left as it was
+    assert instrs[5, A_EPI_WAIT] == 11
+    down = bench.isolated_subplan(instrs, "DOWN", 1)  # other opcodes' words there are theirs
+    assert (down[:, A_EPI_WAIT] == 42).all()
     assert bench.isolated_subplan(instrs, "QKV_ROPE", 1) is None
     with pytest.raises(SystemExit, match="unknown opcode"):
         bench.isolated_subplan(instrs, "GATEUP", 1)
