@@ -254,6 +254,18 @@ STATIC_FIRST_TICKET = os.environ.get("MK_STATIC_FIRST_TICKET", "0")
 if STATIC_FIRST_TICKET not in ("0", "1"):
     raise ValueError(f"MK_STATIC_FIRST_TICKET={STATIC_FIRST_TICKET!r}: expected 0 or 1")
 STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
+# ATTN_REDUCE run by its last split (PlanConfig.attn_combine_pairs, mk/instructions/attention.py's
+# by_last): the controller drops the reduce's ticket; the consumers of each split store its
+# partial rows themselves and add its arrival (acq_rel), and those of the split that arrives last
+# combine every split's partial into ATTN_OUT rows (ak.combine_in_consumers), which its storer
+# stores before it signals the reduce's counter. Session 29 built the combine in the last
+# split's storer: correct (GPU tests, racecheck, memcheck) but slower (B=1 +5.0%, B=16 +3.1%:
+# the storer's two warps at the low register count walked the splits ~32 dependent L2 round
+# trips deep; bench/results/combine_*_2026-12-03_s29); the consumers' combine (session 40) has
+# every split's loads of a thread's values in flight. Off by default (the default build's PTX
+# is the one without it); MK_ATTN_COMBINE=1 builds it, and a plan with by_last reduces needs
+# that build.
+ATTN_COMBINE = at.combine_built()
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -1712,6 +1724,16 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
                 or (r[:, at.A_SLOT0] + ns * r[:, W_ROWS] > min(P, attn.lse.shape[0])).any():
             raise ValueError(f"megakernel: ATTN_REDUCE slots beyond ATTN_PARTIAL / ATTN_LSE "
                              f"({P} rows)")
+    # a reduce run by its last split reads the split's copies of its words
+    if not ATTN_COMBINE and (r[:, at.A_BY_LAST] != 0).any():
+        raise ValueError("megakernel: the plan has ATTN_REDUCEs run by their last split "
+                         "(PlanConfig.attn_combine_pairs > 0), but this build has no last-split "
+                         "combine: set MK_ATTN_COMBINE=1 before the megakernel is imported, or "
+                         "plan with attn_combine_pairs=0")
+    bad = at.check_last_combines(s)
+    if bad:
+        raise ValueError("megakernel: an ATTN_REDUCE by the last split does not match its "
+                         "splits: " + "; ".join(bad[:3]))
 
 
 def _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape):

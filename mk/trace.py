@@ -379,6 +379,21 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
         if w[W_SIGNAL] != NO_COUNTER:
             signals.setdefault(w[W_SIGNAL], []).append((e["end"], max(w[W_SIGNAL_COUNT], 1),
                                                         e["ticket"]))
+    # a split reduced by its last split (ATTN_REDUCE by_last: that reduce has no journal row)
+    # signals the reduce's counter too, the last of the splits to end being the one that does
+    from mk.instructions import attention as at
+    from mk.ir import Op
+    last_split: dict[int, dict] = {}
+    for e in ev:
+        w = words[e["ticket"]]
+        if (w[0] == int(Op.ATTENTION) and w[at.A_MODE] == at.MODE_PARTIAL
+                and w[at.A_COMBINE_ARRIVALS] > 0):
+            cur = last_split.get(w[W_SIGNAL])
+            if cur is None or e["end"] > cur["end"]:
+                last_split[w[W_SIGNAL]] = e
+    for e in last_split.values():
+        w = words[e["ticket"]]
+        signals.setdefault(w[at.A_COMBINE_SIGNAL], []).append((e["end"], 1, e["ticket"]))
     for v in signals.values():
         v.sort()
 

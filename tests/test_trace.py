@@ -173,6 +173,26 @@ def test_critical_path_takes_the_sm_when_it_freed_last():
     assert r["path_us"] == r["span_us"] == 13.0
 
 
+def test_critical_path_through_a_last_split_combine():
+    """ATTN_REDUCE by the last split (no journal row of its own: the controller drops its
+    ticket): the last split to end signals the reduce's counter, so an O_PROJ tile waiting on it
+    links to that split (a dep hop), not to its SM's previous instruction."""
+    from mk.instructions import attention as at
+    attn, oproj = int(Op.ATTENTION), int(Op.O_PROJ)
+    j, c = _journal([
+        (0, attn, 0, 1000, 1000, 5000, {}),         # split 0, signals 7 (arrivals)
+        (1, attn, 1, 1000, 1000, 6000, {}),         # split 1 ends last: it combines, signals 8
+        (0, oproj, 2, 5100, 6300, 9000, {}),        # waits 8 >= 1
+    ])
+    w = _words([([], 7), ([], 7), ([(8, 1)], None)])
+    for i in (0, 1):
+        w[i, 0] = attn
+        w[i, at.A_MODE], w[i, at.A_COMBINE_ARRIVALS], w[i, at.A_COMBINE_SIGNAL] = at.MODE_PARTIAL, 2, 8
+    r = tr.critical_path(j, c, 3, w)
+    assert r["hops"]["ATTENTION -> O_PROJ (dep)"]["gap_us"] == 0.3        # 6300 - 6000
+    assert r["instructions"] == 2 and r["path_us"] == r["span_us"]
+
+
 @pytest.mark.parametrize("norm_end", [12000, 8000])
 def test_critical_path_takes_a_late_norm_through_the_epilogue_wait(norm_end):
     """norm_fold=2: a GATE_UP tile waits for h's writer (DOWN) and, at its epilogue, for the
