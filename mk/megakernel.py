@@ -266,6 +266,7 @@ STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
 # is the one without it); MK_ATTN_COMBINE=1 builds it, and a plan with by_last reduces needs
 # that build.
 ATTN_COMBINE = at.combine_built()
+assert not ATTN_COMBINE or ak.SWAPPED, "MK_ATTN_COMBINE=1: the combine runs in the swapped chain"
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -583,6 +584,11 @@ class MegakernelDSL:
                         w = instrs[t, lane]
                 else:
                     w = instrs[t, lane]
+                if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
+                    t, w, tf = self.skip_by_last_split(instrs, n_instr, state, stop, lane, grid,
+                                                       journal, t, w, tf)
+                    if t >= n_instr:
+                        live = Int32(0)
                 if cutlass.const_expr(not EARLY_WEIGHTS):
                     if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
                                         meta, bidx) == 0:
@@ -605,6 +611,43 @@ class MegakernelDSL:
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             first = Int32(0)
             islot, iph = next_slot(islot, iph)
+
+    @cute.jit
+    def skip_by_last_split(self, instrs: cute.Tensor, n_instr: Int32, state: cute.Tensor,
+                           stop: Int32, lane: Int32, grid: Int32, journal: cute.Tensor, t: Int32,
+                           w: Int32, tf: Int64):
+        """ATTN_COMBINE: an ATTN_REDUCE run by its last split (attention.py's by_last) is no
+        ticket's work: past such tickets to the next other one (its t, words w, fetch time tf; t
+        >= n_instr and w END when the queue ran out). instr_waits refuses to wait on END."""
+        while self.run_by_last_split(w, t, n_instr) == 1:
+            if cutlass.const_expr(self.journal):
+                # no event: mk.trace skips rows without a fetch time (the journal buffer lives
+                # across launches, so the row may hold an older one)
+                if lane == 0:
+                    if t < journal.shape[0]:
+                        journal[t, J_FETCH] = Int64(0)
+            t = self.claim(state, n_instr, stop, lane)
+            if cutlass.const_expr(STATIC_FIRST_TICKET):
+                if t < n_instr:
+                    t = t + grid
+            tf = cute.arch.globaltimer()
+            w = Int32(OP_END)
+            if t < n_instr:
+                w = instrs[t, lane]
+        return t, w, tf
+
+    @cute.jit
+    def run_by_last_split(self, w: Int32, t: Int32, n_instr: Int32) -> Int32:
+        """1 where ticket t (its words w, one per lane) is an ATTN_REDUCE that its last split
+        runs (warp-uniform)."""
+        op = cute.arch.shuffle_sync(w, W_OPCODE)
+        by_last = cute.arch.shuffle_sync(w, at.A_BY_LAST)
+        res = Int32(0)
+        if t < n_instr:
+            if op == ak.OP_ATTN_REDUCE:
+                if by_last == 1:
+                    res = Int32(1)
+        return res
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
@@ -863,11 +906,18 @@ class MegakernelDSL:
                             if op == OP_SPLITK_REDUCE:
                                 pg = rk.store_handoff(empty, done, dpar, pg, NP, sv,
                                                       timeout_ns, state, t, PS)
+                        if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
+                            clast = Int32(-2)       # a combining split: 1 last, 0 not
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
-                                pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
-                                                     empty, done, dpar, pg, sv, timeout_ns,
-                                                     state, t, journal)
+                                if cutlass.const_expr(ATTN_COMBINE):
+                                    pg, clast = self.store_attn(op, ring, base, aout, apart, alse,
+                                                                pool, empty, done, dpar, pg, sv,
+                                                                timeout_ns, state, t, journal)
+                                else:
+                                    pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
+                                                         empty, done, dpar, pg, sv, timeout_ns,
+                                                         state, t, journal)
                         if cutlass.const_expr(self.gather):
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
@@ -876,6 +926,13 @@ class MegakernelDSL:
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
+                            if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
+                                # the split's arrival was its consumers'; the last one signals
+                                # the reduce's counter for the reduce it ran
+                                if clast == 1:
+                                    sig = ring[base + at.A_COMBINE_SIGNAL]
+                                elif clast == 0:
+                                    sig = Int32(-1)
                             if sig >= 0:
                                 # every store of this instruction precedes the barrier above
                                 if cutlass.const_expr(SIGNAL_FENCE == "both"):
@@ -990,7 +1047,9 @@ class MegakernelDSL:
                                     pg = self.consume_attention(ring, base, aops, aq, pool, full,
                                                                 empty, done, pg, NP, ctv,
                                                                 timeout_ns, state, t, PS, journal,
-                                                                aswap)
+                                                                aswap, self.attn_combine(
+                                                                    ring, base, apart, alse,
+                                                                    counters))
                                 else:
                                     pg = self.consume_attention(ring, base, aops, aq, pool, full,
                                                                 empty, done, pg, NP, ctv,
@@ -1087,9 +1146,10 @@ class MegakernelDSL:
                              self.split_tile(gs, g, ring, base, skops), tma_store)
 
     def consume_attention(self, ring, base, aops, aq, pool, full, empty, done, pg, NP, ctv,
-                          timeout_ns, state, t, PS, journal, aswap):
+                          timeout_ns, state, t, PS, journal, aswap, combine=None):
         """Consumer body of ATTENTION (ak.attn_consume; aswap: the swapped chain's operands, or
-        None), traced where it is called."""
+        None; combine: ak.combine_words in the ATTN_COMBINE build's swapped trace, else None),
+        traced where it is called."""
         return ak.attn_consume(aops[3], aops[4], aops[5], aops[6], aq.iterator.toint(),
                                aq.shape[1], ring[base + W_ROW0], ring[base + W_ROWS],
                                ring[base + W_COL0], ring[base + W_COLS], ring[base + at.A_POS0],
@@ -1099,7 +1159,15 @@ class MegakernelDSL:
                                J_CONS_WAIT if self.journal else -1,
                                J_MMA_WAIT if self.journal else -1,
                                J_ATTN_SOFTMAX if self.journal else -1,
-                               self.attn_pair(ring, base), aswap)
+                               self.attn_pair(ring, base), aswap, combine)
+
+    def attn_combine(self, ring, base, apart, alse, counters):
+        """ak.combine_words of an ATTENTION split (its words; used where its combine arrivals are
+        > 0) in the ATTN_COMBINE build, else None. Trace-time Python."""
+        if not ATTN_COMBINE:
+            return None
+        return ak.combine_words(ring, base, apart.iterator.toint(), apart.shape[1],
+                                alse.iterator.toint(), alse.shape[1], counters)
 
     def attn_pair(self, ring: cute.Tensor, base: Int32):
         """A MODE_PAIR ATTENTION's second unit words (row0, pos0, page_off, new0) for the
@@ -1113,9 +1181,13 @@ class MegakernelDSL:
                    done: cute.Pointer, dpar: cute.Tensor, pg: Int32, sid: Int32,
                    timeout_ns: Int64, state: cute.Tensor, t: Int32,
                    journal: cute.Tensor) -> Int32:
-        """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch)."""
+        """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch). In the
+        ATTN_COMBINE build it returns (page count, last): last 1 / 0 in a split of a reduce by
+        its last split (it signals the reduce's counter / nothing), -2 otherwise."""
+        if cutlass.const_expr(ATTN_COMBINE):
+            last = Int32(-2)
         if op == ak.OP_ATTENTION:
-            pg = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
+            r = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
                                apart.shape[1], alse.iterator.toint(), alse.shape[1],
                                ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
                                ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
@@ -1125,13 +1197,20 @@ class MegakernelDSL:
                                state, t, page_share(self.handoff), journal,
                                STORE_STAMPS if self.journal else (),
                                J_STORE_WAIT if self.journal else -1,
-                               self.attn_pair(ring, base))
+                               self.attn_pair(ring, base),
+                               ring[base + at.A_COMBINE_ARRIVALS] if ATTN_COMBINE else None)
+            if cutlass.const_expr(ATTN_COMBINE):
+                pg, last = r
+            else:
+                pg = r
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],
                                  ring[base + at.A_QPK], pool, empty, done, dpar, pg, self.npages,
                                  sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                  page_share(self.handoff))
+        if cutlass.const_expr(ATTN_COMBINE):
+            return pg, last
         return pg
 
     @cute.jit

@@ -204,3 +204,41 @@ def test_check_norm_fold_unsplit(split_k, prompt_lens):
     r = check_against_vm(layers=2, kv_split=64, split_k=split_k, plan={"norm_fold": 2},
                          prompt_lens=prompt_lens)
     assert r["passed"], json.dumps(r, indent=1)
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["kv_split", "spread"])
+def test_last_split_combine_two_layers(spread):
+    """ATTN_REDUCE run by its last split (PlanConfig.attn_combine_pairs, built with
+    MK_ATTN_COMBINE=1, in a process of its own: the switch is read as the megakernel is
+    imported): the decode steps' split segments store their partials from the consumers, the
+    last split's consumers combine them and its storer stores the rows; the controller drops
+    the reduce tickets. Two layers vs the interpreter (which runs the reduces as tickets), with
+    splits of 64 keys and, spread, decode keys spread over the SMs (splits of 64 keys where the
+    context has at least two, kv_split 1024)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from mk.instructions import attention as at
+    plan = f"attn_combine_pairs={at.COMBINE_MAX_PAIRS}" + (",kv_spread_min_splits=2" if spread
+                                                           else "")
+    args = ["--kv-split", "1024", "--kv-split-min", "64"] if spread else ["--kv-split", "64"]
+    p = subprocess.run([sys.executable, "-m", "mk.megakernel_step", "check", "--layers", "2",
+                        "--plan", plan, *args], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MK_ATTN_COMBINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["passed"], json.dumps(r, indent=1)
+    assert r["kv_cache_max_abs_diff"] < 0.1, json.dumps(r, indent=1)
+    assert sum(st["last_split_reduces"] for st in r["steps"][1:]) > 0, json.dumps(r, indent=1)
+
+
+def test_last_split_combine_refused_without_its_build():
+    """A plan with last-split reduces on a megakernel built without the combine is refused
+    before any launch, naming the switch."""
+    from mk.instructions import attention as at
+    from mk.megakernel_step import UnsupportedModelError, check_against_vm
+    if at.combine_built():
+        pytest.skip("this process has MK_ATTN_COMBINE=1")
+    with pytest.raises(UnsupportedModelError, match="MK_ATTN_COMBINE=1"):
+        check_against_vm(layers=2, kv_split=64, plan=dict(attn_combine_pairs=at.COMBINE_MAX_PAIRS))
