@@ -304,6 +304,16 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000011. Session 40 had no device time either (none lent): plan 000010 below still holds,
+#      with this session's two additions placed in it. In this order:
+#      1. `MK_STEPS=ktrace` (000010's 1), then 000010's 1b (`l2hint` at B=1024 / 4096).
+#      2. `MK_STEPS=nf2` (000010's 2).
+#      3. `MK_STEPS=ccombine` (~8 min): the last-split attention combine in the consumers
+#         (MK_ATTN_COMBINE=1): GPU tests, racecheck, then B=1 / 16 and B=64 with
+#         kv_spread_min_splits=2 (off, spread alone, spread + combine). If it wins, the e2e
+#         small points with it (`MK_E2E_BATCH=1,16,64 MK_E2E_ARGS=... MK_STEPS=e2e`), then weigh
+#         it and kv_spread_min_splits=2 at B=64 as defaults (bench/ATTENTION_NOTES.md session 40).
+#      4. 000010's 3 and 4.
 #   000010. Session 39 had no device time (its one call died; then none was lent): plan
 #      00000f's calls are still to run, and this session's builds. In this order:
 #      1. `MK_STEPS=ktrace` (~5 min): the GEMM K-step trace, standalone (GATE_UP / DOWN at M =
