@@ -267,6 +267,14 @@ STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
 # that build.
 ATTN_COMBINE = at.combine_built()
 assert not ATTN_COMBINE or ak.SWAPPED, "MK_ATTN_COMBINE=1: the combine runs in the swapped chain"
+
+
+def attn_combine_for(gemm_m: int | None) -> bool:
+    """Whether the variant of M class bound gemm_m (None: no GEMM class) has the last-split
+    combine: in the ATTN_COMBINE build, the classes of at most attention.COMBINE_MAX_TOKENS
+    tokens, the only steps whose plans have by_last reduces (their decode splits); in larger
+    classes its code spilled 16 / 24 bytes (1024 / max)."""
+    return ATTN_COMBINE and (gemm_m is None or gemm_m <= at.COMBINE_MAX_TOKENS)
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -394,7 +402,7 @@ class MegakernelDSL:
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
                  backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = (), attn_page_size: int = 0,
                  gather: bool = False, splitk: bool = False, l2_prefetch: bool = False,
-                 claim_after_loads: bool = False):
+                 claim_after_loads: bool = False, attn_combine: bool = False):
         check_handoff(handoff, attn_page_size > 0)
         if attn_page_size:
             ak.box_rows(attn_page_size)         # a power of two >= 8
@@ -404,6 +412,9 @@ class MegakernelDSL:
         self.splitk = bool(splitk)
         self.l2_prefetch = bool(l2_prefetch)    # L2_PREFETCH compiled in (the loader's body)
         self.claim_after_loads = bool(claim_after_loads)   # see claim_after_loads_for
+        # the last-split attention combine compiled in (attn_combine_for; the attention family)
+        self.attn_combine = bool(attn_combine) and self.attn_ps > 0
+        assert not self.attn_combine or ATTN_COMBINE, "attn_combine needs MK_ATTN_COMBINE=1"
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
@@ -584,7 +595,7 @@ class MegakernelDSL:
                         w = instrs[t, lane]
                 else:
                     w = instrs[t, lane]
-                if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
+                if cutlass.const_expr(self.attn_combine):
                     t, w, tf = self.skip_by_last_split(instrs, n_instr, state, stop, lane, grid,
                                                        journal, t, w, tf)
                     if t >= n_instr:
@@ -906,11 +917,11 @@ class MegakernelDSL:
                             if op == OP_SPLITK_REDUCE:
                                 pg = rk.store_handoff(empty, done, dpar, pg, NP, sv,
                                                       timeout_ns, state, t, PS)
-                        if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
+                        if cutlass.const_expr(self.attn_combine):
                             clast = Int32(-2)       # a combining split: 1 last, 0 not
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
-                                if cutlass.const_expr(ATTN_COMBINE):
+                                if cutlass.const_expr(self.attn_combine):
                                     pg, clast = self.store_attn(op, ring, base, aout, apart, alse,
                                                                 pool, empty, done, dpar, pg, sv,
                                                                 timeout_ns, state, t, journal)
@@ -926,7 +937,7 @@ class MegakernelDSL:
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
-                            if cutlass.const_expr(self.attn_ps > 0 and ATTN_COMBINE):
+                            if cutlass.const_expr(self.attn_combine):
                                 # the split's arrival was its consumers'; the last one signals
                                 # the reduce's counter for the reduce it ran
                                 if clast == 1:
@@ -1047,7 +1058,7 @@ class MegakernelDSL:
                                     pg = self.consume_attention(ring, base, aops, aq, pool, full,
                                                                 empty, done, pg, NP, ctv,
                                                                 timeout_ns, state, t, PS, journal,
-                                                                aswap, self.attn_combine(
+                                                                aswap, self.combine_of(
                                                                     ring, base, apart, alse,
                                                                     counters))
                                 else:
@@ -1161,10 +1172,10 @@ class MegakernelDSL:
                                J_ATTN_SOFTMAX if self.journal else -1,
                                self.attn_pair(ring, base), aswap, combine)
 
-    def attn_combine(self, ring, base, apart, alse, counters):
+    def combine_of(self, ring, base, apart, alse, counters):
         """ak.combine_words of an ATTENTION split (its words; used where its combine arrivals are
-        > 0) in the ATTN_COMBINE build, else None. Trace-time Python."""
-        if not ATTN_COMBINE:
+        > 0) in a variant with the combine (attn_combine_for), else None. Trace-time Python."""
+        if not self.attn_combine:
             return None
         return ak.combine_words(ring, base, apart.iterator.toint(), apart.shape[1],
                                 alse.iterator.toint(), alse.shape[1], counters)
@@ -1182,9 +1193,9 @@ class MegakernelDSL:
                    timeout_ns: Int64, state: cute.Tensor, t: Int32,
                    journal: cute.Tensor) -> Int32:
         """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch). In the
-        ATTN_COMBINE build it returns (page count, last): last 1 / 0 in a split of a reduce by
-        its last split (it signals the reduce's counter / nothing), -2 otherwise."""
-        if cutlass.const_expr(ATTN_COMBINE):
+        variants with the combine it returns (page count, last): last 1 / 0 in a split of a
+        reduce by its last split (it signals the reduce's counter / nothing), -2 otherwise."""
+        if cutlass.const_expr(self.attn_combine):
             last = Int32(-2)
         if op == ak.OP_ATTENTION:
             r = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
@@ -1198,8 +1209,8 @@ class MegakernelDSL:
                                STORE_STAMPS if self.journal else (),
                                J_STORE_WAIT if self.journal else -1,
                                self.attn_pair(ring, base),
-                               ring[base + at.A_COMBINE_ARRIVALS] if ATTN_COMBINE else None)
-            if cutlass.const_expr(ATTN_COMBINE):
+                               ring[base + at.A_COMBINE_ARRIVALS] if self.attn_combine else None)
+            if cutlass.const_expr(self.attn_combine):
                 pg, last = r
             else:
                 pg = r
@@ -1209,7 +1220,7 @@ class MegakernelDSL:
                                  ring[base + at.A_QPK], pool, empty, done, dpar, pg, self.npages,
                                  sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                  page_share(self.handoff))
-        if cutlass.const_expr(ATTN_COMBINE):
+        if cutlass.const_expr(self.attn_combine):
             return pg, last
         return pg
 
@@ -1250,26 +1261,27 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                        handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
                        gemm: tuple = (), attn_page_size: int = 0, gather: bool = False,
                        splitk: bool = False, l2_prefetch: bool = False,
-                       claim_after_loads: bool = False):
+                       claim_after_loads: bool = False, attn_combine: bool = False):
     """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
     the M class's tile configs, attention KV page size (0 = no attention), gather family, split-K,
-    L2 prefetches, claim after loads) and arena/norm-table shape. Prints the compile time of each
-    new variant once (verbose)."""
+    L2 prefetches, claim after loads, the last-split combine) and arena/norm-table shape. Prints
+    the compile time of each new variant once (verbose)."""
     key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
            bool(gather), bool(splitk), bool(l2_prefetch),
-           bool(claim_after_loads)) + tuple(shape_key)
+           bool(claim_after_loads), bool(attn_combine)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                           attn_page_size=attn_page_size, gather=gather, splitk=splitk,
-                          l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads), *args)
+                          l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads,
+                          attn_combine=attn_combine), *args)
         if verbose:
             tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
                   f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
                   f"gather={gather} splitk={splitk} l2_prefetch={l2_prefetch} "
-                  f"claim_after_loads={claim_after_loads} in "
+                  f"claim_after_loads={claim_after_loads} attn_combine={attn_combine} in "
                   f"{time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
@@ -1479,7 +1491,8 @@ def _op_name(op) -> str:
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
                gemm: dict | None = None, slots: tuple = (), kv_shape=None,
                attn: AttnOperands | None = None, embed_shape=None, last_normed_shape=None,
-               meta_page_size: int | None = None, splitk_shape=None, l2_prefetch: bool = False):
+               meta_page_size: int | None = None, splitk_shape=None, l2_prefetch: bool = False,
+               attn_combine: bool | None = None):
     """Host-side refusal of what this kernel cannot run (before it could hang or fault).
 
     gemm / slots: the GEMM operands and compiled slots of the megakernel (GEMM opcodes without a
@@ -1611,7 +1624,8 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
                              f"(x: {g.xb}..{g.xb + sh['xz'] - 1}, y: {g.yb}..{g.yb + sh['yz'] - 1})")
         if ((p[:, W_LAYER] < 0) | (p[:, W_LAYER] >= sh["wl"])).any():
             raise ValueError(f"megakernel: {name} layer beyond the stacked weights' {sh['wl']}")
-    _check_attention(s, ops, attn, kv_shape, meta_page_size)
+    _check_attention(s, ops, attn, kv_shape, meta_page_size,
+                     ATTN_COMBINE if attn_combine is None else attn_combine)
     _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape)
     return mx + 1
 
@@ -1730,7 +1744,7 @@ def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
     return eq
 
 
-def _check_attention(s, ops, attn, kv_shape, meta_page_size):
+def _check_attention(s, ops, attn, kv_shape, meta_page_size, attn_combine: bool):
     """ATTENTION / ATTN_REDUCE against the compiled attention operands (see check_plan)."""
     a = s[ops == int(Op.ATTENTION)]
     r = s[ops == int(Op.ATTN_REDUCE)]
@@ -1804,11 +1818,12 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
             raise ValueError(f"megakernel: ATTN_REDUCE slots beyond ATTN_PARTIAL / ATTN_LSE "
                              f"({P} rows)")
     # a reduce run by its last split reads the split's copies of its words
-    if not ATTN_COMBINE and (r[:, at.A_BY_LAST] != 0).any():
+    if not attn_combine and (r[:, at.A_BY_LAST] != 0).any():
         raise ValueError("megakernel: the plan has ATTN_REDUCEs run by their last split "
-                         "(PlanConfig.attn_combine_pairs > 0), but this build has no last-split "
-                         "combine: set MK_ATTN_COMBINE=1 before the megakernel is imported, or "
-                         "plan with attn_combine_pairs=0")
+                         "(PlanConfig.attn_combine_pairs > 0), but this variant has no last-split "
+                         "combine: set MK_ATTN_COMBINE=1 before the megakernel is imported (it "
+                         f"is compiled into the classes of <= {at.COMBINE_MAX_TOKENS} tokens), "
+                         "or plan with attn_combine_pairs=0")
     bad = at.check_last_combines(s)
     if bad:
         raise ValueError("megakernel: an ATTN_REDUCE by the last split does not match its "
@@ -2010,6 +2025,7 @@ class Megakernel:
         self.l2_prefetch = bool(l2_prefetch)
         self.claim_after_loads = (claim_after_loads_for(gemm_m) if claim_after_loads is None
                                   else bool(claim_after_loads))
+        self.attn_combine = attn_combine_for(gemm_m)
         self._gemm_t = (gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
                         + family_tensor_args(attn, embed, last_normed, dev)
                         + [splitk if splitk is not None
@@ -2046,7 +2062,7 @@ class Megakernel:
                                               else tuple(self.last_normed.shape)),
                            meta_page_size=meta_page_size,
                            splitk_shape=None if self.splitk is None else tuple(self.splitk.shape),
-                           l2_prefetch=self.l2_prefetch)
+                           l2_prefetch=self.l2_prefetch, attn_combine=self.attn_combine)
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -2063,7 +2079,8 @@ class Megakernel:
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
                                       self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                       self.attn_page_size, self.gather, self.splitk is not None,
-                                      self.l2_prefetch, self.claim_after_loads)
+                                      self.l2_prefetch, self.claim_after_loads,
+                                      self.attn_combine)
             nb, src = resident_blocks_per_sm(
                 comp, smem_bytes_estimate(claim_after_loads=self.claim_after_loads))
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
@@ -2079,7 +2096,7 @@ class Megakernel:
                                   self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                   self.attn_page_size, self.gather,
                                   self.splitk is not None, self.l2_prefetch,
-                                  self.claim_after_loads), cs
+                                  self.claim_after_loads, self.attn_combine), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -2210,18 +2227,20 @@ def fake_args(gemm: tuple = (), attention: bool = False):
 def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple = (),
                  backoff_ns: int = DEFAULT_BACKOFF_NS, attn_page_size: int = 0,
                  gather: bool = False, splitk: bool = False, l2_prefetch: bool = False,
-                 claim_after_loads: bool | None = None):
+                 claim_after_loads: bool | None = None, attn_combine: bool | None = None):
     """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX.
     attn_page_size: compile the attention family in for that KV page size (0: not); splitk:
     compile the split-K tiles and SPLITK_REDUCE in; l2_prefetch: L2_PREFETCH;
-    claim_after_loads None: as MK_CLAIM_AFTER_LOADS says, else off."""
+    claim_after_loads None: as MK_CLAIM_AFTER_LOADS says, else off; attn_combine None: the
+    last-split combine in the ATTN_COMBINE build (whatever the class), else as given."""
     if claim_after_loads is None:
         claim_after_loads = claim_after_loads_for(None)
     if handoff is None:
         handoff = default_handoff(attn_page_size > 0)
     dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                         attn_page_size=attn_page_size, gather=gather, splitk=splitk,
-                        l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads)
+                        l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads,
+                        attn_combine=ATTN_COMBINE if attn_combine is None else attn_combine)
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
         dsl, *fake_args(gemm, attn_page_size > 0))
 

@@ -341,7 +341,8 @@ class PlanConfig:
     # split's storer lost (B=1 +5.0%, B=16 +3.1%: the storer's two warps at 72 registers walked
     # the splits ~32 dependent L2 round trips deep); since session 40 the last split's consumers
     # combine (256 threads, every split's loads of a thread's 8 values in flight), built with
-    # MK_ATTN_COMBINE=1, not yet GPU-run (scripts/gpu_next.sh `ccombine`). At most
+    # MK_ATTN_COMBINE=1 into the classes of at most attention.COMBINE_MAX_TOKENS tokens (the
+    # only steps it applies to), not yet GPU-run (scripts/gpu_next.sh `ccombine`). At most
     # attention.COMBINE_MAX_PAIRS
     attn_combine_pairs: int = 0
 
@@ -1371,7 +1372,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     join_id = np.cumsum(~seg_is_last) - 1                         # valid where ~seg_is_last
     # (a segment reduced by its last split has a SPLIT counter per KV head group: each group's
     # splits reduce alone)
-    by_last = split & (seg_rows * gh * qpk <= cfg.attn_combine_pairs) & (gh == 1)
+    by_last = (split & (seg_rows * gh * qpk <= cfg.attn_combine_pairs) & (gh == 1)
+               & (T <= at.COMBINE_MAX_TOKENS))
     split_cnt = np.where(split, np.where(by_last, ngrp, 1), 0)
     split_id = np.cumsum(split_cnt) - split_cnt                   # valid where split
     groups_layout["JOIN"] = (off, int((~seg_is_last).sum()))

@@ -1040,10 +1040,11 @@ def test_attn_combine_variant_compiles_without_spills(tmp_path):
     variant (split-K; the small steps whose decode splits it serves) compiles with 0 spills and
     no call; against the default build it adds the splits' acq_rel arrival, the two 256-thread
     barriers around it (bar.sync 3, both warpgroups: the racecheck rule of session 32) and the
-    combine's gpu-scope loads of the other splits' partials. (The 1024 class with it spills 16
-    bytes: the consumers' timeout in the slot wait's slow path; not a variant the combine is
-    for: its reduces come with decode splits, at B <= 32.)"""
-    check = "import mk.megakernel as M; assert M.ATTN_COMBINE == {on}"
+    combine's gpu-scope loads of the other splits' partials. Only the classes of <= 64 tokens
+    get it (attn_combine_for; the planner's by_last likewise): compiled into the 1024 / max
+    classes it spilled 16 / 24 bytes."""
+    check = ("import mk.megakernel as M; assert M.ATTN_COMBINE == {on}; "
+             "assert M.attn_combine_for(64) == {on} and not M.attn_combine_for(1024)")
     ptx = {on: variant_ptx(tmp_path, f"comb_{on}", {"MK_ATTN_COMBINE": "1" if on else "0"},
                            check.format(on=on))
            for on in (False, True)}

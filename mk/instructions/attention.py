@@ -100,6 +100,10 @@ PAIR_MAX_QPK = 64
 # registers hold the unit's own partial), so a split instruction of one KV head and one token;
 # bigger segments keep their ATTN_REDUCE ticket
 COMBINE_MAX_PAIRS = 8
+# steps of at most this many tokens get last-split reduces (the planner's by_last): the M class
+# the megakernel compiles the combine into (mk.megakernel.attn_combine_for); decode splits come
+# in small steps (B <= 32, or B=64 with kv_spread_min_splits=2)
+COMBINE_MAX_TOKENS = 64
 
 
 def combine_built() -> bool:
