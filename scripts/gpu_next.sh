@@ -321,8 +321,10 @@
 #         step with each GEMM's middle layer isolated, nvidia-smi's clock / power meanwhile.
 #         Read ktrace_summary.log against bench/GEMM_NOTES.md session 39 (which column says
 #         what). Then, in a call of its own, `MK_KT_JOBS=0 MK_KT_BATCH=4096 MK_STEPS=ktrace`.
-#      1b. `MK_L2_VALUES="weights,kv kv" MK_L2_BATCH=1024,4096 MK_STEPS=l2hint` (~6 min): the GEMM
-#         weights' evict-first hint (default since session 11, timed at B <= 256 only) where a
+#      1b. `MK_L2_VALUES="weights,kv kv,acts" MK_L2_BATCH=1024,4096 MK_STEPS=l2hint` (~7 min:
+#         no hints, the default, and the weights unhinted with the activation (A) loads
+#         evict-last: MK_L2_HINTS part "acts", new in session 40): the GEMM weights' evict-first
+#         hint (default since session 11, timed at B <= 256 only) where a
 #         weight tile is read again by 8 / 32 M tiles (B=1024 / 4096): session 21's B=4096
 #         journal had the consumers waiting for operands 33% of a GATE_UP tile in the step.
 #         The journal's cons_wait column with and without the hint says whether it is L2.

@@ -653,9 +653,10 @@ def test_l2_hints_variant_compiles_without_spills(tmp_path):
     own): the GEMM weight loads carry the evict-first L2 policy and the K/V loads a policy chosen
     per unit (evict first for decode, normal otherwise); the all-opcode M64 variant with split-K
     compiles with 0 spills and no call. With MK_L2_HINTS=none no TMA load carries either policy
-    (every load keeps policy 0, the build before session 11)."""
+    (every load keeps policy 0, the build before session 11). With "kv,acts" (session 40) the
+    GEMM activation (A) loads carry evict-last and the weight loads none."""
     from mk.instructions import _rows_kernel as rk
-    want = {"none": set(), "weights,kv": {"weights", "kv"}}
+    want = {"none": set(), "weights,kv": {"weights", "kv"}, "kv,acts": {"kv", "acts"}}
     ptx = {h: variant_ptx(tmp_path, f"l2{h.replace(',', '_')}", {"MK_L2_HINTS": h},
                           f"assert rk.L2_HINTS == {want[h]!r}, rk.L2_HINTS")
            for h in want}
@@ -676,6 +677,9 @@ def test_l2_hints_variant_compiles_without_spills(tmp_path):
     assert hinted.get(first, 0) > 0, hinted                   # weight (B) pages
     assert hinted.get((first, normal), 0) > 0, hinted         # K/V pages: decode or not
     assert sum(hinted.values()) == sum(base.values())
+    acts = policies(ptx["kv,acts"])
+    assert acts.get(str(rk.L2_EVICT_LAST), 0) > 0 and acts.get(first, 0) == 0, acts
+    assert hinted.get(str(rk.L2_EVICT_LAST), 0) == 0, hinted
     assert not re.search(r"^\s*call", ptx["weights,kv"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["weights,kv"], str(tmp_path / "l2hints")))
 

@@ -640,7 +640,8 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes + stage_b_bytes(cfg))
-        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page)
+        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page,
+                rk.activation_policy())
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
                      stage_full(full + page))

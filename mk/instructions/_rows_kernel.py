@@ -295,13 +295,22 @@ L2_EVICT_LAST = 0x14F0000000000000
 #            for a body it runs once per layer (bench/E2E_NOTES.md sessions 7-8).
 #   kv       the K/V pages of a decode unit (one query row per sequence: read once per step):
 #            evict first; prefill units (their keys read by every query tile) keep the default.
+#   acts     the GEMM activation (A) pages: evict last (not in the default; session 40, not yet
+#            timed). In a large step each activation tile is read again by every column tile
+#            of its rows (28-64 at B=4096), each weight tile by 8 row tiles of a raster run.
 # H200, 70B TP8 rank, decode ctx 1024, same GPU and call (bench/results/l2hint_*_2026-11-30_s11):
 # B=1 9.674 -> 8.530 ms (-11.8%), B=64 13.045 -> 11.959 (-8.3%), B=256 22.768 -> 22.223 (-2.4%);
 # "weights" alone -11.8% / -2.2% / -0.3%. Every instruction got faster (B=1: ATTENTION 13.5 ->
 # 9.5 us, ATTN_REDUCE 7.1 -> 4.9, QKV_ROPE 11.1 -> 9.4): their code and inputs now stay in L2.
 _L2_HINTS_ENV = os.environ.get("MK_L2_HINTS", "weights,kv")
 L2_HINTS = frozenset(t for t in _L2_HINTS_ENV.split(",") if t and t != "none")
-assert L2_HINTS <= {"weights", "kv"}, f"unknown MK_L2_HINTS parts {set(L2_HINTS)}"
+assert L2_HINTS <= {"weights", "kv", "acts"}, f"unknown MK_L2_HINTS parts {set(L2_HINTS)}"
+
+
+def activation_policy():
+    """The L2 policy of GEMM activation loads: evict last under MK_L2_HINTS "acts", else None (no
+    hint). Called while a body is traced."""
+    return Int64(L2_EVICT_LAST) if "acts" in L2_HINTS else None
 
 
 def weight_policy():
