@@ -1331,6 +1331,15 @@ def lse_addr(lse_base: Int64, ldl: Int32, srow: Int32, h: Int32) -> Int64:
 
 
 @cute.jit
+def lse_pair(lse_base: Int64, ldl: Int32, srow: Int32, i0: Int32, h0: Int32, i1: Int32,
+             h1: Int32):
+    """One split's LSEs of a thread's two query rows (token rows i0 / i1 after the split's first
+    row srow of ATTN_LSE, heads h0 / h1), gpu-scope loads."""
+    return (ld_gpu_f32(lse_addr(lse_base, ldl, srow + i0, h0)),
+            ld_gpu_f32(lse_addr(lse_base, ldl, srow + i1, h1)))
+
+
+@cute.jit
 def swap_partial_global(sw, inv0: Float32, inv1: Float32, lse0: Float32, lse1: Float32,
                         cmb, mtot: Int32, qpk: Int32, head0: Int32, wq: Int32,
                         lane: Int32):
@@ -1404,15 +1413,13 @@ def swap_combine(sw, cmb, mtot: Int32, qpk: Int32, head0: Int32, page_base: Int3
     mx1 = Float32(NEG_INF)
     j = Int32(0)
     while j < ns:
-        l0 = []
-        l1 = []
+        ls = []
         for u in cutlass.range_constexpr(COMBINE_LSE_SPLITS):
-            srow = slot0 + rk.imin(j + u, ns - 1) * R
-            l0.append(ld_gpu_f32(lse_addr(lse_base, ldl, srow + i0, h0)))
-            l1.append(ld_gpu_f32(lse_addr(lse_base, ldl, srow + i1, h1)))
+            ls.append(lse_pair(lse_base, ldl, slot0 + rk.imin(j + u, ns - 1) * R, i0, h0, i1,
+                               h1))
         for u in cutlass.range_constexpr(COMBINE_LSE_SPLITS):
-            mx0 = cute.arch.fmax(mx0, l0[u])
-            mx1 = cute.arch.fmax(mx1, l1[u])
+            mx0 = cute.arch.fmax(mx0, ls[u][0])
+            mx1 = cute.arch.fmax(mx1, ls[u][1])
         j = j + COMBINE_LSE_SPLITS
     acc = cute.make_rmem_tensor(cute.make_layout(ne), Float32)
     acc.fill(0.0)
@@ -1424,8 +1431,7 @@ def swap_combine(sw, cmb, mtot: Int32, qpk: Int32, head0: Int32, page_base: Int3
         ps = []
         for u in cutlass.range_constexpr(COMBINE_SPLITS):
             srow = slot0 + rk.imin(j + u, ns - 1) * R
-            la = ld_gpu_f32(lse_addr(lse_base, ldl, srow + i0, h0))
-            lb = ld_gpu_f32(lse_addr(lse_base, ldl, srow + i1, h1))
+            ws.append(lse_pair(lse_base, ldl, srow, i0, h0, i1, h1))
             vals = []
             for e in cutlass.range_constexpr(ne):
                 dim, _n = tOcOt[e]
@@ -1433,7 +1439,6 @@ def swap_combine(sw, cmb, mtot: Int32, qpk: Int32, head0: Int32, page_base: Int3
                     vals.append(ld_gpu_f32(partial_addr(part_base, ldp, srow + i0, h0, dim)))
                 else:
                     vals.append(ld_gpu_f32(partial_addr(part_base, ldp, srow + i1, h1, dim)))
-            ws.append((la, lb))
             ps.append(vals)
         for u in cutlass.range_constexpr(COMBINE_SPLITS):
             if j + u < ns:
