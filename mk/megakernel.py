@@ -257,14 +257,14 @@ STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
 # ATTN_REDUCE run by its last split (PlanConfig.attn_combine_pairs, mk/instructions/attention.py's
 # by_last): the controller drops the reduce's ticket; the consumers of each split store its
 # partial rows themselves and add its arrival (acq_rel), and those of the split that arrives last
-# combine every split's partial into ATTN_OUT rows (ak.combine_in_consumers), which its storer
-# stores before it signals the reduce's counter. Session 29 built the combine in the last
-# split's storer: correct (GPU tests, racecheck, memcheck) but slower (B=1 +5.0%, B=16 +3.1%:
-# the storer's two warps at the low register count walked the splits ~32 dependent L2 round
-# trips deep; bench/results/combine_*_2026-12-03_s29); the consumers' combine (session 40) has
-# every split's loads of a thread's values in flight. Off by default (the default build's PTX
-# is the one without it); MK_ATTN_COMBINE=1 builds it, and a plan with by_last reduces needs
-# that build.
+# combine every split's partial into ATTN_OUT rows (ak.swap_partial_global, combine_arrive,
+# swap_combine), which its storer stores before it signals the reduce's counter. Session 29 built
+# the combine in the last split's storer: correct (GPU tests, racecheck, memcheck) but slower
+# (B=1 +5.0%, B=16 +3.1%: the storer's two warps at the low register count walked the splits ~32
+# dependent L2 round trips deep; bench/results/combine_*_2026-12-03_s29); the consumers' combine
+# (session 40, not yet GPU-run) has several splits' loads of a thread's values in flight. Off by
+# default (the default build's PTX is the one without it); MK_ATTN_COMBINE=1 builds it into the
+# classes attn_combine_for names, and a plan with by_last reduces needs such a variant.
 ATTN_COMBINE = at.combine_built()
 assert not ATTN_COMBINE or ak.SWAPPED, "MK_ATTN_COMBINE=1: the combine runs in the swapped chain"
 
@@ -1199,17 +1199,17 @@ class MegakernelDSL:
             last = Int32(-2)
         if op == ak.OP_ATTENTION:
             r = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
-                               apart.shape[1], alse.iterator.toint(), alse.shape[1],
-                               ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
-                               ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
-                               ring[base + at.A_KV1], ring[base + at.A_MODE],
-                               ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
-                               dpar, pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns,
-                               state, t, page_share(self.handoff), journal,
-                               STORE_STAMPS if self.journal else (),
-                               J_STORE_WAIT if self.journal else -1,
-                               self.attn_pair(ring, base),
-                               ring[base + at.A_COMBINE_ARRIVALS] if self.attn_combine else None)
+                              apart.shape[1], alse.iterator.toint(), alse.shape[1],
+                              ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
+                              ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
+                              ring[base + at.A_KV1], ring[base + at.A_MODE],
+                              ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
+                              dpar, pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns,
+                              state, t, page_share(self.handoff), journal,
+                              STORE_STAMPS if self.journal else (),
+                              J_STORE_WAIT if self.journal else -1,
+                              self.attn_pair(ring, base),
+                              ring[base + at.A_COMBINE_ARRIVALS] if self.attn_combine else None)
             if cutlass.const_expr(self.attn_combine):
                 pg, last = r
             else:
