@@ -342,7 +342,7 @@ class PlanConfig:
     # the splits ~32 dependent L2 round trips deep); since session 40 the last split's consumers
     # combine (256 threads, every split's loads of a thread's 8 values in flight), built with
     # MK_ATTN_COMBINE=1 into the classes of at most attention.COMBINE_MAX_TOKENS tokens (the
-    # only steps it applies to), not yet GPU-run (scripts/gpu_next.sh `ccombine`). At most
+    # only steps it applies to), not yet GPU-run (scripts/gpu_next.sh `ccombine`, `ccombinetime`). At most
     # attention.COMBINE_MAX_PAIRS
     attn_combine_pairs: int = 0
 
