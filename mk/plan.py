@@ -342,8 +342,8 @@ class PlanConfig:
     # the splits ~32 dependent L2 round trips deep); since session 40 the last split's consumers
     # combine (256 threads, every split's loads of a thread's 8 values in flight), built with
     # MK_ATTN_COMBINE=1 into the classes of at most attention.COMBINE_MAX_TOKENS tokens (the
-    # only steps it applies to), not yet GPU-run (scripts/gpu_next.sh `ccombine`, `ccombinetime`). At most
-    # attention.COMBINE_MAX_PAIRS
+    # only steps it applies to), not yet GPU-run (scripts/gpu_next.sh `ccombine`,
+    # `ccombinetime`). At most attention.COMBINE_MAX_PAIRS
     attn_combine_pairs: int = 0
 
     def __post_init__(self):
@@ -1705,7 +1705,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
            & (tmpl32[:, mc.A_EPI_WAIT] > 0))
     incr[epi, mc.A_EPI_WAIT] = CPL
     # a split's copy of its last-split reduce's signal counter moves with the layer too
-    combined = ((tmpl32[:, W_OPCODE] == int(Op.ATTENTION)) & (tmpl32[:, at.A_MODE] == at.MODE_PARTIAL)
+    combined = ((tmpl32[:, W_OPCODE] == int(Op.ATTENTION))
+                & (tmpl32[:, at.A_MODE] == at.MODE_PARTIAL)
                 & (tmpl32[:, at.A_COMBINE_ARRIVALS] > 0))
     incr[combined, at.A_COMBINE_SIGNAL] = CPL
     body = out[len(prelude):len(prelude) + L * m].reshape(L, m, INSTR_WORDS)
