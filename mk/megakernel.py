@@ -173,7 +173,11 @@ J_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
 # into them; from J_CONS_EPI: the consumers' wait for it, session 23's per-tile cost,
 # bench/GEMM_NOTES.md)
 J_EPI_READY = 25
-assert gk.KT_BASE >= J_EPI_READY + 1, "the K-step trace starts after the journal's own words"
+# ATTENTION splits of a reduce by their last split (the combine build): consumer thread 0 before
+# the partial's stores, after the arrival (the "last" flag known), after the combine (last split)
+J_COMB0, J_COMB_ARRIVED, J_COMB_END = 26, 27, 28
+COMBINE_STAMPS = (J_COMB0, J_COMB_ARRIVED, J_COMB_END)
+assert gk.KT_BASE >= J_COMB_END + 1, "the K-step trace starts after the journal's own words"
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -1170,7 +1174,8 @@ class MegakernelDSL:
                                J_CONS_WAIT if self.journal else -1,
                                J_MMA_WAIT if self.journal else -1,
                                J_ATTN_SOFTMAX if self.journal else -1,
-                               self.attn_pair(ring, base), aswap, combine)
+                               self.attn_pair(ring, base), aswap, combine,
+                               COMBINE_STAMPS if self.journal and combine is not None else ())
 
     def combine_of(self, ring, base, apart, alse, counters):
         """ak.combine_words of an ATTENTION split (its words; used where its combine arrivals are

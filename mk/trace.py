@@ -34,7 +34,8 @@ def _op_name(op: int) -> str:
 # module never imports cutlass)
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
               "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
-              "epi1": 18, "cons_epi0": 19, "epi_ready": 25}
+              "epi1": 18, "cons_epi0": 19, "epi_ready": 25, "comb0": 26, "comb_arrived": 27,
+              "comb_end": 28}
 # journal words that hold durations (ns summed by the instruction's roles, not times):
 # mk.megakernel.J_LOAD_WAIT .. (ATTENTION's page and wgmma waits, a GEMM's operand and wgmma
 # waits); by_opcode reports their medians
@@ -61,6 +62,10 @@ ROLE_SPANS = {
     "cons_epi": ("cons_epi0", "cons1"),
     # ... of which the wait for the epilogue pages (a RESIDUAL tile's residual loads)
     "epi_wait": ("cons_epi0", "epi_ready"),
+    # ATTENTION splits of a reduce by their last split (MK_ATTN_COMBINE): the partial's stores
+    # and the arrival; the last split's combine of every split
+    "comb_arrive": ("comb0", "comb_arrived"),
+    "combine": ("comb_arrived", "comb_end"),
 }
 
 

@@ -97,7 +97,9 @@ def test_role_words_match_the_megakernel():
                              "cons1_wg1": M.J_CONS1_WG1, "store1": M.J_STORE1,
                              "store_kv": M.J_STORE_KV, "store_epi": M.J_STORE_EPI,
                              "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1,
-                             "cons_epi0": M.J_CONS_EPI, "epi_ready": M.J_EPI_READY}
+                             "cons_epi0": M.J_CONS_EPI, "epi_ready": M.J_EPI_READY,
+                             "comb0": M.J_COMB0, "comb_arrived": M.J_COMB_ARRIVED,
+                             "comb_end": M.J_COMB_END}
     assert tr.WAIT_WORDS == {"ld_wait": M.J_LOAD_WAIT, "cons_wait": M.J_CONS_WAIT,
                              "st_wait": M.J_STORE_WAIT, "mma_wait": M.J_MMA_WAIT,
                              "softmax": M.J_ATTN_SOFTMAX}

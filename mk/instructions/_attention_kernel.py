@@ -1625,7 +1625,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  wg_split: cutlass.Constexpr = WG_SPLIT, journal=None,
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
                  softmax_word: cutlass.Constexpr = -1, pair=None, swap=None,
-                 combine=None) -> Int32:
+                 combine=None, comb_stamps: cutlass.Constexpr = ()) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
     pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
     (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
@@ -1646,7 +1646,10 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     combine (combine_words; the megakernel's ATTN_COMBINE build, swapped chain only; None: not
     compiled in): in a split whose combine arrivals are > 0 the consumers store the partial
     themselves, arrive, and the last split's combine the splits into its epilogue page 0
-    (swap_partial_global, combine_arrive, swap_combine; the storer reads the flag)."""
+    (swap_partial_global, combine_arrive, swap_combine; the storer reads the flag).
+    comb_stamps (the megakernel's journal variant with the combine): three journal words of row
+    `ticket` that get consumer thread 0's times before the partial's stores, after the arrival
+    and after the combine (the last split only)."""
     hm = handoff_of(share)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
@@ -1822,6 +1825,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     # a split of a reduce by its last split: the partial to global memory, the
                     # arrival, and in the last split the combined rows into epilogue page wg
                     plain = cutlass.Boolean(False)
+                    if cutlass.const_expr(len(comb_stamps) > 0):
+                        rk.journal_stamp(journal, ticket, comb_stamps[0], ctid == 0)
                     if writes:
                         if active:
                             swap_partial_global(sw, inv0, inv1, lse0, lse1, combine, mtot, qpk,
@@ -1830,6 +1835,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                     if pl >= npages:
                         pl = pl - npages
                     last = combine_arrive(combine, pool + pl * PAGE + COMBINE_FLAG_OFF, ctid)
+                    if cutlass.const_expr(len(comb_stamps) > 0):
+                        rk.journal_stamp(journal, ticket, comb_stamps[1], ctid == 0)
                     if last == 1:
                         if writes:
                             if active:
@@ -1837,6 +1844,8 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                                 if pgw >= npages:
                                     pgw = pgw - npages
                                 swap_combine(sw, combine, mtot, qpk, head0, pool + pgw * PAGE)
+                        if cutlass.const_expr(len(comb_stamps) > 0):
+                            rk.journal_stamp(journal, ticket, comb_stamps[2], ctid == 0)
             if plain:
                 if cutlass.const_expr(sw is None):
                     frag_writes(accO0, accO1, r0, c0, inv0, inv1, lse0, lse1, pool, ep0, npages,
