@@ -235,10 +235,18 @@ def test_last_split_combine_two_layers(spread):
 
 def test_last_split_combine_refused_without_its_build():
     """A plan with last-split reduces on a megakernel built without the combine is refused
-    before any launch, naming the switch."""
-    from mk.instructions import attention as at
-    from mk.megakernel_step import UnsupportedModelError, check_against_vm
-    if at.combine_built():
-        pytest.skip("this process has MK_ATTN_COMBINE=1")
-    with pytest.raises(UnsupportedModelError, match="MK_ATTN_COMBINE=1"):
-        check_against_vm(layers=2, kv_split=64, plan=dict(attn_combine_pairs=at.COMBINE_MAX_PAIRS))
+    before any launch, naming the switch (in a process of its own with MK_ATTN_COMBINE=0: the
+    switch is read as the megakernel is imported, whatever this process has)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import pytest\n"
+            "from mk.instructions import attention as at\n"
+            "from mk.megakernel_step import UnsupportedModelError, check_against_vm\n"
+            "with pytest.raises(UnsupportedModelError, match='MK_ATTN_COMBINE=1'):\n"
+            "    check_against_vm(layers=2, kv_split=64, "
+            "plan=dict(attn_combine_pairs=at.COMBINE_MAX_PAIRS))\n"
+            "print('refused')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MK_ATTN_COMBINE": "0"})
+    assert p.returncode == 0 and p.stdout.strip().endswith("refused"), p.stderr[-3000:]
