@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from mk.batch import SeqChunk, StepBatch  # noqa: E402
 from mk.config import KernelConfig, ModelConfig, ParallelConfig  # noqa: E402
 from mk.peers import shard_config  # noqa: E402
-from mk.plan import PlanConfig, Planner  # noqa: E402
+from mk.megakernel_step import default_plan_config  # noqa: E402
+from mk.plan import Planner  # noqa: E402
 
 LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
                  num_kv_heads=8, head_dim=128, vocab_size=128256)
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
         per = -(-max(ctx, prefill) // page)
         kernel = KernelConfig(page_size=page, max_seqs=4096, max_context=max(ctx, prefill),
                               max_batch_tokens=4096, num_kv_pages=seqs * per)
-        cfg = PlanConfig(split_k=0)               # the megakernel backend's default
+        cfg = default_plan_config()               # the megakernel backend's default
         planner = Planner(model, ParallelConfig(), kernel, cfg, fast_path=False)
         batch = point_batch(decode, ctx, prefill, page)
         plan = planner.plan(batch)

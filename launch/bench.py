@@ -329,7 +329,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=16, choices=(16, 64, 256),
                    help="megakernel: KV cache page size in tokens (default %(default)s)")
     p.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
-                   help="megakernel: PlanConfig overrides, e.g. kv_split=128,norm_rows=16 "
+                   help="megakernel: PlanConfig overrides of the backend's default plan "
+                        "(mk.megakernel_step.DEFAULT_PLAN), e.g. kv_split=128,norm_fold=0 "
                         "(integer fields; --split-k sets split_k)")
     p.add_argument("--journal", action="store_true",
                    help="megakernel: after timing, one journaled launch per point (a compile "
@@ -508,14 +509,16 @@ def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
     token and sequence maxima are the same at every point (MAX_BATCH), so the buffers the kernel
     is compiled against keep their shapes and one variant per M class serves every point; the KV
     cache holds exactly the point's pages."""
-    from mk.megakernel_step import MegakernelStepBackend
+    from mk.megakernel_step import MegakernelStepBackend, default_plan_config
     from mk.peers import shard_as_tp1
-    from mk.plan import PlanConfig
     kernel = megakernel_kernel_config(point, page)
     # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
     # tensor-parallel communication, exactly what the peers time
+    # the backend's default plan (norm_fold=2: it folds a copy of the shard's norm weights; the
+    # peers run the unfolded shard) with --split-k and --plan over it
     return MegakernelStepBackend(shard_as_tp1(weights), kernel,
-                                 plan_cfg=PlanConfig(split_k=split_k, **(plan or {}))), kernel
+                                 plan_cfg=default_plan_config(split_k=split_k,
+                                                              **(plan or {}))), kernel
 
 
 def megakernel_kernel_config(point: Point, page: int = 16) -> KernelConfig:

@@ -14,7 +14,12 @@ and hands each sequence's page table in SeqChunk.pages.
 Backends are created by name through a registry: a module registers a factory with
 
     @register_backend("vm")
-    def make_vm_backend(weights: RankWeights, kernel: KernelConfig, group) -> Backend: ...
+    def make_vm_backend(weights: RankWeights, kernel: KernelConfig, group, *,
+                        owns_weights: bool = False) -> Backend: ...
+
+owns_weights: no one else holds `weights` (Engine.from_pretrained loaded them for this engine), so
+the backend may change them in place (the megakernel folds its norm weights into them instead of
+into a copy, mk.weights.fold_norms); otherwise it must leave the caller's tensors as they are.
 
 "reference" (mk.reference, plain torch) is built in; "vm" (mk.vm) and "megakernel"
 (mk.megakernel_step) are imported on first use when their modules exist, and must register themselves
@@ -107,7 +112,8 @@ _LAZY_BACKENDS = {"vm": "mk.vm", "megakernel": "mk.megakernel_step"}
 
 
 def register_backend(name: str):
-    """Decorator: register `factory(weights, kernel, group) -> Backend` under `name`."""
+    """Decorator: register `factory(weights, kernel, group, *, owns_weights=False) -> Backend`
+    under `name` (owns_weights: the module docstring)."""
     def deco(factory: BackendFactory) -> BackendFactory:
         _BACKENDS[name] = factory
         return factory
@@ -126,7 +132,8 @@ def available_backends() -> list[str]:
     return names
 
 
-def create_backend(name: str, weights: RankWeights, kernel: KernelConfig, group=None) -> Backend:
+def create_backend(name: str, weights: RankWeights, kernel: KernelConfig, group=None, *,
+                   owns_weights: bool = False) -> Backend:
     if name not in _BACKENDS and name in _LAZY_BACKENDS and name in available_backends():
         try:
             importlib.import_module(_LAZY_BACKENDS[name])
@@ -139,7 +146,7 @@ def create_backend(name: str, weights: RankWeights, kernel: KernelConfig, group=
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: "
                          f"{', '.join(available_backends())}")
-    return _BACKENDS[name](weights, kernel, group)
+    return _BACKENDS[name](weights, kernel, group, owns_weights=owns_weights)
 
 
 class ReferenceBackend:
@@ -147,7 +154,8 @@ class ReferenceBackend:
 
     name = "reference"
 
-    def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None):
+    def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None, *,
+                 owns_weights: bool = False):
         from mk.reference import PagedKVCache, ReferenceModel
         self.kv_cache = PagedKVCache.for_weights(weights, kernel.kv_pages, kernel.page_size)
         self.model = ReferenceModel(weights, self.kv_cache, group=group)
@@ -186,7 +194,9 @@ class Engine:
     """Generation over one backend, tensor-parallel over `group` (every rank runs the same calls)."""
 
     def __init__(self, weights: RankWeights, backend: str = "reference",
-                 kernel: KernelConfig | None = None, group=None):
+                 kernel: KernelConfig | None = None, group=None, owns_weights: bool = False):
+        """owns_weights: nobody else uses `weights`, the backend may change them in place
+        (from_pretrained's own; the module docstring)."""
         self.weights = weights
         self.config: ModelConfig = weights.config
         self.parallel: ParallelConfig = weights.parallel
@@ -194,7 +204,8 @@ class Engine:
         self.group = group
         self.device = weights.qkv.device
         self.backend_name = backend
-        self.backend = create_backend(backend, weights, self.kernel, group)
+        self.backend = create_backend(backend, weights, self.kernel, group,
+                                      owns_weights=owns_weights)
         self.pages = PageManager(self.kernel.kv_pages, self.kernel.page_size)
 
     @classmethod
@@ -223,7 +234,8 @@ class Engine:
             kernel = replace(kernel, **kernel_overrides)
         weights = mkweights.load_rank_weights(model_dir, parallel, dtype=dtype, device=device,
                                               progress=(rank == 0) if progress is None else progress)
-        return cls(weights, backend=backend, kernel=kernel, group=group)
+        # the weights were loaded for this engine alone: its backend may change them in place
+        return cls(weights, backend=backend, kernel=kernel, group=group, owns_weights=True)
 
     # one step --------------------------------------------------------------------------------------
     def step(self, batch: StepBatch) -> torch.Tensor:

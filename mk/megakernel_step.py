@@ -13,7 +13,7 @@ activation arena [3, T, H] (HIDDEN, NORMED, SCRATCH), Q, ATTN_OUT, MLP_ACT, ATTN
 ATTN_LSE (float32), LAST_NORMED, LOGITS (float32), the K/V cache as one [2, rows, hkv*D]
 tensor (z = 0 K, z = 1 V: the layout both QKV_ROPE's append and the attention TMA read), and the
 split-K workspace SPLITK (float32; only when PlanConfig.split_k != 1, as in this backend's
-default auto split, PlanConfig(split_k=0); as many rows as the plans' split factors need,
+default auto split, DEFAULT_PLAN's split_k=0; as many rows as the plans' split factors need,
 mk.plan.auto_splitk_rows; with split_k 1 the megakernel variant has no split-K code, unless
 PlanConfig.norm_fold=2 needs the workspace for ROW_SCALE).
 
@@ -44,6 +44,21 @@ GPU_HEAD_DIM = 128
 K_ALIGN = 64            # GEMM K step (one 128-byte swizzle atom of bf16)
 COL_ALIGN = 8           # 16-byte vectors of bf16
 KEY_BLOCK = 64          # attention key block: a KV split must start on one
+# The backend's PlanConfig when none is given (and launch/bench.py's, and the GPU check's, unless
+# overridden). split_k 0: auto (the planner splits the GEMMs of small steps to fill the SMs;
+# 15.3 vs 24.8 ms at decode B=1 on the 70B TP8 rank). norm_fold 2: the attention / MLP RMSNorm
+# folded into the GEMM after it (the weights carry the norm weights, mk.weights.fold_norms), so
+# the norms leave the step's critical path from B=192 up; at most 128 tokens the 70B rank's
+# plans are the unfolded ones instruction for instruction (tests/test_megakernel_backend.py).
+# H200, 70B TP8 rank decode ctx 1024 (session 41, bench/results/nf2_*_s41): B=256 13.466 ->
+# 13.044 ms (-3.1%), B=1024 42.918 -> 41.954 (-2.2%); GPU tests, two-layer checks vs mk.vm and
+# racecheck clean. `--plan norm_fold=0` turns it off.
+DEFAULT_PLAN = dict(split_k=0, norm_fold=2)
+
+
+def default_plan_config(**overrides) -> PlanConfig:
+    """DEFAULT_PLAN with PlanConfig field overrides (theirs win)."""
+    return PlanConfig(**{**DEFAULT_PLAN, **overrides})
 
 
 class UnsupportedModelError(ValueError):
@@ -114,15 +129,15 @@ class MegakernelStepBackend:
     def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None,
                  plan_cfg: PlanConfig | None = None, timeout_s: float = 10.0,
                  journal: bool = False, verbose: bool = True, fold_in_place: bool = False):
-        """fold_in_place: under PlanConfig.norm_fold, fold the norm weights into the given
-        weights themselves (mk.weights.fold_norms(inplace=True): no ~11 GB copy at the 70B TP8
-        rank; the caller's RankWeights is then marked folded) instead of into a copy."""
+        """plan_cfg: default_plan_config() when None. fold_in_place: under PlanConfig.norm_fold
+        (the default's), fold the norm weights into the given weights themselves
+        (mk.weights.fold_norms(inplace=True): no ~11 GB copy at the 70B TP8 rank; the caller's
+        RankWeights is then marked folded) instead of into a copy; for a caller that owns them
+        (Engine.from_pretrained's engines do: mk.engine owns_weights)."""
         from mk import megakernel as mkk
         mkk.require_gpu()
         model, parallel = weights.config, weights.parallel
-        # split-K on by default (auto: the planner splits the GEMMs of small steps to fill the
-        # SMs; GPU-verified, and 15.3 vs 24.8 ms at decode B=1 on the 70B TP8 rank)
-        self.plan_cfg = plan_cfg or PlanConfig(split_k=0)
+        self.plan_cfg = plan_cfg or default_plan_config()
         check_supported(model, parallel, kernel, self.plan_cfg, weights.dtype)
         if not weights.qkv.is_cuda:
             raise UnsupportedModelError("megakernel backend: the weights must be on a CUDA device "
@@ -253,7 +268,8 @@ class MegakernelStepBackend:
 def _register() -> None:
     from mk.engine import register_backend
     register_backend("megakernel")(
-        lambda weights, kernel, group=None: MegakernelStepBackend(weights, kernel, group))
+        lambda weights, kernel, group=None, *, owns_weights=False: MegakernelStepBackend(
+            weights, kernel, group, fold_in_place=owns_weights))
 
 
 _register()
@@ -338,7 +354,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
     further PlanConfig fields (e.g. splitk_qkv_max_tokens; they win over the arguments above),
-    on both sides. prompt_lens: the
+    on both sides; the rest are DEFAULT_PLAN's (norm_fold=2: the interpreter runs a folded copy
+    of the weights, as the backend does). prompt_lens: the
     first step's prompts (at most MAX_CHECK_SEQS - 1, at most MAX_CHECK_TOKENS tokens together;
     208 by default, a step of the M <= 256 tile class; more than 256 runs the M <= 512 class's
     tiles)."""
@@ -358,9 +375,9 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=check_seqs(prompt_lens),
                                    max_context=CHECK_CONTEXT, max_batch_tokens=MAX_CHECK_TOKENS)
-    pcfg = PlanConfig(**{**dict(kv_split=kv_split, split_k=split_k, kv_split_min=kv_split_min,
-                                num_sms=num_sms, l2_prefetch_mib=l2_prefetch_mib),
-                         **(plan or {})})
+    pcfg = default_plan_config(**{**dict(kv_split=kv_split, split_k=split_k,
+                                         kv_split_min=kv_split_min, num_sms=num_sms,
+                                         l2_prefetch_mib=l2_prefetch_mib), **(plan or {})})
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),

@@ -311,16 +311,19 @@ class PlanConfig:
     # two-layer checks, racecheck); 70B TP8 decode ctx 1024, megakernel only (bench/results/
     # normfold_*_s38): B=256 13.660 -> 13.520 ms (-1.0%, QKV's norm folded); B=64 with the
     # reduce folds off 8.790 -> 9.924 (+12.9%) and with O_PROJ / DOWN unsplit 9.892 (+12.5%):
-    # at B=64 the norm phase is O_PROJ's / DOWN's reduce, which the fold cannot remove. 0
-    # (default) until timed at more batches (and the weights' ~11 GB fold copy at 70B TP8 is
-    # weighed: mk.weights.fold_norms).
-    # 2: also where the GEMM does not split (built in session 39, not yet GPU-run): its unsplit
-    # tiles read h, wait only for h's writer, and scale their rows by ROW_SCALE in the epilogue,
-    # after an epilogue wait for the row-scale RMSNORM (mk/instructions/_common.py A_EPI_WAIT),
-    # which then runs beside their mainloops instead of before them; so the MLP norm leaves the
-    # path from B=256 up (GATE_UP unsplit there), the attention norm above 1024 tokens, and
-    # neither writes its normalized rows (at B=4096 the norms were 5% of the SMs' time and 91 us
-    # of a layer's path, session 21's journal)
+    # at B=64 the norm phase is O_PROJ's / DOWN's reduce, which the fold cannot remove.
+    # 2: also where the GEMM does not split (built in session 39, GPU-verified in session 41):
+    # its unsplit tiles read h, wait only for h's writer, and scale their rows by ROW_SCALE in
+    # the epilogue, after an epilogue wait for the row-scale RMSNORM (mk/instructions/_common.py
+    # A_EPI_WAIT), which then runs beside their mainloops instead of before them; so the MLP
+    # norm leaves the path from B=256 up (GATE_UP unsplit there), the attention norm above 1024
+    # tokens, and neither writes its normalized rows (at B=4096 the norms were 5% of the SMs'
+    # time and 91 us of a layer's path, session 21's journal). H200, 70B TP8 decode ctx 1024
+    # (session 41, bench/results/nf2_*_s41): B=256 -3.1%, B=1024 -2.2% (norm_fold=1: -1.0% /
+    # -1.1%).
+    # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
+    # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
+    # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
     norm_fold: int = 0
     # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the
     # GATE_UP tiles of its K slice (the MLP_ACT columns it reads: a counter per token block and

@@ -322,7 +322,8 @@ class VMBackend:
 
     name = "vm"
 
-    def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None):
+    def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None, *,
+                 owns_weights: bool = False):
         env = os.environ
         cfg = {}
         if env.get("MK_VM_POLICY"):

@@ -896,7 +896,7 @@ if has normfold; then
   racecheck_to "$OUTDIR/normfold.log" --split-k 0 --plan "$NF_ON"
   # unsplit: O_PROJ / DOWN unsplit at B=64 (their cap, splitk_max_tokens, under 64), so no
   # reduce phase is left between them and the folded GEMMs
-  checked_runs normfold 4 "off|||${MK_NF_BATCH:-64,256}" "on||--plan $NF_ON|${MK_NF_BATCH:-64,256}" \
+  checked_runs normfold 4 "off||--plan norm_fold=0|${MK_NF_BATCH:-64,256}" "on||--plan $NF_ON|${MK_NF_BATCH:-64,256}" \
       "unsplit||--plan norm_fold=1,splitk_max_tokens=32|64"
 fi
 if has ccombine; then
@@ -957,7 +957,7 @@ if has nf2; then
   check_to "$OUTDIR/nf2.log" --split-k 0 --plan norm_fold=2 --prompt-lens 1,13,64,130,200,70
   racecheck_to "$OUTDIR/nf2.log" --split-k 1 --plan norm_fold=2
   bt=${MK_NF2_BATCH:-256,1024}
-  checked_runs nf2 2 "off|||$bt" "nf1||--plan norm_fold=1|$bt" "nf2||--plan norm_fold=2|$bt"
+  checked_runs nf2 2 "off||--plan norm_fold=0|$bt" "nf1||--plan norm_fold=1|$bt" "nf2||--plan norm_fold=2|$bt"
   if checks_clean "$OUTDIR/nf2.log" 2; then
     # where a row-scaled tile waits: GATE_UP's epi_wait column (the consumers' wait for the
     # epilogue pages, which the loader grants once the row-scale norm's counter is met)

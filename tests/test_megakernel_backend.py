@@ -297,3 +297,41 @@ def test_two_layer_check_refuses_bad_arguments_before_the_gpu(argv, why, capsys)
     from mk.megakernel_step import _main
     assert _main(["check", *argv]) == 1
     assert why in capsys.readouterr().err
+
+
+def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
+    """The backend's default plan (mk.megakernel_step.DEFAULT_PLAN: norm_fold=2, timed in session
+    41) on the 70B TP8 rank: at most 128 tokens it is the unfolded plan instruction for
+    instruction (the small steps run as before, on folded weights with unit norm weights); at
+    B=256 GATE_UP reads the residual rows h instead of the normed rows and waits in its epilogue
+    for a row-scale norm. --plan / the backend's plan_cfg overrides win."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from host_step import point_batch, rank_model
+
+    from mk.config import KernelConfig, ParallelConfig
+    from mk.instructions import matmul as mm
+    from mk.instructions._common import A_EPI_WAIT
+    from mk.instructions.base import Buf
+    from mk.ir import W_OPCODE, Op
+    from mk.megakernel_step import DEFAULT_PLAN, default_plan_config
+    from mk.plan import PlanConfig, Planner
+
+    assert DEFAULT_PLAN["norm_fold"] == 2 and default_plan_config().norm_fold == 2
+    assert default_plan_config(norm_fold=0, split_k=1) == PlanConfig(norm_fold=0, split_k=1)
+    model = rank_model()
+    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
+                          num_kv_pages=256 * 64)
+    unfolded = default_plan_config(norm_fold=0)
+    for b in (1, 64, 128, 256):
+        got, old = (Planner(model, ParallelConfig(), kernel, cfg, fast_path=False)
+                    .plan(point_batch(b, 1024, 0, 16)).instrs for cfg in (default_plan_config(),
+                                                                         unfolded))
+        if b <= 128:
+            assert got.shape == old.shape and bool((got == old).all()), b
+            continue
+        gate_up = got[got[:, W_OPCODE] == int(Op.GATE_UP)]
+        gate_up_old = old[old[:, W_OPCODE] == int(Op.GATE_UP)]
+        assert len(gate_up) == len(gate_up_old) > 0
+        assert (gate_up[:, mm.A_SRC] == int(Buf.HIDDEN)).all()
+        assert (gate_up_old[:, mm.A_SRC] == int(Buf.NORMED)).all()
+        assert (gate_up[:, A_EPI_WAIT] != 0).all() and (gate_up_old[:, A_EPI_WAIT] == 0).all()

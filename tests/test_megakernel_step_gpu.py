@@ -39,9 +39,10 @@ def _engine(ckpt, backend, dtype=torch.bfloat16, kv_split=None, device="cuda", *
                                **kw)
     if kv_split is not None:       # a small split: long prompts go through ATTN_REDUCE
         from mk.plan import PlanConfig
-        if backend == "megakernel":
-            from mk.megakernel_step import MegakernelStepBackend
-            e.backend = MegakernelStepBackend(e.weights, e.kernel, plan_cfg=PlanConfig(kv_split=kv_split))
+        if backend == "megakernel":     # the backend's default plan (norm_fold=2) otherwise
+            from mk.megakernel_step import MegakernelStepBackend, default_plan_config
+            e.backend = MegakernelStepBackend(e.weights, e.kernel,
+                                              plan_cfg=default_plan_config(kv_split=kv_split))
         elif backend == "vm":
             from mk.vm import VM
             e.backend.vm = VM([e.weights], e.kernel, PlanConfig(kv_split=kv_split),
@@ -191,12 +192,29 @@ def test_check_cli_two_layers():
     assert r["kv_cache_max_abs_diff"] < 0.1, json.dumps(r, indent=1)
 
 
+def test_engine_folds_its_own_weights_in_place(ckpt):
+    """The default plan folds the norm weights into qkv / gate_up (DEFAULT_PLAN norm_fold=2): an
+    engine from_pretrained folds its own weights in place (no second copy of them), while weights
+    a caller hands to Engine(...) are left as they are (the backend folds a copy)."""
+    from mk.engine import Engine
+    own = _engine(ckpt, "megakernel")
+    assert own.backend.plan_cfg.norm_fold == 2
+    assert own.weights.norms_folded and own.backend.weights is own.weights
+    theirs = _engine(ckpt, "reference").weights
+    before = theirs.qkv.clone()
+    e = Engine(theirs, backend="megakernel", kernel=own.kernel)
+    assert not theirs.norms_folded and torch.equal(theirs.qkv, before)
+    assert e.backend.weights.norms_folded and e.backend.weights.qkv is not theirs.qkv
+    torch.testing.assert_close(e.backend.weights.qkv, own.weights.qkv, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("split_k,prompt_lens", [(1, (1, 13, 64, 130)),
                                                  (0, (1, 13, 64, 130, 200, 70))])
 def test_check_norm_fold_unsplit(split_k, prompt_lens):
-    """PlanConfig.norm_fold=2 (built in session 39, first GPU run pending): the unsplit QKV_ROPE
-    / GATE_UP tiles read h, the loader waits for the row-scale norm before their epilogue pages
-    and the consumers scale the rows by ROW_SCALE; two layers vs mk.vm on the folded weights,
+    """PlanConfig.norm_fold=2 (built in session 39, GPU-verified in session 41, the backend's
+    default since): the unsplit QKV_ROPE / GATE_UP tiles read h, the loader waits for the
+    row-scale norm before their epilogue pages and the consumers scale the rows by ROW_SCALE; two
+    layers vs mk.vm on the folded weights,
     with split-K never (every tile row-scaled) and auto over a 478-token first step (split and
     unsplit ones side by side)."""
     from mk.megakernel_step import check_against_vm

@@ -173,3 +173,28 @@ def test_backend_registry(engine):
         create_backend("nope", engine.weights, engine.kernel)
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         engine.generate([[]], max_new_tokens=2)
+
+
+def test_backends_learn_whether_they_own_the_weights(ckpt):
+    """Engine.from_pretrained's weights are the engine's alone: its backend is told it owns them
+    (the megakernel then folds its norm weights into them in place instead of into a ~11 GB copy
+    at the 70B TP8 rank); weights a caller hands to Engine(...) stay the caller's."""
+    from mk import engine as mke
+
+    seen = []
+
+    class Recording(mke.ReferenceBackend):
+        def __init__(self, weights, kernel, group=None, *, owns_weights=False):
+            seen.append((weights, owns_weights))
+            super().__init__(weights, kernel, group)
+    mke.register_backend("recording")(Recording)
+    try:
+        e = Engine.from_pretrained(ckpt, backend="recording", dtype=torch.float32, device="cpu",
+                                   page_size=PAGE, num_kv_pages=8, progress=False)
+        assert seen == [(e.weights, True)]
+        Engine(e.weights, backend="recording", kernel=e.kernel)
+        assert seen[1] == (e.weights, False)
+        create_backend("recording", e.weights, e.kernel)
+        assert seen[2][1] is False
+    finally:
+        del mke._BACKENDS["recording"]

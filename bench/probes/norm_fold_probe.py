@@ -98,7 +98,7 @@ class FoldedReference(ReferenceModel):
 class FoldedBackend:
     name = "norm_fold"
 
-    def __init__(self, weights, kernel, group=None):
+    def __init__(self, weights, kernel, group=None, *, owns_weights=False):
         self.kv_cache = PagedKVCache.for_weights(weights, kernel.kv_pages, kernel.page_size)
         self.model = FoldedReference(weights, self.kv_cache, group=group)
 
