@@ -40,6 +40,10 @@
 #          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per
 #          K step when the loads were issued / wanted / landed and the tensor pipe's cycles
 #          (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
+#   ktsplit why the step's build runs a GEMM K step ~25% slower than the harness's: GATE_UP / DOWN
+#          alone through the step's kernel at --layers 2 / 20 / 80 (MK_KTS_LAYERS) with the
+#          K-step trace, then ncu warp-stall samples of the GATE_UP consumer loop in both builds
+#          (bench/ncu_loop_stalls.py): ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz (~5.5 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default; also inline), timed only:
@@ -306,6 +310,19 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000012. Session 41 ran 000011's 1-3 at f700093 (ccombine: correct, no gain, off; nf2: -3.1% /
+#      -2.2% at B=256 / 1024, made the backend's default at 50867f3; ktrace: the step's build
+#      runs a GEMM K step ~25% slower than the harness's). In this order:
+#      1. `MK_STEPS=verify` (~470 s): the whole GPU suite at the new default (norm_fold=2: the
+#         parity tests now run it; test_engine_folds_its_own_weights_in_place is new). If a
+#         parity test fails, `--plan norm_fold=0` / DEFAULT_PLAN back to 0 and say why.
+#      2. `MK_STEPS=e2e` (B=1 / 16 / 64 / 256), then `MK_E2E_BATCH=1024,4096
+#         MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`: issue 6's table at the new default (B=4096
+#         and the mixed step have not run norm_fold=2 yet).
+#      3. `MK_STEPS=ktsplit` (~5.5 min): build or data for the slow K step (bench/GEMM_NOTES.md
+#         session 41): --layers 2 / 20 / 80 isolated, ncu no_inst samples in the loop.
+#      4. 000011's leftovers: `MK_L2_VALUES="weights,kv kv,acts" MK_L2_BATCH=1024,4096
+#         MK_STEPS=l2hint`, `MK_STEPS=qkv256`, then 000010's 4.
 #   000011. Session 40 had no device time either (none lent): plan 000010 below still holds,
 #      with this session's two additions placed in it. In this order:
 #      1. `MK_STEPS=ktrace` (000010's 1), then 000010's 1b (`l2hint` at B=1024 / 4096).
@@ -552,7 +569,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ccombine]=300 [ccombinetime]=380)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ccombine]=300 [ccombinetime]=380 [ktsplit]=330)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1808,6 +1825,42 @@ if has lmverify; then
   for sk in 0 1; do
     check_to "$OUTDIR/lmverify.log" --split-k $sk --prompt-lens 1,13,64,130,200,70
   done
+fi
+if has ktsplit; then
+  # plan 000012 (bench/GEMM_NOTES.md session 41): the step's build runs a GEMM K step ~25% slower
+  # than the harness's (1517 vs 1210 cycles), also with its tiles alone, at the same clock, and its
+  # SASS loop is the harness's instruction for instruction (6x the code around it). Build or
+  # data? (1) GATE_UP / DOWN of the middle layer alone through the step's kernel with the K-step
+  # trace at --layers 2 / 20 / 80 (the weights' and KV cache's footprint: 0.4 / 4.4 / 17.6 GB of
+  # weights); (2) warp-stall sampling of the GATE_UP consumer loop (HGMMA.64x112x16) in the
+  # harness's build and in the step's (B=1024, 2 layers): bench/ncu_loop_stalls.py side by side
+  # (no_inst = the instruction cache). ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz
+  # (~5 min)
+  for L in ${MK_KTS_LAYERS:-2 20 80}; do
+    MK_GEMM_KTRACE=64 timeout 200 $B --batch ${MK_KTS_BATCH:-1024} --layers $L --reps 3 \
+        --warmup 1 --journal --journal-isolated GATE_UP,DOWN --out "$OUTDIR/ktsplit_l$L.json" \
+        > "$TMPD/ktsplit_l$L.log" 2>&1 || rc=1
+    rm -f "$OUTDIR"/ktsplit_l${L}_*_journal.pt "$OUTDIR"/ktsplit_l${L}_*_timeline.png
+    { echo "== layers $L"; grep -E -A3 "GEMM K steps|\] isolated" "$TMPD/ktsplit_l$L.log" \
+        | grep -v "^\[mk\." | grep -E "isolated|^GATE_UP|^DOWN|^opcode"; } | tee -a "$OUTDIR/ktsplit.log"
+  done
+  MK_PROFILE_TIMEOUT_S=30 timeout 150 ncu --clock-control none --profile-from-start off \
+      --target-processes all --section SourceCounters --section WarpStateStats \
+      -f -o "$TMPD/ncu_kts_harness" python bench/gemm_profile.py --jobs GATE_UP:1024:ncu: \
+      --out "$TMPD/ncu_kts_jobs.json" > "$TMPD/ncu_kts_harness.log" 2>&1 || rc=1
+  timeout 200 ncu --clock-control none -k regex:Megakernel -c 1 --section SourceCounters \
+      --section WarpStateStats -f -o "$TMPD/ncu_kts_step" $B --batch ${MK_KTS_BATCH:-1024} \
+      --layers 2 --reps 1 --warmup 1 --out "$TMPD/ncu_kts_step.json" \
+      > "$TMPD/ncu_kts_step.log" 2>&1 || rc=1
+  for w in harness step; do
+    ncu -i "$TMPD/ncu_kts_$w.ncu-rep" --page source --csv --print-source sass \
+        > "$OUTDIR/ncu_kts_${w}_source.csv" 2> "$TMPD/ncu_kts_src.err" \
+      || { rc=1; tail -5 "$TMPD/ncu_kts_src.err"; tail -5 "$TMPD/ncu_kts_$w.log"; }
+  done
+  { echo "== GATE_UP consumer loop (HGMMA.64x112x16): harness build, step build"
+    python bench/ncu_loop_stalls.py --hgmma 64x112x16 "$OUTDIR/ncu_kts_harness_source.csv" \
+        "$OUTDIR/ncu_kts_step_source.csv"; } 2>&1 | tee -a "$OUTDIR/ktsplit.log" || rc=1
+  gzip -f "$OUTDIR"/ncu_kts_*_source.csv
 fi
 if has e2e; then
   # MK_E2E_ARGS: more launch/bench.py arguments (e.g. --plan FIELD=VALUE); MK_E2E_TIMEOUT its cap (560 s)
