@@ -341,6 +341,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "and signals cleared: every tile ready at once, nothing else running) "
                         "and print their own time next to the step's: which part of a GEMM "
                         "tile's time in the step is its context, which the kernel variant")
+    p.add_argument("--isolated-lean", action="store_true",
+                   help="with --journal-isolated: also run them through a kernel with only that "
+                        "opcode's GEMM slot compiled in (no attention, gather or other GEMM "
+                        "opcodes; the step's buffers and weights): the harness's build on the "
+                        "step's data")
     p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
     p.add_argument("--compile-mode", default="default",
@@ -375,6 +380,12 @@ def resolve(args, world: int, rank: int) -> dict:
         bad = [o for o in args.journal_isolated.split(",") if o and o not in Op.__members__]
         if bad:
             raise UsageError(f"--journal-isolated: unknown opcode(s) {', '.join(bad)}")
+        lean = [o for o in args.journal_isolated.split(",") if o not in LEAN_OPS]
+        if args.isolated_lean and lean:
+            raise UsageError(f"--isolated-lean: GEMM opcodes without step metadata only "
+                             f"({', '.join(LEAN_OPS)}), not {', '.join(lean)}")
+    elif args.isolated_lean:
+        raise UsageError("--isolated-lean: runs with --journal-isolated only")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
@@ -633,7 +644,8 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         layers = be.model.num_layers
         log(f"{point.label}: critical path\n{tr.format_critical_path(cp, per=layers)}")
         if args.journal_isolated:
-            r["isolated"] = isolated_runs(mk, plan, args.journal_isolated, layers, r, ktrace)
+            r["isolated"] = isolated_runs(mk, plan, args.journal_isolated, layers, r, ktrace,
+                                          lean=args.isolated_lean)
         if args.out:
             stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
             # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])
@@ -672,34 +684,63 @@ def isolated_subplan(instrs, op: str, layer: int):
     return sub
 
 
-def isolated_runs(mk, plan, ops: str, layers: int, step: dict, ktrace: int) -> dict:
+# the GEMM opcodes a lean kernel (--isolated-lean) can run: QKV_ROPE also needs the step's
+# metadata, inverse frequencies and K/V caches
+LEAN_OPS = ("O_PROJ", "GATE_UP", "DOWN", "LM_HEAD")
+
+
+def lean_kernel(mk, op: str):
+    """--isolated-lean: a journaled Megakernel over the step kernel mk's buffers, norm table,
+    weights and split-K workspace with only op's GEMM slot compiled in (no attention, gather or
+    other GEMM opcodes), the same M class, hand-off, backoff and claim policy: the harness's
+    build (bench/gemm_profile.py) on the step's data. The step's build is ~6x the code
+    (bench/GEMM_NOTES.md session 41)."""
+    import mk.megakernel as M
+    from mk.ir import Op
+    return M.Megakernel(mk.arena, mk.normw, mk.n_layers, mk.eps,
+                        n_counters=mk.counters.numel(), journal=True,
+                        timeout_s=mk.timeout_ns / 1e9, journal_capacity=mk.journal.shape[0],
+                        verbose=False, handoff=mk.handoff, backoff_ns=mk.backoff_ns,
+                        gemm={Op[op]: mk.gemm[Op[op]]}, gemm_m=mk.gemm_m, splitk=mk.splitk,
+                        claim_after_loads=mk.claim_after_loads)
+
+
+def isolated_runs(mk, plan, ops: str, layers: int, step: dict, ktrace: int,
+                  lean: bool = False) -> dict:
     """--journal-isolated: each opcode's instructions of the middle layer launched alone through
     the step's journaled kernel (isolated_subplan; the step's buffers, metadata and weights as
     the step left them), their own time per instruction (mk.trace.by_opcode) against the step's,
     and their K-step trace when the variant has one. Without signals the storer skips its fence
-    and release (~1 us a tile, after the consumers: mostly under the next tile's mainloop)."""
+    and release (~1 us a tile, after the consumers: mostly under the next tile's mainloop).
+    lean: the same sub-plans through lean_kernel too (key "lean" of each opcode's result)."""
     import mk.trace as tr
     instrs = plan.instrs.cpu()
     out = {}
-    for op in [o for o in ops.split(",") if o]:
-        sub = isolated_subplan(instrs, op, layers // 2)
-        if sub is None:
-            out[op] = None
-            continue
-        h = mk.prepare(sub)
-        mk.launch(h, check=True)                   # warm: the first launch of this stream
-        mk.launch(h, check=True)
-        j, c = mk.journal_rows(len(sub))
+
+    def run(kernel, op, sub, label):
+        h = kernel.prepare(sub)
+        kernel.launch(h, check=True)               # warm: the first launch of this stream
+        kernel.launch(h, check=True)
+        j, c = kernel.journal_rows(len(sub))
         d = tr.by_opcode(j, c, len(sub))["ops"].get(op, {})
         res = dict(count=int(len(sub)), own_mean_us=d.get("own_mean_us"),
                    step_own_mean_us=step["ops"].get(op, {}).get("own_mean_us"))
         if ktrace:
             res["ktrace"] = tr.gemm_ktrace(j, len(sub), ktrace)
-        out[op] = res
-        log(f"isolated {op} (layer {layers // 2}, {len(sub)} instructions): own "
+        log(f"{label} {op} (layer {layers // 2}, {len(sub)} instructions): own "
             f"{res['own_mean_us']} us per instruction, in the step {res['step_own_mean_us']}")
         if ktrace:
             log(tr.format_gemm_ktrace(res["ktrace"]))
+        return res
+
+    for op in [o for o in ops.split(",") if o]:
+        sub = isolated_subplan(instrs, op, layers // 2)
+        if sub is None:
+            out[op] = None
+            continue
+        out[op] = run(mk, op, sub, "isolated")
+        if lean:
+            out[op]["lean"] = run(lean_kernel(mk, op), op, sub, "isolated-lean")
     return out
 
 

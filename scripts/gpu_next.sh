@@ -43,7 +43,8 @@
 #   ktsplit why the step's build runs a GEMM K step ~25% slower than the harness's: GATE_UP / DOWN
 #          alone through the step's kernel at --layers 2 / 20 / 80 (MK_KTS_LAYERS) with the
 #          K-step trace, then ncu warp-stall samples of the GATE_UP consumer loop in both builds
-#          (bench/ncu_loop_stalls.py): ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz (~5.5 min)
+#          (bench/ncu_loop_stalls.py); at 80 layers also --isolated-lean (only that opcode's
+#          GEMM slot compiled in): ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz (~7 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default; also inline), timed only:
@@ -319,8 +320,9 @@
 #      2. `MK_STEPS=e2e` (B=1 / 16 / 64 / 256), then `MK_E2E_BATCH=1024,4096
 #         MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`: issue 6's table at the new default (B=4096
 #         and the mixed step have not run norm_fold=2 yet).
-#      3. `MK_STEPS=ktsplit` (~5.5 min): build or data for the slow K step (bench/GEMM_NOTES.md
-#         session 41): --layers 2 / 20 / 80 isolated, ncu no_inst samples in the loop.
+#      3. `MK_STEPS=ktsplit` (~7 min): build or data for the slow K step (bench/GEMM_NOTES.md
+#         session 41): --layers 2 / 20 / 80 isolated, at 80 also --isolated-lean (the
+#         harness's build on the step's data), ncu no_inst samples in the loop.
 #      4. 000011's leftovers: `MK_L2_VALUES="weights,kv kv,acts" MK_L2_BATCH=1024,4096
 #         MK_STEPS=l2hint`, `MK_STEPS=qkv256`, then 000010's 4.
 #   000011. Session 40 had no device time either (none lent): plan 000010 below still holds,
@@ -569,7 +571,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ccombine]=300 [ccombinetime]=380 [ktsplit]=330)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ccombine]=300 [ccombinetime]=380 [ktsplit]=450)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1832,14 +1834,17 @@ if has ktsplit; then
   # SASS loop is the harness's instruction for instruction (6x the code around it). Build or
   # data? (1) GATE_UP / DOWN of the middle layer alone through the step's kernel with the K-step
   # trace at --layers 2 / 20 / 80 (the weights' and KV cache's footprint: 0.4 / 4.4 / 17.6 GB of
-  # weights); (2) warp-stall sampling of the GATE_UP consumer loop (HGMMA.64x112x16) in the
+  # weights), at 80 also through a kernel with only that opcode compiled in (--isolated-lean:
+  # the harness's build on the step's data); (2) warp-stall sampling of the GATE_UP consumer loop (HGMMA.64x112x16) in the
   # harness's build and in the step's (B=1024, 2 layers): bench/ncu_loop_stalls.py side by side
   # (no_inst = the instruction cache). ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz
   # (~5 min)
   for L in ${MK_KTS_LAYERS:-2 20 80}; do
-    MK_GEMM_KTRACE=64 timeout 200 $B --batch ${MK_KTS_BATCH:-1024} --layers $L --reps 3 \
-        --warmup 1 --journal --journal-isolated GATE_UP,DOWN --out "$OUTDIR/ktsplit_l$L.json" \
-        > "$TMPD/ktsplit_l$L.log" 2>&1 || rc=1
+    # at 80 layers also through a kernel with only that opcode compiled in (--isolated-lean)
+    lean=""; [ "$L" = 80 ] && lean=--isolated-lean
+    MK_GEMM_KTRACE=64 timeout 240 $B --batch ${MK_KTS_BATCH:-1024} --layers $L --reps 3 \
+        --warmup 1 --journal --journal-isolated GATE_UP,DOWN $lean \
+        --out "$OUTDIR/ktsplit_l$L.json" > "$TMPD/ktsplit_l$L.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/ktsplit_l${L}_*_journal.pt "$OUTDIR"/ktsplit_l${L}_*_timeline.png
     { echo "== layers $L"; grep -E -A3 "GEMM K steps|\] isolated" "$TMPD/ktsplit_l$L.log" \
         | grep -v "^\[mk\." | grep -E "isolated|^GATE_UP|^DOWN|^opcode"; } | tee -a "$OUTDIR/ktsplit.log"

@@ -127,6 +127,9 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--journal-isolated", "GATE_UP"], "--journal-isolated: runs with --journal only"),
     (["--journal", "--journal-isolated", "GATE_UP,GATEUP"],
      "--journal-isolated: unknown opcode(s) GATEUP"),
+    (["--isolated-lean"], "--isolated-lean: runs with --journal-isolated only"),
+    (["--journal", "--journal-isolated", "GATE_UP,QKV_ROPE", "--isolated-lean"],
+     "--isolated-lean: GEMM opcodes without step metadata only"),
 ])
 def test_bad_args_fail_clearly(bench, capsys, args, message):
     rc = bench.main(["--shape", "tiny", "--device", "cpu", "--out", os.devnull, *args])
@@ -209,3 +212,35 @@ def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
     assert bench.isolated_subplan(instrs, "QKV_ROPE", 1) is None
     with pytest.raises(SystemExit, match="unknown opcode"):
         bench.isolated_subplan(instrs, "GATEUP", 1)
+
+
+def test_lean_kernel_is_the_step_kernels_data_with_one_gemm_slot(bench, monkeypatch):
+    """--isolated-lean's kernel: the step kernel's buffers, norm table, weights, split-K
+    workspace, M class, hand-off, backoff, claim policy and journal size, with only the isolated
+    opcode's GEMM operands (so only its slot compiles in), journaled."""
+    import types
+
+    import mk.megakernel as M
+    from mk.ir import Op
+    made = {}
+
+    class Fake:
+        def __init__(self, *args, **kw):
+            made.update(args=args, kw=kw)
+    monkeypatch.setattr(M, "Megakernel", Fake)
+    ops = {op: object() for op in (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)}
+    counters, journal = types.SimpleNamespace(numel=lambda: 1 << 20), types.SimpleNamespace(
+        shape=(4096, 40))
+    step = types.SimpleNamespace(arena="arena", normw="normw", n_layers=80, eps=1e-5,
+                                 counters=counters, timeout_ns=10 * 10**9, journal=journal,
+                                 handoff="thread", backoff_ns=200, gemm=ops, gemm_m=1024,
+                                 splitk="splitk", claim_after_loads=True)
+    bench.lean_kernel(step, "GATE_UP")
+    assert made["args"] == ("arena", "normw", 80, 1e-5)
+    kw = made["kw"]
+    assert kw["gemm"] == {Op.GATE_UP: ops[Op.GATE_UP]} and kw["gemm_m"] == 1024
+    assert kw["journal"] is True and kw["journal_capacity"] == 4096
+    assert kw["n_counters"] == 1 << 20 and kw["timeout_s"] == 10.0
+    assert (kw["handoff"], kw["backoff_ns"], kw["splitk"], kw["claim_after_loads"]) == \
+        ("thread", 200, "splitk", True)
+    assert not {"attn", "embed", "last_normed", "kv", "meta"} & set(kw)
