@@ -1840,9 +1840,10 @@ if has ktsplit; then
   # (no_inst = the instruction cache). ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz
   # (~5 min)
   for L in ${MK_KTS_LAYERS:-2 20 80}; do
-    # at 80 layers also through a kernel with only that opcode compiled in (--isolated-lean)
+    # at 80 layers also through a kernel with only that opcode compiled in (--isolated-lean),
+    # with the step's setmaxnreg split forced on both (80 / 208: the step's has QKV_ROPE)
     lean=""; [ "$L" = 80 ] && lean=--isolated-lean
-    MK_GEMM_KTRACE=64 timeout 240 $B --batch ${MK_KTS_BATCH:-1024} --layers $L --reps 3 \
+    MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 240 $B --batch ${MK_KTS_BATCH:-1024} --layers $L --reps 3 \
         --warmup 1 --journal --journal-isolated GATE_UP,DOWN $lean \
         --out "$OUTDIR/ktsplit_l$L.json" > "$TMPD/ktsplit_l$L.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/ktsplit_l${L}_*_journal.pt "$OUTDIR"/ktsplit_l${L}_*_timeline.png
