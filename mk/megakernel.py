@@ -173,11 +173,7 @@ J_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
 # into them; from J_CONS_EPI: the consumers' wait for it, session 23's per-tile cost,
 # bench/GEMM_NOTES.md)
 J_EPI_READY = 25
-# ATTENTION splits of a reduce by their last split (the combine build): consumer thread 0 before
-# the partial's stores, after the arrival (the "last" flag known), after the combine (last split)
-J_COMB0, J_COMB_ARRIVED, J_COMB_END = 26, 27, 28
-COMBINE_STAMPS = (J_COMB0, J_COMB_ARRIVED, J_COMB_END)
-assert gk.KT_BASE >= J_COMB_END + 1, "the K-step trace starts after the journal's own words"
+assert gk.KT_BASE >= J_EPI_READY + 1, "the K-step trace starts after the journal's own words"
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
 BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
 BAR_STORER = 2
@@ -258,27 +254,6 @@ STATIC_FIRST_TICKET = os.environ.get("MK_STATIC_FIRST_TICKET", "0")
 if STATIC_FIRST_TICKET not in ("0", "1"):
     raise ValueError(f"MK_STATIC_FIRST_TICKET={STATIC_FIRST_TICKET!r}: expected 0 or 1")
 STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
-# ATTN_REDUCE run by its last split (PlanConfig.attn_combine_pairs, mk/instructions/attention.py's
-# by_last): the controller drops the reduce's ticket; the consumers of each split store its
-# partial rows themselves and add its arrival (acq_rel), and those of the split that arrives last
-# combine every split's partial into ATTN_OUT rows (ak.swap_partial_global, combine_arrive,
-# swap_combine), which its storer stores before it signals the reduce's counter. Session 29 built
-# the combine in the last split's storer: correct (GPU tests, racecheck, memcheck) but slower
-# (B=1 +5.0%, B=16 +3.1%: the storer's two warps at the low register count walked the splits ~32
-# dependent L2 round trips deep; bench/results/combine_*_2026-12-03_s29); the consumers' combine
-# (session 40, not yet GPU-run) has several splits' loads of a thread's values in flight. Off by
-# default (the default build's PTX is the one without it); MK_ATTN_COMBINE=1 builds it into the
-# classes attn_combine_for names, and a plan with by_last reduces needs such a variant.
-ATTN_COMBINE = at.combine_built()
-assert not ATTN_COMBINE or ak.SWAPPED, "MK_ATTN_COMBINE=1: the combine runs in the swapped chain"
-
-
-def attn_combine_for(gemm_m: int | None) -> bool:
-    """Whether the variant of M class bound gemm_m (None: no GEMM class) has the last-split
-    combine: in the ATTN_COMBINE build, the classes of at most attention.COMBINE_MAX_TOKENS
-    tokens, the only steps whose plans have by_last reduces (their decode splits); in larger
-    classes its code spilled 16 / 24 bytes (1024 / max)."""
-    return ATTN_COMBINE and (gemm_m is None or gemm_m <= at.COMBINE_MAX_TOKENS)
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -406,7 +381,7 @@ class MegakernelDSL:
     def __init__(self, journal: bool = False, npages: int = NPAGES, handoff: str = DEFAULT_HANDOFF,
                  backoff_ns: int = DEFAULT_BACKOFF_NS, gemm: tuple = (), attn_page_size: int = 0,
                  gather: bool = False, splitk: bool = False, l2_prefetch: bool = False,
-                 claim_after_loads: bool = False, attn_combine: bool = False):
+                 claim_after_loads: bool = False):
         check_handoff(handoff, attn_page_size > 0)
         if attn_page_size:
             ak.box_rows(attn_page_size)         # a power of two >= 8
@@ -416,9 +391,6 @@ class MegakernelDSL:
         self.splitk = bool(splitk)
         self.l2_prefetch = bool(l2_prefetch)    # L2_PREFETCH compiled in (the loader's body)
         self.claim_after_loads = bool(claim_after_loads)   # see claim_after_loads_for
-        # the last-split attention combine compiled in (attn_combine_for; the attention family)
-        self.attn_combine = bool(attn_combine) and self.attn_ps > 0
-        assert not self.attn_combine or ATTN_COMBINE, "attn_combine needs MK_ATTN_COMBINE=1"
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
@@ -599,11 +571,6 @@ class MegakernelDSL:
                         w = instrs[t, lane]
                 else:
                     w = instrs[t, lane]
-                if cutlass.const_expr(self.attn_combine):
-                    t, w, tf = self.skip_by_last_split(instrs, n_instr, state, stop, lane, grid,
-                                                       journal, t, w, tf)
-                    if t >= n_instr:
-                        live = Int32(0)
                 if cutlass.const_expr(not EARLY_WEIGHTS):
                     if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
                                         meta, bidx) == 0:
@@ -626,43 +593,6 @@ class MegakernelDSL:
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             first = Int32(0)
             islot, iph = next_slot(islot, iph)
-
-    @cute.jit
-    def skip_by_last_split(self, instrs: cute.Tensor, n_instr: Int32, state: cute.Tensor,
-                           stop: Int32, lane: Int32, grid: Int32, journal: cute.Tensor, t: Int32,
-                           w: Int32, tf: Int64):
-        """ATTN_COMBINE: an ATTN_REDUCE run by its last split (attention.py's by_last) is no
-        ticket's work: past such tickets to the next other one (its t, words w, fetch time tf; t
-        >= n_instr and w END when the queue ran out). instr_waits refuses to wait on END."""
-        while self.run_by_last_split(w, t, n_instr) == 1:
-            if cutlass.const_expr(self.journal):
-                # no event: mk.trace skips rows without a fetch time (the journal buffer lives
-                # across launches, so the row may hold an older one)
-                if lane == 0:
-                    if t < journal.shape[0]:
-                        journal[t, J_FETCH] = Int64(0)
-            t = self.claim(state, n_instr, stop, lane)
-            if cutlass.const_expr(STATIC_FIRST_TICKET):
-                if t < n_instr:
-                    t = t + grid
-            tf = cute.arch.globaltimer()
-            w = Int32(OP_END)
-            if t < n_instr:
-                w = instrs[t, lane]
-        return t, w, tf
-
-    @cute.jit
-    def run_by_last_split(self, w: Int32, t: Int32, n_instr: Int32) -> Int32:
-        """1 where ticket t (its words w, one per lane) is an ATTN_REDUCE that its last split
-        runs (warp-uniform)."""
-        op = cute.arch.shuffle_sync(w, W_OPCODE)
-        by_last = cute.arch.shuffle_sync(w, at.A_BY_LAST)
-        res = Int32(0)
-        if t < n_instr:
-            if op == ak.OP_ATTN_REDUCE:
-                if by_last == 1:
-                    res = Int32(1)
-        return res
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
@@ -921,18 +851,11 @@ class MegakernelDSL:
                             if op == OP_SPLITK_REDUCE:
                                 pg = rk.store_handoff(empty, done, dpar, pg, NP, sv,
                                                       timeout_ns, state, t, PS)
-                        if cutlass.const_expr(self.attn_combine):
-                            clast = Int32(-2)       # a combining split: 1 last, 0 not
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
-                                if cutlass.const_expr(self.attn_combine):
-                                    pg, clast = self.store_attn(op, ring, base, aout, apart, alse,
-                                                                pool, empty, done, dpar, pg, sv,
-                                                                timeout_ns, state, t, journal)
-                                else:
-                                    pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
-                                                         empty, done, dpar, pg, sv, timeout_ns,
-                                                         state, t, journal)
+                                pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
+                                                     empty, done, dpar, pg, sv, timeout_ns,
+                                                     state, t, journal)
                         if cutlass.const_expr(self.gather):
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 self.store_gather(op, ring, base, bufs, meta, embed, lastn, normw,
@@ -941,13 +864,6 @@ class MegakernelDSL:
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
                             sig = ring[base + W_SIGNAL]
-                            if cutlass.const_expr(self.attn_combine):
-                                # the split's arrival was its consumers'; the last one signals
-                                # the reduce's counter for the reduce it ran
-                                if clast == 1:
-                                    sig = ring[base + at.A_COMBINE_SIGNAL]
-                                elif clast == 0:
-                                    sig = Int32(-1)
                             if sig >= 0:
                                 # every store of this instruction precedes the barrier above
                                 if cutlass.const_expr(SIGNAL_FENCE == "both"):
@@ -1062,9 +978,7 @@ class MegakernelDSL:
                                     pg = self.consume_attention(ring, base, aops, aq, pool, full,
                                                                 empty, done, pg, NP, ctv,
                                                                 timeout_ns, state, t, PS, journal,
-                                                                aswap, self.combine_of(
-                                                                    ring, base, apart, alse,
-                                                                    counters))
+                                                                aswap)
                                 else:
                                     pg = self.consume_attention(ring, base, aops, aq, pool, full,
                                                                 empty, done, pg, NP, ctv,
@@ -1161,10 +1075,9 @@ class MegakernelDSL:
                              self.split_tile(gs, g, ring, base, skops), tma_store)
 
     def consume_attention(self, ring, base, aops, aq, pool, full, empty, done, pg, NP, ctv,
-                          timeout_ns, state, t, PS, journal, aswap, combine=None):
+                          timeout_ns, state, t, PS, journal, aswap):
         """Consumer body of ATTENTION (ak.attn_consume; aswap: the swapped chain's operands, or
-        None; combine: ak.combine_words in the ATTN_COMBINE build's swapped trace, else None),
-        traced where it is called."""
+        None), traced where it is called."""
         return ak.attn_consume(aops[3], aops[4], aops[5], aops[6], aq.iterator.toint(),
                                aq.shape[1], ring[base + W_ROW0], ring[base + W_ROWS],
                                ring[base + W_COL0], ring[base + W_COLS], ring[base + at.A_POS0],
@@ -1174,16 +1087,7 @@ class MegakernelDSL:
                                J_CONS_WAIT if self.journal else -1,
                                J_MMA_WAIT if self.journal else -1,
                                J_ATTN_SOFTMAX if self.journal else -1,
-                               self.attn_pair(ring, base), aswap, combine,
-                               COMBINE_STAMPS if self.journal and combine is not None else ())
-
-    def combine_of(self, ring, base, apart, alse, counters):
-        """ak.combine_words of an ATTENTION split (its words; used where its combine arrivals are
-        > 0) in a variant with the combine (attn_combine_for), else None. Trace-time Python."""
-        if not self.attn_combine:
-            return None
-        return ak.combine_words(ring, base, apart.iterator.toint(), apart.shape[1],
-                                alse.iterator.toint(), alse.shape[1], counters)
+                               self.attn_pair(ring, base), aswap)
 
     def attn_pair(self, ring: cute.Tensor, base: Int32):
         """A MODE_PAIR ATTENTION's second unit words (row0, pos0, page_off, new0) for the
@@ -1197,36 +1101,25 @@ class MegakernelDSL:
                    done: cute.Pointer, dpar: cute.Tensor, pg: Int32, sid: Int32,
                    timeout_ns: Int64, state: cute.Tensor, t: Int32,
                    journal: cute.Tensor) -> Int32:
-        """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch). In the
-        variants with the combine it returns (page count, last): last 1 / 0 in a split of a
-        reduce by its last split (it signals the reduce's counter / nothing), -2 otherwise."""
-        if cutlass.const_expr(self.attn_combine):
-            last = Int32(-2)
+        """Storer body of ATTENTION / ATTN_REDUCE (buffers by byte address + row pitch)."""
         if op == ak.OP_ATTENTION:
-            r = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
-                              apart.shape[1], alse.iterator.toint(), alse.shape[1],
-                              ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
-                              ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
-                              ring[base + at.A_KV1], ring[base + at.A_MODE],
-                              ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
-                              dpar, pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns,
-                              state, t, page_share(self.handoff), journal,
-                              STORE_STAMPS if self.journal else (),
-                              J_STORE_WAIT if self.journal else -1,
-                              self.attn_pair(ring, base),
-                              ring[base + at.A_COMBINE_ARRIVALS] if self.attn_combine else None)
-            if cutlass.const_expr(self.attn_combine):
-                pg, last = r
-            else:
-                pg = r
+            pg = ak.attn_store(aout.iterator.toint(), aout.shape[1], apart.iterator.toint(),
+                               apart.shape[1], alse.iterator.toint(), alse.shape[1],
+                               ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
+                               ring[base + W_COLS], ring[base + at.A_POS0], ring[base + at.A_KV0],
+                               ring[base + at.A_KV1], ring[base + at.A_MODE],
+                               ring[base + at.A_QPK], ring[base + at.A_SLOT], pool, empty, done,
+                               dpar, pg, self.npages, sid, BAR_STORER, N_STORER, timeout_ns,
+                               state, t, page_share(self.handoff), journal,
+                               STORE_STAMPS if self.journal else (),
+                               J_STORE_WAIT if self.journal else -1,
+                               self.attn_pair(ring, base))
         else:
             pg = ak.reduce_store(aout.iterator.toint(), aout.shape[1], ring[base + W_ROW0],
                                  ring[base + W_ROWS], ring[base + W_COL0], ring[base + W_COLS],
                                  ring[base + at.A_QPK], pool, empty, done, dpar, pg, self.npages,
                                  sid, BAR_STORER, N_STORER, timeout_ns, state, t,
                                  page_share(self.handoff))
-        if cutlass.const_expr(self.attn_combine):
-            return pg, last
         return pg
 
     @cute.jit
@@ -1266,27 +1159,26 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                        handoff: str = DEFAULT_HANDOFF, backoff_ns: int = DEFAULT_BACKOFF_NS,
                        gemm: tuple = (), attn_page_size: int = 0, gather: bool = False,
                        splitk: bool = False, l2_prefetch: bool = False,
-                       claim_after_loads: bool = False, attn_combine: bool = False):
+                       claim_after_loads: bool = False):
     """cute.compile with an in-process cache per variant (journal, hand-off, backoff, GEMM slots =
     the M class's tile configs, attention KV page size (0 = no attention), gather family, split-K,
-    L2 prefetches, claim after loads, the last-split combine) and arena/norm-table shape. Prints
-    the compile time of each new variant once (verbose)."""
+    L2 prefetches, claim after loads) and arena/norm-table shape. Prints the compile time of each
+    new variant once (verbose)."""
     key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
            bool(gather), bool(splitk), bool(l2_prefetch),
-           bool(claim_after_loads), bool(attn_combine)) + tuple(shape_key)
+           bool(claim_after_loads)) + tuple(shape_key)
     if key not in _COMPILED:
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                           attn_page_size=attn_page_size, gather=gather, splitk=splitk,
-                          l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads,
-                          attn_combine=attn_combine), *args)
+                          l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads), *args)
         if verbose:
             tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
                   f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
                   f"gather={gather} splitk={splitk} l2_prefetch={l2_prefetch} "
-                  f"claim_after_loads={claim_after_loads} attn_combine={attn_combine} in "
+                  f"claim_after_loads={claim_after_loads} in "
                   f"{time.time() - t0:.1f} s", flush=True)
     return _COMPILED[key]
 
@@ -1496,8 +1388,7 @@ def _op_name(op) -> str:
 def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int, npages: int = NPAGES,
                gemm: dict | None = None, slots: tuple = (), kv_shape=None,
                attn: AttnOperands | None = None, embed_shape=None, last_normed_shape=None,
-               meta_page_size: int | None = None, splitk_shape=None, l2_prefetch: bool = False,
-               attn_combine: bool | None = None):
+               meta_page_size: int | None = None, splitk_shape=None, l2_prefetch: bool = False):
     """Host-side refusal of what this kernel cannot run (before it could hang or fault).
 
     gemm / slots: the GEMM operands and compiled slots of the megakernel (GEMM opcodes without a
@@ -1629,8 +1520,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
                              f"(x: {g.xb}..{g.xb + sh['xz'] - 1}, y: {g.yb}..{g.yb + sh['yz'] - 1})")
         if ((p[:, W_LAYER] < 0) | (p[:, W_LAYER] >= sh["wl"])).any():
             raise ValueError(f"megakernel: {name} layer beyond the stacked weights' {sh['wl']}")
-    _check_attention(s, ops, attn, kv_shape, meta_page_size,
-                     ATTN_COMBINE if attn_combine is None else attn_combine)
+    _check_attention(s, ops, attn, kv_shape, meta_page_size)
     _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape)
     return mx + 1
 
@@ -1749,7 +1639,7 @@ def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
     return eq
 
 
-def _check_attention(s, ops, attn, kv_shape, meta_page_size, attn_combine: bool):
+def _check_attention(s, ops, attn, kv_shape, meta_page_size):
     """ATTENTION / ATTN_REDUCE against the compiled attention operands (see check_plan)."""
     a = s[ops == int(Op.ATTENTION)]
     r = s[ops == int(Op.ATTN_REDUCE)]
@@ -1822,17 +1712,6 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size, attn_combine: bool)
                 or (r[:, at.A_SLOT0] + ns * r[:, W_ROWS] > min(P, attn.lse.shape[0])).any():
             raise ValueError(f"megakernel: ATTN_REDUCE slots beyond ATTN_PARTIAL / ATTN_LSE "
                              f"({P} rows)")
-    # a reduce run by its last split reads the split's copies of its words
-    if not attn_combine and (r[:, at.A_BY_LAST] != 0).any():
-        raise ValueError("megakernel: the plan has ATTN_REDUCEs run by their last split "
-                         "(PlanConfig.attn_combine_pairs > 0), but this variant has no last-split "
-                         "combine: set MK_ATTN_COMBINE=1 before the megakernel is imported (it "
-                         f"is compiled into the classes of <= {at.COMBINE_MAX_TOKENS} tokens), "
-                         "or plan with attn_combine_pairs=0")
-    bad = at.check_last_combines(s)
-    if bad:
-        raise ValueError("megakernel: an ATTN_REDUCE by the last split does not match its "
-                         "splits: " + "; ".join(bad[:3]))
 
 
 def _check_gather(s, ops, nbuf, T, H, embed_shape, last_normed_shape):
@@ -2030,7 +1909,6 @@ class Megakernel:
         self.l2_prefetch = bool(l2_prefetch)
         self.claim_after_loads = (claim_after_loads_for(gemm_m) if claim_after_loads is None
                                   else bool(claim_after_loads))
-        self.attn_combine = attn_combine_for(gemm_m)
         self._gemm_t = (gemm_tensor_args(self.gemm, meta, inv_freq, kv, dev)
                         + family_tensor_args(attn, embed, last_normed, dev)
                         + [splitk if splitk is not None
@@ -2067,7 +1945,7 @@ class Megakernel:
                                               else tuple(self.last_normed.shape)),
                            meta_page_size=meta_page_size,
                            splitk_shape=None if self.splitk is None else tuple(self.splitk.shape),
-                           l2_prefetch=self.l2_prefetch, attn_combine=self.attn_combine)
+                           l2_prefetch=self.l2_prefetch)
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -2084,8 +1962,7 @@ class Megakernel:
             comp = compile_megakernel(self._args(s, n_ctr, cs), self.journal_on, self.verbose,
                                       self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                       self.attn_page_size, self.gather, self.splitk is not None,
-                                      self.l2_prefetch, self.claim_after_loads,
-                                      self.attn_combine)
+                                      self.l2_prefetch, self.claim_after_loads)
             nb, src = resident_blocks_per_sm(
                 comp, smem_bytes_estimate(claim_after_loads=self.claim_after_loads))
             assert nb >= 1, f"megakernel: {nb} resident blocks per SM ({src})"
@@ -2101,7 +1978,7 @@ class Megakernel:
                                   self._shape_key, self.handoff, self.backoff_ns, self.slots,
                                   self.attn_page_size, self.gather,
                                   self.splitk is not None, self.l2_prefetch,
-                                  self.claim_after_loads, self.attn_combine), cs
+                                  self.claim_after_loads), cs
 
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
@@ -2232,20 +2109,18 @@ def fake_args(gemm: tuple = (), attention: bool = False):
 def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple = (),
                  backoff_ns: int = DEFAULT_BACKOFF_NS, attn_page_size: int = 0,
                  gather: bool = False, splitk: bool = False, l2_prefetch: bool = False,
-                 claim_after_loads: bool | None = None, attn_combine: bool | None = None):
+                 claim_after_loads: bool | None = None):
     """cute.compile for sm_90a on the CPU (fake tensors); the compiled object keeps its PTX.
     attn_page_size: compile the attention family in for that KV page size (0: not); splitk:
     compile the split-K tiles and SPLITK_REDUCE in; l2_prefetch: L2_PREFETCH;
-    claim_after_loads None: as MK_CLAIM_AFTER_LOADS says, else off; attn_combine None: the
-    last-split combine in the ATTN_COMBINE build (whatever the class), else as given."""
+    claim_after_loads None: as MK_CLAIM_AFTER_LOADS says, else off."""
     if claim_after_loads is None:
         claim_after_loads = claim_after_loads_for(None)
     if handoff is None:
         handoff = default_handoff(attn_page_size > 0)
     dsl = MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                         attn_page_size=attn_page_size, gather=gather, splitk=splitk,
-                        l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads,
-                        attn_combine=ATTN_COMBINE if attn_combine is None else attn_combine)
+                        l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads)
     return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](
         dsl, *fake_args(gemm, attn_page_size > 0))
 

@@ -34,7 +34,6 @@ import torch
 from mk.batch import StepBatch
 from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.instructions import _common as mc
-from mk.instructions import attention as at
 from mk.instructions.base import Buf
 from mk.plan import PlanConfig, Planner, buffer_shapes
 from mk.tiles import NORM_MAX_HIDDEN
@@ -98,9 +97,6 @@ def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: Ke
     if plan_cfg.kv_split_min % KEY_BLOCK:
         why.append(f"PlanConfig.kv_split_min {plan_cfg.kv_split_min} is not a multiple of "
                    f"{KEY_BLOCK} (the attention splits start on key blocks)")
-    if plan_cfg.attn_combine_pairs and not at.combine_built():
-        why.append("PlanConfig.attn_combine_pairs > 0 needs the megakernel built with the "
-                   "last-split combine (MK_ATTN_COMBINE=1)")
     if plan_cfg.split_k != 1 and plan_cfg.splitk_align % K_ALIGN:
         why.append(f"PlanConfig.splitk_align {plan_cfg.splitk_align} is not a multiple of "
                    f"{K_ALIGN} (a split tile's K0 and K are TMA K coordinates)")
@@ -411,8 +407,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         worst = max(worst, err / max(tol, 1e-30))
         steps.append(dict(tokens=batch.num_tokens, seqs=len(batch.seqs), max_abs_err=err,
                           tol=tol, argmax_equal=same, near_ties=ties,
-                          worst_tie_gap=float(gap.max()),
-                          last_split_reduces=_last_split_reduces(vm.last_plan.instrs)))
+                          worst_tie_gap=float(gap.max())))
         for j, c in enumerate(batch.seqs):
             ctx[j] = c.end_pos
         nxt = want.argmax(-1).tolist()
@@ -437,12 +432,6 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                 steps=steps,
                 worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,
                 device=torch.cuda.get_device_name())
-
-
-def _last_split_reduces(instrs: torch.Tensor) -> int:
-    """ATTN_REDUCEs of a stream that their last split runs (PlanConfig.attn_combine_pairs)."""
-    from mk.ir import Op
-    return int(((instrs[:, 0] == int(Op.ATTN_REDUCE)) & (instrs[:, at.A_BY_LAST] == 1)).sum())
 
 
 def _split_op() -> int:

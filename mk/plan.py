@@ -335,19 +335,6 @@ class PlanConfig:
     # (scripts/gpu_next.sh); in today's default plans DOWN splits only at <= 128 tokens, where
     # GATE_UP splits as well: raise splitk_down_max_tokens to use it
     down_slice_waits: int = 0
-    # A split segment's ATTN_REDUCE run by the split that finishes last (ATTN_REDUCE by_last,
-    # mk/instructions/attention.py) instead of as its own ticket, where the reduce holds at most
-    # this many (row, head) pairs and one KV head per instruction (attn_kv_heads 1: decode, one
-    # token x its q heads); 0: always its own ticket. Each (segment, KV head group) then reduces
-    # alone (its own arrival counter). It saves the reduce ticket's hop and protocol on the
-    # decode path (ATTN_REDUCE 5.8 us per layer at B=1). Session 29's combine in the last
-    # split's storer lost (B=1 +5.0%, B=16 +3.1%: the storer's two warps at 72 registers walked
-    # the splits ~32 dependent L2 round trips deep); since session 40 the last split's consumers
-    # combine (256 threads, every split's loads of a thread's 8 values in flight), built with
-    # MK_ATTN_COMBINE=1 into the classes of at most attention.COMBINE_MAX_TOKENS tokens (the
-    # only steps it applies to), not yet GPU-run (scripts/gpu_next.sh `ccombine`,
-    # `ccombinetime`). At most attention.COMBINE_MAX_PAIRS
-    attn_combine_pairs: int = 0
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -367,7 +354,7 @@ class PlanConfig:
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
                    "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens",
-                   "split_uneven_min_tokens", "attn_combine_pairs"
+                   "split_uneven_min_tokens"
                    ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
@@ -384,10 +371,6 @@ class PlanConfig:
         if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2):
             raise ValueError(f"PlanConfig.norm_fold must be 0 (off), 1 (where the GEMM splits) or "
                              f"2 (also where it does not), got {self.norm_fold!r}")
-        if self.attn_combine_pairs > at.COMBINE_MAX_PAIRS:
-            raise ValueError(f"PlanConfig.attn_combine_pairs must be at most "
-                             f"{at.COMBINE_MAX_PAIRS} (the pairs a last-split combine holds), "
-                             f"got {self.attn_combine_pairs}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
             raise ValueError(f"PlanConfig.attn_pair must be 0 (never), 1 (auto) or 2 (always), "
                              f"got {self.attn_pair!r}")
@@ -751,8 +734,7 @@ ADV_WORD0, ADV_WORD1 = min(_ADV_WORDS), max(_ADV_WORDS) + 1
 
 class StreamAdvance:
     """The Planner fast path's rewrite of a stream: in the body's [L, per_layer] view (the rows
-    after `prelude`), rows j of every layer get `block[i]` in words word0 .. word0 + width - 1
-    (block [len(j), width]; or [L, len(j), width]: each layer its own).
+    after `prelude`), rows j of every layer get `block[i]` in words word0 .. word0 + width - 1.
     One block of adjacent words (the words between the changed ones keep their values) and a
     slice when j is a run of rows: each row is written once, not once per word (at B=4096 the
     per-word scatter took 11 ms of host per step)."""
@@ -768,7 +750,7 @@ class StreamAdvance:
         """Rewrite the host stream ([N, INSTR_WORDS] int32 numpy) in place."""
         pre, L, m = self.prelude, self.layers, self.per_layer
         body = stream[pre:pre + L * m].reshape(L, m, INSTR_WORDS)
-        body[:, self.j, self.word0:self.word0 + self.block.shape[-1]] = self.block
+        body[:, self.j, self.word0:self.word0 + self.block.shape[1]] = self.block
 
     def apply(self, stream: torch.Tensor) -> None:
         """Rewrite `stream` ([N, INSTR_WORDS] int32, on any device) in place, in its device's
@@ -776,7 +758,7 @@ class StreamAdvance:
         pre, L, m = self.prelude, self.layers, self.per_layer
         body = stream[pre:pre + L * m].view(L, m, INSTR_WORDS)
         j = self.j if isinstance(self.j, slice) else torch.from_numpy(self.j).to(stream.device)
-        body[:, j, self.word0:self.word0 + self.block.shape[-1]] = \
+        body[:, j, self.word0:self.word0 + self.block.shape[1]] = \
             torch.from_numpy(self.block).to(stream.device)
 
 
@@ -1213,15 +1195,9 @@ class Planner:
         kv0 = np.r_[a[:, at.A_KV0].astype(np.int64), a[paired, at.A_KV0].astype(np.int64)]
         # a unit's segment: segments are disjoint row ranges, so row0 names one
         _, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
-        # the rewritten words are the same in every layer, except a last-split combine's signal
-        # counter (A_COMBINE_SIGNAL, inside the block): with such splits the block is per layer
-        words = a[:, ADV_WORD0:ADV_WORD1]
-        if ((a[:, at.A_MODE] == at.MODE_PARTIAL) & (a[:, at.A_COMBINE_ARRIVALS] > 0)).any():
-            body = plan.instrs.numpy()[pre:pre + L * m].reshape(L, m, INSTR_WORDS)
-            words = body[:, j, ADV_WORD0:ADV_WORD1]
         self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, paired=paired,
                           seq=seq, row0=row0, nrows=nrows, kv0=kv0, seg_first=seg_first,
-                          seg_of=seg_of, words=words.copy())
+                          seg_of=seg_of, words=a[:, ADV_WORD0:ADV_WORD1].copy())
         self._last["split"] = self._splits(plan.meta, self._last)
 
     def _splits(self, meta: StepMeta, last: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -1255,9 +1231,9 @@ class Planner:
         block = last["words"].copy()
         n, pb = len(last["rows"]), last["paired"]
         for word, v in ((at.A_POS0, pos0[:n]), (at.A_KV1, kv1[:n]), (at.A_NEW0, new0[:n])):
-            block[..., word - ADV_WORD0] = v
+            block[:, word - ADV_WORD0] = v
         for word, v in ((at.A_POS0_B, pos0[n:]), (at.A_NEW0_B, new0[n:])):
-            block[..., pb, word - ADV_WORD0] = v
+            block[pb, word - ADV_WORD0] = v
         adv = StreamAdvance(pre, L, m, last["rows"], ADV_WORD0, block)
         adv.apply_host(prev.instrs.numpy())
         return StepPlan(prev.instrs, meta, prev.targets, prev.rank, prev.tp, prev.hidden_slice,
@@ -1373,15 +1349,10 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     # JOIN counters only for segments followed by another of their sequence, SPLIT counters only
     # for split segments
     join_id = np.cumsum(~seg_is_last) - 1                         # valid where ~seg_is_last
-    # (a segment reduced by its last split has a SPLIT counter per KV head group: each group's
-    # splits reduce alone)
-    by_last = (split & (seg_rows * gh * qpk <= cfg.attn_combine_pairs) & (gh == 1)
-               & (T <= at.COMBINE_MAX_TOKENS))
-    split_cnt = np.where(split, np.where(by_last, ngrp, 1), 0)
-    split_id = np.cumsum(split_cnt) - split_cnt                   # valid where split
+    split_id = np.cumsum(split) - 1                               # valid where split
     groups_layout["JOIN"] = (off, int((~seg_is_last).sum()))
     off += groups_layout["JOIN"][1]
-    groups_layout["SPLIT"] = (off, int(split_cnt.sum()))
+    groups_layout["SPLIT"] = (off, int(split.sum()))
     off += groups_layout["SPLIT"][1]
     groups_layout["SK"] = (off, sk_count)
     off += sk_count
@@ -1435,7 +1406,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     down_tile_signals = np.full(nb, nsplit[Op.DOWN]) if fold_d else red_sl[Op.DOWN]
 
     attn_target = np.zeros(nb, np.int64)
-    np.add.at(attn_target, seg_blk, np.where(split, split_cnt, ngrp * seg_nchunk))
+    np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp * seg_nchunk))
 
     def gemm(stage, op, b, t, k_word, **kw):
         """_emit_gemm of tiles (block b, column tile t) of op with the step's split (kw may carry
@@ -1532,20 +1503,12 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                  (at.A_PAGE_OFF_B, meta.page_off[a_seq[pb]]),
                  (at.A_NEW0_B, meta.seq_start[a_seq[pb]])):
         pair_words[w][pa] = v
-    # the same words of a split reduced by its last split: the reduce's (never a pair: pairs
-    # are direct units)
-    a_last = by_last[a_seg]
-    for w, v in ((at.A_COMBINE_SIGNAL, C["ATTN"] + seg_blk[a_seg]),
-                 (at.A_COMBINE_ARRIVALS, seg_nsplit[a_seg]), (at.A_COMBINE_SLOT0, seg_slot[a_seg]),
-                 (at.A_COMBINE_NSPLIT, seg_nsplit[a_seg])):
-        pair_words[w][a_last] = v[a_last]
     keep = np.ones(len(a_seg), bool)
     keep[pb] = False
     per_instr = dict(block=seg_blk[a_seg], row0=seg_r0[a_seg] + a_off, rows=a_rows,
                      col0=grp_c0[a_grp], cols=grp_w[a_grp], qkv_wait=C["QKV"] + seg_blk[a_seg],
                      qkv_t=qkv_target[seg_blk[a_seg]], join=jw_prev[a_seg], join_t=jw_prev_t[a_seg],
-                     signal=np.where(a_split, C["SPLIT"] + split_id[a_seg]
-                                     + np.where(a_last, a_grp, 0),
+                     signal=np.where(a_split, C["SPLIT"] + split_id[a_seg],
                                      C["ATTN"] + seg_blk[a_seg]), count=a_count)
     args = {at.A_SEQ: a_seq, at.A_POS0: seg_pos0[a_seg] + a_off, at.A_KV0: a_kv0, at.A_KV1: a_kv1,
             at.A_PAGE_OFF: meta.page_off[a_seq], at.A_MODE: a_mode,
@@ -1556,22 +1519,15 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           cols=k["cols"], waits=[(k["qkv_wait"], k["qkv_t"]), (k["join"], k["join_t"])],
           signal=k["signal"], count=k["count"],
           args={at.A_QPK: qpk, at.A_HEAD_DIM: D, **{w: v[keep] for w, v in args.items()}})
-    # reduces: one per split segment, or one per (segment, group) where the last split reduces
-    # (by_last: the megakernel drops its ticket)
-    ss = np.repeat(seg_ids, split_cnt)
-    r_grp = np.arange(len(ss)) - np.repeat(np.cumsum(split_cnt) - split_cnt, split_cnt)
-    r_last = by_last[ss]
-    _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss],
-          col0=np.where(r_last, grp_c0[r_grp], 0), cols=np.where(r_last, grp_w[r_grp], hkv),
-          waits=[(C["SPLIT"] + split_id[ss] + r_grp,
-                  np.where(r_last, 1, ngrp) * seg_nsplit[ss] * seg_nchunk[ss])],
+    ss = seg_ids[split]
+    _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
+          cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss] * seg_nchunk[ss])],
           signal=C["ATTN"] + seg_blk[ss],
-          args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss],
-                at.A_BY_LAST: r_last.astype(np.int64), at.A_QPK: qpk, at.A_HEAD_DIM: D})
+          args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss], at.A_QPK: qpk, at.A_HEAD_DIM: D})
 
     # L2 prefetch of the layer's next weights by the SMs its attention leaves idle (queued after the
     # attention, before O_PROJ; no waits, no signal)
-    if cfg.l2_prefetch_mib and int(keep.sum()) + int((~r_last).sum()) < cfg.num_sms:
+    if cfg.l2_prefetch_mib and int(keep.sum()) + len(ss) < cfg.num_sms:
         def slices(op):
             return (cfg.op_k_slices(T, nb * ntiles[op], gemm_k[op], nsplit[op]) if nsplit[op] > 1
                     else np.array([0, gemm_k[op]]))
@@ -1707,11 +1663,6 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     epi = (np.isin(tmpl32[:, W_OPCODE], [int(o) for o in sk.ROW_SCALED])
            & (tmpl32[:, mc.A_EPI_WAIT] > 0))
     incr[epi, mc.A_EPI_WAIT] = CPL
-    # a split's copy of its last-split reduce's signal counter moves with the layer too
-    combined = ((tmpl32[:, W_OPCODE] == int(Op.ATTENTION))
-                & (tmpl32[:, at.A_MODE] == at.MODE_PARTIAL)
-                & (tmpl32[:, at.A_COMBINE_ARRIVALS] > 0))
-    incr[combined, at.A_COMBINE_SIGNAL] = CPL
     body = out[len(prelude):len(prelude) + L * m].reshape(L, m, INSTR_WORDS)
     step = np.zeros_like(tmpl32)
     for layer in range(L):

@@ -34,8 +34,7 @@ def _op_name(op: int) -> str:
 # module never imports cutlass)
 ROLE_WORDS = {"load0": 8, "load1": 9, "cons0": 10, "cons1": 11, "store0": 12, "cons1_wg1": 13,
               "store1": 14, "store_kv": 15, "store_epi": 7, "store_p0": 16, "free_p0": 17,
-              "epi1": 18, "cons_epi0": 19, "epi_ready": 25, "comb0": 26, "comb_arrived": 27,
-              "comb_end": 28}
+              "epi1": 18, "cons_epi0": 19, "epi_ready": 25}
 # journal words that hold durations (ns summed by the instruction's roles, not times):
 # mk.megakernel.J_LOAD_WAIT .. (ATTENTION's page and wgmma waits, a GEMM's operand and wgmma
 # waits); by_opcode reports their medians
@@ -62,10 +61,6 @@ ROLE_SPANS = {
     "cons_epi": ("cons_epi0", "cons1"),
     # ... of which the wait for the epilogue pages (a RESIDUAL tile's residual loads)
     "epi_wait": ("cons_epi0", "epi_ready"),
-    # ATTENTION splits of a reduce by their last split (MK_ATTN_COMBINE): the partial's stores
-    # and the arrival; the last split's combine of every split
-    "comb_arrive": ("comb0", "comb_arrived"),
-    "combine": ("comb_arrived", "comb_end"),
 }
 
 
@@ -384,21 +379,6 @@ def critical_path(journal, jcta, n: int, instrs) -> dict:
         if w[W_SIGNAL] != NO_COUNTER:
             signals.setdefault(w[W_SIGNAL], []).append((e["end"], max(w[W_SIGNAL_COUNT], 1),
                                                         e["ticket"]))
-    # a split reduced by its last split (ATTN_REDUCE by_last: that reduce has no journal row)
-    # signals the reduce's counter too, the last of the splits to end being the one that does
-    from mk.instructions import attention as at
-    from mk.ir import Op
-    last_split: dict[int, dict] = {}
-    for e in ev:
-        w = words[e["ticket"]]
-        if (w[0] == int(Op.ATTENTION) and w[at.A_MODE] == at.MODE_PARTIAL
-                and w[at.A_COMBINE_ARRIVALS] > 0):
-            cur = last_split.get(w[W_SIGNAL])
-            if cur is None or e["end"] > cur["end"]:
-                last_split[w[W_SIGNAL]] = e
-    for e in last_split.values():
-        w = words[e["ticket"]]
-        signals.setdefault(w[at.A_COMBINE_SIGNAL], []).append((e["end"], 1, e["ticket"]))
     for v in signals.values():
         v.sort()
 

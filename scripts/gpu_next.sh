@@ -22,11 +22,6 @@
 #          --plan MK_NF_ON (norm_fold=1,fold_o_reduce=0,fold_down_reduce=0) and B=64 with
 #          norm_fold=1,splitk_max_tokens=32 (O_PROJ / DOWN unsplit), no journal: normfold.log
 #          (~8 min)
-#   ccombine MK_ATTN_COMBINE=1 + PlanConfig.attn_combine_pairs=8 (ATTN_REDUCE by its last split,
-#          combined in the consumers): GPU tests, racecheck: ccombine.log (~4.5 min)
-#   ccombinetime if ccombine's checks passed: decode B=1 / 16 / 64, B=64 with
-#          kv_spread_min_splits=2 without / with the combine, B=1 / 16 with it, then B=64 with it
-#          journaled: ccombine.log, ccombine_*.json (~6 min)
 #   nf2    PlanConfig.norm_fold=2 (unsplit QKV / gate-up tiles scale their rows after an
 #          epilogue wait for the row-scale norm): GPU tests, two-layer checks (split-K never /
 #          auto), racecheck; if clean decode MK_NF2_BATCH (256,1024) default / norm_fold=1 / 2,
@@ -571,7 +566,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ccombine]=300 [ccombinetime]=380 [ktsplit]=450)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -917,43 +912,6 @@ if has normfold; then
   # reduce phase is left between them and the folded GEMMs
   checked_runs normfold 4 "off||--plan norm_fold=0|${MK_NF_BATCH:-64,256}" "on||--plan $NF_ON|${MK_NF_BATCH:-64,256}" \
       "unsplit||--plan norm_fold=1,splitk_max_tokens=32|64"
-fi
-if has ccombine; then
-  # ATTN_REDUCE by its last split, combined in the consumers (MK_ATTN_COMBINE=1 +
-  # PlanConfig.attn_combine_pairs=8; session 40, not yet GPU-run; session 29's storer combine
-  # lost): each split's consumers store its partial and add its arrival (acq_rel), the last
-  # split's consumers load every split's partial (gpu-scope loads, 4 splits in flight) and
-  # combine, its storer stores the rows and signals; the reduce's ticket is dropped. Checks:
-  # the two GPU tests (two layers vs mk.vm, 64-key splits and spread splits; the refusal
-  # without the build), racecheck of the two-layer step with it: ccombine.log (~4.5 min).
-  # Timing: `ccombinetime`
-  : > "$OUTDIR/ccombine.log"
-  { echo "== GPU tests -k last_split_combine"
-    timeout 300 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-        -k last_split_combine tests/test_megakernel_step_gpu.py 2>&1 | grep -v "^\[mk" | tail -15
-  } | tee -a "$OUTDIR/ccombine.log"
-  export MK_ATTN_COMBINE=1 MK_CHECK_TAG="MK_ATTN_COMBINE=1 "
-  racecheck_to "$OUTDIR/ccombine.log" --kv-split 64 --plan attn_combine_pairs=8
-  unset MK_ATTN_COMBINE MK_CHECK_TAG
-fi
-if has ccombinetime; then
-  # ... timed, only if `ccombine`'s checks passed in this call (or, MK_CC_CHECKED=1, in an
-  # earlier one: its log is not in this call's $OUTDIR): decode B=1 / 16 / 64 as it is, B=64
-  # with each decode unit in two (kv_spread_min_splits=2) without and with the combine, B=1 / 16
-  # with it, megakernel only, no journal; then the B=64 combine run journaled (ATTENTION on the
-  # critical path per layer): ccombine.log, ccombine_*.json (~6 min)
-  CP="--plan attn_combine_pairs=8"
-  runs=("off|||1,16,64" "spread64||--plan kv_spread_min_splits=2|64" "on|MK_ATTN_COMBINE=1|$CP|1,16"
-        "on64|MK_ATTN_COMBINE=1|--plan attn_combine_pairs=8,kv_spread_min_splits=2|64")
-  if [ "${MK_CC_CHECKED:-0}" = 1 ]; then
-    untraced_runs ccombine "${runs[@]}"
-  else
-    checked_runs ccombine 0 "${runs[@]}"
-  fi
-  if [ "${MK_CC_CHECKED:-0}" = 1 ] || checks_clean "$OUTDIR/ccombine.log" 0; then
-    time_variant ccombine j64 "B=64 spread + combine, journal" 64 "MK_ATTN_COMBINE=1" \
-        "--plan attn_combine_pairs=8,kv_spread_min_splits=2"
-  fi
 fi
 if has nf2; then
   # PlanConfig.norm_fold=2 (built in session 39, not GPU-run): unsplit QKV_ROPE / GATE_UP tiles

@@ -76,15 +76,6 @@ def test_unsupported_configurations_are_named():
     wide = replace(TINY_HD128_CONFIG, hidden_size=2 * NORM_MAX_HIDDEN)
     assert any(f"hidden_size {2 * NORM_MAX_HIDDEN}" in w for w in
                unsupported_reasons(wide, ParallelConfig(), KernelConfig())), "RMSNORM's limit"
-    # the last-split combine: only with the build that has it (MK_ATTN_COMBINE=1)
-    combine = PlanConfig(attn_combine_pairs=8)
-    import os
-    from unittest import mock
-    with mock.patch.dict(os.environ, {"MK_ATTN_COMBINE": "0"}):
-        assert any("MK_ATTN_COMBINE=1" in w for w in
-                   unsupported_reasons(TINY_HD128_CONFIG, ParallelConfig(), KernelConfig(), combine))
-    with mock.patch.dict(os.environ, {"MK_ATTN_COMBINE": "1"}):
-        assert unsupported_reasons(TINY_HD128_CONFIG, ParallelConfig(), KernelConfig(), combine) == []
 
 
 def test_meta_capacity_holds_the_largest_step():

@@ -1037,27 +1037,3 @@ def test_gemm_ktrace_variant_compiles_without_spills(tmp_path):
                        env=dict(os.environ, MK_GEMM_KTRACE="999"), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode != 0 and "MK_GEMM_KTRACE" in r.stderr
-
-
-def test_attn_combine_variant_compiles_without_spills(tmp_path):
-    """MK_ATTN_COMBINE=1 (session 40, off): the last-split combine in the consumers. The M64
-    variant (split-K; the small steps whose decode splits it serves) compiles with 0 spills and
-    no call; against the default build it adds the splits' acq_rel arrival, the two 256-thread
-    barriers around it (bar.sync 3, both warpgroups: the racecheck rule of session 32) and the
-    combine's gpu-scope loads of the other splits' partials. Only the classes of <= 64 tokens
-    get it (attn_combine_for; the planner's by_last likewise): compiled into the 1024 / max
-    classes it spilled 16 / 24 bytes."""
-    check = ("import mk.megakernel as M; assert M.ATTN_COMBINE == {on}; "
-             "assert M.attn_combine_for(64) == {on} and not M.attn_combine_for(1024)")
-    ptx = {on: variant_ptx(tmp_path, f"comb_{on}", {"MK_ATTN_COMBINE": "1" if on else "0"},
-                           check.format(on=on))
-           for on in (False, True)}
-    # (the default's one acq_rel add is the kernel's exit counter)
-    acq = {k: len(re.findall(r"atom\.global\.acq_rel\.add", p)) for k, p in ptx.items()}
-    assert acq[True] == acq[False] + 1, acq
-    bar3 = {k: len(re.findall(r"bar\.sync\s+3,\s*256;", p)) for k, p in ptx.items()}
-    assert bar3[True] == bar3[False] + 2, bar3
-    relaxed = {k: len(re.findall(r"ld\.relaxed\.gpu\.global\.b32", p)) for k, p in ptx.items()}
-    assert relaxed[True] > relaxed[False], relaxed
-    assert not re.search(r"^\s*call", ptx[True], flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx[True], str(tmp_path / "comb_1")))

@@ -331,8 +331,7 @@ UNEVEN = dict(splitk_align=8, num_sms=12, split_fill_max_tokens=4096,
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("split_k,l2,spread,pair,extra", [
     (1, 0, False, 0, {}), (0, 1, False, 0, {}), (0, 0, True, 0, {}), (1, 0, False, 2, {}),
-    (0, 0, False, 0, UNEVEN), (0, 0, True, 0, {"attn_combine_pairs": 8})],
-    ids=["plain", "l2", "spread", "pair", "uneven", "combine"])
+    (0, 0, False, 0, UNEVEN)], ids=["plain", "l2", "spread", "pair", "uneven"])
 def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, extra):
     """Planner's fast path (a batch with the previous plan's structure: only the attention's
     position words change) gives plan_step's stream, targets and metadata bitwise, over a run of
@@ -340,8 +339,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
     chunks (each of which takes the full plan); spread: decode keys spread over 24 SMs in splits
     of a size that grows with the contexts (kv_split_min); pair: decode units paired
     (attn_pair, the second unit's position words move too; kv_split 64, so that the decodes
-    stay direct for a while); extra: more PlanConfig fields (uneven split-K slices; the splits'
-    last-split combine, whose words differ per layer)."""
+    stay direct for a while); extra: more PlanConfig fields (uneven split-K slices)."""
     cfg = PlanConfig(**{**CFG.__dict__, "policy": policy, "split_k": split_k, "splitk_align": 8,
                         "l2_prefetch_mib": l2,
                         **(dict(kv_split=32, kv_split_min=4, num_sms=24) if spread else {}),
@@ -355,7 +353,6 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
     pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
     fast_before = 0
     n_pairs = 0
-    n_combined = 0
     uneven_seen = False
     for step in range(40):
         chunks = [SeqChunk([int(rng.integers(1, 200))], n, pages[i]) for i, n in seqs.items()]
@@ -372,9 +369,6 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
                 uneven_seen |= u is not None and u[0] == ns
         a = want.instrs[want.instrs[:, W_OPCODE] == int(Op.ATTENTION)]
         n_pairs += int((a[:, at.A_MODE] == at.MODE_PAIR).sum())
-        n_combined += int(((a[:, at.A_MODE] == at.MODE_PARTIAL)
-                           & (a[:, at.A_COMBINE_ARRIVALS] > 0)).sum())
-        assert not at.check_last_combines(want.instrs.numpy())
         spread_sizes.update(set(a[:, at.A_KV0][a[:, at.A_KV0] % cfg.kv_split != 0].tolist()))
         assert torch.equal(got.targets, want.targets) and torch.equal(got.meta.tensor,
                                                                       want.meta.tensor)
@@ -397,8 +391,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
     assert planner.fast_plans >= (12 if spread else 20), planner.fast_plans
     assert bool(spread_sizes) == spread, spread_sizes       # splits not at kv_split multiples
     assert (n_pairs > 0) == bool(pair), n_pairs
-    assert uneven_seen == ("split_uneven_max_tokens" in extra)
-    assert (n_combined > 0) == ("attn_combine_pairs" in extra), n_combined
+    assert uneven_seen == bool(extra)
     slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
     slow.plan(batch)
     slow.plan(batch)
@@ -744,44 +737,3 @@ def test_plan_overrides_take_the_policy_by_name():
                           ("split_k=2", "not FIELD=VALUE"), ("norm_rows=two", "not an integer")):
         with pytest.raises(ValueError, match=message):
             parse_plan_overrides(text)
-
-
-def test_last_split_combine_words_are_checked():
-    """attention.check_last_combines (run by the megakernel's check_plan: the GPU runs a by_last
-    ATTN_REDUCE from its splits' copies of its words) finds each way a split's words can disagree
-    with its reduce, a reduce the combine cannot hold, and stray combine words; the planner's
-    plans pass. PlanConfig refuses more pairs than a combine holds."""
-    from mk.instructions import attention as at
-    from mk.ir import W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0
-    batch = StepBatch([SeqChunk([5], 40, list(range(12))), SeqChunk([6], 33, list(range(12, 24)))])
-    cfg = PlanConfig(**{**CFG.__dict__, "attn_combine_pairs": 8})
-    s = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg).instrs.numpy().copy()
-    assert not at.check_last_combines(s)
-    red = np.flatnonzero((s[:, W_OPCODE] == int(Op.ATTN_REDUCE)) & (s[:, at.A_BY_LAST] == 1))
-    assert len(red) == 2 * 2 * MODEL.num_layers       # (sequence, KV head) per layer
-    r = red[3]
-    splits = np.flatnonzero((s[:, W_OPCODE] == int(Op.ATTENTION)) & (s[:, W_SIGNAL] == s[r, W_WAIT0]))
-    assert len(splits) == s[r, W_WAIT0 + 1] >= 2
-
-    def found(edit, what):
-        m = s.copy()
-        edit(m)
-        bad = at.check_last_combines(m)
-        assert bad and what in " ".join(bad), (what, bad)
-
-    j = splits[1]
-    for word, what in ((at.A_COMBINE_SLOT0, "combine slot0"), (at.A_COMBINE_NSPLIT, "combine nsplit"),
-                       (at.A_COMBINE_SIGNAL, "combine signal"), (at.A_COMBINE_ARRIVALS, "combine arrivals"),
-                       (W_COLS, "its cols"), (W_ROW0, "its row0"), (W_LAYER, "its layer")):
-        found(lambda m, word=word: m.__setitem__((j, word), m[j, word] + 1), what)
-    found(lambda m: m.__setitem__((j, W_SIGNAL_COUNT), 2), "signal count")
-    found(lambda m: m.__setitem__((r, W_WAIT0 + 1), m[r, W_WAIT0 + 1] + 1), "instructions signal it")
-    found(lambda m: m.__setitem__((r, W_WAIT0 + 2), 0), "exactly one wait")
-    found(lambda m: m.__setitem__((r, W_SIGNAL_COUNT), 2), "exactly one wait")
-    found(lambda m: m.__setitem__((r, W_ROWS), 65), "pairs")
-    found(lambda m: m.__setitem__((r, W_COLS), 2), "2 KV heads")
-    found(lambda m: m.__setitem__((r, at.A_BY_LAST), 2), "by_last is 2")
-    found(lambda m: m.__setitem__((r, at.A_BY_LAST), 0), "no by_last ATTN_REDUCE")
-    found(lambda m: m.__setitem__((red[2], W_WAIT0), m[r, W_WAIT0]), "as another")
-    with pytest.raises(ValueError, match="attn_combine_pairs"):
-        PlanConfig(attn_combine_pairs=at.COMBINE_MAX_PAIRS + 1)

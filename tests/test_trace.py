@@ -97,9 +97,7 @@ def test_role_words_match_the_megakernel():
                              "cons1_wg1": M.J_CONS1_WG1, "store1": M.J_STORE1,
                              "store_kv": M.J_STORE_KV, "store_epi": M.J_STORE_EPI,
                              "store_p0": M.J_STORE_P0, "free_p0": M.J_FREE_P0, "epi1": M.J_EPI1,
-                             "cons_epi0": M.J_CONS_EPI, "epi_ready": M.J_EPI_READY,
-                             "comb0": M.J_COMB0, "comb_arrived": M.J_COMB_ARRIVED,
-                             "comb_end": M.J_COMB_END}
+                             "cons_epi0": M.J_CONS_EPI, "epi_ready": M.J_EPI_READY}
     assert tr.WAIT_WORDS == {"ld_wait": M.J_LOAD_WAIT, "cons_wait": M.J_CONS_WAIT,
                              "st_wait": M.J_STORE_WAIT, "mma_wait": M.J_MMA_WAIT,
                              "softmax": M.J_ATTN_SOFTMAX}
@@ -173,26 +171,6 @@ def test_critical_path_takes_the_sm_when_it_freed_last():
     assert r["hops"]["GATE_UP -> GATE_UP (queue)"]["gap_us"] == -4.9       # 6100 - 11000
     assert r["ops"]["GATE_UP"]["queue_gap_us"] == -4.9 and r["ops"]["GATE_UP"]["dep_gap_us"] == 0
     assert r["path_us"] == r["span_us"] == 13.0
-
-
-def test_critical_path_through_a_last_split_combine():
-    """ATTN_REDUCE by the last split (no journal row of its own: the controller drops its
-    ticket): the last split to end signals the reduce's counter, so an O_PROJ tile waiting on it
-    links to that split (a dep hop), not to its SM's previous instruction."""
-    from mk.instructions import attention as at
-    attn, oproj = int(Op.ATTENTION), int(Op.O_PROJ)
-    j, c = _journal([
-        (0, attn, 0, 1000, 1000, 5000, {}),         # split 0, signals 7 (arrivals)
-        (1, attn, 1, 1000, 1000, 6000, {}),         # split 1 ends last: it combines, signals 8
-        (0, oproj, 2, 5100, 6300, 9000, {}),        # waits 8 >= 1
-    ])
-    w = _words([([], 7), ([], 7), ([(8, 1)], None)])
-    for i in (0, 1):
-        w[i, 0] = attn
-        w[i, at.A_MODE], w[i, at.A_COMBINE_ARRIVALS], w[i, at.A_COMBINE_SIGNAL] = at.MODE_PARTIAL, 2, 8
-    r = tr.critical_path(j, c, 3, w)
-    assert r["hops"]["ATTENTION -> O_PROJ (dep)"]["gap_us"] == 0.3        # 6300 - 6000
-    assert r["instructions"] == 2 and r["path_us"] == r["span_us"]
 
 
 @pytest.mark.parametrize("norm_end", [12000, 8000])

@@ -512,36 +512,3 @@ def test_norm_fold_unsplit_matches_reference(checkpoints, tp, split_k):
         assert scaled.any() == (split_k == 2)
         got = vm.step(batch, mode="random", sms=5, seed=i)
         torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
-
-
-@pytest.mark.parametrize("tp", [1, 2])
-def test_last_split_combine_changes_nothing(checkpoints, tp):
-    """PlanConfig.attn_combine_pairs: split segments reduced by their last split (ATTN_REDUCE
-    by_last, one per KV head group, its words copied into the splits) give bitwise the logits of
-    plans with one reduce per segment, in random interleavings; the plans verify clean and their
-    splits' words agree with their reduces (attention.check_last_combines)."""
-    from mk.instructions import attention as at
-    from mk.ir import W_COLS
-    from mk.verify import verify
-    ck = checkpoints("GQA_LLAMA3")
-    w = weights(ck, tp, torch.float32)
-    plain = VM(w, KERNEL, CFG)
-    comb = VM(w, KERNEL, PlanConfig(**{**CFG.__dict__,
-                                       "attn_combine_pairs": at.COMBINE_MAX_PAIRS}))
-    n_last = 0
-    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
-        p = comb.plan(batch)
-        streams = [p.for_rank(r).instrs for r in range(tp)]
-        verify(streams, p.num_counters, meta=p.meta)
-        s = streams[0]
-        assert not at.check_last_combines(s.numpy())
-        red = s[s[:, W_OPCODE] == int(Op.ATTN_REDUCE)]
-        last = red[red[:, at.A_BY_LAST] == 1]
-        n_last += len(last)
-        # one reduce per (segment, KV head), at most one swapped decode unit's rows each
-        assert (last[:, W_COLS] == 1).all()
-        assert (last[:, W_ROWS] * last[:, at.A_QPK] <= at.COMBINE_MAX_PAIRS).all()
-        torch.testing.assert_close(comb.step(batch, mode="random", sms=5, seed=i),
-                                   plain.step(batch, mode="random", sms=5, seed=i),
-                                   rtol=0, atol=0, equal_nan=True)
-    assert n_last > 0

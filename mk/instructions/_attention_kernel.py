@@ -101,7 +101,7 @@ from mk.instructions import _common as mc
 from mk.instructions import _rows_kernel as rk
 from mk.instructions._rows_kernel import bar_wait, free_page, grant_page, page_of, tma_box
 from mk.instructions import attention as at
-from mk.ir import W_ROWS, W_SIGNAL, Op
+from mk.ir import Op
 
 PAGE = rk.PAGE                  # 16 KiB
 D = 128                         # head dim (Llama-70B); the only one compiled
@@ -1269,196 +1269,6 @@ def swap_writes(sw, inv0: Float32, inv1: Float32, lse0: Float32, lse1: Float32, 
                 lp[1] = lse1
 
 
-# The last-split combine (PlanConfig.attn_combine_pairs; mk.megakernel ATTN_COMBINE): a split
-# of an ATTN_REDUCE by_last (one swapped decode unit: at most SWAP_ROWS query rows of one KV
-# head) stores its partial rows itself and adds its arrival; the consumers of the split that
-# arrives last combine every split's partial into the unit's bf16 rows, and its storer stores
-# them. The split's "last" flag lies in its LSE epilogue page (unused in this path) at this
-# byte offset: thread 0 writes it, every consumer thread and the storer read it.
-COMBINE_FLAG_OFF = 4096
-COMBINE_LSE_SPLITS = 8          # splits whose two LSEs a thread loads at a time (pass 1)
-COMBINE_SPLITS = 4              # splits whose 8 partial values a thread loads at a time (pass 2)
-
-
-# a combining split (mk.megakernel builds it: combine_words; a plain tuple, which the DSL carries
-# through run-time branches as it does swap_bundle's): the instruction's ring slot (ring, base;
-# its words are read where they are used, at the unit's epilogue: read at the instruction's
-# start they stayed live through the key-block chain and spilled 16 bytes in the 1024 class),
-# ATTN_PARTIAL / ATTN_LSE by byte address and row pitch, the counters
-C_RING, C_BASE, C_PART, C_LDP, C_LSE, C_LDL, C_COUNTERS = range(7)
-
-
-def combine_words(ring, base, part_base, ldp, lse_base, ldl, counters) -> tuple:
-    return (ring, base, part_base, ldp, lse_base, ldl, counters)
-
-
-@cute.jit
-def combine_word(cmb, word: cutlass.Constexpr) -> Int32:
-    """Word `word` of the combining split's instruction (attention.A_COMBINE_*, W_SIGNAL, ...)."""
-    return cmb[C_RING][cmb[C_BASE] + word]
-
-
-@cute.jit
-def gmem_f32(addr: Int64) -> cute.Tensor:
-    return cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4),
-                            cute.make_layout(1))
-
-
-@cute.jit
-def ld_gpu_f32(addr: Int64) -> Float32:
-    """A float32 load at gpu scope (relaxed): read at the point of coherence, never a line this
-    SM's L1 kept from an earlier layer's reads of the same partial rows."""
-    return cute.arch.load(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
-                                        assumed_align=4).llvm_ptr, Float32, sem="relaxed",
-                          scope="gpu")
-
-
-@cute.jit
-def unit_row_head(n: Int32, qpk: Int32, head0: Int32):
-    """Query row n of a unit -> (its token's row offset, its q head)."""
-    i = n // qpk
-    return i, head0 + n - i * qpk
-
-
-@cute.jit
-def partial_addr(part_base: Int64, ldp: Int32, srow: Int32, h: Int32, dim: Int32) -> Int64:
-    return part_base + (Int64(srow) * Int64(ldp) + Int64(h * D + dim)) * 4
-
-
-@cute.jit
-def lse_addr(lse_base: Int64, ldl: Int32, srow: Int32, h: Int32) -> Int64:
-    return lse_base + (Int64(srow) * Int64(ldl) + Int64(h)) * 4
-
-
-@cute.jit
-def lse_pair(lse_base: Int64, ldl: Int32, srow: Int32, i0: Int32, h0: Int32, i1: Int32,
-             h1: Int32):
-    """One split's LSEs of a thread's two query rows (token rows i0 / i1 after the split's first
-    row srow of ATTN_LSE, heads h0 / h1), gpu-scope loads."""
-    return (ld_gpu_f32(lse_addr(lse_base, ldl, srow + i0, h0)),
-            ld_gpu_f32(lse_addr(lse_base, ldl, srow + i1, h1)))
-
-
-@cute.jit
-def swap_partial_global(sw, inv0: Float32, inv1: Float32, lse0: Float32, lse1: Float32,
-                        cmb, mtot: Int32, qpk: Int32, head0: Int32, wq: Int32,
-                        lane: Int32):
-    """A combining split's own partial, by the consumers: o = O^T / l into ATTN_PARTIAL and its
-    LSE into ATTN_LSE at the split's slot (what the storer writes for other splits: the same
-    rows, the same float32 values)."""
-    sw = swap_bundle(*sw)
-    tOcOt, accOt = sw[9], sw[11]
-    # (the Combine's fields as values: a Python object cannot ride through a run-time `if`)
-    part_base, ldp, lse_base, ldl = cmb[C_PART], cmb[C_LDP], cmb[C_LSE], cmb[C_LDL]
-    slot = combine_word(cmb, at.A_SLOT)
-    for e in cutlass.range_constexpr(cute.size(accOt)):
-        dim, n = tOcOt[e]
-        if n < mtot:
-            i, h = unit_row_head(n, qpk, head0)
-            gmem_f32(partial_addr(part_base, ldp, slot + i, h, dim))[0] = \
-                accOt[e] * (inv0 if e % 2 == 0 else inv1)
-    if wq == 0:
-        if lane < 4:
-            for u in cutlass.range_constexpr(2):
-                n = 2 * lane + u
-                if n < mtot:
-                    i, h = unit_row_head(n, qpk, head0)
-                    gmem_f32(lse_addr(lse_base, ldl, slot + i, h))[0] = lse0 if u == 0 else lse1
-
-
-@cute.jit
-def combine_arrive(cmb, flag_addr: Int32, ctid: Int32) -> Int32:
-    """Every consumer thread, after its partial stores: the 256-thread barrier (the stores
-    before thread 0's arrival), the split's arrival (thread 0: fence, then an acq_rel add: it
-    releases this split's partial and, in the last split, acquires every other's), the "last"
-    flag through shared memory (the storer reads it too), a second barrier. Both warpgroups
-    sync both barriers, whichever holds the unit. Returns 1 in the split that arrived last."""
-    flag = cute.make_tensor(cute.make_ptr(Int32, flag_addr, cute.AddressSpace.smem,
-                                          assumed_align=4), cute.make_layout(1))
-    ctr = (cmb[C_COUNTERS].iterator + combine_word(cmb, W_SIGNAL)).llvm_ptr
-    arrivals = combine_word(cmb, at.A_COMBINE_ARRIVALS)
-    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
-    if ctid == 0:
-        cute.arch.fence_acq_rel_gpu()
-        old = cute.arch.atomic_add(ctr, Int32(1), sem="acq_rel", scope="gpu")
-        last = Int32(0)
-        if old + 1 == arrivals:
-            last = Int32(1)
-        flag[0] = last
-    cute.arch.barrier(barrier_id=BAR_ATTN, number_of_threads=CONSUMER_THREADS)
-    return flag[0]
-
-
-@cute.jit
-def swap_combine(sw, cmb, mtot: Int32, qpk: Int32, head0: Int32, page_base: Int32):
-    """The last split's consumers: every split's partial of this thread's O^T elements (its two
-    query rows n0 / n1, 4 dims each), combined as ATTN_REDUCE does (out = sum_j w_j o_j / sum_j
-    w_j, w_j = exp(lse_j - max lse), j in split order: the same float32 operations as
-    combine_row), into bf16 rows of the page at page_base (the direct mode's layout, which the
-    storer stores to ATTN_OUT). Two passes over the splits' gpu-scope loads: the LSEs
-    (COMBINE_LSE_SPLITS splits in flight), then the values (COMBINE_SPLITS splits, 8 loads each);
-    columns past the unit's rows read its last row (in bounds, never stored)."""
-    sw = swap_bundle(*sw)
-    tOcOt, accOt = sw[9], sw[11]
-    ne = cute.size(accOt)
-    _d0, n0 = tOcOt[0]
-    _d1, n1 = tOcOt[1]
-    i0, h0 = unit_row_head(rk.imin(n0, mtot - 1), qpk, head0)
-    i1, h1 = unit_row_head(rk.imin(n1, mtot - 1), qpk, head0)
-    R = combine_word(cmb, W_ROWS)
-    ns = combine_word(cmb, at.A_COMBINE_NSPLIT)
-    slot0 = combine_word(cmb, at.A_COMBINE_SLOT0)
-    part_base, ldp, lse_base, ldl = cmb[C_PART], cmb[C_LDP], cmb[C_LSE], cmb[C_LDL]
-    mx0 = Float32(NEG_INF)
-    mx1 = Float32(NEG_INF)
-    j = Int32(0)
-    while j < ns:
-        ls = []
-        for u in cutlass.range_constexpr(COMBINE_LSE_SPLITS):
-            ls.append(lse_pair(lse_base, ldl, slot0 + rk.imin(j + u, ns - 1) * R, i0, h0, i1,
-                               h1))
-        for u in cutlass.range_constexpr(COMBINE_LSE_SPLITS):
-            mx0 = cute.arch.fmax(mx0, ls[u][0])
-            mx1 = cute.arch.fmax(mx1, ls[u][1])
-        j = j + COMBINE_LSE_SPLITS
-    acc = cute.make_rmem_tensor(cute.make_layout(ne), Float32)
-    acc.fill(0.0)
-    den0 = Float32(0.0)
-    den1 = Float32(0.0)
-    j = Int32(0)
-    while j < ns:
-        ws = []
-        ps = []
-        for u in cutlass.range_constexpr(COMBINE_SPLITS):
-            srow = slot0 + rk.imin(j + u, ns - 1) * R
-            ws.append(lse_pair(lse_base, ldl, srow, i0, h0, i1, h1))
-            vals = []
-            for e in cutlass.range_constexpr(ne):
-                dim, _n = tOcOt[e]
-                if cutlass.const_expr(e % 2 == 0):
-                    vals.append(ld_gpu_f32(partial_addr(part_base, ldp, srow + i0, h0, dim)))
-                else:
-                    vals.append(ld_gpu_f32(partial_addr(part_base, ldp, srow + i1, h1, dim)))
-            ps.append(vals)
-        for u in cutlass.range_constexpr(COMBINE_SPLITS):
-            if j + u < ns:
-                w0 = cute.math.exp2((ws[u][0] - mx0) * Float32(LOG2E), fastmath=True)
-                w1 = cute.math.exp2((ws[u][1] - mx1) * Float32(LOG2E), fastmath=True)
-                den0 = den0 + w0
-                den1 = den1 + w1
-                for e in cutlass.range_constexpr(ne):
-                    acc[e] = acc[e] + (w0 if e % 2 == 0 else w1) * ps[u][e]
-        j = j + COMBINE_SPLITS
-    inv0 = Float32(1.0) / den0
-    inv1 = Float32(1.0) / den1
-    for e in cutlass.range_constexpr(ne):
-        dim, n = tOcOt[e]
-        d = cute.make_tensor(cute.make_ptr(BFloat16, page_base + (n * D + dim) * 2,
-                                           cute.AddressSpace.smem, assumed_align=2),
-                             cute.make_layout(1))
-        d[0] = (acc[e] * (inv0 if e % 2 == 0 else inv1)).to(BFloat16)
-
-
 @cute.jit
 def v_tail_zero(pool: Int32, pv: Int32, nkeys: Int32, narrow, wg: Int32, wtid: Int32,
                 ctid: Int32):
@@ -1624,8 +1434,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                  share: cutlass.Constexpr = DONE_ARRIVALS,
                  wg_split: cutlass.Constexpr = WG_SPLIT, journal=None,
                  wait_word: cutlass.Constexpr = -1, mma_word: cutlass.Constexpr = -1,
-                 softmax_word: cutlass.Constexpr = -1, pair=None, swap=None,
-                 combine=None, comb_stamps: cutlass.Constexpr = ()) -> Int32:
+                 softmax_word: cutlass.Constexpr = -1, pair=None, swap=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)). q_base: byte address of Q[0, 0] (bf16, row
     pitch ldq elements). share: done[p]'s init count (see the module docstring). wg_split
     (compile time): a unit of at most NARROW_ROWS query rows (decode) is split by key blocks
@@ -1642,14 +1451,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     chain): every active warpgroup runs the swapped chain, for an instruction of at most
     SWAP_ROWS query rows (R * qpk, the caller's test: swapped_rows); the caller traces this
     function once per chain, so that neither's registers are live in the other's code (one trace
-    with a branch per unit spilled 112 B in the megakernel's M64 variant).
-    combine (combine_words; the megakernel's ATTN_COMBINE build, swapped chain only; None: not
-    compiled in): in a split whose combine arrivals are > 0 the consumers store the partial
-    themselves, arrive, and the last split's combine the splits into its epilogue page 0
-    (swap_partial_global, combine_arrive, swap_combine; the storer reads the flag).
-    comb_stamps (the megakernel's journal variant with the combine): three journal words of row
-    `ticket` that get consumer thread 0's times before the partial's stores, after the arrival
-    and after the combine (the last split only)."""
+    with a branch per unit spilled 112 B in the megakernel's M64 variant)."""
     hm = handoff_of(share)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
@@ -1819,34 +1621,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             if lt1 > Float32(0.0):
                 inv1 = Float32(1.0) / lt1
                 lse1 = mr1 + cute.math.log2(lt1, fastmath=True) * Float32(LN2)
-            plain = writes                        # the epilogue pages as the mode has them
-            if cutlass.const_expr(combine is not None and sw is not None):
-                if combine_word(combine, at.A_COMBINE_ARRIVALS) > 0:
-                    # a split of a reduce by its last split: the partial to global memory, the
-                    # arrival, and in the last split the combined rows into epilogue page wg
-                    plain = cutlass.Boolean(False)
-                    if cutlass.const_expr(len(comb_stamps) > 0):
-                        rk.journal_stamp(journal, ticket, comb_stamps[0], ctid == 0)
-                    if writes:
-                        if active:
-                            swap_partial_global(sw, inv0, inv1, lse0, lse1, combine, mtot, qpk,
-                                                head0, wq, lane)
-                    pl = ep0 + 4
-                    if pl >= npages:
-                        pl = pl - npages
-                    last = combine_arrive(combine, pool + pl * PAGE + COMBINE_FLAG_OFF, ctid)
-                    if cutlass.const_expr(len(comb_stamps) > 0):
-                        rk.journal_stamp(journal, ticket, comb_stamps[1], ctid == 0)
-                    if last == 1:
-                        if writes:
-                            if active:
-                                pgw = ep0 + wg
-                                if pgw >= npages:
-                                    pgw = pgw - npages
-                                swap_combine(sw, combine, mtot, qpk, head0, pool + pgw * PAGE)
-                        if cutlass.const_expr(len(comb_stamps) > 0):
-                            rk.journal_stamp(journal, ticket, comb_stamps[2], ctid == 0)
-            if plain:
+            if writes:
                 if cutlass.const_expr(sw is None):
                     frag_writes(accO0, accO1, r0, c0, inv0, inv1, lse0, lse1, pool, ep0, npages,
                                 mode, wg, lane)
@@ -2309,7 +2084,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
                share: cutlass.Constexpr = EMPTY_ARRIVALS, journal: cute.Tensor = None,
                stamps: cutlass.Constexpr = (), wait_word: cutlass.Constexpr = -1,
-               pair=None, carr=None):
+               pair=None) -> Int32:
     """Storer warps of ATTENTION: free the K/V pages in ring order once the consumers are done
     with them, store the epilogue pages (mode 0: bf16 rows of ATTN_OUT at row0 + i; mode 1: fp32
     rows of ATTN_PARTIAL and ATTN_LSE at slot + i; a pair (pair: see second_unit): page 1 holds
@@ -2318,15 +2093,8 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
     (rk.wait_done). journal / stamps (the megakernel's journal variant only): STORE_STAMPS
     words of row `ticket` that get the times of the first unit's storer steps (where the
     storer's tail goes); wait_word >= 0: storer thread 0's time waiting for the consumers'
-    `done` of K/V pages, summed, into that word.
-    carr (the megakernel's ATTN_COMBINE build: the split's combine arrivals; None: not compiled
-    in, and the return is the page count alone): a MODE_PARTIAL instruction with carr > 0 (a
-    split of a reduce by its last split) stores no partial (its consumers did); in the last
-    split (the consumers' flag in the LSE page) page 0 holds the combined bf16 rows, stored to
-    ATTN_OUT as a direct unit's. Returns (page count, last: 1 / 0, or -2 where no combine)."""
+    `done` of K/V pages, summed, into that word."""
     wclk = rk.make_wait_clock(wait_word)
-    if cutlass.const_expr(carr is not None):
-        last = Int32(-2)
     mtot = R * qpk
     n_mt = (mtot + (MT - 1)) // MT
     for kh in range(cols):
@@ -2376,89 +2144,33 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                         rk.journal_stamp(journal, ticket, stamps[3], first)
                 pg = pg + E_DIRECT
             else:
-                if cutlass.const_expr(carr is None):
-                    store_partial_unit(pool, pg, npages, done, dpar, empty, m0, mtot, qpk, head0,
-                                       slot, part_base, ldp, lse_base, ldl, sid, bar_id,
-                                       nthreads, share, timeout_ns, state, ticket)
-                else:
-                    if carr > 0:
-                        last = store_combined_unit(pool, pg, npages, done, dpar, empty, m0,
-                                                   mtot, qpk, head0, row0, out_base, ldo, sid,
-                                                   bar_id, nthreads, share, timeout_ns, state,
-                                                   ticket)
-                    else:
-                        store_partial_unit(pool, pg, npages, done, dpar, empty, m0, mtot, qpk,
-                                           head0, slot, part_base, ldp, lse_base, ldl, sid,
-                                           bar_id, nthreads, share, timeout_ns, state, ticket)
+                for w in cutlass.range_constexpr(4):
+                    page, _ = page_of(pg + w, npages)
+                    rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
+                    if cutlass.const_expr(not NOSTORE):
+                        store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
+                                        part_base, ldp, sid, nthreads)
+                    free_page(page, empty, sid, bar_id, nthreads, share)
+                page, _ = page_of(pg + 4, npages)
+                rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
+                for u in cutlass.range_constexpr(0 if NOSTORE else MT // nthreads):
+                    r = u * nthreads + sid
+                    m = m0 + r
+                    if m < mtot:
+                        i = m // qpk
+                        h = head0 + m - i * qpk
+                        v = cute.make_tensor(cute.make_ptr(Float32, pool + page * PAGE + r * 4,
+                                                           cute.AddressSpace.smem, assumed_align=4),
+                                             cute.make_layout(1))[0]
+                        g = cute.make_tensor(cute.make_ptr(Float32, lse_base + (Int64(slot + i) * Int64(ldl) + Int64(h)) * 4,
+                                                           cute.AddressSpace.gmem, assumed_align=4),
+                                             cute.make_layout(1))
+                        g[0] = v
+                free_page(page, empty, sid, bar_id, nthreads, share)
                 pg = pg + E_PARTIAL
     bulk_store_drain()
     rk.wait_clock_write(wclk, journal, ticket, wait_word, sid == 0)
-    if cutlass.const_expr(carr is None):
-        return pg
-    return pg, last
-
-
-@cute.jit
-def store_partial_unit(pool: Int32, pg: Int32, npages: cutlass.Constexpr, done: cute.Pointer,
-                       dpar: cute.Tensor, empty: cute.Pointer, m0: Int32, mtot: Int32,
-                       qpk: Int32, head0: Int32, slot: Int32, part_base: Int64, ldp: Int32,
-                       lse_base: Int64, ldl: Int32, sid: Int32, bar_id: cutlass.Constexpr,
-                       nthreads: cutlass.Constexpr, share: cutlass.Constexpr, timeout_ns: Int64,
-                       state: cute.Tensor, ticket: Int32):
-    """attn_store's MODE_PARTIAL unit (E_PARTIAL pages from ring count pg): the four fp32 row
-    pages into ATTN_PARTIAL at slot, the LSE page into ATTN_LSE, each page freed once stored."""
-    for w in cutlass.range_constexpr(4):
-        page, _ = page_of(pg + w, npages)
-        rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
-        if cutlass.const_expr(not NOSTORE):
-            store_rows_page(pool, page, 4, 32, m0 + w * 32, mtot, qpk, head0, slot,
-                            part_base, ldp, sid, nthreads)
-        free_page(page, empty, sid, bar_id, nthreads, share)
-    page, _ = page_of(pg + 4, npages)
-    rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
-    for u in cutlass.range_constexpr(0 if NOSTORE else MT // nthreads):
-        r = u * nthreads + sid
-        m = m0 + r
-        if m < mtot:
-            i = m // qpk
-            h = head0 + m - i * qpk
-            v = cute.make_tensor(cute.make_ptr(Float32, pool + page * PAGE + r * 4,
-                                               cute.AddressSpace.smem, assumed_align=4),
-                                 cute.make_layout(1))[0]
-            g = cute.make_tensor(cute.make_ptr(Float32, lse_base + (Int64(slot + i) * Int64(ldl) + Int64(h)) * 4,
-                                               cute.AddressSpace.gmem, assumed_align=4),
-                                 cute.make_layout(1))
-            g[0] = v
-    free_page(page, empty, sid, bar_id, nthreads, share)
-
-
-@cute.jit
-def store_combined_unit(pool: Int32, pg: Int32, npages: cutlass.Constexpr, done: cute.Pointer,
-                        dpar: cute.Tensor, empty: cute.Pointer, m0: Int32, mtot: Int32,
-                        qpk: Int32, head0: Int32, row0: Int32, out_base: Int64, ldo: Int32,
-                        sid: Int32, bar_id: cutlass.Constexpr, nthreads: cutlass.Constexpr,
-                        share: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                        ticket: Int32) -> Int32:
-    """attn_store's split of a reduce by its last split (E_PARTIAL pages from pg; its consumers
-    stored the partial): the consumers' "last" flag from the LSE page, and in the last split the
-    combined bf16 rows of page 0 into ATTN_OUT (a direct unit's store); every page freed.
-    Returns the flag (1: last)."""
-    for w in cutlass.range_constexpr(E_PARTIAL):
-        page, _ = page_of(pg + w, npages)
-        rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
-    pl, _ = page_of(pg + 4, npages)
-    last = cute.make_tensor(cute.make_ptr(Int32, pool + pl * PAGE + COMBINE_FLAG_OFF,
-                                          cute.AddressSpace.smem, assumed_align=4),
-                            cute.make_layout(1))[0]
-    if last == 1:
-        if cutlass.const_expr(not NOSTORE):
-            p0, _ = page_of(pg, npages)
-            store_rows_page(pool, p0, 2, 64, m0, mtot, qpk, head0, row0, out_base, ldo, sid,
-                            nthreads)
-    for w in cutlass.range_constexpr(E_PARTIAL):
-        page, _ = page_of(pg + w, npages)
-        free_page(page, empty, sid, bar_id, nthreads, share)
-    return last
+    return pg
 
 
 @cute.jit
