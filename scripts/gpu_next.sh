@@ -306,7 +306,7 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   000012. Session 41 ran 000011's 1-3 at f700093 (ccombine: correct, no gain, off; nf2: -3.1% /
+#   000012. Session 41 ran 000011's 1-3 at f700093 (ccombine: correct, no gain, removed; nf2: -3.1% /
 #      -2.2% at B=256 / 1024, made the backend's default at 50867f3; ktrace: the step's build
 #      runs a GEMM K step ~25% slower than the harness's). In this order:
 #      1. `MK_STEPS=verify` (~470 s): the whole GPU suite at the new default (norm_fold=2: the
