@@ -214,9 +214,8 @@ def test_check_norm_fold_unsplit(split_k, prompt_lens):
     """PlanConfig.norm_fold=2 (built in session 39, GPU-verified in session 41, the backend's
     default since): the unsplit QKV_ROPE / GATE_UP tiles read h, the loader waits for the
     row-scale norm before their epilogue pages and the consumers scale the rows by ROW_SCALE; two
-    layers vs mk.vm on the folded weights,
-    with split-K never (every tile row-scaled) and auto over a 478-token first step (split and
-    unsplit ones side by side)."""
+    layers vs mk.vm on the folded weights, with split-K never (every tile row-scaled) and auto
+    over a 478-token first step (split and unsplit ones side by side)."""
     from mk.megakernel_step import check_against_vm
     import json
     r = check_against_vm(layers=2, kv_split=64, split_k=split_k, plan={"norm_fold": 2},
