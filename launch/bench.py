@@ -380,7 +380,7 @@ def resolve(args, world: int, rank: int) -> dict:
         bad = [o for o in args.journal_isolated.split(",") if o and o not in Op.__members__]
         if bad:
             raise UsageError(f"--journal-isolated: unknown opcode(s) {', '.join(bad)}")
-        lean = [o for o in args.journal_isolated.split(",") if o not in LEAN_OPS]
+        lean = [o for o in args.journal_isolated.split(",") if o and o not in LEAN_OPS]
         if args.isolated_lean and lean:
             raise UsageError(f"--isolated-lean: GEMM opcodes without step metadata only "
                              f"({', '.join(LEAN_OPS)}), not {', '.join(lean)}")
