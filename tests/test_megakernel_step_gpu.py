@@ -68,13 +68,18 @@ def _first_diff(a, b):
 
 def _near_tie(ref32, prompt, tokens, t):
     """The float32 reference's logits at step t of `prompt` followed by tokens[:t] (teacher
-    forced): (top-2 gap, tolerance, top-2 ids). A bf16 divergence is legitimate only where the
-    gap is within bf16 rounding of the logit scale (the rule of tests/test_reference_hf.py)."""
+    forced): (tolerance, {token: its logit's distance below the maximum} for the tokens within
+    the tolerance of the maximum). A bf16 divergence is legitimate only between tokens of that
+    set, i.e. where the float32 logits are within bf16 rounding of the logit scale (the rule of
+    tests/test_reference_hf.py; a near-tie may hold more than two tokens: session 42's greedy
+    parity at 512 tokens a step parted on the third of four tokens within 0.06 of a 0.134
+    tolerance)."""
     from test_reference_hf import teacher_forced_logits
     logits = teacher_forced_logits(ref32, [prompt], [tokens], t + 1)[0, t]
-    top = logits.topk(2)
     tol = BF16_REL_TOL * float(logits.abs().max())
-    return float(top.values[0] - top.values[1]), tol, top.indices.tolist()
+    below = float(logits.max()) - logits
+    tied = (below <= tol).nonzero().flatten().tolist()
+    return tol, {tok: round(float(below[tok]), 4) for tok in tied}
 
 
 @pytest.mark.parametrize("tokens_per_step", [64, 512])
@@ -95,11 +100,12 @@ def test_greedy_tokens_equal_vm_and_reference(engines, ref32, tokens_per_step):
                           + ("all 64 equal" if t is None else f"equal up to step {t}"))
             if t is None:
                 continue
-            gap, tol, top2 = _near_tie(ref32, p, mk, t)
-            assert gap <= tol and {mk[t], outs[other][i][t]} <= set(top2), (
+            tol, tied = _near_tie(ref32, p, mk, t)
+            assert {mk[t], outs[other][i][t]} <= set(tied), (
                 f"prompt {i}: megakernel and {other} part at step {t} ({mk[t]} vs "
-                f"{outs[other][i][t]}) where the float32 reference is not near a tie (top-2 "
-                f"{top2}, gap {gap:.4g} > tolerance {tol:.4g})")
+                f"{outs[other][i][t]}) where the float32 reference does not tie them (tokens "
+                f"within the tolerance {tol:.4g} of its maximum, with their distance: {tied})")
+            report[-1] += f" (a near-tie of the float32 reference: {tied})"
     print("\n" + "\n".join(report))
     assert engines["megakernel"].pages.free_pages == engines["megakernel"].pages.num_pages
 
