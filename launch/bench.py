@@ -341,11 +341,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "and signals cleared: every tile ready at once, nothing else running) "
                         "and print their own time next to the step's: which part of a GEMM "
                         "tile's time in the step is its context, which the kernel variant")
-    p.add_argument("--isolated-lean", action="store_true",
-                   help="with --journal-isolated: also run them through a kernel with only that "
-                        "opcode's GEMM slot compiled in (no attention, gather or other GEMM "
-                        "opcodes; the step's buffers and weights): the harness's build on the "
-                        "step's data")
+    p.add_argument("--isolated-builds", default="", metavar="BUILDS",
+                   help="with --journal-isolated: also run them through other builds of the "
+                        "kernel on the step's buffers and weights, a comma list of "
+                        + ", ".join(f"{k} ({v})" for k, v in ISOLATED_BUILDS.items()))
+    p.add_argument("--profile-isolated", default="", metavar="BUILD:OP",
+                   help="with --journal-isolated: that build's (full: the step's kernel) timed "
+                        "launch of OP's isolated tiles between cudaProfilerStart / Stop, for "
+                        "`ncu --profile-from-start off` (e.g. full:GATE_UP, lean:GATE_UP)")
     p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
     p.add_argument("--compile-mode", default="default",
@@ -380,12 +383,10 @@ def resolve(args, world: int, rank: int) -> dict:
         bad = [o for o in args.journal_isolated.split(",") if o and o not in Op.__members__]
         if bad:
             raise UsageError(f"--journal-isolated: unknown opcode(s) {', '.join(bad)}")
-        lean = [o for o in args.journal_isolated.split(",") if o and o not in LEAN_OPS]
-        if args.isolated_lean and lean:
-            raise UsageError(f"--isolated-lean: GEMM opcodes without step metadata only "
-                             f"({', '.join(LEAN_OPS)}), not {', '.join(lean)}")
-    elif args.isolated_lean:
-        raise UsageError("--isolated-lean: runs with --journal-isolated only")
+        isolated_builds(args.isolated_builds, args.journal_isolated, args.profile_isolated)
+    elif args.isolated_builds or args.profile_isolated:
+        flag = "--isolated-builds" if args.isolated_builds else "--profile-isolated"
+        raise UsageError(f"{flag}: runs with --journal-isolated only")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
@@ -645,7 +646,8 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         log(f"{point.label}: critical path\n{tr.format_critical_path(cp, per=layers)}")
         if args.journal_isolated:
             r["isolated"] = isolated_runs(mk, plan, args.journal_isolated, layers, r, ktrace,
-                                          lean=args.isolated_lean)
+                                          builds=_items(args.isolated_builds),
+                                          profile=args.profile_isolated)
         if args.out:
             stem = f"{os.path.splitext(args.out)[0]}_{point.slug}"
             # the raw rows, for offline analysis (python -m mk.trace <pt> trace.json [png])
@@ -684,63 +686,119 @@ def isolated_subplan(instrs, op: str, layer: int):
     return sub
 
 
-# the GEMM opcodes a lean kernel (--isolated-lean) can run: QKV_ROPE also needs the step's
-# metadata, inverse frequencies and K/V caches
-LEAN_OPS = ("O_PROJ", "GATE_UP", "DOWN", "LM_HEAD")
+# --isolated-builds: the kernel builds an opcode's isolated tiles can also run through, on the
+# step's buffers and weights, besides the step's own ("full"). bench/GEMM_NOTES.md session 42:
+# with only its GEMM slot compiled in ("lean", the harness's build) a GATE_UP / DOWN K step takes
+# ~1200 SM cycles, in the step's build ~1510, on the same data; the others tell which part of the
+# build costs it.
+ISOLATED_BUILDS = {
+    "lean": "only that opcode's GEMM slot: no attention, gather or other GEMM opcodes",
+    "gemms": "every GEMM slot of the step, no attention or gather",
+    "families": "that opcode's GEMM slot with the attention and gather families",
+}
+# the opcodes the other builds run: QKV_ROPE's tiles need the step's metadata, inverse
+# frequencies and K/V caches, which only "gemms" and the step's build take
+BUILD_OPS = ("O_PROJ", "GATE_UP", "DOWN", "LM_HEAD")
 
 
-def lean_kernel(mk, op: str):
-    """--isolated-lean: a journaled Megakernel over the step kernel mk's buffers, norm table,
-    weights and split-K workspace with only op's GEMM slot compiled in (no attention, gather or
-    other GEMM opcodes), the same M class, hand-off, backoff and claim policy: the harness's
-    build (bench/gemm_profile.py) on the step's data. The step's build is ~6x the code
-    (bench/GEMM_NOTES.md session 41)."""
+def _items(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
+def isolated_builds(builds: str, ops: str, profile: str) -> None:
+    """Validate --isolated-builds / --profile-isolated against --journal-isolated's opcodes
+    (raises UsageError)."""
+    bad = [b for b in _items(builds) if b not in ISOLATED_BUILDS]
+    if bad:
+        raise UsageError(f"--isolated-builds: unknown build(s) {', '.join(bad)}; choose from "
+                         f"{', '.join(ISOLATED_BUILDS)}")
+    if _items(builds):
+        other = [o for o in _items(ops) if o not in BUILD_OPS]
+        if other:
+            raise UsageError(f"--isolated-builds: GEMM opcodes without step metadata only "
+                             f"({', '.join(BUILD_OPS)}), not {', '.join(other)}")
+    if profile:
+        build, _, op = profile.partition(":")
+        if build not in ("full", *_items(builds)) or op not in _items(ops):
+            raise UsageError(f"--profile-isolated: {profile!r} is not BUILD:OP with BUILD full or "
+                             f"one of --isolated-builds and OP one of --journal-isolated")
+
+
+def build_kernel(mk, op: str, build: str):
+    """A journaled Megakernel of --isolated-builds' `build` over the step kernel mk's buffers,
+    norm table, weights and split-K workspace, with the same M class, hand-off, backoff, claim
+    policy and journal size (the setmaxnreg split follows its GEMM slots, as the step's does:
+    MK_REG_LOW / MK_REG_HIGH force one)."""
     import mk.megakernel as M
     from mk.ir import Op
+    gemm = dict(mk.gemm) if build == "gemms" else {Op[op]: mk.gemm[Op[op]]}
+    families = {}
+    if build == "gemms" and Op.QKV_ROPE in gemm:
+        families.update(meta=mk.meta, inv_freq=mk.inv_freq, kv=mk.kv)
+    elif build == "families":
+        families.update(meta=mk.meta, kv=mk.kv, attn=mk.attn, embed=mk.embed,
+                        last_normed=mk.last_normed, l2_prefetch=mk.l2_prefetch)
     return M.Megakernel(mk.arena, mk.normw, mk.n_layers, mk.eps,
                         n_counters=mk.counters.numel(), journal=True,
                         timeout_s=mk.timeout_ns / 1e9, journal_capacity=mk.journal.shape[0],
                         verbose=False, handoff=mk.handoff, backoff_ns=mk.backoff_ns,
-                        gemm={Op[op]: mk.gemm[Op[op]]}, gemm_m=mk.gemm_m, splitk=mk.splitk,
-                        claim_after_loads=mk.claim_after_loads)
+                        gemm=gemm, gemm_m=mk.gemm_m, splitk=mk.splitk,
+                        claim_after_loads=mk.claim_after_loads, **families)
 
 
 def isolated_runs(mk, plan, ops: str, layers: int, step: dict, ktrace: int,
-                  lean: bool = False) -> dict:
+                  builds: list[str] = (), profile: str = "") -> dict:
     """--journal-isolated: each opcode's instructions of the middle layer launched alone through
     the step's journaled kernel (isolated_subplan; the step's buffers, metadata and weights as
     the step left them), their own time per instruction (mk.trace.by_opcode) against the step's,
     and their K-step trace when the variant has one. Without signals the storer skips its fence
     and release (~1 us a tile, after the consumers: mostly under the next tile's mainloop).
-    lean: the same sub-plans through lean_kernel too (key "lean" of each opcode's result)."""
+    builds: the same sub-plans through those builds too (build_kernel; key "builds" of each
+    opcode's result); profile "BUILD:OP": that timed launch between cudaProfilerStart / Stop."""
     import mk.trace as tr
     instrs = plan.instrs.cpu()
     out = {}
+    kernels = {}
 
-    def run(kernel, op, sub, label):
+    def run(kernel, op, sub, build):
         h = kernel.prepare(sub)
         kernel.launch(h, check=True)               # warm: the first launch of this stream
+        # a tile writes the K-trace words of its own K steps only: the rows' words past them
+        # would still hold an earlier launch's (session 42: DOWN's 56 steps after GATE_UP's 64)
+        kernel.journal.zero_()
+        profiled = profile == f"{build}:{op}"
+        if profiled:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
         kernel.launch(h, check=True)
+        if profiled:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
         j, c = kernel.journal_rows(len(sub))
         d = tr.by_opcode(j, c, len(sub))["ops"].get(op, {})
         res = dict(count=int(len(sub)), own_mean_us=d.get("own_mean_us"),
                    step_own_mean_us=step["ops"].get(op, {}).get("own_mean_us"))
         if ktrace:
             res["ktrace"] = tr.gemm_ktrace(j, len(sub), ktrace)
+        label = "isolated" if build == "full" else f"isolated-{build}"
         log(f"{label} {op} (layer {layers // 2}, {len(sub)} instructions): own "
             f"{res['own_mean_us']} us per instruction, in the step {res['step_own_mean_us']}")
         if ktrace:
             log(tr.format_gemm_ktrace(res["ktrace"]))
         return res
 
-    for op in [o for o in ops.split(",") if o]:
+    for op in _items(ops):
         sub = isolated_subplan(instrs, op, layers // 2)
         if sub is None:
             out[op] = None
             continue
-        out[op] = run(mk, op, sub, "isolated")
-        if lean:
-            out[op]["lean"] = run(lean_kernel(mk, op), op, sub, "isolated-lean")
+        out[op] = run(mk, op, sub, "full")
+        out[op]["builds"] = {}
+        for build in builds:
+            key = build if build == "gemms" else (build, op)    # "gemms" serves every opcode
+            if key not in kernels:
+                kernels[key] = build_kernel(mk, op, build)
+            out[op]["builds"][build] = run(kernels[key], op, sub, build)
     return out
 
 

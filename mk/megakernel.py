@@ -1900,6 +1900,7 @@ class Megakernel:
         self.slots = gemm_slots(self.gemm, gemm_m, handoff) if self.gemm else ()
         self.kv = kv
         self.meta = meta
+        self.inv_freq = inv_freq
         self.attn = attn
         self.attn_page_size = int(attn.page_size) if attn is not None else 0
         self.embed = embed

@@ -37,9 +37,18 @@
 #          (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
 #   ktsplit why the step's build runs a GEMM K step ~25% slower than the harness's: GATE_UP / DOWN
 #          alone through the step's kernel at --layers 2 / 20 / 80 (MK_KTS_LAYERS) with the
-#          K-step trace, then ncu warp-stall samples of the GATE_UP consumer loop in both builds
-#          (bench/ncu_loop_stalls.py); at 80 layers also --isolated-lean (only that opcode's
-#          GEMM slot compiled in): ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz (~7 min)
+#          K-step trace; at 80 layers also --isolated-builds lean (only that opcode's GEMM slot
+#          compiled in): ktsplit.log, ktsplit_l*.json (~6 min; session 42: the build, not the data)
+#   ktbisect which part of the step's build slows its GEMM K steps: GATE_UP / DOWN alone (B=1024,
+#          2 layers, K-step trace) through the step's kernel and --isolated-builds lean, gemms,
+#          families, then the step's kernel and lean with MK_WAIT_SLIM=1 (the mbarrier waits
+#          without their inline deadline and error code): ktbisect.log, ktbisect{,_slim}.json
+#          (~5 min)
+#   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_SLIM=1 (a probe: unbounded waits),
+#          megakernel only, no journal: waitslim.log, waitslim_{default,slim}.json (~5 min)
+#   ktncu  ncu warp-stall samples of the isolated GATE_UP consumer loop in the step's build and in
+#          the lean build (--profile-isolated), bench/ncu_loop_stalls.py side by side (no_inst:
+#          waits for instructions): ktncu.log, ncu_ktncu_*_source.csv.gz (~4 min)
 #   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
 #          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
 #          try_waits = the default; also inline), timed only:
@@ -306,6 +315,17 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000013. Session 42 ran 000012's 1-3 at 48fb53c (verify: one parity test parted on a 4-way
+#      near-tie of the float32 reference at norm_fold=2, the rule widened to the tie set; ktsplit:
+#      the lean build runs GATE_UP / DOWN K steps in ~1190 / 1225 cycles on the step's data, the
+#      step's build ~1520 / 1505: the build; e2e B=1024 1.00, 4096 1.06, mixed 1.06). In this order:
+#      1. `MK_VERIFY_EXTRA= MK_STEPS=verify`: the parity test with the widened near-tie rule
+#         (and test_engine_folds_its_own_weights_in_place, never run yet).
+#      2. `MK_STEPS="ktbisect"` (~5 min), then `MK_STEPS="waitslim ktncu"` (~9 min): which part
+#         of the build; whether the waits' inline slow paths are it (if MK_WAIT_SLIM gains, a
+#         bounded wait with a compact slow path is the fix: the deadline kept, the error record
+#         written once per role); whether warps wait for instructions in the loop.
+#      3. e2e small points (B=1 / 16 / 64 / 256) at the new default, then 000012's 4.
 #   000012. Session 41 ran 000011's 1-3 at f700093 (ccombine: correct, no gain, removed; nf2: -3.1% /
 #      -2.2% at B=256 / 1024, made the backend's default at 50867f3; ktrace: the step's build
 #      runs a GEMM K step ~25% slower than the harness's). In this order:
@@ -566,7 +586,8 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450)
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=330 [waitslim]=400
+                   [ktncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1792,15 +1813,15 @@ if has ktsplit; then
   # SASS loop is the harness's instruction for instruction (6x the code around it). Build or
   # data? (1) GATE_UP / DOWN of the middle layer alone through the step's kernel with the K-step
   # trace at --layers 2 / 20 / 80 (the weights' and KV cache's footprint: 0.4 / 4.4 / 17.6 GB of
-  # weights), at 80 also through a kernel with only that opcode compiled in (--isolated-lean:
+  # weights), at 80 also through a kernel with only that opcode compiled in (--isolated-builds lean:
   # the harness's build on the step's data); (2) warp-stall sampling of the GATE_UP consumer loop (HGMMA.64x112x16) in the
   # harness's build and in the step's (B=1024, 2 layers): bench/ncu_loop_stalls.py side by side
   # (no_inst = the instruction cache). ktsplit.log, ktsplit_l*.json, ncu_kts_*_source.csv.gz
   # (~5 min)
   for L in ${MK_KTS_LAYERS:-2 20 80}; do
-    # at 80 layers also through a kernel with only that opcode compiled in (--isolated-lean),
+    # at 80 layers also through a kernel with only that opcode compiled in (--isolated-builds lean),
     # with the step's setmaxnreg split forced on both (80 / 208: the step's has QKV_ROPE)
-    lean=""; [ "$L" = 80 ] && lean=--isolated-lean
+    lean=""; [ "$L" = 80 ] && lean="--isolated-builds lean"
     MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 240 $B --batch ${MK_KTS_BATCH:-1024} --layers $L --reps 3 \
         --warmup 1 --journal --journal-isolated GATE_UP,DOWN $lean \
         --out "$OUTDIR/ktsplit_l$L.json" > "$TMPD/ktsplit_l$L.log" 2>&1 || rc=1
@@ -1808,25 +1829,74 @@ if has ktsplit; then
     { echo "== layers $L"; grep -E -A3 "GEMM K steps|\] isolated" "$TMPD/ktsplit_l$L.log" \
         | grep -v "^\[mk\." | grep -E "isolated|^GATE_UP|^DOWN|^opcode"; } | tee -a "$OUTDIR/ktsplit.log"
   done
-  MK_PROFILE_TIMEOUT_S=30 timeout 150 ncu --clock-control none --profile-from-start off \
-      --target-processes all --section SourceCounters --section WarpStateStats \
-      --import-source no -f -o "$TMPD/ncu_kts_harness_%p" python bench/gemm_profile.py \
-      --jobs GATE_UP:1024:ncu: --out "$TMPD/ncu_kts_jobs.json" > "$TMPD/ncu_kts_harness.log" 2>&1 || rc=1
-  timeout 200 ncu --clock-control none -k regex:Megakernel -c 1 --section SourceCounters \
-      --section WarpStateStats -f -o "$TMPD/ncu_kts_step" $B --batch ${MK_KTS_BATCH:-1024} \
-      --layers 2 --reps 1 --warmup 1 --out "$TMPD/ncu_kts_step.json" \
-      > "$TMPD/ncu_kts_step.log" 2>&1 || rc=1
-  # the job runs in a process of its own (%p): the harness's report is the largest of them
-  mv "$(ls -S "$TMPD"/ncu_kts_harness_*.ncu-rep | head -1)" "$TMPD/ncu_kts_harness.ncu-rep" || rc=1
-  for w in harness step; do
-    ncu -i "$TMPD/ncu_kts_$w.ncu-rep" --page source --csv --print-source sass \
-        > "$OUTDIR/ncu_kts_${w}_source.csv" 2> "$TMPD/ncu_kts_src.err" \
-      || { rc=1; tail -5 "$TMPD/ncu_kts_src.err"; tail -5 "$TMPD/ncu_kts_$w.log"; }
+  # (its ncu part, session 42, profiled the first Megakernel launch, an M64 kernel: ktncu)
+fi
+if has ktbisect; then
+  # plan 000013 (bench/GEMM_NOTES.md session 42): with only its GEMM slot compiled in ("lean"), a
+  # GATE_UP / DOWN K step takes ~1190 / 1225 SM cycles on the step's data, in the step's build
+  # ~1520 / 1505: the build, not the data. Which part of it? GATE_UP / DOWN of the middle layer
+  # alone (B=1024, 2 layers, the 80 / 208 split forced) through the step's kernel and three
+  # builds (launch/bench.py --isolated-builds: lean, gemms = every GEMM slot without attention /
+  # gather, families = the one slot with attention and gather), then the step's kernel and lean
+  # with MK_WAIT_SLIM=1 (the mbarrier waits without their inline deadline / error code: -33% of
+  # the SASS). ktbisect.log, ktbisect{,_slim}.json (~5 min)
+  : > "$OUTDIR/ktbisect.log"
+  for v in default slim; do
+    e=""; builds=lean,gemms,families
+    [ $v = slim ] && { e="MK_WAIT_SLIM=1"; builds=lean; }
+    sfx=""; [ $v = slim ] && sfx=_slim
+    # shellcheck disable=SC2086  # $e: VAR=VALUE words or none
+    env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 270 $B --batch 1024 --layers 2 \
+        --reps 3 --warmup 1 --journal --journal-isolated GATE_UP,DOWN --isolated-builds $builds \
+        --out "$OUTDIR/ktbisect$sfx.json" > "$TMPD/ktbisect$sfx.log" 2>&1 || rc=1
+    rm -f "$OUTDIR"/ktbisect${sfx}_*_journal.pt "$OUTDIR"/ktbisect${sfx}_*_timeline.png
+    { echo "== $v ($builds) ${e:-}"
+      grep -E -A3 "\] isolated" "$TMPD/ktbisect$sfx.log" | grep -v "^\[mk\." \
+          | grep -E "isolated|^GATE_UP|^DOWN|^opcode"
+      grep -E -A12 "Error|^error|Traceback" "$TMPD/ktbisect$sfx.log" | tail -20; } \
+        | tee -a "$OUTDIR/ktbisect.log"
   done
-  { echo "== GATE_UP consumer loop (HGMMA.64x112x16): harness build, step build"
-    python bench/ncu_loop_stalls.py --hgmma 64x112x16 "$OUTDIR/ncu_kts_harness_source.csv" \
-        "$OUTDIR/ncu_kts_step_source.csv"; } 2>&1 | tee -a "$OUTDIR/ktsplit.log" || rc=1
-  gzip -f "$OUTDIR"/ncu_kts_*_source.csv
+fi
+if has waitslim; then
+  # MK_WAIT_SLIM=1 in the whole step (a probe: its waits have no bound): decode B=256 / 1024 of
+  # the 70B TP8 rank, megakernel only, no journal, against the default in the same call: what the
+  # inline slow paths of the waits cost the step. waitslim.log, waitslim_{default,slim}.json
+  # (~5 min)
+  : > "$OUTDIR/waitslim.log"
+  for v in default slim; do
+    e=""; [ $v = slim ] && e="MK_WAIT_SLIM=1"
+    # shellcheck disable=SC2046,SC2086  # VAR=VALUE words
+    env $e $(core_env "waitslim_$v") timeout 260 $B --batch ${MK_WS_BATCH:-256,1024} \
+        --out "$OUTDIR/waitslim_$v.json" > "$TMPD/waitslim_$v.log" 2>&1 || rc=1
+    echo "== $v ${e:-}" | tee -a "$OUTDIR/waitslim.log"
+    { table "$TMPD/waitslim_$v.log" | grep -E "^decode"
+      grep -E -A12 "Error|^error|Traceback" "$TMPD/waitslim_$v.log" | tail -20; } \
+        | tee -a "$OUTDIR/waitslim.log"
+    report_cores "waitslim_$v" "$OUTDIR/waitslim.log"
+  done
+fi
+if has ktncu; then
+  # ncu warp-stall samples of the GATE_UP consumer loop (HGMMA.64x112x16) of the middle layer's
+  # isolated tiles (B=1024, 2 layers) in the step's build and in the lean build on the same data
+  # (launch/bench.py --profile-isolated: only that launch between cudaProfilerStart / Stop;
+  # session 42's ktsplit profiled the first Megakernel launch, an M64 kernel), side by side by
+  # bench/ncu_loop_stalls.py: no_inst samples in the loop = waits for instructions.
+  # ktncu.log, ncu_ktncu_{full,lean}_source.csv.gz (~4 min)
+  : > "$OUTDIR/ktncu.log"
+  for w in full lean; do
+    timeout 200 ncu --clock-control none --profile-from-start off -c 1 \
+        --section SourceCounters --section WarpStateStats -f -o "$TMPD/ncu_ktncu_$w" \
+        $B --batch 1024 --layers 2 --reps 1 --warmup 1 --journal --journal-isolated GATE_UP \
+        --isolated-builds lean --profile-isolated $w:GATE_UP --out "$TMPD/ktncu_$w.json" \
+        > "$TMPD/ktncu_$w.log" 2>&1 || { rc=1; tail -5 "$TMPD/ktncu_$w.log"; }
+    ncu -i "$TMPD/ncu_ktncu_$w.ncu-rep" --page source --csv --print-source sass \
+        > "$OUTDIR/ncu_ktncu_${w}_source.csv" 2> "$TMPD/ncu_ktncu_src.err" \
+      || { rc=1; tail -5 "$TMPD/ncu_ktncu_src.err"; }
+  done
+  { echo "== GATE_UP consumer loop (HGMMA.64x112x16): the step's build, lean"
+    python bench/ncu_loop_stalls.py --hgmma 64x112x16 "$OUTDIR/ncu_ktncu_full_source.csv" \
+        "$OUTDIR/ncu_ktncu_lean_source.csv"; } 2>&1 | tee -a "$OUTDIR/ktncu.log" || rc=1
+  gzip -f "$OUTDIR"/ncu_ktncu_*_source.csv
 fi
 if has e2e; then
   # MK_E2E_ARGS: more launch/bench.py arguments (e.g. --plan FIELD=VALUE); MK_E2E_TIMEOUT its cap (560 s)

@@ -127,9 +127,16 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--journal-isolated", "GATE_UP"], "--journal-isolated: runs with --journal only"),
     (["--journal", "--journal-isolated", "GATE_UP,GATEUP"],
      "--journal-isolated: unknown opcode(s) GATEUP"),
-    (["--isolated-lean"], "--isolated-lean: runs with --journal-isolated only"),
-    (["--journal", "--journal-isolated", "GATE_UP,QKV_ROPE", "--isolated-lean"],
-     "--isolated-lean: GEMM opcodes without step metadata only"),
+    (["--isolated-builds", "lean"], "--isolated-builds: runs with --journal-isolated only"),
+    (["--profile-isolated", "full:GATE_UP"], "--profile-isolated: runs with --journal-isolated only"),
+    (["--journal", "--journal-isolated", "GATE_UP,QKV_ROPE", "--isolated-builds", "lean"],
+     "--isolated-builds: GEMM opcodes without step metadata only"),
+    (["--journal", "--journal-isolated", "GATE_UP", "--isolated-builds", "lean,tiny"],
+     "--isolated-builds: unknown build(s) tiny; choose from lean, gemms, families"),
+    (["--journal", "--journal-isolated", "GATE_UP", "--isolated-builds", "lean",
+      "--profile-isolated", "gemms:GATE_UP"], "--profile-isolated: 'gemms:GATE_UP' is not BUILD:OP"),
+    (["--journal", "--journal-isolated", "GATE_UP", "--profile-isolated", "full:DOWN"],
+     "--profile-isolated: 'full:DOWN' is not BUILD:OP"),
 ])
 def test_bad_args_fail_clearly(bench, capsys, args, message):
     rc = bench.main(["--shape", "tiny", "--device", "cpu", "--out", os.devnull, *args])
@@ -214,10 +221,13 @@ def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
         bench.isolated_subplan(instrs, "GATEUP", 1)
 
 
-def test_lean_kernel_is_the_step_kernels_data_with_one_gemm_slot(bench, monkeypatch):
-    """--isolated-lean's kernel: the step kernel's buffers, norm table, weights, split-K
-    workspace, M class, hand-off, backoff, claim policy and journal size, with only the isolated
-    opcode's GEMM operands (so only its slot compiles in), journaled."""
+@pytest.mark.parametrize("build", ["lean", "gemms", "families"])
+def test_isolated_builds_are_the_step_kernels_data(bench, monkeypatch, build):
+    """--isolated-builds' kernels: the step kernel's buffers, norm table, weights, split-K
+    workspace, M class, hand-off, backoff, claim policy and journal size, journaled, with the
+    build's GEMM slots and families: lean only the isolated opcode's slot, gemms every slot (and
+    QKV_ROPE's metadata, inverse frequencies and K/V caches), families the opcode's slot with
+    attention and gather."""
     import types
 
     import mk.megakernel as M
@@ -234,13 +244,88 @@ def test_lean_kernel_is_the_step_kernels_data_with_one_gemm_slot(bench, monkeypa
     step = types.SimpleNamespace(arena="arena", normw="normw", n_layers=80, eps=1e-5,
                                  counters=counters, timeout_ns=10 * 10**9, journal=journal,
                                  handoff="thread", backoff_ns=200, gemm=ops, gemm_m=1024,
-                                 splitk="splitk", claim_after_loads=True)
-    bench.lean_kernel(step, "GATE_UP")
+                                 splitk="splitk", claim_after_loads=True, meta="meta",
+                                 inv_freq="inv_freq", kv="kv", attn="attn", embed="embed",
+                                 last_normed="last_normed", l2_prefetch="l2_prefetch")
+    bench.build_kernel(step, "GATE_UP", build)
     assert made["args"] == ("arena", "normw", 80, 1e-5)
     kw = made["kw"]
-    assert kw["gemm"] == {Op.GATE_UP: ops[Op.GATE_UP]} and kw["gemm_m"] == 1024
+    assert kw["gemm"] == (ops if build == "gemms" else {Op.GATE_UP: ops[Op.GATE_UP]})
+    assert kw["gemm_m"] == 1024
     assert kw["journal"] is True and kw["journal_capacity"] == 4096
     assert kw["n_counters"] == 1 << 20 and kw["timeout_s"] == 10.0
     assert (kw["handoff"], kw["backoff_ns"], kw["splitk"], kw["claim_after_loads"]) == \
         ("thread", 200, "splitk", True)
-    assert not {"attn", "embed", "last_normed", "kv", "meta"} & set(kw)
+    families = {k for k in ("attn", "embed", "last_normed", "kv", "meta", "inv_freq",
+                            "l2_prefetch") if k in kw}
+    assert families == {"lean": set(), "gemms": {"meta", "inv_freq", "kv"},
+                        "families": {"attn", "embed", "last_normed", "kv", "meta",
+                                     "l2_prefetch"}}[build]
+    assert all(kw[k] == k for k in families)
+
+
+def test_isolated_runs_each_build_once_and_profiles_the_named_launch(bench, monkeypatch):
+    """isolated_runs: every opcode's tiles through the step's kernel ("full") and each build,
+    a build's kernel made once per opcode ("gemms" once for all), each kernel launched twice
+    (warm, timed) with its journal cleared between, and only the named build's timed launch of
+    that opcode between cudaProfilerStart / Stop."""
+    import types
+
+    import torch
+
+    import mk.trace as tr
+    from mk.ir import INSTR_WORDS, W_LAYER, W_OPCODE, Op
+    rows = []
+    for layer in range(3):
+        for op in (Op.GATE_UP, Op.DOWN):
+            w = torch.zeros(INSTR_WORDS, dtype=torch.int32)
+            w[W_OPCODE], w[W_LAYER] = int(op), layer
+            rows.append(w)
+    plan = types.SimpleNamespace(instrs=torch.stack(rows))
+    events = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+            self.journal = types.SimpleNamespace(
+                zero_=lambda: events.append(("zero", self.name)))
+
+        def prepare(self, sub):
+            return sub
+
+        def launch(self, handle, check):
+            events.append(("launch", self.name, int(handle[0, W_OPCODE])))
+
+        def journal_rows(self, n):
+            return None, None
+    made = []
+
+    def build_kernel(mk, op, build):
+        made.append((op, build))
+        return Kernel(build)
+    monkeypatch.setattr(bench, "build_kernel", build_kernel)
+    monkeypatch.setattr(tr, "by_opcode", lambda j, c, n: {"ops": {}})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append(("start",)))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: events.append(("stop",)))
+    step = {"ops": {"GATE_UP": {"own_mean_us": 5.0}}}
+    out = bench.isolated_runs(Kernel("full"), plan, "GATE_UP,DOWN", 3, step, 0,
+                              builds=["lean", "gemms"], profile="lean:DOWN")
+    assert made == [("GATE_UP", "lean"), ("GATE_UP", "gemms"), ("DOWN", "lean")]
+    assert set(out) == {"GATE_UP", "DOWN"}
+    assert set(out["DOWN"]["builds"]) == {"lean", "gemms"}
+    assert out["GATE_UP"]["count"] == 1 and out["GATE_UP"]["step_own_mean_us"] == 5.0
+    launches = [e[1:] for e in events if e[0] == "launch"]
+    # the journal cleared between the warm and the timed launch (stale K-trace words)
+    for k, e in enumerate(events):
+        if e[0] == "zero":
+            assert events[k - 1][:2] == ("launch", e[1]) and events[k + 1] in (
+                ("start",), ("launch", e[1], events[k - 1][2])), events[k - 1:k + 2]
+    assert sum(e[0] == "zero" for e in events) == len(launches) // 2
+    down, gate_up = int(Op.DOWN), int(Op.GATE_UP)
+    assert launches == [(b, o) for o in (gate_up, down) for b in ("full", "lean", "gemms")
+                        for _ in range(2)]
+    i = events.index(("start",))
+    assert events[i - 2:i] == [("launch", "lean", down), ("zero", "lean")]
+    assert events[i + 1] == ("launch", "lean", down)
+    assert events[i + 2] == ("stop",) and events.count(("start",)) == 1

@@ -1037,3 +1037,23 @@ def test_gemm_ktrace_variant_compiles_without_spills(tmp_path):
                        env=dict(os.environ, MK_GEMM_KTRACE="999"), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode != 0 and "MK_GEMM_KTRACE" in r.stderr
+
+
+def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
+    """MK_WAIT_SLIM=1 (a probe of the waits' code size, bench/GEMM_NOTES.md session 42; never a
+    default: its waits have no bound): the mbarrier waits compile to bare try_wait loops, so the
+    all-opcode M64 variant with split-K has fewer globaltimer reads and error-record CASes than
+    the default, the same try_wait sites at most, and compiles with 0 spills and no call."""
+    ptx = {flag: variant_ptx(tmp_path, f"slim{flag}", {"MK_WAIT_SLIM": flag},
+                             f"assert rk.WAIT_SLIM == {flag == '1'}")
+           for flag in ("0", "1")}
+
+    def count(pattern: str) -> dict:
+        return {f: len(re.findall(pattern, p)) for f, p in ptx.items()}
+    timers, cases = count(r"%globaltimer"), count(r"atom\.[a-z.]*cas")
+    assert timers["1"] < timers["0"] / 2, timers
+    assert cases["1"] < cases["0"], cases
+    waits = count(r"mbarrier\.try_wait")
+    assert 0 < waits["1"] <= waits["0"], waits
+    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx["1"], str(tmp_path / "slim1")))

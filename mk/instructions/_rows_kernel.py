@@ -150,7 +150,9 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
     """mbarrier parity wait, bounded: on timeout write the error record (first error wins, raises
     the abort flag); also gives up at once when another wait has raised the abort flag, so one
     failure ends the kernel quickly instead of every later wait timing out in turn."""
-    if not cute.arch.mbarrier_try_wait(bar, phase):
+    if cutlass.const_expr(WAIT_SLIM):
+        unbounded_bar_wait(bar, phase)
+    elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         st = Int32(0)
         if cutlass.const_expr(ABORT_POLL_AFTER_NS == 0):
@@ -173,6 +175,24 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
                             st = Int32(3)
         if st == 2:
             write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+
+
+# MK_WAIT_SLIM=1 (a probe, never a default: its waits have no bound, so a megakernel bug hangs
+# the GPU instead of naming the starved instruction): the mbarrier waits of bar_wait /
+# bounded_bar_wait compile to a bare try_wait loop, without the deadline, the abort poll and the
+# inline error record (bench/code_size.py: 26% of the step's SASS in the M1024 class). It asks
+# whether that cold code, inline in every hot loop, costs the step's GEMM K steps their ~25%
+# against a kernel with one GEMM slot (bench/GEMM_NOTES.md session 42).
+WAIT_SLIM = os.environ.get("MK_WAIT_SLIM", "0") == "1"
+
+
+@cute.jit
+def unbounded_bar_wait(bar: cute.Pointer, phase: Int32):
+    """mbarrier parity wait without a deadline (MK_WAIT_SLIM only)."""
+    done = Int32(0)
+    while done == 0:
+        if cute.arch.mbarrier_try_wait(bar, phase):
+            done = Int32(1)
 
 
 # Page waits read the abort word (one L2 line, polled by every waiting warp of every CTA) only
@@ -394,7 +414,9 @@ def bounded_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     """mbarrier parity wait with a deadline; on timeout write an error record and raise abort.
 
     Intra-CTA waits only time out on a megakernel bug; the record names the barrier kind."""
-    if not cute.arch.mbarrier_try_wait(bar, phase):
+    if cutlass.const_expr(WAIT_SLIM):
+        unbounded_bar_wait(bar, phase)
+    elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         st = Int32(0)
         while st == 0:
