@@ -121,9 +121,10 @@ def summarize(text: str, by: str = "function") -> dict:
                 per=dict(per.most_common()), files=dict(files.most_common()))
 
 
-def compile_sass(m: int, workdir: str) -> str:
-    """The all-opcode megakernel variant of M class m (as the backend builds it), annotated
-    SASS text."""
+def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP") -> str:
+    """The megakernel variant of M class m, annotated SASS text: build "full" the all-opcode
+    one (as the backend builds it), else mk.megakernel.BUILDS' (lean: op's GEMM slot alone;
+    gemms: every slot, no attention or gather; families: op's slot with attention and gather)."""
     os.environ["CUTE_DSL_LINEINFO"] = "1"      # before cutlass is imported
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import mk.megakernel as M
@@ -132,8 +133,11 @@ def compile_sass(m: int, workdir: str) -> str:
     if missing:
         raise SystemExit(f"code_size: {', '.join(missing)} not found: pip install "
                          "nvidia-cuda-nvcc nvidia-cuda-nvdisasm (the test extra), or set CUDA_HOME")
-    comp = M.compile_fake(gemm=M.class_slots(m), attn_page_size=16 if m <= 256 else 64,
-                          gather=True, splitk=True)
+    from mk.ir import Op
+    one_slot, families = M.BUILDS[build]
+    comp = M.compile_fake(gemm=M.class_slots(m, ops=(Op[op],)) if one_slot else M.class_slots(m),
+                          attn_page_size=(16 if m <= 256 else 64) if families else 0,
+                          gather=families, splitk=True)
     ptx = comp.__ptx__
     if ".loc" not in ptx:
         raise SystemExit("code_size: the PTX has no line table (CUTE_DSL_LINEINFO was not honoured)")
@@ -170,15 +174,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, default=64, help="M class of the variant (64, 256, 1024, "
                     "4096; default %(default)s)")
+    ap.add_argument("--build", choices=("full", "lean", "gemms", "families"), default="full",
+                    help="which opcodes compile in (mk.megakernel.BUILDS; default the step's)")
+    ap.add_argument("--op", default="GATE_UP", choices=("O_PROJ", "GATE_UP", "DOWN", "LM_HEAD"),
+                    help="the GEMM opcode of the lean / families builds")
     ap.add_argument("--by", choices=("function", "line"), default="function")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json", help="also write the whole summary here")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mk_code_size_") as work:
-        s = summarize(compile_sass(a.m, work), a.by)
+        s = summarize(compile_sass(a.m, work, a.build, a.op), a.by)
     switches = {k: v for k, v in sorted(os.environ.items())
                 if k.startswith("MK_") and k not in ("MK_CACHE_DIR",)}
-    print(f"[code_size] M class {a.m}, switches {switches or 'none'}")
+    build = a.build if a.build == "full" else f"{a.build} ({a.op})"
+    print(f"[code_size] M class {a.m}, build {build}, switches {switches or 'none'}")
     print(format_report(s, a.top))
     if a.json:
         try:
@@ -186,7 +195,8 @@ def main(argv=None) -> int:
                                     capture_output=True, text=True).stdout.strip()
         except OSError:
             commit = ""
-        Path(a.json).write_text(json.dumps(dict(m_class=a.m, by=a.by, switches=switches,
+        Path(a.json).write_text(json.dumps(dict(m_class=a.m, build=a.build, op=a.op, by=a.by,
+                                                switches=switches,
                                                 git_commit=commit, **s), indent=1))
         print(f"[code_size] wrote {a.json}")
     return 0

@@ -691,7 +691,7 @@ def isolated_subplan(instrs, op: str, layer: int):
 # with only its GEMM slot compiled in ("lean", the harness's build) a GATE_UP / DOWN K step takes
 # ~1200 SM cycles, in the step's build ~1510, on the same data; the others tell which part of the
 # build costs it.
-ISOLATED_BUILDS = {
+ISOLATED_BUILDS = {      # the builds of mk.megakernel.BUILDS besides "full"
     "lean": "only that opcode's GEMM slot: no attention, gather or other GEMM opcodes",
     "gemms": "every GEMM slot of the step, no attention or gather",
     "families": "that opcode's GEMM slot with the attention and gather families",
@@ -731,13 +731,14 @@ def build_kernel(mk, op: str, build: str):
     MK_REG_LOW / MK_REG_HIGH force one)."""
     import mk.megakernel as M
     from mk.ir import Op
-    gemm = dict(mk.gemm) if build == "gemms" else {Op[op]: mk.gemm[Op[op]]}
+    one_slot, with_families = M.BUILDS[build]
+    gemm = {Op[op]: mk.gemm[Op[op]]} if one_slot else dict(mk.gemm)
     families = {}
-    if build == "gemms" and Op.QKV_ROPE in gemm:
-        families.update(meta=mk.meta, inv_freq=mk.inv_freq, kv=mk.kv)
-    elif build == "families":
+    if with_families:
         families.update(meta=mk.meta, kv=mk.kv, attn=mk.attn, embed=mk.embed,
                         last_normed=mk.last_normed, l2_prefetch=mk.l2_prefetch)
+    elif Op.QKV_ROPE in gemm:
+        families.update(meta=mk.meta, inv_freq=mk.inv_freq, kv=mk.kv)
     return M.Megakernel(mk.arena, mk.normw, mk.n_layers, mk.eps,
                         n_counters=mk.counters.numel(), journal=True,
                         timeout_s=mk.timeout_ns / 1e9, journal_capacity=mk.journal.shape[0],

@@ -2126,6 +2126,13 @@ def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple 
         dsl, *fake_args(gemm, attn_page_size > 0))
 
 
+# Builds of the kernel for bisecting what its compiled-in code costs (launch/bench.py
+# --isolated-builds, bench/code_size.py --build; bench/GEMM_NOTES.md session 42): name ->
+# (only the measured opcode's GEMM slot, else every GEMM slot; the attention and gather families)
+BUILDS = {"full": (False, True), "lean": (True, False), "gemms": (False, False),
+          "families": (True, True)}
+
+
 def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0) -> tuple:
     """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0)."""
     return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb) for op in ops),

@@ -809,7 +809,8 @@ time_variant() {
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
 }
 # megakernel-only runs without the journal, each RUN "V|ENV|ARGS|BATCHES" (ENV: VAR=VALUE words,
-# ENV / ARGS may be empty), their decode rows (and any error, core dump) appended to NAME.log:
+# ENV / ARGS may be empty), their decode rows (and any error, core dump) appended to NAME.log,
+# each capped at UNTRACED_TIMEOUT seconds (150):
 #   untraced_runs NAME RUN...  -> NAME_V.json
 untraced_runs() {
   local name=$1 run v e a bt
@@ -817,7 +818,7 @@ untraced_runs() {
   for run in "$@"; do
     IFS="|" read -r v e a bt <<< "$run"
     # shellcheck disable=SC2046,SC2086  # VAR=VALUE words; $a: the arguments, split
-    env $e $(core_env "${name}_$v") timeout 150 $B --batch "$bt" $a \
+    env $e $(core_env "${name}_$v") timeout ${UNTRACED_TIMEOUT:-150} $B --batch "$bt" $a \
         --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
     echo "== $v ${e:-} ${a:-(default)}" | tee -a "$OUTDIR/$name.log"
     { table "$TMPD/${name}_$v.log" | grep -E "^decode"
@@ -1863,17 +1864,8 @@ if has waitslim; then
   # inline slow paths of the waits cost the step. waitslim.log, waitslim_{default,slim}.json
   # (~5 min)
   : > "$OUTDIR/waitslim.log"
-  for v in default slim; do
-    e=""; [ $v = slim ] && e="MK_WAIT_SLIM=1"
-    # shellcheck disable=SC2046,SC2086  # VAR=VALUE words
-    env $e $(core_env "waitslim_$v") timeout 260 $B --batch ${MK_WS_BATCH:-256,1024} \
-        --out "$OUTDIR/waitslim_$v.json" > "$TMPD/waitslim_$v.log" 2>&1 || rc=1
-    echo "== $v ${e:-}" | tee -a "$OUTDIR/waitslim.log"
-    { table "$TMPD/waitslim_$v.log" | grep -E "^decode"
-      grep -E -A12 "Error|^error|Traceback" "$TMPD/waitslim_$v.log" | tail -20; } \
-        | tee -a "$OUTDIR/waitslim.log"
-    report_cores "waitslim_$v" "$OUTDIR/waitslim.log"
-  done
+  UNTRACED_TIMEOUT=260 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
+      "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
 fi
 if has ktncu; then
   # ncu warp-stall samples of the GATE_UP consumer loop (HGMMA.64x112x16) of the middle layer's

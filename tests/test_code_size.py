@@ -77,3 +77,31 @@ def test_megakernel_m64_code_by_function(tmp_path):
                  "_rows_kernel.py:rmsnorm_consume", "_attention_kernel.py:store_chunk"):
         assert any(n.endswith(body) for n in names), body
     print(r.stdout)
+
+
+@pytest.mark.parametrize("build", ["full", "lean", "gemms", "families"])
+def test_builds_compile_what_mk_megakernel_builds_says(monkeypatch, tmp_path, build):
+    """--build: which GEMM slots and families the compiled variant has (mk.megakernel.BUILDS,
+    the same table launch/bench.py --isolated-builds uses): full every slot with attention and
+    gather, lean the --op slot alone, gemms every slot alone, families the slot with them."""
+    pytest.importorskip("cutlass")
+    import mk.megakernel as M
+    from mk.ir import Op
+    seen = {}
+
+    class Compiled(Exception):
+        pass
+
+    def compile_fake(**kw):
+        seen.update(kw)
+        raise Compiled
+    monkeypatch.setattr(M, "compile_fake", compile_fake)
+    monkeypatch.setattr(cs, "find_tool", lambda name: "/bin/true")
+    with pytest.raises(Compiled):
+        cs.compile_sass(1024, str(tmp_path), build, "DOWN")
+    ops = {g.op for g in seen["gemm"]}
+    one_slot = build in ("lean", "families")
+    assert ops == ({int(Op.DOWN)} if one_slot else {int(o) for o in M.GEMM_OPS})
+    families = build in ("full", "families")
+    assert (seen["attn_page_size"] > 0, seen["gather"]) == (families, families)
+    assert seen["splitk"] is True
