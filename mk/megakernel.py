@@ -344,6 +344,20 @@ class MegakernelError(RuntimeError):
             f"counter {counter} = {value}, target {target} (SM {sm}, CTA {cta})")
 
 
+def error_of_state(words: list[int]) -> MegakernelError:
+    """The MegakernelError the state words hold after an abort: write_error's record, else a
+    compact mbarrier wait's (MK_WAIT_COMPACT: S_ERR_PACKED, rk.unpack_wait_error)."""
+    if not words[rk.S_ERR_FLAG]:
+        packed = (words[rk.S_ERR_PACKED] & 0xFFFFFFFF) | (words[rk.S_ERR_PACKED + 1] << 32)
+        if packed:
+            f = rk.unpack_wait_error(packed & (1 << 64) - 1)
+            return MegakernelError(f["kind"], f["instr"], f["counter"], f["value"], f["target"],
+                                   f["sm"], f["cta"])
+    return MegakernelError(words[rk.S_ERR_KIND], words[rk.S_ERR_INSTR], words[rk.S_ERR_COUNTER],
+                           words[rk.S_ERR_VALUE], words[rk.S_ERR_TARGET], words[rk.S_ERR_SM],
+                           words[rk.S_ERR_CTA])
+
+
 class MegakernelHang(RuntimeError):
     """A launch did not finish (Megakernel.wait): the process's GPU context is unusable after it."""
 
@@ -2033,10 +2047,7 @@ class Megakernel:
         """Synchronise and raise MegakernelError if a bounded wait timed out."""
         st = self.state.cpu()
         if int(st[rk.S_ERR_FLAG]) or int(st[rk.S_ABORT]):
-            e = MegakernelError(int(st[rk.S_ERR_KIND]), int(st[rk.S_ERR_INSTR]),
-                                int(st[rk.S_ERR_COUNTER]), int(st[rk.S_ERR_VALUE]),
-                                int(st[rk.S_ERR_TARGET]), int(st[rk.S_ERR_SM]),
-                                int(st[rk.S_ERR_CTA]))
+            e = error_of_state([int(v) for v in st])
             self.reset()
             raise e
         if int(st[rk.S_HEAD]) or int(st[rk.S_EXIT]):

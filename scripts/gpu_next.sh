@@ -44,8 +44,9 @@
 #          families, then the step's kernel and lean with MK_WAIT_SLIM=1 (the mbarrier waits
 #          without their inline deadline and error code): ktbisect.log, ktbisect{,_slim}.json
 #          (~5 min)
-#   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_SLIM=1 (a probe: unbounded waits),
-#          megakernel only, no journal: waitslim.log, waitslim_{default,slim}.json (~5 min)
+#   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_COMPACT=1 (the waits' timeout
+#          record one 64-bit CAS) / MK_WAIT_SLIM=1 (a probe: unbounded waits), megakernel only, no
+#          journal: waitslim.log, waitslim_{default,compact,slim}.json (~6 min)
 #   ktncu  ncu warp-stall samples of the isolated GATE_UP consumer loop in the step's build and in
 #          the lean build (--profile-isolated), bench/ncu_loop_stalls.py side by side (no_inst:
 #          waits for instructions): ktncu.log, ncu_ktncu_*_source.csv.gz (~4 min)
@@ -321,10 +322,12 @@
 #      step's build ~1520 / 1505: the build; e2e B=1024 1.00, 4096 1.06, mixed 1.06). In this order:
 #      1. `MK_VERIFY_EXTRA= MK_STEPS=verify`: the parity test with the widened near-tie rule
 #         (and test_engine_folds_its_own_weights_in_place, never run yet).
-#      2. `MK_STEPS="ktbisect"` (~5 min), then `MK_STEPS="waitslim ktncu"` (~9 min): which part
-#         of the build; whether the waits' inline slow paths are it (if MK_WAIT_SLIM gains, a
-#         bounded wait with a compact slow path is the fix: the deadline kept, the error record
-#         written once per role); whether warps wait for instructions in the loop.
+#      2. `MK_STEPS="ktbisect"` (~5.5 min), then `MK_STEPS=waitslim` (~6 min), then
+#         `MK_STEPS=ktncu` (~4 min): which part of the build; whether the waits' inline slow
+#         paths are it (MK_WAIT_SLIM's unbounded waits, -33% SASS; MK_WAIT_COMPACT's bounded
+#         ones with a one-CAS record, -11%: if compact keeps slim's gain, make it the default
+#         after the GPU suite and a forced-timeout test pass with it); whether warps wait for
+#         instructions in the loop.
 #      3. e2e small points (B=1 / 16 / 64 / 256) at the new default, then 000012's 4.
 #   000012. Session 41 ran 000011's 1-3 at f700093 (ccombine: correct, no gain, removed; nf2: -3.1% /
 #      -2.2% at B=256 / 1024, made the backend's default at 50867f3; ktrace: the step's build
@@ -586,7 +589,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=330 [waitslim]=400
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=330 [waitslim]=420
                    [ktncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
@@ -1859,12 +1862,14 @@ if has ktbisect; then
   done
 fi
 if has waitslim; then
-  # MK_WAIT_SLIM=1 in the whole step (a probe: its waits have no bound): decode B=256 / 1024 of
-  # the 70B TP8 rank, megakernel only, no journal, against the default in the same call: what the
-  # inline slow paths of the waits cost the step. waitslim.log, waitslim_{default,slim}.json
-  # (~5 min)
+  # the waits' code in the whole step: decode B=256 / 1024 of the 70B TP8 rank, megakernel only,
+  # no journal, the default against MK_WAIT_COMPACT=1 (bounded, the timeout record one 64-bit
+  # CAS: -11% of the M1024 SASS) and MK_WAIT_SLIM=1 (a probe: unbounded, -33%), in the same call:
+  # what the inline slow paths of the waits cost the step. waitslim.log,
+  # waitslim_{default,compact,slim}.json (~6 min)
   : > "$OUTDIR/waitslim.log"
-  UNTRACED_TIMEOUT=260 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
+  UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
+      "compact|MK_WAIT_COMPACT=1||${MK_WS_BATCH:-256,1024}" \
       "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
 fi
 if has ktncu; then

@@ -1057,3 +1057,49 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
     assert 0 < waits["1"] <= waits["0"], waits
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "slim1")))
+
+
+@pytest.mark.parametrize("kind,ticket,phase,sm,cta", [(2, 0, 0, 0, 0), (3, 155767, 1, 131, 131),
+                                                     (7, 2**31 - 1, 1, 255, 2**15 - 1)])
+def test_compact_wait_record_reads_back_as_the_error(kind, ticket, phase, sm, cta):
+    """MK_WAIT_COMPACT's record (write_wait_error: one 64-bit CAS of ticket | kind << 32 | phase
+    << 40 | sm << 41 | cta << 49 into state words 12-13) reads back through Megakernel.check's
+    decoding as the same fields write_error's record would hold (counter -1, value 0, target the
+    phase); a write_error record (its flag set) wins over it."""
+    import numpy as np
+
+    import mk.megakernel as M
+    from mk.instructions import _rows_kernel as rk
+    hi = kind | (phase << 8) | (sm << 9) | (cta << 17)
+    packed = (hi << 32) | ticket
+    words = [0] * rk.STATE_WORDS
+    words[rk.S_ABORT] = 1
+    # the state tensor is int32: the 64-bit word as the kernel's little-endian store leaves it
+    lo32, hi32 = np.array([packed], dtype=np.uint64).view(np.int32).tolist()
+    words[rk.S_ERR_PACKED], words[rk.S_ERR_PACKED + 1] = lo32, hi32
+    e = M.error_of_state(words)
+    assert (e.kind, e.instr, e.counter, e.value, e.target, e.sm, e.cta) == \
+        (kind, ticket, -1, 0, phase, sm, cta)
+    words[rk.S_ERR_FLAG], words[rk.S_ERR_KIND], words[rk.S_ERR_INSTR] = 1, rk.ERR_COUNTER_WAIT, 9
+    e = M.error_of_state(words)
+    assert (e.kind, e.instr) == (rk.ERR_COUNTER_WAIT, 9)
+
+
+def test_compact_wait_variant_keeps_its_bound_without_spills(tmp_path):
+    """MK_WAIT_COMPACT=1: the waits keep their deadline (globaltimer reads) and abort poll, their
+    timeout record is one 64-bit CAS (write_wait_error) instead of write_error's CAS, stores and
+    fence; the all-opcode M64 variant with split-K compiles with 0 spills and no call, and is
+    smaller than the default."""
+    ptx = {flag: variant_ptx(tmp_path, f"compact{flag}", {"MK_WAIT_COMPACT": flag},
+                             f"assert rk.WAIT_COMPACT == {flag == '1'}")
+           for flag in ("0", "1")}
+
+    def count(pattern: str) -> dict:
+        return {f: len(re.findall(pattern, p)) for f, p in ptx.items()}
+    assert count(r"atom\.[a-z.]*cas\.b64")["1"] > 0 == count(r"atom\.[a-z.]*cas\.b64")["0"]
+    timers = count(r"%globaltimer")
+    assert timers["1"] > timers["0"] / 2, timers          # the deadlines stay
+    assert count(r"membar|fence\.acq_rel")["1"] < count(r"membar|fence\.acq_rel")["0"]
+    assert len(ptx["1"]) < len(ptx["0"])
+    assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx["1"], str(tmp_path / "compact1")))

@@ -174,7 +174,7 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
                                           sem="relaxed", scope="gpu") != 0:
                             st = Int32(3)
         if st == 2:
-            write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+            write_wait_error(state, kind, ticket, phase)
 
 
 # MK_WAIT_SLIM=1 (a probe, never a default: its waits have no bound, so a megakernel bug hangs
@@ -425,7 +425,7 @@ def bounded_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
             elif cute.arch.globaltimer() - t0 > timeout_ns:
                 st = Int32(2)
         if st == 2:
-            write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
+            write_wait_error(state, kind, ticket, phase)
 
 
 # state words (an Int32 tensor of STATE_WORDS, see mk.megakernel)
@@ -440,7 +440,21 @@ S_ERR_VALUE = 8
 S_ERR_TARGET = 9
 S_ERR_SM = 10
 S_ERR_CTA = 11
+S_ERR_PACKED = 12       # words 12-13: an mbarrier wait's record with MK_WAIT_COMPACT (one 64-bit CAS)
 STATE_WORDS = 16
+
+# MK_WAIT_COMPACT=1 (off by default; bench/GEMM_NOTES.md session 42): an mbarrier wait that times
+# out writes its record as one 64-bit CAS into S_ERR_PACKED (first wins; see pack_wait_error)
+# and raises the abort flag, instead of write_error's CAS, seven stores and fence, inline at
+# every wait of every body. The deadline and the abort poll stay: only the code is smaller.
+WAIT_COMPACT = os.environ.get("MK_WAIT_COMPACT", "0") == "1"
+
+
+def unpack_wait_error(packed: int) -> dict:
+    """The fields of an S_ERR_PACKED record (write_wait_error's packing: ticket in bits 0-31,
+    kind 32-39, the waited phase 40, SM 41-48, CTA 49-63), as write_error's words."""
+    return dict(kind=(packed >> 32) & 0xFF, instr=packed & 0xFFFFFFFF, counter=-1, value=0,
+                target=(packed >> 40) & 1, sm=(packed >> 41) & 0xFF, cta=(packed >> 49) & 0x7FFF)
 
 
 @cute.jit
@@ -491,6 +505,22 @@ def write_error(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, coun
         state[S_ERR_CTA] = Int32(bidx)
     cute.arch.fence_acq_rel_gpu()
     cute.arch.atomic_exch((state.iterator + S_ABORT).llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def write_wait_error(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, phase: Int32):
+    """An mbarrier wait's timeout record: write_error's, or with MK_WAIT_COMPACT one 64-bit CAS
+    of the packed fields (unpack_wait_error) and the abort flag."""
+    if cutlass.const_expr(WAIT_COMPACT):
+        bidx, _, _ = cute.arch.block_idx()
+        hi = Int32(kind) | ((phase & 1) << 8) | (cute.arch.smid() << 9) | (Int32(bidx) << 17)
+        packed = (Int64(hi) << 32) | (Int64(ticket) & Int64(0xFFFFFFFF))
+        cute.arch.atomic_cas((state.iterator + S_ERR_PACKED).llvm_ptr, cmp=Int64(0), val=packed,
+                             sem="relaxed", scope="gpu")
+        cute.arch.atomic_exch((state.iterator + S_ABORT).llvm_ptr, Int32(1), sem="relaxed",
+                              scope="gpu")
+    else:
+        write_error(state, kind, ticket, Int32(-1), Int32(0), phase)
 
 
 # ------------------------------------------------------------------------------------ loader
