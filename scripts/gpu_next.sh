@@ -320,8 +320,10 @@
 #      near-tie of the float32 reference at norm_fold=2, the rule widened to the tie set; ktsplit:
 #      the lean build runs GATE_UP / DOWN K steps in ~1190 / 1225 cycles on the step's data, the
 #      step's build ~1520 / 1505: the build; e2e B=1024 1.00, 4096 1.06, mixed 1.06). In this order:
-#      1. `MK_VERIFY_EXTRA= MK_STEPS=verify`: the parity test with the widened near-tie rule
-#         (and test_engine_folds_its_own_weights_in_place, never run yet).
+#      1. `MK_STEPS=verify`: the parity test with the widened near-tie rule, and the GPU tests
+#         never run yet: test_engine_folds_its_own_weights_in_place,
+#         test_starved_page_wait_names_its_instruction[0 / 1] (an mbarrier wait's timeout
+#         record, write_error's and MK_WAIT_COMPACT's, via MK_TEST_STARVE_TICKET).
 #      2. `MK_STEPS="ktbisect"` (~5.5 min), then `MK_STEPS=waitslim` (~6 min), then
 #         `MK_STEPS=ktncu` (~4 min): which part of the build; whether the waits' inline slow
 #         paths are it (MK_WAIT_SLIM's unbounded waits, -33% SASS; MK_WAIT_COMPACT's bounded

@@ -221,3 +221,56 @@ def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
             m.run(s)
             outs.append(m.arena.clone())
         assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("compact", ["0", "1"])
+def test_starved_page_wait_names_its_instruction(tmp_path, compact):
+    """An mbarrier wait's bound holds and its record names the starved instruction, with
+    write_error's record and with MK_WAIT_COMPACT's one-CAS record: a plan of 4 RMSNORMs whose
+    loader never hands ticket 3's page over (MK_TEST_STARVE_TICKET=3, compile-time, so in a
+    process of its own) raises MegakernelError within seconds, a page-full (consumers) or
+    page-done (storer) wait of instruction 3 on a real SM and CTA; the next plan runs."""
+    import json
+    import subprocess
+    import sys
+    code = '''if True:
+        import json, sys, time, types
+        import torch
+        sys.path.insert(0, %r)
+        import mk.megakernel as M
+        from mk.instructions import _rows_kernel as rk
+        from mk.instructions.base import Buf
+        from mk.instructions.rows import rows_instruction
+        from mk.ir import Op, serialize
+        assert rk.STARVE_TICKET == 3 and rk.WAIT_COMPACT == (sys.argv[1] == "1")
+        T, H, L = 64, 256, 2
+        w = types.SimpleNamespace(attn_norm=torch.ones(L, H).bfloat16(),
+                                  mlp_norm=torch.ones(L, H).bfloat16(),
+                                  final_norm=torch.ones(H).bfloat16())
+        arena = torch.randn(3, T, H, device="cuda").bfloat16()
+        mk = M.Megakernel(arena, M.norm_table(w).cuda(), L, 1e-5, timeout_s=0.25)
+        ins = [rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.SCRATCH, 8 * i, 8, 0, H, signal=i)
+               for i in range(4)]
+        t0 = time.time()
+        try:
+            mk.run(serialize(ins))
+            out = dict(raised=False)
+        except M.MegakernelError as e:
+            out = dict(raised=True, kind=M.MegakernelError.KINDS.get(e.kind, e.kind),
+                       instr=e.instr, sm=e.sm, cta=e.cta, grid=mk.grid, text=str(e))
+        out["seconds"] = time.time() - t0
+        s, n = M.plan_noops(100, signal=True)
+        mk.run(s)
+        out["recovered"] = True
+        print(json.dumps(out))
+    ''' % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MK_TEST_STARVE_TICKET="3", MK_WAIT_COMPACT=compact)
+    r = subprocess.run([sys.executable, "-c", code, compact], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["raised"], out
+    assert out["kind"] in ("page-full wait", "page-done wait") and out["instr"] == 3, out
+    assert 0 <= out["sm"] < 1000 and 0 <= out["cta"] < out["grid"], out
+    assert out["seconds"] < 10 and out["recovered"], out

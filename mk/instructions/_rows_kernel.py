@@ -403,9 +403,21 @@ def grant_page(pg: Int32, npages: cutlass.Constexpr, full: cute.Pointer, empty: 
     """Loader: hand the next ring page to the consumers with no TMA into it (an output page)."""
     page, ph = page_of(pg, npages)
     bar_wait(empty + page, ph ^ 1, timeout_ns, state, ERR_PAGE_EMPTY, ticket)
-    with cute.arch.elect_one():
-        cute.arch.mbarrier_arrive(full + page)
+    if cutlass.const_expr(STARVE_TICKET >= 0):
+        if ticket != STARVE_TICKET:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(full + page)
+    else:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(full + page)
     return pg + 1
+
+
+# MK_TEST_STARVE_TICKET=N (tests only; -1, off, compiles nothing): the loader never hands
+# instruction N's granted page over, so its consumers' page-full wait and its storer's page-done
+# wait time out: the GPU test that an mbarrier wait's bound holds and its record (write_error's
+# or MK_WAIT_COMPACT's) names the starved instruction (counter waits have their own test).
+STARVE_TICKET = int(os.environ.get("MK_TEST_STARVE_TICKET", "-1"))
 
 
 @cute.jit
