@@ -345,8 +345,10 @@ class MegakernelError(RuntimeError):
 
 
 def error_of_state(words: list[int]) -> MegakernelError:
-    """The MegakernelError the state words hold after an abort: write_error's record, else a
-    compact mbarrier wait's (MK_WAIT_COMPACT: S_ERR_PACKED, rk.unpack_wait_error)."""
+    """The MegakernelError the state words hold after an abort: write_error's record where there
+    is one (a counter wait's, or any wait's without MK_WAIT_COMPACT), else a compact mbarrier
+    wait's (S_ERR_PACKED, rk.unpack_wait_error). With both, write_error's is reported, whichever
+    came first: either names a wait that starved."""
     if not words[rk.S_ERR_FLAG]:
         packed = (words[rk.S_ERR_PACKED] & 0xFFFFFFFF) | (words[rk.S_ERR_PACKED + 1] << 32)
         if packed:

@@ -456,7 +456,7 @@ S_ERR_PACKED = 12       # words 12-13: an mbarrier wait's record with MK_WAIT_CO
 STATE_WORDS = 16
 
 # MK_WAIT_COMPACT=1 (off by default; bench/GEMM_NOTES.md session 42): an mbarrier wait that times
-# out writes its record as one 64-bit CAS into S_ERR_PACKED (first wins; see pack_wait_error)
+# out writes its record as one 64-bit CAS into S_ERR_PACKED (first wins; unpack_wait_error)
 # and raises the abort flag, instead of write_error's CAS, seven stores and fence, inline at
 # every wait of every body. The deadline and the abort poll stay: only the code is smaller.
 WAIT_COMPACT = os.environ.get("MK_WAIT_COMPACT", "0") == "1"
