@@ -42,8 +42,8 @@
 #   ktbisect which part of the step's build slows its GEMM K steps: GATE_UP / DOWN alone (B=1024,
 #          2 layers, K-step trace) through the step's kernel and --isolated-builds lean, gemms,
 #          families, then the step's kernel and lean with MK_WAIT_SLIM=1 (the mbarrier waits
-#          without their inline deadline and error code): ktbisect.log, ktbisect{,_slim}.json
-#          (~5 min)
+#          without their inline deadline and error code), then the step's kernel with
+#          MK_WAIT_COMPACT=1: ktbisect.log, ktbisect{,_slim,_compact}.json (~7 min)
 #   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_COMPACT=1 (the waits' timeout
 #          record one 64-bit CAS) / MK_WAIT_SLIM=1 (a probe: unbounded waits), megakernel only, no
 #          journal: waitslim.log, waitslim_{default,compact,slim}.json (~6 min)
@@ -324,7 +324,7 @@
 #         never run yet: test_engine_folds_its_own_weights_in_place,
 #         test_starved_page_wait_names_its_instruction[0 / 1] (an mbarrier wait's timeout
 #         record, write_error's and MK_WAIT_COMPACT's, via MK_TEST_STARVE_TICKET).
-#      2. `MK_STEPS="ktbisect"` (~5.5 min), then `MK_STEPS=waitslim` (~6 min), then
+#      2. `MK_STEPS="ktbisect"` (~7 min), then `MK_STEPS=waitslim` (~6 min), then
 #         `MK_STEPS=ktncu` (~4 min): which part of the build; whether the waits' inline slow
 #         paths are it (MK_WAIT_SLIM's unbounded waits, -33% SASS; MK_WAIT_COMPACT's bounded
 #         ones with a one-CAS record, -11%: if compact keeps slim's gain, make it the default
@@ -591,7 +591,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=330 [waitslim]=420
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=450 [waitslim]=420
                    [ktncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
@@ -1845,18 +1845,21 @@ if has ktbisect; then
   # builds (launch/bench.py --isolated-builds: lean, gemms = every GEMM slot without attention /
   # gather, families = the one slot with attention and gather), then the step's kernel and lean
   # with MK_WAIT_SLIM=1 (the mbarrier waits without their inline deadline / error code: -33% of
-  # the SASS). ktbisect.log, ktbisect{,_slim}.json (~5 min)
+  # the SASS), then the step's kernel with MK_WAIT_COMPACT=1 (bounded, one-CAS record: -11%).
+  # ktbisect.log, ktbisect{,_slim,_compact}.json (~7 min)
   : > "$OUTDIR/ktbisect.log"
-  for v in default slim; do
-    e=""; builds=lean,gemms,families
-    [ $v = slim ] && { e="MK_WAIT_SLIM=1"; builds=lean; }
-    sfx=""; [ $v = slim ] && sfx=_slim
-    # shellcheck disable=SC2086  # $e: VAR=VALUE words or none
-    env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 270 $B --batch 1024 --layers 2 \
-        --reps 3 --warmup 1 --journal --journal-isolated GATE_UP,DOWN --isolated-builds $builds \
+  for v in default slim compact; do
+    case $v in
+      default) e=""; builds="--isolated-builds lean,gemms,families"; sfx="" ;;
+      slim) e="MK_WAIT_SLIM=1"; builds="--isolated-builds lean"; sfx=_slim ;;
+      compact) e="MK_WAIT_COMPACT=1"; builds=""; sfx=_compact ;;
+    esac
+    # shellcheck disable=SC2086  # $e: VAR=VALUE words or none; $builds: the arguments, split
+    env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 200 $B --batch 1024 --layers 2 \
+        --reps 3 --warmup 1 --journal --journal-isolated GATE_UP,DOWN $builds \
         --out "$OUTDIR/ktbisect$sfx.json" > "$TMPD/ktbisect$sfx.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/ktbisect${sfx}_*_journal.pt "$OUTDIR"/ktbisect${sfx}_*_timeline.png
-    { echo "== $v ($builds) ${e:-}"
+    { echo "== $v (${builds:-the step kernel only}) ${e:-}"
       grep -E -A3 "\] isolated" "$TMPD/ktbisect$sfx.log" | grep -v "^\[mk\." \
           | grep -E "isolated|^GATE_UP|^DOWN|^opcode"
       grep -E -A12 "Error|^error|Traceback" "$TMPD/ktbisect$sfx.log" | tail -20; } \
