@@ -1886,10 +1886,12 @@ if has ktncu; then
   # ktncu.log, ncu_ktncu_{full,lean}_source.csv.gz (~4 min)
   : > "$OUTDIR/ktncu.log"
   for w in full lean; do
+    builds=""; [ $w = lean ] && builds="--isolated-builds lean"   # the full run needs no other build
+    # shellcheck disable=SC2086  # $builds: the arguments, split
     timeout 200 ncu --clock-control none --profile-from-start off -c 1 \
         --section SourceCounters --section WarpStateStats -f -o "$TMPD/ncu_ktncu_$w" \
         $B --batch 1024 --layers 2 --reps 1 --warmup 1 --journal --journal-isolated GATE_UP \
-        --isolated-builds lean --profile-isolated $w:GATE_UP --out "$TMPD/ktncu_$w.json" \
+        $builds --profile-isolated $w:GATE_UP --out "$TMPD/ktncu_$w.json" \
         > "$TMPD/ktncu_$w.log" 2>&1 || { rc=1; tail -5 "$TMPD/ktncu_$w.log"; }
     ncu -i "$TMPD/ncu_ktncu_$w.ncu-rep" --page source --csv --print-source sass \
         > "$OUTDIR/ncu_ktncu_${w}_source.csv" 2> "$TMPD/ncu_ktncu_src.err" \

@@ -1039,6 +1039,11 @@ def test_gemm_ktrace_variant_compiles_without_spills(tmp_path):
     assert r.returncode != 0 and "MK_GEMM_KTRACE" in r.stderr
 
 
+def ptx_counts(ptx: dict, pattern: str) -> dict:
+    """Matches of pattern in each variant's PTX ({name: text} -> {name: count})."""
+    return {name: len(re.findall(pattern, text)) for name, text in ptx.items()}
+
+
 def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
     """MK_WAIT_SLIM=1 (a probe of the waits' code size, bench/GEMM_NOTES.md session 42; never a
     default: its waits have no bound): the mbarrier waits compile to bare try_wait loops, so the
@@ -1048,12 +1053,10 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
                              f"assert rk.WAIT_SLIM == {flag == '1'}")
            for flag in ("0", "1")}
 
-    def count(pattern: str) -> dict:
-        return {f: len(re.findall(pattern, p)) for f, p in ptx.items()}
-    timers, cases = count(r"%globaltimer"), count(r"atom\.[a-z.]*cas")
+    timers, cases = ptx_counts(ptx, r"%globaltimer"), ptx_counts(ptx, r"atom\.[a-z.]*cas")
     assert timers["1"] < timers["0"] / 2, timers
     assert cases["1"] < cases["0"], cases
-    waits = count(r"mbarrier\.try_wait")
+    waits = ptx_counts(ptx, r"mbarrier\.try_wait")
     assert 0 < waits["1"] <= waits["0"], waits
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "slim1")))
@@ -1094,12 +1097,12 @@ def test_compact_wait_variant_keeps_its_bound_without_spills(tmp_path):
                              f"assert rk.WAIT_COMPACT == {flag == '1'}")
            for flag in ("0", "1")}
 
-    def count(pattern: str) -> dict:
-        return {f: len(re.findall(pattern, p)) for f, p in ptx.items()}
-    assert count(r"atom\.[a-z.]*cas\.b64")["1"] > 0 == count(r"atom\.[a-z.]*cas\.b64")["0"]
-    timers = count(r"%globaltimer")
+    cas64 = ptx_counts(ptx, r"atom\.[a-z.]*cas\.b64")
+    assert cas64["1"] > 0 == cas64["0"], cas64
+    timers = ptx_counts(ptx, r"%globaltimer")
     assert timers["1"] > timers["0"] / 2, timers          # the deadlines stay
-    assert count(r"membar|fence\.acq_rel")["1"] < count(r"membar|fence\.acq_rel")["0"]
+    fences = ptx_counts(ptx, r"membar|fence\.acq_rel")
+    assert fences["1"] < fences["0"], fences
     assert len(ptx["1"]) < len(ptx["0"])
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "compact1")))
