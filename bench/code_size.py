@@ -124,7 +124,9 @@ def summarize(text: str, by: str = "function") -> dict:
 def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP") -> str:
     """The megakernel variant of M class m, annotated SASS text: build "full" the all-opcode
     one (as the backend builds it), else mk.megakernel.BUILDS' (lean: op's GEMM slot alone;
-    gemms: every slot, no attention or gather; families: op's slot with attention and gather)."""
+    gemms: every slot, no attention or gather; families: op's slot with attention and gather).
+    Split-K code only for the opcodes the backend's default plans may split in that class
+    (PlanConfig.split_ops), as the backend compiles it."""
     os.environ["CUTE_DSL_LINEINFO"] = "1"      # before cutlass is imported
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import mk.megakernel as M
@@ -134,8 +136,11 @@ def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP")
         raise SystemExit(f"code_size: {', '.join(missing)} not found: pip install "
                          "nvidia-cuda-nvcc nvidia-cuda-nvdisasm (the test extra), or set CUDA_HOME")
     from mk.ir import Op
+    from mk.megakernel_step import class_split_ops, default_plan_config
     one_slot, families = M.BUILDS[build]
-    comp = M.compile_fake(gemm=M.class_slots(m, ops=(Op[op],)) if one_slot else M.class_slots(m),
+    split_ops = class_split_ops(default_plan_config(), m)
+    comp = M.compile_fake(gemm=M.class_slots(m, ops=(Op[op],) if one_slot else M.GEMM_OPS,
+                                             split_ops=split_ops),
                           attn_page_size=(16 if m <= 256 else 64) if families else 0,
                           gather=families, splitk=True)
     ptx = comp.__ptx__

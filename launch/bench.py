@@ -726,8 +726,8 @@ def isolated_builds(builds: str, ops: str, profile: str) -> None:
 
 def build_kernel(mk, op: str, build: str):
     """A journaled Megakernel of --isolated-builds' `build` over the step kernel mk's buffers,
-    norm table, weights and split-K workspace, with the same M class, hand-off, backoff, claim
-    policy and journal size (the setmaxnreg split follows its GEMM slots, as the step's does:
+    norm table, weights and split-K workspace, with the same M class, split opcodes, hand-off,
+    backoff, claim policy and journal size (the setmaxnreg split follows its GEMM slots, as the step's does:
     MK_REG_LOW / MK_REG_HIGH force one)."""
     import mk.megakernel as M
     from mk.ir import Op
@@ -743,7 +743,7 @@ def build_kernel(mk, op: str, build: str):
                         n_counters=mk.counters.numel(), journal=True,
                         timeout_s=mk.timeout_ns / 1e9, journal_capacity=mk.journal.shape[0],
                         verbose=False, handoff=mk.handoff, backoff_ns=mk.backoff_ns,
-                        gemm=gemm, gemm_m=mk.gemm_m, splitk=mk.splitk,
+                        gemm=gemm, gemm_m=mk.gemm_m, splitk=mk.splitk, split_ops=mk.split_ops,
                         claim_after_loads=mk.claim_after_loads, **families)
 
 

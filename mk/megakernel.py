@@ -309,6 +309,10 @@ class GemmSlot:
     tile: str           # gk.TILES name
     xb: int             # Buf id of z = 0 of the operand tensor x (z = src word - xb)
     yb: int             # Buf id of z = 0 of the destination y (z = dst word - yb)
+    # its split-K tiles and SPLITK_REDUCE compiled in (with Megakernel(splitk=...)); False where
+    # the plans of the variant's M class never split the opcode (mk.plan.PlanConfig.split_ops):
+    # the slot's bodies are then the unsplit ones, but for a row-scaled opcode's epilogue wait
+    splits: bool = True
 
     @property
     def cfg(self) -> gk.TileConfig:
@@ -974,7 +978,8 @@ class MegakernelDSL:
                             # the epilogue compiled in)
                             rop = ring[base + ARG0 + skk.R_OP]
                             for gi in cutlass.range_constexpr(NG):
-                                if cutlass.const_expr(GS[gi].op in SPLITK_OPS):
+                                if cutlass.const_expr(GS[gi].op in SPLITK_OPS
+                                                      and GS[gi].splits):
                                     if rop == GS[gi].op:
                                         pg = skk.reduce_consume(
                                             GS[gi].epi, ring, base, skops[0], bufs.shape[0],
@@ -1060,11 +1065,14 @@ class MegakernelDSL:
         wait; None where a role needs neither."""
         if not self.splitk or gs.op not in SPLITK_OPS:
             return None
+        if not gs.splits and gs.op not in ROW_SCALED_OPS:
+            return None
         up = g[10].shape[0] // 2 if gs.op == int(Op.GATE_UP) else None
         if gs.op not in ROW_SCALED_OPS:
             bufs, counters = None, None
         return gk.SplitTile(ring, base, skops[0], up,
-                            None if bufs is None else bufs.shape[0], counters, self.backoff_ns)
+                            None if bufs is None else bufs.shape[0], counters, self.backoff_ns,
+                            gs.splits)
 
     @cute.jit
     def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,
@@ -1242,10 +1250,12 @@ def _as3d(t: torch.Tensor) -> torch.Tensor:
     return t.permute(1, 2, 0)
 
 
-def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF) -> tuple:
+def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF, split_ops=None) -> tuple:
     """The compile-time GEMM slots for operands {op: GemmOperands} at M class m (token rows, or
-    sequences for LM_HEAD): one tile config per opcode from gk.choose_tile."""
-    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf))
+    sequences for LM_HEAD): one tile config per opcode from gk.choose_tile; split_ops: the
+    opcodes whose split tiles the variant runs (None: every one that can; GemmSlot.splits)."""
+    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf),
+                                  split_ops is None or int(op) in split_ops)
                          for op, g in gemm.items()), key=lambda g: g.slot))
 
 
@@ -1478,7 +1488,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         spl = p[:, gk.A_NSPLIT] >= 2
         k0 = np.where(spl, p[:, gk.A_K0], np.zeros_like(K))
         if spl.any():
-            _check_split_tiles(name, op, p[spl], sh, partial_shape)
+            _check_split_tiles(name, op, p[spl], sh, partial_shape, g)
         u = p[~spl]       # the epilogue and destination words matter to unsplit tiles only
         if op != int(Op.QKV_ROPE):
             epi = u[:, MM_A_EPI]
@@ -1588,10 +1598,18 @@ def _check_workspace(name, op, sh, splitk_shape, row_lo, row_hi, col0, cols):
         raise ValueError(f"megakernel: {name} columns outside the SPLITK workspace's {W} columns")
 
 
-def _check_split_tiles(name, op, p, sh, splitk_shape):
-    """Split-K tiles of opcode op (nsplit >= 2; see check_plan)."""
+def _no_split_code(name: str) -> str:
+    return (f"megakernel: {name} split tiles, but this variant was compiled without them (the "
+            f"plans of its M class never split {name}: mk.plan.PlanConfig.split_ops; build the "
+            f"Megakernel with split_ops= the plan's PlanConfig.split_ops)")
+
+
+def _check_split_tiles(name, op, p, sh, splitk_shape, slot):
+    """Split-K tiles of opcode op (nsplit >= 2; see check_plan) for its compiled GemmSlot."""
     if op not in SPLITK_OPS:
         raise ValueError(f"megakernel: {name} tiles are never split (nsplit word >= 2)")
+    if not slot.splits:
+        raise ValueError(_no_split_code(name))
     ns, j, k0, stride = (p[:, gk.A_NSPLIT], p[:, gk.A_SPLIT_J], p[:, gk.A_K0],
                          p[:, gk.A_SPLIT_ROW])
     if (j < 0).any() or (j >= ns).any() or (stride < 0).any():
@@ -1636,6 +1654,8 @@ def _check_splitk_reduce(r, by_op, gemm, splitk_shape):
             raise NotImplementedError(
                 f"megakernel: SPLITK_REDUCE of {name}, but this megakernel was built without "
                 f"{name} operands (Megakernel(..., gemm={{Op.{name}: GemmOperands(...)}}))")
+        if not by_op[op].splits:
+            raise ValueError(_no_split_code(name))
         p = r[rop == op]
         sh = _gemm_shapes(gemm[Op(op)])
         r0 = p[:, W_ROW0]
@@ -1856,7 +1876,10 @@ class Megakernel:
     (LM_NORM) or None;
     splitk: the SPLITK workspace, float32 [rows, width] CUDA tensor (mk.plan.buffer_shapes'
     Buf.SPLITK) for split-K tiles and SPLITK_REDUCE, or None: the variant without split-K (plans
-    with split tiles are refused; the unsplit bodies' code is the same as before split-K).
+    with split tiles are refused; the unsplit bodies' code is the same as before split-K);
+    split_ops: with splitk, the opcodes whose split tiles the variant runs (None: every one;
+    mk.plan.PlanConfig.split_ops: those the plans of its M class may split; the others' split
+    code is left out, ~10% of the M1024 class's SASS, and plans splitting them are refused).
     handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode);
     claim_after_loads None: claim_after_loads_for(gemm_m) (the controller's claim policy)."""
 
@@ -1867,7 +1890,7 @@ class Megakernel:
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
                  kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
                  splitk: torch.Tensor | None = None, l2_prefetch: bool = False,
-                 claim_after_loads: bool | None = None):
+                 claim_after_loads: bool | None = None, split_ops=None):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -1913,7 +1936,8 @@ class Megakernel:
         if gemm_m is None and self.gemm:
             gemm_m = max(_gemm_shapes(g)["xt"] for g in self.gemm.values())
         self.gemm_m = gemm_m
-        self.slots = gemm_slots(self.gemm, gemm_m, handoff) if self.gemm else ()
+        self.split_ops = None if split_ops is None else frozenset(int(o) for o in split_ops)
+        self.slots = gemm_slots(self.gemm, gemm_m, handoff, self.split_ops) if self.gemm else ()
         self.kv = kv
         self.meta = meta
         self.inv_freq = inv_freq
@@ -2146,9 +2170,11 @@ BUILDS = {"full": (False, True), "lean": (True, False), "gemms": (False, False),
           "families": (True, True)}
 
 
-def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0) -> tuple:
-    """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0)."""
-    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb) for op in ops),
+def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0, split_ops=None) -> tuple:
+    """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0); split_ops:
+    the opcodes whose split tiles they run (None: every one that can, GemmSlot.splits)."""
+    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb,
+                                  split_ops is None or int(op) in split_ops) for op in ops),
                         key=lambda g: g.slot))
 
 

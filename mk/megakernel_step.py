@@ -60,6 +60,14 @@ def default_plan_config(**overrides) -> PlanConfig:
     return PlanConfig(**{**DEFAULT_PLAN, **overrides})
 
 
+def class_split_ops(plan_cfg: PlanConfig, num_tokens: int) -> frozenset:
+    """The opcodes whose split-K tiles the megakernel variant of num_tokens' M class compiles
+    in: those plan_cfg's plans may split in the class's smallest step (the others' split code,
+    ~10% of the M1024 class's SASS, is left out; a plan that splits them is refused)."""
+    from mk import tiles
+    return plan_cfg.split_ops(tiles.class_fewest_tokens(num_tokens))
+
+
 class UnsupportedModelError(ValueError):
     """The model / parallel / kernel configuration is outside what the GPU bodies support."""
 
@@ -213,7 +221,8 @@ class MegakernelStepBackend:
                 attn=mkk.AttnOperands(self.q, self.attn_out, self.attn_partial, self.attn_lse,
                                       self.kernel.page_size),
                 embed=self.weights.embed, last_normed=self.last_normed, splitk=self.splitk,
-                l2_prefetch=self.plan_cfg.l2_prefetch_mib > 0)
+                l2_prefetch=self.plan_cfg.l2_prefetch_mib > 0,
+                split_ops=class_split_ops(self.plan_cfg, m))
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
@@ -298,7 +307,8 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
                           meta(*sh[Buf.LOGITS], dtype=torch.float32), int(Buf.LAST_NORMED),
                           int(Buf.LOGITS))}
     f32 = torch.float32
-    kw = dict(gemm=gemm, slots=mkk.gemm_slots(gemm, num_tokens),
+    kw = dict(gemm=gemm, slots=mkk.gemm_slots(gemm, num_tokens,
+                                             split_ops=class_split_ops(plan_cfg, num_tokens)),
               kv_shape=(2,) + tuple(sh[Buf.K_CACHE]),
               attn=mkk.AttnOperands(meta(*sh[Buf.Q]), meta(*sh[Buf.ATTN_OUT]),
                                     meta(*sh[Buf.ATTN_PARTIAL], dtype=f32),

@@ -481,6 +481,15 @@ class PlanConfig:
         field = SPLITK_OP_CAPS.get(Op(op))
         return (getattr(self, field) if field else 0) or self.splitk_max_tokens
 
+    def split_ops(self, min_tokens: int) -> frozenset:
+        """The opcodes split_factors may split in a step of at least min_tokens rows (an M
+        class's smallest step): the megakernel variant of that class compiles only their split
+        tiles in (mk.megakernel.GemmSlot.splits)."""
+        if self.split_k == 1:
+            return frozenset()
+        return frozenset(int(op) for op in SPLITK_OP_CAPS
+                         if min_tokens <= self.splitk_token_cap(op))
+
     def split_factors(self, num_tokens: int, tile_counts: dict, ks: dict) -> dict:
         """nsplit per op ({op: output tiles of the step}, {op: K}) for a step of num_tokens rows."""
         out = {op: 1 for op in tile_counts}

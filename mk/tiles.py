@@ -178,6 +178,11 @@ def m_class(m: int) -> int:
     return sum(1 for b in M_CLASSES if m > b)
 
 
+def class_fewest_tokens(m: int) -> int:
+    """The smallest step (token rows) of M's class: 1, 65, 257 or 1025."""
+    return ((0,) + M_CLASSES)[m_class(m)] + 1
+
+
 def tile_name(op, m: int) -> str:
     return TILE_TABLE[Op(op)][m_class(m)]
 

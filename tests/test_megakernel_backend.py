@@ -217,6 +217,64 @@ for b in (128, 256):
     assert r.returncode == 0 and r.stdout.count("ok") == 2, r.stderr[-3000:]
 
 
+def test_each_class_variant_compiles_the_split_code_its_plans_use():
+    """A megakernel variant compiles the split-K tiles of only the opcodes its M class's plans may
+    split (mk.megakernel_step.class_split_ops: the M1024 class QKV_ROPE alone, the largest none,
+    with the default plan; ~10% of the class's SASS): the 70B TP8 rank's decode plans at the
+    classes' edges, under the default plan and two with other caps, split only those opcodes and
+    pass the host check against the variant's slots; a plan that splits an opcode the variant
+    left out is refused by name (in a process of its own, MK_TILES cleared, as above)."""
+    pytest.importorskip("cutlass")
+    code = r'''
+import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
+import numpy as np
+from host_step import rank_model, point_batch
+import mk.megakernel as M
+from mk.config import KernelConfig, ParallelConfig
+from mk.instructions import _common as mc
+from mk.ir import Op, W_OPCODE
+from mk.megakernel_step import class_split_ops, default_plan_config, meta_operands
+from mk.plan import Planner
+model = rank_model()
+kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
+                      num_kv_pages=4096 * 16)
+allops = {int(o) for o in M.SPLITK_OPS}
+assert class_split_ops(default_plan_config(), 64) == allops
+assert class_split_ops(default_plan_config(), 1024) == {int(Op.QKV_ROPE)}
+assert class_split_ops(default_plan_config(), 4096) == set()
+assert class_split_ops(default_plan_config(split_k=1), 1) == set()
+for cfg in (default_plan_config(), default_plan_config(splitk_o_max_tokens=512),
+            default_plan_config(split_k=2, splitk_qkv_max_tokens=2048)):
+    for b in (1, 64, 65, 256, 257, 1024, 1025, 2048):
+        s = Planner(model, ParallelConfig(), kernel, cfg).plan(point_batch(b, 256, 0, 16))
+        stream = s.representative_stream()
+        ops = s.instrs[:, W_OPCODE].numpy()
+        nsplit = s.instrs[:, mc.A_NSPLIT].numpy()
+        split = set(np.unique(ops[np.isin(ops, list(allops)) & (nsplit >= 2)]).tolist())
+        assert split <= class_split_ops(cfg, b), (cfg, b, split)
+        nbuf, T, H, kw = meta_operands(model, kernel, cfg, b)
+        M.check_plan(stream, nbuf, T, H, 1 << 22, **kw)
+        print("ok", b, sorted(split))
+# a B=64 plan splits every opcode: the variant without their split code refuses it
+cfg = default_plan_config()
+s = Planner(model, ParallelConfig(), kernel, cfg).plan(point_batch(64, 256, 0, 16))
+nbuf, T, H, kw = meta_operands(model, kernel, cfg, 64)
+kw["slots"] = M.gemm_slots(kw["gemm"], 64, split_ops=frozenset())
+try:
+    M.check_plan(s.representative_stream(), nbuf, T, H, 1 << 22, **kw)
+except ValueError as e:
+    assert "compiled without them" in str(e) and "split_ops" in str(e), e
+    print("refused", e)
+''' % (str(ROOT / "bench"), str(ROOT))
+    env = {k: v for k, v in os.environ.items() if k != "MK_TILES"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("ok") == 24 and "refused" in r.stdout, r.stdout[-3000:]
+    # the largest class's steps never split; the smallest's split every splittable opcode
+    assert "ok 2048 []" in r.stdout and "ok 1 [9, 12, 13, 14]" in r.stdout, r.stdout
+
+
 def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     """MegakernelStepBackend.prepare on the CPU (its GPU parts stubbed): the first plan and every
     plan of a new structure are checked and uploaded; a decode step of the held structure only

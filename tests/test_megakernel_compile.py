@@ -113,28 +113,36 @@ def test_import_mk_does_not_load_cutlass():
 
 # ---------------------------------------------------------------------------------------- split-K
 # the step's variants (split-K compiled in), with the class above 1024 tokens too (gu_m128's
-# wide chain runs only there)
-STEP_VARIANTS = FULL_VARIANTS + [(4096, 16)]
+# wide chain runs only there), each with the split tiles its class's default plans may run
+# (mk.megakernel_step.class_split_ops: every opcode's up to 256 tokens, QKV_ROPE's up to 1024,
+# none above), and the M1024 class with every opcode's (a PlanConfig raising the caps)
+STEP_VARIANTS = [(m, p, "class") for m, p in FULL_VARIANTS + [(4096, 16)]] + [(1024, 64, "all")]
 
 
-@pytest.mark.parametrize("m,page_size", STEP_VARIANTS, ids=[f"M{m}-ps{p}" for m, p in STEP_VARIANTS])
-def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_size):
+@pytest.mark.parametrize("m,page_size,splits", STEP_VARIANTS,
+                         ids=[f"M{m}-ps{p}-{s}" for m, p, s in STEP_VARIANTS])
+def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_size, splits):
     """The all-opcode variant with split-K compiled in (Megakernel(splitk=...)): the partial store
-    of every splittable slot (8-byte float32 stores, one per accumulator pair: the expected count)
-    and the SPLITK_REDUCE bodies; no spill, no stack frame, no call at the QKV_ROPE split 80/208
-    (the consumer had a register or two of headroom at M1024 before split-K)."""
+    of every slot that runs split tiles (8-byte float32 stores, one per accumulator pair: the
+    expected count; none for the others, GemmSlot.splits) and the SPLITK_REDUCE bodies; no
+    spill, no stack frame, no call at the QKV_ROPE split 80/208 (the consumer had a register or
+    two of headroom at M1024 before split-K)."""
     import mk.megakernel as M
-    slots = M.class_slots(m)
+    from mk.megakernel_step import class_split_ops, default_plan_config
+    split_ops = class_split_ops(default_plan_config(), m) if splits == "class" else None
+    slots = M.class_slots(m, split_ops=split_ops)
     comp = M.compile_fake(gemm=slots, attn_page_size=page_size, gather=True, splitk=True)
-    want = sum(g.cfg.acc_regs() // 2 for g in slots if g.op in M.SPLITK_OPS)
+    want = sum(g.cfg.acc_regs() // 2 for g in slots if g.op in M.SPLITK_OPS and g.splits)
+    assert (want == 0) == (m > 1024 and splits == "class"), want
     regs = assert_split_variant(comp.__ptx__, REQUIRED_PTX, want,
-                                os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}"))
+                                os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}_{splits}"))
     low, high = M.reg_split(slots)
     assert M.reg_split_ok(low, high, regs), (regs, low, high)
     # PlanConfig.norm_fold=2's epilogue wait: the loader's counter wait in the QKV_ROPE and
-    # GATE_UP slots beside the controller's (each rk.wait_counter has one nanosleep)
+    # GATE_UP slots beside the controller's (each rk.wait_counter has one nanosleep), also where
+    # the slot runs no split tiles
     assert len(re.findall(r"nanosleep", comp.__ptx__)) == 3
-    print(f"M{m} ps{page_size} splitk split {low}/{high}")
+    print(f"M{m} ps{page_size} splitk ({splits}) split {low}/{high}")
 
 
 NO_FOLD = {"fold_o_reduce": 0, "fold_down_reduce": 0}

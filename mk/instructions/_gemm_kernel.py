@@ -1465,12 +1465,16 @@ class SplitTile:
     c, up part at up_col + c), with no epilogue.
     Also an unsplit QKV_ROPE / GATE_UP tile's epilogue wait (A_EPI_WAIT / A_EPI_TARGET,
     PlanConfig.norm_fold=2: its rows scaled by ROW_SCALE, which lies in sk's last `tokens`
-    floats) and what the loader needs to wait for it (counters, backoff_ns)."""
+    floats) and what the loader needs to wait for it (counters, backoff_ns).
+    splits False (trace-time): the variant never runs this opcode's split tiles (the slot's
+    GemmSlot.splits), only the epilogue wait: nsplit() is the constant 1 and k0() 0, so the
+    split-tile code folds away."""
 
     def __init__(self, ring: cute.Tensor, base, sk: cute.Tensor, up_col=None, tokens=None,
-                 counters=None, backoff_ns: int = 200):
+                 counters=None, backoff_ns: int = 200, splits: bool = True):
         self.ring, self.base, self.sk, self.up_col = ring, base, sk, up_col
         self.tokens, self.counters, self.backoff_ns = tokens, counters, backoff_ns
+        self.splits = splits
 
     def epi_wait(self):
         """The epilogue wait's counter + 1 (0: none, the tile's rows not scaled)."""
@@ -1480,9 +1484,13 @@ class SplitTile:
         return self.ring[self.base + A_EPI_TARGET]
 
     def nsplit(self):
+        if not self.splits:
+            return Int32(1)
         return self.ring[self.base + A_NSPLIT]
 
     def k0(self):
+        if not self.splits:
+            return Int32(0)
         return self.ring[self.base + A_K0]
 
     def partial_base(self, row0, col0):
