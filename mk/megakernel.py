@@ -29,7 +29,8 @@ Execution model
 * Split-K (Megakernel(splitk=<SPLITK workspace>), a compile-time variant): split GEMM tiles run in
   their opcode's slot (mk/instructions/_gemm_kernel.py: K slice, float32 partials from the
   consumers' registers); SPLITK_REDUCE (mk/instructions/_splitk_kernel.py) runs in both consumer
-  warpgroups with one hand-off page to the storer, which signals.
+  warpgroups with one hand-off page to the storer, which signals. Only the opcodes of split_ops
+  (the backend: those its M class's plans may split) get split code (GemmSlot.splits).
 * Pages: NPAGES x 16 KiB shared-memory pages used in ring order by every role (see
   mk/instructions/_rows_kernel.py for the page geometry); a page is freed at its last read.
 * Hand-offs of shared memory between roles (ring slots, pages written in place) are mbarrier
@@ -69,6 +70,7 @@ mk.megakernel_step.MegakernelStepBackend; this module registers no engine backen
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -313,6 +315,10 @@ class GemmSlot:
     # the plans of the variant's M class never split the opcode (mk.plan.PlanConfig.split_ops):
     # the slot's bodies are then the unsplit ones, but for a row-scaled opcode's epilogue wait
     splits: bool = True
+    # -1: the slot's tiles run through its own compiled bodies; else the opcode of the slot whose
+    # bodies they run through (GEMM_TWIN: same tile, epilogue, split code and destination; the
+    # loader takes this slot's x / w at run time, gk.TwinSource)
+    twin_of: int = -1
 
     @property
     def cfg(self) -> gk.TileConfig:
@@ -330,6 +336,34 @@ class GemmSlot:
     @property
     def slot(self) -> int:
         return GEMM_OPS.index(self.op)
+
+
+# Twin GEMM slots (MK_GEMM_TWIN=1, compile-time; off until GPU-checked): an opcode whose slot has
+# the tile, epilogue, K word, split-K code and destination of an earlier slot's runs through that
+# slot's compiled loader / consumer / storer bodies, the loader taking the instruction's own x
+# and w TMA sources at run time (gk.TwinSource: only the TMA issue is duplicated). O_PROJ and
+# DOWN in every M class (RESIDUAL tiles into HIDDEN): one slot's code, ~2.9k of the M1024
+# class's ~29.8k SASS instructions (bench/code_size.py), for the code-size question of
+# bench/GEMM_NOTES.md session 42 (the step's GEMM K steps ~25% slower than a one-slot build's).
+GEMM_TWIN = os.environ.get("MK_GEMM_TWIN", "0") == "1"
+
+
+def pair_twins(slots: tuple, same_dest=None, twin: bool | None = None) -> tuple:
+    """The slots with GemmSlot.twin_of set where GEMM_TWIN (or twin) pairs them: a slot runs the
+    bodies of the first earlier slot of the same tile, epilogue, K word, split code and
+    destination buffer id whose bodies are its own; same_dest(op_a, op_b): whether their
+    destinations are the same tensor (the host's operands; None: assumed, the fake compile)."""
+    if not (GEMM_TWIN if twin is None else twin):
+        return tuple(slots)
+    out = []
+    for s in slots:
+        host = next((h for h in out if h.twin_of < 0 and h.op not in ROW_SCALED_OPS
+                     and s.op not in ROW_SCALED_OPS
+                     and (h.tile, h.epi, h.kw, h.splits, h.yb) == (s.tile, s.epi, s.kw, s.splits,
+                                                                  s.yb)
+                     and (same_dest is None or same_dest(h.op, s.op))), None)
+        out.append(s if host is None else dataclasses.replace(s, twin_of=host.op))
+    return tuple(out)
 
 
 class MegakernelError(RuntimeError):
@@ -772,14 +806,14 @@ class MegakernelDSL:
                             # the consumers read and write global memory themselves: one page
                             # without data orders their stores before the signal
                             pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
-                        for gi in cutlass.range_constexpr(NG):
-                            if op == GS[gi].op:
+                        for gi in self.bodies():
+                            if self.runs_on(op, gi):
                                 g = gops[gi]
                                 col0 = ring[base + W_COL0]
                                 kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
+                                twin, zx = self.twin_source(op, gi, gops, ring[base + A_SRC])
                                 pg = gk.gemm_load(GS[gi].cfg, GS[gi].epi, g[0], g[1], g[2], g[3],
-                                                  g[4], g[5], g[7], g[11],
-                                                  ring[base + A_SRC] - GS[gi].xb,
+                                                  g[4], g[5], g[7], g[11], zx,
                                                   ring[base + A_DST] - GS[gi].yb,
                                                   ring[base + W_LAYER], ring[base + W_ROW0], col0,
                                                   g[10].shape[0] // 2 + col0, kt, pool, full,
@@ -787,7 +821,7 @@ class MegakernelDSL:
                                                   self.split_tile(GS[gi], g, ring, base, skops,
                                                                   bufs, counters),
                                                   ready, ring[base + W_ROWS], ring[base + W_COLS],
-                                                  self.ktrace(journal))
+                                                  self.ktrace(journal), twin)
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
                                 # one page, granted with no TMA: the consumers' hand-off to the
@@ -862,8 +896,8 @@ class MegakernelDSL:
                         elif op == rk.OP_RMSNORM:
                             pg = rk.store_handoff(empty, done, dpar, pg, NP, sv, timeout_ns,
                                                   state, t, PS)
-                        for gi in cutlass.range_constexpr(NG):
-                            if op == GS[gi].op:
+                        for gi in self.bodies():
+                            if self.runs_on(op, gi):
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
                                                      empty, done, dpar, pg, sv, timeout_ns,
                                                      state, t, skops)
@@ -956,8 +990,8 @@ class MegakernelDSL:
                                                 state, t, HM, PS, fold_sk, fold_ns, fold_st,
                                                 # the rows-only journal variant spills with 2
                                                 rk.NORM_ROW_BATCH if NG else 1)
-                    for gi in cutlass.range_constexpr(NG):
-                        if op == GS[gi].op:
+                    for gi in self.bodies():
+                        if self.runs_on(op, gi):
                             g = gops[gi]
                             kt = (ring[base + GS[gi].kw] + (gk.BK - 1)) // gk.BK
                             pg = gk.gemm_consume(GS[gi].cfg, GS[gi].epi, g[6],
@@ -977,10 +1011,10 @@ class MegakernelDSL:
                             # the opcode it finishes picks the slot (its destination tensor and
                             # the epilogue compiled in)
                             rop = ring[base + ARG0 + skk.R_OP]
-                            for gi in cutlass.range_constexpr(NG):
+                            for gi in self.bodies():
                                 if cutlass.const_expr(GS[gi].op in SPLITK_OPS
                                                       and GS[gi].splits):
-                                    if rop == GS[gi].op:
+                                    if self.runs_on(rop, gi):
                                         pg = skk.reduce_consume(
                                             GS[gi].epi, ring, base, skops[0], bufs.shape[0],
                                             gops[gi][9], kv, meta, inv_freq, GS[gi].yb,
@@ -1054,6 +1088,35 @@ class MegakernelDSL:
         """The journal for the GEMM bodies' K-step trace (gk.KTRACE) in the journal variant,
         else None (nothing compiled in). Trace-time Python."""
         return journal if self.journal and gk.KTRACE > 0 else None
+
+    def bodies(self) -> list[int]:
+        """Indices of the GEMM slots with bodies of their own (every slot but the twins, whose
+        tiles run through their host's: GemmSlot.twin_of). Trace-time Python."""
+        return [i for i, g in enumerate(self.gemm) if g.twin_of < 0]
+
+    def twins_of(self, gi: int) -> list[int]:
+        return [j for j, g in enumerate(self.gemm) if g.twin_of == self.gemm[gi].op]
+
+    def runs_on(self, op, gi: int):
+        """The run-time condition that an instruction of opcode `op` runs through slot gi's
+        bodies: its own opcode's, or a twin's. Trace-time Python, emitting the compares."""
+        hit = op == self.gemm[gi].op
+        for tj in self.twins_of(gi):
+            hit = hit | (op == self.gemm[tj].op)
+        return hit
+
+    def twin_source(self, op, gi: int, gops: list, src):
+        """(gk.TwinSource or None, z of the instruction's x) for the loader of slot gi's body:
+        a twin's instruction loads its own x / w (its Buf ids from its x_buf). Trace-time
+        Python."""
+        twins = self.twins_of(gi)
+        if not twins:
+            return None, src - self.gemm[gi].xb
+        assert len(twins) == 1, "one twin per body (its loads are picked by one condition)"
+        tj = twins[0]
+        use = op == self.gemm[tj].op
+        xb = Int32(cutlass.select_(use, Int32(self.gemm[tj].xb), Int32(self.gemm[gi].xb)))
+        return gk.TwinSource(use, gops[tj][0], gops[tj][1], gops[tj][2], gops[tj][3]), src - xb
 
     def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list,
                    bufs: cute.Tensor = None, counters: cute.Tensor = None):
@@ -1198,7 +1261,9 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
                           attn_page_size=attn_page_size, gather=gather, splitk=splitk,
                           l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads), *args)
         if verbose:
-            tiles = ",".join(f"{Op(g.op).name}:{g.tile}" for g in gemm) or "none"
+            tiles = ",".join(f"{Op(g.op).name}:{g.tile}"
+                             + (f"(twin of {Op(g.twin_of).name})" if g.twin_of >= 0 else "")
+                             for g in gemm) or "none"
             print(f"[mk.megakernel] compiled variant journal={journal} handoff={handoff} "
                   f"backoff_ns={backoff_ns} gemm={tiles} attention_page_size={attn_page_size} "
                   f"gather={gather} splitk={splitk} l2_prefetch={l2_prefetch} "
@@ -1250,13 +1315,22 @@ def _as3d(t: torch.Tensor) -> torch.Tensor:
     return t.permute(1, 2, 0)
 
 
-def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF, split_ops=None) -> tuple:
+def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF, split_ops=None,
+               twin: bool | None = None) -> tuple:
     """The compile-time GEMM slots for operands {op: GemmOperands} at M class m (token rows, or
     sequences for LM_HEAD): one tile config per opcode from gk.choose_tile; split_ops: the
-    opcodes whose split tiles the variant runs (None: every one that can; GemmSlot.splits)."""
-    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf),
-                                  split_ops is None or int(op) in split_ops)
-                         for op, g in gemm.items()), key=lambda g: g.slot))
+    opcodes whose split tiles the variant runs (None: every one that can; GemmSlot.splits);
+    twin: pair_twins' (None: GEMM_TWIN), twins only where the destinations are one tensor."""
+    slots = sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf),
+                             split_ops is None or int(op) in split_ops)
+                    for op, g in gemm.items()), key=lambda g: g.slot)
+
+    def same_dest(a: int, b: int) -> bool:
+        ya, yb = gemm[Op(a)].y, gemm[Op(b)].y
+        return ya is yb or (ya.device.type != "meta" and ya.data_ptr() == yb.data_ptr()
+                            and ya.shape == yb.shape and ya.stride() == yb.stride()
+                            and ya.dtype == yb.dtype)
+    return pair_twins(slots, same_dest, twin)
 
 
 def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[int, str]:
@@ -2170,12 +2244,14 @@ BUILDS = {"full": (False, True), "lean": (True, False), "gemms": (False, False),
           "families": (True, True)}
 
 
-def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0, split_ops=None) -> tuple:
+def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0, split_ops=None,
+                twin: bool | None = None) -> tuple:
     """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0); split_ops:
-    the opcodes whose split tiles they run (None: every one that can, GemmSlot.splits)."""
-    return tuple(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb,
-                                  split_ops is None or int(op) in split_ops) for op in ops),
-                        key=lambda g: g.slot))
+    the opcodes whose split tiles they run (None: every one that can, GemmSlot.splits); twin:
+    pair_twins' (None: GEMM_TWIN; the fake operands' destinations taken as one tensor)."""
+    return pair_twins(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb,
+                                       split_ops is None or int(op) in split_ops) for op in ops),
+                             key=lambda g: g.slot), twin=twin)
 
 
 # ==================================================================================== test plans

@@ -47,6 +47,12 @@
 #   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_COMPACT=1 (the waits' timeout
 #          record one 64-bit CAS) / MK_WAIT_SLIM=1 (a probe: unbounded waits), megakernel only, no
 #          journal: waitslim.log, waitslim_{default,compact,slim}.json (~6 min)
+#   twin   MK_GEMM_TWIN=1 (DOWN's tiles through O_PROJ's compiled bodies) with MK_WAIT_COMPACT=1:
+#          the step and split-K GPU tests, the two-layer checks (208 and 478 tokens, split-K
+#          never / auto), racecheck: twin.log (~6 min)
+#   twintime  after `twin` passed (a call of its own): decode MK_TWIN_BATCH (256,1024) default /
+#          compact / twin + compact, megakernel only, no journal: twintime.log,
+#          twintime_{default,compact,twin}.json (~6 min)
 #   ktncu  ncu warp-stall samples of the isolated GATE_UP consumer loop in the step's build and in
 #          the lean build (--profile-isolated), bench/ncu_loop_stalls.py side by side (no_inst:
 #          waits for instructions): ktncu.log, ncu_ktncu_*_source.csv.gz (~4 min)
@@ -316,6 +322,20 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000014. Session 43 had no device. The default build changed: each M class's variant compiles
+#      split-K code only for the opcodes its plans may split (mk.megakernel_step.class_split_ops:
+#      M1024 QKV_ROPE only, the max class none: 33.1k -> 29.8k SASS at M1024). Built, off:
+#      MK_WAIT_COMPACT's wait loop without its jump table (-17% with the record: 24.6k at M1024)
+#      and MK_GEMM_TWIN (DOWN through O_PROJ's bodies: -3.1k more). In this order:
+#      1. `MK_STEPS=verify`: the default build's suite (class_split_ops is new in it) and
+#         000013's never-run tests; `MK_WAIT_COMPACT=1 MK_VERIFY_EXTRA=-k starved MK_STEPS=verify`
+#         is not needed: verify runs test_starved_page_wait_names_its_instruction[1] (compact).
+#      2. `MK_STEPS="ktbisect"`, `MK_STEPS=waitslim`, `MK_STEPS=ktncu` (000013's 2; compact is
+#         now the smaller loop).
+#      3. `MK_STEPS=twin` (~6 min): twin + compact checks; if they pass, `MK_STEPS=twintime`
+#         (~6 min): decode default / compact / both. If the K step and the step follow code
+#         size, make compact (then twin) the default.
+#      4. 000013's 3.
 #   000013. Session 42 ran 000012's 1-3 at 48fb53c (verify: one parity test parted on a 4-way
 #      near-tie of the float32 reference at norm_fold=2, the rule widened to the tie set; ktsplit:
 #      the lean build runs GATE_UP / DOWN K steps in ~1190 / 1225 cycles on the step's data, the
@@ -592,7 +612,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=450 [waitslim]=420
-                   [ktncu]=300)
+                   [ktncu]=300 [twin]=400 [twintime]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -713,7 +733,7 @@ if has verify; then
   checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py ${MK_VERIFY_EXTRA:-} \
       > "$OUTDIR/verify.log" 2>&1
   # the build is the default's but for the compile-time switches exported (MK_* here)
-  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT)[A-Z_]*=' | sort | tr '\n' ' ' \
+  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT|WAIT)[A-Z_]*=' | sort | tr '\n' ' ' \
       | sed 's/ $//' | grep . || echo default build))"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi
@@ -1876,6 +1896,36 @@ if has waitslim; then
   UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
       "compact|MK_WAIT_COMPACT=1||${MK_WS_BATCH:-256,1024}" \
       "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
+fi
+if has twin; then
+  # plan 000014: MK_GEMM_TWIN=1 (DOWN's tiles run through O_PROJ's compiled loader / consumer /
+  # storer, the loader issuing DOWN's own x / w loads: gk.TwinSource) with MK_WAIT_COMPACT=1 (the
+  # waits' smaller slow path): -8.2k of the M1024 class's 29.8k SASS instructions together.
+  # Checks: the step and split-K GPU tests, the two-layer step vs mk.vm (208 tokens split-K
+  # never / auto: DOWN split and unsplit, the 256 class; 478 tokens auto: the 1024 class),
+  # racecheck: twin.log (~6 min; then `twintime` in a call of its own)
+  : > "$OUTDIR/twin.log"
+  export MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1 MK_CHECK_TAG="MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1 "
+  { echo "== GPU tests (MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1)"
+    timeout 240 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
+        tests/test_megakernel_step_gpu.py tests/test_splitk_gpu.py 2>&1 \
+        | grep -v "^\[mk" | tail -12; } | tee -a "$OUTDIR/twin.log"
+  check_to "$OUTDIR/twin.log" --split-k 1
+  check_to "$OUTDIR/twin.log" --split-k 0
+  check_to "$OUTDIR/twin.log" --split-k 0 --prompt-lens 1,13,64,130,200,70
+  racecheck_to "$OUTDIR/twin.log" --split-k 0
+  unset MK_GEMM_TWIN MK_WAIT_COMPACT MK_CHECK_TAG
+  checks_clean "$OUTDIR/twin.log" 3 && echo "== twin: all passed" | tee -a "$OUTDIR/twin.log" \
+    || { echo "== twin: FAILED" | tee -a "$OUTDIR/twin.log"; rc=1; }
+fi
+if has twintime; then
+  # after `twin` passed: decode MK_TWIN_BATCH (256,1024) of the 70B TP8 rank, megakernel only, no
+  # journal, the default / MK_WAIT_COMPACT=1 / MK_GEMM_TWIN=1 + MK_WAIT_COMPACT=1 (M1024 SASS
+  # 29.8k / 24.6k / 21.5k): twintime.log, twintime_{default,compact,twin}.json (~6 min)
+  : > "$OUTDIR/twintime.log"
+  bt=${MK_TWIN_BATCH:-256,1024}
+  UNTRACED_TIMEOUT=170 untraced_runs twintime "default|||$bt" "compact|MK_WAIT_COMPACT=1||$bt" \
+      "twin|MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1||$bt"
 fi
 if has ktncu; then
   # ncu warp-stall samples of the GATE_UP consumer loop (HGMMA.64x112x16) of the middle layer's

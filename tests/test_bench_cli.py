@@ -224,7 +224,8 @@ def test_isolated_subplan_takes_one_layers_tiles_ready_and_silent(bench):
 @pytest.mark.parametrize("build", ["lean", "gemms", "families"])
 def test_isolated_builds_are_the_step_kernels_data(bench, monkeypatch, build):
     """--isolated-builds' kernels: the step kernel's buffers, norm table, weights, split-K
-    workspace, M class, hand-off, backoff, claim policy and journal size, journaled, with the
+    workspace and split opcodes, M class, hand-off, backoff, claim policy and journal size,
+    journaled, with the
     build's GEMM slots and families: lean only the isolated opcode's slot, gemms every slot (and
     QKV_ROPE's metadata, inverse frequencies and K/V caches), families the opcode's slot with
     attention and gather."""
@@ -244,7 +245,8 @@ def test_isolated_builds_are_the_step_kernels_data(bench, monkeypatch, build):
     step = types.SimpleNamespace(arena="arena", normw="normw", n_layers=80, eps=1e-5,
                                  counters=counters, timeout_ns=10 * 10**9, journal=journal,
                                  handoff="thread", backoff_ns=200, gemm=ops, gemm_m=1024,
-                                 splitk="splitk", claim_after_loads=True, meta="meta",
+                                 splitk="splitk", split_ops=frozenset({9}),
+                                 claim_after_loads=True, meta="meta",
                                  inv_freq="inv_freq", kv="kv", attn="attn", embed="embed",
                                  last_normed="last_normed", l2_prefetch="l2_prefetch")
     bench.build_kernel(step, "GATE_UP", build)
@@ -254,8 +256,8 @@ def test_isolated_builds_are_the_step_kernels_data(bench, monkeypatch, build):
     assert kw["gemm_m"] == 1024
     assert kw["journal"] is True and kw["journal_capacity"] == 4096
     assert kw["n_counters"] == 1 << 20 and kw["timeout_s"] == 10.0
-    assert (kw["handoff"], kw["backoff_ns"], kw["splitk"], kw["claim_after_loads"]) == \
-        ("thread", 200, "splitk", True)
+    assert (kw["handoff"], kw["backoff_ns"], kw["splitk"], kw["split_ops"],
+            kw["claim_after_loads"]) == ("thread", 200, "splitk", frozenset({9}), True)
     families = {k for k in ("attn", "embed", "last_normed", "kv", "meta", "inv_freq",
                             "l2_prefetch") if k in kw}
     assert families == {"lean": set(), "gemms": {"meta", "inv_freq", "kv"},

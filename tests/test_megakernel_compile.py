@@ -145,6 +145,57 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     print(f"M{m} ps{page_size} splitk ({splits}) split {low}/{high}")
 
 
+def test_twin_slots_pair_only_opcodes_of_one_body():
+    """pair_twins (MK_GEMM_TWIN): DOWN runs through O_PROJ's bodies in every M class (the same
+    tile, RESIDUAL epilogue, K word, split code and destination); nothing else pairs, nor O_PROJ
+    / DOWN when their split code differs or their destinations are different tensors (the
+    host's operands: gemm_slots); off, the slots are as before."""
+    import torch
+
+    import mk.megakernel as M
+    from mk.ir import Op
+    for m in (64, 256, 1024, 4096):
+        slots = M.class_slots(m, twin=False)
+        twins = {Op(s.op).name: s.twin_of for s in M.pair_twins(slots, twin=True)}
+        assert twins == {"QKV_ROPE": -1, "O_PROJ": -1, "GATE_UP": -1, "DOWN": int(Op.O_PROJ),
+                         "LM_HEAD": -1}, (m, twins)
+        assert M.pair_twins(slots, twin=False) == slots
+        assert all(s.twin_of < 0 for s in M.pair_twins(slots, lambda a, b: False, twin=True))
+    only_o = M.class_slots(1024, split_ops={int(Op.O_PROJ)}, twin=True)
+    assert all(s.twin_of < 0 for s in only_o)
+    # the host's operands: one arena for both destinations pairs them, two tensors do not
+    x, w = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    arena = torch.zeros(3, 8, 64, dtype=torch.bfloat16)
+    G = M.GemmOperands
+    one = {Op.O_PROJ: G(x, w, arena, 5, 0), Op.DOWN: G(x, w, arena, 6, 0)}
+    got = {Op(s.op): s.twin_of for s in M.gemm_slots(one, 64, twin=True)}
+    assert got == {Op.O_PROJ: -1, Op.DOWN: int(Op.O_PROJ)}, got
+    two = {Op.O_PROJ: G(x, w, arena, 5, 0), Op.DOWN: G(x, w, arena.clone(), 6, 0)}
+    assert all(s.twin_of < 0 for s in M.gemm_slots(two, 64, twin=True))
+
+
+def test_twin_variant_runs_down_through_o_proj_bodies_without_spills(dump_dir):
+    """MK_GEMM_TWIN's all-opcode M1024 variant (as the backend builds it: split code for
+    QKV_ROPE only) compiles clean (no spill, no call), and its GEMM-only build has exactly the
+    wgmmas of the build without DOWN (DOWN runs O_PROJ's consumer) and more TMA load sites (the
+    loader's twin issues)."""
+    import mk.megakernel as M
+    from mk.ir import Op
+    from mk.megakernel_step import class_split_ops, default_plan_config
+    split_ops = class_split_ops(default_plan_config(), 1024)
+    twin = M.class_slots(1024, split_ops=split_ops, twin=True)
+    comp = M.compile_fake(gemm=twin, attn_page_size=64, gather=True, splitk=True)
+    assert not re.search(r"^\s*call", comp.__ptx__, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(comp.__ptx__, os.path.join(dump_dir, "full_twin_M1024")))
+    no_down = tuple(s for s in M.class_slots(1024, split_ops=split_ops, twin=False)
+                    if s.op != int(Op.DOWN))
+    ptx = {name: M.compile_fake(gemm=slots, splitk=True).__ptx__
+           for name, slots in (("twin", twin), ("no_down", no_down))}
+    mma, loads = ptx_counts(ptx, r"wgmma\.mma_async"), ptx_counts(ptx, r"cp\.async\.bulk\.tensor")
+    assert mma["twin"] == mma["no_down"] > 0, mma
+    assert loads["twin"] > loads["no_down"], loads
+
+
 NO_FOLD = {"fold_o_reduce": 0, "fold_down_reduce": 0}
 
 

@@ -599,7 +599,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
               kt: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg: Int32,
               npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
               ticket: Int32, split=None, ready=None, rows=None, cols=None,
-              ktrace=None) -> Int32:
+              ktrace=None, twin=None) -> Int32:
     """Loader warp: kt stages (A page + NB B pages each), then the E epilogue pages (residual tile
     via TMA for RESIDUAL, else a plain grant). Returns the new page count.
 
@@ -614,7 +614,9 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     the first stages are loaded before that wait, since weights depend on no instruction, and
     the activation (A) pages of those stages after it.
     rows / cols: the tile's (where the store adds the residual: a whole tile loads none).
-    ktrace: the journal where the variant writes the K-step trace (KTRACE), else None."""
+    ktrace: the journal where the variant writes the K-step trace (KTRACE), else None.
+    twin: a TwinSource where a second opcode's tiles run through this body (xb is then the
+    caller's choice for the instruction), else None."""
     if cutlass.const_expr(ready is None):
         # activations were written by generic-proxy stores of other CTAs (acquired by the
         # controller): order them before this warp's async-proxy reads (with `ready`: after it)
@@ -627,7 +629,7 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     if cutlass.const_expr(ready is not None):
         k_first = prefetch_weights(cfg, tma_a, gA, tma_b, gB, sA_layout, sB_layout, xb, layer,
                                    row0, col0, up_row0, k0, kt, pool, full, empty, pg, npages,
-                                   timeout_ns, state, ticket, ready)
+                                   timeout_ns, state, ticket, ready, twin)
         pg = pg + k_first * cfg.stage_pages
     for k in range(k_first, kt):
         kc = k * BK
@@ -640,11 +642,11 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
         bar_wait(empty + page, ph ^ 1, timeout_ns, state, rk.ERR_PAGE_EMPTY, ticket)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes + stage_b_bytes(cfg))
-        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb, full + page,
-                rk.activation_policy())
+        source_box(twin, False, tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, kc, xb,
+                   full + page, rk.activation_policy())
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
-                     stage_full(full + page))
+                     stage_full(full + page), twin)
         kt_stamp(ktrace, ticket, k, KT_L_ISSUE, lane0)
         pg = pg + cfg.stage_pages
     if cutlass.const_expr(split is None):
@@ -729,19 +731,51 @@ def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
             bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
+class TwinSource:
+    """The x / w TMA sources (tma_a, gA, tma_b, gB) of a second opcode whose tiles run through a
+    GEMM body compiled for another (mk.megakernel.GemmSlot.twin_of: the same tile, epilogue,
+    split-K code and destination, so only the loads differ), and `use`, the run-time condition
+    that the loader's instruction is that opcode's. Trace-time object."""
+
+    def __init__(self, use, tma_a, gA, tma_b, gB):
+        self.use, self.tma_a, self.gA, self.tma_b, self.gB = use, tma_a, gA, tma_b, gB
+
+
+@cute.jit
+def source_box(twin, weights: cutlass.Constexpr, tma: cute.CopyAtom, g: cute.Tensor,
+               s_layout: cute.ComposedLayout, box_rows: cutlass.Constexpr, pool: Int32,
+               page: Int32, byte_off, row: Int32, col: Int32, z: Int32, bar: cute.Pointer,
+               policy=None):
+    """rk.tma_box of the body's own x (weights False) or w (True) source (tma, g), or where a
+    TwinSource's `use` holds, of the twin's: only the TMA issue is duplicated, the stage's waits
+    and arrivals around it are the body's."""
+    if cutlass.const_expr(twin is None):
+        tma_box(tma, g, s_layout, box_rows, pool, page, byte_off, row, col, z, bar, policy)
+    else:
+        twin_tma, twin_g = twin.tma_a, twin.gA
+        if cutlass.const_expr(weights):
+            twin_tma, twin_g = twin.tma_b, twin.gB
+        if twin.use:
+            tma_box(twin_tma, twin_g, s_layout, box_rows, pool, page, byte_off, row, col, z,
+                    bar, policy)
+        else:
+            tma_box(tma, g, s_layout, box_rows, pool, page, byte_off, row, col, z, bar, policy)
+
+
 @cute.jit
 def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
                  sB_layout: cute.ComposedLayout, layer: Int32, col0: Int32, up_row0: Int32,
                  kc: Int32, pool: Int32, full: cute.Pointer, empty: cute.Pointer, pg_b: Int32,
                  npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                 a_full=None):
+                 a_full=None, twin=None):
     """A stage's NB weight (B) pages, the first at ring count pg_b: wait for each to be free,
     TMA its b_rows weight rows x 64 K columns at K column kc (gate_up: the second page is the up
     rows from up_row0).
 
     a_full: the stage's A-page `full` barrier under ONE_FULL (stage_full; None otherwise): the
     B loads complete their bytes there (the caller expects them) and each B page's own `full`
-    gets a plain arrival, whose phase someone must then observe (OWN_PHASE_SEEN)."""
+    gets a plain arrival, whose phase someone must then observe (OWN_PHASE_SEEN). twin: as
+    gemm_load's (the instruction's weights may be a twin opcode's)."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
         page, ph = page_of(pg_b + j, npages)
@@ -764,16 +798,16 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
             if cutlass.const_expr(cfg.half_gate_up):
                 # b_rows / 2 gate rows, then the up rows of the same columns (sB_layout: that box)
                 half = cfg.b_bytes // 2
-                tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, 0, col0, kc, layer,
-                        bar, policy)
-                tma_box(tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, half, up_row0, kc,
-                        layer, bar, policy)
+                source_box(twin, True, tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, 0,
+                           col0, kc, layer, bar, policy)
+                source_box(twin, True, tma_b, gB, sB_layout, cfg.b_rows // 2, pool, page, half,
+                           up_row0, kc, layer, bar, policy)
             else:
                 wrow = col0 + j * cfg.b_rows
                 if cutlass.const_expr(cfg.gate_up and j == 1):
                     wrow = up_row0
-                tma_box(tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc, layer,
-                        bar, policy)
+                source_box(twin, True, tma_b, gB, sB_layout, cfg.b_rows, pool, page, 0, wrow, kc,
+                           layer, bar, policy)
 
 
 def stage_full(a_full):
@@ -797,7 +831,7 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
                      col0: Int32, up_row0: Int32, k0: Int32, kt: Int32, pool: Int32,
                      full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                      npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
-                     ticket: Int32, ready) -> Int32:
+                     ticket: Int32, ready, twin=None) -> Int32:
     """gemm_load's first stages under EARLY_WEIGHTS: the B pages of up to a ring's worth of
     stages (their A pages taken in ring order but left empty), then the wait for the
     instruction's dependencies, then those stages' A pages. Returns the stages done."""
@@ -818,7 +852,7 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
                 cute.arch.mbarrier_expect_tx(full + page, stage_b_bytes(cfg))
         load_b_pages(cfg, tma_b, gB, sB_layout, layer, col0, up_row0, kc, pool, full, empty,
                      stage_pg + stage_b_offset(a_off), npages, timeout_ns, state, ticket,
-                     stage_full(full + page))
+                     stage_full(full + page), twin)
     bar_wait(ready[0], ready[1], timeout_ns, state, rk.ERR_INSTR_READY, ticket)
     # the activations were written by generic-proxy stores of other CTAs (acquired by the
     # controller's waits, handed over by `ready`): order them before the async-proxy reads
@@ -828,7 +862,8 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
         page, ph = page_of(stage_pg + stage_a_offset(cfg, stage_pg, npages), npages)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(full + page, a_bytes)
-        tma_box(tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, k0 + k * BK, xb, full + page)
+        source_box(twin, False, tma_a, gA, sA_layout, cfg.bm, pool, page, 0, row0, k0 + k * BK,
+                   xb, full + page)
     return npre
 
 
