@@ -326,7 +326,7 @@
 #      split-K code only for the opcodes its plans may split (mk.megakernel_step.class_split_ops:
 #      M1024 QKV_ROPE only, the max class none: 33.1k -> 29.8k SASS at M1024). Built, off:
 #      MK_WAIT_COMPACT's wait loop without its jump table (-17% with the record: 24.6k at M1024)
-#      and MK_GEMM_TWIN (DOWN through O_PROJ's bodies: -3.1k more). In this order:
+#      and MK_GEMM_TWIN (DOWN through O_PROJ's bodies: 22.3k with both). In this order:
 #      1. `MK_STEPS=verify`: the default build's suite (class_split_ops is new in it) and
 #         000013's never-run tests; `MK_WAIT_COMPACT=1 MK_VERIFY_EXTRA=-k starved MK_STEPS=verify`
 #         is not needed: verify runs test_starved_page_wait_names_its_instruction[1] (compact).
@@ -1900,7 +1900,7 @@ fi
 if has twin; then
   # plan 000014: MK_GEMM_TWIN=1 (DOWN's tiles run through O_PROJ's compiled loader / consumer /
   # storer, the loader issuing DOWN's own x / w loads: gk.TwinSource) with MK_WAIT_COMPACT=1 (the
-  # waits' smaller slow path): -8.2k of the M1024 class's 29.8k SASS instructions together.
+  # waits' smaller slow path): -7.5k of the M1024 class's 29.8k SASS instructions together.
   # Checks: the step and split-K GPU tests, the two-layer step vs mk.vm (208 tokens split-K
   # never / auto: DOWN split and unsplit, the 256 class; 478 tokens auto: the 1024 class),
   # racecheck: twin.log (~6 min; then `twintime` in a call of its own)
@@ -1921,7 +1921,7 @@ fi
 if has twintime; then
   # after `twin` passed: decode MK_TWIN_BATCH (256,1024) of the 70B TP8 rank, megakernel only, no
   # journal, the default / MK_WAIT_COMPACT=1 / MK_GEMM_TWIN=1 + MK_WAIT_COMPACT=1 (M1024 SASS
-  # 29.8k / 24.6k / 21.5k): twintime.log, twintime_{default,compact,twin}.json (~6 min)
+  # 29.8k / 24.6k / 22.3k): twintime.log, twintime_{default,compact,twin}.json (~6 min)
   : > "$OUTDIR/twintime.log"
   bt=${MK_TWIN_BATCH:-256,1024}
   UNTRACED_TIMEOUT=170 untraced_runs twintime "default|||$bt" "compact|MK_WAIT_COMPACT=1||$bt" \
