@@ -177,8 +177,8 @@ def test_twin_slots_pair_only_opcodes_of_one_body():
 def test_twin_variant_runs_down_through_o_proj_bodies_without_spills(dump_dir):
     """MK_GEMM_TWIN's all-opcode M1024 variant (as the backend builds it: split code for
     QKV_ROPE only) compiles clean (no spill, no call), and its GEMM-only build has exactly the
-    wgmmas of the build without DOWN (DOWN runs O_PROJ's consumer) and more TMA load sites (the
-    loader's twin issues)."""
+    wgmmas of the build without DOWN (DOWN runs O_PROJ's consumer), more TMA load sites (the
+    loader's twin issues) and loads from DOWN's own x / w descriptors."""
     import mk.megakernel as M
     from mk.ir import Op
     from mk.megakernel_step import class_split_ops, default_plan_config
@@ -187,13 +187,31 @@ def test_twin_variant_runs_down_through_o_proj_bodies_without_spills(dump_dir):
     comp = M.compile_fake(gemm=twin, attn_page_size=64, gather=True, splitk=True)
     assert not re.search(r"^\s*call", comp.__ptx__, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(comp.__ptx__, os.path.join(dump_dir, "full_twin_M1024")))
-    no_down = tuple(s for s in M.class_slots(1024, split_ops=split_ops, twin=False)
-                    if s.op != int(Op.DOWN))
+    apart = M.class_slots(1024, split_ops=split_ops, twin=False)
+    no_down = tuple(s for s in apart if s.op != int(Op.DOWN))
     ptx = {name: M.compile_fake(gemm=slots, splitk=True).__ptx__
-           for name, slots in (("twin", twin), ("no_down", no_down))}
+           for name, slots in (("twin", twin), ("no_down", no_down), ("apart", apart))}
     mma, loads = ptx_counts(ptx, r"wgmma\.mma_async"), ptx_counts(ptx, r"cp\.async\.bulk\.tensor")
     assert mma["twin"] == mma["no_down"] > 0, mma
     assert loads["twin"] > loads["no_down"], loads
+    # DOWN's own x / w descriptors are still loaded from (by O_PROJ's loader): against the build
+    # with DOWN's own bodies (the same kernel parameters) only DOWN's residual descriptor goes
+    # unread (the tile's residual comes through O_PROJ's, a view of the same HIDDEN arena)
+    used = {name: tma_load_params(ptx[name]) for name in ("twin", "apart")}
+    assert used["twin"] < used["apart"] and len(used["apart"] - used["twin"]) == 1, used
+
+
+def tma_load_params(ptx: str) -> set:
+    """The kernel parameters (indices) whose TMA descriptors feed a global-to-shared
+    cp.async.bulk.tensor load in ptx: `mov.b64 %rdN, <kernel>_param_K` then `cvta.param.u64
+    %rdX, %rdN` give the descriptor register of each load."""
+    param = dict(re.findall(r"mov\.b64\s+(%rd\d+),\s+\w+_param_(\d+);", ptx))
+    desc = {x: param[n] for x, n in re.findall(r"cvta\.param\.u64\s+(%rd\d+),\s+(%rd\d+);", ptx)
+            if n in param}
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global\S*\s+\[[^]]+\],"
+                       r"\s+\[(%rd\d+),", ptx)
+    assert loads and all(r in desc for r in loads), "a TMA load whose descriptor is not a param"
+    return {int(desc[r]) for r in loads}
 
 
 NO_FOLD = {"fold_o_reduce": 0, "fold_down_reduce": 0}
