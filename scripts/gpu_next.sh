@@ -43,7 +43,8 @@
 #          2 layers, K-step trace) through the step's kernel and --isolated-builds lean, gemms,
 #          families, then the step's kernel and lean with MK_WAIT_SLIM=1 (the mbarrier waits
 #          without their inline deadline and error code), then the step's kernel with
-#          MK_WAIT_COMPACT=1: ktbisect.log, ktbisect{,_slim,_compact}.json (~7 min)
+#          MK_WAIT_COMPACT=1, and with it and MK_GEMM_TWIN=1: ktbisect.log,
+#          ktbisect{,_slim,_compact,_small}.json (~8 min)
 #   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_COMPACT=1 (the waits' timeout
 #          record one 64-bit CAS) / MK_WAIT_SLIM=1 (a probe: unbounded waits), megakernel only, no
 #          journal: waitslim.log, waitslim_{default,compact,slim}.json (~6 min)
@@ -327,15 +328,17 @@
 #      M1024 QKV_ROPE only, the max class none: 33.1k -> 29.8k SASS at M1024). Built, off:
 #      MK_WAIT_COMPACT's wait loop without its jump table (-17% with the record: 24.6k at M1024)
 #      and MK_GEMM_TWIN (DOWN through O_PROJ's bodies: 22.3k with both). In this order:
-#      1. `MK_STEPS=verify`: the default build's suite (class_split_ops is new in it) and
-#         000013's never-run tests; `MK_WAIT_COMPACT=1 MK_VERIFY_EXTRA=-k starved MK_STEPS=verify`
-#         is not needed: verify runs test_starved_page_wait_names_its_instruction[1] (compact).
-#      2. `MK_STEPS="ktbisect"`, `MK_STEPS=waitslim`, `MK_STEPS=ktncu` (000013's 2; compact is
-#         now the smaller loop).
-#      3. `MK_STEPS=twin` (~6 min): twin + compact checks; if they pass, `MK_STEPS=twintime`
-#         (~6 min): decode default / compact / both. If the K step and the step follow code
-#         size, make compact (then twin) the default.
-#      4. 000013's 3.
+#      1. `MK_STEPS=verify` (~470 s): the default build's suite (class_split_ops is new in it:
+#         the 512-token parity test runs the M1024 variant with QKV_ROPE's split code only) and
+#         000013's never-run tests (test_starved_page_wait_names_its_instruction[1] is the
+#         compact record's).
+#      2. `MK_STEPS=ktbisect` (~8 min): the K step through lean / gemms / families / slim /
+#         compact / compact + twin builds: is it code size?
+#      3. If it is: `MK_STEPS=twin` (~6 min) checks compact + twin; if they pass,
+#         `MK_STEPS=twintime` (~6 min) times decode default / compact / compact + twin at
+#         B=256 / 1024; make the winners the default (compact first: its bound is the default's).
+#         If it is not: `MK_STEPS=ktncu` (~5 min), stall reasons in the loop.
+#      4. e2e small points (B=1 / 16 / 64 / 256), waitslim, 000012's 4.
 #   000013. Session 42 ran 000012's 1-3 at 48fb53c (verify: one parity test parted on a 4-way
 #      near-tie of the float32 reference at norm_fold=2, the rule widened to the tie set; ktsplit:
 #      the lean build runs GATE_UP / DOWN K steps in ~1190 / 1225 cycles on the step's data, the
@@ -611,7 +614,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=450 [waitslim]=420
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
                    [ktncu]=300 [twin]=400 [twintime]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
@@ -1865,14 +1868,18 @@ if has ktbisect; then
   # builds (launch/bench.py --isolated-builds: lean, gemms = every GEMM slot without attention /
   # gather, families = the one slot with attention and gather), then the step's kernel and lean
   # with MK_WAIT_SLIM=1 (the mbarrier waits without their inline deadline / error code: -33% of
-  # the SASS), then the step's kernel with MK_WAIT_COMPACT=1 (bounded, one-CAS record: -11%).
-  # ktbisect.log, ktbisect{,_slim,_compact}.json (~7 min)
+  # the SASS), then the step's kernel with MK_WAIT_COMPACT=1 (bounded, one-CAS record; session
+  # 43: its loop without the jump table) and with MK_WAIT_COMPACT=1 MK_GEMM_TWIN=1 (DOWN through
+  # O_PROJ's bodies). M1024 SASS (session 43, bench/GEMM_NOTES.md): step 29.8k, lean 7.5k,
+  # slim 18.9k, compact 24.6k, compact + twin 22.3k.
+  # ktbisect.log, ktbisect{,_slim,_compact,_small}.json (~8 min)
   : > "$OUTDIR/ktbisect.log"
-  for v in default slim compact; do
+  for v in default slim compact small; do
     case $v in
       default) e=""; builds="--isolated-builds lean,gemms,families"; sfx="" ;;
       slim) e="MK_WAIT_SLIM=1"; builds="--isolated-builds lean"; sfx=_slim ;;
       compact) e="MK_WAIT_COMPACT=1"; builds=""; sfx=_compact ;;
+      small) e="MK_WAIT_COMPACT=1 MK_GEMM_TWIN=1"; builds=""; sfx=_small ;;
     esac
     # shellcheck disable=SC2086  # $e: VAR=VALUE words or none; $builds: the arguments, split
     env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 200 $B --batch 1024 --layers 2 \
