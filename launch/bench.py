@@ -727,8 +727,8 @@ def isolated_builds(builds: str, ops: str, profile: str) -> None:
 def build_kernel(mk, op: str, build: str):
     """A journaled Megakernel of --isolated-builds' `build` over the step kernel mk's buffers,
     norm table, weights and split-K workspace, with the same M class, split opcodes, hand-off,
-    backoff, claim policy and journal size (the setmaxnreg split follows its GEMM slots, as the step's does:
-    MK_REG_LOW / MK_REG_HIGH force one)."""
+    backoff, claim policy and journal size (the setmaxnreg split follows its GEMM slots, as the
+    step's does: MK_REG_LOW / MK_REG_HIGH force one)."""
     import mk.megakernel as M
     from mk.ir import Op
     one_slot, with_families = M.BUILDS[build]
