@@ -60,11 +60,15 @@ def default_plan_config(**overrides) -> PlanConfig:
     return PlanConfig(**{**DEFAULT_PLAN, **overrides})
 
 
-def class_split_ops(plan_cfg: PlanConfig, num_tokens: int) -> frozenset:
+def class_split_ops(plan_cfg: PlanConfig, num_tokens: int) -> frozenset | None:
     """The opcodes whose split-K tiles the megakernel variant of num_tokens' M class compiles
     in: those plan_cfg's plans may split in the class's smallest step (the others' split code,
-    ~10% of the M1024 class's SASS, is left out; a plan that splits them is refused)."""
+    ~10% of the M1024 class's SASS, is left out; a plan that splits them is refused).
+    MK_CLASS_SPLIT_OPS=0: None, every opcode's split code in every class (the build before
+    session 43, for an A/B or a fallback until this one has its GPU checks)."""
     from mk import tiles
+    if os.environ.get("MK_CLASS_SPLIT_OPS", "1") == "0":
+        return None
     return plan_cfg.split_ops(tiles.class_fewest_tokens(num_tokens))
 
 

@@ -331,7 +331,8 @@
 #      1. `MK_STEPS=verify` (~470 s): the default build's suite (class_split_ops is new in it:
 #         the 512-token parity test runs the M1024 variant with QKV_ROPE's split code only) and
 #         000013's never-run tests (test_starved_page_wait_names_its_instruction[1] is the
-#         compact record's).
+#         compact record's). If a failure is the class split code's, MK_CLASS_SPLIT_OPS=0 builds
+#         every opcode's split code in every class again (the build before).
 #      2. `MK_STEPS=ktbisect` (~8 min): the K step through lean / gemms / families / slim /
 #         compact / compact + twin builds: is it code size?
 #      3. If it is: `MK_STEPS=twin` (~6 min) checks compact + twin; if they pass,
@@ -736,7 +737,7 @@ if has verify; then
   checks tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py ${MK_VERIFY_EXTRA:-} \
       > "$OUTDIR/verify.log" 2>&1
   # the build is the default's but for the compile-time switches exported (MK_* here)
-  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT|WAIT)[A-Z_]*=' | sort | tr '\n' ' ' \
+  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT|WAIT|CLASS)[A-Z_]*=' | sort | tr '\n' ' ' \
       | sed 's/ $//' | grep . || echo default build))"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi

@@ -275,6 +275,17 @@ except ValueError as e:
     assert "ok 2048 []" in r.stdout and "ok 1 [9, 12, 13, 14]" in r.stdout, r.stdout
 
 
+def test_class_split_ops_switch_restores_every_opcodes_split_code(monkeypatch):
+    """MK_CLASS_SPLIT_OPS=0: no per-class restriction (None: every opcode's split code, the
+    build before session 43); unset, the M1024 class of the default plan compiles QKV_ROPE's."""
+    from mk.ir import Op
+    from mk.megakernel_step import class_split_ops, default_plan_config
+    monkeypatch.delenv("MK_CLASS_SPLIT_OPS", raising=False)
+    assert class_split_ops(default_plan_config(), 1024) == {int(Op.QKV_ROPE)}
+    monkeypatch.setenv("MK_CLASS_SPLIT_OPS", "0")
+    assert class_split_ops(default_plan_config(), 1024) is None
+
+
 def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     """MegakernelStepBackend.prepare on the CPU (its GPU parts stubbed): the first plan and every
     plan of a new structure are checked and uploaded; a decode step of the held structure only
