@@ -351,13 +351,15 @@ GEMM_TWIN = os.environ.get("MK_GEMM_TWIN", "0") == "1"
 def pair_twins(slots: tuple, same_dest=None, twin: bool | None = None) -> tuple:
     """The slots with GemmSlot.twin_of set where GEMM_TWIN (or twin) pairs them: a slot runs the
     bodies of the first earlier slot of the same tile, epilogue, K word, split code and
-    destination buffer id whose bodies are its own; same_dest(op_a, op_b): whether their
+    destination buffer id whose bodies are its own and that has no twin yet; same_dest(op_a, op_b): whether their
     destinations are the same tensor (the host's operands; None: assumed, the fake compile)."""
     if not (GEMM_TWIN if twin is None else twin):
         return tuple(slots)
     out = []
     for s in slots:
+        # one twin per host: the loader picks its loads by one run-time condition
         host = next((h for h in out if h.twin_of < 0 and h.op not in ROW_SCALED_OPS
+                     and not any(t.twin_of == h.op for t in out)
                      and s.op not in ROW_SCALED_OPS
                      and (h.tile, h.epi, h.kw, h.splits, h.yb) == (s.tile, s.epi, s.kw, s.splits,
                                                                   s.yb)
