@@ -338,14 +338,15 @@ class GemmSlot:
         return GEMM_OPS.index(self.op)
 
 
-# Twin GEMM slots (MK_GEMM_TWIN=1, compile-time; off until GPU-checked): an opcode whose slot has
-# the tile, epilogue, K word, split-K code and destination of an earlier slot's runs through that
-# slot's compiled loader / consumer / storer bodies, the loader taking the instruction's own x
-# and w TMA sources at run time (gk.TwinSource: only the TMA issue is duplicated). O_PROJ and
-# DOWN in every M class (RESIDUAL tiles into HIDDEN): one slot's code, ~2.9k of the M1024
-# class's ~29.8k SASS instructions (bench/code_size.py), for the code-size question of
-# bench/GEMM_NOTES.md session 42 (the step's GEMM K steps ~25% slower than a one-slot build's).
-GEMM_TWIN = os.environ.get("MK_GEMM_TWIN", "0") == "1"
+# Twin GEMM slots (MK_GEMM_TWIN, compile-time; the default since session 44, =0 gives every
+# opcode its own bodies): an opcode whose slot has the tile, epilogue, K word, split-K code and
+# destination of an earlier slot's runs through that slot's compiled loader / consumer / storer
+# bodies, the loader taking the instruction's own x and w TMA sources at run time
+# (gk.TwinSource: only the TMA issue is duplicated). O_PROJ and DOWN in every M class (RESIDUAL
+# tiles into HIDDEN): one slot's code, ~2.9k of the M1024 class's SASS instructions
+# (bench/code_size.py). With MK_WAIT_COMPACT the step runs decode B=64 / 256 / 1024 4.2% /
+# 1.9-2.4% / 1.0% faster than without either (bench/GEMM_NOTES.md session 44).
+GEMM_TWIN = os.environ.get("MK_GEMM_TWIN", "1") == "1"
 
 
 def pair_twins(slots: tuple, same_dest=None, twin: bool | None = None) -> tuple:

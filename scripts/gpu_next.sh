@@ -43,17 +43,18 @@
 #          2 layers, K-step trace) through the step's kernel and --isolated-builds lean, gemms,
 #          families, then the step's kernel and lean with MK_WAIT_SLIM=1 (the mbarrier waits
 #          without their inline deadline and error code), then the step's kernel with
-#          MK_WAIT_COMPACT=1, and with it and MK_GEMM_TWIN=1: ktbisect.log,
-#          ktbisect{,_slim,_compact,_small}.json (~8 min)
-#   waitslim decode MK_WS_BATCH (256,1024) default / MK_WAIT_COMPACT=1 (the waits' timeout
-#          record one 64-bit CAS) / MK_WAIT_SLIM=1 (a probe: unbounded waits), megakernel only, no
-#          journal: waitslim.log, waitslim_{default,compact,slim}.json (~6 min)
-#   twin   MK_GEMM_TWIN=1 (DOWN's tiles through O_PROJ's compiled bodies) with MK_WAIT_COMPACT=1:
-#          the step and split-K GPU tests, the two-layer checks (208 and 478 tokens, split-K
-#          never / auto), racecheck: twin.log (~6 min)
-#   twintime  after `twin` passed (a call of its own): decode MK_TWIN_BATCH (256,1024) default /
-#          compact / twin + compact, megakernel only, no journal: twintime.log,
-#          twintime_{default,compact,twin}.json (~6 min)
+#          MK_GEMM_TWIN=0 (compact waits only) and with MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session
+#          43's default): ktbisect.log, ktbisect{,_slim,_compact,_old}.json (~8 min)
+#   waitslim decode MK_WS_BATCH (256,1024) default (compact waits: the timeout record one 64-bit
+#          CAS) / MK_WAIT_COMPACT=0 (write_error's record inline) / MK_WAIT_SLIM=1 (a probe:
+#          unbounded waits), megakernel only, no journal: waitslim.log,
+#          waitslim_{default,inline,slim}.json (~6 min)
+#   twin   MK_GEMM_TWIN=1 (DOWN's tiles through O_PROJ's compiled bodies) with MK_WAIT_COMPACT=1
+#          (both the default since session 44): the step and split-K GPU tests, the two-layer
+#          checks (208 and 478 tokens, split-K never / auto), racecheck: twin.log (~7 min)
+#   twintime  decode MK_TWIN_BATCH (256,1024) old (MK_GEMM_TWIN=0 MK_WAIT_COMPACT=0) / compact
+#          (MK_GEMM_TWIN=0) / twin + compact (the default), megakernel only, no journal:
+#          twintime.log, twintime_{old,compact,twin}.json (~6 min)
 #   ktncu  ncu warp-stall samples of the isolated GATE_UP consumer loop in the step's build and in
 #          the lean build (--profile-isolated), bench/ncu_loop_stalls.py side by side (no_inst:
 #          waits for instructions): ktncu.log, ncu_ktncu_*_source.csv.gz (~4 min)
@@ -323,6 +324,22 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000015. Session 44 ran 000014's 1 and 3 at 74c1763 (verify: 43 passed, both two-layer checks,
+#      racecheck clean; twin: the two-layer checks at 208 / 478 tokens and racecheck clean, its
+#      pytest cut at 240 s after ~75 passed; twintime: compact + twin -4.2% at B=64, -1.9 / -2.4%
+#      at 256, -1.0% at 1024; ktncu: no_inst 1.9% vs 1.6% of the loop's stalls: not instruction
+#      fetch). MK_WAIT_COMPACT=1 and MK_GEMM_TWIN=1 are the default now (=0: the build before).
+#      In this order:
+#      1. `MK_VERIFY_EXTRA=tests/test_splitk_gpu.py MK_CHECK_PYTEST_S=540 MK_STEPS=verify`
+#         (~9 min): the whole suite at the new default (the twin's split-K tests were cut off),
+#         then `MK_STEPS=synccheck` and a memcheck of the two-layer step (twin ran racecheck
+#         only). A failure that is the twin's or the compact waits': MK_GEMM_TWIN=0 /
+#         MK_WAIT_COMPACT=0 build the session-43 default.
+#      2. `MK_STEPS=e2e` (B=1 / 16 / 64 / 256) and `MK_E2E_BATCH=1024,4096
+#         MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`: issue 6's ratios at the new default.
+#      3. The slow K step is not instruction fetch (ktncu): bench/results/
+#         ktncu_loop_diff_2026-12-05_s44.md reads where the loop's extra stalls sit;
+#         `MK_STEPS=ktbisect` (~8 min: lean / gemms / families / slim / old) next.
 #   000014. Session 43 had no device. The default build changed: each M class's variant compiles
 #      split-K code only for the opcodes its plans may split (mk.megakernel_step.class_split_ops:
 #      M1024 QKV_ROPE only, the max class none: 33.1k -> 29.8k SASS at M1024). Built, off:
@@ -1869,18 +1886,18 @@ if has ktbisect; then
   # builds (launch/bench.py --isolated-builds: lean, gemms = every GEMM slot without attention /
   # gather, families = the one slot with attention and gather), then the step's kernel and lean
   # with MK_WAIT_SLIM=1 (the mbarrier waits without their inline deadline / error code: -33% of
-  # the SASS), then the step's kernel with MK_WAIT_COMPACT=1 (bounded, one-CAS record; session
-  # 43: its loop without the jump table) and with MK_WAIT_COMPACT=1 MK_GEMM_TWIN=1 (DOWN through
-  # O_PROJ's bodies). M1024 SASS (session 43, bench/GEMM_NOTES.md): step 29.8k, lean 7.5k,
-  # slim 18.9k, compact 24.6k, compact + twin 22.3k.
-  # ktbisect.log, ktbisect{,_slim,_compact,_small}.json (~8 min)
+  # the SASS), then the step's kernel with compact waits but no twin (MK_GEMM_TWIN=0) and as
+  # session 43's default built it (MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0). M1024 SASS (session 43,
+  # bench/GEMM_NOTES.md): step (compact + twin, the default since session 44) 22.3k, lean 7.5k,
+  # slim 18.9k, compact 24.6k, old 29.8k.
+  # ktbisect.log, ktbisect{,_slim,_compact,_old}.json (~8 min)
   : > "$OUTDIR/ktbisect.log"
-  for v in default slim compact small; do
+  for v in default slim compact old; do
     case $v in
       default) e=""; builds="--isolated-builds lean,gemms,families"; sfx="" ;;
       slim) e="MK_WAIT_SLIM=1"; builds="--isolated-builds lean"; sfx=_slim ;;
-      compact) e="MK_WAIT_COMPACT=1"; builds=""; sfx=_compact ;;
-      small) e="MK_WAIT_COMPACT=1 MK_GEMM_TWIN=1"; builds=""; sfx=_small ;;
+      compact) e="MK_WAIT_COMPACT=1 MK_GEMM_TWIN=0"; builds=""; sfx=_compact ;;
+      old) e="MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0"; builds=""; sfx=_old ;;
     esac
     # shellcheck disable=SC2086  # $e: VAR=VALUE words or none; $builds: the arguments, split
     env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 200 $B --batch 1024 --layers 2 \
@@ -1896,13 +1913,13 @@ if has ktbisect; then
 fi
 if has waitslim; then
   # the waits' code in the whole step: decode B=256 / 1024 of the 70B TP8 rank, megakernel only,
-  # no journal, the default against MK_WAIT_COMPACT=1 (bounded, the timeout record one 64-bit
-  # CAS: -11% of the M1024 SASS) and MK_WAIT_SLIM=1 (a probe: unbounded, -33%), in the same call:
-  # what the inline slow paths of the waits cost the step. waitslim.log,
-  # waitslim_{default,compact,slim}.json (~6 min)
+  # no journal, the default (compact waits: bounded, the timeout record one 64-bit CAS) against
+  # MK_WAIT_COMPACT=0 (write_error's record inline at every wait) and MK_WAIT_SLIM=1 (a probe:
+  # unbounded), in the same call: what the waits' slow paths cost the step. waitslim.log,
+  # waitslim_{default,inline,slim}.json (~6 min)
   : > "$OUTDIR/waitslim.log"
   UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
-      "compact|MK_WAIT_COMPACT=1||${MK_WS_BATCH:-256,1024}" \
+      "inline|MK_WAIT_COMPACT=0||${MK_WS_BATCH:-256,1024}" \
       "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
 fi
 if has twin; then
@@ -1915,8 +1932,8 @@ if has twin; then
   : > "$OUTDIR/twin.log"
   export MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1 MK_CHECK_TAG="MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1 "
   { echo "== GPU tests (MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1)"
-    timeout 240 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
-        tests/test_megakernel_step_gpu.py tests/test_splitk_gpu.py 2>&1 \
+    timeout ${MK_TWIN_PYTEST_S:-400} python -m pytest -m gpu -q -rfE --tb=line \
+        -p no:cacheprovider tests/test_megakernel_step_gpu.py tests/test_splitk_gpu.py 2>&1 \
         | grep -v "^\[mk" | tail -12; } | tee -a "$OUTDIR/twin.log"
   check_to "$OUTDIR/twin.log" --split-k 1
   check_to "$OUTDIR/twin.log" --split-k 0
@@ -1927,13 +1944,14 @@ if has twin; then
     || { echo "== twin: FAILED" | tee -a "$OUTDIR/twin.log"; rc=1; }
 fi
 if has twintime; then
-  # after `twin` passed: decode MK_TWIN_BATCH (256,1024) of the 70B TP8 rank, megakernel only, no
-  # journal, the default / MK_WAIT_COMPACT=1 / MK_GEMM_TWIN=1 + MK_WAIT_COMPACT=1 (M1024 SASS
-  # 29.8k / 24.6k / 22.3k): twintime.log, twintime_{default,compact,twin}.json (~6 min)
+  # decode MK_TWIN_BATCH (256,1024) of the 70B TP8 rank, megakernel only, no journal, session 43's
+  # default (MK_GEMM_TWIN=0 MK_WAIT_COMPACT=0) / compact waits only / twin + compact (the default
+  # since session 44; M1024 SASS 29.8k / 24.6k / 22.3k): twintime.log,
+  # twintime_{old,compact,twin}.json (~6 min; session 44: bench/results/twintime_*_s44*)
   : > "$OUTDIR/twintime.log"
   bt=${MK_TWIN_BATCH:-256,1024}
-  UNTRACED_TIMEOUT=170 untraced_runs twintime "default|||$bt" "compact|MK_WAIT_COMPACT=1||$bt" \
-      "twin|MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1||$bt"
+  UNTRACED_TIMEOUT=170 untraced_runs twintime "old|MK_GEMM_TWIN=0 MK_WAIT_COMPACT=0||$bt" \
+      "compact|MK_GEMM_TWIN=0 MK_WAIT_COMPACT=1||$bt" "twin|MK_GEMM_TWIN=1 MK_WAIT_COMPACT=1||$bt"
 fi
 if has ktncu; then
   # ncu warp-stall samples of the GATE_UP consumer loop (HGMMA.64x112x16) of the middle layer's
