@@ -123,8 +123,9 @@ STEP_VARIANTS = [(m, p, "class") for m, p in FULL_VARIANTS + [(4096, 16)]] + [(1
                          ids=[f"M{m}-ps{p}-{s}" for m, p, s in STEP_VARIANTS])
 def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_size, splits):
     """The all-opcode variant with split-K compiled in (Megakernel(splitk=...)): the partial store
-    of every slot that runs split tiles (8-byte float32 stores, one per accumulator pair: the
-    expected count; none for the others, GemmSlot.splits) and the SPLITK_REDUCE bodies; no
+    of every slot that runs split tiles with bodies of its own (8-byte float32 stores, one per
+    accumulator pair: the expected count; none for the others, GemmSlot.splits; a twin slot
+    runs its host's) and the SPLITK_REDUCE bodies; no
     spill, no stack frame, no call at the QKV_ROPE split 80/208 (the consumer had a register or
     two of headroom at M1024 before split-K)."""
     import mk.megakernel as M
@@ -132,7 +133,8 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     split_ops = class_split_ops(default_plan_config(), m) if splits == "class" else None
     slots = M.class_slots(m, split_ops=split_ops)
     comp = M.compile_fake(gemm=slots, attn_page_size=page_size, gather=True, splitk=True)
-    want = sum(g.cfg.acc_regs() // 2 for g in slots if g.op in M.SPLITK_OPS and g.splits)
+    want = sum(g.cfg.acc_regs() // 2 for g in slots
+               if g.op in M.SPLITK_OPS and g.splits and g.twin_of < 0)
     assert (want == 0) == (m > 1024 and splits == "class"), want
     regs = assert_split_variant(comp.__ptx__, REQUIRED_PTX, want,
                                 os.path.join(dump_dir, f"full_splitk_M{m}_ps{page_size}_{splits}"))
@@ -905,13 +907,14 @@ def assert_variant_clean(ptx: str, tmp_path, name: str) -> None:
 def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
     """The GEMM epilogue's default since session 25 (MK_GEMM_TMA_STORE=residual and
     MK_GEMM_STSM=residual; compile-time, read at import, so in a process of its own): in the
-    all-opcode 1024-class variant with split-K, O_PROJ's and DOWN's m128n256 tiles (RESIDUAL)
-    stage their output by stmatrix.x4 after an ldmatrix.x4 of the residual (two chains of eight
-    column groups each: 16 + 16 of both) and leave through TMA stores (one per 16 KB page, four
-    each) with a write wait before the signal; since session 28 their epilogue pages are handed
-    over chain by chain (MK_GEMM_CHAIN_HANDOFF=1): one read wait for the first chain's pages,
-    then one per page of the last chain (1 + 2 each). GATE_UP's SiLU tiles keep the pair stores
-    and the copy. 0 spills, no call."""
+    all-opcode 1024-class variant with split-K, O_PROJ's m128n256 tiles (RESIDUAL; DOWN's run
+    through the same bodies: MK_GEMM_TWIN, the default since session 44) stage their output by
+    stmatrix.x4 after an ldmatrix.x4 of the residual (two chains of eight column groups: 16 + 16)
+    and leave through TMA stores (one per 16 KB page, four) with a write wait before the signal;
+    since session 28 their epilogue pages are handed over chain by chain
+    (MK_GEMM_CHAIN_HANDOFF=1): one read wait for the first chain's pages, then one per page of
+    the last chain (1 + 2). GATE_UP's SiLU tiles keep the pair stores and the copy. 0 spills, no
+    call."""
     ptx = variant_ptx(tmp_path, "epi_default", {}, GK +
                       "assert (gk.TMA_STORE, gk.STSM) == ('residual', 'residual')\n"
                       "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
@@ -922,8 +925,9 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
                       "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 30)\n"
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
                       "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
-                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0", m_class=1024)
-    assert epilogue_counts(ptx) == (8, 6, 32, 32)
+                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0\n"
+                      "import mk.megakernel as M\nassert M.GEMM_TWIN", m_class=1024)
+    assert epilogue_counts(ptx) == (4, 3, 16, 16)
     assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
     assert "add.rn.bf16x2" in ptx
     assert_variant_clean(ptx, tmp_path, "epi_default")
@@ -935,7 +939,7 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
     seven stmatrix, and keep the copy, 112 columns being no whole box; gu_m128 above 1024 tokens
     takes the TMA store, tests/test_gemm_gpu.py), the second with MK_GEMM_CHAIN_HANDOFF=0 (the
     whole-tile hand-over before session 28: a read wait per page): each compiles with 0 spills
-    and no call."""
+    and no call. O_PROJ's bodies are DOWN's too (MK_GEMM_TWIN)."""
     old = variant_ptx(tmp_path, "epi0", {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"}, GK +
                       "assert not gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)", m_class=1024)
@@ -947,7 +951,7 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
                        "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
                        "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
                        "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 0", m_class=1024)
-    assert epilogue_counts(both) == (8, 8, 39, 32)
+    assert epilogue_counts(both) == (4, 4, 23, 16)      # O_PROJ's 4 / 4 / 16 / 16, GATE_UP's 7
     assert_variant_clean(both, tmp_path, "epi1")
 
 
@@ -955,7 +959,7 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     """The off-by-default epilogue experiment (compile-time, in a process of its own):
     MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores: its m128n256 tile in the
     1024 class since session 26, eight boxes of 128 rows x 32 float32, one per page), next to
-    O_PROJ's and DOWN's four bf16 boxes each; the 128 x 256 tiles' epilogue pages go chain by
+    O_PROJ's four bf16 boxes (DOWN's tiles run O_PROJ's bodies: MK_GEMM_TWIN); the 128 x 256 tiles' epilogue pages go chain by
     chain (the default since session 28: one read wait for the first chain's pages, then one per
     page of the last chain). 0 spills, no call."""
     ptx = variant_ptx(tmp_path, "epi_experiments",
@@ -968,9 +972,9 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
                       "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
                       "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0",
                       m_class=1024)
-    # bulk stores: LM_HEAD's 8, O_PROJ's and DOWN's 4 each; read waits (chain by chain):
-    # LM_HEAD's 1 + 4, O_PROJ's and DOWN's 1 + 2 each
-    assert epilogue_counts(ptx) == (16, 11, 32, 32)
+    # bulk stores: LM_HEAD's 8, O_PROJ's 4 (DOWN runs O_PROJ's bodies: MK_GEMM_TWIN); read
+    # waits (chain by chain): LM_HEAD's 1 + 4, O_PROJ's 1 + 2
+    assert epilogue_counts(ptx) == (12, 8, 16, 16)
     assert_variant_clean(ptx, tmp_path, "epi_experiments")
 
 
@@ -1107,8 +1111,8 @@ def test_gemm_ktrace_variant_compiles_without_spills(tmp_path):
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx, str(tmp_path / "kt")))
     import mk.megakernel as M
-    n_gemm = len(M.class_slots(64))
-    assert len(re.findall(r"%clock64", ptx)) >= 6 * n_gemm
+    n_bodies = sum(s.twin_of < 0 for s in M.class_slots(64))     # a twin runs its host's
+    assert len(re.findall(r"%clock64", ptx)) >= 6 * n_bodies
     assert "%clock64" not in plain
     r = subprocess.run([sys.executable, "-c", "import mk.megakernel"], cwd=ROOT,
                        env=dict(os.environ, MK_GEMM_KTRACE="999"), capture_output=True, text=True,
