@@ -39,8 +39,8 @@
 #          alone through the step's kernel at --layers 2 / 20 / 80 (MK_KTS_LAYERS) with the
 #          K-step trace; at 80 layers also --isolated-builds lean (only that opcode's GEMM slot
 #          compiled in): ktsplit.log, ktsplit_l*.json (~6 min; session 42: the build, not the data)
-#   ktbisect which part of the step's build slows its GEMM K steps: GATE_UP / DOWN alone (B=1024,
-#          2 layers, K-step trace) through the step's kernel and --isolated-builds lean, gemms,
+#   ktbisect which part of the step's build slows its GEMM tiles: GATE_UP / DOWN alone (B=1024,
+#          2 layers, journal; the K-step trace with MK_KTB_KTRACE=64) through the step's kernel and --isolated-builds lean, gemms,
 #          families, then the step's kernel and lean with MK_WAIT_SLIM=1 (the mbarrier waits
 #          without their inline deadline and error code), then the step's kernel with
 #          MK_GEMM_TWIN=0 (compact waits only) and with MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session
@@ -339,7 +339,9 @@
 #         MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`: issue 6's ratios at the new default.
 #      3. The slow K step is not instruction fetch (ktncu): bench/results/
 #         ktncu_loop_diff_2026-12-05_s44.md reads where the loop's extra stalls sit;
-#         `MK_STEPS=ktbisect` (~8 min: lean / gemms / families / slim / old) next.
+#         `MK_STEPS=ktbisect` (~8 min: lean / gemms / families / slim / old; now without the
+#         K-step trace, whose build is the suspect for sessions 41 / 42's 1520-cycle K step):
+#         the tiles' journal times per build, i.e. what the per-tile code costs.
 #   000014. Session 43 had no device. The default build changed: each M class's variant compiles
 #      split-K code only for the opcodes its plans may split (mk.megakernel_step.class_split_ops:
 #      M1024 QKV_ROPE only, the max class none: 33.1k -> 29.8k SASS at M1024). Built, off:
@@ -1889,7 +1891,9 @@ if has ktbisect; then
   # the SASS), then the step's kernel with compact waits but no twin (MK_GEMM_TWIN=0) and as
   # session 43's default built it (MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0). M1024 SASS (session 43,
   # bench/GEMM_NOTES.md): step (compact + twin, the default since session 44) 22.3k, lean 7.5k,
-  # slim 18.9k, compact 24.6k, old 29.8k.
+  # slim 18.9k, compact 24.6k, old 29.8k. Session 44's ncu reading: without the K-step trace
+  # the step's K loop runs as fast as the lean build's, so the builds are now compared by their
+  # tiles' journal times without it (MK_KTB_KTRACE=64: with the trace, as sessions 41 / 42).
   # ktbisect.log, ktbisect{,_slim,_compact,_old}.json (~8 min)
   : > "$OUTDIR/ktbisect.log"
   for v in default slim compact old; do
@@ -1900,7 +1904,8 @@ if has ktbisect; then
       old) e="MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0"; builds=""; sfx=_old ;;
     esac
     # shellcheck disable=SC2086  # $e: VAR=VALUE words or none; $builds: the arguments, split
-    env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=64 timeout 200 $B --batch 1024 --layers 2 \
+    env $e MK_REG_LOW=80 MK_REG_HIGH=208 MK_GEMM_KTRACE=${MK_KTB_KTRACE:-0} timeout 200 $B \
+        --batch 1024 --layers 2 \
         --reps 3 --warmup 1 --journal --journal-isolated GATE_UP,DOWN $builds \
         --out "$OUTDIR/ktbisect$sfx.json" > "$TMPD/ktbisect$sfx.log" 2>&1 || rc=1
     rm -f "$OUTDIR"/ktbisect${sfx}_*_journal.pt "$OUTDIR"/ktbisect${sfx}_*_timeline.png
