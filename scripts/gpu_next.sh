@@ -44,7 +44,8 @@
 #          and --isolated-builds lean, gemms, families, then the step's kernel and lean with
 #          MK_WAIT_SLIM=1 (the mbarrier waits without their inline deadline and error code),
 #          then the step's kernel with MK_GEMM_TWIN=0 (compact waits only) and with
-#          MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session 43's default): ktbisect.log, ktbisect{,_slim,_compact,_old}.json (~8 min)
+#          MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session 43's default): ktbisect.log,
+#          ktbisect{,_slim,_compact,_old}.json (~8 min)
 #   waitslim decode MK_WS_BATCH (256,1024) default (compact waits: the timeout record one 64-bit
 #          CAS) / MK_WAIT_COMPACT=0 (write_error's record inline) / MK_WAIT_SLIM=1 (a probe:
 #          unbounded waits), megakernel only, no journal: waitslim.log,
