@@ -10,7 +10,12 @@ The loop: the SASS lines (in address order) from the target of the first backwar
 the last HGMMA of that shape back to at or before the first one, through that branch; where no
 such branch is found, the HGMMAs' span widened by --pad lines. Per file: the loop's lines and
 samples, its share of the kernel's samples, samples per executed HGMMA, and the stall reasons'
-shares within the loop (all samples; ncu's stall_* columns, as shares of their sum)."""
+shares within the loop (all samples; ncu's stall_* columns, as shares of their sum). Also:
+`ex/sel`, the loop's warp instructions executed per `selected` sample of it (an issue seen by
+the sampler: two exports of the same loop whose ex/sel agree were sampled at the same interval,
+so their raw samples compare; session 44), and `cold`, the kernel's no_inst samples outside the loop as a
+share of all its samples (code run once per tile waiting for the instruction cache: session
+44 found the step's build 6% longer than a one-slot build on the same tiles, all of it there)."""
 
 from __future__ import annotations
 
@@ -95,6 +100,9 @@ def summarize(path: Path, shape: str, pad: int = 48) -> dict:
     hgmma = [d for d in loop if "HGMMA" in d["sass"] and shape in d["sass"]]
     executed = sum(d["executed"] for d in hgmma)
     reasons = {n.replace("stall_", ""): sum(d[n] for d in loop) for n in stalls}
+    selected = sum(d.get("stall_selected", 0.0) for d in loop)
+    no_inst_outside = (sum(d.get("stall_no_inst", 0.0) for d in rows)
+                       - sum(d.get("stall_no_inst", 0.0) for d in loop))
     # shares of the reasons' own sum: ncu's stall_* columns need not add up to its sample count
     by_reason = sum(reasons.values()) or 1.0
     return dict(file=str(path), shape=shape, lines=len(loop), loop_closed_by_branch=closed,
@@ -102,6 +110,9 @@ def summarize(path: Path, shape: str, pad: int = 48) -> dict:
                 samples=in_loop, kernel_share=in_loop / total, hgmma_lines=len(hgmma),
                 hgmma_executed=executed,
                 samples_per_hgmma=in_loop / executed if executed else None,
+                executed_per_selected=(sum(d["executed"] for d in loop) / selected
+                                       if selected else None),
+                cold_share=no_inst_outside / total,
                 reasons={k: v / by_reason for k, v in
                          sorted(reasons.items(), key=lambda kv: -kv[1]) if v > 0})
 
@@ -123,14 +134,18 @@ def main(argv=None) -> int:
     names = sorted({k for r in out for k in r["reasons"]},
                    key=lambda k: -max(r["reasons"].get(k, 0) for r in out))[:10]
     print(f"{'file':40s} {'lines':>5s} {'samples':>9s} {'share':>6s} {'/HGMMA':>7s} "
-          + " ".join(f"{n[:10]:>10s}" for n in names))
+          f"{'ex/sel':>7s} {'cold':>6s} " + " ".join(f"{n[:10]:>10s}" for n in names))
     for r in out:
         per = f"{r['samples_per_hgmma']:.3f}" if r["samples_per_hgmma"] is not None else "-"
+        exs = (f"{r['executed_per_selected']:.0f}" if r["executed_per_selected"] is not None
+               else "-")
         print(f"{Path(r['file']).name[:40]:40s} {r['lines']:5d} {r['samples']:9.0f} "
-              f"{r['kernel_share']:6.1%} {per:>7s} "
+              f"{r['kernel_share']:6.1%} {per:>7s} {exs:>7s} {r['cold_share']:6.1%} "
               + " ".join(f"{r['reasons'].get(n, 0):10.1%}" for n in names))
     print("(the loop's stall samples by reason, shares of their sum; share: of the "
-          "kernel's samples; /HGMMA: samples per executed HGMMA warp instruction)")
+          "kernel's samples; /HGMMA: samples per executed HGMMA warp instruction; ex/sel: "
+          "executed per selected sample, equal = sampled alike; cold: no_inst outside the "
+          "loop, share of the kernel's samples)")
     return 0
 
 

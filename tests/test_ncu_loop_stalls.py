@@ -72,3 +72,35 @@ def test_the_session_21_export():
     hg = sum(1 for d in rows if "HGMMA.64x128x16" in d["sass"])
     assert r["loop_closed_by_branch"] and r["hgmma_lines"] == hg == 8
     assert 0 < r["kernel_share"] < 1 and abs(sum(r["reasons"].values()) - 1) < 1e-6
+
+
+def test_cold_code_and_sampling_rate(tmp_path):
+    """cold: no_inst samples outside the loop, as a share of the kernel's; ex/sel: the loop's
+    executed warp instructions per `selected` sample in it (None without that column)."""
+    lines = kernel(0x1000, 40)
+    lines[0] = (0x1000, "MOV R1, R2", 15, 5, 1)          # the prologue waits for its code
+    r = nls.summarize(export(tmp_path, lines), "64x112x16")
+    total = 20 + 30 + 50 + 20 + 0 + 100
+    assert r["cold_share"] == pytest.approx(15 / total)
+    assert r["executed_per_selected"] is None
+    buf = io.StringIO()
+    buf.write('"Function Name","kernel"\n')
+    w = csv.writer(buf, quoting=csv.QUOTE_ALL)
+    w.writerow(HEAD + ["stall_selected"])
+    for a, sass, ni, wt, ex in lines:
+        w.writerow([hex(a), sass, ni + wt + 1, 0, ex, ni, wt, 0, 1])
+    p = tmp_path / "sel.source.csv"
+    p.write_text(buf.getvalue())
+    r = nls.summarize(p, "64x112x16")
+    assert r["executed_per_selected"] == pytest.approx((10 + 40 + 40 + 10) / 4)
+    assert r["cold_share"] == pytest.approx(15 / (total + len(lines)))
+
+
+def test_the_session_44_exports_were_sampled_alike():
+    """ktncu at 74c1763: the step's and the lean build's GATE_UP tiles, sampled at the same
+    interval (ex/sel within 2%); the step's build waits for code outside the loop far more."""
+    full, lean = (nls.summarize(
+        ROOT / f"bench/results/ncu_ktncu_{b}_source_74c1763_2026-12-05_s44.csv.gz", "64x112x16")
+        for b in ("full", "lean"))
+    assert full["executed_per_selected"] == pytest.approx(lean["executed_per_selected"], rel=0.02)
+    assert full["cold_share"] > 2 * lean["cold_share"] > 0
