@@ -66,6 +66,8 @@
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
+#   memcheck the two-layer check at 478 tokens (split-K auto) and compute-sanitizer memcheck of the
+#          two-layer step, the build as it is: memcheck.log, memcheck_full.log (~4 min)
 #   synccheck compute-sanitizer synccheck of the two-layer step (session 32: 8 "Missing wait"
 #          errors on the B pages' `full` phases before own_phase_seen): synccheck.log,
 #          synccheck_full.log (~2 min); MK_SYNC_PROBE=1 adds the mbarrier probe's variants
@@ -333,8 +335,7 @@
 #      In this order:
 #      1. `MK_VERIFY_EXTRA=tests/test_splitk_gpu.py MK_CHECK_PYTEST_S=540 MK_STEPS=verify`
 #         (~9 min): the whole suite at the new default (the twin's split-K tests were cut off),
-#         then `MK_STEPS=synccheck` and a memcheck of the two-layer step (twin ran racecheck
-#         only). A failure that is the twin's or the compact waits': MK_GEMM_TWIN=0 /
+#         then `MK_STEPS="synccheck memcheck"` (~8 min; twin ran racecheck only). A failure that is the twin's or the compact waits': MK_GEMM_TWIN=0 /
 #         MK_WAIT_COMPACT=0 build the session-43 default.
 #      2. `MK_STEPS=e2e` (B=1 / 16 / 64 / 256) and `MK_E2E_BATCH=1024,4096
 #         MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`: issue 6's ratios at the new default.
@@ -636,7 +637,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
-                   [ktncu]=300 [twin]=400 [twintime]=420)
+                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -781,6 +782,17 @@ if has synccheck; then
     fi
   } > "$OUTDIR/synccheck.log" 2>&1
   cat "$OUTDIR/synccheck.log"
+fi
+if has memcheck; then
+  # the default build under compute-sanitizer memcheck: the two-layer check with a 478-token first
+  # step (the 1024 class, split-K auto), then memcheck of the two-layer step (split-K auto):
+  # memcheck.log, memcheck_full.log (~4 min; session 44 made the twin slots and compact waits
+  # the default after racecheck only)
+  check478_memcheck > "$OUTDIR/memcheck.log" 2>&1
+  cat "$OUTDIR/memcheck.log"
+  grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/memcheck.log" && [ "$(grep -c '"passed": true' \
+      "$OUTDIR/memcheck.log")" -ge 2 ] && echo "== memcheck: all passed" \
+    || { echo "== memcheck: FAILED"; rc=1; }
 fi
 if has pairrace; then
   # racecheck and synccheck of the two-layer step with every decode paired (attn_pair=2, kv_split
