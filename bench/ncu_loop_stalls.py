@@ -12,10 +12,11 @@ such branch is found, the HGMMAs' span widened by --pad lines. Per file: the loo
 samples, its share of the kernel's samples, samples per executed HGMMA, and the stall reasons'
 shares within the loop (all samples; ncu's stall_* columns, as shares of their sum). Also:
 `ex/sel`, the loop's warp instructions executed per `selected` sample of it (an issue seen by
-the sampler: two exports of the same loop whose ex/sel agree were sampled at the same interval,
-so their raw samples compare; session 44), and `cold`, the kernel's no_inst samples outside the loop as a
-share of all its samples (code run once per tile waiting for the instruction cache: session
-44 found the step's build 6% longer than a one-slot build on the same tiles, all of it there)."""
+the sampler: two exports of the same loop whose ex/sel agree were sampled at the same
+interval, so their raw samples compare; session 44), and `cold`, the kernel's no_inst samples
+outside the loop as a share of all its samples (code run once per tile waiting for the
+instruction cache: session 44 found the step's build 6% longer than a one-slot build on the
+same tiles, all of it there)."""
 
 from __future__ import annotations
 

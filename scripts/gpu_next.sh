@@ -330,17 +330,19 @@
 #   000015. Session 44 ran 000014's 1 and 3 at 74c1763 (verify: 43 passed, both two-layer checks,
 #      racecheck clean; twin: the two-layer checks at 208 / 478 tokens and racecheck clean, its
 #      pytest cut at 240 s after ~75 passed; twintime: compact + twin -4.2% at B=64, -1.9 / -2.4%
-#      at 256, -1.0% at 1024; ktncu: no_inst 1.9% vs 1.6% of the loop's stalls: not instruction
-#      fetch). MK_WAIT_COMPACT=1 and MK_GEMM_TWIN=1 are the default now (=0: the build before).
-#      In this order:
+#      at 256, -1.0% at 1024; ktncu: the GATE_UP loop ~1120 cycles a K step in the step's build
+#      and in lean alike, the step's build 6% longer in the consumers' once-per-tile code, 70%
+#      of it no_inst). MK_WAIT_COMPACT=1 and MK_GEMM_TWIN=1 are the default now (=0: the
+#      build before). In this order:
 #      1. `MK_VERIFY_EXTRA=tests/test_splitk_gpu.py MK_CHECK_PYTEST_S=540 MK_STEPS=verify`
 #         (~9 min): the whole suite at the new default (the twin's split-K tests were cut off),
-#         then `MK_STEPS="synccheck memcheck"` (~8 min; twin ran racecheck only). A failure that is the twin's or the compact waits': MK_GEMM_TWIN=0 /
-#         MK_WAIT_COMPACT=0 build the session-43 default.
+#         then `MK_STEPS="synccheck memcheck"` (~8 min; twin ran racecheck only). A failure
+#         that is the twin's or the compact waits': MK_GEMM_TWIN=0 / MK_WAIT_COMPACT=0 build
+#         the session-43 default.
 #      2. `MK_STEPS=e2e` (B=1 / 16 / 64 / 256) and `MK_E2E_BATCH=1024,4096
 #         MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`: issue 6's ratios at the new default.
-#      3. The slow K step is not instruction fetch (ktncu): bench/results/
-#         ktncu_loop_diff_2026-12-05_s44.md reads where the loop's extra stalls sit;
+#      3. Without the K-step trace the loop is not slow (ktncu; bench/results/
+#         ktncu_loop_diff_2026-12-05_s44.md): the per-tile cold code is;
 #         `MK_STEPS=ktbisect` (~8 min: lean / gemms / families / slim / old; now without the
 #         K-step trace, whose build is the suspect for sessions 41 / 42's 1520-cycle K step):
 #         the tiles' journal times per build, i.e. what the per-tile code costs.

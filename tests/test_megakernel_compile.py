@@ -950,7 +950,8 @@ def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
                        "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
                        "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
                        "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
-                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 0", m_class=1024)
+                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 0\n"
+                       "import mk.megakernel as M\nassert M.GEMM_TWIN", m_class=1024)
     assert epilogue_counts(both) == (4, 4, 23, 16)      # O_PROJ's 4 / 4 / 16 / 16, GATE_UP's 7
     assert_variant_clean(both, tmp_path, "epi1")
 
@@ -959,9 +960,9 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     """The off-by-default epilogue experiment (compile-time, in a process of its own):
     MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores: its m128n256 tile in the
     1024 class since session 26, eight boxes of 128 rows x 32 float32, one per page), next to
-    O_PROJ's four bf16 boxes (DOWN's tiles run O_PROJ's bodies: MK_GEMM_TWIN); the 128 x 256 tiles' epilogue pages go chain by
-    chain (the default since session 28: one read wait for the first chain's pages, then one per
-    page of the last chain). 0 spills, no call."""
+    O_PROJ's four bf16 boxes (DOWN's tiles run O_PROJ's bodies: MK_GEMM_TWIN); the 128 x 256
+    tiles' epilogue pages go chain by chain (the default since session 28: one read wait for the
+    first chain's pages, then one per page of the last chain). 0 spills, no call."""
     ptx = variant_ptx(tmp_path, "epi_experiments",
                       {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
                       "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
@@ -970,8 +971,8 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
                       "assert gk.chain_pages(T['m128n256'], gk.EPI_STORE_F32) == 4\n"
                       "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
-                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0",
-                      m_class=1024)
+                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0\n"
+                      "import mk.megakernel as M\nassert M.GEMM_TWIN", m_class=1024)
     # bulk stores: LM_HEAD's 8, O_PROJ's 4 (DOWN runs O_PROJ's bodies: MK_GEMM_TWIN); read
     # waits (chain by chain): LM_HEAD's 1 + 4, O_PROJ's 1 + 2
     assert epilogue_counts(ptx) == (12, 8, 16, 16)
