@@ -329,14 +329,15 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
-#   000016. Session 45 had no device time: every start was refused (H200 and H100 kinds, ~90 s
-#      of the budget each, then 10 min locked). 000015 stands as written but for its step 1,
+#   000016. Session 45 had no device time: every start was refused (H200 and H100 kinds, 60-90
+#      s of the budget each, then 10 min locked). 000015 stands as written but for its step 1,
 #      which does not fit one call (the 43 step tests took 265 s in session 44, the split-K
 #      file ~150 s more, the checks and racecheck ~160 s): call 1 `MK_CHECK_PYTEST_S=330
 #      MK_STEPS=verify` (the step tests, checks, racecheck), call 2 `MK_VERIFY_FILES=
-#      tests/test_splitk_gpu.py MK_CHECK_PYTEST_S=300 MK_STEPS="verify memcheck"`. With little
-#      budget left after refusals, 000015's 2 first (`MK_E2E_BATCH=64,256,1024 MK_STEPS=e2e`:
-#      the points the new default moved), then the rest of it.
+#      tests/test_splitk_gpu.py MK_CHECK_PYTEST_S=300 MK_STEPS=verify` (the checks again),
+#      call 3 `MK_STEPS="synccheck memcheck"`. With little budget left after refusals,
+#      000015's 2 first (`MK_E2E_BATCH=64,256,1024 MK_STEPS=e2e`: the points the new default
+#      moved), then the rest of it.
 #   000015. Session 44 ran 000014's 1 and 3 at 74c1763 (verify: 43 passed, both two-layer checks,
 #      racecheck clean; twin: the two-layer checks at 208 / 478 tokens and racecheck clean, its
 #      pytest cut at 240 s after ~75 passed; twintime: compact + twin -4.2% at B=64, -1.9 / -2.4%
