@@ -48,6 +48,14 @@
 #          then the step's kernel with MK_GEMM_TWIN=0 (compact waits only) and with
 #          MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session 43's default): ktbisect.log,
 #          ktbisect{,_slim,_compact,_old}.json (~8 min)
+#   normbig bigger row-scale norms: PlanConfig.norm_rows MK_NB_ROWS (32 64) with
+#          norm_fill_max_tokens=0 (session 18's one-norm-per-SM rule was for norms on the
+#          critical path; under norm_fold=2 the row-scale RMSNORMs run beside the GEMM mainloops,
+#          so each 8-row instruction's ~4 us protocol is SM time the GEMMs lose: ~3.7% of the SMs
+#          at B=1024, session 46's journal). The two-layer checks with each (208 tokens split-K
+#          never / auto, 478 tokens: norms of 32 / 64 rows, folded, row-scale and full), then
+#          decode MK_NB_BATCH (256,1024,4096) and the mixed step, default / each, megakernel
+#          only, no journal: normbig.log, normbig_{default,r32,r64}.json (~8 min)
 #   waitslim decode MK_WS_BATCH (256,1024) default (compact waits: the timeout record one 64-bit
 #          CAS) / MK_WAIT_COMPACT=0 (write_error's record inline) / MK_WAIT_SLIM=1 (a probe:
 #          unbounded waits), megakernel only, no journal: waitslim.log,
@@ -329,6 +337,28 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000017. Session 46 ran 000016 at a9ee1a2: the GPU suite clean at the compact + twin default
+#      (43 + 68 GPU tests, the two-layer checks, racecheck / synccheck / memcheck 0); e2e in the
+#      same run mk / torch.compile + graph: B=1 0.89, 16 0.90, 64 1.02, 256 1.01, 1024 0.99,
+#      4096 1.06, mixed 1.04; ktbisect: the build costs a GEMM tile ~2% now (GATE_UP 94.0 alone
+#      through the step's kernel vs 92.1 lean), unbounded waits ~1.7% of the B=1024 step. The
+#      misses are compute-bound (B=4096, mixed) or within 2% (B=64, 256). In this order:
+#      1. `MK_STEPS=normbig` (~8 min): under norm_fold=2 the row-scale norms run beside the GEMM
+#         mainloops, 8 rows an instruction (norm_fill's one-per-SM rule from when they were on
+#         the path): ~3.7% of the SMs' busy time at B=1024 (session 46's journal, 2 layers:
+#         256 RMSNORMs a layer at 7.7 us). 32 / 64 rows an instruction (a plan change): checks,
+#         then B=256 / 1024 / 4096 and the mixed step against the default. If one wins, make it
+#         the default (norm_rows and norm_fill_max_tokens; LM_NORM shares norm_rows and sits on
+#         the step's tail: split the knob if the tail grows) and run the e2e large points.
+#      2. `MK_L2_VALUES="weights,kv kv,acts" MK_L2_BATCH=1024,4096 MK_STEPS=l2hint` (the
+#         weights' evict-first hint was only ever timed at B <= 256), then `qkv256` (B=1024 /
+#         4096), `gu256` (B=256 at 1.01).
+#      3. A journaled 80-layer B=4096 step (`python launch/bench.py --systems megakernel
+#         --skip-check --mixed none --batch 4096 --journal --reps 3`): the SM-time shares at
+#         today's default (session 21's are the last: GATE_UP 41%, DOWN 22, ATTENTION 13, QKV 10,
+#         O_PROJ 8, RMSNORM 5).
+#      The device refuses a carried tree over 64 MiB: .gpu/ holds the slim DSL archive (above)
+#      and the prelude only (the project is 11.4 MB; nvshmem4py is not needed single-GPU).
 #   000016. Session 45 had no device time: every start was refused (H200 and H100 kinds, 60-90
 #      s of the budget each, then 10 min locked). 000015 stands as written but for its step 1,
 #      which does not fit one call (the 43 step tests took 265 s in session 44, the split-K
@@ -650,7 +680,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
-                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270)
+                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -659,7 +689,7 @@ has() {
   fi
   return 0
 }
-table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^[A-Z_]+ +[0-9]|^step span|^opcode|^critical path"; }
+table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^ *mixed |^[A-Z_]+ +[0-9]|^step span|^opcode|^critical path"; }
 # the environment words of a bench run NAME that leaves a lightweight CUDA core dump under
 # $TMPD/core on a kernel exception, and its traceback (session 37: a timing run of the default
 # build died once with "unspecified launch failure" and left nothing to read)
@@ -896,7 +926,7 @@ untraced_runs() {
     env $e $(core_env "${name}_$v") timeout ${UNTRACED_TIMEOUT:-150} $B --batch "$bt" $a \
         --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
     echo "== $v ${e:-} ${a:-(default)}" | tee -a "$OUTDIR/$name.log"
-    { table "$TMPD/${name}_$v.log" | grep -E "^decode"
+    { table "$TMPD/${name}_$v.log" | grep -E "^ *(decode|mixed) "
       grep -E -A12 "Error|^error|Traceback" "$TMPD/${name}_$v.log" | tail -30; } \
         | tee -a "$OUTDIR/$name.log"
     report_cores "${name}_$v" "$OUTDIR/$name.log"
@@ -1953,6 +1983,30 @@ if has waitslim; then
   UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
       "inline|MK_WAIT_COMPACT=0||${MK_WS_BATCH:-256,1024}" \
       "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
+fi
+if has normbig; then
+  # plan 000017: fewer, bigger row-scale norms (a plan change, the kernel as it is). Each value's
+  # two-layer checks first (every norm of the step cut into that many rows:
+  # small_norm_max_tokens=0 norm_fill_max_tokens=0), then the timed runs of the values whose
+  # checks passed, with norm_fill_max_tokens=0 only (the small steps keep their one-row norms)
+  : > "$OUTDIR/normbig.log"
+  nb_mixed="--mixed ${MK_NB_MIXED:-256:1024:1024}"
+  nb_batch=${MK_NB_BATCH:-256,1024,4096}
+  NB_RUNS=("default||$nb_mixed|$nb_batch")
+  for r in ${MK_NB_ROWS:-32 64}; do
+    nb_plan="norm_rows=$r,norm_fill_max_tokens=0,small_norm_max_tokens=0"
+    nb_before=$(grep -c '"passed": true' "$OUTDIR/normbig.log")
+    check_to "$OUTDIR/normbig.log" --split-k 1 --plan "$nb_plan"
+    check_to "$OUTDIR/normbig.log" --split-k 0 --plan "$nb_plan"
+    check_to "$OUTDIR/normbig.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$nb_plan"
+    if [ $(( $(grep -c '"passed": true' "$OUTDIR/normbig.log") - nb_before )) -eq 3 ]; then
+      NB_RUNS+=("r$r||--plan norm_rows=$r,norm_fill_max_tokens=0 $nb_mixed|$nb_batch")
+    else
+      echo "== norm_rows=$r: a check failed, not timed" | tee -a "$OUTDIR/normbig.log"
+      rc=1
+    fi
+  done
+  UNTRACED_TIMEOUT=${MK_NB_TIMEOUT:-200} untraced_runs normbig "${NB_RUNS[@]}"
 fi
 if has twin; then
   # plan 000014: MK_GEMM_TWIN=1 (DOWN's tiles run through O_PROJ's compiled loader / consumer /
