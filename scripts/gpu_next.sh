@@ -56,6 +56,9 @@
 #          never / auto, 478 tokens: norms of 32 / 64 rows, folded, row-scale and full), then
 #          decode MK_NB_BATCH (256,1024,4096) and the mixed step, default / each, megakernel
 #          only, no journal: normbig.log, normbig_{default,r32,r64}.json (~8 min)
+#   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
+#          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
+#          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
 #   waitslim decode MK_WS_BATCH (256,1024) default (compact waits: the timeout record one 64-bit
 #          CAS) / MK_WAIT_COMPACT=0 (write_error's record inline) / MK_WAIT_SLIM=1 (a probe:
 #          unbounded waits), megakernel only, no journal: waitslim.log,
@@ -353,10 +356,11 @@
 #      2. `MK_L2_VALUES="weights,kv kv,acts" MK_L2_BATCH=1024,4096 MK_STEPS=l2hint` (the
 #         weights' evict-first hint was only ever timed at B <= 256), then `qkv256` (B=1024 /
 #         4096), `gu256` (B=256 at 1.01).
-#      3. A journaled 80-layer B=4096 step (`python launch/bench.py --systems megakernel
-#         --skip-check --mixed none --batch 4096 --journal --reps 3`): the SM-time shares at
-#         today's default (session 21's are the last: GATE_UP 41%, DOWN 22, ATTENTION 13, QKV 10,
-#         O_PROJ 8, RMSNORM 5).
+#      3. `MK_STEPS=shares` (~4 min): journaled 80-layer steps at B=1024 / 4096 and the mixed
+#         step, the SM-time shares at today's default (session 21's are the last at B=4096:
+#         GATE_UP 41%, DOWN 22, ATTENTION 13, QKV 10, O_PROJ 8, RMSNORM 5). If ATTENTION's
+#         instructions at ctx 256 are mostly their fixed cost (~4 us of protocol against ~5 us
+#         of K/V bytes for a pair of sequences), more decode units an instruction is the lever.
 #      The device refuses a carried tree over 64 MiB: .gpu/ holds the slim DSL archive (above)
 #      and the prelude only (the project is 11.4 MB; nvshmem4py is not needed single-GPU).
 #   000016. Session 45 had no device time: every start was refused (H200 and H100 kinds, 60-90
@@ -680,7 +684,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
-                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480)
+                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -902,13 +906,16 @@ time_ab() {
 }
 # one journaled timing of a variant, its table rows appended to NAME.log:
 #   time_variant NAME V LABEL BATCHES ENV ARGS  -> NAME_V.json ("" ENV / ARGS: none)
+# the opcodes whose rows of a journal's per-opcode table time_variant keeps
+JOURNAL_OPS="QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE|ATTENTION|ATTN_REDUCE|RMSNORM|LM_NORM"
+JOURNAL_OPS+="|LM_HEAD|EMBED"
 time_variant() {
   local name=$1 v=$2 label=$3 batches=$4 e=$5 a=$6
   # shellcheck disable=SC2046  # core_env: VAR=VALUE words
   env $e $(core_env "${name}_$v") timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a \
       --journal --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
   echo "== $label" | tee -a "$OUTDIR/$name.log"
-  { table "$TMPD/${name}_$v.log" | grep -E "^decode|^opcode|^(QKV_ROPE|O_PROJ|GATE_UP|DOWN|SPLITK_REDUCE|ATTENTION|ATTN_REDUCE) "
+  { table "$TMPD/${name}_$v.log" | grep -E "^ *(decode|mixed) |^opcode|^($JOURNAL_OPS) "
     grep -E -A12 "Error|^error|Traceback" "$TMPD/${name}_$v.log" | tail -30; } | tee -a "$OUTDIR/$name.log"
   report_cores "${name}_$v" "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png
@@ -1983,6 +1990,13 @@ if has waitslim; then
   UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
       "inline|MK_WAIT_COMPACT=0||${MK_WS_BATCH:-256,1024}" \
       "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
+fi
+if has shares; then
+  # plan 000017's 3: where an 80-layer step's SM time goes at today's default (the last such
+  # journal at B=4096 is session 21's)
+  : > "$OUTDIR/shares.log"
+  MK_AB_TIMEOUT=${MK_SH_TIMEOUT:-300} time_variant shares default "the build as it is, journal on" \
+      "${MK_SH_BATCH:-1024,4096}" "" "--mixed ${MK_SH_MIXED:-256:1024:1024}"
 fi
 if has normbig; then
   # plan 000017: fewer, bigger row-scale norms (a plan change, the kernel as it is). Each value's
