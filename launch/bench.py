@@ -667,8 +667,9 @@ def isolated_subplan(instrs, op: str, layer: int):
     """The step's instructions of opcode `op` (an mk.ir.Op name) in `layer`, their waits and
     signals cleared (ready at once; they touch no counter), for isolated_runs; None if none.
     A row-scaled tile's epilogue wait (PlanConfig.norm_fold=2) is cleared too: its norm is not
-    in the sub-plan, and the tile then skips the row scale (16 multiplies a row, not timed)."""
-    from mk.instructions._common import A_EPI_TARGET, A_EPI_WAIT, ROW_SCALED
+    in the sub-plan, and the tile then skips the row scale (16 multiplies a row, not timed). A
+    self-scaled tile (norm_fold=3) keeps its mark: its statistic is its own work, timed."""
+    from mk.instructions._common import A_EPI_TARGET, A_EPI_WAIT, ROW_SCALED, SELF_SCALE
     from mk.ir import MAX_WAITS, NO_COUNTER, W_LAYER, W_OPCODE, W_SIGNAL, W_WAIT0, Op
     if op not in Op.__members__:
         raise SystemExit(f"--journal-isolated: unknown opcode {op!r}")
@@ -681,8 +682,9 @@ def isolated_subplan(instrs, op: str, layer: int):
         sub[:, W_WAIT0 + 2 * k + 1] = 0
     sub[:, W_SIGNAL] = NO_COUNTER
     if Op[op] in ROW_SCALED:
-        sub[:, A_EPI_WAIT] = 0
-        sub[:, A_EPI_TARGET] = 0
+        waits = sub[:, A_EPI_WAIT] != SELF_SCALE
+        sub[waits, A_EPI_WAIT] = 0
+        sub[waits, A_EPI_TARGET] = 0
     return sub
 
 

@@ -319,6 +319,10 @@ class GemmSlot:
     # bodies they run through (GEMM_TWIN: same tile, epilogue, split code and destination; the
     # loader takes this slot's x / w at run time, gk.TwinSource)
     twin_of: int = -1
+    # QKV_ROPE / GATE_UP: its unsplit tiles may compute their rows' statistic themselves
+    # (PlanConfig.norm_fold=3, A_EPI_WAIT = SELF_SCALE; the consumers' sum of squares over the A
+    # pages of the mainloop, gk.SelfScale)
+    self_scale: bool = False
 
     @property
     def cfg(self) -> gk.TileConfig:
@@ -1319,13 +1323,16 @@ def _as3d(t: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF, split_ops=None,
-               twin: bool | None = None) -> tuple:
+               twin: bool | None = None, self_scale: bool = False) -> tuple:
     """The compile-time GEMM slots for operands {op: GemmOperands} at M class m (token rows, or
     sequences for LM_HEAD): one tile config per opcode from gk.choose_tile; split_ops: the
     opcodes whose split tiles the variant runs (None: every one that can; GemmSlot.splits);
-    twin: pair_twins' (None: GEMM_TWIN), twins only where the destinations are one tensor."""
+    twin: pair_twins' (None: GEMM_TWIN), twins only where the destinations are one tensor;
+    self_scale: the row-scaled opcodes' tiles may compute their rows' statistic themselves
+    (GemmSlot.self_scale; PlanConfig.norm_fold=3)."""
     slots = sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf),
-                             split_ops is None or int(op) in split_ops)
+                             split_ops is None or int(op) in split_ops,
+                             self_scale=bool(self_scale) and int(op) in ROW_SCALED_OPS)
                     for op, g in gemm.items()), key=lambda g: g.slot)
 
     def same_dest(a: int, b: int) -> bool:
@@ -1422,6 +1429,40 @@ def _check_folded_norms(rn: np.ndarray, splitk_shape) -> None:
                          f"{rows} partial rows")
 
 
+def _check_self_scale(s: np.ndarray, ops: np.ndarray, H: int, compiled: set):
+    """Unsplit QKV_ROPE / GATE_UP tiles that compute their rows' statistic themselves
+    (A_EPI_WAIT = SELF_SCALE, PlanConfig.norm_fold=3): their opcode's slot has the code (in
+    `compiled`: Megakernel(self_scale=True)), and the tile's K is the whole hidden width (the
+    statistic is over every column of the row)."""
+    own = np.isin(ops, GEMM_OPS) & (s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE)
+    if not own.any():
+        return
+    i = int(np.flatnonzero(own)[0])
+    where = (f"instruction {i} (layer {int(s[i, W_LAYER])}, rows {int(s[i, W_ROW0])}+"
+             f"{int(s[i, W_ROWS])})")
+    bad = sorted(set(ops[own].tolist()) - set(ROW_SCALED_OPS))
+    if bad:
+        raise ValueError(f"megakernel: {[_op_name(o) for o in bad]} tiles marked self-scaled "
+                         f"(word ARG0+{mc.A_EPI_WAIT - ARG0} = {mc.SELF_SCALE}): only "
+                         f"{[Op(o).name for o in ROW_SCALED_OPS]} tiles scale their rows")
+    missing = sorted(set(ops[own].tolist()) - set(compiled))
+    if missing:
+        i = int(np.flatnonzero(own & np.isin(ops, missing))[0])
+        where = (f"instruction {i} (layer {int(s[i, W_LAYER])}, rows {int(s[i, W_ROW0])}+"
+                 f"{int(s[i, W_ROWS])})")
+        raise ValueError(f"megakernel: {where} is a {_op_name(ops[i])} tile that computes its "
+                         f"rows' statistic itself (PlanConfig.norm_fold=3); this megakernel was "
+                         f"built without that code (Megakernel(..., self_scale=True))")
+    if (s[own, mc.A_NSPLIT] >= 2).any():
+        raise ValueError("megakernel: a split GEMM tile marked self-scaled: split tiles are "
+                         "scaled by their SPLITK_REDUCE (its row scale word)")
+    k = np.where(ops[own] == int(Op.QKV_ROPE), s[own, qk.A_K], s[own, MM_A_K])
+    if (k != H).any():
+        raise ValueError(f"megakernel: a self-scaled tile's K must be the hidden width {H} (its "
+                         f"rows' statistic is over all of their columns), got "
+                         f"{sorted(set(k.tolist()) - {H})}")
+
+
 def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     """Row-scale RMSNORMs (destination ROW_SCALE) and row-scaled SPLITK_REDUCEs (word
     skk.R_ROW_SCALE; PlanConfig.norm_fold). ROW_SCALE is the last T floats of the SPLITK
@@ -1436,7 +1477,7 @@ def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     # unsplit GEMM tiles that scale their rows in the epilogue (PlanConfig.norm_fold=2; their
     # epilogue wait, mc.A_EPI_WAIT), and stray epilogue-wait words on any other opcode
     gemm_ops = np.isin(ops, GEMM_OPS)
-    tile = gemm_ops & (s[:, mc.A_EPI_WAIT] != 0)
+    tile = gemm_ops & (s[:, mc.A_EPI_WAIT] != 0) & (s[:, mc.A_EPI_WAIT] != mc.SELF_SCALE)
     if tile.any():
         bad = sorted(set(ops[tile].tolist()) - set(ROW_SCALED_OPS))
         if bad:
@@ -1502,7 +1543,8 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     kernel checks it too, without a host sync); splitk_shape: [rows, width] of the SPLITK
     workspace (None: split-K tiles, SPLITK_REDUCE and row scales refused; its last rows hold
     ROW_SCALE, _check_row_scale); l2_prefetch: the variant has the L2_PREFETCH body (else those
-    instructions are refused)."""
+    instructions are refused). A self-scaled tile (PlanConfig.norm_fold=3) needs its slot's
+    GemmSlot.self_scale (_check_self_scale)."""
     if stream.dtype != torch.int32 or stream.dim() != 2 or stream.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
     # numpy from here: a few hundred small array ops, each ~5x cheaper than torch's on the CPU
@@ -1524,6 +1566,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         raise ValueError(f"plan uses counter {mx}, the megakernel has {n_counters}")
     # the SPLITK rows the split partials may use: ROW_SCALE takes the last ones where used
     partial_shape = _check_row_scale(s, ops, T, splitk_shape)
+    _check_self_scale(s, ops, H, {g.op for g in slots if g.self_scale})
     rowops = (ops == int(Op.COPY)) | (ops == int(Op.RMSNORM)) | (ops == int(Op.RESIDUAL_ADD))
     if rowops.any():
         p = s[rowops]
@@ -1957,6 +2000,8 @@ class Megakernel:
     split_ops: with splitk, the opcodes whose split tiles the variant runs (None: every one;
     mk.plan.PlanConfig.split_ops: those the plans of its M class may split; the others' split
     code is left out, ~10% of the M1024 class's SASS, and plans splitting them are refused).
+    self_scale: QKV_ROPE / GATE_UP tiles may compute their rows' statistic themselves
+    (PlanConfig.norm_fold=3; GemmSlot.self_scale).
     handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode);
     claim_after_loads None: claim_after_loads_for(gemm_m) (the controller's claim policy)."""
 
@@ -1967,7 +2012,7 @@ class Megakernel:
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
                  kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
                  splitk: torch.Tensor | None = None, l2_prefetch: bool = False,
-                 claim_after_loads: bool | None = None, split_ops=None):
+                 claim_after_loads: bool | None = None, split_ops=None, self_scale: bool = False):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -2014,7 +2059,8 @@ class Megakernel:
             gemm_m = max(_gemm_shapes(g)["xt"] for g in self.gemm.values())
         self.gemm_m = gemm_m
         self.split_ops = None if split_ops is None else frozenset(int(o) for o in split_ops)
-        self.slots = gemm_slots(self.gemm, gemm_m, handoff, self.split_ops) if self.gemm else ()
+        self.slots = (gemm_slots(self.gemm, gemm_m, handoff, self.split_ops,
+                                 self_scale=self_scale) if self.gemm else ())
         self.kv = kv
         self.meta = meta
         self.inv_freq = inv_freq
@@ -2248,13 +2294,15 @@ BUILDS = {"full": (False, True), "lean": (True, False), "gemms": (False, False),
 
 
 def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0, split_ops=None,
-                twin: bool | None = None) -> tuple:
+                twin: bool | None = None, self_scale: bool = False) -> tuple:
     """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0); split_ops:
     the opcodes whose split tiles they run (None: every one that can, GemmSlot.splits); twin:
-    pair_twins' (None: GEMM_TWIN; the fake operands' destinations taken as one tensor)."""
+    pair_twins' (None: GEMM_TWIN; the fake operands' destinations taken as one tensor);
+    self_scale: GemmSlot.self_scale of the row-scaled opcodes."""
     return pair_twins(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb,
-                                       split_ops is None or int(op) in split_ops) for op in ops),
-                             key=lambda g: g.slot), twin=twin)
+                                       split_ops is None or int(op) in split_ops,
+                                       self_scale=self_scale and int(op) in ROW_SCALED_OPS)
+                              for op in ops), key=lambda g: g.slot), twin=twin)
 
 
 # ==================================================================================== test plans

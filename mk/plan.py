@@ -321,6 +321,12 @@ class PlanConfig:
     # time and 91 us of a layer's path, session 21's journal). H200, 70B TP8 decode ctx 1024
     # (session 41, bench/results/nf2_*_s41): B=256 -3.1%, B=1024 -2.2% (norm_fold=1: -1.0% /
     # -1.1%).
+    # 3: as 2, but an unsplit tile computes its rows' statistic itself from the h rows its
+    # mainloop streams through its A pages (all of the hidden columns: A_EPI_WAIT = SELF_SCALE,
+    # mk/instructions/_common.py), so a norm whose GEMM does not split is not emitted at all:
+    # no row-scale RMSNORM (~3.8% of the SMs' busy time at B=1024, session 46's journal), no
+    # epilogue wait. The megakernel compiles the statistic in where the plan has such tiles
+    # (Megakernel(norm_self=True)). Built in session 46, not yet GPU-run.
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
     # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
@@ -368,9 +374,10 @@ class PlanConfig:
         for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
-        if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2):
-            raise ValueError(f"PlanConfig.norm_fold must be 0 (off), 1 (where the GEMM splits) or "
-                             f"2 (also where it does not), got {self.norm_fold!r}")
+        if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2, 3):
+            raise ValueError(f"PlanConfig.norm_fold must be 0 (off), 1 (where the GEMM splits), "
+                             f"2 (also where it does not) or 3 (2, the unsplit tiles computing "
+                             f"their rows' statistic themselves), got {self.norm_fold!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
             raise ValueError(f"PlanConfig.attn_pair must be 0 (never), 1 (auto) or 2 (always), "
                              f"got {self.attn_pair!r}")
@@ -964,9 +971,13 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     last (short) slices are queued after every other split tile (PlanConfig.uneven_split).
     row_scale_wait: (counter, target), one per output tile, of the row-scale RMSNORM whose
     ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), or an unsplit
-    tile its accumulators, after waiting for it in its epilogue (norm_fold=2), else None."""
+    tile its accumulators, after waiting for it in its epilogue (norm_fold=2), or "self" (unsplit
+    tiles under norm_fold=3: their own statistic), else None."""
     if nsplit <= 1:
-        if row_scale_wait is not None:
+        if isinstance(row_scale_wait, str) and row_scale_wait == "self":
+            # unsplit under norm_fold=3: the tile's own statistic, no wait
+            args = {**args, mc.A_EPI_WAIT: mc.SELF_SCALE, mc.A_EPI_TARGET: 0}
+        elif row_scale_wait is not None:
             # unsplit under norm_fold=2: the tile scales its rows itself, after its epilogue wait
             c, t = row_scale_wait
             args = {**args, mc.A_EPI_WAIT: np.asarray(c) + 1, mc.A_EPI_TARGET: t}
@@ -1420,7 +1431,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     def gemm(stage, op, b, t, k_word, **kw):
         """_emit_gemm of tiles (block b, column tile t) of op with the step's split (kw may carry
         row_scale_wait, a function of the tiles' blocks: norm_fold's)."""
-        if kw.get("row_scale_wait") is not None:
+        if callable(kw.get("row_scale_wait")):
             kw["row_scale_wait"] = kw["row_scale_wait"](b)
         ns = nsplit.get(op, 1)
         sk_ids = C["SK"] + sk_off[op] + b * ntiles[op] + t if ns > 1 else None
@@ -1458,17 +1469,21 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         only writes ROW_SCALE, and op's reduces (split) or its tiles' epilogues (unsplit: the
         epilogue wait) wait for it; else the norm's output and waits (a norm that writes h,
         folded with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session
-        38)."""
+        38)). norm_fold=3 where op does not split: row_scale_wait "self", and the norm is not
+        emitted (its caller's `norm_needed`)."""
         if not cfg.norm_fold or folded_reduce or (cfg.norm_fold == 1 and nsplit[op] <= 1):
             return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
-        return (Buf.HIDDEN, lambda b: [(h_c + b, np.asarray(h_t)[b])],
-                lambda b: (norm_c + b, ngr[b]))
+        h_waits = lambda b: [(h_c + b, np.asarray(h_t)[b])]  # noqa: E731
+        if cfg.norm_fold == 3 and nsplit[op] <= 1:
+            return Buf.HIDDEN, h_waits, "self"
+        return Buf.HIDDEN, h_waits, lambda b: (norm_c + b, ngr[b])
 
     g: list = []
     qkv_src, qkv_waits, qkv_scale = folded_norm(Op.QKV_ROPE, C["NA"], prev_HM, hid_m_target,
                                                 fold_d)
-    norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
-         nsplit[Op.DOWN] if fold_d else 0, scale_only=qkv_scale is not None)
+    if not isinstance(qkv_scale, str):      # "self" (norm_fold=3): the tiles' own statistic
+        norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
+             nsplit[Op.DOWN] if fold_d else 0, scale_only=qkv_scale is not None)
     # QKV tiles
     b, t = _grid(nb, n_qkv)
     gemm(S_QKV, Op.QKV_ROPE, b, t, qk.A_K, row0=brow0[b], rows=brows[b], col0=qkv_c0[t],
@@ -1599,8 +1614,9 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
     gu_src, gu_waits, gu_scale = folded_norm(Op.GATE_UP, C["NM"], C["HA"], hid_a_target, fold_o)
-    norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
-         nsplit[Op.O_PROJ] if fold_o else 0, scale_only=gu_scale is not None)
+    if not isinstance(gu_scale, str):
+        norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
+             nsplit[Op.O_PROJ] if fold_o else 0, scale_only=gu_scale is not None)
     b, t = _grid(nb, n_g)
     gemm(S_GU, Op.GATE_UP, b, t, mm.A_K, row0=brow0[b], rows=brows[b], col0=g_c0[t], cols=g_w[t],
          waits=gu_waits(b), signal=C["GU"] + b * gu_slices + g_slice[t], row_scale_wait=gu_scale,

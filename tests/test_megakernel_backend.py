@@ -395,3 +395,57 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
         assert (gate_up[:, mm.A_SRC] == int(Buf.HIDDEN)).all()
         assert (gate_up_old[:, mm.A_SRC] == int(Buf.NORMED)).all()
         assert (gate_up[:, A_EPI_WAIT] != 0).all() and (gate_up_old[:, A_EPI_WAIT] == 0).all()
+
+
+def test_self_scaled_tiles_need_their_slot_code():
+    """PlanConfig.norm_fold=3 on the 70B TP8 rank: at B=4096 no norm is planned (QKV_ROPE and
+    GATE_UP unsplit, each tile its rows' statistic), at B=1024 the attention norm stays (QKV
+    splits) and the MLP norm goes; the plans pass the host check against a variant built with
+    self_scale (GemmSlot.self_scale) and are refused by name against one without; a self-scaled
+    tile whose K is not the hidden width is refused (in a process of its own, MK_TILES
+    cleared)."""
+    pytest.importorskip("cutlass")
+    code = r'''
+import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
+import numpy as np
+from host_step import rank_model, point_batch
+import mk.megakernel as M
+from mk.config import KernelConfig, ParallelConfig
+from mk.instructions import _common as mc
+from mk.instructions import matmul as mm
+from mk.ir import Op, W_OPCODE
+from mk.megakernel_step import default_plan_config, meta_operands
+from mk.plan import Planner
+model = rank_model()
+for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
+    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=ctx, max_batch_tokens=4096,
+                          num_kv_pages=b * (ctx // 16))
+    nf3, nf2 = default_plan_config(norm_fold=3), default_plan_config(norm_fold=2)
+    plan = Planner(model, ParallelConfig(), kernel, nf3).plan(point_batch(b, ctx, 0, 16))
+    s = plan.representative_stream()
+    ops = s[:, W_OPCODE].numpy()
+    own = (s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE).numpy()
+    assert own[ops == int(Op.GATE_UP)].all() and own.any()
+    assert (int((ops == int(Op.RMSNORM)).sum()) > 0) == bool(norms), b
+    nbuf, T, H, kw = meta_operands(model, kernel, nf3, b)
+    M.check_plan(s, nbuf, T, H, 1 << 22, **kw)
+    *_, kw2 = meta_operands(model, kernel, nf2, b)
+    try:
+        M.check_plan(s, nbuf, T, H, 1 << 22, **kw2)
+        raise SystemExit("accepted without the code")
+    except ValueError as e:
+        assert "computes its rows' statistic itself" in str(e) and "self_scale=True" in str(e)
+    bad = s.clone()
+    i = int(np.flatnonzero(own & (ops == int(Op.GATE_UP)))[0])
+    bad[i, mm.A_K] = H // 2
+    try:
+        M.check_plan(bad, nbuf, T, H, 1 << 22, **kw)
+        raise SystemExit("accepted a partial K")
+    except ValueError as e:
+        assert "hidden width" in str(e), e
+    print("ok", b)
+''' % (str(ROOT / "bench"), str(ROOT))
+    env = {k: v for k, v in os.environ.items() if k != "MK_TILES"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.count("ok") == 2, r.stderr[-3000:] + r.stdout[-500:]

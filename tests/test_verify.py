@@ -429,6 +429,27 @@ def test_norm_fold_unsplit_plans_accepted(batch, tp, split_k, policy):
     assert findings == [], "\n".join(str(f) for f in findings[:5])
 
 
+@pytest.mark.parametrize("batch,tp,split_k,policy", [("mixed", 1, 1, "op_major"),
+                                                      ("mixed", 1, 2, "interleave"),
+                                                      ("decode", 2, 1, "block_major")])
+def test_norm_fold_self_scaled_plans_accepted(batch, tp, split_k, policy):
+    """PlanConfig.norm_fold=3: the self-scaled tiles read h after h's writer alone (no norm, no
+    epilogue wait); with split_k 2 the row-scale norms and scaled reduces of norm_fold=2 stay.
+    Race-free and deadlock-free in every layer."""
+    from mk.instructions import _common as mc
+    c = PlanConfig(**{**P_CFGS[0].__dict__, "policy": policy, "split_k": split_k,
+                      "norm_fold": 3, "splitk_align": 16, "fold_o_reduce": 0,
+                      "fold_down_reduce": 0})
+    streams, plan = planner_streams(p_batches()[batch], tp, c)
+    s = streams[0].numpy()
+    own = np.isin(s[:, W_OPCODE], [int(Op.QKV_ROPE), int(Op.GATE_UP)]) & (
+        s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE)
+    assert own.any() == (split_k == 1)
+    assert ((s[:, W_OPCODE] == int(Op.RMSNORM)).any()) == (split_k == 2)
+    findings = check(streams, plan.num_counters, meta=plan.meta)
+    assert findings == [], "\n".join(str(f) for f in findings[:5])
+
+
 def _unsplit_fold_stream():
     from mk.instructions import _common as mc
     c = PlanConfig(**{**P_CFGS[0].__dict__, "norm_fold": 2, "fold_o_reduce": 0,

@@ -482,6 +482,37 @@ def test_norm_fold_bf16_greedy_tokens_match(checkpoints, name, tp, nf, split_k):
 
 
 @pytest.mark.parametrize("tp,split_k", [(1, 1), (1, 2), (2, 1)])
+def test_norm_fold_self_scaled_equals_norm_fold_2(checkpoints, tp, split_k):
+    """PlanConfig.norm_fold=3: the unsplit QKV / gate-up tiles are marked self-scaled
+    (A_EPI_WAIT = SELF_SCALE, no epilogue wait) and their norms are not planned at all (split_k
+    1: no RMSNORM left); split ones keep norm_fold=2's row-scale norm and scaled reduce. The
+    tiles' own statistic is the row-scale norm's expression over the same rows, so the logits
+    are bitwise norm_fold=2's, and within 2e-5 of the reference, in random interleavings."""
+    from mk.instructions import _common as mc
+    from mk.weights import fold_norms
+    ck = checkpoints("GQA_LLAMA3")
+    w = [fold_norms(x) for x in weights(ck, tp, torch.float32)]
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    base = {**CFG.__dict__, "split_k": split_k, "fold_o_reduce": 0, "fold_down_reduce": 0}
+    vm2 = VM(w, KERNEL, PlanConfig(**{**base, "norm_fold": 2}))
+    vm3 = VM(w, KERNEL, PlanConfig(**{**base, "norm_fold": 3}))
+    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        s2, s3 = vm2.plan(batch).instrs, vm3.plan(batch).instrs
+        gemm = (s3[:, W_OPCODE] == int(Op.QKV_ROPE)) | (s3[:, W_OPCODE] == int(Op.GATE_UP))
+        unsplit = gemm & (s3[:, mc.A_NSPLIT] < 2)
+        assert unsplit.any() == (split_k == 1)
+        assert (s3[unsplit, mc.A_EPI_WAIT] == mc.SELF_SCALE).all()
+        assert (s3[gemm & ~unsplit, mc.A_EPI_WAIT] == 0).all()
+        n2 = int((s2[:, W_OPCODE] == int(Op.RMSNORM)).sum())
+        n3 = int((s3[:, W_OPCODE] == int(Op.RMSNORM)).sum())
+        assert (n3 == 0) if split_k == 1 else (n3 == n2 > 0)
+        got = vm3.step(batch, mode="random", sms=5, seed=i)
+        torch.testing.assert_close(got, vm2.step(batch, mode="random", sms=3, seed=i + 7),
+                                   rtol=0, atol=0, msg=f"step {i}")
+        torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
+
+
+@pytest.mark.parametrize("tp,split_k", [(1, 1), (1, 2), (2, 1)])
 def test_norm_fold_unsplit_matches_reference(checkpoints, tp, split_k):
     """PlanConfig.norm_fold=2: unsplit QKV / gate-up tiles (split_k 1: every one) read the
     residual rows, wait for h's writer only, and scale their rows by ROW_SCALE in the epilogue

@@ -49,6 +49,11 @@ A_SPLIT_ROW = ARG0 + 13 # SPLITK row stride between splits
 # the tile's SM, always has a runnable producer (mk.verify checks both orders).
 A_EPI_WAIT = ARG0 + 8
 A_EPI_TARGET = ARG0 + 9
+# PlanConfig.norm_fold=3: A_EPI_WAIT = SELF_SCALE marks an unsplit QKV_ROPE / GATE_UP tile that
+# computes its rows' statistic r = rsqrt(mean(h^2) + eps) itself, from the h rows its mainloop
+# streams (all K = hidden columns of them pass through its A pages), and scales y = bf16(acc * r)
+# as under norm_fold=2: no row-scale RMSNORM, no ROW_SCALE, no epilogue wait.
+SELF_SCALE = -1
 SPLIT_ARG_NAMES = {A_NSPLIT - ARG0: "nsplit", A_SPLIT_J - ARG0: "j", A_K0 - ARG0: "k0",
                    A_SPLIT_ROW - ARG0: "split_row", A_EPI_WAIT - ARG0: "epi_wait",
                    A_EPI_TARGET - ARG0: "epi_target"}
@@ -66,6 +71,13 @@ def epilogue_wait(instr: Instruction) -> tuple[int, int] | None:
         return None
     c = instr.args[A_EPI_WAIT - ARG0]
     return (c - 1, instr.args[A_EPI_TARGET - ARG0]) if c > 0 else None
+
+
+def self_scaled(instr: Instruction) -> bool:
+    """An unsplit QKV_ROPE / GATE_UP tile that scales its rows by their own statistic
+    (A_EPI_WAIT = SELF_SCALE; PlanConfig.norm_fold=3)."""
+    return (instr.opcode in _ROW_SCALED_IDS
+            and instr.args[A_EPI_WAIT - ARG0] == SELF_SCALE)
 
 
 def epilogue_wait_words(w) -> tuple[int, int] | None:

@@ -19,7 +19,9 @@ Arguments:
     ARG0 + 5  GATE_UP split tiles (and their SPLITK_REDUCE's copy): intermediate_local, the SPLITK
               column of the up part (the accesses have no weights to take it from)
     ARG0 + 8, 9  GATE_UP unsplit under PlanConfig.norm_fold=2: the epilogue wait (counter + 1,
-              target; mk/instructions/_common.py A_EPI_WAIT): y = bf16(acc * ROW_SCALE[row])
+              target; mk/instructions/_common.py A_EPI_WAIT): y = bf16(acc * ROW_SCALE[row]);
+              under norm_fold=3 A_EPI_WAIT = SELF_SCALE: y = bf16(acc * rsqrt(mean(x^2) + eps))
+              of the tile's own source rows x
     ARG0 + 10 .. 13  split-K words (mk/instructions/_common.py: A_NSPLIT, A_SPLIT_J, A_K0,
               A_SPLIT_ROW), O_PROJ / GATE_UP / DOWN only
 
@@ -40,8 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from mk.instructions._common import (A_K0, A_SPLIT_J, A_SPLIT_ROW, SPLIT_ARG_NAMES, arg, cols_of,
-                                     epilogue_wait, is_split, rows_of)
+                                     epilogue_wait, is_split, rows_of, self_scaled)
 from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
+from mk.instructions.rows import row_scale
 from mk.ir import ARG0, Instruction, Op
 
 A_SRC = ARG0
@@ -154,6 +157,7 @@ class GemmLikeFamily(InstructionFamily):
         src = Region(arg(instr, self.SRC_WORD), r0, r1, 0, K, rank)
         reads, writes = self.epilogue_regions(instr, rank, meta)
         if epilogue_wait(instr) is None:
+            # (a self-scaled tile's statistic comes from src itself: no further read)
             return Accesses((src,) + tuple(reads), tuple(writes))
         # the row scale is read after the epilogue wait, with the epilogue's own reads
         late = (Region(Buf.ROW_SCALE, r0, r1, 0, 1, rank),) + tuple(reads)
@@ -165,6 +169,13 @@ class GemmLikeFamily(InstructionFamily):
         w = self.weight(instr, state.weights)
         if not is_split(instr):
             x = state.buf(arg(instr, self.SRC_WORD))[r0:r1, :K]
+            if self_scaled(instr):
+                # norm_fold=3: the rows' statistic from the rows the tile multiplies (its K is
+                # the hidden width), the expression of the row-scale RMSNORM's (rows.row_scale)
+                acc = F.linear(x.float(), w.float())
+                acc.mul_(row_scale(x, state.weights.config.rms_norm_eps))
+                self.epilogue(instr, state, acc.to(state.weights.dtype))
+                return
             if epilogue_wait(instr) is None:
                 self.epilogue(instr, state, gemm_tile(x, w))
                 return
