@@ -1007,7 +1007,7 @@ class MegakernelDSL:
                                                  state, t, meta, inv_freq, ring[base + W_ROW0],
                                                  ring[base + W_ROWS], ring[base + qk.A_SECTION],
                                                  PS, self.split_tile(GS[gi], g, ring, base, skops,
-                                                                     bufs),
+                                                                     bufs, eps=eps),
                                                  journal, J_CONS_EPI if self.journal else -1,
                                                  J_CONS_WAIT if self.journal else -1,
                                                  J_MMA_WAIT if self.journal else -1,
@@ -1126,13 +1126,14 @@ class MegakernelDSL:
         return gk.TwinSource(use, gops[tj][0], gops[tj][1], gops[tj][2], gops[tj][3]), src - xb
 
     def split_tile(self, gs: GemmSlot, g, ring: cute.Tensor, base: Int32, skops: list,
-                   bufs: cute.Tensor = None, counters: cute.Tensor = None):
+                   bufs: cute.Tensor = None, counters: cute.Tensor = None, eps=None):
         """The slot's gk.SplitTile when split-K is compiled in and the opcode splits, else None
         (the unsplit bodies, as compiled without split-K). Trace-time Python: no early exit
         restriction, nothing emitted but GATE_UP's up column (the weights' half). bufs (the
         arena: its token rows locate ROW_SCALE in the workspace) / counters: for the row-scaled
         opcodes' epilogue wait (PlanConfig.norm_fold=2), the consumers' scale and the loader's
-        wait; None where a role needs neither."""
+        wait; None where a role needs neither. eps (the consumers'): the model's, for a
+        self-scaled tile's statistic (GemmSlot.self_scale, PlanConfig.norm_fold=3)."""
         if not self.splitk or gs.op not in SPLITK_OPS:
             return None
         if not gs.splits and gs.op not in ROW_SCALED_OPS:
@@ -1142,7 +1143,7 @@ class MegakernelDSL:
             bufs, counters = None, None
         return gk.SplitTile(ring, base, skops[0], up,
                             None if bufs is None else bufs.shape[0], counters, self.backoff_ns,
-                            gs.splits)
+                            gs.splits, gs.self_scale, gs.kw, eps)
 
     @cute.jit
     def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,

@@ -615,7 +615,7 @@ def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
     ROW_SCALE's (row_scale_rows); (0, width) where the plans never split."""
     rows, width = plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)
     # norm_fold=2 scales unsplit tiles' rows too: ROW_SCALE whether or not anything splits
-    need = rows or plan_cfg.norm_fold == 2
+    need = rows or plan_cfg.norm_fold >= 2
     return (rows + row_scale_rows(kernel.max_batch_tokens, width) if need else 0, width)
 
 

@@ -56,6 +56,12 @@
 #          never / auto, 478 tokens: norms of 32 / 64 rows, folded, row-scale and full), then
 #          decode MK_NB_BATCH (256,1024,4096) and the mixed step, default / each, megakernel
 #          only, no journal: normbig.log, normbig_{default,r32,r64}.json (~8 min)
+#   nself  PlanConfig.norm_fold=3 (session 46: an unsplit QKV / gate-up tile computes its rows'
+#          statistic from its own A pages; the norms before unsplit GEMMs are not planned): the
+#          two-layer checks (208 tokens split-K never / auto, 478 tokens), racecheck of the
+#          split-K-never step (every tile self-scaled), then if clean decode MK_NS_BATCH
+#          (256,1024,4096) and the mixed step, default (norm_fold=2) / norm_fold=3, megakernel
+#          only, no journal: nself.log, nself_{default,nf3}.json (~7 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
@@ -346,6 +352,12 @@
 #      4096 1.06, mixed 1.04; ktbisect: the build costs a GEMM tile ~2% now (GATE_UP 94.0 alone
 #      through the step's kernel vs 92.1 lean), unbounded waits ~1.7% of the B=1024 step. The
 #      misses are compute-bound (B=4096, mixed) or within 2% (B=64, 256). In this order:
+#      0. `MK_STEPS=nself` (~7 min): PlanConfig.norm_fold=3 (built this session, CPU-checked:
+#         interpreter bitwise equal to norm_fold=2, verifier, host check, 0 spills): the norms
+#         before unsplit GEMMs are gone (B=4096: both; B=256 / 1024: the MLP norm), each unsplit
+#         QKV / gate-up tile sums its rows' squares from its A pages while its wgmmas run. If
+#         its checks and racecheck pass and it wins, make it the backend's default
+#         (DEFAULT_PLAN) after the whole suite with it (`MK_STEPS=verify` runs its GPU test).
 #      1. `MK_STEPS=normbig` (~8 min): under norm_fold=2 the row-scale norms run beside the GEMM
 #         mainloops, 8 rows an instruction (norm_fill's one-per-SM rule from when they were on
 #         the path): ~3.7% of the SMs' busy time at B=1024 (session 46's journal, 2 layers:
@@ -684,7 +696,8 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
-                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240)
+                   [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
+                   [nself]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1990,6 +2003,26 @@ if has waitslim; then
   UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
       "inline|MK_WAIT_COMPACT=0||${MK_WS_BATCH:-256,1024}" \
       "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
+fi
+if has nself; then
+  # plan 000017: norm_fold=3 against the default's norm_fold=2 (a plan value; the backend builds
+  # the variant with the self-scale code, Megakernel(self_scale=True))
+  : > "$OUTDIR/nself.log"
+  ns_before=$(grep -c '"passed": true' "$OUTDIR/nself.log")
+  check_to "$OUTDIR/nself.log" --split-k 1 --plan norm_fold=3
+  check_to "$OUTDIR/nself.log" --split-k 0 --plan norm_fold=3
+  check_to "$OUTDIR/nself.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan norm_fold=3
+  racecheck_to "$OUTDIR/nself.log" --split-k 1 --plan norm_fold=3
+  if [ $(( $(grep -c '"passed": true' "$OUTDIR/nself.log") - ns_before )) -ge 4 ] \
+      && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/nself.log"; then
+    ns_mixed="--mixed ${MK_NS_MIXED:-256:1024:1024}"
+    UNTRACED_TIMEOUT=${MK_NS_TIMEOUT:-200} untraced_runs nself \
+        "default||$ns_mixed|${MK_NS_BATCH:-256,1024,4096}" \
+        "nf3||--plan norm_fold=3 $ns_mixed|${MK_NS_BATCH:-256,1024,4096}"
+  else
+    echo "== norm_fold=3: a check or racecheck failed, not timed" | tee -a "$OUTDIR/nself.log"
+    rc=1
+  fi
 fi
 if has shares; then
   # plan 000017's 3: where an 80-layer step's SM time goes at today's default (the last such

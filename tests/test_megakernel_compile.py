@@ -147,6 +147,29 @@ def test_all_opcode_splitk_variant_compiles_without_spills(dump_dir, m, page_siz
     print(f"M{m} ps{page_size} splitk ({splits}) split {low}/{high}")
 
 
+def test_self_scale_variant_compiles_without_spills(dump_dir):
+    """PlanConfig.norm_fold=3's variant of the class above 1024 tokens (QKV_ROPE and GATE_UP
+    unsplit there, both self-scaled: Megakernel(self_scale=True), GemmSlot.self_scale): 0 spills,
+    no stack frame, no call, the register split kept; per self-scaled slot four 16-byte shared
+    loads of the A page in the mainloop (row_sumsq: two chunks of two rows), two shuffles per
+    row and one rsqrt per row more than the default variant (scale_own_rows)."""
+    import mk.megakernel as M
+    from mk.megakernel_step import class_split_ops, default_plan_config
+    split_ops = class_split_ops(default_plan_config(norm_fold=3), 4096)
+    counts = {}
+    for own in (False, True):
+        slots = M.class_slots(4096, split_ops=split_ops, self_scale=own)
+        assert sum(g.self_scale for g in slots) == (2 if own else 0)
+        ptx = M.compile_fake(gemm=slots, attn_page_size=16, gather=True, splitk=True).__ptx__
+        counts[own] = [len(re.findall(rx, ptx)) for rx in
+                       (r"ld\.shared\.v4", r"shfl\.sync\.bfly", r"rsqrt\.approx")]
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    regs = assert_clean(ptxas_report(ptx, os.path.join(dump_dir, "self_scale_M4096")))
+    low, high = M.reg_split(slots)
+    assert M.reg_split_ok(low, high, regs), (regs, low, high)
+    assert [b - a for a, b in zip(counts[False], counts[True])] == [8, 8, 4], counts
+
+
 def test_twin_slots_pair_only_opcodes_of_one_body():
     """pair_twins (MK_GEMM_TWIN): DOWN runs through O_PROJ's bodies in every M class (the same
     tile, RESIDUAL epilogue, K word, split code and destination); nothing else pairs, nor O_PROJ

@@ -214,22 +214,27 @@ def test_engine_folds_its_own_weights_in_place(ckpt):
     torch.testing.assert_close(e.backend.weights.qkv, own.weights.qkv, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("norm_rows", [None, 32])
+NORM_FOLD_VARIANTS = {"nf2": {"norm_fold": 2},
+                      "nf2-rows32": {"norm_fold": 2, "norm_rows": 32, "norm_fill_max_tokens": 0,
+                                     "small_norm_max_tokens": 0},
+                      "nf3": {"norm_fold": 3}}
+
+
+@pytest.mark.parametrize("variant", list(NORM_FOLD_VARIANTS))
 @pytest.mark.parametrize("split_k,prompt_lens", [(1, (1, 13, 64, 130)),
                                                  (0, (1, 13, 64, 130, 200, 70))])
-def test_check_norm_fold_unsplit(split_k, prompt_lens, norm_rows):
+def test_check_norm_fold_unsplit(split_k, prompt_lens, variant):
     """PlanConfig.norm_fold=2 (built in session 39, GPU-verified in session 41, the backend's
     default since): the unsplit QKV_ROPE / GATE_UP tiles read h, the loader waits for the
     row-scale norm before their epilogue pages and the consumers scale the rows by ROW_SCALE; two
     layers vs mk.vm on the folded weights, with split-K never (every tile row-scaled) and auto
-    over a 478-token first step (split and unsplit ones side by side). norm_rows 32: every norm
+    over a 478-token first step (split and unsplit ones side by side). nf2-rows32: every norm
     of the step 32 rows an instruction (four row groups of the rows body; plan 000017's bigger
-    row-scale norms), full, folded and row-scale alike."""
+    row-scale norms), full, folded and row-scale alike. nf3 (norm_fold=3, session 46): the
+    unsplit tiles compute their rows' statistic from their own A pages, no norm before them."""
     from mk.megakernel_step import check_against_vm
     import json
-    plan = {"norm_fold": 2}
-    if norm_rows is not None:
-        plan.update(norm_rows=norm_rows, norm_fill_max_tokens=0, small_norm_max_tokens=0)
+    plan = dict(NORM_FOLD_VARIANTS[variant])
     r = check_against_vm(layers=2, kv_split=64, split_k=split_k, plan=plan,
                          prompt_lens=prompt_lens)
     assert r["passed"], json.dumps(r, indent=1)

@@ -1020,6 +1020,13 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         mains = [cute.make_rmem_tensor(thr_main.partition_C(cW).shape, Float32)]
     for ch in cutlass.range_constexpr(len(mains)):
         mains[ch].fill(0.0)
+    # PlanConfig.norm_fold=3: a self-scaled tile's rows' sums of squares (SplitTile.self_scale)
+    own, ssq = None, None
+    if cutlass.const_expr(split is not None and epi in ROW_SCALED_EPIS):
+        if cutlass.const_expr(split.self_scale):
+            own = split.self_scaled()
+            ssq = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+            ssq.fill(0.0)
     mainloop_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
@@ -1052,6 +1059,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
                           tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(own is not None):
+            # while the stage's wgmmas run: this thread's quarter of its two rows in the A page
+            if own:
+                row_sumsq(ssq, pool + pa * PAGE, tCcC[0][0], tCcC[2][0], lane % 4)
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
                 release_stage(pg + (k - 1) * spp, spp, npages,
@@ -1102,7 +1113,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             pg = pg + consume_epilogue(cfg, epi, accs, tCcC, wg, pool, full, empty, done, ep,
                                        npages, lane, timeout_ns, state, ticket, meta, inv_freq,
                                        row0, rows, section, share, journal, epi_word,
-                                       ctid == 0, cols, split) - ep
+                                       ctid == 0, cols, split, own, ssq) - ep
     return pg
 
 
@@ -1114,11 +1125,13 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
                      inv_freq: cute.Tensor, row0: Int32, rows: Int32, section: Int32,
                      share: cutlass.Constexpr, journal: cute.Tensor = None,
                      epi_word: cutlass.Constexpr = -1, me=None, cols=None,
-                     split=None) -> Int32:
+                     split=None, own=None, ssq=None) -> Int32:
     """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
     ring count pg), handed to the storer. Returns the new page count. split: the tile's
     SplitTile (variants with split-K): an unsplit QKV_ROPE / GATE_UP tile with an epilogue wait
-    scales its rows by ROW_SCALE first (scale_rows)."""
+    scales its rows by ROW_SCALE first (scale_rows); own / ssq (SplitTile.self_scale): whether
+    the tile is self-scaled, and its rows' sums of squares (row_sumsq), by which it then scales
+    them (scale_own_rows)."""
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
@@ -1130,6 +1143,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     if cutlass.const_expr(split is not None and epi in ROW_SCALED_EPIS):
         # the loader granted these pages after the row-scale norm's counter (gemm_load)
         scale_rows(accs, tCcC, split.sk, split.tokens, split.epi_wait(), row0)
+    if cutlass.const_expr(own is not None):
+        own_k, own_eps = split.k(), split.eps      # (the `if` below carries run-time values only)
+        if own:
+            scale_own_rows(accs, tCcC, ssq, own_k, own_eps)
     if cutlass.const_expr(epi_word >= 0):
         # a time, not a summed clock: a clock register held through the waits spilled the
         # journal variant's consumers (8 bytes at M1024 / max); with CHAIN_HANDOFF the first
@@ -1171,6 +1188,46 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
             handed = (ch + 1) * cp
     hand_off_epilogue_pages(cfg, epi, done, pg, handed, ne, npages, lane, share)
     return pg + ne
+
+
+@cute.jit
+def row_sumsq(ssq: cute.Tensor, page: Int32, ra: Int32, rb: Int32, quarter: Int32):
+    """ssq[0] / ssq[1] += the squares (float32) of this thread's quarter of A-page rows ra / rb:
+    their 16-byte chunks 2 * quarter and 2 * quarter + 1 (the page is SW128: row r's chunk c at
+    byte r * 128 + ((c ^ (r & 7)) << 4)). The four lanes of a row pair (lane % 4) cover its 64
+    columns; own_row_scale sums them. PlanConfig.norm_fold=3's statistic, on the very bf16
+    values the wgmmas read."""
+    for h in cutlass.range_constexpr(2):
+        r = ra
+        if cutlass.const_expr(h == 1):
+            r = rb
+        acc = ssq[h]
+        for c in cutlass.range_constexpr(2):
+            chunk = 2 * quarter + c
+            addr = page + r * 128 + ((chunk ^ (r & 7)) << 4)
+            v = cute.make_tensor(cute.make_ptr(BFloat16, addr, cute.AddressSpace.smem,
+                                               assumed_align=16),
+                                 cute.make_layout(8)).load().to(Float32)
+            acc = acc + (v * v).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        ssq[h] = acc
+
+
+@cute.jit
+def scale_own_rows(accs, tCcC: cute.Tensor, ssq: cute.Tensor, k: Int32, eps: Float32):
+    """A self-scaled tile (norm_fold=3): each accumulator times its row's rsqrt(mean(h^2) + eps),
+    the row-scale RMSNORM's expression (rk.rmsnorm_rows: the sum times 1 / K), from the sums of
+    squares of the thread's rows tCcC[0] / tCcC[2] (row_sumsq), a quarter in each lane of the
+    four that share them."""
+    inv_k = Float32(1.0) / Float32(k)
+    for h in cutlass.range_constexpr(2):
+        x = ssq[h]
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+        ssq[h] = cute.math.rsqrt(x * inv_k + eps)
+    ra = tCcC[0][0]
+    for ch in cutlass.range_constexpr(len(accs)):
+        for i in cutlass.range_constexpr(cute.size(accs[ch])):
+            accs[ch][i] = accs[ch][i] * cutlass.select_(tCcC[i][0] == ra, ssq[0], ssq[1])
 
 
 @cute.jit
@@ -1503,13 +1560,28 @@ class SplitTile:
     floats) and what the loader needs to wait for it (counters, backoff_ns).
     splits False (trace-time): the variant never runs this opcode's split tiles (the slot's
     GemmSlot.splits), only the epilogue wait: nsplit() is the constant 1 and k0() 0, so the
-    split-tile code folds away."""
+    split-tile code folds away.
+    self_scale (trace-time, GemmSlot.self_scale): the consumers' code for a tile marked
+    SELF_SCALE (PlanConfig.norm_fold=3) is compiled in: its rows' sum of squares over the A pages
+    of the mainloop (row_sumsq), rsqrt(sum / K + eps) with K the tile's K word (k_word) and eps
+    the model's, and its rows scaled by it before the epilogue (scale_own_rows)."""
 
     def __init__(self, ring: cute.Tensor, base, sk: cute.Tensor, up_col=None, tokens=None,
-                 counters=None, backoff_ns: int = 200, splits: bool = True):
+                 counters=None, backoff_ns: int = 200, splits: bool = True,
+                 self_scale: bool = False, k_word: int = -1, eps=None):
         self.ring, self.base, self.sk, self.up_col = ring, base, sk, up_col
         self.tokens, self.counters, self.backoff_ns = tokens, counters, backoff_ns
         self.splits = splits
+        self.self_scale = self_scale and eps is not None
+        self.k_word, self.eps = k_word, eps
+
+    def self_scaled(self):
+        """Whether the tile computes its rows' statistic itself (A_EPI_WAIT = SELF_SCALE)."""
+        return self.ring[self.base + A_EPI_WAIT] == Int32(mc.SELF_SCALE)
+
+    def k(self):
+        """The tile's K word (its reduction width)."""
+        return self.ring[self.base + self.k_word]
 
     def epi_wait(self):
         """The epilogue wait's counter + 1 (0: none, the tile's rows not scaled)."""
