@@ -60,8 +60,10 @@
 #          statistic from its own A pages; the norms before unsplit GEMMs are not planned): the
 #          two-layer checks (208 tokens split-K never / auto, 478 tokens), racecheck of the
 #          split-K-never step (every tile self-scaled), then if clean decode MK_NS_BATCH
-#          (256,1024,4096) and the mixed step, default (norm_fold=2) / norm_fold=3, megakernel
-#          only, no journal: nself.log, nself_{default,nf3}.json (~7 min)
+#          (256,1024,4096) and the mixed step, default (norm_fold=2) / norm_fold=3, and B=1024
+#          with QKV_ROPE unsplit too (splitk_qkv_max_tokens=512: no norm left there, no QKV
+#          reduce), megakernel only, no journal: nself.log, nself_{default,nf3,nf3q512}.json
+#          (~8 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
@@ -697,7 +699,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=420)
+                   [nself]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2018,7 +2020,8 @@ if has nself; then
     ns_mixed="--mixed ${MK_NS_MIXED:-256:1024:1024}"
     UNTRACED_TIMEOUT=${MK_NS_TIMEOUT:-200} untraced_runs nself \
         "default||$ns_mixed|${MK_NS_BATCH:-256,1024,4096}" \
-        "nf3||--plan norm_fold=3 $ns_mixed|${MK_NS_BATCH:-256,1024,4096}"
+        "nf3||--plan norm_fold=3 $ns_mixed|${MK_NS_BATCH:-256,1024,4096}" \
+        "nf3q512||--plan norm_fold=3,splitk_qkv_max_tokens=512|1024"
   else
     echo "== norm_fold=3: a check or racecheck failed, not timed" | tee -a "$OUTDIR/nself.log"
     rc=1
