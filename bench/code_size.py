@@ -121,12 +121,14 @@ def summarize(text: str, by: str = "function") -> dict:
                 per=dict(per.most_common()), files=dict(files.most_common()))
 
 
-def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP") -> str:
+def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP",
+                 plan: dict | None = None) -> str:
     """The megakernel variant of M class m, annotated SASS text: build "full" the all-opcode
     one (as the backend builds it), else mk.megakernel.BUILDS' (lean: op's GEMM slot alone;
     gemms: every slot, no attention or gather; families: op's slot with attention and gather).
-    Split-K code only for the opcodes the backend's default plans may split in that class
-    (PlanConfig.split_ops), as the backend compiles it."""
+    Split-K code only for the opcodes the backend's plans may split in that class
+    (PlanConfig.split_ops), as the backend compiles it: its default plan with the overrides
+    `plan` (PlanConfig fields; norm_fold=3 also compiles the self-scaled tiles' code)."""
     os.environ["CUTE_DSL_LINEINFO"] = "1"      # before cutlass is imported
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import mk.megakernel as M
@@ -138,9 +140,11 @@ def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP")
     from mk.ir import Op
     from mk.megakernel_step import class_split_ops, default_plan_config
     one_slot, families = M.BUILDS[build]
-    split_ops = class_split_ops(default_plan_config(), m)
+    cfg = default_plan_config(**(plan or {}))
+    split_ops = class_split_ops(cfg, m)
     comp = M.compile_fake(gemm=M.class_slots(m, ops=(Op[op],) if one_slot else M.GEMM_OPS,
-                                             split_ops=split_ops),
+                                             split_ops=split_ops,
+                                             self_scale=cfg.norm_fold == 3),
                           attn_page_size=(16 if m <= 256 else 64) if families else 0,
                           gather=families, splitk=True)
     ptx = comp.__ptx__
@@ -183,16 +187,25 @@ def main(argv=None) -> int:
                     help="which opcodes compile in (mk.megakernel.BUILDS; default the step's)")
     ap.add_argument("--op", default="GATE_UP", choices=("O_PROJ", "GATE_UP", "DOWN", "LM_HEAD"),
                     help="the GEMM opcode of the lean / families builds")
+    ap.add_argument("--plan", default="", metavar="FIELD=VALUE,...",
+                    help="PlanConfig overrides of the backend's default plan (which split code "
+                         "compiles in; norm_fold=3: the self-scaled tiles' code)")
     ap.add_argument("--by", choices=("function", "line"), default="function")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json", help="also write the whole summary here")
     a = ap.parse_args(argv)
+    from mk.plan import parse_plan_overrides
+    try:
+        plan = parse_plan_overrides(a.plan) if a.plan else {}
+    except ValueError as e:
+        ap.error(f"--plan: {e}")
     with tempfile.TemporaryDirectory(prefix="mk_code_size_") as work:
-        s = summarize(compile_sass(a.m, work, a.build, a.op), a.by)
+        s = summarize(compile_sass(a.m, work, a.build, a.op, plan), a.by)
     switches = {k: v for k, v in sorted(os.environ.items())
                 if k.startswith("MK_") and k not in ("MK_CACHE_DIR",)}
     build = a.build if a.build == "full" else f"{a.build} ({a.op})"
-    print(f"[code_size] M class {a.m}, build {build}, switches {switches or 'none'}")
+    print(f"[code_size] M class {a.m}, build {build}, plan {a.plan or 'default'}, switches "
+          f"{switches or 'none'}")
     print(format_report(s, a.top))
     if a.json:
         try:
@@ -201,7 +214,7 @@ def main(argv=None) -> int:
         except OSError:
             commit = ""
         Path(a.json).write_text(json.dumps(dict(m_class=a.m, build=a.build, op=a.op, by=a.by,
-                                                switches=switches,
+                                                plan=plan, switches=switches,
                                                 git_commit=commit, **s), indent=1))
         print(f"[code_size] wrote {a.json}")
     return 0
