@@ -320,8 +320,8 @@ class GemmSlot:
     # loader takes this slot's x / w at run time, gk.TwinSource)
     twin_of: int = -1
     # QKV_ROPE / GATE_UP: its unsplit tiles may compute their rows' statistic themselves
-    # (PlanConfig.norm_fold=3, A_EPI_WAIT = SELF_SCALE; the consumers' sum of squares over the A
-    # pages of the mainloop, gk.SelfScale)
+    # (PlanConfig.norm_fold=3, A_EPI_WAIT = SELF_SCALE; the consumers' sums of squares over the
+    # A pages of the mainloop, gk.row_sumsq / gk.scale_own_rows)
     self_scale: bool = False
 
     @property
@@ -1438,9 +1438,6 @@ def _check_self_scale(s: np.ndarray, ops: np.ndarray, H: int, compiled: set):
     own = np.isin(ops, GEMM_OPS) & (s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE)
     if not own.any():
         return
-    i = int(np.flatnonzero(own)[0])
-    where = (f"instruction {i} (layer {int(s[i, W_LAYER])}, rows {int(s[i, W_ROW0])}+"
-             f"{int(s[i, W_ROWS])})")
     bad = sorted(set(ops[own].tolist()) - set(ROW_SCALED_OPS))
     if bad:
         raise ValueError(f"megakernel: {[_op_name(o) for o in bad]} tiles marked self-scaled "

@@ -326,7 +326,7 @@ class PlanConfig:
     # mk/instructions/_common.py), so a norm whose GEMM does not split is not emitted at all:
     # no row-scale RMSNORM (~3.8% of the SMs' busy time at B=1024, session 46's journal), no
     # epilogue wait. The megakernel compiles the statistic in where the plan has such tiles
-    # (Megakernel(norm_self=True)). Built in session 46, not yet GPU-run.
+    # (Megakernel(self_scale=True)). Built in session 46, not yet GPU-run.
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
     # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).

@@ -1195,7 +1195,7 @@ def row_sumsq(ssq: cute.Tensor, page: Int32, ra: Int32, rb: Int32, quarter: Int3
     """ssq[0] / ssq[1] += the squares (float32) of this thread's quarter of A-page rows ra / rb:
     their 16-byte chunks 2 * quarter and 2 * quarter + 1 (the page is SW128: row r's chunk c at
     byte r * 128 + ((c ^ (r & 7)) << 4)). The four lanes of a row pair (lane % 4) cover its 64
-    columns; own_row_scale sums them. PlanConfig.norm_fold=3's statistic, on the very bf16
+    columns; scale_own_rows sums them. PlanConfig.norm_fold=3's statistic, on the very bf16
     values the wgmmas read."""
     for h in cutlass.range_constexpr(2):
         r = ra
@@ -1217,7 +1217,7 @@ def scale_own_rows(accs, tCcC: cute.Tensor, ssq: cute.Tensor, k: Int32, eps: Flo
     """A self-scaled tile (norm_fold=3): each accumulator times its row's rsqrt(mean(h^2) + eps),
     the row-scale RMSNORM's expression (rk.rmsnorm_rows: the sum times 1 / K), from the sums of
     squares of the thread's rows tCcC[0] / tCcC[2] (row_sumsq), a quarter in each lane of the
-    four that share them."""
+    four that share them. ssq holds the two rows' scales afterwards."""
     inv_k = Float32(1.0) / Float32(k)
     for h in cutlass.range_constexpr(2):
         x = ssq[h]
