@@ -1430,6 +1430,19 @@ def _check_folded_norms(rn: np.ndarray, splitk_shape) -> None:
                          f"{rows} partial rows")
 
 
+def _check_row_scaled_tiles(s: np.ndarray, ops: np.ndarray, tiles: np.ndarray, what: str):
+    """GEMM tiles that scale their rows (an epilogue wait, or self-scaled; `what` says which):
+    QKV_ROPE / GATE_UP ones only (their epilogues alone have the code), unsplit (a split tile's
+    rows are scaled by its SPLITK_REDUCE)."""
+    bad = sorted(set(ops[tiles].tolist()) - set(ROW_SCALED_OPS))
+    if bad:
+        raise ValueError(f"megakernel: {[_op_name(o) for o in bad]} tiles {what}: only "
+                         f"{[Op(o).name for o in ROW_SCALED_OPS]} tiles scale their rows")
+    if (s[tiles, mc.A_NSPLIT] >= 2).any():
+        raise ValueError(f"megakernel: a split GEMM tile {what}: split tiles are scaled by "
+                         f"their SPLITK_REDUCE (its row scale word)")
+
+
 def _check_self_scale(s: np.ndarray, ops: np.ndarray, H: int, compiled: set):
     """Unsplit QKV_ROPE / GATE_UP tiles that compute their rows' statistic themselves
     (A_EPI_WAIT = SELF_SCALE, PlanConfig.norm_fold=3): their opcode's slot has the code (in
@@ -1438,11 +1451,8 @@ def _check_self_scale(s: np.ndarray, ops: np.ndarray, H: int, compiled: set):
     own = np.isin(ops, GEMM_OPS) & (s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE)
     if not own.any():
         return
-    bad = sorted(set(ops[own].tolist()) - set(ROW_SCALED_OPS))
-    if bad:
-        raise ValueError(f"megakernel: {[_op_name(o) for o in bad]} tiles marked self-scaled "
-                         f"(word ARG0+{mc.A_EPI_WAIT - ARG0} = {mc.SELF_SCALE}): only "
-                         f"{[Op(o).name for o in ROW_SCALED_OPS]} tiles scale their rows")
+    _check_row_scaled_tiles(s, ops, own, f"marked self-scaled (word ARG0+"
+                                         f"{mc.A_EPI_WAIT - ARG0} = {mc.SELF_SCALE})")
     missing = sorted(set(ops[own].tolist()) - set(compiled))
     if missing:
         i = int(np.flatnonzero(own & np.isin(ops, missing))[0])
@@ -1451,9 +1461,6 @@ def _check_self_scale(s: np.ndarray, ops: np.ndarray, H: int, compiled: set):
         raise ValueError(f"megakernel: {where} is a {_op_name(ops[i])} tile that computes its "
                          f"rows' statistic itself (PlanConfig.norm_fold=3); this megakernel was "
                          f"built without that code (Megakernel(..., self_scale=True))")
-    if (s[own, mc.A_NSPLIT] >= 2).any():
-        raise ValueError("megakernel: a split GEMM tile marked self-scaled: split tiles are "
-                         "scaled by their SPLITK_REDUCE (its row scale word)")
     k = np.where(ops[own] == int(Op.QKV_ROPE), s[own, qk.A_K], s[own, MM_A_K])
     if (k != H).any():
         raise ValueError(f"megakernel: a self-scaled tile's K must be the hidden width {H} (its "
@@ -1477,14 +1484,8 @@ def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     gemm_ops = np.isin(ops, GEMM_OPS)
     tile = gemm_ops & (s[:, mc.A_EPI_WAIT] != 0) & (s[:, mc.A_EPI_WAIT] != mc.SELF_SCALE)
     if tile.any():
-        bad = sorted(set(ops[tile].tolist()) - set(ROW_SCALED_OPS))
-        if bad:
-            raise ValueError(f"megakernel: {[_op_name(o) for o in bad]} tiles with an epilogue "
-                             f"wait (word ARG0+{mc.A_EPI_WAIT - ARG0}): only "
-                             f"{[Op(o).name for o in ROW_SCALED_OPS]} tiles scale their rows")
-        if (s[tile, mc.A_NSPLIT] >= 2).any():
-            raise ValueError("megakernel: a split GEMM tile with an epilogue wait: split tiles "
-                             "are scaled by their SPLITK_REDUCE (its row scale word)")
+        _check_row_scaled_tiles(s, ops, tile,
+                                f"with an epilogue wait (word ARG0+{mc.A_EPI_WAIT - ARG0})")
         c, t = s[tile, mc.A_EPI_WAIT] - 1, s[tile, mc.A_EPI_TARGET]
         if (c < 0).any() or (t <= 0).any():
             raise ValueError("megakernel: an epilogue wait needs a counter and a positive target")

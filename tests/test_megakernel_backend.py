@@ -402,8 +402,8 @@ def test_self_scaled_tiles_need_their_slot_code():
     GATE_UP unsplit, each tile its rows' statistic), at B=1024 the attention norm stays (QKV
     splits) and the MLP norm goes; the plans pass the host check against a variant built with
     self_scale (GemmSlot.self_scale) and are refused by name against one without; a self-scaled
-    tile whose K is not the hidden width is refused (in a process of its own, MK_TILES
-    cleared)."""
+    tile whose K is not the hidden width, a split one and an O_PROJ tile marked self-scaled are
+    refused (in a process of its own, MK_TILES cleared)."""
     pytest.importorskip("cutlass")
     code = r'''
 import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
@@ -435,14 +435,19 @@ for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
         raise SystemExit("accepted without the code")
     except ValueError as e:
         assert "computes its rows' statistic itself" in str(e) and "self_scale=True" in str(e)
-    bad = s.clone()
     i = int(np.flatnonzero(own & (ops == int(Op.GATE_UP)))[0])
-    bad[i, mm.A_K] = H // 2
-    try:
-        M.check_plan(bad, nbuf, T, H, 1 << 22, **kw)
-        raise SystemExit("accepted a partial K")
-    except ValueError as e:
-        assert "hidden width" in str(e), e
+    o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
+    for word, row, value, why in ((mm.A_K, i, H // 2, "hidden width"),
+                                  (mc.A_NSPLIT, i, 2, "split GEMM tile marked self-scaled"),
+                                  (mc.A_EPI_WAIT, o, mc.SELF_SCALE,
+                                   "['O_PROJ'] tiles marked self-scaled")):
+        bad = s.clone()
+        bad[row, word] = value
+        try:
+            M.check_plan(bad, nbuf, T, H, 1 << 22, **kw)
+            raise SystemExit(f"accepted: {why}")
+        except ValueError as e:
+            assert why in str(e), e
     print("ok", b)
 ''' % (str(ROOT / "bench"), str(ROOT))
     env = {k: v for k, v in os.environ.items() if k != "MK_TILES"}
