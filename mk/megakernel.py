@@ -434,6 +434,17 @@ def opaque_copy(x: Int32, ticket: Int32) -> Int32:
     return r
 
 
+@cute.jit
+def next_instruction(ring: cute.Tensor, slot_full: cute.Pointer, islot: Int32, phase: Int32,
+                     timeout_ns: Int64, state: cute.Tensor):
+    """A role's wait for the controller's fill of instruction-ring slot islot (phase `phase` of
+    its barrier slot_full = ifull + islot; bounded: a starved slot is ERR_INSTR_SLOT); the slot's
+    first word and its opcode."""
+    rk.bounded_bar_wait(slot_full, phase, timeout_ns, state, rk.ERR_INSTR_SLOT, Int32(-1))
+    base = islot * INSTR_WORDS
+    return base, ring[base + W_OPCODE]
+
+
 class MegakernelDSL:
     """The compiled object: one per (journal, npages, handoff, backoff_ns, gemm) variant; shapes
     are dynamic. gemm: the GemmSlots compiled in (one tile config per opcode: the M class of the
@@ -766,10 +777,7 @@ class MegakernelDSL:
                 live = Int32(1)
                 pg = Int32(0)
                 while live == 1:
-                    rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
-                                        Int32(-1))
-                    base = islot * INSTR_WORDS
-                    op = ring[base + W_OPCODE]
+                    base, op = next_instruction(ring, ifull + islot, islot, iph, timeout_ns, state)
                     if op == OP_END:
                         live = Int32(0)
                     else:
@@ -881,10 +889,7 @@ class MegakernelDSL:
                 dpar = cute.make_rmem_tensor(cute.make_layout(1), Int32)    # rk.wait_done
                 rk.done_parity_init(dpar)
                 while live == 1:
-                    rk.bounded_bar_wait(ifull + islot, iph, timeout_ns, state, rk.ERR_INSTR_SLOT,
-                                        Int32(-1))
-                    base = islot * INSTR_WORDS
-                    op = ring[base + W_OPCODE]
+                    base, op = next_instruction(ring, ifull + islot, islot, iph, timeout_ns, state)
                     if op == OP_END:
                         live = Int32(0)
                     else:
@@ -953,10 +958,8 @@ class MegakernelDSL:
             pg = Int32(0)
             while nins >= 0:
                 islot = nins % NISLOTS
-                rk.bounded_bar_wait(ifull + islot, (nins // NISLOTS) & 1, timeout_ns, state,
-                                    rk.ERR_INSTR_SLOT, Int32(-1))
-                base = islot * INSTR_WORDS
-                op = ring[base + W_OPCODE]
+                base, op = next_instruction(ring, ifull + islot, islot, (nins // NISLOTS) & 1,
+                                            timeout_ns, state)
                 if op == OP_END:
                     nins = Int32(-1)
                 else:
