@@ -203,7 +203,9 @@ def test_accumulator_fragment_is_what_the_epilogues_assume():
     whose element i = e + 2h + 4j is row r + 8h, column c + 8j + e of its first element (the
     C thread-value layout's value mode: shape (2, 2, wn / 8), strides (Mt, 8, 8 Mt) in the
     column-major (Mt, Nt) tile): the RoPE / one-page gate-up partner offsets (PARTNER_64,
-    TileConfig.partner) rest on it. Lane l holds row l / 4, columns 2 (l % 4)."""
+    TileConfig.partner) rest on it, and norm_fold=3's self-scaled tiles (gk.row_sumsq: a
+    thread's rows are its elements 0 and 2, shared by lanes 4k .. 4k + 3). Lane l holds row
+    l / 4, columns 2 (l % 4)."""
     from mk.instructions import _gemm_kernel as gk
 
     for name, cfg in gk.TILES.items():
