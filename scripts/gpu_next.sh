@@ -371,8 +371,8 @@
 #         weights' evict-first hint was only ever timed at B <= 256), then `qkv256` (B=1024 /
 #         4096), `gu256` (B=256 at 1.01).
 #      2b. `MK_STEPS=gemm` (~6 min): issue 5's table has not run since session 27 (6595874);
-#         every tile and epilogue change since (stage-full, wide chain, TMA-stored residuals,
-#         compact waits, twin slots) is in the megakernel it times.
+#         the GEMM changes since (LM_HEAD's m128n256 tiles from 65 sequences, the compact
+#         waits, the class split code) are in the megakernel it times.
 #      3. `MK_STEPS=shares` (~4 min): journaled 80-layer steps at B=1024 / 4096 and the mixed
 #         step, the SM-time shares at today's default (session 21's are the last at B=4096:
 #         GATE_UP 41%, DOWN 22, ATTENTION 13, QKV 10, O_PROJ 8, RMSNORM 5). If ATTENTION's
