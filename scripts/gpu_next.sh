@@ -332,8 +332,10 @@
 # .gpu/cutlass-dsl-4.8.1-cu13-py312-slim.tar.xz (53.4 MB: the same DSL without its unused
 # top-level `iket` package, repacked as the original, `xz --x86 --lzma2=preset=9e,dict=192MiB`;
 # rebuild it from the full one if it is missing: untar, rm -r
-# nvidia_cutlass_dsl/dsl_packages/iket bin, tar | xz as above, ~4 min). ~0.9 MB of headroom
-# remain: keep large logs out of bench/results (gzip them, or keep only the summary), e.g.
+# nvidia_cutlass_dsl/dsl_packages/iket bin, tar | xz as above, ~4 min). Session 46 moved the
+# results of sessions 19-31 into bench/results/archive_2026-12-01_03.tar.xz: ~3.6 MiB of
+# headroom remain; keep large logs out of bench/results (gzip them, or keep only the summary),
+# e.g.
 #   . .gpu/prelude.sh >/dev/null && export PYTHONPATH=$PWD:$PYTHONPATH MK_COMMIT=<sha> && ( \
 #     CUDA_VISIBLE_DEVICES=0 MK_CACHE_DIR=/tmp/mkc0 MK_STEPS="..." bash scripts/gpu_next.sh $OUT/g0 \
 #       > $OUT/g0.txt 2>&1 & CUDA_VISIBLE_DEVICES=1 MK_CACHE_DIR=/tmp/mkc1 MK_STEPS="..." \
@@ -379,7 +381,7 @@
 #         instructions at ctx 256 are mostly their fixed cost (~4 us of protocol against ~5 us
 #         of K/V bytes for a pair of sequences), more decode units an instruction is the lever.
 #      The device refuses a carried tree over 64 MiB: .gpu/ holds the slim DSL archive (above)
-#      and the prelude only (the project is 11.4 MB; nvshmem4py is not needed single-GPU).
+#      and the prelude only (the project is 10 MB tracked; nvshmem4py is not needed single-GPU).
 #   000016. Session 45 had no device time: every start was refused (H200 and H100 kinds, 60-90
 #      s of the budget each, then 10 min locked). 000015 stands as written but for its step 1,
 #      which does not fit one call (the 43 step tests took 265 s in session 44, the split-K
