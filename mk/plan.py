@@ -602,6 +602,11 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
     }
 
 
+# _emit_gemm's row_scale_wait for unsplit tiles that compute their rows' statistic themselves
+# (PlanConfig.norm_fold=3; their A_EPI_WAIT word is mk.instructions._common.SELF_SCALE)
+SELF_SCALED = "self-scaled"
+
+
 def row_scale_rows(tokens: int, width: int) -> int:
     """SPLITK rows (of width floats) the GPU's ROW_SCALE takes at the end of the SPLITK
     allocation: its last `tokens` floats (KernelConfig.max_batch_tokens, the arena's token rows;
@@ -614,7 +619,9 @@ def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
     """[rows, width] of the SPLITK allocation: the partials' rows (PlanConfig.splitk_rows), then
     ROW_SCALE's (row_scale_rows); (0, width) where the plans never split."""
     rows, width = plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)
-    # norm_fold=2 scales unsplit tiles' rows too: ROW_SCALE whether or not anything splits
+    # norm_fold=2 scales unsplit tiles' rows too: ROW_SCALE whether or not anything splits;
+    # norm_fold=3 too: its self-scaled tiles read no ROW_SCALE, but their code lives in the
+    # split-K variant's bodies (gk.SplitTile), built only with a SPLITK workspace
     need = rows or plan_cfg.norm_fold >= 2
     return (rows + row_scale_rows(kernel.max_batch_tokens, width) if need else 0, width)
 
@@ -971,10 +978,10 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     last (short) slices are queued after every other split tile (PlanConfig.uneven_split).
     row_scale_wait: (counter, target), one per output tile, of the row-scale RMSNORM whose
     ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), or an unsplit
-    tile its accumulators, after waiting for it in its epilogue (norm_fold=2), or "self" (unsplit
-    tiles under norm_fold=3: their own statistic), else None."""
+    tile its accumulators, after waiting for it in its epilogue (norm_fold=2), or SELF_SCALED
+    (unsplit tiles under norm_fold=3: their own statistic), else None."""
     if nsplit <= 1:
-        if isinstance(row_scale_wait, str) and row_scale_wait == "self":
+        if row_scale_wait is SELF_SCALED:
             # unsplit under norm_fold=3: the tile's own statistic, no wait
             args = {**args, mc.A_EPI_WAIT: mc.SELF_SCALE, mc.A_EPI_TARGET: 0}
         elif row_scale_wait is not None:
@@ -1469,19 +1476,19 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         only writes ROW_SCALE, and op's reduces (split) or its tiles' epilogues (unsplit: the
         epilogue wait) wait for it; else the norm's output and waits (a norm that writes h,
         folded with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session
-        38)). norm_fold=3 where op does not split: row_scale_wait "self", and the norm is not
-        emitted (its caller's `norm_needed`)."""
+        38)). norm_fold=3 where op does not split: row_scale_wait SELF_SCALED, and the caller
+        emits no norm."""
         if not cfg.norm_fold or folded_reduce or (cfg.norm_fold == 1 and nsplit[op] <= 1):
             return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
         h_waits = lambda b: [(h_c + b, np.asarray(h_t)[b])]  # noqa: E731
         if cfg.norm_fold == 3 and nsplit[op] <= 1:
-            return Buf.HIDDEN, h_waits, "self"
+            return Buf.HIDDEN, h_waits, SELF_SCALED
         return Buf.HIDDEN, h_waits, lambda b: (norm_c + b, ngr[b])
 
     g: list = []
     qkv_src, qkv_waits, qkv_scale = folded_norm(Op.QKV_ROPE, C["NA"], prev_HM, hid_m_target,
                                                 fold_d)
-    if not isinstance(qkv_scale, str):      # "self" (norm_fold=3): the tiles' own statistic
+    if qkv_scale is not SELF_SCALED:        # norm_fold=3: the tiles' own statistic, no norm
         norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
              nsplit[Op.DOWN] if fold_d else 0, scale_only=qkv_scale is not None)
     # QKV tiles
@@ -1614,7 +1621,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
     gu_src, gu_waits, gu_scale = folded_norm(Op.GATE_UP, C["NM"], C["HA"], hid_a_target, fold_o)
-    if not isinstance(gu_scale, str):
+    if gu_scale is not SELF_SCALED:
         norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
              nsplit[Op.O_PROJ] if fold_o else 0, scale_only=gu_scale is not None)
     b, t = _grid(nb, n_g)

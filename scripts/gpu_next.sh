@@ -787,6 +787,17 @@ check_to() {   # the two-layer check with these arguments (the environment as it
   timeout 120 python -m mk.megakernel_step check --layers 2 "$@" 2>&1 | grep -v "^\[mk" \
       | tail -1 | cut -c1-300 | tee -a "$log"
 }
+# the two-layer checks of a plan change (208 tokens split-K never / auto, 478 tokens: the 1024
+# class) with --plan PLAN, appended to LOG; true if all three passed
+#   fold_checks LOG PLAN
+fold_checks() {
+  local log=$1 plan=$2 before
+  before=$(grep -c '"passed": true' "$log")
+  check_to "$log" --split-k 1 --plan "$plan"
+  check_to "$log" --split-k 0 --plan "$plan"
+  check_to "$log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$plan"
+  [ $(( $(grep -c '"passed": true' "$log") - before )) -eq 3 ]
+}
 passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), both checks and the
              # racecheck run passed, 0 hazards
   { [ "${MK_NO_PYTEST:-0}" = 1 ] || grep -qE "^[0-9]+ passed" "$1"; } \
@@ -2015,13 +2026,10 @@ if has nself; then
   # plan 000017: norm_fold=3 against the default's norm_fold=2 (a plan value; the backend builds
   # the variant with the self-scale code, Megakernel(self_scale=True))
   : > "$OUTDIR/nself.log"
-  ns_before=$(grep -c '"passed": true' "$OUTDIR/nself.log")
-  check_to "$OUTDIR/nself.log" --split-k 1 --plan norm_fold=3
-  check_to "$OUTDIR/nself.log" --split-k 0 --plan norm_fold=3
-  check_to "$OUTDIR/nself.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan norm_fold=3
+  ns_ok=0
+  fold_checks "$OUTDIR/nself.log" norm_fold=3 && ns_ok=1
   racecheck_to "$OUTDIR/nself.log" --split-k 1 --plan norm_fold=3
-  if [ $(( $(grep -c '"passed": true' "$OUTDIR/nself.log") - ns_before )) -ge 4 ] \
-      && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/nself.log"; then
+  if [ $ns_ok = 1 ] && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/nself.log"; then
     ns_mixed="--mixed ${MK_NS_MIXED:-256:1024:1024}"
     UNTRACED_TIMEOUT=${MK_NS_TIMEOUT:-200} untraced_runs nself \
         "default||$ns_mixed|${MK_NS_BATCH:-256,1024,4096}" \
@@ -2049,12 +2057,8 @@ if has normbig; then
   nb_batch=${MK_NB_BATCH:-256,1024,4096}
   NB_RUNS=("default||$nb_mixed|$nb_batch")
   for r in ${MK_NB_ROWS:-32 64}; do
-    nb_plan="norm_rows=$r,norm_fill_max_tokens=0,small_norm_max_tokens=0"
-    nb_before=$(grep -c '"passed": true' "$OUTDIR/normbig.log")
-    check_to "$OUTDIR/normbig.log" --split-k 1 --plan "$nb_plan"
-    check_to "$OUTDIR/normbig.log" --split-k 0 --plan "$nb_plan"
-    check_to "$OUTDIR/normbig.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$nb_plan"
-    if [ $(( $(grep -c '"passed": true' "$OUTDIR/normbig.log") - nb_before )) -eq 3 ]; then
+    if fold_checks "$OUTDIR/normbig.log" \
+        "norm_rows=$r,norm_fill_max_tokens=0,small_norm_max_tokens=0"; then
       NB_RUNS+=("r$r||--plan norm_rows=$r,norm_fill_max_tokens=0 $nb_mixed|$nb_batch")
     else
       echo "== norm_rows=$r: a check failed, not timed" | tee -a "$OUTDIR/normbig.log"
