@@ -193,6 +193,14 @@ class PlanConfig:
     # tiles); up to 1024: B=384 -0.9%, B=512 -0.8%, B=1024 -0.2% (8 rows there: unchanged; two
     # rows at B=1024, 512 instructions, were +0.4%)
     norm_fill_max_tokens: int = 1024
+    # ... and in steps of at least big_norm_min_tokens tokens (0: never) ceil(tokens / num_sms)
+    # rows, between norm_rows and big_norm_rows: at B=4096 a layer's 1024 eight-row norms cost
+    # each ~4 us of protocol the GEMMs beside them lose (under norm_fold=2 they are off the
+    # critical path). 70B TP8 decode ctx 256, H100 (bench/results/{normbig,nb4096}_*_s47_h100):
+    # 32 rows at B=4096 145.82 -> 143.12 and 145.79 -> 142.53 ms (-1.9%, -2.2%), 64 rows +0.5%;
+    # 32 rows at B=1024 +2.9%, B=256 +14%, the mixed step of 1280 tokens +0.3% (so not there)
+    big_norm_rows: int = 32
+    big_norm_min_tokens: int = 2048
     partial_rows: int = 0       # ATTN_PARTIAL rows; 0: max_batch_tokens * ceil(max_context/kv_split)
     # Split-K (mk/instructions/splitk.py) of QKV_ROPE / O_PROJ / GATE_UP / DOWN in steps of at most
     # splitk_max_tokens rows: 1 never; 0 auto (per op, the largest power of two nsplit with
@@ -326,7 +334,12 @@ class PlanConfig:
     # mk/instructions/_common.py), so a norm whose GEMM does not split is not emitted at all:
     # no row-scale RMSNORM (~3.8% of the SMs' busy time at B=1024, session 46's journal), no
     # epilogue wait. The megakernel compiles the statistic in where the plan has such tiles
-    # (Megakernel(self_scale=True)). Built in session 46, not yet GPU-run.
+    # (Megakernel(self_scale=True)). Built in session 46; correct on the GPU but slower
+    # (session 47, H100, 70B TP8 decode, bench/results/nself_*_s47_h100: B=256 +9.1%, 1024
+    # +4.2%, 4096 -0.3%, the mixed step +6.1%): every column tile of a token block re-reads its
+    # A pages for the statistic, ~16 KiB of shared-memory loads a K step beside the wgmmas'
+    # own, most of the shared-memory bandwidth left on the narrow gate-up tiles (a guess from
+    # the arithmetic, not profiled). Kept as an option, not the default.
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
     # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
@@ -345,7 +358,8 @@ class PlanConfig:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"unknown queue policy {self.policy!r}; one of {POLICIES}")
-        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads", "norm_rows", "small_norm_rows"):
+        for name in TILE_FIELDS + ("kv_split", "attn_kv_heads", "norm_rows", "small_norm_rows",
+                                   "big_norm_rows"):
             v = getattr(self, name)
             if v is None and name in TILE_FIELDS:
                 continue
@@ -359,8 +373,8 @@ class PlanConfig:
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
-                   "norm_fill_max_tokens", "attn_chunk_rows", "split_uneven_max_tokens",
-                   "split_uneven_min_tokens"
+                   "norm_fill_max_tokens", "big_norm_min_tokens", "attn_chunk_rows",
+                   "split_uneven_max_tokens", "split_uneven_min_tokens"
                    ) + tuple(SPLITK_OP_CAPS.values())
         for name in ("num_sms", "splitk_max_tokens", "max_split", "splitk_align",
                      "kv_spread_min_splits", "raster_blocks") + zero_ok:
@@ -408,6 +422,9 @@ class PlanConfig:
         if num_tokens <= self.norm_fill_max_tokens:
             fill = -(-num_tokens // self.num_sms)
             return min(self.norm_rows, max(self.small_norm_rows, fill))
+        if self.big_norm_min_tokens and num_tokens >= self.big_norm_min_tokens:
+            fill = -(-num_tokens // self.num_sms)
+            return max(self.norm_rows, min(self.big_norm_rows, fill))
         return self.norm_rows
 
     def attn_chunk_for(self, qpk: int) -> int:

@@ -350,6 +350,22 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000018. Session 47 ran 000017's 0 and 1 at 3b66e1b on an H100 (the H200 kind refused twice,
+#      then locked; `*_s47_h100*`): norm_fold=3 is correct (three two-layer checks, racecheck 0)
+#      but slower (B=256 +9.1%, 1024 +4.2%, 4096 -0.3%, mixed +6.1%; QKV unsplit at 1024
+#      +7.9%): not the default. normbig: 32-row norms win at B=4096 only (-1.9%, -2.2% in a
+#      second run; 64 rows +0.5%; B=1024 +2.9%, B=256 +14%, mixed +0.3%), now the default
+#      from 2048 tokens (PlanConfig.big_norm_rows / big_norm_min_tokens: ceil(tokens / 132)
+#      rows, 16 at 2048, 32 at 4096). In this order:
+#      0. `MK_E2E_BATCH=4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` (the point the new default
+#         moved, against the peer on the card of the day; with budget `MK_E2E_BATCH=64,256,1024`).
+#      1. `MK_STEPS=shares` (~4 min, 000017's 3): where B=4096's / the mixed step's SM time goes
+#         now; ATTENTION's per-instruction own time at ctx 256 (session 38: ~6 us of fixed cost
+#         in a 15 us pair of 256-key units, 13% of the SM time) says whether more decode units
+#         an instruction is worth building.
+#      2. `MK_NB_ROWS=16 MK_NB_BATCH=2048 MK_STEPS=normbig` with the default timed beside it: the
+#         big-norm threshold between 1280 (neutral) and 4096 (-2%) is not measured.
+#      3. 000017's 2 / 2b (l2hint, qkv256, gu256; issue 5's gemm table).
 #   000017. Session 46 ran 000016 at a9ee1a2: the GPU suite clean at the compact + twin default
 #      (43 + 68 GPU tests, the two-layer checks, racecheck / synccheck / memcheck 0); e2e in the
 #      same run mk / torch.compile + graph: B=1 0.89, 16 0.90, 64 1.02, 256 1.01, 1024 0.99,
@@ -2052,6 +2068,8 @@ if has normbig; then
   # two-layer checks first (every norm of the step cut into that many rows:
   # small_norm_max_tokens=0 norm_fill_max_tokens=0), then the timed runs of the values whose
   # checks passed, with norm_fill_max_tokens=0 only (the small steps keep their one-row norms)
+  # and big_norm_min_tokens=0 (since session 47 the default's big steps take ceil(tokens / 132)
+  # rows up to 32: the values are timed as they are named)
   : > "$OUTDIR/normbig.log"
   nb_mixed="--mixed ${MK_NB_MIXED:-256:1024:1024}"
   nb_batch=${MK_NB_BATCH:-256,1024,4096}
@@ -2059,7 +2077,8 @@ if has normbig; then
   for r in ${MK_NB_ROWS:-32 64}; do
     if fold_checks "$OUTDIR/normbig.log" \
         "norm_rows=$r,norm_fill_max_tokens=0,small_norm_max_tokens=0"; then
-      NB_RUNS+=("r$r||--plan norm_rows=$r,norm_fill_max_tokens=0 $nb_mixed|$nb_batch")
+      NB_RUNS+=("r$r||--plan norm_rows=$r,norm_fill_max_tokens=0,big_norm_min_tokens=0 \
+$nb_mixed|$nb_batch")
     else
       echo "== norm_rows=$r: a check failed, not timed" | tee -a "$OUTDIR/normbig.log"
       rc=1

@@ -196,6 +196,31 @@ def test_mid_steps_take_about_one_norm_instruction_per_sm():
         assert len(norms) == 2 * -(-n // 2)
 
 
+def test_big_steps_take_about_one_norm_instruction_per_sm():
+    """From big_norm_min_tokens tokens on a norm takes ceil(tokens / num_sms) rows per
+    instruction again, at least norm_rows and at most big_norm_rows (session 47: 32 rows at
+    B=4096, -2%; 32 rows at B=1024 and in the 1280-token mixed step did not pay, so those keep
+    norm_rows); 0 turns the rule off; an explicit norm_rows above the cap stays."""
+    cfg = PlanConfig()
+    assert (cfg.big_norm_min_tokens, cfg.big_norm_rows) == (2048, 32)
+    for n, rows in ((1280, 8), (2047, 8), (2048, 16), (2049, 16), (3000, 23), (4096, 32),
+                    (16384, 32)):
+        assert cfg.norm_rows_for(n) == rows, n
+    assert PlanConfig(big_norm_min_tokens=0).norm_rows_for(4096) == 8
+    assert PlanConfig(norm_rows=64).norm_rows_for(4096) == 64
+    assert PlanConfig(num_sms=1024).norm_rows_for(4096) == 8        # at least norm_rows
+    with pytest.raises(ValueError, match="big_norm_rows must be a positive integer"):
+        PlanConfig(big_norm_rows=0)
+    with pytest.raises(ValueError, match="big_norm_min_tokens must be an integer >= 0"):
+        PlanConfig(big_norm_min_tokens=-1)
+    n = 4096
+    batch = batch_of(n)
+    plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).plan(batch)
+    s = plan.instrs.numpy()
+    norms = s[(s[:, W_OPCODE] == int(Op.RMSNORM)) & (s[:, W_LAYER] == 0), W_ROWS]
+    assert norms.max() == 32 and norms.sum() == 2 * n and len(norms) == 2 * n // 32
+
+
 def test_explicit_values_override_the_table():
     cfg = PlanConfig(qkv_tile=384, o_tile=64, mlp_tile=512, down_tile=128, lm_tile=1024, token_block=32)
     plan = Planner(LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg).plan(batch_of(256))
