@@ -367,7 +367,8 @@
 #      1. `MK_STEPS=swapdouble`, then `MK_STEPS=swapdoubletime` (~7 min each): the swapped
 #         decode chain two key blocks a step (MK_ATTN_SWAP_DOUBLE=1, built this session,
 #         compile-checked): B=64 (1.02, ATTENTION ~20 us of its ~106 us layer path) is the
-#         point it is for; if it wins there and loses nowhere, the default, after `verify`.
+#         point it is for; if it wins there and loses nowhere, `MK_ATTN_SWAP_DOUBLE=1
+#         MK_STEPS=pairrace` (racecheck of unequal pairs), then the default, after `verify`.
 #      1b. `MK_STEPS=shares` (~4 min, 000017's 3): where B=4096's / the mixed step's SM time goes
 #         now; ATTENTION's per-instruction own time at ctx 256 (session 38: ~6 us of fixed cost
 #         in a 15 us pair of 256-key units, 13% of the SM time) says whether more decode units
@@ -1271,8 +1272,9 @@ if has ownphase; then
 fi
 # An attention compile switch's checks, the switch exported: the attention harness's GPU tests;
 # the two-layer step vs mk.vm with decode units of 1..4 key blocks (--kv-split 1024: odd and even
-# counts; 478 prompt tokens, prefill beside them) and with the default 64-key splits (one block);
-# racecheck and synccheck of the former (NAME_{racecheck,synccheck}.log): NAME.log
+# counts; 478 prompt tokens, prefill beside them), with the default 64-key splits (one block) and
+# with every decode paired (attn_pair=2); racecheck and synccheck of the first
+# (NAME_{racecheck,synccheck}.log): NAME.log
 #   attn_switch_checks NAME VAR=VALUE
 attn_switch_checks() {
   local name=$1 setting=$2 lens="--prompt-lens 1,13,64,130,200,70"
@@ -1286,6 +1288,9 @@ attn_switch_checks() {
   check_to "$OUTDIR/$name.log" --kv-split 1024 --split-k 0 $lens
   # shellcheck disable=SC2086
   check_to "$OUTDIR/$name.log" --split-k 0 $lens
+  # every decode paired (pairs of unequal block counts; pairrace races them)
+  # shellcheck disable=SC2086
+  check_to "$OUTDIR/$name.log" --kv-split 1024 --split-k 0 --plan attn_pair=2 $lens
   for tool in racecheck synccheck; do
     echo "== $tool, $setting, --kv-split 1024" | tee -a "$OUTDIR/$name.log"
     # shellcheck disable=SC2086
