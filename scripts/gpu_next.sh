@@ -1320,7 +1320,7 @@ if has swapdoubletime; then
   # swapdoubletime_{off,on}.json (~7 min)
   : > "$OUTDIR/swapdoubletime.log"
   sd_args="--mixed ${MK_SD_MIXED:-256:1024:1024}"
-  if [ -f "$OUTDIR/swapdouble.log" ] && ! checks_clean "$OUTDIR/swapdouble.log" 2; then
+  if [ -f "$OUTDIR/swapdouble.log" ] && ! checks_clean "$OUTDIR/swapdouble.log" 5; then
     echo "== swapdouble's checks did not pass, not timed" | tee -a "$OUTDIR/swapdoubletime.log"
     rc=1
   else
