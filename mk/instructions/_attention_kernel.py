@@ -1500,15 +1500,17 @@ def swap_double_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr
                        state: cute.Tensor, ticket: Int32, share: cutlass.Constexpr, wclk=None,
                        mclk=None, sclk=None, paired=None, walk: Int32 = 0,
                        wg_split: cutlass.Constexpr = False, sw=None):
-    """attn_blocks' swapped chain with SWAP_DOUBLE: the same ring walk (the same page waits and
-    `done` arrivals, a pair's other unit's blocks passed over as there), but this warpgroup's
-    key blocks taken two at a time: the first's K page waited for and its S^T issued, then the
-    second's, one wait for both, one softmax step over both (swapped_softmax), both V pages,
-    both O^T chains, one wait. A unit's odd last block is a step alone (its second block's keys
-    masked). The pages are released in ring order of each kind (K a, K b after S^T, V a, V b
-    after O^T); a warpgroup holds at most one step's four pages and waits for a page at most 3
-    ring blocks past its oldest held one, well inside the pool. An inactive warpgroup walks the
-    same steps (waits, releases, the softmax's two barrier stand-ins, the 256-thread V tail)."""
+    """attn_blocks' swapped chain with SWAP_DOUBLE (the same arguments, attn_blocks' `blocks`;
+    the m64n64 chain's operands unused): the same ring walk (the same page waits and `done`
+    arrivals, a pair's other unit's blocks passed over as there), but this warpgroup's key
+    blocks taken two at a time: the first's K page waited for at its ring block, the second's at
+    its own, then both S^T chains issued, one wait, one softmax step over both
+    (swapped_softmax), both V pages, both O^T chains, one wait. A unit's odd last block is a
+    step alone (its second block's keys masked). The pages are released in ring order of each
+    kind (K a, K b after S^T, V a, V b after O^T); a warpgroup holds at most one step's four
+    pages and waits for a page at most 3 ring blocks past its oldest held one, well inside the
+    pool. An inactive warpgroup walks the same steps (waits, releases, the softmax's two barrier
+    stand-ins, the 256-thread V tail)."""
     hm = handoff_of(share)
     one_wg_done = narrow
     if cutlass.const_expr(hm == "thread"):
@@ -1516,7 +1518,7 @@ def swap_double_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr
     last = Int32(-1)                      # this warpgroup's unit's last block
     if kend > kv0:
         last = (kend - kv0 + (KB - 1)) // KB - 1
-    half = Int32(0)                       # 1: a step's first block issued, its second pending
+    half = Int32(0)                       # 1: a step's first block waited for, its second not
     pg_a = pg                             # the step's first block's K page (ring count)
     kb0_a = kv0
     for j in range(nring):
