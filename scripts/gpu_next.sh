@@ -365,8 +365,8 @@
 #      0. `MK_E2E_BATCH=4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` (the point the new default
 #         moved, against the peer on the card of the day; with budget `MK_E2E_BATCH=64,256,1024`).
 #      1. `MK_STEPS=swapdouble`, then `MK_STEPS=swapdoubletime` (~7 min each): the swapped
-#         decode chain two key blocks a step (MK_ATTN_SWAP_DOUBLE=1, built this session,
-#         compile-checked): B=64 (1.02, ATTENTION ~20 us of its ~106 us layer path) is the
+#         decode chain two key blocks a step (MK_ATTN_SWAP_DOUBLE=1, built this session; 4
+#         harness tests and two two-layer checks passed on an H100, not timed): B=64 (1.02, ATTENTION ~20 us of its ~106 us layer path) is the
 #         point it is for; if it wins there and loses nowhere, `MK_ATTN_SWAP_DOUBLE=1
 #         MK_STEPS=pairrace` (racecheck of unequal pairs), then the default, after `verify`.
 #      1b. `MK_STEPS=shares` (~4 min, 000017's 3): where B=4096's / the mixed step's SM time goes
