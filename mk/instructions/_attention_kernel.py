@@ -1488,6 +1488,25 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
 
 
 @cute.jit
+def retire_wgmmas(mclk):
+    """Wait for every wgmma this warpgroup issued (the journal variant's clock: mma_word)."""
+    t0 = rk.wait_clock_start(mclk)
+    cute.nvgpu.warpgroup.wait_group(0)
+    rk.wait_clock_add(mclk, t0)
+
+
+@cute.jit
+def release_step_pages(page_a: Int32, page_b: Int32, second, done: cute.Pointer, one_wg_done,
+                       share: cutlass.Constexpr, wtid: Int32, ctid: Int32,
+                       hm: cutlass.Constexpr):
+    """swap_double_blocks: a step's K (or V) pages handed to the storer, the first block's and,
+    where the step has one, the second's."""
+    release_kv_page(page_a, done, one_wg_done, share, wtid, ctid, hm)
+    if second:
+        release_kv_page(page_b, done, one_wg_done, share, wtid, ctid, hm)
+
+
+@cute.jit
 def swap_double_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                        sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                        tSrQ: cute.Tensor, tScS: cute.Tensor, accS: cute.Tensor,
@@ -1564,12 +1583,8 @@ def swap_double_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr
                         accS[e] = rk.fence_operand(accS[e])
                     st_issue(sw, pool, pk_a)
                     st_issue_second(sw, pool, pk_b)
-                    t0 = rk.wait_clock_start(mclk)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    rk.wait_clock_add(mclk, t0)
-                release_kv_page(pk_a, done, one_wg_done, share, wtid, ctid, hm)
-                if second:
-                    release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
+                    retire_wgmmas(mclk)
+                release_step_pages(pk_a, pk, second, done, one_wg_done, share, wtid, ctid, hm)
                 if warp_rows:                     # implies active
                     t0 = rk.wait_clock_start(sclk)
                     mr0, mr1, ls0, ls1 = swapped_softmax(sw, kb0_a, lim0, lim1, mr0, mr1, ls0,
@@ -1593,12 +1608,8 @@ def swap_double_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr
                 if active:
                     ot_issue(sw, pool, pv_a)
                     ot_issue_second(sw, pool, pv_b)
-                    t0 = rk.wait_clock_start(mclk)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    rk.wait_clock_add(mclk, t0)
-                release_kv_page(pv_a, done, one_wg_done, share, wtid, ctid, hm)
-                if second:
-                    release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
+                    retire_wgmmas(mclk)
+                release_step_pages(pv_a, pv, second, done, one_wg_done, share, wtid, ctid, hm)
         pg = pg + 2
     return mr0, mr1, ls0, ls1, pg
 
