@@ -647,9 +647,7 @@ def test_swap_double_variant_compiles_with_its_chains_unserialized(tmp_path):
     modes = swapped_probe().wgmma_modes(ptx)
     assert modes.get(("m64n8k16", 0, 0)) == 16 and modes.get(("m64n8k16", 1, 0)) == 16, modes
     assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    rep = ptxas_report(ptx, str(tmp_path / "swapdouble"))
-    assert_clean(rep)
-    assert "C7518" not in rep, rep
+    assert_clean(ptxas_report(ptx, str(tmp_path / "swapdouble")))     # (C7518 among BAD_PTXAS)
 
 
 def assert_switch_adds_waits(tmp_path, name: str, var: str, check: str) -> None:
