@@ -417,13 +417,12 @@ class PlanConfig:
 
     def norm_rows_for(self, num_tokens: int) -> int:
         """Rows per RMSNORM / LM_NORM instruction in a step of num_tokens tokens."""
+        fill = -(-num_tokens // self.num_sms)           # about one instruction per SM
         if num_tokens <= self.small_norm_max_tokens:
             return min(self.norm_rows, self.small_norm_rows)
         if num_tokens <= self.norm_fill_max_tokens:
-            fill = -(-num_tokens // self.num_sms)
             return min(self.norm_rows, max(self.small_norm_rows, fill))
         if self.big_norm_min_tokens and num_tokens >= self.big_norm_min_tokens:
-            fill = -(-num_tokens // self.num_sms)
             return max(self.norm_rows, min(self.big_norm_rows, fill))
         return self.norm_rows
 

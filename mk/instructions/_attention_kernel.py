@@ -1337,6 +1337,14 @@ def v_tail_zero(pool: Int32, pv: Int32, nkeys: Int32, narrow, wg: Int32, wtid: I
 
 
 @cute.jit
+def retire_wgmmas(mclk):
+    """Wait for every wgmma this warpgroup issued (the journal variant's clock: mma_word)."""
+    t0 = rk.wait_clock_start(mclk)
+    cute.nvgpu.warpgroup.wait_group(0)
+    rk.wait_clock_add(mclk, t0)
+
+
+@cute.jit
 def pass_kv_block(pk: Int32, phk: Int32, pv: Int32, phv: Int32, full: cute.Pointer,
                   done: cute.Pointer, one_wg_done, share: cutlass.Constexpr, wtid: Int32,
                   ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
@@ -1435,9 +1443,7 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         qk_issue(mma_qk, thr_qk, accS, tSrQ, pool, pk, sK_layout)
                     else:
                         st_issue(sw, pool, pk)
-                    t0 = rk.wait_clock_start(mclk)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    rk.wait_clock_add(mclk, t0)
+                    retire_wgmmas(mclk)
             # K page read (S retired): hand it to the storer (a narrow unit's page outside the
             # "thread" hand-off: this WG's threads arrive for both)
             release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
@@ -1479,20 +1485,10 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         pv_issue(mma_pv, thr_pv, accO0, accO1, tOrP, pool, pv, sV_layout)
                     else:
                         ot_issue(sw, pool, pv)
-                    t0 = rk.wait_clock_start(mclk)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    rk.wait_clock_add(mclk, t0)
+                    retire_wgmmas(mclk)
             release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
         pg = pg + 2
     return mr0, mr1, ls0, ls1, pg
-
-
-@cute.jit
-def retire_wgmmas(mclk):
-    """Wait for every wgmma this warpgroup issued (the journal variant's clock: mma_word)."""
-    t0 = rk.wait_clock_start(mclk)
-    cute.nvgpu.warpgroup.wait_group(0)
-    rk.wait_clock_add(mclk, t0)
 
 
 @cute.jit
