@@ -12,11 +12,6 @@
 #   swapsplit MK_ATTN_SWAP_SPLIT=1 (a lone decode unit's key blocks over both warpgroups): the
 #          attention harness GPU tests, two-layer checks (--kv-split 1024 and default), racecheck
 #          + synccheck: swapsplit.log (~7 min)
-#   swapdouble MK_ATTN_SWAP_DOUBLE=1 (the swapped decode chain two key blocks a step): the
-#          attention harness GPU tests, two-layer checks (--kv-split 1024 and default), racecheck
-#          + synccheck: swapdouble.log (~7 min)
-#   swapdoubletime  MK_ATTN_SWAP_DOUBLE off / on, decode MK_SD_BATCH (1,16,64,256,1024) and the
-#          mixed step, megakernel only: swapdoubletime.log, swapdoubletime_{off,on}.json (~7 min)
 #   swapsplittime MK_ATTN_SWAP_SPLIT off / on, decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal
 #          on: swapsplittime.log, swapsplittime_{off,on}.json (~5 min)
 #   repeat the same decode run MK_REPEAT_N (3) times in fresh processes, MK_REPEAT_ENV (none =
@@ -730,7 +725,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [swapdouble]=450 [swapdoubletime]=420)
+                   [nself]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1306,28 +1301,6 @@ if has swapsplit; then
   # MK_ATTN_SWAP_SPLIT=1 (session 35, ak.SWAP_SPLIT): a lone decode unit's key blocks over both
   # warpgroups, merged at the end: swapsplit.log (~7 min; its timing is the step swapsplittime)
   attn_switch_checks swapsplit MK_ATTN_SWAP_SPLIT=1
-fi
-if has swapdouble; then
-  # MK_ATTN_SWAP_DOUBLE=1 (session 47, ak.SWAP_DOUBLE): the swapped decode chain two key blocks
-  # a step (one softmax step, one wait per chain kind for 128 keys): swapdouble.log (~7 min;
-  # its timing is the step swapdoubletime)
-  attn_switch_checks swapdouble MK_ATTN_SWAP_DOUBLE=1
-fi
-if has swapdoubletime; then
-  # MK_ATTN_SWAP_DOUBLE off / on (run only where swapdouble's checks passed), megakernel only,
-  # no journal: decode MK_SD_BATCH (1,16,64,256,1024; ctx 1024: B=64's units are 16 blocks, B=1
-  # / 16's 64-key splits one or two) and the mixed step: swapdoubletime.log,
-  # swapdoubletime_{off,on}.json (~7 min)
-  : > "$OUTDIR/swapdoubletime.log"
-  sd_args="--mixed ${MK_SD_MIXED:-256:1024:1024}"
-  if [ -f "$OUTDIR/swapdouble.log" ] && ! checks_clean "$OUTDIR/swapdouble.log" 5; then
-    echo "== swapdouble's checks did not pass, not timed" | tee -a "$OUTDIR/swapdoubletime.log"
-    rc=1
-  else
-    UNTRACED_TIMEOUT=${MK_SD_TIMEOUT:-200} untraced_runs swapdoubletime \
-        "off|MK_ATTN_SWAP_DOUBLE=0|$sd_args|${MK_SD_BATCH:-1,16,64,256,1024}" \
-        "on|MK_ATTN_SWAP_DOUBLE=1|$sd_args|${MK_SD_BATCH:-1,16,64,256,1024}"
-  fi
 fi
 if has swapsplittime; then
   # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal on:

@@ -263,8 +263,7 @@ def test_store_modes_compile_clean(dump_dir, default_counts, tmp_path, mode):
     print(f"store mode {mode}: {got} (default {ref}), {bulk} bulk copies, {regs} registers")
 
 
-@pytest.mark.parametrize("var,value", [("MK_ATTN_STORE", "fast"), ("MK_ATTN_SWAP_SPLIT", "2"),
-                                       ("MK_ATTN_SWAP_DOUBLE", "2")])
+@pytest.mark.parametrize("var,value", [("MK_ATTN_STORE", "fast"), ("MK_ATTN_SWAP_SPLIT", "2")])
 def test_compile_switches_refuse_unknown_values(var, value):
     """A compile-time switch (read at import) with a value it does not know stops the import and
     names the variable and the value."""

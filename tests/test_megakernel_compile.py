@@ -635,21 +635,6 @@ def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64) -
     return out.read_text()
 
 
-def test_swap_double_variant_compiles_with_its_chains_unserialized(tmp_path):
-    """MK_ATTN_SWAP_DOUBLE=1 (off; two key blocks a step of the swapped decode chain): the
-    all-opcode M64 variant with split-K compiles with both blocks' S^T and O^T chains (16 + 16
-    m64n8k16), the scratch grown by the second P^T, 0 spills, and no C7518: ptxas does not
-    serialize the wgmmas (it did while the second S^T's zeros were set past the first chain's
-    fence, before rk.fence_operand pinned them)."""
-    ptx = variant_ptx(tmp_path, "swapdouble", {"MK_ATTN_SWAP_DOUBLE": "1"},
-                      "from mk.instructions import _attention_kernel as ak\n"
-                      "assert ak.SWAP_DOUBLE and ak.SWAP_SCRATCH == 5120, ak.SWAP_SCRATCH")
-    modes = swapped_probe().wgmma_modes(ptx)
-    assert modes.get(("m64n8k16", 0, 0)) == 16 and modes.get(("m64n8k16", 1, 0)) == 16, modes
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "swapdouble")))     # (C7518 among BAD_PTXAS)
-
-
 def assert_switch_adds_waits(tmp_path, name: str, var: str, check: str) -> None:
     """A controller switch's PTX (the all-opcode M64 variant with split-K, var=0 and var=1, each
     in a process of its own; check: a line with {on} run there after the import): on, it

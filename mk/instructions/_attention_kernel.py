@@ -166,24 +166,10 @@ THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-of
 # m64n64 chain).
 SWAPPED = not WG_SPLIT and PAIR_WARP == 0
 SWAP_ROWS = 8
-# MK_ATTN_SWAP_DOUBLE=1 (session 47; off, compile-checked, not GPU-run): the swapped chain takes
-# a warpgroup's key blocks two at a time: both S^T chains issued, one wait, one online-softmax
-# step over the 128 keys (one maxima exchange, one P^T barrier), both O^T chains issued, one
-# wait. Why: a decode unit's block costs ~1.1-1.3 us in the step (B=64: 20.5 us for 16 blocks,
-# session 36's journal), of which the wgmma waits are ~0.07 and the exp2 work little; the rest
-# is the chain's fixed steps per block (two page waits, two wgmma round trips, two warpgroup
-# barriers, the releases), which this pays once per 128 keys instead of per 64. P^T of the
-# second block lies SWAP_P_BYTES after the first's, so the scratch grows by that much.
-SWAP_DOUBLE_VALUE = os.environ.get("MK_ATTN_SWAP_DOUBLE", "0")
-if SWAP_DOUBLE_VALUE not in ("0", "1"):
-    raise ValueError(f"MK_ATTN_SWAP_DOUBLE={SWAP_DOUBLE_VALUE!r}: expected 0 or 1")
-SWAP_DOUBLE = SWAP_DOUBLE_VALUE == "1" and SWAPPED
-SWAP_P_BYTES = 1024                 # P^T of one 64-key block: 8 rows x 64 keys bf16
-SWAP_S_REGS = KB * SWAP_ROWS // 128     # S^T of one block: floats a thread
 SWAP_P_OFF = 2048
-SWAP_P2_OFF = SWAP_P_OFF + SWAP_P_BYTES     # SWAP_DOUBLE: the second block's P^T
-SWAP_RED_OFF = SWAP_P_OFF + SWAP_P_BYTES * (2 if SWAP_DOUBLE else 1)
-SWAP_SCRATCH = SWAP_RED_OFF + 1024          # 1024-aligned per warpgroup: 4096, or 5120
+SWAP_P_BYTES = 1024                 # P^T of one 64-key block: 8 rows x 64 keys bf16
+SWAP_RED_OFF = SWAP_P_OFF + SWAP_P_BYTES
+SWAP_SCRATCH = 4096                 # 1024-aligned per warpgroup
 # MK_ATTN_SWAP_SPLIT=1 (session 35; off; session 36: checks, racecheck and synccheck clean on
 # the H200 with every unit split, timing in SWAP_SPLIT_MIN_BLOCKS's note): a lone
 # decode unit's key blocks alternate between the two warpgroups, each running the swapped chain
@@ -231,9 +217,6 @@ assert EXPERIMENT <= {"nomath", "noload", "nostore"}, \
 NOMATH = "nomath" in EXPERIMENT
 NOLOAD = "noload" in EXPERIMENT
 NOSTORE = "nostore" in EXPERIMENT
-if SWAP_DOUBLE and (SWAP_SPLIT or NOMATH):
-    raise ValueError("MK_ATTN_SWAP_DOUBLE=1 runs without MK_ATTN_SWAP_SPLIT=1 and without the "
-                     "nomath experiment (their per-block stand-ins are not paired up)")
 # The consumers do not free K/V pages themselves (MK_ATTN_CONSUMER_FREE, removed 2026-11-29, like
 # the GEMM bodies' MK_GEMM_CONSUMER_FREE): the storer waiting `done` of epilogue pages only can
 # pass a parity wait on a stale phase while a page's previous K/V use is pending (deadlock on the
@@ -1063,18 +1046,8 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
     tOcOt = thr_o.partition_C(cute.make_identity_tensor((D, SWAP_ROWS)))
     accSt = cute.make_tensor(accS.iterator, cute.make_layout(thr_s.partition_shape_C((KB, SWAP_ROWS))))
     accOt = cute.make_tensor(accO0.iterator, cute.make_layout(thr_o.partition_shape_C((D, SWAP_ROWS))))
-    # SWAP_DOUBLE: the second block's S^T in the next elements of accS, its P^T operand
-    accSt_b, tOrPt_b = None, None
-    if cutlass.const_expr(SWAP_DOUBLE):
-        accSt_b = cute.make_tensor(accS.iterator + cute.size(accSt), accSt.layout)
-        sPt_b = cute.make_tensor(cute.recast_ptr(cute.make_ptr(BFloat16, scr + SWAP_P2_OFF,
-                                                               cute.AddressSpace.smem,
-                                                               assumed_align=1024),
-                                                 sPt_layout.inner, dtype=BFloat16),
-                                 sPt_layout.outer)
-        tOrPt_b = thr_o.make_fragment_B(thr_o.partition_B(sPt_b))
     return (mma_s, mma_o, thr_s, thr_o, sKt_layout, sVt_layout, tSrQt, tOrPt, tScSt, tOcOt, accSt,
-            accOt, sQt, sPt, red, scr, accSt_b, tOrPt_b)
+            accOt, sQt, sPt, red, scr)
 
 
 @cute.jit
@@ -1154,20 +1127,6 @@ def ot_issue(sw, pool: Int32, pv: Int32):
 
 
 @cute.jit
-def st_issue_second(sw, pool: Int32, pk: Int32):
-    """SWAP_DOUBLE: st_issue of the step's second block, into its own S^T registers."""
-    b = swap_bundle(*sw)
-    page_chain_issue(b[0], b[2], b[4], pool, pk, b[6], b[16])
-
-
-@cute.jit
-def ot_issue_second(sw, pool: Int32, pv: Int32):
-    """SWAP_DOUBLE: ot_issue of the step's second block, with its own P^T."""
-    b = swap_bundle(*sw)
-    page_chain_issue(b[1], b[3], b[5], pool, pv, b[17], b[11])
-
-
-@cute.jit
 def column_max(x: Float32) -> Float32:
     """Max over the 8 lanes of a wgmma column (lane bits 2..4)."""
     for off in cutlass.range_constexpr(3):
@@ -1205,35 +1164,27 @@ def swap_exchange(red: cute.Tensor, x0: Float32, x1: Float32, wq: Int32, lane: I
 @cute.jit
 def swapped_softmax(sw, kb0: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32,
                     ls0: Float32, ls1: Float32, scale: Float32, wq: Int32, lane: Int32, wg: Int32):
-    """One step of the online softmax on S^T (the face's roundings, as online_softmax): one key
-    block from kb0, or two (SWAP_DOUBLE: kb0 and kb0 + KB, the second's S^T in its own registers;
-    a step without a second block masks its keys, all at or past the unit's key end). The
-    columns' maxima over the step's keys (this thread's keys, the column's lanes, the four warps
-    through the scratch), O^T's columns rescaled, P^T (bf16) into the scratch (the second
-    block's SWAP_P_BYTES on), then the fence and the barrier before O^T's wgmmas read it. The
-    maxima's exchange is safe to overwrite: every thread read the previous step's before its
-    P^T barrier. Returns the new (m0, m1, l0, l1)."""
+    """One key block of the online softmax on S^T (the face's roundings, as online_softmax): the
+    columns' maxima over the 64 keys (this thread's two keys, the column's lanes, the four warps
+    through the scratch), O^T's columns rescaled, P^T (bf16) into the scratch, then the fence and
+    the barrier before O^T's wgmma reads it. The maxima's exchange is safe to overwrite: every
+    thread read the previous block's before its P^T barrier. Returns the new (m0, m1, l0, l1)."""
     sw = swap_bundle(*sw)
-    tScSt, accOt, red = sw[8], sw[11], sw[14]
-    steps = [sw[10]]
-    if cutlass.const_expr(SWAP_DOUBLE):
-        steps = [sw[10], sw[16]]
+    tScSt, accSt, accOt, red = sw[8], sw[10], sw[11], sw[14]
     bm0 = Float32(NEG_INF)
     bm1 = Float32(NEG_INF)
-    for i, accSt in enumerate(steps):
-        kbi = kb0 if i == 0 else kb0 + KB
-        for v in cutlass.range_constexpr(2):        # elements 2v, 2v + 1: one key, two columns
-            q0, q1 = bf_pair(accSt[2 * v], accSt[2 * v + 1])
-            s0, s1 = bf_pair(q0 * scale, q1 * scale)
-            key, _n = tScSt[2 * v]
-            if kbi + key >= lim0:
-                s0 = Float32(NEG_INF)
-            if kbi + key >= lim1:
-                s1 = Float32(NEG_INF)
-            bm0 = cute.arch.fmax(bm0, s0)
-            bm1 = cute.arch.fmax(bm1, s1)
-            accSt[2 * v] = s0
-            accSt[2 * v + 1] = s1
+    for v in cutlass.range_constexpr(2):            # elements 2v, 2v + 1: one key, two columns
+        q0, q1 = bf_pair(accSt[2 * v], accSt[2 * v + 1])
+        s0, s1 = bf_pair(q0 * scale, q1 * scale)
+        key, _n = tScSt[2 * v]
+        if kb0 + key >= lim0:
+            s0 = Float32(NEG_INF)
+        if kb0 + key >= lim1:
+            s1 = Float32(NEG_INF)
+        bm0 = cute.arch.fmax(bm0, s0)
+        bm1 = cute.arch.fmax(bm1, s1)
+        accSt[2 * v] = s0
+        accSt[2 * v + 1] = s1
     bm0, bm1 = swap_exchange(red, column_max(bm0), column_max(bm1), wq, lane, wg, True)
     mr0, ms0, al0, ls0 = rescale_to(mr0, cute.arch.fmax(mr0, bm0), ls0)
     mr1, ms1, al1, ls1 = rescale_to(mr1, cute.arch.fmax(mr1, bm1), ls1)
@@ -1245,19 +1196,17 @@ def swapped_softmax(sw, kb0: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1:
     # one base + 0 / 16 (row n0) and + 144 / 128 (row n0 + 1)
     n0 = 2 * (lane % 4)
     pbase = sw[15] + SWAP_P_OFF + n0 * 128 + ((2 * wq) ^ n0) * 16 + (lane // 4) * 2
-    for i, accSt in enumerate(steps):
-        pbi = pbase if i == 0 else pbase + SWAP_P_BYTES
-        for e in cutlass.range_constexpr(cute.size(accSt)):
-            p = cute.math.exp2(accSt[e] * Float32(LOG2E) - (ms0 if e % 2 == 0 else ms1),
-                               fastmath=True)
-            if cutlass.const_expr(e % 2 == 0):
-                ls0 = ls0 + p
-            else:
-                ls1 = ls1 + p
-            pd = cute.make_tensor(cute.make_ptr(BFloat16, pbi + (0, 144, 16, 128)[e],
-                                                cute.AddressSpace.smem, assumed_align=2),
-                                  cute.make_layout(1))
-            pd[0] = p.to(BFloat16)
+    for e in cutlass.range_constexpr(cute.size(accSt)):
+        p = cute.math.exp2(accSt[e] * Float32(LOG2E) - (ms0 if e % 2 == 0 else ms1),
+                           fastmath=True)
+        if cutlass.const_expr(e % 2 == 0):
+            ls0 = ls0 + p
+        else:
+            ls1 = ls1 + p
+        pd = cute.make_tensor(cute.make_ptr(BFloat16, pbase + (0, 144, 16, 128)[e],
+                                            cute.AddressSpace.smem, assumed_align=2),
+                              cute.make_layout(1))
+        pd[0] = p.to(BFloat16)
     cute.arch.fence_proxy("async.shared", space="cta")
     wg_barrier(wg)
     return mr0, mr1, ls0, ls1
@@ -1345,19 +1294,6 @@ def retire_wgmmas(mclk):
 
 
 @cute.jit
-def pass_kv_block(pk: Int32, phk: Int32, pv: Int32, phv: Int32, full: cute.Pointer,
-                  done: cute.Pointer, one_wg_done, share: cutlass.Constexpr, wtid: Int32,
-                  ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
-    """The "thread" hand-off's walk over a key block this warpgroup does not read (a pair's
-    other unit's, a split unit's other half): every consumer thread arrives on every page's
-    `done` once it is full (release_kv_page's note in attn_blocks says why)."""
-    page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-    release_kv_page(pk, done, one_wg_done, share, wtid, ctid, "thread")
-    page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-    release_kv_page(pv, done, one_wg_done, share, wtid, ctid, "thread")
-
-
-@cute.jit
 def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                 sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, tSrQ: cute.Tensor,
                 tScS: cute.Tensor, accS: cute.Tensor, accO0: cute.Tensor, accO1: cute.Tensor,
@@ -1411,8 +1347,10 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                     mine = u == wg
         if not mine:
             if cutlass.const_expr(hm == "thread"):
-                pass_kv_block(pk, phk, pv, phv, full, done, one_wg_done, share, wtid, ctid,
-                              timeout_ns, state, ticket)
+                page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                release_kv_page(pk, done, one_wg_done, share, wtid, ctid, hm)
+                page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+                release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
             if cutlass.const_expr(sw is not None and SWAP_SPLIT and not NOMATH):
                 # the owner's barrier syncs of this block (the softmax's two, the V tail's), so
                 # both warpgroups sync theirs equally often at every ring block (SWAP_SPLIT says
@@ -1487,125 +1425,6 @@ def attn_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
                         ot_issue(sw, pool, pv)
                     retire_wgmmas(mclk)
             release_kv_page(pv, done, one_wg_done, share, wtid, ctid, hm)
-        pg = pg + 2
-    return mr0, mr1, ls0, ls1, pg
-
-
-@cute.jit
-def release_step_pages(page_a: Int32, page_b: Int32, second, done: cute.Pointer, one_wg_done,
-                       share: cutlass.Constexpr, wtid: Int32, ctid: Int32,
-                       hm: cutlass.Constexpr):
-    """swap_double_blocks: a step's K (or V) pages handed to the storer, the first block's and,
-    where the step has one, the second's."""
-    release_kv_page(page_a, done, one_wg_done, share, wtid, ctid, hm)
-    if second:
-        release_kv_page(page_b, done, one_wg_done, share, wtid, ctid, hm)
-
-
-@cute.jit
-def swap_double_blocks(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, thr_qk, thr_pv,
-                       sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-                       tSrQ: cute.Tensor, tScS: cute.Tensor, accS: cute.Tensor,
-                       accO0: cute.Tensor, accO1: cute.Tensor, rP: cute.Tensor,
-                       tOrP: cute.Tensor, pool: Int32, full: cute.Pointer, done: cute.Pointer,
-                       pg: Int32, npages: cutlass.Constexpr, nring: Int32, kv0: Int32,
-                       kend: Int32, lim0: Int32, lim1: Int32, mr0: Float32, mr1: Float32,
-                       ls0: Float32, ls1: Float32, scale: Float32, narrow, active, warp_rows,
-                       both_halves, wg: Int32, wtid: Int32, ctid: Int32, timeout_ns: Int64,
-                       state: cute.Tensor, ticket: Int32, share: cutlass.Constexpr, wclk=None,
-                       mclk=None, sclk=None, paired=None, walk: Int32 = 0,
-                       wg_split: cutlass.Constexpr = False, sw=None):
-    """attn_blocks' swapped chain with SWAP_DOUBLE (the same arguments, attn_blocks' `blocks`;
-    the m64n64 chain's operands unused): the same ring walk (the same page waits and `done`
-    arrivals, a pair's other unit's blocks passed over as there), but this warpgroup's key
-    blocks taken two at a time: the first's K page waited for at its ring block, the second's at
-    its own, then both S^T chains issued, one wait, one softmax step over both
-    (swapped_softmax), both V pages, both O^T chains, one wait. A unit's odd last block is a
-    step alone (its second block's keys masked). The pages are released in ring order of each
-    kind (K a, K b after S^T, V a, V b after O^T); a warpgroup holds at most one step's four
-    pages and waits for a page at most 3 ring blocks past its oldest held one, well inside the
-    pool. An inactive warpgroup walks the same steps (waits, releases, the softmax's two barrier
-    stand-ins, the 256-thread V tail)."""
-    hm = handoff_of(share)
-    one_wg_done = narrow
-    if cutlass.const_expr(hm == "thread"):
-        one_wg_done = cutlass.Boolean(False)
-    last = Int32(-1)                      # this warpgroup's unit's last block
-    if kend > kv0:
-        last = (kend - kv0 + (KB - 1)) // KB - 1
-    half = Int32(0)                       # 1: a step's first block waited for, its second not
-    pg_a = pg                             # the step's first block's K page (ring count)
-    kb0_a = kv0
-    for j in range(nring):
-        b = j
-        mine = cutlass.Boolean(True)
-        if cutlass.const_expr(paired is not None):
-            u, b = ring_block(j, walk)
-            if narrow:
-                mine = u == wg                    # only a pair is narrow here
-        pk, phk = page_of(pg, npages)
-        pv, phv = page_of(pg + 1, npages)
-        if not mine:
-            if cutlass.const_expr(hm == "thread"):
-                pass_kv_block(pk, phk, pv, phv, full, done, one_wg_done, share, wtid, ctid,
-                              timeout_ns, state, ticket)
-        else:
-            t0 = rk.wait_clock_start(wclk)
-            page_wait(full + pk, phk, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-            rk.wait_clock_add(wclk, t0)
-            second = half == 1
-            if not second:
-                pg_a = pg
-                kb0_a = kv0 + b * KB
-                half = Int32(1)
-            if second or b == last:
-                half = Int32(0)
-                pk_a, _pha = page_of(pg_a, npages)
-                pv_a, phv_a = page_of(pg_a + 1, npages)
-                # a lone last block's second chains run on its own pages (their keys masked,
-                # their P^T 0): every wgmma of the step issued and waited for in one branch, as
-                # ptxas wants (an S^T left in flight across the loop's blocks, or a chain behind
-                # `second`, made it serialize the wgmmas: C7518)
-                pk_b = pk_a
-                pv_b = pv_a
-                if second:
-                    pk_b = pk
-                    pv_b = pv
-                # S^T zeroed on every path, not behind `active` (accS's note in attn_blocks)
-                accS.fill(0.0)
-                if active:
-                    # both chains' zeros set before the first chain's fence
-                    for e in cutlass.range_constexpr(2 * SWAP_S_REGS):
-                        accS[e] = rk.fence_operand(accS[e])
-                    st_issue(sw, pool, pk_a)
-                    st_issue_second(sw, pool, pk_b)
-                    retire_wgmmas(mclk)
-                release_step_pages(pk_a, pk, second, done, one_wg_done, share, wtid, ctid, hm)
-                if warp_rows:                     # implies active
-                    t0 = rk.wait_clock_start(sclk)
-                    mr0, mr1, ls0, ls1 = swapped_softmax(sw, kb0_a, lim0, lim1, mr0, mr1, ls0,
-                                                         ls1, scale, wtid // 32, wtid % 32, wg)
-                    rk.wait_clock_add(sclk, t0)
-                else:
-                    swap_idle_barriers(wg, 2)
-                t0 = rk.wait_clock_start(wclk)
-                page_wait(full + pv_a, phv_a, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                if second:
-                    page_wait(full + pv, phv, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
-                rk.wait_clock_add(wclk, t0)
-                # only the unit's last block may be short: the second, or a lone first
-                pv_t = pv_a
-                nkeys = kend - kb0_a
-                if second:
-                    pv_t = pv
-                    nkeys = nkeys - KB
-                if nkeys < KB:
-                    v_tail_zero(pool, pv_t, nkeys, narrow, wg, wtid, ctid)
-                if active:
-                    ot_issue(sw, pool, pv_a)
-                    ot_issue_second(sw, pool, pv_b)
-                    retire_wgmmas(mclk)
-                release_step_pages(pv_a, pv, second, done, one_wg_done, share, wtid, ctid, hm)
         pg = pg + 2
     return mr0, mr1, ls0, ls1, pg
 
@@ -1764,10 +1583,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                       kend_w, lim0, lim1, mr0, mr1, ls0, ls1, scale, solo, active, warp_rows,
                       both_halves, wg, wtid, ctid, timeout_ns, state, ticket, share, wclk, mclk,
                       sclk, pflag, walk, split_units)
-            if cutlass.const_expr(sw is not None and SWAP_DOUBLE):
-                mr0, mr1, ls0, ls1, pg = swap_double_blocks(*blocks, sw)
-            else:
-                mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw, kend_o)
+            mr0, mr1, ls0, ls1, pg = attn_blocks(*blocks, sw, kend_o)
             # ---- epilogue: o = acc / l (0 where no key), lse = m + ln l (-inf where no key)
             lt0 = quad_sum(ls0)
             lt1 = quad_sum(ls1)

@@ -788,17 +788,6 @@ def opaque(x: Int32, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def fence_operand(x: Float32, *, loc=None, ip=None) -> Float32:
-    """x through an empty volatile asm that reads and writes its register (CUTLASS's
-    warpgroup_fence_operand): its value is materialised here, so the moves that set a wgmma
-    accumulator cannot sink past a wgmma.fence into the shadow of another chain in flight
-    (where ptxas serializes the wgmmas: C7518)."""
-    return Float32(llvm.inline_asm(
-        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "", "=f,0", has_side_effects=True,
-        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-
-@dsl_user_op
 def add_bf16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
     """The two bf16 sums of packed a and b, rounded once to nearest even (add.rn.bf16x2, HADD2):
     equal to the float32 sum rounded to bf16 (a float32 holds 24 bits, >= 2 x 8 + 2, so the two
