@@ -223,10 +223,22 @@
 #          with batched partial loads B=1 / 16 / 64 -1.1% / -1.1% / -2.8% (checks passed,
 #          sanitizers of the session-13 body clean)
 #   normbatch MK_NORM_ROW_BATCH (rows of an RMSNORM whose loads are in flight together, one round
-#          trip and one named barrier per group; 2 by default since session 14, 1 = row by row as
-#          before; 4 spills in the M64 variant): decode MK_NB_BATCH (128,256,1024) at 1 and each
-#          of MK_NB_VALUES (2), journal on (timing only: "verify" checks the default build):
-#          normbatch.log, normbatch_<n>.json (~2.5 min per value at 1024)
+#          trip and one named barrier per group; 2 by default since session 14): for each of
+#          MK_RB_VALUES (4 8) the two-layer checks with every norm 32 rows (208 tokens split-K
+#          never / auto, 478 tokens) and with the default plan (478 tokens), racecheck of the
+#          first: normbatch.log (~6 min; session 48: 4 and 8 compile without spills in the 256 /
+#          1024 / 4096 classes, 8 spills 8 bytes in M64)
+#   normbatchtime the values whose normbatch checks passed in the same call (all of
+#          MK_RB_VALUES where normbatch did not run) against the default, decode MK_RB_BATCH
+#          (1024,4096) and the mixed step, megakernel only, no journal: normbatchtime.log,
+#          normbatchtime_{default,rb<n>}.json (~6 min)
+#   gathercons MK_GATHER_ROLE=consumers (EMBED / LM_NORM on both consumer warpgroups, RMSNORM's
+#          page protocol, instead of the storer's 64 threads): the ops and step GPU tests, the
+#          two-layer checks (208 tokens split-K never / auto, 478 tokens), racecheck of the first:
+#          gathercons.log (~6 min)
+#   gatherconstime MK_GATHER_ROLE storer (default) / consumers (skipped where gathercons ran in
+#          the call and failed), decode MK_GC_BATCH (1024,4096) and the mixed step, megakernel
+#          only, no journal: gatherconstime.log, gatherconstime_{storer,consumers}.json (~6 min)
 #   claim  claim after loads (the controller claims the next ticket once the loader has issued the
 #          previous instruction's loads, not when a ring slot frees; on for the M classes above 64
 #          since session 13): the two-layer checks and racecheck with it forced on
@@ -723,7 +735,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=300 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480)
 has() {
@@ -825,6 +837,16 @@ passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), bo
       && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$1" \
       && ! grep -q '"passed": false' "$1" && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
       && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
+}
+# LOG's checks tagged TAG (check_to / racecheck_to under MK_CHECK_TAG=TAG) passed: 4 two-layer
+# checks passed, none failed, racecheck 0 hazards
+#   rb_checks_passed LOG TAG
+rb_checks_passed() {
+  local part
+  part=$(awk -v t="== check $2" -v r="== racecheck $2" '
+      index($0, "== ") == 1 { on = (index($0, t) == 1 || index($0, r) == 1) } on' "$1")
+  [ "$(grep -c '"passed": true' <<< "$part")" -ge 4 ] && ! grep -q '"passed": false' <<< "$part" \
+      && grep -q "RACECHECK SUMMARY: 0 hazards" <<< "$part"
 }
 # the two-layer check with a 478-token first step (the 1024 class; split-K auto) and a memcheck
 # of the two-layer step (memcheck_full.log), for a variant whose environment is exported
@@ -1565,14 +1587,67 @@ if has pairwarp; then
 fi
 if has normbatch; then
   # MK_NORM_ROW_BATCH (mk/instructions/_rows_kernel.py: rows of an RMSNORM whose loads are in
-  # flight together; 1 = row by row, session 13's body): compile-time, each value its own build.
-  # Correctness is verify's (the default build); this step times only: decode MK_NB_BATCH
-  # (128,256,1024) with 1 and each of MK_NB_VALUES (the default, 2), journal on
+  # flight together): compile-time, each value its own build. Session 48's journal of B=4096
+  # (bench/results/shares_3474b9c_*_s48_h100.json): the 32-row norms' bodies (~35 us: 16 groups
+  # of 2 rows, one L2 round trip each) are ~9.5% of the step's critical path
   : > "$OUTDIR/normbatch.log"
-  for n in 1 ${MK_NB_VALUES:-2}; do
-    time_variant normbatch $n "MK_NORM_ROW_BATCH=$n" ${MK_NB_BATCH:-128,256,1024} \
-        "MK_NORM_ROW_BATCH=$n" ""
+  for n in ${MK_RB_VALUES:-4 8}; do
+    export MK_NORM_ROW_BATCH=$n MK_CHECK_TAG="MK_NORM_ROW_BATCH=$n "
+    fold_checks "$OUTDIR/normbatch.log" "norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0" \
+        || rc=1
+    check_to "$OUTDIR/normbatch.log" --split-k 0 --prompt-lens 1,13,64,130,200,70
+    racecheck_to "$OUTDIR/normbatch.log" --split-k 1 \
+        --plan norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0
+    unset MK_NORM_ROW_BATCH MK_CHECK_TAG
   done
+fi
+if has normbatchtime; then
+  # the values normbatch passed in this call (4 checks and 0 hazards each), else all of
+  # MK_RB_VALUES, timed against the default build (2), megakernel only, no journal
+  : > "$OUTDIR/normbatchtime.log"
+  rb_runs=("default||--mixed ${MK_RB_MIXED:-256:1024:1024}|${MK_RB_BATCH:-1024,4096}")
+  for n in ${MK_RB_VALUES:-4 8}; do
+    if [ -f "$OUTDIR/normbatch.log" ] \
+        && ! rb_checks_passed "$OUTDIR/normbatch.log" "MK_NORM_ROW_BATCH=$n "; then
+      echo "== MK_NORM_ROW_BATCH=$n: normbatch's checks did not pass, not timed" \
+          | tee -a "$OUTDIR/normbatchtime.log"
+      rc=1
+      continue
+    fi
+    rb_runs+=("rb$n|MK_NORM_ROW_BATCH=$n|--mixed ${MK_RB_MIXED:-256:1024:1024}|${MK_RB_BATCH:-1024,4096}")
+  done
+  UNTRACED_TIMEOUT=${MK_RB_TIMEOUT:-200} untraced_runs normbatchtime "${rb_runs[@]}"
+fi
+if has gathercons; then
+  # MK_GATHER_ROLE=consumers (mk/instructions/_gather_kernel.py GATHER_ROLE; session 48): the
+  # gather bodies' GPU tests (test_megakernel_ops_gpu: EMBED + LM_NORM against their faces, the
+  # one-layer step), the step tests, the two-layer checks, racecheck
+  : > "$OUTDIR/gathercons.log"
+  export MK_GATHER_ROLE=consumers MK_CHECK_TAG="MK_GATHER_ROLE=consumers "
+  { echo "== GPU tests (MK_GATHER_ROLE=consumers)"
+    timeout 300 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
+        tests/test_megakernel_ops_gpu.py tests/test_megakernel_step_gpu.py 2>&1 \
+        | grep -v "^\[mk" | tail -12; } | tee -a "$OUTDIR/gathercons.log"
+  check_to "$OUTDIR/gathercons.log" --split-k 1
+  check_to "$OUTDIR/gathercons.log" --split-k 0
+  check_to "$OUTDIR/gathercons.log" --split-k 0 --prompt-lens 1,13,64,130,200,70
+  racecheck_to "$OUTDIR/gathercons.log" --split-k 1
+  unset MK_GATHER_ROLE MK_CHECK_TAG
+  checks_clean "$OUTDIR/gathercons.log" 3 \
+      && echo "== gathercons: all passed" | tee -a "$OUTDIR/gathercons.log" \
+      || { echo "== gathercons: FAILED" | tee -a "$OUTDIR/gathercons.log"; rc=1; }
+fi
+if has gatherconstime; then
+  : > "$OUTDIR/gatherconstime.log"
+  if [ -f "$OUTDIR/gathercons.log" ] && ! checks_clean "$OUTDIR/gathercons.log" 3; then
+    echo "== gathercons' checks did not pass, not timed" | tee -a "$OUTDIR/gatherconstime.log"
+    rc=1
+  else
+    gc_args="--mixed ${MK_GC_MIXED:-256:1024:1024}"
+    UNTRACED_TIMEOUT=${MK_GC_TIMEOUT:-200} untraced_runs gatherconstime \
+        "storer|MK_GATHER_ROLE=storer|$gc_args|${MK_GC_BATCH:-1024,4096}" \
+        "consumers|MK_GATHER_ROLE=consumers|$gc_args|${MK_GC_BATCH:-1024,4096}"
+  fi
 fi
 if has claim; then
   : > "$OUTDIR/claim.log"

@@ -740,6 +740,34 @@ def test_norm_row_batch_out_of_range_is_refused():
     assert r.returncode != 0 and "MK_NORM_ROW_BATCH=3" in r.stderr, r.stderr[-2000:]
 
 
+def test_gather_on_the_consumers_compiles_without_spills(tmp_path):
+    """MK_GATHER_ROLE=consumers (EMBED / LM_NORM on both consumer warpgroups, gat.UNROLL_CONSUMERS
+    vectors a thread in flight, on RMSNORM's page protocol): the all-opcode M64 variant with
+    split-K compiles with 0 spills and no call; the loader hands LAST_NORMED's address through
+    the granted page (a 64-bit shared store the default build does not have) and the bodies keep
+    more 16-byte global loads in flight (more of them in the PTX than the storer's)."""
+    ptx = variant_ptx(tmp_path, "gathercons", {"MK_GATHER_ROLE": "consumers"},
+                      "from mk.instructions import _gather_kernel as gat\n"
+                      "assert gat.GATHER_ROLE == 'consumers' and gat.UNROLL_CONSUMERS > gat.UNROLL")
+    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
+    assert_clean(ptxas_report(ptx, str(tmp_path / "gathercons")))
+    base = variant_ptx(tmp_path, "gatherstorer", {}, "")
+    st64 = [len(re.findall(r"st\.shared\.b64", p)) for p in (base, ptx)]
+    assert st64[1] > st64[0], st64
+    v4 = [len(re.findall(r"ld\.global[\w.]*\.v4\.", p)) for p in (base, ptx)]
+    assert v4[1] > v4[0], v4
+
+
+def test_gather_role_out_of_range_is_refused():
+    """MK_GATHER_ROLE other than storer / consumers is refused at import with the value named."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._gather_kernel"],
+                       cwd=ROOT, env=dict(os.environ, MK_GATHER_ROLE="loader"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "MK_GATHER_ROLE='loader'" in r.stderr, r.stderr[-2000:]
+
+
 def test_instruction_ring_depth_out_of_range_is_refused():
     """MK_NISLOTS outside 2 .. 8 is refused at import with the variable named."""
     import subprocess
