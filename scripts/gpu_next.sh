@@ -362,6 +362,21 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000019. Session 48 ran 000018's 0, 1, 1b at 3474b9c on an H100 (`*_s48_h100*`): issue 6 on
+#      the H100: B=64 0.99, 256 0.97, 1024 0.99, 4096 1.02, mixed 1.03; MK_ATTN_SWAP_DOUBLE: no
+#      gain and a fault at B=1024 (removed); shares: B=4096's row-scale norm bodies are 9.5% of
+#      its critical path (12.6 of 133 ms; 16 round trips of 2 rows a 32-row norm). In order:
+#      0. `MK_STEPS=normbatch` then `MK_STEPS=normbatchtime` (~7 min each): MK_NORM_ROW_BATCH 4 / 8
+#         (checks with 32-row norms, racecheck; then B=1024 / 4096 / mixed against 2). If one
+#         wins at 4096 / mixed and loses nowhere, make it the default for the classes it wins
+#         in (megakernel.py passes rk.NORM_ROW_BATCH per variant; M64 spills 8 bytes at 8), after
+#         `verify`; then `MK_NB_ROWS=16 MK_NB_BATCH=2048 MK_STEPS=normbig` and 64-row norms at 4096
+#         again (faster bodies may move the best norm size).
+#      1. `MK_STEPS=gathercons` then `gatherconstime` (~6 min each): EMBED / LM_NORM on the
+#         consumers (built, off; the 4096 class spills 16 bytes with it: mend before a default).
+#      2. `MK_E2E_BATCH=4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` after a new default; then
+#         000018's 2 / 3 (the big-norm threshold at 2048, l2hint / qkv256 / gu256, issue 5's gemm
+#         table).
 #   000018. Session 47 ran 000017's 0 and 1 at 3b66e1b on an H100 (the H200 kind refused twice,
 #      then locked; `*_s47_h100*`): norm_fold=3 is correct (three two-layer checks, racecheck 0)
 #      but slower (B=256 +9.1%, 1024 +4.2%, 4096 -0.3%, mixed +6.1%; QKV unsplit at 1024
@@ -371,7 +386,7 @@
 #      rows, 16 at 2048, 32 at 4096). In this order:
 #      0. `MK_E2E_BATCH=4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` (the point the new default
 #         moved, against the peer on the card of the day; with budget `MK_E2E_BATCH=64,256,1024`).
-#      1. `MK_STEPS=swapdouble`, then `MK_STEPS=swapdoubletime` (~7 min each): the swapped
+#      1. (session 48: no gain, removed) `MK_STEPS=swapdouble`, then `swapdoubletime`: the swapped
 #         decode chain two key blocks a step (MK_ATTN_SWAP_DOUBLE=1, built this session; 4
 #         harness tests and two two-layer checks passed on an H100, not timed): B=64 (1.02, ATTENTION ~20 us of its ~106 us layer path) is the
 #         point it is for; if it wins there and loses nowhere, `MK_ATTN_SWAP_DOUBLE=1
@@ -1593,8 +1608,8 @@ if has normbatch; then
   : > "$OUTDIR/normbatch.log"
   for n in ${MK_RB_VALUES:-4 8}; do
     export MK_NORM_ROW_BATCH=$n MK_CHECK_TAG="MK_NORM_ROW_BATCH=$n "
-    fold_checks "$OUTDIR/normbatch.log" "norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0" \
-        || rc=1
+    fold_checks "$OUTDIR/normbatch.log" \
+        "norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0" || rc=1
     check_to "$OUTDIR/normbatch.log" --split-k 0 --prompt-lens 1,13,64,130,200,70
     racecheck_to "$OUTDIR/normbatch.log" --split-k 1 \
         --plan norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0
@@ -1614,7 +1629,7 @@ if has normbatchtime; then
       rc=1
       continue
     fi
-    rb_runs+=("rb$n|MK_NORM_ROW_BATCH=$n|--mixed ${MK_RB_MIXED:-256:1024:1024}|${MK_RB_BATCH:-1024,4096}")
+    rb_runs+=("rb$n|MK_NORM_ROW_BATCH=$n|${rb_runs[0]#default||}")
   done
   UNTRACED_TIMEOUT=${MK_RB_TIMEOUT:-200} untraced_runs normbatchtime "${rb_runs[@]}"
 fi

@@ -20,7 +20,7 @@ DUMP = os.environ.get("CUTE_DSL_DUMP_DIR") or tempfile.mkdtemp(prefix="mk_dump_"
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ.setdefault("CUTE_DSL_DUMP_DIR", DUMP)
 # C7518: wgmmas serialized by a compiler-inserted wait (an accumulator set or read in the shadow of
-# a chain in flight; session 47's first build of a two-block swapped chain, since removed). No default variant has one.
+# a chain in flight; session 47's two-block swapped chain, removed). No default variant has one.
 BAD_PTXAS = ("C7506", "C7508", "C7510", "C7518", "C7519")
 
 

@@ -9,9 +9,9 @@ By default (GATHER_ROLE "storer") they run in the megakernel's storer warps (64 
 use no shared-memory page: the loader and the consumer warpgroups only pass the instruction slot
 on, and the storer's signal (after its named barrier, in the megakernel) is ordered after every
 store of the instruction, as for the other families. With MK_GATHER_ROLE=consumers both consumer
-warpgroups run them on RMSNORM's protocol (see GATHER_ROLE). The rows they read were written by other CTAs' generic
-stores (EMBED: none; LM_NORM: HIDDEN by the last layer's DOWN tiles), made visible by the
-controller's ld.acquire of the instruction's counters.
+warpgroups run them on RMSNORM's protocol (see GATHER_ROLE). The rows they read were written by
+other CTAs' generic stores (EMBED: none; LM_NORM: HIDDEN by the last layer's DOWN tiles), made
+visible by the controller's ld.acquire of the instruction's counters.
 
 EMBED (TP 1, STORE epilogue): HIDDEN[row, c] = table[tokens[row], c] for the tile's rows x columns;
 a token id outside [0, V) stores zeros (check_plan cannot see the metadata; the face raises).
