@@ -635,6 +635,13 @@ def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64) -
     return out.read_text()
 
 
+def assert_clean_variant(tmp_path, name: str, ptx: str) -> int:
+    """A variant's PTX has no function call and ptxas compiles it without spills, stack or a
+    BAD_PTXAS warning (its report under tmp_path / name); returns the registers it used."""
+    assert not re.search(r"^\s*call", ptx, flags=re.M), f"function calls in the kernel ({name})"
+    return assert_clean(ptxas_report(ptx, str(tmp_path / name)))
+
+
 def assert_switch_adds_waits(tmp_path, name: str, var: str, check: str) -> None:
     """A controller switch's PTX (the all-opcode M64 variant with split-K, var=0 and var=1, each
     in a process of its own; check: a line with {on} run there after the import): on, it
@@ -663,8 +670,7 @@ def test_instruction_ring_depth_variant_compiles_without_spills(tmp_path):
     call at depth 3 (slot and phase by a division that is not a shift; 2 and 3 were checked on
     the GPU in session 13)."""
     ptx = variant_ptx(tmp_path, "slots3", {"MK_NISLOTS": "3"}, "assert M.NISLOTS == 3")
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "slots3")))
+    assert_clean_variant(tmp_path, "slots3", ptx)
 
 
 def test_claim_after_loads_variant_compiles_without_spills(tmp_path):
@@ -687,8 +693,7 @@ def test_static_first_ticket_variant_compiles_without_spills(tmp_path):
     import sys
     ptx = variant_ptx(tmp_path, "sticket", {"MK_STATIC_FIRST_TICKET": "1"},
                       "assert M.STATIC_FIRST_TICKET")
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "sticket")))
+    assert_clean_variant(tmp_path, "sticket", ptx)
     assert len(re.findall(r"atom\.global\.add\.u32", ptx)) == 1
     r = subprocess.run([sys.executable, "-c", "import mk.megakernel"], cwd=ROOT,
                        env=dict(os.environ, MK_STATIC_FIRST_TICKET="2"), capture_output=True,
@@ -723,8 +728,7 @@ def test_norm_row_batch_variant_compiles_without_spills(tmp_path):
     PTX than the default's)."""
     ptx1 = variant_ptx(tmp_path, "normrow1", {"MK_NORM_ROW_BATCH": "1"},
                        "assert rk.NORM_ROW_BATCH == 1")
-    assert not re.search(r"^\s*call", ptx1, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx1, str(tmp_path / "normrow1")))
+    assert_clean_variant(tmp_path, "normrow1", ptx1)
     ptx2 = variant_ptx(tmp_path, "normrow2", {}, "assert rk.NORM_ROW_BATCH == 2")
     loads = [len(re.findall(r"ld\.global[\w.]*\.v4\.(?:b32|u32|f32)", p)) for p in (ptx1, ptx2)]
     assert loads[1] > loads[0], loads
@@ -749,8 +753,7 @@ def test_gather_on_the_consumers_compiles_without_spills(tmp_path):
     ptx = variant_ptx(tmp_path, "gathercons", {"MK_GATHER_ROLE": "consumers"},
                       "from mk.instructions import _gather_kernel as gat\n"
                       "assert gat.GATHER_ROLE == 'consumers' and gat.UNROLL_CONSUMERS > gat.UNROLL")
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "gathercons")))
+    assert_clean_variant(tmp_path, "gathercons", ptx)
     base = variant_ptx(tmp_path, "gatherstorer", {}, "")
     st64 = [len(re.findall(r"st\.shared\.b64", p)) for p in (base, ptx)]
     assert st64[1] > st64[0], st64
