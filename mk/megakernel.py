@@ -826,12 +826,8 @@ class MegakernelDSL:
                             # without data orders their stores before the signal
                             pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
                         if cutlass.const_expr(self.gather and gat.GATHER_ROLE == "consumers"):
-                            if op == gat.OP_EMBED:
+                            if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
-                            elif op == gat.OP_LM_NORM:
-                                # LAST_NORMED's address for the consumers (consume_gather)
-                                pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t,
-                                                   (pool, lastn.iterator.toint()))
                         for gi in self.bodies():
                             if self.runs_on(op, gi):
                                 g = gops[gi]
@@ -1034,8 +1030,8 @@ class MegakernelDSL:
                     if cutlass.const_expr(self.gather and gat.GATHER_ROLE == "consumers"):
                         if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                             pg = self.consume_gather(op, ring, base, bufs, meta, embed, lastn,
-                                                     normw, n_layers, eps, full, done, pool, pg,
-                                                     NP, ctv, timeout_ns, state, t, PS, HM)
+                                                     normw, n_layers, eps, full, done, pg, NP,
+                                                     ctv, timeout_ns, state, t, PS, HM)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and
@@ -1244,11 +1240,10 @@ class MegakernelDSL:
     def run_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
                    meta: cute.Tensor, embed: cute.Tensor, lastn: cute.Tensor,
                    normw: cute.Tensor, n_layers: Int32, eps: Float32, tid: Int32,
-                   nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr, lastn_base=None):
+                   nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr):
         """The body of EMBED (table rows -> an arena buffer) or LM_NORM (arena rows ->
         LAST_NORMED) on nthreads threads of one role (tid 0..nthreads-1: the storer's, or the
-        consumers' with gat.GATHER_ROLE "consumers"); no pages. lastn_base: LAST_NORMED's byte
-        address where the caller has it (else lastn's)."""
+        consumers' with gat.GATHER_ROLE "consumers"); no pages."""
         T = bufs.shape[0]
         H = bufs.shape[1]
         arena = bufs.iterator.toint()
@@ -1257,34 +1252,27 @@ class MegakernelDSL:
                             H, ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
                             ring[base + W_COLS], tid, nthreads, unroll)
         else:
-            # the consumers' LAST_NORMED: its address from the page, its pitch H (it is [S, H],
-            # compact: check_plan); the storer's: lastn's own
-            obase, ldo = lastn.iterator.toint(), lastn.shape[1]
-            if cutlass.const_expr(lastn_base is not None):
-                obase, ldo = lastn_base, H
             gat.lm_norm_store(meta, arena + Int64(ring[base + lmn.A_SRC]) * Int64(T * H) * 2, H, T,
-                              ring[base + lmn.A_LAST_OFF], obase, ldo, normw,
-                              Int32(int(NormWeight.FINAL)) * n_layers, eps,
-                              ring[base + W_ROW0], ring[base + W_ROWS], ring[base + lmn.A_WIDTH],
-                              tid, nthreads, unroll)
+                              ring[base + lmn.A_LAST_OFF], lastn, normw,
+                              Int32(int(NormWeight.FINAL)) * n_layers, eps, ring[base + W_ROW0],
+                              ring[base + W_ROWS], ring[base + lmn.A_WIDTH], tid, nthreads,
+                              unroll)
 
     @cute.jit
     def consume_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
                        meta: cute.Tensor, embed: cute.Tensor, lastn: cute.Tensor,
                        normw: cute.Tensor, n_layers: Int32, eps: Float32, full: cute.Pointer,
-                       done: cute.Pointer, pool: Int32, pg: Int32, npages: cutlass.Constexpr,
+                       done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
                        ctid: Int32, timeout_ns: Int64, state: cute.Tensor, t: Int32,
                        share: cutlass.Constexpr, mode: cutlass.Constexpr) -> Int32:
         """Both consumer warpgroups' EMBED / LM_NORM (gat.GATHER_ROLE "consumers"), on
         RMSNORM's protocol: the loader's data-less page waited for, the body, then `done` on it
-        after the stores (the storer's wait for it orders them before the signal). LM_NORM's
-        LAST_NORMED address comes in the page (the loader's grant_page word): the kernel
-        parameter, live across the consumers' loop, spilled the 4096 class's gate-up epilogue
-        (16 bytes). Returns the new page count."""
+        after the stores (the storer's wait for it orders them before the signal). Returns
+        the new page count."""
         page, ph = rk.page_of(pg, npages)
         rk.bounded_bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, t)
         self.run_gather(op, ring, base, bufs, meta, embed, lastn, normw, n_layers, eps, ctid,
-                        N_CONSUMER, gat.UNROLL_CONSUMERS, rk.page_word(pool, page)[0])
+                        N_CONSUMER, gat.UNROLL_CONSUMERS)
         rk.release(done + page, share, N_CONSUMER, ctid, BAR_CONSUMER, mode)
         return pg + 1
 

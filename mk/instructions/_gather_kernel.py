@@ -47,13 +47,14 @@ UNROLL_CONSUMERS = 8    # the same, consumer role (216 registers a thread instea
 #              the loader grants one page without data, the consumers run the body and arrive on
 #              its `done` after their stores, the storer waits for it, frees it and signals
 # Why (session 48's journal of B=4096, bench/results/shares_3474b9c_2026-12-05_s48_h100.json):
-# an EMBED of 32 rows x 1024 columns took 82 us and an LM_NORM of 32 rows 280 us in the storer,
+# an EMBED tile (128 rows x 256 columns, the DOWN grid) took 82 us and an LM_NORM of 32 rows 280 us,
 # 4 KiB in flight an SM (latency-bound: ~16 and ~256 L2 round trips); their instructions are
 # ~0.75 ms of the step's 133 ms critical path. The consumers keep 8x the bytes in flight. The
 # results are bitwise the same (each lane adds its vectors in the same order whatever unroll).
 # Compile (session 48): M64 and the 1024 class 0 spills; the 4096 class spills 16 bytes (four
-# kernel-wide values around the gate-up epilogue, whatever the unroll, even with LAST_NORMED's
-# address handed through the page instead of kept live): to mend before it could be the default.
+# kernel-wide values around the gate-up epilogue, from LM_NORM's body; the same at unroll 4, with
+# LAST_NORMED's address handed through the page, or with the branch placed elsewhere in the
+# consumers' dispatch): to mend before it could be the default.
 GATHER_ROLE = os.environ.get("MK_GATHER_ROLE", "storer")
 if GATHER_ROLE not in ("storer", "consumers"):
     raise ValueError(f"MK_GATHER_ROLE={GATHER_ROLE!r}: storer (default) or consumers")
@@ -115,17 +116,18 @@ def embed_store(table: cute.Tensor, meta: cute.Tensor, dst_base: Int64, ld: Int3
 
 @cute.jit
 def lm_norm_store(meta: cute.Tensor, src_base: Int64, ld_src: Int32, n_src_rows: Int32,
-                  last_off: Int32, obase: Int64, ldo: Int32, normw: cute.Tensor, wrow: Int32,
-                  eps: Float32,
+                  last_off: Int32, out: cute.Tensor, normw: cute.Tensor, wrow: Int32, eps: Float32,
                   row0: Int32, rows: Int32, width: Int32, sid: Int32,
                   nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr = UNROLL):
     """LM_NORM: out[row0 + s, :width] = rmsnorm(src[meta[last_off + s], :width]) * normw[wrow]
     for s < rows (width % 8 == 0). src_base: byte address of the source buffer's [0, 0] (bf16,
-    row pitch ld_src); out: LAST_NORMED [S, H] bf16 at byte address obase, row pitch ldo. A
-    source row outside the buffer (bad metadata) leaves its output row unwritten."""
+    row pitch ld_src); out: LAST_NORMED [S, H] bf16, compact. A source row outside the buffer
+    (bad metadata) leaves its output row unwritten."""
     warp = sid // 32
     lane = sid % 32
     nwarps = nthreads // 32
+    ldo = out.shape[1]
+    obase = out.iterator.toint()
     wbase = normw.iterator.toint() + Int64(wrow) * Int64(normw.shape[1]) * 2
     fcols = Float32(width)
     s = warp

@@ -426,19 +426,11 @@ def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Cons
 
 @cute.jit
 def grant_page(pg: Int32, npages: cutlass.Constexpr, full: cute.Pointer, empty: cute.Pointer,
-               timeout_ns: Int64, state: cute.Tensor, ticket: Int32, word=None) -> Int32:
-    """Loader: hand the next ring page to the consumers with no TMA into it (an output page).
-    word: (pool, an Int64) written into the page's first 8 bytes before the hand-off, or None
-    (page_word reads it)."""
+               timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
+    """Loader: hand the next ring page to the consumers with no TMA into it (an output page)."""
     page, ph = page_of(pg, npages)
     bar_wait(empty + page, ph ^ 1, timeout_ns, state, ERR_PAGE_EMPTY, ticket)
-    if cutlass.const_expr(word is not None):
-        with cute.arch.elect_one():
-            page_word(word[0], page)[0] = word[1]
-            # a generic write into a page whose next use may be a TMA write
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(full + page)
-    elif cutlass.const_expr(STARVE_TICKET >= 0):
+    if cutlass.const_expr(STARVE_TICKET >= 0):
         if ticket != STARVE_TICKET:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive(full + page)
@@ -446,13 +438,6 @@ def grant_page(pg: Int32, npages: cutlass.Constexpr, full: cute.Pointer, empty: 
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive(full + page)
     return pg + 1
-
-
-@cute.jit
-def page_word(pool: Int32, page: Int32) -> cute.Tensor:
-    """The Int64 in page `page`'s first 8 bytes (grant_page's word)."""
-    return cute.make_tensor(cute.make_ptr(Int64, pool + page * PAGE, cute.AddressSpace.smem,
-                                          assumed_align=8), cute.make_layout(1))
 
 
 # MK_TEST_STARVE_TICKET=N (tests only; -1, off, compiles nothing): the loader never hands
