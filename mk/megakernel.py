@@ -1009,8 +1009,7 @@ class MegakernelDSL:
                                                 bufs, normw, n_layers, eps, pool, full, done, pg,
                                                 NP, ctv, BAR_CONSUMER, N_CONSUMER, timeout_ns,
                                                 state, t, HM, PS, fold_sk, fold_ns, fold_st,
-                                                # the rows-only journal variant spills with 2
-                                                rk.NORM_ROW_BATCH if NG else 1)
+                                                norm_row_batch(GS))
                     for gi in self.bodies():
                         if self.runs_on(op, gi):
                             g = gops[gi]
@@ -2330,6 +2329,17 @@ def compile_fake(journal: bool = False, handoff: str | None = None, gemm: tuple 
 # (only the measured opcode's GEMM slot, else every GEMM slot; the attention and gather families)
 BUILDS = {"full": (False, True), "lean": (True, False), "gemms": (False, False),
           "families": (True, True)}
+
+
+def norm_row_batch(gemm: tuple) -> int:
+    """RMSNORM's rows per load group in a variant of GEMM slots gemm: 1 without any (the
+    rows-only journal variant spills with 2), rk.NORM_ROW_BATCH with 64-row tiles (the M64
+    class), else rk.NORM_ROW_BATCH_BIG."""
+    if not gemm:
+        return 1
+    if any(g.cfg.bm == 64 for g in gemm):
+        return rk.NORM_ROW_BATCH
+    return rk.NORM_ROW_BATCH_BIG
 
 
 def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0, split_ops=None,

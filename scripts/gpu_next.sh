@@ -222,12 +222,12 @@
 #          on: fold.log, fold_check.log, fold_{off,on}.json (~6 min). Session 14: O_PROJ's fold
 #          with batched partial loads B=1 / 16 / 64 -1.1% / -1.1% / -2.8% (checks passed,
 #          sanitizers of the session-13 body clean)
-#   normbatch MK_NORM_ROW_BATCH (rows of an RMSNORM whose loads are in flight together, one round
-#          trip and one named barrier per group; 2 by default since session 14): for each of
-#          MK_RB_VALUES (4 8) the two-layer checks with every norm 32 rows (208 tokens split-K
-#          never / auto, 478 tokens) and with the default plan (478 tokens), racecheck of the
-#          first: normbatch.log (~6 min; session 48: 4 and 8 compile without spills in the 256 /
-#          1024 / 4096 classes, 8 spills 8 bytes in M64)
+#   normbatch MK_NORM_ROW_BATCH_BIG (rows of an RMSNORM whose loads are in flight together, one
+#          round trip and one named barrier per group, in the variants of 128-row tiles: the M
+#          classes above 64; 2 by default since session 14): for each of MK_RB_VALUES (4 8) the
+#          two-layer checks with every norm 32 rows (208 tokens split-K never / auto, 478
+#          tokens) and with the default plan (478 tokens), racecheck of the first: normbatch.log
+#          (~6 min; session 48: 4 and 8 compile without spills in the 256 / 1024 / 4096 classes)
 #   normbatchtime the values whose normbatch checks passed in the same call (all of
 #          MK_RB_VALUES where normbatch did not run) against the default, decode MK_RB_BATCH
 #          (1024,4096) and the mixed step, megakernel only, no journal: normbatchtime.log,
@@ -366,12 +366,12 @@
 #      the H100: B=64 0.99, 256 0.97, 1024 0.99, 4096 1.02, mixed 1.03; MK_ATTN_SWAP_DOUBLE: no
 #      gain and a fault at B=1024 (removed); shares: B=4096's row-scale norm bodies are 9.5% of
 #      its critical path (12.6 of 133 ms; 16 round trips of 2 rows a 32-row norm). In order:
-#      0. `MK_STEPS=normbatch` then `MK_STEPS=normbatchtime` (~7 min each): MK_NORM_ROW_BATCH 4 / 8
-#         (checks with 32-row norms, racecheck; then B=1024 / 4096 / mixed against 2). If one
-#         wins at 4096 / mixed and loses nowhere, make it the default for the classes it wins
-#         in (megakernel.py passes rk.NORM_ROW_BATCH per variant; M64 spills 8 bytes at 8), after
-#         `verify`; then `MK_NB_ROWS=16 MK_NB_BATCH=2048 MK_STEPS=normbig` and 64-row norms at 4096
-#         again (faster bodies may move the best norm size).
+#      0. `MK_STEPS=normbatch` then `MK_STEPS=normbatchtime` (~7 min each):
+#         MK_NORM_ROW_BATCH_BIG 4 / 8 (the classes above M64; checks with 32-row norms,
+#         racecheck; then B=1024 / 4096 / mixed against 2). If one wins at 4096 / mixed and loses
+#         nowhere, make it MK_NORM_ROW_BATCH_BIG's default after `verify`; then
+#         `MK_NB_ROWS=16 MK_NB_BATCH=2048 MK_STEPS=normbig` and 64-row norms at 4096 again
+#         (faster bodies may move the best norm size).
 #      1. `MK_STEPS=gathercons` then `gatherconstime` (~6 min each): EMBED / LM_NORM on the
 #         consumers (built, off; the 4096 class spills 16 bytes with it: mend before a default).
 #      2. `MK_E2E_BATCH=4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` after a new default; then
@@ -1601,19 +1601,20 @@ if has pairwarp; then
   fi
 fi
 if has normbatch; then
-  # MK_NORM_ROW_BATCH (mk/instructions/_rows_kernel.py: rows of an RMSNORM whose loads are in
-  # flight together): compile-time, each value its own build. Session 48's journal of B=4096
+  # MK_NORM_ROW_BATCH_BIG (mk/instructions/_rows_kernel.py: rows of an RMSNORM whose loads are
+  # in flight together, the classes above M64): compile-time, each value its own build; the
+  # two-layer checks' decode steps (M64) keep 2. Session 48's journal of B=4096
   # (bench/results/shares_3474b9c_*_s48_h100.json): the 32-row norms' bodies (~35 us: 16 groups
   # of 2 rows, one L2 round trip each) are ~9.5% of the step's critical path
   : > "$OUTDIR/normbatch.log"
   for n in ${MK_RB_VALUES:-4 8}; do
-    export MK_NORM_ROW_BATCH=$n MK_CHECK_TAG="MK_NORM_ROW_BATCH=$n "
+    export MK_NORM_ROW_BATCH_BIG=$n MK_CHECK_TAG="MK_NORM_ROW_BATCH_BIG=$n "
     fold_checks "$OUTDIR/normbatch.log" \
         "norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0" || rc=1
     check_to "$OUTDIR/normbatch.log" --split-k 0 --prompt-lens 1,13,64,130,200,70
     racecheck_to "$OUTDIR/normbatch.log" --split-k 1 \
         --plan norm_rows=32,norm_fill_max_tokens=0,small_norm_max_tokens=0
-    unset MK_NORM_ROW_BATCH MK_CHECK_TAG
+    unset MK_NORM_ROW_BATCH_BIG MK_CHECK_TAG
   done
 fi
 if has normbatchtime; then
@@ -1623,13 +1624,13 @@ if has normbatchtime; then
   rb_runs=("default||--mixed ${MK_RB_MIXED:-256:1024:1024}|${MK_RB_BATCH:-1024,4096}")
   for n in ${MK_RB_VALUES:-4 8}; do
     if [ -f "$OUTDIR/normbatch.log" ] \
-        && ! rb_checks_passed "$OUTDIR/normbatch.log" "MK_NORM_ROW_BATCH=$n "; then
-      echo "== MK_NORM_ROW_BATCH=$n: normbatch's checks did not pass, not timed" \
+        && ! rb_checks_passed "$OUTDIR/normbatch.log" "MK_NORM_ROW_BATCH_BIG=$n "; then
+      echo "== MK_NORM_ROW_BATCH_BIG=$n: normbatch's checks did not pass, not timed" \
           | tee -a "$OUTDIR/normbatchtime.log"
       rc=1
       continue
     fi
-    rb_runs+=("rb$n|MK_NORM_ROW_BATCH=$n|${rb_runs[0]#default||}")
+    rb_runs+=("rb$n|MK_NORM_ROW_BATCH_BIG=$n|${rb_runs[0]#default||}")
   done
   UNTRACED_TIMEOUT=${MK_RB_TIMEOUT:-200} untraced_runs normbatchtime "${rb_runs[@]}"
 fi

@@ -734,14 +734,33 @@ def test_norm_row_batch_variant_compiles_without_spills(tmp_path):
     assert loads[1] > loads[0], loads
 
 
+def test_norm_row_batch_big_applies_to_the_classes_of_128_row_tiles(tmp_path):
+    """MK_NORM_ROW_BATCH_BIG (the row group of the variants whose GEMM tiles have 128 rows: the
+    M classes above 64) leaves the M64 variant's group at MK_NORM_ROW_BATCH and sets the others';
+    the 1024 class compiles with groups of 8 without spills, its RMSNORM issuing more 16-byte
+    row loads than the default's."""
+    check = ("assert rk.NORM_ROW_BATCH == 2 and rk.NORM_ROW_BATCH_BIG == {big}\n"
+             "assert M.norm_row_batch(M.class_slots(64)) == 2\n"
+             "assert all(M.norm_row_batch(M.class_slots(m)) == {big} for m in (256, 1024, 4096))\n"
+             "assert M.norm_row_batch(()) == 1")
+    big8 = variant_ptx(tmp_path, "normbig8", {"MK_NORM_ROW_BATCH_BIG": "8"}, check.format(big=8),
+                       m_class=1024)
+    assert_clean_variant(tmp_path, "normbig8", big8)
+    base = variant_ptx(tmp_path, "normbig2", {}, check.format(big=2), m_class=1024)
+    loads = [len(re.findall(r"ld\.global[\w.]*\.v4\.(?:b32|u32|f32)", p)) for p in (base, big8)]
+    assert loads[1] > loads[0], loads
+
+
 def test_norm_row_batch_out_of_range_is_refused():
-    """MK_NORM_ROW_BATCH outside 1 / 2 / 4 / 8 is refused at import with the variable named."""
+    """MK_NORM_ROW_BATCH or MK_NORM_ROW_BATCH_BIG outside 1 / 2 / 4 / 8 is refused at import with
+    the variable named."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"], cwd=ROOT,
-                       env=dict(os.environ, MK_NORM_ROW_BATCH="3"), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode != 0 and "MK_NORM_ROW_BATCH=3" in r.stderr, r.stderr[-2000:]
+    for var in ("MK_NORM_ROW_BATCH", "MK_NORM_ROW_BATCH_BIG"):
+        r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
+                           cwd=ROOT, env=dict(os.environ, **{var: "3"}), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode != 0 and f"{var}=3" in r.stderr, r.stderr[-2000:]
 
 
 def test_gather_on_the_consumers_compiles_without_spills(tmp_path):

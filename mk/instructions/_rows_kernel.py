@@ -736,6 +736,14 @@ assert NORM_MAX_H == tiles.NORM_MAX_HIDDEN
 NORM_ROW_BATCH = int(os.environ.get("MK_NORM_ROW_BATCH", 2))
 if NORM_ROW_BATCH not in (1, 2, 4, 8):
     raise ValueError(f"MK_NORM_ROW_BATCH={NORM_ROW_BATCH}: 1, 2, 4 or 8 rows per group")
+# ... in the megakernel variants of 128-row GEMM tiles (the M classes above 64, whose norms
+# have 8 to 32 rows; MK_NORM_ROW_BATCH_BIG, default MK_NORM_ROW_BATCH): session 48's journal
+# put B=4096's 32-row norm bodies (16 round trips of 2 rows) at 9.5% of its critical path; 4
+# and 8 compile without spills there, while 8 spills 8 bytes in the M64 variant (norms of 1-2
+# rows, where a bigger group only loads the last row again)
+NORM_ROW_BATCH_BIG = int(os.environ.get("MK_NORM_ROW_BATCH_BIG", NORM_ROW_BATCH))
+if NORM_ROW_BATCH_BIG not in (1, 2, 4, 8):
+    raise ValueError(f"MK_NORM_ROW_BATCH_BIG={NORM_ROW_BATCH_BIG}: 1, 2, 4 or 8 rows per group")
 NORM_WARPS = 8         # consumer warps of both warpgroups (rmsnorm_consume's nthreads // 32)
 
 
