@@ -34,6 +34,12 @@ tree's tiles and defaults; journal span = the measured step with the journal on,
 | planab_base (session 17, interleave) | 256 / 1024 | 18.49 / 56.44 | 18.19 / 54.59 |
 | planab_opm (session 17, op_major) | 256 / 1024 | 18.06 / 50.53 | 17.16 / 48.91 |
 
+Session 48 (shares_3474b9c_2026-12-05_s48_h100.json, H100): journal / simulated B=1024 45.39 /
+46.03, B=4096 133.23 / 132.88, and the mixed step (256 decodes + a 1024-token prompt, modelled
+since session 48) 47.92 / 47.10. Until session 48 the model planned with PlanConfig's own
+norm_fold=0, not the backend's default plan (norm_fold=2 since session 41): the row-scale norms
+then stood before their GEMMs instead of beside them.
+
 The defaults changed during session 17 (op_major, raster_blocks 8, split_fill_max_tokens 64,
 GATE_UP@1024 gu_m128; the two rows above were simulated with their runs' own, as below): an
 older JSON needs its tree's defaults after its path, e.g.
@@ -162,20 +168,25 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
                 utilisation=sum(busy.values()) / (num_sms * span) if span else 0.0)
 
 
-def plan_words(batch: int, context: int, plan_text: str = "", shape: str = "70b-tp8") -> np.ndarray:
+def plan_words(batch: int, context: int, plan_text: str = "", shape: str = "70b-tp8",
+               prefill: int = 0) -> np.ndarray:
     """The plan words of launch/bench.py's decode point (one rank's shard as a TP-1 model, the
-    megakernel's KernelConfig there) under plan_text (PlanConfig fields, as --plan takes them)."""
+    megakernel's KernelConfig there) under the backend's default plan (mk.megakernel_step's,
+    norm_fold=2 since session 41; bench.py's) with plan_text over it (PlanConfig fields, as
+    --plan takes them); prefill > 0: its mixed point (batch decodes + one prompt of prefill
+    tokens)."""
     sys.path.insert(0, os.path.join(ROOT, "launch"))
     import bench as lb
     from mk.config import ParallelConfig
     from mk.peers import shard_config
-    from mk.plan import PlanConfig, parse_plan_overrides, plan_step
+    from mk.megakernel_step import default_plan_config
+    from mk.plan import parse_plan_overrides, plan_step
     cfg, tp = lb.SHAPES[shape]
-    point = lb.Point("decode", batch, context)
+    point = lb.Point("mixed" if prefill else "decode", batch, context, prefill)
     kernel = lb.megakernel_kernel_config(point)
-    plan = plan_step(lb.megakernel_batch(point, kernel, [1] * batch),
+    plan = plan_step(lb.megakernel_batch(point, kernel, [1] * point.tokens),
                      shard_config(cfg, ParallelConfig(tp_size=tp)), ParallelConfig(), kernel,
-                     PlanConfig(split_k=0, **parse_plan_overrides(plan_text)))
+                     default_plan_config(split_k=0, **parse_plan_overrides(plan_text)))
     return plan.instrs.numpy()
 
 
@@ -185,10 +196,11 @@ sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/bench")
 import schedsim as S
 from mk.ir import Op
 point = json.loads({point!r})
-words = S.plan_words(point["batch"], point["context"], {plan!r})
+words = S.plan_words(point["batch"], point["context"], {plan!r}, prefill=point["prefill"])
 dur = {{Op[k]: v for k, v in json.loads({dur!r}).items()}}
 # claim after loads above 64 tokens: mk.megakernel.CLAIM_AFTER_LOADS_MIN_M (that module needs cutlass)
-print(json.dumps(S.simulate(words, dur, claim_after_loads=point["batch"] > 64)))
+print(json.dumps(S.simulate(words, dur,
+                            claim_after_loads=point["batch"] + point["prefill"] > 64)))
 """
 
 
@@ -212,12 +224,19 @@ def _journaled_points(arg: str):
 def _simulate_in(tiles: str, point: dict, plan_text: str, dur: dict) -> dict:
     """simulate() of a point's plan under MK_TILES=tiles (read at import: a subprocess)."""
     code = SIM_IN_SUBPROCESS.format(root=ROOT, point=json.dumps(
-        dict(batch=point["batch"], context=point["context"])), plan=plan_text, dur=json.dumps(dur))
+        dict(batch=point["batch"], context=point["context"], prefill=point.get("prefill", 0))),
+        plan=plan_text, dur=json.dumps(dur))
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, MK_TILES=tiles),
                        capture_output=True, text=True, timeout=600)
     if r.returncode:
         raise RuntimeError(r.stderr[-2000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def point_label(point: dict) -> str:
+    """A bench point's batch as the tables print it: decodes, + the prompt's tokens of a mixed
+    point."""
+    return f"{point['batch']}+{point['prefill']}" if point.get("prefill") else str(point["batch"])
 
 
 def validate(args: list[str]) -> list[dict]:
@@ -230,7 +249,7 @@ def validate(args: list[str]) -> list[dict]:
         plan_text, tiles, points = _journaled_points(arg)
         for p, mk, dur in points:
             sim = _simulate_in(tiles, p, plan_text, dur)
-            rows.append(dict(file=os.path.basename(arg.partition(":")[0]), batch=p["batch"],
+            rows.append(dict(file=os.path.basename(arg.partition(":")[0]), batch=point_label(p),
                              measured_ms=mk["ms"], journal_span_ms=mk["journal"]["span_us"] / 1e3,
                              sim_ms=sim["span_us"] / 1e3, sim_util=round(sim["utilisation"], 3)))
     return rows
@@ -246,7 +265,7 @@ def predict(arg: str, plans: list[str]) -> list[dict]:
         base = _simulate_in(tiles, p, plan_text, dur)["span_us"]
         for variant in plans:
             sim = _simulate_in(tiles, p, ",".join(filter(None, (plan_text, variant))), dur)
-            rows.append(dict(batch=p["batch"], plan=variant or "(its own)",
+            rows.append(dict(batch=point_label(p), plan=variant or "(its own)",
                              sim_ms=sim["span_us"] / 1e3,
                              change_pct=round(100 * (sim["span_us"] / base - 1), 1)))
     return rows
@@ -268,15 +287,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.validate:
         rows = validate(a.validate)
-        print(f"{'file':<40}{'batch':>6}{'measured ms':>13}{'journal ms':>12}{'sim ms':>9}"
+        print(f"{'file':<40}{'batch':>10}{'measured ms':>13}{'journal ms':>12}{'sim ms':>9}"
               f"{'sim util':>10}")
         for r in rows:
-            print(f"{r['file']:<40}{r['batch']:>6}{r['measured_ms']:>13.3f}"
+            print(f"{r['file']:<40}{r['batch']:>10}{r['measured_ms']:>13.3f}"
                   f"{r['journal_span_ms']:>12.3f}{r['sim_ms']:>9.3f}{r['sim_util']:>10.3f}")
     else:
-        print(f"{'batch':>6}  {'plan':<40}{'sim ms':>9}{'change':>9}")
+        print(f"{'batch':>10}  {'plan':<40}{'sim ms':>9}{'change':>9}")
         for r in predict(a.predict, [""] + a.plans):
-            print(f"{r['batch']:>6}  {r['plan']:<40}{r['sim_ms']:>9.3f}{r['change_pct']:>+8.1f}%")
+            print(f"{r['batch']:>10}  {r['plan']:<40}{r['sim_ms']:>9.3f}{r['change_pct']:>+8.1f}%")
     return 0
 
 

@@ -74,3 +74,22 @@ def test_epilogue_wait_bounds_the_tiles_end_not_its_start():
     w[2, mc.A_EPI_WAIT], w[2, mc.A_EPI_TARGET] = 1 + 1, 1
     r = schedsim.simulate(w, dur, num_sms=3, claim_after_loads=False)
     assert r["span_us"] == pytest.approx(31.5 + schedsim.EPI_FRAC * 10.0)
+
+
+def test_plan_words_take_the_backends_default_plan_and_mixed_points():
+    """The model plans a point as launch/bench.py's megakernel runs it: the backend's default
+    plan (norm_fold=2: at 300 decode tokens GATE_UP does not split and its tiles carry the
+    epilogue wait on the MLP norm; none with norm_fold=0 over it), and a mixed point (decodes +
+    one prompt) as that many more token rows than its decodes alone."""
+    from mk.instructions._common import epilogue_wait_words
+    from mk.ir import W_OPCODE
+    folded = schedsim.plan_words(300, 64)
+    plain = schedsim.plan_words(300, 64, "norm_fold=0")
+    waits = [sum(1 for t in range(len(w)) if epilogue_wait_words(w[t])) for w in (folded, plain)]
+    assert waits[0] > 0 and waits[1] == 0, waits
+    decode = schedsim.plan_words(8, 64)
+    mixed = schedsim.plan_words(8, 64, prefill=100)
+    attn = [int((w[:, W_OPCODE] == int(Op.ATTENTION)).sum()) for w in (decode, mixed)]
+    assert len(mixed) > len(decode) and attn[1] > attn[0], (len(decode), len(mixed), attn)
+    assert schedsim.point_label(dict(batch=256, prefill=1024)) == "256+1024"
+    assert schedsim.point_label(dict(batch=64, prefill=0)) == "64"
