@@ -375,10 +375,10 @@
 #      1. `MK_STEPS=gathercons` then `gatherconstime` (~6 min each): EMBED / LM_NORM on the
 #         consumers (built, off; the 4096 class spills 16 bytes with it: mend before a default).
 #      2. `MK_PLANAB="rb4:raster_blocks=4 rb2:raster_blocks=2" MK_PLANAB_BATCH=1024
-#         MK_STEPS=planab` (~6 min): the schedule model (bench/schedsim.py on session 48's
-#         journal) puts raster_blocks 4 / 2 at -3.0% / -3.6% at B=1024 (about nothing at 4096),
-#         but it has no L2 and also favours 1, which lost 0.5% there in session 17: only the
-#         GPU can tell.
+#         MK_PLANAB_MIXED=256:1024:1024 MK_STEPS=planab` (~7 min): the schedule model
+#         (bench/schedsim.py on session 48's journal) puts raster_blocks 4 / 2 at -3.1% / -3.7%
+#         at B=1024 and -1.6% at the mixed step (about nothing at 4096), but it has no L2 and
+#         also favours 1, which lost 0.5% at B=1024 in session 17: only the GPU can tell.
 #      3. `MK_E2E_BATCH=4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` after a new default; then
 #         000018's 2 / 3 (the big-norm threshold at 2048, l2hint / qkv256 / gu256, issue 5's gemm
 #         table).
