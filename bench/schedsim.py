@@ -168,6 +168,20 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
                 utilisation=sum(busy.values()) / (num_sms * span) if span else 0.0)
 
 
+def launch_bench():
+    """launch/bench.py as a module of its own name (`import bench` may find this directory's
+    package first, in a process that imported a bench.* module: the test suite)."""
+    import importlib.util
+    name = "mk_launch_bench"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "launch",
+                                                                          "bench.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod            # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def plan_words(batch: int, context: int, plan_text: str = "", shape: str = "70b-tp8",
                prefill: int = 0) -> np.ndarray:
     """The plan words of launch/bench.py's decode point (one rank's shard as a TP-1 model, the
@@ -175,8 +189,7 @@ def plan_words(batch: int, context: int, plan_text: str = "", shape: str = "70b-
     norm_fold=2 since session 41; bench.py's) with plan_text over it (PlanConfig fields, as
     --plan takes them); prefill > 0: its mixed point (batch decodes + one prompt of prefill
     tokens)."""
-    sys.path.insert(0, os.path.join(ROOT, "launch"))
-    import bench as lb
+    lb = launch_bench()
     from mk.config import ParallelConfig
     from mk.peers import shard_config
     from mk.megakernel_step import default_plan_config
