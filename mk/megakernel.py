@@ -803,8 +803,7 @@ class MegakernelDSL:
                             if cutlass.const_expr(GRANT_EARLY):
                                 if op == rk.OP_RMSNORM:
                                     early_op = Int32(1)
-                                if cutlass.const_expr(self.gather
-                                                      and gat.GATHER_ROLE == "consumers"):
+                                if cutlass.const_expr(self.lm_norm_as_norm()):
                                     if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                         early_op = Int32(1)
                                 if cutlass.const_expr(self.splitk):
@@ -825,7 +824,7 @@ class MegakernelDSL:
                             # the consumers read and write global memory themselves: one page
                             # without data orders their stores before the signal
                             pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
-                        if cutlass.const_expr(self.gather and gat.GATHER_ROLE == "consumers"):
+                        if cutlass.const_expr(self.lm_norm_as_norm()):
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
                         for gi in self.bodies():
@@ -996,20 +995,33 @@ class MegakernelDSL:
                         else:
                             rk.rows_skip(pg, npg, full, NP, timeout_ns, state, t)
                         pg = npg
-                    elif op == rk.OP_RMSNORM:
+                    elif self.norm_body_runs(op):
                         # with split-K compiled in, a norm may fold O_PROJ's reduce (its words)
                         fold_sk, fold_ns, fold_st = None, None, None
                         if cutlass.const_expr(self.splitk):
                             fold_sk = skops[0]
                             fold_ns = ring[base + A_RED_NSPLIT]
                             fold_st = ring[base + A_RED_STRIDE]
-                        pg = rk.rmsnorm_consume(ring[base + A_SRC], ring[base + A_DST],
-                                                ring[base + W_ROW0], ring[base + W_ROWS],
-                                                ring[base + W_LAYER], ring[base + A_NORM_WEIGHT],
-                                                bufs, normw, n_layers, eps, pool, full, done, pg,
-                                                NP, ctv, BAR_CONSUMER, N_CONSUMER, timeout_ns,
-                                                state, t, HM, PS, fold_sk, fold_ns, fold_st,
-                                                norm_row_batch(GS))
+                        src, dst = ring[base + A_SRC], ring[base + A_DST]
+                        row0, rows = ring[base + W_ROW0], ring[base + W_ROWS]
+                        layer, which = ring[base + W_LAYER], ring[base + A_NORM_WEIGHT]
+                        rows_from = None
+                        if cutlass.const_expr(self.lm_norm_as_norm()):
+                            # LM_NORM through the same body: its rows gathered (lmn.A_LAST_OFF),
+                            # the final norm's weight row, no fold
+                            src_map = Int32(-1)
+                            if op == gat.OP_LM_NORM:
+                                src_map = ring[base + lmn.A_LAST_OFF]
+                                layer = Int32(0)
+                                which = Int32(int(NormWeight.FINAL))
+                                if cutlass.const_expr(self.splitk):
+                                    fold_ns = Int32(0)
+                            rows_from = (meta, src_map, lastn)
+                        pg = rk.rmsnorm_consume(src, dst, row0, rows, layer, which, bufs,
+                                                normw, n_layers, eps, pool,
+                                                full, done, pg, NP, ctv, BAR_CONSUMER, N_CONSUMER,
+                                                timeout_ns, state, t, HM, PS, fold_sk, fold_ns,
+                                                fold_st, norm_row_batch(GS), rows_from)
                     for gi in self.bodies():
                         if self.runs_on(op, gi):
                             g = gops[gi]
@@ -1026,11 +1038,10 @@ class MegakernelDSL:
                                                  J_MMA_WAIT if self.journal else -1,
                                                  J_EPI_READY if self.journal else -1,
                                                  ring[base + W_COLS], self.ktrace(journal))
-                    if cutlass.const_expr(self.gather and gat.GATHER_ROLE == "consumers"):
-                        if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
-                            pg = self.consume_gather(op, ring, base, bufs, meta, embed, lastn,
-                                                     normw, n_layers, eps, full, done, pg, NP,
-                                                     ctv, timeout_ns, state, t, PS, HM)
+                    if cutlass.const_expr(self.lm_norm_as_norm()):
+                        if op == gat.OP_EMBED:
+                            pg = self.consume_embed(ring, base, bufs, meta, embed, full, done,
+                                                    pg, NP, ctv, timeout_ns, state, t, PS, HM)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and
@@ -1121,6 +1132,19 @@ class MegakernelDSL:
 
     def twins_of(self, gi: int) -> list[int]:
         return [j for j, g in enumerate(self.gemm) if g.twin_of == self.gemm[gi].op]
+
+    def lm_norm_as_norm(self) -> bool:
+        """LM_NORM runs through the consumers' RMSNORM body (rk.rmsnorm_consume's gather) in the
+        variants with the gather family on the consumers (gat.GATHER_ROLE "consumers")."""
+        return self.gather and gat.GATHER_ROLE == "consumers"
+
+    def norm_body_runs(self, op):
+        """The run-time condition that the consumers run rk.rmsnorm_consume for opcode `op`:
+        RMSNORM, and LM_NORM where lm_norm_as_norm. Trace-time Python, emitting the compares."""
+        hit = op == rk.OP_RMSNORM
+        if self.lm_norm_as_norm():
+            hit = hit | (op == gat.OP_LM_NORM)
+        return hit
 
     def runs_on(self, op, gi: int):
         """The run-time condition that an instruction of opcode `op` runs through slot gi's
@@ -1241,15 +1265,13 @@ class MegakernelDSL:
                    normw: cute.Tensor, n_layers: Int32, eps: Float32, tid: Int32,
                    nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr):
         """The body of EMBED (table rows -> an arena buffer) or LM_NORM (arena rows ->
-        LAST_NORMED) on nthreads threads of one role (tid 0..nthreads-1: the storer's, or the
-        consumers' with gat.GATHER_ROLE "consumers"); no pages."""
+        LAST_NORMED) on the storer's nthreads threads (tid 0..nthreads-1; gat.GATHER_ROLE
+        "storer"); no pages."""
         T = bufs.shape[0]
         H = bufs.shape[1]
         arena = bufs.iterator.toint()
         if op == gat.OP_EMBED:
-            gat.embed_store(embed, meta, arena + Int64(ring[base + em.A_DST]) * Int64(T * H) * 2,
-                            H, ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
-                            ring[base + W_COLS], tid, nthreads, unroll)
+            self.embed_tile(ring, base, bufs, meta, embed, tid, nthreads, unroll)
         else:
             gat.lm_norm_store(meta, arena + Int64(ring[base + lmn.A_SRC]) * Int64(T * H) * 2, H, T,
                               ring[base + lmn.A_LAST_OFF], lastn, normw,
@@ -1258,20 +1280,31 @@ class MegakernelDSL:
                               unroll)
 
     @cute.jit
-    def consume_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
-                       meta: cute.Tensor, embed: cute.Tensor, lastn: cute.Tensor,
-                       normw: cute.Tensor, n_layers: Int32, eps: Float32, full: cute.Pointer,
-                       done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
-                       ctid: Int32, timeout_ns: Int64, state: cute.Tensor, t: Int32,
-                       share: cutlass.Constexpr, mode: cutlass.Constexpr) -> Int32:
-        """Both consumer warpgroups' EMBED / LM_NORM (gat.GATHER_ROLE "consumers"), on
-        RMSNORM's protocol: the loader's data-less page waited for, the body, then `done` on it
-        after the stores (the storer's wait for it orders them before the signal). Returns
-        the new page count."""
+    def embed_tile(self, ring: cute.Tensor, base: Int32, bufs: cute.Tensor, meta: cute.Tensor,
+                   embed: cute.Tensor, tid: Int32, nthreads: cutlass.Constexpr,
+                   unroll: cutlass.Constexpr):
+        """EMBED's tile (table rows -> the arena buffer of its A_DST word) on nthreads threads
+        of one role."""
+        T = bufs.shape[0]
+        H = bufs.shape[1]
+        gat.embed_store(embed, meta, bufs.iterator.toint()
+                        + Int64(ring[base + em.A_DST]) * Int64(T * H) * 2, H,
+                        ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
+                        ring[base + W_COLS], tid, nthreads, unroll)
+
+    @cute.jit
+    def consume_embed(self, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
+                      meta: cute.Tensor, embed: cute.Tensor, full: cute.Pointer,
+                      done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
+                      timeout_ns: Int64, state: cute.Tensor, t: Int32,
+                      share: cutlass.Constexpr, mode: cutlass.Constexpr) -> Int32:
+        """Both consumer warpgroups' EMBED (gat.GATHER_ROLE "consumers"; their LM_NORM is
+        rk.rmsnorm_consume's gather), on RMSNORM's protocol: the loader's data-less page waited
+        for, the body, then `done` on it after the stores (the storer's wait for it orders them
+        before the signal). Returns the new page count."""
         page, ph = rk.page_of(pg, npages)
         rk.bounded_bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, t)
-        self.run_gather(op, ring, base, bufs, meta, embed, lastn, normw, n_layers, eps, ctid,
-                        N_CONSUMER, gat.UNROLL_CONSUMERS)
+        self.embed_tile(ring, base, bufs, meta, embed, ctid, N_CONSUMER, gat.UNROLL_CONSUMERS)
         rk.release(done + page, share, N_CONSUMER, ctid, BAR_CONSUMER, mode)
         return pg + 1
 

@@ -764,17 +764,22 @@ def test_norm_row_batch_out_of_range_is_refused():
 
 
 def test_gather_on_the_consumers_compiles_without_spills(tmp_path):
-    """MK_GATHER_ROLE=consumers (EMBED / LM_NORM on both consumer warpgroups, gat.UNROLL_CONSUMERS
-    vectors a thread in flight, on RMSNORM's page protocol): the all-opcode M64 variant with
-    split-K compiles with 0 spills and no call, and the bodies keep more 16-byte global loads in
-    flight (more of them in the PTX than the storer's)."""
-    ptx = variant_ptx(tmp_path, "gathercons", {"MK_GATHER_ROLE": "consumers"},
-                      "from mk.instructions import _gather_kernel as gat\n"
-                      "assert gat.GATHER_ROLE == 'consumers' and gat.UNROLL_CONSUMERS > gat.UNROLL")
+    """MK_GATHER_ROLE=consumers (EMBED on both consumer warpgroups, gat.UNROLL_CONSUMERS vectors a
+    thread in flight, on RMSNORM's page protocol; LM_NORM through RMSNORM's own body with its
+    rows gathered, rk.rmsnorm_consume's `gather`): the all-opcode M64 variant and the class
+    above 1024 tokens (session 48's build, with LM_NORM's own body on the consumers, spilled 16
+    bytes there) compile with split-K with 0 spills and no call, and LM_NORM's own body is not
+    compiled in (one rsqrt fewer than the storer's build: its norm is RMSNORM's)."""
+    check = ("from mk.instructions import _gather_kernel as gat\n"
+             "assert gat.GATHER_ROLE == 'consumers' and gat.UNROLL_CONSUMERS > gat.UNROLL")
+    ptx = variant_ptx(tmp_path, "gathercons", {"MK_GATHER_ROLE": "consumers"}, check)
     assert_clean_variant(tmp_path, "gathercons", ptx)
+    big = variant_ptx(tmp_path, "gathercons4096", {"MK_GATHER_ROLE": "consumers"}, check,
+                      m_class=4096)
+    assert_clean_variant(tmp_path, "gathercons4096", big)
     base = variant_ptx(tmp_path, "gatherstorer", {}, "")
-    v4 = [len(re.findall(r"ld\.global[\w.]*\.v4\.", p)) for p in (base, ptx)]
-    assert v4[1] > v4[0], v4
+    rsqrt = [len(re.findall(r"\brsqrt\.", p)) for p in (base, ptx)]
+    assert rsqrt[1] == rsqrt[0] - 1, rsqrt
 
 
 def test_gather_role_out_of_range_is_refused():

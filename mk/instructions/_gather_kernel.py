@@ -9,7 +9,8 @@ By default (GATHER_ROLE "storer") they run in the megakernel's storer warps (64 
 use no shared-memory page: the loader and the consumer warpgroups only pass the instruction slot
 on, and the storer's signal (after its named barrier, in the megakernel) is ordered after every
 store of the instruction, as for the other families. With MK_GATHER_ROLE=consumers both consumer
-warpgroups run them on RMSNORM's protocol (see GATHER_ROLE). The rows they read were written by
+warpgroups run EMBED's body here and LM_NORM through RMSNORM's own (see GATHER_ROLE). The rows
+they read were written by
 other CTAs' generic stores (EMBED: none; LM_NORM: HIDDEN by the last layer's DOWN tiles), made
 visible by the controller's ld.acquire of the instruction's counters.
 
@@ -20,8 +21,9 @@ stores.
 
 LM_NORM: LAST_NORMED[row0 + s] = rmsnorm(HIDDEN[last_rows[s]]) * final_norm, with the rows
 family's numerics (mk/instructions/_rows_kernel.py rows_consume, RMSNORM): fp32 sum of squares,
-rs = rsqrt(ss / H + eps), y = bf16(bf16(x * rs) * w). One warp per sequence row (two passes over
-the row: the statistic, then the scaled store; the second pass reads L2-resident data).
+rs = rsqrt(ss / H + eps), y = bf16(bf16(x * rs) * w). In the storer (lm_norm_store): one warp per
+sequence row, two passes over the row (the statistic, then the scaled store; the second pass
+reads L2-resident data).
 """
 
 from __future__ import annotations
@@ -43,18 +45,21 @@ UNROLL = 4              # vectors in flight per thread (EMBED) or lane (LM_NORM)
 UNROLL_CONSUMERS = 8    # the same, consumer role (216 registers a thread instead of 72)
 # MK_GATHER_ROLE (compile-time): the warps that run EMBED / LM_NORM.
 #   storer     (default) the storer's 64 threads, UNROLL vectors a thread (or lane) in flight
-#   consumers  both consumer warpgroups (256 threads, UNROLL_CONSUMERS) on RMSNORM's protocol:
-#              the loader grants one page without data, the consumers run the body and arrive on
-#              its `done` after their stores, the storer waits for it, frees it and signals
+#   consumers  both consumer warpgroups on RMSNORM's protocol (the loader grants one page without
+#              data, the consumers run the body and arrive on its `done` after their stores, the
+#              storer waits for it, frees it and signals): EMBED's body here with
+#              UNROLL_CONSUMERS vectors a thread in flight, LM_NORM through RMSNORM's body
+#              (mk/instructions/_rows_kernel.py rmsnorm_consume, its `gather`: the rows' sources
+#              from the metadata, row groups over 256 threads, one pass over a row)
 # Why (session 48's journal of B=4096, bench/results/shares_3474b9c_2026-12-05_s48_h100.json):
 # an EMBED tile (128 rows x 256 columns, the DOWN grid) took 82 us and an LM_NORM of 32 rows 280 us,
 # 4 KiB in flight an SM (latency-bound: ~16 and ~256 L2 round trips); their instructions are
-# ~0.75 ms of the step's 133 ms critical path. The consumers keep 8x the bytes in flight. The
-# results are bitwise the same (each lane adds its vectors in the same order whatever unroll).
-# Compile (session 48): M64 and the 1024 class 0 spills; the 4096 class spills 16 bytes (four
-# kernel-wide values around the gate-up epilogue, from LM_NORM's body; the same at unroll 4, with
-# LAST_NORMED's address handed through the page, or with the branch placed elsewhere in the
-# consumers' dispatch): to mend before it could be the default.
+# ~0.75 ms of the step's 133 ms critical path. The consumers keep 8x the bytes in flight; EMBED's
+# rows are bitwise the same, LM_NORM's within the rows family's numerics (its statistic summed
+# in RMSNORM's order, not lm_norm_store's).
+# Compile: session 48's build, with lm_norm_store on the consumers too, spilled 16 bytes in the
+# class above 1024 tokens; through RMSNORM's body (session 49) every class compiles with 0
+# spills and the consumers carry one norm body instead of two.
 GATHER_ROLE = os.environ.get("MK_GATHER_ROLE", "storer")
 if GATHER_ROLE not in ("storer", "consumers"):
     raise ValueError(f"MK_GATHER_ROLE={GATHER_ROLE!r}: storer (default) or consumers")

@@ -934,15 +934,32 @@ def store_normed(xs: list, ws: list, rs: Float32, dst_base: Int64, row_off: Int6
 
 
 @cute.jit
+def gathered_row(gather, row0: Int32, i: Int32):
+    """(source row, 1) of row i of a norm in the variants that gather (gather = (meta, src_map,
+    T)): row0 + i where src_map < 0 (RMSNORM), else meta[src_map + i] (LM_NORM's last rows,
+    A_LAST_OFF), or (0, 0) where the metadata names a row outside the source buffer (the row is
+    then not stored)."""
+    src_row = row0 + i
+    ok = Int32(1)
+    if gather[1] >= 0:
+        src_row = gather[0][gather[1] + i]
+        if src_row < 0 or src_row >= gather[2]:
+            src_row = Int32(0)
+            ok = Int32(0)
+    return src_row, ok
+
+
+@cute.jit
 def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: Int32, cols: list,
                 ws: list, scratch: Int32, eps: Float32, ctid: Int32, bar_id: cutlass.Constexpr,
                 nthreads: cutlass.Constexpr, row_batch: cutlass.Constexpr, fold=None,
-                scale=None):
+                scale=None, gather=None):
     """rmsnorm_consume's rows in groups of row_batch (see there); fold: (SPLITK workspace,
     nsplit, stride) of a folded norm, whose rows are fold_row's h, else None (rows loaded);
     scale: (scale_only, SPLITK workspace, T) in the variants with split-K, else None: where
     scale_only (a row-scale RMSNORM) thread 0 stores each row's rsqrt statistic into
-    ROW_SCALE[row] (row_scale_at) and no normalized row is written (dst_base is not a buffer)."""
+    ROW_SCALE[row] (row_scale_at) and no normalized row is written (dst_base is not a buffer);
+    gather: (meta, src_map, T) or None, see rmsnorm_consume (not with fold)."""
     warp = ctid // 32
     lane = ctid % 32
     inv_h = Float32(1.0) / Float32(H)
@@ -950,14 +967,22 @@ def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: I
     ngroups = ceil_div(rows, row_batch)
     for g in range(ngroups):
         r0 = g * row_batch
-        row_offs = []
+        row_offs = []   # destination rows (and the source rows, but for a gather)
+        src_offs = row_offs
+        row_ok = []     # a gathered row whose source lies in the buffer (else not stored)
         xs = []         # kept in bf16 until used: 4 registers a vector instead of 8
         for k in cutlass.range_constexpr(row_batch):
             row_offs.append(Int64(row0 + imin(r0 + k, last)) * Int64(H))
             for v in cutlass.range_constexpr(NORM_VECS):
                 xs.append(cute.make_rmem_tensor(cute.make_layout(8), BFloat16))
+        if cutlass.const_expr(gather is not None):
+            src_offs = []
+            for k in cutlass.range_constexpr(row_batch):
+                src_row, ok = gathered_row(gather, row0, imin(r0 + k, last))
+                src_offs.append(Int64(src_row) * Int64(H))
+                row_ok.append(ok)
         if cutlass.const_expr(fold is None):
-            load_rows(xs, src_base, row_offs, cols)
+            load_rows(xs, src_base, src_offs, cols)
         else:
             # a group's missing rows (past `rows`) fold the last row again and store nothing
             for k in cutlass.range_constexpr(row_batch):
@@ -984,7 +1009,10 @@ def norm_groups(src_base: Int64, dst_base: Int64, row0: Int32, rows: Int32, H: I
                 parts[k][warp] = ss
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
         for k in cutlass.range_constexpr(row_batch):
-            if r0 + k < rows:
+            row_end = rows
+            if cutlass.const_expr(gather is not None):
+                row_end = rows * row_ok[k]      # a row gathered from outside stores nothing
+            if r0 + k < row_end:
                 tot = parts[k].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 rs = cute.math.rsqrt(tot * inv_h + eps)
                 xk = xs[k * NORM_VECS:(k + 1) * NORM_VECS]
@@ -1006,7 +1034,7 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
                     nthreads: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                     ticket: Int32, mode: cutlass.Constexpr, share: cutlass.Constexpr,
                     sk=None, red_nsplit=None, red_stride=None,
-                    row_batch: cutlass.Constexpr = NORM_ROW_BATCH) -> Int32:
+                    row_batch: cutlass.Constexpr = NORM_ROW_BATCH, gather=None) -> Int32:
     """Both consumer warpgroups (nthreads = 256 threads, ctid 0..255): rows row0 .. row0+rows-1 of
     buffer src, normalized with norm-weight row which * n_layers + layer, into buffer dst; bufs is
     the arena (T, H, NBUF), H contiguous. Thread t owns the 16-byte vectors at columns
@@ -1021,7 +1049,12 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
     (dst Buf.ROW_SCALE, only with sk) writes each row's rsqrt(mean(x^2) + eps) into ROW_SCALE
     (row_scale_at) and no normalized row (its norm weight is folded into the GEMM after it).
     row_batch: rows per group (NORM_ROW_BATCH; the megakernel's variants without GEMM slots pass
-    1: the rows-only journal variant spilled 12 bytes with 2)."""
+    1: the rows-only journal variant spilled 12 bytes with 2).
+    gather (the megakernel's variants that run LM_NORM here, gat.GATHER_ROLE "consumers"):
+    (meta, src_map, last_normed); where src_map >= 0 the instruction is an LM_NORM, whose row i
+    is meta[src_map + i] of src (a sequence's last token row; red_nsplit 0) and goes to row
+    row0 + i of last_normed (H columns, compact), normalized with the row `which`, `layer`
+    name (NormWeight.FINAL, 0). One body for both: the gather costs RMSNORM a branch a row."""
     page, ph = page_of(pg, npages)
     bounded_bar_wait(full + page, ph, timeout_ns, state, ERR_PAGE_FULL, ticket)
     T = bufs.shape[0]
@@ -1042,10 +1075,15 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
         ws.append(norm_weight(normw, wrow, c))
     src_base = (bufs.iterator + src * (T * H)).toint()
     dst_base = (bufs.iterator + dst * (T * H)).toint()
+    rows_from = None
+    if cutlass.const_expr(gather is not None):
+        rows_from = (gather[0], gather[1], T)
+        if gather[1] >= 0:
+            dst_base = gather[2].iterator.toint()
     scratch = pool + page * PAGE
     if cutlass.const_expr(sk is None):
         norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
-                    nthreads, row_batch)
+                    nthreads, row_batch, gather=rows_from)
     else:
         # a row-scale RMSNORM (destination ROW_SCALE; the norm folded into the next GEMM) stores
         # only the statistic, into the SPLITK allocation's tail: only with split-K compiled in
@@ -1057,7 +1095,7 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
                         nthreads, 1, (sk, red_nsplit, red_stride), scale)
         else:
             norm_groups(src_base, dst_base, row0, rows, H, cols, ws, scratch, eps, ctid, bar_id,
-                        nthreads, row_batch, None, scale)
+                        nthreads, row_batch, None, scale, rows_from)
     if lane == 0:
         # the scratch partials were generic writes; a later use of the page is a TMA write
         cute.arch.fence_proxy("async.shared", space="cta")
