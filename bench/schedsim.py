@@ -36,7 +36,9 @@ tree's tiles and defaults; journal span = the measured step with the journal on,
 
 Session 48 (shares_3474b9c_2026-12-05_s48_h100.json, H100): journal / simulated B=1024 45.39 /
 46.03, B=4096 133.23 / 132.88, and the mixed step (256 decodes + a 1024-token prompt, modelled
-since session 48) 47.92 / 47.10. Until session 48 the model planned with PlanConfig's own
+since session 48) 47.92 / 47.10. Since session 49 a GEMM tile's duration follows its K slice
+(GEMM_FIXED_US, base_k): B=1024, whose QKV_ROPE splits unevenly (86 + 42 K steps), 44.67; the
+others unchanged. Until session 48 the model planned with PlanConfig's own
 norm_fold=0, not the backend's default plan (norm_fold=2 since session 41): the row-scale norms
 then stood before their GEMMs instead of beside them.
 
@@ -79,11 +81,22 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from mk.instructions import matmul as mm_words  # noqa: E402
+from mk.instructions import qkv as qkv_words  # noqa: E402
 from mk.instructions._common import epilogue_wait_words  # noqa: E402
 from mk.ir import MAX_WAITS, NO_COUNTER, W_OPCODE, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0, Op  # noqa: E402
 # the part of a GEMM tile's run after its epilogue wait (its epilogue; bench/E2E_NOTES.md's
 # journals: cons_epi 2-6 us of 50-110 us tiles)
 EPI_FRAC = 0.05
+
+# a GEMM tile's duration follows its K slice (the K word: a split tile's slice width) beyond
+# a fixed part (its epilogue, its first stage's wait, its once-per-tile code): session 46's
+# journal (bench/GEMM_NOTES.md) has O_PROJ 14.8 us a tile for 16 K steps of ~0.57 us, GATE_UP
+# 89.4 for 128. A plan that splits an opcode its journal ran whole (or the other way round) is
+# timed from that opcode's mean K in the journaled plan (simulate's base_k)
+GEMM_FIXED_US = 5.0
+K_WORD = {Op.QKV_ROPE: qkv_words.A_K, Op.O_PROJ: mm_words.A_K, Op.GATE_UP: mm_words.A_K,
+          Op.DOWN: mm_words.A_K, Op.LM_HEAD: mm_words.A_K}
 
 NISLOTS = 4
 # fraction of a run after which an instruction's loader has issued its last load: GEMM tiles and
@@ -94,12 +107,37 @@ LOAD_FRAC = {Op.QKV_ROPE: 0.85, Op.O_PROJ: 0.85, Op.GATE_UP: 0.9, Op.DOWN: 0.9,
 DEFAULT_LOAD_FRAC = 0.1
 
 
+def mean_k(words: np.ndarray) -> dict:
+    """{Op: mean K word of its tiles} of the GEMM opcodes in a stream."""
+    ops = words[:, W_OPCODE]
+    return {op: float(words[ops == int(op), kw].mean())
+            for op, kw in K_WORD.items() if (ops == int(op)).any()}
+
+
+def tile_durations(words: np.ndarray, durations: dict, base_k: dict | None = None) -> np.ndarray:
+    """Each ticket's duration (us): its opcode's (1 us if missing); with base_k ({Op: mean K
+    of the tiles the durations were measured on}) a GEMM tile's beyond GEMM_FIXED_US scaled
+    by its own K word over that mean."""
+    ops = words[:, W_OPCODE].astype(np.int64)
+    dur = np.array([durations.get(Op(int(o)), 1.0) for o in ops])
+    for op, k0 in (base_k or {}).items():
+        sel = ops == int(op)
+        if not sel.any() or op not in durations:
+            continue
+        d = durations[op]
+        fixed = min(GEMM_FIXED_US, d)
+        dur[sel] = fixed + (d - fixed) * words[sel, K_WORD[op]] / k0
+    return dur
+
+
 def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: int = NISLOTS,
-             claim_after_loads: bool = True, claim_us: float = 0.5) -> dict:
+             claim_after_loads: bool = True, claim_us: float = 0.5,
+             base_k: dict | None = None, detail: bool = False) -> dict:
     """Span (us) of a stream of instruction words [n, INSTR_WORDS] and the per-opcode busy time.
-    durations: {Op: us}; an opcode missing from it runs 1 us. A claim takes claim_us (the
-    controller's atomic and word fetch) before the instruction can start or the SM claim again;
-    SMs that can claim at the same time take tickets in SM order."""
+    durations: {Op: us}; an opcode missing from it runs 1 us; base_k: see tile_durations. A
+    claim takes claim_us (the controller's atomic and word fetch) before the instruction can
+    start or the SM claim again; SMs that can claim at the same time take tickets in SM
+    order. detail: also each ticket's start, end and SM (arrays)."""
     n = len(words)
     ops = words[:, W_OPCODE].astype(np.int64)
     waits = words[:, W_WAIT0:W_WAIT0 + 2 * MAX_WAITS].astype(np.int64)
@@ -108,12 +146,13 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
     epi = [epilogue_wait_words(words[t]) for t in range(n)]
     sig = words[:, W_SIGNAL].astype(np.int64)
     cnt = np.maximum(words[:, W_SIGNAL_COUNT].astype(np.int64), 1)
-    dur = np.array([durations.get(Op(int(o)), 1.0) for o in ops])
+    dur = tile_durations(words, durations, base_k)
     load_frac = np.array([LOAD_FRAC.get(Op(int(o)), DEFAULT_LOAD_FRAC) for o in ops])
     # per counter: the (end time, count) of its signals so far, in ticket order
     signals: dict[int, list] = {}
     end = np.zeros(n)
     start = np.zeros(n)
+    on_sm = np.zeros(n, np.int64)
     # per SM: the end times of its unfinished instructions (the ring), its last instruction's end
     # and its loads-issued time; a heap of (time the SM's controller can claim, sm)
     ring = [[] for _ in range(num_sms)]
@@ -142,6 +181,7 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
                 continue
             met = max(met, met_at(t, c, target))
         start[t] = max(claim_t + claim_us, met, sm_free[sm])
+        on_sm[t] = sm
         end[t] = start[t] + dur[t]
         if epi[t] is not None:
             end[t] = max(end[t], met_at(t, *epi[t]) + EPI_FRAC * dur[t])
@@ -164,8 +204,11 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
             nxt = max(nxt, loads_done[sm])
         heapq.heappush(claim_heap, (nxt, sm))
     span = float(end.max()) if n else 0.0
-    return dict(span_us=span, busy_us=busy,
-                utilisation=sum(busy.values()) / (num_sms * span) if span else 0.0)
+    out = dict(span_us=span, busy_us=busy,
+               utilisation=sum(busy.values()) / (num_sms * span) if span else 0.0)
+    if detail:
+        out.update(start=start, end=end, sm=on_sm)
+    return out
 
 
 def launch_bench():
@@ -210,10 +253,13 @@ import schedsim as S
 from mk.ir import Op
 point = json.loads({point!r})
 words = S.plan_words(point["batch"], point["context"], {plan!r}, prefill=point["prefill"])
+base = words if {plan!r} == {base_plan!r} else S.plan_words(
+    point["batch"], point["context"], {base_plan!r}, prefill=point["prefill"])
 dur = {{Op[k]: v for k, v in json.loads({dur!r}).items()}}
 # claim after loads above 64 tokens: mk.megakernel.CLAIM_AFTER_LOADS_MIN_M (that module needs cutlass)
 print(json.dumps(S.simulate(words, dur,
-                            claim_after_loads=point["batch"] + point["prefill"] > 64)))
+                            claim_after_loads=point["batch"] + point["prefill"] > 64,
+                            base_k=S.mean_k(base))))
 """
 
 
@@ -231,14 +277,23 @@ def _journaled_points(arg: str):
         if mk.get("journal"):
             points.append((p, mk, {k: v.get("own_mean_us", v["mean_us"])
                                    for k, v in mk["journal"]["ops"].items()}))
+    # an opcode a point did not run (the mixed step's SPLITK_REDUCE, a plan that splits there)
+    # takes the first other point's duration
+    for _, _, dur in points:
+        for _, _, other in points:
+            for k, v in other.items():
+                dur.setdefault(k, v)
     return plan_text, tiles, points
 
 
-def _simulate_in(tiles: str, point: dict, plan_text: str, dur: dict) -> dict:
-    """simulate() of a point's plan under MK_TILES=tiles (read at import: a subprocess)."""
+def _simulate_in(tiles: str, point: dict, plan_text: str, dur: dict,
+                 base_plan: str | None = None) -> dict:
+    """simulate() of a point's plan under MK_TILES=tiles (read at import: a subprocess), its
+    GEMM tiles timed from the K of base_plan's (the journaled plan; default plan_text)."""
     code = SIM_IN_SUBPROCESS.format(root=ROOT, point=json.dumps(
         dict(batch=point["batch"], context=point["context"], prefill=point.get("prefill", 0))),
-        plan=plan_text, dur=json.dumps(dur))
+        plan=plan_text, base_plan=plan_text if base_plan is None else base_plan,
+        dur=json.dumps(dur))
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, MK_TILES=tiles),
                        capture_output=True, text=True, timeout=600)
     if r.returncode:
@@ -277,7 +332,8 @@ def predict(arg: str, plans: list[str]) -> list[dict]:
     for p, mk, dur in points:
         base = _simulate_in(tiles, p, plan_text, dur)["span_us"]
         for variant in plans:
-            sim = _simulate_in(tiles, p, ",".join(filter(None, (plan_text, variant))), dur)
+            sim = _simulate_in(tiles, p, ",".join(filter(None, (plan_text, variant))), dur,
+                               plan_text)
             rows.append(dict(batch=point_label(p), plan=variant or "(its own)",
                              sim_ms=sim["span_us"] / 1e3,
                              change_pct=round(100 * (sim["span_us"] / base - 1), 1)))

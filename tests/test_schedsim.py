@@ -93,3 +93,22 @@ def test_plan_words_take_the_backends_default_plan_and_mixed_points():
     assert len(mixed) > len(decode) and attn[1] > attn[0], (len(decode), len(mixed), attn)
     assert schedsim.point_label(dict(batch=256, prefill=1024)) == "256+1024"
     assert schedsim.point_label(dict(batch=64, prefill=0)) == "64"
+
+
+def test_gemm_tiles_follow_their_k_slice():
+    """With base_k (the mean K of the tiles the durations were journaled on), a GATE_UP tile of
+    half that K runs GEMM_FIXED_US + half the rest, one of twice it the fixed part + twice the
+    rest; other opcodes and a call without base_k keep their opcode's duration."""
+    from mk.instructions import matmul
+    w = stream((Op.GATE_UP, [], None), (Op.GATE_UP, [], None), (Op.RMSNORM, [], None))
+    w[0, matmul.A_K], w[1, matmul.A_K] = 2048, 8192
+    assert schedsim.mean_k(w) == {Op.GATE_UP: 5120.0}
+    dur = {Op.GATE_UP: 45.0, Op.RMSNORM: 3.0}
+    fixed = schedsim.GEMM_FIXED_US
+    got = schedsim.tile_durations(w, dur, {Op.GATE_UP: 4096.0})
+    assert got == pytest.approx([fixed + (45 - fixed) / 2, fixed + 2 * (45 - fixed), 3.0])
+    assert schedsim.tile_durations(w, dur) == pytest.approx([45.0, 45.0, 3.0])
+    r = schedsim.simulate(w, dur, num_sms=3, claim_after_loads=False,
+                          base_k={Op.GATE_UP: 4096.0}, detail=True)
+    assert r["end"] - r["start"] == pytest.approx(got)
+    assert sorted(r["sm"].tolist()) == [0, 1, 2]
