@@ -388,10 +388,12 @@ class PlanConfig:
         for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
-        if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2, 3):
+        if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2, 3, 4):
             raise ValueError(f"PlanConfig.norm_fold must be 0 (off), 1 (where the GEMM splits), "
-                             f"2 (also where it does not) or 3 (2, the unsplit tiles computing "
-                             f"their rows' statistic themselves), got {self.norm_fold!r}")
+                             f"2 (also where it does not), 3 (2, the unsplit tiles computing "
+                             f"their rows' statistic themselves) or 4 (2, the unsplit tiles "
+                             f"scaled from the sums of squares h's writers leave in ROW_PART), "
+                             f"got {self.norm_fold!r}")
         if isinstance(self.attn_pair, bool) or self.attn_pair not in (0, 1, 2):
             raise ValueError(f"PlanConfig.attn_pair must be 0 (never), 1 (auto) or 2 (always), "
                              f"got {self.attn_pair!r}")
@@ -615,12 +617,21 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
         Buf.K_CACHE: (kv_rows, hkv * D), Buf.V_CACHE: (kv_rows, hkv * D),
         Buf.SPLITK: splitk_shape(plan_cfg, kernel, model, parallel),
         Buf.ROW_SCALE: (T, 1),
+        Buf.ROW_PART: (T, mc.ROW_PART_SETS * mc.row_part_groups(H)),
     }
 
 
 # _emit_gemm's row_scale_wait for unsplit tiles that compute their rows' statistic themselves
 # (PlanConfig.norm_fold=3; their A_EPI_WAIT word is mk.instructions._common.SELF_SCALE)
 SELF_SCALED = "self-scaled"
+
+
+@dataclass(frozen=True)
+class RowParts:
+    """_emit_gemm's row_scale_wait for unsplit tiles scaled from ROW_PART (PlanConfig.norm_fold=4;
+    their A_EPI_WAIT word is mk.instructions._common.ROW_PARTS, A_EPI_TARGET the set's first
+    column `base`)."""
+    base: int
 
 
 def row_scale_rows(tokens: int, width: int) -> int:
@@ -642,7 +653,8 @@ def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
     return (rows + row_scale_rows(kernel.max_batch_tokens, width) if need else 0, width)
 
 
-FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK, Buf.ROW_SCALE)
+FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK, Buf.ROW_SCALE,
+                   Buf.ROW_PART)
 
 
 def buffer_dtype(buf: Buf, model_dtype: torch.dtype) -> torch.dtype:
@@ -995,11 +1007,15 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     row_scale_wait: (counter, target), one per output tile, of the row-scale RMSNORM whose
     ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), or an unsplit
     tile its accumulators, after waiting for it in its epilogue (norm_fold=2), or SELF_SCALED
-    (unsplit tiles under norm_fold=3: their own statistic), else None."""
+    (unsplit tiles under norm_fold=3: their own statistic), or a RowParts (unsplit tiles under
+    norm_fold=4: the ROW_PART set its writers fill), else None."""
     if nsplit <= 1:
         if row_scale_wait is SELF_SCALED:
             # unsplit under norm_fold=3: the tile's own statistic, no wait
             args = {**args, mc.A_EPI_WAIT: mc.SELF_SCALE, mc.A_EPI_TARGET: 0}
+        elif isinstance(row_scale_wait, RowParts):
+            # unsplit under norm_fold=4: the statistic from h's writers' ROW_PART sums, no wait
+            args = {**args, mc.A_EPI_WAIT: mc.ROW_PARTS, mc.A_EPI_TARGET: row_scale_wait.base}
         elif row_scale_wait is not None:
             # unsplit under norm_fold=2: the tile scales its rows itself, after its epilogue wait
             c, t = row_scale_wait
@@ -1493,18 +1509,40 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         epilogue wait) wait for it; else the norm's output and waits (a norm that writes h,
         folded with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session
         38)). norm_fold=3 where op does not split: row_scale_wait SELF_SCALED, and the caller
-        emits no norm."""
+        emits no norm; norm_fold=4 where op's tiles can be scaled from ROW_PART (row_parts):
+        that set's RowParts, no norm either, elsewhere as norm_fold=2."""
         if not cfg.norm_fold or folded_reduce or (cfg.norm_fold == 1 and nsplit[op] <= 1):
             return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
         h_waits = lambda b: [(h_c + b, np.asarray(h_t)[b])]  # noqa: E731
         if cfg.norm_fold == 3 and nsplit[op] <= 1:
             return Buf.HIDDEN, h_waits, SELF_SCALED
+        if row_parts.get(op) is not None:
+            return Buf.HIDDEN, h_waits, row_parts[op]
         return Buf.HIDDEN, h_waits, lambda b: (norm_c + b, ngr[b])
+
+    # norm_fold=4: the GEMMs after a norm whose tiles take their rows' statistic from ROW_PART
+    # (RowParts), and the writers of h that fill that set: an unsplit GEMM whose h comes from
+    # unsplit RESIDUAL tiles at TP 1 (QKV_ROPE's from DOWN's, and from EMBED's in layer 0;
+    # GATE_UP's from O_PROJ's) whose columns start on ROW_PART's 64-column groups
+    G = mc.row_part_groups(H)
+    row_parts = {}
+    if cfg.norm_fold == 4 and tp1:
+        for op, writer, wc0, s in ((Op.QKV_ROPE, Op.DOWN, d_c0, mc.ROW_PART_ATTN),
+                                   (Op.GATE_UP, Op.O_PROJ, o_c0, mc.ROW_PART_MLP)):
+            if (nsplit[op] <= 1 and nsplit[writer] <= 1
+                    and not (np.asarray(wc0) % mc.ROW_PART_COLS).any()):
+                row_parts[op] = RowParts(s * G)
+
+    def row_part_word(op) -> dict:
+        """The A_ROW_PART word of op's h-writing tiles: 1 + the column of the set the GEMM op
+        after them is scaled from, where it is (row_parts)."""
+        return {mc.A_ROW_PART: 1 + row_parts[op].base} if op in row_parts else {}
 
     g: list = []
     qkv_src, qkv_waits, qkv_scale = folded_norm(Op.QKV_ROPE, C["NA"], prev_HM, hid_m_target,
                                                 fold_d)
-    if qkv_scale is not SELF_SCALED:        # norm_fold=3: the tiles' own statistic, no norm
+    if qkv_scale is not SELF_SCALED and not isinstance(qkv_scale, RowParts):
+        # (norm_fold=3 / 4: the tiles' own statistic, or their writers': no norm)
         norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
              nsplit[Op.DOWN] if fold_d else 0, scale_only=qkv_scale is not None)
     # QKV tiles
@@ -1614,6 +1652,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
                 targs.update({em.A_DST: Buf.HIDDEN, em.A_EPI: epi})
             else:
                 targs.update({mm.A_DST: Buf.HIDDEN, mm.A_EPI: epi})
+            # norm_fold=4: the rows' sums of squares for the GEMM after the next norm
+            targs.update(row_part_word(Op.GATE_UP if op == Op.O_PROJ else Op.QKV_ROPE))
             if op == Op.EMBED:
                 # the prelude's EMBED tiles stand in for the DOWN tiles the first layer's norm
                 # waits for: each counts for as many signals as a DOWN tile sends
@@ -1637,7 +1677,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
     gu_src, gu_waits, gu_scale = folded_norm(Op.GATE_UP, C["NM"], C["HA"], hid_a_target, fold_o)
-    if gu_scale is not SELF_SCALED:
+    if gu_scale is not SELF_SCALED and not isinstance(gu_scale, RowParts):
         norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
              nsplit[Op.O_PROJ] if fold_o else 0, scale_only=gu_scale is not None)
     b, t = _grid(nb, n_g)

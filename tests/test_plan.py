@@ -446,8 +446,8 @@ def test_plan_config_validation():
         for v in (2, -1):
             with pytest.raises(ValueError, match=f"PlanConfig.{name} must be 0 or 1"):
                 PlanConfig(**{name: v})
-    for v in (4, -1, True):
-        with pytest.raises(ValueError, match=r"PlanConfig.norm_fold must be 0 \(off\).* or 3"):
+    for v in (5, -1, True):
+        with pytest.raises(ValueError, match=r"PlanConfig.norm_fold must be 0 \(off\).* or 4"):
             PlanConfig(norm_fold=v)
     bad = PlanConfig(qkv_tile=12)                       # head_dim 8: 1.5 heads
     with pytest.raises(ValueError, match="qkv_tile=12 is not a multiple of head_dim 8"):

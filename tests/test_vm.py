@@ -448,6 +448,11 @@ def test_norm_fold_matches_reference(checkpoints, tp, folds):
             assert set(s[scaled, sk.A_OP].tolist()) == {int(Op.QKV_ROPE), int(Op.GATE_UP)}
         got = vm.step(batch, mode="random", sms=5, seed=i)
         torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
+    narrow = VM(w, KERNEL, PlanConfig(**{**base, "norm_fold": 4, "o_tile": 16}))
+    s = narrow.plan(mixed_steps(GQA_LLAMA3["vocab_size"])[0]).instrs
+    assert not ((s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any()
+    assert ((s[:, W_OPCODE] == int(Op.QKV_ROPE)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any() \
+        == row_parts
 
 
 @pytest.mark.parametrize("name,tp,nf,split_k", [("GQA_LLAMA3", 1, 1, 2), ("TINY_MHA", 2, 1, 2),
@@ -543,3 +548,55 @@ def test_norm_fold_unsplit_matches_reference(checkpoints, tp, split_k):
         assert scaled.any() == (split_k == 2)
         got = vm.step(batch, mode="random", sms=5, seed=i)
         torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
+    narrow = VM(w, KERNEL, PlanConfig(**{**base, "norm_fold": 4, "o_tile": 16}))
+    s = narrow.plan(mixed_steps(GQA_LLAMA3["vocab_size"])[0]).instrs
+    assert not ((s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any()
+    assert ((s[:, W_OPCODE] == int(Op.QKV_ROPE)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any() \
+        == row_parts
+
+
+@pytest.mark.parametrize("tp,split_k", [(1, 1), (1, 2), (2, 1)])
+def test_norm_fold_row_parts_matches_reference(checkpoints, tp, split_k):
+    """PlanConfig.norm_fold=4: at TP 1 with nothing split (split_k 1) every QKV / gate-up tile
+    is scaled from ROW_PART (A_EPI_WAIT = ROW_PARTS, A_EPI_TARGET its set's first column: the
+    attention set 0, the MLP set G), no norm is planned, and every h-writing tile (EMBED, O_PROJ,
+    DOWN) fills the set of the GEMM after it (A_ROW_PART); where the GEMMs split (split_k 2)
+    or at TP 2 (h from TP_REDUCE) it plans as norm_fold=2. float32 logits within 2e-5 of the
+    reference in random interleavings. (16-column O_PROJ tiles, not on ROW_PART's 64-column
+    groups: norm_fold=2's plan.)"""
+    from mk.instructions import _common as mc
+    from mk.weights import fold_norms
+    ck = checkpoints("GQA_LLAMA3")
+    w = [fold_norms(x) for x in weights(ck, tp, torch.float32)]
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    H = GQA_LLAMA3["hidden_size"]
+    G = mc.row_part_groups(H)
+    # O_PROJ / DOWN tiles of 64 columns (two a row): they start on ROW_PART's column groups
+    base = {**CFG.__dict__, "split_k": split_k, "fold_o_reduce": 0, "fold_down_reduce": 0,
+            "o_tile": 64, "down_tile": 64}
+    vm = VM(w, KERNEL, PlanConfig(**{**base, "norm_fold": 4}))
+    row_parts = tp == 1 and split_k == 1
+    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        s = vm.plan(batch).instrs
+        ops = s[:, W_OPCODE]
+        marked = s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS
+        qkv, gu = ops == int(Op.QKV_ROPE), ops == int(Op.GATE_UP)
+        if row_parts:
+            assert marked[qkv].all() and marked[gu].all()
+            assert (s[qkv, mc.A_EPI_TARGET] == mc.ROW_PART_ATTN * G).all()
+            assert (s[gu, mc.A_EPI_TARGET] == mc.ROW_PART_MLP * G).all()
+            assert not (ops == int(Op.RMSNORM)).any()
+            for op, sset in ((Op.EMBED, mc.ROW_PART_ATTN), (Op.DOWN, mc.ROW_PART_ATTN),
+                             (Op.O_PROJ, mc.ROW_PART_MLP)):
+                assert (s[ops == int(op), mc.A_ROW_PART] == 1 + sset * G).all(), op
+        else:
+            writers = torch.isin(ops, torch.tensor([int(o) for o in mc.ROW_PART_WRITERS]))
+            assert not marked.any() and not s[writers, mc.A_ROW_PART].any()
+            assert (ops == int(Op.RMSNORM)).any()
+        got = vm.step(batch, mode="random", sms=5, seed=i)
+        torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
+    narrow = VM(w, KERNEL, PlanConfig(**{**base, "norm_fold": 4, "o_tile": 16}))
+    s = narrow.plan(mixed_steps(GQA_LLAMA3["vocab_size"])[0]).instrs
+    assert not ((s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any()
+    assert ((s[:, W_OPCODE] == int(Op.QKV_ROPE)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any() \
+        == row_parts

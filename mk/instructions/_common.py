@@ -54,15 +54,34 @@ A_EPI_TARGET = ARG0 + 9
 # streams (all K = hidden columns of them pass through its A pages), and scales y = bf16(acc * r)
 # as under norm_fold=2: no row-scale RMSNORM, no ROW_SCALE, no epilogue wait.
 SELF_SCALE = -1
+# PlanConfig.norm_fold=4: the rows' statistic from the tiles that write h. An unsplit O_PROJ /
+# DOWN tile with the RESIDUAL epilogue, or an EMBED tile (layer 0's h), whose A_ROW_PART word is
+# 1 + b also writes, for each of its rows, the sum of squares of its h values (bf16, as stored)
+# over each ROW_PART_COLS columns c .. c + 63 into ROW_PART[row, b + c / ROW_PART_COLS]: b is the
+# first column of a set of G = H / ROW_PART_COLS (ROW_PART_ATTN for DOWN / EMBED, whose h the
+# next attention norm reads, ROW_PART_MLP for O_PROJ). An unsplit QKV_ROPE / GATE_UP tile whose
+# A_EPI_WAIT is ROW_PARTS scales its rows by rsqrt(sum of ROW_PART[row, b : b + K / 64] / K +
+# eps), b = its A_EPI_TARGET and K its K word (= H), as norm_fold=2 / 3 tiles do: no RMSNORM, no
+# epilogue wait, and no statistic pass over its A pages (norm_fold=3's cost). The sums are
+# written by the very tiles whose h rows the tile's A operand waits for, and rewritten only
+# after every reader of those rows (the residual stream's own order; mk.verify checks it).
+A_ROW_PART = ARG0 + 6
+ROW_PARTS = -2
+ROW_PART_COLS = 64
+ROW_PART_ATTN, ROW_PART_MLP = 0, 1     # the sets, in this order (set s's first column: s * G)
+ROW_PART_SETS = 2
 SPLIT_ARG_NAMES = {A_NSPLIT - ARG0: "nsplit", A_SPLIT_J - ARG0: "j", A_K0 - ARG0: "k0",
                    A_SPLIT_ROW - ARG0: "split_row", A_EPI_WAIT - ARG0: "epi_wait",
-                   A_EPI_TARGET - ARG0: "epi_target"}
+                   A_EPI_TARGET - ARG0: "epi_target", A_ROW_PART - ARG0: "row_part"}
 
 
 # the opcodes whose rows may be scaled by ROW_SCALE (PlanConfig.norm_fold): their SPLITK_REDUCE
 # (mk/instructions/splitk.py) or, unsplit, the tile's own epilogue (A_EPI_WAIT)
 ROW_SCALED = (Op.QKV_ROPE, Op.GATE_UP)
 _ROW_SCALED_IDS = frozenset(int(o) for o in ROW_SCALED)
+# the opcodes that may write ROW_PART (A_ROW_PART, PlanConfig.norm_fold=4)
+ROW_PART_WRITERS = (Op.O_PROJ, Op.DOWN, Op.EMBED)
+_ROW_PART_WRITER_IDS = frozenset(int(o) for o in ROW_PART_WRITERS)
 
 
 def epilogue_wait(instr: Instruction) -> tuple[int, int] | None:
@@ -78,6 +97,29 @@ def self_scaled(instr: Instruction) -> bool:
     (A_EPI_WAIT = SELF_SCALE; PlanConfig.norm_fold=3)."""
     return (instr.opcode in _ROW_SCALED_IDS
             and instr.args[A_EPI_WAIT - ARG0] == SELF_SCALE)
+
+
+def row_part_groups(width: int) -> int:
+    """G: ROW_PART slots of one set for rows of `width` (the hidden size) columns."""
+    return -(-width // ROW_PART_COLS)
+
+
+def row_part_base(instr: Instruction) -> int | None:
+    """The first ROW_PART column of the set an h-writing tile (O_PROJ / DOWN / EMBED) also
+    writes its rows' partial sums of squares into (A_ROW_PART - 1), else None."""
+    if instr.opcode not in _ROW_PART_WRITER_IDS:
+        return None
+    v = instr.args[A_ROW_PART - ARG0]
+    return v - 1 if v > 0 else None
+
+
+def row_part_scaled(instr: Instruction) -> int | None:
+    """The first ROW_PART column of the set an unsplit QKV_ROPE / GATE_UP tile scales its rows
+    from (A_EPI_WAIT = ROW_PARTS, the column in A_EPI_TARGET; PlanConfig.norm_fold=4), else
+    None."""
+    if instr.opcode not in _ROW_SCALED_IDS or instr.args[A_EPI_WAIT - ARG0] != ROW_PARTS:
+        return None
+    return instr.args[A_EPI_TARGET - ARG0]
 
 
 def epilogue_wait_words(w) -> tuple[int, int] | None:

@@ -52,6 +52,12 @@ class Buf(IntEnum):
                         # (PlanConfig.norm_fold). On the GPU it is
                         # not a tensor of its own: the last T floats of the SPLITK allocation
                         # (mk.plan.buffer_shapes pads SPLITK for it), so no kernel parameter more
+    ROW_PART = 15       # float32 [T, 2 * ceil(H / 64)]: per token row, the sums of squares of
+                        # its h values over each 64 columns, two sets (the attention norm's h, the
+                        # MLP norm's), written by the tiles that write h and read by the unsplit
+                        # QKV_ROPE / GATE_UP tiles that scale their rows by them
+                        # (PlanConfig.norm_fold=4, mk/instructions/_common.py A_ROW_PART). On
+                        # the GPU also in the SPLITK allocation, before ROW_SCALE
 
 
 class NormWeight(IntEnum):

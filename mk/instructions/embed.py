@@ -9,6 +9,8 @@ Arguments:
     ARG0 + 0  destination buffer (HIDDEN at TP 1, RECV at TP > 1)
     ARG0 + 1  epilogue (matmul.Epi: STORE or SCATTER)
     ARG0 + 2  RECV slot stride in rows (SCATTER)
+    ARG0 + 6  1 + the ROW_PART column of its rows' sums of squares, or 0 (mk/instructions/
+              _common.py A_ROW_PART; PlanConfig.norm_fold=4, TP 1)
 Token ids: metadata tokens[row] (mk.instructions._common.M_OFF_TOKENS).
 
 The CuTe DSL body will live in mk/instructions/embed_kernel.py (GPU path only).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from mk.instructions._common import M_OFF_TOKENS, arg, cols_of, rows_of
 from mk.instructions.base import Accesses, InstructionFamily, register
-from mk.instructions.matmul import store_regions, store_tile
+from mk.instructions.matmul import row_part_regions, store_regions, store_tile, write_row_parts
 from mk.ir import ARG0, Instruction, Op
 
 A_DST = ARG0
@@ -34,7 +36,7 @@ class EmbedFamily(InstructionFamily):
     def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
         reads, writes = store_regions(instr, rank, arg(instr, A_EPI), arg(instr, A_DST),
                                       arg(instr, A_SLOT_STRIDE))
-        return Accesses(reads, writes)
+        return Accesses(reads, tuple(writes) + row_part_regions(instr, rank))
 
     def run_torch(self, instr: Instruction, state) -> None:
         r0, r1 = rows_of(instr)
@@ -52,3 +54,4 @@ class EmbedFamily(InstructionFamily):
         elif not bool(mine.all()):
             raise ValueError(f"EMBED: token ids outside [0, {vl}) in rows {r0}..{r1}")
         store_tile(instr, state, y, arg(instr, A_EPI), arg(instr, A_DST), arg(instr, A_SLOT_STRIDE))
+        write_row_parts(instr, state, arg(instr, A_DST))

@@ -18,10 +18,15 @@ Arguments:
     ARG0 + 4  K: reduction width (columns of the source read; a split tile: its slice's width)
     ARG0 + 5  GATE_UP split tiles (and their SPLITK_REDUCE's copy): intermediate_local, the SPLITK
               column of the up part (the accesses have no weights to take it from)
+    ARG0 + 6  O_PROJ / DOWN unsplit with RESIDUAL (PlanConfig.norm_fold=4): 1 + the ROW_PART
+              column of the rows' sums of squares of h over the tile's 64-column groups, or 0
+              (mk/instructions/_common.py A_ROW_PART)
     ARG0 + 8, 9  GATE_UP unsplit under PlanConfig.norm_fold=2: the epilogue wait (counter + 1,
               target; mk/instructions/_common.py A_EPI_WAIT): y = bf16(acc * ROW_SCALE[row]);
               under norm_fold=3 A_EPI_WAIT = SELF_SCALE: y = bf16(acc * rsqrt(mean(x^2) + eps))
-              of the tile's own source rows x
+              of the tile's own source rows x; under norm_fold=4 A_EPI_WAIT = ROW_PARTS and word
+              9 the ROW_PART column b: y = bf16(acc * rsqrt(sum(ROW_PART[row, b:b + K / 64]) / K
+              + eps))
     ARG0 + 10 .. 13  split-K words (mk/instructions/_common.py: A_NSPLIT, A_SPLIT_J, A_K0,
               A_SPLIT_ROW), O_PROJ / GATE_UP / DOWN only
 
@@ -41,8 +46,9 @@ from enum import IntEnum
 import torch
 import torch.nn.functional as F
 
-from mk.instructions._common import (A_K0, A_SPLIT_J, A_SPLIT_ROW, SPLIT_ARG_NAMES, arg, cols_of,
-                                     epilogue_wait, is_split, rows_of, self_scaled)
+from mk.instructions._common import (A_K0, A_SPLIT_J, A_SPLIT_ROW, ROW_PART_COLS, SPLIT_ARG_NAMES,
+                                     arg, cols_of, epilogue_wait, is_split, row_part_base,
+                                     row_part_groups, row_part_scaled, rows_of, self_scaled)
 from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
 from mk.instructions.rows import row_scale
 from mk.ir import ARG0, Instruction, Op
@@ -116,6 +122,35 @@ def store_regions(instr: Instruction, rank: int, epi: int, dst: int, stride: int
     raise ValueError(f"unknown epilogue {epi}")
 
 
+def row_part_regions(instr: Instruction, rank: int) -> tuple:
+    """The ROW_PART columns an h-writing tile with an A_ROW_PART word writes: its rows, the
+    slots of its columns (PlanConfig.norm_fold=4; mk/instructions/_common.py A_ROW_PART)."""
+    b = row_part_base(instr)
+    if b is None:
+        return ()
+    r0, r1 = rows_of(instr)
+    c0, c1 = cols_of(instr)
+    return (Region(Buf.ROW_PART, r0, r1, b + c0 // ROW_PART_COLS, b + row_part_groups(c1),
+                   rank),)
+
+
+def write_row_parts(instr: Instruction, state, dst: int) -> None:
+    """An h-writing tile's A_ROW_PART face: for each of its rows the float32 sum of squares of
+    its h values as stored (buffer dst) over each ROW_PART_COLS columns, into ROW_PART."""
+    b = row_part_base(instr)
+    if b is None:
+        return
+    r0, r1 = rows_of(instr)
+    c0, c1 = cols_of(instr)
+    if c0 % ROW_PART_COLS:
+        raise ValueError(f"{Op(instr.opcode).name} tile at column {c0} writes ROW_PART: its columns "
+                         f"must start on a multiple of {ROW_PART_COLS}")
+    n = row_part_groups(c1 - c0)
+    h = F.pad(state.buf(dst)[r0:r1, c0:c1].float(), (0, n * ROW_PART_COLS - (c1 - c0)))
+    first = b + c0 // ROW_PART_COLS
+    state.buf(Buf.ROW_PART)[r0:r1, first:first + n] = h.square().view(r1 - r0, n, -1).sum(-1)
+
+
 class GemmLikeFamily(InstructionFamily):
     """The faces every GEMM tile opcode shares: x[rows, :K] @ W^T then `epilogue`, or (split-K)
     the float32 partial of one K slice into SPLITK. A family says which weight rows a tile
@@ -154,14 +189,19 @@ class GemmLikeFamily(InstructionFamily):
             src = Region(arg(instr, self.SRC_WORD), r0, r1, k0, k0 + K, rank)
             return Accesses((src,), tuple(self.splitk_regions(
                 instr, rank, arg(instr, A_SPLIT_J), arg(instr, A_SPLIT_ROW))))
-        src = Region(arg(instr, self.SRC_WORD), r0, r1, 0, K, rank)
+        src = (Region(arg(instr, self.SRC_WORD), r0, r1, 0, K, rank),)
         reads, writes = self.epilogue_regions(instr, rank, meta)
+        writes = tuple(writes) + row_part_regions(instr, rank)
+        rb = row_part_scaled(instr)
+        if rb is not None:
+            # norm_fold=4: the statistic from the sums h's writers left, read with src
+            src += (Region(Buf.ROW_PART, r0, r1, rb, rb + row_part_groups(K), rank),)
         if epilogue_wait(instr) is None:
             # (a self-scaled tile's statistic comes from src itself: no further read)
-            return Accesses((src,) + tuple(reads), tuple(writes))
+            return Accesses(src + tuple(reads), writes)
         # the row scale is read after the epilogue wait, with the epilogue's own reads
         late = (Region(Buf.ROW_SCALE, r0, r1, 0, 1, rank),) + tuple(reads)
-        return Accesses((src,) + late, tuple(writes), late)
+        return Accesses(src + late, writes, late)
 
     def run_torch(self, instr: Instruction, state) -> None:
         r0, r1 = rows_of(instr)
@@ -176,8 +216,18 @@ class GemmLikeFamily(InstructionFamily):
                 acc.mul_(row_scale(x, state.weights.config.rms_norm_eps))
                 self.epilogue(instr, state, acc.to(state.weights.dtype))
                 return
+            rb = row_part_scaled(instr)
+            if rb is not None:
+                # norm_fold=4: the statistic from h's writers' sums of squares (its K is the
+                # hidden width)
+                acc = F.linear(x.float(), w.float())
+                ss = state.buf(Buf.ROW_PART)[r0:r1, rb:rb + row_part_groups(K)].sum(-1, True)
+                acc.mul_(torch.rsqrt(ss / K + state.weights.config.rms_norm_eps))
+                self.epilogue(instr, state, acc.to(state.weights.dtype))
+                return
             if epilogue_wait(instr) is None:
                 self.epilogue(instr, state, gemm_tile(x, w))
+                write_row_parts(instr, state, arg(instr, A_DST))
                 return
             # the norm folded in (norm_fold=2): the float32 product scaled by ROW_SCALE, then one
             # rounding, as a row-scaled SPLITK_REDUCE finishes its split tiles

@@ -18,7 +18,8 @@ Arguments:
     ARG0 + 5  K: reduction width (hidden size; a split tile: its slice's width)
     ARG0 + 8, 9  unsplit under PlanConfig.norm_fold=2: the epilogue wait (counter + 1, target;
               mk/instructions/_common.py A_EPI_WAIT): y = bf16(acc * ROW_SCALE[row]) before RoPE;
-              norm_fold=3 (A_EPI_WAIT = SELF_SCALE): the rows' statistic from the source rows
+              norm_fold=3 (A_EPI_WAIT = SELF_SCALE): the rows' statistic from the source rows;
+              norm_fold=4 (A_EPI_WAIT = ROW_PARTS): from ROW_PART's columns [word 9, + K / 64)
     ARG0 + 10 .. 13  split-K words (mk/instructions/_common.py): a split tile stores its float32
               partial to SPLITK rows j * stride + row, columns [col0, col0+cols) of the qkv space;
               SPLITK_REDUCE (mk/instructions/splitk.py) then runs `QkvFamily.epilogue` (RoPE, store)
