@@ -144,7 +144,8 @@ def compile_sass(m: int, workdir: str, build: str = "full", op: str = "GATE_UP",
     split_ops = class_split_ops(cfg, m)
     comp = M.compile_fake(gemm=M.class_slots(m, ops=(Op[op],) if one_slot else M.GEMM_OPS,
                                              split_ops=split_ops,
-                                             self_scale=cfg.norm_fold == 3),
+                                             self_scale=cfg.norm_fold == 3,
+                                             row_parts=cfg.norm_fold == 4),
                           attn_page_size=(16 if m <= 256 else 64) if families else 0,
                           gather=families, splitk=True)
     ptx = comp.__ptx__

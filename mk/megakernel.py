@@ -203,6 +203,9 @@ GATHER_OPS = (int(Op.EMBED), int(Op.LM_NORM))
 # slot; SPLITK_REDUCE sums the partials and runs the opcode's epilogue
 SPLITK_OPS = skk.SPLITK_OPS
 ROW_SCALED_OPS = skk.ROW_SCALED_OPS
+# the GEMM opcodes with ROW_PART code in a norm_fold=4 variant (GemmSlot.row_parts): the scaled
+# ones, and the RESIDUAL tiles that write h
+ROW_PART_OPS = ROW_SCALED_OPS + (int(Op.O_PROJ), int(Op.DOWN))
 OP_SPLITK_REDUCE = skk.OP_SPLITK_REDUCE
 # L2 prefetches of the stacked GEMM weights (mk/instructions/_prefetch_kernel.py): a compile-time
 # variant (Megakernel(l2_prefetch=True)), so the code of every other variant is unchanged
@@ -323,6 +326,11 @@ class GemmSlot:
     # (PlanConfig.norm_fold=3, A_EPI_WAIT = SELF_SCALE; the consumers' sums of squares over the
     # A pages of the mainloop, gk.row_sumsq / gk.scale_own_rows)
     self_scale: bool = False
+    # PlanConfig.norm_fold=4: QKV_ROPE / GATE_UP, its unsplit tiles may scale their rows from
+    # ROW_PART (A_EPI_WAIT = ROW_PARTS; gk.row_part_sumsq / gk.scale_own_rows); O_PROJ / DOWN,
+    # its RESIDUAL tiles may write their rows' sums of squares of h there (A_ROW_PART;
+    # gk.stsm_epilogue's parts). In a variant with such a slot EMBED may write them too.
+    row_parts: bool = False
 
     @property
     def cfg(self) -> gk.TileConfig:
@@ -366,8 +374,8 @@ def pair_twins(slots: tuple, same_dest=None, twin: bool | None = None) -> tuple:
         host = next((h for h in out if h.twin_of < 0 and h.op not in ROW_SCALED_OPS
                      and not any(t.twin_of == h.op for t in out)
                      and s.op not in ROW_SCALED_OPS
-                     and (h.tile, h.epi, h.kw, h.splits, h.yb) == (s.tile, s.epi, s.kw, s.splits,
-                                                                  s.yb)
+                     and (h.tile, h.epi, h.kw, h.splits, h.yb, h.row_parts)
+                     == (s.tile, s.epi, s.kw, s.splits, s.yb, s.row_parts)
                      and (same_dest is None or same_dest(h.op, s.op))), None)
         out.append(s if host is None else dataclasses.replace(s, twin_of=host.op))
     return tuple(out)
@@ -464,6 +472,8 @@ class MegakernelDSL:
         self.l2_prefetch = bool(l2_prefetch)    # L2_PREFETCH compiled in (the loader's body)
         self.claim_after_loads = bool(claim_after_loads)   # see claim_after_loads_for
         self.gemm = tuple(sorted(gemm, key=lambda g: g.slot))
+        # PlanConfig.norm_fold=4's ROW_PART code (GemmSlot.row_parts): EMBED's too
+        self.row_parts = self.splitk and any(g.row_parts for g in self.gemm)
         self.reg_low, self.reg_high = reg_split(self.gemm)
         assert reg_split_ok(self.reg_low, self.reg_high), (
             f"setmaxnreg split {self.reg_low}/{self.reg_high} over-subscribes the CTA's "
@@ -935,7 +945,8 @@ class MegakernelDSL:
                                                           timeout_ns, state, t, PS)
                                 else:
                                     self.run_gather(op, ring, base, bufs, meta, embed, lastn,
-                                                    normw, n_layers, eps, sv, N_STORER, gat.UNROLL)
+                                                    normw, n_layers, eps, sv, N_STORER, gat.UNROLL,
+                                                    skops)
                         self.stamp(journal, t, J_STORE1, sid == 0)
                         cute.arch.barrier(barrier_id=BAR_STORER, number_of_threads=N_STORER)
                         if sid == 0:
@@ -1041,7 +1052,8 @@ class MegakernelDSL:
                     if cutlass.const_expr(self.lm_norm_as_norm()):
                         if op == gat.OP_EMBED:
                             pg = self.consume_embed(ring, base, bufs, meta, embed, full, done,
-                                                    pg, NP, ctv, timeout_ns, state, t, PS, HM)
+                                                    pg, NP, ctv, timeout_ns, state, t, PS, HM,
+                                                    skops)
                     if cutlass.const_expr(self.splitk):
                         if op == OP_SPLITK_REDUCE:
                             # the opcode it finishes picks the slot (its destination tensor and
@@ -1175,17 +1187,22 @@ class MegakernelDSL:
         arena: its token rows locate ROW_SCALE in the workspace) / counters: for the row-scaled
         opcodes' epilogue wait (PlanConfig.norm_fold=2), the consumers' scale and the loader's
         wait; None where a role needs neither. eps (the consumers'): the model's, for a
-        self-scaled tile's statistic (GemmSlot.self_scale, PlanConfig.norm_fold=3)."""
+        self-scaled tile's statistic (GemmSlot.self_scale, PlanConfig.norm_fold=3) or a ROW_PART
+        scaled one's (GemmSlot.row_parts, norm_fold=4: bufs, whose shape locates ROW_PART, then
+        also for O_PROJ / DOWN, which write it)."""
         if not self.splitk or gs.op not in SPLITK_OPS:
             return None
-        if not gs.splits and gs.op not in ROW_SCALED_OPS:
+        if not gs.splits and gs.op not in ROW_SCALED_OPS and not gs.row_parts:
             return None
         up = g[10].shape[0] // 2 if gs.op == int(Op.GATE_UP) else None
         if gs.op not in ROW_SCALED_OPS:
-            bufs, counters = None, None
+            counters = None
+            if not gs.row_parts:
+                bufs = None
         return gk.SplitTile(ring, base, skops[0], up,
                             None if bufs is None else bufs.shape[0], counters, self.backoff_ns,
-                            gs.splits, gs.self_scale, gs.kw, eps)
+                            gs.splits, gs.self_scale, gs.kw, eps, gs.row_parts,
+                            None if bufs is None else bufs.shape[1])
 
     @cute.jit
     def store_gemm(self, gs: cutlass.Constexpr, g, ring: cute.Tensor, base: Int32,
@@ -1263,7 +1280,7 @@ class MegakernelDSL:
     def run_gather(self, op: Int32, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
                    meta: cute.Tensor, embed: cute.Tensor, lastn: cute.Tensor,
                    normw: cute.Tensor, n_layers: Int32, eps: Float32, tid: Int32,
-                   nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr):
+                   nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr, skops: list):
         """The body of EMBED (table rows -> an arena buffer) or LM_NORM (arena rows ->
         LAST_NORMED) on the storer's nthreads threads (tid 0..nthreads-1; gat.GATHER_ROLE
         "storer"); no pages."""
@@ -1271,7 +1288,7 @@ class MegakernelDSL:
         H = bufs.shape[1]
         arena = bufs.iterator.toint()
         if op == gat.OP_EMBED:
-            self.embed_tile(ring, base, bufs, meta, embed, tid, nthreads, unroll)
+            self.embed_tile(ring, base, bufs, meta, embed, tid, nthreads, unroll, skops)
         else:
             gat.lm_norm_store(meta, arena + Int64(ring[base + lmn.A_SRC]) * Int64(T * H) * 2, H, T,
                               ring[base + lmn.A_LAST_OFF], lastn, normw,
@@ -1282,29 +1299,34 @@ class MegakernelDSL:
     @cute.jit
     def embed_tile(self, ring: cute.Tensor, base: Int32, bufs: cute.Tensor, meta: cute.Tensor,
                    embed: cute.Tensor, tid: Int32, nthreads: cutlass.Constexpr,
-                   unroll: cutlass.Constexpr):
+                   unroll: cutlass.Constexpr, skops: list):
         """EMBED's tile (table rows -> the arena buffer of its A_DST word) on nthreads threads
-        of one role."""
+        of one role; in a row_parts variant also its rows' ROW_PART sums (its A_ROW_PART)."""
         T = bufs.shape[0]
         H = bufs.shape[1]
+        parts = None
+        if cutlass.const_expr(self.row_parts):
+            ld = mc.ROW_PART_SETS * ((H + (mc.ROW_PART_COLS - 1)) // mc.ROW_PART_COLS)
+            parts = (rk.row_part_addr(skops[0], T, ld), ld, ring[base + mc.A_ROW_PART])
         gat.embed_store(embed, meta, bufs.iterator.toint()
                         + Int64(ring[base + em.A_DST]) * Int64(T * H) * 2, H,
                         ring[base + W_ROW0], ring[base + W_ROWS], ring[base + W_COL0],
-                        ring[base + W_COLS], tid, nthreads, unroll)
+                        ring[base + W_COLS], tid, nthreads, unroll, parts)
 
     @cute.jit
     def consume_embed(self, ring: cute.Tensor, base: Int32, bufs: cute.Tensor,
                       meta: cute.Tensor, embed: cute.Tensor, full: cute.Pointer,
                       done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr, ctid: Int32,
                       timeout_ns: Int64, state: cute.Tensor, t: Int32,
-                      share: cutlass.Constexpr, mode: cutlass.Constexpr) -> Int32:
+                      share: cutlass.Constexpr, mode: cutlass.Constexpr, skops: list) -> Int32:
         """Both consumer warpgroups' EMBED (gat.GATHER_ROLE "consumers"; their LM_NORM is
         rk.rmsnorm_consume's gather), on RMSNORM's protocol: the loader's data-less page waited
         for, the body, then `done` on it after the stores (the storer's wait for it orders them
         before the signal). Returns the new page count."""
         page, ph = rk.page_of(pg, npages)
         rk.bounded_bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, t)
-        self.embed_tile(ring, base, bufs, meta, embed, ctid, N_CONSUMER, gat.UNROLL_CONSUMERS)
+        self.embed_tile(ring, base, bufs, meta, embed, ctid, N_CONSUMER, gat.UNROLL_CONSUMERS,
+                        skops)
         rk.release(done + page, share, N_CONSUMER, ctid, BAR_CONSUMER, mode)
         return pg + 1
 
@@ -1396,16 +1418,19 @@ def _as3d(t: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_slots(gemm: dict, m: int, handoff: str = DEFAULT_HANDOFF, split_ops=None,
-               twin: bool | None = None, self_scale: bool = False) -> tuple:
+               twin: bool | None = None, self_scale: bool = False,
+               row_parts: bool = False) -> tuple:
     """The compile-time GEMM slots for operands {op: GemmOperands} at M class m (token rows, or
     sequences for LM_HEAD): one tile config per opcode from gk.choose_tile; split_ops: the
     opcodes whose split tiles the variant runs (None: every one that can; GemmSlot.splits);
     twin: pair_twins' (None: GEMM_TWIN), twins only where the destinations are one tensor;
     self_scale: the row-scaled opcodes' tiles may compute their rows' statistic themselves
-    (GemmSlot.self_scale; PlanConfig.norm_fold=3)."""
+    (GemmSlot.self_scale; PlanConfig.norm_fold=3); row_parts: GemmSlot.row_parts of
+    ROW_PART_OPS (PlanConfig.norm_fold=4)."""
     slots = sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, int(g.x_buf), int(g.y_buf),
                              split_ops is None or int(op) in split_ops,
-                             self_scale=bool(self_scale) and int(op) in ROW_SCALED_OPS)
+                             self_scale=bool(self_scale) and int(op) in ROW_SCALED_OPS,
+                             row_parts=bool(row_parts) and int(op) in ROW_PART_OPS)
                     for op, g in gemm.items()), key=lambda g: g.slot)
 
     def same_dest(a: int, b: int) -> bool:
@@ -1540,6 +1565,80 @@ def _check_self_scale(s: np.ndarray, ops: np.ndarray, H: int, compiled: set):
                          f"{sorted(set(k.tolist()) - {H})}")
 
 
+def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tuple,
+                     splitk_shape, partial_shape):
+    """PlanConfig.norm_fold=4: QKV_ROPE / GATE_UP tiles scaled from ROW_PART (A_EPI_WAIT =
+    ROW_PARTS) and the O_PROJ / DOWN / EMBED tiles that write it (A_ROW_PART). ROW_PART
+    ([T, 2 * H / 64] floats, mk.instructions.base.Buf.ROW_PART) lies in the SPLITK allocation
+    before ROW_SCALE's rows (mk.plan.splitk_shape), so it needs split-K compiled in with room
+    for it, and the opcodes' slots compiled with the code (Megakernel(row_parts=True): EMBED's
+    with them). Scaled tiles: unsplit, K = H, their set's columns inside ROW_PART; writers:
+    unsplit RESIDUAL O_PROJ / DOWN tiles or STORE EMBED tiles, columns on 64-column groups, their
+    groups inside ROW_PART, token rows. H: a multiple of 256 (the consumers' 16-byte chunks, a
+    quarter of a set each lane) and at most tiles.NORM_MAX_HIDDEN. Returns the SPLITK rows the
+    split partials may use (partial_shape less ROW_PART's where the stream has any)."""
+    scaled = np.isin(ops, ROW_SCALED_OPS) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)
+    writers = (np.isin(ops, (int(Op.O_PROJ), int(Op.DOWN), int(Op.EMBED)))
+               & (s[:, mc.A_ROW_PART] != 0))
+    if not (scaled.any() or writers.any()):
+        return partial_shape
+    i = int(np.flatnonzero(scaled | writers)[0])
+    where = (f"instruction {i} (a {_op_name(ops[i])} tile of layer {int(s[i, W_LAYER])}, rows "
+             f"{int(s[i, W_ROW0])}+{int(s[i, W_ROWS])})")
+    if splitk_shape is None:
+        raise ValueError(f"megakernel: {where} uses ROW_PART (PlanConfig.norm_fold=4), which lies "
+                         f"in the SPLITK workspace, and this megakernel has none "
+                         f"(Megakernel(..., splitk=...))")
+    code = {g.op for g in slots if g.row_parts}
+    need = set(ops[scaled | (writers & (ops != int(Op.EMBED)))].tolist())
+    if (writers & (ops == int(Op.EMBED))).any():
+        need.add(int(Op.DOWN))      # EMBED's code comes with the writers' slots
+    if need - code:
+        raise ValueError(f"megakernel: {where} uses ROW_PART (PlanConfig.norm_fold=4); this "
+                         f"megakernel was built without that code for "
+                         f"{[_op_name(o) for o in sorted(need - code)]} "
+                         f"(Megakernel(..., row_parts=True))")
+    if H % 256 or H > tiles.NORM_MAX_HIDDEN:
+        raise ValueError(f"megakernel: ROW_PART (PlanConfig.norm_fold=4) needs the hidden size a "
+                         f"multiple of 256 and at most {tiles.NORM_MAX_HIDDEN}, got {H}")
+    G = mc.row_part_groups(H)
+    ld = mc.ROW_PART_SETS * G
+    if scaled.any():
+        _check_row_scaled_tiles(s, ops, scaled, f"scaled from ROW_PART (word ARG0+"
+                                                f"{mc.A_EPI_WAIT - ARG0} = {mc.ROW_PARTS})")
+        k = np.where(ops[scaled] == int(Op.QKV_ROPE), s[scaled, qk.A_K], s[scaled, MM_A_K])
+        col = s[scaled, mc.A_EPI_TARGET]
+        if (k != H).any() or (col < 0).any() or (col % 4).any() or (col + G > ld).any():
+            raise ValueError(f"megakernel: a tile scaled from ROW_PART needs K = the hidden size "
+                             f"{H} and its set's first column (word ARG0+"
+                             f"{mc.A_EPI_TARGET - ARG0}) a multiple of 4 with {G} columns inside "
+                             f"ROW_PART's {ld}")
+    if writers.any():
+        w = s[writers]
+        wops = ops[writers]
+        epi = np.where(wops == int(Op.EMBED), w[:, em.A_EPI], w[:, MM_A_EPI])
+        want = np.where(wops == int(Op.EMBED), int(Epi.STORE), int(Epi.RESIDUAL))
+        c0, c1 = w[:, W_COL0], w[:, W_COL0] + w[:, W_COLS]
+        first = w[:, mc.A_ROW_PART] - 1
+        if ((epi != want).any() or (w[:, mc.A_NSPLIT] >= 2).any()
+                or (c0 % mc.ROW_PART_COLS).any()
+                or ((c1 % mc.ROW_PART_COLS != 0) & (c1 != H)).any()
+                or (first < 0).any() or (first + -(-c1 // mc.ROW_PART_COLS) > ld).any()
+                or (w[:, W_ROW0] + w[:, W_ROWS] > T).any()):
+            raise ValueError(f"megakernel: a tile writing ROW_PART (word ARG0+"
+                             f"{mc.A_ROW_PART - ARG0}) must be an unsplit O_PROJ / DOWN tile with "
+                             f"the RESIDUAL epilogue or an EMBED tile with STORE, its columns on "
+                             f"{mc.ROW_PART_COLS}-column groups, its groups inside ROW_PART's {ld} "
+                             f"columns and its rows inside the {T} token rows")
+    from mk.plan import row_part_rows, row_scale_rows
+    rows, width = splitk_shape
+    tail = row_part_rows(T, width, H) + row_scale_rows(T, width)
+    if rows < tail:
+        raise ValueError(f"megakernel: the SPLITK workspace [{rows}, {width}] has no room for "
+                         f"ROW_PART and ROW_SCALE in its last {tail} rows (mk.plan.splitk_shape)")
+    return min(partial_shape[0], rows - tail), width
+
+
 def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     """Row-scale RMSNORMs (destination ROW_SCALE) and row-scaled SPLITK_REDUCEs (word
     skk.R_ROW_SCALE; PlanConfig.norm_fold). ROW_SCALE is the last T floats of the SPLITK
@@ -1554,7 +1653,8 @@ def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     # unsplit GEMM tiles that scale their rows in the epilogue (PlanConfig.norm_fold=2; their
     # epilogue wait, mc.A_EPI_WAIT), and stray epilogue-wait words on any other opcode
     gemm_ops = np.isin(ops, GEMM_OPS)
-    tile = gemm_ops & (s[:, mc.A_EPI_WAIT] != 0) & (s[:, mc.A_EPI_WAIT] != mc.SELF_SCALE)
+    tile = (gemm_ops & (s[:, mc.A_EPI_WAIT] != 0) & (s[:, mc.A_EPI_WAIT] != mc.SELF_SCALE)
+            & (s[:, mc.A_EPI_WAIT] != mc.ROW_PARTS))
     if tile.any():
         _check_row_scaled_tiles(s, ops, tile,
                                 f"with an epilogue wait (word ARG0+{mc.A_EPI_WAIT - ARG0})")
@@ -1615,7 +1715,8 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
     workspace (None: split-K tiles, SPLITK_REDUCE and row scales refused; its last rows hold
     ROW_SCALE, _check_row_scale); l2_prefetch: the variant has the L2_PREFETCH body (else those
     instructions are refused). A self-scaled tile (PlanConfig.norm_fold=3) needs its slot's
-    GemmSlot.self_scale (_check_self_scale)."""
+    GemmSlot.self_scale (_check_self_scale), ROW_PART's tiles (norm_fold=4) theirs
+    GemmSlot.row_parts (_check_row_parts)."""
     if stream.dtype != torch.int32 or stream.dim() != 2 or stream.shape[1] != INSTR_WORDS:
         raise ValueError(f"instruction stream must be int32 [N, {INSTR_WORDS}]")
     # numpy from here: a few hundred small array ops, each ~5x cheaper than torch's on the CPU
@@ -1637,6 +1738,7 @@ def check_plan(stream: torch.Tensor, nbuf: int, T: int, H: int, n_counters: int,
         raise ValueError(f"plan uses counter {mx}, the megakernel has {n_counters}")
     # the SPLITK rows the split partials may use: ROW_SCALE takes the last ones where used
     partial_shape = _check_row_scale(s, ops, T, splitk_shape)
+    partial_shape = _check_row_parts(s, ops, T, H, slots, splitk_shape, partial_shape)
     _check_self_scale(s, ops, H, {g.op for g in slots if g.self_scale})
     rowops = (ops == int(Op.COPY)) | (ops == int(Op.RMSNORM)) | (ops == int(Op.RESIDUAL_ADD))
     if rowops.any():
@@ -2072,7 +2174,9 @@ class Megakernel:
     mk.plan.PlanConfig.split_ops: those the plans of its M class may split; the others' split
     code is left out, ~10% of the M1024 class's SASS, and plans splitting them are refused).
     self_scale: QKV_ROPE / GATE_UP tiles may compute their rows' statistic themselves
-    (PlanConfig.norm_fold=3; GemmSlot.self_scale).
+    (PlanConfig.norm_fold=3; GemmSlot.self_scale); row_parts: h's writers may leave their rows'
+    sums of squares in ROW_PART and QKV_ROPE / GATE_UP tiles scale by them (PlanConfig.
+    norm_fold=4; GemmSlot.row_parts; needs splitk, where ROW_PART lies).
     handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode);
     claim_after_loads None: claim_after_loads_for(gemm_m) (the controller's claim policy)."""
 
@@ -2083,7 +2187,8 @@ class Megakernel:
                  gemm: dict | None = None, gemm_m: int | None = None, meta=None, inv_freq=None,
                  kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
                  splitk: torch.Tensor | None = None, l2_prefetch: bool = False,
-                 claim_after_loads: bool | None = None, split_ops=None, self_scale: bool = False):
+                 claim_after_loads: bool | None = None, split_ops=None, self_scale: bool = False,
+                 row_parts: bool = False):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -2131,7 +2236,7 @@ class Megakernel:
         self.gemm_m = gemm_m
         self.split_ops = None if split_ops is None else frozenset(int(o) for o in split_ops)
         self.slots = (gemm_slots(self.gemm, gemm_m, handoff, self.split_ops,
-                                 self_scale=self_scale) if self.gemm else ())
+                                 self_scale=self_scale, row_parts=row_parts) if self.gemm else ())
         self.kv = kv
         self.meta = meta
         self.inv_freq = inv_freq
@@ -2376,14 +2481,17 @@ def norm_row_batch(gemm: tuple) -> int:
 
 
 def class_slots(m: int, ops=GEMM_OPS, xb: int = 0, yb: int = 0, split_ops=None,
-                twin: bool | None = None, self_scale: bool = False) -> tuple:
+                twin: bool | None = None, self_scale: bool = False,
+                row_parts: bool = False) -> tuple:
     """The GEMM slots of M class m for opcodes ops (buffer ids xb / yb at z = 0); split_ops:
     the opcodes whose split tiles they run (None: every one that can, GemmSlot.splits); twin:
     pair_twins' (None: GEMM_TWIN; the fake operands' destinations taken as one tensor);
-    self_scale: GemmSlot.self_scale of the row-scaled opcodes."""
+    self_scale: GemmSlot.self_scale of the row-scaled opcodes; row_parts: GemmSlot.row_parts
+    of ROW_PART_OPS."""
     return pair_twins(sorted((GemmSlot(int(op), gk.choose_tile(op, m).name, xb, yb,
                                        split_ops is None or int(op) in split_ops,
-                                       self_scale=self_scale and int(op) in ROW_SCALED_OPS)
+                                       self_scale=self_scale and int(op) in ROW_SCALED_OPS,
+                                       row_parts=row_parts and int(op) in ROW_PART_OPS)
                               for op in ops), key=lambda g: g.slot), twin=twin)
 
 

@@ -227,7 +227,8 @@ class MegakernelStepBackend:
                 embed=self.weights.embed, last_normed=self.last_normed, splitk=self.splitk,
                 l2_prefetch=self.plan_cfg.l2_prefetch_mib > 0,
                 split_ops=class_split_ops(self.plan_cfg, m),
-                self_scale=self.plan_cfg.norm_fold == 3)
+                self_scale=self.plan_cfg.norm_fold == 3,
+                row_parts=self.plan_cfg.norm_fold == 4)
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
@@ -314,7 +315,8 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
     f32 = torch.float32
     kw = dict(gemm=gemm, slots=mkk.gemm_slots(gemm, num_tokens,
                                              split_ops=class_split_ops(plan_cfg, num_tokens),
-                                             self_scale=plan_cfg.norm_fold == 3),
+                                             self_scale=plan_cfg.norm_fold == 3,
+                                             row_parts=plan_cfg.norm_fold == 4),
               kv_shape=(2,) + tuple(sh[Buf.K_CACHE]),
               attn=mkk.AttnOperands(meta(*sh[Buf.Q]), meta(*sh[Buf.ATTN_OUT]),
                                     meta(*sh[Buf.ATTN_PARTIAL], dtype=f32),

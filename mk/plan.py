@@ -641,16 +641,27 @@ def row_scale_rows(tokens: int, width: int) -> int:
     return -(-tokens // width)
 
 
+def row_part_rows(tokens: int, width: int, hidden: int) -> int:
+    """SPLITK rows (of width floats) the GPU's ROW_PART takes before ROW_SCALE's
+    (PlanConfig.norm_fold=4; mk.instructions.base.Buf.ROW_PART: [tokens, 2 * ceil(hidden / 64)]
+    floats)."""
+    return -(-tokens * mc.ROW_PART_SETS * mc.row_part_groups(hidden) // width)
+
+
 def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
                  parallel: ParallelConfig) -> tuple[int, int]:
     """[rows, width] of the SPLITK allocation: the partials' rows (PlanConfig.splitk_rows), then
-    ROW_SCALE's (row_scale_rows); (0, width) where the plans never split."""
+    ROW_PART's under norm_fold=4 (row_part_rows), then ROW_SCALE's (row_scale_rows); (0, width)
+    where the plans never split."""
     rows, width = plan_cfg.splitk_rows(kernel, model, parallel), splitk_width(model, parallel)
     # norm_fold=2 scales unsplit tiles' rows too: ROW_SCALE whether or not anything splits;
-    # norm_fold=3 too: its self-scaled tiles read no ROW_SCALE, but their code lives in the
-    # split-K variant's bodies (gk.SplitTile), built only with a SPLITK workspace
+    # norm_fold=3 / 4 too: their tiles read no ROW_SCALE, but their code lives in the split-K
+    # variant's bodies (gk.SplitTile), built only with a SPLITK workspace
     need = rows or plan_cfg.norm_fold >= 2
-    return (rows + row_scale_rows(kernel.max_batch_tokens, width) if need else 0, width)
+    T = kernel.max_batch_tokens
+    if plan_cfg.norm_fold == 4:
+        rows += row_part_rows(T, width, model.hidden_size)
+    return (rows + row_scale_rows(T, width) if need else 0, width)
 
 
 FLOAT32_BUFFERS = (Buf.ATTN_PARTIAL, Buf.ATTN_LSE, Buf.LOGITS, Buf.SPLITK, Buf.ROW_SCALE,

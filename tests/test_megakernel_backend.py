@@ -454,3 +454,68 @@ for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.count("ok") == 2, r.stderr[-3000:] + r.stdout[-500:]
+
+
+def test_row_part_tiles_need_their_slot_code():
+    """PlanConfig.norm_fold=4 on the 70B TP8 rank: at B=4096 no norm is planned (QKV_ROPE,
+    GATE_UP, O_PROJ and DOWN unsplit: every QKV / gate-up tile scaled from ROW_PART, every
+    O_PROJ / DOWN / EMBED tile writing it); at B=1024 QKV_ROPE splits, so its norm stays and
+    DOWN / EMBED write no sums while O_PROJ does. The plans pass the host check against a
+    variant built with row_parts (GemmSlot.row_parts) and are refused by name against one
+    without; a scaled tile whose K is not the hidden width or whose set lies outside ROW_PART,
+    a writer whose columns miss the 64-column groups and a split one are refused (in a process
+    of its own, MK_TILES cleared)."""
+    pytest.importorskip("cutlass")
+    code = r'''
+import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
+import numpy as np
+from host_step import rank_model, point_batch
+import mk.megakernel as M
+from mk.config import KernelConfig, ParallelConfig
+from mk.instructions import _common as mc
+from mk.instructions import matmul as mm
+from mk.ir import Op, W_COL0, W_OPCODE
+from mk.megakernel_step import default_plan_config, meta_operands
+from mk.plan import Planner
+model = rank_model()
+for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
+    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=ctx, max_batch_tokens=4096,
+                          num_kv_pages=b * (ctx // 16))
+    nf4, nf2 = default_plan_config(norm_fold=4), default_plan_config(norm_fold=2)
+    plan = Planner(model, ParallelConfig(), kernel, nf4).plan(point_batch(b, ctx, 0, 16))
+    s = plan.representative_stream()
+    ops = s[:, W_OPCODE].numpy()
+    scaled = (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS).numpy()
+    words = s[:, mc.A_ROW_PART].numpy()
+    assert scaled[ops == int(Op.GATE_UP)].all() and (words[ops == int(Op.O_PROJ)] > 0).all()
+    assert scaled[ops == int(Op.QKV_ROPE)].all() == (not norms)
+    assert (words[ops == int(Op.DOWN)] > 0).all() == (not norms)
+    assert (int((ops == int(Op.RMSNORM)).sum()) > 0) == bool(norms), b
+    nbuf, T, H, kw = meta_operands(model, kernel, nf4, b)
+    M.check_plan(s, nbuf, T, H, 1 << 22, **kw)
+    *_, kw2 = meta_operands(model, kernel, nf2, b)
+    try:
+        M.check_plan(s, nbuf, T, H, 1 << 22, **kw2)
+        raise SystemExit("accepted without the code")
+    except ValueError as e:
+        assert "row_parts=True" in str(e) and "PlanConfig.norm_fold=4" in str(e), e
+    i = int(np.flatnonzero(scaled & (ops == int(Op.GATE_UP)))[0])
+    o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
+    for word, row, value, why in ((mm.A_K, i, H // 2, "K = the hidden size"),
+                                  (mc.A_EPI_TARGET, i, 2 * H // 64, "inside ROW_PART"),
+                                  (mc.A_NSPLIT, i, 2, "split GEMM tile scaled from ROW_PART"),
+                                  (W_COL0, o, int(s[o, W_COL0]) + 8, "column groups"),
+                                  (mc.A_NSPLIT, o, 2, "unsplit O_PROJ / DOWN")):
+        bad = s.clone()
+        bad[row, word] = value
+        try:
+            M.check_plan(bad, nbuf, T, H, 1 << 22, **kw)
+            raise SystemExit(f"accepted: {why}")
+        except ValueError as e:
+            assert why in str(e), e
+    print("ok", b)
+''' % (str(ROOT / "bench"), str(ROOT))
+    env = {k: v for k, v in os.environ.items() if k != "MK_TILES"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.count("ok") == 2, r.stderr[-3000:] + r.stdout[-500:]

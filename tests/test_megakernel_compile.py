@@ -612,11 +612,12 @@ def test_experimental_switches_compile_without_spills(tmp_path):
     assert_clean(rep)
 
 
-def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64) -> str:
+def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64,
+                slots: str = "") -> str:
     """The PTX of the all-opcode variant of M class m_class (default M64) with split-K, compiled
     in a process of its own (compile-time switches and MK_TILES are read at import) with the
     environment updated by env; `check`: a Python line run there after `import mk.megakernel as
-    M` (the modules saw the switch)."""
+    M` (the modules saw the switch); slots: more M.class_slots arguments (", row_parts=True")."""
     import subprocess
     import sys
     code = (
@@ -624,10 +625,10 @@ def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64) -
         "import _compile_gate, mk.megakernel as M\n"
         "from mk.instructions import _rows_kernel as rk\n"
         "%s\n"
-        "comp = M.compile_fake(gemm=M.class_slots(%d), attn_page_size=16, gather=True, "
+        "comp = M.compile_fake(gemm=M.class_slots(%d%s), attn_page_size=16, gather=True, "
         "splitk=True)\n"
         "open(sys.argv[1], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT, check,
-                                                           m_class)
+                                                           m_class, slots)
     out = tmp_path / f"{name}.ptx"
     r = subprocess.run([sys.executable, "-c", code, str(out)], env=dict(os.environ, **env),
                        capture_output=True, text=True, timeout=900)
@@ -1263,3 +1264,16 @@ def test_compact_wait_variant_keeps_its_bound_without_spills(tmp_path):
     assert len(ptx["1"]) < len(ptx["0"])
     assert not re.search(r"^\s*call", ptx["1"], flags=re.M), "function calls in the kernel"
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "compact1")))
+
+
+def test_row_parts_variant_compiles_without_spills(tmp_path):
+    """PlanConfig.norm_fold=4's variant (GemmSlot.row_parts: QKV_ROPE / GATE_UP tiles scaled
+    from ROW_PART, O_PROJ / DOWN RESIDUAL epilogues and EMBED writing it) of the class above 1024
+    tokens compiles with 0 spills and no call, and has the code (more butterfly shuffles and
+    rsqrt than the same class's default build)."""
+    ptx = variant_ptx(tmp_path, "rowparts4096", {}, "", m_class=4096, slots=", row_parts=True")
+    assert_clean_variant(tmp_path, "rowparts4096", ptx)
+    base = variant_ptx(tmp_path, "rowparts_base4096", {}, "", m_class=4096)
+    for pat in (r"shfl\.sync\.bfly", r"\brsqrt\."):
+        n = [len(re.findall(pat, p)) for p in (base, ptx)]
+        assert n[1] > n[0], (pat, n)

@@ -35,6 +35,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk.instructions import _common as mc
+from mk.instructions import _rows_kernel as rk
 from mk.instructions._rows_kernel import imin, udiv, warp_allreduce_sum
 from mk.ir import Op
 
@@ -82,10 +83,15 @@ def gvec_bf16(addr: Int64):
 @cute.jit
 def embed_store(table: cute.Tensor, meta: cute.Tensor, dst_base: Int64, ld: Int32, row0: Int32,
                 rows: Int32, col0: Int32, cols: Int32, sid: Int32,
-                nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr = UNROLL):
+                nthreads: cutlass.Constexpr, unroll: cutlass.Constexpr = UNROLL, parts=None):
     """EMBED tile (rows x cols, cols % 8 == 0): dst_base is the byte address of the destination
     buffer's [0, 0] (bf16, row pitch ld elements); table: [V, Ht] bf16, compact. sid: the
-    thread's index among the role's nthreads."""
+    thread's index among the role's nthreads.
+    parts (PlanConfig.norm_fold=4's variants): (ROW_PART's address, its row length, the tile's
+    A_ROW_PART word): where the word is > 0, each row's sums of squares over each 64 columns go
+    to ROW_PART[row0 + r, word - 1 + (col0 + c) / 64] (col0 and cols multiples of 64,
+    check_plan: a group's 8 vectors are 8 consecutive threads' of one warp, summed by a
+    butterfly over them)."""
     V = table.shape[0]
     ldt = table.shape[1]
     tbase = table.iterator.toint()
@@ -110,6 +116,23 @@ def embed_store(table: cute.Tensor, meta: cute.Tensor, dst_base: Int64, ld: Int3
                             vals[k, u] = v[k]
         for u in cutlass.range_constexpr(unroll):
             vi = i0 + u * nthreads + sid
+            if cutlass.const_expr(parts is not None):
+                # (every lane: the butterfly takes the whole warp; a lane past the tile adds 0)
+                sq = Float32(0.0)
+                for k in cutlass.range_constexpr(4):
+                    lo, hi = rk.unpack_bf16x2(vals[k, u])
+                    sq = sq + lo * lo + hi * hi
+                for off in cutlass.range_constexpr(3):
+                    sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=1 << off)
+                if vi < nv:
+                    if parts[2] > 0:
+                        if sid % 8 == 0:
+                            r = udiv(vi, cpr)
+                            col = parts[2] - 1 + (col0 + (vi - r * cpr) * VEC) // 64
+                            cute.make_tensor(cute.make_ptr(
+                                Float32, parts[0] + (Int64(row0 + r) * Int64(parts[1])
+                                                     + Int64(col)) * 4,
+                                cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(1))[0] = sq
             if vi < nv:
                 r = udiv(vi, cpr)
                 c = col0 + (vi - r * cpr) * VEC

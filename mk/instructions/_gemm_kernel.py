@@ -1021,12 +1021,18 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     for ch in cutlass.range_constexpr(len(mains)):
         mains[ch].fill(0.0)
     # PlanConfig.norm_fold=3: a self-scaled tile's rows' sums of squares (SplitTile.self_scale)
+    # (norm_fold=4: a ROW_PARTS tile's sums of squares from ROW_PART, before the mainloop)
     own, ssq = None, None
     if cutlass.const_expr(split is not None and epi in ROW_SCALED_EPIS):
-        if cutlass.const_expr(split.self_scale):
-            own = split.self_scaled()
+        if cutlass.const_expr(split.self_scale or split.row_parts):
             ssq = cute.make_rmem_tensor(cute.make_layout(2), Float32)
             ssq.fill(0.0)
+        if cutlass.const_expr(split.self_scale):
+            own = split.self_scaled()
+        elif cutlass.const_expr(split.row_parts):
+            own = split.row_part_scaled()
+            if own:
+                row_part_sumsq(ssq, split, row0, rows, tCcC[0][0], tCcC[2][0], lane % 4)
     mainloop_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
@@ -1059,7 +1065,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
                           tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
-        if cutlass.const_expr(own is not None):
+        if cutlass.const_expr(own is not None and split.self_scale):
             # while the stage's wgmmas run: this thread's quarter of its two rows in the A page
             if own:
                 row_sumsq(ssq, pool + pa * PAGE, tCcC[0][0], tCcC[2][0], lane % 4)
@@ -1129,9 +1135,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     """Consumers: the fused epilogue of the accumulators into the E epilogue pages (first page at
     ring count pg), handed to the storer. Returns the new page count. split: the tile's
     SplitTile (variants with split-K): an unsplit QKV_ROPE / GATE_UP tile with an epilogue wait
-    scales its rows by ROW_SCALE first (scale_rows); own / ssq (SplitTile.self_scale): whether
-    the tile is self-scaled, and its rows' sums of squares (row_sumsq), by which it then scales
-    them (scale_own_rows)."""
+    scales its rows by ROW_SCALE first (scale_rows); own / ssq (SplitTile.self_scale /
+    row_parts): whether the tile is self-scaled (or scaled from ROW_PART), and its rows' sums of
+    squares (row_sumsq / row_part_sumsq), by which it then scales them (scale_own_rows); an
+    h-writing RESIDUAL tile in a row_parts slot writes ROW_PART (stsm_epilogue's parts)."""
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
@@ -1147,6 +1154,10 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         own_k, own_eps = split.k(), split.eps      # (the `if` below carries run-time values only)
         if own:
             scale_own_rows(accs, tCcC, ssq, own_k, own_eps)
+    parts = None
+    if cutlass.const_expr(split is not None and epi == EPI_RESIDUAL):
+        if cutlass.const_expr(split.row_parts):
+            parts = row_part_target(split, row0, rows)
     if cutlass.const_expr(epi_word >= 0):
         # a time, not a summed clock: a clock register held through the waits spilled the
         # journal variant's consumers (8 bytes at M1024 / max); with CHAIN_HANDOFF the first
@@ -1179,8 +1190,11 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         npair = out_pairs(cfg, acc)
         if cutlass.const_expr(stsm_chain_ok(epi, npair)):
             stsm_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages,
-                          lane)
+                          lane, parts)
         else:
+            if cutlass.const_expr(parts is not None):
+                raise ValueError("PlanConfig.norm_fold=4's ROW_PART sums are written by the "
+                                 "stmatrix epilogue (MK_GEMM_STSM) only")
             pair_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages)
         if cutlass.const_expr(cp > 0 and ch < nout - 1):
             hand_off_epilogue_pages(cfg, epi, done, pg, ch * cp, (ch + 1) * cp, npages, lane,
@@ -1209,6 +1223,44 @@ def row_sumsq(ssq: cute.Tensor, page: Int32, ra: Int32, rb: Int32, quarter: Int3
                                                assumed_align=16),
                                  cute.make_layout(8)).load().to(Float32)
             acc = acc + (v * v).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        ssq[h] = acc
+
+
+# ROW_PART chunks (4 floats) of one row a lane sums (norm_fold=4): a quarter of a set of at most
+# tiles.NORM_MAX_HIDDEN / 64 columns
+ROW_PART_LANE_CHUNKS = tiles.NORM_MAX_HIDDEN // mc.ROW_PART_COLS // 4 // 4
+
+
+@cute.jit
+def row_part_sumsq(ssq: cute.Tensor, split, row0: Int32, rows: Int32, ra: Int32, rb: Int32,
+                   quarter: Int32):
+    """ssq[0] / ssq[1] = this thread's quarter of the sums of squares of its tile rows ra / rb
+    from ROW_PART (PlanConfig.norm_fold=4): of the G = K / 64 columns of the tile's set (G a
+    multiple of 4, check_plan), the 16-byte chunks quarter, quarter + 4, ..., each lane of the
+    four that share the rows a quarter of them (scale_own_rows sums the four). Every load is
+    issued before the first sum; rows past the tile's (its padding) and chunks past the set load
+    the last ones again and are not summed."""
+    ld = split.row_part_ld()
+    base = split.row_part_addr() + Int64(split.row_part_col()) * 4
+    nchunk = split.k() // (4 * mc.ROW_PART_COLS)
+    last = rows - 1
+    vals = []
+    for h in cutlass.range_constexpr(2):
+        r = ra
+        if cutlass.const_expr(h == 1):
+            r = rb
+        row = Int64(row0 + rk.imin(r, last)) * Int64(ld) * 4
+        for u in cutlass.range_constexpr(ROW_PART_LANE_CHUNKS):
+            j = rk.imin(quarter + 4 * u, nchunk - 1)
+            vals.append(cute.make_tensor(
+                cute.make_ptr(Float32, base + row + Int64(j) * 16, cute.AddressSpace.gmem,
+                              assumed_align=16), cute.make_layout(4)).load())
+    for h in cutlass.range_constexpr(2):
+        acc = ssq[h]
+        for u in cutlass.range_constexpr(ROW_PART_LANE_CHUNKS):
+            if quarter + 4 * u < nchunk:
+                acc = acc + vals[h * ROW_PART_LANE_CHUNKS + u].reduce(cute.ReductionOp.ADD,
+                                                                       Float32(0.0), 0)
         ssq[h] = acc
 
 
@@ -1332,7 +1384,8 @@ def pair_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
 
 @cute.jit
 def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCcC: cute.Tensor,
-                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32):
+                  coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32,
+                  parts=None):
     """pair_epilogue with one stmatrix.x4 per four output pairs (STSM): pairs 4k .. 4k + 3 of a
     thread are the wgmma fragment's (rows r, r + 8) x (columns c, c + 8) of column group k, i.e.
     the four 8 x 8 matrices of the warp's 16 rows x 16 columns in the order stmatrix takes them;
@@ -1341,10 +1394,13 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     16-byte chunk of the swizzle, so epi_addr of the row's first column is its address.
     RESIDUAL: the residual by one ldmatrix.x4 of the same addresses (the same fragment order),
     group by group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in
-    packed bf16 (rk.add_bf16x2). SILU_MUL: out_pair's values rounded as pair_epilogue rounds them."""
+    packed bf16 (rk.add_bf16x2). SILU_MUL: out_pair's values rounded as pair_epilogue rounds them.
+    parts (RESIDUAL, PlanConfig.norm_fold=4: row_part_target's): the sums of squares of the h
+    words over each four column groups (64 columns) into ROW_PART (store_row_part)."""
     ob = out_bytes_of(epi)
     ngroup = out_pairs(cfg, acc) // 4
     r0, c0 = tCcC[0]
+    ss = [Float32(0.0), Float32(0.0)]       # parts: the thread's rows r0 / r0 + 8
     m = lane >> 3
     # the warp's first row and the thread's first column group, from its first pair's (row
     # r0 = base + lane / 4, column c0 = base + 2 (lane % 4))
@@ -1373,8 +1429,43 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
                 frag[2 * i + 1] = v1.to(BFloat16)
             packed = cute.recast_tensor(frag, Int32)
             words = [packed[i] for i in range(4)]
+        if cutlass.const_expr(parts is not None):
+            # word i holds row r0 + 8 (i & 1)'s pair of the group (the fragment's order)
+            for i in cutlass.range_constexpr(4):
+                lo, hi = rk.unpack_bf16x2(words[i])
+                ss[i & 1] = ss[i & 1] + lo * lo + hi * hi
+            if cutlass.const_expr(k % 4 == 3 or k == ngroup - 1):
+                store_row_part(parts, ss, r0, (coff + 16 * (k - k % 4)) // mc.ROW_PART_COLS, lane)
+                ss = [Float32(0.0), Float32(0.0)]
         prims.stmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
                                      assumed_align=16).llvm_ptr, words, prims.MMALayout.ROW)
+
+
+def row_part_target(split, row0: Int32, rows: Int32):
+    """stsm_epilogue's `parts` of an h-writing tile (PlanConfig.norm_fold=4): ROW_PART's address
+    and row length, the tile's A_ROW_PART word (0: it writes none), its first column, its rows."""
+    return (split.row_part_addr(), split.row_part_ld(), split.row_part_word(),
+            split.ring[split.base + W_COL0], row0, rows)
+
+
+@cute.jit
+def store_row_part(parts, ss: list, r: Int32, slot: Int32, lane: Int32):
+    """The four lanes of a row pair sum their squares (ss: rows r / r + 8 of the tile) and lane 0
+    of the four stores each row's into ROW_PART[row0 + row, word - 1 + col0 / 64 + slot] (the
+    tile's rows only; nothing where the tile's A_ROW_PART word is 0)."""
+    rp, ld, word, col0, row0, rows = parts
+    for h in cutlass.range_constexpr(2):
+        x = ss[h]
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+        row = r + 8 * h
+        if word > 0:
+            if lane % 4 == 0:
+                if row < rows:
+                    col = word - 1 + col0 // mc.ROW_PART_COLS + slot
+                    addr = rp + (Int64(row0 + row) * Int64(ld) + Int64(col)) * 4
+                    cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
+                                                   assumed_align=4), cute.make_layout(1))[0] = x
 
 
 def operand_bar(empty: cute.Pointer, done: cute.Pointer) -> cute.Pointer:
@@ -1564,16 +1655,43 @@ class SplitTile:
     self_scale (trace-time, GemmSlot.self_scale): the consumers' code for a tile marked
     SELF_SCALE (PlanConfig.norm_fold=3) is compiled in: its rows' sum of squares over the A pages
     of the mainloop (row_sumsq), rsqrt(sum / K + eps) with K the tile's K word (k_word) and eps
-    the model's, and its rows scaled by it before the epilogue (scale_own_rows)."""
+    the model's, and its rows scaled by it before the epilogue (scale_own_rows).
+    row_parts (trace-time, GemmSlot.row_parts; PlanConfig.norm_fold=4; hidden: the arena's
+    width): QKV_ROPE / GATE_UP, a tile marked ROW_PARTS takes its rows' sums of squares from
+    ROW_PART before its mainloop (row_part_sumsq) and scales them as a self-scaled tile;
+    O_PROJ / DOWN, a tile with an A_ROW_PART word writes its rows' sums of squares of h there
+    from its RESIDUAL epilogue (stsm_epilogue's `parts`)."""
 
     def __init__(self, ring: cute.Tensor, base, sk: cute.Tensor, up_col=None, tokens=None,
                  counters=None, backoff_ns: int = 200, splits: bool = True,
-                 self_scale: bool = False, k_word: int = -1, eps=None):
+                 self_scale: bool = False, k_word: int = -1, eps=None, row_parts: bool = False,
+                 hidden=None):
         self.ring, self.base, self.sk, self.up_col = ring, base, sk, up_col
         self.tokens, self.counters, self.backoff_ns = tokens, counters, backoff_ns
         self.splits = splits
         self.self_scale = self_scale and eps is not None
         self.k_word, self.eps = k_word, eps
+        self.row_parts, self.hidden = row_parts, hidden
+
+    def row_part_scaled(self):
+        """Whether the tile scales its rows from ROW_PART (A_EPI_WAIT = ROW_PARTS)."""
+        return self.ring[self.base + A_EPI_WAIT] == Int32(mc.ROW_PARTS)
+
+    def row_part_col(self):
+        """A scaled tile's ROW_PART set: its first column (A_EPI_TARGET)."""
+        return self.ring[self.base + A_EPI_TARGET]
+
+    def row_part_word(self):
+        """An h-writing tile's A_ROW_PART word (1 + its set's first column; 0: none)."""
+        return self.ring[self.base + mc.A_ROW_PART]
+
+    def row_part_ld(self):
+        """ROW_PART's row length (both sets: 2 * ceil(hidden / 64) floats)."""
+        return mc.ROW_PART_SETS * ((self.hidden + (mc.ROW_PART_COLS - 1)) // mc.ROW_PART_COLS)
+
+    def row_part_addr(self):
+        """Byte address of ROW_PART[0, 0] (rk.row_part_addr)."""
+        return rk.row_part_addr(self.sk, self.tokens, self.row_part_ld())
 
     def self_scaled(self):
         """Whether the tile computes its rows' statistic itself (A_EPI_WAIT = SELF_SCALE)."""

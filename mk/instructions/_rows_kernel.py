@@ -773,6 +773,18 @@ def row_scale_at(sk: cute.Tensor, tokens: Int32, row: Int32):
                             cute.make_layout(1))
 
 
+@cute.jit
+def row_part_addr(sk: cute.Tensor, tokens: Int32, ld: Int32) -> Int64:
+    """Byte address of ROW_PART[0, 0] (float32 [tokens, ld], compact; mk.instructions.base.
+    Buf.ROW_PART, PlanConfig.norm_fold=4): like ROW_SCALE not a kernel parameter but part of the
+    SPLITK allocation sk, the ceil(tokens * ld / width) rows before ROW_SCALE's
+    ceil(tokens / width) last rows (mk.plan.splitk_shape): 16-byte aligned, as its rows are when
+    ld is a multiple of 4."""
+    width = sk.shape[1]
+    tail = (tokens + width - 1) // width + (tokens * ld + width - 1) // width
+    return sk.iterator.toint() + Int64(sk.shape[0] - tail) * Int64(width) * 4
+
+
 @dsl_user_op
 def pack_bf16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
     """(bf16(a), bf16(b)) in one 32-bit word, a in the low half (the lower address in memory):
