@@ -64,6 +64,13 @@
 #          with QKV_ROPE unsplit too (splitk_qkv_max_tokens=512: no norm left there, no QKV
 #          reduce), megakernel only, no journal: nself.log, nself_{default,nf3,nf3q512}.json
 #          (~8 min)
+#   nf4    PlanConfig.norm_fold=4 (session 49: O_PROJ / DOWN / EMBED tiles write their rows'
+#          per-64-column sums of squares of h into ROW_PART, the unsplit QKV / gate-up tiles sum
+#          their rows' set before the mainloop; no norm before unsplit GEMMs): the step GPU tests
+#          -k nf4, the two-layer checks (208 tokens split-K never / auto, 478 tokens), racecheck
+#          of the split-K-never step, then if clean decode MK_NF4_BATCH (256,1024,4096) and the
+#          mixed step, default (norm_fold=2) / norm_fold=4, megakernel only, no journal: nf4.log,
+#          nf4_{default,nf4}.json (~9 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
@@ -755,7 +762,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480)
 has() {
@@ -2164,6 +2171,29 @@ if has nself; then
         "nf3q512||--plan norm_fold=3,splitk_qkv_max_tokens=512|1024"
   else
     echo "== norm_fold=3: a check or racecheck failed, not timed" | tee -a "$OUTDIR/nself.log"
+    rc=1
+  fi
+fi
+if has nf4; then
+  # plan 000020: norm_fold=4 against the default's norm_fold=2 (a plan value; the backend builds
+  # the variant with the ROW_PART code, Megakernel(row_parts=True)): its step GPU tests, the
+  # two-layer checks, racecheck, then the timed runs
+  : > "$OUTDIR/nf4.log"
+  nf4_ok=0
+  { echo "== GPU tests (norm_fold=4)"
+    timeout 300 python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
+        tests/test_megakernel_step_gpu.py -k "nf4" 2>&1 | grep -v "^\[mk" | tail -8; } \
+      | tee -a "$OUTDIR/nf4.log"
+  fold_checks "$OUTDIR/nf4.log" norm_fold=4 && grep -qE "^[0-9]+ passed" "$OUTDIR/nf4.log" \
+      && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$OUTDIR/nf4.log" && nf4_ok=1
+  racecheck_to "$OUTDIR/nf4.log" --split-k 1 --plan norm_fold=4
+  if [ $nf4_ok = 1 ] && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/nf4.log"; then
+    nf4_mixed="--mixed ${MK_NF4_MIXED:-256:1024:1024}"
+    UNTRACED_TIMEOUT=${MK_NF4_TIMEOUT:-200} untraced_runs nf4 \
+        "default||$nf4_mixed|${MK_NF4_BATCH:-256,1024,4096}" \
+        "nf4||--plan norm_fold=4 $nf4_mixed|${MK_NF4_BATCH:-256,1024,4096}"
+  else
+    echo "== norm_fold=4: a check or racecheck failed, not timed" | tee -a "$OUTDIR/nf4.log"
     rc=1
   fi
 fi

@@ -217,7 +217,8 @@ def test_engine_folds_its_own_weights_in_place(ckpt):
 NORM_FOLD_VARIANTS = {"nf2": {"norm_fold": 2},
                       "nf2-rows32": {"norm_fold": 2, "norm_rows": 32, "norm_fill_max_tokens": 0,
                                      "small_norm_max_tokens": 0},
-                      "nf3": {"norm_fold": 3}}
+                      "nf3": {"norm_fold": 3},
+                      "nf4": {"norm_fold": 4}}
 
 
 @pytest.mark.parametrize("variant", list(NORM_FOLD_VARIANTS))
@@ -231,7 +232,9 @@ def test_check_norm_fold_unsplit(split_k, prompt_lens, variant):
     over a 478-token first step (split and unsplit ones side by side). nf2-rows32: every norm
     of the step 32 rows an instruction (four row groups of the rows body; plan 000017's bigger
     row-scale norms), full, folded and row-scale alike. nf3 (norm_fold=3, session 46): the
-    unsplit tiles compute their rows' statistic from their own A pages, no norm before them."""
+    unsplit tiles compute their rows' statistic from their own A pages, no norm before them.
+    nf4 (norm_fold=4, session 49): from the ROW_PART sums the O_PROJ / DOWN / EMBED tiles that
+    wrote their h left, no norm before them either."""
     from mk.megakernel_step import check_against_vm
     import json
     plan = dict(NORM_FOLD_VARIANTS[variant])

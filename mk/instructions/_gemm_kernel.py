@@ -1443,17 +1443,19 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
 
 def row_part_target(split, row0: Int32, rows: Int32):
     """stsm_epilogue's `parts` of an h-writing tile (PlanConfig.norm_fold=4): ROW_PART's address
-    and row length, the tile's A_ROW_PART word (0: it writes none), its first column, its rows."""
+    and row length, the tile's A_ROW_PART word (0: it writes none), its first column, its rows,
+    its columns."""
     return (split.row_part_addr(), split.row_part_ld(), split.row_part_word(),
-            split.ring[split.base + W_COL0], row0, rows)
+            split.ring[split.base + W_COL0], row0, rows, split.ring[split.base + W_COLS])
 
 
 @cute.jit
 def store_row_part(parts, ss: list, r: Int32, slot: Int32, lane: Int32):
     """The four lanes of a row pair sum their squares (ss: rows r / r + 8 of the tile) and lane 0
     of the four stores each row's into ROW_PART[row0 + row, word - 1 + col0 / 64 + slot] (the
-    tile's rows only; nothing where the tile's A_ROW_PART word is 0)."""
-    rp, ld, word, col0, row0, rows = parts
+    tile's rows and column groups only: a tile narrower than its config computes padding
+    columns; nothing where the tile's A_ROW_PART word is 0)."""
+    rp, ld, word, col0, row0, rows, cols = parts
     for h in cutlass.range_constexpr(2):
         x = ss[h]
         x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
@@ -1461,7 +1463,7 @@ def store_row_part(parts, ss: list, r: Int32, slot: Int32, lane: Int32):
         row = r + 8 * h
         if word > 0:
             if lane % 4 == 0:
-                if row < rows:
+                if row < rows and slot * mc.ROW_PART_COLS < cols:
                     col = word - 1 + col0 // mc.ROW_PART_COLS + slot
                     addr = rp + (Int64(row0 + row) * Int64(ld) + Int64(col)) * 4
                     cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
