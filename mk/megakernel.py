@@ -1598,7 +1598,7 @@ def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tupl
                          f"megakernel was built without that code for "
                          f"{[_op_name(o) for o in sorted(need - code)]} "
                          f"(Megakernel(..., row_parts=True))")
-    if H % 256 or H > tiles.NORM_MAX_HIDDEN:
+    if H % (4 * mc.ROW_PART_COLS) or H > tiles.NORM_MAX_HIDDEN:
         raise ValueError(f"megakernel: ROW_PART (PlanConfig.norm_fold=4) needs the hidden size a "
                          f"multiple of 256 and at most {tiles.NORM_MAX_HIDDEN}, got {H}")
     G = mc.row_part_groups(H)

@@ -53,6 +53,9 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # 13.044 ms (-3.1%), B=1024 42.918 -> 41.954 (-2.2%); GPU tests, two-layer checks vs mk.vm and
 # racecheck clean. `--plan norm_fold=0` turns it off.
 DEFAULT_PLAN = dict(split_k=0, norm_fold=2)
+# PlanConfig.norm_fold=4 on the GPU: the hidden size a multiple of this (mk.megakernel's
+# _check_row_parts; gk.row_part_sumsq's chunks)
+ROW_PART_HIDDEN_ALIGN = 4 * mc.ROW_PART_COLS
 
 
 def default_plan_config(**overrides) -> PlanConfig:
@@ -109,6 +112,11 @@ def unsupported_reasons(model: ModelConfig, parallel: ParallelConfig, kernel: Ke
     if plan_cfg.kv_split_min % KEY_BLOCK:
         why.append(f"PlanConfig.kv_split_min {plan_cfg.kv_split_min} is not a multiple of "
                    f"{KEY_BLOCK} (the attention splits start on key blocks)")
+    if plan_cfg.norm_fold == 4 and model.hidden_size % ROW_PART_HIDDEN_ALIGN:
+        why.append(f"PlanConfig.norm_fold=4 with hidden_size {model.hidden_size}: the GEMM tiles "
+                   f"scaled from ROW_PART read a quarter of a row's 64-column sums a lane in "
+                   f"16-byte chunks, so the hidden size must be a multiple of "
+                   f"{ROW_PART_HIDDEN_ALIGN} (norm_fold=2 runs any)")
     if plan_cfg.split_k != 1 and plan_cfg.splitk_align % K_ALIGN:
         why.append(f"PlanConfig.splitk_align {plan_cfg.splitk_align} is not a multiple of "
                    f"{K_ALIGN} (a split tile's K0 and K are TMA K coordinates)")

@@ -76,6 +76,13 @@ def test_unsupported_configurations_are_named():
     wide = replace(TINY_HD128_CONFIG, hidden_size=2 * NORM_MAX_HIDDEN)
     assert any(f"hidden_size {2 * NORM_MAX_HIDDEN}" in w for w in
                unsupported_reasons(wide, ParallelConfig(), KernelConfig())), "RMSNORM's limit"
+    # norm_fold=4's ROW_PART chunks (4 sums each): 320 columns run under norm_fold=2, not 4
+    odd = replace(TINY_HD128_CONFIG, hidden_size=320)
+    assert unsupported_reasons(odd, ParallelConfig(), KernelConfig(), PlanConfig(norm_fold=2)) == []
+    assert any("norm_fold=4 with hidden_size 320" in w for w in
+               unsupported_reasons(odd, ParallelConfig(), KernelConfig(), PlanConfig(norm_fold=4)))
+    assert unsupported_reasons(TINY_HD128_CONFIG, ParallelConfig(), KernelConfig(),
+                               PlanConfig(norm_fold=4)) == []
 
 
 def test_meta_capacity_holds_the_largest_step():
