@@ -240,7 +240,8 @@
 #          (1024,4096) and the mixed step, megakernel only, no journal: normbatchtime.log,
 #          normbatchtime_{default,rb<n>}.json (~6 min)
 #   gathercons MK_GATHER_ROLE=consumers (EMBED / LM_NORM on both consumer warpgroups, RMSNORM's
-#          page protocol, instead of the storer's 64 threads): the ops and step GPU tests, the
+#          page protocol, instead of the storer's 64 threads; LM_NORM through RMSNORM's own
+#          body since session 49): the ops and step GPU tests, the
 #          two-layer checks (208 tokens split-K never / auto, 478 tokens), racecheck of the first:
 #          gathercons.log (~6 min)
 #   gatherconstime MK_GATHER_ROLE storer (default) / consumers (skipped where gathercons ran in
@@ -369,6 +370,18 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000020. Session 49 had no device (loans paused); built on the CPU: PlanConfig.norm_fold=4
+#      (the rows' statistic from h's writers: no norm before unsplit QKV / gate-up GEMMs; the
+#      schedule model puts it at B=1024 -1.7%, 4096 -4.3%, mixed -3.2%) and the consumers'
+#      gather mended (LM_NORM through RMSNORM's body; no spill left). In order:
+#      0. `MK_STEPS=nf4` (~9 min; set MK_NF4_BATCH=4096 with MK_NF4_MIXED if the call runs short):
+#         the nf4 step GPU tests, three two-layer checks, racecheck, then default / norm_fold=4
+#         at B=256 / 1024 / 4096 + mixed. If it wins at 4096 / mixed and loses nowhere: the
+#         backend's default (mk/megakernel_step.py DEFAULT_PLAN norm_fold=4), after
+#         `MK_STEPS=verify` with it, then e2e at B=4096 / mixed against the peer.
+#      1. 000019's 0 (normbatch / normbatchtime: under norm_fold=4 only the norms before split
+#         GEMMs and layer 0's remain, so time them on whichever default stands), then 000019's 1
+#         (gathercons / gatherconstime; the 4096 spill is mended), 2 (planab raster_blocks) and 3.
 #   000019. Session 48 ran 000018's 0, 1, 1b at 3474b9c on an H100 (`*_s48_h100*`): issue 6 on
 #      the H100: B=64 0.99, 256 0.97, 1024 0.99, 4096 1.02, mixed 1.03; MK_ATTN_SWAP_DOUBLE: no
 #      gain and a fault at B=1024 (removed); shares: B=4096's row-scale norm bodies are 9.5% of
@@ -380,7 +393,7 @@
 #         `MK_NB_ROWS=16 MK_NB_BATCH=2048 MK_STEPS=normbig` and 64-row norms at 4096 again
 #         (faster bodies may move the best norm size).
 #      1. `MK_STEPS=gathercons` then `gatherconstime` (~6 min each): EMBED / LM_NORM on the
-#         consumers (built, off; the 4096 class spills 16 bytes with it: mend before a default).
+#         consumers (built, off; session 49: LM_NORM through RMSNORM's body, no spill left).
 #      2. `MK_PLANAB="rb4:raster_blocks=4 rb2:raster_blocks=2" MK_PLANAB_BATCH=1024
 #         MK_PLANAB_MIXED=256:1024:1024 MK_STEPS=planab` (~7 min): the schedule model
 #         (bench/schedsim.py on session 48's journal) puts raster_blocks 4 / 2 at -3.1% / -3.7%
