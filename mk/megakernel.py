@@ -1306,7 +1306,7 @@ class MegakernelDSL:
         H = bufs.shape[1]
         parts = None
         if cutlass.const_expr(self.row_parts):
-            ld = mc.ROW_PART_SETS * ((H + (mc.ROW_PART_COLS - 1)) // mc.ROW_PART_COLS)
+            ld = mc.row_part_ld(H)
             parts = (rk.row_part_addr(skops[0], T, ld), ld, ring[base + mc.A_ROW_PART])
         gat.embed_store(embed, meta, bufs.iterator.toint()
                         + Int64(ring[base + em.A_DST]) * Int64(T * H) * 2, H,
@@ -1602,7 +1602,7 @@ def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tupl
         raise ValueError(f"megakernel: ROW_PART (PlanConfig.norm_fold=4) needs the hidden size a "
                          f"multiple of 256 and at most {tiles.NORM_MAX_HIDDEN}, got {H}")
     G = mc.row_part_groups(H)
-    ld = mc.ROW_PART_SETS * G
+    ld = mc.row_part_ld(H)
     if scaled.any():
         _check_row_scaled_tiles(s, ops, scaled, f"scaled from ROW_PART (word ARG0+"
                                                 f"{mc.A_EPI_WAIT - ARG0} = {mc.ROW_PARTS})")

@@ -617,7 +617,7 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
         Buf.K_CACHE: (kv_rows, hkv * D), Buf.V_CACHE: (kv_rows, hkv * D),
         Buf.SPLITK: splitk_shape(plan_cfg, kernel, model, parallel),
         Buf.ROW_SCALE: (T, 1),
-        Buf.ROW_PART: (T, mc.ROW_PART_SETS * mc.row_part_groups(H)),
+        Buf.ROW_PART: (T, mc.row_part_ld(H)),
     }
 
 
@@ -645,7 +645,7 @@ def row_part_rows(tokens: int, width: int, hidden: int) -> int:
     """SPLITK rows (of width floats) the GPU's ROW_PART takes before ROW_SCALE's
     (PlanConfig.norm_fold=4; mk.instructions.base.Buf.ROW_PART: [tokens, 2 * ceil(hidden / 64)]
     floats)."""
-    return -(-tokens * mc.ROW_PART_SETS * mc.row_part_groups(hidden) // width)
+    return -(-tokens * mc.row_part_ld(hidden) // width)
 
 
 def splitk_shape(plan_cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,

@@ -104,6 +104,12 @@ def row_part_groups(width: int) -> int:
     return -(-width // ROW_PART_COLS)
 
 
+def row_part_ld(hidden):
+    """ROW_PART's row length: both sets' columns for rows of `hidden` columns (Python or DSL
+    integers)."""
+    return ROW_PART_SETS * ((hidden + (ROW_PART_COLS - 1)) // ROW_PART_COLS)
+
+
 def row_part_base(instr: Instruction) -> int | None:
     """The first ROW_PART column of the set an h-writing tile (O_PROJ / DOWN / EMBED) also
     writes its rows' partial sums of squares into (A_ROW_PART - 1), else None."""

@@ -1689,7 +1689,7 @@ class SplitTile:
 
     def row_part_ld(self):
         """ROW_PART's row length (both sets: 2 * ceil(hidden / 64) floats)."""
-        return mc.ROW_PART_SETS * ((self.hidden + (mc.ROW_PART_COLS - 1)) // mc.ROW_PART_COLS)
+        return mc.row_part_ld(self.hidden)
 
     def row_part_addr(self):
         """Byte address of ROW_PART[0, 0] (rk.row_part_addr)."""
