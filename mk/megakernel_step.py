@@ -203,6 +203,19 @@ class MegakernelStepBackend:
                  self.model.head_dim)
         return self.kv[0].view(shape), self.kv[1].view(shape)
 
+    def row_part(self) -> torch.Tensor | None:
+        """ROW_PART [T, 2 * H / 64] float32 (PlanConfig.norm_fold=4; mk.instructions.base.
+        Buf.ROW_PART) as a view of its rows of the SPLITK allocation (mk.plan.splitk_shape),
+        else None."""
+        if self.plan_cfg.norm_fold != 4 or self.splitk is None:
+            return None
+        from mk.plan import row_part_rows, row_scale_rows
+        T, H = self.arena.shape[1], self.arena.shape[2]
+        rows, width = self.splitk.shape
+        first = rows - row_scale_rows(T, width) - row_part_rows(T, width, H)
+        ld = mc.row_part_ld(H)
+        return self.splitk[first:].flatten()[:T * ld].view(T, ld)
+
     def _operands(self):
         from mk import megakernel as mkk
         from mk.ir import Op
@@ -434,6 +447,7 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         steps.append(dict(tokens=batch.num_tokens, seqs=len(batch.seqs), max_abs_err=err,
                           tol=tol, argmax_equal=same, near_ties=ties,
                           worst_tie_gap=float(gap.max())))
+        batch_tokens_last = batch.num_tokens
         for j, c in enumerate(batch.seqs):
             ctx[j] = c.end_pos
         nxt = want.argmax(-1).tolist()
@@ -452,8 +466,21 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
         a = a.flatten(1, 2)[:, slots.to(a.device)].float().cpu()
         b = b.flatten(1, 2)[:, slots].float()
         kv_err = max(kv_err, float((a - b).abs().max()))
+    extra = {}
+    if mk.row_part() is not None:
+        # norm_fold=4: the last step's ROW_PART sums (its last layer's writers) on both sides,
+        # relative to the largest; which of the writers or the readers a failed check points at
+        # (the interpreter's never-written sums are its NaN poison: a set whose GEMM split)
+        T = batch_tokens_last
+        b = vm.world[0].buf(Buf.ROW_PART)[:T].float()
+        seen = torch.isfinite(b)
+        a = mk.row_part()[:T].float().cpu()[seen]
+        b = b[seen]
+        extra["row_part_values"] = int(seen.sum())
+        extra["row_part_max_rel_diff"] = (float((a - b).abs().max() / b.abs().max())
+                                          if len(b) else 0.0)
     return dict(passed=ok, layers=cfg.num_layers, kv_split=kv_split, split_k=split_k,
-                kv_split_min=kv_split_min,
+                kv_split_min=kv_split_min, **extra,
                 split_instrs=int((plan_ops == _split_op()).sum()) if plan_ops is not None else 0,
                 steps=steps,
                 worst_err_over_tol=worst, kv_cache_max_abs_diff=kv_err,

@@ -241,3 +241,6 @@ def test_check_norm_fold_unsplit(split_k, prompt_lens, variant):
     r = check_against_vm(layers=2, kv_split=64, split_k=split_k, plan=plan,
                          prompt_lens=prompt_lens)
     assert r["passed"], json.dumps(r, indent=1)
+    if plan.get("norm_fold") == 4:
+        # the writers' sums themselves (bf16 h rounded in another GEMM order on each side)
+        assert r["row_part_max_rel_diff"] < 0.05, json.dumps(r, indent=1)
