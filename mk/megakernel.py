@@ -1063,11 +1063,15 @@ class MegakernelDSL:
                                 if cutlass.const_expr(GS[gi].op in SPLITK_OPS
                                                       and GS[gi].splits):
                                     if self.runs_on(rop, gi):
+                                        rp = None
+                                        if cutlass.const_expr(GS[gi].row_parts):
+                                            # norm_fold=4: rows scaled from ROW_PART
+                                            rp = (bufs.shape[1], eps, BAR_CONSUMER)
                                         pg = skk.reduce_consume(
                                             GS[gi].epi, ring, base, skops[0], bufs.shape[0],
                                             gops[gi][9], kv, meta, inv_freq, GS[gi].yb,
                                             gops[gi][10].shape[0] // 2, pool, full, done, pg, NP,
-                                            ctv, timeout_ns, state, t, PS)
+                                            ctv, timeout_ns, state, t, PS, rp)
                     if cutlass.const_expr(self.attn_ps > 0):
                         if op == ak.OP_ATTENTION:
                             # the swapped chain's trace for instructions of <= 8 query rows
@@ -1569,6 +1573,8 @@ def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tupl
                      splitk_shape, partial_shape):
     """PlanConfig.norm_fold=4: QKV_ROPE / GATE_UP tiles scaled from ROW_PART (A_EPI_WAIT =
     ROW_PARTS) and the O_PROJ / DOWN / EMBED tiles that write it (A_ROW_PART). ROW_PART
+    and the SPLITK_REDUCEs scaled from it (row scale word FROM_ROW_PART: their QKV_ROPE /
+    GATE_UP tiles split). ROW_PART
     ([T, 2 * H / 64] floats, mk.instructions.base.Buf.ROW_PART) lies in the SPLITK allocation
     before ROW_SCALE's rows (mk.plan.splitk_shape), so it needs split-K compiled in with room
     for it, and the opcodes' slots compiled with the code (Megakernel(row_parts=True): EMBED's
@@ -1580,9 +1586,10 @@ def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tupl
     scaled = np.isin(ops, ROW_SCALED_OPS) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)
     writers = (np.isin(ops, (int(Op.O_PROJ), int(Op.DOWN), int(Op.EMBED)))
                & (s[:, mc.A_ROW_PART] != 0))
-    if not (scaled.any() or writers.any()):
+    red = (ops == OP_SPLITK_REDUCE) & (s[:, ARG0 + skk.R_ROW_SCALE] == skk.FROM_ROW_PART)
+    if not (scaled.any() or writers.any() or red.any()):
         return partial_shape
-    i = int(np.flatnonzero(scaled | writers)[0])
+    i = int(np.flatnonzero(scaled | writers | red)[0])
     where = (f"instruction {i} (a {_op_name(ops[i])} tile of layer {int(s[i, W_LAYER])}, rows "
              f"{int(s[i, W_ROW0])}+{int(s[i, W_ROWS])})")
     if splitk_shape is None:
@@ -1591,6 +1598,7 @@ def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tupl
                          f"(Megakernel(..., splitk=...))")
     code = {g.op for g in slots if g.row_parts}
     need = set(ops[scaled | (writers & (ops != int(Op.EMBED)))].tolist())
+    need |= set(s[red, ARG0 + skk.R_OP].tolist())
     if (writers & (ops == int(Op.EMBED))).any():
         need.add(int(Op.DOWN))      # EMBED's code comes with the writers' slots
     if need - code:
@@ -1613,6 +1621,20 @@ def _check_row_parts(s: np.ndarray, ops: np.ndarray, T: int, H: int, slots: tupl
                              f"{H} and its set's first column (word ARG0+"
                              f"{mc.A_EPI_TARGET - ARG0}) a multiple of 4 with {G} columns inside "
                              f"ROW_PART's {ld}")
+    if red.any():
+        rop = s[red, ARG0 + skk.R_OP]
+        k = np.where(rop == int(Op.QKV_ROPE), s[red, ARG0 + skk.R_EPI0 + skk.U_K_QKV],
+                     s[red, ARG0 + skk.R_EPI0 + skk.U_K])
+        col = s[red, ARG0 + skk.R_ROW_PART_COL]
+        if (~np.isin(rop, ROW_SCALED_OPS)).any() or (k != H).any() or (col < 0).any() \
+                or (col % 4).any() or (col + G > ld).any() \
+                or (s[red, W_ROWS] > skk.ROW_PART_MAX_ROWS).any():
+            raise ValueError(f"megakernel: a SPLITK_REDUCE scaled from ROW_PART (row scale word "
+                             f"{skk.FROM_ROW_PART}) must finish a "
+                             f"{[Op(o).name for o in ROW_SCALED_OPS]} tile of K = the hidden size "
+                             f"{H}, its set's first column (ARG0+{skk.R_ROW_PART_COL}) a multiple "
+                             f"of 4 with {G} columns inside ROW_PART's {ld}, and at most "
+                             f"{skk.ROW_PART_MAX_ROWS} rows")
     if writers.any():
         w = s[writers]
         wops = ops[writers]
@@ -1649,7 +1671,12 @@ def _check_row_scale(s: np.ndarray, ops: np.ndarray, T: int, splitk_shape):
     allocation the partials may use: splitk_shape less those rows where the stream scales rows,
     all of it otherwise (a stream without row scales may use the whole allocation)."""
     norm = (ops == int(Op.RMSNORM)) & (s[:, A_DST] == int(Buf.ROW_SCALE))
-    red = (ops == OP_SPLITK_REDUCE) & (s[:, ARG0 + skk.R_ROW_SCALE] != 0)
+    mode = np.where(ops == OP_SPLITK_REDUCE, s[:, ARG0 + skk.R_ROW_SCALE], 0)
+    if ((mode < 0) | (mode > skk.FROM_ROW_PART)).any():
+        raise ValueError(f"megakernel: a SPLITK_REDUCE's row scale word (ARG0+{skk.R_ROW_SCALE}) "
+                         f"must be 0, 1 (ROW_SCALE) or {skk.FROM_ROW_PART} (ROW_PART)")
+    # (FROM_ROW_PART reduces: _check_row_parts)
+    red = (ops == OP_SPLITK_REDUCE) & (mode == 1)
     # unsplit GEMM tiles that scale their rows in the epilogue (PlanConfig.norm_fold=2; their
     # epilogue wait, mc.A_EPI_WAIT), and stray epilogue-wait words on any other opcode
     gemm_ops = np.isin(ops, GEMM_OPS)

@@ -1018,8 +1018,9 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
     row_scale_wait: (counter, target), one per output tile, of the row-scale RMSNORM whose
     ROW_SCALE rows the reduce multiplies its sums by (PlanConfig.norm_fold), or an unsplit
     tile its accumulators, after waiting for it in its epilogue (norm_fold=2), or SELF_SCALED
-    (unsplit tiles under norm_fold=3: their own statistic), or a RowParts (unsplit tiles under
-    norm_fold=4: the ROW_PART set its writers fill), else None."""
+    (unsplit tiles under norm_fold=3: their own statistic), or a RowParts (norm_fold=4: the
+    ROW_PART set its writers fill, which an unsplit tile or the split tiles' reduce scales its
+    rows from), else None."""
     if nsplit <= 1:
         if row_scale_wait is SELF_SCALED:
             # unsplit under norm_fold=3: the tile's own statistic, no wait
@@ -1056,8 +1057,14 @@ def _emit_gemm(groups: list, stage: int, op: int, block, *, nsplit: int, k_bound
         groups[-1] = _Group(last.words[order], last.stage, last.block[order])
     if fold:
         return
-    red_args = sk.reduce_words(op, nsplit, stride, args, row_scale=row_scale_wait is not None)
-    rs_c, rs_t = row_scale_wait if row_scale_wait is not None else (None, None)
+    if isinstance(row_scale_wait, RowParts):
+        # norm_fold=4: the reduce scales its rows from ROW_PART, no norm to wait for
+        red_args = sk.reduce_words(op, nsplit, stride, args, row_part=row_scale_wait.base)
+        rs_c, rs_t = None, None
+    else:
+        red_args = sk.reduce_words(op, nsplit, stride, args,
+                                   row_scale=row_scale_wait is not None)
+        rs_c, rs_t = row_scale_wait if row_scale_wait is not None else (None, None)
     if np.any(reduce_rows):
         # tile i's slices k: rows [row0_i + k * h_i, ...), every other word the tile's
         row0_i = np.broadcast_to(np.asarray(row0), (m,))
@@ -1520,28 +1527,29 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         epilogue wait) wait for it; else the norm's output and waits (a norm that writes h,
         folded with O_PROJ's / DOWN's reduce, stays on the path whatever it writes: session
         38)). norm_fold=3 where op does not split: row_scale_wait SELF_SCALED, and the caller
-        emits no norm; norm_fold=4 where op's tiles can be scaled from ROW_PART (row_parts):
-        that set's RowParts, no norm either, elsewhere as norm_fold=2."""
+        emits no norm; norm_fold=4 where op's tiles (or, split, their reduces) can be scaled
+        from ROW_PART (row_parts): that set's RowParts, no norm either, elsewhere as
+        norm_fold=2."""
         if not cfg.norm_fold or folded_reduce or (cfg.norm_fold == 1 and nsplit[op] <= 1):
             return Buf.NORMED, lambda b: [(norm_c + b, ngr[b])], None
         h_waits = lambda b: [(h_c + b, np.asarray(h_t)[b])]  # noqa: E731
         if cfg.norm_fold == 3 and nsplit[op] <= 1:
             return Buf.HIDDEN, h_waits, SELF_SCALED
-        if row_parts.get(op) is not None:
+        if op in row_parts:
             return Buf.HIDDEN, h_waits, row_parts[op]
         return Buf.HIDDEN, h_waits, lambda b: (norm_c + b, ngr[b])
 
-    # norm_fold=4: the GEMMs after a norm whose tiles take their rows' statistic from ROW_PART
-    # (RowParts), and the writers of h that fill that set: an unsplit GEMM whose h comes from
-    # unsplit RESIDUAL tiles at TP 1 (QKV_ROPE's from DOWN's, and from EMBED's in layer 0;
-    # GATE_UP's from O_PROJ's) whose columns start on ROW_PART's 64-column groups
+    # norm_fold=4: the GEMMs after a norm whose tiles (or, split, their reduces) take their
+    # rows' statistic from ROW_PART (RowParts), and the writers of h that fill that set: a GEMM
+    # whose h comes from unsplit RESIDUAL tiles at TP 1 (QKV_ROPE's from DOWN's, and from
+    # EMBED's in layer 0; GATE_UP's from O_PROJ's) whose columns start on ROW_PART's 64-column
+    # groups
     G = mc.row_part_groups(H)
     row_parts = {}
     if cfg.norm_fold == 4 and tp1:
         for op, writer, wc0, s in ((Op.QKV_ROPE, Op.DOWN, d_c0, mc.ROW_PART_ATTN),
                                    (Op.GATE_UP, Op.O_PROJ, o_c0, mc.ROW_PART_MLP)):
-            if (nsplit[op] <= 1 and nsplit[writer] <= 1
-                    and not (np.asarray(wc0) % mc.ROW_PART_COLS).any()):
+            if nsplit[writer] <= 1 and not (np.asarray(wc0) % mc.ROW_PART_COLS).any():
                 row_parts[op] = RowParts(s * G)
 
     def row_part_word(op) -> dict:

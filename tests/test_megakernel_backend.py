@@ -464,14 +464,15 @@ for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
 
 
 def test_row_part_tiles_need_their_slot_code():
-    """PlanConfig.norm_fold=4 on the 70B TP8 rank: at B=4096 no norm is planned (QKV_ROPE,
+    """PlanConfig.norm_fold=4 on the 70B TP8 rank: no norm is planned at B=4096 (QKV_ROPE,
     GATE_UP, O_PROJ and DOWN unsplit: every QKV / gate-up tile scaled from ROW_PART, every
-    O_PROJ / DOWN / EMBED tile writing it); at B=1024 QKV_ROPE splits, so its norm stays and
-    DOWN / EMBED write no sums while O_PROJ does. The plans pass the host check against a
-    variant built with row_parts (GemmSlot.row_parts) and are refused by name against one
-    without; a scaled tile whose K is not the hidden width or whose set lies outside ROW_PART,
-    a writer whose columns miss the 64-column groups and a split one are refused (in a process
-    of its own, MK_TILES cleared)."""
+    O_PROJ / DOWN / EMBED tile writing it) nor at B=1024, where QKV_ROPE splits and its
+    SPLITK_REDUCEs scale the rows from ROW_PART (row scale word FROM_ROW_PART). The plans pass
+    the host check against a variant built with row_parts (GemmSlot.row_parts) and are refused
+    by name against one without; a scaled tile whose K is not the hidden width or whose set lies
+    outside ROW_PART, a writer whose columns miss the 64-column groups, a split one, and a
+    FROM_ROW_PART reduce of O_PROJ or with its set outside ROW_PART are refused (in a process of
+    its own, MK_TILES cleared)."""
     pytest.importorskip("cutlass")
     code = r'''
 import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
@@ -481,11 +482,12 @@ import mk.megakernel as M
 from mk.config import KernelConfig, ParallelConfig
 from mk.instructions import _common as mc
 from mk.instructions import matmul as mm
+from mk.instructions import splitk as sk
 from mk.ir import Op, W_COL0, W_OPCODE
 from mk.megakernel_step import default_plan_config, meta_operands
 from mk.plan import Planner
 model = rank_model()
-for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
+for b, ctx, qkv_split in ((4096, 256, 0), (1024, 1024, 1)):
     kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=ctx, max_batch_tokens=4096,
                           num_kv_pages=b * (ctx // 16))
     nf4, nf2 = default_plan_config(norm_fold=4), default_plan_config(norm_fold=2)
@@ -495,9 +497,12 @@ for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
     scaled = (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS).numpy()
     words = s[:, mc.A_ROW_PART].numpy()
     assert scaled[ops == int(Op.GATE_UP)].all() and (words[ops == int(Op.O_PROJ)] > 0).all()
-    assert scaled[ops == int(Op.QKV_ROPE)].all() == (not norms)
-    assert (words[ops == int(Op.DOWN)] > 0).all() == (not norms)
-    assert (int((ops == int(Op.RMSNORM)).sum()) > 0) == bool(norms), b
+    assert (words[ops == int(Op.DOWN)] > 0).all() and (words[ops == int(Op.EMBED)] > 0).all()
+    assert scaled[ops == int(Op.QKV_ROPE)].all() == (not qkv_split)
+    red = (ops == int(Op.SPLITK_REDUCE)) & (s[:, sk.A_OP] == int(Op.QKV_ROPE)).numpy()
+    assert red.any() == bool(qkv_split)
+    assert (s[red, sk.A_ROW_SCALE] == sk.FROM_ROW_PART).all()
+    assert not (ops == int(Op.RMSNORM)).any(), b
     nbuf, T, H, kw = meta_operands(model, kernel, nf4, b)
     M.check_plan(s, nbuf, T, H, 1 << 22, **kw)
     *_, kw2 = meta_operands(model, kernel, nf2, b)
@@ -508,11 +513,17 @@ for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
         assert "row_parts=True" in str(e) and "PlanConfig.norm_fold=4" in str(e), e
     i = int(np.flatnonzero(scaled & (ops == int(Op.GATE_UP)))[0])
     o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
-    for word, row, value, why in ((mm.A_K, i, H // 2, "K = the hidden size"),
-                                  (mc.A_EPI_TARGET, i, 2 * H // 64, "inside ROW_PART"),
-                                  (mc.A_NSPLIT, i, 2, "split GEMM tile scaled from ROW_PART"),
-                                  (W_COL0, o, int(s[o, W_COL0]) + 8, "column groups"),
-                                  (mc.A_NSPLIT, o, 2, "unsplit O_PROJ / DOWN")):
+    bad_words = [(mm.A_K, i, H // 2, "K = the hidden size"),
+                 (mc.A_EPI_TARGET, i, 2 * H // 64, "inside ROW_PART"),
+                 (mc.A_NSPLIT, i, 2, "split GEMM tile scaled from ROW_PART"),
+                 (W_COL0, o, int(s[o, W_COL0]) + 8, "column groups"),
+                 (mc.A_NSPLIT, o, 2, "unsplit O_PROJ / DOWN")]
+    if red.any():
+        q = int(np.flatnonzero(red)[0])
+        bad_words += [(sk.A_ROW_PART_COL, q, 2 * H // 64, "inside ROW_PART"),
+                      (sk.A_OP, q, int(Op.O_PROJ), "SPLITK_REDUCE scaled from ROW_PART"),
+                      (sk.A_ROW_SCALE, q, 3, "row scale word")]
+    for word, row, value, why in bad_words:
         bad = s.clone()
         bad[row, word] = value
         try:

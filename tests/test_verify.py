@@ -487,23 +487,34 @@ RP_MODEL = ModelConfig(hidden_size=128, intermediate_size=128, num_layers=2, num
                        num_kv_heads=2, head_dim=16, vocab_size=256)
 
 
-def _row_parts_streams(batch, policy):
-    c = PlanConfig(**{**P_CFGS[0].__dict__, "policy": policy, "split_k": 1, "norm_fold": 4,
+def _row_parts_streams(batch, policy, split_k=1):
+    # split_k 2 with splitk_max_tokens 1: QKV_ROPE / GATE_UP split (their own caps), O_PROJ /
+    # DOWN not (the writers stay whole)
+    c = PlanConfig(**{**P_CFGS[0].__dict__, "policy": policy, "split_k": split_k,
+                      "splitk_max_tokens": 1, "splitk_align": 16, "norm_fold": 4,
                       "qkv_tile": 16, "o_tile": 64, "down_tile": 64})
     return planner_streams(p_batches()[batch], 1, c, model=RP_MODEL)
 
 
-@pytest.mark.parametrize("batch,policy", [("mixed", "op_major"), ("prefill", "interleave"),
-                                          ("decode", "block_major")])
-def test_norm_fold_row_parts_plans_accepted(batch, policy):
-    """PlanConfig.norm_fold=4: the QKV / gate-up tiles read the ROW_PART sums of the tiles that
-    wrote their h (EMBED / DOWN, O_PROJ) after h's writer alone, with no norm planned; every
-    layer's writers rewrite a set only after its last reader. Race-free and deadlock-free."""
+@pytest.mark.parametrize("batch,policy,split_k", [("mixed", "op_major", 1),
+                                                  ("prefill", "interleave", 1),
+                                                  ("decode", "block_major", 1),
+                                                  ("mixed", "op_major", 2)])
+def test_norm_fold_row_parts_plans_accepted(batch, policy, split_k):
+    """PlanConfig.norm_fold=4: the QKV / gate-up tiles (split_k 2: their SPLITK_REDUCEs) read
+    the ROW_PART sums of the tiles that wrote their h (EMBED / DOWN, O_PROJ) after h's writer
+    alone, with no norm planned; every layer's writers rewrite a set only after its last
+    reader. Race-free and deadlock-free."""
     from mk.instructions import _common as mc
-    streams, plan = _row_parts_streams(batch, policy)
+    from mk.instructions import splitk as sk
+    streams, plan = _row_parts_streams(batch, policy, split_k)
     s = streams[0].numpy()
     gemm = np.isin(s[:, W_OPCODE], [int(Op.QKV_ROPE), int(Op.GATE_UP)])
-    assert (s[gemm, mc.A_EPI_WAIT] == mc.ROW_PARTS).all()
+    if split_k == 1:
+        assert (s[gemm, mc.A_EPI_WAIT] == mc.ROW_PARTS).all()
+    else:
+        red = s[:, W_OPCODE] == int(Op.SPLITK_REDUCE)
+        assert red.any() and (s[red, sk.A_ROW_SCALE] == sk.FROM_ROW_PART).all()
     assert not (s[:, W_OPCODE] == int(Op.RMSNORM)).any()
     findings = check(streams, plan.num_counters, meta=plan.meta)
     assert findings == [], "\n".join(str(f) for f in findings[:5])

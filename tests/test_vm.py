@@ -590,3 +590,36 @@ def test_norm_fold_row_parts_matches_reference(checkpoints, tp, split_k):
     assert not ((s[:, W_OPCODE] == int(Op.GATE_UP)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any()
     assert ((s[:, W_OPCODE] == int(Op.QKV_ROPE)) & (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS)).any() \
         == row_parts
+
+
+def test_norm_fold_row_parts_scale_split_reduces(checkpoints):
+    """PlanConfig.norm_fold=4 where the QKV / gate-up GEMMs split but O_PROJ / DOWN do not
+    (split_k 2 with splitk_max_tokens 1: only QKV_ROPE's and GATE_UP's own caps allow a split in
+    steps of more than one token): their SPLITK_REDUCEs scale the rows from ROW_PART (row scale
+    word 2, the set's first column in ARG0+11), no norm is planned; float32 logits within 2e-5
+    of the reference in random interleavings."""
+    from mk.instructions import _common as mc
+    from mk.instructions import splitk as sk
+    from mk.weights import fold_norms
+    ck = checkpoints("GQA_LLAMA3")
+    w = [fold_norms(x) for x in weights(ck, 1, torch.float32)]
+    ref = reference(weights(ck, 1, torch.float32)[0])
+    G = mc.row_part_groups(GQA_LLAMA3["hidden_size"])
+    vm = VM(w, KERNEL, PlanConfig(**{**CFG.__dict__, "split_k": 2, "splitk_max_tokens": 1,
+                                     "norm_fold": 4, "o_tile": 64, "down_tile": 64}))
+    checked = 0
+    for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        s = vm.plan(batch).instrs
+        ops = s[:, W_OPCODE]
+        red = ops == int(Op.SPLITK_REDUCE)
+        if batch.num_tokens > 1:
+            assert not (ops == int(Op.RMSNORM)).any()
+            for op, base in ((Op.QKV_ROPE, mc.ROW_PART_ATTN * G), (Op.GATE_UP, mc.ROW_PART_MLP * G)):
+                r = red & (s[:, sk.A_OP] == int(op))
+                assert r.any(), op
+                assert (s[r, sk.A_ROW_SCALE] == sk.FROM_ROW_PART).all()
+                assert (s[r, sk.A_ROW_PART_COL] == base).all()
+            checked += 1
+        got = vm.step(batch, mode="random", sms=5, seed=i)
+        torch.testing.assert_close(got, ref.forward(batch), rtol=2e-5, atol=2e-5, msg=f"step {i}")
+    assert checked

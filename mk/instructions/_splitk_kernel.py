@@ -42,9 +42,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
+from mk import tiles
 from mk.instructions import _common as mc
 from mk.instructions import _gemm_kernel as gk
 from mk.instructions import _rows_kernel as rk
+from mk.instructions import matmul as mm
+from mk.instructions import qkv as qk
 from mk.instructions import splitk as sk
 from mk.instructions._gather_kernel import gvec_bf16
 from mk.instructions._rows_kernel import bar_wait, page_of
@@ -60,6 +63,10 @@ R_STRIDE = sk.A_STRIDE - ARG0   # SPLITK row stride between splits
 R_EPI0 = sk.A_WORDS - ARG0      # word ARG0 + R_EPI0 + i = the unsplit instruction's word ARG0 + i
 UNSPLIT_WORDS = sk.UNSPLIT_WORDS    # the unsplit words: R_EPI0 .. R_EPI0 + UNSPLIT_WORDS - 1
 R_ROW_SCALE = sk.A_ROW_SCALE - ARG0  # nonzero: acc *= ROW_SCALE[row] (QKV_ROPE, GATE_UP)
+R_ROW_PART_COL = sk.A_ROW_PART_COL - ARG0   # FROM_ROW_PART: the set's first column
+FROM_ROW_PART = sk.FROM_ROW_PART    # the row scale word's value: from ROW_PART (norm_fold=4)
+# the unsplit tile's K word among the reduce's copies of its words (R_EPI0 + i)
+U_K, U_K_QKV = mm.A_K - ARG0, qk.A_K - ARG0
 VEC = 8             # output columns per work item (one 16-byte bf16 store)
 
 
@@ -69,12 +76,15 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
                    inv_freq: cute.Tensor, yb: cutlass.Constexpr, up_col: Int32, pool: Int32,
                    full: cute.Pointer, done: cute.Pointer, pg: Int32, npages: cutlass.Constexpr,
                    ctid: Int32, timeout_ns: Int64, state: cute.Tensor, ticket: Int32,
-                   share: cutlass.Constexpr) -> Int32:
+                   share: cutlass.Constexpr, row_parts=None) -> Int32:
     """Both consumer warpgroups (ctid in [0, 256)): one SPLITK_REDUCE (see the module docstring)
     of a GEMM slot compiled with epilogue `epi`, whose destination tensor is y (Buf ids from yb;
     the K/V caches kv for QKV_ROPE's k/v sections). up_col: GATE_UP's SPLITK column of the up
     part (intermediate_local). T: the arena's token rows (where ROW_SCALE lies in sk,
-    rk.row_scale_at). Returns the new page count (one page)."""
+    rk.row_scale_at). row_parts (the slots with GemmSlot.row_parts: (hidden size, eps, the
+    consumers' named barrier)): a reduce whose row scale word is FROM_ROW_PART first computes
+    its rows' scales from ROW_PART into its page (row_part_scales). Returns the new page count
+    (one page)."""
     lane = ctid % 32
     page, ph = page_of(pg, npages)
     # the hand-off page: its previous use is complete (parity order of the ring)
@@ -97,6 +107,13 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
         sec = ring[e0 + gk.U_SECTION]
         pos_off = meta[mc.M_OFF_POS]
     ybase, yld, rowmap, radd, dcol0 = gk.gemm_dest(epi, y, kv, meta, ring, base, e0, yb, col0)
+    scales = None
+    if cutlass.const_expr(row_parts is not None and epi != gk.EPI_RESIDUAL):
+        scales = cute.make_tensor(cute.make_ptr(Float32, pool + page * rk.PAGE,
+                                                cute.AddressSpace.smem, assumed_align=16),
+                                  cute.make_layout(ROW_PART_MAX_ROWS))
+        if scaled == FROM_ROW_PART:
+            row_part_scales(scales, ring, base, e0, epi, sk, T, row_parts, row0, rows, ctid)
     acc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
     other = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)   # up part / RoPE partner
     out = cute.make_rmem_tensor(cute.make_layout(VEC), BFloat16)
@@ -126,8 +143,14 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
                 c2 = c + up_col
             # the row scale (1 without it: x * 1 is x exactly), loaded with the splits' loads
             rs = Float32(1.0)
-            if scaled != 0:
-                rs = rk.row_scale_at(sk, T, drow)[0]
+            if cutlass.const_expr(scales is None):
+                if scaled != 0:
+                    rs = rk.row_scale_at(sk, T, drow)[0]
+            else:
+                if scaled == FROM_ROW_PART:
+                    rs = scales[r]
+                elif scaled != 0:
+                    rs = rk.row_scale_at(sk, T, drow)[0]
             rk.sum_splits([acc, other], pb, Int64(ld), stride, nsplit, r, [c, c2],
                           rk.SPLITS_IN_FLIGHT)
             for e in cutlass.range_constexpr(VEC):
@@ -157,7 +180,54 @@ def reduce_consume(epi: cutlass.Constexpr, ring: cute.Tensor, base: Int32, sk: c
             gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c + 64, 2)).store(out_hi.load())
         gvec_bf16(gk.row_addr(ybase, drow, yld, dcol0 + c, 2)).store(out.load())
         it = it + gk.CONSUMER_THREADS
+    if cutlass.const_expr(scales is not None):
+        if scaled == FROM_ROW_PART:
+            if lane == 0:
+                # the scales were generic writes; a later use of the page is a TMA write
+                cute.arch.fence_proxy("async.shared", space="cta")
     if cutlass.const_expr(share != gk.CONSUMER_THREADS):
         cute.arch.sync_warp()
     gk.consumer_arrive(done + page, lane, share)
     return pg + 1
+
+
+# rows of one SPLITK_REDUCE whose scales row_part_scales computes (a reduce is at most a tile's
+# rows), two consumer threads a row
+ROW_PART_MAX_ROWS = gk.CONSUMER_THREADS // 2
+# 16-byte ROW_PART chunks a thread sums (half of a set of at most tiles.NORM_MAX_HIDDEN / 64)
+ROW_PART_THREAD_CHUNKS = tiles.NORM_MAX_HIDDEN // mc.ROW_PART_COLS // 4 // 2
+
+
+@cute.jit
+def row_part_scales(scales: cute.Tensor, ring: cute.Tensor, base: Int32, e0: Int32,
+                    epi: cutlass.Constexpr, splitk: cute.Tensor, T: Int32, row_parts, row0: Int32,
+                    rows: Int32, ctid: Int32):
+    """A FROM_ROW_PART reduce's row scales (PlanConfig.norm_fold=4): scales[r] = rsqrt(sum of
+    ROW_PART[row0 + r, b:b + K / 64] / K + eps) for its rows r < rows (at most
+    ROW_PART_MAX_ROWS, check_plan), b its ARG0+11 word, K the unsplit tile's K word: two threads
+    a row, each the odd or even 16-byte chunks (every load issued first), a butterfly, then the
+    consumers' named barrier before any item reads them. The unsplit tile's expression
+    (gk.row_part_sumsq / gk.scale_own_rows), another summation order."""
+    hidden, eps, bar_id = row_parts
+    half = ctid % 2
+    r = ctid // 2
+    K = ring[e0 + (U_K_QKV if epi == gk.EPI_ROPE else U_K)]
+    nchunk = K // (4 * mc.ROW_PART_COLS)
+    ld = mc.row_part_ld(hidden)
+    rowp = rk.row_part_addr(splitk, T, ld) + (Int64(row0 + rk.imin(r, rows - 1)) * Int64(ld)
+                                           + Int64(ring[base + ARG0 + R_ROW_PART_COL])) * 4
+    vals = []
+    for u in cutlass.range_constexpr(ROW_PART_THREAD_CHUNKS):
+        j = rk.imin(half + 2 * u, nchunk - 1)
+        vals.append(cute.make_tensor(cute.make_ptr(Float32, rowp + Int64(j) * 16,
+                                                   cute.AddressSpace.gmem, assumed_align=16),
+                                     cute.make_layout(4)).load())
+    acc = Float32(0.0)
+    for u in cutlass.range_constexpr(ROW_PART_THREAD_CHUNKS):
+        if half + 2 * u < nchunk:
+            acc = acc + vals[u].reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1)
+    if half == 0:
+        if r < rows:
+            scales[r] = cute.math.rsqrt(acc * (Float32(1.0) / Float32(K)) + eps)
+    cute.arch.barrier(barrier_id=bar_id, number_of_threads=gk.CONSUMER_THREADS)

@@ -21,7 +21,11 @@ Arguments:
               on the raw residual rows h with the norm weight folded into the GEMM weight, so
               acc *= ROW_SCALE[row] (rsqrt(mean(h^2) + eps), float32) before y's rounding:
                   y = bf16(acc * r)      the RMSNORM folded into this GEMM
+              2 (norm_fold=4) = the same with r = rsqrt(sum(ROW_PART[row, b:b + K / 64]) / K +
+              eps) from the sums h's writers left (mk/instructions/_common.py A_ROW_PART), b =
+              word ARG0 + 11, K the unsplit tile's K word: no row-scale norm before the GEMM
               0 = no scale
+    ARG0 + 11 row scale 2: the ROW_PART set's first column b
 SPLITK columns: the family's `splitk_cols` (GATE_UP: gate at [col0, col0+cols), up at
 intermediate_local + the same).
 
@@ -43,6 +47,8 @@ A_STRIDE = ARG0 + 2
 A_WORDS = ARG0 + 3
 UNSPLIT_WORDS = 7           # words ARG0 .. ARG0+6 of the unsplit instruction
 A_ROW_SCALE = A_WORDS + UNSPLIT_WORDS   # 1: acc *= ROW_SCALE[row] before the rounding (norm fold)
+A_ROW_PART_COL = A_ROW_SCALE + 1        # row scale FROM_ROW_PART: the set's first column
+FROM_ROW_SCALE, FROM_ROW_PART = 1, 2    # the row scale word's values
 ROW_SCALED = mc.ROW_SCALED             # the ops whose reduce may scale its rows
 SPLITTABLE = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
 
@@ -75,13 +81,17 @@ def sum_partials(sk: torch.Tensor, nsplit: int, stride: int, r0: int, r1: int,
 
 
 def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict,
-                 row_scale: int = 0) -> dict:
+                 row_scale: int = 0, row_part: int | None = None) -> dict:
     """The reduce's argument words ({word: value}) for the unsplit tile's {word: value} args;
-    row_scale: 1 = scale the rows by ROW_SCALE (only QKV_ROPE / GATE_UP: ROW_SCALED)."""
-    if row_scale and int(op) not in [int(o) for o in ROW_SCALED]:
+    row_scale: 1 = scale the rows by ROW_SCALE, row_part: the first ROW_PART column of the set
+    to scale them from instead (norm_fold=4); only QKV_ROPE / GATE_UP (ROW_SCALED)."""
+    if (row_scale or row_part is not None) and int(op) not in [int(o) for o in ROW_SCALED]:
         raise ValueError(f"SPLITK_REDUCE scales rows only for {[o.name for o in ROW_SCALED]}, "
                          f"not opcode {int(op)}")
-    out = {A_OP: int(op), A_NSPLIT: nsplit, A_STRIDE: stride, A_ROW_SCALE: int(bool(row_scale))}
+    out = {A_OP: int(op), A_NSPLIT: nsplit, A_STRIDE: stride,
+           A_ROW_SCALE: FROM_ROW_PART if row_part is not None else int(bool(row_scale))}
+    if row_part is not None:
+        out[A_ROW_PART_COL] = int(row_part)
     for word, v in unsplit_args.items():
         i = word - ARG0
         if 0 <= i < UNSPLIT_WORDS:
@@ -93,7 +103,7 @@ def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict,
 class SplitkReduceFamily(InstructionFamily):
     opcodes = (Op.SPLITK_REDUCE,)
     ARG_NAMES = {int(Op.SPLITK_REDUCE): ("op", "nsplit", "stride") +
-                 tuple(f"w{i}" for i in range(UNSPLIT_WORDS)) + ("row_scale",)}
+                 tuple(f"w{i}" for i in range(UNSPLIT_WORDS)) + ("row_scale", "row_part_col")}
 
     def accesses(self, instr: Instruction, rank: int, meta=None) -> Accesses:
         u = unsplit_instruction(instr)
@@ -102,8 +112,12 @@ class SplitkReduceFamily(InstructionFamily):
         parts = tuple(reg for j in range(arg(instr, A_NSPLIT))
                       for reg in fam.splitk_regions(u, rank, j, stride))
         reads, writes = fam.epilogue_regions(u, rank, meta)
-        if arg(instr, A_ROW_SCALE):
-            r0, r1 = rows_of(u)
+        r0, r1 = rows_of(u)
+        if arg(instr, A_ROW_SCALE) == FROM_ROW_PART:
+            b = arg(instr, A_ROW_PART_COL)
+            parts += (Region(Buf.ROW_PART, r0, r1, b, b + mc.row_part_groups(arg(u, fam.K_WORD)),
+                             rank),)
+        elif arg(instr, A_ROW_SCALE):
             parts += (Region(Buf.ROW_SCALE, r0, r1, 0, 1, rank),)
         return Accesses(parts + tuple(reads), tuple(writes))
 
@@ -113,7 +127,12 @@ class SplitkReduceFamily(InstructionFamily):
         r0, r1 = rows_of(u)
         acc = sum_partials(state.buf(Buf.SPLITK), arg(instr, A_NSPLIT), arg(instr, A_STRIDE),
                            r0, r1, fam.splitk_cols(u))
-        if arg(instr, A_ROW_SCALE):
+        if arg(instr, A_ROW_SCALE) == FROM_ROW_PART:
+            # the unsplit tile's norm_fold=4 scale (matmul.py's), from the writers' sums
+            b, K = arg(instr, A_ROW_PART_COL), arg(u, fam.K_WORD)
+            ss = state.buf(Buf.ROW_PART)[r0:r1, b:b + mc.row_part_groups(K)].sum(-1, True)
+            acc.mul_(torch.rsqrt(ss / K + state.weights.config.rms_norm_eps))
+        elif arg(instr, A_ROW_SCALE):
             acc.mul_(state.buf(Buf.ROW_SCALE)[r0:r1, 0:1])
         fam.epilogue(u, state, acc.to(state.weights.dtype))
 
