@@ -372,7 +372,7 @@
 # the bench JSONs record <old>-dirty):
 #   000020. Session 49 had no device (loans paused); built on the CPU: PlanConfig.norm_fold=4
 #      (the rows' statistic from h's writers: no norm before unsplit QKV / gate-up GEMMs; the
-#      schedule model puts it at B=1024 -1.7%, 4096 -4.3%, mixed -3.2%) and the consumers'
+#      schedule model puts it at B=1024 -3.1%, 4096 -4.3%, mixed -3.2%) and the consumers'
 #      gather mended (LM_NORM through RMSNORM's body; no spill left). In order:
 #      0. `MK_STEPS=nf4` (~9 min; set MK_NF4_BATCH=4096 with MK_NF4_MIXED if the call runs short):
 #         the nf4 step GPU tests, three two-layer checks, racecheck, then default / norm_fold=4
