@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -404,77 +405,12 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
         assert (gate_up[:, A_EPI_WAIT] != 0).all() and (gate_up_old[:, A_EPI_WAIT] == 0).all()
 
 
-def test_self_scaled_tiles_need_their_slot_code():
-    """PlanConfig.norm_fold=3 on the 70B TP8 rank: at B=4096 no norm is planned (QKV_ROPE and
-    GATE_UP unsplit, each tile its rows' statistic), at B=1024 the attention norm stays (QKV
-    splits) and the MLP norm goes; the plans pass the host check against a variant built with
-    self_scale (GemmSlot.self_scale) and are refused by name against one without; a self-scaled
-    tile whose K is not the hidden width, a split one and an O_PROJ tile marked self-scaled are
-    refused (in a process of its own, MK_TILES cleared)."""
-    pytest.importorskip("cutlass")
-    code = r'''
-import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
-import numpy as np
-from host_step import rank_model, point_batch
-import mk.megakernel as M
-from mk.config import KernelConfig, ParallelConfig
-from mk.instructions import _common as mc
-from mk.instructions import matmul as mm
-from mk.ir import Op, W_OPCODE
-from mk.megakernel_step import default_plan_config, meta_operands
-from mk.plan import Planner
-model = rank_model()
-for b, ctx, norms in ((4096, 256, 0), (1024, 1024, 1)):
-    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=ctx, max_batch_tokens=4096,
-                          num_kv_pages=b * (ctx // 16))
-    nf3, nf2 = default_plan_config(norm_fold=3), default_plan_config(norm_fold=2)
-    plan = Planner(model, ParallelConfig(), kernel, nf3).plan(point_batch(b, ctx, 0, 16))
-    s = plan.representative_stream()
-    ops = s[:, W_OPCODE].numpy()
-    own = (s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE).numpy()
-    assert own[ops == int(Op.GATE_UP)].all() and own.any()
-    assert (int((ops == int(Op.RMSNORM)).sum()) > 0) == bool(norms), b
-    nbuf, T, H, kw = meta_operands(model, kernel, nf3, b)
-    M.check_plan(s, nbuf, T, H, 1 << 22, **kw)
-    *_, kw2 = meta_operands(model, kernel, nf2, b)
-    try:
-        M.check_plan(s, nbuf, T, H, 1 << 22, **kw2)
-        raise SystemExit("accepted without the code")
-    except ValueError as e:
-        assert "computes its rows' statistic itself" in str(e) and "self_scale=True" in str(e)
-    i = int(np.flatnonzero(own & (ops == int(Op.GATE_UP)))[0])
-    o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
-    for word, row, value, why in ((mm.A_K, i, H // 2, "hidden width"),
-                                  (mc.A_NSPLIT, i, 2, "split GEMM tile marked self-scaled"),
-                                  (mc.A_EPI_WAIT, o, mc.SELF_SCALE,
-                                   "['O_PROJ'] tiles marked self-scaled")):
-        bad = s.clone()
-        bad[row, word] = value
-        try:
-            M.check_plan(bad, nbuf, T, H, 1 << 22, **kw)
-            raise SystemExit(f"accepted: {why}")
-        except ValueError as e:
-            assert why in str(e), e
-    print("ok", b)
-''' % (str(ROOT / "bench"), str(ROOT))
-    env = {k: v for k, v in os.environ.items() if k != "MK_TILES"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and r.stdout.count("ok") == 2, r.stderr[-3000:] + r.stdout[-500:]
-
-
-def test_row_part_tiles_need_their_slot_code():
-    """PlanConfig.norm_fold=4 on the 70B TP8 rank: no norm is planned at B=4096 (QKV_ROPE,
-    GATE_UP, O_PROJ and DOWN unsplit: every QKV / gate-up tile scaled from ROW_PART, every
-    O_PROJ / DOWN / EMBED tile writing it) nor at B=1024, where QKV_ROPE splits and its
-    SPLITK_REDUCEs scale the rows from ROW_PART (row scale word FROM_ROW_PART). The plans pass
-    the host check against a variant built with row_parts (GemmSlot.row_parts) and are refused
-    by name against one without; a scaled tile whose K is not the hidden width or whose set lies
-    outside ROW_PART, a writer whose columns miss the 64-column groups, a split one, and a
-    FROM_ROW_PART reduce of O_PROJ or with its set outside ROW_PART are refused (in a process of
-    its own, MK_TILES cleared)."""
-    pytest.importorskip("cutlass")
-    code = r'''
+# the norm_fold host-check tests' script (run in a process of its own, MK_TILES cleared): each
+# (batch, context) point of the 70B TP8 rank planned under a norm_fold value, `body` run per point
+# with s (its stream), ops, kw (the operands of a variant built for it) and kw2 (of the default
+# norm_fold=2 variant); `refused(bad_words, kw)` checks each (word, row, value, why) mutation is
+# refused with `why` in the message, `refused_without(kw2, *needles)` the stream itself
+HOST_CHECK_SCRIPT = r'''
 import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)
 import numpy as np
 from host_step import rank_model, point_batch
@@ -487,42 +423,8 @@ from mk.ir import Op, W_COL0, W_OPCODE
 from mk.megakernel_step import default_plan_config, meta_operands
 from mk.plan import Planner
 model = rank_model()
-for b, ctx, qkv_split in ((4096, 256, 0), (1024, 1024, 1)):
-    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=ctx, max_batch_tokens=4096,
-                          num_kv_pages=b * (ctx // 16))
-    nf4, nf2 = default_plan_config(norm_fold=4), default_plan_config(norm_fold=2)
-    plan = Planner(model, ParallelConfig(), kernel, nf4).plan(point_batch(b, ctx, 0, 16))
-    s = plan.representative_stream()
-    ops = s[:, W_OPCODE].numpy()
-    scaled = (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS).numpy()
-    words = s[:, mc.A_ROW_PART].numpy()
-    assert scaled[ops == int(Op.GATE_UP)].all() and (words[ops == int(Op.O_PROJ)] > 0).all()
-    assert (words[ops == int(Op.DOWN)] > 0).all() and (words[ops == int(Op.EMBED)] > 0).all()
-    assert scaled[ops == int(Op.QKV_ROPE)].all() == (not qkv_split)
-    red = (ops == int(Op.SPLITK_REDUCE)) & (s[:, sk.A_OP] == int(Op.QKV_ROPE)).numpy()
-    assert red.any() == bool(qkv_split)
-    assert (s[red, sk.A_ROW_SCALE] == sk.FROM_ROW_PART).all()
-    assert not (ops == int(Op.RMSNORM)).any(), b
-    nbuf, T, H, kw = meta_operands(model, kernel, nf4, b)
-    M.check_plan(s, nbuf, T, H, 1 << 22, **kw)
-    *_, kw2 = meta_operands(model, kernel, nf2, b)
-    try:
-        M.check_plan(s, nbuf, T, H, 1 << 22, **kw2)
-        raise SystemExit("accepted without the code")
-    except ValueError as e:
-        assert "row_parts=True" in str(e) and "PlanConfig.norm_fold=4" in str(e), e
-    i = int(np.flatnonzero(scaled & (ops == int(Op.GATE_UP)))[0])
-    o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
-    bad_words = [(mm.A_K, i, H // 2, "K = the hidden size"),
-                 (mc.A_EPI_TARGET, i, 2 * H // 64, "inside ROW_PART"),
-                 (mc.A_NSPLIT, i, 2, "split GEMM tile scaled from ROW_PART"),
-                 (W_COL0, o, int(s[o, W_COL0]) + 8, "column groups"),
-                 (mc.A_NSPLIT, o, 2, "unsplit O_PROJ / DOWN")]
-    if red.any():
-        q = int(np.flatnonzero(red)[0])
-        bad_words += [(sk.A_ROW_PART_COL, q, 2 * H // 64, "inside ROW_PART"),
-                      (sk.A_OP, q, int(Op.O_PROJ), "SPLITK_REDUCE scaled from ROW_PART"),
-                      (sk.A_ROW_SCALE, q, 3, "row scale word")]
+
+def refused(s, bad_words, kw):
     for word, row, value, why in bad_words:
         bad = s.clone()
         bad[row, word] = value
@@ -531,9 +433,93 @@ for b, ctx, qkv_split in ((4096, 256, 0), (1024, 1024, 1)):
             raise SystemExit(f"accepted: {why}")
         except ValueError as e:
             assert why in str(e), e
+
+def refused_without(s, kw2, *needles):
+    try:
+        M.check_plan(s, nbuf, T, H, 1 << 22, **kw2)
+        raise SystemExit("accepted without the code")
+    except ValueError as e:
+        assert all(n in str(e) for n in needles), e
+
+for b, ctx, split in %r:
+    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=ctx, max_batch_tokens=4096,
+                          num_kv_pages=b * (ctx // 16))
+    cfg, nf2 = default_plan_config(norm_fold=%d), default_plan_config(norm_fold=2)
+    plan = Planner(model, ParallelConfig(), kernel, cfg).plan(point_batch(b, ctx, 0, 16))
+    s = plan.representative_stream()
+    ops = s[:, W_OPCODE].numpy()
+    nbuf, T, H, kw = meta_operands(model, kernel, cfg, b)
+    M.check_plan(s, nbuf, T, H, 1 << 22, **kw)
+    *_, kw2 = meta_operands(model, kernel, nf2, b)
+%s
     print("ok", b)
-''' % (str(ROOT / "bench"), str(ROOT))
+'''
+
+
+def run_host_check_script(norm_fold: int, body: str,
+                          points=((4096, 256, 0), (1024, 1024, 1))) -> None:
+    """HOST_CHECK_SCRIPT over points ((batch, context, whether QKV_ROPE splits there))."""
+    pytest.importorskip("cutlass")
+    code = HOST_CHECK_SCRIPT % (str(ROOT / "bench"), str(ROOT), tuple(points), norm_fold,
+                                textwrap.indent(textwrap.dedent(body), "    "))
     env = {k: v for k, v in os.environ.items() if k != "MK_TILES"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0 and r.stdout.count("ok") == 2, r.stderr[-3000:] + r.stdout[-500:]
+    assert r.returncode == 0 and r.stdout.count("ok") == len(points), \
+        r.stderr[-3000:] + r.stdout[-500:]
+
+
+def test_self_scaled_tiles_need_their_slot_code():
+    """PlanConfig.norm_fold=3 on the 70B TP8 rank: at B=4096 no norm is planned (QKV_ROPE and
+    GATE_UP unsplit, each tile its rows' statistic), at B=1024 the attention norm stays (QKV
+    splits) and the MLP norm goes; the plans pass the host check against a variant built with
+    self_scale (GemmSlot.self_scale) and are refused by name against one without; a self-scaled
+    tile whose K is not the hidden width, a split one and an O_PROJ tile marked self-scaled are
+    refused."""
+    run_host_check_script(3, """
+        own = (s[:, mc.A_EPI_WAIT] == mc.SELF_SCALE).numpy()
+        assert own[ops == int(Op.GATE_UP)].all() and own.any()
+        assert (int((ops == int(Op.RMSNORM)).sum()) > 0) == bool(split), b
+        refused_without(s, kw2, "computes its rows' statistic itself", "self_scale=True")
+        i = int(np.flatnonzero(own & (ops == int(Op.GATE_UP)))[0])
+        o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
+        refused(s, [(mm.A_K, i, H // 2, "hidden width"),
+                    (mc.A_NSPLIT, i, 2, "split GEMM tile marked self-scaled"),
+                    (mc.A_EPI_WAIT, o, mc.SELF_SCALE, "['O_PROJ'] tiles marked self-scaled")], kw)
+    """)
+
+
+def test_row_part_tiles_need_their_slot_code():
+    """PlanConfig.norm_fold=4 on the 70B TP8 rank: no norm is planned at B=4096 (QKV_ROPE,
+    GATE_UP, O_PROJ and DOWN unsplit: every QKV / gate-up tile scaled from ROW_PART, every
+    O_PROJ / DOWN / EMBED tile writing it) nor at B=1024, where QKV_ROPE splits and its
+    SPLITK_REDUCEs scale the rows from ROW_PART (row scale word FROM_ROW_PART). The plans pass
+    the host check against a variant built with row_parts (GemmSlot.row_parts) and are refused
+    by name against one without; a scaled tile whose K is not the hidden width or whose set lies
+    outside ROW_PART, a writer whose columns miss the 64-column groups, a split one, and a
+    FROM_ROW_PART reduce of O_PROJ or with its set outside ROW_PART are refused."""
+    run_host_check_script(4, """
+        scaled = (s[:, mc.A_EPI_WAIT] == mc.ROW_PARTS).numpy()
+        words = s[:, mc.A_ROW_PART].numpy()
+        assert scaled[ops == int(Op.GATE_UP)].all() and (words[ops == int(Op.O_PROJ)] > 0).all()
+        assert (words[ops == int(Op.DOWN)] > 0).all() and (words[ops == int(Op.EMBED)] > 0).all()
+        assert scaled[ops == int(Op.QKV_ROPE)].all() == (not split)
+        red = (ops == int(Op.SPLITK_REDUCE)) & (s[:, sk.A_OP] == int(Op.QKV_ROPE)).numpy()
+        assert red.any() == bool(split)
+        assert (s[red, sk.A_ROW_SCALE] == sk.FROM_ROW_PART).all()
+        assert not (ops == int(Op.RMSNORM)).any(), b
+        refused_without(s, kw2, "row_parts=True", "PlanConfig.norm_fold=4")
+        i = int(np.flatnonzero(scaled & (ops == int(Op.GATE_UP)))[0])
+        o = int(np.flatnonzero(ops == int(Op.O_PROJ))[0])
+        bad_words = [(mm.A_K, i, H // 2, "K = the hidden size"),
+                     (mc.A_EPI_TARGET, i, 2 * H // 64, "inside ROW_PART"),
+                     (mc.A_NSPLIT, i, 2, "split GEMM tile scaled from ROW_PART"),
+                     (W_COL0, o, int(s[o, W_COL0]) + 8, "column groups"),
+                     (mc.A_NSPLIT, o, 2, "unsplit O_PROJ / DOWN")]
+        if red.any():
+            q = int(np.flatnonzero(red)[0])
+            bad_words += [(sk.A_ROW_PART_COL, q, 2 * H // 64, "inside ROW_PART"),
+                          (sk.A_OP, q, int(Op.O_PROJ), "SPLITK_REDUCE scaled from ROW_PART"),
+                          (sk.A_ROW_SCALE, q, 3, "row scale word")]
+        refused(s, bad_words, kw)
+    """)
