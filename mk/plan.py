@@ -340,6 +340,12 @@ class PlanConfig:
     # A pages for the statistic, ~16 KiB of shared-memory loads a K step beside the wgmmas'
     # own, most of the shared-memory bandwidth left on the narrow gate-up tiles (a guess from
     # the arithmetic, not profiled). Kept as an option, not the default.
+    # 4: as 2, but the statistic comes from the tiles that write h: unsplit O_PROJ / DOWN
+    # RESIDUAL tiles and EMBED write each row's sums of squares over each 64 columns into
+    # ROW_PART (mk/instructions/_common.py A_ROW_PART), and the QKV / gate-up tiles after them
+    # (split: their SPLITK_REDUCEs) scale their rows from those sums (RowParts), so no norm is
+    # planned where O_PROJ / DOWN stay whole, at TP 1 (elsewhere 2's plan). Built in session 49
+    # (interpreter, verifier, GPU compile); not GPU-run yet (scripts/gpu_next.sh nf4).
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
     # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
