@@ -209,12 +209,10 @@ class MegakernelStepBackend:
         else None."""
         if self.plan_cfg.norm_fold != 4 or self.splitk is None:
             return None
-        from mk.plan import row_part_rows, row_scale_rows
         T, H = self.arena.shape[1], self.arena.shape[2]
-        rows, width = self.splitk.shape
-        first = rows - row_scale_rows(T, width) - row_part_rows(T, width, H)
         ld = mc.row_part_ld(H)
-        return self.splitk[first:].flatten()[:T * ld].view(T, ld)
+        first = mc.row_part_offset(self.splitk.numel(), T, ld)
+        return self.splitk.view(-1)[first:first + T * ld].view(T, ld)
 
     def _operands(self):
         from mk import megakernel as mkk

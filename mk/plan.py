@@ -650,7 +650,9 @@ def row_scale_rows(tokens: int, width: int) -> int:
 def row_part_rows(tokens: int, width: int, hidden: int) -> int:
     """SPLITK rows (of width floats) the GPU's ROW_PART takes before ROW_SCALE's
     (PlanConfig.norm_fold=4; mk.instructions.base.Buf.ROW_PART: [tokens, 2 * ceil(hidden / 64)]
-    floats)."""
+    floats, ending at the 16-byte boundary before ROW_SCALE's last `tokens` floats,
+    mk.instructions._common.row_part_offset: the at most 3 floats that rounding costs fit
+    in ROW_SCALE's rows, since width is a multiple of 4)."""
     return -(-tokens * mc.row_part_ld(hidden) // width)
 
 

@@ -740,3 +740,30 @@ def test_plan_overrides_take_the_policy_by_name():
                           ("split_k=2", "not FIELD=VALUE"), ("norm_rows=two", "not an integer")):
         with pytest.raises(ValueError, match=message):
             parse_plan_overrides(text)
+
+
+def test_row_part_lies_in_its_reserved_rows():
+    """PlanConfig.norm_fold=4's ROW_PART on the GPU (mk.instructions._common.row_part_offset)
+    lies in the SPLITK rows splitk_shape reserves for it, past every split partial's row and
+    before ROW_SCALE's last T floats, every row 16-byte aligned, for token counts that are and
+    are not multiples of 4 or of the width."""
+    from mk.config import KernelConfig, ModelConfig, ParallelConfig
+    from mk.instructions import _common as mc
+    from mk.plan import row_scale_rows, splitk_shape
+    for hidden, inter in ((512, 1024), (8192, 3584)):
+        model = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_layers=2,
+                            num_heads=hidden // 128, num_kv_heads=1, head_dim=128,
+                            vocab_size=1024)
+        for T in (1, 3, 100, 257, 4096):
+            kernel = KernelConfig(max_batch_tokens=T, max_seqs=min(T, 8), max_context=256,
+                                  page_size=16)
+            cfg = PlanConfig(split_k=0, norm_fold=4)
+            rows, width = splitk_shape(cfg, kernel, model, ParallelConfig())
+            base, _ = splitk_shape(PlanConfig(split_k=0, norm_fold=2), kernel, model,
+                                   ParallelConfig())
+            partial_rows = base - row_scale_rows(T, width)   # the split partials' rows
+            ld = mc.row_part_ld(hidden)
+            first = mc.row_part_offset(rows * width, T, ld)
+            assert first % 4 == 0 and ld % 4 == 0, (hidden, T)
+            assert first >= partial_rows * width, (hidden, T, first, partial_rows)
+            assert first + T * ld <= rows * width - T, (hidden, T)

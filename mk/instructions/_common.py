@@ -110,6 +110,14 @@ def row_part_ld(hidden):
     return ROW_PART_SETS * ((hidden + (ROW_PART_COLS - 1)) // ROW_PART_COLS)
 
 
+def row_part_offset(numel, tokens, ld):
+    """ROW_PART's first float in the GPU's SPLITK allocation of numel floats (Python or DSL
+    integers; mk.instructions._rows_kernel.row_part_addr): (numel - tokens), the start of
+    ROW_SCALE's floats, rounded down to a multiple of 4, less tokens * ld (mk.plan.splitk_shape
+    reserves the rows, row_part_rows; ld a multiple of 4 keeps every row 16-byte aligned)."""
+    return ((numel - tokens) & ~3) - tokens * ld
+
+
 def row_part_base(instr: Instruction) -> int | None:
     """The first ROW_PART column of the set an h-writing tile (O_PROJ / DOWN / EMBED) also
     writes its rows' partial sums of squares into (A_ROW_PART - 1), else None."""

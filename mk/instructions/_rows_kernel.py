@@ -56,6 +56,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from mk import tiles
+from mk.instructions import _common as mc
 from mk.instructions.base import Buf
 from mk.ir import Op
 
@@ -776,13 +777,12 @@ def row_scale_at(sk: cute.Tensor, tokens: Int32, row: Int32):
 @cute.jit
 def row_part_addr(sk: cute.Tensor, tokens: Int32, ld: Int32) -> Int64:
     """Byte address of ROW_PART[0, 0] (float32 [tokens, ld], compact; mk.instructions.base.
-    Buf.ROW_PART, PlanConfig.norm_fold=4): like ROW_SCALE not a kernel parameter but part of the
-    SPLITK allocation sk, the ceil(tokens * ld / width) rows before ROW_SCALE's
-    ceil(tokens / width) last rows (mk.plan.splitk_shape): 16-byte aligned, as its rows are when
-    ld is a multiple of 4."""
-    width = sk.shape[1]
-    tail = (tokens + width - 1) // width + (tokens * ld + width - 1) // width
-    return sk.iterator.toint() + Int64(sk.shape[0] - tail) * Int64(width) * 4
+    Buf.ROW_PART, PlanConfig.norm_fold=4): like ROW_SCALE not a kernel parameter but the end of
+    the SPLITK allocation sk: the tokens * ld floats that end at the last 16-byte boundary
+    before ROW_SCALE's last `tokens` floats (mc.row_part_offset). No division: this address is
+    computed at every site that reads or writes ROW_PART."""
+    numel = Int64(sk.shape[0]) * Int64(sk.shape[1])
+    return sk.iterator.toint() + mc.row_part_offset(numel, Int64(tokens), Int64(ld)) * 4
 
 
 @dsl_user_op
