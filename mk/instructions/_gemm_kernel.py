@@ -1435,7 +1435,10 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
                 lo, hi = rk.unpack_bf16x2(words[i])
                 ss[i & 1] = ss[i & 1] + lo * lo + hi * hi
             if cutlass.const_expr(k % 4 == 3 or k == ngroup - 1):
-                store_row_part(parts, ss, r0, (coff + 16 * (k - k % 4)) // mc.ROW_PART_COLS, lane)
+                # the group's first column in the tile: the warp's (c0 less the lane's pair,
+                # which in "N" mode carries the warpgroup's 64 columns) + coff + 16 k
+                gcol = c0 - ((lane & 3) << 1) + coff + 16 * (k - k % 4)
+                store_row_part(parts, ss, r0, gcol // mc.ROW_PART_COLS, lane)
                 ss = [Float32(0.0), Float32(0.0)]
         prims.stmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
                                      assumed_align=16).llvm_ptr, words, prims.MMALayout.ROW)
