@@ -346,14 +346,10 @@ class PlanConfig:
     # (split: their SPLITK_REDUCEs) scale their rows from those sums (RowParts), so no norm is
     # planned where O_PROJ / DOWN stay whole, at TP 1 (elsewhere 2's plan). Built in session 49
     # (interpreter, verifier, GPU compile); not GPU-run yet (scripts/gpu_next.sh nf4).
-    # row_part_reduce (norm_fold=4 only): 1 (default), a GEMM that splits scales its rows in
-    # its SPLITK_REDUCEs from ROW_PART too (no norm before it); 0, it keeps norm_fold=2's
-    # row-scale norm (beside its split tiles) and only unsplit GEMMs read ROW_PART.
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
     # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
     norm_fold: int = 0
-    row_part_reduce: int = 1
     # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the
     # GATE_UP tiles of its K slice (the MLP_ACT columns it reads: a counter per token block and
     # DOWN K slice) instead of all of its block's GATE_UP tiles, so a slice's DOWN tiles can
@@ -395,8 +391,7 @@ class PlanConfig:
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
-        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits",
-                     "row_part_reduce"):
+        for name in ("fold_o_reduce", "fold_down_reduce", "l2_prefetch_o_proj", "down_slice_waits"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if isinstance(self.norm_fold, bool) or self.norm_fold not in (0, 1, 2, 3, 4):
@@ -1562,8 +1557,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     if cfg.norm_fold == 4 and tp1:
         for op, writer, wc0, s in ((Op.QKV_ROPE, Op.DOWN, d_c0, mc.ROW_PART_ATTN),
                                    (Op.GATE_UP, Op.O_PROJ, o_c0, mc.ROW_PART_MLP)):
-            if (nsplit[writer] <= 1 and not (np.asarray(wc0) % mc.ROW_PART_COLS).any()
-                    and (cfg.row_part_reduce or nsplit[op] <= 1)):
+            if nsplit[writer] <= 1 and not (np.asarray(wc0) % mc.ROW_PART_COLS).any():
                 row_parts[op] = RowParts(s * G)
 
     def row_part_word(op) -> dict:
