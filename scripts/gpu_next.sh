@@ -373,10 +373,10 @@
 #   000021. Session 49 ran 000020's 0 late on an H100 (`*_s49_h100*`): norm_fold=4 passes its
 #      checks (after the "N"-mode writers' fix) and times B=4096 -3.3% / -2.8% (vs the peer
 #      1.00), 1024 -0.8% / -1.0%, mixed -0.2 / -0.5 / -0.8%, B=256 +0.8% / +0.2%. In order:
-#      0. `MK_VERIFY_EXTRA="..."` not needed: run `verify` with DEFAULT_PLAN's norm_fold set to 4
-#         in mk/megakernel_step.py (a local edit for the call, or commit it first); if the
-#         GPU suite, the two-layer checks and racecheck pass, keep it as the default (or apply
-#         it above 256 tokens only: B=256 is its one loss) and run
+#      0. Commit DEFAULT_PLAN's norm_fold = 4 (mk/megakernel_step.py), then `MK_STEPS=verify`
+#         over two calls (MK_VERIFY_FILES): if the GPU suite, the two-layer checks and racecheck
+#         pass, keep it as the default (or apply it above 256 tokens only: B=256 is its one
+#         loss), else revert; then run
 #         `MK_E2E_BATCH=64,256,1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` for issue 6.
 #      1. 000020's 1 (000019's normbatch on whatever norms remain, gathercons, planab).
 #   000020. Session 49 had no device (loans paused); built on the CPU: PlanConfig.norm_fold=4
