@@ -344,8 +344,10 @@ class PlanConfig:
     # RESIDUAL tiles and EMBED write each row's sums of squares over each 64 columns into
     # ROW_PART (mk/instructions/_common.py A_ROW_PART), and the QKV / gate-up tiles after them
     # (split: their SPLITK_REDUCEs) scale their rows from those sums (RowParts), so no norm is
-    # planned where O_PROJ / DOWN stay whole, at TP 1 (elsewhere 2's plan). Built in session 49
-    # (interpreter, verifier, GPU compile); not GPU-run yet (scripts/gpu_next.sh nf4).
+    # planned where O_PROJ / DOWN stay whole, at TP 1 (elsewhere 2's plan). Built and GPU-checked
+    # in session 49; H100, 70B TP8 (bench/results/nf4_summary_7e0568e_2026-12-05_s49_h100.json):
+    # B=4096 -3.3% / -2.8%, 1024 -0.8% / -1.0%, mixed -0.2..-0.8%, B=256 +0.8% / +0.2%. Not the
+    # default until the full GPU suite has run with it (scripts/gpu_next.sh plan 000021).
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
     # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
@@ -630,6 +632,13 @@ def buffer_shapes(model: ModelConfig, parallel: ParallelConfig, kernel: KernelCo
 # _emit_gemm's row_scale_wait for unsplit tiles that compute their rows' statistic themselves
 # (PlanConfig.norm_fold=3; their A_EPI_WAIT word is mk.instructions._common.SELF_SCALE)
 SELF_SCALED = "self-scaled"
+
+
+def plans_norm(row_scale_wait) -> bool:
+    """Whether a norm is planned before the GEMM of that row_scale_wait (_emit_gemm's): not where
+    its tiles take the statistic themselves (SELF_SCALED, norm_fold=3) or from h's writers
+    (RowParts, norm_fold=4)."""
+    return row_scale_wait is not SELF_SCALED and not isinstance(row_scale_wait, RowParts)
 
 
 @dataclass(frozen=True)
@@ -1568,8 +1577,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     g: list = []
     qkv_src, qkv_waits, qkv_scale = folded_norm(Op.QKV_ROPE, C["NA"], prev_HM, hid_m_target,
                                                 fold_d)
-    if qkv_scale is not SELF_SCALED and not isinstance(qkv_scale, RowParts):
-        # (norm_fold=3 / 4: the tiles' own statistic, or their writers': no norm)
+    if plans_norm(qkv_scale):
         norm(S_NORM_A, prev_HM, hid_m_target, C["NA"], NormWeight.ATTN,
              nsplit[Op.DOWN] if fold_d else 0, scale_only=qkv_scale is not None)
     # QKV tiles
@@ -1704,7 +1712,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     proj(S_O, S_O_RED, Op.O_PROJ, Buf.ATTN_OUT, hq * D, (o_c0, o_w, o_own), C["ATTN"], attn_target,
          C["ORS"], C["HA"], True)
     gu_src, gu_waits, gu_scale = folded_norm(Op.GATE_UP, C["NM"], C["HA"], hid_a_target, fold_o)
-    if gu_scale is not SELF_SCALED and not isinstance(gu_scale, RowParts):
+    if plans_norm(gu_scale):
         norm(S_NORM_M, C["HA"], hid_a_target, C["NM"], NormWeight.MLP,
              nsplit[Op.O_PROJ] if fold_o else 0, scale_only=gu_scale is not None)
     b, t = _grid(nb, n_g)

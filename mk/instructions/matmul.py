@@ -51,6 +51,7 @@ from mk.instructions._common import (A_K0, A_SPLIT_J, A_SPLIT_ROW, ROW_PART_COLS
                                      row_part_groups, row_part_scaled, rows_of, self_scaled)
 from mk.instructions.base import Accesses, Buf, InstructionFamily, Region, register
 from mk.instructions.rows import row_scale
+from mk.instructions.splitk import row_part_scale
 from mk.ir import ARG0, Instruction, Op
 
 A_SRC = ARG0
@@ -221,8 +222,7 @@ class GemmLikeFamily(InstructionFamily):
                 # norm_fold=4: the statistic from h's writers' sums of squares (its K is the
                 # hidden width)
                 acc = F.linear(x.float(), w.float())
-                ss = state.buf(Buf.ROW_PART)[r0:r1, rb:rb + row_part_groups(K)].sum(-1, True)
-                acc.mul_(torch.rsqrt(ss / K + state.weights.config.rms_norm_eps))
+                acc.mul_(row_part_scale(state, r0, r1, rb, K))
                 self.epilogue(instr, state, acc.to(state.weights.dtype))
                 return
             if epilogue_wait(instr) is None:

@@ -80,6 +80,14 @@ def sum_partials(sk: torch.Tensor, nsplit: int, stride: int, r0: int, r1: int,
     return acc
 
 
+def row_part_scale(state, r0: int, r1: int, b: int, K: int) -> torch.Tensor:
+    """[rows, 1] float32 rsqrt(sum / K + eps) of rows r0 .. r1 - 1 from the ROW_PART set at
+    column b (K / 64 columns; K the hidden width): norm_fold=4's statistic, from the sums of
+    squares h's writers left (an unsplit tile's, and a split one's SPLITK_REDUCE)."""
+    ss = state.buf(Buf.ROW_PART)[r0:r1, b:b + mc.row_part_groups(K)].sum(-1, True)
+    return torch.rsqrt(ss / K + state.weights.config.rms_norm_eps)
+
+
 def reduce_words(op: int, nsplit: int, stride: int, unsplit_args: dict,
                  row_scale: int = 0, row_part: int | None = None) -> dict:
     """The reduce's argument words ({word: value}) for the unsplit tile's {word: value} args;
@@ -129,9 +137,8 @@ class SplitkReduceFamily(InstructionFamily):
                            r0, r1, fam.splitk_cols(u))
         if arg(instr, A_ROW_SCALE) == FROM_ROW_PART:
             # the unsplit tile's norm_fold=4 scale (matmul.py's), from the writers' sums
-            b, K = arg(instr, A_ROW_PART_COL), arg(u, fam.K_WORD)
-            ss = state.buf(Buf.ROW_PART)[r0:r1, b:b + mc.row_part_groups(K)].sum(-1, True)
-            acc.mul_(torch.rsqrt(ss / K + state.weights.config.rms_norm_eps))
+            acc.mul_(row_part_scale(state, r0, r1, arg(instr, A_ROW_PART_COL),
+                                    arg(u, fam.K_WORD)))
         elif arg(instr, A_ROW_SCALE):
             acc.mul_(state.buf(Buf.ROW_SCALE)[r0:r1, 0:1])
         fam.epilogue(u, state, acc.to(state.weights.dtype))
