@@ -526,10 +526,11 @@ def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
     kernel = megakernel_kernel_config(point, page)
     # one rank's shard as a TP-1 model of the shard's shapes: the work of the rank without the
     # tensor-parallel communication, exactly what the peers time
-    # the backend's default plan (norm_fold=2: it folds a copy of the shard's norm weights; the
+    # the backend's default plan (norm_fold=4: it folds a copy of the shard's norm weights; the
     # peers run the unfolded shard) with --split-k and --plan over it
-    return MegakernelStepBackend(shard_as_tp1(weights), kernel,
-                                 plan_cfg=default_plan_config(split_k=split_k,
+    shard = shard_as_tp1(weights)
+    return MegakernelStepBackend(shard, kernel,
+                                 plan_cfg=default_plan_config(shard.config, split_k=split_k,
                                                               **(plan or {}))), kernel
 
 

@@ -45,22 +45,33 @@ COL_ALIGN = 8           # 16-byte vectors of bf16
 KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # The backend's PlanConfig when none is given (and launch/bench.py's, and the GPU check's, unless
 # overridden). split_k 0: auto (the planner splits the GEMMs of small steps to fill the SMs;
-# 15.3 vs 24.8 ms at decode B=1 on the 70B TP8 rank). norm_fold 2: the attention / MLP RMSNorm
-# folded into the GEMM after it (the weights carry the norm weights, mk.weights.fold_norms), so
-# the norms leave the step's critical path from B=192 up; at most 128 tokens the 70B rank's
-# plans are the unfolded ones instruction for instruction (tests/test_megakernel_backend.py).
-# H200, 70B TP8 rank decode ctx 1024 (session 41, bench/results/nf2_*_s41): B=256 13.466 ->
-# 13.044 ms (-3.1%), B=1024 42.918 -> 41.954 (-2.2%); GPU tests, two-layer checks vs mk.vm and
-# racecheck clean. `--plan norm_fold=0` turns it off.
-DEFAULT_PLAN = dict(split_k=0, norm_fold=2)
+# 15.3 vs 24.8 ms at decode B=1 on the 70B TP8 rank). norm_fold 4: the attention / MLP RMSNorm
+# folded into the GEMM after it (the weights carry the norm weights, mk.weights.fold_norms), the
+# rows' statistic from the tiles that wrote h (ROW_PART), so no norm is planned before an unsplit
+# QKV / gate-up GEMM; at most 128 tokens the 70B rank's plans are the unfolded ones instruction
+# for instruction (tests/test_megakernel_backend.py). norm_fold=2 (the default from session 41
+# to 49: a row-scale norm before each folded GEMM) where the hidden size does not allow 4.
+# H100, 70B TP8 rank decode (session 49, bench/results/nf4_summary_7e0568e_*): norm_fold 2 -> 4
+# B=4096 -3.3% / -2.8%, B=1024 -0.8% / -1.0%, mixed -0.2% / -0.5% / -0.8%, B=256 +0.8% / +0.2%.
+# `--plan norm_fold=2` (or 0: not folded) turns it back.
+DEFAULT_PLAN = dict(split_k=0, norm_fold=4)
 # PlanConfig.norm_fold=4 on the GPU: the hidden size a multiple of this (mk.megakernel's
 # _check_row_parts; gk.row_part_sumsq's chunks)
 ROW_PART_HIDDEN_ALIGN = 4 * mc.ROW_PART_COLS
+# the default's norm_fold where the model's hidden size does not allow DEFAULT_PLAN's
+FALLBACK_NORM_FOLD = 2
 
 
-def default_plan_config(**overrides) -> PlanConfig:
-    """DEFAULT_PLAN with PlanConfig field overrides (theirs win)."""
-    return PlanConfig(**{**DEFAULT_PLAN, **overrides})
+def default_plan_config(model=None, **overrides) -> PlanConfig:
+    """DEFAULT_PLAN with PlanConfig field overrides (theirs win). model: the ModelConfig the plan
+    is for; when its hidden size does not allow norm_fold=4 and no norm_fold is given, the
+    default falls back to FALLBACK_NORM_FOLD (an explicit norm_fold=4 is refused by
+    check_supported instead)."""
+    fields = {**DEFAULT_PLAN, **overrides}
+    if ("norm_fold" not in overrides and fields["norm_fold"] == 4 and model is not None
+            and model.hidden_size % ROW_PART_HIDDEN_ALIGN):
+        fields["norm_fold"] = FALLBACK_NORM_FOLD
+    return PlanConfig(**fields)
 
 
 def class_split_ops(plan_cfg: PlanConfig, num_tokens: int) -> frozenset | None:
@@ -145,7 +156,7 @@ class MegakernelStepBackend:
     def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None,
                  plan_cfg: PlanConfig | None = None, timeout_s: float = 10.0,
                  journal: bool = False, verbose: bool = True, fold_in_place: bool = False):
-        """plan_cfg: default_plan_config() when None. fold_in_place: under PlanConfig.norm_fold
+        """plan_cfg: default_plan_config(model) when None. fold_in_place: under PlanConfig.norm_fold
         (the default's), fold the norm weights into the given weights themselves
         (mk.weights.fold_norms(inplace=True): no ~11 GB copy at the 70B TP8 rank; the caller's
         RankWeights is then marked folded) instead of into a copy; for a caller that owns them
@@ -153,7 +164,7 @@ class MegakernelStepBackend:
         from mk import megakernel as mkk
         mkk.require_gpu()
         model, parallel = weights.config, weights.parallel
-        self.plan_cfg = plan_cfg or default_plan_config()
+        self.plan_cfg = plan_cfg or default_plan_config(model)
         check_supported(model, parallel, kernel, self.plan_cfg, weights.dtype)
         if not weights.qkv.is_cuda:
             raise UnsupportedModelError("megakernel backend: the weights must be on a CUDA device "
@@ -408,9 +419,10 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=check_seqs(prompt_lens),
                                    max_context=CHECK_CONTEXT, max_batch_tokens=MAX_CHECK_TOKENS)
-    pcfg = default_plan_config(**{**dict(kv_split=kv_split, split_k=split_k,
-                                         kv_split_min=kv_split_min, num_sms=num_sms,
-                                         l2_prefetch_mib=l2_prefetch_mib), **(plan or {})})
+    pcfg = default_plan_config(cfg, **{**dict(kv_split=kv_split, split_k=split_k,
+                                              kv_split_min=kv_split_min, num_sms=num_sms,
+                                              l2_prefetch_mib=l2_prefetch_mib),
+                                            **(plan or {})})
     mk = MegakernelStepBackend(w, kernel, plan_cfg=pcfg, verbose=verbose)
     # the interpreter runs its torch faces on the CPU, on a copy of the same weights
     w_cpu = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cpu"),

@@ -346,10 +346,10 @@ class PlanConfig:
     # (split: their SPLITK_REDUCEs) scale their rows from those sums (RowParts), so no norm is
     # planned where O_PROJ / DOWN stay whole, at TP 1 (elsewhere 2's plan). Built and GPU-checked
     # in session 49; H100, 70B TP8 (bench/results/nf4_summary_7e0568e_2026-12-05_s49_h100.json):
-    # B=4096 -3.3% / -2.8%, 1024 -0.8% / -1.0%, mixed -0.2..-0.8%, B=256 +0.8% / +0.2%. Not the
-    # default until the full GPU suite has run with it (scripts/gpu_next.sh plan 000021).
+    # B=4096 -3.3% / -2.8%, 1024 -0.8% / -1.0%, mixed -0.2..-0.8%, B=256 +0.8% / +0.2%.
     # 0 here (the interpreter's and the tests' plans run the checkpoint's weights as they are);
-    # the megakernel backend's default is 2 (mk.megakernel_step.DEFAULT_PLAN), on folded
+    # the megakernel backend's default is 4 (mk.megakernel_step.DEFAULT_PLAN; 2 where the hidden
+    # size does not allow 4), on folded
     # weights: a copy, or the engine's own weights folded in place (mk.engine owns_weights).
     norm_fold: int = 0
     # 1: where DOWN splits along K and GATE_UP does not, each DOWN split tile waits only for the

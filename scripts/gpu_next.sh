@@ -69,8 +69,8 @@
 #          their rows' set before the mainloop; no norm before unsplit GEMMs): the step GPU tests
 #          -k nf4, the two-layer checks (208 tokens split-K never / auto, 478 tokens), racecheck
 #          of the split-K-never step, then if clean decode MK_NF4_BATCH (256,1024,4096) and the
-#          mixed step, default (norm_fold=2) / norm_fold=4, megakernel only, no journal: nf4.log,
-#          nf4_{default,nf4}.json (~9 min)
+#          mixed step, norm_fold=2 / norm_fold=4, megakernel only, no journal: nf4.log,
+#          nf4_{nf2,nf4}.json (~9 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
@@ -2197,9 +2197,9 @@ if has nself; then
   fi
 fi
 if has nf4; then
-  # plan 000020: norm_fold=4 against the default's norm_fold=2 (a plan value; the backend builds
-  # the variant with the ROW_PART code, Megakernel(row_parts=True)): its step GPU tests, the
-  # two-layer checks, racecheck, then the timed runs
+  # plan 000020: norm_fold=4 against norm_fold=2 (the default's before session 50; plan values:
+  # the backend builds the variant with the ROW_PART code, Megakernel(row_parts=True)): its step
+  # GPU tests, the two-layer checks, racecheck, then the timed runs
   : > "$OUTDIR/nf4.log"
   nf4_ok=0
   { echo "== GPU tests (norm_fold=4)"
@@ -2212,7 +2212,7 @@ if has nf4; then
   if [ $nf4_ok = 1 ] && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/nf4.log"; then
     nf4_mixed="--mixed ${MK_NF4_MIXED:-256:1024:1024}"
     UNTRACED_TIMEOUT=${MK_NF4_TIMEOUT:-200} untraced_runs nf4 \
-        "default||$nf4_mixed|${MK_NF4_BATCH:-256,1024,4096}" \
+        "nf2||--plan norm_fold=2 $nf4_mixed|${MK_NF4_BATCH:-256,1024,4096}" \
         "nf4||--plan norm_fold=4 $nf4_mixed|${MK_NF4_BATCH:-256,1024,4096}"
   else
     echo "== norm_fold=4: a check or racecheck failed, not timed" | tee -a "$OUTDIR/nf4.log"

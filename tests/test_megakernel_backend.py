@@ -368,32 +368,33 @@ def test_two_layer_check_refuses_bad_arguments_before_the_gpu(argv, why, capsys)
 
 
 def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
-    """The backend's default plan (mk.megakernel_step.DEFAULT_PLAN: norm_fold=2, timed in session
-    41) on the 70B TP8 rank: at most 128 tokens it is the unfolded plan instruction for
+    """The backend's default plan (mk.megakernel_step.DEFAULT_PLAN: norm_fold=4, timed in session
+    49) on the 70B TP8 rank: at most 128 tokens it is the unfolded plan instruction for
     instruction (the small steps run as before, on folded weights with unit norm weights); at
-    B=256 GATE_UP reads the residual rows h instead of the normed rows and waits in its epilogue
-    for a row-scale norm. --plan / the backend's plan_cfg overrides win."""
+    B=256 GATE_UP reads the residual rows h instead of the normed rows, its rows scaled from the
+    ROW_PART sums O_PROJ's tiles leave (an epilogue wait on ROW_PARTS), and no RMSNORM is
+    planned. --plan / the backend's plan_cfg overrides win."""
     sys.path.insert(0, str(ROOT / "bench"))
     from host_step import point_batch, rank_model
 
     from mk.config import KernelConfig, ParallelConfig
     from mk.instructions import matmul as mm
-    from mk.instructions._common import A_EPI_WAIT
+    from mk.instructions._common import A_EPI_WAIT, ROW_PARTS
     from mk.instructions.base import Buf
     from mk.ir import W_OPCODE, Op
     from mk.megakernel_step import DEFAULT_PLAN, default_plan_config
     from mk.plan import PlanConfig, Planner
 
-    assert DEFAULT_PLAN["norm_fold"] == 2 and default_plan_config().norm_fold == 2
-    assert default_plan_config(norm_fold=0, split_k=1) == PlanConfig(norm_fold=0, split_k=1)
     model = rank_model()
+    assert DEFAULT_PLAN["norm_fold"] == 4 and default_plan_config(model).norm_fold == 4
+    assert default_plan_config(norm_fold=0, split_k=1) == PlanConfig(norm_fold=0, split_k=1)
     kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
                           num_kv_pages=256 * 64)
     unfolded = default_plan_config(norm_fold=0)
     for b in (1, 64, 128, 256):
         got, old = (Planner(model, ParallelConfig(), kernel, cfg, fast_path=False)
-                    .plan(point_batch(b, 1024, 0, 16)).instrs for cfg in (default_plan_config(),
-                                                                         unfolded))
+                    .plan(point_batch(b, 1024, 0, 16)).instrs
+                    for cfg in (default_plan_config(model), unfolded))
         if b <= 128:
             assert got.shape == old.shape and bool((got == old).all()), b
             continue
@@ -402,7 +403,32 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
         assert len(gate_up) == len(gate_up_old) > 0
         assert (gate_up[:, mm.A_SRC] == int(Buf.HIDDEN)).all()
         assert (gate_up_old[:, mm.A_SRC] == int(Buf.NORMED)).all()
-        assert (gate_up[:, A_EPI_WAIT] != 0).all() and (gate_up_old[:, A_EPI_WAIT] == 0).all()
+        assert (gate_up[:, A_EPI_WAIT] == ROW_PARTS).all()
+        assert (gate_up_old[:, A_EPI_WAIT] == 0).all()
+        assert not (got[:, W_OPCODE] == int(Op.RMSNORM)).any()
+
+
+def test_default_plan_falls_back_where_the_hidden_size_does_not_allow_row_parts():
+    """A model whose hidden size is not a multiple of ROW_PART_HIDDEN_ALIGN gets norm_fold=2 by
+    default (it runs), while an explicit norm_fold=4 for it is refused with the reason."""
+    from dataclasses import replace
+
+    from mk.config import ParallelConfig
+    from mk.engine import default_kernel_config
+    from mk.megakernel_step import (FALLBACK_NORM_FOLD, ROW_PART_HIDDEN_ALIGN,
+                                    default_plan_config, unsupported_reasons)
+    from mk.tiny import TINY_CONFIG
+
+    odd = replace(TINY_CONFIG, hidden_size=TINY_CONFIG.hidden_size + 64)
+    assert odd.hidden_size % ROW_PART_HIDDEN_ALIGN
+    assert default_plan_config(odd).norm_fold == FALLBACK_NORM_FOLD
+    assert default_plan_config(TINY_CONFIG).norm_fold == 4
+    assert default_plan_config(odd, norm_fold=4).norm_fold == 4
+    kernel = default_kernel_config(odd, max_seqs=4, max_context=256, max_batch_tokens=256)
+    assert not any("norm_fold" in w for w in unsupported_reasons(
+        odd, ParallelConfig(), kernel, default_plan_config(odd)))
+    assert any("norm_fold=4 with hidden_size" in w for w in unsupported_reasons(
+        odd, ParallelConfig(), kernel, default_plan_config(odd, norm_fold=4)))
 
 
 # the norm_fold host-check tests' script (run in a process of its own, MK_TILES cleared): each

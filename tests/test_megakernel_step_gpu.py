@@ -39,10 +39,11 @@ def _engine(ckpt, backend, dtype=torch.bfloat16, kv_split=None, device="cuda", *
                                **kw)
     if kv_split is not None:       # a small split: long prompts go through ATTN_REDUCE
         from mk.plan import PlanConfig
-        if backend == "megakernel":     # the backend's default plan (norm_fold=2) otherwise
+        if backend == "megakernel":     # the backend's default plan (norm_fold=4) otherwise
             from mk.megakernel_step import MegakernelStepBackend, default_plan_config
-            e.backend = MegakernelStepBackend(e.weights, e.kernel,
-                                              plan_cfg=default_plan_config(kv_split=kv_split))
+            e.backend = MegakernelStepBackend(
+                e.weights, e.kernel, plan_cfg=default_plan_config(e.weights.config,
+                                                                  kv_split=kv_split))
         elif backend == "vm":
             from mk.vm import VM
             e.backend.vm = VM([e.weights], e.kernel, PlanConfig(kv_split=kv_split),
@@ -199,12 +200,12 @@ def test_check_cli_two_layers():
 
 
 def test_engine_folds_its_own_weights_in_place(ckpt):
-    """The default plan folds the norm weights into qkv / gate_up (DEFAULT_PLAN norm_fold=2): an
+    """The default plan folds the norm weights into qkv / gate_up (DEFAULT_PLAN norm_fold=4): an
     engine from_pretrained folds its own weights in place (no second copy of them), while weights
     a caller hands to Engine(...) are left as they are (the backend folds a copy)."""
     from mk.engine import Engine
     own = _engine(ckpt, "megakernel")
-    assert own.backend.plan_cfg.norm_fold == 2
+    assert own.backend.plan_cfg.norm_fold == 4
     assert own.weights.norms_folded and own.backend.weights is own.weights
     theirs = _engine(ckpt, "reference").weights
     before = theirs.qkv.clone()
