@@ -74,6 +74,20 @@ def default_plan_config(model=None, **overrides) -> PlanConfig:
     return PlanConfig(**fields)
 
 
+def class_row_parts(plan_cfg: PlanConfig, model: ModelConfig, parallel, kernel: KernelConfig,
+                    num_tokens: int) -> bool:
+    """Whether the megakernel variant of num_tokens' M class compiles PlanConfig.norm_fold=4's
+    ROW_PART code (mk.megakernel.GemmSlot.row_parts): only where a step of the class may use it
+    (mk.plan.row_parts_planned; the M64 class of the 70B rank does not: its O_PROJ / DOWN
+    split), so the small steps keep the norm_fold=2 build (a plan that uses ROW_PART in a build
+    without it is refused by the host check)."""
+    from mk import tiles
+    from mk.plan import row_parts_planned
+    return row_parts_planned(plan_cfg, kernel, model, parallel,
+                             tiles.class_fewest_tokens(num_tokens),
+                             tiles.class_largest_tokens(num_tokens, kernel.max_batch_tokens))
+
+
 def class_split_ops(plan_cfg: PlanConfig, num_tokens: int) -> frozenset | None:
     """The opcodes whose split-K tiles the megakernel variant of num_tokens' M class compiles
     in: those plan_cfg's plans may split in the class's smallest step (the others' split code,
@@ -258,7 +272,8 @@ class MegakernelStepBackend:
                 l2_prefetch=self.plan_cfg.l2_prefetch_mib > 0,
                 split_ops=class_split_ops(self.plan_cfg, m),
                 self_scale=self.plan_cfg.norm_fold == 3,
-                row_parts=self.plan_cfg.norm_fold == 4)
+                row_parts=class_row_parts(self.plan_cfg, self.model, self.planner.parallel,
+                                          self.kernel, m))
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
@@ -346,7 +361,8 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
     kw = dict(gemm=gemm, slots=mkk.gemm_slots(gemm, num_tokens,
                                              split_ops=class_split_ops(plan_cfg, num_tokens),
                                              self_scale=plan_cfg.norm_fold == 3,
-                                             row_parts=plan_cfg.norm_fold == 4),
+                                             row_parts=class_row_parts(plan_cfg, model, PC(),
+                                                                       kernel, num_tokens)),
               kv_shape=(2,) + tuple(sh[Buf.K_CACHE]),
               attn=mkk.AttnOperands(meta(*sh[Buf.Q]), meta(*sh[Buf.ATTN_OUT]),
                                     meta(*sh[Buf.ATTN_PARTIAL], dtype=f32),

@@ -1152,6 +1152,29 @@ def auto_splitk_rows(cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
     return rows
 
 
+@functools.lru_cache(maxsize=64)
+def row_parts_planned(cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
+                      parallel: ParallelConfig, lo: int, hi: int) -> bool:
+    """Whether cfg may plan ROW_PART (norm_fold=4: an O_PROJ or DOWN that does not split, at TP
+    1) in some step of lo..hi token rows: the megakernel variant of an M class compiles the
+    ROW_PART code only then (at most 128 tokens both split and the plans are norm_fold=2's).
+    Conservative: the writers' 64-column alignment, the planner's last condition, is not asked."""
+    if cfg.norm_fold != 4 or parallel.tp_size != 1:
+        return False
+    writers = (Op.O_PROJ, Op.DOWN)
+    gemm_k = _gemm_k(model, parallel)
+    for T in range(max(lo, 1), min(hi, kernel.max_batch_tokens) + 1):
+        if T > min(cfg.splitk_token_cap(op) for op in writers):
+            return True
+        tl = cfg.step_tiles(T, 1, model, kernel)
+        nb = -(-T // tl.token_block)
+        ntiles = {op: nb * len(c[0]) for op, c in _column_tiles(model, parallel, tl).items()}
+        nsplit = cfg.split_factors(T, ntiles, gemm_k)
+        if any(nsplit[op] <= 1 for op in writers):
+            return True
+    return False
+
+
 def _tiles(width: int, tile: int, slices: int = 1):
     """Column tiles [c0, c0+w) of `width` split in `slices` equal slices, no tile crossing one."""
     sl = width // slices

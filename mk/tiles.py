@@ -183,6 +183,13 @@ def class_fewest_tokens(m: int) -> int:
     return ((0,) + M_CLASSES)[m_class(m)] + 1
 
 
+def class_largest_tokens(m: int, max_tokens: int) -> int:
+    """The largest step (token rows) of M's class: 64, 256, 1024 or max_tokens (the compiled
+    maximum, for the class above 1024)."""
+    c = m_class(m)
+    return M_CLASSES[c] if c < len(M_CLASSES) else max_tokens
+
+
 def tile_name(op, m: int) -> str:
     return TILE_TABLE[Op(op)][m_class(m)]
 

@@ -408,6 +408,44 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
         assert not (got[:, W_OPCODE] == int(Op.RMSNORM)).any()
 
 
+def test_row_part_code_only_in_the_classes_whose_plans_use_it():
+    """norm_fold=4's ROW_PART code is compiled into an M class's variant only where a step of
+    the class may plan it (mk.megakernel_step.class_row_parts): never in the 70B rank's M64
+    class (O_PROJ / DOWN split there), in every class with split-K never; and every planned step
+    that writes or reads ROW_PART falls in a class that compiles it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from host_step import point_batch, rank_model
+
+    from mk.config import KernelConfig, ParallelConfig
+    from mk.instructions._common import A_EPI_WAIT, A_ROW_PART, ROW_PARTS
+    from mk.ir import W_OPCODE, Op
+    from mk.megakernel_step import class_row_parts, default_plan_config
+    from mk.plan import Planner
+
+    model, par = rank_model(), ParallelConfig()
+    kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
+                          num_kv_pages=512 * 64)
+    cfg = default_plan_config(model)
+    assert [class_row_parts(cfg, model, par, kernel, m) for m in (1, 64, 65, 256, 1024, 4096)] \
+        == [False, False, True, True, True, True]
+    never = default_plan_config(model, split_k=1)
+    assert all(class_row_parts(never, model, par, kernel, m) for m in (1, 64, 256, 4096))
+    assert not class_row_parts(default_plan_config(model, norm_fold=2), model, par, kernel, 4096)
+    writers = (int(Op.O_PROJ), int(Op.DOWN), int(Op.EMBED))
+    for c in (cfg, never):
+        planner = Planner(model, par, kernel, c, fast_path=False)
+        for b in (1, 64, 65, 128, 129, 300):
+            s = planner.plan(point_batch(b, 1024, 0, 16)).instrs
+            ops = s[:, W_OPCODE]
+            uses = bool(((s[:, A_EPI_WAIT] == ROW_PARTS)
+                         & ((ops == int(Op.QKV_ROPE)) | (ops == int(Op.GATE_UP)))).any()
+                        or ((s[:, A_ROW_PART] != 0)
+                            & sum(ops == w for w in writers).bool()).any())
+            if uses:
+                assert class_row_parts(c, model, par, kernel, b), (c.split_k, b)
+            assert uses == (c.split_k == 1 or b > 128), (c.split_k, b)
+
+
 def test_default_plan_falls_back_where_the_hidden_size_does_not_allow_row_parts():
     """A model whose hidden size is not a multiple of ROW_PART_HIDDEN_ALIGN gets norm_fold=2 by
     default (it runs), while an explicit norm_fold=4 for it is refused with the reason."""
