@@ -377,14 +377,23 @@ def meta_operands(model: ModelConfig, kernel: KernelConfig, plan_cfg: PlanConfig
 # ==================================================================================== self-check
 # the check's kernel: sequences (the prompts and one late prefill chunk), context, step tokens;
 # more than CHECK_SEQS - 1 prompts (up to MAX_CHECK_SEQS - 1) size the kernel's sequences to
-# them: 64 one-token prompts make a step whose LM_HEAD runs one full 64-row tile
-CHECK_SEQS, CHECK_CONTEXT, MAX_CHECK_TOKENS = 8, 512, 512
+# them: 64 one-token prompts make a step whose LM_HEAD runs one full 64-row tile; prompts of
+# more than CHECK_TOKENS tokens together (up to MAX_CHECK_TOKENS) size its step tokens to them:
+# a first step of more than 1024 tokens runs the variant of the M > 1024 class (B=4096's and
+# the mixed step's), e.g. --prompt-lens 500,500,130,13,1 (1144 tokens)
+CHECK_SEQS, CHECK_CONTEXT, CHECK_TOKENS, MAX_CHECK_TOKENS = 8, 512, 512, 2048
 MAX_CHECK_SEQS = 128
 
 
 def check_seqs(prompt_lens: tuple[int, ...]) -> int:
     """The check kernel's max_seqs for these prompts (and the late prefill chunk)."""
     return max(CHECK_SEQS, len(prompt_lens) + 1)
+
+
+def check_tokens(prompt_lens: tuple[int, ...]) -> int:
+    """The check kernel's max_batch_tokens for these prompts (the first step holds them all;
+    the later steps are their decode tokens and a 40-token chunk)."""
+    return max(CHECK_TOKENS, sum(prompt_lens))
 
 
 def check_prompt_lens(prompt_lens: tuple[int, ...], decode_steps: int) -> None:
@@ -415,10 +424,10 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
     further PlanConfig fields (e.g. splitk_qkv_max_tokens; they win over the arguments above),
     on both sides; the rest are DEFAULT_PLAN's (norm_fold=2: the interpreter runs a folded copy
-    of the weights, as the backend does). prompt_lens: the
+    of the weights, as the backend does: norm_fold=4). prompt_lens: the
     first step's prompts (at most MAX_CHECK_SEQS - 1, at most MAX_CHECK_TOKENS tokens together;
-    208 by default, a step of the M <= 256 tile class; more than 256 runs the M <= 512 class's
-    tiles)."""
+    208 by default, a step of the M <= 256 tile class; 257 to 1024 run the M <= 1024 class's
+    variant, more the M > 1024 class's)."""
     check_prompt_lens(prompt_lens, decode_steps)
     from dataclasses import replace as dc_replace
 
@@ -434,7 +443,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     w = load_rank_weights(ckpt, PC(), dtype=torch.bfloat16, device=torch.device("cuda"),
                           progress=False)
     kernel = default_kernel_config(cfg, max_seqs=check_seqs(prompt_lens),
-                                   max_context=CHECK_CONTEXT, max_batch_tokens=MAX_CHECK_TOKENS)
+                                   max_context=CHECK_CONTEXT,
+                                   max_batch_tokens=check_tokens(prompt_lens))
     pcfg = default_plan_config(cfg, **{**dict(kv_split=kv_split, split_k=split_k,
                                               kv_split_min=kv_split_min, num_sms=num_sms,
                                               l2_prefetch_mib=l2_prefetch_mib),

@@ -852,7 +852,9 @@ checks() {
     timeout ${MK_CHECK_PYTEST_S:-420} python -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider "$@" 2>&1 \
         | grep -v "^\[mk" | tail -25
   fi
-  for a in "--layers 2 --split-k 1" "--layers 2 --split-k 0"; do
+  # the third: a 1144-token first step, the M > 1024 class's variant (B=4096's, the mixed step's)
+  for a in "--layers 2 --split-k 1" "--layers 2 --split-k 0" \
+      "--layers 2 --split-k 0 --prompt-lens 500,500,130,13,1"; do
     echo "== check $a ${MK_CHECK_EXTRA:-}"
     timeout 100 python -m mk.megakernel_step check $a ${MK_CHECK_EXTRA:-} 2>&1 | grep -v "^\[mk" \
         | tail -1 | cut -c1-300
@@ -880,12 +882,12 @@ fold_checks() {
   check_to "$log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$plan"
   [ $(( $(grep -c '"passed": true' "$log") - before )) -eq 3 ]
 }
-passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), both checks and the
+passed() {   # the checks' log: pytest all passed (MK_NO_PYTEST=1: none ran), the three checks and
              # racecheck run passed, 0 hazards
   { [ "${MK_NO_PYTEST:-0}" = 1 ] || grep -qE "^[0-9]+ passed" "$1"; } \
       && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$1" \
       && ! grep -q '"passed": false' "$1" && grep -q "RACECHECK SUMMARY: 0 hazards" "$1" \
-      && [ "$(grep -c '"passed": true' "$1")" -ge 3 ]
+      && [ "$(grep -c '"passed": true' "$1")" -ge 4 ]
 }
 # LOG's checks tagged TAG (check_to / racecheck_to under MK_CHECK_TAG=TAG) passed: 4 two-layer
 # checks passed, none failed, racecheck 0 hazards

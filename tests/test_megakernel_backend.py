@@ -345,15 +345,20 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
 def test_two_layer_check_sizes_its_kernel_to_many_prompts():
     """64 one-token prompts (a step whose LM_HEAD has one full 64-row tile) are accepted, and
     the check's kernel then holds them and the late prefill chunk; a few keep CHECK_SEQS."""
-    from mk.megakernel_step import CHECK_SEQS, check_prompt_lens, check_seqs
+    from mk.megakernel_step import (CHECK_SEQS, CHECK_TOKENS, check_prompt_lens, check_seqs,
+                                    check_tokens)
     many = (1,) * 64
     check_prompt_lens(many, decode_steps=3)
     assert check_seqs(many) == 65 and check_seqs((1, 13, 64, 130)) == CHECK_SEQS
+    # a first step above 1024 tokens (the M > 1024 class's variant) sizes the step tokens
+    big = (500, 500, 130, 13, 1)
+    check_prompt_lens(big, decode_steps=3)
+    assert check_tokens(big) == 1144 and check_tokens((1, 13, 64, 130)) == CHECK_TOKENS
 
 
 @pytest.mark.parametrize("argv,why", [
     (["--prompt-lens", "1,600"], "prompt lengths [1, 600]"),
-    (["--prompt-lens", "300,300"], "at most 512 together"),
+    (["--prompt-lens", ",".join(["500"] * 5)], "at most 2048 together"),
     (["--prompt-lens", "1,x"], "is not N,N,..."),
     (["--prompt-lens", ","], "1 to 127 prompts"),
     (["--prompt-lens", ",".join(["1"] * 128)], "1 to 127 prompts"),

@@ -215,6 +215,24 @@ def test_engine_folds_its_own_weights_in_place(ckpt):
     torch.testing.assert_close(e.backend.weights.qkv, own.weights.qkv, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("split_k,decode_steps", [(1, 0), (0, 3)])
+def test_check_max_class(split_k, decode_steps):
+    """A first step of 1144 tokens runs the variant of the M > 1024 class (B=4096's and the mixed
+    step's tiles: m128n256 O_PROJ / DOWN, gu_m128 GATE_UP, loads before the claim), under the
+    default plan (norm_fold=4: every QKV / gate-up tile there scaled from ROW_PART); two layers
+    vs mk.vm, alone (its ROW_PART sums compared too: the check compares the last step's) or
+    followed by decode steps in the smaller classes."""
+    from mk.megakernel_step import check_against_vm
+    import json
+    r = check_against_vm(layers=2, kv_split=64, split_k=split_k, decode_steps=decode_steps,
+                         prompt_lens=(500, 500, 130, 13, 1))
+    assert r["passed"], json.dumps(r, indent=1)
+    assert r["steps"][0]["tokens"] == 1144, json.dumps(r, indent=1)
+    if decode_steps == 0:
+        assert r["row_part_values"] > 0, json.dumps(r, indent=1)
+        assert r["row_part_max_rel_diff"] < 0.05, json.dumps(r, indent=1)
+
+
 NORM_FOLD_VARIANTS = {"nf2": {"norm_fold": 2},
                       "nf2-rows32": {"norm_fold": 2, "norm_rows": 32, "norm_fill_max_tokens": 0,
                                      "small_norm_max_tokens": 0},
