@@ -71,6 +71,11 @@
 #          of the split-K-never step, then if clean decode MK_NF4_BATCH (256,1024,4096) and the
 #          mixed step, norm_fold=2 / norm_fold=4, megakernel only, no journal: nf4.log,
 #          nf4_{nf2,nf4}.json (~9 min)
+#   tilemax tiles of the M > 1024 class (B=4096's and the mixed step's) by MK_TILES: each entry
+#          of MK_TM_TILES (default "GATE_UP@max=gu_m128n112 QKV_ROPE@max=m128n256") checked on
+#          the 1144-token two-layer step (split-K never / auto) with racecheck, then decode
+#          MK_TM_BATCH (4096) and the mixed step (MK_TM_MIXED, 256:1024:1024), megakernel only,
+#          no journal, default / each / default again: tilemax.log, tilemax_*.json (~8 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
@@ -2220,6 +2225,29 @@ if has nf4; then
     echo "== norm_fold=4: a check or racecheck failed, not timed" | tee -a "$OUTDIR/nf4.log"
     rc=1
   fi
+fi
+if has tilemax; then
+  # session 50: the mixed step (1280 tokens) keeps 97% of the SMs busy (session 48's journal),
+  # GATE_UP 42% of that time on gu_m128 tiles (0.85 us a column there against gu_m128n112's
+  # 0.80 at B=1024), QKV_ROPE 11% on m128n128 (470 TFLOP/s a tile); the class's tiles were
+  # chosen at B=4096 or not timed there (mk/tiles.py TILE_TABLE)
+  : > "$OUTDIR/tilemax.log"
+  tm_args="--mixed ${MK_TM_MIXED:-256:1024:1024}"
+  tm_b=${MK_TM_BATCH:-4096}
+  runs=("base||$tm_args|$tm_b")
+  i=0
+  for t in ${MK_TM_TILES:-GATE_UP@max=gu_m128n112 QKV_ROPE@max=m128n256}; do
+    i=$((i + 1))
+    export MK_TILES=$t MK_CHECK_TAG="MK_TILES=$t "
+    check_to "$OUTDIR/tilemax.log" --split-k 1 --prompt-lens 500,500,130,13,1
+    check_to "$OUTDIR/tilemax.log" --split-k 0 --prompt-lens 500,500,130,13,1
+    racecheck_to "$OUTDIR/tilemax.log" --split-k 0 --prompt-lens 500,500,130,13,1
+    unset MK_TILES MK_CHECK_TAG
+    runs+=("t$i|MK_TILES=$t|$tm_args|$tm_b")
+  done
+  runs+=("base2||$tm_args|$tm_b")
+  # every entry's two checks and its racecheck's own "passed" line
+  UNTRACED_TIMEOUT=${MK_TM_TIMEOUT:-150} checked_runs tilemax $((3 * i)) "${runs[@]}"
 fi
 if has shares; then
   # plan 000017's 3: where an 80-layer step's SM time goes at today's default (the last such
