@@ -375,6 +375,19 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000022. Session 50 ran 000021's 0 at 7290ff4 on an H100 (`*_s50_h100*`): norm_fold=4 is the
+#      default (verify clean); issue 6 mk / peer B=1 0.91, 16 0.94, 64 0.99, 256 0.96, 1024 0.97,
+#      4096 0.99, mixed 1.01 / 1.02; raster_blocks 4 / 2 lose to 8. In order:
+#      0. `MK_STEPS=verify` (~8 min): the step GPU tests now hold test_check_max_class and the
+#         checks a 1144-token step, the M > 1024 class's variant, never checked against mk.vm
+#         before (B=4096 and the mixed step run it). If it fails, that is the first bug to fix.
+#      1. `MK_STEPS=tilemax` (~8 min): GATE_UP@max=gu_m128n112 and QKV_ROPE@max=m128n256 at
+#         B=4096 and the mixed step (the mixed step is SM-time bound: 97% of the SMs busy, GATE_UP
+#         42% of it). A tile that wins both, checks clean: into TILE_TABLE's max column.
+#      2. `MK_STEPS=shares` at the nf4 default (mixed, 1024, 4096): where the SM time goes now
+#         (session 49's nf4 removed the norms' ~4.9% of SM time at the mixed step but gained
+#         only ~0.5%: the journal says where it went).
+#      3. Issue 5's table (`MK_STEPS=gemm`, not rerun since session 38).
 #   000021. Session 49 ran 000020's 0 late on an H100 (`*_s49_h100*`): norm_fold=4 passes its
 #      checks (after the "N"-mode writers' fix) and times B=4096 -3.3% / -2.8% (vs the peer
 #      1.00), 1024 -0.8% / -1.0%, mixed -0.2 / -0.5 / -0.8%, B=256 +0.8% / +0.2%. In order:
