@@ -381,9 +381,10 @@
 #      0. `MK_STEPS=verify` (~8 min): the step GPU tests now hold test_check_max_class and the
 #         checks a 1144-token step, the M > 1024 class's variant, never checked against mk.vm
 #         before (B=4096 and the mixed step run it). If it fails, that is the first bug to fix.
-#      1. `MK_STEPS=tilemax` (~8 min): GATE_UP@max=gu_m128n112 and QKV_ROPE@max=m128n256 at
-#         B=4096 and the mixed step (the mixed step is SM-time bound: 97% of the SMs busy, GATE_UP
-#         42% of it). A tile that wins both, checks clean: into TILE_TABLE's max column.
+#      1. `MK_TM_TILES=QKV_ROPE@max=m128n256 MK_STEPS=tilemax` (~6 min) at B=4096 and the mixed
+#         step (SM-time bound: 97% of the SMs busy; QKV_ROPE 11% of it at 470 TFLOP/s a tile).
+#         GATE_UP@max=gu_m128n112 was timed at the mixed step in session 50: -0.1%, noise. A
+#         tile that wins both, checks clean: into TILE_TABLE's max column.
 #      2. `MK_STEPS=shares` at the nf4 default (mixed, 1024, 4096): where the SM time goes now
 #         (session 49's nf4 removed the norms' ~4.9% of SM time at the mixed step but gained
 #         only ~0.5%: the journal says where it went).
