@@ -11,7 +11,9 @@ context C, i.e. its new token is position C-1 and attention reads C cached posit
 decode part plus one prefill chunk of P tokens of a new sequence, positions 0..P-1):
 
   megakernel  the engine's "megakernel" backend (mk.engine.create_backend), one step through
-              backend.forward(StepBatch); "n/a: <its error>" when it cannot run a model step
+              backend.forward(StepBatch); "n/a: <its error>" when it cannot run a model step.
+              Its cache holds the peer's random K / V (seed_megakernel_kv) and its logits are
+              compared with the eager step's (rel_err_vs_eager; over 0.25: status "error")
   eager       mk.peers.StepPeer.step(): a good plain-PyTorch step (fused QKV / gate_up GEMMs,
               contiguous KV cache, SDPA flash attention with GQA packing), launched op by op
   graph       the same step captured once in a CUDA graph and replayed
@@ -555,6 +557,24 @@ def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):
     return StepBatch(seqs)
 
 
+def seed_megakernel_kv(be, point: Point, kernel: KernelConfig, seed: int) -> None:
+    """The decode sequences' cached positions in the megakernel's paged cache (megakernel_batch's
+    pages: sequence i's are i * per ..), the values StepPeer(seed=seed) caches (mk.peers.
+    random_kv_layers), so that the two steps compute the same logits (run_point compares them)."""
+    from mk.peers import random_kv_layers
+    if not point.decode:
+        return
+    m, ps = be.model, kernel.page_size
+    per = -(-max(point.context, point.prefill, 1) // ps)
+    g = torch.Generator(device=be.device).manual_seed(seed)
+    caches = be.kv_cache()
+    for which, layer, kv in random_kv_layers(g, m.num_layers, point.decode, m.num_kv_heads,
+                                             point.context, m.head_dim, caches[0].dtype):
+        seqs = caches[which][layer, :point.decode * per].reshape(point.decode, per * ps,
+                                                                 m.num_kv_heads, m.head_dim)
+        seqs[:, :point.context].copy_(kv.permute(0, 2, 1, 3))
+
+
 def check_backend_against_reference(name: str, weights, tol: float = 2e-2) -> dict:
     """A backend's decode step vs mk.reference on a small TP-1 model: prefill 3 prompts through
     both, decode one token each, compare logits."""
@@ -818,6 +838,7 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
     v0 = weights.parallel.rank * vl
     pool = torch.randint(v0, v0 + vl, (max(reps, 1) + warm, point.tokens), generator=gen,
                          device=device)
+    mk_logits = None            # the megakernel's logits of pool[0], checked against the peer's
 
     # megakernel ---------------------------------------------------------------------------------
     if "megakernel" in systems:
@@ -829,7 +850,10 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
                 be, kernel = make_megakernel(weights, point, args.split_k, args.page_size,
                                              plan_overrides(args.plan))
                 batch = megakernel_batch(point, kernel, pool[0].tolist())
+                seed_megakernel_kv(be, point, kernel, args.seed)
                 res["megakernel"] = time_megakernel(be, batch, pool, timer, warm, reps, cuda)
+                # pool[0]'s logits once more, for the comparison with the eager peer below
+                mk_logits = be.forward(batch).float().cpu()
                 if args.journal and cuda:
                     res["megakernel"]["journal"] = journal_breakdown(be, batch, point, args)
             except Exception as e:  # noqa: BLE001  a backend that cannot run: n/a, keep going
@@ -857,6 +881,8 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
         return res
     if not bool(torch.isfinite(ref_logits).all()):
         log(f"{point.label}: warning: the eager step's logits are not all finite")
+    if mk_logits is not None and res.get("megakernel", {}).get("status") == "ok":
+        megakernel_agrees(point, res["megakernel"], mk_logits, ref_logits.cpu())
     before = lambda i: peer.set_tokens(pool[i % pool.shape[0]])  # noqa: E731
     if "eager" in systems:
         try:
@@ -919,6 +945,25 @@ def _agree(point: Point, what: str, rel: float) -> None:
                            f"logits (limit {FAIL_REL})")
     if rel >= WARN_REL:
         log(f"{point.label}: note: {what} vs eager step: relative error {rel:.3g} of the logits")
+
+
+def megakernel_agrees(point: Point, res: dict, mk_logits: torch.Tensor,
+                      ref_logits: torch.Tensor) -> None:
+    """The megakernel's logits of the point's step (the same weights, tokens and cache) vs the
+    eager peer's, into res (rel_err_vs_eager); over FAIL_REL the point's time does not count:
+    status "error" (a wrong step, not rounding)."""
+    if mk_logits.shape != ref_logits.shape:
+        res.update(status="error", error=f"megakernel logits {tuple(mk_logits.shape)} vs the "
+                   f"eager step's {tuple(ref_logits.shape)}")
+        log(f"{point.label}: {res['error']}")
+        return
+    rel = float((mk_logits - ref_logits).norm() / ref_logits.norm().clamp_min(1e-30))
+    res["rel_err_vs_eager"] = rel
+    try:
+        _agree(point, "megakernel step", rel)
+    except RuntimeError as e:
+        res.update(status="error", error=str(e))
+        log(f"{point.label}: {e}")
 
 
 def capture(fn, device):

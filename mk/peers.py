@@ -108,6 +108,19 @@ def make_layer_fn(hq: int, hkv: int, head_dim: int, inter: int, eps: float, n_de
     return layer
 
 
+def random_kv_layers(g: torch.Generator, layers: int, seqs: int, kv_heads: int, context: int,
+                     head_dim: int, dtype: torch.dtype):
+    """The decode sequences' cached K and V, standard normal: (0 for K / 1 for V, layer,
+    [seqs, kv_heads, context, head_dim]) one layer at a time, every K layer before the V ones,
+    from generator g (on the device the tensors are made on). StepPeer's random cache, and the
+    same values for the megakernel's paged cache (launch/bench.py), which cannot hold both at
+    once at B=4096."""
+    for which in (0, 1):
+        for layer in range(layers):
+            t = torch.empty(seqs, kv_heads, context, head_dim, dtype=dtype, device=g.device)
+            yield which, layer, t.normal_(generator=g)
+
+
 class StepPeer:
     """One rank's step in plain PyTorch with static shapes and device-resident inputs.
 
@@ -144,9 +157,10 @@ class StepPeer:
         self.kp = torch.empty((L, 1, self.hkv, prefill, self.D) if prefill else (L, 1, 1, 1, 1),
                               dtype=dt, device=dev)
         self.vp = torch.empty_like(self.kp)
-        if kv_init == "random":
-            for t in (self.kc, self.vc):
-                t.normal_(generator=g)
+        if kv_init == "random" and decode:
+            for which, layer, kv in random_kv_layers(g, L, decode, self.hkv, self.context, self.D,
+                                                    dt):
+                (self.kc, self.vc)[which][layer].copy_(kv)
         elif kv_init == "zeros":
             for t in (self.kc, self.vc):
                 t.zero_()

@@ -331,3 +331,41 @@ def test_isolated_runs_each_build_once_and_profiles_the_named_launch(bench, monk
     assert events[i - 2:i] == [("launch", "lean", down), ("zero", "lean")]
     assert events[i + 1] == ("launch", "lean", down)
     assert events[i + 2] == ("stop",) and events.count(("start",)) == 1
+
+
+@pytest.mark.parametrize("decode,context,prefill", [(3, 40, 0), (2, 33, 9)])
+def test_seeded_megakernel_cache_computes_the_peers_step(bench, decode, context, prefill):
+    """The megakernel's comparison with the eager peer at a benchmark point rests on the same
+    cached K / V on both sides: seed_megakernel_kv writes StepPeer(seed)'s random cache into the
+    paged cache of megakernel_batch's pages. Checked with the interpreter (the megakernel's own
+    oracle, same cache layout) on the CPU, float32: its step's logits equal the peer's, and
+    megakernel_agrees accepts them and refuses garbage."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mk.config import ParallelConfig
+    from mk.peers import StepPeer, random_rank_weights
+    from mk.plan import PlanConfig
+    from mk.tiny import TINY_CONFIG
+    from mk.vm import VM
+
+    w = random_rank_weights(TINY_CONFIG, ParallelConfig(), "cpu", dtype=torch.float32, seed=3)
+    point = bench.Point("mixed" if prefill else "decode", decode, context, prefill)
+    kernel = bench.megakernel_kernel_config(point)
+    kernel = type(kernel)(page_size=kernel.page_size, max_seqs=8, max_context=kernel.max_context,
+                          max_batch_tokens=64, num_kv_pages=kernel.num_kv_pages)
+    vm = VM([w], kernel, PlanConfig(), device="cpu")
+    be = SimpleNamespace(model=TINY_CONFIG, device=torch.device("cpu"),
+                         kv_cache=lambda: vm.kv_cache(0))
+    bench.seed_megakernel_kv(be, point, kernel, seed=5)
+    peer = StepPeer(w, decode=decode, context=context, prefill=prefill, seed=5)
+    ids = peer.ids.tolist()
+    want = peer.step().float()
+    got = vm.step(bench.megakernel_batch(point, kernel, ids)).float()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    res = {"status": "ok"}
+    bench.megakernel_agrees(point, res, got, want)
+    assert res["status"] == "ok" and res["rel_err_vs_eager"] < 1e-4
+    bench.megakernel_agrees(point, res, torch.randn_like(want), want)
+    assert res["status"] == "error" and "differs from the eager step" in res["error"]
