@@ -423,8 +423,8 @@ def check_against_vm(layers: int | None = None, kv_split: int = 64, seed: int = 
     num_sms: PlanConfig's (decode splits spread over the SMs), on both sides too; l2_prefetch_mib:
     PlanConfig's (L2_PREFETCH instructions in the steps whose attention leaves SMs idle); plan:
     further PlanConfig fields (e.g. splitk_qkv_max_tokens; they win over the arguments above),
-    on both sides; the rest are DEFAULT_PLAN's (norm_fold=2: the interpreter runs a folded copy
-    of the weights, as the backend does: norm_fold=4). prompt_lens: the
+    on both sides; the rest are default_plan_config's (norm_fold=4: the interpreter runs a folded
+    copy of the weights, as the backend does). prompt_lens: the
     first step's prompts (at most MAX_CHECK_SEQS - 1, at most MAX_CHECK_TOKENS tokens together;
     208 by default, a step of the M <= 256 tile class; 257 to 1024 run the M <= 1024 class's
     variant, more the M > 1024 class's)."""

@@ -72,8 +72,9 @@
 #          mixed step, norm_fold=2 / norm_fold=4, megakernel only, no journal: nf4.log,
 #          nf4_{nf2,nf4}.json (~9 min)
 #   tilemax tiles of the M > 1024 class (B=4096's and the mixed step's) by MK_TILES: each entry
-#          of MK_TM_TILES (default "GATE_UP@max=gu_m128n112 QKV_ROPE@max=m128n256") checked on
-#          the 1144-token two-layer step (split-K never / auto) with racecheck, then decode
+#          of MK_TM_TILES (default "QKV_ROPE@max=m128n256", space-separated) checked on
+#          the 1144-token two-layer step (split-K never / auto) with racecheck (the default
+#          build's racecheck of that step first), then decode
 #          MK_TM_BATCH (4096) and the mixed step (MK_TM_MIXED, 256:1024:1024), megakernel only,
 #          no journal, default / each / default again: tilemax.log, tilemax_*.json (~8 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
@@ -381,7 +382,7 @@
 #      0. `MK_STEPS=verify` (~8 min): the step GPU tests now hold test_check_max_class and the
 #         checks a 1144-token step, the M > 1024 class's variant, never checked against mk.vm
 #         before (B=4096 and the mixed step run it). If it fails, that is the first bug to fix.
-#      1. `MK_TM_TILES=QKV_ROPE@max=m128n256 MK_STEPS=tilemax` (~6 min) at B=4096 and the mixed
+#      1. `MK_STEPS=tilemax` (~6 min): QKV_ROPE@max=m128n256 at B=4096 and the mixed
 #         step (SM-time bound: 97% of the SMs busy; QKV_ROPE 11% of it at 470 TFLOP/s a tile).
 #         GATE_UP@max=gu_m128n112 was timed at the mixed step in session 50: -0.1%, noise. A
 #         tile that wins both, checks clean: into TILE_TABLE's max column.
@@ -1089,8 +1090,9 @@ untraced_runs() {
 racecheck_to() {
   local log=$1; shift
   echo "== racecheck ${MK_CHECK_TAG:-}$*" | tee -a "$log"
-  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-      check --layers 2 --decode-steps 1 "$@" > "$OUTDIR/racecheck_full.log" 2>&1
+  CUTE_DSL_LINEINFO=1 timeout ${MK_RACE_TIMEOUT:-150} compute-sanitizer --tool racecheck \
+      python -m mk.megakernel_step check --layers 2 --decode-steps 1 "$@" \
+      > "$OUTDIR/racecheck_full.log" 2>&1
   grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$log"
 }
 # LOG's checks passed: its GPU tests (where it ran some: a "== GPU tests" line) passed, no
@@ -2249,13 +2251,18 @@ if has tilemax; then
   tm_args="--mixed ${MK_TM_MIXED:-256:1024:1024}"
   tm_b=${MK_TM_BATCH:-4096}
   runs=("base||$tm_args|$tm_b")
+  # the default build's own racecheck of the 1144-token step (the class's first; not counted in
+  # the entries' clean checks below)
+  MK_RACE_TIMEOUT=${MK_TM_RACE_TIMEOUT:-300} racecheck_to "$OUTDIR/tilemax.log" --split-k 0 \
+      --prompt-lens 500,500,130,13,1
   i=0
-  for t in ${MK_TM_TILES:-GATE_UP@max=gu_m128n112 QKV_ROPE@max=m128n256}; do
+  for t in ${MK_TM_TILES:-QKV_ROPE@max=m128n256}; do
     i=$((i + 1))
     export MK_TILES=$t MK_CHECK_TAG="MK_TILES=$t "
     check_to "$OUTDIR/tilemax.log" --split-k 1 --prompt-lens 500,500,130,13,1
     check_to "$OUTDIR/tilemax.log" --split-k 0 --prompt-lens 500,500,130,13,1
-    racecheck_to "$OUTDIR/tilemax.log" --split-k 0 --prompt-lens 500,500,130,13,1
+    MK_RACE_TIMEOUT=${MK_TM_RACE_TIMEOUT:-300} racecheck_to "$OUTDIR/tilemax.log" --split-k 0 \
+        --prompt-lens 500,500,130,13,1
     unset MK_TILES MK_CHECK_TAG
     runs+=("t$i|MK_TILES=$t|$tm_args|$tm_b")
   done
