@@ -229,7 +229,7 @@ def plan_words(batch: int, context: int, plan_text: str = "", shape: str = "70b-
                prefill: int = 0) -> np.ndarray:
     """The plan words of launch/bench.py's decode point (one rank's shard as a TP-1 model, the
     megakernel's KernelConfig there) under the backend's default plan (mk.megakernel_step's,
-    norm_fold=2 since session 41; bench.py's) with plan_text over it (PlanConfig fields, as
+    norm_fold=4 since session 50; bench.py's) with plan_text over it (PlanConfig fields, as
     --plan takes them); prefill > 0: its mixed point (batch decodes + one prompt of prefill
     tokens)."""
     lb = launch_bench()
@@ -263,6 +263,10 @@ print(json.dumps(S.simulate(words, dur,
 """
 
 
+# the backend's default plan of the runs before session 50 (JSONs without "default_plan")
+PRE_S50_DEFAULT_PLAN = {"split_k": 0, "norm_fold": 2}
+
+
 def _journaled_points(arg: str):
     """PATH[:MK_TILES[:PLAN]] -> (its JSON's --plan joined with PLAN, MK_TILES, and per
     journaled point (point, megakernel result, durations by opcode name))."""
@@ -270,7 +274,10 @@ def _journaled_points(arg: str):
     tiles, _, extra = rest.partition(":")
     d = json.load(open(path))
     m = re.search(r"--plan (\S+)", d.get("command", ""))
-    plan_text = ",".join(filter(None, (m.group(1) if m else "", extra)))
+    # the run's default plan (bench.py records it since session 50; before, norm_fold=2)
+    ran = d.get("default_plan") or PRE_S50_DEFAULT_PLAN
+    default = ",".join(f"{k}={v}" for k, v in ran.items() if k != "split_k")
+    plan_text = ",".join(filter(None, (default, m.group(1) if m else "", extra)))
     points = []
     for p in d["points"]:
         mk = p["results"].get("megakernel", {})

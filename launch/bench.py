@@ -557,6 +557,13 @@ def megakernel_batch(point: Point, kernel: KernelConfig, ids: list[int]):
     return StepBatch(seqs)
 
 
+def default_plan_fields() -> dict:
+    """The megakernel backend's default plan (mk.megakernel_step.DEFAULT_PLAN) that --plan goes
+    over, for the JSON: a later reader (bench/schedsim.py) replans a point as it ran."""
+    from mk.megakernel_step import DEFAULT_PLAN
+    return dict(DEFAULT_PLAN)
+
+
 def seed_megakernel_kv(be, point: Point, kernel: KernelConfig, seed: int) -> None:
     """The decode sequences' cached positions in the megakernel's paged cache (megakernel_batch's
     pages: sequence i's are i * per ..), the values StepPeer(seed=seed) caches (mk.peers.
@@ -1354,7 +1361,8 @@ def run(args, device: torch.device) -> int:
                    vocab_local=par.vocab_local(cfg), dtype=args.dtype,
                    weight_bytes=weight_bytes(cfg, par, elt)),
         weights=source, systems=systems, compile_mode=args.compile_mode, split_k=args.split_k,
-        page_size=args.page_size, plan=plan_overrides(args.plan), env=knob_env(),
+        page_size=args.page_size, plan=plan_overrides(args.plan),
+        default_plan=default_plan_fields(), env=knob_env(),
         reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
         measured=rates, checks=checks, notes=notes, points=[])
 

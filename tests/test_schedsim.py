@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -78,21 +79,39 @@ def test_epilogue_wait_bounds_the_tiles_end_not_its_start():
 
 def test_plan_words_take_the_backends_default_plan_and_mixed_points():
     """The model plans a point as launch/bench.py's megakernel runs it: the backend's default
-    plan (norm_fold=2: at 300 decode tokens GATE_UP does not split and its tiles carry the
-    epilogue wait on the MLP norm; none with norm_fold=0 over it), and a mixed point (decodes +
-    one prompt) as that many more token rows than its decodes alone."""
-    from mk.instructions._common import epilogue_wait_words
+    plan (norm_fold=4: at 300 decode tokens GATE_UP does not split, its tiles scale their rows
+    from ROW_PART and no norm is planned; norm_fold=2 over it: the epilogue wait on the MLP norm;
+    norm_fold=0: neither), and a mixed point (decodes + one prompt) as that many more token rows
+    than its decodes alone."""
+    from mk.instructions._common import A_EPI_WAIT, ROW_PARTS, epilogue_wait_words
     from mk.ir import W_OPCODE
-    folded = schedsim.plan_words(300, 64)
+    default = schedsim.plan_words(300, 64)
+    nf2 = schedsim.plan_words(300, 64, "norm_fold=2")
     plain = schedsim.plan_words(300, 64, "norm_fold=0")
-    waits = [sum(1 for t in range(len(w)) if epilogue_wait_words(w[t])) for w in (folded, plain)]
-    assert waits[0] > 0 and waits[1] == 0, waits
+    waits = [sum(1 for t in range(len(w)) if epilogue_wait_words(w[t]))
+             for w in (default, nf2, plain)]
+    assert waits[0] == 0 and waits[1] > 0 and waits[2] == 0, waits
+    gate_up = default[default[:, W_OPCODE] == int(Op.GATE_UP)]
+    assert len(gate_up) and (gate_up[:, A_EPI_WAIT] == ROW_PARTS).all()
+    assert not (default[:, W_OPCODE] == int(Op.RMSNORM)).any()
     decode = schedsim.plan_words(8, 64)
     mixed = schedsim.plan_words(8, 64, prefill=100)
     attn = [int((w[:, W_OPCODE] == int(Op.ATTENTION)).sum()) for w in (decode, mixed)]
     assert len(mixed) > len(decode) and attn[1] > attn[0], (len(decode), len(mixed), attn)
     assert schedsim.point_label(dict(batch=256, prefill=1024)) == "256+1024"
     assert schedsim.point_label(dict(batch=64, prefill=0)) == "64"
+
+
+def test_journaled_runs_are_replanned_with_their_own_default_plan(tmp_path):
+    """A journal JSON is replanned under the default plan its run had: bench.py records it
+    ("default_plan", since session 50); older JSONs ran norm_fold=2's."""
+    base = {"command": "python launch/bench.py --plan raster_blocks=4", "points": []}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(base))
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(dict(base, default_plan={"split_k": 0, "norm_fold": 4})))
+    assert schedsim._journaled_points(f"{old}::x=1")[0] == "norm_fold=2,raster_blocks=4,x=1"
+    assert schedsim._journaled_points(str(new))[0] == "norm_fold=4,raster_blocks=4"
 
 
 def test_gemm_tiles_follow_their_k_slice():
