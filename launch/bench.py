@@ -1374,9 +1374,11 @@ def run(args, device: torch.device) -> int:
         entry = finish_point(pt, res, floor)
         report["points"].append(entry)
         best = entry["strongest_peer"]
+        mk_err = res.get("megakernel", {}).get("rel_err_vs_eager")
         log(f"{pt.label}: floor {floor['ms']:.3f} ms; " + ", ".join(
             f"{s} {r['ms']:.3f} ms" if r.get("status") == "ok" else f"{s} {r.get('status')}"
             for s, r in res.items()) + (f"; best peer {best}" if best else "")
+            + (f"; megakernel logits vs eager {mk_err:.3g}" if mk_err is not None else "")
             + f" ({time.perf_counter() - t0:.0f} s)")
         if rank == 0 and world == 1:
             write_json(report, out_path)        # partial results survive a time limit
