@@ -12,8 +12,9 @@ decode part plus one prefill chunk of P tokens of a new sequence, positions 0..P
 
   megakernel  the engine's "megakernel" backend (mk.engine.create_backend), one step through
               backend.forward(StepBatch); "n/a: <its error>" when it cannot run a model step.
-              Its cache holds the peer's random K / V (seed_megakernel_kv) and its logits are
-              compared with the eager step's (rel_err_vs_eager; over 0.25: status "error")
+              Its cache holds the peer's random K / V (seed_megakernel_kv) and, where a peer
+              runs, its logits are compared with the eager step's (rel_err_vs_eager; over 0.25:
+              status "error"); --systems megakernel alone checks nothing at the point
   eager       mk.peers.StepPeer.step(): a good plain-PyTorch step (fused QKV / gate_up GEMMs,
               contiguous KV cache, SDPA flash attention with GQA packing), launched op by op
   graph       the same step captured once in a CUDA graph and replayed
@@ -600,7 +601,7 @@ def check_backend_against_reference(name: str, weights, tol: float = 2e-2) -> di
     new = torch.randint(0, V, (3,), generator=g).tolist()
     dec = StepBatch([SeqChunk([new[i]], len(p), tables[i]) for i, p in enumerate(prompts)])
     a, b = be.forward(dec).float().cpu(), ref.forward(dec).float().cpu()
-    rel = float((a - b).norm() / b.norm())
+    rel = rel_err(a, b)
     return dict(rel_err=rel, ok=rel < tol and bool(torch.isfinite(a).all()))
 
 
@@ -914,14 +915,14 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
                 got = peer.step().float()      # compiles (and autotunes)
                 torch.cuda.synchronize(device)
                 info["compile_s"] = round(time.perf_counter() - t0, 1)
-                rel = float((got - ref_logits).norm() / ref_logits.norm().clamp_min(1e-30))
+                rel = rel_err(got, ref_logits)
                 info["rel_err_vs_eager"] = rel
                 _agree(point, "compiled step", rel)
             graph, out = capture(peer.step, device)
             peer.set_tokens(pool[0])
             graph.replay()
             torch.cuda.synchronize(device)
-            rel = float((out.float() - ref_logits).norm() / ref_logits.norm().clamp_min(1e-30))
+            rel = rel_err(out.float(), ref_logits)
             info["replay_rel_err_vs_eager"] = rel
             _agree(point, f"{name}: replayed CUDA graph", rel)
             ms = timer.run(graph.replay, warm, reps, before)
@@ -946,6 +947,11 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
 WARN_REL, FAIL_REL = 2e-2, 0.25
 
 
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref||: how far a system's logits are from the reference's."""
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
 def _agree(point: Point, what: str, rel: float) -> None:
     if not rel < FAIL_REL:           # also NaN
         raise RuntimeError(f"{what} differs from the eager step: relative error {rel:.3g} of the "
@@ -964,7 +970,7 @@ def megakernel_agrees(point: Point, res: dict, mk_logits: torch.Tensor,
                    f"eager step's {tuple(ref_logits.shape)}")
         log(f"{point.label}: {res['error']}")
         return
-    rel = float((mk_logits - ref_logits).norm() / ref_logits.norm().clamp_min(1e-30))
+    rel = rel_err(mk_logits, ref_logits)
     res["rel_err_vs_eager"] = rel
     try:
         _agree(point, "megakernel step", rel)
