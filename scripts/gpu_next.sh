@@ -80,10 +80,11 @@
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
-#   waitslim decode MK_WS_BATCH (256,1024) default (compact waits: the timeout record one 64-bit
-#          CAS) / MK_WAIT_COMPACT=0 (write_error's record inline) / MK_WAIT_SLIM=1 (a probe:
-#          unbounded waits), megakernel only, no journal: waitslim.log,
-#          waitslim_{default,inline,slim}.json (~6 min)
+#   waitslim decode MK_WS_BATCH (1,1024) default / MK_ABORT_POLL_EVERY=16 (the abort word read
+#          on every 16th failed try_wait past 2 us) / MK_ABORT_POLL_AFTER_NS=1000000 /
+#          MK_WAIT_SLIM=1 (a probe: unbounded waits; decode only) / default again, megakernel
+#          only, no journal (MK_WS_MIXED: the mixed step too, but slim): waitslim.log,
+#          waitslim_{default,every16,poll1ms,slim,default2}.json (~6 min)
 #   twin   MK_GEMM_TWIN=1 (DOWN's tiles through O_PROJ's compiled bodies) with MK_WAIT_COMPACT=1
 #          (both the default since session 44): the step and split-K GPU tests, the two-layer
 #          checks (208 and 478 tokens, split-K never / auto), racecheck: twin.log (~7 min)
@@ -376,6 +377,21 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000023. Session 51 ran 000022's 0 and 1 at e9f60fd on an H100 (`*_s51_h100*`): verify clean
+#      (51 GPU tests, the 1144-token check, racecheck); bench.py's megakernel-vs-eager check
+#      0.0348 / 0.0333 (= the peer's); issue 6 B=4096 1.01, mixed 1.02; QKV_ROPE@max=m128n256
+#      mixed +4.5% (dropped); MK_WAIT_SLIM B=1 -3.0%, B=1024 -1.8%, its mixed step never
+#      finished. In order:
+#      0. `MK_STEPS=waitslim` (~6 min): default / MK_ABORT_POLL_EVERY=16 / poll1ms / slim /
+#         default at B=1, 1024. If every16 or poll1ms takes most of slim's 2-3%: its checks
+#         (`MK_ABORT_POLL_EVERY=16 MK_STEPS=verify`, with the starved-wait GPU test that times
+#         the abort's spread), then the default (_rows_kernel.ABORT_POLL_EVERY) and e2e at
+#         4096 / mixed. If neither does, the cost is the waits' code itself (globaltimer per
+#         failed poll, ~25 instructions a site): a cheaper bound is the lever.
+#      1. Slim's mixed step (MK_WAIT_SLIM=1 --batch 1 --mixed 256:1024:1024, timeout 300): does
+#         it finish at all? A hang there that the bounded build escapes would be a protocol
+#         bug the bound hides (the bounded build's mixed step passes its logits check).
+#      2. 000022's 2 (shares at the nf4 default) and 3 (issue 5's table).
 #   000022. Session 50 ran 000021's 0 at 7290ff4 on an H100 (`*_s50_h100*`): norm_fold=4 is the
 #      default (verify clean); issue 6 mk / peer B=1 0.91, 16 0.94, 64 0.99, 256 0.96, 1024 0.97,
 #      4096 0.99, mixed 1.01 / 1.02; raster_blocks 4 / 2 lose to 8. In order:
@@ -2196,10 +2212,20 @@ if has waitslim; then
   # MK_WAIT_COMPACT=0 (write_error's record inline at every wait) and MK_WAIT_SLIM=1 (a probe:
   # unbounded), in the same call: what the waits' slow paths cost the step. waitslim.log,
   # waitslim_{default,inline,slim}.json (~6 min)
+  # Session 51 (one run each, an H100): slim took B=1 9.044 -> 8.773 ms (-3.0%) and B=1024
+  # 46.20 / 46.38 -> 45.45 (-1.8%); its mixed step did not finish in 80 s or 130 s (twice), so
+  # slim runs the decode points only. Since session 51 it times, beside the default and slim,
+  # the abort word polled past 2 us on every 16th try_wait only (MK_ABORT_POLL_EVERY=16) and
+  # only past 1 ms (MK_ABORT_POLL_AFTER_NS=1000000): is the L2 poll of the hot page waits
+  # (rk.bar_wait) what slim removes? waitslim_{default,every16,poll1ms,slim,default2}.json
+  # (~6 min); the mixed step through MK_WS_MIXED (not slim)
   : > "$OUTDIR/waitslim.log"
-  UNTRACED_TIMEOUT=200 untraced_runs waitslim "default|||${MK_WS_BATCH:-256,1024}" \
-      "inline|MK_WAIT_COMPACT=0||${MK_WS_BATCH:-256,1024}" \
-      "slim|MK_WAIT_SLIM=1||${MK_WS_BATCH:-256,1024}"
+  ws_b=${MK_WS_BATCH:-1,1024}
+  ws_mixed="--mixed ${MK_WS_MIXED:-none}"
+  UNTRACED_TIMEOUT=${MK_WS_TIMEOUT:-200} untraced_runs waitslim "default||$ws_mixed|$ws_b" \
+      "every16|MK_ABORT_POLL_EVERY=16|$ws_mixed|$ws_b" \
+      "poll1ms|MK_ABORT_POLL_AFTER_NS=1000000|$ws_mixed|$ws_b" \
+      "slim|MK_WAIT_SLIM=1||$ws_b" "default2||$ws_mixed|$ws_b"
 fi
 if has nself; then
   # plan 000017: norm_fold=3 against the default's norm_fold=2 (a plan value; the backend builds

@@ -1220,6 +1220,24 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "slim1")))
 
 
+def test_abort_poll_every_compiles_clean_and_refuses_a_non_power_of_two(tmp_path):
+    """MK_ABORT_POLL_EVERY=16 (session 51's question: is the hot page waits' L2 poll of the abort
+    word what MK_WAIT_SLIM's unbounded waits save?): the all-opcode M64 variant with split-K
+    compiles with 0 spills and no call, its PTX not the default's; 3 is refused at import."""
+    import subprocess
+    import sys
+    ptx = variant_ptx(tmp_path, "every16", {"MK_ABORT_POLL_EVERY": "16"},
+                      "assert rk.ABORT_POLL_EVERY == 16")
+    assert_clean_variant(tmp_path, "every16", ptx)
+    # the counter's gate: the failed-poll count's low 5 bits (2 x 16 - 1) against 1
+    assert re.search(r"and\.b32\s+(%r\d+), %r\d+, 31;\s*setp\.ne\.b32\s+%p\d+, \1, 1;", ptx), \
+        "no every-16th gate before the abort poll"
+    r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
+                       env=dict(os.environ, MK_ABORT_POLL_EVERY="3", PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "MK_ABORT_POLL_EVERY=3" in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("kind,ticket,phase,sm,cta", [(2, 0, 0, 0, 0), (3, 155767, 1, 131, 131),
                                                      (7, 2**31 - 1, 1, 255, 2**15 - 1)])
 def test_compact_wait_record_reads_back_as_the_error(kind, ticket, phase, sm, cta):

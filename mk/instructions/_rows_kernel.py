@@ -187,7 +187,27 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     a loop with one live flag, the record written where the deadline passes (no verdict
     variable carried out of the loop for a switch after it: ptxas made that a jump table at
     every wait)."""
-    if not cute.arch.mbarrier_try_wait(bar, phase):
+    if cutlass.const_expr(ABORT_POLL_EVERY > 1 and abort_poll):
+        # live counts the failed polls in steps of 2 (odd: never 0, also when it wraps); the
+        # abort word is read on every ABORT_POLL_EVERY-th of them only
+        if not cute.arch.mbarrier_try_wait(bar, phase):
+            t0 = cute.arch.globaltimer()
+            live = Int32(1)
+            while live != 0:
+                if cute.arch.mbarrier_try_wait(bar, phase):
+                    live = Int32(0)
+                else:
+                    waited = cute.arch.globaltimer() - t0
+                    live = live + 2
+                    if waited > timeout_ns:
+                        write_wait_error(state, kind, ticket, phase)
+                        live = Int32(0)
+                    elif (live & (2 * ABORT_POLL_EVERY - 1)) == 1:
+                        if waited > ABORT_POLL_AFTER_NS:
+                            if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
+                                              sem="relaxed", scope="gpu") != 0:
+                                live = Int32(0)
+    elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         live = Int32(1)
         while live != 0:
@@ -228,6 +248,15 @@ def unbounded_bar_wait(bar: cute.Pointer, phase: Int32):
 # completes while its waiter is in that L2 round trip is seen one round trip late. Compile-time,
 # 2000 by default since its GPU check (bench/results/switches_2026-11-29.log).
 ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "2000"))
+# MK_ABORT_POLL_EVERY=N (a power of 2; 1, the default, builds the waits as before): past
+# ABORT_POLL_AFTER_NS a compact page wait reads the abort word on every N-th failed poll only.
+# The question it asks: MK_WAIT_SLIM's unbounded waits took decode B=1 / 1024 3.0% / 1.8% off
+# the step (session 51); the hot GEMM / attention page waits (rk.bar_wait) poll that L2 line on
+# every try_wait once 2 us have passed, and a hand-off that lands during the load is seen one L2
+# round trip late.
+ABORT_POLL_EVERY = int(os.environ.get("MK_ABORT_POLL_EVERY", "1"))
+if ABORT_POLL_EVERY < 1 or ABORT_POLL_EVERY & (ABORT_POLL_EVERY - 1):
+    raise ValueError(f"MK_ABORT_POLL_EVERY={ABORT_POLL_EVERY}: a power of 2 (1: every poll)")
 
 
 @cute.jit
