@@ -80,11 +80,13 @@
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
-#   waitslim decode MK_WS_BATCH (1,1024) default / MK_ABORT_POLL_EVERY=16 (the abort word read
-#          on every 16th failed try_wait past 2 us) / MK_ABORT_POLL_AFTER_NS=1000000 /
-#          MK_WAIT_SLIM=1 (a probe: unbounded waits; decode only) / default again, megakernel
-#          only, no journal (MK_WS_MIXED: the mixed step too, but slim): waitslim.log,
-#          waitslim_{default,every16,poll1ms,slim,default2}.json (~6 min)
+#   waitslim decode MK_WS_BATCH (1,1024) default / MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
+#          clock, deadline and abort word on every 16th failed try_wait) /
+#          MK_COUNTER_CHECK_EVERY=16 (the counter waits' abort word and clock on every 16th
+#          failed poll) / MK_WAIT_SLIM=1 (a probe: unbounded mbarrier waits; decode only) /
+#          default again, megakernel only, no journal (MK_WS_MIXED=256:1024:1024: the bounded
+#          ones also the mixed step, ~+30 s each): waitslim.log,
+#          waitslim_{default,check16,ccheck16,slim,default2}.json (~8 min)
 #   twin   MK_GEMM_TWIN=1 (DOWN's tiles through O_PROJ's compiled bodies) with MK_WAIT_COMPACT=1
 #          (both the default since session 44): the step and split-K GPU tests, the two-layer
 #          checks (208 and 478 tokens, split-K never / auto), racecheck: twin.log (~7 min)
@@ -382,15 +384,18 @@
 #      0.0348 / 0.0333 (= the peer's); issue 6 B=4096 1.01, mixed 1.02; QKV_ROPE@max=m128n256
 #      mixed +4.5% (dropped); MK_WAIT_SLIM B=1 -3.0%, B=1024 -1.8%, its mixed step never
 #      finished. In order:
-#      0. `MK_STEPS=waitslim` (~6 min): default / MK_ABORT_POLL_EVERY=16 / poll1ms / slim /
-#         default at B=1, 1024. If every16 or poll1ms takes most of slim's 2-3%: its checks
-#         (`MK_ABORT_POLL_EVERY=16 MK_STEPS=verify`, with the starved-wait GPU test that times
-#         the abort's spread), then the default (_rows_kernel.ABORT_POLL_EVERY) and e2e at
-#         4096 / mixed. If neither does, the cost is the waits' code itself (globaltimer per
-#         failed poll, ~25 instructions a site): a cheaper bound is the lever.
-#      1. Slim's mixed step (MK_WAIT_SLIM=1 --batch 1 --mixed 256:1024:1024, timeout 300): does
-#         it finish at all? A hang there that the bounded build escapes would be a protocol
-#         bug the bound hides (the bounded build's mixed step passes its logits check).
+#      0. `MK_STEPS=waitslim` (~8 min): default / MK_WAIT_CHECK_EVERY=16 /
+#         MK_COUNTER_CHECK_EVERY=16 / slim / default at B=1, 1024. A gate that wins (check16
+#         near slim's 2-3%; ccheck16 is a lever slim does not measure): its checks
+#         (`MK_WAIT_CHECK_EVERY=16 MK_STEPS=verify`: the starved-wait GPU test times the
+#         abort's spread), then the default (_rows_kernel's knob) and e2e at 4096 / mixed. If check16 does not, the cost is the waits' code itself
+#         (~25 instructions a site, ~170 sites): a smaller bound is the lever (the called slow
+#         path spills).
+#      1. Slim's mixed step: `MK_WS_BATCH=1 MK_WS_MIXED=256:1024:1024 MK_STEPS=waitslim` with
+#         MK_WS_TIMEOUT=150 (a bounded variant that ends in a timeout record names the wait);
+#         else MK_WAIT_SLIM=1 --batch 1 --mixed 256:1024:1024 with timeout 300: does it
+#         finish at all? A hang that the bounded build escapes would be a protocol race that
+#         the slower waits hide (the bounded build's mixed step passes its logits check).
 #      2. 000022's 2 (shares at the nf4 default) and 3 (issue 5's table).
 #   000022. Session 50 ran 000021's 0 at 7290ff4 on an H100 (`*_s50_h100*`): norm_fold=4 is the
 #      default (verify clean); issue 6 mk / peer B=1 0.91, 16 0.94, 64 0.99, 256 0.96, 1024 0.97,
@@ -820,7 +825,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=420
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480)
 has() {
@@ -2215,16 +2220,22 @@ if has waitslim; then
   # Session 51 (one run each, an H100): slim took B=1 9.044 -> 8.773 ms (-3.0%) and B=1024
   # 46.20 / 46.38 -> 45.45 (-1.8%); its mixed step did not finish in 80 s or 130 s (twice), so
   # slim runs the decode points only. Since session 51 it times, beside the default and slim,
-  # the abort word polled past 2 us on every 16th try_wait only (MK_ABORT_POLL_EVERY=16) and
-  # only past 1 ms (MK_ABORT_POLL_AFTER_NS=1000000): is the L2 poll of the hot page waits
-  # (rk.bar_wait) what slim removes? waitslim_{default,every16,poll1ms,slim,default2}.json
-  # (~6 min); the mixed step through MK_WS_MIXED (not slim)
+  # the mbarrier waits' clock, deadline and abort word (an L2 load past 2 us in the hot page
+  # waits, rk.bar_wait) on every 16th failed try_wait only (MK_WAIT_CHECK_EVERY=16: is it the
+  # work per failed poll that slim removes, or its code?), and the counter waits' abort word
+  # and clock on every 16th failed poll only (MK_COUNTER_CHECK_EVERY=16: slim leaves them as
+  # they are; each failed poll now pays a second L2 round trip). MK_ABORT_POLL_EVERY=16 (the
+  # abort word alone) is the follow-up if check16 wins.
+  # waitslim_{default,check16,ccheck16,slim,default2}.json
+  # (~8 min: a run of two points ~100 s, so the mixed step only through MK_WS_MIXED, then in a
+  # call of its own: if slim's hang there is a race that faster waits expose, a bounded
+  # variant's ends in a timeout record that names the starved instruction and wait)
   : > "$OUTDIR/waitslim.log"
   ws_b=${MK_WS_BATCH:-1,1024}
   ws_mixed="--mixed ${MK_WS_MIXED:-none}"
   UNTRACED_TIMEOUT=${MK_WS_TIMEOUT:-200} untraced_runs waitslim "default||$ws_mixed|$ws_b" \
-      "every16|MK_ABORT_POLL_EVERY=16|$ws_mixed|$ws_b" \
-      "poll1ms|MK_ABORT_POLL_AFTER_NS=1000000|$ws_mixed|$ws_b" \
+      "check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b" \
+      "ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b" \
       "slim|MK_WAIT_SLIM=1||$ws_b" "default2||$ws_mixed|$ws_b"
 fi
 if has nself; then

@@ -1220,22 +1220,26 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "slim1")))
 
 
-def test_abort_poll_every_compiles_clean_and_refuses_a_non_power_of_two(tmp_path):
-    """MK_ABORT_POLL_EVERY=16 (session 51's question: is the hot page waits' L2 poll of the abort
-    word what MK_WAIT_SLIM's unbounded waits save?): the all-opcode M64 variant with split-K
-    compiles with 0 spills and no call, its PTX not the default's; 3 is refused at import."""
+@pytest.mark.parametrize("knob,attr", [("MK_ABORT_POLL_EVERY", "ABORT_POLL_EVERY"),
+                                       ("MK_WAIT_CHECK_EVERY", "WAIT_CHECK_EVERY"),
+                                       ("MK_COUNTER_CHECK_EVERY", "COUNTER_CHECK_EVERY")])
+def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, knob, attr):
+    """MK_ABORT_POLL_EVERY=16 / MK_WAIT_CHECK_EVERY=16 / MK_COUNTER_CHECK_EVERY=16 (session 51's
+    questions: is the hot page waits' L2 poll of the abort word, the clock read and compare on
+    every failed poll, or the counter waits' abort poll what makes the bounded waits slower than
+    MK_WAIT_SLIM's?): the all-opcode M64 variant with split-K compiles with 0 spills and no call,
+    the every-16th gate in it; 3 is refused at import."""
     import subprocess
     import sys
-    ptx = variant_ptx(tmp_path, "every16", {"MK_ABORT_POLL_EVERY": "16"},
-                      "assert rk.ABORT_POLL_EVERY == 16")
-    assert_clean_variant(tmp_path, "every16", ptx)
+    ptx = variant_ptx(tmp_path, attr, {knob: "16"}, f"assert rk.{attr} == 16")
+    assert_clean_variant(tmp_path, attr, ptx)
     # the counter's gate: the failed-poll count's low 5 bits (2 x 16 - 1) against 1
     assert re.search(r"and\.b32\s+(%r\d+), %r\d+, 31;\s*setp\.ne\.b32\s+%p\d+, \1, 1;", ptx), \
-        "no every-16th gate before the abort poll"
+        "no every-16th gate in the waits"
     r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
-                       env=dict(os.environ, MK_ABORT_POLL_EVERY="3", PYTHONPATH=ROOT),
+                       env=dict(os.environ, **{knob: "3"}, PYTHONPATH=ROOT),
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MK_ABORT_POLL_EVERY=3" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and f"{knob}=3" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("kind,ticket,phase,sm,cta", [(2, 0, 0, 0, 0), (3, 155767, 1, 131, 131),

@@ -187,9 +187,30 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     a loop with one live flag, the record written where the deadline passes (no verdict
     variable carried out of the loop for a switch after it: ptxas made that a jump table at
     every wait)."""
-    if cutlass.const_expr(ABORT_POLL_EVERY > 1 and abort_poll):
+    if cutlass.const_expr(WAIT_CHECK_EVERY > 1):
         # live counts the failed polls in steps of 2 (odd: never 0, also when it wraps); the
-        # abort word is read on every ABORT_POLL_EVERY-th of them only
+        # clock, the deadline and the abort word are looked at on every WAIT_CHECK_EVERY-th
+        if not cute.arch.mbarrier_try_wait(bar, phase):
+            t0 = cute.arch.globaltimer()
+            live = Int32(1)
+            while live != 0:
+                if cute.arch.mbarrier_try_wait(bar, phase):
+                    live = Int32(0)
+                else:
+                    live = live + 2
+                    if (live & (2 * WAIT_CHECK_EVERY - 1)) == 1:
+                        waited = cute.arch.globaltimer() - t0
+                        if waited > timeout_ns:
+                            write_wait_error(state, kind, ticket, phase)
+                            live = Int32(0)
+                        elif cutlass.const_expr(abort_poll):
+                            if waited > ABORT_POLL_AFTER_NS:
+                                if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
+                                                  sem="relaxed", scope="gpu") != 0:
+                                    live = Int32(0)
+    elif cutlass.const_expr(ABORT_POLL_EVERY > 1 and abort_poll):
+        # as above, but the deadline on every failed poll and the abort word on every
+        # ABORT_POLL_EVERY-th
         if not cute.arch.mbarrier_try_wait(bar, phase):
             t0 = cute.arch.globaltimer()
             live = Int32(1)
@@ -254,9 +275,24 @@ ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "2000"))
 # the step (session 51); the hot GEMM / attention page waits (rk.bar_wait) poll that L2 line on
 # every try_wait once 2 us have passed, and a hand-off that lands during the load is seen one L2
 # round trip late.
-ABORT_POLL_EVERY = int(os.environ.get("MK_ABORT_POLL_EVERY", "1"))
-if ABORT_POLL_EVERY < 1 or ABORT_POLL_EVERY & (ABORT_POLL_EVERY - 1):
-    raise ValueError(f"MK_ABORT_POLL_EVERY={ABORT_POLL_EVERY}: a power of 2 (1: every poll)")
+# MK_WAIT_CHECK_EVERY=N (a power of 2; 1, the default, as before): the clock, the deadline and
+# the abort word only on every N-th failed poll (of every compact wait): the hot loop becomes
+# slim's try_wait plus a counter; does the per-poll clock and compare cost what slim saves?
+def _power_of_two_knob(name: str) -> int:
+    value = int(os.environ.get(name, "1"))
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{name}={value}: a power of 2 (1: every poll)")
+    return value
+
+
+ABORT_POLL_EVERY = _power_of_two_knob("MK_ABORT_POLL_EVERY")
+WAIT_CHECK_EVERY = _power_of_two_knob("MK_WAIT_CHECK_EVERY")
+# MK_COUNTER_CHECK_EVERY=N (a power of 2; 1, the default, as before): a counter wait
+# (wait_counter: the controller's dependency waits) reads the abort word and the clock on every
+# N-th failed poll only. Each failed poll now costs a second L2 round trip (the abort word) after
+# the counter's own, so a dependency that lands meanwhile is seen that much later; at B=1 the
+# step is a chain of such hand-offs (~46k instructions in 9 ms).
+COUNTER_CHECK_EVERY = _power_of_two_knob("MK_COUNTER_CHECK_EVERY")
 
 
 @cute.jit
@@ -543,6 +579,7 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
         t0 = cute.arch.globaltimer()
         ns = Int32(20)
         st = Int32(0)
+        polls = Int32(1)
         while st == 0:
             prims.nanosleep(ns)
             if ns < backoff_ns:
@@ -552,6 +589,12 @@ def wait_counter(counters: cute.Tensor, c: Int32, target: Int32, timeout_ns: Int
             v = cute.arch.load(p, Int32, sem="acquire", scope="gpu")
             if v >= target:
                 st = Int32(1)
+            elif cutlass.const_expr(COUNTER_CHECK_EVERY > 1):
+                # polls counts the failed polls in steps of 2 (odd: never 0); the abort word
+                # and the clock on every COUNTER_CHECK_EVERY-th of them only
+                polls = polls + 2
+                if (polls & (2 * COUNTER_CHECK_EVERY - 1)) == 1:
+                    st = abort_or_timeout(state, t0, timeout_ns)
             else:
                 st = abort_or_timeout(state, t0, timeout_ns)
         if st == 2:
