@@ -388,9 +388,9 @@
 #         MK_COUNTER_CHECK_EVERY=16 / slim / default at B=1, 1024. A gate that wins (check16
 #         near slim's 2-3%; ccheck16 is a lever slim does not measure): its checks
 #         (`MK_WAIT_CHECK_EVERY=16 MK_STEPS=verify`: the starved-wait GPU test times the
-#         abort's spread), then the default (_rows_kernel's knob) and e2e at 4096 / mixed. If check16 does not, the cost is the waits' code itself
-#         (~25 instructions a site, ~170 sites): a smaller bound is the lever (the called slow
-#         path spills).
+#         abort's spread), then the default (_rows_kernel's knob) and e2e at 4096 / mixed. If
+#         check16 does not, the cost is the waits' code itself (~25 instructions a site, ~170
+#         sites): a smaller bound is the lever (the called slow path spills).
 #      1. Slim's mixed step: `MK_WS_BATCH=1 MK_WS_MIXED=256:1024:1024 MK_STEPS=waitslim` with
 #         MK_WS_TIMEOUT=150 (a bounded variant that ends in a timeout record names the wait);
 #         else MK_WAIT_SLIM=1 --batch 1 --mixed 256:1024:1024 with timeout 300: does it
