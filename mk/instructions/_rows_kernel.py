@@ -187,63 +187,51 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     a loop with one live flag, the record written where the deadline passes (no verdict
     variable carried out of the loop for a switch after it: ptxas made that a jump table at
     every wait)."""
-    if cutlass.const_expr(WAIT_CHECK_EVERY > 1):
-        # live counts the failed polls in steps of 2 (odd: never 0, also when it wraps); the
-        # clock, the deadline and the abort word are looked at on every WAIT_CHECK_EVERY-th
-        if not cute.arch.mbarrier_try_wait(bar, phase):
-            t0 = cute.arch.globaltimer()
-            live = Int32(1)
-            while live != 0:
-                if cute.arch.mbarrier_try_wait(bar, phase):
-                    live = Int32(0)
-                else:
-                    live = live + 2
-                    if (live & (2 * WAIT_CHECK_EVERY - 1)) == 1:
-                        waited = cute.arch.globaltimer() - t0
-                        if waited > timeout_ns:
-                            write_wait_error(state, kind, ticket, phase)
-                            live = Int32(0)
-                        elif cutlass.const_expr(abort_poll):
-                            if waited > ABORT_POLL_AFTER_NS:
-                                if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
-                                                  sem="relaxed", scope="gpu") != 0:
-                                    live = Int32(0)
-    elif cutlass.const_expr(ABORT_POLL_EVERY > 1 and abort_poll):
-        # as above, but the deadline on every failed poll and the abort word on every
-        # ABORT_POLL_EVERY-th
-        if not cute.arch.mbarrier_try_wait(bar, phase):
-            t0 = cute.arch.globaltimer()
-            live = Int32(1)
-            while live != 0:
-                if cute.arch.mbarrier_try_wait(bar, phase):
-                    live = Int32(0)
-                else:
-                    waited = cute.arch.globaltimer() - t0
-                    live = live + 2
-                    if waited > timeout_ns:
-                        write_wait_error(state, kind, ticket, phase)
-                        live = Int32(0)
-                    elif (live & (2 * ABORT_POLL_EVERY - 1)) == 1:
-                        if waited > ABORT_POLL_AFTER_NS:
-                            if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
-                                              sem="relaxed", scope="gpu") != 0:
-                                live = Int32(0)
-    elif not cute.arch.mbarrier_try_wait(bar, phase):
+    # with a gate (MK_WAIT_CHECK_EVERY / MK_ABORT_POLL_EVERY) live also counts the failed polls,
+    # in steps of 2 (odd: never 0, also when it wraps)
+    counted = WAIT_CHECK_EVERY > 1 or (ABORT_POLL_EVERY > 1 and abort_poll)
+    if not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         live = Int32(1)
         while live != 0:
             if cute.arch.mbarrier_try_wait(bar, phase):
                 live = Int32(0)
+            elif cutlass.const_expr(WAIT_CHECK_EVERY > 1):
+                live = live + 2
+                if (live & (2 * WAIT_CHECK_EVERY - 1)) == 1:
+                    live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live,
+                                        abort_poll, 1)
+            elif cutlass.const_expr(counted):
+                live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live + 2,
+                                    abort_poll, ABORT_POLL_EVERY)
             else:
-                waited = cute.arch.globaltimer() - t0
-                if waited > timeout_ns:
-                    write_wait_error(state, kind, ticket, phase)
-                    live = Int32(0)
-                elif cutlass.const_expr(abort_poll):
-                    if waited > ABORT_POLL_AFTER_NS:
-                        if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
-                                          sem="relaxed", scope="gpu") != 0:
-                            live = Int32(0)
+                live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live,
+                                    abort_poll, 1)
+
+
+@cute.jit
+def wait_verdict(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, phase: Int32,
+                 t0: Int64, timeout_ns: Int64, live: Int32, abort_poll: cutlass.Constexpr,
+                 abort_every: cutlass.Constexpr) -> Int32:
+    """compact_bar_wait after a failed poll: 0 (stop waiting) past the deadline, with the
+    record written, or (abort_poll) once the abort flag is up, read past ABORT_POLL_AFTER_NS on
+    every abort_every-th failed poll (live counting them when abort_every > 1); else live."""
+    waited = cute.arch.globaltimer() - t0
+    if waited > timeout_ns:
+        write_wait_error(state, kind, ticket, phase)
+        live = Int32(0)
+    elif cutlass.const_expr(abort_poll):
+        if cutlass.const_expr(abort_every > 1):
+            if (live & (2 * abort_every - 1)) == 1:
+                if waited > ABORT_POLL_AFTER_NS:
+                    if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
+                                      sem="relaxed", scope="gpu") != 0:
+                        live = Int32(0)
+        elif waited > ABORT_POLL_AFTER_NS:
+            if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                              scope="gpu") != 0:
+                live = Int32(0)
+    return live
 
 
 # MK_WAIT_SLIM=1 (a probe, never a default: its waits have no bound, so a megakernel bug hangs
