@@ -257,29 +257,38 @@ def unbounded_bar_wait(bar: cute.Pointer, phase: Int32):
 # completes while its waiter is in that L2 round trip is seen one round trip late. Compile-time,
 # 2000 by default since its GPU check (bench/results/switches_2026-11-29.log).
 ABORT_POLL_AFTER_NS = int(os.environ.get("MK_ABORT_POLL_AFTER_NS", "2000"))
-# MK_ABORT_POLL_EVERY=N (a power of 2; 1, the default, builds the waits as before): past
-# ABORT_POLL_AFTER_NS a compact page wait reads the abort word on every N-th failed poll only.
-# The question it asks: MK_WAIT_SLIM's unbounded waits took decode B=1 / 1024 3.0% / 1.8% off
-# the step (session 51); the hot GEMM / attention page waits (rk.bar_wait) poll that L2 line on
-# every try_wait once 2 us have passed, and a hand-off that lands during the load is seen one L2
-# round trip late.
-# MK_WAIT_CHECK_EVERY=N (a power of 2; 1, the default, as before): the clock, the deadline and
-# the abort word only on every N-th failed poll (of every compact wait): the hot loop becomes
-# slim's try_wait plus a counter; does the per-poll clock and compare cost what slim saves?
+
+
 def _power_of_two_knob(name: str) -> int:
-    value = int(os.environ.get(name, "1"))
+    """A compile-time poll gate from the environment: 1 (unset) or a power of 2."""
+    raw = os.environ.get(name, "1")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
     if value < 1 or value & (value - 1):
-        raise ValueError(f"{name}={value}: a power of 2 (1: every poll)")
+        raise ValueError(f"{name}={raw}: a power of 2 (1: every poll)")
     return value
 
 
+# Poll gates, compile-time, 1 by default (the waits as before, the PTX byte-identical). Session
+# 51's MK_WAIT_SLIM probe (unbounded mbarrier waits) took decode B=1 / 1024 3.0% / 1.8% off the
+# step; these ask which part of the bound costs it.
+# MK_ABORT_POLL_EVERY=N: past ABORT_POLL_AFTER_NS a compact page wait reads the abort word on
+# every N-th failed poll only. The hot GEMM / attention page waits (rk.bar_wait) read that L2
+# line after every failed try_wait once 2 us have passed, and a hand-off that lands during the
+# load is seen one L2 round trip late.
 ABORT_POLL_EVERY = _power_of_two_knob("MK_ABORT_POLL_EVERY")
+# MK_WAIT_CHECK_EVERY=N: the clock, the deadline and the abort word only on every N-th failed
+# poll of every compact wait (over MK_ABORT_POLL_EVERY where both are set): the hot loop becomes
+# slim's try_wait plus a counter, the code as large as before. Does the work per failed poll
+# cost what slim saves, or the code?
 WAIT_CHECK_EVERY = _power_of_two_knob("MK_WAIT_CHECK_EVERY")
-# MK_COUNTER_CHECK_EVERY=N (a power of 2; 1, the default, as before): a counter wait
-# (wait_counter: the controller's dependency waits) reads the abort word and the clock on every
-# N-th failed poll only. Each failed poll now costs a second L2 round trip (the abort word) after
-# the counter's own, so a dependency that lands meanwhile is seen that much later; at B=1 the
-# step is a chain of such hand-offs (~46k instructions in 9 ms).
+# MK_COUNTER_CHECK_EVERY=N: a counter wait (wait_counter: the controller's dependency waits)
+# reads the abort word and the clock on every N-th failed poll only. Each failed poll now pays
+# a second L2 round trip (the abort word) after the counter's own, so a dependency that lands
+# meanwhile is seen that much later; at B=1 the step is a chain of such hand-offs (~46k
+# instructions in 9 ms). MK_WAIT_SLIM leaves these waits as they are.
 COUNTER_CHECK_EVERY = _power_of_two_knob("MK_COUNTER_CHECK_EVERY")
 
 
