@@ -80,6 +80,9 @@
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
+#   slimhang where MK_WAIT_SLIM=1's mixed step hangs: slim at B=4096 + a 1200-token prompt-only
+#          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
+#          (instruction slots): a bounded wait that starves names the wait (~6 min)
 #   waitslim decode MK_WS_BATCH (1,1024) default / MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
 #          clock, deadline and abort word on every 16th failed try_wait) /
 #          MK_COUNTER_CHECK_EVERY=16 (the counter waits' abort word and clock on every 16th
@@ -2237,6 +2240,19 @@ if has waitslim; then
       "check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b" \
       "ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b" \
       "slim|MK_WAIT_SLIM=1||$ws_b" "default2||$ws_mixed|$ws_b"
+fi
+if has slimhang; then
+  # session 52: MK_WAIT_SLIM=1's mixed step hangs in its first launch (GPU busy at ~130 W for
+  # 170 s: spinning) where the bounded build runs it and checks clean. Where: slim at B=4096 and
+  # a prompt-only 1200-token step (the same M > 1024 class: its GEMMs / the prefill
+  # attention?), then the mixed step with only the page waits (MK_WAIT_SLIM_KINDS=2,3,4) or only
+  # the instruction-slot waits (5,8) unbounded: a bounded wait that starves writes its record,
+  # and the error names the instruction and the wait. slimhang.log, slimhang_*.json (~6 min)
+  : > "$OUTDIR/slimhang.log"
+  sl_mixed="--mixed ${MK_SLH_MIXED:-256:1024:1024}"
+  UNTRACED_TIMEOUT=${MK_SLH_TIMEOUT:-110} untraced_runs slimhang \
+      "slim4096p|MK_WAIT_SLIM=1|--mixed 0:1024:1200|4096" \
+      "pages|MK_WAIT_SLIM_KINDS=2,3,4|$sl_mixed|1" "slots|MK_WAIT_SLIM_KINDS=5,8|$sl_mixed|1"
 fi
 if has nself; then
   # plan 000017: norm_fold=3 against the default's norm_fold=2 (a plan value; the backend builds

@@ -1242,6 +1242,28 @@ def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, k
     assert r.returncode != 0 and f"{knob}=3" in r.stderr, r.stderr[-2000:]
 
 
+def test_wait_slim_kinds_parse_and_refuse_a_kind_without_an_mbarrier_wait():
+    """MK_WAIT_SLIM_KINDS (a probe: those kinds' mbarrier waits unbounded, the rest keep their
+    record, so a starved bounded wait names where the slim build hangs): the kinds as given,
+    every mbarrier wait kind under MK_WAIT_SLIM=1, none by default; a counter-wait kind (1, no
+    mbarrier) or a word is refused at import with the variable named."""
+    import subprocess
+    import sys
+    probe = ("import mk.instructions._rows_kernel as rk; "
+             "print(sorted(rk.WAIT_SLIM_KINDS))")
+
+    def kinds(**env):
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT, **env), timeout=300)
+        return r.returncode, r.stdout.strip(), r.stderr
+    assert kinds()[:2] == (0, "[]")
+    assert kinds(MK_WAIT_SLIM_KINDS="4, 2")[:2] == (0, "[2, 4]")
+    assert kinds(MK_WAIT_SLIM="1")[:2] == (0, "[2, 3, 4, 5, 8]")
+    for bad in ("1", "full"):
+        rc, _, err = kinds(MK_WAIT_SLIM_KINDS=bad)
+        assert rc != 0 and f"MK_WAIT_SLIM_KINDS={bad}" in err, err[-2000:]
+
+
 @pytest.mark.parametrize("kind,ticket,phase,sm,cta", [(2, 0, 0, 0, 0), (3, 155767, 1, 131, 131),
                                                      (7, 2**31 - 1, 1, 255, 2**15 - 1)])
 def test_compact_wait_record_reads_back_as_the_error(kind, ticket, phase, sm, cta):

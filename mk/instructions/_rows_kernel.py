@@ -151,7 +151,7 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
     """mbarrier parity wait, bounded: on timeout write the error record (first error wins, raises
     the abort flag); also gives up at once when another wait has raised the abort flag, so one
     failure ends the kernel quickly instead of every later wait timing out in turn."""
-    if cutlass.const_expr(WAIT_SLIM):
+    if cutlass.const_expr(kind in WAIT_SLIM_KINDS):
         unbounded_bar_wait(bar, phase)
     elif cutlass.const_expr(WAIT_COMPACT):
         compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, True)
@@ -241,6 +241,30 @@ def wait_verdict(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, pha
 # whether that cold code, inline in every hot loop, costs the step's GEMM K steps their ~25%
 # against a kernel with one GEMM slot (bench/GEMM_NOTES.md session 42).
 WAIT_SLIM = os.environ.get("MK_WAIT_SLIM", "0") == "1"
+
+
+def _slim_kinds() -> frozenset:
+    """MK_WAIT_SLIM_KINDS: the ERR_* kinds whose mbarrier waits are unbounded (MK_WAIT_SLIM=1:
+    all)."""
+    raw = os.environ.get("MK_WAIT_SLIM_KINDS", "")
+    bar_kinds = {ERR_PAGE_EMPTY, ERR_PAGE_FULL, ERR_PAGE_DONE, ERR_INSTR_SLOT, ERR_INSTR_READY}
+    if WAIT_SLIM:
+        return frozenset(bar_kinds)
+    try:
+        kinds = frozenset(int(k) for k in raw.split(",") if k.strip())
+    except ValueError:
+        kinds = frozenset({-1})
+    if not kinds <= bar_kinds:
+        raise ValueError(f"MK_WAIT_SLIM_KINDS={raw}: a comma list of mbarrier wait kinds "
+                         f"{sorted(bar_kinds)} (ERR_* in mk/instructions/_rows_kernel.py)")
+    return kinds
+
+
+# MK_WAIT_SLIM_KINDS=k,... (a probe): only those kinds' waits unbounded, the others keep their
+# bound and record. Session 51's slim build hangs in the mixed step's first launch where the
+# bounded one runs and checks clean: slim some kinds, and a bounded wait that starves names
+# the instruction.
+WAIT_SLIM_KINDS = _slim_kinds()
 
 
 @cute.jit
@@ -516,7 +540,7 @@ def bounded_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     """mbarrier parity wait with a deadline; on timeout write an error record and raise abort.
 
     Intra-CTA waits only time out on a megakernel bug; the record names the barrier kind."""
-    if cutlass.const_expr(WAIT_SLIM):
+    if cutlass.const_expr(kind in WAIT_SLIM_KINDS):
         unbounded_bar_wait(bar, phase)
     elif cutlass.const_expr(WAIT_COMPACT):
         compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, False)
