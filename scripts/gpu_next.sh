@@ -382,6 +382,18 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000024. Session 52 ran 000023's 0 and 1 at 3b8b700 / 1fae3cf on H100s (`*_s52_h100*`;
+#      three refused starts cost ~570 s): MK_WAIT_CHECK_EVERY=16 gains nothing (+0.6% / +1.0%
+#      at B=1 / 1024: slim's gain is the bound's code, not its work per poll);
+#      MK_COUNTER_CHECK_EVERY=16 -0.5% at B=1 (two calls), -0.1% at 1024, mixed +0.4%; slim
+#      hangs only at the mixed step and only with page and slot waits both unbounded. In order:
+#      0. `MK_SLH_RUNS="but2 but3 but4 but5 but8" MK_SLH_TIMEOUT=70 MK_STEPS=slimhang` (~5 min):
+#         a run that ends in a record names the wait that starves (kind, ticket, phase: read the
+#         ticket's instruction in the mixed step's plan). A protocol race that faster waits
+#         expose is a correctness bug of the default build too: fix it first.
+#      1. If time: ccheck16 as the default (`MK_COUNTER_CHECK_EVERY=16 MK_STEPS=verify`: the
+#         starved counter-wait GPU test), then decode B=1,16,64 against the default.
+#      2. 000022's 2 (shares at the nf4 default) and 3 (issue 5's table, `MK_STEPS=gemm`).
 #   000023. Session 51 ran 000022's 0 and 1 at e9f60fd on an H100 (`*_s51_h100*`): verify clean
 #      (51 GPU tests, the 1144-token check, racecheck); bench.py's megakernel-vs-eager check
 #      0.0348 / 0.0333 (= the peer's); issue 6 B=4096 1.01, mixed 1.02; QKV_ROPE@max=m128n256
@@ -2249,10 +2261,30 @@ if has slimhang; then
   # the instruction-slot waits (5,8) unbounded: a bounded wait that starves writes its record,
   # and the error names the instruction and the wait. slimhang.log, slimhang_*.json (~6 min)
   : > "$OUTDIR/slimhang.log"
+  # Session 52 (an H100, `slimhang_*_1fae3cf_*`): pages alone and slots alone unbounded both
+  # run B=4096 and the mixed step; full slim runs B=4096 (136.3 ms) and the 1200-token prompt
+  # alone (50.8 ms) but hangs at the mixed step (256 decodes at ctx 1024 + a 1024-token prompt)
+  # with the same compiled variant. Next: MK_SLH_RUNS="but2 but3 but4 but5 but8" (every kind
+  # unbounded but one, ERR_* numbers: 2 page empty, 3 page full, 4 page done, 5 instruction
+  # slot, 8 instruction ready): a run that ends in a record names the starved wait, its ticket
+  # and phase.
+  # (MK_SLH_RUNS: a subset of "slim pages slots but2 ... but8"; MK_SLH_BATCH: the other runs'
+  # decode points, 4096 by default: the mixed step's M class, one compile)
   sl_mixed="--mixed ${MK_SLH_MIXED:-256:1024:1024}"
-  UNTRACED_TIMEOUT=${MK_SLH_TIMEOUT:-110} untraced_runs slimhang \
-      "slim4096p|MK_WAIT_SLIM=1|--mixed 0:1024:1200|4096" \
-      "pages|MK_WAIT_SLIM_KINDS=2,3,4|$sl_mixed|1" "slots|MK_WAIT_SLIM_KINDS=5,8|$sl_mixed|1"
+  sl_b=${MK_SLH_BATCH:-4096}
+  sl_runs=()
+  for r in ${MK_SLH_RUNS:-slim pages slots}; do
+    case $r in
+      slim) sl_runs+=("slim4096p|MK_WAIT_SLIM=1|--mixed 0:1024:1200|4096") ;;
+      pages) sl_runs+=("pages|MK_WAIT_SLIM_KINDS=2,3,4|$sl_mixed|$sl_b") ;;
+      slots) sl_runs+=("slots|MK_WAIT_SLIM_KINDS=5,8|$sl_mixed|$sl_b") ;;
+      but[2-58])   # every kind unbounded but one: where that one starves, its record names it
+        sl_runs+=("$r|MK_WAIT_SLIM_KINDS=$(echo 2,3,4,5,8 | sed "s/${r#but}//; s/,,/,/; s/^,//;
+                   s/,$//")|$sl_mixed|$sl_b") ;;
+      *) echo "MK_SLH_RUNS: unknown run $r (slim, pages, slots, but2..but8)" >&2; exit 2 ;;
+    esac
+  done
+  UNTRACED_TIMEOUT=${MK_SLH_TIMEOUT:-110} untraced_runs slimhang "${sl_runs[@]}"
 fi
 if has nself; then
   # plan 000017: norm_fold=3 against the default's norm_fold=2 (a plan value; the backend builds
