@@ -190,8 +190,25 @@ N_WG = 128             # one warpgroup: the rows bodies run in warpgroup 0
 # barrier + one arrival (the original protocol; racecheck reports it).
 DEFAULT_HANDOFF = os.environ.get("MK_HANDOFF", "thread")   # MK_HANDOFF: A/B of the modes
 # Cap of the growing nanosleep in counter waits (ns). A waiter sleeps at most this long between two
-# polls, so the cap bounds the wake-up latency of a cross-SM hand-off.
-DEFAULT_BACKOFF_NS = 200
+# polls, so the cap bounds the wake-up latency of a cross-SM hand-off. 200 since session 1, never
+# timed in the whole step; MK_BACKOFF_NS sets it (compile-time: a variant of its own) for that A/B
+# (`gpu_next.sh backoff`: at B=1 the step is a chain of ~46k such hand-offs in 9 ms).
+BACKOFF_NS_RANGE = (20, 1_000_000)
+
+
+def _backoff_ns_default() -> int:
+    raw = os.environ.get("MK_BACKOFF_NS", "200")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    lo, hi = BACKOFF_NS_RANGE
+    if not lo <= value <= hi:
+        raise ValueError(f"MK_BACKOFF_NS={raw}: an integer number of ns in [{lo}, {hi}]")
+    return value
+
+
+DEFAULT_BACKOFF_NS = _backoff_ns_default()
 ROWS_OPS = (int(Op.NOOP), int(Op.COPY), int(Op.RMSNORM), int(Op.RESIDUAL_ADD))
 # GEMM-tile family (mk/instructions/_gemm_kernel.py), in kernel-parameter slot order
 GEMM_OPS = (int(Op.QKV_ROPE), int(Op.O_PROJ), int(Op.GATE_UP), int(Op.DOWN), int(Op.LM_HEAD))
@@ -2232,7 +2249,8 @@ class Megakernel:
                              f"{splitk.dtype} on {splitk.device}")
         if (embed is not None or last_normed is not None) and meta is None:
             raise ValueError("Megakernel: EMBED / LM_NORM read the step metadata: pass meta=")
-        assert 20 <= backoff_ns <= 1_000_000, "backoff_ns must lie in [20 ns, 1 ms]"
+        assert BACKOFF_NS_RANGE[0] <= backoff_ns <= BACKOFF_NS_RANGE[1], \
+            "backoff_ns must lie in [20 ns, 1 ms]"
         self.handoff = handoff
         self.backoff_ns = int(backoff_ns)
         assert arena.is_cuda and arena.dtype == torch.bfloat16 and arena.dim() == 3

@@ -80,6 +80,8 @@
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
 #          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
+#   backoff the counter waits' nanosleep cap: decode MK_BO_BATCH (1,16) at MK_BACKOFF_NS in
+#          MK_BO_VALUES ("200 100 50 400 200"), megakernel only: backoff.log (~5 min)
 #   slimhang where MK_WAIT_SLIM=1's mixed step hangs: slim at B=4096 + a 1200-token prompt-only
 #          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
 #          (instruction slots): a bounded wait that starves names the wait (~6 min)
@@ -391,8 +393,10 @@
 #         a run that ends in a record names the wait that starves (kind, ticket, phase: read the
 #         ticket's instruction in the mixed step's plan). A protocol race that faster waits
 #         expose is a correctness bug of the default build too: fix it first.
-#      1. If time: ccheck16 as the default (`MK_COUNTER_CHECK_EVERY=16 MK_STEPS=verify`: the
-#         starved counter-wait GPU test), then decode B=1,16,64 against the default.
+#      1. `MK_STEPS=backoff` (~5 min): the counter waits' nanosleep cap 200 / 100 / 50 / 400 ns at
+#         B=1, 16 (never timed in the step; at B=1 every hand-off waits up to the cap). With
+#         ccheck16 (-0.5% at B=1): a winner of either as the default after `MK_STEPS=verify`
+#         with it (the starved counter-wait GPU test).
 #      2. 000022's 2 (shares at the nf4 default) and 3 (issue 5's table, `MK_STEPS=gemm`).
 #   000023. Session 51 ran 000022's 0 and 1 at e9f60fd on an H100 (`*_s51_h100*`): verify clean
 #      (51 GPU tests, the 1144-token check, racecheck); bench.py's megakernel-vs-eager check
@@ -2252,6 +2256,21 @@ if has waitslim; then
       "check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b" \
       "ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b" \
       "slim|MK_WAIT_SLIM=1||$ws_b" "default2||$ws_mixed|$ws_b"
+fi
+if has backoff; then
+  # the counter waits' nanosleep cap (mk.megakernel.DEFAULT_BACKOFF_NS, 200 ns since session 1,
+  # never timed in the whole step; MK_BACKOFF_NS): a waiter polls again at most this long after
+  # a counter lands, and at B=1 the step is a chain of ~46k such hand-offs in 9 ms. Decode
+  # MK_BO_BATCH (1,16) with each of MK_BO_VALUES ("200 100 50 400 200": the default first and
+  # last), megakernel only, no journal: backoff.log, backoff_<i>_<ns>.json (~5 min)
+  : > "$OUTDIR/backoff.log"
+  bo_runs=()
+  bo_i=0
+  for ns in ${MK_BO_VALUES:-200 100 50 400 200}; do
+    bo_i=$((bo_i + 1))
+    bo_runs+=("${bo_i}_$ns|MK_BACKOFF_NS=$ns|--mixed none|${MK_BO_BATCH:-1,16}")
+  done
+  UNTRACED_TIMEOUT=${MK_BO_TIMEOUT:-150} untraced_runs backoff "${bo_runs[@]}"
 fi
 if has slimhang; then
   # session 52: MK_WAIT_SLIM=1's mixed step hangs in its first launch (GPU busy at ~130 W for

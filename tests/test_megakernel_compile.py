@@ -1242,6 +1242,33 @@ def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, k
     assert r.returncode != 0 and f"{knob}=3" in r.stderr, r.stderr[-2000:]
 
 
+def test_backoff_env_sets_every_variants_default_and_refuses_out_of_range():
+    """MK_BACKOFF_NS (the counter waits' nanosleep cap, for the whole-step A/B of gpu_next.sh
+    backoff): the backend's Megakernel and the compile cache take it as their default; a value
+    outside [20 ns, 1 ms] or not an integer is refused at import with the variable named."""
+    import subprocess
+    import sys
+    probe = ("import inspect, mk.megakernel as M; "
+             "print(M.DEFAULT_BACKOFF_NS, "
+             "inspect.signature(M.Megakernel).parameters['backoff_ns'].default, "
+             "inspect.signature(M.compile_fake).parameters['backoff_ns'].default)")
+
+    def run(value=None):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        env.pop("MK_BACKOFF_NS", None)
+        if value is not None:
+            env["MK_BACKOFF_NS"] = value
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              env=env, timeout=300)
+    r = run()
+    assert r.returncode == 0 and r.stdout.split() == ["200"] * 3, r.stderr[-2000:]
+    r = run("50")
+    assert r.returncode == 0 and r.stdout.split() == ["50"] * 3, r.stderr[-2000:]
+    for bad in ("10", "2000000", "fast"):
+        r = run(bad)
+        assert r.returncode != 0 and f"MK_BACKOFF_NS={bad}" in r.stderr, r.stderr[-2000:]
+
+
 def test_wait_slim_kinds_parse_and_refuse_a_kind_without_an_mbarrier_wait():
     """MK_WAIT_SLIM_KINDS (a probe: those kinds' mbarrier waits unbounded, the rest keep their
     record, so a starved bounded wait names where the slim build hangs): the kinds as given,
