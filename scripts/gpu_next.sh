@@ -85,7 +85,9 @@
 #   slimhang where MK_WAIT_SLIM=1's mixed step hangs: slim at B=4096 + a 1200-token prompt-only
 #          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
 #          (instruction slots): a bounded wait that starves names the wait (~6 min)
-#   waitslim decode MK_WS_BATCH (1,1024) default / MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
+#   waitslim decode MK_WS_BATCH (1,1024), the runs of MK_WS_RUNS (since session 52: default /
+#          MK_PAGE_ABORT_POLL=0 / MK_WAIT_WATCHED=hint / slim / default); session 51's: default /
+#          MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
 #          clock, deadline and abort word on every 16th failed try_wait) /
 #          MK_COUNTER_CHECK_EVERY=16 (the counter waits' abort word and clock on every 16th
 #          failed poll) / MK_WAIT_SLIM=1 (a probe: unbounded mbarrier waits; decode only) /
@@ -393,11 +395,20 @@
 #         a run that ends in a record names the wait that starves (kind, ticket, phase: read the
 #         ticket's instruction in the mixed step's plan). A protocol race that faster waits
 #         expose is a correctness bug of the default build too: fix it first.
-#      1. `MK_STEPS=backoff` (~5 min): the counter waits' nanosleep cap 200 / 100 / 50 / 400 ns at
+#      1. `MK_STEPS=waitslim` (~8 min; the runs are now default / MK_PAGE_ABORT_POLL=0 /
+#         MK_WAIT_WATCHED=hint / slim / default): how much of slim's gain a wait of a few
+#         instructions (hint: try_wait with a 20 us suspend hint, the abort word after each
+#         failure; -10.9% of the M64 class's SASS, slim -15.3%) or one without the page waits'
+#         abort poll (noabort: -4.4%) takes. If hint is near slim: build the watchdog (the
+#         controller's slot waits keep the bound and name the ticket whose roles stall; every
+#         other mbarrier wait is hinted), then verify it (the starved-wait GPU test,
+#         tests/test_megakernel_gpu.py, must then accept the slot record). noabort alone is
+#         safe as it is (a starved wait still times out, only later).
+#      2. `MK_STEPS=backoff` (~5 min): the counter waits' nanosleep cap 200 / 100 / 50 / 400 ns at
 #         B=1, 16 (never timed in the step; at B=1 every hand-off waits up to the cap). With
 #         ccheck16 (-0.5% at B=1): a winner of either as the default after `MK_STEPS=verify`
 #         with it (the starved counter-wait GPU test).
-#      2. 000022's 2 (shares at the nf4 default) and 3 (issue 5's table, `MK_STEPS=gemm`).
+#      3. 000022's 2 (shares at the nf4 default) and 3 (issue 5's table, `MK_STEPS=gemm`).
 #   000023. Session 51 ran 000022's 0 and 1 at e9f60fd on an H100 (`*_s51_h100*`): verify clean
 #      (51 GPU tests, the 1144-token check, racecheck); bench.py's megakernel-vs-eager check
 #      0.0348 / 0.0333 (= the peer's); issue 6 B=4096 1.01, mixed 1.02; QKV_ROPE@max=m128n256
@@ -2252,10 +2263,30 @@ if has waitslim; then
   : > "$OUTDIR/waitslim.log"
   ws_b=${MK_WS_BATCH:-1,1024}
   ws_mixed="--mixed ${MK_WS_MIXED:-none}"
-  UNTRACED_TIMEOUT=${MK_WS_TIMEOUT:-200} untraced_runs waitslim "default||$ws_mixed|$ws_b" \
-      "check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b" \
-      "ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b" \
-      "slim|MK_WAIT_SLIM=1||$ws_b" "default2||$ws_mixed|$ws_b"
+  # Session 52 (`waitslim*_s52_h100*`): check16 +0.6% / +1.0% (the cost is the code),
+  # ccheck16 -0.5% / -0.1%, slim -3.4% / -1.5%. MK_WS_RUNS picks the runs (default "default
+  # noabort hint slim default2"; watched, check16, ccheck16 and abort16, MK_ABORT_POLL_EVERY=16,
+  # on request). SASS of the M64 class (bench/code_size.py): default 21872, noabort =
+  # MK_PAGE_ABORT_POLL=0 (the compact page waits without their abort poll) 20920, watched =
+  # MK_WAIT_WATCHED=1 (every compact wait: try_wait, the abort word on every 16th failure; a
+  # probe, unbounded) 20352, hint = MK_WAIT_WATCHED=hint (try_wait with a 20 us suspend hint,
+  # the abort word after each failure) 19496, slim 18520. The mixed step (MK_WS_MIXED) is run
+  # by every build but slim.
+  ws_runs=()
+  for r in ${MK_WS_RUNS:-default noabort hint slim default2}; do
+    case $r in
+      default|default2) ws_runs+=("$r||$ws_mixed|$ws_b") ;;
+      check16) ws_runs+=("check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
+      abort16) ws_runs+=("abort16|MK_ABORT_POLL_EVERY=16|$ws_mixed|$ws_b") ;;
+      ccheck16) ws_runs+=("ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
+      noabort) ws_runs+=("noabort|MK_PAGE_ABORT_POLL=0|$ws_mixed|$ws_b") ;;
+      watched) ws_runs+=("watched|MK_WAIT_WATCHED=1|$ws_mixed|$ws_b") ;;
+      hint) ws_runs+=("hint|MK_WAIT_WATCHED=hint|$ws_mixed|$ws_b") ;;
+      slim) ws_runs+=("slim|MK_WAIT_SLIM=1||$ws_b") ;;
+      *) echo "MK_WS_RUNS: unknown run $r" >&2; exit 2 ;;
+    esac
+  done
+  UNTRACED_TIMEOUT=${MK_WS_TIMEOUT:-200} untraced_runs waitslim "${ws_runs[@]}"
 fi
 if has backoff; then
   # the counter waits' nanosleep cap (mk.megakernel.DEFAULT_BACKOFF_NS, 200 ns since session 1,

@@ -154,7 +154,7 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
     if cutlass.const_expr(kind in WAIT_SLIM_KINDS):
         unbounded_bar_wait(bar, phase)
     elif cutlass.const_expr(WAIT_COMPACT):
-        compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, True)
+        compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, PAGE_ABORT_POLL)
     elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         st = Int32(0)
@@ -190,7 +190,9 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     # with a gate (MK_WAIT_CHECK_EVERY / MK_ABORT_POLL_EVERY) live also counts the failed polls,
     # in steps of 2 (odd: never 0, also when it wraps)
     counted = WAIT_CHECK_EVERY > 1 or (ABORT_POLL_EVERY > 1 and abort_poll)
-    if not cute.arch.mbarrier_try_wait(bar, phase):
+    if cutlass.const_expr(WAIT_WATCHED):
+        watched_bar_wait(bar, phase, state)
+    elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         live = Int32(1)
         while live != 0:
@@ -207,6 +209,47 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
             else:
                 live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live,
                                     abort_poll, 1)
+
+
+@cute.jit
+def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor):
+    """MK_WAIT_WATCHED's wait: try_wait until the phase completes or the abort word is up, read
+    on every 16th failed poll (=1) or after every failed try_wait that may suspend the thread
+    WATCHED_HINT_NS (=hint); no clock, no deadline, no record."""
+    if not cute.arch.mbarrier_try_wait(bar, phase):
+        if cutlass.const_expr(WAIT_WATCHED == "hint"):
+            live = Int32(1)
+            while live != 0:
+                if try_wait_suspend(bar, phase, WATCHED_HINT_NS):
+                    live = Int32(0)
+                elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                                    scope="gpu") != 0:
+                    live = Int32(0)
+        else:
+            live = Int32(1)     # counts the failed polls in steps of 2 (odd: never 0)
+            while live != 0:
+                if cute.arch.mbarrier_try_wait(bar, phase):
+                    live = Int32(0)
+                else:
+                    live = live + 2
+                    if (live & 31) == 1:
+                        if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
+                                          sem="relaxed", scope="gpu") != 0:
+                            live = Int32(0)
+
+
+@dsl_user_op
+def try_wait_suspend(bar: cute.Pointer, phase: Int32, hint_ns: cutlass.Constexpr, *, loc=None,
+                     ip=None) -> cutlass.Boolean:
+    """mbarrier.try_wait.parity with a suspend-time hint: the thread may sleep up to hint_ns
+    (instead of the system's limit) unless the phase completes first."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(bar.toint()).ir_value(loc=loc, ip=ip),
+                  Int32(phase).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2, "
+        f"{int(hint_ns)};\nselp.b32 $0, 1, 0, p;\n}}", "=r,r,r,~{memory}",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip)) != 0
 
 
 @cute.jit
@@ -314,6 +357,26 @@ WAIT_CHECK_EVERY = _power_of_two_knob("MK_WAIT_CHECK_EVERY")
 # meanwhile is seen that much later; at B=1 the step is a chain of such hand-offs (~46k
 # instructions in 9 ms). MK_WAIT_SLIM leaves these waits as they are.
 COUNTER_CHECK_EVERY = _power_of_two_knob("MK_COUNTER_CHECK_EVERY")
+# MK_PAGE_ABORT_POLL=0 (a probe; 1, the default, as GPU-verified): the compact page waits
+# (bar_wait) without the abort poll, as bounded_bar_wait's intra-CTA waits already are. Session
+# 52: the bounds' cost is their code (MK_WAIT_CHECK_EVERY=16 gains nothing); in the M64 class
+# the abort poll is ~640 of 21.9k SASS instructions (bench/code_size.py --by line), the
+# deadline ~720, the record ~870. Without it a wait that starves because another timed out
+# ends at its own deadline, not at once: the kernel ends within a few bounds, not one.
+PAGE_ABORT_POLL = os.environ.get("MK_PAGE_ABORT_POLL", "1") != "0"
+# MK_WAIT_WATCHED=1 (a probe, never a default as it stands: a starved wait hangs unless another
+# wait raises the abort flag): every compact mbarrier wait keeps only an abort poll on every 16th
+# failed try_wait (watched_bar_wait, ~8 instructions a site against ~19), no clock, deadline or
+# record. Does a wait that small take slim's 1.5-3.4%? If so, the bound moves to one watchdog:
+# the controller's own slot waits, bounded, naming the ticket whose roles stall.
+# MK_WAIT_WATCHED=hint: the abort word after every failed try_wait instead, each try_wait
+# allowed to suspend the thread WATCHED_HINT_NS (MK_WAIT_HINT_NS, default 20000): fewer
+# instructions a site, and the L2 poll once per suspension.
+WAIT_WATCHED = os.environ.get("MK_WAIT_WATCHED", "0")
+if WAIT_WATCHED not in ("0", "1", "hint"):
+    raise ValueError(f"MK_WAIT_WATCHED={WAIT_WATCHED}: 0, 1 or hint")
+WAIT_WATCHED = {"0": False}.get(WAIT_WATCHED, WAIT_WATCHED)
+WATCHED_HINT_NS = int(os.environ.get("MK_WAIT_HINT_NS", "20000"))
 
 
 @cute.jit
