@@ -404,7 +404,8 @@ class MegakernelError(RuntimeError):
     KINDS = {rk.ERR_COUNTER_WAIT: "counter wait", rk.ERR_PAGE_EMPTY: "page-empty wait",
              rk.ERR_PAGE_FULL: "page-full wait", rk.ERR_PAGE_DONE: "page-done wait",
              rk.ERR_INSTR_SLOT: "instruction-slot wait", rk.ERR_BAD_OPCODE: "bad opcode",
-             ERR_BAD_META: "metadata check", rk.ERR_INSTR_READY: "instruction-ready wait"}
+             ERR_BAD_META: "metadata check", rk.ERR_INSTR_READY: "instruction-ready wait",
+             rk.ERR_INSTR_STALLED: "stalled instruction (its roles past the bound)"}
 
     def __init__(self, kind, instr, counter, value, target, sm, cta):
         self.kind, self.instr, self.counter = kind, instr, counter
@@ -641,13 +642,23 @@ class MegakernelDSL:
         if cutlass.const_expr(self.claim_after_loads):
             prev_slot = Int32(-1)              # the slot of the last claim (-1: none yet)
             prev_ph = Int32(0)
+        if cutlass.const_expr(rk.WATCHDOG):
+            nfill = Int32(0)                   # slots filled so far (the drain after END)
         while live == 1:
-            rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state, rk.ERR_INSTR_SLOT,
-                                Int32(-1))
+            if cutlass.const_expr(rk.WATCHDOG):
+                # the slot's last instruction (tick: its ticket, lane 0's write of that fill)
+                rk.watchdog_slot_wait(iempty + islot, iph ^ 1, timeout_ns, state, tick[islot])
+            else:
+                rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state,
+                                    rk.ERR_INSTR_SLOT, Int32(-1))
             if cutlass.const_expr(self.claim_after_loads):
                 if prev_slot >= 0:
-                    rk.bounded_bar_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
-                                        rk.ERR_INSTR_SLOT, Int32(-1))
+                    if cutlass.const_expr(rk.WATCHDOG):
+                        rk.watchdog_slot_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
+                                              tick[prev_slot])
+                    else:
+                        rk.bounded_bar_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
+                                            rk.ERR_INSTR_SLOT, Int32(-1))
                 prev_slot = islot
                 prev_ph = iph
             t = Int32(0)
@@ -691,7 +702,18 @@ class MegakernelDSL:
                     # the waits' acquire loads are this warp's; the release hands them on
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             first = Int32(0)
+            if cutlass.const_expr(rk.WATCHDOG):
+                nfill = nfill + 1
             islot, iph = next_slot(islot, iph)
+        if cutlass.const_expr(rk.WATCHDOG):
+            # the roles leave on END without freeing its slot; the instructions before it in the
+            # ring (fills nfill - NISLOTS .. nfill - 2) have no later refill whose wait would
+            # see them stall: wait for them here, oldest first
+            for back in cutlass.range_constexpr(NISLOTS - 1, 0, -1):
+                f = nfill - 1 - back
+                if f >= 0:
+                    rk.watchdog_slot_wait(iempty + f % NISLOTS, (f // NISLOTS) & 1, timeout_ns,
+                                          state, tick[f % NISLOTS])
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:

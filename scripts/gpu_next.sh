@@ -86,7 +86,8 @@
 #          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
 #          (instruction slots): a bounded wait that starves names the wait (~6 min)
 #   waitslim decode MK_WS_BATCH (1,1024), the runs of MK_WS_RUNS (since session 52: default /
-#          MK_PAGE_ABORT_POLL=0 / MK_WAIT_WATCHED=hint / slim / default); session 51's: default /
+#          MK_PAGE_ABORT_POLL=0 / MK_WAIT_WATCHED=hint / MK_WAIT_WATCHDOG=1 / slim / default);
+#          session 51's: default /
 #          MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
 #          clock, deadline and abort word on every 16th failed try_wait) /
 #          MK_COUNTER_CHECK_EVERY=16 (the counter waits' abort word and clock on every 16th
@@ -395,15 +396,15 @@
 #         a run that ends in a record names the wait that starves (kind, ticket, phase: read the
 #         ticket's instruction in the mixed step's plan). A protocol race that faster waits
 #         expose is a correctness bug of the default build too: fix it first.
-#      1. `MK_STEPS=waitslim` (~8 min; the runs are now default / MK_PAGE_ABORT_POLL=0 /
-#         MK_WAIT_WATCHED=hint / slim / default): how much of slim's gain a wait of a few
-#         instructions (hint: try_wait with a 20 us suspend hint, the abort word after each
-#         failure; -10.9% of the M64 class's SASS, slim -15.3%) or one without the page waits'
-#         abort poll (noabort: -4.4%) takes. If hint is near slim: build the watchdog (the
-#         controller's slot waits keep the bound and name the ticket whose roles stall; every
-#         other mbarrier wait is hinted), then verify it (the starved-wait GPU test,
-#         tests/test_megakernel_gpu.py, must then accept the slot record). noabort alone is
-#         safe as it is (a starved wait still times out, only later).
+#      1. `MK_STEPS=waitslim` (~6 min; the runs are now default / MK_PAGE_ABORT_POLL=0 /
+#         MK_WAIT_WATCHED=hint / MK_WAIT_WATCHDOG=1 / slim / default): how much of slim's gain
+#         smaller waits take (SASS of the M64 class: noabort -4.4%, hint -10.9%, watchdog
+#         -10.4%, slim -15.3%). The watchdog is the shippable one (bounded: the controller's
+#         waits for a slot's roles name the stalled ticket; built in session 52, compiled only):
+#         if it wins, `MK_WAIT_WATCHDOG=1 MK_STEPS=verify` (the starved-wait GPU test has a
+#         watchdog case: the record must name ticket 3 as a stalled instruction), its mixed
+#         step (does slim's hang show up there, now named?), then the default and e2e.
+#         noabort alone is safe as it is (a starved wait still times out, only later).
 #      2. `MK_STEPS=backoff` (~5 min): the counter waits' nanosleep cap 200 / 100 / 50 / 400 ns at
 #         B=1, 16 (never timed in the step; at B=1 every hand-off waits up to the cap). With
 #         ccheck16 (-0.5% at B=1): a winner of either as the default after `MK_STEPS=verify`
@@ -2270,10 +2271,12 @@ if has waitslim; then
   # MK_PAGE_ABORT_POLL=0 (the compact page waits without their abort poll) 20920, watched =
   # MK_WAIT_WATCHED=1 (every compact wait: try_wait, the abort word on every 16th failure; a
   # probe, unbounded) 20352, hint = MK_WAIT_WATCHED=hint (try_wait with a 20 us suspend hint,
-  # the abort word after each failure) 19496, slim 18520. The mixed step (MK_WS_MIXED) is run
-  # by every build but slim.
+  # the abort word after each failure) 19496, watchdog = MK_WAIT_WATCHDOG=1 (hint's role page
+  # waits, bare slot waits, the bound in the controller's slot waits: bounded and shippable if
+  # its checks pass) 19608, slim 18520. The mixed step (MK_WS_MIXED) is run by every build but
+  # slim (~6 min with the default runs at B=1, 1024).
   ws_runs=()
-  for r in ${MK_WS_RUNS:-default noabort hint slim default2}; do
+  for r in ${MK_WS_RUNS:-default noabort hint watchdog slim default2}; do
     case $r in
       default|default2) ws_runs+=("$r||$ws_mixed|$ws_b") ;;
       check16) ws_runs+=("check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
@@ -2282,6 +2285,7 @@ if has waitslim; then
       noabort) ws_runs+=("noabort|MK_PAGE_ABORT_POLL=0|$ws_mixed|$ws_b") ;;
       watched) ws_runs+=("watched|MK_WAIT_WATCHED=1|$ws_mixed|$ws_b") ;;
       hint) ws_runs+=("hint|MK_WAIT_WATCHED=hint|$ws_mixed|$ws_b") ;;
+      watchdog) ws_runs+=("watchdog|MK_WAIT_WATCHDOG=1|$ws_mixed|$ws_b") ;;
       slim) ws_runs+=("slim|MK_WAIT_SLIM=1||$ws_b") ;;
       *) echo "MK_WS_RUNS: unknown run $r" >&2; exit 2 ;;
     esac

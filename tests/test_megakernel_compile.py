@@ -1242,28 +1242,32 @@ def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, k
     assert r.returncode != 0 and f"{knob}=3" in r.stderr, r.stderr[-2000:]
 
 
-def test_watched_waits_compile_clean_with_the_suspend_hint_and_refuse_a_bad_mode(tmp_path):
-    """MK_WAIT_WATCHED=hint (a probe of session 52: every compact mbarrier wait a try_wait loop
-    with a suspend-time hint and the abort word after each failure, no clock or record; ~11% less
-    SASS in the M64 class, slim's -15%): the all-opcode M64 variant with split-K compiles with 0
-    spills and no call, its waits carry the hint and no compact wait reads the clock after a
-    failed try_wait; an unknown mode is refused at import."""
+def test_watchdog_variant_compiles_clean_with_its_bound_in_the_controller(tmp_path):
+    """MK_WAIT_WATCHDOG=1 (session 52, not GPU-run yet: the bound of the mbarrier waits moves to
+    the controller's waits for a slot's roles; ~10% less SASS in the M64 class, slim -15%): the
+    all-opcode M64 variant with split-K compiles with 0 spills and no call; its role page waits
+    are try_waits with the suspend hint (rk.try_wait_suspend's inline PTX, MK_WAIT_WATCHED=hint's
+    too) and only the controller's few waits start a deadline (the default: one per wait site,
+    hundreds); MK_WAIT_WATCHED beside it, or an unknown MK_WAIT_WATCHED, is refused at import."""
     import subprocess
     import sys
-    ptx = variant_ptx(tmp_path, "watched_hint", {"MK_WAIT_WATCHED": "hint"},
-                      "assert rk.WAIT_WATCHED == 'hint' and rk.WATCHED_HINT_NS == 20000")
-    assert_clean_variant(tmp_path, "watched_hint", ptx)
-    assert re.search(r"mbarrier\.try_wait\.parity\.shared::cta\.b64 \S+, \[%r\d+\], %r\d+, "
-                     r"20000;", ptx), "no suspend-hinted try_wait"
-    # the clock is still read by the counter waits (wait_counter) and the journal, but never
-    # right after a try_wait as the compact waits' t0 was
     deadline_start = (r"mbarrier\.try_wait[^\n]*\n\s*@%p\d+\s+bra\s+\S+;\n\s*mov\.u64\s+%rd\d+, "
                       r"%globaltimer")
-    assert not re.search(deadline_start, ptx), "a compact wait still starts a deadline"
-    r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
-                       env=dict(os.environ, MK_WAIT_WATCHED="2", PYTHONPATH=ROOT),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MK_WAIT_WATCHED=2" in r.stderr, r.stderr[-2000:]
+    ptx = variant_ptx(tmp_path, "watchdog", {"MK_WAIT_WATCHDOG": "1"},
+                      "assert rk.WATCHDOG and rk.WATCHED_HINT_NS == 20000")
+    assert_clean_variant(tmp_path, "watchdog", ptx)
+    assert len(re.findall(r"mbarrier\.try_wait\.parity\.shared::cta\.b64 \S+, \[%r\d+\], %r\d+, "
+                          r"20000;", ptx)) >= 50, "the role page waits lack the suspend hint"
+    # the controller's: iempty before a fill and the three after END, two compact waits each,
+    # each matched twice (t0 after the first try_wait, the loop's clock after a failed one; the
+    # default has 236 such matches in this class)
+    assert 1 <= len(re.findall(deadline_start, ptx)) <= 16, len(re.findall(deadline_start, ptx))
+    for env, text in (({"MK_WAIT_WATCHED": "2"}, "MK_WAIT_WATCHED=2"),
+                      ({"MK_WAIT_WATCHDOG": "1", "MK_WAIT_WATCHED": "hint"}, "one wait policy")):
+        r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
+                           env=dict(os.environ, PYTHONPATH=ROOT, **env), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode != 0 and text in r.stderr, r.stderr[-2000:]
 
 
 def test_backoff_env_sets_every_variants_default_and_refuses_out_of_range():

@@ -223,13 +223,15 @@ def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
         assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("compact", ["0", "1"])
+@pytest.mark.parametrize("compact", ["0", "1", "watchdog"])
 def test_starved_page_wait_names_its_instruction(tmp_path, compact):
     """An mbarrier wait's bound holds and its record names the starved instruction, with
     write_error's record and with MK_WAIT_COMPACT's one-CAS record: a plan of 4 RMSNORMs whose
     loader never hands ticket 3's page over (MK_TEST_STARVE_TICKET=3, compile-time, so in a
     process of its own) raises MegakernelError within seconds, a page-full (consumers) or
-    page-done (storer) wait of instruction 3 on a real SM and CTA; the next plan runs."""
+    page-done (storer) wait of instruction 3 on a real SM and CTA; the next plan runs. Under
+    MK_WAIT_WATCHDOG=1 the role waits have no bound: the controller's wait for ticket 3's slot
+    after END (the last instruction: no refill of its slot) names it, a stalled instruction."""
     import json
     import subprocess
     import sys
@@ -242,7 +244,8 @@ def test_starved_page_wait_names_its_instruction(tmp_path, compact):
         from mk.instructions.base import Buf
         from mk.instructions.rows import rows_instruction
         from mk.ir import Op, serialize
-        assert rk.STARVE_TICKET == 3 and rk.WAIT_COMPACT == (sys.argv[1] == "1")
+        assert rk.STARVE_TICKET == 3 and rk.WAIT_COMPACT == (sys.argv[1] != "0")
+        assert rk.WATCHDOG == (sys.argv[1] == "watchdog")
         T, H, L = 64, 256, 2
         w = types.SimpleNamespace(attn_norm=torch.ones(L, H).bfloat16(),
                                   mlp_norm=torch.ones(L, H).bfloat16(),
@@ -264,13 +267,17 @@ def test_starved_page_wait_names_its_instruction(tmp_path, compact):
         out["recovered"] = True
         print(json.dumps(out))
     ''' % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TEST_STARVE_TICKET="3", MK_WAIT_COMPACT=compact)
+    env = dict(os.environ, MK_TEST_STARVE_TICKET="3",
+               MK_WAIT_COMPACT="0" if compact == "0" else "1",
+               MK_WAIT_WATCHDOG="1" if compact == "watchdog" else "0")
     r = subprocess.run([sys.executable, "-c", code, compact], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     print(out)
     assert out["raised"], out
-    assert out["kind"] in ("page-full wait", "page-done wait") and out["instr"] == 3, out
+    kinds = (("stalled instruction (its roles past the bound)",) if compact == "watchdog" else
+             ("page-full wait", "page-done wait"))
+    assert out["kind"] in kinds and out["instr"] == 3, out
     assert 0 <= out["sm"] < 1000 and 0 <= out["cta"] < out["grid"], out
     assert out["seconds"] < 10 and out["recovered"], out

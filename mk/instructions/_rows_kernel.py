@@ -84,6 +84,7 @@ ERR_PAGE_DONE = 4
 ERR_INSTR_SLOT = 5
 ERR_BAD_OPCODE = 6
 ERR_INSTR_READY = 8     # (7 is the megakernel's ERR_BAD_META)
+ERR_INSTR_STALLED = 9   # MK_WAIT_WATCHDOG: the controller's bounded wait for a slot's roles
 
 
 HANDOFF_MODES = ("thread", "warp", "group")
@@ -153,6 +154,8 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
     failure ends the kernel quickly instead of every later wait timing out in turn."""
     if cutlass.const_expr(kind in WAIT_SLIM_KINDS):
         unbounded_bar_wait(bar, phase)
+    elif cutlass.const_expr(WATCHDOG):
+        watchdog_role_wait(bar, phase, state, kind)
     elif cutlass.const_expr(WAIT_COMPACT):
         compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, PAGE_ABORT_POLL)
     elif not cute.arch.mbarrier_try_wait(bar, phase):
@@ -191,7 +194,7 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     # in steps of 2 (odd: never 0, also when it wraps)
     counted = WAIT_CHECK_EVERY > 1 or (ABORT_POLL_EVERY > 1 and abort_poll)
     if cutlass.const_expr(WAIT_WATCHED):
-        watched_bar_wait(bar, phase, state)
+        watched_bar_wait(bar, phase, state, WAIT_WATCHED == "hint")
     elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         live = Int32(1)
@@ -212,12 +215,14 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
 
 
 @cute.jit
-def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor):
-    """MK_WAIT_WATCHED's wait: try_wait until the phase completes or the abort word is up, read
-    on every 16th failed poll (=1) or after every failed try_wait that may suspend the thread
-    WATCHED_HINT_NS (=hint); no clock, no deadline, no record."""
+def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor,
+                     hinted: cutlass.Constexpr):
+    """try_wait until the phase completes or the abort word is up, read after every failed
+    try_wait that may suspend the thread WATCHED_HINT_NS (hinted: MK_WAIT_WATCHED=hint, the
+    watchdog's role waits) or on every 16th failed poll (MK_WAIT_WATCHED=1); no clock, no
+    deadline, no record."""
     if not cute.arch.mbarrier_try_wait(bar, phase):
-        if cutlass.const_expr(WAIT_WATCHED == "hint"):
+        if cutlass.const_expr(hinted):
             live = Int32(1)
             while live != 0:
                 if try_wait_suspend(bar, phase, WATCHED_HINT_NS):
@@ -236,6 +241,32 @@ def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor):
                         if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
                                           sem="relaxed", scope="gpu") != 0:
                             live = Int32(0)
+
+
+@cute.jit
+def watchdog_role_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor,
+                       kind: cutlass.Constexpr):
+    """A role's mbarrier wait under MK_WAIT_WATCHDOG: a page wait ends when its phase completes
+    or the abort flag is up (watched_bar_wait, hinted); an instruction-slot wait (the roles' wait
+    for the controller's fill or `iready`) has neither bound nor abort exit, since the controller,
+    bounded in all its waits, fills every slot it claims and ends with END, also after an error
+    (an exit on abort would run the slot's stale words)."""
+    if cutlass.const_expr(kind in (ERR_INSTR_SLOT, ERR_INSTR_READY)):
+        unbounded_bar_wait(bar, phase)
+    else:
+        watched_bar_wait(bar, phase, state, True)
+
+
+@cute.jit
+def watchdog_slot_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
+                       ticket: Int32):
+    """The controller's wait (MK_WAIT_WATCHDOG) for ring slot `bar`'s roles to be done with
+    instruction `ticket`: bounded; past the deadline the record (ERR_INSTR_STALLED, the ticket)
+    and the abort flag, which ends the roles' page waits, then a second bounded wait while they
+    drain the slot (the record of the first stands), so that the controller refills no slot
+    that its roles still read."""
+    compact_bar_wait(bar, phase, timeout_ns, state, ERR_INSTR_STALLED, ticket, False)
+    compact_bar_wait(bar, phase, timeout_ns, state, ERR_INSTR_STALLED, ticket, False)
 
 
 @dsl_user_op
@@ -377,6 +408,17 @@ if WAIT_WATCHED not in ("0", "1", "hint"):
     raise ValueError(f"MK_WAIT_WATCHED={WAIT_WATCHED}: 0, 1 or hint")
 WAIT_WATCHED = {"0": False}.get(WAIT_WATCHED, WAIT_WATCHED)
 WATCHED_HINT_NS = int(os.environ.get("MK_WAIT_HINT_NS", "20000"))
+# MK_WAIT_WATCHDOG=1 (compile-time, off; not GPU-run yet): the bound moves from ~170 inline wait
+# sites to the controller. Every role page wait is watched_bar_wait's hinted try_wait loop that
+# ends on the abort flag, the roles' instruction-slot waits are bare (watchdog_role_wait); the
+# controller's waits for a slot's roles (iempty before a refill, lnext, and after END each slot
+# still holding an instruction) are bounded and their record names the ticket in that slot
+# (ERR_INSTR_STALLED; watchdog_slot_wait). A role that stalls holds its slot, so the controller
+# reaches that slot's wait within NISLOTS claims, or its counter waits (bounded as before) time
+# out first. The M64 class's SASS is then near MK_WAIT_WATCHED=hint's (-11%; slim -15%).
+WATCHDOG = os.environ.get("MK_WAIT_WATCHDOG", "0") == "1"
+if WATCHDOG and WAIT_WATCHED:
+    raise ValueError("MK_WAIT_WATCHDOG=1 and MK_WAIT_WATCHED: one wait policy at a time")
 
 
 @cute.jit
@@ -605,6 +647,8 @@ def bounded_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     Intra-CTA waits only time out on a megakernel bug; the record names the barrier kind."""
     if cutlass.const_expr(kind in WAIT_SLIM_KINDS):
         unbounded_bar_wait(bar, phase)
+    elif cutlass.const_expr(WATCHDOG):
+        watchdog_role_wait(bar, phase, state, kind)
     elif cutlass.const_expr(WAIT_COMPACT):
         compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, False)
     elif not cute.arch.mbarrier_try_wait(bar, phase):
