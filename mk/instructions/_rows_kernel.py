@@ -343,7 +343,8 @@ WAIT_SLIM_KINDS = _slim_kinds()
 
 @cute.jit
 def unbounded_bar_wait(bar: cute.Pointer, phase: Int32):
-    """mbarrier parity wait without a deadline (MK_WAIT_SLIM only)."""
+    """mbarrier parity wait without a deadline or abort exit (MK_WAIT_SLIM's and
+    MK_WAIT_SLIM_KINDS's probes; the roles' instruction-slot waits under MK_WAIT_WATCHDOG)."""
     done = Int32(0)
     while done == 0:
         if cute.arch.mbarrier_try_wait(bar, phase):
