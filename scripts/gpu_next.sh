@@ -388,7 +388,7 @@
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
 #   000024. Session 52 ran 000023's 0 and 1 at 3b8b700 / 1fae3cf on H100s (`*_s52_h100*`;
-#      three refused starts cost ~570 s): MK_WAIT_CHECK_EVERY=16 gains nothing (+0.6% / +1.0%
+#      four refused starts cost ~400 s): MK_WAIT_CHECK_EVERY=16 gains nothing (+0.6% / +1.0%
 #      at B=1 / 1024: slim's gain is the bound's code, not its work per poll);
 #      MK_COUNTER_CHECK_EVERY=16 -0.5% at B=1 (two calls), -0.1% at 1024, mixed +0.4%; slim
 #      hangs only at the mixed step and only with page and slot waits both unbounded. In order:
