@@ -2266,9 +2266,10 @@ if has waitslim; then
   ws_mixed="--mixed ${MK_WS_MIXED:-none}"
   # Session 52 (`waitslim*_s52_h100*`): check16 +0.6% / +1.0% (the cost is the code),
   # ccheck16 -0.5% / -0.1%, slim -3.4% / -1.5%. MK_WS_RUNS picks the runs (default "default
-  # noabort hint slim default2"; watched, check16, ccheck16 and abort16, MK_ABORT_POLL_EVERY=16,
-  # on request). SASS of the M64 class (bench/code_size.py): default 21872, noabort =
-  # MK_PAGE_ABORT_POLL=0 (the compact page waits without their abort poll) 20920, watched =
+  # noabort hint watchdog slim default2"; watched, ccheck16 and abort16, MK_ABORT_POLL_EVERY=16,
+  # on request; check16 removed). SASS of the M64 class (bench/code_size.py): default 21872,
+  # noabort = MK_PAGE_ABORT_POLL=0 (the compact page waits without their abort poll) 20920,
+  # watched =
   # MK_WAIT_WATCHED=1 (every compact wait: try_wait, the abort word on every 16th failure; a
   # probe, unbounded) 20352, hint = MK_WAIT_WATCHED=hint (try_wait with a 20 us suspend hint,
   # the abort word after each failure) 19496, watchdog = MK_WAIT_WATCHDOG=1 (hint's role page
@@ -2279,7 +2280,6 @@ if has waitslim; then
   for r in ${MK_WS_RUNS:-default noabort hint watchdog slim default2}; do
     case $r in
       default|default2) ws_runs+=("$r||$ws_mixed|$ws_b") ;;
-      check16) ws_runs+=("check16|MK_WAIT_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
       abort16) ws_runs+=("abort16|MK_ABORT_POLL_EVERY=16|$ws_mixed|$ws_b") ;;
       ccheck16) ws_runs+=("ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
       noabort) ws_runs+=("noabort|MK_PAGE_ABORT_POLL=0|$ws_mixed|$ws_b") ;;

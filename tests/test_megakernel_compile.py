@@ -1221,14 +1221,12 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
 
 
 @pytest.mark.parametrize("knob,attr", [("MK_ABORT_POLL_EVERY", "ABORT_POLL_EVERY"),
-                                       ("MK_WAIT_CHECK_EVERY", "WAIT_CHECK_EVERY"),
                                        ("MK_COUNTER_CHECK_EVERY", "COUNTER_CHECK_EVERY")])
 def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, knob, attr):
-    """MK_ABORT_POLL_EVERY=16 / MK_WAIT_CHECK_EVERY=16 / MK_COUNTER_CHECK_EVERY=16 (session 51's
-    questions: is the hot page waits' L2 poll of the abort word, the clock read and compare on
-    every failed poll, or the counter waits' abort poll what makes the bounded waits slower than
-    MK_WAIT_SLIM's?): the all-opcode M64 variant with split-K compiles with 0 spills and no call,
-    the every-16th gate in it; 3 is refused at import."""
+    """MK_ABORT_POLL_EVERY=16 / MK_COUNTER_CHECK_EVERY=16 (session 51's questions: is the hot
+    page waits' L2 poll of the abort word or the counter waits' abort poll what makes the bounded
+    waits slower than MK_WAIT_SLIM's?): the all-opcode M64 variant with split-K compiles with 0
+    spills and no call, the every-16th gate in it; 3 is refused at import."""
     import subprocess
     import sys
     ptx = variant_ptx(tmp_path, attr, {knob: "16"}, f"assert rk.{attr} == 16")

@@ -190,9 +190,9 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     a loop with one live flag, the record written where the deadline passes (no verdict
     variable carried out of the loop for a switch after it: ptxas made that a jump table at
     every wait)."""
-    # with a gate (MK_WAIT_CHECK_EVERY / MK_ABORT_POLL_EVERY) live also counts the failed polls,
-    # in steps of 2 (odd: never 0, also when it wraps)
-    counted = WAIT_CHECK_EVERY > 1 or (ABORT_POLL_EVERY > 1 and abort_poll)
+    # with MK_ABORT_POLL_EVERY live also counts the failed polls, in steps of 2 (odd: never 0,
+    # also when it wraps)
+    counted = ABORT_POLL_EVERY > 1 and abort_poll
     if cutlass.const_expr(WAIT_WATCHED):
         watched_bar_wait(bar, phase, state, WAIT_WATCHED == "hint")
     elif not cute.arch.mbarrier_try_wait(bar, phase):
@@ -201,11 +201,6 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
         while live != 0:
             if cute.arch.mbarrier_try_wait(bar, phase):
                 live = Int32(0)
-            elif cutlass.const_expr(WAIT_CHECK_EVERY > 1):
-                live = live + 2
-                if (live & (2 * WAIT_CHECK_EVERY - 1)) == 1:
-                    live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live,
-                                        abort_poll, 1)
             elif cutlass.const_expr(counted):
                 live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live + 2,
                                     abort_poll, ABORT_POLL_EVERY)
@@ -378,11 +373,9 @@ def _power_of_two_knob(name: str) -> int:
 # line after every failed try_wait once 2 us have passed, and a hand-off that lands during the
 # load is seen one L2 round trip late.
 ABORT_POLL_EVERY = _power_of_two_knob("MK_ABORT_POLL_EVERY")
-# MK_WAIT_CHECK_EVERY=N: the clock, the deadline and the abort word only on every N-th failed
-# poll of every compact wait (over MK_ABORT_POLL_EVERY where both are set): the hot loop becomes
-# slim's try_wait plus a counter, the code as large as before. Does the work per failed poll
-# cost what slim saves, or the code?
-WAIT_CHECK_EVERY = _power_of_two_knob("MK_WAIT_CHECK_EVERY")
+# (MK_WAIT_CHECK_EVERY=16, the clock, deadline and abort word on every 16th failed poll of every
+# compact wait, slim's hot loop at the default's code size, was +0.6% / +1.0% at B=1 / 1024 in
+# session 52: removed; what slim saves is the code.)
 # MK_COUNTER_CHECK_EVERY=N: a counter wait (wait_counter: the controller's dependency waits)
 # reads the abort word and the clock on every N-th failed poll only. Each failed poll now pays
 # a second L2 round trip (the abort word) after the counter's own, so a dependency that lands
