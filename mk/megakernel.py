@@ -1154,8 +1154,7 @@ class MegakernelDSL:
                                        sem="acq_rel", scope="gpu")
             last = Int32(0)
             if old == Int32(gdim) - 1:
-                if cute.arch.load((state.iterator + rk.S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                  scope="gpu") == 0:
+                if not rk.abort_raised(state):
                     last = Int32(1)
             flag[0] = last
         cute.arch.sync_threads()

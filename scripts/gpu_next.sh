@@ -86,7 +86,7 @@
 #          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
 #          (instruction slots): a bounded wait that starves names the wait (~6 min)
 #   waitslim decode MK_WS_BATCH (1,1024), the runs of MK_WS_RUNS (since session 52: default /
-#          MK_PAGE_ABORT_POLL=0 / MK_WAIT_WATCHED=hint / MK_WAIT_WATCHDOG=1 / slim / default);
+#          MK_PAGE_ABORT_POLL=0 / MK_WAIT_WATCHED=1 / MK_WAIT_WATCHDOG=1 / slim / default);
 #          session 51's: default /
 #          MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
 #          clock, deadline and abort word on every 16th failed try_wait) /
@@ -397,7 +397,7 @@
 #         ticket's instruction in the mixed step's plan). A protocol race that faster waits
 #         expose is a correctness bug of the default build too: fix it first.
 #      1. `MK_STEPS=waitslim` (~6 min; the runs are now default / MK_PAGE_ABORT_POLL=0 /
-#         MK_WAIT_WATCHED=hint / MK_WAIT_WATCHDOG=1 / slim / default): how much of slim's gain
+#         MK_WAIT_WATCHED=1 / MK_WAIT_WATCHDOG=1 / slim / default): how much of slim's gain
 #         smaller waits take (SASS of the M64 class: noabort -4.4%, hint -10.9%, watchdog
 #         -10.4%, slim -15.3%). The watchdog is the shippable one (bounded: the controller's
 #         waits for a slot's roles name the stalled ticket; built in session 52, compiled only):
@@ -2266,12 +2266,10 @@ if has waitslim; then
   ws_mixed="--mixed ${MK_WS_MIXED:-none}"
   # Session 52 (`waitslim*_s52_h100*`): check16 +0.6% / +1.0% (the cost is the code),
   # ccheck16 -0.5% / -0.1%, slim -3.4% / -1.5%. MK_WS_RUNS picks the runs (default "default
-  # noabort hint watchdog slim default2"; watched, ccheck16 and abort16, MK_ABORT_POLL_EVERY=16,
+  # noabort hint watchdog slim default2"; ccheck16 and abort16, MK_ABORT_POLL_EVERY=16,
   # on request; check16 removed). SASS of the M64 class (bench/code_size.py): default 21872,
   # noabort = MK_PAGE_ABORT_POLL=0 (the compact page waits without their abort poll) 20920,
-  # watched =
-  # MK_WAIT_WATCHED=1 (every compact wait: try_wait, the abort word on every 16th failure; a
-  # probe, unbounded) 20352, hint = MK_WAIT_WATCHED=hint (try_wait with a 20 us suspend hint,
+  # hint = MK_WAIT_WATCHED=1 (every compact wait a try_wait with a 20 us suspend hint,
   # the abort word after each failure) 19496, watchdog = MK_WAIT_WATCHDOG=1 (hint's role page
   # waits, bare slot waits, the bound in the controller's slot waits: bounded and shippable if
   # its checks pass) 19608, slim 18520. The mixed step (MK_WS_MIXED) is run by every build but
@@ -2283,8 +2281,7 @@ if has waitslim; then
       abort16) ws_runs+=("abort16|MK_ABORT_POLL_EVERY=16|$ws_mixed|$ws_b") ;;
       ccheck16) ws_runs+=("ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
       noabort) ws_runs+=("noabort|MK_PAGE_ABORT_POLL=0|$ws_mixed|$ws_b") ;;
-      watched) ws_runs+=("watched|MK_WAIT_WATCHED=1|$ws_mixed|$ws_b") ;;
-      hint) ws_runs+=("hint|MK_WAIT_WATCHED=hint|$ws_mixed|$ws_b") ;;
+      hint) ws_runs+=("hint|MK_WAIT_WATCHED=1|$ws_mixed|$ws_b") ;;
       watchdog) ws_runs+=("watchdog|MK_WAIT_WATCHDOG=1|$ws_mixed|$ws_b") ;;
       slim) ws_runs+=("slim|MK_WAIT_SLIM=1||$ws_b") ;;
       *) echo "MK_WS_RUNS: unknown run $r" >&2; exit 2 ;;

@@ -1244,7 +1244,7 @@ def test_watchdog_variant_compiles_clean_with_its_bound_in_the_controller(tmp_pa
     """MK_WAIT_WATCHDOG=1 (session 52, not GPU-run yet: the bound of the mbarrier waits moves to
     the controller's waits for a slot's roles; ~10% less SASS in the M64 class, slim -15%): the
     all-opcode M64 variant with split-K compiles with 0 spills and no call; its role page waits
-    are try_waits with the suspend hint (rk.try_wait_suspend's inline PTX, MK_WAIT_WATCHED=hint's
+    are try_waits with the suspend hint (rk.try_wait_suspend's inline PTX, MK_WAIT_WATCHED=1's
     too) and only the controller's few waits start a deadline (the default: one per wait site,
     hundreds); MK_WAIT_WATCHED beside it, or an unknown MK_WAIT_WATCHED, is refused at import."""
     import subprocess
@@ -1261,7 +1261,7 @@ def test_watchdog_variant_compiles_clean_with_its_bound_in_the_controller(tmp_pa
     # default has 236 such matches in this class)
     assert 1 <= len(re.findall(deadline_start, ptx)) <= 16, len(re.findall(deadline_start, ptx))
     for env, text in (({"MK_WAIT_WATCHED": "2"}, "MK_WAIT_WATCHED=2"),
-                      ({"MK_WAIT_WATCHDOG": "1", "MK_WAIT_WATCHED": "hint"}, "one wait policy")):
+                      ({"MK_WAIT_WATCHDOG": "1", "MK_WAIT_WATCHED": "1"}, "one wait policy")):
         r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
                            env=dict(os.environ, PYTHONPATH=ROOT, **env), capture_output=True,
                            text=True, timeout=300)

@@ -134,12 +134,18 @@ def nbox_of(col: Int32, col_end: Int32) -> Int32:
 
 
 @cute.jit
+def abort_raised(state: cute.Tensor):
+    """Whether a failed wait has raised the abort flag (one relaxed gpu-scope L2 read)."""
+    return cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
+                          scope="gpu") != 0
+
+
+@cute.jit
 def abort_or_timeout(state: cute.Tensor, t0: Int64, timeout_ns: Int64) -> Int32:
     """A bounded wait's verdict while its condition still fails: 3 another wait has raised the
     abort flag, 2 more than timeout_ns since t0 (globaltimer), else 0 (keep waiting)."""
     st = Int32(0)
-    if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                      scope="gpu") != 0:
+    if abort_raised(state):
         st = Int32(3)
     elif cute.arch.globaltimer() - t0 > timeout_ns:
         st = Int32(2)
@@ -176,8 +182,7 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
                     if waited > timeout_ns:
                         st = Int32(2)
                     elif waited > ABORT_POLL_AFTER_NS:
-                        if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
-                                          sem="relaxed", scope="gpu") != 0:
+                        if abort_raised(state):
                             st = Int32(3)
         if st == 2:
             write_wait_error(state, kind, ticket, phase)
@@ -194,7 +199,7 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     # also when it wraps)
     counted = ABORT_POLL_EVERY > 1 and abort_poll
     if cutlass.const_expr(WAIT_WATCHED):
-        watched_bar_wait(bar, phase, state, WAIT_WATCHED == "hint")
+        watched_bar_wait(bar, phase, state)
     elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         live = Int32(1)
@@ -210,46 +215,31 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
 
 
 @cute.jit
-def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor,
-                     hinted: cutlass.Constexpr):
-    """try_wait until the phase completes or the abort word is up, read after every failed
-    try_wait that may suspend the thread WATCHED_HINT_NS (hinted: MK_WAIT_WATCHED=hint, the
-    watchdog's role waits) or on every 16th failed poll (MK_WAIT_WATCHED=1); no clock, no
-    deadline, no record."""
+def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor):
+    """try_wait until the phase completes or the abort flag is up, read after every failed
+    try_wait, each of which may suspend the thread WATCHED_HINT_NS (MK_WAIT_WATCHED's probe, the
+    watchdog's role page waits); no clock, no deadline, no record."""
     if not cute.arch.mbarrier_try_wait(bar, phase):
-        if cutlass.const_expr(hinted):
-            live = Int32(1)
-            while live != 0:
-                if try_wait_suspend(bar, phase, WATCHED_HINT_NS):
-                    live = Int32(0)
-                elif cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                                    scope="gpu") != 0:
-                    live = Int32(0)
-        else:
-            live = Int32(1)     # counts the failed polls in steps of 2 (odd: never 0)
-            while live != 0:
-                if cute.arch.mbarrier_try_wait(bar, phase):
-                    live = Int32(0)
-                else:
-                    live = live + 2
-                    if (live & 31) == 1:
-                        if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
-                                          sem="relaxed", scope="gpu") != 0:
-                            live = Int32(0)
+        live = Int32(1)
+        while live != 0:
+            if try_wait_suspend(bar, phase, WATCHED_HINT_NS):
+                live = Int32(0)
+            elif abort_raised(state):
+                live = Int32(0)
 
 
 @cute.jit
 def watchdog_role_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor,
                        kind: cutlass.Constexpr):
     """A role's mbarrier wait under MK_WAIT_WATCHDOG: a page wait ends when its phase completes
-    or the abort flag is up (watched_bar_wait, hinted); an instruction-slot wait (the roles' wait
+    or the abort flag is up (watched_bar_wait); an instruction-slot wait (the roles' wait
     for the controller's fill or `iready`) has neither bound nor abort exit, since the controller,
     bounded in all its waits, fills every slot it claims and ends with END, also after an error
     (an exit on abort would run the slot's stale words)."""
     if cutlass.const_expr(kind in (ERR_INSTR_SLOT, ERR_INSTR_READY)):
         unbounded_bar_wait(bar, phase)
     else:
-        watched_bar_wait(bar, phase, state, True)
+        watched_bar_wait(bar, phase, state)
 
 
 @cute.jit
@@ -293,12 +283,10 @@ def wait_verdict(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, pha
         if cutlass.const_expr(abort_every > 1):
             if (live & (2 * abort_every - 1)) == 1:
                 if waited > ABORT_POLL_AFTER_NS:
-                    if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32,
-                                      sem="relaxed", scope="gpu") != 0:
+                    if abort_raised(state):
                         live = Int32(0)
         elif waited > ABORT_POLL_AFTER_NS:
-            if cute.arch.load((state.iterator + S_ABORT).llvm_ptr, Int32, sem="relaxed",
-                              scope="gpu") != 0:
+            if abort_raised(state):
                 live = Int32(0)
     return live
 
@@ -390,17 +378,15 @@ COUNTER_CHECK_EVERY = _power_of_two_knob("MK_COUNTER_CHECK_EVERY")
 # ends at its own deadline, not at once: the kernel ends within a few bounds, not one.
 PAGE_ABORT_POLL = os.environ.get("MK_PAGE_ABORT_POLL", "1") != "0"
 # MK_WAIT_WATCHED=1 (a probe, never a default as it stands: a starved wait hangs unless another
-# wait raises the abort flag): every compact mbarrier wait keeps only an abort poll on every 16th
-# failed try_wait (watched_bar_wait, ~8 instructions a site against ~19), no clock, deadline or
-# record. Does a wait that small take slim's 1.5-3.4%? If so, the bound moves to one watchdog:
-# the controller's own slot waits, bounded, naming the ticket whose roles stall.
-# MK_WAIT_WATCHED=hint: the abort word after every failed try_wait instead, each try_wait
-# allowed to suspend the thread WATCHED_HINT_NS (MK_WAIT_HINT_NS, default 20000): fewer
-# instructions a site, and the L2 poll once per suspension.
+# wait raises the abort flag): every compact mbarrier wait is watched_bar_wait, a try_wait loop
+# with a suspend-time hint of WATCHED_HINT_NS (MK_WAIT_HINT_NS, default 20000) and the abort word
+# after each failure; no clock, deadline or record (M64 class SASS -10.9%, slim -15.3%). Does a
+# wait that small take slim's 1.5-3.4%? (Session 52 also compiled an unhinted loop reading the
+# abort word on every 16th failure: -7.0%, dropped for this one.)
 WAIT_WATCHED = os.environ.get("MK_WAIT_WATCHED", "0")
-if WAIT_WATCHED not in ("0", "1", "hint"):
-    raise ValueError(f"MK_WAIT_WATCHED={WAIT_WATCHED}: 0, 1 or hint")
-WAIT_WATCHED = {"0": False}.get(WAIT_WATCHED, WAIT_WATCHED)
+if WAIT_WATCHED not in ("0", "1"):
+    raise ValueError(f"MK_WAIT_WATCHED={WAIT_WATCHED}: 0 or 1")
+WAIT_WATCHED = WAIT_WATCHED == "1"
 WATCHED_HINT_NS = int(os.environ.get("MK_WAIT_HINT_NS", "20000"))
 # MK_WAIT_WATCHDOG=1 (compile-time, off; not GPU-run yet): the bound moves from ~170 inline wait
 # sites to the controller. Every role page wait is watched_bar_wait's hinted try_wait loop that
@@ -409,7 +395,7 @@ WATCHED_HINT_NS = int(os.environ.get("MK_WAIT_HINT_NS", "20000"))
 # still holding an instruction) are bounded and their record names the ticket in that slot
 # (ERR_INSTR_STALLED; watchdog_slot_wait). A role that stalls holds its slot, so the controller
 # reaches that slot's wait within NISLOTS claims, or its counter waits (bounded as before) time
-# out first. The M64 class's SASS is then near MK_WAIT_WATCHED=hint's (-11%; slim -15%).
+# out first. The M64 class's SASS is then near MK_WAIT_WATCHED=1's (-11%; slim -15%).
 WATCHDOG = os.environ.get("MK_WAIT_WATCHDOG", "0") == "1"
 if WATCHDOG and WAIT_WATCHED:
     raise ValueError("MK_WAIT_WATCHDOG=1 and MK_WAIT_WATCHED: one wait policy at a time")
