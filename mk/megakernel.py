@@ -647,7 +647,8 @@ class MegakernelDSL:
         while live == 1:
             if cutlass.const_expr(rk.WATCHDOG):
                 # the slot's last instruction (tick: its ticket, lane 0's write of that fill)
-                rk.watchdog_slot_wait(iempty + islot, iph ^ 1, timeout_ns, state, tick[islot])
+                rk.watchdog_slot_wait(iempty + islot, iph ^ 1, timeout_ns, state,
+                                      self.slot_ticket(tick, islot, lane))
             else:
                 rk.bounded_bar_wait(iempty + islot, iph ^ 1, timeout_ns, state,
                                     rk.ERR_INSTR_SLOT, Int32(-1))
@@ -655,7 +656,7 @@ class MegakernelDSL:
                 if prev_slot >= 0:
                     if cutlass.const_expr(rk.WATCHDOG):
                         rk.watchdog_slot_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
-                                              tick[prev_slot])
+                                              self.slot_ticket(tick, prev_slot, lane))
                     else:
                         rk.bounded_bar_wait(lnext + prev_slot, prev_ph, timeout_ns, state,
                                             rk.ERR_INSTR_SLOT, Int32(-1))
@@ -713,7 +714,17 @@ class MegakernelDSL:
                 f = nfill - 1 - back
                 if f >= 0:
                     rk.watchdog_slot_wait(iempty + f % NISLOTS, (f // NISLOTS) & 1, timeout_ns,
-                                          state, tick[f % NISLOTS])
+                                          state, self.slot_ticket(tick, f % NISLOTS, lane))
+
+    @cute.jit
+    def slot_ticket(self, tick: cute.Tensor, slot: Int32, lane: Int32) -> Int32:
+        """The ticket the controller put in ring slot `slot`, for the watchdog's record: read by
+        lane 0, which wrote it, and broadcast (another lane's read of lane 0's shared-memory
+        write, with no barrier of the warp between, is a race to racecheck; session 53)."""
+        t = Int32(-1)
+        if lane == 0:
+            t = tick[slot]
+        return cute.arch.shuffle_sync(t, 0)
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
