@@ -85,9 +85,8 @@
 #   slimhang where MK_WAIT_SLIM=1's mixed step hangs: slim at B=4096 + a 1200-token prompt-only
 #          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
 #          (instruction slots): a bounded wait that starves names the wait (~6 min)
-#   waitslim decode MK_WS_BATCH (1,1024), the runs of MK_WS_RUNS (since session 52: default /
-#          MK_PAGE_ABORT_POLL=0 / MK_WAIT_WATCHED=1 / MK_WAIT_WATCHDOG=1 / slim / default);
-#          session 51's: default /
+#   waitslim decode MK_WS_BATCH (1,1024), the runs of MK_WS_RUNS (since session 53: default
+#          (the watchdog) / MK_WAIT_WATCHDOG=0 / slim / default); session 51's: default /
 #          MK_WAIT_CHECK_EVERY=16 (the mbarrier waits'
 #          clock, deadline and abort word on every 16th failed try_wait) /
 #          MK_COUNTER_CHECK_EVERY=16 (the counter waits' abort word and clock on every 16th
@@ -387,6 +386,20 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000025. Session 53 ran 000024's 0 and 1 at cd120bc on one H100 (`*_s53_h100*`): the
+#      watchdog B=1 -2.3% / -2.0%, B=1024 -1.0%, mixed +0.4% against the bounded inline waits;
+#      verify with it clean but racecheck (the controller's lanes read lane 0's tick write:
+#      fixed in c96a9b9, racecheck 0 hazards); made the default (MK_WAIT_WATCHDOG=0: the old
+#      waits). Slim's hang needs page waits 2, 3, 4 and iready (8) all unbounded. In order:
+#      0. `MK_STEPS="memcheck synccheck"` (~6 min) at the new default: the watchdog's hinted
+#         try_waits and bare slot waits under memcheck / synccheck (never run with them).
+#      1. `MK_STEPS=e2e` then `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`
+#         (~8 min each): issue 6's table at the new default (B=4096 never ran with the
+#         watchdog; a stall there is now a record naming the ticket, not a hang: read it in
+#         the plan). Issue 6 stood at B=1 0.91, 16 0.94, 64 0.99, 256 0.96, 1024 0.97, 4096
+#         1.01, mixed 1.02.
+#      2. 000024's 2 (`MK_STEPS=backoff`; ccheck16 with a verify) and 3 (shares at the nf4
+#         default; issue 5's table, `MK_STEPS=gemm`, not rerun since session 38).
 #   000024. Session 52 ran 000023's 0 and 1 at 3b8b700 / 1fae3cf on H100s (`*_s52_h100*`;
 #      four refused starts cost ~400 s): MK_WAIT_CHECK_EVERY=16 gains nothing (+0.6% / +1.0%
 #      at B=1 / 1024: slim's gain is the bound's code, not its work per poll);
@@ -2265,24 +2278,20 @@ if has waitslim; then
   ws_b=${MK_WS_BATCH:-1,1024}
   ws_mixed="--mixed ${MK_WS_MIXED:-none}"
   # Session 52 (`waitslim*_s52_h100*`): check16 +0.6% / +1.0% (the cost is the code),
-  # ccheck16 -0.5% / -0.1%, slim -3.4% / -1.5%. MK_WS_RUNS picks the runs (default "default
-  # noabort hint watchdog slim default2"; ccheck16 and abort16, MK_ABORT_POLL_EVERY=16,
-  # on request; check16 removed). SASS of the M64 class (bench/code_size.py): default 21872,
-  # noabort = MK_PAGE_ABORT_POLL=0 (the compact page waits without their abort poll) 20920,
-  # hint = MK_WAIT_WATCHED=1 (every compact wait a try_wait with a 20 us suspend hint,
-  # the abort word after each failure) 19496, watchdog = MK_WAIT_WATCHDOG=1 (hint's role page
-  # waits, bare slot waits, the bound in the controller's slot waits: bounded and shippable if
-  # its checks pass) 19608, slim 18520. The mixed step (MK_WS_MIXED) is run by every build but
-  # slim (~6 min with the default runs at B=1, 1024).
+  # ccheck16 -0.5% / -0.1%, slim -3.4% / -1.5%. Session 53 (`waitslim*_cd120bc_*_s53_h100*`),
+  # decode B=1 / 1024 ms: bounded 9.064 / 46.408, MK_PAGE_ABORT_POLL=0 8.947 / 46.556,
+  # MK_WAIT_WATCHED=1 8.844 / 46.035, watchdog 8.851 / 45.918, slim 8.771 / 45.620, bounded
+  # 9.049 / 46.400: the watchdog became the default, noabort and hint were removed. MK_WS_RUNS
+  # picks the runs (default "default bounded slim default2"): default = the watchdog,
+  # bounded = MK_WAIT_WATCHDOG=0 (the inline bounded waits of sessions 1-52), ccheck16 =
+  # MK_COUNTER_CHECK_EVERY=16 on request. The mixed step (MK_WS_MIXED) is run by every build
+  # but slim.
   ws_runs=()
-  for r in ${MK_WS_RUNS:-default noabort hint watchdog slim default2}; do
+  for r in ${MK_WS_RUNS:-default bounded slim default2}; do
     case $r in
       default|default2) ws_runs+=("$r||$ws_mixed|$ws_b") ;;
-      abort16) ws_runs+=("abort16|MK_ABORT_POLL_EVERY=16|$ws_mixed|$ws_b") ;;
+      bounded) ws_runs+=("bounded|MK_WAIT_WATCHDOG=0|$ws_mixed|$ws_b") ;;
       ccheck16) ws_runs+=("ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
-      noabort) ws_runs+=("noabort|MK_PAGE_ABORT_POLL=0|$ws_mixed|$ws_b") ;;
-      hint) ws_runs+=("hint|MK_WAIT_WATCHED=1|$ws_mixed|$ws_b") ;;
-      watchdog) ws_runs+=("watchdog|MK_WAIT_WATCHDOG=1|$ws_mixed|$ws_b") ;;
       slim) ws_runs+=("slim|MK_WAIT_SLIM=1||$ws_b") ;;
       *) echo "MK_WS_RUNS: unknown run $r" >&2; exit 2 ;;
     esac

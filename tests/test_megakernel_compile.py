@@ -1206,9 +1206,12 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
     """MK_WAIT_SLIM=1 (a probe of the waits' code size, bench/GEMM_NOTES.md session 42; never a
     default: its waits have no bound): the mbarrier waits compile to bare try_wait loops, so the
     all-opcode M64 variant with split-K has fewer globaltimer reads and error-record CASes than
-    the default, the same try_wait sites at most, and compiles with 0 spills and no call."""
-    ptx = {flag: variant_ptx(tmp_path, f"slim{flag}", {"MK_WAIT_SLIM": flag},
-                             f"assert rk.WAIT_SLIM == {flag == '1'}")
+    the build it probes (the inline bounded waits of sessions 1-52, MK_WAIT_WATCHDOG=0; slim
+    turns the watchdog off), the same try_wait sites at most, and compiles with 0 spills and no
+    call."""
+    ptx = {flag: variant_ptx(tmp_path, f"slim{flag}",
+                             {"MK_WAIT_SLIM": flag, "MK_WAIT_WATCHDOG": "0"},
+                             f"assert rk.WAIT_SLIM == {flag == '1'} and not rk.WATCHDOG")
            for flag in ("0", "1")}
 
     timers, cases = ptx_counts(ptx, r"%globaltimer"), ptx_counts(ptx, r"atom\.[a-z.]*cas")
@@ -1220,15 +1223,14 @@ def test_wait_slim_probe_drops_the_waits_slow_paths_without_spills(tmp_path):
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / "slim1")))
 
 
-@pytest.mark.parametrize("knob,attr", [("MK_ABORT_POLL_EVERY", "ABORT_POLL_EVERY"),
-                                       ("MK_COUNTER_CHECK_EVERY", "COUNTER_CHECK_EVERY")])
-def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, knob, attr):
-    """MK_ABORT_POLL_EVERY=16 / MK_COUNTER_CHECK_EVERY=16 (session 51's questions: is the hot
-    page waits' L2 poll of the abort word or the counter waits' abort poll what makes the bounded
-    waits slower than MK_WAIT_SLIM's?): the all-opcode M64 variant with split-K compiles with 0
-    spills and no call, the every-16th gate in it; 3 is refused at import."""
+def test_counter_poll_gate_compiles_clean_and_refuses_a_non_power_of_two(tmp_path):
+    """MK_COUNTER_CHECK_EVERY=16 (session 51's question: is the counter waits' abort poll part of
+    what makes the bounded waits slower than MK_WAIT_SLIM's? -0.5% at B=1 in session 52): the
+    all-opcode M64 variant with split-K compiles with 0 spills and no call, the every-16th gate in
+    it; 3 is refused at import."""
     import subprocess
     import sys
+    knob, attr = "MK_COUNTER_CHECK_EVERY", "COUNTER_CHECK_EVERY"
     ptx = variant_ptx(tmp_path, attr, {knob: "16"}, f"assert rk.{attr} == 16")
     assert_clean_variant(tmp_path, attr, ptx)
     # the counter's gate: the failed-poll count's low 5 bits (2 x 16 - 1) against 1
@@ -1240,28 +1242,33 @@ def test_wait_poll_gates_compile_clean_and_refuse_a_non_power_of_two(tmp_path, k
     assert r.returncode != 0 and f"{knob}=3" in r.stderr, r.stderr[-2000:]
 
 
-def test_watchdog_variant_compiles_clean_with_its_bound_in_the_controller(tmp_path):
-    """MK_WAIT_WATCHDOG=1 (session 52, not GPU-run yet: the bound of the mbarrier waits moves to
-    the controller's waits for a slot's roles; ~10% less SASS in the M64 class, slim -15%): the
-    all-opcode M64 variant with split-K compiles with 0 spills and no call; its role page waits
-    are try_waits with the suspend hint (rk.try_wait_suspend's inline PTX, MK_WAIT_WATCHED=1's
-    too) and only the controller's few waits start a deadline (the default: one per wait site,
-    hundreds); MK_WAIT_WATCHED beside it, or an unknown MK_WAIT_WATCHED, is refused at import."""
+def test_watchdog_default_compiles_clean_with_its_bound_in_the_controller(tmp_path):
+    """The watchdog (MK_WAIT_WATCHDOG, the default since session 53: the bound of the mbarrier
+    waits moves to the controller's waits for a slot's roles; ~10% less SASS in the M64 class):
+    the all-opcode M64 variant with split-K compiles with 0 spills and no call; its role page
+    waits are try_waits with the suspend hint (rk.try_wait_suspend's inline PTX) and only the
+    controller's few waits start a deadline, where MK_WAIT_WATCHDOG=0 (the inline bounded waits
+    of sessions 1-52) starts one at every wait site; a value other than 0 / 1, or the watchdog
+    beside MK_WAIT_SLIM, is refused at import."""
     import subprocess
     import sys
     deadline_start = (r"mbarrier\.try_wait[^\n]*\n\s*@%p\d+\s+bra\s+\S+;\n\s*mov\.u64\s+%rd\d+, "
                       r"%globaltimer")
-    ptx = variant_ptx(tmp_path, "watchdog", {"MK_WAIT_WATCHDOG": "1"},
-                      "assert rk.WATCHDOG and rk.WATCHED_HINT_NS == 20000")
-    assert_clean_variant(tmp_path, "watchdog", ptx)
-    assert len(re.findall(r"mbarrier\.try_wait\.parity\.shared::cta\.b64 \S+, \[%r\d+\], %r\d+, "
-                          r"20000;", ptx)) >= 50, "the role page waits lack the suspend hint"
+    ptx = {flag: variant_ptx(tmp_path, f"watchdog{flag}",
+                             {"MK_WAIT_WATCHDOG": "0"} if flag == "0" else {},
+                             f"assert rk.WATCHDOG == {flag != '0'} and rk.WATCHED_HINT_NS == 20000")
+           for flag in ("default", "0")}
+    assert_clean_variant(tmp_path, "watchdog", ptx["default"])
+    hinted = ptx_counts(ptx, r"mbarrier\.try_wait\.parity\.shared::cta\.b64 \S+, \[%r\d+\], "
+                             r"%r\d+, 20000;")
+    assert hinted["default"] >= 50 and hinted["0"] == 0, hinted
     # the controller's: iempty before a fill and the three after END, two compact waits each,
-    # each matched twice (t0 after the first try_wait, the loop's clock after a failed one; the
-    # default has 236 such matches in this class)
-    assert 1 <= len(re.findall(deadline_start, ptx)) <= 16, len(re.findall(deadline_start, ptx))
-    for env, text in (({"MK_WAIT_WATCHED": "2"}, "MK_WAIT_WATCHED=2"),
-                      ({"MK_WAIT_WATCHDOG": "1", "MK_WAIT_WATCHED": "1"}, "one wait policy")):
+    # each matched twice (t0 after the first try_wait, the loop's clock after a failed one);
+    # MK_WAIT_WATCHDOG=0 had 236 such matches in this class in session 52
+    starts = ptx_counts(ptx, deadline_start)
+    assert 1 <= starts["default"] <= 16 and starts["0"] >= 100, starts
+    for env, text in (({"MK_WAIT_WATCHDOG": "2"}, "MK_WAIT_WATCHDOG=2"),
+                      ({"MK_WAIT_WATCHDOG": "1", "MK_WAIT_SLIM": "1"}, "one wait policy")):
         r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
                            env=dict(os.environ, PYTHONPATH=ROOT, **env), capture_output=True,
                            text=True, timeout=300)
@@ -1344,12 +1351,14 @@ def test_compact_wait_record_reads_back_as_the_error(kind, ticket, phase, sm, ct
 
 
 def test_compact_wait_variant_keeps_its_bound_without_spills(tmp_path):
-    """MK_WAIT_COMPACT=1: the waits keep their deadline (globaltimer reads) and abort poll, their
-    timeout record is one 64-bit CAS (write_wait_error) instead of write_error's CAS, stores and
-    fence; the all-opcode M64 variant with split-K compiles with 0 spills and no call, and is
-    smaller than the default."""
-    ptx = {flag: variant_ptx(tmp_path, f"compact{flag}", {"MK_WAIT_COMPACT": flag},
-                             f"assert rk.WAIT_COMPACT == {flag == '1'}")
+    """MK_WAIT_COMPACT=1 (an option of the inline bounded waits, MK_WAIT_WATCHDOG=0): the waits
+    keep their deadline (globaltimer reads) and abort poll, their timeout record is one 64-bit
+    CAS (write_wait_error) instead of write_error's CAS, stores and fence; the all-opcode M64
+    variant with split-K compiles with 0 spills and no call, and is smaller than
+    MK_WAIT_COMPACT=0."""
+    ptx = {flag: variant_ptx(tmp_path, f"compact{flag}",
+                             {"MK_WAIT_COMPACT": flag, "MK_WAIT_WATCHDOG": "0"},
+                             f"assert rk.WAIT_COMPACT == {flag == '1'} and not rk.WATCHDOG")
            for flag in ("0", "1")}
 
     cas64 = ptx_counts(ptx, r"atom\.[a-z.]*cas\.b64")

@@ -163,7 +163,7 @@ def bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Ten
     elif cutlass.const_expr(WATCHDOG):
         watchdog_role_wait(bar, phase, state, kind)
     elif cutlass.const_expr(WAIT_COMPACT):
-        compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, PAGE_ABORT_POLL)
+        compact_bar_wait(bar, phase, timeout_ns, state, kind, ticket, True)
     elif not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         st = Int32(0)
@@ -195,30 +195,21 @@ def compact_bar_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: 
     a loop with one live flag, the record written where the deadline passes (no verdict
     variable carried out of the loop for a switch after it: ptxas made that a jump table at
     every wait)."""
-    # with MK_ABORT_POLL_EVERY live also counts the failed polls, in steps of 2 (odd: never 0,
-    # also when it wraps)
-    counted = ABORT_POLL_EVERY > 1 and abort_poll
-    if cutlass.const_expr(WAIT_WATCHED):
-        watched_bar_wait(bar, phase, state)
-    elif not cute.arch.mbarrier_try_wait(bar, phase):
+    if not cute.arch.mbarrier_try_wait(bar, phase):
         t0 = cute.arch.globaltimer()
         live = Int32(1)
         while live != 0:
             if cute.arch.mbarrier_try_wait(bar, phase):
                 live = Int32(0)
-            elif cutlass.const_expr(counted):
-                live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live + 2,
-                                    abort_poll, ABORT_POLL_EVERY)
             else:
-                live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, live,
-                                    abort_poll, 1)
+                live = wait_verdict(state, kind, ticket, phase, t0, timeout_ns, abort_poll)
 
 
 @cute.jit
 def watched_bar_wait(bar: cute.Pointer, phase: Int32, state: cute.Tensor):
     """try_wait until the phase completes or the abort flag is up, read after every failed
-    try_wait, each of which may suspend the thread WATCHED_HINT_NS (MK_WAIT_WATCHED's probe, the
-    watchdog's role page waits); no clock, no deadline, no record."""
+    try_wait, each of which may suspend the thread WATCHED_HINT_NS (the watchdog's role page
+    waits); no clock, no deadline, no record."""
     if not cute.arch.mbarrier_try_wait(bar, phase):
         live = Int32(1)
         while live != 0:
@@ -270,22 +261,17 @@ def try_wait_suspend(bar: cute.Pointer, phase: Int32, hint_ns: cutlass.Constexpr
 
 @cute.jit
 def wait_verdict(state: cute.Tensor, kind: cutlass.Constexpr, ticket: Int32, phase: Int32,
-                 t0: Int64, timeout_ns: Int64, live: Int32, abort_poll: cutlass.Constexpr,
-                 abort_every: cutlass.Constexpr) -> Int32:
+                 t0: Int64, timeout_ns: Int64, abort_poll: cutlass.Constexpr) -> Int32:
     """compact_bar_wait after a failed poll: 0 (stop waiting) past the deadline, with the
-    record written, or (abort_poll) once the abort flag is up, read past ABORT_POLL_AFTER_NS on
-    every abort_every-th failed poll (live counting them when abort_every > 1); else live."""
+    record written, or (abort_poll) once the abort flag is up, read past ABORT_POLL_AFTER_NS;
+    else 1."""
+    live = Int32(1)
     waited = cute.arch.globaltimer() - t0
     if waited > timeout_ns:
         write_wait_error(state, kind, ticket, phase)
         live = Int32(0)
     elif cutlass.const_expr(abort_poll):
-        if cutlass.const_expr(abort_every > 1):
-            if (live & (2 * abort_every - 1)) == 1:
-                if waited > ABORT_POLL_AFTER_NS:
-                    if abort_raised(state):
-                        live = Int32(0)
-        elif waited > ABORT_POLL_AFTER_NS:
+        if waited > ABORT_POLL_AFTER_NS:
             if abort_raised(state):
                 live = Int32(0)
     return live
@@ -353,52 +339,42 @@ def _power_of_two_knob(name: str) -> int:
     return value
 
 
-# Poll gates, compile-time, 1 by default (the waits as before, the PTX byte-identical). Session
+# A poll gate, compile-time, 1 by default (the waits as before, the PTX byte-identical). Session
 # 51's MK_WAIT_SLIM probe (unbounded mbarrier waits) took decode B=1 / 1024 3.0% / 1.8% off the
-# step; these ask which part of the bound costs it.
-# MK_ABORT_POLL_EVERY=N: past ABORT_POLL_AFTER_NS a compact page wait reads the abort word on
-# every N-th failed poll only. The hot GEMM / attention page waits (rk.bar_wait) read that L2
-# line after every failed try_wait once 2 us have passed, and a hand-off that lands during the
-# load is seen one L2 round trip late.
-ABORT_POLL_EVERY = _power_of_two_knob("MK_ABORT_POLL_EVERY")
-# (MK_WAIT_CHECK_EVERY=16, the clock, deadline and abort word on every 16th failed poll of every
-# compact wait, slim's hot loop at the default's code size, was +0.6% / +1.0% at B=1 / 1024 in
-# session 52: removed; what slim saves is the code.)
+# step; session 52 asked which part of the bound costs it. (MK_WAIT_CHECK_EVERY=16, the clock,
+# deadline and abort word on every 16th failed poll of every compact wait, slim's hot loop at the
+# default's code size, was +0.6% / +1.0% at B=1 / 1024: removed; what slim saves is the code,
+# which the watchdog below moves out of the roles. MK_ABORT_POLL_EVERY, MK_PAGE_ABORT_POLL and
+# MK_WAIT_WATCHED, probes of the roles' page waits, went with the watchdog in session 53.)
 # MK_COUNTER_CHECK_EVERY=N: a counter wait (wait_counter: the controller's dependency waits)
 # reads the abort word and the clock on every N-th failed poll only. Each failed poll now pays
 # a second L2 round trip (the abort word) after the counter's own, so a dependency that lands
 # meanwhile is seen that much later; at B=1 the step is a chain of such hand-offs (~46k
 # instructions in 9 ms). MK_WAIT_SLIM leaves these waits as they are.
 COUNTER_CHECK_EVERY = _power_of_two_knob("MK_COUNTER_CHECK_EVERY")
-# MK_PAGE_ABORT_POLL=0 (a probe; 1, the default, as GPU-verified): the compact page waits
-# (bar_wait) without the abort poll, as bounded_bar_wait's intra-CTA waits already are. Session
-# 52: the bounds' cost is their code (MK_WAIT_CHECK_EVERY=16 gains nothing); in the M64 class
-# the abort poll is ~640 of 21.9k SASS instructions (bench/code_size.py --by line), the
-# deadline ~720, the record ~870. Without it a wait that starves because another timed out
-# ends at its own deadline, not at once: the kernel ends within a few bounds, not one.
-PAGE_ABORT_POLL = os.environ.get("MK_PAGE_ABORT_POLL", "1") != "0"
-# MK_WAIT_WATCHED=1 (a probe, never a default as it stands: a starved wait hangs unless another
-# wait raises the abort flag): every compact mbarrier wait is watched_bar_wait, a try_wait loop
-# with a suspend-time hint of WATCHED_HINT_NS (MK_WAIT_HINT_NS, default 20000) and the abort word
-# after each failure; no clock, deadline or record (M64 class SASS -10.9%, slim -15.3%). Does a
-# wait that small take slim's 1.5-3.4%? (Session 52 also compiled an unhinted loop reading the
-# abort word on every 16th failure: -7.0%, dropped for this one.)
-WAIT_WATCHED = os.environ.get("MK_WAIT_WATCHED", "0")
-if WAIT_WATCHED not in ("0", "1"):
-    raise ValueError(f"MK_WAIT_WATCHED={WAIT_WATCHED}: 0 or 1")
-WAIT_WATCHED = WAIT_WATCHED == "1"
+# The watchdog's role page waits may suspend the thread this long (ns) per failed try_wait
+# (MK_WAIT_HINT_NS; the phase's completion still wakes it at once).
 WATCHED_HINT_NS = int(os.environ.get("MK_WAIT_HINT_NS", "20000"))
-# MK_WAIT_WATCHDOG=1 (compile-time, off; not GPU-run yet): the bound moves from ~170 inline wait
-# sites to the controller. Every role page wait is watched_bar_wait's hinted try_wait loop that
-# ends on the abort flag, the roles' instruction-slot waits are bare (watchdog_role_wait); the
-# controller's waits for a slot's roles (iempty before a refill, lnext, and after END each slot
-# still holding an instruction) are bounded and their record names the ticket in that slot
-# (ERR_INSTR_STALLED; watchdog_slot_wait). A role that stalls holds its slot, so the controller
-# reaches that slot's wait within NISLOTS claims, or its counter waits (bounded as before) time
-# out first. The M64 class's SASS is then near MK_WAIT_WATCHED=1's (-11%; slim -15%).
-WATCHDOG = os.environ.get("MK_WAIT_WATCHDOG", "0") == "1"
-if WATCHDOG and WAIT_WATCHED:
-    raise ValueError("MK_WAIT_WATCHDOG=1 and MK_WAIT_WATCHED: one wait policy at a time")
+# The watchdog (MK_WAIT_WATCHDOG, compile-time; the default since session 53, 0 builds the waits
+# of sessions 1-52): the bound moves from ~170 inline wait sites to the controller. Every role
+# page wait is watched_bar_wait's hinted try_wait loop that ends on the abort flag, the roles'
+# instruction-slot waits are bare (watchdog_role_wait); the controller's waits for a slot's roles
+# (iempty before a refill, lnext, and after END each slot still holding an instruction) are
+# bounded and their record names the ticket in that slot (ERR_INSTR_STALLED; watchdog_slot_wait).
+# A role that stalls holds its slot, so the controller reaches that slot's wait within NISLOTS
+# claims, or its counter waits (bounded as before) time out first. SASS of the M64 class -10.4%
+# (slim -15.3%); session 53 on an H100 (bench/results/waitslim_*_cd120bc_*_s53_h100*): decode
+# B=1 -2.3% / -2.0% (two calls), B=1024 -1.0%, the mixed step +0.4%; the megakernel and step GPU
+# tests, the two-layer checks and racecheck clean with it (verify_watchdog_*_s53_h100.log).
+# MK_WAIT_SLIM / MK_WAIT_SLIM_KINDS probe the waits of sessions 1-52 (their controller too), so
+# they turn it off.
+WATCHDOG = os.environ.get("MK_WAIT_WATCHDOG", "0" if WAIT_SLIM_KINDS else "1")
+if WATCHDOG not in ("0", "1"):
+    raise ValueError(f"MK_WAIT_WATCHDOG={WATCHDOG}: 0 or 1")
+WATCHDOG = WATCHDOG == "1"
+if WATCHDOG and WAIT_SLIM_KINDS:
+    raise ValueError("MK_WAIT_WATCHDOG=1 and MK_WAIT_SLIM / MK_WAIT_SLIM_KINDS: one wait policy "
+                     "at a time")
 
 
 @cute.jit
