@@ -1727,7 +1727,8 @@ if has normbatch; then
   # in flight together, the classes above M64): compile-time, each value its own build; the
   # two-layer checks' decode steps (M64) keep 2. Session 48's journal of B=4096
   # (bench/results/shares_3474b9c_*_s48_h100.json): the 32-row norms' bodies (~35 us: 16 groups
-  # of 2 rows, one L2 round trip each) are ~9.5% of the step's critical path
+  # of 2 rows, one L2 round trip each) are ~9.5% of the step's critical path. Since session 53
+  # (the watchdog the default) 8 spills 12 / 68 bytes in the 1024 class (0 in 256; 4 clean).
   : > "$OUTDIR/normbatch.log"
   for n in ${MK_RB_VALUES:-4 8}; do
     export MK_NORM_ROW_BATCH_BIG=$n MK_CHECK_TAG="MK_NORM_ROW_BATCH_BIG=$n "
