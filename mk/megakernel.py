@@ -2254,7 +2254,11 @@ class Megakernel:
     sums of squares in ROW_PART and QKV_ROPE / GATE_UP tiles scale by them (PlanConfig.
     norm_fold=4; GemmSlot.row_parts; needs splitk, where ROW_PART lies).
     handoff None: DEFAULT_HANDOFF (every family runs in every hand-off mode);
-    claim_after_loads None: claim_after_loads_for(gemm_m) (the controller's claim policy)."""
+    claim_after_loads None: claim_after_loads_for(gemm_m) (the controller's claim policy).
+    timeout_s: the bound of the kernel's waits (a starved wait ends the launch with its record:
+    MegakernelError); hang_s: how long a checked launch (launch / run with check=True) may run
+    before it is reported as MegakernelHang instead of waited on for ever (None: the larger of
+    60 s and 10 x timeout_s; a hang is a wait without a bound, e.g. a probe build's)."""
 
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
@@ -2264,7 +2268,7 @@ class Megakernel:
                  kv=None, attn: AttnOperands | None = None, embed=None, last_normed=None,
                  splitk: torch.Tensor | None = None, l2_prefetch: bool = False,
                  claim_after_loads: bool | None = None, split_ops=None, self_scale: bool = False,
-                 row_parts: bool = False):
+                 row_parts: bool = False, hang_s: float | None = None):
         if handoff is None:
             handoff = default_handoff(attn is not None)
         check_handoff(handoff, attn is not None)
@@ -2293,6 +2297,10 @@ class Megakernel:
         self.n_layers = n_layers
         self.eps = float(eps)
         self.timeout_ns = int(timeout_s * 1e9)
+        self.hang_s = max(60.0, 10.0 * timeout_s) if hang_s is None else float(hang_s)
+        if not (timeout_s > 0 and self.hang_s > 0):
+            raise ValueError(f"Megakernel: timeout_s ({timeout_s}) and hang_s ({hang_s}) must be "
+                             f"positive")
         dev = arena.device
         self.counters = torch.zeros(n_counters, dtype=torch.int32, device=dev)
         self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
@@ -2404,6 +2412,7 @@ class Megakernel:
         args[1] = Int32(n)
         comp(*args)
         if check:
+            self.wait(self.hang_s)
             self.check()
 
     def launcher(self, prepared):
@@ -2441,9 +2450,14 @@ class Megakernel:
                 while not e2.query() and time.time() - t1 < 5:
                     time.sleep(0.01)
                 st = host.tolist() if e2.query() else None
+                recorded = ""
+                if st is not None and (st[rk.S_ERR_FLAG] or st[rk.S_ABORT]):
+                    recorded = f"; recorded meanwhile: {error_of_state(st)}"
                 raise MegakernelHang(f"megakernel still running after {hang_s:.0f} s (a wait that "
-                                     f"is not bounded); state words {st}")
-            time.sleep(0.001)
+                                     f"is not bounded); state words {st}{recorded}")
+            # a step takes a few ms: no timer sleep (~1 ms of latency a step), but let other
+            # threads run (the GIL) while polling
+            time.sleep(0)
 
     def check(self):
         """Synchronise and raise MegakernelError if a bounded wait timed out."""

@@ -223,6 +223,54 @@ def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
         assert torch.equal(outs[0], outs[1])
 
 
+def test_a_hang_is_reported_not_waited_on():
+    """A launch that never ends (MK_WAIT_SLIM=1, a probe whose waits have no bound, with the
+    loader starving ticket 3's page: MK_TEST_STARVE_TICKET=3) raises MegakernelHang from a
+    checked run after hang_s, with the state words, instead of blocking the caller for ever
+    (in a process of its own: the GPU context is lost after it)."""
+    import json
+    import subprocess
+    import sys
+    code = '''if True:
+        import json, os, sys, time, types
+        import torch
+        sys.path.insert(0, %r)
+        import mk.megakernel as M
+        from mk.instructions import _rows_kernel as rk
+        from mk.instructions.base import Buf
+        from mk.instructions.rows import rows_instruction
+        from mk.ir import Op, serialize
+        assert rk.STARVE_TICKET == 3 and rk.WAIT_SLIM and not rk.WATCHDOG
+        T, H, L = 64, 256, 2
+        w = types.SimpleNamespace(attn_norm=torch.ones(L, H).bfloat16(),
+                                  mlp_norm=torch.ones(L, H).bfloat16(),
+                                  final_norm=torch.ones(H).bfloat16())
+        arena = torch.randn(3, T, H, device="cuda").bfloat16()
+        mk = M.Megakernel(arena, M.norm_table(w).cuda(), L, 1e-5, timeout_s=0.25, hang_s=5)
+        ins = [rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.SCRATCH, 8 * i, 8, 0, H, signal=i)
+               for i in range(4)]
+        mk.run(serialize(ins[:2]))           # compiled (and ticket 3 absent) before the clock
+        t0 = time.time()
+        try:
+            mk.run(serialize(ins))
+            out = dict(raised=None)
+        except M.MegakernelHang as e:
+            out = dict(raised="hang", text=str(e))
+        out["seconds"] = time.time() - t0
+        print(json.dumps(out), flush=True)
+        os._exit(0)                          # the kernel still runs: no teardown
+    ''' % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MK_TEST_STARVE_TICKET="3", MK_WAIT_SLIM="1")
+    env.pop("MK_WAIT_WATCHDOG", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["raised"] == "hang" and "still running after 5 s" in out["text"], out
+    assert 5 <= out["seconds"] < 30, out
+
+
 @pytest.mark.parametrize("compact", ["0", "1", "watchdog"])
 def test_starved_page_wait_names_its_instruction(tmp_path, compact):
     """An mbarrier wait's bound holds and its record names the starved instruction, with
