@@ -391,8 +391,11 @@
 #      verify with it clean but racecheck (the controller's lanes read lane 0's tick write:
 #      fixed in c96a9b9, racecheck 0 hazards); made the default (MK_WAIT_WATCHDOG=0: the old
 #      waits). Slim's hang needs page waits 2, 3, 4 and iready (8) all unbounded. In order:
-#      0. `MK_STEPS="memcheck synccheck"` (~6 min) at the new default: the watchdog's hinted
-#         try_waits and bare slot waits under memcheck / synccheck (never run with them).
+#      0. `MK_STEPS=verify` (~9 min cold): the default is now the watchdog (verified at cd120bc
+#         with MK_WAIT_WATCHDOG=1; since then c96a9b9's racecheck fix, and launch(check=True)
+#         waits through Megakernel.wait: the new test_a_hang_is_reported_not_waited_on), then
+#         `MK_STEPS="memcheck synccheck"` (~6 min): the watchdog's hinted try_waits and bare
+#         slot waits under memcheck / synccheck (never run with them).
 #      1. `MK_STEPS=e2e` then `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e`
 #         (~8 min each): issue 6's table at the new default (B=4096 never ran with the
 #         watchdog; a stall there is now a record naming the ticket, not a hang: read it in
