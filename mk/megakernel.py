@@ -2305,6 +2305,7 @@ class Megakernel:
         self.counters = torch.zeros(n_counters, dtype=torch.int32, device=dev)
         self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
         self.journal_on = journal
+        self._launch_done = None               # wait()'s event
         self.journal = torch.zeros((journal_capacity if journal else 1, JOURNAL_WORDS),
                                    dtype=torch.int64, device=dev)
         props = torch.cuda.get_device_properties(dev)
@@ -2435,7 +2436,9 @@ class Megakernel:
         """Wait for the launch; if it still runs after hang_s (a wait that is not bounded:
         setmaxnreg, a named barrier, the teardown's sync), read the state words through a
         non-blocking side stream and raise MegakernelHang (the process's context is lost then)."""
-        ev = torch.cuda.Event()
+        if self._launch_done is None:          # one event, recorded after each checked launch
+            self._launch_done = torch.cuda.Event()
+        ev = self._launch_done
         ev.record()
         t0 = time.time()
         while not ev.query():
