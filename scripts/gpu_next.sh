@@ -403,6 +403,10 @@
 #         1.01, mixed 1.02.
 #      2. 000024's 2 (`MK_STEPS=backoff`; ccheck16 with a verify) and 3 (shares at the nf4
 #         default; issue 5's table, `MK_STEPS=gemm`, not rerun since session 38).
+#      3. (optional, the slim hang) `MK_SLH_RUNS=but5 MK_SLH_TIMEOUT=150 MK_STEPS=slimhang`:
+#         the mixed step's first launch goes through launch(check=True), which now raises
+#         MegakernelHang after 60 s with the state words; a counter-wait record another CTA wrote
+#         meanwhile names the instruction whose signal never came (the JSON's error text).
 #   000024. Session 52 ran 000023's 0 and 1 at 3b8b700 / 1fae3cf on H100s (`*_s52_h100*`;
 #      four refused starts cost ~400 s): MK_WAIT_CHECK_EVERY=16 gains nothing (+0.6% / +1.0%
 #      at B=1 / 1024: slim's gain is the bound's code, not its work per poll);
