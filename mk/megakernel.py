@@ -2285,8 +2285,9 @@ class Megakernel:
                              f"{splitk.dtype} on {splitk.device}")
         if (embed is not None or last_normed is not None) and meta is None:
             raise ValueError("Megakernel: EMBED / LM_NORM read the step metadata: pass meta=")
-        assert BACKOFF_NS_RANGE[0] <= backoff_ns <= BACKOFF_NS_RANGE[1], \
-            "backoff_ns must lie in [20 ns, 1 ms]"
+        if not BACKOFF_NS_RANGE[0] <= backoff_ns <= BACKOFF_NS_RANGE[1]:
+            raise ValueError(f"Megakernel: backoff_ns={backoff_ns} outside "
+                             f"{list(BACKOFF_NS_RANGE)} ns")
         self.handoff = handoff
         self.backoff_ns = int(backoff_ns)
         assert arena.is_cuda and arena.dtype == torch.bfloat16 and arena.dim() == 3
