@@ -223,106 +223,95 @@ def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
         assert torch.equal(outs[0], outs[1])
 
 
-def test_a_hang_is_reported_not_waited_on():
-    """A launch that never ends (MK_WAIT_SLIM=1, a probe whose waits have no bound, with the
-    loader starving ticket 3's page: MK_TEST_STARVE_TICKET=3) raises MegakernelHang from a
-    checked run after hang_s, with the state words, instead of blocking the caller for ever
-    (in a process of its own: the GPU context is lost after it)."""
+# A plan of 4 RMSNORMs whose loader never hands ticket 3's page over (MK_TEST_STARVE_TICKET=3,
+# compile-time): the process's first lines for the starved-wait tests (`mk`, built with
+# Megakernel's keywords `mk_kwargs`, and `ins`, the plan's instructions).
+_STARVED_PLAN = '''if True:
+    import json, os, sys, time, types
+    import torch
+    sys.path.insert(0, {root!r})
+    import mk.megakernel as M
+    from mk.instructions import _rows_kernel as rk
+    from mk.instructions.base import Buf
+    from mk.instructions.rows import rows_instruction
+    from mk.ir import Op, serialize
+    assert rk.STARVE_TICKET == 3
+    T, H, L = 64, 256, 2
+    w = types.SimpleNamespace(attn_norm=torch.ones(L, H).bfloat16(),
+                              mlp_norm=torch.ones(L, H).bfloat16(),
+                              final_norm=torch.ones(H).bfloat16())
+    arena = torch.randn(3, T, H, device="cuda").bfloat16()
+    mk = M.Megakernel(arena, M.norm_table(w).cuda(), L, 1e-5, {mk_kwargs})
+    ins = [rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.SCRATCH, 8 * i, 8, 0, H, signal=i)
+           for i in range(4)]
+'''
+
+
+def _run_starved_plan(body: str, mk_kwargs: str, env: dict, *argv) -> dict:
+    """_STARVED_PLAN then `body` (indented 4, printing one JSON line last) in a process of its
+    own with os.environ updated by env: that JSON."""
     import json
     import subprocess
     import sys
-    code = '''if True:
-        import json, os, sys, time, types
-        import torch
-        sys.path.insert(0, %r)
-        import mk.megakernel as M
-        from mk.instructions import _rows_kernel as rk
-        from mk.instructions.base import Buf
-        from mk.instructions.rows import rows_instruction
-        from mk.ir import Op, serialize
-        assert rk.STARVE_TICKET == 3 and rk.WAIT_SLIM and not rk.WATCHDOG
-        T, H, L = 64, 256, 2
-        w = types.SimpleNamespace(attn_norm=torch.ones(L, H).bfloat16(),
-                                  mlp_norm=torch.ones(L, H).bfloat16(),
-                                  final_norm=torch.ones(H).bfloat16())
-        arena = torch.randn(3, T, H, device="cuda").bfloat16()
-        mk = M.Megakernel(arena, M.norm_table(w).cuda(), L, 1e-5, timeout_s=0.25, hang_s=5)
-        ins = [rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.SCRATCH, 8 * i, 8, 0, H, signal=i)
-               for i in range(4)]
-        mk.run(serialize(ins[:2]))           # compiled (and ticket 3 absent) before the clock
-        t0 = time.time()
-        try:
-            mk.run(serialize(ins))
-            out = dict(raised=None)
-        except M.MegakernelHang as e:
-            out = dict(raised="hang", text=str(e))
-        out["seconds"] = time.time() - t0
-        print(json.dumps(out), flush=True)
-        os._exit(0)                          # the kernel still runs: no teardown
-    ''' % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TEST_STARVE_TICKET="3", MK_WAIT_SLIM="1")
-    env.pop("MK_WAIT_WATCHDOG", None)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = _STARVED_PLAN.format(root=root, mk_kwargs=mk_kwargs) + body
+    r = subprocess.run([sys.executable, "-c", code, *argv], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     print(out)
+    return out
+
+
+def test_a_hang_is_reported_not_waited_on(monkeypatch):
+    """A launch that never ends (MK_WAIT_SLIM=1, a probe whose waits have no bound, with the
+    loader starving ticket 3's page) raises MegakernelHang from a checked run after hang_s, with
+    the state words, instead of blocking the caller for ever (in a process of its own: the GPU
+    context is lost after it)."""
+    monkeypatch.delenv("MK_WAIT_WATCHDOG", raising=False)
+    out = _run_starved_plan('''
+    assert rk.WAIT_SLIM and not rk.WATCHDOG
+    mk.run(serialize(ins[:2]))           # compiled (and ticket 3 absent) before the clock
+    t0 = time.time()
+    try:
+        mk.run(serialize(ins))
+        out = dict(raised=None)
+    except M.MegakernelHang as e:
+        out = dict(raised="hang", text=str(e))
+    out["seconds"] = time.time() - t0
+    print(json.dumps(out), flush=True)
+    os._exit(0)                          # the kernel still runs: no teardown
+''', "timeout_s=0.25, hang_s=5", dict(MK_TEST_STARVE_TICKET="3", MK_WAIT_SLIM="1"))
     assert out["raised"] == "hang" and "still running after 5 s" in out["text"], out
     assert 5 <= out["seconds"] < 30, out
 
 
 @pytest.mark.parametrize("compact", ["0", "1", "watchdog"])
-def test_starved_page_wait_names_its_instruction(tmp_path, compact):
+def test_starved_page_wait_names_its_instruction(compact):
     """An mbarrier wait's bound holds and its record names the starved instruction, with
-    write_error's record and with MK_WAIT_COMPACT's one-CAS record: a plan of 4 RMSNORMs whose
-    loader never hands ticket 3's page over (MK_TEST_STARVE_TICKET=3, compile-time, so in a
-    process of its own) raises MegakernelError within seconds, a page-full (consumers) or
+    write_error's record and with MK_WAIT_COMPACT's one-CAS record: the starved plan (ticket 3's
+    page never handed over) raises MegakernelError within seconds, a page-full (consumers) or
     page-done (storer) wait of instruction 3 on a real SM and CTA; the next plan runs. Under
     MK_WAIT_WATCHDOG=1 the role waits have no bound: the controller's wait for ticket 3's slot
     after END (the last instruction: no refill of its slot) names it, a stalled instruction."""
-    import json
-    import subprocess
-    import sys
-    code = '''if True:
-        import json, sys, time, types
-        import torch
-        sys.path.insert(0, %r)
-        import mk.megakernel as M
-        from mk.instructions import _rows_kernel as rk
-        from mk.instructions.base import Buf
-        from mk.instructions.rows import rows_instruction
-        from mk.ir import Op, serialize
-        assert rk.STARVE_TICKET == 3 and rk.WAIT_COMPACT == (sys.argv[1] != "0")
-        assert rk.WATCHDOG == (sys.argv[1] == "watchdog")
-        T, H, L = 64, 256, 2
-        w = types.SimpleNamespace(attn_norm=torch.ones(L, H).bfloat16(),
-                                  mlp_norm=torch.ones(L, H).bfloat16(),
-                                  final_norm=torch.ones(H).bfloat16())
-        arena = torch.randn(3, T, H, device="cuda").bfloat16()
-        mk = M.Megakernel(arena, M.norm_table(w).cuda(), L, 1e-5, timeout_s=0.25)
-        ins = [rows_instruction(Op.RMSNORM, Buf.HIDDEN, Buf.SCRATCH, 8 * i, 8, 0, H, signal=i)
-               for i in range(4)]
-        t0 = time.time()
-        try:
-            mk.run(serialize(ins))
-            out = dict(raised=False)
-        except M.MegakernelError as e:
-            out = dict(raised=True, kind=M.MegakernelError.KINDS.get(e.kind, e.kind),
-                       instr=e.instr, sm=e.sm, cta=e.cta, grid=mk.grid, text=str(e))
-        out["seconds"] = time.time() - t0
-        s, n = M.plan_noops(100, signal=True)
-        mk.run(s)
-        out["recovered"] = True
-        print(json.dumps(out))
-    ''' % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MK_TEST_STARVE_TICKET="3",
-               MK_WAIT_COMPACT="0" if compact == "0" else "1",
-               MK_WAIT_WATCHDOG="1" if compact == "watchdog" else "0")
-    r = subprocess.run([sys.executable, "-c", code, compact], env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    print(out)
+    out = _run_starved_plan('''
+    assert rk.WAIT_COMPACT == (sys.argv[1] != "0")
+    assert rk.WATCHDOG == (sys.argv[1] == "watchdog")
+    t0 = time.time()
+    try:
+        mk.run(serialize(ins))
+        out = dict(raised=False)
+    except M.MegakernelError as e:
+        out = dict(raised=True, kind=M.MegakernelError.KINDS.get(e.kind, e.kind),
+                   instr=e.instr, sm=e.sm, cta=e.cta, grid=mk.grid, text=str(e))
+    out["seconds"] = time.time() - t0
+    s, n = M.plan_noops(100, signal=True)
+    mk.run(s)
+    out["recovered"] = True
+    print(json.dumps(out))
+''', "timeout_s=0.25", dict(MK_TEST_STARVE_TICKET="3",
+                              MK_WAIT_COMPACT="0" if compact == "0" else "1",
+                              MK_WAIT_WATCHDOG="1" if compact == "watchdog" else "0"), compact)
     assert out["raised"], out
     kinds = (("stalled instruction (its roles past the bound)",) if compact == "watchdog" else
              ("page-full wait", "page-done wait"))
