@@ -2306,7 +2306,7 @@ class Megakernel:
         self.counters = torch.zeros(n_counters, dtype=torch.int32, device=dev)
         self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
         self.journal_on = journal
-        self._launch_done = None               # wait()'s event
+        self._hang_probe = None                # wait()'s event, side stream, pinned buffer
         self.journal = torch.zeros((journal_capacity if journal else 1, JOURNAL_WORDS),
                                    dtype=torch.int64, device=dev)
         props = torch.cuda.get_device_properties(dev)
@@ -2412,6 +2412,8 @@ class Megakernel:
         comp, cs = self._ensure_compiled(s, n_ctr)
         args = self._args(s, n_ctr, cs)
         args[1] = Int32(n)
+        if check:
+            self._ensure_hang_probe()
         comp(*args)
         if check:
             self.wait(self.hang_s)
@@ -2433,27 +2435,32 @@ class Megakernel:
     def run(self, stream: torch.Tensor, check: bool = True):
         self.launch(self.prepare(stream), check)
 
+    def _ensure_hang_probe(self):
+        """wait()'s CUDA objects, made before a launch: a page-locked allocation while the kernel
+        runs would order the state read after it (CUDA's implicit synchronisation rules), so a
+        hung launch's report would hang too."""
+        if self._hang_probe is None:
+            self._hang_probe = (torch.cuda.Event(), torch.cuda.Stream(device=self.state.device),
+                                torch.cuda.Event(),
+                                torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory())
+
     def wait(self, hang_s: float = 20.0):
         """Wait for the launch; if it still runs after hang_s (a wait that is not bounded:
         setmaxnreg, a named barrier, the teardown's sync), read the state words through a
         non-blocking side stream and raise MegakernelHang (the process's context is lost then)."""
-        if self._launch_done is None:          # one event, recorded after each checked launch
-            self._launch_done = torch.cuda.Event()
-        ev = self._launch_done
-        ev.record()
+        self._ensure_hang_probe()
+        launch_done, side, read_done, host = self._hang_probe
+        launch_done.record()
         t0 = time.time()
-        while not ev.query():
+        while not launch_done.query():
             if time.time() - t0 > hang_s:
-                host = torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory()
-                side = torch.cuda.Stream(device=self.state.device)
                 with torch.cuda.stream(side):
                     host.copy_(self.state, non_blocking=True)
-                    e2 = torch.cuda.Event()
-                    e2.record(side)
+                    read_done.record(side)
                 t1 = time.time()
-                while not e2.query() and time.time() - t1 < 5:
+                while not read_done.query() and time.time() - t1 < 5:
                     time.sleep(0.01)
-                st = host.tolist() if e2.query() else None
+                st = host.tolist() if read_done.query() else None
                 recorded = ""
                 if st is not None and (st[rk.S_ERR_FLAG] or st[rk.S_ABORT]):
                     recorded = f"; recorded meanwhile: {error_of_state(st)}"

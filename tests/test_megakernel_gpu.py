@@ -227,7 +227,8 @@ def test_handoff_variants_bitwise_equal(handoff, backoff_ns):
 # compile-time): the process's first lines for the starved-wait tests (`mk`, built with
 # Megakernel's keywords `mk_kwargs`, and `ins`, the plan's instructions).
 _STARVED_PLAN = '''if True:
-    import json, os, sys, time, types
+    import faulthandler, json, os, sys, time, types
+    faulthandler.dump_traceback_later({stall_s}, exit=True)  # a stall shows where, then ends
     import torch
     sys.path.insert(0, {root!r})
     import mk.megakernel as M
@@ -247,18 +248,29 @@ _STARVED_PLAN = '''if True:
 '''
 
 
-def _run_starved_plan(body: str, mk_kwargs: str, env: dict, *argv) -> dict:
+def _run_starved_plan(body: str, mk_kwargs: str, env: dict, *argv, stall_s: int = 420) -> dict:
     """_STARVED_PLAN then `body` (indented 4, printing one JSON line last) in a process of its
-    own with os.environ updated by env: that JSON."""
+    own with os.environ updated by env: that JSON. The process is killed once it has printed
+    the line (a hung kernel may hold its exit) or after stall_s (its Python stacks then show
+    where it stood)."""
     import json
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = _STARVED_PLAN.format(root=root, mk_kwargs=mk_kwargs) + body
-    r = subprocess.run([sys.executable, "-c", code, *argv], env=dict(os.environ, **env),
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    code = _STARVED_PLAN.format(root=root, mk_kwargs=mk_kwargs, stall_s=stall_s) + body
+    p = subprocess.Popen([sys.executable, "-c", code, *argv], env=dict(os.environ, **env),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in p.stdout:                # ends at the child's exit (faulthandler's at most)
+            lines.append(line)
+            if line.startswith("{"):
+                break
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    assert lines and lines[-1].startswith("{"), "".join(lines)[-3000:]
+    out = json.loads(lines[-1])
     print(out)
     return out
 
@@ -280,8 +292,9 @@ def test_a_hang_is_reported_not_waited_on(monkeypatch):
         out = dict(raised="hang", text=str(e))
     out["seconds"] = time.time() - t0
     print(json.dumps(out), flush=True)
-    os._exit(0)                          # the kernel still runs: no teardown
-''', "timeout_s=0.25, hang_s=5", dict(MK_TEST_STARVE_TICKET="3", MK_WAIT_SLIM="1"))
+    time.sleep(600)                      # the kernel still runs: the parent kills this process
+''', "timeout_s=0.25, hang_s=5", dict(MK_TEST_STARVE_TICKET="3", MK_WAIT_SLIM="1"),
+                            stall_s=240)
     assert out["raised"] == "hang" and "still running after 5 s" in out["text"], out
     assert 5 <= out["seconds"] < 30, out
 
