@@ -6,7 +6,7 @@ Execution model
 ---------------
 * Grid = SM count x resident blocks per SM from the occupancy query (asserted >= 1): every CTA is
   resident, so a queue in topological order cannot deadlock.
-* Block = 256 threads in warp roles (DESIGN.md):
+* Block = THREADS = 384 threads in warp roles (DESIGN.md):
     warp 0      controller: takes instruction tickets from the global queue (atomic add on the queue
                 head), copies the 32 header/arg words into a shared-memory instruction ring slot,
                 waits for the instruction's (counter, target) pairs (lanes 0..3, one wait each,
@@ -17,8 +17,8 @@ Execution model
     warps 2-3   storer: 16-byte st.global of result pages with exact masks, frees each page after
                 its last read, then signals the instruction's counter with red.release.gpu after a
                 fence (after all the instruction's stores).
-    warps 4-7   consumer warpgroup: the instruction body's math (setmaxregister_increase); the
-                other warpgroup runs setmaxregister_decrease.
+    warps 4-11  two consumer warpgroups: the instruction body's math, both on every instruction
+                (setmaxregister_increase; warps 0-3 run setmaxregister_decrease).
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
   the current instruction's body; in the variants that claim after loads (claim_after_loads_for:
   the M classes above 64 tokens) it claims the next one only once the loader has issued the

@@ -197,6 +197,15 @@
 #          megakernel vs cuBLAS and cuBLAS + epilogue at M = 64 / 256 / 1024 / 4096, checks
 #          first; split along K as the planner splits, MK_GEMM_SPLIT=none for whole tiles):
 #          gemm.log, gemm.json, gemm.png (~6 min; session 11 ran it with whole tiles)
+#   ppbound what a ping-pong consumer schedule (each warpgroup its own tile, one's epilogue under
+#          the other's mainloop; bench/GEMM_NOTES.md session 54) could buy at most, no new code:
+#          bench/gemm_profile.py time jobs at M = 4096 (MK_PPB_M) of O_PROJ / DOWN / GATE_UP on
+#          the table's tile as is and with the epilogue and stores compiled out (noepi+nostore),
+#          and on the tile one warpgroup could hold alone (m128n128 / gu_m128n64: 1.33x the
+#          operand bytes per flop) as is and without epilogue and stores (the bound: ping-pong
+#          hides the epilogue at best and pulls this tile's bytes), m64n256 (1.67x) likewise;
+#          DOWN at 1024 too: ppbound.log, ppbound.json (~6 min). Build it only if the bound is
+#          >= 5% under the table's tile as is.
 #   gemmold bench/gemm.py of the tree at MK_AB_TREE (off) and of this one with whole tiles (on),
 #          MK_GEMMOLD_OPS (GATE_UP,O_PROJ) at MK_GEMMOLD_M (4096): the ~8% the megakernel's tiles
 #          take over session 3's standalone harness: gemmold.log, gemmold_{off,on}.json (~4 min)
@@ -1903,6 +1912,19 @@ if has gemm; then
       --odd-m 0 --reps 15 --split-k ${MK_GEMM_SPLIT:-auto} \
       --out "$OUTDIR/gemm.json" > "$OUTDIR/gemm.log" 2>&1 || rc=1
   grep -vE "^\[mk\." "$OUTDIR/gemm.log" | tail -30
+fi
+if has ppbound; then
+  pm=${MK_PPB_M:-4096}
+  j=""
+  for op in O_PROJ DOWN; do
+    for e in "" noepi+nostore tile=m128n128 tile=m128n128+noepi+nostore \
+        tile=m64n256+noepi+nostore; do j="$j,$op:$pm:time:$e"; done
+  done
+  for e in "" noepi+nostore tile=gu_m128n64 tile=gu_m128n64+noepi+nostore; do
+    j="$j,GATE_UP:$pm:time:$e"
+  done
+  j="$j,DOWN:1024:time:,DOWN:1024:time:noepi+nostore,DOWN:1024:time:tile=m128n128+noepi+nostore"
+  run_profile ppbound "${j#,}" 420
 fi
 if has gemmold; then
   # the large-M GEMMs against an older tree's (MK_AB_TREE, e.g. 935cf2f, which made
