@@ -435,6 +435,19 @@ class MegakernelHang(RuntimeError):
     """A launch did not finish (Megakernel.wait): the process's GPU context is unusable after it."""
 
 
+def hang_report(hang_s: float, st: list | None, grid: int) -> str:
+    """MegakernelHang's text: how many CTAs ended and the state words read while the launch ran
+    (None: the read did not complete), with any error record written meanwhile."""
+    where = "the state words could not be read"
+    if st is not None:
+        # the queue head counts each CTA's claim past the end too
+        where = (f"{st[rk.S_EXIT]} of {grid} CTAs ended, queue head {st[rk.S_HEAD]}; "
+                 f"state words {st}")
+        if st[rk.S_ERR_FLAG] or st[rk.S_ABORT]:
+            where += f"; recorded meanwhile: {error_of_state(st)}"
+    return f"megakernel still running after {hang_s:.0f} s (a wait that is not bounded): {where}"
+
+
 # ==================================================================================== device side
 # the controller's (and a folded GEMM tile's epilogue) counter wait: mk/instructions/_rows_kernel.py
 wait_counter = rk.wait_counter
@@ -2461,11 +2474,7 @@ class Megakernel:
                 while not read_done.query() and time.time() - t1 < 5:
                     time.sleep(0.01)
                 st = host.tolist() if read_done.query() else None
-                recorded = ""
-                if st is not None and (st[rk.S_ERR_FLAG] or st[rk.S_ABORT]):
-                    recorded = f"; recorded meanwhile: {error_of_state(st)}"
-                raise MegakernelHang(f"megakernel still running after {hang_s:.0f} s (a wait that "
-                                     f"is not bounded); state words {st}{recorded}")
+                raise MegakernelHang(hang_report(hang_s, st, self.grid))
             # a step takes a few ms: no timer sleep (~1 ms of latency a step), but let other
             # threads run (the GIL) while polling
             time.sleep(0)

@@ -1379,6 +1379,23 @@ def test_compact_wait_record_reads_back_as_the_error(kind, ticket, phase, sm, ct
     assert (e.kind, e.instr) == (rk.ERR_COUNTER_WAIT, 9)
 
 
+def test_hang_report_says_how_far_the_launch_got():
+    """MegakernelHang's text (Megakernel.wait after hang_s): the CTAs that ended out of the grid
+    and the queue head from the state words read meanwhile, an error record written meanwhile
+    decoded as Megakernel.check would, and a plain statement when the read did not complete."""
+    import mk.megakernel as M
+    from mk.instructions import _rows_kernel as rk
+    words = [0] * rk.STATE_WORDS
+    words[rk.S_HEAD], words[rk.S_EXIT] = 136, 131
+    text = M.hang_report(5.0, words, 132)
+    assert text.startswith("megakernel still running after 5 s"), text
+    assert "131 of 132 CTAs ended, queue head 136" in text and "recorded" not in text, text
+    words[rk.S_ERR_FLAG], words[rk.S_ERR_KIND], words[rk.S_ERR_INSTR] = 1, rk.ERR_COUNTER_WAIT, 9
+    text = M.hang_report(60.0, words, 132)
+    assert "recorded meanwhile: " + str(M.error_of_state(words)) in text, text
+    assert "could not be read" in M.hang_report(60.0, None, 132)
+
+
 def test_compact_wait_variant_keeps_its_bound_without_spills(tmp_path):
     """MK_WAIT_COMPACT=1 (an option of the inline bounded waits, MK_WAIT_WATCHDOG=0): the waits
     keep their deadline (globaltimer reads) and abort poll, their timeout record is one 64-bit

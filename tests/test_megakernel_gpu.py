@@ -4,6 +4,7 @@ or scripts/gpu_tests.sh on the device machine. Skips cleanly without a Hopper GP
 from __future__ import annotations
 
 import os
+import re
 import types
 
 import pytest
@@ -296,6 +297,7 @@ def test_a_hang_is_reported_not_waited_on(monkeypatch):
 ''', "timeout_s=0.25, hang_s=5", dict(MK_TEST_STARVE_TICKET="3", MK_WAIT_SLIM="1"),
                             stall_s=240)
     assert out["raised"] == "hang" and "still running after 5 s" in out["text"], out
+    assert re.search(r"\b\d+ of \d+ CTAs ended, queue head \d+", out["text"]), out
     assert 5 <= out["seconds"] < 30, out
 
 
