@@ -395,6 +395,18 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000026. Session 54 ran 000025's 0 on one H100 (`*_s54_h100*`): the hang guard's report hung
+#      (its page-locked buffer made after the launch; fixed in 6956b9f: the hang test raised
+#      MegakernelHang after 5.0 s); synccheck and memcheck of the watchdog default clean; 12 of
+#      the 18 step GPU tests run (passed). In order:
+#      0. `MK_VERIFY_FILES="tests/test_megakernel_gpu.py::test_a_hang_is_reported_not_waited_on
+#         tests/test_megakernel_step_gpu.py::test_check_norm_fold_unsplit" MK_STEPS=verify`
+#         (~6 min): the six norm_fold unsplit cases not reached, and the hang test's new
+#         assertion on hang_report's text (the checks and racecheck again with them).
+#      1. 000025's 1: `MK_STEPS=e2e`, then `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024
+#         MK_STEPS=e2e`: issue 6's table at the watchdog default (never timed in e2e).
+#      2. `MK_STEPS=ppbound` (~6 min): the ping-pong bound (bench/GEMM_NOTES.md session 54); then
+#         000025's 2 (backoff, shares at the nf4 default, `MK_STEPS=gemm`).
 #   000025. Session 53 ran 000024's 0 and 1 at cd120bc on one H100 (`*_s53_h100*`): the
 #      watchdog B=1 -2.3% / -2.0%, B=1024 -1.0%, mixed +0.4% against the bounded inline waits;
 #      verify with it clean but racecheck (the controller's lanes read lane 0's tick write:
