@@ -2433,9 +2433,11 @@ class Megakernel:
             self.check()
 
     def launcher(self, prepared):
-        """A no-argument launch on the then-current stream (for CUDA-graph capture / benchmarks)."""
+        """A no-argument launch on the then-current stream (for CUDA-graph capture / benchmarks;
+        wait() after it reports a hang, its objects made here, before any launch)."""
         s, n, n_ctr = prepared
         comp, _ = self._ensure_compiled(s, n_ctr)
+        self._ensure_hang_probe()
 
         def go():
             import cuda.bindings.driver as drv
