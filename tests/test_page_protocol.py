@@ -31,6 +31,15 @@ before its own arrival frees the stage (gk.b_phases_seen, session 35; session 32
 itself, gk.own_phase_seen); the negative control: without that wait the model reports the
 loader's next arrival on the page.
 
+Ping-pong (designed, not built: bench/GEMM_NOTES.md session 54): with consumers=2 the two
+consumer warpgroups are two roles; on the cooperative instructions each waits every barrier
+itself and a consumer-side phase completes with both halves' arrivals (the kernel's count of
+256: Barrier's arrival weights). A "ppgemm" tile belongs to one warpgroup, the owners
+alternating; the other advances its page count past the tile and waits the owner's baton (pp[me],
+arrived once the owner observed every `full` phase of the tile), since after the skip its parity
+waits could pass on a phase two generations old. late_loads holds the epilogue pages' loads back
+until nothing else can move: the window a baton given before the epilogue pages' waits opens.
+
 (Session 24's MK_GEMM_EPI_EARLY, the epilogue pages granted R stages before a tile's end, was
 modelled here too; it lost on the GPU and was removed from the kernel and the model in session
 28.)
@@ -39,6 +48,7 @@ modelled here too; it lost on the GPU and was removed from the kernel and the mo
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -63,12 +73,17 @@ class Barrier:
         self.arrived = None     # the ring position of this phase's arrival, once it came
         self.tx = 0
         self.seen = 0           # completed phases observed by a successful wait
+        self.weight = 0         # this phase's arrivals so far; 2 completes it (a warpgroup's: 1)
 
-    def arrive(self, pos, expect=0):
+    def arrive(self, pos, expect=0, weight=2):
         if self.phase_rule and self.seen < len(self.sources):
             raise Violation(f"{self.name}: Missing wait: ring position {pos} arrives after the "
                             f"phase of ring position {self.sources[-1]} completed unobserved")
+        if self.weight and self.arrived != pos:
+            raise Violation(f"{self.name}: ring positions {self.arrived} and {pos} arrive in "
+                            f"one phase")
         self.arrived = pos
+        self.weight += weight
         self.tx += expect
         self._complete()
 
@@ -80,9 +95,10 @@ class Barrier:
         self._complete()
 
     def _complete(self):
-        if self.arrived is not None and self.tx == 0:
+        if self.weight >= 2 and self.tx == 0:
             self.sources.append(self.arrived)
             self.arrived = None
+            self.weight = 0
 
     def try_wait(self, parity):
         return (len(self.sources) & 1) != parity
@@ -90,6 +106,15 @@ class Barrier:
 
 def gemm(kt, spp, epi, split=False):
     return ("gemm", kt, spp, 0 if split else epi)
+
+
+def pp_gemm(kt, spp, epi, split=False):
+    """A ping-pong GEMM tile: one consumer warpgroup's (the owners alternate); the loader and
+    the storer take it as a gemm."""
+    return ("ppgemm", kt, spp, 0 if split else epi)
+
+
+GEMMS = ("gemm", "ppgemm")
 
 
 def rows_copy(n):
@@ -103,12 +128,21 @@ def residual_add(n):
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
                  stage_full="page", b_on_own_full=False, chain_pages=0, b_phase_seen="consumer",
-                 phase_rule=True):
+                 phase_rule=True, consumers=1, baton="strict", late_loads=False):
         self.full = [Barrier(f"full{p}", phase_rule) for p in range(NP)]
         self.done = [Barrier(f"done{p}", phase_rule) for p in range(NP)]
         self.empty = [Barrier(f"empty{p}", phase_rule) for p in range(NP)]
         self.operand_free = operand_free
-        self.arrivals = lambda: sum(len(b.sources) for b in self.full + self.done + self.empty)
+        # 2: the consumer warpgroups as two roles (ping-pong; the module docstring)
+        self.consumers = consumers
+        # where a ppgemm tile's owner hands the other warpgroup the baton: "strict" (every
+        # `full` phase of the tile observed, its epilogue pages' too), "mainloop" (the stages'
+        # only: a negative control); negative controls: None (no baton), "never" (the owner
+        # never arrives: run()'s deadlock detection)
+        self.baton = baton
+        self.pp = [Barrier(f"pp{w}", phase_rule) for w in range(2)] if consumers == 2 else []
+        bars = self.full + self.done + self.empty + self.pp
+        self.arrivals = lambda: sum(len(b.sources) for b in bars)
         self.done_parity = done_parity
         # negative control: the consumers free operand pages and still arrive `done` on them,
         # while the storer skips them (its next wait may then be two phases behind)
@@ -128,6 +162,12 @@ class Ring:
         self.b_phase_seen = b_phase_seen
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
+        # the epilogue pages' (residual) loads land only when nothing else can move (run():
+        # every role blocked, no other load in flight): a residual tile missing in L2 while the
+        # later operand loads hit, a window the uniform order seldom opens
+        self.late_loads = late_loads
+        self.late = set()               # the ring positions of those loads
+        self.stuck = False              # run(): every role blocked
 
     def layout(self, kt, spp, epi):
         """(s_epi, stage_pos): the stage before which the epilogue pages sit (kt: after the
@@ -157,17 +197,29 @@ class Ring:
     def wait_empty(self, q):
         yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1, q - NP if q >= NP else None)
 
-    def load(self, q, bar):
-        """Issue the TMA load of ring position q's data, landing on barrier `bar`."""
+    def load(self, q, bar, late=False):
+        """Issue the TMA load of ring position q's data, landing on barrier `bar` (late: an
+        epilogue page's)."""
         self.in_flight.append((q % NP, q, bar))
+        if late and self.late_loads:
+            self.late.add(q)
 
     def tma(self, rng):
-        """The TMA engine: lands the loads in flight in any order."""
+        """The TMA engine: lands the loads in flight in any order (late_loads: the epilogue
+        pages' only when nothing else can move)."""
         while True:
             if not self.in_flight:
                 yield "idle"
                 continue
-            p, q, bar = self.in_flight.pop(rng.randrange(len(self.in_flight)))
+            if self.late:
+                pick = [i for i, f in enumerate(self.in_flight) if f[1] not in self.late]
+                if not pick and not self.stuck:
+                    yield "held"
+                    continue
+                i = rng.choice(pick or range(len(self.in_flight)))
+            else:
+                i = rng.randrange(len(self.in_flight))
+            p, q, bar = self.in_flight.pop(i)
             self.contents[p] = q
             bar.complete_tx()
             yield "landed"
@@ -175,7 +227,7 @@ class Ring:
     def loader(self, prog, rng):
         pg = 0
         for ins in prog:
-            if ins[0] != "gemm":
+            if ins[0] not in GEMMS:
                 for _ in range(pages_of(ins)):
                     yield from self.wait_empty(pg)
                     self.full[pg % NP].arrive(pg, expect=1)
@@ -209,7 +261,7 @@ class Ring:
                     q = pg + s_epi * spp + e
                     yield from self.wait_empty(q)
                     self.full[q % NP].arrive(q, expect=1)
-                    self.load(q, self.full[q % NP])
+                    self.load(q, self.full[q % NP], late=True)
 
             # early weights: the first stages' B pages before their A pages (A pages taken and
             # waited free in ring order, their barrier armed after the instruction's `ready`),
@@ -244,58 +296,86 @@ class Ring:
             raise Violation(f"page {q % NP} read for ring position {q} holds "
                             f"{self.contents[q % NP]}'s data")
 
-    def consumer(self, prog):
+    def consumer(self, prog, wg=None):
+        """The consumers: wg None, both warpgroups as one role; 0 / 1, one warpgroup of two
+        (consumers=2), whose arrivals on the cooperative instructions weigh half."""
         pg = 0
+        npp = 0     # ppgemm tiles so far: both warpgroups count them alike, the owner alternates
+        half = 2 if wg is None else 1
         for ins in prog:
-            if ins[0] == "gemm":
-                _, kt, spp, epi = ins
-                s_epi, pos = self.layout(kt, spp, epi)
-                for k in range(kt):
-                    for j in range(1 if self.stage_full == "stage" else spp):
-                        q = pg + pos(k) + j
-                        yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
-                    for j in range(spp):
-                        self.read(pg + pos(k) + j)
-                    if k > 0:
-                        self.release_stage(pg + pos(k - 1), spp, last=False)
-                        if self.b_phase_seen == "consumer_late":
-                            yield "released"        # the loader may run in between
-                            yield from self.b_phases_seen(pg + pos(k - 1), spp)
-                    if self.b_phase_seen == "consumer":
-                        yield from self.b_phases_seen(pg + pos(k), spp)
-                    yield "wgmma"
-                self.release_stage(pg + pos(kt - 1), spp, last=True)
-                if self.b_phase_seen == "consumer_late":
-                    yield "released"
-                    yield from self.b_phases_seen(pg + pos(kt - 1), spp)
-                ep = pg + s_epi * spp
-                cp = self.chain_pages
-                step = cp if cp and epi % cp == 0 else max(epi, 1)
-                for c0 in range(0, epi, step):
-                    for e in range(c0, c0 + step):
-                        q = ep + e
-                        yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
-                        yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1,
-                                             q - NP if q >= NP else None)
-                    yield "epilogue"
-                    for e in range(c0, c0 + step):
-                        self.read(ep + e)       # a residual tile's own rows
-                        self.done[(ep + e) % NP].arrive(ep + e)
-                pg += kt * spp + epi
+            if ins[0] == "ppgemm" and wg is not None:
+                if npp & 1 == wg:
+                    # the owner's 128 threads arrive twice (count 256), its thread 0 is ctid 0's
+                    gives = self.baton in ("strict", "mainloop")
+                    baton = (self.pp[wg ^ 1], npp) if gives else None
+                    yield from self.consume_gemm(pg, ins, 2, True, baton)
+                elif self.baton is not None:
+                    # the other's tiles this one skipped before: the baton's phases so far
+                    yield from self.wait(self.pp[wg], (npp >> 1) & 1, npp)
+                pg += pages_of(ins)
+                npp += 1
+            elif ins[0] in GEMMS:
+                # gk.b_phases_seen's thread is ctid 0: in warpgroup 0
+                yield from self.consume_gemm(pg, ins, half, wg != 1)
+                pg += pages_of(ins)
             elif ins[0] == "copy":
                 for _ in range(ins[1]):
                     yield from self.wait(self.full[pg % NP], (pg // NP) & 1, pg)
                     self.read(pg)
-                    self.done[pg % NP].arrive(pg)
+                    self.done[pg % NP].arrive(pg, weight=half)
                     pg += 1
             else:   # RESIDUAL_ADD: src page pa freed by the consumers, the sum in place in pb
                 for _ in range(ins[1]):
                     pa, pb = pg, pg + 1
                     yield from self.wait(self.full[pa % NP], (pa // NP) & 1, pa)
                     yield from self.wait(self.full[pb % NP], (pb // NP) & 1, pb)
-                    self.empty[pa % NP].arrive(pa)
-                    self.done[pb % NP].arrive(pb)
+                    self.empty[pa % NP].arrive(pa, weight=half)
+                    self.done[pb % NP].arrive(pb, weight=half)
                     pg += 2
+
+    def consume_gemm(self, pg, ins, w, seer, baton=None):
+        """One GEMM tile's consumer part from ring position pg: w, the weight of this role's
+        arrivals; seer, whether it waits the B pages' own `full` (gk.b_phases_seen); baton, a
+        ppgemm owner's (barrier, tile) to arrive on once the tile's `full` phases are seen."""
+        _, kt, spp, epi = ins
+        s_epi, pos = self.layout(kt, spp, epi)
+        for k in range(kt):
+            for j in range(1 if self.stage_full == "stage" else spp):
+                q = pg + pos(k) + j
+                yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+            for j in range(spp):
+                self.read(pg + pos(k) + j)
+            if k > 0:
+                self.release_stage(pg + pos(k - 1), spp, False, w)
+                if self.b_phase_seen == "consumer_late" and seer:
+                    yield "released"        # the loader may run in between
+                    yield from self.b_phases_seen(pg + pos(k - 1), spp)
+            if self.b_phase_seen == "consumer" and seer:
+                yield from self.b_phases_seen(pg + pos(k), spp)
+            yield "wgmma"
+        self.release_stage(pg + pos(kt - 1), spp, True, w)
+        if self.b_phase_seen == "consumer_late" and seer:
+            yield "released"
+            yield from self.b_phases_seen(pg + pos(kt - 1), spp)
+        if baton and (self.baton == "mainloop" or epi == 0):
+            baton[0].arrive(baton[1])
+            baton = None
+        ep = pg + s_epi * spp
+        cp = self.chain_pages if ins[0] == "gemm" else 0    # "W" waits the whole epilogue
+        step = cp if cp and epi % cp == 0 else max(epi, 1)
+        for c0 in range(0, epi, step):
+            for e in range(c0, c0 + step):
+                q = ep + e
+                yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                yield from self.wait(self.empty[q % NP], ((q // NP) & 1) ^ 1,
+                                     q - NP if q >= NP else None)
+            if baton and self.baton == "strict":
+                baton[0].arrive(baton[1])
+                baton = None
+            yield "epilogue"
+            for e in range(c0, c0 + step):
+                self.read(ep + e)       # a residual tile's own rows
+                self.done[(ep + e) % NP].arrive(ep + e, weight=w)
 
     def b_phases_seen(self, a, spp):
         """gk.b_phases_seen: the consumer's waits on the `full` of the B pages of the stage at
@@ -307,28 +387,28 @@ class Ring:
             bar = self.full[q % NP]
             yield from self.wait(bar, (q // NP) & 1, q)
 
-    def release_stage(self, q0, spp, last):
+    def release_stage(self, q0, spp, last, w=2):
         for j in range(spp):
             q = q0 + j
             if self.operand_free == "consumer" and not last:
-                self.empty[q % NP].arrive(q)
+                self.empty[q % NP].arrive(q, weight=w)
                 if self.skip_operand_done:
-                    self.done[q % NP].arrive(q)
+                    self.done[q % NP].arrive(q, weight=w)
             else:
-                self.done[q % NP].arrive(q)
+                self.done[q % NP].arrive(q, weight=w)
 
     def storer(self, prog):
         pg = 0
         dpar = 0        # rk.wait_done's bits ("mask"); "ring": the page's generation instead
         for ins in prog:
-            if ins[0] == "gemm":
+            if ins[0] in GEMMS:
                 _, kt, spp, epi = ins
                 s_epi, pos = self.layout(kt, spp, epi)
                 k0 = kt - 1 if self.operand_free == "consumer" else 0
                 waited = [[pg + pos(k) + j] for k in range(k0, kt) for j in range(spp)]
                 # the epilogue pages: with chain_pages a chain's all waited for, then stored and
                 # freed (the TMA stores' read wait), before the next chain's
-                cp = self.chain_pages
+                cp = self.chain_pages if ins[0] == "gemm" else 0    # "W": no chains
                 step = cp if cp and epi % cp == 0 else 1
                 waited += [[pg + s_epi * spp + e for e in range(c0, c0 + step)]
                            for c0 in range(0, epi, step)]
@@ -351,7 +431,7 @@ class Ring:
 
 
 def pages_of(ins) -> int:
-    if ins[0] == "gemm":
+    if ins[0] in GEMMS:
         return ins[1] * ins[2] + ins[3]
     if ins[0] == "copy":
         return ins[1]
@@ -359,10 +439,15 @@ def pages_of(ins) -> int:
 
 
 def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
-    """Interleave the three roles at random; raise Violation on a wrong pass or a deadlock (every
-    unfinished role waiting, and no arrival since each of them last tried)."""
-    roles = {"loader": ring.loader(prog, rng), "consumer": ring.consumer(prog),
-             "storer": ring.storer(prog)}
+    """Interleave the three roles (four: two consumer warpgroups) at random; raise Violation on a
+    wrong pass or a deadlock (every unfinished role waiting, and no phase completed since each of
+    them last tried: a half arrival lets no wait pass)."""
+    roles = {"loader": ring.loader(prog, rng)}
+    if ring.consumers == 2:
+        roles.update(wg0=ring.consumer(prog, 0), wg1=ring.consumer(prog, 1))
+    else:
+        roles["consumer"] = ring.consumer(prog)
+    roles["storer"] = ring.storer(prog)
     tma = ring.tma(rng)     # runs until the others end (it never does)
     waiting = {}            # role -> (barrier name, arrivals when it last tried)
     # each schedule gives the roles their own speeds (a storer busy with stores falls behind)
@@ -372,9 +457,12 @@ def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
         if not live:
             return
         now = ring.arrivals()
-        if not ring.in_flight and all(r in waiting and waiting[r][1] == now for r in live):
+        stuck = ((ring.late_loads or not ring.in_flight)
+                 and all(r in waiting and waiting[r][1] == now for r in live))
+        if not ring.in_flight and stuck:
             raise Violation(f"deadlock: {dict((r, w[0]) for r, w in waiting.items())}")
-        if ring.in_flight and rng.random() < 0.3:
+        if ring.in_flight and (ring.late_loads and stuck or rng.random() < 0.3):
+            ring.stuck = stuck
             next(tma)
             continue
         name = rng.choices(live, weights=[speed[r] for r in live])[0]
@@ -384,20 +472,23 @@ def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
             del roles[name]
             waiting.pop(name, None)
             continue
-        if what.startswith(("full", "done", "empty")):
+        if what.startswith(("full", "done", "empty", "pp")):
             waiting[name] = (what, ring.arrivals())
         else:
             waiting.pop(name, None)
     raise Violation("no end within the step limit")
 
 
-def random_prog(rng: random.Random, n: int = 40):
+def random_prog(rng: random.Random, n: int = 40, pp: float = 0.0):
+    """n random instructions; pp: the share of the GEMM tiles that are ppgemm (0 draws nothing
+    more from rng, so the one-consumer tests keep their streams)."""
     prog = []
     for _ in range(n):
         kind = rng.random()
         if kind < 0.6:
             spp = rng.choice((2, 3))
-            prog.append(gemm(rng.randint(1, 12), spp, rng.choice((1, 2, 4)),
+            make = pp_gemm if pp and rng.random() < pp else gemm
+            prog.append(make(rng.randint(1, 12), spp, rng.choice((1, 2, 4)),
                              split=rng.random() < 0.25))
         elif kind < 0.8:
             prog.append(rows_copy(rng.randint(1, 6)))
@@ -512,3 +603,91 @@ def test_model_catches_an_unobserved_b_page_phase():
     bad = _violations(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
                            b_phase_seen=None), seeds=60)
     assert bad and all("Missing wait" in m and m.startswith("full") for m in bad), bad[:3]
+
+
+def _pp_holds(ring_kw, seeds, pp=0.6):
+    """_holds for two consumer warpgroups, a share pp of the GEMM tiles ppgemm; the odd seeds
+    hold the epilogue pages' loads back (late_loads), the window a late baton opens."""
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        run(Ring(consumers=2, late_loads=seed % 2 == 1, **ring_kw), random_prog(rng, pp=pp), rng)
+
+
+def _pp_violations(ring_kw, seeds=100) -> list[str]:
+    out = []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        prog = random_prog(rng, pp=0.6)
+        try:
+            run(Ring(consumers=2, **ring_kw), prog, rng)
+        except Violation as e:
+            out.append(str(e))
+    return out
+
+
+def _generations_behind(msg) -> bool:
+    """Whether msg is a wait that passed on its own page's phase an even number of generations
+    before the one meant (None: before the page's first use): what a parity wait cannot tell."""
+    g = re.fullmatch(r"full\d+: the wait passed on the arrival of ring position (\w+), "
+                     r"meant (\d+)", msg)
+    if not g:
+        return False
+    got, want = g.group(1), int(g.group(2))
+    behind = want // NP - (-1 if got == "None" else int(got) // NP)
+    return behind > 0 and behind % 2 == 0 and (got == "None" or int(got) % NP == want % NP)
+
+
+@pytest.mark.parametrize("stage_full", ["stage", "page"])
+def test_pingpong_baton_holds_under_random_interleavings(stage_full):
+    """The ping-pong design of bench/GEMM_NOTES.md session 54: ppgemm tiles (splits too) owned
+    by the two consumer warpgroups in turn, among cooperative GEMMs, copies and residual adds;
+    the non-owner skips the tile's pages and waits the owner's baton, arrived once the owner
+    observed every `full` phase of the tile (its epilogue pages' too). Every schedule ends,
+    every wait (the baton's too) passes on its own phase, every read holds its own data, the
+    PTX phase rule holds at every arrival, half arrivals included; also with the epilogue
+    pages' loads landing last (late_loads)."""
+    _pp_holds(dict(operand_free="consumer", done_parity="mask", stage_full=stage_full,
+                   baton="strict"), 150)
+
+
+def test_two_warpgroups_without_pingpong_hold():
+    """The two consumer warpgroups as two roles on cooperative instructions only (bench/
+    GEMM_NOTES.md session 54): each waits every barrier itself, and a consumer-side phase
+    completes with both halves' arrivals (count 256), the stragglers' arrivals racing the
+    other roles: every wait passes on its own phase, every schedule ends."""
+    for stage_full in ("stage", "page"):
+        _pp_holds(dict(operand_free="consumer", done_parity="mask", stage_full=stage_full),
+                  50, pp=0)
+
+
+def test_model_catches_pingpong_without_a_baton():
+    """Negative control of session 54's baton (bench/GEMM_NOTES.md): a warpgroup that skips
+    the other's tile and goes straight on waits on pages whose previous use (in the skipped
+    tile, or two laps back) has not completed its `full` phase, and the parity wait passes on
+    the phase an even number of generations old: the u / u - 2 problem, not a deadlock or a
+    missed wait."""
+    bad = _pp_violations(dict(operand_free="consumer", stage_full="stage", baton=None))
+    assert bad and all(_generations_behind(m) for m in bad), bad[:3]
+
+
+def test_model_catches_a_baton_after_the_mainloop():
+    """Negative control (bench/GEMM_NOTES.md session 54): the baton arrived after the owner's
+    mainloop, before its epilogue pages' waits. The loader has granted those pages then (it is
+    in order) but a residual tile's load may still be in flight: the skipping warpgroup reaches
+    the page's next use (13 positions on) and passes on the phase two generations back. With
+    the uniform TMA order that window seldom opens (none of 150 streams failed); late_loads (the
+    residual loads land only when nothing else can move) opens it in nearly every stream. (Not
+    modelled, the model's epilogue pages all take a load: a plain grant's phase completes at the
+    grant, which the in-order loader makes before any later page's, so this baton would hold
+    for tiles without a residual; not for O_PROJ / DOWN (RESIDUAL), the ping-pong candidates.)"""
+    bad = _pp_violations(dict(operand_free="consumer", stage_full="page", baton="mainloop",
+                              late_loads=True), seeds=40)
+    assert len(bad) > 30 and all(_generations_behind(m) for m in bad), bad[:3]
+
+
+def test_model_catches_a_baton_never_passed():
+    """Negative control of run()'s deadlock detection with four roles: an owner that never
+    arrives on the baton leaves both warpgroups waiting on it and the loader and storer on the
+    pages behind them."""
+    bad = _pp_violations(dict(operand_free="consumer", stage_full="stage", baton="never"), 20)
+    assert len(bad) == 20 and all(m.startswith("deadlock") and "pp" in m for m in bad), bad[:3]
