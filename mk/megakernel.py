@@ -986,7 +986,7 @@ class MegakernelDSL:
                                                timeout_ns, state, t, HM, PS)
                         elif op == rk.OP_RMSNORM:
                             pg = rk.store_handoff(empty, done, dpar, pg, NP, sv, timeout_ns,
-                                                  state, t, PS)
+                                                  state, t, PS, N_STORER)
                         for gi in self.bodies():
                             if self.runs_on(op, gi):
                                 pg = self.store_gemm(GS[gi], gops[gi], ring, base, meta, kv, pool,
@@ -995,7 +995,7 @@ class MegakernelDSL:
                         if cutlass.const_expr(self.splitk):
                             if op == OP_SPLITK_REDUCE:
                                 pg = rk.store_handoff(empty, done, dpar, pg, NP, sv,
-                                                      timeout_ns, state, t, PS)
+                                                      timeout_ns, state, t, PS, N_STORER)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION or op == ak.OP_ATTN_REDUCE:
                                 pg = self.store_attn(op, ring, base, aout, apart, alse, pool,
@@ -1005,7 +1005,7 @@ class MegakernelDSL:
                             if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                 if cutlass.const_expr(gat.GATHER_ROLE == "consumers"):
                                     pg = rk.store_handoff(empty, done, dpar, pg, NP, sv,
-                                                          timeout_ns, state, t, PS)
+                                                          timeout_ns, state, t, PS, N_STORER)
                                 else:
                                     self.run_gather(op, ring, base, bufs, meta, embed, lastn,
                                                     normw, n_layers, eps, sv, N_STORER, gat.UNROLL,

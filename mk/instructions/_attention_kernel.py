@@ -2113,8 +2113,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 t0 = rk.wait_clock_start(wclk)
                 rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
                 rk.wait_clock_add(wclk, t0)
-                if sid == 0:
-                    cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+                rk.free_waited_page(page, empty, sid, nthreads, share)
             pg = pg + nkv
             m0 = mt * MT
             first = sid == 0 and kh == 0 and mt == 0

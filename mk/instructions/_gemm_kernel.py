@@ -1819,8 +1819,7 @@ def gemm_store(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64, ld:
         # operand pages: the consumers are done with them (their wgmmas retired): free them
         page, _ = page_of(pg + j, npages)
         rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
-        if sid == 0:
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+        rk.free_waited_page(page, empty, sid, nthreads, share)
     ep = pg + kt * cfg.stage_pages
     pg = ep
     if cutlass.const_expr(split is None):

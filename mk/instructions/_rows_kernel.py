@@ -572,6 +572,38 @@ def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Cons
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
 
 
+# Who frees a page the storer warps only wait on (a K/V page, a GEMM's last operand stage, a
+# consumer-stored body's hand-off page: the storer reads none of it), MK_STORER_FREE:
+#   "warps" (the default since session 54) lane 0 of each storer warp, after the warp's own
+#           `done` wait (sync_warp), with its warp's part of the count: the page's next use can
+#           begin only once every storer thread has observed this use's phase.
+#   "lead"  storer thread 0 alone after its own wait (sessions 1-53). The other warp may not have
+#           waited yet; should the page's next use complete `done` before it does, its parity
+#           wait finds the parity back where it was (two phases) and blocks until a third: a
+#           whole use behind on that page from then on, and a hang at the stream's end. Nothing
+#           bounds how far one warp runs ahead of the other between their BAR_STORER meetings (a
+#           prefill ATTENTION walks hundreds of K/V pages, the ring is 13), so the soundness must
+#           not rest on the two warps' speeds. Kept for A/B timing.
+STORER_FREE = os.environ.get("MK_STORER_FREE", "warps")
+if STORER_FREE not in ("warps", "lead"):
+    raise ValueError(f"MK_STORER_FREE={STORER_FREE!r}: warps (the default) or lead")
+
+
+@cute.jit
+def free_waited_page(page: Int32, empty: cute.Pointer, sid: Int32, nthreads: cutlass.Constexpr,
+                     share: cutlass.Constexpr):
+    """The storer's free of a page it only waited `done` on (every storer thread waited on it
+    with its own parity bit, wait_done): see STORER_FREE."""
+    if cutlass.const_expr(STORER_FREE == "lead"):
+        if sid == 0:
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+    else:
+        assert share % (nthreads // 32) == 0, (share, nthreads)
+        cute.arch.sync_warp()
+        if sid % 32 == 0:
+            cute.arch.mbarrier_arrive(empty + page, arrive_count=share // (nthreads // 32))
+
+
 @cute.jit
 def grant_page(pg: Int32, npages: cutlass.Constexpr, full: cute.Pointer, empty: cute.Pointer,
                timeout_ns: Int64, state: cute.Tensor, ticket: Int32) -> Int32:
@@ -1274,14 +1306,13 @@ def rmsnorm_consume(src: Int32, dst: Int32, row0: Int32, rows: Int32, layer: Int
 @cute.jit
 def store_handoff(empty: cute.Pointer, done: cute.Pointer, dpar: cute.Tensor, pg: Int32,
                   npages: cutlass.Constexpr, sid: Int32, timeout_ns: Int64, state: cute.Tensor,
-                  ticket: Int32, share: cutlass.Constexpr) -> Int32:
+                  ticket: Int32, share: cutlass.Constexpr, nthreads: cutlass.Constexpr) -> Int32:
     """Storer warps of a body whose consumers store to global memory themselves (RMSNORM,
     SPLITK_REDUCE): wait for their `done` on the instruction's one page (their stores precede
     it), free the page; the megakernel's signal follows. Returns the new page count."""
     page, _ = page_of(pg, npages)
     wait_done(done, page, dpar, timeout_ns, state, ticket)
-    if sid == 0:
-        cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
+    free_waited_page(page, empty, sid, nthreads, share)
     return pg + 1
 
 
