@@ -15,8 +15,9 @@ Execution model
     warp 1      loader: TMA (cp.async.bulk.tensor) loads of the instruction's row chunks into pages
                 of the shared-memory page pool (full/empty mbarriers per page).
     warps 2-3   storer: 16-byte st.global of result pages with exact masks, frees each page after
-                its last read, then signals the instruction's counter with red.release.gpu after a
-                fence (after all the instruction's stores).
+                its last read (a page it only waits on: after both warps' waits,
+                rk.free_waited_page), then signals the instruction's counter with
+                red.release.gpu after a fence (after all the instruction's stores).
     warps 4-11  two consumer warpgroups: the instruction body's math, both on every instruction
                 (setmaxregister_increase; warps 0-3 run setmaxregister_decrease).
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
