@@ -40,6 +40,19 @@ arrived once the owner observed every `full` phase of the tile), since after the
 waits could pass on a phase two generations old. late_loads holds the epilogue pages' loads back
 until nothing else can move: the window a baton given before the epilogue pages' waits opens.
 
+The storer's two warps (storers=2; warp 2 is storer thread 0's) walk every instruction
+together, each waiting `done` itself with its own parity bits, and meet in BAR_STORER at its
+end. A page they read is freed by every storer thread after its own reads; a page they only
+wait on (a GEMM's operand pages, in the kernel also K/V and hand-off pages) by each warp after
+its own wait (rk.STORER_FREE "warps", session 54). Each warp's wait must precede its free: the
+page's next use, and so its next `done` phase, then waits for both warps' waits. With warp 2
+freeing alone ("lead", sessions 1-53) a warp 3 that falls behind the loader and consumers by a
+ring meets the next use's phase before its wait on this one: the parity is back where it was,
+and it blocks (a hang: warp 2 waits for it in BAR_STORER, the loader for its frees) or passes
+on the phase two uses on. The negative control shows both, from random speeds alone too, and
+with the instruction ring's slots (islots) bounding how far the loader runs ahead: BAR_STORER
+and the slots bound the lag by instructions, and one instruction's pages can span the ring.
+
 (Session 24's MK_GEMM_EPI_EARLY, the epilogue pages granted R stages before a tile's end, was
 modelled here too; it lost on the GPU and was removed from the kernel and the model in session
 28.)
@@ -74,6 +87,9 @@ class Barrier:
         self.tx = 0
         self.seen = 0           # completed phases observed by a successful wait
         self.weight = 0         # this phase's arrivals so far; 2 completes it (a warpgroup's: 1)
+        # phases completed, one count shared by a Ring's barriers: run()'s progress check reads
+        # it each step (summing every barrier's phases took 70% of the run time)
+        self.tally = [0]
 
     def arrive(self, pos, expect=0, weight=2):
         if self.phase_rule and self.seen < len(self.sources):
@@ -97,6 +113,7 @@ class Barrier:
     def _complete(self):
         if self.weight >= 2 and self.tx == 0:
             self.sources.append(self.arrived)
+            self.tally[0] += 1
             self.arrived = None
             self.weight = 0
 
@@ -128,7 +145,8 @@ def residual_add(n):
 class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
                  stage_full="page", b_on_own_full=False, chain_pages=0, b_phase_seen="consumer",
-                 phase_rule=True, consumers=1, baton="strict", late_loads=False):
+                 phase_rule=True, consumers=1, baton="strict", late_loads=False, storers=1,
+                 storer_free="warps", storer_lag=False, islots=None):
         self.full = [Barrier(f"full{p}", phase_rule) for p in range(NP)]
         self.done = [Barrier(f"done{p}", phase_rule) for p in range(NP)]
         self.empty = [Barrier(f"empty{p}", phase_rule) for p in range(NP)]
@@ -141,8 +159,31 @@ class Ring:
         # never arrives: run()'s deadlock detection)
         self.baton = baton
         self.pp = [Barrier(f"pp{w}", phase_rule) for w in range(2)] if consumers == 2 else []
-        bars = self.full + self.done + self.empty + self.pp
-        self.arrivals = lambda: sum(len(b.sources) for b in bars)
+        # 2: the storer's two warps as two roles (the module docstring), meeting in BAR_STORER
+        # (a phase per instruction, both warps' arrivals complete it) at each instruction's end
+        self.storers = storers
+        # who frees a page the storer warps only wait on (rk.STORER_FREE): "warps" (each warp
+        # after its own wait, half the count), "lead" (warp 2 alone after its own wait: the
+        # negative control)
+        self.storer_free = storer_free
+        # warp 3 descheduled at each `done` wait until the page's next use has completed `done`
+        # (or nothing else can move): the widest window a free before its wait can open
+        self.storer_lag = storer_lag
+        self.bar_storer = [Barrier("bar_storer", False)] if storers == 2 else []
+        # the ring position each storer warp last waited `done` for (the negative control's
+        # check of what warp 3 was waiting on)
+        self.storer_at = [None, None]
+        bars = self.full + self.done + self.empty + self.pp + self.bar_storer
+        self.tally = [0]
+        for b in bars:
+            b.tally = self.tally
+        self.arrivals = lambda: self.tally[0]
+        # the instruction ring's slots (MK_NISLOTS; None: no bound, the model before session
+        # 54): the loader starts instruction i once every consumer and storer role has released
+        # instruction i - islots' slot (the controller refills it then)
+        self.islots = islots
+        self.fin = {(r, w): 0 for r, n in (("c", consumers), ("s", storers))
+                    for w in ([None] if n == 1 else range(n))}
         self.done_parity = done_parity
         # negative control: the consumers free operand pages and still arrive `done` on them,
         # while the storer skips them (its next wait may then be two phases behind)
@@ -224,9 +265,17 @@ class Ring:
             bar.complete_tx()
             yield "landed"
 
+    def finish(self, role, n):
+        """Role (the key of fin) has released the slots of its first n instructions."""
+        if self.islots:
+            self.fin[role] = n
+            self.tally[0] += 1      # progress: the loader may wait for it
+
     def loader(self, prog, rng):
         pg = 0
-        for ins in prog:
+        for i, ins in enumerate(prog):
+            while self.islots and min(self.fin.values()) <= i - self.islots:
+                yield "islot"
             if ins[0] not in GEMMS:
                 for _ in range(pages_of(ins)):
                     yield from self.wait_empty(pg)
@@ -302,7 +351,8 @@ class Ring:
         pg = 0
         npp = 0     # ppgemm tiles so far: both warpgroups count them alike, the owner alternates
         half = 2 if wg is None else 1
-        for ins in prog:
+        for i, ins in enumerate(prog):
+            self.finish(("c", wg), i)
             if ins[0] == "ppgemm" and wg is not None:
                 if npp & 1 == wg:
                     # the owner's 128 threads arrive twice (count 256), its thread 0 is ctid 0's
@@ -332,6 +382,7 @@ class Ring:
                     self.empty[pa % NP].arrive(pa, weight=half)
                     self.done[pb % NP].arrive(pb, weight=half)
                     pg += 2
+        self.finish(("c", wg), len(prog))
 
     def consume_gemm(self, pg, ins, w, seer, baton=None):
         """One GEMM tile's consumer part from ring position pg: w, the weight of this role's
@@ -397,37 +448,62 @@ class Ring:
             else:
                 self.done[q % NP].arrive(q, weight=w)
 
-    def storer(self, prog):
+    def storer(self, prog, w=None):
+        """The storer: w None, both warps as one role; 0 / 1, warp 2 / warp 3 of two
+        (storers=2), each with its own parity bits, meeting in BAR_STORER after every
+        instruction."""
         pg = 0
         dpar = 0        # rk.wait_done's bits ("mask"); "ring": the page's generation instead
-        for ins in prog:
+        for i, ins in enumerate(prog):
+            self.finish(("s", w), i)
+            # (pages, read): the pages waited for before their free; read False: waited only
             if ins[0] in GEMMS:
                 _, kt, spp, epi = ins
                 s_epi, pos = self.layout(kt, spp, epi)
                 k0 = kt - 1 if self.operand_free == "consumer" else 0
-                waited = [[pg + pos(k) + j] for k in range(k0, kt) for j in range(spp)]
+                waited = [([pg + pos(k) + j], False) for k in range(k0, kt) for j in range(spp)]
                 # the epilogue pages: with chain_pages a chain's all waited for, then stored and
                 # freed (the TMA stores' read wait), before the next chain's
                 cp = self.chain_pages if ins[0] == "gemm" else 0    # "W": no chains
                 step = cp if cp and epi % cp == 0 else 1
-                waited += [[pg + s_epi * spp + e for e in range(c0, c0 + step)]
+                waited += [([pg + s_epi * spp + e for e in range(c0, c0 + step)], True)
                            for c0 in range(0, epi, step)]
                 pg += kt * spp + epi
             elif ins[0] == "copy":
-                waited = [[q] for q in range(pg, pg + ins[1])]
+                waited = [([q], True) for q in range(pg, pg + ins[1])]
                 pg += ins[1]
             else:
-                waited = [[pg + 2 * i + 1] for i in range(ins[1])]
+                waited = [([pg + 2 * r + 1], True) for r in range(ins[1])]
                 pg += 2 * ins[1]
-            for group in waited:
+            for group, read in waited:
                 for q in group:
                     p = q % NP
                     parity = (dpar >> p) & 1 if self.done_parity == "mask" else (q // NP) & 1
+                    if w is not None:
+                        self.storer_at[w] = q
+                    if w == 1 and self.storer_lag:
+                        yield from self.held(self.done[p], q)
                     yield from self.wait(self.done[p], parity, q)
                     dpar ^= 1 << p
                     yield "store"
+                # a page read is freed by every storer thread after its own reads ("thread"
+                # hand-off), a page only waited on as STORER_FREE says
+                wt = 2 if w is None else 1 if read or self.storer_free == "warps" else 2 - 2 * w
                 for q in group:
-                    self.empty[q % NP].arrive(q)
+                    if wt:
+                        self.empty[q % NP].arrive(q, weight=wt)
+            if w is not None:
+                self.bar_storer[0].arrive(i, weight=1)
+                yield from self.wait(self.bar_storer[0], i & 1, i)
+        self.finish(("s", w), len(prog))
+
+    def held(self, bar, q):
+        """storer_lag: warp 3, due to wait on ring position q's phase of bar, descheduled until
+        a later use of the page completed a phase of bar, or until nothing else can move (run()
+        then sets stuck)."""
+        while not (bar.sources and bar.sources[-1] > q) and not self.stuck:
+            yield "held"
+        self.stuck = False
 
 
 def pages_of(ins) -> int:
@@ -439,19 +515,25 @@ def pages_of(ins) -> int:
 
 
 def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
-    """Interleave the three roles (four: two consumer warpgroups) at random; raise Violation on a
-    wrong pass or a deadlock (every unfinished role waiting, and no phase completed since each of
-    them last tried: a half arrival lets no wait pass)."""
+    """Interleave the three roles (more: two consumer warpgroups, two storer warps) at random;
+    raise Violation on a wrong pass or a deadlock (every unfinished role waiting, and no phase
+    completed since each of them last tried: a half arrival lets no wait pass). A storer warp
+    held back (storer_lag) goes on once nothing else can move: held, it is no deadlock."""
     roles = {"loader": ring.loader(prog, rng)}
     if ring.consumers == 2:
         roles.update(wg0=ring.consumer(prog, 0), wg1=ring.consumer(prog, 1))
     else:
         roles["consumer"] = ring.consumer(prog)
-    roles["storer"] = ring.storer(prog)
+    if ring.storers == 2:
+        roles.update(st0=ring.storer(prog, 0), st1=ring.storer(prog, 1))
+    else:
+        roles["storer"] = ring.storer(prog)
     tma = ring.tma(rng)     # runs until the others end (it never does)
     waiting = {}            # role -> (barrier name, arrivals when it last tried)
     # each schedule gives the roles their own speeds (a storer busy with stores falls behind)
     speed = {r: rng.choice((1, 4, 16)) for r in roles}
+    if ring.storers == 2 and rng.random() < 0.5:
+        speed[rng.choice(("st0", "st1"))] = 0.05     # a warp seldom scheduled
     for _ in range(max_steps):
         live = list(roles)
         if not live:
@@ -459,20 +541,25 @@ def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
         now = ring.arrivals()
         stuck = ((ring.late_loads or not ring.in_flight)
                  and all(r in waiting and waiting[r][1] == now for r in live))
-        if not ring.in_flight and stuck:
+        held = [r for r in live if stuck and waiting[r][0] == "held"]
+        if not ring.in_flight and stuck and not held:
             raise Violation(f"deadlock: {dict((r, w[0]) for r, w in waiting.items())}")
         if ring.in_flight and (ring.late_loads and stuck or rng.random() < 0.3):
             ring.stuck = stuck
             next(tma)
             continue
-        name = rng.choices(live, weights=[speed[r] for r in live])[0]
+        if held:
+            ring.stuck = True       # ring.held(): nothing else can move, the warp goes on
+            name = held[0]
+        else:
+            name = rng.choices(live, weights=[speed[r] for r in live])[0]
         try:
             what = next(roles[name])
         except StopIteration:
             del roles[name]
             waiting.pop(name, None)
             continue
-        if what.startswith(("full", "done", "empty", "pp")):
+        if what.startswith(("full", "done", "empty", "pp", "bar", "held", "islot")):
             waiting[name] = (what, ring.arrivals())
         else:
             waiting.pop(name, None)
@@ -691,3 +778,72 @@ def test_model_catches_a_baton_never_passed():
     pages behind them."""
     bad = _pp_violations(dict(operand_free="consumer", stage_full="stage", baton="never"), 20)
     assert len(bad) == 20 and all(m.startswith("deadlock") and "pp" in m for m in bad), bad[:3]
+
+
+def _storer_runs(ring_kw, seeds, n=20, pp=0.0, lag=None):
+    """Runs `seeds` random streams of n instructions with the storer as two warps; lag None:
+    warp 3 held back (storer_lag) on the odd seeds; returns (the violations' messages, the rings
+    that raised them)."""
+    out = []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        prog = random_prog(rng, n=n, pp=pp)
+        ring = Ring(storers=2, storer_lag=seed % 2 == 1 if lag is None else lag, **ring_kw)
+        try:
+            run(ring, prog, rng)
+        except Violation as e:
+            out.append((str(e), ring))
+    return out
+
+
+@pytest.mark.parametrize("operand_free", ["storer", "consumer"])
+def test_two_storer_warps_hold_when_each_frees_after_its_own_wait(operand_free):
+    """MK_STORER_FREE=warps (session 54): the storer as its two warps, each waiting `done` with
+    its own parity bits and freeing a page it only waits on with half the count after its own
+    wait, meeting in BAR_STORER after every instruction; each with its own speed (now and then
+    one seldom scheduled), warp 3 on the odd seeds held back at each wait until nothing else can
+    move. Under "storer" a GEMM's kt * spp operand pages (up to 36) are all waited on only, runs
+    longer than the 13-page ring. Every schedule ends, every wait passes on its own phase, the
+    PTX phase rule holds; with two consumer warpgroups (ping-pong tiles among them) too. (No
+    instruction-slot bound here: islots only takes schedules away.)"""
+    kw = dict(operand_free=operand_free, stage_full="stage", storer_free="warps")
+    bad = _storer_runs(kw, 20)
+    bad += _storer_runs(dict(consumers=2, **kw), 8, pp=0.5)
+    assert not bad, [m for m, _ in bad[:3]]
+
+
+def _a_use_behind(msg, ring) -> bool:
+    """Whether msg is warp 3 (st1) a whole use of its page behind: its `done` wait passed on a
+    phase of the page's use two or more laps on, or a deadlock with warp 3 waiting on a `done`
+    whose page's next use completed a phase already, warp 2 waiting for it in BAR_STORER."""
+    g = re.fullmatch(r"done(\d+): the wait passed on the arrival of ring position (\d+), "
+                     r"meant (\d+)", msg)
+    if g:
+        p, got, want = (int(x) for x in g.groups())
+        return ring.storer_at[1] == want and got % NP == p == want % NP and got >= want + 2 * NP
+    want = ring.storer_at[1]
+    return (msg.startswith("deadlock: ") and "'st0': 'bar_storer'" in msg
+            and f"'st1': 'done{want % NP}'" in msg
+            and ring.done[want % NP].sources[-1] >= want + NP)
+
+
+@pytest.mark.parametrize("operand_free", ["storer", "consumer"])
+def test_model_catches_a_storer_warp_a_ring_behind(operand_free):
+    """Negative control of MK_STORER_FREE=lead (sessions 1-53): warp 2 alone frees a page the
+    storer only waits on, right after its own wait. Warp 3, held back at its waits until the
+    page's next use has completed `done` (a descheduled warp), finds the parity back where it
+    was: it blocks (a hang: warp 2 waits in BAR_STORER, the loader for frees behind warp 3) or,
+    under "storer", passes on the phase two uses on. Every stream fails so, with the instruction
+    ring's tightest build too (MK_NISLOTS=2: the loader at most one instruction ahead of the
+    storer): nothing in the protocol bounds warp 3's lag below a ring. BAR_STORER meets once an
+    instruction, a "storer" GEMM's waited-only run alone exceeds the ring, and under "consumer"
+    the next instruction's pages (a GEMM's, the loader and consumers going on while warp 2
+    waits in BAR_STORER) reach the page's next use. Random speeds alone (one warp scheduled up
+    to 16 times as often as the other, or seldom) fail some streams too, the kernel's 4 slots."""
+    kw = dict(operand_free=operand_free, stage_full="stage", storer_free="lead")
+    bad = _storer_runs(dict(islots=2, **kw), 20, n=40, lag=True)
+    assert len(bad) == 20 and all(_a_use_behind(m, r) for m, r in bad), [m for m, _ in bad[:3]]
+    if operand_free == "storer":
+        assert any(m.startswith("done") for m, _ in bad), [m for m, _ in bad[:3]]
+    bad = _storer_runs(dict(islots=4, **kw), 20, n=40, lag=False)
+    assert bad and all(_a_use_behind(m, r) for m, r in bad), [m for m, _ in bad[:3]]
