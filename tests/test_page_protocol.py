@@ -53,6 +53,14 @@ on the phase two uses on. The negative control shows both, from random speeds al
 with the instruction ring's slots (islots) bounding how far the loader runs ahead: BAR_STORER
 and the slots bound the lag by instructions, and one instruction's pages can span the ring.
 
+A rows body (copy, resadd) is warpgroup 0's with consumers=2 and rows_free set (the kernel's
+shape; left unset, both warpgroups run it alike): warpgroup 1 walks its pages' `full` phases in
+ring order (rk.rows_skip). Under "all" (rk.WAITED_FREE, session 54) it gives half of each page's
+release (copy: `done`; resadd: the source page's `empty`, the sum page's `done`) after its own
+wait, so the page's next use waits for it: that holds. Under "lead" (sessions 1-53) warpgroup 0
+gives the whole count: a warpgroup 1 held back meets the next use's `full` phase first and hangs
+or passes on the phase two uses on, the storer warps' failure again.
+
 (Session 24's MK_GEMM_EPI_EARLY, the epilogue pages granted R stages before a tile's end, was
 modelled here too; it lost on the GPU and was removed from the kernel and the model in session
 28.)
@@ -146,7 +154,8 @@ class Ring:
     def __init__(self, operand_free="consumer", done_parity="mask", skip_operand_done=False,
                  stage_full="page", b_on_own_full=False, chain_pages=0, b_phase_seen="consumer",
                  phase_rule=True, consumers=1, baton="strict", late_loads=False, storers=1,
-                 storer_free="warps", storer_lag=False, islots=None):
+                 storer_free="warps", storer_lag=False, islots=None, rows_free=None,
+                 rows_lag=False):
         self.full = [Barrier(f"full{p}", phase_rule) for p in range(NP)]
         self.done = [Barrier(f"done{p}", phase_rule) for p in range(NP)]
         self.empty = [Barrier(f"empty{p}", phase_rule) for p in range(NP)]
@@ -173,6 +182,16 @@ class Ring:
         # the ring position each storer warp last waited `done` for (the negative control's
         # check of what warp 3 was waiting on)
         self.storer_at = [None, None]
+        # consumers=2: who runs a rows body (copy, resadd) and releases its pages
+        # (rk.WAITED_FREE): None, both warpgroups alike with half the count each (the model
+        # before session 54, not the kernel's shape); "all", warpgroup 0 the body with half
+        # the count, warpgroup 1 walking the pages' `full` phases (rk.rows_skip) and giving the
+        # other half after its own wait on each; "lead" (the negative control), warpgroup 0
+        # the whole count, warpgroup 1 waiting only
+        self.rows_free = rows_free
+        # warpgroup 1 descheduled at each rows_skip wait as storer_lag's warp 3 is
+        self.rows_lag = rows_lag
+        self.rows_at = None     # the ring position of warpgroup 1's last rows_skip wait
         bars = self.full + self.done + self.empty + self.pp + self.bar_storer
         self.tally = [0]
         for b in bars:
@@ -368,6 +387,9 @@ class Ring:
                 # gk.b_phases_seen's thread is ctid 0: in warpgroup 0
                 yield from self.consume_gemm(pg, ins, half, wg != 1)
                 pg += pages_of(ins)
+            elif self.rows_free and wg is not None:
+                yield from (self.rows_skip if wg else self.rows_body)(pg, ins)
+                pg += pages_of(ins)
             elif ins[0] == "copy":
                 for _ in range(ins[1]):
                     yield from self.wait(self.full[pg % NP], (pg // NP) & 1, pg)
@@ -383,6 +405,40 @@ class Ring:
                     self.done[pb % NP].arrive(pb, weight=half)
                     pg += 2
         self.finish(("c", wg), len(prog))
+
+    def rows_body(self, pg, ins):
+        """rk.rows_consume in warpgroup 0 (rows_free): its waits, reads and releases."""
+        w = 1 if self.rows_free == "all" else 2
+        if ins[0] == "copy":
+            for q in range(pg, pg + ins[1]):
+                yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+                self.read(q)
+                self.done[q % NP].arrive(q, weight=w)
+            return
+        for pa in range(pg, pg + 2 * ins[1], 2):
+            pb = pa + 1
+            yield from self.wait(self.full[pa % NP], (pa // NP) & 1, pa)
+            yield from self.wait(self.full[pb % NP], (pb // NP) & 1, pb)
+            # not "group" mode: the storer's reads of pb's previous use
+            yield from self.wait(self.empty[pb % NP], ((pb // NP) & 1) ^ 1,
+                                 pb - NP if pb >= NP else None)
+            self.read(pa)
+            self.read(pb)
+            self.empty[pa % NP].arrive(pa, weight=w)
+            self.done[pb % NP].arrive(pb, weight=w)
+
+    def rows_skip(self, pg, ins):
+        """rk.rows_skip in warpgroup 1 (rows_free): every page's `full` phase waited in ring
+        order; under "all" each wait followed by the warpgroup's half of the page's release
+        (resadd: `empty` of a pair's source page, `done` of its sum page)."""
+        for q in range(pg, pg + pages_of(ins)):
+            self.rows_at = q
+            if self.rows_lag:
+                yield from self.held(self.full[q % NP], q)
+            yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
+            if self.rows_free == "all":
+                src = ins[0] == "resadd" and (q - pg) % 2 == 0
+                (self.empty if src else self.done)[q % NP].arrive(q, weight=1)
 
     def consume_gemm(self, pg, ins, w, seer, baton=None):
         """One GEMM tile's consumer part from ring position pg: w, the weight of this role's
@@ -498,9 +554,9 @@ class Ring:
         self.finish(("s", w), len(prog))
 
     def held(self, bar, q):
-        """storer_lag: warp 3, due to wait on ring position q's phase of bar, descheduled until
-        a later use of the page completed a phase of bar, or until nothing else can move (run()
-        then sets stuck)."""
+        """storer_lag / rows_lag: warp 3 / warpgroup 1, due to wait on ring position q's phase of
+        bar, descheduled until a later use of the page completed a phase of bar, or until nothing
+        else can move (run() then sets stuck)."""
         while not (bar.sources and bar.sources[-1] > q) and not self.stuck:
             yield "held"
         self.stuck = False
@@ -534,6 +590,8 @@ def run(ring: Ring, prog, rng: random.Random, max_steps: int = 1_000_000):
     speed = {r: rng.choice((1, 4, 16)) for r in roles}
     if ring.storers == 2 and rng.random() < 0.5:
         speed[rng.choice(("st0", "st1"))] = 0.05     # a warp seldom scheduled
+    if ring.rows_free and rng.random() < 0.5:       # (only then: the other tests keep streams)
+        speed[rng.choice(("wg0", "wg1"))] = 0.05
     for _ in range(max_steps):
         live = list(roles)
         if not live:
@@ -847,3 +905,70 @@ def test_model_catches_a_storer_warp_a_ring_behind(operand_free):
         assert any(m.startswith("done") for m, _ in bad), [m for m, _ in bad[:3]]
     bad = _storer_runs(dict(islots=4, **kw), 20, n=40, lag=False)
     assert bad and all(_a_use_behind(m, r) for m, r in bad), [m for m, _ in bad[:3]]
+
+
+def _rows_runs(ring_kw, seeds, n=40, pp=0.0, lag=None):
+    """Runs `seeds` random streams of n instructions with two consumer warpgroups and rows
+    bodies as rows_free says; lag None: warpgroup 1 held back (rows_lag) on the odd seeds;
+    returns (the violations' messages, the rings that raised them)."""
+    out = []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        prog = random_prog(rng, n=n, pp=pp)
+        ring = Ring(consumers=2, rows_lag=seed % 2 == 1 if lag is None else lag, **ring_kw)
+        try:
+            run(ring, prog, rng)
+        except Violation as e:
+            out.append((str(e), ring))
+    return out
+
+
+def test_rows_bodies_hold_when_the_idle_warpgroup_gives_half():
+    """MK_WAITED_FREE=all (session 54): warpgroup 0 runs a copy's / residual add's body and
+    gives half of each page's release, warpgroup 1 walks the same pages' `full` phases
+    (rk.rows_skip) and gives the other half after its own wait on each; among cooperative and
+    ping-pong GEMMs, both operand-free and both `full` modes, each warpgroup with its own speed
+    (now and then one seldom scheduled), warpgroup 1 on the odd seeds held back at each
+    rows_skip wait until nothing else can move; with the storer as two warps (their frees after
+    their own waits) and the instruction slots too. Every schedule ends, every wait passes on
+    its own phase, every read holds its own data, the PTX phase rule holds."""
+    bad = []
+    for i, (of, sf) in enumerate((("consumer", "stage"), ("storer", "page"))):
+        bad += _rows_runs(dict(operand_free=of, stage_full=sf, rows_free="all"), 10, pp=0.3)
+        bad += _rows_runs(dict(operand_free=of, stage_full=sf, rows_free="all", storers=2,
+                               storer_free="warps", islots=(None, 4)[i]), 6, n=20, pp=0.3)
+    assert not bad, [m for m, _ in bad[:3]]
+
+
+def _wg1_a_use_behind(msg, ring) -> bool:
+    """Whether msg is warpgroup 1 a whole use of its page behind in rows_skip: its `full` wait
+    passed on the phase of the page's use two or more laps on, or a deadlock with it waiting on
+    a `full` whose page's next use completed a phase already."""
+    want = ring.rows_at
+    g = re.fullmatch(r"full(\d+): the wait passed on the arrival of ring position (\d+), "
+                     r"meant (\d+)", msg)
+    if g:
+        p, got, meant = (int(x) for x in g.groups())
+        return meant == want and got % NP == p == want % NP and got >= want + 2 * NP
+    return (msg.startswith("deadlock: ") and f"'wg1': 'full{want % NP}'" in msg
+            and ring.full[want % NP].sources[-1] >= want + NP)
+
+
+def test_model_catches_an_idle_warpgroup_a_ring_behind():
+    """Negative control of MK_WAITED_FREE=lead (sessions 1-53): warpgroup 0 releases a rows
+    body's pages for both warpgroups, warpgroup 1 only waits on them. Held back at its waits
+    until the page's next use has completed `full` (a descheduled warpgroup), it finds the
+    parity back where it was: it blocks (a hang once a cooperative instruction, or the
+    instruction slots, wait for it) or, after a run of rows bodies, passes on the phase two uses
+    on. Every stream fails so, with MK_NISLOTS=2 too; random speeds alone fail some streams
+    with the kernel's 4 slots."""
+    kw = dict(operand_free="consumer", stage_full="stage", rows_free="lead")
+    bad = _rows_runs(dict(islots=4, **kw), 48, lag=True)
+    assert len(bad) == 48 and all(_wg1_a_use_behind(m, r) for m, r in bad), \
+        [m for m, _ in bad[:3]]
+    assert any(m.startswith("full") for m, _ in bad), [m for m, _ in bad[:3]]
+    bad = _rows_runs(dict(islots=2, **kw), 10, lag=True)
+    assert len(bad) == 10 and all(_wg1_a_use_behind(m, r) for m, r in bad), \
+        [m for m, _ in bad[:3]]
+    bad = _rows_runs(dict(islots=4, **kw), 12, lag=False)
+    assert bad and all(_wg1_a_use_behind(m, r) for m, r in bad), [m for m, _ in bad[:3]]
