@@ -1060,15 +1060,17 @@ class MegakernelDSL:
                     # live at once (the all-opcode variant spilled)
                     ctv = opaque_copy(ctid, t)
                     if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
-                        # rows bodies are 128-thread: warpgroup 0 runs them (arriving for both
-                        # warpgroups), warpgroup 1 walks the same pages' `full` phases
+                        # rows bodies are 128-thread: warpgroup 0 runs them, warpgroup 1 walks
+                        # the same pages' `full` phases (each gives half of every page's
+                        # release under rk.WAITED_FREE "all")
                         npg = pg + rk.rows_pages(op, ring[base + W_ROWS], ring[base + W_COLS])
                         if ctid < N_WG:
                             rk.rows_consume(op, ring[base + W_ROWS], ring[base + W_COL0],
                                             ring[base + W_COLS], pool, full, empty, done, pg, NP,
                                             ctv, BAR_WG0, N_WG, timeout_ns, state, t, HM, PS)
                         else:
-                            rk.rows_skip(pg, npg, full, NP, timeout_ns, state, t)
+                            rk.rows_skip(op, pg, npg, full, empty, done, NP, ctid % 32,
+                                         timeout_ns, state, t, PS)
                         pg = npg
                     elif self.norm_body_runs(op):
                         # with split-K compiled in, a norm may fold O_PROJ's reduce (its words)

@@ -399,15 +399,16 @@
 #      (its page-locked buffer made after the launch; fixed in 6956b9f: the hang test raised
 #      MegakernelHang after 5.0 s); synccheck and memcheck of the watchdog default clean; 12 of
 #      the 18 step GPU tests run (passed). In order:
-#      0. The storer now frees a page it only waited on after each storer warp's own wait
-#         (MK_STORER_FREE=warps, the default since this session; lead = sessions 1-53's thread 0
-#         alone, bench/E2E_NOTES.md session 54), compile-checked only. The two files' 53 tests
-#         and the checks do not fit one call (session 54: 31 tests, then 12 in 265 s), so
+#      0. A page several warps wait on is now released only after each of their waits
+#         (MK_WAITED_FREE=all, the default since this session: the storer's two warps on the
+#         pages they only wait on, warpgroup 1's rows_skip walk on a rows body's pages; lead =
+#         sessions 1-53, bench/E2E_NOTES.md session 54), compile-checked only. The two files'
+#         53 tests and the checks do not fit one call (session 54: 31, then 12 in 265 s), so
 #         `MK_VERIFY_FILES=tests/test_megakernel_gpu.py MK_STEPS=verify` (35 tests, the
 #         two-layer checks, racecheck; the hang test now checks hang_report's text), then
 #         `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify` (18 tests), then
 #         `MK_STEPS="synccheck memcheck"` (~3 min).
-#      0b. `MK_SLH_RUNS="slimwarps slimlead" MK_SLH_TIMEOUT=150 MK_STEPS=slimhang` (~5 min):
+#      0b. `MK_SLH_RUNS="slimall slimlead" MK_SLH_TIMEOUT=150 MK_STEPS=slimhang` (~5 min):
 #         slim's mixed-step hang with the new free (does it end?) and with lead (the control:
 #         hung in sessions 52-53; now MegakernelHang after 60 s with the state words). Then
 #         `MK_WS_RUNS="default lead default2" MK_WS_MIXED=256:1024:1024 MK_STEPS=waitslim`:
@@ -2343,7 +2344,7 @@ if has waitslim; then
       default|default2) ws_runs+=("$r||$ws_mixed|$ws_b") ;;
       bounded) ws_runs+=("bounded|MK_WAIT_WATCHDOG=0|$ws_mixed|$ws_b") ;;
       ccheck16) ws_runs+=("ccheck16|MK_COUNTER_CHECK_EVERY=16|$ws_mixed|$ws_b") ;;
-      lead) ws_runs+=("lead|MK_STORER_FREE=lead|$ws_mixed|$ws_b") ;;
+      lead) ws_runs+=("lead|MK_WAITED_FREE=lead|$ws_mixed|$ws_b") ;;
       slim) ws_runs+=("slim|MK_WAIT_SLIM=1||$ws_b") ;;
       *) echo "MK_WS_RUNS: unknown run $r" >&2; exit 2 ;;
     esac
@@ -2388,17 +2389,17 @@ if has slimhang; then
   for r in ${MK_SLH_RUNS:-slim pages slots}; do
     case $r in
       slim) sl_runs+=("slim4096p|MK_WAIT_SLIM=1|--mixed 0:1024:1200|4096") ;;
-      # session 54: full slim with the mixed step, the storer's waited pages freed after each
-      # storer warp's own wait (MK_STORER_FREE=warps, the default now) / by thread 0 alone
-      # (lead, sessions 1-53: slim hung there in sessions 52-53)
-      slimwarps) sl_runs+=("slimwarps|MK_WAIT_SLIM=1|$sl_mixed|$sl_b") ;;
-      slimlead) sl_runs+=("slimlead|MK_WAIT_SLIM=1 MK_STORER_FREE=lead|$sl_mixed|$sl_b") ;;
+      # session 54: full slim with the mixed step, a waited page released after every waiting
+      # warp's own wait (MK_WAITED_FREE=all, the default now) / by thread 0 alone (lead,
+      # sessions 1-53: slim hung there in sessions 52-53)
+      slimall) sl_runs+=("slimall|MK_WAIT_SLIM=1|$sl_mixed|$sl_b") ;;
+      slimlead) sl_runs+=("slimlead|MK_WAIT_SLIM=1 MK_WAITED_FREE=lead|$sl_mixed|$sl_b") ;;
       pages) sl_runs+=("pages|MK_WAIT_SLIM_KINDS=2,3,4|$sl_mixed|$sl_b") ;;
       slots) sl_runs+=("slots|MK_WAIT_SLIM_KINDS=5,8|$sl_mixed|$sl_b") ;;
       but[2-58])   # every kind unbounded but one: where that one starves, its record names it
         sl_runs+=("$r|MK_WAIT_SLIM_KINDS=$(echo 2,3,4,5,8 | sed "s/${r#but}//; s/,,/,/; s/^,//;
                    s/,$//")|$sl_mixed|$sl_b") ;;
-      *) echo "MK_SLH_RUNS: unknown run $r (slim, pages, slots, but2..but8, slimwarps," \
+      *) echo "MK_SLH_RUNS: unknown run $r (slim, pages, slots, but2..but8, slimall," \
               "slimlead)" >&2; exit 2 ;;
     esac
   done

@@ -1304,31 +1304,37 @@ def test_watchdog_default_compiles_clean_with_its_bound_in_the_controller(tmp_pa
         assert r.returncode != 0 and text in r.stderr, r.stderr[-2000:]
 
 
-def test_storer_frees_a_waited_page_after_each_warps_own_wait(tmp_path):
-    """MK_STORER_FREE (session 54): a page the storer warps only wait `done` on (a K/V page, a
-    GEMM's last operand stage, a body's hand-off page) is freed by lane 0 of each storer warp
-    after the warp's own wait (a bar.warp.sync, then an arrival of half the count, 128 of
-    256), no longer by thread 0 alone ("lead", sessions 1-53: the other warp could still be
-    waiting on that use's phase when the page's next use completed it again). The default
-    all-opcode M64 variant with split-K compiles clean; lead builds without the warp syncs; a
-    value other than warps / lead is refused at import."""
+def test_a_waited_page_is_freed_after_every_waiting_warps_wait(tmp_path):
+    """MK_WAITED_FREE (session 54): a page that several warps wait on is released only once
+    each of them has waited. A page the storer warps only wait `done` on (a K/V page, a GEMM's
+    last operand stage, a body's hand-off page) is freed by lane 0 of each storer warp after
+    the warp's own wait (a bar.warp.sync, then an arrival of half the count, 128 of 256), no
+    longer by thread 0 alone; a rows body's page gets half its release from warpgroup 1's warps
+    after their rows_skip wait (32 each). "lead" (sessions 1-53) builds without those warp
+    syncs. The default all-opcode M64 variant with split-K compiles clean; a value other than
+    all / lead is refused at import."""
     import subprocess
     import sys
-    ptx = {flag: variant_ptx(tmp_path, f"storerfree_{flag}",
-                             {} if flag == "warps" else {"MK_STORER_FREE": flag},
-                             f"assert rk.STORER_FREE == {flag!r}")
-           for flag in ("warps", "lead")}
-    assert_clean_variant(tmp_path, "storerfree", ptx["warps"])
+    ptx = {flag: variant_ptx(tmp_path, f"waitedfree_{flag}",
+                             {} if flag == "all" else {"MK_WAITED_FREE": flag},
+                             f"assert rk.WAITED_FREE == {flag!r}")
+           for flag in ("all", "lead")}
+    assert_clean_variant(tmp_path, "waitedfree", ptx["all"])
     syncs = ptx_counts(ptx, r"bar\.warp\.sync")
+    assert syncs["lead"] == 0, syncs
     # the hand-offs of RMSNORM, SPLITK_REDUCE and LM_NORM, the K/V pages, each GEMM body's store
-    assert syncs["lead"] == 0 and syncs["warps"] >= 5, syncs
     halves = ptx_counts(ptx, r"bar\.warp\.sync\s+-1;(?:\n[^\n]*){0,4}\n\s*mov\.b32\s+%r\d+, "
                              r"128;\n\s*mbarrier\.arrive\.shared\.b64")
-    assert halves["warps"] == syncs["warps"], (halves, syncs)
+    assert halves["all"] >= 5 and halves["lead"] == 0, halves
+    # rows_skip: one warp sync, then an arrival of 32 on `done` or (RESIDUAL_ADD's source page)
+    # `empty`
+    quarters = ptx_counts(ptx, r"mov\.b32\s+%r\d+, 32;\n\s*mbarrier\.arrive\.shared\.b64")
+    assert quarters["all"] >= 2 and quarters["lead"] == 0, quarters
+    assert syncs["all"] == halves["all"] + 1, (syncs, halves)
     r = subprocess.run([sys.executable, "-c", "import mk.instructions._rows_kernel"],
-                       env=dict(os.environ, PYTHONPATH=ROOT, MK_STORER_FREE="one"),
+                       env=dict(os.environ, PYTHONPATH=ROOT, MK_WAITED_FREE="warps"),
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "MK_STORER_FREE='one'" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and "MK_WAITED_FREE='warps'" in r.stderr, r.stderr[-2000:]
 
 
 def test_backoff_env_sets_every_variants_default_and_refuses_out_of_range():

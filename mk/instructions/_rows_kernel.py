@@ -572,29 +572,33 @@ def free_page(page: Int32, empty: cute.Pointer, sid: Int32, bar_id: cutlass.Cons
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
 
 
-# Who frees a page the storer warps only wait on (a K/V page, a GEMM's last operand stage, a
-# consumer-stored body's hand-off page: the storer reads none of it), MK_STORER_FREE:
-#   "warps" (the default since session 54) lane 0 of each storer warp, after the warp's own
-#           `done` wait (sync_warp), with its warp's part of the count: the page's next use can
-#           begin only once every storer thread has observed this use's phase.
-#   "lead"  storer thread 0 alone after its own wait (sessions 1-53). The other warp may not have
-#           waited yet; should the page's next use complete `done` before it does, its parity
-#           wait finds the parity back where it was (two phases) and blocks until a third: a
-#           whole use behind on that page from then on, and a hang at the stream's end. Nothing
-#           bounds how far one warp runs ahead of the other between their BAR_STORER meetings (a
-#           prefill ATTENTION walks hundreds of K/V pages, the ring is 13), so the soundness must
-#           not rest on the two warps' speeds. Kept for A/B timing.
-STORER_FREE = os.environ.get("MK_STORER_FREE", "warps")
-if STORER_FREE not in ("warps", "lead"):
-    raise ValueError(f"MK_STORER_FREE={STORER_FREE!r}: warps (the default) or lead")
+# Who frees a page that several warps wait on: every warp that waits on a use's phase must have
+# observed it before the page's next use can begin, or its parity wait finds the parity back
+# where it was (two phases: a parity wait cannot tell u from u - 2) and blocks until a third, a
+# whole use behind on that page from then on (a wrong-phase pass or a hang; the model:
+# tests/test_page_protocol.py, storers=2). MK_WAITED_FREE:
+#   "all"   (the default since session 54) each waiting warp takes part in the free: a page the
+#           storer warps only wait on (a K/V page, a GEMM's last operand stage, a consumer-stored
+#           body's hand-off page) is freed by lane 0 of each storer warp after the warp's own
+#           wait (sync_warp) with its part of the count; a rows body's pages (COPY /
+#           RESIDUAL_ADD, warpgroup 0's) get half their count from warpgroup 1 after its
+#           rows_skip wait on each.
+#   "lead"  sessions 1-53: storer thread 0 alone frees after its own wait, warpgroup 0 arrives
+#           for both warpgroups. Nothing bounds how far one storer warp runs ahead of the other
+#           between their BAR_STORER meetings (a prefill ATTENTION walks hundreds of K/V pages
+#           through the 13-page ring), nor warpgroup 1's rows_skip walk: soundness must not rest
+#           on warps' speeds. Kept for A/B timing.
+WAITED_FREE = os.environ.get("MK_WAITED_FREE", "all")
+if WAITED_FREE not in ("all", "lead"):
+    raise ValueError(f"MK_WAITED_FREE={WAITED_FREE!r}: all (the default) or lead")
 
 
 @cute.jit
 def free_waited_page(page: Int32, empty: cute.Pointer, sid: Int32, nthreads: cutlass.Constexpr,
                      share: cutlass.Constexpr):
     """The storer's free of a page it only waited `done` on (every storer thread waited on it
-    with its own parity bit, wait_done): see STORER_FREE."""
-    if cutlass.const_expr(STORER_FREE == "lead"):
+    with its own parity bit, wait_done): see WAITED_FREE."""
+    if cutlass.const_expr(WAITED_FREE == "lead"):
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     else:
@@ -813,15 +817,31 @@ def rows_pages(op: Int32, rows: Int32, cols: Int32) -> Int32:
     return n
 
 
+WG_WARPS = 4           # warps of one consumer warpgroup
+
+
 @cute.jit
-def rows_skip(pg: Int32, npg: Int32, full: cute.Pointer, npages: cutlass.Constexpr,
-              timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
-    """A consumer warpgroup that does not run a rows body still walks its pages' `full` phases in
-    ring order (no arrivals): a parity wait cannot tell phase u from u - 2, so a waiter that
-    skipped a page's use could pass a later wait on that page one generation early."""
+def rows_skip(op: Int32, pg: Int32, npg: Int32, full: cute.Pointer, empty: cute.Pointer,
+              done: cute.Pointer, npages: cutlass.Constexpr, lane: Int32, timeout_ns: Int64,
+              state: cute.Tensor, ticket: Int32, share: cutlass.Constexpr):
+    """The consumer warpgroup that does not run a rows body (warpgroup 1) still walks its pages'
+    `full` phases in ring order: a parity wait cannot tell phase u from u - 2, so a waiter that
+    skipped a page's use could pass a later wait on that page one generation early. Under
+    WAITED_FREE "all" each of its warps then gives half the page's count (share: both
+    warpgroups') to the barrier rows_consume releases it on (COPY: `done`; RESIDUAL_ADD: the
+    source page's `empty`, the sum page's `done`), so the page's next use waits for this walk."""
     for q in range(pg, npg):
-        bounded_bar_wait(full + q % npages, (q // npages) & 1, timeout_ns, state, ERR_PAGE_FULL,
+        page = q % npages
+        bounded_bar_wait(full + page, (q // npages) & 1, timeout_ns, state, ERR_PAGE_FULL,
                          ticket)
+        if cutlass.const_expr(WAITED_FREE == "all"):
+            assert share // 2 % WG_WARPS == 0, share
+            cute.arch.sync_warp()
+            if lane == 0:
+                if op == OP_RESIDUAL_ADD and (q - pg) % 2 == 0:
+                    cute.arch.mbarrier_arrive(empty + page, arrive_count=share // 2 // WG_WARPS)
+                else:
+                    cute.arch.mbarrier_arrive(done + page, arrive_count=share // 2 // WG_WARPS)
 
 
 # ------------------------------------------------------------------------------------ consumer
@@ -859,10 +879,13 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
     consumer thread never races another consumer thread on a page).
 
     share: the done[p] / empty[p] init count (the megakernel's page_share: the barrier counts
-    every consumer thread of both warpgroups in "thread" mode; this warpgroup arrives for all)."""
+    every consumer thread of both warpgroups in "thread" mode); this warpgroup arrives for half
+    of it, rows_skip's warpgroup for the rest (WAITED_FREE; "lead": this one for all)."""
     cw = ctid // 32
     lane = ctid % 32
     ra = cw * 2
+    # WAITED_FREE "all": warpgroup 1 gives the other half after its rows_skip wait
+    share_here = share if cutlass.const_expr(WAITED_FREE == "lead") else share // 2
     nrg = ceil_div(rows, PR)
     ncc = ceil_div(cols, PC)
     col_end = col0 + cols
@@ -871,8 +894,11 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
             page = pg % npages
             phase = (pg // npages) & 1
             bounded_bar_wait(full + page, phase, timeout_ns, state, ERR_PAGE_FULL, ticket)
-            if ctid == 0:   # COPY: the consumer never touches the page, one arrival does
-                cute.arch.mbarrier_arrive(done + page, arrive_count=share)
+            if cutlass.const_expr(WAITED_FREE == "lead"):
+                if ctid == 0:   # COPY: the consumer never touches the page, one arrival does
+                    cute.arch.mbarrier_arrive(done + page, arrive_count=share)
+            else:
+                release(done + page, share // 2, nthreads, ctid, bar_id, mode)
             pg = pg + 1
     elif op == OP_RESIDUAL_ADD:
         for i in range(nrg * ncc):
@@ -897,8 +923,8 @@ def rows_consume(op: Int32, rows: Int32, col0: Int32, cols: Int32, pool: Int32,
                         tb.store(s.to(BFloat16))
             # src page pa: last read done, free it now (no `done`: the storer never waits on
             # it, and done[p] completes phases only for the uses it waits on, see wait_done)
-            release(empty + pa, share, nthreads, ctid, bar_id, mode)
-            release(done + pb, share, nthreads, ctid, bar_id, mode, sync=False)
+            release(empty + pa, share_here, nthreads, ctid, bar_id, mode)
+            release(done + pb, share_here, nthreads, ctid, bar_id, mode, sync=False)
             pg = pg + 2
     return pg
 
