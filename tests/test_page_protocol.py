@@ -44,7 +44,7 @@ The storer's two warps (storers=2; warp 2 is storer thread 0's) walk every instr
 together, each waiting `done` itself with its own parity bits, and meet in BAR_STORER at its
 end. A page they read is freed by every storer thread after its own reads; a page they only
 wait on (a GEMM's operand pages, in the kernel also K/V and hand-off pages) by each warp after
-its own wait (rk.STORER_FREE "warps", session 54). Each warp's wait must precede its free: the
+its own wait (rk.WAITED_FREE "all", session 54). Each warp's wait must precede its free: the
 page's next use, and so its next `done` phase, then waits for both warps' waits. With warp 2
 freeing alone ("lead", sessions 1-53) a warp 3 that falls behind the loader and consumers by a
 ring meets the next use's phase before its wait on this one: the parity is back where it was,
@@ -171,7 +171,7 @@ class Ring:
         # 2: the storer's two warps as two roles (the module docstring), meeting in BAR_STORER
         # (a phase per instruction, both warps' arrivals complete it) at each instruction's end
         self.storers = storers
-        # who frees a page the storer warps only wait on (rk.STORER_FREE): "warps" (each warp
+        # who frees a page the storer warps only wait on (rk.WAITED_FREE "all"): "warps" (each warp
         # after its own wait, half the count), "lead" (warp 2 alone after its own wait: the
         # negative control)
         self.storer_free = storer_free
@@ -543,7 +543,7 @@ class Ring:
                     dpar ^= 1 << p
                     yield "store"
                 # a page read is freed by every storer thread after its own reads ("thread"
-                # hand-off), a page only waited on as STORER_FREE says
+                # hand-off), a page only waited on as rk.WAITED_FREE says
                 wt = 2 if w is None else 1 if read or self.storer_free == "warps" else 2 - 2 * w
                 for q in group:
                     if wt:
@@ -838,15 +838,15 @@ def test_model_catches_a_baton_never_passed():
     assert len(bad) == 20 and all(m.startswith("deadlock") and "pp" in m for m in bad), bad[:3]
 
 
-def _storer_runs(ring_kw, seeds, n=20, pp=0.0, lag=None):
-    """Runs `seeds` random streams of n instructions with the storer as two warps; lag None:
-    warp 3 held back (storer_lag) on the odd seeds; returns (the violations' messages, the rings
-    that raised them)."""
+def _lagged_runs(ring_kw, seeds, lag_kw, n=20, pp=0.0, lag=None):
+    """Runs `seeds` random streams of n instructions under Ring(**ring_kw) with the hold-back
+    option lag_kw (storer_lag: warp 3; rows_lag: warpgroup 1) on the odd seeds (lag None) or
+    as lag says; returns (the violations' messages, the rings that raised them)."""
     out = []
     for seed in range(seeds):
         rng = random.Random(seed)
         prog = random_prog(rng, n=n, pp=pp)
-        ring = Ring(storers=2, storer_lag=seed % 2 == 1 if lag is None else lag, **ring_kw)
+        ring = Ring(**{lag_kw: seed % 2 == 1 if lag is None else lag}, **ring_kw)
         try:
             run(ring, prog, rng)
         except Violation as e:
@@ -854,9 +854,14 @@ def _storer_runs(ring_kw, seeds, n=20, pp=0.0, lag=None):
     return out
 
 
+def _storer_runs(ring_kw, seeds, n=20, pp=0.0, lag=None):
+    """_lagged_runs with the storer as two warps, warp 3 the one held back."""
+    return _lagged_runs(dict(storers=2, **ring_kw), seeds, "storer_lag", n, pp, lag)
+
+
 @pytest.mark.parametrize("operand_free", ["storer", "consumer"])
 def test_two_storer_warps_hold_when_each_frees_after_its_own_wait(operand_free):
-    """MK_STORER_FREE=warps (session 54): the storer as its two warps, each waiting `done` with
+    """MK_WAITED_FREE=all (session 54): the storer as its two warps, each waiting `done` with
     its own parity bits and freeing a page it only waits on with half the count after its own
     wait, meeting in BAR_STORER after every instruction; each with its own speed (now and then
     one seldom scheduled), warp 3 on the odd seeds held back at each wait until nothing else can
@@ -887,7 +892,7 @@ def _a_use_behind(msg, ring) -> bool:
 
 @pytest.mark.parametrize("operand_free", ["storer", "consumer"])
 def test_model_catches_a_storer_warp_a_ring_behind(operand_free):
-    """Negative control of MK_STORER_FREE=lead (sessions 1-53): warp 2 alone frees a page the
+    """Negative control of MK_WAITED_FREE=lead (sessions 1-53): warp 2 alone frees a page the
     storer only waits on, right after its own wait. Warp 3, held back at its waits until the
     page's next use has completed `done` (a descheduled warp), finds the parity back where it
     was: it blocks (a hang: warp 2 waits in BAR_STORER, the loader for frees behind warp 3) or,
@@ -908,19 +913,9 @@ def test_model_catches_a_storer_warp_a_ring_behind(operand_free):
 
 
 def _rows_runs(ring_kw, seeds, n=40, pp=0.0, lag=None):
-    """Runs `seeds` random streams of n instructions with two consumer warpgroups and rows
-    bodies as rows_free says; lag None: warpgroup 1 held back (rows_lag) on the odd seeds;
-    returns (the violations' messages, the rings that raised them)."""
-    out = []
-    for seed in range(seeds):
-        rng = random.Random(seed)
-        prog = random_prog(rng, n=n, pp=pp)
-        ring = Ring(consumers=2, rows_lag=seed % 2 == 1 if lag is None else lag, **ring_kw)
-        try:
-            run(ring, prog, rng)
-        except Violation as e:
-            out.append((str(e), ring))
-    return out
+    """_lagged_runs with two consumer warpgroups and rows bodies as rows_free says, warpgroup 1
+    the one held back."""
+    return _lagged_runs(dict(consumers=2, **ring_kw), seeds, "rows_lag", n, pp, lag)
 
 
 def test_rows_bodies_hold_when_the_idle_warpgroup_gives_half():
