@@ -602,10 +602,8 @@ def free_waited_page(page: Int32, empty: cute.Pointer, sid: Int32, nthreads: cut
         if sid == 0:
             cute.arch.mbarrier_arrive(empty + page, arrive_count=share)
     else:
-        assert share % (nthreads // 32) == 0, (share, nthreads)
-        cute.arch.sync_warp()
-        if sid % 32 == 0:
-            cute.arch.mbarrier_arrive(empty + page, arrive_count=share // (nthreads // 32))
+        # each warp's lane 0 after the warp's own wait, with its part of the count
+        release(empty + page, share, nthreads, sid, 0, "warp")
 
 
 @cute.jit
@@ -817,7 +815,7 @@ def rows_pages(op: Int32, rows: Int32, cols: Int32) -> Int32:
     return n
 
 
-WG_WARPS = 4           # warps of one consumer warpgroup
+WG_THREADS = 128       # one consumer warpgroup
 
 
 @cute.jit
@@ -835,13 +833,11 @@ def rows_skip(op: Int32, pg: Int32, npg: Int32, full: cute.Pointer, empty: cute.
         bounded_bar_wait(full + page, (q // npages) & 1, timeout_ns, state, ERR_PAGE_FULL,
                          ticket)
         if cutlass.const_expr(WAITED_FREE == "all"):
-            assert share // 2 % WG_WARPS == 0, share
-            cute.arch.sync_warp()
-            if lane == 0:
-                if op == OP_RESIDUAL_ADD and (q - pg) % 2 == 0:
-                    cute.arch.mbarrier_arrive(empty + page, arrive_count=share // 2 // WG_WARPS)
-                else:
-                    cute.arch.mbarrier_arrive(done + page, arrive_count=share // 2 // WG_WARPS)
+            # each warp's lane 0 after the warp's own wait: half the count, over its 4 warps
+            if op == OP_RESIDUAL_ADD and (q - pg) % 2 == 0:
+                release(empty + page, share // 2, WG_THREADS, lane, 0, "warp")
+            else:
+                release(done + page, share // 2, WG_THREADS, lane, 0, "warp")
 
 
 # ------------------------------------------------------------------------------------ consumer
