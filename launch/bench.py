@@ -662,8 +662,17 @@ def journal_breakdown(be, batch, point: Point, args) -> dict:
         mk.launch(handle, check=True)
         n = int(plan.instrs.shape[0])
         j, c = mk.journal_rows(n)
-        r = tr.by_opcode(j, c, n, layer_of=plan.instrs[:, W_LAYER].tolist())
+        layer_of = plan.instrs[:, W_LAYER].tolist()
+        r = tr.by_opcode(j, c, n, layer_of=layer_of)
         log(f"{point.label}: megakernel journal\n{tr.format_by_opcode(r)}")
+        # the same per kind of instruction: QKV_ROPE's sections, ATTENTION's modes and, in a
+        # step of decode and prompt tokens, which of them a tile's rows are
+        names = tr.variant_names(plan.instrs.cpu(),
+                                 [len(s.tokens) > 1 for s in batch.seqs for _ in s.tokens])
+        if len(set(names)) > len(r.get("ops", {})):
+            r["by_variant"] = tr.by_opcode(j, c, n, layer_of=layer_of, name_of=names)
+            log(f"{point.label}: by kind of instruction\n"
+                f"{tr.format_by_opcode(r['by_variant'])}")
         from mk.instructions._gemm_kernel import KTRACE as ktrace
         if ktrace:
             # the GEMM tiles' K steps in the step (the variant was built with MK_GEMM_KTRACE)

@@ -153,7 +153,7 @@ def summary(journal, jcta, n: int) -> dict:
                 sms_used=len({e["sm"] for e in ev}))
 
 
-def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
+def by_opcode(journal, jcta, n: int, layer_of=None, name_of=None) -> dict:
     """Where a step's time goes, per opcode: instructions, busy time (ready -> signalled, summed
     over SMs, and its mean / max per instruction), wait time (ticket -> dependencies met), and the
     opcode's phase time: per layer, the span from its first instruction ready to its last one
@@ -163,7 +163,9 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
     own_mean_us: the mean run counted from the later of ready and the end of the instruction
     before it on its CTA (an instruction whose waits were met while its CTA still ran the one
     before, e.g. during early weight loads, is busy from ready but has the SM only from then):
-    what an SM spends on it alone (bench/schedsim.py's durations)."""
+    what an SM spends on it alone (bench/schedsim.py's durations).
+    name_of[ticket]: the row's name instead of the opcode's (variant_names: one row per kind of
+    an opcode's instructions)."""
     ev, ctas = events(journal, jcta, n)
     if not ev:
         return {}
@@ -177,7 +179,7 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
     phases: dict[tuple[str, int], list[int]] = {}
     spans: dict[str, dict[str, list[int]]] = {}
     for e in ev:
-        name = _op_name(e["op"])
+        name = name_of[e["ticket"]] if name_of is not None else _op_name(e["op"])
         for role, (a, b) in ROLE_SPANS.items():
             if a in e and b in e:
                 spans.setdefault(name, {}).setdefault(role, []).append(e[b] - e[a])
@@ -209,12 +211,54 @@ def by_opcode(journal, jcta, n: int, layer_of=None) -> dict:
     return dict(span_us=round(span / 1e3, 1), sms=len({e["sm"] for e in ev}), ops=out)
 
 
+# the opcodes whose W_ROW0 / W_ROWS are the step's token rows (LM_HEAD's are sequences)
+TOKEN_ROW_OPS = ("QKV_ROPE", "O_PROJ", "GATE_UP", "DOWN", "ATTENTION")
+
+
+def variant_names(instrs, prompt_rows=None) -> list:
+    """Per ticket of a plan's instruction words (instrs [n, INSTR_WORDS]): its opcode's name, told
+    apart where one opcode's instructions do different work, for by_opcode(name_of=...): a
+    QKV_ROPE tile's section (QKV_ROPE.q / .k / .v), an ATTENTION's mode (ATTENTION.direct /
+    .partial / .pair) and, when prompt_rows is given (prompt_rows[t]: token row t is a prompt
+    token, not a decode one) and the step has both kinds, whether a token-row instruction's rows
+    are /decode, /prompt or /both. Session 55: QKV_ROPE's epilogue ran 7.9 us a tile in the mixed
+    step against 2.7 at B=4096, which the opcode's medians alone cannot place."""
+    from mk.instructions import attention as at
+    from mk.instructions import qkv as qk
+    from mk.ir import W_OPCODE, W_ROW0, W_ROWS
+    words = instrs.tolist() if hasattr(instrs, "tolist") else [list(w) for w in instrs]
+    kinds = None
+    if prompt_rows is not None:
+        flags = [bool(f) for f in prompt_rows]
+        if any(flags) and not all(flags):
+            kinds = [0]             # prefix counts: prompt tokens among rows [0, t)
+            for f in flags:
+                kinds.append(kinds[-1] + f)
+    sections = {qk.SEC_Q: "q", qk.SEC_K: "k", qk.SEC_V: "v"}
+    modes = {at.MODE_DIRECT: "direct", at.MODE_PARTIAL: "partial", at.MODE_PAIR: "pair"}
+    names = []
+    for w in words:
+        name = _op_name(w[W_OPCODE])
+        if name == "QKV_ROPE":
+            name += "." + sections.get(w[qk.A_SECTION], str(w[qk.A_SECTION]))
+        elif name == "ATTENTION":
+            name += "." + modes.get(w[at.A_MODE], str(w[at.A_MODE]))
+        if kinds is not None and name.split(".")[0] in TOKEN_ROW_OPS and w[W_ROWS] > 0:
+            lo = min(max(w[W_ROW0], 0), len(kinds) - 1)
+            hi = min(lo + w[W_ROWS], len(kinds) - 1)
+            prompt = kinds[hi] - kinds[lo]
+            name += ("/decode" if prompt == 0 else "/prompt" if prompt == hi - lo else "/both")
+        names.append(name)
+    return names
+
+
 def format_by_opcode(r: dict) -> str:
     """by_opcode's dict as a small fixed-width table."""
     if not r:
         return "(empty journal)"
+    w = max([14] + [len(name) + 1 for name in r["ops"]])     # variant_names' rows run longer
     lines = [f"step span {r['span_us']:.1f} us on {r['sms']} SMs",
-             f"{'opcode':<14}{'count':>7}{'busy us':>11}{'share':>7}{'mean us':>9}{'max us':>9}"
+             f"{'opcode':<{w}}{'count':>7}{'busy us':>11}{'share':>7}{'mean us':>9}{'max us':>9}"
              f"{'phase us':>10}"]
     cols = list(ROLE_SPANS) + [k for k in WAIT_WORDS
                                if any(k + "_us" in d for d in r["ops"].values())]
@@ -222,7 +266,7 @@ def format_by_opcode(r: dict) -> str:
     if roles:
         lines[1] += "".join(f"{k:>11}" for k in cols)
     for name, d in r["ops"].items():
-        line = (f"{name:<14}{d['count']:>7}{d['busy_us']:>11.1f}{d['busy_share']:>7.1%}"
+        line = (f"{name:<{w}}{d['count']:>7}{d['busy_us']:>11.1f}{d['busy_share']:>7.1%}"
                 f"{d['mean_us']:>9.2f}{d['max_us']:>9.2f}{d['phase_us']:>10.1f}")
         if roles:
             line += "".join(f"{d.get(k + '_us', float('nan')):>11.2f}" for k in cols)

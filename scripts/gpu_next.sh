@@ -395,6 +395,18 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000027. Session 55 ran 000026 on two H100s (`*_s55_h100*`): the waited-page release
+#      verified (53 GPU tests, checks, racecheck / synccheck / memcheck clean) and free (waitslim);
+#      slim's mixed step ended with either release; issue 6: B=1 0.89 .. 1024 0.98, 4096 0.998,
+#      mixed 1.016; ppbound: ping-pong dropped; issue 5's table rerun. In order:
+#      1. `MK_SH_BATCH=4096 MK_STEPS=shares` (~2 min): the journal's new table by kind of
+#         instruction (mk.trace.variant_names: QKV_ROPE by section, ATTENTION by mode, the mixed
+#         step's tiles by decode / prompt rows): where QKV_ROPE's mixed-step epilogue (7.9 us a
+#         tile against 2.7 at B=4096) goes, and the prompt chunks' ATTENTION against the decode
+#         pairs (mma_wait 37.8 us of a 42.9 us mean in the mixed step). Build on what it names.
+#      2. `MK_STEPS=sticket` (~7 min, built in session 28, never timed): the first ticket
+#         without the queue's atomic (~1 us a launch: issue 5's M = 64 rows are 1-4 us over).
+#      3. `MK_STEPS=backoff` (000025's 2).
 #   000026. Session 54 ran 000025's 0 on one H100 (`*_s54_h100*`): the hang guard's report hung
 #      (its page-locked buffer made after the launch; fixed in 6956b9f: the hang test raised
 #      MegakernelHang after 5.0 s); synccheck and memcheck of the watchdog default clean; 12 of
@@ -1163,7 +1175,7 @@ time_variant() {
   env $e $(core_env "${name}_$v") timeout ${MK_AB_TIMEOUT:-200} $B --batch "$batches" $a \
       --journal --out "$OUTDIR/${name}_$v.json" > "$TMPD/${name}_$v.log" 2>&1 || rc=1
   echo "== $label" | tee -a "$OUTDIR/$name.log"
-  { table "$TMPD/${name}_$v.log" | grep -E "^ *(decode|mixed) |^opcode|^($JOURNAL_OPS) "
+  { table "$TMPD/${name}_$v.log" | grep -E "^ *(decode|mixed) |^opcode|^($JOURNAL_OPS)[ ./]"
     grep -E -A12 "Error|^error|Traceback" "$TMPD/${name}_$v.log" | tail -30; } | tee -a "$OUTDIR/$name.log"
   report_cores "${name}_$v" "$OUTDIR/$name.log"
   rm -f "$OUTDIR"/"${name}_$v"_*_journal.pt "$OUTDIR"/"${name}_$v"_*_timeline.png

@@ -369,3 +369,54 @@ def test_seeded_megakernel_cache_computes_the_peers_step(bench, decode, context,
     assert res["status"] == "ok" and res["rel_err_vs_eager"] < 1e-4
     bench.megakernel_agrees(point, res, torch.randn_like(want), want)
     assert res["status"] == "error" and "differs from the eager step" in res["error"]
+
+
+def test_journal_breakdown_adds_the_table_by_kind_of_instruction(bench, capsys):
+    """--journal's breakdown: besides the per-opcode table, one row per kind of instruction
+    (mk.trace.variant_names) when the opcodes hide several: a mixed step's QKV_ROPE tiles of
+    decode rows and of prompt rows apart, with their own epilogue medians (fake backend and
+    journal: the launch is the GPU's)."""
+    import types
+
+    import torch
+
+    import mk.trace as tr
+    from mk.batch import SeqChunk, StepBatch
+    from mk.instructions import qkv as qk
+    from mk.ir import INSTR_WORDS, W_OPCODE, W_ROW0, W_ROWS, Op
+
+    instrs = torch.zeros(2, INSTR_WORDS, dtype=torch.int32)
+    for i, (row0, rows) in enumerate([(0, 1), (1, 3)]):
+        instrs[i, W_OPCODE], instrs[i, W_ROW0], instrs[i, W_ROWS] = int(Op.QKV_ROPE), row0, rows
+        instrs[i, qk.A_SECTION] = qk.SEC_Q
+    j = torch.zeros(2, 32, dtype=torch.int64)
+    for i, (t0, epi) in enumerate([(1000, 1000), (20000, 8000)]):
+        j[i, :7] = torch.tensor([i, i, int(Op.QKV_ROPE), t0, t0 + 500, t0 + 15000, i])
+        j[i, tr.ROLE_WORDS["cons0"]] = t0 + 1000
+        j[i, tr.ROLE_WORDS["cons1"]] = t0 + 12000
+        j[i, tr.ROLE_WORDS["cons_epi0"]] = t0 + 12000 - epi
+    ctas = torch.tensor([[0, 40000, 0], [0, 40000, 1]])
+    plan = types.SimpleNamespace(instrs=instrs)
+
+    class Kernel:
+        def launch(self, handle, check):
+            pass
+
+        def journal_rows(self, n):
+            return j[:n], ctas
+
+    be = types.SimpleNamespace(journal=False, _kernels={},
+                               model=types.SimpleNamespace(num_layers=1),
+                               planner=types.SimpleNamespace(plan=lambda batch: plan),
+                               prepare=lambda batch: (Kernel(), None, plan))
+    batch = StepBatch([SeqChunk([5], 7, [0]), SeqChunk([1, 2, 3], 0, [1])])
+    point = types.SimpleNamespace(label="mixed", slug="mixed")
+    args = types.SimpleNamespace(journal_isolated="", out=None)
+    r = bench.journal_breakdown(be, batch, point, args)
+    assert set(r["ops"]) == {"QKV_ROPE"}
+    v = r["by_variant"]["ops"]
+    assert set(v) == {"QKV_ROPE.q/decode", "QKV_ROPE.q/prompt"}
+    assert v["QKV_ROPE.q/decode"]["cons_epi_us"] == pytest.approx(1.0)
+    assert v["QKV_ROPE.q/prompt"]["cons_epi_us"] == pytest.approx(8.0)
+    assert "by kind of instruction" in capsys.readouterr().err
+    assert be.journal is False                  # the backend's journal switch is put back

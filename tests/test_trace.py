@@ -289,3 +289,56 @@ def test_journal_readers_take_the_journals_own_words_of_a_ktrace_row():
     wide = torch.cat([j, torch.full((len(rows), 6 * 64), 123456789, dtype=torch.int64)], dim=1)
     assert tr.by_opcode(wide, c, 2) == tr.by_opcode(j, c, 2)
     assert tr.events(wide, c, 2) == tr.events(j, c, 2)
+
+
+def _instr(op, row0=0, rows=0, **args):
+    """One instruction's words: opcode, token rows and argument words by index."""
+    from mk.ir import INSTR_WORDS, W_OPCODE, W_ROW0, W_ROWS
+    w = [0] * INSTR_WORDS
+    w[W_OPCODE], w[W_ROW0], w[W_ROWS] = int(op), row0, rows
+    for i, v in args.items():
+        w[int(i[1:])] = v
+    return w
+
+
+def test_variant_names_tell_sections_modes_and_row_kinds_apart():
+    """QKV_ROPE by section, ATTENTION by mode, and, in a step of decode and prompt tokens, each
+    token-row instruction by the kind of its rows; LM_HEAD's rows are sequences (untouched)."""
+    from mk.instructions import attention as at
+    from mk.instructions import qkv as qk
+    sec, mode = f"w{qk.A_SECTION}", f"w{at.A_MODE}"
+    instrs = torch.tensor([
+        _instr(Op.QKV_ROPE, 0, 128, **{sec: qk.SEC_Q}),         # rows 0..127: 4 decode + prompt
+        _instr(Op.QKV_ROPE, 4, 124, **{sec: qk.SEC_K}),         # prompt rows only
+        _instr(Op.QKV_ROPE, 0, 4, **{sec: qk.SEC_V}),           # decode rows only
+        _instr(Op.ATTENTION, 0, 1, **{mode: at.MODE_PAIR}),
+        _instr(Op.ATTENTION, 4, 16, **{mode: at.MODE_DIRECT}),
+        _instr(Op.GATE_UP, 0, 128),
+        _instr(Op.LM_HEAD, 0, 2),
+    ])
+    prompt = [False] * 4 + [True] * 124
+    assert tr.variant_names(instrs, prompt) == [
+        "QKV_ROPE.q/both", "QKV_ROPE.k/prompt", "QKV_ROPE.v/decode", "ATTENTION.pair/decode",
+        "ATTENTION.direct/prompt", "GATE_UP/both", "LM_HEAD"]
+    # a step of one kind of token: no row suffix
+    assert tr.variant_names(instrs, [False] * 128)[:3] == ["QKV_ROPE.q", "QKV_ROPE.k",
+                                                           "QKV_ROPE.v"]
+    assert tr.variant_names(instrs)[5] == "GATE_UP"
+
+
+def test_by_opcode_rows_by_given_names():
+    """name_of splits one opcode's instructions into rows of their own; the table's name column
+    widens to the longest name."""
+    gemm = int(Op.QKV_ROPE)
+    roles = dict(cons0=2000, cons_epi0=5000, cons1=6000)
+    late = {k: v + 10000 for k, v in roles.items()}
+    late["cons1"] = 20000                                       # an 8 us epilogue
+    j, c = _journal([(0, gemm, 0, 1000, 1500, 7000, roles),
+                     (1, gemm, 1, 11000, 11500, 21000, late)])
+    names = ["QKV_ROPE.q/decode", "QKV_ROPE.q/prompt"]
+    r = tr.by_opcode(j, c, 2, name_of=names)
+    assert set(r["ops"]) == set(names)
+    assert r["ops"]["QKV_ROPE.q/decode"]["cons_epi_us"] == pytest.approx(1.0)
+    assert r["ops"]["QKV_ROPE.q/prompt"]["cons_epi_us"] == pytest.approx(5.0)
+    header = tr.format_by_opcode(r).splitlines()[1]
+    assert header.startswith("opcode" + " " * (len(names[1]) + 1 - len("opcode")) + "  count")
