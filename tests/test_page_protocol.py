@@ -31,7 +31,9 @@ before its own arrival frees the stage (gk.b_phases_seen, session 35; session 32
 itself, gk.own_phase_seen); the negative control: without that wait the model reports the
 loader's next arrival on the page.
 
-Ping-pong (designed, not built: bench/GEMM_NOTES.md session 54): with consumers=2 the two
+Ping-pong (designed in session 54, measured and dropped in session 55: a one-warpgroup tile
+without any epilogue ran slower than the cooperative tile with it, bench/GEMM_NOTES.md; the
+model of its baton stays as the record of what such a schedule needs): with consumers=2 the two
 consumer warpgroups are two roles; on the cooperative instructions each waits every barrier
 itself and a consumer-side phase completes with both halves' arrivals (the kernel's count of
 256: Barrier's arrival weights). A "ppgemm" tile belongs to one warpgroup, the owners
