@@ -405,7 +405,8 @@
 #         instruction (mk.trace.variant_names: QKV_ROPE by section, ATTENTION by mode, the mixed
 #         step's tiles by decode / prompt rows): where QKV_ROPE's mixed-step epilogue (7.9 us a
 #         tile against 2.7 at B=4096) goes, and the prompt chunks' ATTENTION against the decode
-#         pairs (mma_wait 37.8 us of a 42.9 us mean in the mixed step). Build on what it names.
+#         pairs (the mixed step's ATTENTION consumers 53.4 us median against 11.7 at B=4096).
+#         Build on what it names.
 #      2. `MK_STEPS=sticket` (~7 min, built in session 28, never timed): the first ticket
 #         without the queue's atomic (~1 us a launch: issue 5's M = 64 rows are 1-4 us over).
 #      3. `MK_STEPS=backoff` (000025's 2).

@@ -291,13 +291,13 @@ def test_journal_readers_take_the_journals_own_words_of_a_ktrace_row():
     assert tr.events(wide, c, 2) == tr.events(j, c, 2)
 
 
-def _instr(op, row0=0, rows=0, **args):
-    """One instruction's words: opcode, token rows and argument words by index."""
+def _instr(op, row0=0, rows=0, args=None):
+    """One instruction's words: opcode, token rows and argument words ({word index: value})."""
     from mk.ir import INSTR_WORDS, W_OPCODE, W_ROW0, W_ROWS
     w = [0] * INSTR_WORDS
     w[W_OPCODE], w[W_ROW0], w[W_ROWS] = int(op), row0, rows
-    for i, v in args.items():
-        w[int(i[1:])] = v
+    for i, v in (args or {}).items():
+        w[i] = v
     return w
 
 
@@ -306,13 +306,13 @@ def test_variant_names_tell_sections_modes_and_row_kinds_apart():
     token-row instruction by the kind of its rows; LM_HEAD's rows are sequences (untouched)."""
     from mk.instructions import attention as at
     from mk.instructions import qkv as qk
-    sec, mode = f"w{qk.A_SECTION}", f"w{at.A_MODE}"
+    sec, mode = qk.A_SECTION, at.A_MODE
     instrs = torch.tensor([
-        _instr(Op.QKV_ROPE, 0, 128, **{sec: qk.SEC_Q}),         # rows 0..127: 4 decode + prompt
-        _instr(Op.QKV_ROPE, 4, 124, **{sec: qk.SEC_K}),         # prompt rows only
-        _instr(Op.QKV_ROPE, 0, 4, **{sec: qk.SEC_V}),           # decode rows only
-        _instr(Op.ATTENTION, 0, 1, **{mode: at.MODE_PAIR}),
-        _instr(Op.ATTENTION, 4, 16, **{mode: at.MODE_DIRECT}),
+        _instr(Op.QKV_ROPE, 0, 128, {sec: qk.SEC_Q}),           # rows 0..127: 4 decode + prompt
+        _instr(Op.QKV_ROPE, 4, 124, {sec: qk.SEC_K}),           # prompt rows only
+        _instr(Op.QKV_ROPE, 0, 4, {sec: qk.SEC_V}),             # decode rows only
+        _instr(Op.ATTENTION, 0, 1, {mode: at.MODE_PAIR}),
+        _instr(Op.ATTENTION, 4, 16, {mode: at.MODE_DIRECT}),
         _instr(Op.GATE_UP, 0, 128),
         _instr(Op.LM_HEAD, 0, 2),
     ])
@@ -332,7 +332,7 @@ def test_by_opcode_rows_by_given_names():
     gemm = int(Op.QKV_ROPE)
     roles = dict(cons0=2000, cons_epi0=5000, cons1=6000)
     late = {k: v + 10000 for k, v in roles.items()}
-    late["cons1"] = 20000                                       # an 8 us epilogue
+    late["cons1"] = 20000                                       # a 5 us epilogue
     j, c = _journal([(0, gemm, 0, 1000, 1500, 7000, roles),
                      (1, gemm, 1, 11000, 11500, 21000, late)])
     names = ["QKV_ROPE.q/decode", "QKV_ROPE.q/prompt"]
