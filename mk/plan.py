@@ -132,6 +132,16 @@ class PlanConfig:
     # B=4096 ctx 256 167.010 -> 150.415 (-9.9%). Up to 64 tokens no change; at 65..128 tokens
     # only LM_HEAD's two 64-row blocks (not timed there)
     raster_blocks: int = 8
+    # op_major only: a layer's attention (its joins, ATTENTION and ATTN_REDUCE instructions) of
+    # each run of raster_blocks token blocks is queued right after the QKV_ROPE tiles (and their
+    # reduces) of the run attn_overlap runs later, instead of after every QKV tile; 0: after
+    # every QKV tile (op_major as before). Why: the step is SM-time bound at B=4096 (the
+    # instructions' own times sum to its span) and a layer's attention phase is HBM-bound, all
+    # SMs streaming K/V at once (a 2 x 256-key pair 11.85 us, ~22 GB/s an SM, ~2.9 TB/s over 132
+    # SMs: session 55's journal); beside compute-bound QKV tiles, whose weights fit L2, an
+    # attention instruction has more of HBM to itself (and streams its earlier-step K/V while
+    # its QKV wait lasts, EARLY_WEIGHTS). Not GPU-timed yet (gpu_next.sh `attnov`)
+    attn_overlap: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
     mlp_tile: int | None = None     # gate/up output columns per tile (of I/n; each computes gate and up)
@@ -378,7 +388,7 @@ class PlanConfig:
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
-        zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
+        zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min", "attn_overlap",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
                    "norm_fill_max_tokens", "big_norm_min_tokens", "attn_chunk_rows",
@@ -390,6 +400,9 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
+        if self.attn_overlap and self.policy != "op_major":
+            raise ValueError(f"PlanConfig.attn_overlap={self.attn_overlap} reorders op_major's "
+                             f"queue only (policy {self.policy!r})")
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
@@ -1209,15 +1222,29 @@ def _run_position(gid: np.ndarray, block: np.ndarray, seq: np.ndarray):
     return pos, length
 
 
-def _order(groups: list, policy: str, stage_count: int, raster: int = 1) -> np.ndarray:
+def _order(groups: list, policy: str, stage_count: int, raster: int = 1,
+           attn_overlap: int = 0) -> np.ndarray:
     """Concatenate the groups in the queue order of `policy` (op_major: a GEMM's tiles of each
-    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks)."""
+    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks; a run's
+    attention after the QKV tiles of the run attn_overlap later, PlanConfig.attn_overlap)."""
     words = np.concatenate([g.words for g in groups])
     stage = np.concatenate([np.full(len(g.block), g.stage) for g in groups])
     block = np.concatenate([g.block for g in groups])
     gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
     seq = np.arange(len(block))
-    if policy == "op_major" and raster > 1:
+    if policy == "op_major" and attn_overlap > 0:
+        # the QKV stage and the attention stages up to O_PROJ are one phase ordered by run, then
+        # stage: run r's tiles, their reduces, then the attention of run r - attn_overlap (every
+        # producer of an attention instruction is a QKV tile or a join of its own block or an
+        # earlier one, so of its run or an earlier one: the order stays topological)
+        pos = np.zeros(len(block), np.int64)
+        if raster > 1:
+            pos, _ = _run_position(gid, block, seq)
+            pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
+        phase = (stage >= S_QKV) & (stage < S_O)
+        run = block // raster + np.where(phase & (stage >= S_JOIN), attn_overlap, 0)
+        idx = np.lexsort((seq, block, pos, stage, run, np.where(phase, S_QKV, stage)))
+    elif policy == "op_major" and raster > 1:
         # a GEMM tile's place in its (group, block) run is its column tile (and split)
         pos, _ = _run_position(gid, block, seq)
         pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
@@ -1744,7 +1771,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
          args={mm.A_SRC: gu_src, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     down_args = proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"],
                      gu_slice_target if gu_slices > 1 else gu_target, C["DRS"], C["HM"], True)
-    template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks)
+    template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks, cfg.attn_overlap)
 
     # prelude: EMBED on the DOWN grid, counters of block 0 ---------------------------------------
     g = []

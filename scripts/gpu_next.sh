@@ -48,6 +48,14 @@
 #          then the step's kernel with MK_GEMM_TWIN=0 (compact waits only) and with
 #          MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session 43's default): ktbisect.log,
 #          ktbisect{,_slim,_compact,_old}.json (~8 min)
+#   attnov PlanConfig.attn_overlap (session 55, a plan change only: a layer's attention of each
+#          run of raster_blocks token blocks queued after the QKV tiles of the run attn_overlap
+#          later, beside compute-bound tiles instead of all SMs at HBM's rate at once): the
+#          two-layer checks of the 478- and 1144-token steps with each MK_AO_PLANS entry (default
+#          "attn_overlap=1 attn_overlap=1,raster_blocks=2 attn_overlap=2,raster_blocks=2": the
+#          checks' steps have 1-2 runs of 8 blocks, 2-5 of 2), then decode MK_AO_BATCH (4096) and
+#          the mixed step (MK_AO_MIXED, 256:1024:1024), default / attn_overlap=MK_AO_VALUES (1 2)
+#          / default again, megakernel only, no journal: attnov.log, attnov_*.json (~7 min)
 #   normbig bigger row-scale norms: PlanConfig.norm_rows MK_NB_ROWS (32 64) with
 #          norm_fill_max_tokens=0 (session 18's one-norm-per-SM rule was for norms on the
 #          critical path; under norm_fold=2 the row-scale RMSNORMs run beside the GEMM mainloops,
@@ -407,9 +415,14 @@
 #         tile against 2.7 at B=4096) goes, and the prompt chunks' ATTENTION against the decode
 #         pairs (the mixed step's ATTENTION consumers 53.4 us median against 11.7 at B=4096).
 #         Build on what it names.
-#      2. `MK_STEPS=sticket` (~7 min, built in session 28, never timed): the first ticket
+#      2. `MK_STEPS=attnov` (~7 min): PlanConfig.attn_overlap (a plan change: a run's attention
+#         after the next run's QKV tiles, beside compute-bound work instead of all SMs at HBM's
+#         rate; B=4096 is SM-time bound, its ATTENTION 13.7% of the SMs' time): the checks of the
+#         reordered streams, then B=4096 and the mixed step, default / 1 / 2 / default. If it
+#         wins, make it the default (mk/megakernel_step.DEFAULT_PLAN) after `verify`.
+#      3. `MK_STEPS=sticket` (~7 min, built in session 28, never timed): the first ticket
 #         without the queue's atomic (~1 us a launch: issue 5's M = 64 rows are 1-4 us over).
-#      3. `MK_STEPS=backoff` (000025's 2).
+#      4. `MK_STEPS=backoff` (000025's 2).
 #   000026. Session 54 ran 000025's 0 on one H100 (`*_s54_h100*`): the hang guard's report hung
 #      (its page-locked buffer made after the launch; fixed in 6956b9f: the hang test raised
 #      MegakernelHang after 5.0 s); synccheck and memcheck of the watchdog default clean; 12 of
@@ -924,7 +937,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480)
+                   [nself]=480 [attnov]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2495,6 +2508,33 @@ if has shares; then
   : > "$OUTDIR/shares.log"
   MK_AB_TIMEOUT=${MK_SH_TIMEOUT:-300} time_variant shares default "the build as it is, journal on" \
       "${MK_SH_BATCH:-1024,4096}" "" "--mixed ${MK_SH_MIXED:-256:1024:1024}"
+fi
+if has attnov; then
+  # PlanConfig.attn_overlap (session 55; mk/plan.py: a plan change, the kernel as it is). The
+  # checks first (every plan's order is topological by construction and the CPU verifier's, but
+  # the GPU runs the reordered stream only here), then, if every check passed, the timed runs
+  : > "$OUTDIR/attnov.log"
+  ao_checks=0
+  for p in ${MK_AO_PLANS:-attn_overlap=1 attn_overlap=1,raster_blocks=2 \
+                         attn_overlap=2,raster_blocks=2}; do
+    ao_checks=$((ao_checks + 2))
+    check_to "$OUTDIR/attnov.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$p"
+    check_to "$OUTDIR/attnov.log" --split-k 0 --prompt-lens 500,500,130,13,1 --plan "$p"
+  done
+  ao_mixed="--mixed ${MK_AO_MIXED:-256:1024:1024}"
+  ao_batch=${MK_AO_BATCH:-4096}
+  AO_RUNS=("default||$ao_mixed|$ao_batch")
+  if grep -q '"passed": false' "$OUTDIR/attnov.log" \
+      || [ "$(grep -c '"passed": true' "$OUTDIR/attnov.log")" -ne "$ao_checks" ]; then
+    echo "== attn_overlap: a check failed, not timed" | tee -a "$OUTDIR/attnov.log"
+    rc=1
+  else
+    for v in ${MK_AO_VALUES:-1 2}; do
+      AO_RUNS+=("ov$v||--plan attn_overlap=$v $ao_mixed|$ao_batch")
+    done
+    AO_RUNS+=("default2||$ao_mixed|$ao_batch")
+    UNTRACED_TIMEOUT=${MK_AO_TIMEOUT:-200} untraced_runs attnov "${AO_RUNS[@]}"
+  fi
 fi
 if has normbig; then
   # plan 000017: fewer, bigger row-scale norms (a plan change, the kernel as it is). Each value's

@@ -767,3 +767,49 @@ def test_row_part_lies_in_its_reserved_rows():
             assert first % 4 == 0 and ld % 4 == 0, (hidden, T)
             assert first >= partial_rows * width, (hidden, T, first, partial_rows)
             assert first + T * ld <= rows * width - T, (hidden, T)
+
+
+@pytest.mark.parametrize("raster,overlap", [(2, 1), (2, 2), (1, 1), (8, 1)])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_attn_overlap_queues_a_runs_attention_after_later_qkv_tiles(tp, raster, overlap):
+    """PlanConfig.attn_overlap: the same instructions as op_major; a layer's joins, ATTENTION and
+    ATTN_REDUCE of each run of raster_blocks token blocks come right after the QKV tiles of the
+    run attn_overlap later (after every QKV tile when there is none), the rest keeps its place;
+    the verifier accepts the plans (targets, topological order, races)."""
+    from mk.verify import check
+    base_cfg = PlanConfig(**{**CFG.__dict__, "policy": "op_major", "split_k": 3, "splitk_align": 8,
+                             "raster_blocks": raster})
+    cfg = PlanConfig(**{**base_cfg.__dict__, "attn_overlap": overlap})
+    base = plan_step(mixed_batch(), MODEL, ParallelConfig(tp, 0), KERNEL, base_cfg).instrs.numpy()
+    plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
+    got = plans[0].instrs.numpy()
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, base.tolist()))
+    attn_ops = [int(o) for o in (Op.ATTENTION, Op.ATTN_REDUCE, Op.NOOP)]
+    phase_ops = attn_ops + [int(Op.QKV_ROPE), int(Op.SPLITK_REDUCE)]
+    layer0 = got[got[:, W_LAYER] == 0]
+    ops = layer0[:, W_OPCODE]
+    head = layer0[int(np.flatnonzero(ops == int(Op.QKV_ROPE))[0]):
+                  int(np.flatnonzero(ops == int(Op.O_PROJ))[0])]
+    assert np.isin(head[:, W_OPCODE], phase_ops).all()
+    runs = head[:, W_ROW0] // KERNEL.token_block // raster
+    qkv = np.flatnonzero(head[:, W_OPCODE] == int(Op.QKV_ROPE))
+    attn = np.flatnonzero(head[:, W_OPCODE] == int(Op.ATTENTION))
+    assert len(np.unique(runs[attn])) == len(np.unique(runs[qkv]))
+    for i in attn:
+        # after every QKV tile of runs up to its own + overlap, before those of later runs
+        later = qkv[runs[qkv] > runs[i] + overlap]
+        assert (qkv[runs[qkv] <= runs[i] + overlap] < i).all()
+        assert (later > i).all()
+    # everything else keeps op_major's order
+    other = ~np.isin(got[:, W_OPCODE], phase_ops)
+    assert np.array_equal(got[other], base[~np.isin(base[:, W_OPCODE], phase_ops)])
+    if len(np.unique(runs[qkv])) > overlap:
+        assert not np.array_equal(got, base)
+    assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
+
+
+def test_attn_overlap_needs_op_major():
+    with pytest.raises(ValueError, match="attn_overlap"):
+        PlanConfig(policy="interleave", attn_overlap=1)
+    with pytest.raises(ValueError, match="attn_overlap"):
+        PlanConfig(attn_overlap=-1)
