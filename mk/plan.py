@@ -132,15 +132,18 @@ class PlanConfig:
     # B=4096 ctx 256 167.010 -> 150.415 (-9.9%). Up to 64 tokens no change; at 65..128 tokens
     # only LM_HEAD's two 64-row blocks (not timed there)
     raster_blocks: int = 8
-    # op_major only: a layer's attention (its joins, ATTENTION and ATTN_REDUCE instructions) of
-    # each run of raster_blocks token blocks is queued right after the QKV_ROPE tiles (and their
-    # reduces) of the run attn_overlap runs later, instead of after every QKV tile; 0: after
-    # every QKV tile (op_major as before). Why: the step is SM-time bound at B=4096 (the
+    # op_major only: QKV_ROPE, the attention and O_PROJ of a layer as a software pipeline over
+    # token blocks: the attention (joins, ATTENTION, ATTN_REDUCE) of block b is queued right
+    # after the QKV tiles of block b + attn_overlap, its O_PROJ tiles (and reduces) right after
+    # the attention of block b + attn_overlap; 0: each op after every tile of the one before
+    # (op_major as before, raster runs and all). Why: the step is SM-time bound at B=4096 (the
     # instructions' own times sum to its span) and a layer's attention phase is HBM-bound, all
     # SMs streaming K/V at once (a 2 x 256-key pair 11.85 us, ~22 GB/s an SM, ~2.9 TB/s over 132
-    # SMs: session 55's journal); beside compute-bound QKV tiles, whose weights fit L2, an
-    # attention instruction has more of HBM to itself (and streams its earlier-step K/V while
-    # its QKV wait lasts, EARLY_WEIGHTS). Not GPU-timed yet (gpu_next.sh `attnov`)
+    # SMs: session 55's journal); beside compute-bound QKV and O_PROJ tiles, whose weights fit
+    # L2 (so their raster runs matter little), an attention instruction has more of HBM to
+    # itself (and streams its earlier-step K/V while its QKV wait lasts, EARLY_WEIGHTS). A lag
+    # of about a wave of QKV tiles lets them end first: 13 blocks of 10 one-head tiles at 70B
+    # TP8. Not GPU-timed yet (gpu_next.sh `attnov`)
     attn_overlap: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
@@ -1225,25 +1228,28 @@ def _run_position(gid: np.ndarray, block: np.ndarray, seq: np.ndarray):
 def _order(groups: list, policy: str, stage_count: int, raster: int = 1,
            attn_overlap: int = 0) -> np.ndarray:
     """Concatenate the groups in the queue order of `policy` (op_major: a GEMM's tiles of each
-    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks; a run's
-    attention after the QKV tiles of the run attn_overlap later, PlanConfig.attn_overlap)."""
+    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks; QKV,
+    attention and O_PROJ pipelined over token blocks, PlanConfig.attn_overlap)."""
     words = np.concatenate([g.words for g in groups])
     stage = np.concatenate([np.full(len(g.block), g.stage) for g in groups])
     block = np.concatenate([g.block for g in groups])
     gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
     seq = np.arange(len(block))
     if policy == "op_major" and attn_overlap > 0:
-        # the QKV stage and the attention stages up to O_PROJ are one phase ordered by run, then
-        # stage: run r's tiles, their reduces, then the attention of run r - attn_overlap (every
-        # producer of an attention instruction is a QKV tile or a join of its own block or an
-        # earlier one, so of its run or an earlier one: the order stays topological)
-        pos = np.zeros(len(block), np.int64)
-        if raster > 1:
-            pos, _ = _run_position(gid, block, seq)
-            pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
-        phase = (stage >= S_QKV) & (stage < S_O)
-        run = block // raster + np.where(phase & (stage >= S_JOIN), attn_overlap, 0)
-        idx = np.lexsort((seq, block, pos, stage, run, np.where(phase, S_QKV, stage)))
+        # QKV_ROPE, the attention and O_PROJ (with their joins and reduces) are one phase, a
+        # software pipeline over token blocks: at time t the QKV tiles of block t (column by
+        # column), then the attention of block t - N, then the O_PROJ tiles of block t - 2N
+        # (N = attn_overlap). Every producer of an instruction in it is of its own block or an
+        # earlier one (a QKV tile or join before an attention instruction, an attention
+        # instruction before an O_PROJ tile, the split tiles before their reduce), so at an
+        # earlier time or stage: the order stays topological. The other stages keep op_major's
+        # order and raster runs.
+        pos, _ = _run_position(gid, block, seq)
+        pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
+        phase = (stage >= S_QKV) & (stage < S_NORM_M)
+        lag = attn_overlap * ((stage >= S_JOIN).astype(np.int64) + (stage >= S_O))
+        time = np.where(phase, block + lag, block // raster)
+        idx = np.lexsort((seq, block, pos, stage, time, np.where(phase, S_QKV, stage)))
     elif policy == "op_major" and raster > 1:
         # a GEMM tile's place in its (group, block) run is its column tile (and split)
         pos, _ = _run_position(gid, block, seq)

@@ -48,14 +48,15 @@
 #          then the step's kernel with MK_GEMM_TWIN=0 (compact waits only) and with
 #          MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session 43's default): ktbisect.log,
 #          ktbisect{,_slim,_compact,_old}.json (~8 min)
-#   attnov PlanConfig.attn_overlap (session 55, a plan change only: a layer's attention of each
-#          run of raster_blocks token blocks queued after the QKV tiles of the run attn_overlap
-#          later, beside compute-bound tiles instead of all SMs at HBM's rate at once): the
-#          two-layer checks of the 478- and 1144-token steps with each MK_AO_PLANS entry (default
-#          "attn_overlap=1 attn_overlap=1,raster_blocks=2 attn_overlap=2,raster_blocks=2": the
-#          checks' steps have 1-2 runs of 8 blocks, 2-5 of 2), then decode MK_AO_BATCH (4096) and
-#          the mixed step (MK_AO_MIXED, 256:1024:1024), default / attn_overlap=MK_AO_VALUES (1 2)
-#          / default again, megakernel only, no journal: attnov.log, attnov_*.json (~7 min)
+#   attnov PlanConfig.attn_overlap (session 55, a plan change only: QKV_ROPE, the attention and
+#          O_PROJ of a layer pipelined over token blocks, a block's attention after the QKV
+#          tiles of the block attn_overlap later, beside compute-bound tiles instead of all SMs
+#          at HBM's rate at once): the two-layer checks of the 478- and 1144-token steps (4 / 9
+#          token blocks) with each MK_AO_PLANS entry (default "attn_overlap=1 attn_overlap=4
+#          attn_overlap=2,raster_blocks=2"), then decode MK_AO_BATCH (4096: 32 blocks) and the
+#          mixed step (MK_AO_MIXED, 256:1024:1024: 10 blocks), default / attn_overlap=each of
+#          MK_AO_VALUES (4 8 13; 13 blocks of 10 QKV tiles ~ a wave of 132 SMs) / default
+#          again, megakernel only, no journal: attnov.log, attnov_*.json (~8 min)
 #   normbig bigger row-scale norms: PlanConfig.norm_rows MK_NB_ROWS (32 64) with
 #          norm_fill_max_tokens=0 (session 18's one-norm-per-SM rule was for norms on the
 #          critical path; under norm_fold=2 the row-scale RMSNORMs run beside the GEMM mainloops,
@@ -415,11 +416,12 @@
 #         tile against 2.7 at B=4096) goes, and the prompt chunks' ATTENTION against the decode
 #         pairs (the mixed step's ATTENTION consumers 53.4 us median against 11.7 at B=4096).
 #         Build on what it names.
-#      2. `MK_STEPS=attnov` (~7 min): PlanConfig.attn_overlap (a plan change: a run's attention
-#         after the next run's QKV tiles, beside compute-bound work instead of all SMs at HBM's
-#         rate; B=4096 is SM-time bound, its ATTENTION 13.7% of the SMs' time): the checks of the
-#         reordered streams, then B=4096 and the mixed step, default / 1 / 2 / default. If it
-#         wins, make it the default (mk/megakernel_step.DEFAULT_PLAN) after `verify`.
+#      2. `MK_STEPS=attnov` (~8 min): PlanConfig.attn_overlap (a plan change: QKV, attention
+#         and O_PROJ pipelined over token blocks, a block's attention beside later blocks' QKV
+#         and O_PROJ tiles instead of all SMs at HBM's rate at once; B=4096 is SM-time bound,
+#         its ATTENTION 13.7% of the SMs' time): the checks of the reordered streams, then
+#         B=4096 and the mixed step, default / 4 / 8 / 13 / default. If one wins, make it the
+#         default (mk/megakernel_step.DEFAULT_PLAN; maybe per step size) after `verify`.
 #      3. `MK_STEPS=sticket` (~7 min, built in session 28, never timed): the first ticket
 #         without the queue's atomic (~1 us a launch: issue 5's M = 64 rows are 1-4 us over).
 #      4. `MK_STEPS=backoff` (000025's 2).
@@ -2515,8 +2517,7 @@ if has attnov; then
   # the GPU runs the reordered stream only here), then, if every check passed, the timed runs
   : > "$OUTDIR/attnov.log"
   ao_checks=0
-  for p in ${MK_AO_PLANS:-attn_overlap=1 attn_overlap=1,raster_blocks=2 \
-                         attn_overlap=2,raster_blocks=2}; do
+  for p in ${MK_AO_PLANS:-attn_overlap=1 attn_overlap=4 attn_overlap=2,raster_blocks=2}; do
     ao_checks=$((ao_checks + 2))
     check_to "$OUTDIR/attnov.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$p"
     check_to "$OUTDIR/attnov.log" --split-k 0 --prompt-lens 500,500,130,13,1 --plan "$p"
@@ -2529,7 +2530,7 @@ if has attnov; then
     echo "== attn_overlap: a check failed, not timed" | tee -a "$OUTDIR/attnov.log"
     rc=1
   else
-    for v in ${MK_AO_VALUES:-1 2}; do
+    for v in ${MK_AO_VALUES:-4 8 13}; do
       AO_RUNS+=("ov$v||--plan attn_overlap=$v $ao_mixed|$ao_batch")
     done
     AO_RUNS+=("default2||$ao_mixed|$ao_batch")

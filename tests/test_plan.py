@@ -769,13 +769,15 @@ def test_row_part_lies_in_its_reserved_rows():
             assert first + T * ld <= rows * width - T, (hidden, T)
 
 
-@pytest.mark.parametrize("raster,overlap", [(2, 1), (2, 2), (1, 1), (8, 1)])
+@pytest.mark.parametrize("raster,overlap", [(2, 1), (2, 3), (1, 1), (8, 2)])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_attn_overlap_queues_a_runs_attention_after_later_qkv_tiles(tp, raster, overlap):
-    """PlanConfig.attn_overlap: the same instructions as op_major; a layer's joins, ATTENTION and
-    ATTN_REDUCE of each run of raster_blocks token blocks come right after the QKV tiles of the
-    run attn_overlap later (after every QKV tile when there is none), the rest keeps its place;
-    the verifier accepts the plans (targets, topological order, races)."""
+def test_attn_overlap_pipelines_qkv_attention_and_o_proj_over_blocks(tp, raster, overlap):
+    """PlanConfig.attn_overlap = N: the same instructions as op_major; within a layer's QKV /
+    attention / O_PROJ phase, the attention (joins, ATTENTION, ATTN_REDUCE) of token block b
+    comes after the QKV tiles of blocks up to b + N and before those of later blocks, the O_PROJ
+    tiles of block b after the attention of blocks up to b + N and before that of later ones, a
+    block's tiles column by column; the other opcodes keep op_major's order (raster_blocks runs
+    included); the verifier accepts the plans (targets, topological order, races)."""
     from mk.verify import check
     base_cfg = PlanConfig(**{**CFG.__dict__, "policy": "op_major", "split_k": 3, "splitk_align": 8,
                              "raster_blocks": raster})
@@ -784,27 +786,31 @@ def test_attn_overlap_queues_a_runs_attention_after_later_qkv_tiles(tp, raster, 
     plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
     got = plans[0].instrs.numpy()
     assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, base.tolist()))
-    attn_ops = [int(o) for o in (Op.ATTENTION, Op.ATTN_REDUCE, Op.NOOP)]
-    phase_ops = attn_ops + [int(Op.QKV_ROPE), int(Op.SPLITK_REDUCE)]
     layer0 = got[got[:, W_LAYER] == 0]
     ops = layer0[:, W_OPCODE]
-    head = layer0[int(np.flatnonzero(ops == int(Op.QKV_ROPE))[0]):
-                  int(np.flatnonzero(ops == int(Op.O_PROJ))[0])]
-    assert np.isin(head[:, W_OPCODE], phase_ops).all()
-    runs = head[:, W_ROW0] // KERNEL.token_block // raster
-    qkv = np.flatnonzero(head[:, W_OPCODE] == int(Op.QKV_ROPE))
-    attn = np.flatnonzero(head[:, W_OPCODE] == int(Op.ATTENTION))
-    assert len(np.unique(runs[attn])) == len(np.unique(runs[qkv]))
-    for i in attn:
-        # after every QKV tile of runs up to its own + overlap, before those of later runs
-        later = qkv[runs[qkv] > runs[i] + overlap]
-        assert (qkv[runs[qkv] <= runs[i] + overlap] < i).all()
-        assert (later > i).all()
-    # everything else keeps op_major's order
-    other = ~np.isin(got[:, W_OPCODE], phase_ops)
-    assert np.array_equal(got[other], base[~np.isin(base[:, W_OPCODE], phase_ops)])
-    if len(np.unique(runs[qkv])) > overlap:
-        assert not np.array_equal(got, base)
+    after_o = np.flatnonzero(np.isin(ops, [int(Op.RMSNORM), int(Op.GATE_UP)])
+                             & (np.arange(len(ops)) > np.flatnonzero(ops == int(Op.O_PROJ))[0]))
+    head = layer0[int(np.flatnonzero(ops == int(Op.QKV_ROPE))[0]):int(after_o[0])]
+    hops = head[:, W_OPCODE]
+    assert np.isin(hops, [int(o) for o in (Op.QKV_ROPE, Op.SPLITK_REDUCE, Op.NOOP, Op.ATTENTION,
+                                           Op.ATTN_REDUCE, Op.O_PROJ, Op.TP_REDUCE)]).all()
+    blocks = head[:, W_ROW0] // KERNEL.token_block
+    qkv = np.flatnonzero(hops == int(Op.QKV_ROPE))
+    attn = np.flatnonzero(hops == int(Op.ATTENTION))
+    o_proj = np.flatnonzero(hops == int(Op.O_PROJ))
+    assert len(np.unique(blocks[qkv])) > overlap
+    for later, earlier in ((attn, qkv), (o_proj, attn)):
+        for i in later:
+            assert (earlier[blocks[earlier] <= blocks[i] + overlap] < i).all()
+            assert (earlier[blocks[earlier] > blocks[i] + overlap] > i).all()
+    for op in (qkv, o_proj):
+        for blk in np.unique(blocks[op]):
+            assert (np.diff(head[op[blocks[op] == blk], W_COL0]) >= 0).all()
+    # the other opcodes keep op_major's order
+    phase_ops = np.unique(hops)
+    outside = ~np.isin(got[:, W_OPCODE], phase_ops)
+    assert np.array_equal(got[outside], base[~np.isin(base[:, W_OPCODE], phase_ops)])
+    assert not np.array_equal(got, base)
     assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
 
 

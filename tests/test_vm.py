@@ -627,12 +627,13 @@ def test_norm_fold_row_parts_scale_split_reduces(checkpoints):
 
 @pytest.mark.parametrize("mode", ["queue", "random"])
 def test_attn_overlap_queue_equals_the_reference(checkpoints, mode):
-    """PlanConfig.attn_overlap (a run's attention queued after the next run's QKV tiles) runs the
-    mixed steps to the reference's logits, in queue order on 3 SMs and in random interleavings."""
+    """PlanConfig.attn_overlap (QKV, attention and O_PROJ pipelined over token blocks, a block's
+    attention after the next block's QKV tiles) runs the mixed steps to the reference's logits,
+    in queue order on 3 SMs and in random interleavings."""
     ck = checkpoints("GQA_LLAMA3")
     ref = reference(weights(ck, 1, torch.float32)[0])
     vm = VM(weights(ck, 2, torch.float32), KERNEL,
-            PlanConfig(**{**CFG.__dict__, "raster_blocks": 2, "attn_overlap": 1}))
+            PlanConfig(**{**CFG.__dict__, "attn_overlap": 1}))
     for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
         torch.testing.assert_close(vm.step(batch, mode=mode, sms=3, seed=i), ref.forward(batch),
                                    rtol=2e-5, atol=2e-5)
