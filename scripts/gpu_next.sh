@@ -88,7 +88,9 @@
 #          no journal, default / each / default again: tilemax.log, tilemax_*.json (~8 min)
 #   shares the SM-time shares at the build as it is: decode MK_SH_BATCH (1024,4096) and the mixed
 #          step (MK_SH_MIXED, 256:1024:1024), megakernel only, journal on (per opcode its count,
-#          busy time and share; the critical path): shares.log, shares_default.json (~4 min)
+#          busy time and share; the critical path; since session 55 also per kind of
+#          instruction): shares.log, shares_default.json (~4 min); MK_SH_PLAN: the same again
+#          with --plan MK_SH_PLAN (shares_plan.json, ~+3 min)
 #   backoff the counter waits' nanosleep cap: decode MK_BO_BATCH (1,16) at MK_BACKOFF_NS in
 #          MK_BO_VALUES ("200 100 50 400 200"), megakernel only: backoff.log (~5 min)
 #   slimhang where MK_WAIT_SLIM=1's mixed step hangs: slim at B=4096 + a 1200-token prompt-only
@@ -410,12 +412,13 @@
 #      verified (53 GPU tests, checks, racecheck / synccheck / memcheck clean) and free (waitslim);
 #      slim's mixed step ended with either release; issue 6: B=1 0.89 .. 1024 0.98, 4096 0.998,
 #      mixed 1.016; ppbound: ping-pong dropped; issue 5's table rerun. In order:
-#      1. `MK_SH_BATCH=4096 MK_STEPS=shares` (~2 min): the journal's new table by kind of
-#         instruction (mk.trace.variant_names: QKV_ROPE by section, ATTENTION by mode, the mixed
-#         step's tiles by decode / prompt rows): where QKV_ROPE's mixed-step epilogue (7.9 us a
-#         tile against 2.7 at B=4096) goes, and the prompt chunks' ATTENTION against the decode
-#         pairs (the mixed step's ATTENTION consumers 53.4 us median against 11.7 at B=4096).
-#         Build on what it names.
+#      1. `MK_SH_BATCH=4096 MK_STEPS=shares` (~2 min; with MK_SH_PLAN=attn_overlap=8 after
+#         item 2, ~4 min: attention's own time beside the QKV / O_PROJ tiles): the new table by
+#         kind of instruction (mk.trace.variant_names: QKV_ROPE by section, ATTENTION by mode, the
+#         mixed step's tiles by decode / prompt rows): where QKV_ROPE's mixed-step epilogue (7.9
+#         us a tile against 2.7 at B=4096) goes, and the prompt chunks' ATTENTION against the
+#         decode pairs (the mixed step's ATTENTION consumers 53.4 us median against 11.7 at
+#         B=4096). Build on what it names.
 #      2. `MK_STEPS=attnov` (~8 min): PlanConfig.attn_overlap (a plan change: QKV, attention
 #         and O_PROJ pipelined over token blocks, a block's attention beside later blocks' QKV
 #         and O_PROJ tiles instead of all SMs at HBM's rate at once; B=4096 is SM-time bound,
@@ -2510,6 +2513,11 @@ if has shares; then
   : > "$OUTDIR/shares.log"
   MK_AB_TIMEOUT=${MK_SH_TIMEOUT:-300} time_variant shares default "the build as it is, journal on" \
       "${MK_SH_BATCH:-1024,4096}" "" "--mixed ${MK_SH_MIXED:-256:1024:1024}"
+  if [ -n "${MK_SH_PLAN:-}" ]; then
+    # the same journals with a plan change (e.g. MK_SH_PLAN=attn_overlap=8): shares_plan.json
+    MK_AB_TIMEOUT=${MK_SH_TIMEOUT:-300} time_variant shares plan "--plan $MK_SH_PLAN, journal on" \
+        "${MK_SH_BATCH:-1024,4096}" "" "--plan $MK_SH_PLAN --mixed ${MK_SH_MIXED:-256:1024:1024}"
+  fi
 fi
 if has attnov; then
   # PlanConfig.attn_overlap (session 55; mk/plan.py: a plan change, the kernel as it is). The
