@@ -1235,6 +1235,13 @@ def _order(groups: list, policy: str, stage_count: int, raster: int = 1,
     block = np.concatenate([g.block for g in groups])
     gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
     seq = np.arange(len(block))
+
+    def column_pos():
+        # a GEMM tile's place in its (group, block) run is its column tile (and split)
+        pos, _ = _run_position(gid, block, seq)
+        pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
+        return pos
+
     if policy == "op_major" and attn_overlap > 0:
         # QKV_ROPE, the attention and O_PROJ (with their joins and reduces) are one phase, a
         # software pipeline over token blocks: at time t the QKV tiles of block t (column by
@@ -1244,16 +1251,13 @@ def _order(groups: list, policy: str, stage_count: int, raster: int = 1,
         # instruction before an O_PROJ tile, the split tiles before their reduce), so at an
         # earlier time or stage: the order stays topological. The other stages keep op_major's
         # order and raster runs.
-        pos, _ = _run_position(gid, block, seq)
-        pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
+        pos = column_pos()
         phase = (stage >= S_QKV) & (stage < S_NORM_M)
         lag = attn_overlap * ((stage >= S_JOIN).astype(np.int64) + (stage >= S_O))
         time = np.where(phase, block + lag, block // raster)
         idx = np.lexsort((seq, block, pos, stage, time, np.where(phase, S_QKV, stage)))
     elif policy == "op_major" and raster > 1:
-        # a GEMM tile's place in its (group, block) run is its column tile (and split)
-        pos, _ = _run_position(gid, block, seq)
-        pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
+        pos = column_pos()
         idx = np.lexsort((seq, block, pos, block // raster, stage))
     elif policy == "op_major":
         idx = np.lexsort((seq, block, stage))
