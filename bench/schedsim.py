@@ -81,10 +81,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from mk.instructions import attention as at_words  # noqa: E402
 from mk.instructions import matmul as mm_words  # noqa: E402
 from mk.instructions import qkv as qkv_words  # noqa: E402
 from mk.instructions._common import epilogue_wait_words  # noqa: E402
-from mk.ir import MAX_WAITS, NO_COUNTER, W_OPCODE, W_SIGNAL, W_SIGNAL_COUNT, W_WAIT0, Op  # noqa: E402
+from mk.ir import (MAX_WAITS, NO_COUNTER, W_OPCODE, W_ROWS, W_SIGNAL, W_SIGNAL_COUNT,  # noqa: E402
+                   W_WAIT0, Op)
 # the part of a GEMM tile's run after its epilogue wait (its epilogue; bench/E2E_NOTES.md's
 # journals: cons_epi 2-6 us of 50-110 us tiles)
 EPI_FRAC = 0.05
@@ -120,6 +122,17 @@ def tile_durations(words: np.ndarray, durations: dict, base_k: dict | None = Non
     by its own K word over that mean."""
     ops = words[:, W_OPCODE].astype(np.int64)
     dur = np.array([durations.get(Op(int(o)), 1.0) for o in ops])
+    attn = ops == int(Op.ATTENTION)
+    if attn.any() and Op.ATTENTION in durations:
+        # an attention instruction's duration follows its estimated cost (the key blocks it
+        # reads: attention.est_cost_ns, what PlanConfig.attn_lpt orders by), at the opcode's
+        # mean over the stream (a reordered stream keeps the journaled one's instructions)
+        a = words[attn].astype(np.int64)
+        cost = at_words.est_cost_ns(a[:, at_words.A_MODE], a[:, W_ROWS], a[:, at_words.A_QPK],
+                                    a[:, at_words.A_POS0], a[:, at_words.A_KV0],
+                                    a[:, at_words.A_KV1], a[:, at_words.A_POS0_B])
+        if cost.mean() > 0:
+            dur[attn] = durations[Op.ATTENTION] * cost / cost.mean()
     for op, k0 in (base_k or {}).items():
         sel = ops == int(op)
         if not sel.any() or op not in durations:

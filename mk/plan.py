@@ -132,19 +132,19 @@ class PlanConfig:
     # B=4096 ctx 256 167.010 -> 150.415 (-9.9%). Up to 64 tokens no change; at 65..128 tokens
     # only LM_HEAD's two 64-row blocks (not timed there)
     raster_blocks: int = 8
-    # op_major only: QKV_ROPE, the attention and O_PROJ of a layer as a software pipeline over
-    # token blocks: the attention (joins, ATTENTION, ATTN_REDUCE) of block b is queued right
-    # after the QKV tiles of block b + attn_overlap, its O_PROJ tiles (and reduces) right after
-    # the attention of block b + attn_overlap; 0: each op after every tile of the one before
-    # (op_major as before, raster runs and all). Why: the step is SM-time bound at B=4096 (the
-    # instructions' own times sum to its span) and a layer's attention phase is HBM-bound, all
-    # SMs streaming K/V at once (a 2 x 256-key pair 11.85 us, ~22 GB/s an SM, ~2.9 TB/s over 132
-    # SMs: session 55's journal); beside compute-bound QKV and O_PROJ tiles, whose weights fit
-    # L2 (so their raster runs matter little), an attention instruction has more of HBM to
-    # itself (and streams its earlier-step K/V while its QKV wait lasts, EARLY_WEIGHTS). A lag
-    # of about a wave of QKV tiles lets them end first: 13 blocks of 10 one-head tiles at 70B
-    # TP8. Not GPU-timed yet (gpu_next.sh `attnov`)
-    attn_overlap: int = 0
+    # op_major only: 1 queues a layer's ATTENTION instructions as prompt chunks (rows > 1)
+    # first, then decode units, each longest first by attention.est_cost_ns (ties keep the block
+    # order), instead of block by block. Why: in the mixed step (256 decodes at ctx 1024 + a
+    # 1024-token prompt) the layer's 128 decode pairs (~48 us each) come first in the queue, the
+    # prompt's chunks after them block by block, the longest (1024 keys, ~65 us) last, while the
+    # prompt's QKV tiles are the layer's critical path (its chunks wait for all of them): the SMs
+    # that would run the long chunks as soon as those end are busy with pairs. bench/schedsim.py
+    # with session 56's journal (ATTENTION's time by est_cost_ns): 52.64 -> 51.74 ms (-1.7%);
+    # longest first over both kinds (pairs between the chunks) +0.7%. Decode steps of equal
+    # contexts keep their order (all ties). Not GPU-timed yet (gpu_next.sh `attnlpt`).
+    # (Session 55's attn_overlap, QKV / attention / O_PROJ pipelined over token blocks, lost on
+    # the GPU: B=4096 +6..10%, the mixed step +3..9%, session 56.)
+    attn_lpt: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
     mlp_tile: int | None = None     # gate/up output columns per tile (of I/n; each computes gate and up)
@@ -391,7 +391,7 @@ class PlanConfig:
         if self.partial_rows < 0:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
-        zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min", "attn_overlap",
+        zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
                    "splitk_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
                    "norm_fill_max_tokens", "big_norm_min_tokens", "attn_chunk_rows",
@@ -403,9 +403,11 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
-        if self.attn_overlap and self.policy != "op_major":
-            raise ValueError(f"PlanConfig.attn_overlap={self.attn_overlap} reorders op_major's "
-                             f"queue only (policy {self.policy!r})")
+        if isinstance(self.attn_lpt, bool) or self.attn_lpt not in (0, 1):
+            raise ValueError(f"PlanConfig.attn_lpt must be 0 or 1, got {self.attn_lpt!r}")
+        if self.attn_lpt and self.policy != "op_major":
+            raise ValueError(f"PlanConfig.attn_lpt=1 orders op_major's queue only "
+                             f"(policy {self.policy!r})")
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
                              f"(16-byte prefetch granules), got {self.l2_prefetch_skip}")
@@ -1226,38 +1228,23 @@ def _run_position(gid: np.ndarray, block: np.ndarray, seq: np.ndarray):
 
 
 def _order(groups: list, policy: str, stage_count: int, raster: int = 1,
-           attn_overlap: int = 0) -> np.ndarray:
+           attn_lpt: int = 0) -> np.ndarray:
     """Concatenate the groups in the queue order of `policy` (op_major: a GEMM's tiles of each
-    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks; QKV,
-    attention and O_PROJ pipelined over token blocks, PlanConfig.attn_overlap)."""
+    `raster` consecutive token blocks column by column, see PlanConfig.raster_blocks; with
+    attn_lpt the attention stage in its group's order, which plan_step sorts longest first)."""
     words = np.concatenate([g.words for g in groups])
     stage = np.concatenate([np.full(len(g.block), g.stage) for g in groups])
     block = np.concatenate([g.block for g in groups])
     gid = np.concatenate([np.full(len(g.block), i) for i, g in enumerate(groups)])
     seq = np.arange(len(block))
-
-    def column_pos():
+    if policy == "op_major" and attn_lpt:
+        # every ATTENTION instruction of a layer waits on earlier stages only (QKV tiles, joins),
+        # so any order within its stage stays topological
+        block = np.where(stage == S_ATTN, 0, block)
+    if policy == "op_major" and raster > 1:
         # a GEMM tile's place in its (group, block) run is its column tile (and split)
         pos, _ = _run_position(gid, block, seq)
         pos[~np.isin(words[:, W_OPCODE], [int(x) for x in RASTER_OPS])] = 0
-        return pos
-
-    if policy == "op_major" and attn_overlap > 0:
-        # QKV_ROPE, the attention and O_PROJ (with their joins and reduces) are one phase, a
-        # software pipeline over token blocks: at time t the QKV tiles of block t (column by
-        # column), then the attention of block t - N, then the O_PROJ tiles of block t - 2N
-        # (N = attn_overlap). Every producer of an instruction in it is of its own block or an
-        # earlier one (a QKV tile or join before an attention instruction, an attention
-        # instruction before an O_PROJ tile, the split tiles before their reduce), so at an
-        # earlier time or stage: the order stays topological. The other stages keep op_major's
-        # order and raster runs.
-        pos = column_pos()
-        phase = (stage >= S_QKV) & (stage < S_NORM_M)
-        lag = attn_overlap * ((stage >= S_JOIN).astype(np.int64) + (stage >= S_O))
-        time = np.where(phase, block + lag, block // raster)
-        idx = np.lexsort((seq, block, pos, stage, time, np.where(phase, S_QKV, stage)))
-    elif policy == "op_major" and raster > 1:
-        pos = column_pos()
         idx = np.lexsort((seq, block, pos, block // raster, stage))
     elif policy == "op_major":
         idx = np.lexsort((seq, block, stage))
@@ -1351,8 +1338,17 @@ class Planner:
         _, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
         self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, paired=paired,
                           seq=seq, row0=row0, nrows=nrows, kv0=kv0, seg_first=seg_first,
-                          seg_of=seg_of, words=a[:, ADV_WORD0:ADV_WORD1].copy())
+                          seg_of=seg_of, words=a[:, ADV_WORD0:ADV_WORD1].copy(),
+                          cost=self._lpt_cost(a.astype(np.int64)))
         self._last["split"] = self._splits(plan.meta, self._last)
+
+    def _lpt_cost(self, a: np.ndarray) -> np.ndarray | None:
+        """PlanConfig.attn_lpt: the estimated costs of attention words `a` (rows of the layer
+        template), which fix their queue order; None when attn_lpt is off."""
+        if not self.cfg.attn_lpt:
+            return None
+        return at.est_cost_ns(a[:, at.A_MODE], a[:, W_ROWS], a[:, at.A_QPK], a[:, at.A_POS0],
+                              a[:, at.A_KV0], a[:, at.A_KV1], a[:, at.A_POS0_B])
 
     def _splits(self, meta: StepMeta, last: dict) -> tuple[np.ndarray, np.ndarray]:
         """(keys per split, splits) of each attention unit's segment at meta's positions, as
@@ -1388,6 +1384,12 @@ class Planner:
             block[:, word - ADV_WORD0] = v
         for word, v in ((at.A_POS0_B, pos0[n:]), (at.A_NEW0_B, new0[n:])):
             block[pb, word - ADV_WORD0] = v
+        if last["cost"] is not None:
+            # attn_lpt orders the attention by cost: the stream holds only while no cost moves
+            words = np.zeros((len(block), INSTR_WORDS), np.int64)
+            words[:, W_ROWS], words[:, ADV_WORD0:ADV_WORD1] = nrows[:n], block
+            if not np.array_equal(self._lpt_cost(words), last["cost"]):
+                return None
         adv = StreamAdvance(pre, L, m, last["rows"], ADV_WORD0, block)
         adv.apply_host(prev.instrs.numpy())
         return StepPlan(prev.instrs, meta, prev.targets, prev.rank, prev.tp, prev.hidden_slice,
@@ -1694,11 +1696,18 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
             at.A_PAGE_OFF: meta.page_off[a_seq], at.A_MODE: a_mode,
             at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg] + a_off, 0),
             at.A_NEW0: meta.seq_start[a_seq], **pair_words}
-    k = {name: v[keep] for name, v in per_instr.items()}
+    kept = np.flatnonzero(keep)
+    if cfg.attn_lpt:
+        # prompt chunks, then decode units, each longest first (ties keep the block order);
+        # _order keeps this group's order
+        cost = at.est_cost_ns(a_mode[kept], a_rows[kept], qpk, args[at.A_POS0][kept],
+                              a_kv0[kept], a_kv1[kept], pair_words[at.A_POS0_B][kept])
+        kept = kept[np.lexsort((np.arange(len(kept)), -cost, a_rows[kept] == 1))]
+    k = {name: v[kept] for name, v in per_instr.items()}
     _emit(g, S_ATTN, Op.ATTENTION, k["block"], row0=k["row0"], rows=k["rows"], col0=k["col0"],
           cols=k["cols"], waits=[(k["qkv_wait"], k["qkv_t"]), (k["join"], k["join_t"])],
           signal=k["signal"], count=k["count"],
-          args={at.A_QPK: qpk, at.A_HEAD_DIM: D, **{w: v[keep] for w, v in args.items()}})
+          args={at.A_QPK: qpk, at.A_HEAD_DIM: D, **{w: v[kept] for w, v in args.items()}})
     ss = seg_ids[split]
     _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
           cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss] * seg_nchunk[ss])],
@@ -1781,7 +1790,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
          args={mm.A_SRC: gu_src, mm.A_DST: Buf.MLP_ACT, mm.A_EPI: mm.Epi.SILU_MUL, mm.A_K: H})
     down_args = proj(S_DOWN, S_D_RED, Op.DOWN, Buf.MLP_ACT, I_loc, (d_c0, d_w, d_own), C["GU"],
                      gu_slice_target if gu_slices > 1 else gu_target, C["DRS"], C["HM"], True)
-    template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks, cfg.attn_overlap)
+    template = _order(g, cfg.policy, NUM_STAGES, cfg.raster_blocks, cfg.attn_lpt)
 
     # prelude: EMBED on the DOWN grid, counters of block 0 ---------------------------------------
     g = []

@@ -48,15 +48,13 @@
 #          then the step's kernel with MK_GEMM_TWIN=0 (compact waits only) and with
 #          MK_WAIT_COMPACT=0 MK_GEMM_TWIN=0 (session 43's default): ktbisect.log,
 #          ktbisect{,_slim,_compact,_old}.json (~8 min)
-#   attnov PlanConfig.attn_overlap (session 55, a plan change only: QKV_ROPE, the attention and
-#          O_PROJ of a layer pipelined over token blocks, a block's attention after the QKV
-#          tiles of the block attn_overlap later, beside compute-bound tiles instead of all SMs
-#          at HBM's rate at once): the two-layer checks of the 478- and 1144-token steps (4 / 9
-#          token blocks) with each MK_AO_PLANS entry (default "attn_overlap=1 attn_overlap=4
-#          attn_overlap=2,raster_blocks=2"), then decode MK_AO_BATCH (4096: 32 blocks) and the
-#          mixed step (MK_AO_MIXED, 256:1024:1024: 10 blocks), default / attn_overlap=each of
-#          MK_AO_VALUES (4 8 13; 13 blocks of 10 QKV tiles ~ a wave of 132 SMs) / default
-#          again, megakernel only, no journal: attnov.log, attnov_*.json (~8 min)
+#   attnlpt PlanConfig.attn_lpt=1 (session 56, a plan change only: a layer's ATTENTION queued
+#          as the prompt's chunks first, then the decode units, each longest first; schedsim
+#          -1.7% on the mixed step): the two-layer checks of the 1144- and 478-token steps with
+#          it, then if both passed the mixed step (MK_AL_MIXED, 256:1024:1024) and decode
+#          MK_AL_BATCH (1280 at ctx 256: the mixed step's kernel class, a plan unchanged by it),
+#          default / attn_lpt=1 / default again, megakernel only, no journal: attnlpt.log,
+#          attnlpt_*.json (~4 min)
 #   normbig bigger row-scale norms: PlanConfig.norm_rows MK_NB_ROWS (32 64) with
 #          norm_fill_max_tokens=0 (session 18's one-norm-per-SM rule was for norms on the
 #          critical path; under norm_fold=2 the row-scale RMSNORMs run beside the GEMM mainloops,
@@ -942,7 +940,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [attnov]=480)
+                   [nself]=480 [attnlpt]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2519,30 +2517,21 @@ if has shares; then
         "${MK_SH_BATCH:-1024,4096}" "" "--plan $MK_SH_PLAN --mixed ${MK_SH_MIXED:-256:1024:1024}"
   fi
 fi
-if has attnov; then
-  # PlanConfig.attn_overlap (session 55; mk/plan.py: a plan change, the kernel as it is). The
-  # checks first (every plan's order is topological by construction and the CPU verifier's, but
-  # the GPU runs the reordered stream only here), then, if every check passed, the timed runs
-  : > "$OUTDIR/attnov.log"
-  ao_checks=0
-  for p in ${MK_AO_PLANS:-attn_overlap=1 attn_overlap=4 attn_overlap=2,raster_blocks=2}; do
-    ao_checks=$((ao_checks + 2))
-    check_to "$OUTDIR/attnov.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan "$p"
-    check_to "$OUTDIR/attnov.log" --split-k 0 --prompt-lens 500,500,130,13,1 --plan "$p"
-  done
-  ao_mixed="--mixed ${MK_AO_MIXED:-256:1024:1024}"
-  ao_batch=${MK_AO_BATCH:-4096}
-  AO_RUNS=("default||$ao_mixed|$ao_batch")
-  if grep -q '"passed": false' "$OUTDIR/attnov.log" \
-      || [ "$(grep -c '"passed": true' "$OUTDIR/attnov.log")" -ne "$ao_checks" ]; then
-    echo "== attn_overlap: a check failed, not timed" | tee -a "$OUTDIR/attnov.log"
+if has attnlpt; then
+  # PlanConfig.attn_lpt (session 56; mk/plan.py: a plan change, the kernel as it is): the checks
+  # of the reordered streams first, then, if both passed, the timed runs
+  : > "$OUTDIR/attnlpt.log"
+  check_to "$OUTDIR/attnlpt.log" --split-k 0 --prompt-lens 500,500,130,13,1 --plan attn_lpt=1
+  check_to "$OUTDIR/attnlpt.log" --split-k 0 --prompt-lens 1,13,64,130,200,70 --plan attn_lpt=1
+  al="--mixed ${MK_AL_MIXED:-256:1024:1024} --context 256"
+  al_batch=${MK_AL_BATCH:-1280}
+  if grep -q '"passed": false' "$OUTDIR/attnlpt.log" \
+      || [ "$(grep -c '"passed": true' "$OUTDIR/attnlpt.log")" -ne 2 ]; then
+    echo "== attn_lpt: a check failed, not timed" | tee -a "$OUTDIR/attnlpt.log"
     rc=1
   else
-    for v in ${MK_AO_VALUES:-4 8 13}; do
-      AO_RUNS+=("ov$v||--plan attn_overlap=$v $ao_mixed|$ao_batch")
-    done
-    AO_RUNS+=("default2||$ao_mixed|$ao_batch")
-    UNTRACED_TIMEOUT=${MK_AO_TIMEOUT:-200} untraced_runs attnov "${AO_RUNS[@]}"
+    UNTRACED_TIMEOUT=${MK_AL_TIMEOUT:-150} untraced_runs attnlpt "default||$al|$al_batch" \
+        "lpt||--plan attn_lpt=1 $al|$al_batch" "default2||$al|$al_batch"
   fi
 fi
 if has normbig; then

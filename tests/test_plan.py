@@ -344,6 +344,28 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
                         "l2_prefetch_mib": l2,
                         **(dict(kv_split=32, kv_split_min=4, num_sms=24) if spread else {}),
                         **(dict(kv_split=64, attn_pair=pair) if pair else {}), **extra})
+    planner = _fast_path_run(cfg, spread, pair, uneven=bool(extra))
+    assert planner.fast_plans >= (12 if spread else 20), planner.fast_plans
+
+
+@pytest.mark.parametrize("pair", [0, 2])
+def test_planner_fast_path_with_attn_lpt(pair):
+    """The fast path under PlanConfig.attn_lpt (the attention ordered by estimated cost): plan_step's
+    stream bitwise in every step; a step that moves an instruction's cost (a unit reads one more
+    64-key block; kv_split 128, so no split moves with it) takes the full plan, the others the
+    fast one."""
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": 0, "splitk_align": 8, "kv_split": 128,
+                        "attn_pair": pair})
+    plain = _fast_path_run(cfg, False, pair, uneven=False).fast_plans
+    lpt = _fast_path_run(PlanConfig(**{**cfg.__dict__, "attn_lpt": 1}), False, pair,
+                         uneven=False).fast_plans
+    # (here 33 fast plans without it, 31 with it: the steps where a sequence crosses 64 keys)
+    assert 16 <= lpt < plain, (lpt, plain)
+
+
+def _fast_path_run(cfg: PlanConfig, spread: bool, pair: int, uneven: bool) -> Planner:
+    """40 steps of test_planner_fast_path_equals_plan_step's run through a Planner, each checked
+    against plan_step; returns the planner."""
     from mk.instructions import attention as at
     spread_sizes = set()
     planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
@@ -362,7 +384,7 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
         got = planner.plan(batch)
         want = plan_step(batch, MODEL, ParallelConfig(1, 0), KERNEL, cfg)
         assert torch.equal(got.instrs, want.instrs), step
-        if extra:
+        if uneven:
             ks = _gemm_k(MODEL, ParallelConfig(1, 0))
             for name, (t, ns) in want.layout["splitk"].items():
                 u = cfg.uneven_split(want.meta.num_tokens, t, ks[Op[name]])
@@ -388,14 +410,14 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
     # (4 sequences cross a 16-key split boundary every 16 steps each, prefill / joins / drops
     # change the structure: 24 of the 40 steps here; page-table lengths do not, as build_meta
     # keeps each table whole)
-    assert planner.fast_plans >= (12 if spread else 20), planner.fast_plans
     assert bool(spread_sizes) == spread, spread_sizes       # splits not at kv_split multiples
     assert (n_pairs > 0) == bool(pair), n_pairs
-    assert uneven_seen == bool(extra)
+    assert uneven_seen == uneven
     slow = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg, fast_path=False)
     slow.plan(batch)
     slow.plan(batch)
     assert slow.fast_plans == 0
+    return planner
 
 
 def test_meta_layout():
@@ -769,53 +791,80 @@ def test_row_part_lies_in_its_reserved_rows():
             assert first + T * ld <= rows * width - T, (hidden, T)
 
 
-@pytest.mark.parametrize("raster,overlap", [(2, 1), (2, 3), (1, 1), (8, 2)])
+def lpt_batch():
+    """A prompt over several blocks (its later chunks see more keys), decodes of short and long
+    contexts (one split over KV), a prefill chunk at start_pos > 0."""
+    return StepBatch([
+        SeqChunk([7], 2, [60]),
+        SeqChunk([3], 40, list(range(20, 31))),
+        SeqChunk([4], 12, list(range(100, 104))),
+        SeqChunk(list(range(1, 40)), 0, list(range(0, 10))),
+        SeqChunk(list(range(5, 13)), 33, list(range(70, 81))),
+    ])
+
+
+@pytest.mark.parametrize("raster,pair", [(8, 2), (1, 0), (2, 2)])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_attn_overlap_pipelines_qkv_attention_and_o_proj_over_blocks(tp, raster, overlap):
-    """PlanConfig.attn_overlap = N: the same instructions as op_major; within a layer's QKV /
-    attention / O_PROJ phase, the attention (joins, ATTENTION, ATTN_REDUCE) of token block b
-    comes after the QKV tiles of blocks up to b + N and before those of later blocks, the O_PROJ
-    tiles of block b after the attention of blocks up to b + N and before that of later ones, a
-    block's tiles column by column; the other opcodes keep op_major's order (raster_blocks runs
-    included); the verifier accepts the plans (targets, topological order, races)."""
+def test_attn_lpt_queues_a_layers_attention_longest_first(tp, raster, pair):
+    """PlanConfig.attn_lpt = 1: the same instructions as op_major; each layer's ATTENTION
+    instructions in one run, the prompt chunks (rows > 1) first, each kind in non-increasing
+    estimated cost (attention.est_cost_ns), ties in op_major's order; every other instruction where op_major puts it; the verifier accepts the
+    plans (targets, topological order, races)."""
+    from mk.instructions import attention as at
     from mk.verify import check
     base_cfg = PlanConfig(**{**CFG.__dict__, "policy": "op_major", "split_k": 3, "splitk_align": 8,
-                             "raster_blocks": raster})
-    cfg = PlanConfig(**{**base_cfg.__dict__, "attn_overlap": overlap})
-    base = plan_step(mixed_batch(), MODEL, ParallelConfig(tp, 0), KERNEL, base_cfg).instrs.numpy()
-    plans = [plan_step(mixed_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
+                             "raster_blocks": raster, "attn_pair": pair, "attn_chunk_rows": 4})
+    cfg = PlanConfig(**{**base_cfg.__dict__, "attn_lpt": 1})
+    base = plan_step(lpt_batch(), MODEL, ParallelConfig(tp, 0), KERNEL, base_cfg).instrs.numpy()
+    plans = [plan_step(lpt_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
     got = plans[0].instrs.numpy()
     assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, base.tolist()))
-    layer0 = got[got[:, W_LAYER] == 0]
-    ops = layer0[:, W_OPCODE]
-    after_o = np.flatnonzero(np.isin(ops, [int(Op.RMSNORM), int(Op.GATE_UP)])
-                             & (np.arange(len(ops)) > np.flatnonzero(ops == int(Op.O_PROJ))[0]))
-    head = layer0[int(np.flatnonzero(ops == int(Op.QKV_ROPE))[0]):int(after_o[0])]
-    hops = head[:, W_OPCODE]
-    assert np.isin(hops, [int(o) for o in (Op.QKV_ROPE, Op.SPLITK_REDUCE, Op.NOOP, Op.ATTENTION,
-                                           Op.ATTN_REDUCE, Op.O_PROJ, Op.TP_REDUCE)]).all()
-    blocks = head[:, W_ROW0] // KERNEL.token_block
-    qkv = np.flatnonzero(hops == int(Op.QKV_ROPE))
-    attn = np.flatnonzero(hops == int(Op.ATTENTION))
-    o_proj = np.flatnonzero(hops == int(Op.O_PROJ))
-    assert len(np.unique(blocks[qkv])) > overlap
-    for later, earlier in ((attn, qkv), (o_proj, attn)):
-        for i in later:
-            assert (earlier[blocks[earlier] <= blocks[i] + overlap] < i).all()
-            assert (earlier[blocks[earlier] > blocks[i] + overlap] > i).all()
-    for op in (qkv, o_proj):
-        for blk in np.unique(blocks[op]):
-            assert (np.diff(head[op[blocks[op] == blk], W_COL0]) >= 0).all()
-    # the other opcodes keep op_major's order
-    phase_ops = np.unique(hops)
-    outside = ~np.isin(got[:, W_OPCODE], phase_ops)
-    assert np.array_equal(got[outside], base[~np.isin(base[:, W_OPCODE], phase_ops)])
+    is_attn = got[:, W_OPCODE] == int(Op.ATTENTION)
+    assert np.array_equal(is_attn, base[:, W_OPCODE] == int(Op.ATTENTION))
+    assert np.array_equal(got[~is_attn], base[~is_attn])
+    for layer in range(MODEL.num_layers):
+        rows = np.flatnonzero(is_attn & (got[:, W_LAYER] == layer))
+        assert (np.diff(rows) == 1).all()
+        a = got[rows].astype(np.int64)
+        cost = at.est_cost_ns(a[:, at.A_MODE], a[:, W_ROWS], a[:, at.A_QPK], a[:, at.A_POS0],
+                              a[:, at.A_KV0], a[:, at.A_KV1], a[:, at.A_POS0_B])
+        prompt = a[:, W_ROWS] > 1
+        assert prompt.any() and not prompt[np.argmin(prompt):].any()   # the prompt's first
+        for kind in (prompt, ~prompt):
+            assert (np.diff(cost[kind]) <= 0).all(), cost
+        # ties keep op_major's order
+        b = base[rows].tolist()
+        for key in set(zip(cost.tolist(), prompt.tolist())):
+            same = a[(cost == key[0]) & (prompt == key[1])].tolist()
+            assert same == [w for w in b if w in same]
     assert not np.array_equal(got, base)
     assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
 
 
-def test_attn_overlap_needs_op_major():
-    with pytest.raises(ValueError, match="attn_overlap"):
-        PlanConfig(policy="interleave", attn_overlap=1)
-    with pytest.raises(ValueError, match="attn_overlap"):
-        PlanConfig(attn_overlap=-1)
+def test_attn_lpt_keeps_a_decode_step_of_equal_contexts():
+    """Equal contexts: every ATTENTION instruction costs the same, the plan is op_major's."""
+    batch = StepBatch([SeqChunk([i + 1], 30, list(range(10 * i, 10 * i + 10))) for i in range(8)])
+    want = plan_step(batch, MODEL, ParallelConfig(), KERNEL, CFG).instrs
+    got = plan_step(batch, MODEL, ParallelConfig(), KERNEL,
+                    PlanConfig(**{**CFG.__dict__, "attn_lpt": 1})).instrs
+    assert torch.equal(got, want)
+
+
+def test_attn_lpt_cost_estimate():
+    """est_cost_ns: 64-key blocks a unit reads (causal: below pos0 + rows), per M tile for a
+    prompt chunk, a pair by its longer unit."""
+    from mk.instructions import attention as at
+    pair, unit, tile = at.COST_NS_PAIR_BLOCK, at.COST_NS_UNIT_BLOCK, at.COST_NS_TILE_BLOCK
+    got = at.est_cost_ns(mode=[at.MODE_DIRECT, at.MODE_DIRECT, at.MODE_PAIR, at.MODE_PARTIAL,
+                               at.MODE_DIRECT],
+                         rows=[1, 16, 1, 1, 32], qpk=8, pos0=[129, 100, 10, 500, 0],
+                         kv0=[0, 0, 0, 256, 0], kv1=[130, 200, 11, 512, 200],
+                         pos0_b=[0, 0, 200, 0, 0])
+    assert got.tolist() == [3 * unit, 2 * tile, 4 * pair, 4 * unit, 2 * 1 * tile]
+
+
+def test_attn_lpt_needs_op_major():
+    with pytest.raises(ValueError, match="attn_lpt"):
+        PlanConfig(policy="interleave", attn_lpt=1)
+    with pytest.raises(ValueError, match="attn_lpt"):
+        PlanConfig(attn_lpt=2)

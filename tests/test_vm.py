@@ -626,14 +626,16 @@ def test_norm_fold_row_parts_scale_split_reduces(checkpoints):
 
 
 @pytest.mark.parametrize("mode", ["queue", "random"])
-def test_attn_overlap_queue_equals_the_reference(checkpoints, mode):
-    """PlanConfig.attn_overlap (QKV, attention and O_PROJ pipelined over token blocks, a block's
-    attention after the next block's QKV tiles) runs the mixed steps to the reference's logits,
-    in queue order on 3 SMs and in random interleavings."""
+def test_attn_lpt_queue_equals_the_reference(checkpoints, mode):
+    """PlanConfig.attn_lpt (a layer's attention queued longest first) runs the mixed steps to the
+    reference's logits, in queue order on 3 SMs and in random interleavings."""
     ck = checkpoints("GQA_LLAMA3")
     ref = reference(weights(ck, 1, torch.float32)[0])
-    vm = VM(weights(ck, 2, torch.float32), KERNEL,
-            PlanConfig(**{**CFG.__dict__, "attn_overlap": 1}))
+    vm = VM(weights(ck, 2, torch.float32), KERNEL, PlanConfig(**{**CFG.__dict__, "attn_lpt": 1}))
+    op_major = VM(weights(ck, 2, torch.float32), KERNEL, CFG)
+    reordered = 0
     for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
+        reordered += not torch.equal(vm.plan(batch).instrs, op_major.plan(batch).instrs)
         torch.testing.assert_close(vm.step(batch, mode=mode, sms=3, seed=i), ref.forward(batch),
                                    rtol=2e-5, atol=2e-5)
+    assert reordered

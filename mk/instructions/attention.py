@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mk.instructions._common import (M_KV_LAYER_STRIDE, M_PAGE_SIZE, arg, need_meta, rows_of,
@@ -75,6 +76,36 @@ MODE_DIRECT, MODE_PARTIAL, MODE_PAIR = 0, 1, 2
 ATTN_TILE_ROWS = 128
 # a pair's unit is one consumer warpgroup's 64 query rows: its token's q heads of the KV head
 PAIR_MAX_QPK = 64
+
+# Estimated SM time of an ATTENTION instruction (PlanConfig.attn_lpt queues a layer's longest
+# first), ns per 64-key block (the GPU body's K / V page) the instruction reads: session 56's
+# journal of the mixed step (70B TP8 rank, H100; bench/results/shares_default_aa93b11_*_s56*):
+# a pair of 1024-key decode units 47.9 us of own time (its two units side by side, one per
+# consumer warpgroup), a 16-token prompt chunk (one M tile) 34.2 us at ~520 keys on average; a
+# lone decode unit ~0.8 of a pair (session 15: pairing cut ATTENTION's SM time 37%)
+KEY_BLOCK = 64
+COST_NS_PAIR_BLOCK = 3000
+COST_NS_UNIT_BLOCK = 2400
+COST_NS_TILE_BLOCK = 4200
+
+
+def est_cost_ns(mode, rows, qpk: int, pos0, kv0, kv1, pos0_b):
+    """Estimated SM time (ns) of ATTENTION instructions from their words (numpy arrays; pos0_b is
+    read where mode is MODE_PAIR): the key blocks each unit reads (causal: a unit's rows see keys
+    below pos0 + rows only) times a per-block rate; a prompt chunk by M tiles of ATTN_TILE_ROWS
+    query rows, a pair by its longer unit (the two run side by side)."""
+    rows, pos0, kv0, kv1 = (np.asarray(x, np.int64) for x in (rows, pos0, kv0, kv1))
+    mode, pos0_b = np.asarray(mode, np.int64), np.asarray(pos0_b, np.int64)
+
+    def blocks(end):
+        return -(-np.maximum(end - kv0, 0) // KEY_BLOCK)
+
+    own = blocks(np.minimum(kv1, pos0 + rows))
+    pair = np.maximum(own, blocks(pos0_b + 1))      # the second unit: one decode row, unsplit
+    tiles = -(-rows * qpk // ATTN_TILE_ROWS)
+    return np.where(mode == MODE_PAIR, pair * COST_NS_PAIR_BLOCK,
+                    np.where(rows == 1, own * COST_NS_UNIT_BLOCK,
+                             tiles * own * COST_NS_TILE_BLOCK))
 
 
 @dataclass(frozen=True)
