@@ -289,6 +289,10 @@ def _journaled_points(arg: str):
     m = re.search(r"--plan (\S+)", d.get("command", ""))
     # the run's default plan (bench.py records it since session 50; before, norm_fold=2)
     ran = d.get("default_plan") or PRE_S50_DEFAULT_PLAN
+    # a field today's default sets that the run's did not ran at PlanConfig's own default
+    from mk.megakernel_step import DEFAULT_PLAN
+    from mk.plan import PlanConfig
+    ran = {**{k: getattr(PlanConfig(), k) for k in DEFAULT_PLAN if k not in ran}, **ran}
     default = ",".join(f"{k}={v}" for k, v in ran.items() if k != "split_k")
     plan_text = ",".join(filter(None, (default, m.group(1) if m else "", extra)))
     points = []

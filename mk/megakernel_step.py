@@ -53,8 +53,12 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # to 49: a row-scale norm before each folded GEMM) where the hidden size does not allow 4.
 # H100, 70B TP8 rank decode (session 49, bench/results/nf4_summary_7e0568e_*): norm_fold 2 -> 4
 # B=4096 -3.3% / -2.8%, B=1024 -0.8% / -1.0%, mixed -0.2% / -0.5% / -0.8%, B=256 +0.8% / +0.2%.
-# `--plan norm_fold=2` (or 0: not folded) turns it back.
-DEFAULT_PLAN = dict(split_k=0, norm_fold=4)
+# `--plan norm_fold=2` (or 0: not folded) turns it back. attn_lpt 1: in a step with prompt
+# chunks a layer's attention is queued the chunks first, then the decode units, each longest
+# first (H100, session 56, bench/results/attnlpt_*_s56*: the mixed step 46.275 / 46.460 ->
+# 45.282 ms; decode-only steps keep their plans); under another policy than op_major it is off
+# unless given.
+DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=1)
 # PlanConfig.norm_fold=4 on the GPU: the hidden size a multiple of this (mk.megakernel's
 # _check_row_parts; gk.row_part_sumsq's chunks)
 ROW_PART_HIDDEN_ALIGN = 4 * mc.ROW_PART_COLS
@@ -71,6 +75,8 @@ def default_plan_config(model=None, **overrides) -> PlanConfig:
     if ("norm_fold" not in overrides and fields["norm_fold"] == 4 and model is not None
             and model.hidden_size % ROW_PART_HIDDEN_ALIGN):
         fields["norm_fold"] = FALLBACK_NORM_FOLD
+    if "attn_lpt" not in overrides and fields.get("policy", "op_major") != "op_major":
+        fields["attn_lpt"] = 0          # an op_major order only (PlanConfig refuses it elsewhere)
     return PlanConfig(**fields)
 
 

@@ -132,18 +132,20 @@ class PlanConfig:
     # B=4096 ctx 256 167.010 -> 150.415 (-9.9%). Up to 64 tokens no change; at 65..128 tokens
     # only LM_HEAD's two 64-row blocks (not timed there)
     raster_blocks: int = 8
-    # op_major only: 1 queues a layer's ATTENTION instructions as prompt chunks (rows > 1)
-    # first, then decode units, each longest first by attention.est_cost_ns (ties keep the block
-    # order), instead of block by block. Why: in the mixed step (256 decodes at ctx 1024 + a
-    # 1024-token prompt) the layer's 128 decode pairs (~48 us each) come first in the queue, the
-    # prompt's chunks after them block by block, the longest (1024 keys, ~65 us) last, while the
-    # prompt's QKV tiles are the layer's critical path (its chunks wait for all of them): the SMs
-    # that would run the long chunks as soon as those end are busy with pairs. bench/schedsim.py
-    # with session 56's journal (ATTENTION's time by est_cost_ns): 52.64 -> 51.74 ms (-1.7%);
-    # longest first over both kinds (pairs between the chunks) +0.7%. Decode steps of equal
-    # contexts keep their order (all ties). Not GPU-timed yet (gpu_next.sh `attnlpt`).
-    # (Session 55's attn_overlap, QKV / attention / O_PROJ pipelined over token blocks, lost on
-    # the GPU: B=4096 +6..10%, the mixed step +3..9%, session 56.)
+    # op_major only: 1 queues a layer's ATTENTION instructions, in a step with prompt chunks
+    # (rows > 1), as the chunks first, then the decode units, each longest first by
+    # attention.est_cost_ns (ties keep the block order), instead of block by block. Why: in the
+    # mixed step (256 decodes at ctx 1024 + a 1024-token prompt) the layer's 128 decode pairs
+    # (~48 us each) come first in the queue, the prompt's chunks after them block by block, the
+    # longest (1024 keys, ~65 us) last, while the prompt's QKV tiles are the layer's critical
+    # path (its chunks wait for all of them): the SMs that would run the long chunks as soon as
+    # those end are busy with pairs. bench/schedsim.py with session 56's journal (ATTENTION's
+    # time by est_cost_ns): 52.64 -> 51.74 ms (-1.7%); longest first over both kinds (pairs
+    # between the chunks) +0.7%. On the GPU (H100, session 56, gpu_next.sh `attnlpt`,
+    # bench/results/attnlpt_*_s56*): 46.275 / 46.460 -> 45.282 ms (-2.3%), decode B=1280
+    # unchanged; the two-layer checks passed. (Session 55's attn_overlap, QKV / attention /
+    # O_PROJ pipelined over token blocks, lost on the GPU: B=4096 +6..10%, the mixed step
+    # +3..9%, session 56.)
     attn_lpt: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
@@ -1344,8 +1346,9 @@ class Planner:
 
     def _lpt_cost(self, a: np.ndarray) -> np.ndarray | None:
         """PlanConfig.attn_lpt: the estimated costs of attention words `a` (rows of the layer
-        template), which fix their queue order; None when attn_lpt is off."""
-        if not self.cfg.attn_lpt:
+        template), which fix their queue order in a step with prompt chunks; None when they do
+        not (attn_lpt off, a decode-only step)."""
+        if not self.cfg.attn_lpt or not (a[:, W_ROWS] > 1).any():
             return None
         return at.est_cost_ns(a[:, at.A_MODE], a[:, W_ROWS], a[:, at.A_QPK], a[:, at.A_POS0],
                               a[:, at.A_KV0], a[:, at.A_KV1], a[:, at.A_POS0_B])
@@ -1697,9 +1700,11 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
             at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg] + a_off, 0),
             at.A_NEW0: meta.seq_start[a_seq], **pair_words}
     kept = np.flatnonzero(keep)
-    if cfg.attn_lpt:
+    if cfg.attn_lpt and (a_rows[kept] > 1).any():
         # prompt chunks, then decode units, each longest first (ties keep the block order);
-        # _order keeps this group's order
+        # _order keeps this group's order. Decode-only steps keep the block order: ordered by
+        # cost, a generation loop's fast path (Planner) would re-plan whenever a unit crosses a
+        # 64-key block (at B=256 nearly every step: 3.6 instead of 1.2 ms of host time a step)
         cost = at.est_cost_ns(a_mode[kept], a_rows[kept], qpk, args[at.A_POS0][kept],
                               a_kv0[kept], a_kv1[kept], pair_words[at.A_POS0_B][kept])
         kept = kept[np.lexsort((np.arange(len(kept)), -cost, a_rows[kept] == 1))]

@@ -392,7 +392,12 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
 
     model = rank_model()
     assert DEFAULT_PLAN["norm_fold"] == 4 and default_plan_config(model).norm_fold == 4
-    assert default_plan_config(norm_fold=0, split_k=1) == PlanConfig(norm_fold=0, split_k=1)
+    assert default_plan_config(norm_fold=0, split_k=1) == PlanConfig(norm_fold=0, split_k=1,
+                                                                       attn_lpt=1)
+    # attn_lpt orders op_major's queue: another policy turns it off unless it is given
+    assert default_plan_config(policy="interleave").attn_lpt == 0
+    with pytest.raises(ValueError, match="attn_lpt"):
+        default_plan_config(policy="interleave", attn_lpt=1)
     kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
                           num_kv_pages=256 * 64)
     unfolded = default_plan_config(norm_fold=0)

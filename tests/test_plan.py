@@ -350,22 +350,26 @@ def test_planner_fast_path_equals_plan_step(policy, split_k, l2, spread, pair, e
 
 @pytest.mark.parametrize("pair", [0, 2])
 def test_planner_fast_path_with_attn_lpt(pair):
-    """The fast path under PlanConfig.attn_lpt (the attention ordered by estimated cost): plan_step's
-    stream bitwise in every step; a step that moves an instruction's cost (a unit reads one more
-    64-key block; kv_split 128, so no split moves with it) takes the full plan, the others the
-    fast one."""
+    """The fast path under PlanConfig.attn_lpt (a step's attention ordered by estimated cost where
+    it has prompt chunks): plan_step's stream bitwise in every step. Decode-only steps keep the
+    block order, so the fast path as without it; in steps with a prompt chunk, a step that moves
+    an instruction's cost (a unit reads one more 64-key block; kv_split 128, so no split moves
+    with it) takes the full plan, the others the fast one."""
     cfg = PlanConfig(**{**CFG.__dict__, "split_k": 0, "splitk_align": 8, "kv_split": 128,
                         "attn_pair": pair})
-    plain = _fast_path_run(cfg, False, pair, uneven=False).fast_plans
-    lpt = _fast_path_run(PlanConfig(**{**cfg.__dict__, "attn_lpt": 1}), False, pair,
-                         uneven=False).fast_plans
-    # (here 33 fast plans without it, 31 with it: the steps where a sequence crosses 64 keys)
-    assert 16 <= lpt < plain, (lpt, plain)
+    lpt_cfg = PlanConfig(**{**cfg.__dict__, "attn_lpt": 1})
+    assert (_fast_path_run(lpt_cfg, False, pair, uneven=False).fast_plans
+            == _fast_path_run(cfg, False, pair, uneven=False).fast_plans)
+    plain = _fast_path_run(cfg, False, pair, uneven=False, prompt_steps=True).fast_plans
+    lpt = _fast_path_run(lpt_cfg, False, pair, uneven=False, prompt_steps=True).fast_plans
+    assert 10 <= lpt < plain, (lpt, plain)
 
 
-def _fast_path_run(cfg: PlanConfig, spread: bool, pair: int, uneven: bool) -> Planner:
+def _fast_path_run(cfg: PlanConfig, spread: bool, pair: int, uneven: bool,
+                   prompt_steps: bool = False) -> Planner:
     """40 steps of test_planner_fast_path_equals_plan_step's run through a Planner, each checked
-    against plan_step; returns the planner."""
+    against plan_step (prompt_steps: each with 2 tokens of one more sequence's prompt instead of
+    two steps with an 11-token one); returns the planner."""
     from mk.instructions import attention as at
     spread_sizes = set()
     planner = Planner(MODEL, ParallelConfig(1, 0), KERNEL, cfg)
@@ -378,7 +382,10 @@ def _fast_path_run(cfg: PlanConfig, spread: bool, pair: int, uneven: bool) -> Pl
     uneven_seen = False
     for step in range(40):
         chunks = [SeqChunk([int(rng.integers(1, 200))], n, pages[i]) for i, n in seqs.items()]
-        if step in (9, 25):
+        if prompt_steps:
+            # a prompt of 2 tokens a step (the structure stays)
+            chunks.append(SeqChunk([3, 4], 5 + 2 * step, pages[5]))
+        elif step in (9, 25):
             chunks.append(SeqChunk(list(range(1, 12)), 5, pages[5]))       # a prefill chunk
         batch = StepBatch(chunks)
         got = planner.plan(batch)
@@ -841,9 +848,10 @@ def test_attn_lpt_queues_a_layers_attention_longest_first(tp, raster, pair):
     assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
 
 
-def test_attn_lpt_keeps_a_decode_step_of_equal_contexts():
-    """Equal contexts: every ATTENTION instruction costs the same, the plan is op_major's."""
-    batch = StepBatch([SeqChunk([i + 1], 30, list(range(10 * i, 10 * i + 10))) for i in range(8)])
+def test_attn_lpt_keeps_a_decode_step():
+    """A step without prompt chunks keeps op_major's order (contexts of 3 to 38 keys)."""
+    batch = StepBatch([SeqChunk([i + 1], 3 + 5 * i, list(range(10 * i, 10 * i + 10)))
+                       for i in range(8)])
     want = plan_step(batch, MODEL, ParallelConfig(), KERNEL, CFG).instrs
     got = plan_step(batch, MODEL, ParallelConfig(), KERNEL,
                     PlanConfig(**{**CFG.__dict__, "attn_lpt": 1})).instrs
