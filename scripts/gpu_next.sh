@@ -406,6 +406,22 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000028. Session 56 ran 000027 on one H100 (`*_s56_h100*`): attn_overlap lost (removed);
+#      the shares journals explain QKV_ROPE's mixed-step epilogue (a ROW_PART wait of q tiles
+#      that start early) and the mixed step's idle SMs (decode pairs ahead of the long prompt
+#      chunks in the queue); attn_lpt=1 (the chunks first, each kind longest first) passed its
+#      two-layer checks and won the mixed step 46.275 / 46.460 -> 45.282 ms: the default since
+#      e826dd0; sticket and backoff no gain. In order:
+#      1. `MK_VERIFY_FILES=tests/test_megakernel_gpu.py MK_STEPS=verify`, then
+#         `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify` (the new default's
+#         mixed steps through the GPU tests, the two-layer checks, racecheck).
+#      2. `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024 MK_STEPS=e2e` (issue 6's table
+#         with the peer in the same run: the mixed step was 1.016 of torch.compile + CUDA graph
+#         in session 55; -2.3% should make it ~0.99), then `MK_STEPS=e2e` (B=1 .. 256).
+#      3. `MK_SH_BATCH=4096 MK_STEPS=shares` at the new default: what is left on the mixed
+#         step's critical path (screen plan ideas with `python bench/schedsim.py --predict
+#         <its JSON> --plans ...` before GPU time: attn_chunk_rows, attn_pair for steps with
+#         prompts).
 #   000027. Session 55 ran 000026 on two H100s (`*_s55_h100*`): the waited-page release
 #      verified (53 GPU tests, checks, racecheck / synccheck / memcheck clean) and free (waitslim);
 #      slim's mixed step ended with either release; issue 6: B=1 0.89 .. 1024 0.98, 4096 0.998,
@@ -2512,7 +2528,7 @@ if has shares; then
   MK_AB_TIMEOUT=${MK_SH_TIMEOUT:-300} time_variant shares default "the build as it is, journal on" \
       "${MK_SH_BATCH:-1024,4096}" "" "--mixed ${MK_SH_MIXED:-256:1024:1024}"
   if [ -n "${MK_SH_PLAN:-}" ]; then
-    # the same journals with a plan change (e.g. MK_SH_PLAN=attn_overlap=8): shares_plan.json
+    # the same journals with a plan change (e.g. MK_SH_PLAN=attn_lpt=0): shares_plan.json
     MK_AB_TIMEOUT=${MK_SH_TIMEOUT:-300} time_variant shares plan "--plan $MK_SH_PLAN, journal on" \
         "${MK_SH_BATCH:-1024,4096}" "" "--plan $MK_SH_PLAN --mixed ${MK_SH_MIXED:-256:1024:1024}"
   fi
