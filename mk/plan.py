@@ -1336,11 +1336,20 @@ class Planner:
         row0 = np.r_[a[:, W_ROW0].astype(np.int64), row0_b]
         nrows = np.r_[a[:, W_ROWS].astype(np.int64), np.ones(len(paired), np.int64)]
         kv0 = np.r_[a[:, at.A_KV0].astype(np.int64), a[paired, at.A_KV0].astype(np.int64)]
-        # a unit's segment: segments are disjoint row ranges, so row0 names one
-        _, seg_first, seg_of = np.unique(row0, return_index=True, return_inverse=True)
+        # a unit's segment (a sequence's rows in one token block): plan_step sizes the splits and
+        # the A_KV1 of a prompt segment cut into row chunks (PlanConfig.attn_chunk_rows) by the
+        # whole segment, not by the chunk
+        B = plan.tiles.token_block
+        _, seg_of = np.unique(np.stack([seq, row0 // B]), axis=1, return_inverse=True)
+        seg_of = seg_of.reshape(-1)
+        seg_r0 = np.full(int(seg_of.max()) + 1 if len(seq) else 0, np.iinfo(np.int64).max)
+        np.minimum.at(seg_r0, seg_of, row0)
+        seg_seq = np.zeros(len(seg_r0), np.int64)
+        seg_seq[seg_of] = seq
         self._last = dict(key=self._structure(plan.meta), plan=plan, rows=j, paired=paired,
-                          seq=seq, row0=row0, nrows=nrows, kv0=kv0, seg_first=seg_first,
-                          seg_of=seg_of, words=a[:, ADV_WORD0:ADV_WORD1].copy(),
+                          seq=seq, row0=row0, nrows=nrows, kv0=kv0, seg_of=seg_of,
+                          seg_r0=seg_r0, seg_seq=seg_seq,
+                          words=a[:, ADV_WORD0:ADV_WORD1].copy(),
                           cost=self._lpt_cost(a.astype(np.int64)))
         self._last["split"] = self._splits(plan.meta, self._last)
 
@@ -1355,12 +1364,14 @@ class Planner:
 
     def _splits(self, meta: StepMeta, last: dict) -> tuple[np.ndarray, np.ndarray]:
         """(keys per split, splits) of each attention unit's segment at meta's positions, as
-        plan_step sizes them (spread_kv_splits)."""
-        seq, row0, nrows = last["seq"], last["row0"], last["nrows"]
-        ctx = meta.seq_start[seq] + (row0 - meta.seq_row0[seq]) + nrows
-        first = last["seg_first"]
-        size = self.cfg.spread_kv_splits(nrows[first], ctx[first], self._ngrp)[last["seg_of"]]
-        return size, -(-ctx // size)
+        plan_step sizes them (spread_kv_splits over the step's segments)."""
+        seq, row0, nrows, seg_of = last["seq"], last["row0"], last["nrows"], last["seg_of"]
+        rows_end = np.zeros(len(last["seg_r0"]), np.int64)
+        np.maximum.at(rows_end, seg_of, row0 + nrows)
+        s_seq = last["seg_seq"]
+        ctx = meta.seq_start[s_seq] + (rows_end - meta.seq_row0[s_seq])
+        size = self.cfg.spread_kv_splits(rows_end - last["seg_r0"], ctx, self._ngrp)
+        return size[seg_of], -(-ctx[seg_of] // size[seg_of])
 
     def _advance(self, meta: StepMeta) -> StepPlan | None:
         """The previous plan with meta's positions, or None when the structure differs."""
@@ -1376,7 +1387,9 @@ class Planner:
         # plan_step's segment words (seg_pos0, a_kv1, A_NEW0) for the new positions
         new0 = meta.seq_start[seq]
         pos0 = new0 + (row0 - meta.seq_row0[seq])
-        kv1 = np.minimum(last["kv0"] + size, pos0 + nrows)
+        seg_end = np.zeros(len(last["seg_r0"]), np.int64)
+        np.maximum.at(seg_end, last["seg_of"], pos0 + nrows)
+        kv1 = np.minimum(last["kv0"] + size, seg_end[last["seg_of"]])
         prev = last["plan"]
         pre, L, m = self._body
         # the words A_POS0 .. A_NEW0_B of the attention rows (the same in every layer), the ones

@@ -365,6 +365,36 @@ def test_planner_fast_path_with_attn_lpt(pair):
     assert 10 <= lpt < plain, (lpt, plain)
 
 
+@pytest.mark.parametrize("lpt", [0, 1])
+def test_planner_fast_path_with_chunked_prompts(lpt):
+    """A step whose prompt segments are cut into row chunks (attn_chunk_rows; 64-row token
+    blocks, 32-row chunks at 4 q heads per KV head) and the next steps of the same structure:
+    the fast path sizes the splits and the chunks' A_KV1 by the whole segment, as plan_step
+    (it took each chunk for a segment before session 56: other splits, each chunk's own end)."""
+    from mk.instructions import attention as at
+    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=256, max_seqs=8,
+                          max_context=512, num_kv_pages=400)
+    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 256, "attn_chunk_rows": 1, "attn_lpt": lpt,
+                        "num_sms": 24})
+    planner = Planner(MODEL, ParallelConfig(1, 0), kernel, cfg)
+    chunked = 0
+    for step in range(4):
+        batch = StepBatch([SeqChunk([5], 40 + step, list(range(0, 60))),
+                           SeqChunk([6], 9 + step, list(range(60, 120))),
+                           SeqChunk(list(range(1, 97)), 96 * step, list(range(120, 250)))])
+        got = planner.plan(batch)
+        want = plan_step(batch, MODEL, ParallelConfig(1, 0), kernel, cfg)
+        assert torch.equal(got.instrs, want.instrs), step
+        a = want.instrs.numpy()
+        a = a[a[:, W_OPCODE] == int(Op.ATTENTION)]
+        chunked += int(((a[:, W_ROWS] > 1) & (a[:, W_ROWS] < 64)
+                        & (a[:, at.A_KV1] > a[:, at.A_POS0] + a[:, W_ROWS])).sum())
+    assert chunked
+    # with attn_lpt the chunks' costs move every step (a full plan each); without it at least
+    # one step keeps the structure and the splits
+    assert (planner.fast_plans == 0) == bool(lpt), planner.fast_plans
+
+
 def _fast_path_run(cfg: PlanConfig, spread: bool, pair: int, uneven: bool,
                    prompt_steps: bool = False) -> Planner:
     """40 steps of test_planner_fast_path_equals_plan_step's run through a Planner, each checked
