@@ -12,8 +12,7 @@ stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same val
 staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through
 TMA stores) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
 128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
-tile's at once) or "ticket=V" (MK_STATIC_FIRST_TICKET=V: 1 CTA b's first ticket is b, no
-atomic) or "ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile
+tile's at once) or "ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile
 stamped, mk.trace.gemm_ktrace's per-K-step table: loads issued how early, in flight how long,
 the consumers' waits, the tensor pipe's cycles per step) or "reglow=N" / "reghigh=N"
 (MK_REG_LOW / MK_REG_HIGH: the setmaxnreg split; a variant with QKV_ROPE, as the step's, runs
@@ -59,7 +58,7 @@ LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
 KNOBS = {"tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
          "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF",
-         "ticket": "MK_STATIC_FIRST_TICKET", "ktrace": "MK_GEMM_KTRACE",
+         "ktrace": "MK_GEMM_KTRACE",
          "reglow": "MK_REG_LOW", "reghigh": "MK_REG_HIGH"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")

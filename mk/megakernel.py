@@ -262,21 +262,6 @@ if SIGNAL_FENCE not in ("both", "red"):
 # on every small instruction of the critical path (4-5 a layer at B <= 64; session 33).
 # MK_GRANT_EARLY=0 builds the loader that waits first.
 GRANT_EARLY = EARLY_WEIGHTS and os.environ.get("MK_GRANT_EARLY", "1") != "0"
-# The first ticket without the queue's atomic (MK_STATIC_FIRST_TICKET=1, off): CTA b takes ticket
-# b, the queue hands out grid + i after. Session 28's journal of one NOOP launch
-# (bench/results/fclaim_2026-12-02_s28.json): the first instruction's ticket comes back 1.31 us
-# after the first CTA starts, its words are loaded by 1.79 us, of a 2.3 us kernel body (5.4 us
-# event-timed; an empty kernel of the same shape 3.49): 132 CTAs' atomics on one word at once.
-# The controller here loads ticket b's words as the kernel starts, so they land during the
-# prologue. The price is the queue's contract: today a CTA that has not started takes no ticket
-# (the others run everything, and a late CTA finds END); with this, ticket b waits for CTA b, so
-# a CTA held off its SM (another process's kernels under MPS) delays every instruction that
-# depends on ticket b, up to the bounded waits' timeout. Built in session 28, compile-checked
-# only: off until timed (bench/gemm_profile.py knob ticket=1).
-STATIC_FIRST_TICKET = os.environ.get("MK_STATIC_FIRST_TICKET", "0")
-if STATIC_FIRST_TICKET not in ("0", "1"):
-    raise ValueError(f"MK_STATIC_FIRST_TICKET={STATIC_FIRST_TICKET!r}: expected 0 or 1")
-STATIC_FIRST_TICKET = STATIC_FIRST_TICKET == "1"
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -638,17 +623,14 @@ class MegakernelDSL:
                    state: cute.Tensor, timeout_ns: Int64, journal: cute.Tensor, meta: cute.Tensor,
                    ring: cute.Tensor, tick: cute.Tensor, ifull: cute.Pointer,
                    iempty: cute.Pointer, iready, lnext, lane: Int32, bidx: Int32,
-                   HM: cutlass.Constexpr, grid: Int32, w_first: Int32):
+                   HM: cutlass.Constexpr):
         """The controller warp: per free ring slot a ticket from the queue, the instruction's
         words into the slot, its waits (instr_waits), `ifull`. Without EARLY_WEIGHTS the slot is
         filled after the waits (END after a failed one); with it, before them, and `iready`
         follows the waits (after a failed wait too: the roles finish that instruction, the error
         is recorded and the host raises it) and END goes into the next slot. With
         claim_after_loads a ticket is claimed only once the loader is done with the previous
-        slot's instruction (`lnext`). With STATIC_FIRST_TICKET the first ticket is bidx (its words
-        w_first, this lane's, loaded as the kernel started) and the queue's tickets follow the
-        grid's."""
-        first = Int32(1)
+        slot's instruction (`lnext`)."""
         islot = Int32(0)
         iph = Int32(0)
         live = Int32(1)
@@ -676,26 +658,11 @@ class MegakernelDSL:
                                             rk.ERR_INSTR_SLOT, Int32(-1))
                 prev_slot = islot
                 prev_ph = iph
-            t = Int32(0)
-            if cutlass.const_expr(STATIC_FIRST_TICKET):
-                if first == 1:
-                    t = bidx
-                else:
-                    t = self.claim(state, n_instr, stop, lane)
-                    if t < n_instr:
-                        t = t + grid         # (END stays END: n_instr)
-            else:
-                t = self.claim(state, n_instr, stop, lane)
+            t = self.claim(state, n_instr, stop, lane)
             tf = cute.arch.globaltimer()
             w = Int32(OP_END)
             if t < n_instr:
-                if cutlass.const_expr(STATIC_FIRST_TICKET):
-                    if first == 1:
-                        w = w_first
-                    else:
-                        w = instrs[t, lane]
-                else:
-                    w = instrs[t, lane]
+                w = instrs[t, lane]
                 if cutlass.const_expr(not EARLY_WEIGHTS):
                     if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
                                         meta, bidx) == 0:
@@ -716,7 +683,6 @@ class MegakernelDSL:
                         stop = Int32(1)
                     # the waits' acquire loads are this warp's; the release hands them on
                     rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-            first = Int32(0)
             if cutlass.const_expr(rk.WATCHDOG):
                 nfill = nfill + 1
             islot, iph = next_slot(islot, iph)
@@ -802,12 +768,6 @@ class MegakernelDSL:
             if tidx == 0:
                 jcta[bidx, 0] = cute.arch.globaltimer()
                 jcta[bidx, 2] = Int64(cute.arch.smid())
-        # STATIC_FIRST_TICKET: ticket bidx's words, loaded now (used after the prologue)
-        w_first = Int32(OP_END)
-        if cutlass.const_expr(STATIC_FIRST_TICKET):
-            if warp == 0:
-                if bidx < n_instr:
-                    w_first = instrs[bidx, lane]
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma)
             for gi in cutlass.range_constexpr(NG):
@@ -842,8 +802,7 @@ class MegakernelDSL:
             if warp == 0:
                 # ------------------------------------------------------------ controller
                 self.controller(instrs, n_instr, counters, state, timeout_ns, journal, meta,
-                                ring, tick, ifull, iempty, iready, lnext, lane, bidx, HM,
-                                Int32(gdim), w_first)
+                                ring, tick, ifull, iempty, iready, lnext, lane, bidx, HM)
             elif warp == 1:
                 # ------------------------------------------------------------ TMA loader
                 islot = Int32(0)

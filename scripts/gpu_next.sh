@@ -366,10 +366,7 @@
 #          racecheck, decode B=MK_CHAIN_BATCH (1024) 0 / 1: chain.log, chain.json,
 #          chain_summary.log, chain_{off,on}.json, racecheck_full.log (~6 min in session 28).
 #          (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
-#   sticket MK_STATIC_FIRST_TICKET=1 (built in session 28, off: CTA b's first ticket is b, no
-#          atomic): a NOOP launch and its journal, issue 5's small-M rows with 0 / 1, poisoned
-#          checks, the two-layer checks, racecheck, decode B=1 / 64 off / on: sticket.log,
-#          sticket.json, sticket_summary.log, sticket_{off,on}.json (~7 min)
+#   (sticket, session 28's MK_STATIC_FIRST_TICKET=1, timed in session 56: no gain, removed)
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
@@ -422,6 +419,11 @@
 #         step's critical path (screen plan ideas with `python bench/schedsim.py --predict
 #         <its JSON> --plans ...` before GPU time: attn_chunk_rows, attn_pair for steps with
 #         prompts).
+#      4. The mixed step's token-block runs (schedsim, no L2 in it: raster_blocks 4 -3.3% with
+#         attn_lpt, 2 -3.5%, 10 +18.8%): `MK_PLANAB="r4:raster_blocks=4 r2:raster_blocks=2"
+#         MK_PLANAB_MIXED=256:1024:1024 MK_PLANAB_BATCH=1024 MK_STEPS=planab`; if a value wins
+#         there and not at B=1024 / 4096, a per-step rule (prompt steps only) rather than a new
+#         raster_blocks.
 #   000027. Session 55 ran 000026 on two H100s (`*_s55_h100*`): the waited-page release
 #      verified (53 GPU tests, checks, racecheck / synccheck / memcheck clean) and free (waitslim);
 #      slim's mixed step ended with either release; issue 6: B=1 0.89 .. 1024 0.98, 4096 0.998,
@@ -954,7 +956,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [sticket]=450 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240)
 has() {
@@ -2241,25 +2243,6 @@ if has chain; then
   run_profile chain "${J#,}" ${MK_CHAIN_PROFILE_S:-240} | tee "$OUTDIR/chain_summary.log"
   switch_step chain MK_GEMM_CHAIN_HANDOFF 1 "$OUTDIR/chain_summary.log" 1 \
       "${MK_CHAIN_TIME:-1}" "${MK_CHAIN_BATCH:-1024}"
-fi
-if has sticket; then
-  # MK_STATIC_FIRST_TICKET=1 (built in session 28, off): CTA b's first ticket is b, without the
-  # queue's atomic (session 28: 132 CTAs' first atomics on one word, the first instruction's
-  # words loaded 1.79 us after the first CTA started). One NOOP launch and its journal, issue
-  # 5's small-M rows timed with 0 / 1 (O_PROJ / DOWN 64 / 256, GATE_UP 64, LM_HEAD 256), poisoned
-  # checks with it, then the two-layer checks and racecheck and (MK_STICKET_TIME=1, default)
-  # decode B=MK_STICKET_BATCH (1,64) off / on, journal on: sticket.log, sticket.json,
-  # sticket_summary.log, sticket_{off,on}.json, racecheck_full.log (~7 min)
-  J=""
-  for v in 0 1; do J="$J,O_PROJ:64:launch:ticket=$v,O_PROJ:64:journal:noop+ticket=$v"; done
-  for c in O_PROJ:200 DOWN:64 LM_HEAD:256; do J="$J,$c:check:ticket=1"; done
-  for c in ${MK_STICKET_CASES:-O_PROJ:64 O_PROJ:256 DOWN:64 DOWN:256 GATE_UP:64 LM_HEAD:256}; do
-    J="$J,$c:time:ticket=0,$c:time:ticket=1"
-  done
-  run_profile sticket "${J#,}" ${MK_STICKET_PROFILE_S:-240} | tee "$OUTDIR/sticket_summary.log"
-  launch_journal sticket
-  switch_step sticket MK_STATIC_FIRST_TICKET 1 "$OUTDIR/sticket_summary.log" 1 \
-      "${MK_STICKET_TIME:-1}" "${MK_STICKET_BATCH:-1,64}"
 fi
 if has launchcost; then
   # where a short launch's time goes (issue 5's misses at M = 64 / 256): the empty kernel of the

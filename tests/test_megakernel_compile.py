@@ -712,24 +712,6 @@ def test_claim_after_loads_variant_compiles_without_spills(tmp_path):
                              "assert M.claim_after_loads_for(64) == {on}")
 
 
-def test_static_first_ticket_variant_compiles_without_spills(tmp_path):
-    """MK_STATIC_FIRST_TICKET=1 (CTA b's first ticket is b, the queue's atomic only for the
-    tickets after the grid's; off by default, compile-time, so in a process of its own): the
-    all-opcode M64 variant with split-K compiles with 0 spills and no call, its controller keeps
-    one queue atomic (the loop's claim; the first claim takes none); a value other than 0 / 1 is
-    refused at import."""
-    import subprocess
-    import sys
-    ptx = variant_ptx(tmp_path, "sticket", {"MK_STATIC_FIRST_TICKET": "1"},
-                      "assert M.STATIC_FIRST_TICKET")
-    assert_clean_variant(tmp_path, "sticket", ptx)
-    assert len(re.findall(r"atom\.global\.add\.u32", ptx)) == 1
-    r = subprocess.run([sys.executable, "-c", "import mk.megakernel"], cwd=ROOT,
-                       env=dict(os.environ, MK_STATIC_FIRST_TICKET="2"), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode != 0 and "MK_STATIC_FIRST_TICKET='2'" in r.stderr, r.stderr[-2000:]
-
-
 def test_claim_after_loads_policy_by_m_class(monkeypatch):
     """The claim policy per variant: off for the M <= 64 class (B=1 / 16 lost 2% with it), on
     above (B=1024 -17.9%); MK_CLAIM_AFTER_LOADS forces it either way (read at import: patched
