@@ -967,7 +967,7 @@ has() {
   fi
   return 0
 }
-table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^ *mixed |^[A-Z_]+ +[0-9]|^step span|^opcode|^critical path"; }
+table() { grep -v "^\[mk\." "$1" | grep -E "^decode|^ *mixed |^[A-Z_]+([.][a-z]+)?(/[a-z]+)? +[0-9]|^step span|^opcode|^critical path"; }
 # the environment words of a bench run NAME that leaves a lightweight CUDA core dump under
 # $TMPD/core on a kernel exception, and its traceback (session 37: a timing run of the default
 # build died once with "unspecified launch failure" and left nothing to read)
