@@ -137,3 +137,14 @@ def test_gemm_tiles_follow_their_k_slice():
                           base_k={Op.GATE_UP: 4096.0}, detail=True)
     assert r["end"] - r["start"] == pytest.approx(got)
     assert sorted(r["sm"].tolist()) == [0, 1, 2]
+
+
+def test_predict_flags_the_fields_it_cannot_rank():
+    """raster_blocks and the tile fields act through L2 / HBM traffic, which the model does not
+    have (session 57: raster_blocks 4 / 2 predicted faster, measured slower): flagged, the
+    queue-order fields not."""
+    assert schedsim.memory_blind("raster_blocks=4") == ["raster_blocks"]
+    assert schedsim.memory_blind("attn_lpt=0, mlp_tile=128,token_block=64") == ["mlp_tile",
+                                                                                 "token_block"]
+    assert schedsim.memory_blind("policy=interleave,attn_pair=2") == []
+    assert schedsim.memory_blind("") == []
