@@ -317,7 +317,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=0, help="which rank's shard (single process)")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N layers")
     p.add_argument("--batch", default=DEFAULT_BATCH,
-                   help=f"decode batch sizes (default {DEFAULT_BATCH}; at most {MAX_BATCH})")
+                   help=f"decode batch sizes (default {DEFAULT_BATCH}; at most {MAX_BATCH}), or "
+                        "none: no decode point (the --mixed step alone)")
     p.add_argument("--context", default=None,
                    help="context length: one value for every batch, or one per batch (default: "
                         "1024 for batch <= 1024, 256 above)")
@@ -395,12 +396,12 @@ def resolve(args, world: int, rank: int) -> dict:
     if bad or not systems:
         raise UsageError(f"--systems: unknown system(s) {', '.join(bad) or '(none)'}; choose from "
                          f"{', '.join(SYSTEMS)}")
-    batches = _int_list(args.batch, "--batch")
+    batches = [] if args.batch.strip().lower() == "none" else _int_list(args.batch, "--batch")
     for b in batches:
         if not 1 <= b <= MAX_BATCH:
             raise UsageError(f"--batch {b}: a step holds 1 to {MAX_BATCH} sequences "
                              f"(KernelConfig.max_batch_tokens)")
-    if args.context is None:
+    if args.context is None or not batches:
         contexts = [default_context(b) for b in batches]
     else:
         contexts = _int_list(args.context, "--context")
@@ -422,6 +423,8 @@ def resolve(args, world: int, rank: int) -> dict:
             raise UsageError(f"--mixed {args.mixed!r}: {d + pf} tokens, over the {MAX_BATCH} "
                              f"tokens of a step (KernelConfig.max_batch_tokens)")
         points.append(Point("mixed", d, c, pf))
+    if not points:
+        raise UsageError("--batch none with --mixed none: no point to run")
     for pt in points:
         if pt.decode and pt.context < 1:
             raise UsageError(f"{pt.label}: context must be >= 1")

@@ -37,6 +37,11 @@
 #          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per
 #          K step when the loads were issued / wanted / landed and the tensor pipe's cycles
 #          (mk.trace.gemm_ktrace): ktrace*.log, ktrace.json, ktrace_step.json (~5 min)
+#   clocks the SM clock and power (nvidia-smi every 100 ms) under each system's timed reps:
+#          per point of MK_CL_POINTS ("4096:256 mixed"), the megakernel then torch.compile +
+#          CUDA graph, 60 reps each: does the megakernel run at a lower clock under the power cap
+#          than the peer (energy per step as a lever)? clocks.log, clocks.csv,
+#          clocks_<point>_<system>.json (~6 min)
 #   ktsplit why the step's build runs a GEMM K step ~25% slower than the harness's: GATE_UP / DOWN
 #          alone through the step's kernel at --layers 2 / 20 / 80 (MK_KTS_LAYERS) with the
 #          K-step trace; at 80 layers also --isolated-builds lean (only that opcode's GEMM slot
@@ -403,6 +408,21 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000029. Session 57 ran 000028 on two H100s (`*_s57_h100*`, `_b`: the second): issue 6's
+#      B=1024 / 4096 / mixed rows with the peer 0.99 / 0.99 / 1.006 (the mixed step at parity,
+#      not ~0.98); the step GPU tests (18), the megakernel GPU tests (35), the checks and
+#      racecheck passed at the attn_lpt default; raster_blocks 4 / 2 lost (B=1024 -0.5% / +3.3%,
+#      mixed +1.6% / +6.2%: fewer idle SMs, as schedsim said, but slower tiles from the
+#      weights' lost L2 reuse). In order:
+#      1. `MK_STEPS=clocks` (~6 min): the SM clock and power of the megakernel's timed reps
+#         against the peer's at B=4096 and the mixed step. The journal's span of the mixed step
+#         is 41.3 ms against 44.8 event-timed (B=1024: 44.9 / 45.6): a lone launch runs at boost
+#         clocks, the timed reps under the power cap. If the megakernel's clock is lower than
+#         the peer's at the same point, its power (the role warps' polling, the consumers' ~2x
+#         issued instructions) is a lever for the compute-bound points, which are the ones at
+#         parity (B=4096, mixed).
+#      2. `MK_STEPS=e2e` (B=1 .. 256) with the peer: the other half of issue 6's table.
+#      3. Issue 5's table (`MK_STEPS=gemm`) at the current default (last: session 55).
 #   000028. Session 56 ran 000027 on one H100 (`*_s56_h100*`): attn_overlap lost (removed);
 #      the shares journals explain QKV_ROPE's mixed-step epilogue (a ROW_PART wait of q tiles
 #      that start early) and the mixed step's idle SMs (decode pairs ahead of the long prompt
@@ -956,7 +976,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240)
 has() {
@@ -1426,6 +1446,26 @@ smi_start() {
   fi
 }
 smi_stop() { [ -n "$SMI_PID" ] && kill "$SMI_PID" 2> /dev/null; wait "$SMI_PID" 2> /dev/null; true; }
+# the SM clock and power of smi_start's LOG while the GPU was busy (samples above 1 GHz; with
+# FROM / TO, HH:MM:SS of the samples' clock, only the samples between): one line
+smi_summary() {
+  python - "$@" <<'PYEOF'
+import sys
+rows = [ln.split(", ") for ln in open(sys.argv[1]) if ln[:1].isdigit()]
+lo, hi = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("", "~")
+busy = sorted((int(r[1].split()[0]), float(r[2].split()[0]), r[3].strip()) for r in rows
+              if len(r) > 3 and r[1].split()[0].isdigit() and int(r[1].split()[0]) > 1000
+              and lo <= r[0].split()[-1][:8] <= hi)
+if busy:
+    mhz = [b[0] for b in busy]
+    print(f"nvidia-smi while busy: {len(busy)} samples, SM MHz p10 {mhz[len(mhz) // 10]} "
+          f"p50 {mhz[len(mhz) // 2]} p90 {mhz[9 * len(mhz) // 10]}, power W p50 "
+          f"{sorted(b[1] for b in busy)[len(busy) // 2]}, throttle reasons "
+          f"{sorted(set(b[2] for b in busy))}")
+else:
+    print("nvidia-smi: no busy sample")
+PYEOF
+}
 if has ktrace; then
   smi_start "$OUTDIR/ktrace_smi.csv"
   # the GEMM K-step trace (MK_GEMM_KTRACE, bench/GEMM_NOTES.md session 39): per K step of every
@@ -1467,19 +1507,39 @@ PYEOF
   grep -E -A8 "GEMM K steps|\] isolated" "$OUTDIR/ktrace_step.log" | grep -v "^\[mk\." \
       | tee -a "$OUTDIR/ktrace_summary.log"
   smi_stop
-  # the SM clock and power while the GPU was busy (samples above 1 GHz)
-  python - "$OUTDIR/ktrace_smi.csv" <<'PYEOF' | tee -a "$OUTDIR/ktrace_summary.log"
-import sys
-rows = [ln.split(", ") for ln in open(sys.argv[1]) if ln[:1].isdigit()]
-busy = sorted((int(r[1].split()[0]), float(r[2].split()[0]), r[3].strip()) for r in rows
-              if len(r) > 3 and r[1].split()[0].isdigit() and int(r[1].split()[0]) > 1000)
-if busy:
-    mhz = [b[0] for b in busy]
-    print(f"nvidia-smi while busy: {len(busy)} samples, SM MHz p10 {mhz[len(mhz) // 10]} "
-          f"p50 {mhz[len(mhz) // 2]} p90 {mhz[9 * len(mhz) // 10]}, power W p50 "
-          f"{sorted(b[1] for b in busy)[len(busy) // 2]}, throttle reasons "
-          f"{sorted(set(b[2] for b in busy))}")
-PYEOF
+  smi_summary "$OUTDIR/ktrace_smi.csv" | tee -a "$OUTDIR/ktrace_summary.log"
+fi
+if has clocks; then
+  # the SM clock and power under each system's timed reps (session 57: the journal's span of
+  # the mixed step was 41.3 ms against 44.8 event-timed, B=1024 44.9 against 45.6: a lone
+  # launch after a compile's pause runs at boost clocks, the timed reps under the power cap).
+  # Does the megakernel run at a lower clock than torch.compile + CUDA graph at the same point
+  # (its role warps' polling and ~2x cuBLAS's issued instructions draw power), i.e. is energy
+  # per step a lever? Per point of MK_CL_POINTS ("4096:256 mixed": BATCH:CONTEXT or mixed),
+  # megakernel then compile, 60 reps each, nvidia-smi every 100 ms: clocks.log, clocks.csv,
+  # clocks_<point>_<system>.json (~6 min)
+  smi_start "$OUTDIR/clocks.csv"
+  : > "$OUTDIR/clocks.log"
+  for pt in ${MK_CL_POINTS:-4096:256 mixed}; do
+    if [ "$pt" = mixed ]; then
+      a="--batch none --mixed 256:1024:1024"; tag=mixed
+    else
+      a="--batch ${pt%%:*} --context ${pt#*:} --mixed none"; tag=b${pt%%:*}
+    fi
+    for sys in megakernel compile; do
+      t0=$(date +%H:%M:%S)     # nvidia-smi stamps local time
+      # shellcheck disable=SC2086  # $a: the arguments, split
+      timeout 240 python launch/bench.py --systems $sys --skip-check --reps 60 --warmup 10 \
+          --no-png $a --out "$OUTDIR/clocks_${tag}_$sys.json" > "$TMPD/clocks_${tag}_$sys.log" \
+          2>&1 || rc=1
+      t1=$(date +%H:%M:%S)
+      { echo "== $tag $sys ($t0 .. $t1)"
+        table "$TMPD/clocks_${tag}_$sys.log" | grep -E "^ *(decode|mixed) "
+        grep -E -A8 "Error|^error|Traceback" "$TMPD/clocks_${tag}_$sys.log" | tail -12
+        smi_summary "$OUTDIR/clocks.csv" "$t0" "$t1"; } | tee -a "$OUTDIR/clocks.log"
+    done
+  done
+  smi_stop
 fi
 if has grant; then
   # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /

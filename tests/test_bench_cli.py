@@ -124,6 +124,8 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--plan", "norm_rows=0"], "--plan: PlanConfig.norm_rows must be a positive integer"),
     (["--plan", "policy=random"], "--plan: unknown queue policy 'random'"),
     (["--plan", "split_k=2"], "--plan: 'split_k=2' is not FIELD=VALUE"),
+    (["--batch", "none", "--mixed", "none"], "--batch none with --mixed none: no point to run"),
+    (["--batch", "1,x"], "--batch '1,x': expected comma-separated integers"),
     (["--journal-isolated", "GATE_UP"], "--journal-isolated: runs with --journal only"),
     (["--journal", "--journal-isolated", "GATE_UP,GATEUP"],
      "--journal-isolated: unknown opcode(s) GATEUP"),
@@ -420,3 +422,12 @@ def test_journal_breakdown_adds_the_table_by_kind_of_instruction(bench, capsys):
     assert v["QKV_ROPE.q/prompt"]["cons_epi_us"] == pytest.approx(8.0)
     assert "by kind of instruction" in capsys.readouterr().err
     assert be.journal is False                  # the backend's journal switch is put back
+
+
+def test_batch_none_runs_the_mixed_step_alone(bench):
+    """--batch none: no decode point, the --mixed step alone (gpu_next.sh's clocks step times
+    it per system); a --context given with it is not read."""
+    args = bench.parse_args(["--shape", "tiny", "--device", "cpu", "--batch", "none",
+                             "--context", "64", "--mixed", "2:32:8"])
+    points = bench.resolve(args, 1, 0)["points"]
+    assert [(p.kind, p.decode, p.context, p.prefill) for p in points] == [("mixed", 2, 32, 8)]
