@@ -187,6 +187,15 @@ class PlanConfig:
     # decodes at ctx 1024 + a 1024-token prompt 61.93 -> 50.98 ms (-17.7%; ATTENTION's longest
     # instruction 291 -> 65 us), decode B=1 unchanged
     attn_chunk_rows: int = 16
+    # 1: a prefill segment split over KV (a context over kv_split) is cut into attn_chunk_rows
+    # chunks too, each split of each chunk one ATTENTION instruction (the split's ATTN_REDUCE
+    # then waits for them all; each writes its rows' partials at the segment's slots). 0: a split
+    # segment stays whole. Why: a 128-token block of a 4096-token prompt is 4 splits of 1024 keys
+    # over 8 M tiles each, ~128 key-block tiles (~0.5 ms at attention.est_cost_ns's rate) on one
+    # SM while the block's O_PROJ waits; chunked, each instruction is at most 16 blocks of one M
+    # tile, as in the unsplit prompts attn_chunk_rows cut in session 19. Built in session 57,
+    # CPU-checked (tests/test_plan.py, tests/test_vm.py): not yet run on the GPU (plan 000029)
+    attn_chunk_splits: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
@@ -405,8 +414,10 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
-        if isinstance(self.attn_lpt, bool) or self.attn_lpt not in (0, 1):
-            raise ValueError(f"PlanConfig.attn_lpt must be 0 or 1, got {self.attn_lpt!r}")
+        for name in ("attn_lpt", "attn_chunk_splits"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or v not in (0, 1):
+                raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {v!r}")
         if self.attn_lpt and self.policy != "op_major":
             raise ValueError(f"PlanConfig.attn_lpt=1 orders op_major's queue only "
                              f"(policy {self.policy!r})")
@@ -1482,12 +1493,13 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     seg_is_last = seg_k == nseg_s[seg_seq] - 1
     nseg = len(seg_seq)
     split = seg_nsplit > 1
-    # ATTENTION instructions per (segment, group, split): row chunks of long unsplit prefill
-    # segments. A split segment stays whole: its chunks before a split's first key would have no
-    # key at all, and the split's ATTN_REDUCE reads a partial per row from every split (its
-    # splits already spread the segment's keys over as many SMs)
+    # ATTENTION instructions per (segment, group, split): row chunks of long prefill segments.
+    # A split segment stays whole unless attn_chunk_splits: a chunk whose rows all precede a
+    # split's first key then has no key in it and writes o = 0, lse = -inf (the split's
+    # ATTN_REDUCE reads a partial per row from every split)
     chunk_h = cfg.attn_chunk_for(qpk)
-    seg_nchunk = (np.where(split, 1, np.maximum(1, -(-seg_rows // chunk_h))) if chunk_h
+    chunkable = np.ones(len(seg_seq), bool) if cfg.attn_chunk_splits else ~split
+    seg_nchunk = (np.where(chunkable, np.maximum(1, -(-seg_rows // chunk_h)), 1) if chunk_h
                   else np.ones(len(seg_seq), np.int64))
     slot_need = np.where(split, seg_rows * seg_nsplit, 0)
     seg_slot = np.zeros(nseg, np.int64)

@@ -421,8 +421,27 @@
 #         the peer's at the same point, its power (the role warps' polling, the consumers' ~2x
 #         issued instructions) is a lever for the compute-bound points, which are the ones at
 #         parity (B=4096, mixed).
-#      2. `MK_STEPS=e2e` (B=1 .. 256) with the peer: the other half of issue 6's table.
-#      3. Issue 5's table (`MK_STEPS=gemm`) at the current default (last: session 55).
+#      2. A prompt-only step against the peer: `MK_E2E_BATCH=none MK_E2E_MIXED=0:1:4096
+#         MK_STEPS=e2e` (one 4096-token prompt), then `MK_SH_BATCH=none MK_SH_MIXED=0:1:4096
+#         MK_STEPS=shares`. Not in issue 6's table, but what throughput jobs over many prompts
+#         run: a prompt chunk's attention runs ~4 us a 64-key block of a 128-row tile
+#         (attention.est_cost_ns; FA3 ~1 us), ~8.3k blocks a layer at 4096 tokens: ~0.27 ms a
+#         layer against ~1.4 ms of GEMMs, where the peer runs causal SDPA (flash). If the
+#         megakernel loses there, the prefill body (QK^T, softmax, PV in series per block: an
+#         FA3-style overlap of one block's softmax with the next block's QK^T) is the next
+#         attention work.
+#         Then PlanConfig.attn_chunk_splits (built this session, off): a prompt segment split
+#         over KV (context over kv_split) cut into row chunks too. Today a 128-token block of a
+#         4096-token prompt is 4 split instructions of 8 M tiles x up to 16 key blocks (~485 us
+#         each on one SM); chunked, at most ~61 us. schedsim (the mixed journal's GEMM times,
+#         ATTENTION by est_cost_ns): the 4096-token prompt step 143.8 -> 127.5 ms (-11%; SMs
+#         busy 88% -> 99%). `MK_PLANAB="cs:attn_chunk_splits=1" MK_PLANAB_CHECK="--prompt-lens
+#         500,500,130,13,1" MK_PLANAB_RACE=1 MK_PLANAB_BATCH=none MK_PLANAB_MIXED=0:1:4096
+#         MK_STEPS=planab` (the check's kv_split 64 splits and now chunks every prompt; a chunk
+#         with no key of its split writes o = 0, lse = -inf, which the body's unit_range
+#         allows); if it wins, the default, and the GPU test files with it.
+#      3. `MK_STEPS=e2e` (B=1 .. 256) with the peer: the other half of issue 6's table.
+#      4. Issue 5's table (`MK_STEPS=gemm`) at the current default (last: session 55).
 #   000028. Session 56 ran 000027 on one H100 (`*_s56_h100*`): attn_overlap lost (removed);
 #      the shares journals explain QKV_ROPE's mixed-step epilogue (a ROW_PART wait of q tiles
 #      that start early) and the mixed step's idle SMs (decode pairs ahead of the long prompt

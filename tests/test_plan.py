@@ -365,19 +365,20 @@ def test_planner_fast_path_with_attn_lpt(pair):
     assert 10 <= lpt < plain, (lpt, plain)
 
 
-@pytest.mark.parametrize("lpt", [0, 1])
-def test_planner_fast_path_with_chunked_prompts(lpt):
+@pytest.mark.parametrize("lpt,chunk_splits", [(0, 0), (1, 0), (0, 1)])
+def test_planner_fast_path_with_chunked_prompts(lpt, chunk_splits):
     """A step whose prompt segments are cut into row chunks (attn_chunk_rows; 64-row token
     blocks, 32-row chunks at 4 q heads per KV head) and the next steps of the same structure:
     the fast path sizes the splits and the chunks' A_KV1 by the whole segment, as plan_step
-    (it took each chunk for a segment before session 56: other splits, each chunk's own end)."""
+    (it took each chunk for a segment before session 56: other splits, each chunk's own end);
+    chunk_splits: the segments split over KV (contexts over 256) chunked too."""
     from mk.instructions import attention as at
     kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=256, max_seqs=8,
                           max_context=512, num_kv_pages=400)
     cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 256, "attn_chunk_rows": 1, "attn_lpt": lpt,
-                        "num_sms": 24})
+                        "num_sms": 24, "attn_chunk_splits": chunk_splits})
     planner = Planner(MODEL, ParallelConfig(1, 0), kernel, cfg)
-    chunked = 0
+    chunked = split_chunks = 0
     for step in range(4):
         batch = StepBatch([SeqChunk([5], 40 + step, list(range(0, 60))),
                            SeqChunk([6], 9 + step, list(range(60, 120))),
@@ -389,7 +390,11 @@ def test_planner_fast_path_with_chunked_prompts(lpt):
         a = a[a[:, W_OPCODE] == int(Op.ATTENTION)]
         chunked += int(((a[:, W_ROWS] > 1) & (a[:, W_ROWS] < 64)
                         & (a[:, at.A_KV1] > a[:, at.A_POS0] + a[:, W_ROWS])).sum())
+        # (the prompt's segments are 62 and 34 rows: whole, or chunks of at most 32)
+        split_chunks += int(((a[:, at.A_MODE] == at.MODE_PARTIAL) & (a[:, W_ROWS] > 1)
+                             & (a[:, W_ROWS] <= 32)).sum())
     assert chunked
+    assert bool(split_chunks) == bool(chunk_splits)
     # with attn_lpt the chunks' costs move every step (a full plan each); without it at least
     # one step keeps the structure and the splits
     assert (planner.fast_plans == 0) == bool(lpt), planner.fast_plans
@@ -501,7 +506,7 @@ def test_plan_config_validation():
         name = next(iter(kw))
         with pytest.raises(ValueError, match=f"PlanConfig.{name} must be a positive integer"):
             PlanConfig(**kw)
-    for name in ("fold_o_reduce", "fold_down_reduce"):
+    for name in ("fold_o_reduce", "fold_down_reduce", "attn_lpt", "attn_chunk_splits"):
         for v in (2, -1):
             with pytest.raises(ValueError, match=f"PlanConfig.{name} must be 0 or 1"):
                 PlanConfig(**{name: v})

@@ -418,6 +418,50 @@ def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
                                    rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, tp):
+    """PlanConfig.attn_chunk_splits: a prefill segment split over KV (kv_split 64) is cut into
+    row chunks too, each split of each chunk one ATTENTION instruction, the split's ATTN_REDUCE
+    over all of them: the logits of the plan that keeps split segments whole, in random
+    interleavings. A 64-token prompt at positions 10..73 makes a chunk (rows 10..41) with no key
+    in the split [64, 74): it writes o = 0, lse = -inf, as the GPU body does; mk.verify finds
+    nothing in the plans (TP 1)."""
+    from mk.instructions import attention as at
+    from mk.verify import check
+    ck = checkpoints("GQA_LLAMA3")
+    w = weights(ck, tp, torch.float32)
+    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=192, max_seqs=8,
+                          max_context=192, num_kv_pages=200)
+    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 64, "attn_chunk_rows": 20})
+    whole = VM(w, kernel, cfg)
+    chunked = VM(w, kernel, PlanConfig(**{**cfg.__dict__, "attn_chunk_splits": 1}))
+    g = torch.Generator().manual_seed(12)
+    toks = lambda n: torch.randint(0, GQA_LLAMA3["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
+    table = lambda i: list(range(i * 48, (i + 1) * 48))       # noqa: E731
+    steps = [StepBatch([SeqChunk(toks(10), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
+             StepBatch([SeqChunk(toks(64), 10, table(0)), SeqChunk(toks(90), 40, table(1)),
+                        SeqChunk(toks(7), 0, table(2))]),
+             StepBatch([SeqChunk(toks(130), 0, table(3)), SeqChunk(toks(1), 74, table(0))])]
+    empty = 0
+    for i, batch in enumerate(steps):
+        plan = chunked.plan(batch)
+        s = plan.instrs.numpy()
+        a = s[s[:, W_OPCODE] == int(Op.ATTENTION)]
+        part = a[a[:, at.A_MODE] == at.MODE_PARTIAL]
+        p = whole.plan(batch).instrs.numpy()
+        p = p[(p[:, W_OPCODE] == int(Op.ATTENTION)) & (p[:, at.A_MODE] == at.MODE_PARTIAL)]
+        if i:           # split prompt segments: more, shorter partial instructions, same rows
+            assert len(part) > len(p) and part[:, W_ROWS].max() <= 32 < p[:, W_ROWS].max()
+            assert part[:, W_ROWS].sum() == p[:, W_ROWS].sum()
+        empty += int((part[:, at.A_POS0] + part[:, W_ROWS] <= part[:, at.A_KV0]).sum())
+        if tp == 1:
+            assert check([plan.instrs], plan.num_counters, meta=plan.meta) == []
+        torch.testing.assert_close(chunked.step(batch, mode="random", sms=5, seed=i),
+                                   whole.step(batch, mode="random", sms=5, seed=i),
+                                   rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert empty        # the chunk of rows 10..41 against the split [64, 74)
+
+
 @pytest.mark.parametrize("tp,folds", [(1, 1), (1, 0), (2, 1)])
 def test_norm_fold_matches_reference(checkpoints, tp, folds):
     """PlanConfig.norm_fold with split QKV / gate-up tiles (split_k 2): the split tiles read the

@@ -169,7 +169,7 @@ class AttentionFamily(InstructionFamily):
         kc0, kc1 = instr.col0 * D, (instr.col0 + instr.cols) * D
         reads, writes = [], []
         for u in units(instr):
-            kv1 = min(u.kv1, u.pos0 + u.rows)
+            kv1 = max(u.kv0, min(u.kv1, u.pos0 + u.rows))      # no key: a split after the rows
             reads.append(Region(Buf.Q, u.row0, u.row0 + u.rows, h0 * D, h1 * D, rank))
             for a, b in runs(kv_cache_rows(meta.tensor, instr.layer, u.page_off, u.kv0,
                                            kv1).tolist()):
@@ -196,6 +196,14 @@ class AttentionFamily(InstructionFamily):
         qpk, D, h0, h1 = _heads(instr)
         pos0, kv0 = u.pos0, u.kv0
         kv1 = min(u.kv1, pos0 + R)
+        if kv1 <= kv0:
+            # a split after every row of the unit (a chunk of a split prompt segment,
+            # PlanConfig.attn_chunk_splits; only partial units): no key, o = 0 and lse = -inf,
+            # as the GPU body writes them
+            slot = arg(instr, A_SLOT)
+            state.buf(Buf.ATTN_PARTIAL)[slot:slot + R, h0 * D:h1 * D].zero_()
+            state.buf(Buf.ATTN_LSE)[slot:slot + R, h0:h1].fill_(float("-inf"))
+            return
         m = state.meta.tensor
         idx = kv_cache_rows(m, instr.layer, u.page_off, kv0, kv1)
         kc0, kc1 = instr.col0 * D, (instr.col0 + instr.cols) * D
