@@ -372,6 +372,21 @@ def test_paired_decode_attention_changes_nothing(checkpoints, tp):
     assert n_pairs > 0
 
 
+def _chunk_vms(checkpoints, tp, cfg_fields: dict, changed: dict, seed: int):
+    """The attention-chunk tests' two VMs on GQA_LLAMA3 (float32, 64-row token blocks, kv_split
+    64): one planned with cfg_fields, one with `changed` over them; and a token sampler (seeded)
+    and the page table of sequence slot i."""
+    w = weights(checkpoints("GQA_LLAMA3"), tp, torch.float32)
+    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=192, max_seqs=8,
+                          max_context=192, num_kv_pages=200)
+    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 64, **cfg_fields})
+    g = torch.Generator().manual_seed(seed)
+    toks = lambda n: torch.randint(0, GQA_LLAMA3["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
+    table = lambda i: list(range(i * 48, (i + 1) * 48))       # noqa: E731
+    return (VM(w, kernel, cfg), VM(w, kernel, PlanConfig(**{**cfg.__dict__, **changed})), toks,
+            table)
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
     """PlanConfig.attn_chunk_rows: a prefill segment's ATTENTION cut into row chunks of whole M
@@ -382,17 +397,8 @@ def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
     such a plan); mk.verify finds nothing in the chunked plans (TP 1)."""
     from mk.instructions import attention as at
     from mk.verify import check
-    ck = checkpoints("GQA_LLAMA3")
-    w = weights(ck, tp, torch.float32)
-    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=192, max_seqs=8,
-                          max_context=192, num_kv_pages=200)
-    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 64})
-    plain = VM(w, kernel, cfg)
-    chunked = VM(w, kernel, PlanConfig(**{**cfg.__dict__, "attn_chunk_rows": 20}))
+    plain, chunked, toks, table = _chunk_vms(checkpoints, tp, {}, {"attn_chunk_rows": 20}, 11)
     assert chunked.plan_cfg.attn_chunk_for(4) == 32           # rounded up to one 32-token tile
-    g = torch.Generator().manual_seed(11)
-    toks = lambda n: torch.randint(0, GQA_LLAMA3["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
-    table = lambda i: list(range(i * 48, (i + 1) * 48))       # noqa: E731
     steps = [StepBatch([SeqChunk(toks(60), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
              StepBatch([SeqChunk(toks(1), 60, table(0)), SeqChunk(toks(90), 40, table(1)),
                         SeqChunk(toks(7), 0, table(2))]),
@@ -428,16 +434,8 @@ def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, 
     nothing in the plans (TP 1)."""
     from mk.instructions import attention as at
     from mk.verify import check
-    ck = checkpoints("GQA_LLAMA3")
-    w = weights(ck, tp, torch.float32)
-    kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=192, max_seqs=8,
-                          max_context=192, num_kv_pages=200)
-    cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 64, "attn_chunk_rows": 20})
-    whole = VM(w, kernel, cfg)
-    chunked = VM(w, kernel, PlanConfig(**{**cfg.__dict__, "attn_chunk_splits": 1}))
-    g = torch.Generator().manual_seed(12)
-    toks = lambda n: torch.randint(0, GQA_LLAMA3["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
-    table = lambda i: list(range(i * 48, (i + 1) * 48))       # noqa: E731
+    whole, chunked, toks, table = _chunk_vms(checkpoints, tp, {"attn_chunk_rows": 20},
+                                             {"attn_chunk_splits": 1}, 12)
     steps = [StepBatch([SeqChunk(toks(10), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
              StepBatch([SeqChunk(toks(64), 10, table(0)), SeqChunk(toks(90), 40, table(1)),
                         SeqChunk(toks(7), 0, table(2))]),
