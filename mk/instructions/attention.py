@@ -196,10 +196,10 @@ class AttentionFamily(InstructionFamily):
         qpk, D, h0, h1 = _heads(instr)
         pos0, kv0 = u.pos0, u.kv0
         kv1 = min(u.kv1, pos0 + R)
-        if kv1 <= kv0:
+        if kv1 <= kv0 and u.mode == MODE_PARTIAL:
             # a split after every row of the unit (a chunk of a split prompt segment,
-            # PlanConfig.attn_chunk_splits; only partial units): no key, o = 0 and lse = -inf,
-            # as the GPU body writes them
+            # PlanConfig.attn_chunk_splits): no key, o = 0 and lse = -inf, as the GPU body
+            # writes them
             slot = arg(instr, A_SLOT)
             state.buf(Buf.ATTN_PARTIAL)[slot:slot + R, h0 * D:h1 * D].zero_()
             state.buf(Buf.ATTN_LSE)[slot:slot + R, h0:h1].fill_(float("-inf"))
