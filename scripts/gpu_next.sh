@@ -435,7 +435,8 @@
 #         4096-token prompt is 4 split instructions of 8 M tiles x up to 16 key blocks (~485 us
 #         each on one SM); chunked, at most ~61 us. schedsim (the mixed journal's GEMM times,
 #         ATTENTION by est_cost_ns): the 4096-token prompt step 143.8 -> 127.5 ms (-11%; SMs
-#         busy 88% -> 99%). `MK_PLANAB="cs:attn_chunk_splits=1" MK_PLANAB_CHECK="--prompt-lens
+#         busy 88% -> 99%), 256 decodes + a 2048-token prompt 101.0 -> 72.5 ms (-28%).
+#         `MK_PLANAB="cs:attn_chunk_splits=1" MK_PLANAB_CHECK="--prompt-lens
 #         500,500,130,13,1" MK_PLANAB_RACE=1 MK_PLANAB_BATCH=none MK_PLANAB_MIXED=0:1:4096
 #         MK_STEPS=planab` (the check's kv_split 64 splits and now chunks every prompt; a chunk
 #         with no key of its split writes o = 0, lse = -inf, which the body's unit_range
