@@ -440,7 +440,8 @@
 #         500,500,130,13,1" MK_PLANAB_RACE=1 MK_PLANAB_BATCH=none MK_PLANAB_MIXED=0:1:4096
 #         MK_STEPS=planab` (the check's kv_split 64 splits and now chunks every prompt; a chunk
 #         with no key of its split writes o = 0, lse = -inf, which the body's unit_range
-#         allows); if it wins, the default, and the GPU test files with it.
+#         allows), then the same timings for `MK_PLANAB_MIXED=256:1024:2048 MK_PLANAB_NOCHECK=1`;
+#         if it wins, the default, and the GPU test files with it.
 #      3. `MK_STEPS=e2e` (B=1 .. 256) with the peer: the other half of issue 6's table.
 #      4. Issue 5's table (`MK_STEPS=gemm`) at the current default (last: session 55).
 #   000028. Session 56 ran 000027 on one H100 (`*_s56_h100*`): attn_overlap lost (removed);
