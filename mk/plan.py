@@ -193,8 +193,10 @@ class PlanConfig:
     # segment stays whole. Why: a 128-token block of a 4096-token prompt is 4 splits of 1024 keys
     # over 8 M tiles each, ~128 key-block tiles (~0.5 ms at attention.est_cost_ns's rate) on one
     # SM while the block's O_PROJ waits; chunked, each instruction is at most 16 blocks of one M
-    # tile, as in the unsplit prompts attn_chunk_rows cut in session 19. Built in session 57,
-    # CPU-checked (tests/test_plan.py, tests/test_vm.py): not yet run on the GPU (plan 000029)
+    # tile, as in the unsplit prompts attn_chunk_rows cut in session 19 (whose first try chunked
+    # split segments too: the interpreter failed on a chunk with no key of its split, now o = 0,
+    # lse = -inf there as in the GPU body). Built in session 57, CPU-checked (tests/test_plan.py,
+    # tests/test_vm.py): not yet run on the GPU (plan 000029)
     attn_chunk_splits: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
