@@ -397,7 +397,8 @@ def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
     such a plan); mk.verify finds nothing in the chunked plans (TP 1)."""
     from mk.instructions import attention as at
     from mk.verify import check
-    plain, chunked, toks, table = _chunk_vms(checkpoints, tp, {}, {"attn_chunk_rows": 20}, 11)
+    plain, chunked, toks, table = _chunk_vms(checkpoints, tp, {"attn_chunk_splits": 0},
+                                             {"attn_chunk_rows": 20}, 11)
     assert chunked.plan_cfg.attn_chunk_for(4) == 32           # rounded up to one 32-token tile
     steps = [StepBatch([SeqChunk(toks(60), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
              StepBatch([SeqChunk(toks(1), 60, table(0)), SeqChunk(toks(90), 40, table(1)),
@@ -434,7 +435,8 @@ def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, 
     nothing in the plans (TP 1)."""
     from mk.instructions import attention as at
     from mk.verify import check
-    whole, chunked, toks, table = _chunk_vms(checkpoints, tp, {"attn_chunk_rows": 20},
+    whole, chunked, toks, table = _chunk_vms(checkpoints, tp,
+                                             {"attn_chunk_rows": 20, "attn_chunk_splits": 0},
                                              {"attn_chunk_splits": 1}, 12)
     steps = [StepBatch([SeqChunk(toks(10), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
              StepBatch([SeqChunk(toks(64), 10, table(0)), SeqChunk(toks(90), 40, table(1)),
