@@ -57,8 +57,12 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # chunks a layer's attention is queued the chunks first, then the decode units, each longest
 # first (H100, session 56, bench/results/attnlpt_*_s56*: the mixed step 46.275 / 46.460 ->
 # 45.282 ms; decode-only steps keep their plans); under another policy than op_major it is off
-# unless given.
-DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=1)
+# unless given. attn_chunk_splits 1: a prompt segment split over KV (a context over kv_split) is
+# cut into attn_chunk_rows chunks too (H100, session 58, bench/results/planab_*_s58_h100*: a
+# 4096-token prompt alone 147.43 -> 142.19 ms, 256 decodes at ctx 1024 + a 2048-token prompt
+# 93.51 -> 80.67 ms; its check of 1144 tokens at kv_split 64, 32 chunks with no key of their
+# split, and racecheck clean); prompts within kv_split and decode steps plan as without it.
+DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=1, attn_chunk_splits=1)
 # PlanConfig.norm_fold=4 on the GPU: the hidden size a multiple of this (mk.megakernel's
 # _check_row_parts; gk.row_part_sumsq's chunks)
 ROW_PART_HIDDEN_ALIGN = 4 * mc.ROW_PART_COLS

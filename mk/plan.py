@@ -195,12 +195,10 @@ class PlanConfig:
     # SM while the block's O_PROJ waits; chunked, each instruction is at most 16 blocks of one M
     # tile, as in the unsplit prompts attn_chunk_rows cut in session 19 (whose first try chunked
     # split segments too: the interpreter failed on a chunk with no key of its split, now o = 0,
-    # lse = -inf there as in the GPU body). 70B TP8 rank, H100, session 58
-    # (bench/results/*_s58_h100*): a 4096-token prompt alone 147.43 -> 142.19 ms (-3.6%), 256
-    # decodes at ctx 1024 + a 2048-token prompt 93.51 -> 80.67 ms (-13.7%); the two-layer check
-    # of 1144 tokens at kv_split 64 (32 chunks with no key of their split) and its racecheck
-    # clean. Prompts within kv_split and decode steps plan as with 0.
-    attn_chunk_splits: int = 1
+    # lse = -inf there as in the GPU body). The megakernel backend's default is 1
+    # (mk.megakernel_step.DEFAULT_PLAN, session 58); 0 here keeps the CPU interpreter's plans
+    # and older journals' replays (bench/schedsim.py) as they ran.
+    attn_chunk_splits: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
