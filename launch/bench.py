@@ -226,15 +226,24 @@ def floor_of(cost: dict, bandwidth: float, flops_rate: float) -> dict:
 class Timer:
     """Median step time over reps: CUDA events (L2 flushed before each rep) or perf_counter."""
 
-    def __init__(self, device: torch.device, flush_mib: int = 256):
+    def __init__(self, device: torch.device, flush_mib: int = 256, rep_gap_ms: float = 0.0):
         self.device = device
         self.cuda = device.type == "cuda"
+        # idle time before each timed rep (--rep-gap-ms): the device drained, then the host
+        # sleeps, so each rep starts from a rested GPU as a lone journaled launch does
+        self.rep_gap_s = rep_gap_ms / 1e3
         self._flush = (torch.empty(flush_mib << 20, dtype=torch.uint8, device=device)
                        if self.cuda else None)
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
+
+    def rest(self) -> None:
+        """The gap before a timed rep (none by default)."""
+        if self.rep_gap_s > 0:
+            self.sync()
+            time.sleep(self.rep_gap_s)
 
     def run(self, fn, warmup: int, reps: int, before=None) -> list[float]:
         """Milliseconds of each rep of fn(); before(i) runs untimed before rep i."""
@@ -248,6 +257,7 @@ class Timer:
             for i in range(reps):
                 if before:
                     before(i)
+                self.rest()
                 t0 = time.perf_counter()
                 fn()
                 out.append(1e3 * (time.perf_counter() - t0))
@@ -258,6 +268,7 @@ class Timer:
             if before:
                 before(i)
             self._flush.zero_()
+            self.rest()
             starts[i].record()
             fn()
             ends[i].record()
@@ -355,6 +366,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "`ncu --profile-from-start off` (e.g. full:GATE_UP, lean:GATE_UP)")
     p.add_argument("--reps", type=int, default=None, help="timed reps per system (GPU 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 5, CPU 1)")
+    p.add_argument("--rep-gap-ms", type=float, default=0.0,
+                   help="idle this long before each timed rep (the device drained, the host "
+                        "asleep), every system alike: steps from a rested GPU, against the "
+                        "default back-to-back reps (the power cap's clock question: a lone "
+                        "journaled launch runs 2-8%% under the timed reps)")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode of the layers (default, max-autotune-no-cudagraphs, ...)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
@@ -432,6 +448,8 @@ def resolve(args, world: int, rank: int) -> dict:
         v = getattr(args, name)
         if v is not None and v < (0 if name == "warmup" else 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if not 0 <= args.rep_gap_ms <= 60_000:
+        raise UsageError(f"--rep-gap-ms must be in [0, 60000], got {args.rep_gap_ms:g}")
 
     # the model
     if args.model is not None:
@@ -1287,7 +1305,8 @@ def run(args, device: torch.device) -> int:
         "(no sampling)",
         f"decode points: every sequence at the stated context C (new token at position C-1); "
         f"timing: {'CUDA events, L2 flushed before each rep' if cuda else 'perf_counter'}, "
-        f"{args.warmup} warm-up, median of {args.reps} reps, new token ids every rep",
+        f"{args.warmup} warm-up, median of {args.reps} reps, new token ids every rep"
+        + (f", each rep after {args.rep_gap_ms:g} ms idle" if args.rep_gap_ms else ""),
     ]
     if world > 1:
         notes.append(f"torchrun: {world} ranks, each timed its own shard; figures are the slowest "
@@ -1297,6 +1316,8 @@ def run(args, device: torch.device) -> int:
     timer = Timer(device)
     rates = measure_rates(device, dtype, timer, args.matmul_n or (8192 if cuda else 512),
                           1024 if cuda else 64, 20 if cuda else 3)
+    # the floor's rates back to back as always; the points' reps with --rep-gap-ms
+    timer.rep_gap_s = args.rep_gap_ms / 1e3
     log(f"measured: copy {_si(rates['copy_bandwidth_Bps'], 'B/s')}, matmul "
         f"{_si(rates['matmul_flops_per_s'], 'FLOP/s')}")
 
@@ -1381,7 +1402,8 @@ def run(args, device: torch.device) -> int:
         weights=source, systems=systems, compile_mode=args.compile_mode, split_k=args.split_k,
         page_size=args.page_size, plan=plan_overrides(args.plan),
         default_plan=default_plan_fields(), env=knob_env(),
-        reps=args.reps, warmup=args.warmup, memory_bytes=memory, memory_plan=need,
+        reps=args.reps, warmup=args.warmup, rep_gap_ms=args.rep_gap_ms, memory_bytes=memory,
+        memory_plan=need,
         measured=rates, checks=checks, notes=notes, points=[])
 
     for pt in points:

@@ -408,6 +408,22 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000030. Session 58 ran 000029's 2 on one H100 (`*_s58_h100*`): attn_chunk_splits=1 is the
+#      default (DEFAULT_PLAN; a 4096-token prompt step -3.6%, 256 decodes + a 2048-token prompt
+#      -13.7%; the GPU test files, checks and racecheck clean with it); a prompt-only 4096-token
+#      step is 1.09 of the peer (142.53 vs 130.34 ms: the M = 4096 GEMMs' issue-5 gap). The
+#      timed step runs 4-8% over its journaled span, more the busier the SMs. In order:
+#      1. `MK_CL_POINTS="prompt mixed 4096:256" MK_CL_GAP_MS=1000 MK_STEPS=clocks` (~8 min; drop
+#         4096:256 if the call runs long): the SM clock and power under each system's timed
+#         reps, back to back and with 1 s idle before each rep. If the megakernel's reps from a
+#         rested GPU come near its journaled span (prompt 131.5, mixed ~41.3 ms) while the
+#         peer's move less, the step is power-bound: the megakernel's energy per step (its role
+#         warps' polling, the consumers' ~2x issued instructions) is then the lever for the
+#         compute-bound points (prompt, mixed, B=4096), not its schedule.
+#      2. `MK_STEPS=e2e` (B=1 .. 256) and `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024
+#         MK_STEPS=e2e`: issue 6's table at the attn_chunk_splits default (its plans there are
+#         unchanged; a check of the table on the day's card).
+#      3. Issue 5's table (`MK_STEPS=gemm`; last: session 55).
 #   000029. Session 57 ran 000028 on two H100s (`*_s57_h100*`, `_b`: the second): issue 6's
 #      B=1024 / 4096 / mixed rows with the peer 0.99 / 0.99 / 1.006 (the mixed step at parity,
 #      not ~0.98); the step GPU tests (18), the megakernel GPU tests (35), the checks and
@@ -1536,28 +1552,37 @@ if has clocks; then
   # launch after a compile's pause runs at boost clocks, the timed reps under the power cap).
   # Does the megakernel run at a lower clock than torch.compile + CUDA graph at the same point
   # (its role warps' polling and ~2x cuBLAS's issued instructions draw power), i.e. is energy
-  # per step a lever? Per point of MK_CL_POINTS ("4096:256 mixed": BATCH:CONTEXT or mixed),
-  # megakernel then compile, 60 reps each, nvidia-smi every 100 ms: clocks.log, clocks.csv,
-  # clocks_<point>_<system>.json (~6 min)
+  # per step a lever? Per point of MK_CL_POINTS ("4096:256 mixed": BATCH:CONTEXT, mixed, or
+  # prompt: one 4096-token prompt alone), megakernel then compile, 60 reps each, nvidia-smi
+  # every 100 ms: clocks.log, clocks.csv, clocks_<point>_<system>.json (~6 min). MK_CL_GAP_MS
+  # (session 58: the timed step ran 4-8% over its journaled span, more the busier the SMs):
+  # each system also timed with --rep-gap-ms that long before each of 20 reps (a rested GPU,
+  # as a lone journaled launch): clocks_<point>_<system>_gap.json (+~1 min a point)
   smi_start "$OUTDIR/clocks.csv"
   : > "$OUTDIR/clocks.log"
   for pt in ${MK_CL_POINTS:-4096:256 mixed}; do
     if [ "$pt" = mixed ]; then
       a="--batch none --mixed 256:1024:1024"; tag=mixed
+    elif [ "$pt" = prompt ]; then
+      a="--batch none --mixed 0:1:4096"; tag=prompt
     else
       a="--batch ${pt%%:*} --context ${pt#*:} --mixed none"; tag=b${pt%%:*}
     fi
     for sys in megakernel compile; do
-      t0=$(date +%H:%M:%S)     # nvidia-smi stamps local time
-      # shellcheck disable=SC2086  # $a: the arguments, split
-      timeout 240 python launch/bench.py --systems $sys --skip-check --reps 60 --warmup 10 \
-          --no-png $a --out "$OUTDIR/clocks_${tag}_$sys.json" > "$TMPD/clocks_${tag}_$sys.log" \
-          2>&1 || rc=1
-      t1=$(date +%H:%M:%S)
-      { echo "== $tag $sys ($t0 .. $t1)"
-        table "$TMPD/clocks_${tag}_$sys.log" | grep -E "^ *(decode|mixed) "
-        grep -E -A8 "Error|^error|Traceback" "$TMPD/clocks_${tag}_$sys.log" | tail -12
-        smi_summary "$OUTDIR/clocks.csv" "$t0" "$t1"; } | tee -a "$OUTDIR/clocks.log"
+      for gap in 0 ${MK_CL_GAP_MS:-}; do
+        reps=60; sfx=""
+        [ "$gap" != 0 ] && { reps=20; sfx=_gap; }
+        t0=$(date +%H:%M:%S)     # nvidia-smi stamps local time
+        # shellcheck disable=SC2086  # $a: the arguments, split
+        timeout 240 python launch/bench.py --systems $sys --skip-check --reps $reps --warmup 10 \
+            --rep-gap-ms "$gap" --no-png $a --out "$OUTDIR/clocks_${tag}_$sys$sfx.json" \
+            > "$TMPD/clocks_${tag}_$sys$sfx.log" 2>&1 || rc=1
+        t1=$(date +%H:%M:%S)
+        { echo "== $tag $sys, $gap ms idle before each rep ($t0 .. $t1)"
+          table "$TMPD/clocks_${tag}_$sys$sfx.log" | grep -E "^ *(decode|mixed) "
+          grep -E -A8 "Error|^error|Traceback" "$TMPD/clocks_${tag}_$sys$sfx.log" | tail -12
+          smi_summary "$OUTDIR/clocks.csv" "$t0" "$t1"; } | tee -a "$OUTDIR/clocks.log"
+      done
     done
   done
   smi_stop

@@ -126,6 +126,7 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--plan", "split_k=2"], "--plan: 'split_k=2' is not FIELD=VALUE"),
     (["--batch", "none", "--mixed", "none"], "--batch none with --mixed none: no point to run"),
     (["--batch", "1,x"], "--batch '1,x': expected comma-separated integers"),
+    (["--rep-gap-ms", "-1"], "--rep-gap-ms must be in [0, 60000], got -1"),
     (["--journal-isolated", "GATE_UP"], "--journal-isolated: runs with --journal only"),
     (["--journal", "--journal-isolated", "GATE_UP,GATEUP"],
      "--journal-isolated: unknown opcode(s) GATEUP"),
@@ -431,3 +432,17 @@ def test_batch_none_runs_the_mixed_step_alone(bench):
                              "--context", "64", "--mixed", "2:32:8"])
     points = bench.resolve(args, 1, 0)["points"]
     assert [(p.kind, p.decode, p.context, p.prefill) for p in points] == [("mixed", 2, 32, 8)]
+
+
+def test_rep_gap_rests_before_each_timed_rep_only(bench, monkeypatch):
+    """--rep-gap-ms: the timer sleeps that long before each timed rep (not before the warm-up
+    steps, not inside a rep's time); 0 (the default) never sleeps."""
+    import torch
+    slept, calls = [], []
+    monkeypatch.setattr(bench.time, "sleep", slept.append)
+    timer = bench.Timer(torch.device("cpu"), rep_gap_ms=250)
+    ms = timer.run(lambda: calls.append(len(slept)), warmup=2, reps=3)
+    assert slept == [0.25] * 3 and calls == [0, 0, 1, 2, 3] and len(ms) == 3
+    slept.clear()
+    bench.Timer(torch.device("cpu")).run(lambda: None, warmup=1, reps=2)
+    assert slept == []
