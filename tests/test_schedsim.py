@@ -156,3 +156,29 @@ def test_predict_flags_the_fields_it_cannot_rank():
                                                                                  "token_block"]
     assert schedsim.memory_blind("policy=interleave,attn_pair=2") == []
     assert schedsim.memory_blind("") == []
+
+
+def test_attention_durations_follow_the_journaled_streams_cost():
+    """An ATTENTION instruction runs the opcode's journaled duration times its est_cost_ns over
+    the journaled stream's mean cost (base_attn_ns): a plan that cuts one long prompt-chunk
+    instruction into shorter ones gets shorter instructions, not the journaled mean each
+    (session 58: attn_chunk_splits was predicted +27% that way, its journal showed -7%).
+    Without base_attn_ns (a reordered stream) the stream's own mean is the base."""
+    from mk.instructions import attention as at
+    from mk.ir import W_ROWS
+
+    def prompt_chunks(rows_each):
+        w = stream(*[(Op.ATTENTION, [], None)] * len(rows_each))
+        for i, rows in enumerate(rows_each):
+            w[i, W_ROWS], w[i, at.A_MODE], w[i, at.A_QPK] = rows, at.MODE_PARTIAL, 8
+            w[i, at.A_POS0], w[i, at.A_KV0], w[i, at.A_KV1] = 2048, 1024, 2048
+        return w
+
+    whole, chunked = prompt_chunks([128]), prompt_chunks([16] * 8)
+    base = schedsim.mean_attn_cost(whole)
+    assert base == pytest.approx(8 * 16 * at.COST_NS_TILE_BLOCK)   # 8 M tiles x 16 key blocks
+    dur = {Op.ATTENTION: 320.0}
+    assert schedsim.tile_durations(whole, dur, base_attn_ns=base) == pytest.approx([320.0])
+    assert schedsim.tile_durations(chunked, dur, base_attn_ns=base) == pytest.approx([40.0] * 8)
+    assert schedsim.tile_durations(chunked, dur) == pytest.approx([320.0] * 8)
+    assert schedsim.mean_attn_cost(stream((Op.GATE_UP, [], None))) is None
