@@ -38,9 +38,14 @@ Session 48 (shares_3474b9c_2026-12-05_s48_h100.json, H100): journal / simulated 
 46.03, B=4096 133.23 / 132.88, and the mixed step (256 decodes + a 1024-token prompt, modelled
 since session 48) 47.92 / 47.10. Since session 49 a GEMM tile's duration follows its K slice
 (GEMM_FIXED_US, base_k): B=1024, whose QKV_ROPE splits unevenly (86 + 42 K steps), 44.67; the
-others unchanged. Until session 48 the model planned with PlanConfig's own
-norm_fold=0, not the backend's default plan (norm_fold=2 since session 41): the row-scale norms
-then stood before their GEMMs instead of beside them.
+others unchanged. Session 58 (planab_{base,cs}_{p4096,m2048}_e582f5e_*_s58_h100.json, H100):
+journal / simulated, a 4096-token prompt step 142.03 / 140.76, with attn_chunk_splits 131.53 /
+132.27; 256 decodes + a 2048-token prompt 91.39 / 93.39 and 74.96 / 76.98; predicted from the
+journals without it (--predict --plans attn_chunk_splits=1) -7.6% and -21.2% against the
+journals' -7.4% and -18.0% (before attention durations were scaled by the journaled stream's
+mean cost: +27%). The timed steps ran 4-8% over the journal spans. Until session 48 the model
+planned with PlanConfig's own norm_fold=0, not the backend's default plan (norm_fold=2 since
+session 41): the row-scale norms then stood before their GEMMs instead of beside them.
 
 The defaults changed during session 17 (op_major, raster_blocks 8, split_fill_max_tokens 64,
 GATE_UP@1024 gu_m128; the two rows above were simulated with their runs' own, as below): an
