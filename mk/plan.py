@@ -145,7 +145,15 @@ class PlanConfig:
     # bench/results/attnlpt_*_s56*): 46.275 / 46.460 -> 45.282 ms (-2.3%), decode B=1280
     # unchanged; the two-layer checks passed. (Session 55's attn_overlap, QKV / attention /
     # O_PROJ pipelined over token blocks, lost on the GPU: B=4096 +6..10%, the mixed step
-    # +3..9%, session 56.)
+    # +3..9%, session 56.) 2: the chunks first in block order (not by cost), then the decode
+    # units longest first. Why: with attn_chunk_splits a long prompt's chunks of its last
+    # blocks (the most keys) went first and those of its first blocks last, so the reduces and
+    # O_PROJ tiles queued right after the attention (block 0's first) waited for the layer's
+    # shortest chunks. schedsim (session 58's journals, attention durations by the journaled
+    # stream's mean cost): 256 decodes + a 2048-token prompt -5.3% (with kv_split 2048
+    # -7.3%), a 4096-token prompt -1.2% (-2.7%), the 256 + 1024 mixed step unchanged (attn_lpt
+    # 0 there: +1.5%). Built, CPU-checked (tests/test_plan.py, tests/test_vm.py), not yet run
+    # on the GPU (gpu_next.sh plan 000030).
     attn_lpt: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
@@ -417,12 +425,12 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
-        for name in ("attn_lpt", "attn_chunk_splits"):
+        for name, values in (("attn_lpt", (0, 1, 2)), ("attn_chunk_splits", (0, 1))):
             v = getattr(self, name)
-            if isinstance(v, bool) or v not in (0, 1):
-                raise ValueError(f"PlanConfig.{name} must be 0 or 1, got {v!r}")
+            if isinstance(v, bool) or v not in values:
+                raise ValueError(f"PlanConfig.{name} must be one of {values}, got {v!r}")
         if self.attn_lpt and self.policy != "op_major":
-            raise ValueError(f"PlanConfig.attn_lpt=1 orders op_major's queue only "
+            raise ValueError(f"PlanConfig.attn_lpt={self.attn_lpt} orders op_major's queue only "
                              f"(policy {self.policy!r})")
         if self.l2_prefetch_skip % pf.GRANULE:
             raise ValueError(f"PlanConfig.l2_prefetch_skip must be a multiple of {pf.GRANULE} "
@@ -1735,7 +1743,11 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         # 64-key block (at B=256 nearly every step: 3.6 instead of 1.2 ms of host time a step)
         cost = at.est_cost_ns(a_mode[kept], a_rows[kept], qpk, args[at.A_POS0][kept],
                               a_kv0[kept], a_kv1[kept], pair_words[at.A_POS0_B][kept])
-        kept = kept[np.lexsort((np.arange(len(kept)), -cost, a_rows[kept] == 1))]
+        decode = a_rows[kept] == 1
+        # attn_lpt 2: the prompt chunks in block order (the first blocks' reduces and O_PROJ
+        # tiles, queued first after the attention, are not left waiting for the shortest chunks)
+        key = np.where(decode, -cost, 0) if cfg.attn_lpt == 2 else -cost
+        kept = kept[np.lexsort((np.arange(len(kept)), key, decode))]
     k = {name: v[kept] for name, v in per_instr.items()}
     _emit(g, S_ATTN, Op.ATTENTION, k["block"], row0=k["row0"], rows=k["rows"], col0=k["col0"],
           cols=k["cols"], waits=[(k["qkv_wait"], k["qkv_t"]), (k["join"], k["join_t"])],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -506,9 +507,15 @@ def test_plan_config_validation():
         name = next(iter(kw))
         with pytest.raises(ValueError, match=f"PlanConfig.{name} must be a positive integer"):
             PlanConfig(**kw)
-    for name in ("fold_o_reduce", "fold_down_reduce", "attn_lpt", "attn_chunk_splits"):
+    for name in ("fold_o_reduce", "fold_down_reduce"):
         for v in (2, -1):
             with pytest.raises(ValueError, match=f"PlanConfig.{name} must be 0 or 1"):
+                PlanConfig(**{name: v})
+    for name, values, bad in (("attn_lpt", (0, 1, 2), (3, -1, True)),
+                              ("attn_chunk_splits", (0, 1), (2, -1))):
+        for v in bad:
+            with pytest.raises(ValueError,
+                               match=re.escape(f"PlanConfig.{name} must be one of {values}")):
                 PlanConfig(**{name: v})
     for v in (5, -1, True):
         with pytest.raises(ValueError, match=r"PlanConfig.norm_fold must be 0 \(off\).* or 4"):
@@ -845,18 +852,20 @@ def lpt_batch():
     ])
 
 
-@pytest.mark.parametrize("raster,pair", [(8, 2), (1, 0), (2, 2)])
+@pytest.mark.parametrize("raster,pair,lpt", [(8, 2, 1), (1, 0, 1), (2, 2, 1), (8, 2, 2),
+                                             (1, 0, 2)])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_attn_lpt_queues_a_layers_attention_longest_first(tp, raster, pair):
-    """PlanConfig.attn_lpt = 1: the same instructions as op_major; each layer's ATTENTION
-    instructions in one run, the prompt chunks (rows > 1) first, each kind in non-increasing
-    estimated cost (attention.est_cost_ns), ties in op_major's order; every other instruction where op_major puts it; the verifier accepts the
-    plans (targets, topological order, races)."""
+def test_attn_lpt_queues_a_layers_attention_longest_first(tp, raster, pair, lpt):
+    """PlanConfig.attn_lpt: the same instructions as op_major; each layer's ATTENTION
+    instructions in one run, the prompt chunks (rows > 1) first, the decode units in
+    non-increasing estimated cost (attention.est_cost_ns), the chunks too with attn_lpt 1 and
+    in op_major's order with 2, ties in op_major's order; every other instruction where
+    op_major puts it; the verifier accepts the plans (targets, topological order, races)."""
     from mk.instructions import attention as at
     from mk.verify import check
     base_cfg = PlanConfig(**{**CFG.__dict__, "policy": "op_major", "split_k": 3, "splitk_align": 8,
                              "raster_blocks": raster, "attn_pair": pair, "attn_chunk_rows": 4})
-    cfg = PlanConfig(**{**base_cfg.__dict__, "attn_lpt": 1})
+    cfg = PlanConfig(**{**base_cfg.__dict__, "attn_lpt": lpt})
     base = plan_step(lpt_batch(), MODEL, ParallelConfig(tp, 0), KERNEL, base_cfg).instrs.numpy()
     plans = [plan_step(lpt_batch(), MODEL, ParallelConfig(tp, r), KERNEL, cfg) for r in range(tp)]
     got = plans[0].instrs.numpy()
@@ -872,15 +881,38 @@ def test_attn_lpt_queues_a_layers_attention_longest_first(tp, raster, pair):
                               a[:, at.A_KV0], a[:, at.A_KV1], a[:, at.A_POS0_B])
         prompt = a[:, W_ROWS] > 1
         assert prompt.any() and not prompt[np.argmin(prompt):].any()   # the prompt's first
-        for kind in (prompt, ~prompt):
-            assert (np.diff(cost[kind]) <= 0).all(), cost
-        # ties keep op_major's order
         b = base[rows].tolist()
+        for kind in ((prompt, ~prompt) if lpt == 1 else (~prompt,)):
+            assert (np.diff(cost[kind]) <= 0).all(), cost
+        if lpt == 2:        # the chunks as op_major queues them
+            assert a[prompt].tolist() == [w for w in b if w in a[prompt].tolist()]
+        # ties keep op_major's order
         for key in set(zip(cost.tolist(), prompt.tolist())):
             same = a[(cost == key[0]) & (prompt == key[1])].tolist()
             assert same == [w for w in b if w in same]
     assert not np.array_equal(got, base)
     assert check([p.instrs for p in plans], plans[0].num_counters, meta=plans[0].meta) == []
+
+
+def test_attn_lpt_2_keeps_the_chunks_in_block_order():
+    """attn_lpt 2 queues a long prompt's chunks (one per 8-token block and KV head) as op_major
+    does, the first rows' first, where 1 queues those that read a second 64-key block (rows 64
+    on) first; both then the decode units, longest first."""
+    from mk.instructions import attention as at
+    batch = StepBatch([SeqChunk(list(range(1, 91)), 0, list(range(0, 23))),
+                       SeqChunk([5], 3, [30]), SeqChunk([6], 70, list(range(40, 58)))])
+    words = {}
+    for lpt in (0, 1, 2):
+        cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 128, "attn_chunk_rows": 8,
+                            "attn_lpt": lpt})
+        w = plan_step(batch, MODEL, ParallelConfig(), KERNEL, cfg).instrs.numpy()
+        a = w[(w[:, W_OPCODE] == int(Op.ATTENTION)) & (w[:, W_LAYER] == 0)]
+        words[lpt] = [(int(r[W_ROWS]), int(r[at.A_POS0])) for r in a]
+    chunks = [(min(8, 90 - p), p) for p in range(0, 90, 8) for _ in range(2)]
+    decodes = [(1, 70)] * 2 + [(1, 3)] * 2
+    assert words[0] == chunks + decodes[2:] + decodes[:2]
+    assert words[1] == chunks[16:] + chunks[:16] + decodes
+    assert words[2] == chunks + decodes
 
 
 def test_attn_lpt_keeps_a_decode_step():
@@ -909,5 +941,7 @@ def test_attn_lpt_cost_estimate():
 def test_attn_lpt_needs_op_major():
     with pytest.raises(ValueError, match="attn_lpt"):
         PlanConfig(policy="interleave", attn_lpt=1)
+    with pytest.raises(ValueError, match="attn_lpt=2 orders op_major's queue only"):
+        PlanConfig(policy="block_major", attn_lpt=2)
     with pytest.raises(ValueError, match="attn_lpt"):
-        PlanConfig(attn_lpt=2)
+        PlanConfig(attn_lpt=3)

@@ -669,13 +669,14 @@ def test_norm_fold_row_parts_scale_split_reduces(checkpoints):
     assert checked
 
 
-@pytest.mark.parametrize("mode", ["queue", "random"])
-def test_attn_lpt_queue_equals_the_reference(checkpoints, mode):
-    """PlanConfig.attn_lpt (a layer's attention queued longest first) runs the mixed steps to the
-    reference's logits, in queue order on 3 SMs and in random interleavings."""
+@pytest.mark.parametrize("mode,lpt", [("queue", 1), ("random", 1), ("queue", 2), ("random", 2)])
+def test_attn_lpt_queue_equals_the_reference(checkpoints, mode, lpt):
+    """PlanConfig.attn_lpt (a layer's attention queued prompt chunks first, then decode units
+    longest first; the chunks longest first too with 1, in block order with 2) runs the mixed
+    steps to the reference's logits, in queue order on 3 SMs and in random interleavings."""
     ck = checkpoints("GQA_LLAMA3")
     ref = reference(weights(ck, 1, torch.float32)[0])
-    vm = VM(weights(ck, 2, torch.float32), KERNEL, PlanConfig(**{**CFG.__dict__, "attn_lpt": 1}))
+    vm = VM(weights(ck, 2, torch.float32), KERNEL, PlanConfig(**{**CFG.__dict__, "attn_lpt": lpt}))
     op_major = VM(weights(ck, 2, torch.float32), KERNEL, CFG)
     reordered = 0
     for i, batch in enumerate(mixed_steps(GQA_LLAMA3["vocab_size"])):
