@@ -123,41 +123,57 @@ def mean_k(words: np.ndarray) -> dict:
 
 
 def attn_costs(words: np.ndarray) -> np.ndarray:
-    """attention.est_cost_ns of a stream's ATTENTION instructions, in stream order."""
-    a = words[words[:, W_OPCODE] == int(Op.ATTENTION)].astype(np.int64)
+    """attention.est_cost_ns of ATTENTION instruction words."""
+    a = words.astype(np.int64)
     return at_words.est_cost_ns(a[:, at_words.A_MODE], a[:, W_ROWS], a[:, at_words.A_QPK],
                                 a[:, at_words.A_POS0], a[:, at_words.A_KV0],
                                 a[:, at_words.A_KV1], a[:, at_words.A_POS0_B])
 
 
-def mean_attn_cost(words: np.ndarray) -> float | None:
-    """The mean est_cost_ns of a stream's ATTENTION instructions (None: it has none)."""
-    cost = attn_costs(words)
-    return float(cost.mean()) if len(cost) and cost.mean() > 0 else None
+def reduce_work(words: np.ndarray) -> np.ndarray:
+    """The partial rows ATTN_REDUCE instruction words read: rows x splits (session 58's
+    journals: ~0.24 us per row and split, 128-row reduces of 2 and of ~3 splits alike)."""
+    return words[:, W_ROWS].astype(np.int64) * words[:, at_words.A_NSPLIT]
+
+
+# opcodes whose instructions differ in size within a stream: a duration per unit of this work
+OP_WORK = {Op.ATTENTION: attn_costs, Op.ATTN_REDUCE: reduce_work}
+
+
+def mean_work(words: np.ndarray) -> dict:
+    """{Op: mean OP_WORK of its instructions} of a stream (ops it has, with work)."""
+    ops = words[:, W_OPCODE]
+    out = {}
+    for op, work in OP_WORK.items():
+        sel = ops == int(op)
+        if sel.any() and work(words[sel]).mean() > 0:
+            out[op] = float(work(words[sel]).mean())
+    return out
 
 
 def tile_durations(words: np.ndarray, durations: dict, base_k: dict | None = None,
-                   base_attn_ns: float | None = None) -> np.ndarray:
+                   base_work: dict | None = None) -> np.ndarray:
     """Each ticket's duration (us): its opcode's (1 us if missing); with base_k ({Op: mean K
     of the tiles the durations were measured on}) a GEMM tile's beyond GEMM_FIXED_US scaled
-    by its own K word over that mean. An ATTENTION instruction's follows its est_cost_ns: the
-    opcode's duration times its cost over base_attn_ns (mean_attn_cost of the journaled
+    by its own K word over that mean. An ATTENTION / ATTN_REDUCE instruction's follows its
+    OP_WORK: the opcode's duration times its work over base_work's (mean_work of the journaled
     stream), or without it over this stream's own mean (a stream of the journaled one's
     instructions, reordered)."""
     ops = words[:, W_OPCODE].astype(np.int64)
     dur = np.array([durations.get(Op(int(o)), 1.0) for o in ops])
-    attn = ops == int(Op.ATTENTION)
-    if attn.any() and Op.ATTENTION in durations:
-        # the key blocks each reads (what PlanConfig.attn_lpt orders by). Over the journaled
-        # stream's mean, not this one's: a plan that cuts the attention into more, shorter
-        # instructions (attn_chunk_splits) kept the journaled mean per instruction before
-        # session 58 and was predicted +27% where its journal showed -7% (own time per
-        # 128-row x 64-key block ~2.6 us in both plans' journals: no per-instruction fixed
-        # part to model)
-        cost = attn_costs(words)
-        norm = base_attn_ns or (cost.mean() if cost.mean() > 0 else None)
+    for op, work in OP_WORK.items():
+        sel = ops == int(op)
+        if not sel.any() or op not in durations:
+            continue
+        # Over the journaled stream's mean, not this one's: a plan that cuts the attention into
+        # more, shorter instructions (attn_chunk_splits) kept the journaled mean per instruction
+        # before session 58 and was predicted +27% where its journal showed -7% (own time per
+        # 128-row x 64-key block ~2.6 us in both plans' journals: no per-instruction fixed part
+        # to model)
+        w = work(words[sel])
+        norm = (base_work or {}).get(op) or (w.mean() if w.mean() > 0 else None)
         if norm:
-            dur[attn] = durations[Op.ATTENTION] * cost / norm
+            dur[sel] = durations[op] * w / norm
     for op, k0 in (base_k or {}).items():
         sel = ops == int(op)
         if not sel.any() or op not in durations:
@@ -171,9 +187,9 @@ def tile_durations(words: np.ndarray, durations: dict, base_k: dict | None = Non
 def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: int = NISLOTS,
              claim_after_loads: bool = True, claim_us: float = 0.5,
              base_k: dict | None = None, detail: bool = False,
-             base_attn_ns: float | None = None) -> dict:
+             base_work: dict | None = None) -> dict:
     """Span (us) of a stream of instruction words [n, INSTR_WORDS] and the per-opcode busy time.
-    durations: {Op: us}; an opcode missing from it runs 1 us; base_k, base_attn_ns: see
+    durations: {Op: us}; an opcode missing from it runs 1 us; base_k, base_work: see
     tile_durations. A
     claim takes claim_us (the controller's atomic and word fetch) before the instruction can
     start or the SM claim again; SMs that can claim at the same time take tickets in SM
@@ -186,7 +202,7 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
     epi = [epilogue_wait_words(words[t]) for t in range(n)]
     sig = words[:, W_SIGNAL].astype(np.int64)
     cnt = np.maximum(words[:, W_SIGNAL_COUNT].astype(np.int64), 1)
-    dur = tile_durations(words, durations, base_k, base_attn_ns)
+    dur = tile_durations(words, durations, base_k, base_work)
     load_frac = np.array([LOAD_FRAC.get(Op(int(o)), DEFAULT_LOAD_FRAC) for o in ops])
     # per counter: the (end time, count) of its signals so far, in ticket order
     signals: dict[int, list] = {}
@@ -299,7 +315,7 @@ dur = {{Op[k]: v for k, v in json.loads({dur!r}).items()}}
 # claim after loads above 64 tokens: mk.megakernel.CLAIM_AFTER_LOADS_MIN_M (that module needs cutlass)
 print(json.dumps(S.simulate(words, dur,
                             claim_after_loads=point["batch"] + point["prefill"] > 64,
-                            base_k=S.mean_k(base), base_attn_ns=S.mean_attn_cost(base))))
+                            base_k=S.mean_k(base), base_work=S.mean_work(base))))
 """
 
 

@@ -207,6 +207,16 @@ class PlanConfig:
     # (mk.megakernel_step.DEFAULT_PLAN, session 58); 0 here keeps the CPU interpreter's plans
     # and older journals' replays (bench/schedsim.py) as they ran.
     attn_chunk_splits: int = 0
+    # 1: a split segment cut into chunks (attn_chunk_splits) gets one ATTN_REDUCE per chunk,
+    # waiting only for that chunk's splits, instead of one for the segment waiting for all of
+    # them; the partial rows are laid out chunk by chunk (a chunk's splits' rows contiguous at
+    # seg_slot + first row x splits), so each chunk's reduce is an ordinary one of its rows (the
+    # GPU body unchanged). 0: one reduce per segment. Why: with attn_chunk_splits the segment's
+    # reduce (~94 us for a 128-token block of 4 splits, one SM) waits for its slowest chunk and
+    # the block's O_PROJ for it; ATTN_REDUCE held 6.8 ms of a 4096-token prompt step's critical
+    # path and 6.2 ms of 256 decodes + a 2048-token prompt (session 58's journals). Built in
+    # session 58, CPU-checked, not yet run on the GPU.
+    attn_chunk_reduce: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while
     # the rest of the GPU waited on it); 8 = one page row group of the rows body
@@ -425,7 +435,8 @@ class PlanConfig:
             lowest = 0 if name in zero_ok else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lowest:
                 raise ValueError(f"PlanConfig.{name} must be an integer >= {lowest}, got {v!r}")
-        for name, values in (("attn_lpt", (0, 1, 2)), ("attn_chunk_splits", (0, 1))):
+        for name, values in (("attn_lpt", (0, 1, 2)), ("attn_chunk_splits", (0, 1)),
+                             ("attn_chunk_reduce", (0, 1))):
             v = getattr(self, name)
             if isinstance(v, bool) or v not in values:
                 raise ValueError(f"PlanConfig.{name} must be one of {values}, got {v!r}")
@@ -1512,6 +1523,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     chunkable = np.ones(len(seg_seq), bool) if cfg.attn_chunk_splits else ~split
     seg_nchunk = (np.where(chunkable, np.maximum(1, -(-seg_rows // chunk_h)), 1) if chunk_h
                   else np.ones(len(seg_seq), np.int64))
+    # ATTN_REDUCE instructions (and SPLIT counters) per split segment: one, or one per chunk
+    seg_nred = np.where(split, seg_nchunk if cfg.attn_chunk_reduce else 1, 0)
     slot_need = np.where(split, seg_rows * seg_nsplit, 0)
     seg_slot = np.zeros(nseg, np.int64)
     np.cumsum(slot_need[:-1], out=seg_slot[1:])
@@ -1544,10 +1557,11 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     # JOIN counters only for segments followed by another of their sequence, SPLIT counters only
     # for split segments
     join_id = np.cumsum(~seg_is_last) - 1                         # valid where ~seg_is_last
-    split_id = np.cumsum(split) - 1                               # valid where split
+    # a split segment's first SPLIT counter (one per ATTN_REDUCE: seg_nred); valid where split
+    split_id = np.cumsum(seg_nred) - seg_nred
     groups_layout["JOIN"] = (off, int((~seg_is_last).sum()))
     off += groups_layout["JOIN"][1]
-    groups_layout["SPLIT"] = (off, int(split.sum()))
+    groups_layout["SPLIT"] = (off, int(seg_nred.sum()))
     off += groups_layout["SPLIT"][1]
     groups_layout["SK"] = (off, sk_count)
     off += sk_count
@@ -1601,7 +1615,7 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     down_tile_signals = np.full(nb, nsplit[Op.DOWN]) if fold_d else red_sl[Op.DOWN]
 
     attn_target = np.zeros(nb, np.int64)
-    np.add.at(attn_target, seg_blk, np.where(split, 1, ngrp * seg_nchunk))
+    np.add.at(attn_target, seg_blk, np.where(split, seg_nred, ngrp * seg_nchunk))
 
     def gemm(stage, op, b, t, k_word, **kw):
         """_emit_gemm of tiles (block b, column tile t) of op with the step's split (kw may carry
@@ -1726,15 +1740,23 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
         pair_words[w][pa] = v
     keep = np.ones(len(a_seg), bool)
     keep[pb] = False
+    # a split instruction's partial rows: split by split over the segment's rows, or with
+    # attn_chunk_reduce chunk by chunk (the chunk's splits contiguous: its reduce's slots)
+    if cfg.attn_chunk_reduce:
+        a_red = a_off // max(chunk_h, 1)                # the chunk's reduce (and SPLIT counter)
+        a_slot = seg_slot[a_seg] + a_off * seg_nsplit[a_seg] + a_spl * a_rows
+    else:
+        a_red = np.zeros(len(a_seg), np.int64)
+        a_slot = seg_slot[a_seg] + a_spl * seg_rows[a_seg] + a_off
     per_instr = dict(block=seg_blk[a_seg], row0=seg_r0[a_seg] + a_off, rows=a_rows,
                      col0=grp_c0[a_grp], cols=grp_w[a_grp], qkv_wait=C["QKV"] + seg_blk[a_seg],
                      qkv_t=qkv_target[seg_blk[a_seg]], join=jw_prev[a_seg], join_t=jw_prev_t[a_seg],
-                     signal=np.where(a_split, C["SPLIT"] + split_id[a_seg],
+                     signal=np.where(a_split, C["SPLIT"] + split_id[a_seg] + a_red,
                                      C["ATTN"] + seg_blk[a_seg]), count=a_count)
     args = {at.A_SEQ: a_seq, at.A_POS0: seg_pos0[a_seg] + a_off, at.A_KV0: a_kv0, at.A_KV1: a_kv1,
             at.A_PAGE_OFF: meta.page_off[a_seq], at.A_MODE: a_mode,
-            at.A_SLOT: np.where(a_split, seg_slot[a_seg] + a_spl * seg_rows[a_seg] + a_off, 0),
-            at.A_NEW0: meta.seq_start[a_seq], **pair_words}
+            at.A_SLOT: np.where(a_split, a_slot, 0), at.A_NEW0: meta.seq_start[a_seq],
+            **pair_words}
     kept = np.flatnonzero(keep)
     if cfg.attn_lpt and (a_rows[kept] > 1).any():
         # prompt chunks, then decode units, each longest first (ties keep the block order);
@@ -1753,11 +1775,19 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
           cols=k["cols"], waits=[(k["qkv_wait"], k["qkv_t"]), (k["join"], k["join_t"])],
           signal=k["signal"], count=k["count"],
           args={at.A_QPK: qpk, at.A_HEAD_DIM: D, **{w: v[kept] for w, v in args.items()}})
-    ss = seg_ids[split]
-    _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss], rows=seg_rows[ss], col0=0,
-          cols=hkv, waits=[(C["SPLIT"] + split_id[ss], ngrp * seg_nsplit[ss] * seg_nchunk[ss])],
+    # ATTN_REDUCE: per split segment, or per chunk of it (attn_chunk_reduce: seg_nred of them,
+    # each over its chunk's splits)
+    ss = np.repeat(seg_ids, seg_nred)
+    r_idx = np.arange(len(ss)) - np.repeat(np.cumsum(seg_nred) - seg_nred, seg_nred)
+    r_off = r_idx * chunk_h if cfg.attn_chunk_reduce else np.zeros(len(ss), np.int64)
+    r_rows = np.where(seg_nred[ss] > 1, np.minimum(chunk_h, seg_rows[ss] - r_off), seg_rows[ss])
+    # every split of the reduce's rows, in every KV group (a segment's chunks signal its one)
+    r_waits = ngrp * seg_nsplit[ss] * (1 if cfg.attn_chunk_reduce else seg_nchunk[ss])
+    _emit(g, S_ATTN_RED, Op.ATTN_REDUCE, seg_blk[ss], row0=seg_r0[ss] + r_off, rows=r_rows,
+          col0=0, cols=hkv, waits=[(C["SPLIT"] + split_id[ss] + r_idx, r_waits)],
           signal=C["ATTN"] + seg_blk[ss],
-          args={at.A_SLOT0: seg_slot[ss], at.A_NSPLIT: seg_nsplit[ss], at.A_QPK: qpk, at.A_HEAD_DIM: D})
+          args={at.A_SLOT0: seg_slot[ss] + r_off * seg_nsplit[ss], at.A_NSPLIT: seg_nsplit[ss],
+                at.A_QPK: qpk, at.A_HEAD_DIM: D})
 
     # L2 prefetch of the layer's next weights by the SMs its attention leaves idle (queued after the
     # attention, before O_PROJ; no waits, no signal)

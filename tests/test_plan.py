@@ -366,18 +366,21 @@ def test_planner_fast_path_with_attn_lpt(pair):
     assert 10 <= lpt < plain, (lpt, plain)
 
 
-@pytest.mark.parametrize("lpt,chunk_splits", [(0, 0), (1, 0), (0, 1)])
-def test_planner_fast_path_with_chunked_prompts(lpt, chunk_splits):
+@pytest.mark.parametrize("lpt,chunk_splits,chunk_reduce", [(0, 0, 0), (1, 0, 0), (0, 1, 0),
+                                                          (0, 1, 1), (2, 1, 1)])
+def test_planner_fast_path_with_chunked_prompts(lpt, chunk_splits, chunk_reduce):
     """A step whose prompt segments are cut into row chunks (attn_chunk_rows; 64-row token
     blocks, 32-row chunks at 4 q heads per KV head) and the next steps of the same structure:
     the fast path sizes the splits and the chunks' A_KV1 by the whole segment, as plan_step
     (it took each chunk for a segment before session 56: other splits, each chunk's own end);
-    chunk_splits: the segments split over KV (contexts over 256) chunked too."""
+    chunk_splits: the segments split over KV (contexts over 256) chunked too; chunk_reduce:
+    their ATTN_REDUCE per chunk."""
     from mk.instructions import attention as at
     kernel = KernelConfig(token_block=64, page_size=4, max_batch_tokens=256, max_seqs=8,
                           max_context=512, num_kv_pages=400)
     cfg = PlanConfig(**{**CFG.__dict__, "kv_split": 256, "attn_chunk_rows": 1, "attn_lpt": lpt,
-                        "num_sms": 24, "attn_chunk_splits": chunk_splits})
+                        "num_sms": 24, "attn_chunk_splits": chunk_splits,
+                        "attn_chunk_reduce": chunk_reduce})
     planner = Planner(MODEL, ParallelConfig(1, 0), kernel, cfg)
     chunked = split_chunks = 0
     for step in range(4):
@@ -396,6 +399,10 @@ def test_planner_fast_path_with_chunked_prompts(lpt, chunk_splits):
                              & (a[:, W_ROWS] <= 32)).sum())
     assert chunked
     assert bool(split_chunks) == bool(chunk_splits)
+    reduces = want.instrs.numpy()
+    reduces = reduces[reduces[:, W_OPCODE] == int(Op.ATTN_REDUCE)]
+    # the 130-row prompt's split segments: one reduce each, or one per chunk of at most 32 rows
+    assert (reduces[:, W_ROWS].max() <= 32) == bool(chunk_reduce)
     # with attn_lpt the chunks' costs move every step (a full plan each); without it at least
     # one step keeps the structure and the splits
     assert (planner.fast_plans == 0) == bool(lpt), planner.fast_plans
@@ -512,7 +519,8 @@ def test_plan_config_validation():
             with pytest.raises(ValueError, match=f"PlanConfig.{name} must be 0 or 1"):
                 PlanConfig(**{name: v})
     for name, values, bad in (("attn_lpt", (0, 1, 2), (3, -1, True)),
-                              ("attn_chunk_splits", (0, 1), (2, -1))):
+                              ("attn_chunk_splits", (0, 1), (2, -1)),
+                              ("attn_chunk_reduce", (0, 1), (2, True))):
         for v in bad:
             with pytest.raises(ValueError,
                                match=re.escape(f"PlanConfig.{name} must be one of {values}")):

@@ -158,27 +158,32 @@ def test_predict_flags_the_fields_it_cannot_rank():
     assert schedsim.memory_blind("") == []
 
 
-def test_attention_durations_follow_the_journaled_streams_cost():
+def test_attention_durations_follow_the_journaled_streams_work():
     """An ATTENTION instruction runs the opcode's journaled duration times its est_cost_ns over
-    the journaled stream's mean cost (base_attn_ns): a plan that cuts one long prompt-chunk
+    the journaled stream's mean cost (base_work): a plan that cuts one long prompt-chunk
     instruction into shorter ones gets shorter instructions, not the journaled mean each
-    (session 58: attn_chunk_splits was predicted +27% that way, its journal showed -7%).
-    Without base_attn_ns (a reordered stream) the stream's own mean is the base."""
+    (session 58: attn_chunk_splits was predicted +27% that way, its journal showed -7%); an
+    ATTN_REDUCE likewise by the partial rows it reads (rows x splits). Without base_work (a
+    reordered stream) the stream's own mean is the base."""
     from mk.instructions import attention as at
     from mk.ir import W_ROWS
 
     def prompt_chunks(rows_each):
-        w = stream(*[(Op.ATTENTION, [], None)] * len(rows_each))
+        w = stream(*[(Op.ATTENTION, [], None)] * len(rows_each)
+                   + [(Op.ATTN_REDUCE, [], None)] * (len(rows_each) if len(rows_each) > 1 else 1))
         for i, rows in enumerate(rows_each):
             w[i, W_ROWS], w[i, at.A_MODE], w[i, at.A_QPK] = rows, at.MODE_PARTIAL, 8
             w[i, at.A_POS0], w[i, at.A_KV0], w[i, at.A_KV1] = 2048, 1024, 2048
+            w[len(rows_each) + i, W_ROWS], w[len(rows_each) + i, at.A_NSPLIT] = rows, 2
         return w
 
     whole, chunked = prompt_chunks([128]), prompt_chunks([16] * 8)
-    base = schedsim.mean_attn_cost(whole)
-    assert base == pytest.approx(8 * 16 * at.COST_NS_TILE_BLOCK)   # 8 M tiles x 16 key blocks
-    dur = {Op.ATTENTION: 320.0}
-    assert schedsim.tile_durations(whole, dur, base_attn_ns=base) == pytest.approx([320.0])
-    assert schedsim.tile_durations(chunked, dur, base_attn_ns=base) == pytest.approx([40.0] * 8)
-    assert schedsim.tile_durations(chunked, dur) == pytest.approx([320.0] * 8)
-    assert schedsim.mean_attn_cost(stream((Op.GATE_UP, [], None))) is None
+    base = schedsim.mean_work(whole)
+    assert base == pytest.approx({Op.ATTENTION: 8 * 16 * at.COST_NS_TILE_BLOCK,  # 8 M tiles x 16
+                                  Op.ATTN_REDUCE: 128 * 2})                   # key blocks
+    dur = {Op.ATTENTION: 320.0, Op.ATTN_REDUCE: 90.0}
+    assert schedsim.tile_durations(whole, dur, base_work=base) == pytest.approx([320.0, 90.0])
+    assert (schedsim.tile_durations(chunked, dur, base_work=base)
+            == pytest.approx([40.0] * 8 + [11.25] * 8))
+    assert schedsim.tile_durations(chunked, dur) == pytest.approx([320.0] * 8 + [90.0] * 8)
+    assert schedsim.mean_work(stream((Op.GATE_UP, [], None))) == {}

@@ -27,7 +27,7 @@ import torch
 from conftest import GQA_LLAMA3, TIED_HEADDIM, TINY_MHA, make_hf_checkpoint
 from mk.batch import SeqChunk, StepBatch
 from mk.config import KernelConfig, ParallelConfig
-from mk.ir import ARG0, W_OPCODE, W_ROWS, W_SIGNAL, W_WAIT0, NO_COUNTER, Op
+from mk.ir import ARG0, NO_COUNTER, W_LAYER, W_OPCODE, W_ROW0, W_ROWS, W_SIGNAL, W_WAIT0, Op
 from mk.instructions.base import Buf
 from mk.plan import PlanConfig
 from mk.reference import PagedKVCache, ReferenceModel
@@ -425,11 +425,12 @@ def test_prefill_attention_row_chunks_change_nothing(checkpoints, tp):
                                    rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, tp):
+@pytest.mark.parametrize("tp,chunk_reduce", [(1, 0), (2, 0), (1, 1), (2, 1)])
+def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, tp, chunk_reduce):
     """PlanConfig.attn_chunk_splits: a prefill segment split over KV (kv_split 64) is cut into
     row chunks too, each split of each chunk one ATTENTION instruction, the split's ATTN_REDUCE
-    over all of them: the logits of the plan that keeps split segments whole, in random
+    over all of them (attn_chunk_reduce: one ATTN_REDUCE per chunk over its splits, the partial
+    rows chunk by chunk): the logits of the plan that keeps split segments whole, in random
     interleavings. A 64-token prompt at positions 10..73 makes a chunk (rows 10..41) with no key
     in the split [64, 74): it writes o = 0, lse = -inf, as the GPU body does; mk.verify finds
     nothing in the plans (TP 1)."""
@@ -437,7 +438,8 @@ def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, 
     from mk.verify import check
     whole, chunked, toks, table = _chunk_vms(checkpoints, tp,
                                              {"attn_chunk_rows": 20, "attn_chunk_splits": 0},
-                                             {"attn_chunk_splits": 1}, 12)
+                                             {"attn_chunk_splits": 1,
+                                              "attn_chunk_reduce": chunk_reduce}, 12)
     steps = [StepBatch([SeqChunk(toks(10), 0, table(0)), SeqChunk(toks(40), 0, table(1))]),
              StepBatch([SeqChunk(toks(64), 10, table(0)), SeqChunk(toks(90), 40, table(1)),
                         SeqChunk(toks(7), 0, table(2))]),
@@ -453,6 +455,13 @@ def test_prefill_attention_chunks_of_split_segments_change_nothing(checkpoints, 
         if i:           # split prompt segments: more, shorter partial instructions, same rows
             assert len(part) > len(p) and part[:, W_ROWS].max() <= 32 < p[:, W_ROWS].max()
             assert part[:, W_ROWS].sum() == p[:, W_ROWS].sum()
+            red = s[s[:, W_OPCODE] == int(Op.ATTN_REDUCE)]
+            red_whole = whole.plan(batch).instrs.numpy()
+            red_whole = red_whole[red_whole[:, W_OPCODE] == int(Op.ATTN_REDUCE)]
+            assert red[:, W_ROWS].sum() == red_whole[:, W_ROWS].sum()
+            # one reduce per chunk of each split segment's rows (of each layer)
+            chunks = {tuple(r) for r in part[:, [W_LAYER, W_ROW0, W_ROWS]].tolist()}
+            assert len(red) == (len(chunks) if chunk_reduce else len(red_whole))
         empty += int((part[:, at.A_POS0] + part[:, W_ROWS] <= part[:, at.A_KV0]).sum())
         if tp == 1:
             assert check([plan.instrs], plan.num_counters, meta=plan.meta) == []
