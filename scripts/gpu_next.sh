@@ -420,10 +420,24 @@
 #         peer's move less, the step is power-bound: the megakernel's energy per step (its role
 #         warps' polling, the consumers' ~2x issued instructions) is then the lever for the
 #         compute-bound points (prompt, mixed, B=4096), not its schedule.
-#      2. `MK_STEPS=e2e` (B=1 .. 256) and `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024
+#      2. Two plan changes built in session 58 (CPU-checked: VM parity TP 1 / 2 in random
+#         order, mk.verify clean; schedsim calibrated on session 58's journals, which it now
+#         reproduces within 1-3%): PlanConfig.attn_chunk_reduce=1 (one ATTN_REDUCE per chunk
+#         of a split prompt segment, over that chunk's splits; the partial rows chunk by chunk:
+#         the GPU body is unchanged, its reduces are 16 rows instead of 128) and attn_lpt=2
+#         (the prompt chunks in block order, the decode units longest first). schedsim: 256
+#         decodes + a 2048-token prompt -6.1% / -5.3% / both -6.8%; a 4096-token prompt -1.3%
+#         / -1.2% / -1.3%; the 256 + 1024 mixed step unchanged. `MK_PLANAB="cr:attn_chunk_reduce=1
+#         l2cr:attn_lpt=2,attn_chunk_reduce=1" MK_PLANAB_CHECK="--prompt-lens 500,500,130,13,1"
+#         MK_PLANAB_RACE=1 MK_PLANAB_BATCH=none MK_PLANAB_MIXED=256:1024:2048 MK_STEPS=planab`
+#         (~6 min: the 1144-token check at kv_split 64 plans chunk reduces of 16 rows), then the
+#         timings of `MK_PLANAB_MIXED=0:1:4096 MK_PLANAB_NOCHECK=1` and of 256:1024:1024 (a
+#         control: its plans are unchanged by attn_chunk_reduce, by attn_lpt=2 in queue order
+#         only); if a variant wins, DEFAULT_PLAN and the GPU test files with it.
+#      3. `MK_STEPS=e2e` (B=1 .. 256) and `MK_E2E_BATCH=1024,4096 MK_E2E_MIXED=256:1024:1024
 #         MK_STEPS=e2e`: issue 6's table at the attn_chunk_splits default (its plans there are
 #         unchanged; a check of the table on the day's card).
-#      3. Issue 5's table (`MK_STEPS=gemm`; last: session 55).
+#      4. Issue 5's table (`MK_STEPS=gemm`; last: session 55).
 #   000029. Session 57 ran 000028 on two H100s (`*_s57_h100*`, `_b`: the second): issue 6's
 #      B=1024 / 4096 / mixed rows with the peer 0.99 / 0.99 / 1.006 (the mixed step at parity,
 #      not ~0.98); the step GPU tests (18), the megakernel GPU tests (35), the checks and
