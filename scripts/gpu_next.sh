@@ -94,8 +94,9 @@
 #          busy time and share; the critical path; since session 55 also per kind of
 #          instruction): shares.log, shares_default.json (~4 min); MK_SH_PLAN: the same again
 #          with --plan MK_SH_PLAN (shares_plan.json, ~+3 min)
-#   backoff the counter waits' nanosleep cap: decode MK_BO_BATCH (1,16) at MK_BACKOFF_NS in
-#          MK_BO_VALUES ("200 100 50 400 200"), megakernel only: backoff.log (~5 min)
+#   backoff the counter waits' nanosleep cap: decode MK_BO_BATCH (1,16; none: no decode point)
+#          and the mixed step MK_BO_MIXED (none; e.g. 0:1:4096, a prompt alone) at MK_BACKOFF_NS
+#          in MK_BO_VALUES ("200 100 50 400 200"), megakernel only: backoff.log (~5 min)
 #   slimhang where MK_WAIT_SLIM=1's mixed step hangs: slim at B=4096 + a 1200-token prompt-only
 #          step, then the mixed step with MK_WAIT_SLIM_KINDS=2,3,4 (page waits unbounded) and 5,8
 #          (instruction slots): a bounded wait that starves names the wait (~6 min)
@@ -413,13 +414,17 @@
 #      -13.7%; the GPU test files, checks and racecheck clean with it); a prompt-only 4096-token
 #      step is 1.09 of the peer (142.53 vs 130.34 ms: the M = 4096 GEMMs' issue-5 gap). The
 #      timed step runs 4-8% over its journaled span, more the busier the SMs. In order:
-#      1. `MK_CL_POINTS="prompt mixed 4096:256" MK_CL_GAP_MS=1000 MK_STEPS=clocks` (~8 min; drop
-#         4096:256 if the call runs long): the SM clock and power under each system's timed
-#         reps, back to back and with 1 s idle before each rep. If the megakernel's reps from a
-#         rested GPU come near its journaled span (prompt 131.5, mixed ~41.3 ms) while the
-#         peer's move less, the step is power-bound: the megakernel's energy per step (its role
-#         warps' polling, the consumers' ~2x issued instructions) is then the lever for the
-#         compute-bound points (prompt, mixed, B=4096), not its schedule.
+#      1. `MK_CL_POINTS=prompt MK_CL_GAP_MS=1000 MK_STEPS=clocks` (~5 min: four bench
+#         processes, each with its compile), then `MK_CL_POINTS="mixed 4096:256" MK_STEPS=clocks`
+#         on the warm machine: the SM clock and power under each system's timed reps, back to
+#         back and with 1 s idle before each rep. If the megakernel's reps from a rested GPU come
+#         near its journaled span (prompt 131.5, mixed ~41.3 ms) while the peer's move less, the
+#         step is power-bound: the megakernel's energy per step (its role warps' polling, the
+#         consumers' ~2x issued instructions) is then the lever for the compute-bound points
+#         (prompt, mixed, B=4096), not its schedule; first knobs to time there:
+#         MK_BACKOFF_NS (the controllers' counter polls, 200 ns: `MK_BO_VALUES="200 1000 200"
+#         MK_BO_BATCH=none MK_BO_MIXED=0:1:4096 MK_STEPS=backoff`) and MK_WAIT_HINT_NS (the
+#         role page waits' try_wait suspend hint, 20000).
 #      2. Two plan changes built in session 58 (CPU-checked: VM parity TP 1 / 2 in random
 #         order, mk.verify clean; schedsim calibrated on session 58's journals, which it now
 #         reproduces within 1-3%): PlanConfig.attn_chunk_reduce=1 (one ATTN_REDUCE per chunk
@@ -2512,7 +2517,7 @@ if has backoff; then
   bo_i=0
   for ns in ${MK_BO_VALUES:-200 100 50 400 200}; do
     bo_i=$((bo_i + 1))
-    bo_runs+=("${bo_i}_$ns|MK_BACKOFF_NS=$ns|--mixed none|${MK_BO_BATCH:-1,16}")
+    bo_runs+=("${bo_i}_$ns|MK_BACKOFF_NS=$ns|--mixed ${MK_BO_MIXED:-none}|${MK_BO_BATCH:-1,16}")
   done
   UNTRACED_TIMEOUT=${MK_BO_TIMEOUT:-150} untraced_runs backoff "${bo_runs[@]}"
 fi
