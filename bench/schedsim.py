@@ -39,11 +39,11 @@ Session 48 (shares_3474b9c_2026-12-05_s48_h100.json, H100): journal / simulated 
 since session 48) 47.92 / 47.10. Since session 49 a GEMM tile's duration follows its K slice
 (GEMM_FIXED_US, base_k): B=1024, whose QKV_ROPE splits unevenly (86 + 42 K steps), 44.67; the
 others unchanged. Session 58 (planab_{base,cs}_{p4096,m2048}_e582f5e_*_s58_h100.json, H100):
-journal / simulated, a 4096-token prompt step 142.03 / 140.76, with attn_chunk_splits 131.53 /
-132.27; 256 decodes + a 2048-token prompt 91.39 / 93.39 and 74.96 / 76.98; predicted from the
-journals without it (--predict --plans attn_chunk_splits=1) -7.6% and -21.2% against the
-journals' -7.4% and -18.0% (before attention durations were scaled by the journaled stream's
-mean cost: +27%). The timed steps ran 4-8% over the journal spans. Until session 48 the model
+journal / simulated, a 4096-token prompt step 142.03 / 142.23, with attn_chunk_splits 131.53 /
+130.18; 256 decodes + a 2048-token prompt 91.39 / 93.39 and 74.96 / 76.98; predicted from the
+journals without it (--predict --plans attn_chunk_splits=1) -10.1% and -21.2% against the
+journals' -7.4% and -18.0% (before ATTENTION / ATTN_REDUCE durations were scaled by the
+journaled stream's mean work, OP_WORK: +27%). The timed steps ran 4-8% over the journal spans. Until session 48 the model
 planned with PlanConfig's own norm_fold=0, not the backend's default plan (norm_fold=2 since
 session 41): the row-scale norms then stood before their GEMMs instead of beside them.
 
@@ -190,10 +190,9 @@ def simulate(words: np.ndarray, durations: dict, num_sms: int = 132, nislots: in
              base_work: dict | None = None) -> dict:
     """Span (us) of a stream of instruction words [n, INSTR_WORDS] and the per-opcode busy time.
     durations: {Op: us}; an opcode missing from it runs 1 us; base_k, base_work: see
-    tile_durations. A
-    claim takes claim_us (the controller's atomic and word fetch) before the instruction can
-    start or the SM claim again; SMs that can claim at the same time take tickets in SM
-    order. detail: also each ticket's start, end and SM (arrays)."""
+    tile_durations. A claim takes claim_us (the controller's atomic and word fetch) before the
+    instruction can start or the SM claim again; SMs that can claim at the same time take
+    tickets in SM order. detail: also each ticket's start, end and SM (arrays)."""
     n = len(words)
     ops = words[:, W_OPCODE].astype(np.int64)
     waits = words[:, W_WAIT0:W_WAIT0 + 2 * MAX_WAITS].astype(np.int64)

@@ -150,9 +150,8 @@ class PlanConfig:
     # blocks (the most keys) went first and those of its first blocks last, so the reduces and
     # O_PROJ tiles queued right after the attention (block 0's first) waited for the layer's
     # shortest chunks. schedsim (session 58's journals, attention durations by the journaled
-    # stream's mean cost): 256 decodes + a 2048-token prompt -5.3% (with kv_split 2048
-    # -7.3%), a 4096-token prompt -1.2% (-2.7%), the 256 + 1024 mixed step unchanged (attn_lpt
-    # 0 there: +1.5%). Built, CPU-checked (tests/test_plan.py, tests/test_vm.py), not yet run
+    # stream's mean cost): 256 decodes + a 2048-token prompt -5.3%, a 4096-token prompt
+    # -0.6%, the 256 + 1024 mixed step unchanged (attn_lpt 0 there: +1.5%). Built, CPU-checked (tests/test_plan.py, tests/test_vm.py), not yet run
     # on the GPU (gpu_next.sh plan 000030).
     attn_lpt: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)

@@ -432,7 +432,7 @@
 #         the GPU body is unchanged, its reduces are 16 rows instead of 128) and attn_lpt=2
 #         (the prompt chunks in block order, the decode units longest first). schedsim: 256
 #         decodes + a 2048-token prompt -6.1% / -5.3% / both -6.8%; a 4096-token prompt -1.3%
-#         / -1.2% / -1.3%; the 256 + 1024 mixed step unchanged. `MK_PLANAB="cr:attn_chunk_reduce=1
+#         / -0.6% / -1.3%; the 256 + 1024 mixed step unchanged. `MK_PLANAB="cr:attn_chunk_reduce=1
 #         l2cr:attn_lpt=2,attn_chunk_reduce=1" MK_PLANAB_CHECK="--prompt-lens 500,500,130,13,1"
 #         MK_PLANAB_RACE=1 MK_PLANAB_BATCH=none MK_PLANAB_MIXED=256:1024:2048 MK_STEPS=planab`
 #         (~6 min: the 1144-token check at kv_split 64 plans chunk reduces of 16 rows), then the
