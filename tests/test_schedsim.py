@@ -170,7 +170,7 @@ def test_attention_durations_follow_the_journaled_streams_work():
 
     def prompt_chunks(rows_each):
         w = stream(*[(Op.ATTENTION, [], None)] * len(rows_each)
-                   + [(Op.ATTN_REDUCE, [], None)] * (len(rows_each) if len(rows_each) > 1 else 1))
+                   + [(Op.ATTN_REDUCE, [], None)] * len(rows_each))
         for i, rows in enumerate(rows_each):
             w[i, W_ROWS], w[i, at.A_MODE], w[i, at.A_QPK] = rows, at.MODE_PARTIAL, 8
             w[i, at.A_POS0], w[i, at.A_KV0], w[i, at.A_KV1] = 2048, 1024, 2048
