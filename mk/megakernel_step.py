@@ -62,7 +62,11 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # 4096-token prompt alone 147.43 -> 142.19 ms, 256 decodes at ctx 1024 + a 2048-token prompt
 # 93.51 -> 80.67 ms; its check of 1144 tokens at kv_split 64, 32 chunks with no key of their
 # split, and racecheck clean); prompts within kv_split and decode steps plan as without it.
-DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=1, attn_chunk_splits=1)
+# attn_chunk_reduce 1: one ATTN_REDUCE per chunk of such a segment (H100, session 59,
+# bench/results/planab_*_s59_h100*: the 4096-token prompt 141.87 -> 139.02 ms, 256 + 2048
+# 80.90 -> 80.10, the 256 + 1024 mixed step 44.72 / 44.70: its plan is unchanged; the 1144-token
+# check at kv_split 64 and racecheck clean).
+DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=1, attn_chunk_splits=1, attn_chunk_reduce=1)
 # PlanConfig.norm_fold=4 on the GPU: the hidden size a multiple of this (mk.megakernel's
 # _check_row_parts; gk.row_part_sumsq's chunks)
 ROW_PART_HIDDEN_ALIGN = 4 * mc.ROW_PART_COLS

@@ -151,8 +151,10 @@ class PlanConfig:
     # O_PROJ tiles queued right after the attention (block 0's first) waited for the layer's
     # shortest chunks. schedsim (session 58's journals, attention durations by the journaled
     # stream's mean cost): 256 decodes + a 2048-token prompt -5.3%, a 4096-token prompt
-    # -0.6%, the 256 + 1024 mixed step unchanged (attn_lpt 0 there: +1.5%). Built, CPU-checked (tests/test_plan.py, tests/test_vm.py), not yet run
-    # on the GPU (gpu_next.sh plan 000030).
+    # -0.6%, the 256 + 1024 mixed step unchanged (attn_lpt 0 there: +1.5%). On the GPU (H100,
+    # session 59, with attn_chunk_reduce=1, bench/results/planab_l2cr_*_s59_h100*): a
+    # 4096-token prompt 139.02 -> 137.01 ms (-1.4%), 256 + 2048 80.10 -> 80.17 (+0.1%; journal
+    # +1.3%); the 256 + 1024 mixed step, whose chunks it reorders, not yet timed. Not default.
     attn_lpt: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)
@@ -213,8 +215,9 @@ class PlanConfig:
     # GPU body unchanged). 0: one reduce per segment. Why: with attn_chunk_splits the segment's
     # reduce (~94 us for a 128-token block of 4 splits, one SM) waits for its slowest chunk and
     # the block's O_PROJ for it; ATTN_REDUCE held 6.8 ms of a 4096-token prompt step's critical
-    # path and 6.2 ms of 256 decodes + a 2048-token prompt (session 58's journals). Built in
-    # session 58, CPU-checked, not yet run on the GPU.
+    # path and 6.2 ms of 256 decodes + a 2048-token prompt (session 58's journals). On the GPU
+    # (H100, session 59): a 4096-token prompt step -2.0%, 256 + 2048 -1.0% (journals -3.8% /
+    # -1.9%); the megakernel backend's default (DEFAULT_PLAN), 0 here as attn_chunk_splits.
     attn_chunk_reduce: int = 0
     # token rows per RMSNORM / LM_NORM instruction: a block's norm is cut into row groups that run
     # on as many SMs (one instruction per 64-row block ran 100 us on one SM at 70B TP8 shapes while

@@ -40,8 +40,9 @@
 #   clocks the SM clock and power (nvidia-smi every 100 ms) under each system's timed reps:
 #          per point of MK_CL_POINTS ("4096:256 mixed"), the megakernel then torch.compile +
 #          CUDA graph, 60 reps each: does the megakernel run at a lower clock under the power cap
-#          than the peer (energy per step as a lever)? clocks.log, clocks.csv,
-#          clocks_<point>_<system>.json (~6 min)
+#          than the peer (energy per step as a lever)? MK_CL_GAP_MS: each also with that idle
+#          before each rep; MK_CL_VARIANTS (NAME:VAR=VALUE[/VAR=VALUE] ...): megakernel builds
+#          timed between the two: clocks.log, clocks.csv, clocks_<point>_<system>.json (~6 min)
 #   ktsplit why the step's build runs a GEMM K step ~25% slower than the harness's: GATE_UP / DOWN
 #          alone through the step's kernel at --layers 2 / 20 / 80 (MK_KTS_LAYERS) with the
 #          K-step trace; at 80 layers also --isolated-builds lean (only that opcode's GEMM slot
@@ -409,6 +410,25 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000031. Session 59 ran 000030's 1 (clocks at the prompt point, backoff) and 2 on one H100
+#      (`*_s59_h100*`): attn_chunk_reduce=1 is the default (4096 prompt -2.0%, 256 + 2048 -1.0%,
+#      the 256 + 1024 control unchanged; its check and racecheck clean); attn_lpt=2 stays off.
+#      Under load at the 691 W cap the megakernel's SMs ran 1500 MHz, the peer's 1590: the
+#      megakernel draws more power per unit of work. MK_BACKOFF_NS is no lever. In order:
+#      1. The GPU test files at the attn_chunk_reduce default: `MK_VERIFY_FILES=
+#         tests/test_megakernel_step_gpu.py MK_STEPS=verify` (~8 min), then `python -m pytest
+#         -m gpu tests/test_megakernel_gpu.py` (~5 min).
+#      2. What draws the power: `MK_CL_POINTS=prompt MK_CL_VARIANTS="nob1:MK_GEMM_EXPERIMENT=nob1
+#         warp:MK_HANDOFF=warp" MK_STEPS=clocks` (~6 min; nob1: a third fewer operand bytes per
+#         GEMM K step, as a 1 x 2 multicast cluster would pull, wrong results, timing only;
+#         warp: one `done` arrival per consumer warp). If a variant's under-load clock rises
+#         toward the peer's 1590 MHz and its time falls by more than session 22's cold-L2 -1 to
+#         -4%, that part's energy is the lever: multicast pairs (nob1) or the warp hand-off
+#         (its racecheck: session 21 kept `thread` because racecheck models it).
+#      3. attn_lpt=2 at the control: `MK_PLANAB="l2:attn_lpt=2" MK_PLANAB_NOCHECK=1
+#         MK_PLANAB_BATCH=none MK_PLANAB_MIXED=256:1024:1024 MK_STEPS=planab` (the base has
+#         attn_chunk_reduce now); default if no loss there (the 4096 prompt: -1.4%).
+#      4. 000030's 3 (e2e B=1 .. 256; issue 6's large points) and 4 (issue 5's table).
 #   000030. Session 58 ran 000029's 2 on one H100 (`*_s58_h100*`): attn_chunk_splits=1 is the
 #      default (DEFAULT_PLAN; a 4096-token prompt step -3.6%, 256 decodes + a 2048-token prompt
 #      -13.7%; the GPU test files, checks and racecheck clean with it); a prompt-only 4096-token
@@ -1518,6 +1538,15 @@ if busy:
           f"p50 {mhz[len(mhz) // 2]} p90 {mhz[9 * len(mhz) // 10]}, power W p50 "
           f"{sorted(b[1] for b in busy)[len(busy) // 2]}, throttle reasons "
           f"{sorted(set(b[2] for b in busy))}")
+    # a compile or a host pause idles at boost clocks too: the timed reps are the samples near
+    # the window's peak power (session 59: the megakernel 1500 MHz at 691 W, the peer 1590)
+    peak = max(b[1] for b in busy)
+    load = sorted(b for b in busy if b[1] >= 0.6 * peak)
+    mhz, watts = [b[0] for b in load], sorted(b[1] for b in load)
+    print(f"  under load (power >= 0.6 x peak {peak:.0f} W): {len(load)} samples, SM MHz p10 "
+          f"{mhz[len(mhz) // 10]} p50 {mhz[len(mhz) // 2]} p90 {mhz[9 * len(mhz) // 10]}, "
+          f"power W p50 {watts[len(watts) // 2]}, power-capped (0x4) in "
+          f"{sum(int(b[2], 16) & 4 != 0 for b in load) / len(load):.0%}")
 else:
     print("nvidia-smi: no busy sample")
 PYEOF
@@ -1576,7 +1605,12 @@ if has clocks; then
   # every 100 ms: clocks.log, clocks.csv, clocks_<point>_<system>.json (~6 min). MK_CL_GAP_MS
   # (session 58: the timed step ran 4-8% over its journaled span, more the busier the SMs):
   # each system also timed with --rep-gap-ms that long before each of 20 reps (a rested GPU,
-  # as a lone journaled launch): clocks_<point>_<system>_gap.json (+~1 min a point)
+  # as a lone journaled launch): clocks_<point>_<system>_gap.json (+~1 min a point).
+  # MK_CL_VARIANTS (session 59: under load the megakernel's SMs ran 1500 MHz at 691 W, the
+  # peer's 1590; which of its parts draws the power?): space-separated NAME:VAR=VALUE[/VAR=...],
+  # megakernel builds timed between the two systems, e.g. "nob1:MK_GEMM_EXPERIMENT=nob1" (a
+  # third fewer operand bytes from L2 per GEMM K step: a cluster multicast's; wrong results,
+  # timing only) "warp:MK_HANDOFF=warp": clocks_<point>_<NAME>.json
   smi_start "$OUTDIR/clocks.csv"
   : > "$OUTDIR/clocks.log"
   for pt in ${MK_CL_POINTS:-4096:256 mixed}; do
@@ -1587,19 +1621,22 @@ if has clocks; then
     else
       a="--batch ${pt%%:*} --context ${pt#*:} --mixed none"; tag=b${pt%%:*}
     fi
-    for sys in megakernel compile; do
+    for v in megakernel: ${MK_CL_VARIANTS:-} compile:; do
+      name=${v%%:*}; venv=${v#*:}; sys=megakernel
+      [ "$name" = compile ] && sys=compile
       for gap in 0 ${MK_CL_GAP_MS:-}; do
         reps=60; sfx=""
         [ "$gap" != 0 ] && { reps=20; sfx=_gap; }
         t0=$(date +%H:%M:%S)     # nvidia-smi stamps local time
-        # shellcheck disable=SC2086  # $a: the arguments, split
-        timeout 240 python launch/bench.py --systems $sys --skip-check --reps $reps --warmup 10 \
-            --rep-gap-ms "$gap" --no-png $a --out "$OUTDIR/clocks_${tag}_$sys$sfx.json" \
-            > "$TMPD/clocks_${tag}_$sys$sfx.log" 2>&1 || rc=1
+        # shellcheck disable=SC2086  # $a: the arguments, ${venv//\// }: the assignments, split
+        env ${venv//\// } timeout 240 python launch/bench.py --systems $sys --skip-check \
+            --reps $reps --warmup 10 --rep-gap-ms "$gap" --no-png $a \
+            --out "$OUTDIR/clocks_${tag}_$name$sfx.json" > "$TMPD/clocks_${tag}_$name$sfx.log" \
+            2>&1 || rc=1
         t1=$(date +%H:%M:%S)
-        { echo "== $tag $sys, $gap ms idle before each rep ($t0 .. $t1)"
-          table "$TMPD/clocks_${tag}_$sys$sfx.log" | grep -E "^ *(decode|mixed) "
-          grep -E -A8 "Error|^error|Traceback" "$TMPD/clocks_${tag}_$sys$sfx.log" | tail -12
+        { echo "== $tag $name${venv:+ ($venv)}, $gap ms idle before each rep ($t0 .. $t1)"
+          table "$TMPD/clocks_${tag}_$name$sfx.log" | grep -E "^ *(decode|mixed) "
+          grep -E -A8 "Error|^error|Traceback" "$TMPD/clocks_${tag}_$name$sfx.log" | tail -12
           smi_summary "$OUTDIR/clocks.csv" "$t0" "$t1"; } | tee -a "$OUTDIR/clocks.log"
       done
     done

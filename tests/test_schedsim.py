@@ -105,8 +105,8 @@ def test_plan_words_take_the_backends_default_plan_and_mixed_points():
 def test_journaled_runs_are_replanned_with_their_own_default_plan(tmp_path):
     """A journal JSON is replanned under the default plan its run had: bench.py records it
     ("default_plan", since session 50); older JSONs ran norm_fold=2's; a field today's default
-    sets that the run's did not (attn_lpt, session 56; attn_chunk_splits, session 58) at
-    PlanConfig's own value."""
+    sets that the run's did not (attn_lpt, session 56; attn_chunk_splits, session 58;
+    attn_chunk_reduce, session 59) at PlanConfig's own value."""
     base = {"command": "python launch/bench.py --plan raster_blocks=4", "points": []}
     old = tmp_path / "old.json"
     old.write_text(json.dumps(base))
@@ -115,17 +115,23 @@ def test_journaled_runs_are_replanned_with_their_own_default_plan(tmp_path):
     s56 = tmp_path / "s56.json"
     s56.write_text(json.dumps(dict(base, default_plan={"split_k": 0, "norm_fold": 4,
                                                        "attn_lpt": 1})))
+    s58 = tmp_path / "s58.json"
+    s58.write_text(json.dumps(dict(base, default_plan={"split_k": 0, "norm_fold": 4,
+                                                       "attn_lpt": 1, "attn_chunk_splits": 1})))
     new = tmp_path / "new.json"
     new.write_text(json.dumps(dict(base, default_plan={"split_k": 0, "norm_fold": 4,
-                                                       "attn_lpt": 1, "attn_chunk_splits": 1})))
+                                                       "attn_lpt": 1, "attn_chunk_splits": 1,
+                                                       "attn_chunk_reduce": 1})))
     assert (schedsim._journaled_points(f"{old}::x=1")[0]
-            == "attn_lpt=0,attn_chunk_splits=0,norm_fold=2,raster_blocks=4,x=1")
+            == "attn_lpt=0,attn_chunk_splits=0,attn_chunk_reduce=0,norm_fold=2,raster_blocks=4,x=1")
     assert (schedsim._journaled_points(str(s50))[0]
-            == "attn_lpt=0,attn_chunk_splits=0,norm_fold=4,raster_blocks=4")
+            == "attn_lpt=0,attn_chunk_splits=0,attn_chunk_reduce=0,norm_fold=4,raster_blocks=4")
     assert (schedsim._journaled_points(str(s56))[0]
-            == "attn_chunk_splits=0,norm_fold=4,attn_lpt=1,raster_blocks=4")
-    assert (schedsim._journaled_points(str(new))[0]
-            == "norm_fold=4,attn_lpt=1,attn_chunk_splits=1,raster_blocks=4")
+            == "attn_chunk_splits=0,attn_chunk_reduce=0,norm_fold=4,attn_lpt=1,raster_blocks=4")
+    assert (schedsim._journaled_points(str(s58))[0]
+            == "attn_chunk_reduce=0,norm_fold=4,attn_lpt=1,attn_chunk_splits=1,raster_blocks=4")
+    assert (schedsim._journaled_points(str(new))[0] == "norm_fold=4,attn_lpt=1,attn_chunk_splits=1,"
+                                                       "attn_chunk_reduce=1,raster_blocks=4")
 
 
 def test_gemm_tiles_follow_their_k_slice():
