@@ -30,7 +30,10 @@ logits, in any system. Under torchrun each rank times its own shard (no collecti
 rank 0 reports the slowest rank per figure.
 
 Timing: CUDA events around each step, the L2 flushed and new token ids copied in before each rep
-(outside the events), --warmup steps first, the median of --reps reps. On the CPU (--device cpu):
+(outside the events), --warmup steps first, the median of --reps reps. --plan-ab NAME:FIELDS ...:
+plans that change only the megakernel's instruction stream timed on its one compiled kernel, rep
+by rep interleaved with the plan's own (each variant's median, and the median of its per-rep
+ratios to the base's: the A/B without the drift between separate runs). On the CPU (--device cpu):
 time.perf_counter, no CUDA graphs and no torch.compile (graph and compile are skipped with a note).
 
 Before timing, the peer's step is checked against mk.reference.ReferenceModel on a small model with
@@ -276,6 +279,28 @@ class Timer:
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+    def run_interleaved(self, fns: list, warmup: int, reps: int, before=None) -> list[list[float]]:
+        """Milliseconds of each rep of each fns[k](), the reps interleaved: rep i runs every fn,
+        in an order rotated by i (none always first after another's tail); before(k, i) runs
+        untimed before fns[k]'s rep i. Reps taken moments apart share the clock and the
+        temperature, so their ratio carries none of the drift between separate runs (session
+        59: GEMM tiles' own times 2% apart in two runs of one plan within one call)."""
+        n = len(fns)
+        order = [(k, i) for i in range(max(reps, 1)) for k in [(i + j) % n for j in range(n)]]
+        cur = [0]
+
+        def pick(j):                            # the warm-up cycles through the first reps
+            k, i = order[j % len(order)]
+            cur[0] = k
+            if before:
+                before(k, i)
+        flat = self.run(lambda: fns[cur[0]](), warmup * n, n * reps, pick)
+        out = [[] for _ in range(n)]
+        for (k, _), ms in zip(order, flat):
+            out[k].append(ms)
+        return out
+
+
 def summarize(ms: list[float]) -> dict:
     q = sorted(ms)
     pick = lambda f: q[min(len(q) - 1, int(f * len(q)))]  # noqa: E731
@@ -347,6 +372,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="megakernel: PlanConfig overrides of the backend's default plan "
                         "(mk.megakernel_step.DEFAULT_PLAN), e.g. kv_split=128,norm_fold=0 "
                         "(integer fields; --split-k sets split_k)")
+    p.add_argument("--plan-ab", default="", metavar="NAME:FIELD=VALUE,... ...",
+                   help="megakernel: each space-separated NAME:FIELD=VALUE,... plan (over --plan) "
+                        "timed on the same compiled kernel, its reps interleaved with the "
+                        "plan's own rep by rep: per variant its median and the median of its "
+                        "per-rep ratios to the base's (a plan that needs another kernel or other "
+                        "buffers is refused)")
     p.add_argument("--journal", action="store_true",
                    help="megakernel: after timing, one journaled launch per point (a compile "
                         "of its own): per-opcode time breakdown and a timeline PNG")
@@ -396,6 +427,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def resolve(args, world: int, rank: int) -> dict:
     """Validate the arguments; returns the plan of the run (raises UsageError)."""
     plan_overrides(args.plan)
+    plan_variants(args.plan_ab, args.plan)
     if args.journal_isolated:
         if not args.journal:
             raise UsageError("--journal-isolated: runs with --journal only (the journaled kernel)")
@@ -539,6 +571,23 @@ def plan_overrides(text: str) -> dict:
         raise UsageError(f"--plan: {e}") from None
 
 
+def plan_variants(text: str, base: str = "") -> dict:
+    """--plan-ab's NAME:FIELD=VALUE,... entries as {NAME: PlanConfig overrides, --plan's
+    under each} (raises UsageError)."""
+    out = {}
+    for item in text.split():
+        name, sep, fields = item.partition(":")
+        if not sep or not name or not fields:
+            raise UsageError(f"--plan-ab: {item!r} is not NAME:FIELD=VALUE,...")
+        if name in out or name == "base":
+            raise UsageError(f"--plan-ab: the name {name!r} is taken")
+        try:
+            out[name] = {**plan_overrides(base), **plan_overrides(fields)}
+        except UsageError as e:
+            raise UsageError(f"--plan-ab {name}: {str(e).removeprefix('--plan: ')}") from None
+    return out
+
+
 def make_megakernel(weights, point: Point, split_k: int = 0, page: int = 16,
                     plan: dict | None = None):
     """The engine's megakernel backend for the point (raises when it cannot run a step). The
@@ -626,11 +675,14 @@ def check_backend_against_reference(name: str, weights, tol: float = 2e-2) -> di
     return dict(rel_err=rel, ok=rel < tol and bool(torch.isfinite(a).all()))
 
 
-def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: bool) -> dict:
+def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: bool,
+                    variants: dict | None = None) -> dict:
     """The megakernel's step time on the GPU, like the graph peers': the step is planned and its
     metadata uploaded once (host_plan_ms, reported beside: a serving loop plans step n+1 while the
     GPU runs step n), the launch is captured in a CUDA graph and replayed, and new token ids are
-    written into the metadata before each rep (untimed, as the peers' set_tokens)."""
+    written into the metadata before each rep (untimed, as the peers' set_tokens). variants
+    ({name: PlanConfig overrides}, --plan-ab): each plan's step on the same compiled kernel, its
+    reps interleaved with the base's (plan_ab: its times and its per-rep ratios to the base)."""
     from mk.instructions import _common as mc
     t0 = time.perf_counter()
     mk, handle, plan = be.prepare(batch)
@@ -648,22 +700,51 @@ def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: b
         if cuda:
             torch.cuda.synchronize()
         steady.append(1e3 * (time.perf_counter() - t0))
-    T = plan.meta.num_tokens
-    off = int(plan.meta.tensor[mc.M_OFF_TOKENS])
-    before = lambda i: be.meta[off:off + T].copy_(pool[i % pool.shape[0], :T])  # noqa: E731
-    go = mk.launcher(handle)
     info = dict(host_plan_ms=round(sorted(steady)[1], 3), first_prepare_ms=round(plan_ms, 3),
                 instructions=int(plan.instrs.shape[0]),
                 first_launch_s=round(first_s, 2), grid=mk.grid)
-    if cuda:
-        try:
-            graph, _ = capture(go, be.device)
-            fn, info["launch"] = graph.replay, "CUDA graph replay"
-        except Exception as e:  # noqa: BLE001  not capturable here: time the plain launch
-            fn, info["launch"] = go, f"direct launch (graph capture failed: {_err(e)})"
+    # (name, plan, handle, its metadata on the device: None where be.meta holds it throughout)
+    runs = [("base", plan, handle, None)]
+    if variants:
+        runs[0] = ("base", plan, handle, plan.meta.tensor.to(be.device))
+        for name, fields in variants.items():
+            vmk, vhandle, vplan, vmeta = be.prepare_variant(
+                batch, replace(be.plan_cfg, **fields))
+            assert vmk is mk, "a variant of the same batch is of the same M class"
+            runs.append((name, vplan, vhandle, vmeta))
+    fns, befores = [], []
+    for name, p, h, meta in runs:
+        T, off = p.meta.num_tokens, int(p.meta.tensor[mc.M_OFF_TOKENS])
+
+        def before(i, meta=meta, T=T, off=off):
+            if meta is not None:
+                be.meta[:meta.numel()].copy_(meta)
+            be.meta[off:off + T].copy_(pool[i % pool.shape[0], :T])
+        before(0)                               # capture() runs the step once
+        if name != "base":
+            mk.launch(h, check=True)            # its first step checked, as the base's above
+        go = mk.launcher(h)
+        if cuda:
+            try:
+                graph, _ = capture(go, be.device)
+                fn, how = graph.replay, "CUDA graph replay"
+            except Exception as e:  # noqa: BLE001  not capturable here: time the plain launch
+                fn, how = go, f"direct launch (graph capture failed: {_err(e)})"
+        else:
+            fn, how = go, "direct launch"
+        info.setdefault("launch", how)
+        fns.append(fn)
+        befores.append(before)
+    if len(fns) == 1:
+        ms = timer.run(fns[0], warm, reps, befores[0])
     else:
-        fn, info["launch"] = go, "direct launch"
-    ms = timer.run(fn, warm, reps, before)
+        every = timer.run_interleaved(fns, warm, reps, lambda k, i: befores[k](i))
+        ms = every[0]
+        info["plan_ab"] = {
+            name: dict(plan=variants[name], instructions=int(p.instrs.shape[0]),
+                       **summarize(every[k]),
+                       ratio=summarize([a / b for a, b in zip(every[k], ms)]))
+            for k, (name, p, _, _) in enumerate(runs) if k}
     mk.check()                                  # a bounded wait that timed out fails the point
     return dict(status="ok", **summarize(ms), **info)
 
@@ -889,7 +970,13 @@ def run_point(point: Point, weights, args, systems: list[str], timer: Timer, dev
                                              plan_overrides(args.plan))
                 batch = megakernel_batch(point, kernel, pool[0].tolist())
                 seed_megakernel_kv(be, point, kernel, args.seed)
-                res["megakernel"] = time_megakernel(be, batch, pool, timer, warm, reps, cuda)
+                res["megakernel"] = time_megakernel(be, batch, pool, timer, warm, reps, cuda,
+                                                    plan_variants(args.plan_ab, args.plan))
+                for name, v in res["megakernel"].get("plan_ab", {}).items():
+                    log(f"{point.label}: --plan-ab {name}: {v['ms']:.3f} ms against the base's "
+                        f"{res['megakernel']['ms']:.3f}, per-rep ratio median "
+                        f"{v['ratio']['ms']:.4f} (p10 {v['ratio']['p10_ms']:.4f}, p90 "
+                        f"{v['ratio']['p90_ms']:.4f})")
                 # pool[0]'s logits once more, for the comparison with the eager peer below
                 mk_logits = be.forward(batch).float().cpu()
                 if args.journal and cuda:

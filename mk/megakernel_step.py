@@ -114,6 +114,24 @@ def class_split_ops(plan_cfg: PlanConfig, num_tokens: int) -> frozenset | None:
     return plan_cfg.split_ops(tiles.class_fewest_tokens(num_tokens))
 
 
+def class_bound(num_tokens: int) -> int:
+    """The token bound of num_tokens' M class: the megakernel variant's gemm_m."""
+    from mk import tiles
+    return (tiles.M_CLASSES + (max(tiles.M_CLASSES[-1] + 1, num_tokens),))[
+        tiles.m_class(num_tokens)]
+
+
+def kernel_signature(plan_cfg: PlanConfig, model: ModelConfig, parallel, kernel: KernelConfig,
+                     num_tokens: int) -> tuple:
+    """What the backend's compiled variant of num_tokens' M class, its buffers and its folded
+    weights take from a PlanConfig: plans of equal signatures run on one compiled kernel (the
+    others differ in their instruction streams only)."""
+    m = class_bound(num_tokens)
+    return (plan_cfg.norm_fold, plan_cfg.l2_prefetch_mib > 0, class_split_ops(plan_cfg, m),
+            class_row_parts(plan_cfg, model, parallel, kernel, m),
+            buffer_shapes(model, parallel, kernel, plan_cfg))
+
+
 class UnsupportedModelError(ValueError):
     """The model / parallel / kernel configuration is outside what the GPU bodies support."""
 
@@ -273,7 +291,7 @@ class MegakernelStepBackend:
         from mk import tiles
         c = tiles.m_class(num_tokens)
         if c not in self._kernels:
-            m = (tiles.M_CLASSES + (max(tiles.M_CLASSES[-1] + 1, num_tokens),))[c]
+            m = class_bound(num_tokens)
             self._kernels[c] = mkk.Megakernel(
                 self.arena, self.normw, self.model.num_layers, self.model.rms_norm_eps,
                 journal=self.journal, journal_capacity=self.journal_capacity,
@@ -323,6 +341,31 @@ class MegakernelStepBackend:
             self.stream_uploads += 1
         self.meta[:meta.numel()].copy_(meta, non_blocking=False)
         return mk, handle, plan
+
+    def prepare_variant(self, batch: StepBatch, plan_cfg: PlanConfig):
+        """The batch planned under another PlanConfig for this backend's compiled kernel and
+        buffers (an A/B of plans in one process: launch/bench.py --plan-ab): (megakernel,
+        handle, plan, its metadata on the device). The held stream and self.meta are left as
+        they are: the caller copies the metadata into self.meta before launching the handle.
+        Raises ValueError when plan_cfg needs another kernel, other buffers or other folded
+        weights (time it as its own --plan run)."""
+        sig = [kernel_signature(c, self.model, self.planner.parallel, self.kernel,
+                                batch.num_tokens) for c in (plan_cfg, self.plan_cfg)]
+        if sig[0] != sig[1]:
+            raise ValueError(f"plan {plan_cfg} needs another compiled kernel, other buffers or "
+                             f"other folded weights than the backend's ({self.plan_cfg}): "
+                             "time it as its own run")
+        plan_cfg.validate_for(self.model)
+        plan = Planner(self.model, self.planner.parallel, self.kernel, plan_cfg,
+                       fast_path=False).plan(batch)
+        mk = self.megakernel_for(plan.meta.num_tokens)
+        handle = mk.prepare(plan.instrs, meta_page_size=self.kernel.page_size,
+                            check_stream=plan.representative_stream())
+        meta = plan.meta.tensor
+        if meta.numel() > self.meta.numel():
+            raise ValueError(f"step metadata of {meta.numel()} words exceeds the buffer's "
+                             f"{self.meta.numel()}")
+        return mk, handle, plan, meta.to(self.device)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:

@@ -248,6 +248,12 @@
 #          MK_NORMROWS_BATCH (16,64,256) with 8 and each, journal on: at B=64
 #          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
 #          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
+#   planpair plan variants on the default plan's compiled kernel, reps interleaved with its own in
+#          one process (launch/bench.py --plan-ab): MK_PP ("l2:attn_lpt=2"; space-separated
+#          NAME:FIELD=VALUE,...), at decode MK_PP_BATCH (none) and the mixed step MK_PP_MIXED
+#          (0:1:4096), MK_PP_REPS (20) each, megakernel only, no journal: planpair.log,
+#          planpair.json (~2 min + ~reps x steps; a plan that changes the kernel or the buffers,
+#          e.g. kv_split or norm_fold, is refused: planab)
 #   planab plan variants A/B (a plan change only, the kernel is the same): MK_PLANAB, space-separated
 #          NAME:PLAN entries (PLAN as --plan takes it; default "od1:splitk_o_max_tokens=1,
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
@@ -425,9 +431,13 @@
 #         toward the peer's 1590 MHz and its time falls by more than session 22's cold-L2 -1 to
 #         -4%, that part's energy is the lever: multicast pairs (nob1) or the warp hand-off
 #         (its racecheck: session 21 kept `thread` because racecheck models it).
-#      3. attn_lpt=2 at the control: `MK_PLANAB="l2:attn_lpt=2" MK_PLANAB_NOCHECK=1
-#         MK_PLANAB_BATCH=none MK_PLANAB_MIXED=256:1024:1024 MK_STEPS=planab` (the base has
-#         attn_chunk_reduce now); default if no loss there (the 4096 prompt: -1.4%).
+#      3. attn_lpt=2 at the control, interleaved with the default rep by rep on one kernel
+#         (`planpair`, new: launch/bench.py --plan-ab; its first GPU run, so also the variant
+#         the default already is as a sanity pair): `MK_PP="l2:attn_lpt=2 cr0:attn_chunk_reduce=0"
+#         MK_PP_MIXED=256:1024:1024 MK_STEPS=planpair`, then MK_PP_MIXED=0:1:4096 and
+#         256:1024:2048 (~2 min each on a warm machine); attn_lpt=2 the default if no loss at the
+#         control (the 4096 prompt: -1.4% in session 59's separate runs); cr0 should come out
+#         ~+2% / ~+1% / 0 as session 59's separate runs had it.
 #      4. 000030's 3 (e2e B=1 .. 256; issue 6's large points) and 4 (issue 5's table).
 #   000030. Session 58 ran 000029's 2 on one H100 (`*_s58_h100*`): attn_chunk_splits=1 is the
 #      default (DEFAULT_PLAN; a 4096-token prompt step -3.6%, 256 decodes + a 2048-token prompt
@@ -1054,7 +1064,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [attnlpt]=240)
+                   [nself]=480 [attnlpt]=240 [planpair]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2099,6 +2109,22 @@ if has planab; then
     time_variant planab "${e%%:*}" "--plan ${pl:-(none)} $ev" ${MK_PLANAB_BATCH:-16,64} "$ev" \
         "$mx ${pl:+--plan $pl}"
   done
+fi
+if has planpair; then
+  # plan variants on one compiled kernel, their reps interleaved with the default plan's in one
+  # process (launch/bench.py --plan-ab: per variant its median and the median of its per-rep
+  # ratios to the base's): no compile per variant, and no drift between the runs (session 59:
+  # the GEMM tiles' own times 2% apart in two runs of one plan in one call)
+  mx=${MK_PP_MIXED:-0:1:4096}
+  : > "$OUTDIR/planpair.log"
+  timeout 400 python launch/bench.py --systems megakernel --skip-check --no-png \
+      --batch "${MK_PP_BATCH:-none}" --mixed "$mx" --reps "${MK_PP_REPS:-20}" --warmup 3 \
+      --plan-ab "${MK_PP:-l2:attn_lpt=2}" --out "$OUTDIR/planpair.json" \
+      > "$TMPD/planpair.log" 2>&1 || rc=1
+  { table "$TMPD/planpair.log" | grep -E "^ *(decode|mixed) "
+    grep -E "plan-ab" "$TMPD/planpair.log"
+    grep -E -A12 "Error|^error|Traceback" "$TMPD/planpair.log" | tail -30; } \
+      | tee -a "$OUTDIR/planpair.log"
 fi
 if has epiab; then
   # session 25's default epilogue (RESIDUAL tiles: TMA stores + stmatrix staging) against the

@@ -124,6 +124,10 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--plan", "norm_rows=0"], "--plan: PlanConfig.norm_rows must be a positive integer"),
     (["--plan", "policy=random"], "--plan: unknown queue policy 'random'"),
     (["--plan", "split_k=2"], "--plan: 'split_k=2' is not FIELD=VALUE"),
+    (["--plan-ab", "cr"], "--plan-ab: 'cr' is not NAME:FIELD=VALUE,..."),
+    (["--plan-ab", "cr:bogus=1"], "--plan-ab cr: 'bogus=1' is not FIELD=VALUE"),
+    (["--plan-ab", "a:attn_lpt=2 a:attn_lpt=0"], "--plan-ab: the name 'a' is taken"),
+    (["--plan-ab", "base:attn_lpt=2"], "--plan-ab: the name 'base' is taken"),
     (["--batch", "none", "--mixed", "none"], "--batch none with --mixed none: no point to run"),
     (["--batch", "1,x"], "--batch '1,x': expected comma-separated integers"),
     (["--rep-gap-ms", "-1"], "--rep-gap-ms must be in [0, 60000], got -1"),
@@ -446,3 +450,96 @@ def test_rep_gap_rests_before_each_timed_rep_only(bench, monkeypatch):
     slept.clear()
     bench.Timer(torch.device("cpu")).run(lambda: None, warmup=1, reps=2)
     assert slept == []
+
+
+def test_interleaved_reps_rotate_and_pair_up(bench):
+    """Timer.run_interleaved (--plan-ab): every fn warmed up `warmup` times, then rep i runs them
+    all in an order rotated by i, each after its own before(k, i); the times come back per fn in
+    rep order (rep i of one fn beside rep i of the others: their ratio pairs them)."""
+    import torch
+    calls, befores = [], []
+    fns = [lambda k=k: calls.append(k) for k in range(3)]
+    out = bench.Timer(torch.device("cpu")).run_interleaved(
+        fns, 2, 4, lambda k, i: befores.append((k, i)))
+    assert [len(o) for o in out] == [4, 4, 4] and all(t >= 0 for o in out for t in o)
+    timed = calls[6:]
+    assert sorted(calls[:6]) == [0, 0, 1, 1, 2, 2]
+    assert timed == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]
+    assert befores[6:] == [(k, i) for i, k in zip([0] * 3 + [1] * 3 + [2] * 3 + [3] * 3, timed)]
+
+
+def test_plan_ab_variants_go_over_the_plan_and_share_the_kernel(bench):
+    """--plan-ab's variants are --plan's fields with their own over them; plans that change only
+    the instruction stream (the attention's order and cuts) have the backend's kernel signature,
+    the ones that change the buffers or the folded weights do not (prepare_variant refuses
+    them: they are timed as runs of their own)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from host_step import rank_model
+
+    from mk.config import ParallelConfig
+    from mk.megakernel_step import default_plan_config, kernel_signature
+    assert bench.plan_variants("cr:attn_chunk_reduce=0 l2:attn_lpt=2,kv_split=256",
+                               "kv_split=128") == {
+        "cr": {"kv_split": 128, "attn_chunk_reduce": 0},
+        "l2": {"kv_split": 256, "attn_lpt": 2}}
+    model = rank_model()
+    point = bench.Point("mixed", 0, 1, 4096)
+    kernel = bench.megakernel_kernel_config(point)
+    sig = lambda **f: kernel_signature(default_plan_config(model, **f), model,  # noqa: E731
+                                       ParallelConfig(), kernel, point.tokens)
+    base = sig()
+    for same in ({"attn_lpt": 2}, {"attn_chunk_reduce": 0}, {"attn_chunk_rows": 32},
+                 {"raster_blocks": 4}):
+        assert sig(**same) == base, same
+    for other in ({"kv_split": 2048}, {"norm_fold": 2}, {"split_k": 1}):
+        assert sig(**other) != base, other
+
+
+def test_plan_ab_times_each_variant_on_its_own_stream_and_metadata(bench):
+    """time_megakernel with --plan-ab variants (a fake backend on the CPU): each variant's
+    stream is prepared once and checked by a first launch, every timed rep of a plan runs with
+    that plan's metadata copied in (then the rep's token ids), and the report pairs each
+    variant's reps with the base's."""
+    import types
+
+    import torch
+
+    from mk.instructions import _common as mc
+    from mk.plan import PlanConfig
+    T, off, n = 2, 10, 16
+    pool = torch.arange(40, dtype=torch.int32).view(20, 2)
+
+    def plan_of(marker: int):
+        meta = torch.full((n,), marker, dtype=torch.int32)
+        meta[mc.M_OFF_TOKENS] = off
+        return types.SimpleNamespace(meta=types.SimpleNamespace(tensor=meta, num_tokens=T),
+                                     instrs=torch.zeros(marker, 4))
+    seen = []
+    be = types.SimpleNamespace(meta=torch.zeros(n, dtype=torch.int32), device=torch.device("cpu"),
+                               plan_cfg=PlanConfig(attn_lpt=1, attn_chunk_splits=1,
+                                                   attn_chunk_reduce=1))
+    mk = types.SimpleNamespace(grid=1, check=lambda: None)
+    mk.launch = lambda h, check=True: seen.append(("launch", h, int(be.meta[0])))
+    mk.launcher = lambda h: lambda: seen.append((h, int(be.meta[0]), be.meta[off:off + T].tolist()))
+    be.prepare = lambda batch: (mk, "base", plan_of(1))
+    cfgs = []
+
+    def prepare_variant(batch, cfg):
+        cfgs.append(cfg)
+        h = f"v{len(cfgs)}"
+        return mk, h, plan_of(1 + len(cfgs)), plan_of(1 + len(cfgs)).meta.tensor
+    be.prepare_variant = prepare_variant
+    res = bench.time_megakernel(be, None, pool, bench.Timer(torch.device("cpu")), 1, 3, False,
+                                {"a": {"attn_lpt": 2}, "b": {"attn_chunk_reduce": 0}})
+    assert [c.attn_lpt for c in cfgs] == [2, 1] and cfgs[1].attn_chunk_reduce == 0
+    assert ("launch", "v1", 2) in seen and ("launch", "v2", 3) in seen
+    runs = [s for s in seen if s[0] != "launch"]
+    marker = {"base": 1, "v1": 2, "v2": 3}
+    assert all(m == marker[h] for h, m, _ in runs), runs
+    timed = runs[-9:]                           # 3 reps x 3 plans, rotated
+    assert [h for h, _, _ in timed] == ["base", "v1", "v2", "v1", "v2", "base", "v2", "base",
+                                        "v1"]
+    assert [tok for _, _, tok in timed[:3]] == [pool[0].tolist()] * 3
+    assert set(res["plan_ab"]) == {"a", "b"} and res["plan_ab"]["a"]["instructions"] == 2
+    assert res["plan_ab"]["b"]["plan"] == {"attn_chunk_reduce": 0}
+    assert res["plan_ab"]["a"]["ratio"]["reps"] == 3 and res["reps"] == 3
