@@ -439,6 +439,9 @@
 #         control (the 4096 prompt: -1.4% in session 59's separate runs); cr0 should come out
 #         ~+2% / ~+1% / 0 as session 59's separate runs had it.
 #      4. 000030's 3 (e2e B=1 .. 256; issue 6's large points) and 4 (issue 5's table).
+#      5. Prompt attention (~10% of a 4096-token step's SM time at ~2.5 us a 128-row x 64-key
+#         block, ~22% of the tensor rate; bench/ATTENTION_NOTES.md session 59): where a block's
+#         time goes, `MK_ATTN_EXP_CASES=prefill-chunks,prefill-1k-at-3k MK_STEPS=attnexp`.
 #   000030. Session 58 ran 000029's 2 on one H100 (`*_s58_h100*`): attn_chunk_splits=1 is the
 #      default (DEFAULT_PLAN; a 4096-token prompt step -3.6%, 256 decodes + a 2048-token prompt
 #      -13.7%; the GPU test files, checks and racecheck clean with it); a prompt-only 4096-token
