@@ -444,6 +444,8 @@ def resolve(args, world: int, rank: int) -> dict:
     if bad or not systems:
         raise UsageError(f"--systems: unknown system(s) {', '.join(bad) or '(none)'}; choose from "
                          f"{', '.join(SYSTEMS)}")
+    if args.plan_ab and "megakernel" not in systems:
+        raise UsageError("--plan-ab: times the megakernel's plans; --systems has no megakernel")
     batches = [] if args.batch.strip().lower() == "none" else _int_list(args.batch, "--batch")
     for b in batches:
         if not 1 <= b <= MAX_BATCH:

@@ -355,7 +355,6 @@ class MegakernelStepBackend:
             raise ValueError(f"plan {plan_cfg} needs another compiled kernel, other buffers or "
                              f"other folded weights than the backend's ({self.plan_cfg}): "
                              "time it as its own run")
-        plan_cfg.validate_for(self.model)
         plan = Planner(self.model, self.planner.parallel, self.kernel, plan_cfg,
                        fast_path=False).plan(batch)
         mk = self.megakernel_for(plan.meta.num_tokens)

@@ -128,6 +128,7 @@ def test_tiny_cpu_run_writes_json_table_and_png(tmp_path, bench, capsys):
     (["--plan-ab", "cr:bogus=1"], "--plan-ab cr: 'bogus=1' is not FIELD=VALUE"),
     (["--plan-ab", "a:attn_lpt=2 a:attn_lpt=0"], "--plan-ab: the name 'a' is taken"),
     (["--plan-ab", "base:attn_lpt=2"], "--plan-ab: the name 'base' is taken"),
+    (["--plan-ab", "l2:attn_lpt=2", "--systems", "eager"], "--plan-ab: times the megakernel's"),
     (["--batch", "none", "--mixed", "none"], "--batch none with --mixed none: no point to run"),
     (["--batch", "1,x"], "--batch '1,x': expected comma-separated integers"),
     (["--rep-gap-ms", "-1"], "--rep-gap-ms must be in [0, 60000], got -1"),
