@@ -677,6 +677,29 @@ def check_backend_against_reference(name: str, weights, tol: float = 2e-2) -> di
     return dict(rel_err=rel, ok=rel < tol and bool(torch.isfinite(a).all()))
 
 
+def host_full_step_ms(be, batch, mk, cuda: bool, whole: bool = False) -> float:
+    """The host's share of a step the planner's fast path cannot take (a prefill chunk, a batch
+    of another structure: every step of a job over many prompts until its prompts are in): the
+    full plan, the check of its representative rows, the stream's upload (StepPlan.
+    device_stream; whole: all of it, as before session 59) and the metadata's copy. Median of 3
+    after one that allocates the planner's arena (ms). The same batch as the timed step: the
+    held stream and metadata stay as they are."""
+    from mk.plan import Planner
+    planner = Planner(be.model, be.planner.parallel, be.kernel, be.plan_cfg, fast_path=False)
+    ms = []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        plan = planner.plan(batch)
+        stream = plan.instrs.to(be.device) if whole else plan.device_stream(be.device)
+        mk.prepare(stream, meta_page_size=be.kernel.page_size,
+                   check_stream=plan.representative_stream())
+        be.meta[:plan.meta.tensor.numel()].copy_(plan.meta.tensor)
+        if cuda:
+            torch.cuda.synchronize()
+        ms.append(1e3 * (time.perf_counter() - t0))
+    return round(sorted(ms[1:])[1], 3)
+
+
 def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: bool,
                     variants: dict | None = None) -> dict:
     """The megakernel's step time on the GPU, like the graph peers': the step is planned and its
@@ -703,6 +726,8 @@ def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: b
             torch.cuda.synchronize()
         steady.append(1e3 * (time.perf_counter() - t0))
     info = dict(host_plan_ms=round(sorted(steady)[1], 3), first_prepare_ms=round(plan_ms, 3),
+                host_full_step_ms=host_full_step_ms(be, batch, mk, cuda),
+                host_full_step_whole_upload_ms=host_full_step_ms(be, batch, mk, cuda, whole=True),
                 instructions=int(plan.instrs.shape[0]),
                 first_launch_s=round(first_s, 2), grid=mk.grid)
     # (name, plan, handle, its metadata on the device: None where be.meta holds it throughout)

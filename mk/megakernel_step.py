@@ -335,7 +335,7 @@ class MegakernelStepBackend:
         else:
             # the planner's stream is a layer template repeated: checking the prelude, the first
             # and last layers and the final rows is checking it all (a 40th of the rows: ~1 ms)
-            handle = mk.prepare(plan.instrs, meta_page_size=k.page_size,
+            handle = mk.prepare(plan.device_stream(self.device), meta_page_size=k.page_size,
                                 check_stream=plan.representative_stream())
             self._held, self._handle = (mk, plan.serial), handle
             self.stream_uploads += 1
@@ -358,7 +358,7 @@ class MegakernelStepBackend:
         plan = Planner(self.model, self.planner.parallel, self.kernel, plan_cfg,
                        fast_path=False).plan(batch)
         mk = self.megakernel_for(plan.meta.num_tokens)
-        handle = mk.prepare(plan.instrs, meta_page_size=self.kernel.page_size,
+        handle = mk.prepare(plan.device_stream(self.device), meta_page_size=self.kernel.page_size,
                             check_stream=plan.representative_stream())
         meta = plan.meta.tensor
         if meta.numel() > self.meta.numel():

@@ -984,6 +984,41 @@ class StepPlan:
         tail = int(rows[head]) if len(rows) > head else len(self)
         return torch.cat([self.instrs[:head], self.instrs[tail:]])
 
+    def device_stream(self, device) -> torch.Tensor:
+        """self.instrs on `device`, uploading only the prelude, the first three layers and the
+        final rows (~4 / 80 of an 80-layer stream) and building layers 3 .. L-1 there as layer 1
+        plus (l - 1) times the difference of layers 2 and 1: the planner makes layer l the layer
+        template plus l in the layer word and l * cpl in every counter word (layer 0 may differ:
+        PlanConfig.fold_down_reduce), and the fast path rewrites the same words in every layer.
+        The planner's streams keep the rule by construction (tests/test_plan.py); the last
+        layer's host rows are compared with it first all the same (a stream that breaks it
+        there is uploaded whole). Why: a step the fast path cannot take uploaded its whole
+        stream, 12 MiB for 256 decodes + a 1024-token prompt, 40 MiB for a 4096-token prompt of
+        the 70B TP8 rank, through a synchronous pageable copy every such step."""
+        t = self.layout.get("template") if self.layout else None
+        n = len(self)
+        if t is None or self.layout["num_layers"] < 4:
+            return self.instrs.to(device)
+        pre, m, L = t["prelude"], t["per_layer"], self.layout["num_layers"]
+        body0 = pre + m                         # layer 1's first row
+        if pre + L * m + t["final"] != n or m == 0:
+            return self.instrs.to(device)
+        host = self.instrs
+        l1, l2 = host[body0:body0 + m], host[body0 + m:body0 + 2 * m]
+        last = host[pre + (L - 1) * m:pre + L * m]
+        if not torch.equal(last, l1 + (L - 2) * (l2 - l1)):
+            return self.instrs.to(device)
+        head = host[:body0 + 2 * m].to(device)
+        out = torch.empty((n, host.shape[1]), dtype=host.dtype, device=device)
+        out[:body0 + 2 * m] = head
+        d1 = head[body0:]                       # layers 1 and 2 on the device
+        inc = d1[m:] - d1[:m]
+        k = torch.arange(2, L - 1, dtype=host.dtype, device=device).view(-1, 1, 1)
+        torch.add(d1[:m].unsqueeze(0), k * inc.unsqueeze(0),
+                  out=out[body0 + 2 * m:pre + L * m].view(L - 3, m, host.shape[1]))
+        out[pre + L * m:] = host[pre + L * m:].to(device)
+        return out
+
     def save(self, path) -> None:
         torch.save({"instrs": self.instrs, "meta": self.meta.tensor, "targets": self.targets}, path)
 

@@ -421,9 +421,14 @@
 #      the 256 + 1024 control unchanged; its check and racecheck clean); attn_lpt=2 stays off.
 #      Under load at the 691 W cap the megakernel's SMs ran 1500 MHz, the peer's 1590: the
 #      megakernel draws more power per unit of work. MK_BACKOFF_NS is no lever. In order:
-#      1. The GPU test files at the attn_chunk_reduce default: `MK_VERIFY_FILES=
-#         tests/test_megakernel_step_gpu.py MK_STEPS=verify` (~8 min), then `python -m pytest
-#         -m gpu tests/test_megakernel_gpu.py` (~5 min).
+#      1. The GPU test files at the attn_chunk_reduce default and with StepPlan.device_stream
+#         (new: a step the fast path cannot take uploads the prelude, three layers and the final
+#         rows and builds the other layers on the device; CPU-checked equal to the stream):
+#         `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify` (~8 min), then
+#         `python -m pytest -m gpu tests/test_megakernel_gpu.py` (~5 min). Any bench JSON of
+#         the megakernel now has host_full_step_ms (plan + check + device_stream + metadata)
+#         beside host_full_step_whole_upload_ms (the whole stream uploaded, as before): the
+#         host time per prefill / mixed step a generation loop pays, the upload's share of it.
 #      2. What draws the power: `MK_CL_POINTS=prompt MK_CL_VARIANTS="nob1:MK_GEMM_EXPERIMENT=nob1
 #         warp:MK_HANDOFF=warp" MK_STEPS=clocks` (~6 min; nob1: a third fewer operand bytes per
 #         GEMM K step, as a 1 x 2 multicast cluster would pull, wrong results, timing only;

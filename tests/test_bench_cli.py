@@ -496,7 +496,7 @@ def test_plan_ab_variants_go_over_the_plan_and_share_the_kernel(bench):
         assert sig(**other) != base, other
 
 
-def test_plan_ab_times_each_variant_on_its_own_stream_and_metadata(bench):
+def test_plan_ab_times_each_variant_on_its_own_stream_and_metadata(bench, monkeypatch):
     """time_megakernel with --plan-ab variants (a fake backend on the CPU): each variant's
     stream is prepared once and checked by a first launch, every timed rep of a plan runs with
     that plan's metadata copied in (then the rep's token ids), and the report pairs each
@@ -530,6 +530,7 @@ def test_plan_ab_times_each_variant_on_its_own_stream_and_metadata(bench):
         h = f"v{len(cfgs)}"
         return mk, h, plan_of(1 + len(cfgs)), plan_of(1 + len(cfgs)).meta.tensor
     be.prepare_variant = prepare_variant
+    monkeypatch.setattr(bench, "host_full_step_ms", lambda *a, **k: 0.0)
     res = bench.time_megakernel(be, None, pool, bench.Timer(torch.device("cpu")), 1, 3, False,
                                 {"a": {"attn_lpt": 2}, "b": {"attn_chunk_reduce": 0}})
     assert [c.attn_lpt for c in cfgs] == [2, 1] and cfgs[1].attn_chunk_reduce == 0

@@ -319,7 +319,7 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     kernel = KernelConfig(token_block=8, page_size=4, max_batch_tokens=96, max_seqs=8,
                           max_context=128, num_kv_pages=200)
     be = object.__new__(MegakernelStepBackend)
-    be.kernel = kernel
+    be.kernel, be.device = kernel, torch.device("cpu")
     be.planner = Planner(model, ParallelConfig(), kernel, PlanConfig(kv_split=16, split_k=1))
     be.meta = torch.zeros(4096, dtype=torch.int32)
     be._held, be._handle, be.stream_uploads = (None, 0), None, 0

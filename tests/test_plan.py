@@ -953,3 +953,35 @@ def test_attn_lpt_needs_op_major():
         PlanConfig(policy="block_major", attn_lpt=2)
     with pytest.raises(ValueError, match="attn_lpt"):
         PlanConfig(attn_lpt=3)
+
+
+@pytest.mark.parametrize("split_k,fold_d", [(1, 0), (0, 1), (0, 0)])
+def test_device_stream_builds_the_layers_from_three(split_k, fold_d):
+    """StepPlan.device_stream (what the megakernel backend uploads for a step the fast path cannot
+    take) is the stream itself, from the prelude, three layers and the final rows: full plans
+    of decode and mixed steps (fold_down_reduce: layer 0 differs from the rule), the fast
+    path's plans of the steps after them, and a stream that breaks the rule (uploaded whole);
+    a model of fewer than four layers uploads it whole."""
+    import dataclasses
+    model = dataclasses.replace(MODEL, num_layers=7)
+    cfg = PlanConfig(**{**CFG.__dict__, "split_k": split_k, "splitk_align": 8, "num_sms": 16,
+                        "fold_down_reduce": fold_d, "norm_fold": 2 if fold_d else 0})
+    planner = Planner(model, ParallelConfig(1, 0), KERNEL, cfg)
+    fast = []
+    for step in range(6):
+        seqs = [SeqChunk([3], 40 + step, list(range(12))),
+                SeqChunk([4], 9 + step, list(range(12, 20)))]
+        if step % 3 == 0:
+            seqs.append(SeqChunk(list(range(1, 30)), 0, list(range(20, 28))))
+        plan = planner.plan(StepBatch(seqs))
+        got = plan.device_stream("cpu")
+        assert torch.equal(got, plan.instrs), step
+        fast.append(plan.advance is not None)
+    assert any(fast) and not all(fast)              # fast-path plans among the full ones
+    t = plan.layout["template"]
+    broken = dataclasses.replace(plan, instrs=plan.instrs.clone())
+    broken.instrs[t["prelude"] + 6 * t["per_layer"], W_LAYER] += 1
+    assert torch.equal(broken.device_stream("cpu"), broken.instrs)
+    small = plan_step(StepBatch([SeqChunk([3], 40, list(range(12)))]), MODEL,
+                      ParallelConfig(1, 0), KERNEL, PlanConfig(**{**CFG.__dict__, "num_sms": 16}))
+    assert MODEL.num_layers < 4 and torch.equal(small.device_stream("cpu"), small.instrs)
