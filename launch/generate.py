@@ -11,6 +11,7 @@ else (device, backend, progress) goes to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -157,9 +158,13 @@ def run(args, device: torch.device) -> int:
                            max_tokens_per_step=args.max_tokens_per_step)
     if mkdist.rank() != 0:
         return 0
+    stats = engine.last_stats
+    log(stats.summary())
     if args.json:
         sys.stdout.flush()
-        print(json.dumps({"tokens": outs}), flush=True)
+        print(json.dumps({"tokens": outs, "stats": {
+            **dataclasses.asdict(stats), "new_tokens_per_s": round(stats.new_tokens_per_s, 3),
+            "tokens_per_s": round(stats.tokens_per_s, 3)}}), flush=True)
         return 0
     for i, (p, o) in enumerate(zip(prompts, outs)):
         print(f"--- sequence {i}: {len(p)} prompt tokens, {len(o)} new tokens")

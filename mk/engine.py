@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, runtime_checkable
@@ -168,6 +169,38 @@ register_backend("reference")(ReferenceBackend)
 
 
 # Engine --------------------------------------------------------------------------------------------
+@dataclass
+class GenerateStats:
+    """What one Engine.generate call did (Engine.last_stats; launch/generate.py prints it)."""
+    sequences: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    wall_s: float = 0.0
+    # the backend's host share of its steps (the megakernel's plan, check, uploads: its
+    # last_prepare_s after each step), None where the backend does not report it
+    prepare_s: float | None = None
+
+    @property
+    def new_tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Prompt and new tokens through the model per second (each new token but the last of a
+        sequence is fed back as a decode token)."""
+        return (self.prompt_tokens + self.new_tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def summary(self) -> str:
+        line = (f"{self.sequences} sequences, {self.prompt_tokens} prompt + {self.new_tokens} new "
+                f"tokens in {self.steps} steps, {self.wall_s:.2f} s: {self.new_tokens_per_s:.1f} "
+                f"new tokens/s ({self.tokens_per_s:.1f} tokens/s through the model)")
+        if self.prepare_s is not None and self.wall_s > 0:
+            line += (f"; the backend's host planning {self.prepare_s:.2f} s "
+                     f"({100 * self.prepare_s / self.wall_s:.0f}% of the time)")
+        return line
+
+
 @dataclass(eq=False)
 class _Seq:
     index: int                      # position in the generate() call's prompt list
@@ -207,6 +240,7 @@ class Engine:
         self.backend = create_backend(backend, weights, self.kernel, group,
                                       owns_weights=owns_weights)
         self.pages = PageManager(self.kernel.kv_pages, self.kernel.page_size)
+        self.last_stats: GenerateStats | None = None
 
     @classmethod
     def from_pretrained(cls, model_dir, backend: str = "reference", dtype: torch.dtype = torch.bfloat16,
@@ -305,6 +339,8 @@ class Engine:
         waiting = deque(seqs)           # not yet fully prefilled, in arrival order
         running: list[_Seq] = []        # prefilled, decoding
         key = lambda s: ("gen", id(self), s.index)  # noqa: E731
+        stats = GenerateStats(sequences=len(seqs), prompt_tokens=sum(len(p) for p in prompts))
+        t_start = time.perf_counter()
         try:
             while waiting or running:
                 chunks: list[tuple[_Seq, SeqChunk]] = []
@@ -332,6 +368,10 @@ class Engine:
                         f"cannot schedule any sequence: {self.pages.free_pages} of "
                         f"{self.pages.num_pages} KV pages free")
                 logits = self.step(StepBatch([c for _, c in chunks]))
+                stats.steps += 1
+                prep = getattr(self.backend, "last_prepare_s", None)
+                if prep is not None:
+                    stats.prepare_s = (stats.prepare_s or 0.0) + prep
                 rows = [j for j, (s, c) in enumerate(chunks) if c.end_pos >= len(s.prompt)]
                 if rows:
                     gens = [chunks[j][0].generator for j in rows]
@@ -354,4 +394,7 @@ class Engine:
         finally:
             for s in seqs:
                 self.pages.free(key(s))
+        stats.new_tokens = sum(len(s.out) for s in seqs)
+        stats.wall_s = time.perf_counter() - t_start
+        self.last_stats = stats
         return [s.out for s in seqs]

@@ -252,6 +252,7 @@ class MegakernelStepBackend:
         self.stream_uploads = 0         # full uploads (the rest were rewrites; for benchmarks)
         self.steps = 0
         self.last_launch_s = None
+        self.last_prepare_s = None      # the last step's host share: plan, check, uploads
 
     # -- buffers ---------------------------------------------------------------------------------
     def kv_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,10 +369,11 @@ class MegakernelStepBackend:
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
-        mk, handle, plan = self.prepare(batch)
         t0 = time.perf_counter()
+        mk, handle, plan = self.prepare(batch)
+        t1 = time.perf_counter()
         mk.launch(handle, check=True)
-        self.last_launch_s = time.perf_counter() - t0
+        self.last_prepare_s, self.last_launch_s = t1 - t0, time.perf_counter() - t1
         self.steps += 1
         S = plan.meta.num_seqs
         return self.logits[:S].clone()

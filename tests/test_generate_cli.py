@@ -28,10 +28,19 @@ def last_json(p: subprocess.CompletedProcess) -> dict:
 
 def test_default_tiny_model_json():
     p = generate("--json", "--max-new-tokens", "8", "--ignore-eos")
-    tokens = last_json(p)["tokens"]
+    out = last_json(p)
+    tokens = out["tokens"]
     assert len(tokens) >= 1 and all(len(t) == 8 for t in tokens)
     assert all(isinstance(t, int) for seq in tokens for t in seq)
     assert "backend reference" in p.stderr and "cpu" in p.stderr.lower()
+    # the run's throughput: every new token counted, one step per new token here (the prompts
+    # fit one step), the reference backend reports no host-planning share
+    stats = out["stats"]
+    assert stats["sequences"] == len(tokens) and stats["new_tokens"] == 8 * len(tokens)
+    assert stats["steps"] == 8 and stats["prepare_s"] is None and stats["wall_s"] > 0
+    assert stats["new_tokens_per_s"] == pytest.approx(stats["new_tokens"] / stats["wall_s"],
+                                                      rel=1e-2)
+    assert f"{stats['new_tokens']} new tokens in 8 steps" in p.stderr and "tokens/s" in p.stderr
 
 
 def test_prompt_ids_repeated_one_list_per_sequence(tmp_path):

@@ -198,3 +198,34 @@ def test_backends_learn_whether_they_own_the_weights(ckpt):
         assert seen[2][1] is False
     finally:
         del mke._BACKENDS["recording"]
+
+
+def test_generate_stats_count_the_steps_and_the_backends_host_share(ckpt):
+    """Engine.last_stats after generate(): sequences, prompt and new tokens, steps, wall time, and
+    where a backend reports its host share of each step (the megakernel's last_prepare_s: plan,
+    check, uploads), their sum; max_tokens_per_step 4 cuts the 7 prompt tokens over two steps."""
+    from mk import engine as mke
+
+    class Timed(mke.ReferenceBackend):
+        def __init__(self, weights, kernel, group=None, *, owns_weights=False):
+            super().__init__(weights, kernel, group)
+            self.last_prepare_s = None
+
+        def forward(self, batch):
+            self.last_prepare_s = 0.25
+            return super().forward(batch)
+    mke.register_backend("timed")(Timed)
+    try:
+        e = Engine.from_pretrained(ckpt, backend="timed", dtype=torch.float32, device="cpu",
+                                   page_size=PAGE, num_kv_pages=8, progress=False)
+        out = e.generate([[5, 6, 7], [8, 9, 10, 11]], max_new_tokens=3, ignore_eos=True,
+                         max_tokens_per_step=4)
+        st = e.last_stats
+        assert [len(o) for o in out] == [3, 3]
+        assert (st.sequences, st.prompt_tokens, st.new_tokens) == (2, 7, 6)
+        assert st.steps >= 4 and st.prepare_s == pytest.approx(0.25 * st.steps)
+        assert st.wall_s > 0 and st.new_tokens_per_s == pytest.approx(6 / st.wall_s)
+        assert "2 sequences, 7 prompt + 6 new tokens in" in st.summary()
+        assert "host planning" in st.summary()
+    finally:
+        del mke._BACKENDS["timed"]
