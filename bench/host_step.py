@@ -3,7 +3,8 @@ rank seen as a TP-1 model (what launch/bench.py times on the GPU), decode at the
 sizes and the mixed step. Per point: the plan (mk.plan.Planner, arena reused; in full, and, for
 decode points, the next decode step through the planner's fast path), the host check
 of the stream (mk.megakernel.check_plan) in full and on StepPlan.representative_stream (what
-MegakernelStepBackend.prepare runs), and the bytes the step uploads. Medians of --repeat.
+MegakernelStepBackend.prepare runs), the stream's bytes and the bytes a step the fast path cannot
+take uploads (StepPlan.device_stream). Medians of --repeat.
 
     python bench/host_step.py [--repeat 7] [--out bench/results/host_step_<date>.json]
 
@@ -69,8 +70,8 @@ def main(argv=None) -> int:
     from mk.megakernel_step import meta_operands
     model, page = rank_model(), 16
     rows = []
-    print(f"{'point':<34}{'instrs':>9}{'MiB':>7}{'plan ms':>9}{'next ms':>9}{'check full':>12}"
-          f"{'check repr':>12}")
+    print(f"{'point':<34}{'instrs':>9}{'MiB':>7}{'upload':>8}{'plan ms':>9}{'next ms':>9}"
+          f"{'check full':>12}{'check repr':>12}")
     for decode, ctx, prefill in POINTS:
         seqs = decode + (1 if prefill else 0)
         per = -(-max(ctx, prefill) // page)
@@ -99,6 +100,8 @@ def main(argv=None) -> int:
             M.check_plan(plan.representative_stream(), nbuf, T, H, n_ctr, **kw)
         label = f"decode B={decode} ctx={ctx}" + (f" + prefill {prefill}" if prefill else "")
         r = dict(point=label, instructions=len(plan), stream_bytes=len(plan) * 128,
+                 # what a step the fast path cannot take copies (StepPlan.device_stream)
+                 upload_bytes=plan.uploaded_rows() * 128,
                  plan_ms=round(timed(lambda: planner.plan(batch), args.repeat), 2),
                  plan_next_decode_ms=(round(timed(plan_next, args.repeat), 2)
                                       if not prefill else None),
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
         rows.append(r)
         nxt = r["plan_next_decode_ms"]
         print(f"{label:<34}{r['instructions']:>9}{r['stream_bytes'] / 2**20:>7.1f}"
-              f"{r['plan_ms']:>9.1f}{'-' if nxt is None else f'{nxt:.2f}':>9}"
+              f"{r['upload_bytes'] / 2**20:>8.2f}{r['plan_ms']:>9.1f}{'-' if nxt is None else f'{nxt:.2f}':>9}"
               f"{r['check_full_ms']:>12.1f}{r['check_representative_ms']:>12.2f}", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,

@@ -984,6 +984,17 @@ class StepPlan:
         tail = int(rows[head]) if len(rows) > head else len(self)
         return torch.cat([self.instrs[:head], self.instrs[tail:]])
 
+    def uploaded_rows(self) -> int:
+        """The rows device_stream copies to the device: the prelude, three layers and the final
+        rows of a planner-made stream of at least four layers, else all of them."""
+        t = self.layout.get("template") if self.layout else None
+        n = len(self)
+        if t is None or self.layout["num_layers"] < 4 or t["per_layer"] == 0:
+            return n
+        if t["prelude"] + self.layout["num_layers"] * t["per_layer"] + t["final"] != n:
+            return n
+        return t["prelude"] + 3 * t["per_layer"] + t["final"]
+
     def device_stream(self, device) -> torch.Tensor:
         """self.instrs on `device`, uploading only the prelude, the first three layers and the
         final rows (~4 / 80 of an 80-layer stream) and building layers 3 .. L-1 there as layer 1
@@ -995,14 +1006,12 @@ class StepPlan:
         there is uploaded whole). Why: a step the fast path cannot take uploaded its whole
         stream, 12 MiB for 256 decodes + a 1024-token prompt, 40 MiB for a 4096-token prompt of
         the 70B TP8 rank, through a synchronous pageable copy every such step."""
-        t = self.layout.get("template") if self.layout else None
         n = len(self)
-        if t is None or self.layout["num_layers"] < 4:
+        if self.uploaded_rows() == n:
             return self.instrs.to(device)
-        pre, m, L = t["prelude"], t["per_layer"], self.layout["num_layers"]
+        t, L = self.layout["template"], self.layout["num_layers"]
+        pre, m = t["prelude"], t["per_layer"]
         body0 = pre + m                         # layer 1's first row
-        if pre + L * m + t["final"] != n or m == 0:
-            return self.instrs.to(device)
         host = self.instrs
         l1, l2 = host[body0:body0 + m], host[body0 + m:body0 + 2 * m]
         last = host[pre + (L - 1) * m:pre + L * m]
