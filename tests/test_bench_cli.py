@@ -545,3 +545,42 @@ def test_plan_ab_times_each_variant_on_its_own_stream_and_metadata(bench, monkey
     assert set(res["plan_ab"]) == {"a", "b"} and res["plan_ab"]["a"]["instructions"] == 2
     assert res["plan_ab"]["b"]["plan"] == {"attn_chunk_reduce": 0}
     assert res["plan_ab"]["a"]["ratio"]["reps"] == 3 and res["reps"] == 3
+
+
+def test_host_full_step_times_a_full_plan_and_its_upload(bench, capsys):
+    """host_full_step_ms (the JSON's host_full_step_ms / host_full_step_whole_upload_ms): a full
+    plan of the batch (not the fast path), its check on the representative rows, its upload
+    (device_stream, or the whole stream) and the metadata copy, on the backend's planner
+    settings; the metadata left is the batch's. A failure is logged and gives None (the step is
+    still timed)."""
+    import types
+
+    import torch
+
+    from mk.batch import SeqChunk, StepBatch
+    from mk.config import KernelConfig, ModelConfig, ParallelConfig
+    from mk.plan import PlanConfig, Planner
+    model = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=6, num_heads=8,
+                        num_kv_heads=2, head_dim=8, vocab_size=256)
+    kernel = KernelConfig(token_block=8, page_size=4, max_batch_tokens=96, max_seqs=8,
+                          max_context=128, num_kv_pages=200)
+    cfg = PlanConfig(kv_split=16)
+    be = types.SimpleNamespace(model=model, kernel=kernel, plan_cfg=cfg,
+                               planner=Planner(model, ParallelConfig(), kernel, cfg),
+                               device=torch.device("cpu"),
+                               meta=torch.zeros(1 << 14, dtype=torch.int32))
+    streams = []
+    mk = types.SimpleNamespace(prepare=lambda s, meta_page_size=None, check_stream=None:
+                               streams.append((s, check_stream)))
+    batch = StepBatch([SeqChunk([5], 7, list(range(4))), SeqChunk(list(range(1, 12)), 0,
+                                                                   list(range(4, 8)))])
+    for whole in (False, True):
+        ms = bench.host_full_step_ms(be, batch, mk, False, whole=whole)
+        assert isinstance(ms, float) and ms >= 0
+    want = Planner(model, ParallelConfig(), kernel, cfg, fast_path=False).plan(batch)
+    assert len(streams) == 8 and all(torch.equal(s, want.instrs) for s, _ in streams)
+    assert all(len(c) < len(want.instrs) for _, c in streams)        # the representative rows
+    assert torch.equal(be.meta[:want.meta.tensor.numel()], want.meta.tensor)
+    be.planner = None
+    assert bench.host_full_step_ms(be, batch, mk, False) is None
+    assert "host_full_step_ms failed" in capsys.readouterr().err
