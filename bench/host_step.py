@@ -110,7 +110,8 @@ def main(argv=None) -> int:
         rows.append(r)
         nxt = r["plan_next_decode_ms"]
         print(f"{label:<34}{r['instructions']:>9}{r['stream_bytes'] / 2**20:>7.1f}"
-              f"{r['upload_bytes'] / 2**20:>8.2f}{r['plan_ms']:>9.1f}{'-' if nxt is None else f'{nxt:.2f}':>9}"
+              f"{r['upload_bytes'] / 2**20:>8.2f}{r['plan_ms']:>9.1f}"
+              f"{'-' if nxt is None else f'{nxt:.2f}':>9}"
               f"{r['check_full_ms']:>12.1f}{r['check_representative_ms']:>12.2f}", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,

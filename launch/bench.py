@@ -278,7 +278,6 @@ class Timer:
         self.sync()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
-
     def run_interleaved(self, fns: list, warmup: int, reps: int, before=None) -> list[list[float]]:
         """Milliseconds of each rep of each fns[k](), the reps interleaved: rep i runs every fn,
         in an order rotated by i (none always first after another's tail); before(k, i) runs
@@ -707,9 +706,11 @@ def host_full_step_ms(be, batch, mk, cuda: bool, whole: bool = False) -> float |
 def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: bool,
                     variants: dict | None = None) -> dict:
     """The megakernel's step time on the GPU, like the graph peers': the step is planned and its
-    metadata uploaded once (host_plan_ms, reported beside: a serving loop plans step n+1 while the
-    GPU runs step n), the launch is captured in a CUDA graph and replayed, and new token ids are
-    written into the metadata before each rep (untimed, as the peers' set_tokens). variants
+    metadata uploaded once (host_plan_ms, reported beside: the host's share of a generation
+    loop's step, which a loop that plans step n+1 while the GPU runs step n would hide; mk.engine
+    does not yet; host_full_step_ms: the same for a step the fast path cannot take), the launch
+    is captured in a CUDA graph and replayed, and new token ids are written into the metadata
+    before each rep (untimed, as the peers' set_tokens). variants
     ({name: PlanConfig overrides}, --plan-ab): each plan's step on the same compiled kernel, its
     reps interleaved with the base's (plan_ab: its times and its per-rep ratios to the base)."""
     from mk.instructions import _common as mc
