@@ -97,6 +97,10 @@ def test_builds_compile_what_mk_megakernel_builds_says(monkeypatch, tmp_path, bu
         raise Compiled
     monkeypatch.setattr(M, "compile_fake", compile_fake)
     monkeypatch.setattr(cs, "find_tool", lambda name: "/bin/true")
+    # compile_sass sets them in os.environ (for the DSL's import): restored after the test, so
+    # that later compiles in this worker do not inherit line info
+    monkeypatch.setenv("CUTE_DSL_LINEINFO", os.environ.get("CUTE_DSL_LINEINFO", "0"))
+    monkeypatch.setenv("CUTE_DSL_ARCH", os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
     with pytest.raises(Compiled):
         cs.compile_sass(1024, str(tmp_path), build, "DOWN")
     ops = {g.op for g in seen["gemm"]}

@@ -637,7 +637,10 @@ def variant_ptx(tmp_path, name: str, env: dict, check: str, m_class: int = 64,
     _variant_cache_path (its check still runs, in a process that only imports)."""
     import subprocess
     import sys
-    full_env = dict(os.environ, **env)
+    # line info only where asked for: its .loc lines split the instruction sequences the PTX
+    # checks look for (an in-process bench/code_size.py call leaves CUTE_DSL_LINEINFO=1 behind)
+    inherited = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_LINEINFO"}
+    full_env = dict(inherited, **env)
     cached = _variant_cache_path(tmp_path, full_env, m_class, slots)
     compile_line = ("comp = M.compile_fake(gemm=M.class_slots(%d%s), attn_page_size=16, "
                     "gather=True, splitk=True)\n"
