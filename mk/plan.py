@@ -962,12 +962,10 @@ class StepPlan:
         stream: mk.megakernel_step checks only them, 1/40 of the rows of an 80-layer step
         (check_plan of the 70B TP8 rank's decode step: 19 ms in full). None: not a planner-made
         layout (check everything)."""
-        t = self.layout.get("template") if self.layout else None
-        if t is None:
+        shape = self._template_shape()
+        if shape is None:
             return None
-        pre, m, fin, L = t["prelude"], t["per_layer"], t["final"], self.layout["num_layers"]
-        if pre + L * m + fin != len(self):
-            return None
+        pre, m, fin, L = shape
         first = torch.arange(pre + m)
         last = torch.arange(pre + (L - 1) * m, len(self)) if L > 1 else torch.arange(pre + m, len(self))
         return torch.cat([first, last])
@@ -984,16 +982,24 @@ class StepPlan:
         tail = int(rows[head]) if len(rows) > head else len(self)
         return torch.cat([self.instrs[:head], self.instrs[tail:]])
 
+    def _template_shape(self) -> tuple[int, int, int, int] | None:
+        """(prelude rows, rows per layer, final rows, layers) of a planner-made stream (the
+        layer template repeated), else None."""
+        t = self.layout.get("template") if self.layout else None
+        if t is None:
+            return None
+        shape = (t["prelude"], t["per_layer"], t["final"], self.layout["num_layers"])
+        pre, m, fin, L = shape
+        return shape if pre + L * m + fin == len(self) else None
+
     def uploaded_rows(self) -> int:
         """The rows device_stream copies to the device: the prelude, three layers and the final
         rows of a planner-made stream of at least four layers, else all of them."""
-        t = self.layout.get("template") if self.layout else None
-        n = len(self)
-        if t is None or self.layout["num_layers"] < 4 or t["per_layer"] == 0:
-            return n
-        if t["prelude"] + self.layout["num_layers"] * t["per_layer"] + t["final"] != n:
-            return n
-        return t["prelude"] + 3 * t["per_layer"] + t["final"]
+        shape = self._template_shape()
+        if shape is None or shape[3] < 4 or shape[1] == 0:
+            return len(self)
+        pre, m, fin, _ = shape
+        return pre + 3 * m + fin
 
     def device_stream(self, device) -> torch.Tensor:
         """self.instrs on `device`, uploading only the prelude, the first three layers and the
@@ -1009,8 +1015,7 @@ class StepPlan:
         n = len(self)
         if self.uploaded_rows() == n:
             return self.instrs.to(device)
-        t, L = self.layout["template"], self.layout["num_layers"]
-        pre, m = t["prelude"], t["per_layer"]
+        pre, m, _, L = self._template_shape()
         body0 = pre + m                         # layer 1's first row
         host = self.instrs
         l1, l2 = host[body0:body0 + m], host[body0 + m:body0 + 2 * m]
