@@ -30,42 +30,33 @@ def main() -> int:
     from test_megakernel_step_gpu import _prompts
 
     from mk.engine import Engine
-    from mk.megakernel_step import MegakernelStepBackend
     from mk.tiny import TINY_HD128_CONFIG, tiny_checkpoint
 
     ckpt = tiny_checkpoint(config=TINY_HD128_CONFIG)
-    prepare_s: dict = {}
-    plain_prepare = MegakernelStepBackend.prepare
-
-    def timed_prepare(self, batch):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        r = plain_prepare(self, batch)
-        torch.cuda.synchronize()
-        prepare_s.setdefault(id(self), []).append(time.perf_counter() - t)
-        return r
-
-    MegakernelStepBackend.prepare = timed_prepare
     tokens = {}
     for rnd, fast in enumerate("0101"):
         os.environ["MK_PLAN_FAST_PATH"] = fast     # read when the backend builds its planner
         e = Engine.from_pretrained(ckpt, backend="megakernel", dtype=torch.bfloat16,
                                    device="cuda", progress=False, max_seqs=16, max_context=1024)
-        be, launch_s = e.backend, []
-        plain_forward = be.forward
+        be, prepare_s, launch_s = e.backend, [], []
+        plain_run_step = be.run_step
 
-        def forward(batch, plain_forward=plain_forward, be=be, launch_s=launch_s):
-            r = plain_forward(batch)
+        def run_step(prep, tokens=None, plain=plain_run_step, be=be, prepare_s=prepare_s,
+                     launch_s=launch_s):
+            r = plain(prep, tokens)
+            prepare_s.append(be.last_prepare_s)
             launch_s.append(be.last_launch_s)
             return r
 
-        be.forward = forward
+        be.run_step = run_step
         torch.cuda.synchronize()
         t = time.perf_counter()
-        out = e.generate(_prompts(), max_new_tokens=64, ignore_eos=True, max_tokens_per_step=64)
+        # one step at a time: each step's plan + check + upload (or rewrite) on the host, timed
+        out = e.generate(_prompts(), max_new_tokens=64, ignore_eos=True, max_tokens_per_step=64,
+                         overlap=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
-        p = prepare_s[id(be)]
+        p = prepare_s
         tokens.setdefault(fast, out)
         print(f"fast_path={fast} round {rnd}: wall {wall:.2f} s, steps {len(p)}, prepare sum "
               f"{sum(p):.2f} s max {max(p) * 1e3:.1f} ms, launch sum {sum(launch_s):.2f} s max "

@@ -39,7 +39,7 @@ import torch
 
 from mk.batch import SeqChunk, StepBatch
 from mk.config import KernelConfig, ModelConfig, ParallelConfig
-from mk.sampling import SamplingParams, broadcast_tokens, make_generator, sample
+from mk.sampling import SamplingParams, broadcast_tokens, make_generator, sample_rows
 from mk.weights import RankWeights
 
 
@@ -277,12 +277,15 @@ class Engine:
 
         The caller owns the page tables (e.g. from engine.pages.allocate).
         """
+        self._validate(batch)
+        return self.backend.forward(batch)
+
+    def _validate(self, batch: StepBatch) -> None:
         batch.validate(self.kernel.page_size, self.kernel.kv_pages,
                        max_tokens=self.kernel.max_batch_tokens, max_context=self.kernel.max_context)
         if len(batch.seqs) > self.kernel.max_seqs:
             raise ValueError(f"batch has {len(batch.seqs)} sequences, over the maximum "
                              f"{self.kernel.max_seqs}")
-        return self.backend.forward(batch)
 
     # generation ------------------------------------------------------------------------------------
     def _check_prompts(self, prompts, max_new_tokens: int) -> None:
@@ -310,7 +313,8 @@ class Engine:
                  sampling: SamplingParams | None = None, *, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  ignore_eos: bool = False, stop_token_ids: list[int] | None = None,
-                 max_tokens_per_step: int | None = None) -> list[list[int]]:
+                 max_tokens_per_step: int | None = None, overlap: bool = True
+                 ) -> list[list[int]]:
         """New token ids of every prompt (EOS included when it stops a sequence).
 
         Continuous batching: each step holds one decode token of every running sequence, then
@@ -318,6 +322,9 @@ class Engine:
         kernel.max_batch_tokens) and kernel.max_seqs sequences. A prompt is admitted when the KV
         pages for its whole request (prompt + max_new_tokens) are free, so an admitted sequence
         never runs out of pages; finished sequences free theirs at once.
+
+        overlap: with a backend that plans a step apart from launching it (the megakernel), plan
+        each step while the one before runs (_GenerationRun); False: one step at a time.
         """
         params = sampling or SamplingParams()
         over = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p,
@@ -336,65 +343,184 @@ class Engine:
             stops = set()
         seqs = [_Seq(i, list(p), None if params.greedy else
                      make_generator(params.seed, i, self.device)) for i, p in enumerate(prompts)]
-        waiting = deque(seqs)           # not yet fully prefilled, in arrival order
-        running: list[_Seq] = []        # prefilled, decoding
-        key = lambda s: ("gen", id(self), s.index)  # noqa: E731
-        stats = GenerateStats(sequences=len(seqs), prompt_tokens=sum(len(p) for p in prompts))
+        run = _GenerationRun(self, seqs, params, max_new_tokens, budget, stops, overlap)
         t_start = time.perf_counter()
         try:
-            while waiting or running:
-                chunks: list[tuple[_Seq, SeqChunk]] = []
-                room = budget
-                for s in running:
-                    if room == 0 or len(chunks) == self.kernel.max_seqs:
-                        break
-                    chunks.append((s, SeqChunk([s.out[-1]], s.cached, self.pages.pages(key(s)))))
-                    room -= 1
-                for s in list(waiting):
-                    if room == 0 or len(chunks) == self.kernel.max_seqs:
-                        break
-                    if not s.admitted:
-                        need = len(s.prompt) + max_new_tokens - 1
-                        if not self.pages.can_allocate(key(s), need):
-                            break           # wait for running sequences to free pages (FIFO)
-                        self.pages.allocate(key(s), need)
-                        s.admitted = True
-                    n = min(room, len(s.prompt) - s.cached)
-                    chunks.append((s, SeqChunk(s.prompt[s.cached:s.cached + n], s.cached,
-                                               self.pages.pages(key(s)))))
-                    room -= n
-                if not chunks:
-                    raise OutOfPagesError(
-                        f"cannot schedule any sequence: {self.pages.free_pages} of "
-                        f"{self.pages.num_pages} KV pages free")
-                logits = self.step(StepBatch([c for _, c in chunks]))
-                stats.steps += 1
-                prep = getattr(self.backend, "last_prepare_s", None)
-                if prep is not None:
-                    stats.prepare_s = (stats.prepare_s or 0.0) + prep
-                rows = [j for j, (s, c) in enumerate(chunks) if c.end_pos >= len(s.prompt)]
-                if rows:
-                    gens = [chunks[j][0].generator for j in rows]
-                    toks = sample(logits[rows], params, None if params.greedy else gens)
-                    toks = broadcast_tokens(toks, self.group, self.device).tolist()
-                else:
-                    toks = []
-                for s, c in chunks:
-                    s.cached = c.end_pos
-                for j, t in zip(rows, toks):
-                    s = chunks[j][0]
-                    if s in waiting:
-                        waiting.remove(s)
-                        running.append(s)
-                    s.out.append(int(t))
-                    if len(s.out) >= max_new_tokens or int(t) in stops:
-                        s.done = True
-                        running.remove(s)
-                        self.pages.free(key(s))
-        finally:
-            for s in seqs:
-                self.pages.free(key(s))
+            run.loop()
+        except BaseException:
+            run.close(quiet=True)
+            raise
+        run.close()
+        stats = run.stats
         stats.new_tokens = sum(len(s.out) for s in seqs)
         stats.wall_s = time.perf_counter() - t_start
         self.last_stats = stats
         return [s.out for s in seqs]
+
+
+class _GenerationRun:
+    """One Engine.generate call's continuous-batching loop over its sequences.
+
+    With a backend that splits a step into plan_step (host only) / run_step (launch, not waited
+    for) / finish (wait and check), such as the megakernel's, the loop overlaps the host and the
+    device: step n + 1 is scheduled and planned while step n runs, its decode rows planned
+    before step n's tokens are known (they go in at run_step, once step n is finished and
+    sampled). A sequence that step n's token stops then still has its row in step n + 1: the row
+    is computed and dropped, and its pages are freed before any later step can reuse them (the
+    device runs the steps in order). Another backend's step is read back before the next one is
+    scheduled, as is every step with overlap off.
+    """
+
+    def __init__(self, engine: "Engine", seqs: list[_Seq], params: SamplingParams,
+                 max_new_tokens: int, budget: int, stops: set[int], overlap: bool):
+        self.engine, self.backend, self.seqs = engine, engine.backend, seqs
+        self.params, self.max_new_tokens, self.budget, self.stops = (params, max_new_tokens,
+                                                                     budget, stops)
+        self.pipelined = overlap and all(callable(getattr(self.backend, name, None))
+                                         for name in ("plan_step", "run_step", "finish"))
+        self.waiting = deque(seqs)      # not yet fully prefilled, in arrival order
+        self.running: list[_Seq] = []   # prefilled, decoding
+        # the last launched step whose tokens are not read yet: [(logits row, seq, index in
+        # seq.out)], its tokens (host), the event after their copy (None: already on the host)
+        self.pending = None
+        self.stats = GenerateStats(sequences=len(seqs),
+                                   prompt_tokens=sum(len(s.prompt) for s in seqs))
+        # page-locked token buffers, two so that step n + 1's copy never overwrites step n's
+        # before it is read; allocated before any launch (a page-locked allocation waits for the
+        # device's running work)
+        self._host_tokens = ([torch.empty(engine.kernel.max_seqs, dtype=torch.long,
+                                          pin_memory=True) for _ in range(2)]
+                             if engine.device.type == "cuda" else None)
+
+    def key(self, s: _Seq):
+        return ("gen", id(self.engine), s.index)
+
+    def loop(self) -> None:
+        while True:
+            if not self.pipelined:
+                self.resolve()
+            if not (self.waiting or self.running):
+                break
+            chunks, late = self.schedule()
+            if not chunks and self.pending is not None:
+                self.resolve()          # pages a stopped sequence frees may admit a prompt
+                chunks, late = self.schedule()
+            if not chunks:
+                pages = self.engine.pages
+                raise OutOfPagesError(f"cannot schedule any sequence: {pages.free_pages} of "
+                                      f"{pages.num_pages} KV pages free")
+            batch = StepBatch([c for _, c in chunks])
+            if self.pipelined:
+                self.engine._validate(batch)
+                prepared = self.backend.plan_step(batch)    # while the last step runs
+                self.resolve()
+                logits = self.backend.run_step(prepared, {j: s.out[-1] for j, s in late})
+            else:
+                logits = self.engine.step(batch)
+            self.stats.steps += 1
+            prep = getattr(self.backend, "last_prepare_s", None)
+            if prep is not None:
+                self.stats.prepare_s = (self.stats.prepare_s or 0.0) + prep
+            self.launched(chunks, logits)
+        self.resolve()
+
+    def schedule(self) -> tuple[list[tuple[_Seq, SeqChunk]], list[tuple[int, _Seq]]]:
+        """The next step's chunks: one decode token of every running sequence, then prefill
+        chunks of waiting prompts (admitted FIFO while their whole request's pages are free);
+        and the decodes whose token is not known yet, as (index in the step, sequence)."""
+        pages, max_seqs = self.engine.pages, self.engine.kernel.max_seqs
+        chunks: list[tuple[_Seq, SeqChunk]] = []
+        late: list[tuple[int, _Seq]] = []
+        room = self.budget
+        for s in self.running:
+            if room == 0 or len(chunks) == max_seqs:
+                break
+            token = s.out[-1]
+            if token is None:
+                late.append((len(chunks), s))
+                token = 0
+            chunks.append((s, SeqChunk([token], s.cached, pages.pages(self.key(s)))))
+            room -= 1
+        for s in list(self.waiting):
+            if room == 0 or len(chunks) == max_seqs:
+                break
+            if not s.admitted:
+                need = len(s.prompt) + self.max_new_tokens - 1
+                if not pages.can_allocate(self.key(s), need):
+                    break               # wait for running sequences to free pages (FIFO)
+                pages.allocate(self.key(s), need)
+                s.admitted = True
+            n = min(room, len(s.prompt) - s.cached)
+            chunks.append((s, SeqChunk(s.prompt[s.cached:s.cached + n], s.cached,
+                                       pages.pages(self.key(s)))))
+            room -= n
+        return chunks, late
+
+    def launched(self, chunks, logits: torch.Tensor) -> None:
+        """Advance the sequences past a launched step (their new tokens as placeholders) and
+        queue its sampling: the tokens reach the host at resolve()."""
+        rows = [j for j, (s, c) in enumerate(chunks) if not s.done and c.end_pos >= len(s.prompt)]
+        for s, c in chunks:
+            if not s.done:
+                s.cached = c.end_pos
+        targets = []
+        for j in rows:
+            s = chunks[j][0]
+            if s in self.waiting:
+                self.waiting.remove(s)
+                self.running.append(s)
+            s.out.append(None)
+            targets.append((j, s, len(s.out) - 1))
+            if len(s.out) >= self.max_new_tokens:
+                self.finished(s)        # its pages go to steps after this one
+        if not rows:
+            return
+        gens = None if self.params.greedy else [chunks[j][0].generator for j in rows]
+        tokens = sample_rows(logits, rows, self.params, gens)
+        tokens = broadcast_tokens(tokens, self.engine.group, self.engine.device)
+        event = None
+        if self._host_tokens is not None and tokens.is_cuda:
+            host = self._host_tokens[self.stats.steps % 2][:tokens.shape[0]]
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            tokens = host
+        self.pending = (targets, tokens, event)
+
+    def resolve(self) -> None:
+        """Read the pending step's tokens (waiting for it) into its sequences; a stop token ends
+        its sequence."""
+        if self.pending is None:
+            return
+        targets, tokens, event = self.pending
+        self.pending = None
+        if self.pipelined:
+            self.backend.finish()       # bounded: a hung or failed launch raises here
+        if event is not None:
+            event.synchronize()
+        values = tokens.tolist()
+        for j, s, k in targets:
+            t = int(values[j])
+            s.out[k] = t
+            if t in self.stops and not s.done:
+                self.finished(s)
+
+    def finished(self, s: _Seq) -> None:
+        s.done = True
+        if s in self.running:
+            self.running.remove(s)
+        self.engine.pages.free(self.key(s))
+
+    def close(self, quiet: bool = False) -> None:
+        """Finish the backend's last launch (errors ignored when quiet: another is on its way)
+        and free every sequence's pages."""
+        try:
+            if self.pipelined:
+                try:
+                    self.backend.finish()
+                except Exception:
+                    if not quiet:
+                        raise
+        finally:
+            for s in self.seqs:
+                self.engine.pages.free(self.key(s))

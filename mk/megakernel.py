@@ -2337,17 +2337,27 @@ class Megakernel:
         check_stream: check these rows instead of the stream's (mk.plan.StepPlan.
         representative_stream of a planner-made stream, whose other rows are copies of them
         shifted by layer); default every row."""
-        checked = stream if check_stream is None else check_stream
-        n_ctr = check_plan(checked, self.nbuf, self.T, self.H, self.counters.numel(),
-                           gemm=self.gemm, slots=self.slots,
-                           kv_shape=None if self.kv is None else tuple(self.kv.shape),
-                           attn=self.attn,
-                           embed_shape=None if self.embed is None else tuple(self.embed.shape),
-                           last_normed_shape=(None if self.last_normed is None
-                                              else tuple(self.last_normed.shape)),
-                           meta_page_size=meta_page_size,
-                           splitk_shape=None if self.splitk is None else tuple(self.splitk.shape),
-                           l2_prefetch=self.l2_prefetch)
+        return self.upload(stream, self.check_stream(
+            stream if check_stream is None else check_stream, meta_page_size))
+
+    def check_stream(self, checked: torch.Tensor, meta_page_size: int | None = None) -> int:
+        """The host half of prepare(): check the rows `checked` against this kernel's operands;
+        returns the counters the plan uses. No device work: a caller may run it while a launch
+        is in flight (mk.megakernel_step's pipelined steps)."""
+        return check_plan(checked, self.nbuf, self.T, self.H, self.counters.numel(),
+                          gemm=self.gemm, slots=self.slots,
+                          kv_shape=None if self.kv is None else tuple(self.kv.shape),
+                          attn=self.attn,
+                          embed_shape=None if self.embed is None else tuple(self.embed.shape),
+                          last_normed_shape=(None if self.last_normed is None
+                                             else tuple(self.last_normed.shape)),
+                          meta_page_size=meta_page_size,
+                          splitk_shape=None if self.splitk is None else tuple(self.splitk.shape),
+                          l2_prefetch=self.l2_prefetch)
+
+    def upload(self, stream: torch.Tensor, n_ctr: int):
+        """The device half of prepare(): the stream on the device, as launch()'s handle (n_ctr:
+        check_stream's count for it)."""
         s = stream.to(self.arena.device, torch.int32).contiguous()
         if s.shape[0] == 0:
             s = torch.zeros((1, INSTR_WORDS), dtype=torch.int32, device=self.arena.device)
@@ -2387,8 +2397,7 @@ class Megakernel:
         comp, cs = self._ensure_compiled(s, n_ctr)
         args = self._args(s, n_ctr, cs)
         args[1] = Int32(n)
-        if check:
-            self._ensure_hang_probe()
+        self._ensure_hang_probe()       # before the launch, also for a later wait()
         comp(*args)
         if check:
             self.wait(self.hang_s)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -253,6 +254,7 @@ class MegakernelStepBackend:
         self.steps = 0
         self.last_launch_s = None
         self.last_prepare_s = None      # the last step's host share: plan, check, uploads
+        self._in_flight = None          # the Megakernel of a run_step not yet finish()ed
 
     # -- buffers ---------------------------------------------------------------------------------
     def kv_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,14 +312,19 @@ class MegakernelStepBackend:
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
-    def prepare(self, batch: StepBatch):
-        """Plan the batch and check the stream against the kernel; returns (megakernel, handle,
-        plan). The metadata is copied to the device here (it is the step's only per-step input
-        besides the stream). A plan the planner's fast path made from the stream held on the
-        device (a decode step of the same structure) is not checked or uploaded again: its
-        attention position words are rewritten in the device copy (mk.plan.StreamAdvance; the
+    # A step is two halves: plan_step (host only: plan, check) and run_step (after the previous
+    # launch is waited for and checked: uploads, the metadata, the launch, not waited for). The
+    # engine plans step n + 1 while step n runs (mk.engine: Engine.generate), so the planner's and
+    # the check's milliseconds are off the GPU's critical path; forward() is both halves and
+    # finish() back to back.
+    def plan_step(self, batch: StepBatch) -> "PreparedStep":
+        """Plan the batch and check its stream against the kernel, on the host only (no device
+        work: a launch may be in flight). A plan the planner's fast path made from the stream
+        held on the device (a decode step of the same structure) is not checked: run_step
+        rewrites its attention position words in the device copy (mk.plan.StreamAdvance; the
         words the check reads of them, and their bounds, are the held plan's or the batch's,
-        validated above)."""
+        validated here)."""
+        t0 = time.perf_counter()
         k = self.kernel
         batch.validate(k.page_size, k.kv_pages, max_tokens=k.max_batch_tokens,
                        max_context=k.max_context)
@@ -325,23 +332,75 @@ class MegakernelStepBackend:
             raise ValueError(f"batch has {len(batch.seqs)} sequences, over the compiled maximum "
                              f"{k.max_seqs}")
         plan = self.planner.plan(batch)
-        meta = plan.meta.tensor
-        if meta.numel() > self.meta.numel():
-            raise ValueError(f"step metadata of {meta.numel()} words exceeds the buffer's "
-                             f"{self.meta.numel()}")
+        if plan.meta.tensor.numel() > self.meta.numel():
+            raise ValueError(f"step metadata of {plan.meta.tensor.numel()} words exceeds the "
+                             f"buffer's {self.meta.numel()}")
         mk = self.megakernel_for(plan.meta.num_tokens)
-        if plan.advance is not None and self._held[0] is mk and self._held[1] == plan.serial:
-            plan.advance.apply(self._handle[0])
-            handle = self._handle
-        else:
+        n_ctr = None
+        if not self._advances_held(mk, plan):
             # the planner's stream is a layer template repeated: checking the prelude, the first
             # and last layers and the final rows is checking it all (a 40th of the rows: ~1 ms)
-            handle = mk.prepare(plan.device_stream(self.device), meta_page_size=k.page_size,
-                                check_stream=plan.representative_stream())
-            self._held, self._handle = (mk, plan.serial), handle
+            n_ctr = mk.check_stream(plan.representative_stream(), meta_page_size=k.page_size)
+        return PreparedStep(mk, plan, n_ctr, time.perf_counter() - t0)
+
+    def _advances_held(self, mk, plan) -> bool:
+        return plan.advance is not None and self._held[0] is mk and self._held[1] == plan.serial
+
+    def run_step(self, prep: "PreparedStep", tokens: dict[int, int] | None = None
+                 ) -> torch.Tensor:
+        """Launch a planned step; returns its logits [num_seqs, vocab] float32 on the device, in
+        flight until finish() (or the next run_step, which finishes this one first). tokens:
+        {sequence index in the batch: token id} for sequences whose (one-token) chunk was planned
+        before its token was known (the engine's decodes after a step still in flight); each
+        goes into the metadata's token row of that sequence's first new token."""
+        self.finish()
+        t0 = time.perf_counter()
+        if tokens:
+            meta = prep.plan.meta
+            rows = torch.as_tensor([int(meta.seq_row0[i]) for i in tokens], dtype=torch.long)
+            meta.tokens[rows] = torch.as_tensor(list(tokens.values()), dtype=meta.tensor.dtype)
+        self._upload(prep)
+        self.last_prepare_s = prep.host_s + time.perf_counter() - t0
+        t1 = time.perf_counter()
+        prep.megakernel.launch(self._handle, check=False)
+        self._in_flight = prep.megakernel
+        self.last_launch_s = time.perf_counter() - t1
+        self.steps += 1
+        return self.logits[:prep.plan.meta.num_seqs].clone()
+
+    def finish(self) -> None:
+        """Wait for the last run_step's launch and check it (raises MegakernelError /
+        MegakernelHang as forward() would); a no-op when none is in flight."""
+        mk, self._in_flight = self._in_flight, None
+        if mk is not None:
+            mk.wait(mk.hang_s)
+            mk.check()
+
+    def _upload(self, prep: "PreparedStep") -> None:
+        """run_step's device half before the launch: the stream (rewritten in place when the fast
+        path advanced the held one) and the metadata. Only after finish(): the launch before
+        reads both."""
+        mk, plan = prep.megakernel, prep.plan
+        if prep.n_ctr is None and self._advances_held(mk, plan):
+            plan.advance.apply(self._handle[0])
+        else:
+            n_ctr = prep.n_ctr
+            if n_ctr is None:       # the held stream changed since plan_step: check it now
+                n_ctr = mk.check_stream(plan.representative_stream(),
+                                        meta_page_size=self.kernel.page_size)
+            self._handle = mk.upload(plan.device_stream(self.device), n_ctr)
+            self._held = (mk, plan.serial)
             self.stream_uploads += 1
+        meta = plan.meta.tensor
         self.meta[:meta.numel()].copy_(meta, non_blocking=False)
-        return mk, handle, plan
+
+    def prepare(self, batch: StepBatch):
+        """Plan, check and upload the batch without launching it (benchmarks time the launch
+        alone): (megakernel, handle, plan), the metadata copied into the device buffer."""
+        self.finish()
+        prep = self.plan_step(batch)
+        self._upload(prep)
+        return prep.megakernel, self._handle, prep.plan
 
     def prepare_variant(self, batch: StepBatch, plan_cfg: PlanConfig):
         """The batch planned under another PlanConfig for this backend's compiled kernel and
@@ -369,14 +428,19 @@ class MegakernelStepBackend:
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
-        t0 = time.perf_counter()
-        mk, handle, plan = self.prepare(batch)
-        t1 = time.perf_counter()
-        mk.launch(handle, check=True)
-        self.last_prepare_s, self.last_launch_s = t1 - t0, time.perf_counter() - t1
-        self.steps += 1
-        S = plan.meta.num_seqs
-        return self.logits[:S].clone()
+        logits = self.run_step(self.plan_step(batch))
+        self.finish()
+        return logits
+
+
+@dataclass
+class PreparedStep:
+    """A step planned and checked on the host, not yet on the device (MegakernelStepBackend.
+    plan_step -> run_step)."""
+    megakernel: object              # mk.megakernel.Megakernel of the step's M class
+    plan: object                    # mk.plan.StepPlan
+    n_ctr: int | None               # the check's counter count; None: a fast-path plan
+    host_s: float                   # plan_step's seconds
 
 
 def _register() -> None:

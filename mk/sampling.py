@@ -69,6 +69,24 @@ def sample(logits: torch.Tensor, params: SamplingParams,
     return torch.cat(out).to(torch.long)
 
 
+def sample_rows(logits: torch.Tensor, rows: list[int], params: SamplingParams,
+                generators: list[torch.Generator] | None = None) -> torch.Tensor:
+    """Tokens [S] (long) for logits [S, V] where only `rows` are wanted (their generators, in
+    order, unless greedy); the other rows hold argmax (greedy) or 0 and draw nothing from any
+    generator. Indexes rows by Python ints only: no host-to-device index copy, which would wait
+    for the work queued on the device (the engine samples step n while it runs)."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.argmax(logits, dim=-1)
+    if generators is None or len(generators) != len(rows):
+        raise ValueError("sampling with temperature needs one generator per sampled row")
+    probs = torch.softmax(filter_logits(logits / params.temperature, params.top_k, params.top_p), -1)
+    out = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    for j, g in zip(rows, generators):
+        out[j] = torch.multinomial(probs[j], 1, generator=g)[0]
+    return out
+
+
 def broadcast_tokens(tokens: torch.Tensor, group=None, device=None) -> torch.Tensor:
     """Make every rank hold rank 0's tokens (a no-op without an initialized process group)."""
     import torch.distributed as dist

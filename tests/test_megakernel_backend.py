@@ -303,16 +303,32 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
 
     from mk.batch import SeqChunk, StepBatch
     from mk.config import KernelConfig, ModelConfig, ParallelConfig
+    from mk.instructions import _common as mc
     from mk.megakernel_step import MegakernelStepBackend
     from mk.plan import PlanConfig, Planner
 
     class FakeMegakernel:
-        def __init__(self):
-            self.checked = 0
+        hang_s = 1.0
 
-        def prepare(self, stream, meta_page_size=None, check_stream=None):
+        def __init__(self):
+            self.checked, self.launched, self.waited = 0, 0, 0
+
+        def check_stream(self, checked, meta_page_size=None):
             self.checked += 1
-            return stream.clone(), int(stream.shape[0]), 7
+            return 7
+
+        def upload(self, stream, n_ctr):
+            return stream.clone(), int(stream.shape[0]), n_ctr
+
+        def launch(self, handle, check=True):
+            assert not check
+            self.launched += 1
+
+        def wait(self, hang_s):
+            self.waited += 1
+
+        def check(self):
+            pass
 
     model = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
                         num_kv_heads=2, head_dim=8, vocab_size=256)
@@ -322,7 +338,8 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     be.kernel, be.device = kernel, torch.device("cpu")
     be.planner = Planner(model, ParallelConfig(), kernel, PlanConfig(kv_split=16, split_k=1))
     be.meta = torch.zeros(4096, dtype=torch.int32)
-    be._held, be._handle, be.stream_uploads = (None, 0), None, 0
+    be._held, be._handle, be.stream_uploads, be._in_flight = (None, 0), None, 0, None
+    be.logits, be.steps = torch.zeros(8, 256), 0
     mks = {c: FakeMegakernel() for c in (0, 1)}
     be.megakernel_for = lambda num_tokens: mks[int(num_tokens > 4)]
     pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
@@ -340,6 +357,30 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     # uploads; the rest rewrote the held copy
     assert be.planner.fast_plans >= 5 and be.stream_uploads == 12 - be.planner.fast_plans
     assert sum(m.checked for m in mks.values()) == be.stream_uploads
+    # the engine's overlapped steps: step n + 1 planned (checked, not uploaded) while step n is
+    # in flight; run_step finishes step n first, then rewrites or uploads, with the late decode
+    # tokens in the metadata's token rows
+    uploads, fast = be.stream_uploads, be.planner.fast_plans
+    for step in range(12):
+        chunks = [SeqChunk([0], n, pages[i]) for i, n in cached.items()]
+        if step == 3:
+            chunks.append(SeqChunk(list(range(1, 9)), 0, pages[5]))
+        prep = be.plan_step(StepBatch(chunks))
+        assert be._in_flight is (None if step == 0 else mk)
+        before = be.stream_uploads
+        be.run_step(prep, {j: 100 + 10 * step + j for j in range(3)})
+        mk = prep.megakernel
+        assert be._in_flight is mk and mk.waited == mk.launched - 1
+        assert be.stream_uploads == before + (prep.n_ctr is not None)
+        assert torch.equal(be._handle[0], prep.plan.instrs), step
+        tokens = be.meta[prep.plan.meta.word(mc.M_OFF_TOKENS):][:prep.plan.meta.num_tokens]
+        assert tokens[[0, 1, 2]].tolist() == [100 + 10 * step + j for j in range(3)]
+        for i in cached:
+            cached[i] += 1
+    be.finish()
+    assert all(m.waited == m.launched for m in mks.values()) and be._in_flight is None
+    assert be.planner.fast_plans - fast >= 5
+    assert be.stream_uploads - uploads == 12 - (be.planner.fast_plans - fast)
 
 
 def test_two_layer_check_sizes_its_kernel_to_many_prompts():

@@ -229,3 +229,100 @@ def test_generate_stats_count_the_steps_and_the_backends_host_share(ckpt):
         assert "host planning" in st.summary()
     finally:
         del mke._BACKENDS["timed"]
+
+
+class _Overlapped:
+    """A backend with the megakernel's split step (plan_step / run_step / finish) over the
+    reference backend: run_step fills the late tokens into the planned batch and computes it;
+    `log` records the calls, `batches` what each step ran."""
+
+    def __init__(self, ref, fail_at: int | None = None):
+        self.ref, self.fail_at = ref, fail_at
+        self.log: list[str] = []
+        self.batches: list[StepBatch] = []
+
+    def forward(self, batch):
+        raise AssertionError("an overlapping engine calls plan_step / run_step / finish")
+
+    def plan_step(self, batch):
+        self.log.append("plan")
+        return batch
+
+    def run_step(self, batch, tokens):
+        self.finish()
+        self.log.append("run")
+        for j, t in tokens.items():
+            assert len(batch.seqs[j].tokens) == 1       # late tokens are decodes' only
+            batch.seqs[j].tokens[0] = t
+        self.batches.append(batch)
+        self.in_flight = True
+        return self.ref.forward(batch)
+
+    def finish(self):
+        if getattr(self, "in_flight", False):
+            self.in_flight = False
+            self.log.append("finish")
+            if self.fail_at is not None and self.log.count("finish") == self.fail_at:
+                raise RuntimeError("step failed on the device")
+
+
+def _overlapped_engine(ckpt, num_kv_pages=96, fail_at=None):
+    e = Engine.from_pretrained(ckpt, dtype=torch.float32, device="cpu", page_size=PAGE,
+                               num_kv_pages=num_kv_pages, progress=False)
+    e.backend = _Overlapped(e.backend, fail_at)
+    return e
+
+
+@torch.inference_mode()
+def test_overlapped_generation_gives_the_same_tokens(engine, ckpt):
+    """A backend with a split step has step n + 1 planned before step n is finished (its decode
+    tokens filled in at run_step) and gives the tokens of one step at a time: with admission
+    waiting for pages and prompts chunked over steps, with a stop token that ends a sequence
+    while its next step is planned (that row is computed and dropped), and sampled."""
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2], [40, 41, 42, 43, 44], [9]]
+    kw = dict(max_new_tokens=6, max_tokens_per_step=3)
+    free = engine.generate(prompts, ignore_eos=True, **kw)
+    stop = free[1][2]                   # the third token of prompt 1 stops it
+    for extra in (dict(ignore_eos=True), dict(stop_token_ids=[stop]),
+                  dict(ignore_eos=True, temperature=1.0, top_k=20, seed=3)):
+        want = engine.generate(prompts, **kw, **extra)
+        e = _overlapped_engine(ckpt, num_kv_pages=6)
+        got = e.generate(prompts, **kw, **extra)
+        assert got == want, extra
+        assert e.pages.free_pages == 6
+        log = e.backend.log
+        # every plan after the first came while the step before it was still in flight
+        assert log[:2] == ["plan", "run"] and log[-1] == "finish"
+        runs = [i for i, x in enumerate(log) if x == "run"]
+        for a, b in zip(runs, runs[1:]):
+            assert log[a + 1:b] == ["plan", "finish"]
+    # the stopped sequence (prompt 1, 2 tokens) ran one step past its stop token: that step's
+    # row fed the stop token back once, and no step after it held the sequence
+    e = _overlapped_engine(ckpt, num_kv_pages=6)
+    k = free[1].index(stop)
+    assert e.generate(prompts, stop_token_ids=[stop], **kw)[1] == free[1][:k + 1]
+    batches = e.backend.batches
+    first = next(i for i, b in enumerate(batches) for c in b.seqs if c.tokens == prompts[1])
+    pages1 = next(c.pages for c in batches[first].seqs if c.tokens == prompts[1])
+    held = [(i, c) for i, b in enumerate(batches) for c in b.seqs
+            if c.pages == pages1 and c.start_pos >= 2]
+    assert [c.start_pos for _, c in held] == list(range(2, 2 + k + 1))
+    assert held[-1][1].tokens == [stop]
+
+
+@torch.inference_mode()
+def test_overlapped_generation_failure_frees_the_pages(ckpt):
+    """A step that fails on the device raises from generate (at the next step's finish) and the
+    engine's pages all come back."""
+    e = _overlapped_engine(ckpt, fail_at=3)
+    with pytest.raises(RuntimeError, match="step failed on the device"):
+        e.generate([[5, 6, 7], [8, 9]], max_new_tokens=8, ignore_eos=True)
+    assert e.pages.free_pages == e.pages.num_pages
+    # overlap off: one step at a time through forward
+    e = Engine.from_pretrained(ckpt, dtype=torch.float32, device="cpu", page_size=PAGE,
+                               num_kv_pages=96, progress=False)
+    ref = e.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True)
+    e.backend = _Overlapped(e.backend)
+    with pytest.raises(AssertionError, match="plan_step"):
+        e.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True, overlap=False)
+    assert e.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True) == ref
