@@ -254,6 +254,11 @@
 #          (0:1:4096), MK_PP_REPS (20) each, megakernel only, no journal: planpair.log,
 #          planpair.json (~2 min + ~reps x steps; a plan that changes the kernel or the buffers,
 #          e.g. kv_split or norm_fold, is refused: planab)
+#   genoverlap a generation job through the megakernel (bench/generate_overlap.py: the 70B TP8
+#          rank, random weights, MK_GO_ARGS, default 256 prompts of 256 tokens, 64 new tokens,
+#          1024 tokens a step, 3 rounds), Engine.generate one step at a time vs the host's
+#          planning of step n + 1 overlapped with step n: genoverlap.log, genoverlap.json
+#          (~4 min)
 #   planab plan variants A/B (a plan change only, the kernel is the same): MK_PLANAB, space-separated
 #          NAME:PLAN entries (PLAN as --plan takes it; default "od1:splitk_o_max_tokens=1,
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
@@ -1072,7 +1077,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [attnlpt]=240 [planpair]=300)
+                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2133,6 +2138,12 @@ if has planpair; then
     grep -E "plan-ab" "$TMPD/planpair.log"
     grep -E -A12 "Error|^error|Traceback" "$TMPD/planpair.log" | tail -30; } \
       | tee -a "$OUTDIR/planpair.log"
+fi
+if has genoverlap; then
+  # the engine's generation loop with the host planning overlapped or not (session 60)
+  timeout 420 python bench/generate_overlap.py ${MK_GO_ARGS:-} --out "$OUTDIR/genoverlap.json" \
+      > "$OUTDIR/genoverlap.log" 2>&1 || rc=1
+  grep -E "^round|^median|error|Error|Traceback" "$OUTDIR/genoverlap.log" | tail -20
 fi
 if has epiab; then
   # session 25's default epilogue (RESIDUAL tiles: TMA stores + stmatrix staging) against the

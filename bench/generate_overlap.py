@@ -1,0 +1,134 @@
+"""A generation job through the megakernel backend, host planning overlapped or not.
+
+One Llama-70B TP8 rank (rank 0's shard as a TP-1 model, random bf16 weights: the work of one GPU
+of the node without the communication) runs Engine.generate over --seqs prompts of --prompt-len
+random tokens, --new-tokens each, at most --tokens-per-step tokens a step (continuous batching:
+prefill chunks beside the decodes, then decodes alone). Rounds alternate
+Engine.generate(overlap=False) (each step planned after the one before is read back) and
+overlap=True (step n + 1 planned and checked on the host while step n runs); a first
+overlap=False round compiles the megakernel's M classes and is not counted. Per round: wall time,
+steps, new tokens / s, the backend's host planning share; last, the median wall time of each mode,
+their ratio, and whether both modes gave the same tokens (they run the same steps: they must).
+
+    python bench/generate_overlap.py --out bench/results/genoverlap.json   # Hopper GPU, ~3 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seqs", type=int, default=256, help="prompts (default 256)")
+    p.add_argument("--prompt-len", type=int, default=256, help="tokens a prompt (default 256)")
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens a prompt (default 64)")
+    p.add_argument("--tokens-per-step", type=int, default=1024,
+                   help="the step's token budget (default 1024)")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds of each mode (default 3)")
+    p.add_argument("--layers", type=int, default=80, help="layers of the rank (default 80)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write the JSON report here")
+    a = p.parse_args(argv)
+    for name in ("seqs", "prompt_len", "new_tokens", "tokens_per_step", "rounds", "layers"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from mk import megakernel as mkk
+    try:
+        mkk.require_gpu("bench/generate_overlap.py", hint="")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    from mk import peers
+    from mk.config import KernelConfig, ParallelConfig
+    from mk.engine import Engine
+    from mk.provenance import git_commit
+    from launch.bench import LLAMA_70B
+
+    par = ParallelConfig(tp_size=8, rank=0)
+    cfg = replace(LLAMA_70B, num_layers=args.layers)
+    device = torch.device("cuda")
+    t0 = time.perf_counter()
+    shard = peers.shard_as_tp1(peers.random_rank_weights(cfg, par, device, dtype=torch.bfloat16,
+                                                         seed=args.seed))
+    context = args.prompt_len + args.new_tokens
+    page = 16
+    kernel = KernelConfig(page_size=page, max_seqs=max(256, args.seqs), max_context=context,
+                          max_batch_tokens=max(4096, args.tokens_per_step),
+                          num_kv_pages=args.seqs * -(-context // page))
+    engine = Engine(shard, backend="megakernel", kernel=kernel, owns_weights=True)
+    print(f"[genoverlap] weights and engine {time.perf_counter() - t0:.1f} s; "
+          f"{torch.cuda.get_device_name()}", file=sys.stderr, flush=True)
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = [torch.randint(3, shard.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+               for _ in range(args.seqs)]
+    kw = dict(max_new_tokens=args.new_tokens, ignore_eos=True,
+              max_tokens_per_step=args.tokens_per_step)
+
+    def run(overlap: bool) -> dict:
+        torch.cuda.synchronize()
+        out = engine.generate(prompts, overlap=overlap, **kw)
+        torch.cuda.synchronize()
+        st = engine.last_stats
+        return dict(overlap=overlap, wall_s=round(st.wall_s, 4), steps=st.steps,
+                    new_tokens=st.new_tokens, new_tokens_per_s=round(st.new_tokens_per_s, 1),
+                    tokens_per_s=round(st.tokens_per_s, 1),
+                    host_prepare_s=round(st.prepare_s or 0.0, 4), tokens=out)
+
+    t0 = time.perf_counter()
+    warm = run(False)
+    print(f"[genoverlap] warm-up round (compiles) {time.perf_counter() - t0:.1f} s, "
+          f"{warm['steps']} steps", file=sys.stderr, flush=True)
+    rounds = []
+    for r in range(args.rounds):
+        for overlap in ((False, True) if r % 2 == 0 else (True, False)):
+            res = run(overlap)
+            rounds.append(res)
+            print(f"round {r} overlap={overlap}: wall {res['wall_s']:.3f} s, {res['steps']} steps, "
+                  f"{res['new_tokens_per_s']:.1f} new tokens/s, host planning "
+                  f"{res['host_prepare_s']:.3f} s", flush=True)
+    same = all(r["tokens"] == warm["tokens"] for r in rounds)
+    med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o)
+           for o in (False, True)}
+    ratio = med[True] / med[False]
+    print(f"median wall: one step at a time {med[False]:.3f} s, overlapped {med[True]:.3f} s "
+          f"(ratio {ratio:.3f}); tokens equal in every round: {same}", flush=True)
+    if args.out:
+        for r in rounds:
+            del r["tokens"]
+        report = dict(benchmark="generation job, host planning overlapped or not "
+                                "(bench/generate_overlap.py)",
+                      date=datetime.datetime.now().isoformat(timespec="seconds"),
+                      commit=git_commit(), device=torch.cuda.get_device_name(),
+                      command="python " + " ".join([f"bench/{os.path.basename(__file__)}",
+                                                    *(argv if argv is not None else sys.argv[1:])]),
+                      model="Llama-70B TP8 rank 0 as TP 1, random bf16 weights",
+                      layers=args.layers, seqs=args.seqs, prompt_len=args.prompt_len,
+                      new_tokens=args.new_tokens, tokens_per_step=args.tokens_per_step,
+                      warmup_steps=warm["steps"], rounds=rounds,
+                      median_wall_s={"one_step_at_a_time": med[False], "overlapped": med[True]},
+                      overlapped_over_one_at_a_time=round(ratio, 4), tokens_equal=same)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
