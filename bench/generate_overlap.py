@@ -90,7 +90,8 @@ def main(argv=None) -> int:
         return dict(overlap=overlap, wall_s=round(st.wall_s, 4), steps=st.steps,
                     new_tokens=st.new_tokens, new_tokens_per_s=round(st.new_tokens_per_s, 1),
                     tokens_per_s=round(st.tokens_per_s, 1),
-                    host_prepare_s=round(st.prepare_s or 0.0, 4), tokens=out)
+                    host_prepare_s=round(st.prepare_s or 0.0, 4),
+                    host_launch_s=round(st.launch_s or 0.0, 4), tokens=out)
 
     t0 = time.perf_counter()
     warm = run(False)
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
             rounds.append(res)
             print(f"round {r} overlap={overlap}: wall {res['wall_s']:.3f} s, {res['steps']} steps, "
                   f"{res['new_tokens_per_s']:.1f} new tokens/s, host planning "
-                  f"{res['host_prepare_s']:.3f} s", flush=True)
+                  f"{res['host_prepare_s']:.3f} s, launches {res['host_launch_s']:.3f} s", flush=True)
     same = all(r["tokens"] == warm["tokens"] for r in rounds)
     med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o)
            for o in (False, True)}

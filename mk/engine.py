@@ -180,6 +180,8 @@ class GenerateStats:
     # the backend's host share of its steps (the megakernel's plan, check, uploads: its
     # last_prepare_s after each step), None where the backend does not report it
     prepare_s: float | None = None
+    # ... and its launches' host time (the megakernel's last_launch_s), None likewise
+    launch_s: float | None = None
 
     @property
     def new_tokens_per_s(self) -> float:
@@ -418,9 +420,13 @@ class _GenerationRun:
             else:
                 logits = self.engine.step(batch)
             self.stats.steps += 1
-            prep = getattr(self.backend, "last_prepare_s", None)
+            st = self.stats
+            prep, launch = (getattr(self.backend, n, None)
+                            for n in ("last_prepare_s", "last_launch_s"))
             if prep is not None:
-                self.stats.prepare_s = (self.stats.prepare_s or 0.0) + prep
+                st.prepare_s = (st.prepare_s or 0.0) + prep
+            if launch is not None:
+                st.launch_s = (st.launch_s or 0.0) + launch
             self.launched(chunks, logits)
         self.resolve()
 
