@@ -38,6 +38,7 @@ def test_default_tiny_model_json():
     stats = out["stats"]
     assert stats["sequences"] == len(tokens) and stats["new_tokens"] == 8 * len(tokens)
     assert stats["steps"] == 8 and stats["prepare_s"] is None and stats["wall_s"] > 0
+    assert stats["launch_s"] is None
     assert stats["new_tokens_per_s"] == pytest.approx(stats["new_tokens"] / stats["wall_s"],
                                                       rel=1e-2)
     assert f"{stats['new_tokens']} new tokens in 8 steps" in p.stderr and "tokens/s" in p.stderr
@@ -52,6 +53,11 @@ def test_prompt_ids_repeated_one_list_per_sequence(tmp_path):
     alone = last_json(generate("--json", "--max-new-tokens", "5", "--dtype", "float32",
                                "--prompt-ids", "7", cwd=tmp_path))["tokens"]
     assert alone == [tokens[1]]
+    # --no-overlap (one step at a time; the reference backend has no split step anyway)
+    one = last_json(generate("--json", "--max-new-tokens", "5", "--dtype", "float32",
+                             "--prompt-ids", "1,2,3", "--prompt-ids", "7", "--prompt-ids",
+                             "9,8,7,6,5,4", "--no-overlap"))["tokens"]
+    assert one == tokens
 
 
 def test_human_readable_output():
