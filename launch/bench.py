@@ -707,8 +707,8 @@ def time_megakernel(be, batch, pool, timer: Timer, warm: int, reps: int, cuda: b
                     variants: dict | None = None) -> dict:
     """The megakernel's step time on the GPU, like the graph peers': the step is planned and its
     metadata uploaded once (host_plan_ms, reported beside: the host's share of a generation
-    loop's step, which a loop that plans step n+1 while the GPU runs step n would hide; mk.engine
-    does not yet; host_full_step_ms: the same for a step the fast path cannot take), the launch
+    loop's step, most of which mk.engine's loop hides by planning step n+1 while the GPU runs
+    step n; host_full_step_ms: the same for a step the fast path cannot take), the launch
     is captured in a CUDA graph and replayed, and new token ids are written into the metadata
     before each rep (untimed, as the peers' set_tokens). variants
     ({name: PlanConfig overrides}, --plan-ab): each plan's step on the same compiled kernel, its
