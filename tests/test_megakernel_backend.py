@@ -298,7 +298,9 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     """MegakernelStepBackend.prepare on the CPU (its GPU parts stubbed): the first plan and every
     plan of a new structure are checked and uploaded; a decode step of the held structure only
     rewrites the held copy (StreamAdvance), which then equals the plan's stream; another
-    Megakernel (another M class) takes a full upload."""
+    Megakernel (another M class) takes a full upload. Then the engine's overlapped steps through
+    plan_step / run_step / finish: the same uploads and rewrites, the late decode tokens in the
+    metadata, each launch finished before the next."""
     import torch
 
     from mk.batch import SeqChunk, StepBatch
