@@ -4,7 +4,8 @@ sizes and the mixed step. Per point: the plan (mk.plan.Planner, arena reused; in
 decode points, the next decode step through the planner's fast path), the host check
 of the stream (mk.megakernel.check_plan) in full and on StepPlan.representative_stream (what
 MegakernelStepBackend.prepare runs), the stream's bytes and the bytes a step the fast path cannot
-take uploads (StepPlan.device_stream). Medians of --repeat.
+take uploads (StepPlan.device_stream); last, the launch's parameter building
+(launch_args_ms). Medians of --repeat.
 
     python bench/host_step.py [--repeat 7] [--out bench/results/host_step_<date>.json]
 
@@ -61,6 +62,44 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def launch_args_ms(repeat: int) -> dict:
+    """The host time of Megakernel._args, the launch's ~33 kernel parameters as DLPack views
+    (mk.megakernel._dl, ~8 us each): before session 60 every launch built them twice (the
+    compiled-variant lookup, then the launch); now once per kernel, the stream's once per upload.
+    On CPU tensors of the parameters' dtypes and ranks (the views' cost does not depend on the
+    device or the sizes)."""
+    import torch
+
+    import mk.megakernel as M
+    from mk.instructions import _rows_kernel as rk
+    mk = object.__new__(M.Megakernel)
+    mk.arena = torch.zeros(3, 64, 128, dtype=torch.bfloat16)
+    mk.counters = torch.zeros(1024, dtype=torch.int32)
+    mk.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32)
+    mk.normw = torch.zeros(8, 128, dtype=torch.bfloat16)
+    mk.journal = torch.zeros(1, M.JOURNAL_WORDS, dtype=torch.int64)
+    mk.jcta = torch.zeros(4, M.JCTA_WORDS, dtype=torch.int64)
+    mk._gemm_t = (M.gemm_tensor_args(None, device="cpu") + M.family_tensor_args(None, device="cpu")
+                  + [torch.zeros(8, 8, dtype=torch.float32)])
+    mk._align = [4 if t.dtype == torch.int32 else 16 for t in mk._gemm_t]
+    mk._align[len(M.GEMM_OPS) * 3 + 3 + 3] = 4
+    mk.n_layers, mk.eps, mk.timeout_ns, mk.grid = 80, 1e-5, 10**10, 132
+    mk._fixed_args, mk._stream_arg = None, (None, None)
+    stream = torch.zeros(1000, 32, dtype=torch.int32)
+
+    def every_launch_twice():           # the launch before session 60
+        for _ in range(2):
+            mk._fixed_args, mk._stream_arg = None, (None, None)
+            mk._args(stream, 1, None)
+
+    def cached():
+        mk._args(stream, 1, None)
+    cached()
+    return dict(parameters=len(mk._args(stream, 1, None)),
+                built_twice_per_launch_ms=round(timed(every_launch_twice, repeat), 3),
+                cached_ms=round(timed(cached, repeat), 3))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
@@ -113,6 +152,10 @@ def main(argv=None) -> int:
               f"{r['upload_bytes'] / 2**20:>8.2f}{r['plan_ms']:>9.1f}"
               f"{'-' if nxt is None else f'{nxt:.2f}':>9}"
               f"{r['check_full_ms']:>12.1f}{r['check_representative_ms']:>12.2f}", flush=True)
+    launch_args = launch_args_ms(max(args.repeat, 20))
+    print(f"launch arguments ({launch_args['parameters']} parameters): built twice per launch "
+          f"{launch_args['built_twice_per_launch_ms']:.3f} ms, cached "
+          f"{launch_args['cached_ms']:.3f} ms", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()
@@ -123,7 +166,8 @@ def main(argv=None) -> int:
                   machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
                           f"(CPU only)",
                   command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:])),
-                  model="Llama-70B TP8 rank 0 as TP 1", points=rows)
+                  model="Llama-70B TP8 rank 0 as TP 1", points=rows,
+                  launch_args=launch_args)
     out = Path(args.out) if args.out else \
         ROOT / "bench" / "results" / f"host_step_{datetime.date.today().isoformat()}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
