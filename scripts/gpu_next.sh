@@ -421,6 +421,22 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000032. Session 60 had no device (every ask refused; the one machine that came was taken
+#      back mid-call): plan 000031 was not run, and session 60's overlapped generation loop
+#      (mk.engine._GenerationRun: step n + 1 planned while step n runs; MegakernelStepBackend.
+#      plan_step / run_step / finish) and Megakernel._args' cached DLPack views are CPU-tested
+#      only. In order:
+#      1. One call: `python -m pytest -m gpu -q tests/test_megakernel_step_gpu.py` (~5 min; the
+#         new test_overlapped_generation_equals_one_step_at_a_time, and every generate-based
+#         test now runs overlapped), then `MK_STEPS=genoverlap` (~4 min; bench/
+#         generate_overlap.py: a 256-prompt job on the 70B TP8 rank, one step at a time vs
+#         overlapped, wall time, host shares, tokens equal). If the overlap gains less than the
+#         host_plan_ms share suggests (E2E_NOTES session 60), the critical path left is the
+#         rewrite / upload + metadata copy after finish(): stage them in page-locked memory and
+#         enqueue them non-blocking from plan_step (stream-ordered after step n), and patch the
+#         decode tokens on the device from the sampled tensor, so that run_step only launches.
+#      2. Plan 000031's 1 to 5 (the two-layer checks and racecheck with device_stream, the
+#         megakernel GPU tests, clocks variants, planpair, e2e, attnexp).
 #   000031. Session 59 ran 000030's 1 (clocks at the prompt point, backoff) and 2 on one H100
 #      (`*_s59_h100*`): attn_chunk_reduce=1 is the default (4096 prompt -2.0%, 256 + 2048 -1.0%,
 #      the 256 + 1024 control unchanged; its check and racecheck clean); attn_lpt=2 stays off.
