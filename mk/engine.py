@@ -419,8 +419,8 @@ class _GenerationRun:
                 logits = self.backend.run_step(prepared, {j: s.out[-1] for j, s in late})
             else:
                 logits = self.engine.step(batch)
-            self.stats.steps += 1
             st = self.stats
+            st.steps += 1
             prep, launch = (getattr(self.backend, n, None)
                             for n in ("last_prepare_s", "last_launch_s"))
             if prep is not None:

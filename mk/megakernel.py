@@ -2326,8 +2326,8 @@ class Megakernel:
     # -- compile & launch ---------------------------------------------------------------------
     def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream):
         # the DLPack views of the tensors that live as long as the kernel are made once, the
-        # stream's once per uploaded stream: ~8 us each, ~20 a launch, on the host's path
-        # between two steps of a generation loop
+        # stream's once per uploaded stream: ~8 us each, ~33 of them a launch, on the host's
+        # path between two steps of a generation loop (bench/host_step.py: launch_args)
         if self._fixed_args is None:
             bufs = self.arena.permute(1, 2, 0)            # (T, H, NBUF), H contiguous
             self._fixed_args = (

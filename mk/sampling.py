@@ -59,14 +59,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 def sample(logits: torch.Tensor, params: SamplingParams,
            generators: list[torch.Generator] | None = None) -> torch.Tensor:
     """Tokens [B] (long) from logits [B, V]; generators: one per row (needed unless greedy)."""
-    logits = logits.float()
-    if params.greedy:
-        return torch.argmax(logits, dim=-1)
-    if generators is None or len(generators) != logits.shape[0]:
-        raise ValueError("sampling with temperature needs one generator per row")
-    probs = torch.softmax(filter_logits(logits / params.temperature, params.top_k, params.top_p), -1)
-    out = [torch.multinomial(probs[i], 1, generator=generators[i]) for i in range(probs.shape[0])]
-    return torch.cat(out).to(torch.long)
+    return sample_rows(logits, list(range(logits.shape[0])), params, generators)
 
 
 def sample_rows(logits: torch.Tensor, rows: list[int], params: SamplingParams,
@@ -80,6 +73,7 @@ def sample_rows(logits: torch.Tensor, rows: list[int], params: SamplingParams,
         return torch.argmax(logits, dim=-1)
     if generators is None or len(generators) != len(rows):
         raise ValueError("sampling with temperature needs one generator per sampled row")
+    # one softmax over every row (row-wise: the sampled rows' values do not depend on the rest)
     probs = torch.softmax(filter_logits(logits / params.temperature, params.top_k, params.top_p), -1)
     out = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
     for j, g in zip(rows, generators):
