@@ -403,10 +403,9 @@ class _GenerationRun:
                 self.resolve()
             if not (self.waiting or self.running):
                 break
+            # (overlapped, the pending step's stops are not known yet, but a sequence it may
+            # stop is still running, so the step is never empty for want of its pages)
             chunks, late = self.schedule()
-            if not chunks and self.pending is not None:
-                self.resolve()          # pages a stopped sequence frees may admit a prompt
-                chunks, late = self.schedule()
             if not chunks:
                 pages = self.engine.pages
                 raise OutOfPagesError(f"cannot schedule any sequence: {pages.free_pages} of "
