@@ -167,6 +167,23 @@ def test_sampling_filters():
         SamplingParams(temperature=-1)
 
 
+def test_sample_rows_draws_only_the_wanted_rows():
+    """sample_rows (the engine's sampler, no device index copies): the wanted rows draw what
+    one row at a time would, from their own generators only; greedy: argmax of every row."""
+    from mk.sampling import make_generator, sample_rows
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.7, top_k=10, top_p=0.9)
+    rows = [0, 2, 4]
+    got = sample_rows(logits, rows, params, [make_generator(3, j) for j in rows])
+    for j in rows:
+        probs = torch.softmax(filter_logits(logits[j:j + 1] / 0.7, 10, 0.9), -1)[0]
+        assert int(got[j]) == int(torch.multinomial(probs, 1, generator=make_generator(3, j)))
+    assert got[[1, 3]].tolist() == [0, 0]
+    assert torch.equal(sample_rows(logits, rows, SamplingParams()), logits.argmax(-1))
+    with pytest.raises(ValueError, match="one generator per sampled row"):
+        sample_rows(logits, rows, params, [make_generator(3, 0)])
+
+
 def test_backend_registry(engine):
     assert "reference" in available_backends()
     with pytest.raises(ValueError, match=r"unknown backend 'nope'; known backends: reference"):
