@@ -254,6 +254,8 @@
 #          (0:1:4096), MK_PP_REPS (20) each, megakernel only, no journal: planpair.log,
 #          planpair.json (~2 min + ~reps x steps; a plan that changes the kernel or the buffers,
 #          e.g. kv_split or norm_fold, is refused: planab)
+#   stepgpu the whole-step GPU tests alone (tests/test_megakernel_step_gpu.py, no two-layer checks
+#          or racecheck: verify's): stepgpu.log (~5 min; with genoverlap in one call)
 #   genoverlap a generation job through the megakernel (bench/generate_overlap.py: the 70B TP8
 #          rank, random weights, MK_GO_ARGS, default 256 prompts of 256 tokens, 64 new tokens,
 #          1024 tokens a step, 3 rounds), Engine.generate one step at a time vs the host's
@@ -426,9 +428,9 @@
 #      (mk.engine._GenerationRun: step n + 1 planned while step n runs; MegakernelStepBackend.
 #      plan_step / run_step / finish) and Megakernel._args' cached DLPack views are CPU-tested
 #      only. In order:
-#      1. One call: `python -m pytest -m gpu -q tests/test_megakernel_step_gpu.py` (~5 min; the
+#      1. One call: `MK_STEPS="stepgpu genoverlap"` (the whole-step GPU tests, ~5 min: the
 #         new test_overlapped_generation_equals_one_step_at_a_time, and every generate-based
-#         test now runs overlapped), then `MK_STEPS=genoverlap` (~4 min; bench/
+#         test now runs overlapped; then ~4 min of bench/
 #         generate_overlap.py: a 256-prompt job on the 70B TP8 rank, one step at a time vs
 #         overlapped, wall time, host shares, tokens equal). If the overlap gains less than the
 #         host_plan_ms share suggests (E2E_NOTES session 60), the critical path left is the
@@ -1093,7 +1095,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=300)
+                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=240 [stepgpu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1241,6 +1243,14 @@ if has verify; then
   echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT|WAIT|CLASS)[A-Z_]*=' | sort | tr '\n' ' ' \
       | sed 's/ $//' | grep . || echo default build))"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
+fi
+if has stepgpu; then
+  timeout 330 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+      tests/test_megakernel_step_gpu.py 2>&1 | grep -v "^\[mk" > "$OUTDIR/stepgpu.log"
+  tail -15 "$OUTDIR/stepgpu.log"
+  grep -qE "^[0-9]+ passed" "$OUTDIR/stepgpu.log" \
+      && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$OUTDIR/stepgpu.log" \
+      && echo "== stepgpu: all passed" || { echo "== stepgpu: FAILED"; rc=1; }
 fi
 if has synccheck; then
   # synccheck of the two-layer step (split-K auto): every mbarrier phase must be observed by a
