@@ -335,13 +335,19 @@ class MegakernelStepBackend:
         if plan.meta.tensor.numel() > self.meta.numel():
             raise ValueError(f"step metadata of {plan.meta.tensor.numel()} words exceeds the "
                              f"buffer's {self.meta.numel()}")
-        mk = self.megakernel_for(plan.meta.num_tokens)
+        # a class's first step builds its Megakernel in run_step, after the launch in flight
+        # (its device allocations might otherwise wait for that launch, hang guard or not)
+        mk = self._built_megakernel(plan.meta.num_tokens)
         n_ctr = None
-        if not self._advances_held(mk, plan):
+        if mk is not None and not self._advances_held(mk, plan):
             # the planner's stream is a layer template repeated: checking the prelude, the first
             # and last layers and the final rows is checking it all (a 40th of the rows: ~1 ms)
             n_ctr = mk.check_stream(plan.representative_stream(), meta_page_size=k.page_size)
         return PreparedStep(mk, plan, n_ctr, time.perf_counter() - t0)
+
+    def _built_megakernel(self, num_tokens: int):
+        from mk import tiles
+        return self._kernels.get(tiles.m_class(num_tokens))
 
     def _advances_held(self, mk, plan) -> bool:
         return plan.advance is not None and self._held[0] is mk and self._held[1] == plan.serial
@@ -355,6 +361,8 @@ class MegakernelStepBackend:
         goes into the metadata's token row of that sequence's first new token."""
         self.finish()
         t0 = time.perf_counter()
+        if prep.megakernel is None:
+            prep.megakernel = self.megakernel_for(prep.plan.meta.num_tokens)
         if tokens:
             meta = prep.plan.meta
             rows = torch.as_tensor([int(meta.seq_row0[i]) for i in tokens], dtype=torch.long)
@@ -399,6 +407,8 @@ class MegakernelStepBackend:
         alone): (megakernel, handle, plan), the metadata copied into the device buffer."""
         self.finish()
         prep = self.plan_step(batch)
+        if prep.megakernel is None:
+            prep.megakernel = self.megakernel_for(prep.plan.meta.num_tokens)
         self._upload(prep)
         return prep.megakernel, self._handle, prep.plan
 
@@ -437,7 +447,8 @@ class MegakernelStepBackend:
 class PreparedStep:
     """A step planned and checked on the host, not yet on the device (MegakernelStepBackend.
     plan_step -> run_step)."""
-    megakernel: object              # mk.megakernel.Megakernel of the step's M class
+    megakernel: object              # mk.megakernel.Megakernel of the step's M class (None:
+    #                                 not built yet; run_step builds it and checks the stream)
     plan: object                    # mk.plan.StepPlan
     n_ctr: int | None               # the check's counter count; None: a fast-path plan
     host_s: float                   # plan_step's seconds

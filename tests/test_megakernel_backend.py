@@ -344,6 +344,7 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     be.logits, be.steps = torch.zeros(8, 256), 0
     mks = {c: FakeMegakernel() for c in (0, 1)}
     be.megakernel_for = lambda num_tokens: mks[int(num_tokens > 4)]
+    be._built_megakernel = be.megakernel_for
     pages = {i: list(range(30 * i, 30 * i + 30)) for i in range(6)}
     cached = {0: 3, 1: 20, 2: 41}
     for step in range(12):
@@ -363,17 +364,25 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     # in flight; run_step finishes step n first, then rewrites or uploads, with the late decode
     # tokens in the metadata's token rows
     uploads, fast = be.stream_uploads, be.planner.fast_plans
+    # the other class's Megakernel "not built yet" at its first step here: plan_step leaves it
+    # (and the check) to run_step
+    built = {0}
+    be._built_megakernel = lambda n: mks[int(n > 4)] if int(n > 4) in built else None
     for step in range(12):
         chunks = [SeqChunk([0], n, pages[i]) for i, n in cached.items()]
         if step == 3:
             chunks.append(SeqChunk(list(range(1, 9)), 0, pages[5]))
         prep = be.plan_step(StepBatch(chunks))
         assert be._in_flight is (None if step == 0 else mk)
-        before = be.stream_uploads
+        assert (prep.megakernel is None) == (step == 3)
+        before, checked = be.stream_uploads, sum(m.checked for m in mks.values())
         be.run_step(prep, {j: 100 + 10 * step + j for j in range(3)})
+        built.add(int(prep.plan.meta.num_tokens > 4))
         mk = prep.megakernel
+        if step == 3:       # built and checked in run_step, after the step in flight finished
+            assert mk is mks[1] and sum(m.checked for m in mks.values()) == checked + 1
         assert be._in_flight is mk and mk.waited == mk.launched - 1
-        assert be.stream_uploads == before + (prep.n_ctr is not None)
+        assert be.stream_uploads == before + (prep.n_ctr is not None or step == 3)
         assert torch.equal(be._handle[0], prep.plan.instrs), step
         tokens = be.meta[prep.plan.meta.word(mc.M_OFF_TOKENS):][:prep.plan.meta.num_tokens]
         assert tokens[[0, 1, 2]].tolist() == [100 + 10 * step + j for j in range(3)]
