@@ -361,8 +361,6 @@ class MegakernelStepBackend:
         goes into the metadata's token row of that sequence's first new token."""
         self.finish()
         t0 = time.perf_counter()
-        if prep.megakernel is None:
-            prep.megakernel = self.megakernel_for(prep.plan.meta.num_tokens)
         if tokens:
             meta = prep.plan.meta
             rows = torch.as_tensor([int(meta.seq_row0[i]) for i in tokens], dtype=torch.long)
@@ -387,7 +385,9 @@ class MegakernelStepBackend:
     def _upload(self, prep: "PreparedStep") -> None:
         """run_step's device half before the launch: the stream (rewritten in place when the fast
         path advanced the held one) and the metadata. Only after finish(): the launch before
-        reads both."""
+        reads both. Builds the step's Megakernel where plan_step left it unbuilt."""
+        if prep.megakernel is None:
+            prep.megakernel = self.megakernel_for(prep.plan.meta.num_tokens)
         mk, plan = prep.megakernel, prep.plan
         if prep.n_ctr is None and self._advances_held(mk, plan):
             plan.advance.apply(self._handle[0])
@@ -407,8 +407,6 @@ class MegakernelStepBackend:
         alone): (megakernel, handle, plan), the metadata copied into the device buffer."""
         self.finish()
         prep = self.plan_step(batch)
-        if prep.megakernel is None:
-            prep.megakernel = self.megakernel_for(prep.plan.meta.num_tokens)
         self._upload(prep)
         return prep.megakernel, self._handle, prep.plan
 
