@@ -369,7 +369,7 @@ class _GenerationRun:
     before step n's tokens are known (they go in at run_step, once step n is finished and
     sampled). A sequence that step n's token stops then still has its row in step n + 1: the row
     is computed and dropped, and its pages are freed before any later step can reuse them (the
-    device runs the steps in order). Another backend's step is read back before the next one is
+    device runs the steps in order); a step n + 1 of such rows only is planned and not run. Another backend's step is read back before the next one is
     scheduled, as is every step with overlap off.
     """
 
@@ -415,6 +415,10 @@ class _GenerationRun:
                 self.engine._validate(batch)
                 prepared = self.backend.plan_step(batch)    # while the last step runs
                 self.resolve()
+                if all(s.done for s, _ in chunks):
+                    # the last step's tokens stopped every sequence of this one: it would only
+                    # compute dropped rows (at the end of a job, a whole step for nothing)
+                    continue
                 logits = self.backend.run_step(prepared, {j: s.out[-1] for j, s in late})
             else:
                 logits = self.engine.step(batch)

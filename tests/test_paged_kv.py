@@ -312,7 +312,8 @@ def test_overlapped_generation_gives_the_same_tokens(engine, ckpt):
         assert log[:2] == ["plan", "run"] and log[-1] == "finish"
         runs = [i for i, x in enumerate(log) if x == "run"]
         for a, b in zip(runs, runs[1:]):
-            assert log[a + 1:b] == ["plan", "finish"]
+            # (a step whose sequences the step before all stopped is planned, then not run)
+            assert log[a + 1:b] in (["plan", "finish"], ["plan", "finish", "plan"])
     # the stopped sequence (prompt 1, 2 tokens) ran one step past its stop token: that step's
     # row fed the stop token back once, and no step after it held the sequence
     e = _overlapped_engine(ckpt, num_kv_pages=6)
@@ -325,6 +326,29 @@ def test_overlapped_generation_gives_the_same_tokens(engine, ckpt):
             if c.pages == pages1 and c.start_pos >= 2]
     assert [c.start_pos for _, c in held] == list(range(2, 2 + k + 1))
     assert held[-1][1].tokens == [stop]
+
+
+@torch.inference_mode()
+def test_overlapped_generation_runs_no_step_after_the_last_stop(engine, ckpt):
+    """A step planned while the step before runs, whose every sequence that step's tokens stop,
+    is not run: a prompt stopped by its token takes as many launches as one step at a time,
+    alone and with a second prompt that outlives it."""
+    free = engine.generate([[5, 6, 7]], max_new_tokens=8, ignore_eos=True)[0]
+    # a token first seen after the first (the prompt's step gives token 0)
+    k = next(i for i, t in enumerate(free) if i >= 1 and free.index(t) == i)
+    stop = free[k]
+    e = _overlapped_engine(ckpt)
+    assert e.generate([[5, 6, 7]], max_new_tokens=8, stop_token_ids=[stop]) == [free[:k + 1]]
+    assert e.backend.log.count("run") == k + 1 == e.last_stats.steps
+    assert e.backend.log.count("plan") == k + 2     # the stopped sequence's next step
+    assert e.pages.free_pages == e.pages.num_pages
+    # the other sequence, still running, keeps the stopped one's row (dropped) in its next step
+    two = [[5, 6, 7], [9, 8, 7, 6]]
+    want = engine.generate(two, max_new_tokens=8, stop_token_ids=[stop])
+    e = _overlapped_engine(ckpt)
+    assert e.generate(two, max_new_tokens=8, stop_token_ids=[stop]) == want
+    assert e.backend.log.count("run") == e.last_stats.steps
+    assert e.pages.free_pages == e.pages.num_pages
 
 
 @torch.inference_mode()
