@@ -7,8 +7,10 @@ prefill chunks beside the decodes, then decodes alone). Rounds alternate
 Engine.generate(overlap=False) (each step planned after the one before is read back) and
 overlap=True (step n + 1 planned and checked on the host while step n runs); a first
 overlap=False round compiles the megakernel's M classes and is not counted. Per round: wall time,
-steps, new tokens / s, the backend's host planning share; last, the median wall time of each mode,
-their ratio, and whether both modes gave the same tokens (they run the same steps: they must).
+steps, new tokens / s, the backend's host planning share, the megakernel's device time (each
+launch between two CUDA events) and the wall time outside it a step (between two launches: the
+host's critical path and the uploads and sampling); last, the median wall time of each mode, their
+ratio, and whether both modes gave the same tokens (they run the same steps: they must).
 
     python bench/generate_overlap.py --out bench/results/genoverlap.json   # Hopper GPU, ~3 min
 """
@@ -82,16 +84,42 @@ def main(argv=None) -> int:
     kw = dict(max_new_tokens=args.new_tokens, ignore_eos=True,
               max_tokens_per_step=args.tokens_per_step)
 
+    # each launch between two timing events: the megakernel's device time against the wall time
+    # says what is left between two steps (the host's critical path: the wait for step n, the
+    # sampling, the token read, the uploads, the launch)
+    launches: list = []
+    plain_launch = mkk.Megakernel.launch
+
+    def timed_launch(self, prepared, check: bool = True):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        plain_launch(self, prepared, check=False)
+        e1.record()
+        launches.append((e0, e1))
+        if check:
+            self.wait(self.hang_s)
+            self.check()
+
     def run(overlap: bool) -> dict:
         torch.cuda.synchronize()
-        out = engine.generate(prompts, overlap=overlap, **kw)
+        launches.clear()
+        mkk.Megakernel.launch = timed_launch
+        try:
+            out = engine.generate(prompts, overlap=overlap, **kw)
+        finally:
+            mkk.Megakernel.launch = plain_launch
         torch.cuda.synchronize()
         st = engine.last_stats
+        kernel_s = sum(a.elapsed_time(b) for a, b in launches) / 1e3
         return dict(overlap=overlap, wall_s=round(st.wall_s, 4), steps=st.steps,
                     new_tokens=st.new_tokens, new_tokens_per_s=round(st.new_tokens_per_s, 1),
                     tokens_per_s=round(st.tokens_per_s, 1),
                     host_prepare_s=round(st.prepare_s or 0.0, 4),
-                    host_launch_s=round(st.launch_s or 0.0, 4), tokens=out)
+                    host_launch_s=round(st.launch_s or 0.0, 4),
+                    kernel_s=round(kernel_s, 4),
+                    outside_kernel_ms_a_step=round((st.wall_s - kernel_s) / max(st.steps, 1)
+                                                   * 1e3, 3),
+                    tokens=out)
 
     t0 = time.perf_counter()
     warm = run(False)
@@ -104,7 +132,10 @@ def main(argv=None) -> int:
             rounds.append(res)
             print(f"round {r} overlap={overlap}: wall {res['wall_s']:.3f} s, {res['steps']} steps, "
                   f"{res['new_tokens_per_s']:.1f} new tokens/s, host planning "
-                  f"{res['host_prepare_s']:.3f} s, launches {res['host_launch_s']:.3f} s", flush=True)
+                  f"{res['host_prepare_s']:.3f} s, launches {res['host_launch_s']:.3f} s, kernels "
+                  f"{res['kernel_s']:.3f} s, outside them "
+                  f"{res['outside_kernel_ms_a_step']:.3f} ms a step",
+                  flush=True)
     same = all(r["tokens"] == warm["tokens"] for r in rounds)
     med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o)
            for o in (False, True)}
