@@ -54,11 +54,14 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # to 49: a row-scale norm before each folded GEMM) where the hidden size does not allow 4.
 # H100, 70B TP8 rank decode (session 49, bench/results/nf4_summary_7e0568e_*): norm_fold 2 -> 4
 # B=4096 -3.3% / -2.8%, B=1024 -0.8% / -1.0%, mixed -0.2% / -0.5% / -0.8%, B=256 +0.8% / +0.2%.
-# `--plan norm_fold=2` (or 0: not folded) turns it back. attn_lpt 1: in a step with prompt
-# chunks a layer's attention is queued the chunks first, then the decode units, each longest
-# first (H100, session 56, bench/results/attnlpt_*_s56*: the mixed step 46.275 / 46.460 ->
-# 45.282 ms; decode-only steps keep their plans); under another policy than op_major it is off
-# unless given. attn_chunk_splits 1: a prompt segment split over KV (a context over kv_split) is
+# `--plan norm_fold=2` (or 0: not folded) turns it back. attn_lpt 2: in a step with prompt
+# chunks a layer's attention is queued the chunks first, in block order, then the decode units,
+# longest first (attn_lpt 1, the default from session 56: the chunks longest first; H100,
+# bench/results/attnlpt_*_s56*: the mixed step 46.275 / 46.460 -> 45.282 ms; 2 against 1,
+# interleaved rep by rep on one kernel, session 61, bench/results/planpair_*_s61_h100*: the
+# 4096-token prompt -0.8%, 256 + 2048 -1.1%, the 256 + 1024 mixed step +0.2% within its spread;
+# its 1144-token check at kv_split 64 and racecheck clean in session 59, planab_l2cr_*);
+# decode-only steps keep their plans; under another policy than op_major it is off unless given. attn_chunk_splits 1: a prompt segment split over KV (a context over kv_split) is
 # cut into attn_chunk_rows chunks too (H100, session 58, bench/results/planab_*_s58_h100*: a
 # 4096-token prompt alone 147.43 -> 142.19 ms, 256 decodes at ctx 1024 + a 2048-token prompt
 # 93.51 -> 80.67 ms; its check of 1144 tokens at kv_split 64, 32 chunks with no key of their
@@ -67,7 +70,7 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # bench/results/planab_*_s59_h100*: the 4096-token prompt 141.87 -> 139.02 ms, 256 + 2048
 # 80.90 -> 80.10, the 256 + 1024 mixed step 44.72 / 44.70: its plan is unchanged; the 1144-token
 # check at kv_split 64 and racecheck clean).
-DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=1, attn_chunk_splits=1, attn_chunk_reduce=1)
+DEFAULT_PLAN = dict(split_k=0, norm_fold=4, attn_lpt=2, attn_chunk_splits=1, attn_chunk_reduce=1)
 # PlanConfig.norm_fold=4 on the GPU: the hidden size a multiple of this (mk.megakernel's
 # _check_row_parts; gk.row_part_sumsq's chunks)
 ROW_PART_HIDDEN_ALIGN = 4 * mc.ROW_PART_COLS

@@ -154,7 +154,10 @@ class PlanConfig:
     # -0.6%, the 256 + 1024 mixed step unchanged (attn_lpt 0 there: +1.5%). On the GPU (H100,
     # session 59, with attn_chunk_reduce=1, bench/results/planab_l2cr_*_s59_h100*): a
     # 4096-token prompt 139.02 -> 137.01 ms (-1.4%), 256 + 2048 80.10 -> 80.17 (+0.1%; journal
-    # +1.3%); the 256 + 1024 mixed step, whose chunks it reorders, not yet timed. Not default.
+    # +1.3%); interleaved rep by rep with attn_lpt 1 on one kernel (session 61, `launch/bench.py
+    # --plan-ab`, bench/results/planpair_*_s61_h100*, median per-rep ratio): the 4096-token
+    # prompt 0.992, 256 + 2048 0.989, the 256 + 1024 mixed step 1.002 (p10 / p90 0.97 / 1.07):
+    # mk.megakernel_step.DEFAULT_PLAN's since session 61.
     attn_lpt: int = 0
     qkv_tile: int | None = None     # qkv output columns per tile: whole heads (below head_dim: one)
     o_tile: int | None = None       # o_proj output columns per tile (within a rank's H/n slice)

@@ -445,7 +445,7 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
     model = rank_model()
     assert DEFAULT_PLAN["norm_fold"] == 4 and default_plan_config(model).norm_fold == 4
     assert default_plan_config(norm_fold=0, split_k=1) == PlanConfig(norm_fold=0, split_k=1,
-                                                                       attn_lpt=1,
+                                                                       attn_lpt=2,
                                                                        attn_chunk_splits=1,
                                                                        attn_chunk_reduce=1)
     # attn_lpt orders op_major's queue: another policy turns it off unless it is given
