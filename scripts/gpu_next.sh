@@ -259,8 +259,13 @@
 #   genoverlap a generation job through the megakernel (bench/generate_overlap.py: the 70B TP8
 #          rank, random weights, MK_GO_ARGS, default 256 prompts of 256 tokens, 64 new tokens,
 #          1024 tokens a step, 3 rounds), Engine.generate one step at a time vs the host's
-#          planning of step n + 1 overlapped with step n: genoverlap.log, genoverlap.json
+#          planning of step n + 1 overlapped with step n; per round also the megakernel's
+#          device time and the wall time outside it a step: genoverlap.log, genoverlap.json
 #          (~4 min)
+#   launchhost where the host's 0.34 ms a launch goes (session 61's genoverlap): one prepared
+#          step of the tiny model launched --reps times by part (bench/launch_host.py: full
+#          launch, _args, argument marshalling, the host stub, a launch of arguments marshalled
+#          once, a torch kernel): launchhost.log, launchhost.json (~1.5 min)
 #   planab plan variants A/B (a plan change only, the kernel is the same): MK_PLANAB, space-separated
 #          NAME:PLAN entries (PLAN as --plan takes it; default "od1:splitk_o_max_tokens=1,
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
@@ -423,6 +428,19 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000033. Session 61 ran 000032's 1 on one H100 (`*_efa18e2_2026-12-07_s61_h100*`): the
+#      whole-step GPU tests all passed (19, the overlapped generation test among them); the
+#      generation job overlapped takes 0.793 of one step at a time's wall time (3.388 against
+#      4.273 s, tokens equal), 1.16 ms a step left outside the megakernel (8.9 one at a time), of
+#      which 0.34 ms is host time inside Megakernel.launch. Also: planpair attn_lpt=2 (the
+#      default now), clocks nob1 (the step hangs: timing-only experiment, not usable in a step)
+#      / warp, the mixed step's e2e 0.998. In order:
+#      1. `MK_STEPS="launchhost stepgpu"`: where the launch's host time goes, then the step
+#         tests at the attn_lpt=2 default. If the marshalling or the stub is most of it,
+#         marshal once per upload (Megakernel._args' cache) and launch with
+#         run_compiled_program; then genoverlap again.
+#      2. Plan 000031's 1 (verify with device_stream, the megakernel GPU tests), 4 (e2e B=1 ..
+#         256, issue 5's table), 5 (attnexp).
 #   000032. Session 60 had no device (every ask refused; the one machine that came was taken
 #      back mid-call): plan 000031 was not run, and session 60's overlapped generation loop
 #      (mk.engine._GenerationRun: step n + 1 planned while step n runs; MegakernelStepBackend.
@@ -1095,7 +1113,8 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=240 [stepgpu]=300)
+                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=240 [stepgpu]=300
+                   [launchhost]=120)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2164,6 +2183,12 @@ if has planpair; then
     grep -E "plan-ab" "$TMPD/planpair.log"
     grep -E -A12 "Error|^error|Traceback" "$TMPD/planpair.log" | tail -30; } \
       | tee -a "$OUTDIR/planpair.log"
+fi
+if has launchhost; then
+  # the host's time in one megakernel launch, by part (session 61)
+  timeout 240 python bench/launch_host.py --out "$OUTDIR/launchhost.json" \
+      > "$OUTDIR/launchhost.log" 2>&1 || rc=1
+  grep -vE "^\[mk" "$OUTDIR/launchhost.log" | tail -12
 fi
 if has genoverlap; then
   # the engine's generation loop with the host planning overlapped or not (session 60)

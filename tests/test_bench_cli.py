@@ -584,3 +584,21 @@ def test_host_full_step_times_a_full_plan_and_its_upload(bench, capsys):
     be.planner = None
     assert bench.host_full_step_ms(be, batch, mk, False) is None
     assert "host_full_step_ms failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["generate_overlap", "launch_host"])
+def test_gpu_benchmarks_refuse_bad_arguments_and_a_missing_gpu(script, capsys):
+    """The GPU-only benchmark scripts: a bad count is an argparse error; without a Hopper GPU
+    they say so and exit 1 (no traceback)."""
+    import torch
+    spec = importlib.util.spec_from_file_location(f"mk_bench_{script}",
+                                                  ROOT / "bench" / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--reps" if script == "launch_host" else "--rounds", "0"])
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    if torch.cuda.is_available():
+        return                      # the GPU run is the script's own (gpu_next.sh)
+    assert mod.main([]) == 1
+    assert "error:" in capsys.readouterr().err
