@@ -369,8 +369,9 @@ class _GenerationRun:
     before step n's tokens are known (they go in at run_step, once step n is finished and
     sampled). A sequence that step n's token stops then still has its row in step n + 1: the row
     is computed and dropped, and its pages are freed before any later step can reuse them (the
-    device runs the steps in order); a step n + 1 of such rows only is planned and not run. Another backend's step is read back before the next one is
-    scheduled, as is every step with overlap off.
+    device runs the steps in order); a step n + 1 of such rows only is planned and not run.
+    Another backend's step is read back before the next one is scheduled, as is every step with
+    overlap off.
     """
 
     def __init__(self, engine: "Engine", seqs: list[_Seq], params: SamplingParams,

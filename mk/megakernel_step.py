@@ -61,8 +61,9 @@ KEY_BLOCK = 64          # attention key block: a KV split must start on one
 # interleaved rep by rep on one kernel, session 61, bench/results/planpair_*_s61_h100*: the
 # 4096-token prompt -0.8%, 256 + 2048 -1.1%, the 256 + 1024 mixed step +0.2% within its spread;
 # its 1144-token check at kv_split 64 and racecheck clean in session 59, planab_l2cr_*);
-# decode-only steps keep their plans; under another policy than op_major it is off unless given. attn_chunk_splits 1: a prompt segment split over KV (a context over kv_split) is
-# cut into attn_chunk_rows chunks too (H100, session 58, bench/results/planab_*_s58_h100*: a
+# decode-only steps keep their plans; under another policy than op_major it is off unless given.
+# attn_chunk_splits 1: a prompt segment split over KV (a context over kv_split) is cut into
+# attn_chunk_rows chunks too (H100, session 58, bench/results/planab_*_s58_h100*: a
 # 4096-token prompt alone 147.43 -> 142.19 ms, 256 decodes at ctx 1024 + a 2048-token prompt
 # 93.51 -> 80.67 ms; its check of 1144 tokens at kv_split 64, 32 chunks with no key of their
 # split, and racecheck clean); prompts within kv_split and decode steps plan as without it.

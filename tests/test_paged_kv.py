@@ -332,7 +332,7 @@ def test_overlapped_generation_gives_the_same_tokens(engine, ckpt):
 def test_overlapped_generation_runs_no_step_after_the_last_stop(engine, ckpt):
     """A step planned while the step before runs, whose every sequence that step's tokens stop,
     is not run: a prompt stopped by its token takes as many launches as one step at a time,
-    alone and with a second prompt that outlives it."""
+    alone and beside a second prompt."""
     free = engine.generate([[5, 6, 7]], max_new_tokens=8, ignore_eos=True)[0]
     # a token first seen after the first (the prompt's step gives token 0)
     k = next(i for i, t in enumerate(free) if i >= 1 and free.index(t) == i)
@@ -342,12 +342,12 @@ def test_overlapped_generation_runs_no_step_after_the_last_stop(engine, ckpt):
     assert e.backend.log.count("run") == k + 1 == e.last_stats.steps
     assert e.backend.log.count("plan") == k + 2     # the stopped sequence's next step
     assert e.pages.free_pages == e.pages.num_pages
-    # the other sequence, still running, keeps the stopped one's row (dropped) in its next step
+    # beside a sequence still running, a stopped one's row is dropped in a step that runs anyway
     two = [[5, 6, 7], [9, 8, 7, 6]]
     want = engine.generate(two, max_new_tokens=8, stop_token_ids=[stop])
     e = _overlapped_engine(ckpt)
     assert e.generate(two, max_new_tokens=8, stop_token_ids=[stop]) == want
-    assert e.backend.log.count("run") == e.last_stats.steps
+    assert e.backend.log.count("run") == e.last_stats.steps == engine.last_stats.steps
     assert e.pages.free_pages == e.pages.num_pages
 
 
