@@ -249,7 +249,7 @@
 #          an 8-row RMSNORM takes ~9.8 us where a 1-row one takes ~4 (two per layer on the
 #          critical path, 19.6 of 153 us): normrows.log, normrows_<rows>.json (~6 min)
 #   planpair plan variants on the default plan's compiled kernel, reps interleaved with its own in
-#          one process (launch/bench.py --plan-ab): MK_PP ("l2:attn_lpt=2"; space-separated
+#          one process (launch/bench.py --plan-ab): MK_PP ("l1:attn_lpt=1"; space-separated
 #          NAME:FIELD=VALUE,...), at decode MK_PP_BATCH (none) and the mixed step MK_PP_MIXED
 #          (0:1:4096), MK_PP_REPS (20) each, megakernel only, no journal: planpair.log,
 #          planpair.json (~2 min + ~reps x steps; a plan that changes the kernel or the buffers,
@@ -2177,7 +2177,7 @@ if has planpair; then
   : > "$OUTDIR/planpair.log"
   timeout 400 python launch/bench.py --systems megakernel --skip-check --no-png \
       --batch "${MK_PP_BATCH:-none}" --mixed "$mx" --reps "${MK_PP_REPS:-20}" --warmup 3 \
-      --plan-ab "${MK_PP:-l2:attn_lpt=2}" --out "$OUTDIR/planpair.json" \
+      --plan-ab "${MK_PP:-l1:attn_lpt=1}" --out "$OUTDIR/planpair.json" \
       > "$TMPD/planpair.log" 2>&1 || rc=1
   { table "$TMPD/planpair.log" | grep -E "^ *(decode|mixed) "
     grep -E "plan-ab" "$TMPD/planpair.log"
