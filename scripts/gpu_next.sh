@@ -441,6 +441,13 @@
 #         run_compiled_program; then genoverlap again.
 #      2. Plan 000031's 1 (verify with device_stream, the megakernel GPU tests), 4 (e2e B=1 ..
 #         256, issue 5's table), 5 (attnexp).
+#      3. Not built: the rest of the 1.16 ms (finish's wait and state read, the sampling and
+#         token copy, the pageable stream / metadata uploads, the launch) leaves the critical
+#         path only if step n + 1 is enqueued before step n ends: two metadata buffers and two
+#         held streams (a fast-path rewrite is absolute, so either copy takes it), page-locked
+#         staging, the decode tokens scattered into the metadata on the device from step n's
+#         sampled tensor, step n checked at the next finish. Worth it where 1.16 ms is a large
+#         share: decode at small batch (~8.8 ms steps: ~13%).
 #   000032. Session 60 had no device (every ask refused; the one machine that came was taken
 #      back mid-call): plan 000031 was not run, and session 60's overlapped generation loop
 #      (mk.engine._GenerationRun: step n + 1 planned while step n runs; MegakernelStepBackend.
