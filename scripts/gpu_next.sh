@@ -447,7 +447,7 @@
 #         held streams (a fast-path rewrite is absolute, so either copy takes it), page-locked
 #         staging, the decode tokens scattered into the metadata on the device from step n's
 #         sampled tensor, step n checked at the next finish. Worth it where 1.16 ms is a large
-#         share: decode at small batch (~8.8 ms steps: ~13%).
+#         share: decode at small batch (~8.8 ms steps: up to ~13%, not measured there).
 #   000032. Session 60 had no device (every ask refused; the one machine that came was taken
 #      back mid-call): plan 000031 was not run, and session 60's overlapped generation loop
 #      (mk.engine._GenerationRun: step n + 1 planned while step n runs; MegakernelStepBackend.
