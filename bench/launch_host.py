@@ -14,7 +14,8 @@ parameters as the 70B rank's), the device idle between reps (synchronised outsid
     cached   run_compiled_program of arguments marshalled once (what a launch could cost)
     torch    an empty-ish torch kernel (x.add_(1) on 1 element): the CUDA launch floor
 
-Medians and p90 of --reps, in us; --out writes the JSON.
+Medians and p90 of --reps, in us, then the full launch under cProfile (the 15 functions with
+the most own time); --out writes the JSON.
 
     python bench/launch_host.py --out bench/results/launch_host.json     # Hopper GPU, ~1 min
 """
@@ -100,11 +101,30 @@ def main(argv=None) -> int:
     # "submit" marshals too (its arguments must live through the call): its own part
     res["submit"]["own_median_us"] = round(res["submit"]["median_us"]
                                            - res["marshal"]["median_us"], 2)
+    # where a full launch's Python time goes, function by function (cProfile's own times)
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    for _ in range(min(args.reps, 100)):
+        sync()
+        prof.enable()
+        mk.launch(handle, check=False)
+        prof.disable()
+    sync()
+    st = pstats.Stats(prof)
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:15]
+    profile = [dict(function=f"{os.path.basename(f)}:{line}:{name}", calls=nc,
+                    own_us_a_launch=round(tt / min(args.reps, 100) * 1e6, 2),
+                    cum_us_a_launch=round(ct / min(args.reps, 100) * 1e6, 2))
+               for (f, line, name), (_, nc, tt, ct, _) in top]
     mk.wait(mk.hang_s)
     mk.check()                              # every launch above ended cleanly
     del keep
     for name, r in res.items():
         print(f"{name:8s} median {r['median_us']:9.2f} us   p90 {r['p90_us']:9.2f} us", flush=True)
+    print("full launch under cProfile, us a launch (own / cumulative):")
+    for row in profile:
+        print(f"  {row['own_us_a_launch']:8.2f} {row['cum_us_a_launch']:8.2f}  {row['function']}")
     if args.out:
         report = dict(benchmark="host time of one megakernel launch, by part "
                                 "(bench/launch_host.py)",
@@ -113,7 +133,7 @@ def main(argv=None) -> int:
                       command="python " + " ".join([f"bench/{os.path.basename(__file__)}",
                                                     *(argv if argv is not None else sys.argv[1:])]),
                       reps=args.reps, tokens=args.tokens, kernel_parameters=len(launch_args),
-                      parts=res)
+                      parts=res, profile=profile)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
     return 0

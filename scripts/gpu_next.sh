@@ -265,7 +265,8 @@
 #   launchhost where the host's 0.34 ms a launch goes (session 61's genoverlap): one prepared
 #          step of the tiny model launched --reps times by part (bench/launch_host.py: full
 #          launch, _args, argument marshalling, the host stub, a launch of arguments marshalled
-#          once, a torch kernel): launchhost.log, launchhost.json (~1.5 min)
+#          once, a torch kernel; then the full launch under cProfile): launchhost.log,
+#          launchhost.json (~1.5 min)
 #   planab plan variants A/B (a plan change only, the kernel is the same): MK_PLANAB, space-separated
 #          NAME:PLAN entries (PLAN as --plan takes it; default "od1:splitk_o_max_tokens=1,
 #          splitk_down_max_tokens=1", O_PROJ / DOWN unsplit in steps of more than one token): the
@@ -2195,7 +2196,7 @@ if has launchhost; then
   # the host's time in one megakernel launch, by part (session 61)
   timeout 240 python bench/launch_host.py --out "$OUTDIR/launchhost.json" \
       > "$OUTDIR/launchhost.log" 2>&1 || rc=1
-  grep -vE "^\[mk" "$OUTDIR/launchhost.log" | tail -12
+  grep -vE "^\[mk" "$OUTDIR/launchhost.log" | tail -24
 fi
 if has genoverlap; then
   # the engine's generation loop with the host planning overlapped or not (session 60)
