@@ -76,8 +76,7 @@ def main(argv=None) -> int:
     mk.launch(handle, check=True)                   # the compiled variant held, probe made
     s, n, n_ctr = handle
     comp, cs = mk._ensure_compiled(s, n_ctr)
-    launch_args = mk._args(s, n_ctr, cs)
-    launch_args[1] = mkk.Int32(n)
+    launch_args = mk._args(s, n_ctr, cs, n)
     exe, keep = comp.generate_execution_args(*launch_args)
     x = torch.zeros(1, device="cuda")
     sync = torch.cuda.synchronize
@@ -89,7 +88,7 @@ def main(argv=None) -> int:
 
     parts = {
         "full": lambda: mk.launch(handle, check=False),
-        "args": lambda: mk._args(s, n_ctr, cs),
+        "args": lambda: mk._args(s, n_ctr, cs, n),
         "marshal": lambda: comp.generate_execution_args(*launch_args),
         "submit": submit,
         "cached": lambda: comp.run_compiled_program(exe),

@@ -2324,8 +2324,9 @@ class Megakernel:
         self._compiled = None                   # the variant, once compiled and sized
 
     # -- compile & launch ---------------------------------------------------------------------
-    def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream):
-        # the DLPack views of the tensors that live as long as the kernel are made once, the
+    def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream, n: int | None = None):
+        # n: the instructions to run (default the stream's rows; an empty plan launches n = 0
+        # over upload()'s one-row placeholder). The DLPack views of the tensors that live as long as the kernel are made once, the
         # stream's once per uploaded stream: ~8 us each, ~33 of them a launch, on the host's
         # path between two steps of a generation loop (bench/host_step.py: launch_args)
         if self._fixed_args is None:
@@ -2339,8 +2340,9 @@ class Megakernel:
         if self._stream_arg[0] is not stream_dev:
             self._stream_arg = (stream_dev, _dl(stream_dev, 4))
         counters, rest = self._fixed_args
-        return [self._stream_arg[1], Int32(stream_dev.shape[0]), *counters, Int32(n_ctr),
-                *rest, Int32(self.grid or 1), cu_stream]
+        n = stream_dev.shape[0] if n is None else n
+        return [self._stream_arg[1], Int32(n), *counters, Int32(n_ctr), *rest,
+                Int32(self.grid or 1), cu_stream]
 
     def prepare(self, stream: torch.Tensor, meta_page_size: int | None = None,
                 check_stream: torch.Tensor | None = None):
@@ -2410,8 +2412,7 @@ class Megakernel:
     def launch(self, prepared, check: bool = True):
         s, n, n_ctr = prepared
         comp, cs = self._ensure_compiled(s, n_ctr)
-        args = self._args(s, n_ctr, cs)
-        args[1] = Int32(n)
+        args = self._args(s, n_ctr, cs, n)
         self._ensure_hang_probe()       # before the launch, also for a later wait()
         comp(*args)
         if check:
@@ -2428,9 +2429,7 @@ class Megakernel:
         def go():
             import cuda.bindings.driver as drv
             cs = drv.CUstream(torch.cuda.current_stream().cuda_stream)
-            args = self._args(s, n_ctr, cs)
-            args[1] = Int32(n)
-            comp(*args)
+            comp(*self._args(s, n_ctr, cs, n))
         return go
 
     def run(self, stream: torch.Tensor, check: bool = True):
