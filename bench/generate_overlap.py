@@ -1,16 +1,19 @@
-"""A generation job through the megakernel backend, host planning overlapped or not.
+"""A generation job through the megakernel backend, one step at a time, planned ahead, run ahead.
 
 One Llama-70B TP8 rank (rank 0's shard as a TP-1 model, random bf16 weights: the work of one GPU
 of the node without the communication) runs Engine.generate over --seqs prompts of --prompt-len
 random tokens, --new-tokens each, at most --tokens-per-step tokens a step (continuous batching:
-prefill chunks beside the decodes, then decodes alone). Rounds alternate
-Engine.generate(overlap=False) (each step planned after the one before is read back) and
-overlap=True (step n + 1 planned and checked on the host while step n runs); a first
-overlap=False round compiles the megakernel's M classes and is not counted. Per round: wall time,
-steps, new tokens / s, the backend's host planning share, the megakernel's device time (each
-launch between two CUDA events) and the wall time outside it a step (between two launches: the
-host's critical path and the uploads and sampling); last, the median wall time of each mode, their
-ratio, and whether both modes gave the same tokens (they run the same steps: they must).
+prefill chunks beside the decodes, then decodes alone). Each round runs the modes in turn (their
+order rotated round to round): Engine.generate(overlap=False) (each step planned after the one
+before is read back), overlap="plan" (step n + 1 planned and checked on the host while step n
+runs, launched once step n's tokens are read) and overlap=True (step n + 1 also queued on the
+device behind step n before its tokens are read: the device goes from step to step without
+the host in between); a first overlap=False round compiles the megakernel's M classes and is
+not counted. Per round: wall time, steps, steps queued ahead, new tokens / s, the backend's host
+planning share, the megakernel's device time (each launch between two CUDA events) and the wall
+time outside it a step (the host's critical path, the uploads and the sampling); last, the
+median wall time of each mode, their ratios to one step at a time, and whether every mode gave
+the same tokens (they must; ignore_eos: every mode runs the same steps).
 
     python bench/generate_overlap.py --out bench/results/genoverlap.json   # Hopper GPU, ~3 min
 """
@@ -90,17 +93,18 @@ def main(argv=None) -> int:
     launches: list = []
     plain_launch = mkk.Megakernel.launch
 
-    def timed_launch(self, prepared, check: bool = True):
+    def timed_launch(self, prepared, check: bool = True, record: bool = False):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        plain_launch(self, prepared, check=False)
+        rec = plain_launch(self, prepared, check=False, record=record or check)
         e1.record()
         launches.append((e0, e1))
         if check:
-            self.wait(self.hang_s)
-            self.check()
+            self.finish_launch(rec)
+            return None
+        return rec if record else None
 
-    def run(overlap: bool) -> dict:
+    def run(overlap) -> dict:
         torch.cuda.synchronize()
         launches.clear()
         mkk.Megakernel.launch = timed_launch
@@ -112,6 +116,7 @@ def main(argv=None) -> int:
         st = engine.last_stats
         kernel_s = sum(a.elapsed_time(b) for a, b in launches) / 1e3
         return dict(overlap=overlap, wall_s=round(st.wall_s, 4), steps=st.steps,
+                    ahead_steps=st.ahead_steps,
                     new_tokens=st.new_tokens, new_tokens_per_s=round(st.new_tokens_per_s, 1),
                     tokens_per_s=round(st.tokens_per_s, 1),
                     host_prepare_s=round(st.prepare_s or 0.0, 4),
@@ -125,27 +130,29 @@ def main(argv=None) -> int:
     warm = run(False)
     print(f"[genoverlap] warm-up round (compiles) {time.perf_counter() - t0:.1f} s, "
           f"{warm['steps']} steps", file=sys.stderr, flush=True)
+    modes = (False, "plan", True)
+    names = {False: "one_step_at_a_time", "plan": "planned_ahead", True: "run_ahead"}
     rounds = []
     for r in range(args.rounds):
-        for overlap in ((False, True) if r % 2 == 0 else (True, False)):
+        for overlap in modes[r % 3:] + modes[:r % 3]:
             res = run(overlap)
             rounds.append(res)
-            print(f"round {r} overlap={overlap}: wall {res['wall_s']:.3f} s, {res['steps']} steps, "
-                  f"{res['new_tokens_per_s']:.1f} new tokens/s, host planning "
-                  f"{res['host_prepare_s']:.3f} s, launches {res['host_launch_s']:.3f} s, kernels "
-                  f"{res['kernel_s']:.3f} s, outside them "
-                  f"{res['outside_kernel_ms_a_step']:.3f} ms a step",
-                  flush=True)
+            print(f"round {r} overlap={overlap}: wall {res['wall_s']:.3f} s, {res['steps']} steps "
+                  f"({res['ahead_steps']} ahead), {res['new_tokens_per_s']:.1f} new tokens/s, "
+                  f"host planning {res['host_prepare_s']:.3f} s, launches "
+                  f"{res['host_launch_s']:.3f} s, kernels {res['kernel_s']:.3f} s, outside them "
+                  f"{res['outside_kernel_ms_a_step']:.3f} ms a step", flush=True)
     same = all(r["tokens"] == warm["tokens"] for r in rounds)
-    med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o)
-           for o in (False, True)}
-    ratio = med[True] / med[False]
-    print(f"median wall: one step at a time {med[False]:.3f} s, overlapped {med[True]:.3f} s "
-          f"(ratio {ratio:.3f}); tokens equal in every round: {same}", flush=True)
+    med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o) for o in modes}
+    ratios = {names[o]: round(med[o] / med[False], 4) for o in modes[1:]}
+    print("median wall: " + ", ".join(f"{names[o]} {med[o]:.3f} s" for o in modes)
+          + "; over one step at a time: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
+          + f"; tokens equal in every round: {same}", flush=True)
     if args.out:
         for r in rounds:
             del r["tokens"]
-        report = dict(benchmark="generation job, host planning overlapped or not "
+        report = dict(benchmark="generation job: one step at a time, planned ahead, run ahead "
                                 "(bench/generate_overlap.py)",
                       date=datetime.datetime.now().isoformat(timespec="seconds"),
                       commit=git_commit(), device=torch.cuda.get_device_name(),
@@ -155,8 +162,8 @@ def main(argv=None) -> int:
                       layers=args.layers, seqs=args.seqs, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, tokens_per_step=args.tokens_per_step,
                       warmup_steps=warm["steps"], rounds=rounds,
-                      median_wall_s={"one_step_at_a_time": med[False], "overlapped": med[True]},
-                      overlapped_over_one_at_a_time=round(ratio, 4), tokens_equal=same)
+                      median_wall_s={names[o]: med[o] for o in modes},
+                      over_one_step_at_a_time=ratios, tokens_equal=same)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
     return 0 if same else 1

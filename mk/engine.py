@@ -182,6 +182,9 @@ class GenerateStats:
     prepare_s: float | None = None
     # ... and its launches' host time (the megakernel's last_launch_s), None likewise
     launch_s: float | None = None
+    # steps queued behind the step before while it still ran (overlap=True with a backend that
+    # runs ahead: the megakernel's)
+    ahead_steps: int = 0
 
     @property
     def new_tokens_per_s(self) -> float:
@@ -315,7 +318,7 @@ class Engine:
                  sampling: SamplingParams | None = None, *, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  ignore_eos: bool = False, stop_token_ids: list[int] | None = None,
-                 max_tokens_per_step: int | None = None, overlap: bool = True
+                 max_tokens_per_step: int | None = None, overlap: bool | str = True
                  ) -> list[list[int]]:
         """New token ids of every prompt (EOS included when it stops a sequence).
 
@@ -326,8 +329,12 @@ class Engine:
         never runs out of pages; finished sequences free theirs at once.
 
         overlap: with a backend that plans a step apart from launching it (the megakernel), plan
-        each step while the one before runs (_GenerationRun); False: one step at a time.
+        each step while the one before runs and, where the backend can, queue it on the device
+        behind that one before reading its tokens (_GenerationRun); "plan": plan while the step
+        before runs, launch once its tokens are read; False: one step at a time.
         """
+        if overlap not in (True, False, "plan"):
+            raise ValueError(f"overlap must be True, False or 'plan', got {overlap!r}")
         params = sampling or SamplingParams()
         over = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p,
                                       seed=seed).items() if v is not None}
@@ -375,16 +382,21 @@ class _GenerationRun:
     """
 
     def __init__(self, engine: "Engine", seqs: list[_Seq], params: SamplingParams,
-                 max_new_tokens: int, budget: int, stops: set[int], overlap: bool):
+                 max_new_tokens: int, budget: int, stops: set[int], overlap: bool | str):
         self.engine, self.backend, self.seqs = engine, engine.backend, seqs
         self.params, self.max_new_tokens, self.budget, self.stops = (params, max_new_tokens,
                                                                      budget, stops)
-        self.pipelined = overlap and all(callable(getattr(self.backend, name, None))
-                                         for name in ("plan_step", "run_step", "finish"))
+        self.pipelined = bool(overlap) and all(callable(getattr(self.backend, name, None))
+                                               for name in ("plan_step", "run_step", "finish"))
+        # queue step n + 1 behind step n on the device (run_step(ahead=True), its late tokens
+        # gathered there) before step n's tokens are read
+        self.ahead = (self.pipelined and overlap is True
+                      and getattr(self.backend, "runs_ahead", False))
         self.waiting = deque(seqs)      # not yet fully prefilled, in arrival order
         self.running: list[_Seq] = []   # prefilled, decoding
         # the last launched step whose tokens are not read yet: [(logits row, seq, index in
-        # seq.out)], its tokens (host), the event after their copy (None: already on the host)
+        # seq.out)], its tokens (host), the event after their copy (None: already on the host),
+        # its tokens on the device
         self.pending = None
         self.stats = GenerateStats(sequences=len(seqs),
                                    prompt_tokens=sum(len(s.prompt) for s in seqs))
@@ -415,12 +427,21 @@ class _GenerationRun:
             if self.pipelined:
                 self.engine._validate(batch)
                 prepared = self.backend.plan_step(batch)    # while the last step runs
-                self.resolve()
-                if all(s.done for s, _ in chunks):
-                    # the last step's tokens stopped every sequence of this one: it would only
-                    # compute dropped rows (at the end of a job, a whole step for nothing)
-                    continue
-                logits = self.backend.run_step(prepared, {j: s.out[-1] for j, s in late})
+                if self.ahead and self.stats.steps and not self.pending_read():
+                    # step n may still run: queue this one behind it, its decode tokens
+                    # gathered from step n's sampled tokens on the device, then read step n's
+                    logits = self.backend.run_step(prepared, late=self.late_tokens(late),
+                                                   ahead=True)
+                    self.resolve(keep=1)
+                    self.stats.ahead_steps += 1
+                else:
+                    self.resolve()
+                    if all(s.done for s, _ in chunks):
+                        # the last step's tokens stopped every sequence of this one: it would
+                        # only compute dropped rows (at the end of a job, a whole step for
+                        # nothing)
+                        continue
+                    logits = self.backend.run_step(prepared, {j: s.out[-1] for j, s in late})
             else:
                 logits = self.engine.step(batch)
             st = self.stats
@@ -488,24 +509,43 @@ class _GenerationRun:
         gens = None if self.params.greedy else [chunks[j][0].generator for j in rows]
         tokens = sample_rows(logits, rows, self.params, gens)
         tokens = broadcast_tokens(tokens, self.engine.group, self.engine.device)
-        event = None
+        event, on_device = None, tokens
         if self._host_tokens is not None and tokens.is_cuda:
             host = self._host_tokens[self.stats.steps % 2][:tokens.shape[0]]
             host.copy_(tokens, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
             tokens = host
-        self.pending = (targets, tokens, event)
+        self.pending = (targets, tokens, event, on_device)
 
-    def resolve(self) -> None:
+    def pending_read(self) -> bool:
+        """Whether the pending step's tokens are on the host already (its launch ended); False
+        without a pending step (one that sampled nothing, a prompt's chunk: it may still run)."""
+        if self.pending is None:
+            return False
+        event = self.pending[2]
+        return event is None or event.query()
+
+    def late_tokens(self, late: list[tuple[int, _Seq]]):
+        """The next step's late decode tokens as rows of the pending step's device tokens."""
+        from mk.megakernel_step import LateTokens
+        if self.pending is None:
+            return None
+        targets, _, _, on_device = self.pending
+        row_of = {id(s): j for j, s, _ in targets}
+        return LateTokens(on_device, {j: row_of[id(s)] for j, s in late})
+
+    def resolve(self, keep: int = 0) -> None:
         """Read the pending step's tokens (waiting for it) into its sequences; a stop token ends
-        its sequence."""
+        its sequence. keep: the backend's launches left in flight (1: a step queued behind the
+        pending one)."""
         if self.pending is None:
             return
-        targets, tokens, event = self.pending
+        targets, tokens, event, _ = self.pending
         self.pending = None
         if self.pipelined:
-            self.backend.finish()       # bounded: a hung or failed launch raises here
+            # bounded: a hung or failed launch raises here
+            self.backend.finish(keep=keep) if keep else self.backend.finish()
         if event is not None:
             event.synchronize()
         values = tokens.tolist()

@@ -417,6 +417,20 @@ def error_of_state(words: list[int]) -> MegakernelError:
                            words[rk.S_ERR_CTA])
 
 
+# page-locked state snapshots per Megakernel: launches kept apart in flight (the engine queues a
+# step behind the one running: two)
+LAUNCH_RECORDS = 3
+
+
+@dataclass
+class LaunchRecord:
+    """A launch not waited for (Megakernel.launch(record=True)): an event recorded behind it and
+    its state words copied there, read by Megakernel.finish_launch."""
+    done: "torch.cuda.Event"
+    host: torch.Tensor              # [STATE_WORDS] int32, page-locked
+    pending: bool = False
+
+
 class MegakernelHang(RuntimeError):
     """A launch did not finish (Megakernel.wait): the process's GPU context is unusable after it."""
 
@@ -2281,7 +2295,9 @@ class Megakernel:
         self.counters = torch.zeros(n_counters, dtype=torch.int32, device=dev)
         self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
         self.journal_on = journal
-        self._hang_probe = None                # wait()'s event, side stream, pinned buffer
+        self._hang_probe = None                # wait()'s event, side stream, pinned buffer,
+        #                                        launch records
+        self._launches = 0
         self.journal = torch.zeros((journal_capacity if journal else 1, JOURNAL_WORDS),
                                    dtype=torch.int64, device=dev)
         props = torch.cuda.get_device_properties(dev)
@@ -2409,7 +2425,13 @@ class Megakernel:
                                             self.claim_after_loads)
         return self._compiled, cs
 
-    def launch(self, prepared, check: bool = True):
+    def launch(self, prepared, check: bool = True, record: bool = False
+               ) -> "LaunchRecord | None":
+        """Launch a prepared plan on the current stream. check: wait for it (bounded) and raise
+        its error; else, with record, return its LaunchRecord for finish_launch() (the launch's
+        own end and its state words, so that a launch queued behind it is not waited for; at
+        most LAUNCH_RECORDS - 1 such launches unfinished), without it leave it to wait() and
+        check()."""
         s, n, n_ctr = prepared
         comp, cs = self._ensure_compiled(s, n_ctr)
         args = self._args(s, n_ctr, cs, n)
@@ -2418,6 +2440,33 @@ class Megakernel:
         if check:
             self.wait(self.hang_s)
             self.check()
+            return None
+        return self._record_launch() if record else None
+
+    def _record_launch(self) -> "LaunchRecord":
+        # the state words as the teardown left them, copied behind the launch into a page-locked
+        # slot: finish_launch reads them without a synchronous copy (which would wait for any
+        # launch queued after this one)
+        slots = self._hang_probe[4]
+        rec = slots[self._launches % len(slots)]
+        if rec.pending:
+            raise RuntimeError(f"Megakernel: {len(slots)} recorded launches in flight without "
+                               f"finish_launch (at most {len(slots) - 1} are kept apart)")
+        self._launches += 1
+        rec.host.copy_(self.state, non_blocking=True)
+        rec.done.record()
+        rec.pending = True
+        return rec
+
+    def finish_launch(self, rec: "LaunchRecord", hang_s: float | None = None) -> None:
+        """Wait (bounded by hang_s, default self.hang_s) for the launch that returned rec, and
+        raise MegakernelError if one of its bounded waits timed out, as wait() + check() do for
+        the last launch."""
+        if not rec.pending:
+            raise RuntimeError("Megakernel.finish_launch: this launch was finished already")
+        self._poll(rec.done, self.hang_s if hang_s is None else hang_s)
+        rec.pending = False
+        self._check_words([int(v) for v in rec.host.tolist()])
 
     def launcher(self, prepared):
         """A no-argument launch on the then-current stream (for CUDA-graph capture / benchmarks;
@@ -2442,15 +2491,23 @@ class Megakernel:
         if self._hang_probe is None:
             self._hang_probe = (torch.cuda.Event(), torch.cuda.Stream(device=self.state.device),
                                 torch.cuda.Event(),
-                                torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory())
+                                torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory(),
+                                tuple(LaunchRecord(torch.cuda.Event(), torch.zeros(
+                                    rk.STATE_WORDS, dtype=torch.int32).pin_memory())
+                                      for _ in range(LAUNCH_RECORDS)))
 
     def wait(self, hang_s: float = 20.0):
         """Wait for the launch; if it still runs after hang_s (a wait that is not bounded:
         setmaxnreg, a named barrier, the teardown's sync), read the state words through a
         non-blocking side stream and raise MegakernelHang (the process's context is lost then)."""
         self._ensure_hang_probe()
-        launch_done, side, read_done, host = self._hang_probe
+        launch_done = self._hang_probe[0]
         launch_done.record()
+        self._poll(launch_done, hang_s)
+
+    def _poll(self, launch_done, hang_s: float):
+        """Wait for the event launch_done, recorded behind a launch (the hang report: wait())."""
+        _, side, read_done, host, _ = self._hang_probe
         t0 = time.time()
         while not launch_done.query():
             if time.time() - t0 > hang_s:
@@ -2468,14 +2525,16 @@ class Megakernel:
 
     def check(self):
         """Synchronise and raise MegakernelError if a bounded wait timed out."""
-        st = self.state.cpu()
-        if int(st[rk.S_ERR_FLAG]) or int(st[rk.S_ABORT]):
-            e = error_of_state([int(v) for v in st])
+        self._check_words([int(v) for v in self.state.cpu()])
+
+    def _check_words(self, st: list[int]):
+        if st[rk.S_ERR_FLAG] or st[rk.S_ABORT]:
+            e = error_of_state(st)
             self.reset()
             raise e
-        if int(st[rk.S_HEAD]) or int(st[rk.S_EXIT]):
-            raise RuntimeError(f"megakernel state not reset by the kernel: head {int(st[0])} "
-                               f"exit {int(st[1])}")
+        if st[rk.S_HEAD] or st[rk.S_EXIT]:
+            raise RuntimeError(f"megakernel state not reset by the kernel: head {st[rk.S_HEAD]} "
+                               f"exit {st[rk.S_EXIT]}")
 
     def reset(self):
         """After an error: clear counters, queue and error record (not on the critical path)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ from mk.batch import StepBatch
 from mk.config import KernelConfig, ModelConfig, ParallelConfig
 from mk.instructions import _common as mc
 from mk.instructions.base import Buf
-from mk.plan import PlanConfig, Planner, buffer_shapes
+from mk.plan import PlanConfig, Planner, buffer_shapes, to_device
 from mk.tiles import NORM_MAX_HIDDEN
 from mk.weights import RankWeights, fold_norms
 
@@ -203,6 +204,7 @@ class MegakernelStepBackend:
     """The engine backend: a model step per launch (see the module docstring)."""
 
     name = "megakernel"
+    runs_ahead = True               # run_step(ahead=True, late=...): mk.engine queues steps
 
     def __init__(self, weights: RankWeights, kernel: KernelConfig, group=None,
                  plan_cfg: PlanConfig | None = None, timeout_s: float = 10.0,
@@ -258,7 +260,8 @@ class MegakernelStepBackend:
         self.steps = 0
         self.last_launch_s = None
         self.last_prepare_s = None      # the last step's host share: plan, check, uploads
-        self._in_flight = None          # the Megakernel of a run_step not yet finish()ed
+        # launches of run_step not yet finish()ed, oldest first: (Megakernel, LaunchRecord)
+        self._in_flight: deque = deque()
 
     # -- buffers ---------------------------------------------------------------------------------
     def kv_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,40 +359,50 @@ class MegakernelStepBackend:
     def _advances_held(self, mk, plan) -> bool:
         return plan.advance is not None and self._held[0] is mk and self._held[1] == plan.serial
 
-    def run_step(self, prep: "PreparedStep", tokens: dict[int, int] | None = None
-                 ) -> torch.Tensor:
+    def run_step(self, prep: "PreparedStep", tokens: dict[int, int] | None = None,
+                 late: "LateTokens | None" = None, ahead: bool = False) -> torch.Tensor:
         """Launch a planned step; returns its logits [num_seqs, vocab] float32 on the device, in
-        flight until finish() (or the next run_step, which finishes this one first). tokens:
-        {sequence index in the batch: token id} for sequences whose (one-token) chunk was planned
-        before its token was known (the engine's decodes after a step still in flight); each
-        goes into the metadata's token row of that sequence's first new token."""
-        self.finish()
+        flight until finish(). tokens: {sequence index in the batch: token id} for sequences
+        whose (one-token) chunk was planned before its token was known (the engine's decodes
+        after a step still in flight); each goes into the metadata's token row of that
+        sequence's first new token. late: such tokens still on the device (a step in flight
+        samples them), gathered there behind it.
+
+        ahead=False finishes the launches in flight first. ahead=True queues this step behind
+        the one in flight (at most one: an older one is finished first), so that the device
+        goes from one step to the next without the host in between: its uploads are page-locked
+        copies in the stream's order (the running step reads the stream and metadata they
+        overwrite), and its late tokens must come as `late`. A class's first step still
+        finishes the launches in flight first (building its Megakernel allocates on the
+        device)."""
+        self.finish(keep=1 if ahead and prep.megakernel is not None else 0)
         t0 = time.perf_counter()
         if tokens:
             meta = prep.plan.meta
             rows = torch.as_tensor([int(meta.seq_row0[i]) for i in tokens], dtype=torch.long)
             meta.tokens[rows] = torch.as_tensor(list(tokens.values()), dtype=meta.tensor.dtype)
-        self._upload(prep)
+        self._upload(prep, late)
         self.last_prepare_s = prep.host_s + time.perf_counter() - t0
         t1 = time.perf_counter()
-        prep.megakernel.launch(self._handle, check=False)
-        self._in_flight = prep.megakernel
+        rec = prep.megakernel.launch(self._handle, check=False, record=True)
+        self._in_flight.append((prep.megakernel, rec))
         self.last_launch_s = time.perf_counter() - t1
         self.steps += 1
         return self.logits[:prep.plan.meta.num_seqs].clone()
 
-    def finish(self) -> None:
-        """Wait for the last run_step's launch and check it (raises MegakernelError /
-        MegakernelHang as forward() would); a no-op when none is in flight."""
-        mk, self._in_flight = self._in_flight, None
-        if mk is not None:
-            mk.wait(mk.hang_s)
-            mk.check()
+    def finish(self, keep: int = 0) -> None:
+        """Wait for the run_step launches in flight, oldest first, until `keep` are left, and
+        check each (raises MegakernelError / MegakernelHang as forward() would); a no-op when
+        none is in flight."""
+        while len(self._in_flight) > keep:
+            mk, rec = self._in_flight.popleft()
+            mk.finish_launch(rec, mk.hang_s)
 
-    def _upload(self, prep: "PreparedStep") -> None:
+    def _upload(self, prep: "PreparedStep", late: "LateTokens | None" = None) -> None:
         """run_step's device half before the launch: the stream (rewritten in place when the fast
-        path advanced the held one) and the metadata. Only after finish(): the launch before
-        reads both. Builds the step's Megakernel where plan_step left it unbuilt."""
+        path advanced the held one) and the metadata, with the late tokens gathered into it. In
+        the stream's order, so behind a launch in flight that reads them. Builds the step's
+        Megakernel where plan_step left it unbuilt."""
         if prep.megakernel is None:
             prep.megakernel = self.megakernel_for(prep.plan.meta.num_tokens)
         mk, plan = prep.megakernel, prep.plan
@@ -404,7 +417,13 @@ class MegakernelStepBackend:
             self._held = (mk, plan.serial)
             self.stream_uploads += 1
         meta = plan.meta.tensor
-        self.meta[:meta.numel()].copy_(meta, non_blocking=False)
+        to_device(meta, out=self.meta[:meta.numel()])
+        if late is not None and late.rows:
+            dest = plan.meta.word(mc.M_OFF_TOKENS) + torch.as_tensor(
+                [int(plan.meta.seq_row0[j]) for j in late.rows], dtype=torch.long)
+            src = torch.as_tensor(list(late.rows.values()), dtype=torch.long)
+            self.meta[to_device(dest, self.device)] = \
+                late.tokens[to_device(src, self.device)].to(self.meta.dtype)
 
     def prepare(self, batch: StepBatch):
         """Plan, check and upload the batch without launching it (benchmarks time the launch
@@ -443,6 +462,14 @@ class MegakernelStepBackend:
         logits = self.run_step(self.plan_step(batch))
         self.finish()
         return logits
+
+
+@dataclass
+class LateTokens:
+    """Decode tokens a step in flight samples, for the step queued behind it (run_step(late=)):
+    batch sequence j's token is tokens[rows[j]]."""
+    tokens: torch.Tensor            # [S] int64, on the device
+    rows: dict[int, int]            # sequence index in the batch -> row of `tokens`
 
 
 @dataclass

@@ -862,6 +862,19 @@ def _validate(batch, kernel, lens, start, npages, have, T) -> None:
                          f"tokens, its page table has {int(have[i])}")
 
 
+def to_device(host: torch.Tensor, device=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A host tensor's copy on `device` (or into `out`), queued in the current stream's order
+    without the host waiting for the work queued before it: to a CUDA device through a
+    page-locked copy (torch's caching host allocator keeps it until the copy has run). A plain
+    .to(cuda) from pageable memory waits for the stream, which holds the running step when the
+    engine queues the next one behind it (mk.engine: run ahead)."""
+    device = out.device if out is not None else torch.device(device)
+    fast = device.type == "cuda" and host.device.type == "cpu"
+    if out is None:
+        return host.pin_memory().to(device, non_blocking=True) if fast else host.to(device)
+    return out.copy_(host.pin_memory(), non_blocking=True) if fast else out.copy_(host)
+
+
 # The plan -----------------------------------------------------------------------------------------
 # the attention words the fast path rewrites: A_POS0 .. A_NEW0_B as one block (the words between
 # them, A_KV0 .. A_SLOT, A_ROW0_B and A_PAGE_OFF_B, keep their values)
@@ -891,12 +904,13 @@ class StreamAdvance:
 
     def apply(self, stream: torch.Tensor) -> None:
         """Rewrite `stream` ([N, INSTR_WORDS] int32, on any device) in place, in its device's
-        stream order (one small copy and one index write)."""
+        stream order (one small copy and one index write; the host does not wait)."""
         pre, L, m = self.prelude, self.layers, self.per_layer
         body = stream[pre:pre + L * m].view(L, m, INSTR_WORDS)
-        j = self.j if isinstance(self.j, slice) else torch.from_numpy(self.j).to(stream.device)
+        j = self.j if isinstance(self.j, slice) else to_device(torch.from_numpy(self.j),
+                                                              stream.device)
         body[:, j, self.word0:self.word0 + self.block.shape[1]] = \
-            torch.from_numpy(self.block).to(stream.device)
+            to_device(torch.from_numpy(self.block), stream.device)
 
 
 @dataclass
@@ -1017,15 +1031,15 @@ class StepPlan:
         the 70B TP8 rank, through a synchronous pageable copy every such step."""
         n = len(self)
         if self.uploaded_rows() == n:
-            return self.instrs.to(device)
+            return to_device(self.instrs, device)
         pre, m, _, L = self._template_shape()
         body0 = pre + m                         # layer 1's first row
         host = self.instrs
         l1, l2 = host[body0:body0 + m], host[body0 + m:body0 + 2 * m]
         last = host[pre + (L - 1) * m:pre + L * m]
         if not torch.equal(last, l1 + (L - 2) * (l2 - l1)):
-            return self.instrs.to(device)
-        head = host[:body0 + 2 * m].to(device)
+            return to_device(self.instrs, device)
+        head = to_device(host[:body0 + 2 * m], device)
         out = torch.empty((n, host.shape[1]), dtype=host.dtype, device=device)
         out[:body0 + 2 * m] = head
         d1 = head[body0:]                       # layers 1 and 2 on the device
@@ -1033,7 +1047,7 @@ class StepPlan:
         k = torch.arange(2, L - 1, dtype=host.dtype, device=device).view(-1, 1, 1)
         torch.add(d1[:m].unsqueeze(0), k * inc.unsqueeze(0),
                   out=out[body0 + 2 * m:pre + L * m].view(L - 3, m, host.shape[1]))
-        out[pre + L * m:] = host[pre + L * m:].to(device)
+        out[pre + L * m:] = to_device(host[pre + L * m:], device)
         return out
 
     def save(self, path) -> None:

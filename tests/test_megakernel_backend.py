@@ -300,13 +300,16 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     rewrites the held copy (StreamAdvance), which then equals the plan's stream; another
     Megakernel (another M class) takes a full upload. Then the engine's overlapped steps through
     plan_step / run_step / finish: the same uploads and rewrites, the late decode tokens in the
-    metadata, each launch finished before the next."""
+    metadata, each launch finished before the next; then run ahead: each step queued behind the
+    one in flight, its late tokens gathered from the step before's sampled tokens."""
+    from collections import deque
+
     import torch
 
     from mk.batch import SeqChunk, StepBatch
     from mk.config import KernelConfig, ModelConfig, ParallelConfig
     from mk.instructions import _common as mc
-    from mk.megakernel_step import MegakernelStepBackend
+    from mk.megakernel_step import LateTokens, MegakernelStepBackend
     from mk.plan import PlanConfig, Planner
 
     class FakeMegakernel:
@@ -322,15 +325,14 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
         def upload(self, stream, n_ctr):
             return stream.clone(), int(stream.shape[0]), n_ctr
 
-        def launch(self, handle, check=True):
-            assert not check
+        def launch(self, handle, check=True, record=False):
+            assert not check and record
             self.launched += 1
+            return ("record", self.launched)
 
-        def wait(self, hang_s):
+        def finish_launch(self, rec, hang_s=None):
+            assert rec == ("record", self.waited + 1)       # oldest first, each once
             self.waited += 1
-
-        def check(self):
-            pass
 
     model = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
                         num_kv_heads=2, head_dim=8, vocab_size=256)
@@ -340,7 +342,7 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     be.kernel, be.device = kernel, torch.device("cpu")
     be.planner = Planner(model, ParallelConfig(), kernel, PlanConfig(kv_split=16, split_k=1))
     be.meta = torch.zeros(4096, dtype=torch.int32)
-    be._held, be._handle, be.stream_uploads, be._in_flight = (None, 0), None, 0, None
+    be._held, be._handle, be.stream_uploads, be._in_flight = (None, 0), None, 0, deque()
     be.logits, be.steps = torch.zeros(8, 256), 0
     mks = {c: FakeMegakernel() for c in (0, 1)}
     be.megakernel_for = lambda num_tokens: mks[int(num_tokens > 4)]
@@ -373,7 +375,7 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
         if step == 3:
             chunks.append(SeqChunk(list(range(1, 9)), 0, pages[5]))
         prep = be.plan_step(StepBatch(chunks))
-        assert be._in_flight is (None if step == 0 else mk)
+        assert [m for m, _ in be._in_flight] == ([] if step == 0 else [mk])
         assert (prep.megakernel is None) == (step == 3)
         before, checked = be.stream_uploads, sum(m.checked for m in mks.values())
         be.run_step(prep, {j: 100 + 10 * step + j for j in range(3)})
@@ -381,7 +383,7 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
         mk = prep.megakernel
         if step == 3:       # built and checked in run_step, after the step in flight finished
             assert mk is mks[1] and sum(m.checked for m in mks.values()) == checked + 1
-        assert be._in_flight is mk and mk.waited == mk.launched - 1
+        assert [m for m, _ in be._in_flight] == [mk] and mk.waited == mk.launched - 1
         assert be.stream_uploads == before + (prep.n_ctr is not None or step == 3)
         assert torch.equal(be._handle[0], prep.plan.instrs), step
         tokens = be.meta[prep.plan.meta.word(mc.M_OFF_TOKENS):][:prep.plan.meta.num_tokens]
@@ -389,9 +391,30 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
         for i in cached:
             cached[i] += 1
     be.finish()
-    assert all(m.waited == m.launched for m in mks.values()) and be._in_flight is None
+    assert all(m.waited == m.launched for m in mks.values()) and not be._in_flight
     assert be.planner.fast_plans - fast >= 5
     assert be.stream_uploads - uploads == 12 - (be.planner.fast_plans - fast)
+    # run ahead: each step queued behind the one in flight (never more than one left there),
+    # its late tokens gathered from the step before's sampled tokens into the metadata
+    mk = None
+    for step in range(6):
+        chunks = [SeqChunk([0], n, pages[i]) for i, n in cached.items()]
+        prep = be.plan_step(StepBatch(chunks))
+        sampled = torch.arange(7, dtype=torch.long) * 1000 + step
+        late = LateTokens(sampled, {0: 6, 1: 0, 2: 3}) if step else None
+        be.run_step(prep, late=late, ahead=True)
+        mk = prep.megakernel
+        assert [m for m, _ in be._in_flight] == [mk] * min(step + 1, 2)
+        assert mk.waited == mk.launched - len(be._in_flight)
+        tokens = be.meta[prep.plan.meta.word(mc.M_OFF_TOKENS):][:prep.plan.meta.num_tokens]
+        if step:
+            assert tokens[[0, 1, 2]].tolist() == [6000 + step, step, 3000 + step]
+        for i in cached:
+            cached[i] += 1
+    be.finish(keep=1)
+    assert len(be._in_flight) == 1 and mk.waited == mk.launched - 1
+    be.finish()
+    assert not be._in_flight and mk.waited == mk.launched
 
 
 def test_two_layer_check_sizes_its_kernel_to_many_prompts():

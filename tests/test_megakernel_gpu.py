@@ -178,6 +178,57 @@ def test_unsatisfiable_wait_raises():
     mk.run(s)
 
 
+def test_recorded_launches_finish_apart():
+    """Launches queued back to back with record=True (the engine's run-ahead steps) finish one
+    at a time, each its own result and state; a failed launch with another queued behind it
+    raises at its own finish_launch, naming its instruction, within seconds; more unfinished
+    records than LAUNCH_RECORDS - 1 and a second finish are refused."""
+    import time
+
+    from mk.instructions.rows import rows_instruction
+    from mk.ir import Op, serialize
+    s, n = M.plan_layers(T, H, L, seed=3, noops=5)
+    mk, w = _mk(timeout_s=0.25)
+    x0 = _arena(seed=3)
+    want = M.rows_oracle(s, x0, w)
+    prep = mk.prepare(s)
+    mk.arena.copy_(x0.cuda())
+    first = mk.launch(prep, check=False, record=True)
+    snap = mk.arena.clone()                     # queued between the two launches
+    mk.arena.copy_(x0.cuda())
+    second = mk.launch(prep, check=False, record=True)
+    mk.finish_launch(first)
+    mk.finish_launch(second)
+    torch.testing.assert_close(snap.cpu().float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(snap, mk.arena)
+    with pytest.raises(RuntimeError, match="finished already"):
+        mk.finish_launch(second)
+    recs = [mk.launch(prep, check=False, record=True) for _ in range(M.LAUNCH_RECORDS - 1)]
+    with pytest.raises(RuntimeError, match="recorded launches in flight"):
+        mk.launch(prep, check=False, record=True)
+    for r in recs:
+        mk.finish_launch(r)
+    mk.finish_launch(mk.launch(prep, check=False, record=True))    # the refused one launched
+    # a launch that times out, another queued behind it
+    ins = [rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, signal=0) for _ in range(8)]
+    ins.append(rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, waits=[(5, 3)], signal=6))
+    bad = mk.prepare(serialize(ins))
+    t0 = time.time()
+    failed = mk.launch(bad, check=False, record=True)
+    behind = mk.launch(prep, check=False, record=True)
+    with pytest.raises(M.MegakernelError) as ei:
+        mk.finish_launch(failed)
+    assert (ei.value.instr, ei.value.counter, ei.value.target) == (8, 5, 3), str(ei.value)
+    try:
+        mk.finish_launch(behind)            # it ran after the failure: it may report it too
+    except M.MegakernelError:
+        mk.reset()
+    assert time.time() - t0 < 5.0
+    mk.arena.copy_(x0.cuda())
+    mk.run(s)                               # the machine recovers
+    assert torch.equal(mk.arena, snap)
+
+
 def test_journal_trace(tmp_path):
     import mk.trace as tr
     mk, w = _mk(journal=True)

@@ -111,27 +111,44 @@ def test_greedy_tokens_equal_vm_and_reference(engines, ref32, tokens_per_step):
     assert engines["megakernel"].pages.free_pages == engines["megakernel"].pages.num_pages
 
 
-def test_overlapped_generation_equals_one_step_at_a_time(engines):
-    """Engine.generate plans step n + 1 while step n runs (run_step fills the decode tokens in
-    once step n is sampled): the same tokens as one step at a time, bitwise (the same steps run),
-    greedy and sampled; with a stop token, the stopping sequence's tokens up to its stop, after
-    which its row in the step already planned is dropped; every page back."""
+def test_overlapped_generation_equals_one_step_at_a_time(engines, monkeypatch):
+    """Engine.generate plans step n + 1 while step n runs and queues it on the device behind
+    step n (its decode tokens gathered there from step n's sampled tokens) before step n's
+    tokens are read: the same tokens as one step at a time, bitwise (the same steps run), greedy
+    and sampled, whether each step went ahead as the host found the device (overlap=True),
+    always went ahead (the device taken as busy at every step: two launches in flight each
+    time) or was launched once the step before was read (overlap="plan"); with a stop token,
+    the stopping sequence's tokens up to its stop, after which its row in the step already
+    queued is dropped; every page back."""
+    from mk import engine as mke
     mk = engines["megakernel"]
     prompts = _prompts(seed=2, lens=(1, 9, 70, 200))
     greedy = None
+    always_ahead = lambda self: False          # noqa: E731 (the pending step "still runs")
     for kw in (dict(), dict(temperature=0.9, top_k=40, seed=7)):
         kw.update(max_new_tokens=24, ignore_eos=True, max_tokens_per_step=64)
         one = mk.generate(prompts, overlap=False, **kw)
         steps = mk.last_stats.steps
-        assert mk.generate(prompts, **kw) == one, kw
-        assert mk.last_stats.steps == steps
+        for overlap, forced in ((True, False), ("plan", False), (True, True)):
+            with monkeypatch.context() as m:
+                if forced:
+                    m.setattr(mke._GenerationRun, "pending_read", always_ahead)
+                assert mk.generate(prompts, overlap=overlap, **kw) == one, (kw, overlap, forced)
+            st = mk.last_stats
+            assert st.steps == steps
+            assert (st.ahead_steps == steps - 1) if forced else (overlap is True
+                                                                 or st.ahead_steps == 0)
         greedy = greedy or one
     stop = greedy[2][5]
     k = greedy[2].index(stop)
-    stopped = mk.generate(prompts, max_new_tokens=24, max_tokens_per_step=64,
-                          stop_token_ids=[stop])
-    assert stopped[2] == greedy[2][:k + 1]
-    assert mk.pages.free_pages == mk.pages.num_pages
+    for forced in (False, True):
+        with monkeypatch.context() as m:
+            if forced:
+                m.setattr(mke._GenerationRun, "pending_read", always_ahead)
+            stopped = mk.generate(prompts, max_new_tokens=24, max_tokens_per_step=64,
+                                  stop_token_ids=[stop])
+        assert stopped[2] == greedy[2][:k + 1]
+        assert mk.pages.free_pages == mk.pages.num_pages
 
 
 def test_logits_within_bf16_of_float32_reference_and_deterministic(engines, ref32):

@@ -13,6 +13,7 @@ import torch
 
 from conftest import GQA_LLAMA3, make_hf_checkpoint
 from mk.batch import SeqChunk, StepBatch
+from mk import engine as mke
 from mk.engine import Engine, OutOfPagesError, PageManager, available_backends, create_backend
 from mk.reference import PagedKVCache
 from mk.sampling import SamplingParams, filter_logits, sample
@@ -251,12 +252,15 @@ def test_generate_stats_count_the_steps_and_the_backends_host_share(ckpt):
 class _Overlapped:
     """A backend with the megakernel's split step (plan_step / run_step / finish) over the
     reference backend: run_step fills the late tokens into the planned batch and computes it;
-    `log` records the calls, `batches` what each step ran."""
+    `log` records the calls, `batches` what each step ran. runs_ahead: run_step(ahead=True)
+    queues a step behind the one "in flight" (its late tokens read from that step's sampled
+    tokens, `late`), as the megakernel's backend does."""
 
-    def __init__(self, ref, fail_at: int | None = None):
-        self.ref, self.fail_at = ref, fail_at
+    def __init__(self, ref, fail_at: int | None = None, runs_ahead: bool = False):
+        self.ref, self.fail_at, self.runs_ahead = ref, fail_at, runs_ahead
         self.log: list[str] = []
         self.batches: list[StepBatch] = []
+        self.in_flight = 0
 
     def forward(self, batch):
         raise AssertionError("an overlapping engine calls plan_step / run_step / finish")
@@ -265,28 +269,32 @@ class _Overlapped:
         self.log.append("plan")
         return batch
 
-    def run_step(self, batch, tokens):
-        self.finish()
-        self.log.append("run")
-        for j, t in tokens.items():
+    def run_step(self, batch, tokens=None, late=None, ahead=False):
+        assert self.runs_ahead or not (ahead or late)
+        self.finish(keep=1 if ahead else 0)
+        self.log.append("ahead" if ahead else "run")
+        filled = dict(tokens or {})
+        if late is not None:
+            filled.update({j: int(late.tokens[r]) for j, r in late.rows.items()})
+        for j, t in filled.items():
             assert len(batch.seqs[j].tokens) == 1       # late tokens are decodes' only
             batch.seqs[j].tokens[0] = t
         self.batches.append(batch)
-        self.in_flight = True
+        self.in_flight += 1
         return self.ref.forward(batch)
 
-    def finish(self):
-        if getattr(self, "in_flight", False):
-            self.in_flight = False
+    def finish(self, keep: int = 0):
+        while self.in_flight > keep:
+            self.in_flight -= 1
             self.log.append("finish")
             if self.fail_at is not None and self.log.count("finish") == self.fail_at:
                 raise RuntimeError("step failed on the device")
 
 
-def _overlapped_engine(ckpt, num_kv_pages=96, fail_at=None):
+def _overlapped_engine(ckpt, num_kv_pages=96, fail_at=None, runs_ahead=False):
     e = Engine.from_pretrained(ckpt, dtype=torch.float32, device="cpu", page_size=PAGE,
                                num_kv_pages=num_kv_pages, progress=False)
-    e.backend = _Overlapped(e.backend, fail_at)
+    e.backend = _Overlapped(e.backend, fail_at, runs_ahead)
     return e
 
 
@@ -367,3 +375,75 @@ def test_overlapped_generation_failure_frees_the_pages(ckpt):
     with pytest.raises(AssertionError, match="plan_step"):
         e.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True, overlap=False)
     assert e.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True) == ref
+
+
+@pytest.fixture
+def device_busy(monkeypatch):
+    """The pending step's tokens "not read yet" when the engine asks (on the CPU the reference
+    computes a step at once): `busy[0]` says, per ask, whether the step is still running."""
+    busy = [lambda: True]
+    monkeypatch.setattr(mke._GenerationRun, "pending_read", lambda self: not busy[0]())
+    return busy
+
+
+@torch.inference_mode()
+def test_run_ahead_generation_gives_the_same_tokens(engine, ckpt, device_busy):
+    """With a backend that runs ahead, step n + 1 is queued behind step n while it runs (its
+    decode tokens gathered from step n's sampled tokens) and step n's tokens are read after:
+    the tokens of one step at a time, with admission waiting for pages, chunked prompts, a stop
+    token (the stopped sequence's row in the step queued behind is dropped) and sampling;
+    whether the step before still runs or has ended at each step (random), or always runs."""
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [1, 2], [40, 41, 42, 43, 44], [9]]
+    kw = dict(max_new_tokens=6, max_tokens_per_step=3)
+    free = engine.generate(prompts, ignore_eos=True, **kw)
+    stop = free[1][2]
+    rng = random.Random(0)
+    for busy in (lambda: True, lambda: rng.random() < 0.5):
+        device_busy[0] = busy
+        for extra in (dict(ignore_eos=True), dict(stop_token_ids=[stop]),
+                      dict(ignore_eos=True, temperature=1.0, top_k=20, seed=3)):
+            want = engine.generate(prompts, **kw, **extra)
+            e = _overlapped_engine(ckpt, num_kv_pages=6, runs_ahead=True)
+            got = e.generate(prompts, **kw, **extra)
+            assert got == want, extra
+            assert e.pages.free_pages == 6
+            log, st = e.backend.log, e.last_stats
+            assert st.ahead_steps == log.count("ahead") >= 1
+            assert log.count("ahead") + log.count("run") == st.steps
+            assert log.count("finish") == st.steps and e.backend.in_flight == 0
+            if busy() is True and "temperature" not in extra:
+                # every step after the first went ahead of the read of the one before
+                assert log[:2] == ["plan", "run"] and st.ahead_steps == st.steps - 1
+    # overlap="plan": the same backend plans ahead but launches after the read
+    device_busy[0] = lambda: True
+    e = _overlapped_engine(ckpt, num_kv_pages=6, runs_ahead=True)
+    assert e.generate(prompts, overlap="plan", ignore_eos=True, **kw) == free
+    assert "ahead" not in e.backend.log and e.last_stats.ahead_steps == 0
+    with pytest.raises(ValueError, match="overlap must be"):
+        e.generate(prompts, overlap="ahead", **kw)
+
+
+@torch.inference_mode()
+def test_run_ahead_generation_runs_one_step_past_the_last_stop(engine, ckpt, device_busy):
+    """Queued before the stop token is read, the step after a lone prompt's stop runs (its row
+    dropped): one launch more than one step at a time; with the device idle when asked (the
+    step before ended), none."""
+    free = engine.generate([[5, 6, 7]], max_new_tokens=8, ignore_eos=True)[0]
+    k = next(i for i, t in enumerate(free) if i >= 1 and free.index(t) == i)
+    stop = free[k]
+    for busy, launches in ((lambda: True, k + 2), (lambda: False, k + 1)):
+        device_busy[0] = busy
+        e = _overlapped_engine(ckpt, runs_ahead=True)
+        assert e.generate([[5, 6, 7]], max_new_tokens=8, stop_token_ids=[stop]) == [free[:k + 1]]
+        assert e.last_stats.steps == launches == len(e.backend.batches)
+        assert e.pages.free_pages == e.pages.num_pages
+
+
+@torch.inference_mode()
+def test_run_ahead_failure_frees_the_pages(ckpt, device_busy):
+    """A step that fails on the device while the next one is queued behind it raises from
+    generate, the queued one is finished too, and the engine's pages all come back."""
+    e = _overlapped_engine(ckpt, fail_at=3, runs_ahead=True)
+    with pytest.raises(RuntimeError, match="step failed on the device"):
+        e.generate([[5, 6, 7], [8, 9]], max_new_tokens=8, ignore_eos=True)
+    assert e.pages.free_pages == e.pages.num_pages and e.backend.in_flight == 0
