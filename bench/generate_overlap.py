@@ -16,6 +16,7 @@ median wall time of each mode, their ratios to one step at a time, and whether e
 the same tokens (they must; ignore_eos: every mode runs the same steps).
 
     python bench/generate_overlap.py --out bench/results/genoverlap.json   # Hopper GPU, ~3 min
+    python bench/generate_overlap.py --job 256:256:64:1024 --job 16:128:128:256   # two jobs
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens a prompt (default 64)")
     p.add_argument("--tokens-per-step", type=int, default=1024,
                    help="the step's token budget (default 1024)")
+    p.add_argument("--job", action="append", default=[], metavar="SEQS:PROMPT:NEW:STEP",
+                   help="a job of SEQS prompts of PROMPT tokens, NEW new tokens each, STEP tokens "
+                        "a step; repeatable, on one engine (its compiled kernels shared); "
+                        "default the job of the four options above")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds of each mode (default 3)")
     p.add_argument("--layers", type=int, default=80, help="layers of the rank (default 80)")
     p.add_argument("--seed", type=int, default=0)
@@ -48,6 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("seqs", "prompt_len", "new_tokens", "tokens_per_step", "rounds", "layers"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    jobs = []
+    for text in a.job:
+        try:
+            job = tuple(int(v) for v in text.split(":"))
+        except ValueError:
+            job = ()
+        if len(job) != 4 or min(job) < 1:
+            p.error(f"--job {text!r} is not SEQS:PROMPT:NEW:STEP of positive integers")
+        jobs.append(job)
+    a.jobs = jobs or [(a.seqs, a.prompt_len, a.new_tokens, a.tokens_per_step)]
     return a
 
 
@@ -73,19 +88,16 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     shard = peers.shard_as_tp1(peers.random_rank_weights(cfg, par, device, dtype=torch.bfloat16,
                                                          seed=args.seed))
-    context = args.prompt_len + args.new_tokens
     page = 16
-    kernel = KernelConfig(page_size=page, max_seqs=max(256, args.seqs), max_context=context,
-                          max_batch_tokens=max(4096, args.tokens_per_step),
-                          num_kv_pages=args.seqs * -(-context // page))
+    context = max(prompt + new for _, prompt, new, _ in args.jobs)
+    kernel = KernelConfig(page_size=page, max_seqs=max(256, *(j[0] for j in args.jobs)),
+                          max_context=context,
+                          max_batch_tokens=max(4096, *(j[3] for j in args.jobs)),
+                          num_kv_pages=max(seqs * -(-(prompt + new) // page)
+                                           for seqs, prompt, new, _ in args.jobs))
     engine = Engine(shard, backend="megakernel", kernel=kernel, owns_weights=True)
     print(f"[genoverlap] weights and engine {time.perf_counter() - t0:.1f} s; "
           f"{torch.cuda.get_device_name()}", file=sys.stderr, flush=True)
-    g = torch.Generator().manual_seed(args.seed)
-    prompts = [torch.randint(3, shard.config.vocab_size, (args.prompt_len,), generator=g).tolist()
-               for _ in range(args.seqs)]
-    kw = dict(max_new_tokens=args.new_tokens, ignore_eos=True,
-              max_tokens_per_step=args.tokens_per_step)
 
     # each launch between two timing events: the megakernel's device time against the wall time
     # says what is left between two steps (the host's critical path: the wait for step n, the
@@ -104,7 +116,7 @@ def main(argv=None) -> int:
             return None
         return rec if record else None
 
-    def run(overlap) -> dict:
+    def run(prompts, kw, overlap) -> dict:
         torch.cuda.synchronize()
         launches.clear()
         mkk.Megakernel.launch = timed_launch
@@ -126,32 +138,47 @@ def main(argv=None) -> int:
                                                    * 1e3, 3),
                     tokens=out)
 
-    t0 = time.perf_counter()
-    warm = run(False)
-    print(f"[genoverlap] warm-up round (compiles) {time.perf_counter() - t0:.1f} s, "
-          f"{warm['steps']} steps", file=sys.stderr, flush=True)
     modes = (False, "plan", True)
     names = {False: "one_step_at_a_time", "plan": "planned_ahead", True: "run_ahead"}
-    rounds = []
-    for r in range(args.rounds):
-        for overlap in modes[r % 3:] + modes[:r % 3]:
-            res = run(overlap)
-            rounds.append(res)
-            print(f"round {r} overlap={overlap}: wall {res['wall_s']:.3f} s, {res['steps']} steps "
-                  f"({res['ahead_steps']} ahead), {res['new_tokens_per_s']:.1f} new tokens/s, "
-                  f"host planning {res['host_prepare_s']:.3f} s, launches "
-                  f"{res['host_launch_s']:.3f} s, kernels {res['kernel_s']:.3f} s, outside them "
-                  f"{res['outside_kernel_ms_a_step']:.3f} ms a step", flush=True)
-    same = all(r["tokens"] == warm["tokens"] for r in rounds)
-    med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o) for o in modes}
-    ratios = {names[o]: round(med[o] / med[False], 4) for o in modes[1:]}
-    print("median wall: " + ", ".join(f"{names[o]} {med[o]:.3f} s" for o in modes)
-          + "; over one step at a time: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
-          + f"; tokens equal in every round: {same}", flush=True)
-    if args.out:
+    g = torch.Generator().manual_seed(args.seed)
+    reports, all_same = [], True
+    for seqs, prompt_len, new_tokens, step_tokens in args.jobs:
+        job = f"{seqs}:{prompt_len}:{new_tokens}:{step_tokens}"
+        prompts = [torch.randint(3, shard.config.vocab_size, (prompt_len,), generator=g).tolist()
+                   for _ in range(seqs)]
+        kw = dict(max_new_tokens=new_tokens, ignore_eos=True, max_tokens_per_step=step_tokens)
+        t0 = time.perf_counter()
+        warm = run(prompts, kw, False)
+        print(f"[genoverlap] job {job}: warm-up round (compiles) {time.perf_counter() - t0:.1f} s, "
+              f"{warm['steps']} steps", file=sys.stderr, flush=True)
+        rounds = []
+        for r in range(args.rounds):
+            for overlap in modes[r % 3:] + modes[:r % 3]:
+                res = run(prompts, kw, overlap)
+                rounds.append(res)
+                print(f"round {r} job {job} overlap={overlap}: wall {res['wall_s']:.3f} s, "
+                      f"{res['steps']} steps ({res['ahead_steps']} ahead), "
+                      f"{res['new_tokens_per_s']:.1f} new tokens/s, host planning "
+                      f"{res['host_prepare_s']:.3f} s, launches {res['host_launch_s']:.3f} s, "
+                      f"kernels {res['kernel_s']:.3f} s, outside them "
+                      f"{res['outside_kernel_ms_a_step']:.3f} ms a step", flush=True)
+        same = all(r["tokens"] == warm["tokens"] for r in rounds)
+        all_same = all_same and same
+        med = {o: statistics.median(r["wall_s"] for r in rounds if r["overlap"] == o)
+               for o in modes}
+        ratios = {names[o]: round(med[o] / med[False], 4) for o in modes[1:]}
+        print(f"median wall, job {job}: "
+              + ", ".join(f"{names[o]} {med[o]:.3f} s" for o in modes)
+              + "; over one step at a time: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
+              + f"; tokens equal in every round: {same}", flush=True)
         for r in rounds:
             del r["tokens"]
+        reports.append(dict(seqs=seqs, prompt_len=prompt_len, new_tokens=new_tokens,
+                            tokens_per_step=step_tokens, warmup_steps=warm["steps"],
+                            rounds=rounds, median_wall_s={names[o]: med[o] for o in modes},
+                            over_one_step_at_a_time=ratios, tokens_equal=same))
+    if args.out:
         report = dict(benchmark="generation job: one step at a time, planned ahead, run ahead "
                                 "(bench/generate_overlap.py)",
                       date=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -159,14 +186,10 @@ def main(argv=None) -> int:
                       command="python " + " ".join([f"bench/{os.path.basename(__file__)}",
                                                     *(argv if argv is not None else sys.argv[1:])]),
                       model="Llama-70B TP8 rank 0 as TP 1, random bf16 weights",
-                      layers=args.layers, seqs=args.seqs, prompt_len=args.prompt_len,
-                      new_tokens=args.new_tokens, tokens_per_step=args.tokens_per_step,
-                      warmup_steps=warm["steps"], rounds=rounds,
-                      median_wall_s={names[o]: med[o] for o in modes},
-                      over_one_step_at_a_time=ratios, tokens_equal=same)
+                      layers=args.layers, rounds=args.rounds, jobs=reports)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
-    return 0 if same else 1
+    return 0 if all_same else 1
 
 
 if __name__ == "__main__":

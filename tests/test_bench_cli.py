@@ -600,6 +600,10 @@ def test_gpu_benchmarks_refuse_bad_arguments_and_a_missing_gpu(script, capsys):
     with pytest.raises(SystemExit) as e:
         mod.main(["--reps" if script == "launch_host" else "--rounds", "0"])
     assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    if script == "generate_overlap":
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--job", "16:128:128:256", "--job", "16:128:0:256"])
+        assert e.value.code == 2 and "'16:128:0:256' is not SEQS" in capsys.readouterr().err
     if torch.cuda.is_available():
         return                      # the GPU run is the script's own (gpu_next.sh)
     assert mod.main([]) == 1
