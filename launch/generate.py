@@ -76,7 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="token budget of one step (chunks long prefills)")
     p.add_argument("--no-overlap", action="store_true",
                    help="plan each step only after the one before is read back (default: the "
-                        "megakernel backend plans step n + 1 while step n runs)")
+                        "megakernel backend plans step n + 1 while step n runs and queues it "
+                        "behind step n)")
     p.add_argument("--page-size", type=int, default=None, help="KV cache page size in tokens")
     p.add_argument("--num-kv-pages", type=int, default=None, help="KV cache pages per rank")
     p.add_argument("--device", default=None, help="torch device (default: cuda:LOCAL_RANK, else cpu)")

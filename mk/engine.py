@@ -373,12 +373,16 @@ class _GenerationRun:
     With a backend that splits a step into plan_step (host only) / run_step (launch, not waited
     for) / finish (wait and check), such as the megakernel's, the loop overlaps the host and the
     device: step n + 1 is scheduled and planned while step n runs, its decode rows planned
-    before step n's tokens are known (they go in at run_step, once step n is finished and
-    sampled). A sequence that step n's token stops then still has its row in step n + 1: the row
-    is computed and dropped, and its pages are freed before any later step can reuse them (the
-    device runs the steps in order); a step n + 1 of such rows only is planned and not run.
-    Another backend's step is read back before the next one is scheduled, as is every step with
-    overlap off.
+    before step n's tokens are known. Where the backend runs ahead (runs_ahead: the
+    megakernel's) and step n still runs, step n + 1 is queued on the device behind it, its
+    decode tokens gathered there from step n's sampled tokens (run_step(late=, ahead=True)),
+    and step n's tokens are read after: the device goes from step to step without waiting for
+    the host. Otherwise (overlap="plan", or step n already ended) step n is read first and its
+    tokens go in at run_step. A sequence that step n's token stops then still has its row in
+    step n + 1: the row is computed and dropped, and its pages are freed before any later step
+    can reuse them (the device runs the steps in order); a step n + 1 of such rows only is not
+    run when step n was read before its launch. Another backend's step is read back before the
+    next one is scheduled, as is every step with overlap off.
     """
 
     def __init__(self, engine: "Engine", seqs: list[_Seq], params: SamplingParams,

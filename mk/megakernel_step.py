@@ -319,10 +319,11 @@ class MegakernelStepBackend:
         return self._kernels[c]
 
     # -- a step ----------------------------------------------------------------------------------
-    # A step is two halves: plan_step (host only: plan, check) and run_step (after the previous
-    # launch is waited for and checked: uploads, the metadata, the launch, not waited for). The
-    # engine plans step n + 1 while step n runs (mk.engine: Engine.generate), so the planner's and
-    # the check's milliseconds are off the GPU's critical path; forward() is both halves and
+    # A step is two halves: plan_step (host only: plan, check) and run_step (uploads, the
+    # metadata, the launch, not waited for; after the previous launch is waited for and checked,
+    # or with ahead=True queued behind it). The engine plans step n + 1 while step n runs and
+    # queues it behind step n (mk.engine: Engine.generate), so the planner's, the check's and
+    # the launch's milliseconds are off the GPU's critical path; forward() is both halves and
     # finish() back to back.
     def plan_step(self, batch: StepBatch) -> "PreparedStep":
         """Plan the batch and check its stream against the kernel, on the host only (no device
