@@ -255,13 +255,14 @@
 #          planpair.json (~2 min + ~reps x steps; a plan that changes the kernel or the buffers,
 #          e.g. kv_split or norm_fold, is refused: planab)
 #   stepgpu the whole-step GPU tests alone (tests/test_megakernel_step_gpu.py, no two-layer checks
-#          or racecheck: verify's): stepgpu.log (~5 min; with genoverlap in one call)
-#   genoverlap a generation job through the megakernel (bench/generate_overlap.py: the 70B TP8
-#          rank, random weights, MK_GO_ARGS, default 256 prompts of 256 tokens, 64 new tokens,
-#          1024 tokens a step, 3 rounds), Engine.generate one step at a time vs the host's
-#          planning of step n + 1 overlapped with step n; per round also the megakernel's
-#          device time and the wall time outside it a step: genoverlap.log, genoverlap.json
-#          (~4 min)
+#          or racecheck: verify's) and the recorded-launch test of test_megakernel_gpu.py:
+#          stepgpu.log (~5.5 min; with genoverlap in one call)
+#   genoverlap generation jobs through the megakernel (bench/generate_overlap.py: the 70B TP8
+#          rank, random weights, MK_GO_ARGS, default two jobs: 256 prompts of 256 tokens, 64 new
+#          tokens, 1024 tokens a step, and 16 prompts of 128, 128 new, 256 a step; 3 rounds),
+#          Engine.generate one step at a time vs planned ahead (overlap="plan") vs run ahead
+#          (overlap=True); per round also the megakernel's device time and the wall time
+#          outside it a step: genoverlap.log, genoverlap.json (~3 min)
 #   launchhost where the host's 0.34 ms a launch goes (session 61's genoverlap): one prepared
 #          step of the tiny model launched --reps times by part (bench/launch_host.py: full
 #          launch, _args, argument marshalling, the host stub, a launch of arguments marshalled
@@ -429,6 +430,17 @@
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
 # MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
 # the bench JSONs record <old>-dirty):
+#   000034. Session 62 ran 000033's 1 on one H100 (`*_0c74c71_2026-12-07_s62_h100*`): the step
+#      tests passed at the attn_lpt=2 default (19); a launch's host time alone is 48 us (median;
+#      marshalling 17, the stub 33), so session 61's 0.34 ms a launch inside the job is not the
+#      launch's own cost. Built instead (000033's 3): run ahead (mk.engine, Megakernel.launch(
+#      record=True) / finish_launch, MegakernelStepBackend.run_step(ahead=, late=), page-locked
+#      uploads: mk.plan.to_device). In order:
+#      1. One call: `MK_STEPS="stepgpu genoverlap"` (the step tests with run ahead forced and
+#         natural, the recorded-launch test; then two jobs, three modes). If run ahead is not
+#         faster than planned ahead, find what still waits for the device in run_step (a
+#         pageable copy, a page-locked allocation, an index tensor made on the device).
+#      2. 000033's 2.
 #   000033. Session 61 ran 000032's 1 on one H100 (`*_efa18e2_2026-12-07_s61_h100*`): the
 #      whole-step GPU tests all passed (19, the overlapped generation test among them); the
 #      generation job overlapped takes 0.793 of one step at a time's wall time (3.388 against
@@ -1121,7 +1133,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
-                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=240 [stepgpu]=300
+                   [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
@@ -1272,8 +1284,9 @@ if has verify; then
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi
 if has stepgpu; then
-  timeout 330 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-      tests/test_megakernel_step_gpu.py 2>&1 | grep -v "^\[mk" > "$OUTDIR/stepgpu.log"
+  timeout 390 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+      tests/test_megakernel_step_gpu.py "tests/test_megakernel_gpu.py::test_recorded_launches_finish_apart" \
+      2>&1 | grep -v "^\[mk" > "$OUTDIR/stepgpu.log"
   tail -15 "$OUTDIR/stepgpu.log"
   grep -qE "^[0-9]+ passed" "$OUTDIR/stepgpu.log" \
       && ! grep -qE "(^| )[1-9][0-9]* (failed|errors?)( |,|$)" "$OUTDIR/stepgpu.log" \
@@ -2200,7 +2213,8 @@ if has launchhost; then
 fi
 if has genoverlap; then
   # the engine's generation loop with the host planning overlapped or not (session 60)
-  timeout 420 python bench/generate_overlap.py ${MK_GO_ARGS:-} --out "$OUTDIR/genoverlap.json" \
+  timeout 420 python bench/generate_overlap.py ${MK_GO_ARGS:---job 256:256:64:1024 --job 16:128:128:256} \
+      --out "$OUTDIR/genoverlap.json" \
       > "$OUTDIR/genoverlap.log" 2>&1 || rc=1
   grep -E "^round|^median|error|Error|Traceback" "$OUTDIR/genoverlap.log" | tail -20
 fi
