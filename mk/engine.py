@@ -203,6 +203,8 @@ class GenerateStats:
         if self.prepare_s is not None and self.wall_s > 0:
             line += (f"; the backend's host planning {self.prepare_s:.2f} s "
                      f"({100 * self.prepare_s / self.wall_s:.0f}% of the time)")
+        if self.ahead_steps:
+            line += f"; {self.ahead_steps} steps queued behind the one running"
         return line
 
 
@@ -333,8 +335,10 @@ class Engine:
         behind that one before reading its tokens (_GenerationRun); "plan": plan while the step
         before runs, launch once its tokens are read; False: one step at a time.
         """
-        if overlap not in (True, False, "plan"):
+        if overlap != "plan" and not isinstance(overlap, (bool, int)) or overlap not in (
+                True, False, "plan"):
             raise ValueError(f"overlap must be True, False or 'plan', got {overlap!r}")
+        overlap = overlap if overlap == "plan" else bool(overlap)
         params = sampling or SamplingParams()
         over = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p,
                                       seed=seed).items() if v is not None}

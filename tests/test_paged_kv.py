@@ -409,6 +409,7 @@ def test_run_ahead_generation_gives_the_same_tokens(engine, ckpt, device_busy):
             assert e.pages.free_pages == 6
             log, st = e.backend.log, e.last_stats
             assert st.ahead_steps == log.count("ahead") >= 1
+            assert f"{st.ahead_steps} steps queued behind the one running" in st.summary()
             assert log.count("ahead") + log.count("run") == st.steps
             assert log.count("finish") == st.steps and e.backend.in_flight == 0
             if busy() is True and "temperature" not in extra:
