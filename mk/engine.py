@@ -551,9 +551,10 @@ class _GenerationRun:
             return
         targets, tokens, event, _ = self.pending
         self.pending = None
-        if self.pipelined:
-            # bounded: a hung or failed launch raises here
-            self.backend.finish(keep=keep) if keep else self.backend.finish()
+        if self.pipelined and keep:
+            self.backend.finish(keep=keep)  # the step queued behind stays in flight
+        elif self.pipelined:
+            self.backend.finish()           # bounded: a hung or failed launch raises here
         if event is not None:
             event.synchronize()
         values = tokens.tolist()
