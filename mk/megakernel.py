@@ -2468,6 +2468,12 @@ class Megakernel:
         rec.pending = False
         self._check_words([int(v) for v in rec.host.tolist()])
 
+    def drop_launch(self, rec: "LaunchRecord") -> None:
+        """Forget a recorded launch without waiting for it: one queued behind a launch that
+        failed (after a hang nothing more can be waited for; an error's reset() synchronised the
+        device, and the launches behind ran with its abort flag set)."""
+        rec.pending = False
+
     def launcher(self, prepared):
         """A no-argument launch on the then-current stream (for CUDA-graph capture / benchmarks;
         wait() after it reports a hang, its objects made here, before any launch)."""

@@ -394,10 +394,17 @@ class MegakernelStepBackend:
     def finish(self, keep: int = 0) -> None:
         """Wait for the run_step launches in flight, oldest first, until `keep` are left, and
         check each (raises MegakernelError / MegakernelHang as forward() would); a no-op when
-        none is in flight."""
+        none is in flight. A launch that fails drops the ones queued behind it (not waited for:
+        after a hang they never end, a hang_s each)."""
         while len(self._in_flight) > keep:
             mk, rec = self._in_flight.popleft()
-            mk.finish_launch(rec, mk.hang_s)
+            try:
+                mk.finish_launch(rec, mk.hang_s)
+            except BaseException:
+                while self._in_flight:
+                    behind, rec = self._in_flight.popleft()
+                    behind.drop_launch(rec)
+                raise
 
     def _upload(self, prep: "PreparedStep", late: "LateTokens | None" = None) -> None:
         """run_step's device half before the launch: the stream (rewritten in place when the fast

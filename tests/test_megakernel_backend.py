@@ -317,6 +317,7 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
 
         def __init__(self):
             self.checked, self.launched, self.waited = 0, 0, 0
+            self.fail_at, self.dropped = None, []
 
         def check_stream(self, checked, meta_page_size=None):
             self.checked += 1
@@ -333,6 +334,11 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
         def finish_launch(self, rec, hang_s=None):
             assert rec == ("record", self.waited + 1)       # oldest first, each once
             self.waited += 1
+            if self.waited == self.fail_at:
+                raise RuntimeError("launch failed")
+
+        def drop_launch(self, rec):
+            self.dropped.append(rec)
 
     model = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
                         num_kv_heads=2, head_dim=8, vocab_size=256)
@@ -415,6 +421,17 @@ def test_backend_prepare_rewrites_the_held_stream_for_fast_path_plans():
     assert len(be._in_flight) == 1 and mk.waited == mk.launched - 1
     be.finish()
     assert not be._in_flight and mk.waited == mk.launched
+    # a launch that fails with another queued behind: the error raised, the one behind dropped
+    # (not waited for: after a hang it would never end)
+    for step in range(2):
+        chunks = [SeqChunk([0], n, pages[i]) for i, n in cached.items()]
+        be.run_step(be.plan_step(StepBatch(chunks)), ahead=True)
+        for i in cached:
+            cached[i] += 1
+    mk.fail_at = mk.waited + 1
+    with pytest.raises(RuntimeError, match="launch failed"):
+        be.finish()
+    assert not be._in_flight and mk.dropped == [("record", mk.launched)]
 
 
 def test_two_layer_check_sizes_its_kernel_to_many_prompts():
