@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--job", action="append", default=[], metavar="SEQS:PROMPT:NEW:STEP",
                    help="a job of SEQS prompts of PROMPT tokens, NEW new tokens each, STEP tokens "
                         "a step; repeatable, on one engine (its compiled kernels shared); "
-                        "default the job of the four options above")
+                        "given, it replaces the job of the four options above")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds of each mode (default 3)")
     p.add_argument("--layers", type=int, default=80, help="layers of the rank (default 80)")
     p.add_argument("--seed", type=int, default=0)
