@@ -74,10 +74,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
     p.add_argument("--max-tokens-per-step", type=int, default=None,
                    help="token budget of one step (chunks long prefills)")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="plan each step only after the one before is read back (default: the "
-                        "megakernel backend plans step n + 1 while step n runs and queues it "
-                        "behind step n)")
+    p.add_argument("--overlap", choices=("ahead", "plan", "off"), default="ahead",
+                   help="with the megakernel backend: 'ahead' (default) plans step n + 1 while "
+                        "step n runs and queues it on the device behind step n; 'plan' plans it "
+                        "while step n runs and launches it once step n is read back; 'off' one "
+                        "step at a time (the tokens are the same)")
+    p.add_argument("--no-overlap", action="store_true", help="the same as --overlap off")
     p.add_argument("--page-size", type=int, default=None, help="KV cache page size in tokens")
     p.add_argument("--num-kv-pages", type=int, default=None, help="KV cache pages per rank")
     p.add_argument("--device", default=None, help="torch device (default: cuda:LOCAL_RANK, else cpu)")
@@ -160,7 +162,8 @@ def run(args, device: torch.device) -> int:
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                            seed=args.seed, ignore_eos=args.ignore_eos,
                            max_tokens_per_step=args.max_tokens_per_step,
-                           overlap=not args.no_overlap)
+                           overlap=({"ahead": True, "plan": "plan", "off": False}
+                                    [args.overlap] if not args.no_overlap else False))
     if mkdist.rank() != 0:
         return 0
     stats = engine.last_stats

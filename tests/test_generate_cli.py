@@ -53,11 +53,13 @@ def test_prompt_ids_repeated_one_list_per_sequence(tmp_path):
     alone = last_json(generate("--json", "--max-new-tokens", "5", "--dtype", "float32",
                                "--prompt-ids", "7", cwd=tmp_path))["tokens"]
     assert alone == [tokens[1]]
-    # --no-overlap (one step at a time; the reference backend has no split step anyway)
-    one = last_json(generate("--json", "--max-new-tokens", "5", "--dtype", "float32",
-                             "--prompt-ids", "1,2,3", "--prompt-ids", "7", "--prompt-ids",
-                             "9,8,7,6,5,4", "--no-overlap"))["tokens"]
-    assert one == tokens
+    # --no-overlap / --overlap plan (one step at a time / planned ahead; the reference backend
+    # has no split step anyway: the engine takes the options and gives the same tokens)
+    for flags in (["--no-overlap"], ["--overlap", "plan"]):
+        one = last_json(generate("--json", "--max-new-tokens", "5", "--dtype", "float32",
+                                 "--prompt-ids", "1,2,3", "--prompt-ids", "7", "--prompt-ids",
+                                 "9,8,7,6,5,4", *flags))["tokens"]
+        assert one == tokens, flags
 
 
 def test_human_readable_output():
@@ -68,6 +70,7 @@ def test_human_readable_output():
 
 @pytest.mark.parametrize("args, message", [
     (["--backend", "nope"], "invalid choice: 'nope'"),
+    (["--overlap", "always"], "invalid choice: 'always'"),
     (["--prompt-ids", ""], "no empty prompt"),
     (["--prompt-ids", "1,,2"], "no empty prompt"),
     (["--prompt-ids", "1,x"], "not a list of integers"),
