@@ -22,7 +22,6 @@ the same tokens (they must; ignore_eos: every mode runs the same steps).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     from mk import peers
     from mk.config import KernelConfig, ParallelConfig
     from mk.engine import Engine
-    from mk.provenance import git_commit
+    from mk.provenance import run_record
     from launch.bench import LLAMA_70B
 
     par = ParallelConfig(tp_size=8, rank=0)
@@ -181,10 +180,7 @@ def main(argv=None) -> int:
     if args.out:
         report = dict(benchmark="generation job: one step at a time, planned ahead, run ahead "
                                 "(bench/generate_overlap.py)",
-                      date=datetime.datetime.now().isoformat(timespec="seconds"),
-                      commit=git_commit(), device=torch.cuda.get_device_name(),
-                      command="python " + " ".join([f"bench/{os.path.basename(__file__)}",
-                                                    *(argv if argv is not None else sys.argv[1:])]),
+                      **run_record(__file__, argv, device=torch.cuda.get_device_name()),
                       model="Llama-70B TP8 rank 0 as TP 1, random bf16 weights",
                       layers=args.layers, rounds=args.rounds, jobs=reports)
         with open(args.out, "w") as f:

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,18 +155,12 @@ def main(argv=None) -> int:
     print(f"launch arguments ({launch_args['parameters']} parameters): built twice per launch "
           f"{launch_args['built_twice_per_launch_ms']:.3f} ms, cached "
           f"{launch_args['cached_ms']:.3f} ms", flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
-    report = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                  commit=os.environ.get("MK_COMMIT") or commit,
-                  machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-                          f"(CPU only)",
-                  command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:])),
-                  model="Llama-70B TP8 rank 0 as TP 1", points=rows,
-                  launch_args=launch_args)
+    from mk.provenance import run_record
+    report = run_record(__file__, argv,
+                        machine=f"{platform.processor() or platform.machine()}, "
+                                f"{os.cpu_count()} cores (CPU only)",
+                        model="Llama-70B TP8 rank 0 as TP 1", points=rows,
+                        launch_args=launch_args)
     out = Path(args.out) if args.out else \
         ROOT / "bench" / "results" / f"host_step_{datetime.date.today().isoformat()}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")

@@ -23,7 +23,6 @@ the most own time); --out writes the JSON.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
         return 1
     from mk.batch import SeqChunk, StepBatch
     from mk.engine import Engine
-    from mk.provenance import git_commit
+    from mk.provenance import run_record
     from mk.tiny import TINY_HD128_CONFIG, tiny_checkpoint
 
     engine = Engine.from_pretrained(tiny_checkpoint(config=TINY_HD128_CONFIG),
@@ -132,10 +131,7 @@ def main(argv=None) -> int:
     if args.out:
         report = dict(benchmark="host time of one megakernel launch, by part "
                                 "(bench/launch_host.py)",
-                      date=datetime.datetime.now().isoformat(timespec="seconds"),
-                      commit=git_commit(), device=torch.cuda.get_device_name(),
-                      command="python " + " ".join([f"bench/{os.path.basename(__file__)}",
-                                                    *(argv if argv is not None else sys.argv[1:])]),
+                      **run_record(__file__, argv, device=torch.cuda.get_device_name()),
                       reps=args.reps, tokens=args.tokens, kernel_parameters=len(launch_args),
                       parts=res, profile=profile)
         with open(args.out, "w") as f:

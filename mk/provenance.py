@@ -45,3 +45,15 @@ def git_commit(root: Path = ROOT) -> str:
         return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def run_record(script: str, argv: list[str] | None = None, **fields) -> dict:
+    """A recorded result's header: the date, the commit (git_commit) and the command that made
+    it (the script's path in the repository and its arguments: argv, default sys.argv[1:]);
+    then `fields`."""
+    import datetime
+    import sys
+    args = argv if argv is not None else sys.argv[1:]
+    command = "python " + " ".join([os.path.relpath(os.path.abspath(script), ROOT), *args])
+    return dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit(),
+                command=command, **fields)
