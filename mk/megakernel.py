@@ -2430,32 +2430,34 @@ class Megakernel:
         """Launch a prepared plan on the current stream. check: wait for it (bounded) and raise
         its error; else, with record, return its LaunchRecord for finish_launch() (the launch's
         own end and its state words, so that a launch queued behind it is not waited for; at
-        most LAUNCH_RECORDS - 1 such launches unfinished), without it leave it to wait() and
-        check()."""
+        most LAUNCH_RECORDS such launches unfinished: one more is refused before it launches),
+        without it leave it to wait() and check()."""
         s, n, n_ctr = prepared
         comp, cs = self._ensure_compiled(s, n_ctr)
         args = self._args(s, n_ctr, cs, n)
         self._ensure_hang_probe()       # before the launch, also for a later wait()
+        rec = self._free_record() if record and not check else None
         comp(*args)
         if check:
             self.wait(self.hang_s)
             self.check()
             return None
-        return self._record_launch() if record else None
+        if rec is not None:
+            # the state words as the teardown left them, copied behind the launch into a
+            # page-locked slot: finish_launch reads them without a synchronous copy (which would
+            # wait for any launch queued after this one)
+            self._launches += 1
+            rec.host.copy_(self.state, non_blocking=True)
+            rec.done.record()
+            rec.pending = True
+        return rec
 
-    def _record_launch(self) -> "LaunchRecord":
-        # the state words as the teardown left them, copied behind the launch into a page-locked
-        # slot: finish_launch reads them without a synchronous copy (which would wait for any
-        # launch queued after this one)
+    def _free_record(self) -> "LaunchRecord":
         slots = self._hang_probe[4]
         rec = slots[self._launches % len(slots)]
         if rec.pending:
             raise RuntimeError(f"Megakernel: {len(slots)} recorded launches in flight without "
-                               f"finish_launch (at most {len(slots) - 1} are kept apart)")
-        self._launches += 1
-        rec.host.copy_(self.state, non_blocking=True)
-        rec.done.record()
-        rec.pending = True
+                               f"finish_launch, the most that are kept apart")
         return rec
 
     def finish_launch(self, rec: "LaunchRecord", hang_s: float | None = None) -> None:

@@ -182,7 +182,7 @@ def test_recorded_launches_finish_apart():
     """Launches queued back to back with record=True (the engine's run-ahead steps) finish one
     at a time, each its own result and state; a failed launch with another queued behind it
     raises at its own finish_launch, naming its instruction, within seconds; more unfinished
-    records than LAUNCH_RECORDS - 1 and a second finish are refused."""
+    records than LAUNCH_RECORDS (before launching) and a second finish are refused."""
     import time
 
     from mk.instructions.rows import rows_instruction
@@ -203,12 +203,12 @@ def test_recorded_launches_finish_apart():
     assert torch.equal(snap, mk.arena)
     with pytest.raises(RuntimeError, match="finished already"):
         mk.finish_launch(second)
-    recs = [mk.launch(prep, check=False, record=True) for _ in range(M.LAUNCH_RECORDS - 1)]
+    recs = [mk.launch(prep, check=False, record=True) for _ in range(M.LAUNCH_RECORDS)]
     with pytest.raises(RuntimeError, match="recorded launches in flight"):
-        mk.launch(prep, check=False, record=True)
+        mk.launch(prep, check=False, record=True)           # refused before it launches
     for r in recs:
         mk.finish_launch(r)
-    mk.finish_launch(mk.launch(prep, check=False, record=True))    # the refused one launched
+    mk.finish_launch(mk.launch(prep, check=False, record=True))
     # a launch that times out, another queued behind it
     ins = [rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, signal=0) for _ in range(8)]
     ins.append(rows_instruction(Op.NOOP, 0, 0, 0, 0, 0, 0, waits=[(5, 3)], signal=6))
