@@ -2295,8 +2295,8 @@ class Megakernel:
         self.counters = torch.zeros(n_counters, dtype=torch.int32, device=dev)
         self.state = torch.zeros(rk.STATE_WORDS, dtype=torch.int32, device=dev)
         self.journal_on = journal
-        self._hang_probe = None                # wait()'s event, side stream, pinned buffer,
-        #                                        launch records
+        self._hang_probe = None                # wait()'s event, side stream, pinned buffer
+        self._records: tuple = ()              # launch(record=True)'s slots, made with it
         self._launches = 0
         self.journal = torch.zeros((journal_capacity if journal else 1, JOURNAL_WORDS),
                                    dtype=torch.int64, device=dev)
@@ -2342,7 +2342,8 @@ class Megakernel:
     # -- compile & launch ---------------------------------------------------------------------
     def _args(self, stream_dev: torch.Tensor, n_ctr: int, cu_stream, n: int | None = None):
         # n: the instructions to run (default the stream's rows; an empty plan launches n = 0
-        # over upload()'s one-row placeholder). The DLPack views of the tensors that live as long as the kernel are made once, the
+        # over upload()'s one-row placeholder). The DLPack views of the tensors that live as
+        # long as the kernel are made once, the
         # stream's once per uploaded stream: ~8 us each, ~33 of them a launch, on the host's
         # path between two steps of a generation loop (bench/host_step.py: launch_args)
         if self._fixed_args is None:
@@ -2453,7 +2454,7 @@ class Megakernel:
         return rec
 
     def _free_record(self) -> "LaunchRecord":
-        slots = self._hang_probe[4]
+        slots = self._records
         rec = slots[self._launches % len(slots)]
         if rec.pending:
             raise RuntimeError(f"Megakernel: {len(slots)} recorded launches in flight without "
@@ -2499,10 +2500,11 @@ class Megakernel:
         if self._hang_probe is None:
             self._hang_probe = (torch.cuda.Event(), torch.cuda.Stream(device=self.state.device),
                                 torch.cuda.Event(),
-                                torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory(),
-                                tuple(LaunchRecord(torch.cuda.Event(), torch.zeros(
-                                    rk.STATE_WORDS, dtype=torch.int32).pin_memory())
-                                      for _ in range(LAUNCH_RECORDS)))
+                                torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory())
+            self._records = tuple(
+                LaunchRecord(torch.cuda.Event(),
+                             torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory())
+                for _ in range(LAUNCH_RECORDS))
 
     def wait(self, hang_s: float = 20.0):
         """Wait for the launch; if it still runs after hang_s (a wait that is not bounded:
@@ -2515,7 +2517,7 @@ class Megakernel:
 
     def _poll(self, launch_done, hang_s: float):
         """Wait for the event launch_done, recorded behind a launch (the hang report: wait())."""
-        _, side, read_done, host, _ = self._hang_probe
+        _, side, read_done, host = self._hang_probe
         t0 = time.time()
         while not launch_done.query():
             if time.time() - t0 > hang_s:

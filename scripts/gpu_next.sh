@@ -1285,7 +1285,8 @@ if has verify; then
 fi
 if has stepgpu; then
   timeout 390 python -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
-      tests/test_megakernel_step_gpu.py "tests/test_megakernel_gpu.py::test_recorded_launches_finish_apart" \
+      tests/test_megakernel_step_gpu.py \
+      "tests/test_megakernel_gpu.py::test_recorded_launches_finish_apart" \
       2>&1 | grep -v "^\[mk" > "$OUTDIR/stepgpu.log"
   tail -15 "$OUTDIR/stepgpu.log"
   grep -qE "^[0-9]+ passed" "$OUTDIR/stepgpu.log" \
@@ -2213,7 +2214,8 @@ if has launchhost; then
 fi
 if has genoverlap; then
   # the engine's generation loop with the host planning overlapped or not (session 60)
-  timeout 420 python bench/generate_overlap.py ${MK_GO_ARGS:---job 256:256:64:1024 --job 16:128:128:256} \
+  timeout 420 python bench/generate_overlap.py \
+      ${MK_GO_ARGS:---job 256:256:64:1024 --job 16:128:128:256} \
       --out "$OUTDIR/genoverlap.json" \
       > "$OUTDIR/genoverlap.log" 2>&1 || rc=1
   grep -E "^round|^median|error|Error|Traceback" "$OUTDIR/genoverlap.log" | tail -20
