@@ -358,12 +358,16 @@ class Engine:
                      make_generator(params.seed, i, self.device)) for i, p in enumerate(prompts)]
         run = _GenerationRun(self, seqs, params, max_new_tokens, budget, stops, overlap)
         t_start = time.perf_counter()
-        try:
-            run.loop()
-        except BaseException:
-            run.close(quiet=True)
-            raise
-        run.close()
+        # one autograd mode for the whole run: the backends' forward() runs in inference mode,
+        # and a buffer that one made lazily (an inference tensor) may not be updated in place
+        # outside it (the megakernel's launch records, first made by a teacher-forced forward)
+        with torch.inference_mode():
+            try:
+                run.loop()
+            except BaseException:
+                run.close(quiet=True)
+                raise
+            run.close()
         stats = run.stats
         stats.new_tokens = sum(len(s.out) for s in seqs)
         stats.wall_s = time.perf_counter() - t_start

@@ -2249,6 +2249,9 @@ class Megakernel:
     before it is reported as MegakernelHang instead of waited on for ever (None: the larger of
     60 s and 10 x timeout_s; a hang is a wait without a bound, e.g. a probe build's)."""
 
+    # its state words and counters are updated in place by later calls (reset, the records'
+    # copies) in whatever autograd mode those run: never inference tensors
+    @torch.inference_mode(False)
     def __init__(self, arena: torch.Tensor, normw: torch.Tensor, n_layers: int, eps: float,
                  n_counters: int = 1 << 16, journal: bool = False, timeout_s: float = 2.0,
                  journal_capacity: int = 1 << 16, grid: int | None = None, verbose: bool = True,
@@ -2497,7 +2500,11 @@ class Megakernel:
         """wait()'s CUDA objects, made before a launch: a page-locked allocation while the kernel
         runs would order the state read after it (CUDA's implicit synchronisation rules), so a
         hung launch's report would hang too."""
-        if self._hang_probe is None:
+        if self._hang_probe is not None:
+            return
+        # normal tensors even when the first launch runs in inference mode: later launches copy
+        # into them in place, in whatever mode their caller runs
+        with torch.inference_mode(False):
             self._hang_probe = (torch.cuda.Event(), torch.cuda.Stream(device=self.state.device),
                                 torch.cuda.Event(),
                                 torch.zeros(rk.STATE_WORDS, dtype=torch.int32).pin_memory())

@@ -261,6 +261,7 @@ class _Overlapped:
         self.log: list[str] = []
         self.batches: list[StepBatch] = []
         self.in_flight = 0
+        self.on_run = lambda: None      # what a launch does to the backend's own buffers
 
     def forward(self, batch):
         raise AssertionError("an overlapping engine calls plan_step / run_step / finish")
@@ -281,6 +282,7 @@ class _Overlapped:
             batch.seqs[j].tokens[0] = t
         self.batches.append(batch)
         self.in_flight += 1
+        self.on_run()
         return self.ref.forward(batch)
 
     def finish(self, keep: int = 0):
@@ -422,6 +424,24 @@ def test_run_ahead_generation_gives_the_same_tokens(engine, ckpt, device_busy):
     assert "ahead" not in e.backend.log and e.last_stats.ahead_steps == 0
     with pytest.raises(ValueError, match="overlap must be"):
         e.generate(prompts, overlap="ahead", **kw)
+
+
+def test_generate_steps_run_in_inference_mode(ckpt, device_busy):
+    """A buffer the backend made in an inference-mode forward() (an inference tensor, as the
+    megakernel's launch records were when a teacher-forced forward came first) is updated in
+    place by generate's steps, called outside inference mode: generate runs in inference mode
+    whatever its caller's mode (session 63's GPU run failed on this)."""
+    assert not torch.is_inference_mode_enabled()
+    with torch.inference_mode():
+        made_by_forward = torch.zeros(1)
+    for overlap in (True, "plan", False):
+        e = _overlapped_engine(ckpt, runs_ahead=True)
+        if overlap is False:
+            e.backend.forward = lambda batch, b=e.backend: (b.run_step(batch), b.finish())[0]
+        e.backend.on_run = lambda: made_by_forward.add_(1)
+        before = int(made_by_forward)
+        e.generate([[5, 6, 7]], max_new_tokens=4, ignore_eos=True, overlap=overlap)
+        assert int(made_by_forward) - before == e.last_stats.steps == 4
 
 
 @torch.inference_mode()
