@@ -244,18 +244,12 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
 EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 # The storer's signal (the instruction's counter, after the barrier that orders every store of
-# the instruction before it; MK_SIGNAL_FENCE, compile-time):
-#   red    (default) red.release.gpu alone: a release is cumulative in the PTX model, and the
-#          storer barrier synchronizes the other storer threads' stores (and thread 0's drained
-#          TMA stores + proxy fence) before it, the consumers' own stores reach the storer
-#          through the page's `done` mbarrier; one MEMBAR.GPU, no L1 invalidation
-#   both   fence.acq_rel.gpu, then red.release.gpu: two MEMBAR.ALL.GPU (the fence's with ERRBAR +
-#          CCTL.IVALL), the build of sessions 1-33
-# Session 34 (bench/results/sigfence_*_s34.json, same run): B=1 8.225 -> 7.948 ms (-3.4%), B=64
-# 9.297 -> 8.995 ms (-3.2%); the two-layer checks and racecheck (0 hazards) passed with it.
-SIGNAL_FENCE = os.environ.get("MK_SIGNAL_FENCE", "red")
-if SIGNAL_FENCE not in ("both", "red"):
-    raise ValueError(f"MK_SIGNAL_FENCE={SIGNAL_FENCE}: red (default) or both")
+# the instruction before it) is red.release.gpu alone: a release is cumulative in the PTX model,
+# and the storer barrier synchronizes the other storer threads' stores (and thread 0's drained
+# TMA stores + proxy fence) before it, the consumers' own stores reach the storer through the
+# page's `done` mbarrier; one MEMBAR.GPU, no L1 invalidation. The fence.acq_rel.gpu before it
+# (the build of sessions 1-33, MK_SIGNAL_FENCE=both until session 63) cost session 34 3.4% / 3.2%
+# of decode B=1 / 64 (bench/results/sigfence_*_s34.json).
 # With EARLY_WEIGHTS, the loader grants the data-less page of RMSNORM, SPLITK_REDUCE and
 # ATTN_REDUCE without waiting for `iready` (their consumers wait for it anyway): the controller's
 # release then wakes the consumers directly instead of the loader, whose grant then woke them,
@@ -990,8 +984,6 @@ class MegakernelDSL:
                             sig = ring[base + W_SIGNAL]
                             if sig >= 0:
                                 # every store of this instruction precedes the barrier above
-                                if cutlass.const_expr(SIGNAL_FENCE == "both"):
-                                    cute.arch.fence_acq_rel_gpu()
                                 cute.arch.red((counters.iterator + sig).llvm_ptr,
                                               ring[base + W_SIGNAL_COUNT], op="add", dtype="s32",
                                               sem="release", scope="gpu")
