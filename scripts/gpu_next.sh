@@ -119,10 +119,6 @@
 #   ktncu  ncu warp-stall samples of the isolated GATE_UP consumer loop in the step's build and in
 #          the lean build (--profile-isolated), bench/ncu_loop_stalls.py side by side (no_inst:
 #          waits for instructions): ktncu.log, ncu_ktncu_*_source.csv.gz (~4 min)
-#   ownphase MK_OWN_PHASE_SEEN modes MK_OWN_MODES (0 consumer: who observes the
-#          GEMM B pages' own `full` phases: nobody (synccheck-unclean), consumer thread 0's
-#          try_waits = the default; also inline), timed only:
-#          decode MK_OWN_BATCH (256), journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
 #   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
 #          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
 #          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
@@ -1131,7 +1127,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [ownphase]=250 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120)
@@ -1751,16 +1747,6 @@ if has repeat; then
   for i in $(seq 1 "${MK_REPEAT_N:-3}"); do
     time_variant repeat "$i" "run $i (${MK_REPEAT_ENV:-default build}), from ${SECONDS} s" \
         "${MK_REPEAT_BATCH:-64,256}" "${MK_REPEAT_ENV:-}" ""
-  done
-fi
-if has ownphase; then
-  # MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN): who observes the GEMM B pages' own `full` phases
-  # (session 32's synccheck rule). Sessions 34 / 35: at B=256 the loader's wait ("inline")
-  # costs 8-10% against "0" (nobody, synccheck-unclean). Timed only: decode MK_OWN_BATCH (256)
-  # with each of MK_OWN_MODES, journal on: ownphase.log, ownphase_<mode>.json (~70 s a mode)
-  : > "$OUTDIR/ownphase.log"
-  for v in ${MK_OWN_MODES:-0 consumer}; do
-    time_variant ownphase $v "MK_OWN_PHASE_SEEN=$v" ${MK_OWN_BATCH:-256} "MK_OWN_PHASE_SEEN=$v" ""
   done
 fi
 # An attention compile switch's checks, the switch exported: the attention harness's GPU tests;

@@ -1073,9 +1073,7 @@ def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
     ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
     ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
     ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
-    ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'"),
-    # a removed mode (session 35: synccheck-unclean) is refused, not silently the default
-    ("MK_OWN_PHASE_SEEN", "test", "MK_OWN_PHASE_SEEN='test'")])
+    ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named."""
     import subprocess
@@ -1117,37 +1115,6 @@ def test_signal_is_a_release_red_without_a_fence(tmp_path):
     ptx = variant_ptx(tmp_path, "sig_red", {}, "")
     assert re.search(r"red\.release\.gpu", ptx), "no release red"
     assert not re.search(fenced_release, ptx), "a fence.acq_rel before the release red"
-
-
-def gemm_switch_counts(tmp_path, var: str, attr: str, modes, clean) -> tuple[dict, dict]:
-    """The all-opcode M64 variant with split-K compiled with each value of a gk switch (modes[0]
-    the default, compiled without var set; `attr` the module constant that must see it), each in
-    a process of its own; the modes in `clean` also through ptxas (0 spills). Returns the PTX's
-    counts of mbarrier try_waits and test_waits per mode."""
-    waits, tests = {}, {}
-    for mode in modes:
-        env = {} if mode == modes[0] else {var: mode}
-        name = f"{attr.lower()}_{mode}"
-        ptx = variant_ptx(tmp_path, name, env, f"import mk.instructions._gemm_kernel as gk; "
-                                               f"assert gk.{attr} == {mode!r}")
-        waits[mode] = len(re.findall(r"mbarrier\.try_wait", ptx))
-        tests[mode] = len(re.findall(r"mbarrier\.test_wait", ptx))
-        if mode in clean:
-            assert_clean(ptxas_report(ptx, str(tmp_path / name)))
-    return waits, tests
-
-
-def test_own_phase_seen_variants_keep_their_waits_without_spills(tmp_path):
-    """MK_OWN_PHASE_SEEN (gk.OWN_PHASE_SEEN): the default "consumer" (session 35) observes the
-    B pages' own `full` phases in consumer thread 0 once the stage's wgmmas are queued,
-    "inline" (session 32) in the loader after each arrival. Each compiles (M64 with split-K)
-    with 0 spills; consumer and inline have more mbarrier try_waits than "0" (nobody observes;
-    the negative control), and none of them a test_wait."""
-    modes = ("consumer", "inline")
-    waits, tests = gemm_switch_counts(tmp_path, "MK_OWN_PHASE_SEEN", "OWN_PHASE_SEEN",
-                                      modes + ("0",), modes)
-    assert waits["consumer"] > waits["0"] and waits["inline"] > waits["0"], waits
-    assert tests["consumer"] == tests["inline"] == tests["0"] == 0, tests
 
 
 def test_swap_split_variant_mirrors_its_barriers_without_spills(tmp_path):

@@ -28,7 +28,7 @@ phase is observed by a successful wait before the next arrival on the barrier (c
 synccheck's "Missing wait", which stops the kernel). Under "stage" nobody else waits on a B
 page's own `full`, so one consumer waits on the phase the loader's plain arrival completed,
 before its own arrival frees the stage (gk.b_phases_seen, session 35; session 32's loader waited
-itself, gk.own_phase_seen); the negative control: without that wait the model reports the
+itself, lost and removed); the negative control: without that wait the model reports the
 loader's next arrival on the page.
 
 Ping-pong (designed in session 54, measured and dropped in session 55: a one-warpgroup tile
@@ -215,12 +215,11 @@ class Ring:
         # MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over the epilogue pages
         # chain_pages at a time (a tile whose page count it divides; 0: all at once)
         self.chain_pages = chain_pages
-        # gk.OWN_PHASE_SEEN: who observes the B pages' own `full` phases under "stage" (a plain
-        # arrival completes them): "consumer" (gk.b_phases_seen: a consumer once the stage's A
-        # page passed, before its arrival frees the stage), "inline" (gk.own_phase_seen: the
-        # loader right after the arrival); None: the negative control, the kernel before
-        # session 32; "consumer_late" (a negative control): the consumer's waits after its
-        # arrival that frees the stage
+        # who observes the B pages' own `full` phases under "stage" (a plain arrival completes
+        # them): "consumer" (gk.b_phases_seen: a consumer once the stage's A page passed, before
+        # its arrival frees the stage; session 32's loader-side wait lost, removed in session
+        # 63); None: the negative control, the kernel before session 32; "consumer_late" (a
+        # negative control): the consumer's waits after its arrival that frees the stage
         self.b_phase_seen = b_phase_seen
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
@@ -317,8 +316,6 @@ class Ring:
                     if one:
                         self.load(q, self.full[a % NP])
                         self.full[q % NP].arrive(q)
-                        if self.b_phase_seen == "inline":
-                            yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
                     else:
                         self.full[q % NP].arrive(q, expect=1)
                         self.load(q, self.full[q % NP])
@@ -666,14 +663,6 @@ def test_protocol_holds_with_the_epilogue_handed_over_by_chain(chain_pages):
         rng = random.Random(seed)
         run(Ring(operand_free="consumer", done_parity="mask", stage_full="stage",
                  chain_pages=chain_pages), random_prog(rng), rng)
-
-
-def test_protocol_holds_with_b_phases_seen_by_the_loader():
-    """MK_OWN_PHASE_SEEN=inline (session 32; the default until session 35): the loader observes
-    each B page's own `full` phase right after its arrival, instead of a consumer: every wait
-    passes on its own phase, the PTX phase rule holds, every schedule ends."""
-    _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
-                b_phase_seen="inline"))
 
 
 def _holds(ring_kw, seeds=150) -> list:

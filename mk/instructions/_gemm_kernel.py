@@ -39,7 +39,7 @@ parity wait cannot tell phase u from u - 2):
     full[p]   count 1: loader arrive_and_expect_tx + TMA bytes (operand pages, and epilogue pages
               holding the residual tile for RESIDUAL), or a plain arrive (epilogue page granted;
               under ONE_FULL a stage's B pages, whose bytes count on its A page's `full`, and
-              whose phase consumer thread 0 then observes: OWN_PHASE_SEEN)
+              whose phase consumer thread 0 then observes: b_phases_seen)
     done[p]   count DONE_ARRIVALS = 8: every consumer warp, once its part of the output is in
               the epilogue page, or (operand pages the storer frees, OPERAND_FREE) once the
               wgmmas reading the page retired (wait_group(1))
@@ -674,41 +674,28 @@ def wait_epilogue_counter(counters: cute.Tensor, epi_wait: Int32, target: Int32,
         rk.wait_counter(counters, epi_wait - 1, target, timeout_ns, state, ticket, backoff_ns)
 
 
-# Who observes a GEMM stage's B pages' own `full` phases under ONE_FULL (compile-time,
-# MK_OWN_PHASE_SEEN). Their bytes complete on the A page's barrier, so each B page's `full` gets
-# a plain arrival that completes its phase, and the PTX ISA requires every mbarrier phase to be
-# observed by a successful wait before the next arrival ("Phases of the mbarrier object");
-# without one synccheck stops the kernel with "Missing wait" at the page's next use (session 32,
-# bench/probes/synccheck_mbarrier_probe.py). "consumer" (the default since session 35): consumer
+# Who observes a GEMM stage's B pages' own `full` phases under ONE_FULL. Their bytes complete on
+# the A page's barrier, so each B page's `full` gets a plain arrival that completes its phase, and
+# the PTX ISA requires every mbarrier phase to be observed by a successful wait before the next
+# arrival ("Phases of the mbarrier object"); without one synccheck stops the kernel with "Missing
+# wait" at the page's next use (session 32, bench/probes/synccheck_mbarrier_probe.py). Consumer
 # thread 0 waits on them once the stage's wgmmas are queued and the previous stage is freed,
-# before its own arrival frees this stage (gemm_consume), off the loader's path; "inline"
-# (session 32): the loader waits right after each arrival, one mbarrier round trip per B page
-# before its TMA, on the step's path when the GEMM is load-bound; "0": nobody waits
-# (synccheck-unclean; a timing reference only). Sessions 34 / 35 (ownphase_*): at B=256 inline
-# costs 8-10% of the step against "0"; waiting after the stage's loads ("after") as much; a
-# test_wait after the arrival that nothing branches on ("test") is as fast as "0" but synccheck
-# still reports Missing wait (the test can run before the arrival has landed).
-# "early" (session 36: warp 0's lanes waited right after the stage's wgmmas were committed,
-# so that the try_waits overlapped them) lost and is removed: session 37 at B=256 (f8fcb90,
-# bench/results/ownphase_*_s37.json) "0" 13.626 ms, early 14.409 (+5.7%; GATE_UP 52.6 -> 62.4 us
-# a tile), while consumer ran 13.844-13.886 in four runs of the same shape (+1.6-1.9%;
-# repeat_ff4c9e8_2026-12-04_s37.log); session 36 had measured consumer at +2.4% (13.854 against
-# 13.528).
-# "consumer_test" (session 37: thread 0 issued one mbarrier.test_wait per B page where consumer
-# try_waits, branched on none of them) lost before it was timed, removed: session 38's synccheck
-# probe (bench/probes/synccheck_mbarrier_probe.py constest, `synccheck_probe_4eee517_2026-12-04_
-# s38.log`) reports Missing wait for a test_wait nothing waits for, however late it comes (and
-# for session 35's loader-side test: selftest), so only a waited-for try_wait observes a phase.
-OWN_PHASE_SEEN = os.environ.get("MK_OWN_PHASE_SEEN", "consumer")
-if OWN_PHASE_SEEN not in ("consumer", "inline", "0"):
-    raise ValueError(f"MK_OWN_PHASE_SEEN={OWN_PHASE_SEEN!r}: expected consumer, inline or 0")
+# before its own arrival frees this stage (b_phases_seen, gemm_consume; session 35), off the
+# loader's path. The alternatives lost and are gone (MK_OWN_PHASE_SEEN, removed in session 63):
+# the loader waiting right after each arrival ("inline", session 32) cost 8-10% of decode B=256
+# against nobody waiting (sessions 34 / 35, bench/results/ownphase_*); nobody waiting ("0") is
+# synccheck-unclean; waiting after the stage's loads ("after") cost as much as inline; a
+# test_wait nothing branches on ("test", "consumer_test") is no observation for synccheck
+# (session 38's probe, `synccheck_probe_4eee517_2026-12-04_s38.log`); warp 0's lanes waiting
+# right after the stage's wgmmas ("early") lost +5.7% at B=256 in session 37
+# (bench/results/ownphase_*_s37.json). Consumer costs ~2% at B=256 against nobody waiting.
 
 
 @cute.jit
 def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Tensor,
                    ticket: Int32):
-    """The loader's wait on a B page's `full` phase its own plain arrival completed
-    (OWN_PHASE_SEEN=inline): returns at once."""
+    """The loader's wait on a B page's `full` phase its own plain arrival completed (the "nob1"
+    EXPERIMENT's granted page): returns at once."""
     bar_wait(bar, phase, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
@@ -716,7 +703,7 @@ def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cu
 def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
                   npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                   ticket: Int32):
-    """OWN_PHASE_SEEN=consumer: one consumer thread's wait on the `full` phases of a stage's NB
+    """One consumer thread's wait on the `full` phases of a stage's NB
     B pages, the first at ring count pg_b, after the stage's A-page barrier passed. They were
     complete before it (the loader arrives on each before issuing the TMA whose bytes that
     barrier counts), so the try_waits go back to back and normally all pass; the bounded waits
@@ -774,7 +761,7 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
 
     a_full: the stage's A-page `full` barrier under ONE_FULL (stage_full; None otherwise): the
     B loads complete their bytes there (the caller expects them) and each B page's own `full`
-    gets a plain arrival, whose phase someone must then observe (OWN_PHASE_SEEN). twin: as
+    gets a plain arrival, whose phase consumer thread 0 then observes (b_phases_seen). twin: as
     gemm_load's (the instruction's weights may be a twin opcode's)."""
     policy = rk.weight_policy()
     for j in cutlass.range_constexpr(cfg.nb):
@@ -791,8 +778,6 @@ def load_b_pages(cfg: cutlass.Constexpr, tma_b: cute.CopyAtom, gB: cute.Tensor,
             with cute.arch.elect_one():
                 if cutlass.const_expr(a_full is not None):
                     cute.arch.mbarrier_arrive(full + page)
-                    if cutlass.const_expr(OWN_PHASE_SEEN == "inline"):
-                        own_phase_seen(full + page, ph, timeout_ns, state, ticket)
                 else:
                     cute.arch.mbarrier_arrive_and_expect_tx(full + page, cfg.b_bytes)
             if cutlass.const_expr(cfg.half_gate_up):
@@ -1084,7 +1069,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # fall two phases behind
                 release_stage(pg + (k - 1) * spp, spp, npages,
                               operand_bar(empty, done), lane, share)
-        if cutlass.const_expr(ONE_FULL and OWN_PHASE_SEEN == "consumer"):
+        if cutlass.const_expr(ONE_FULL):
             # this stage's B pages' own phases, before this thread's arrival frees the stage
             # (the next iteration, or the `done` after the loop); its wgmmas run meanwhile
             if ctid == 0:
