@@ -25,7 +25,7 @@ def _read_vars() -> set:
 
 def knob_env() -> dict:
     """The set MK_* environment variables that mk or launch read and that can change what runs
-    (kernel knobs such as MK_TILES or MK_ATTN_PAIR_WARP), for a result's record: an A/B by
+    (kernel knobs such as MK_TILES or MK_NISLOTS), for a result's record: an A/B by
     environment variable must be told apart in its JSON. Scripts' own variables (MK_STEPS, ...)
     are left out."""
     names = _read_vars()

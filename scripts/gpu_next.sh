@@ -278,8 +278,6 @@
 #          racecheck, memcheck with every decode paired, then B=256,1024 (MK_PAIR_BATCH) without
 #          pairs and with attn_pair=MK_PAIR_TIMED (default 1: auto), journal on: pair.log,
 #          pair_check.log, pair_{off,on}.json (~7 min)
-#   pairwarp MK_ATTN_PAIR_WARP=3: the pair checks and sanitizers with it, then B=256,1024
-#          (MK_PW_BATCH) without and with it, no journal: pairwarp.log, pairwarp_{off,on}.json
 #   fold   --plan MK_FOLD_PLAN (fold_o_reduce=1: O_PROJ's SPLITK_REDUCE folded into the MLP norm
 #          after it; "fold_o_reduce=1,fold_down_reduce=1" adds DOWN's, folded into the next
 #          layer's attention norm, built in session 14, CPU-verified only): the two-layer checks
@@ -1127,7 +1125,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [pairwarp]=540 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120)
@@ -2023,29 +2021,6 @@ if has gutiles; then
   [ "${MK_GU_NOCHECK:-0}" = 1 ] || cat "$OUTDIR/gutiles_check.log"
   : > "$OUTDIR/gutiles.log"
   time_ab gutiles "GATE_UP tiles ($GU)" ${MK_GU_BATCH:-128,192,512,1024} "MK_TILES=$GU" ""
-fi
-if has pairwarp; then
-  # MK_ATTN_PAIR_WARP=3 (compile-time): the pair checks (two-layer never / auto, racecheck,
-  # memcheck with every decode paired, as the "pair" step's) with it, then B=256,1024
-  # (MK_PW_BATCH) timed as it is and with it, no journal (its journal variant spills 16 bytes):
-  # pairwarp.log, pairwarp_{off,on}.json
-  : > "$OUTDIR/pairwarp.log"
-  PAIR="--plan attn_pair=2"
-  ( export MK_ATTN_PAIR_WARP=3
-    MK_CHECK_EXTRA="$PAIR --kv-split 1024 --prompt-lens 1,13,64,130,200,70" MK_NO_PYTEST=1 checks
-    echo "== memcheck, two-layer step, split-K auto, $PAIR"
-    timeout 150 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step \
-        check --layers 2 --decode-steps 1 --split-k 0 $PAIR --kv-split 1024 \
-        --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
-    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200
-  ) > "$OUTDIR/pairwarp_check.log" 2>&1
-  cat "$OUTDIR/pairwarp_check.log" | tee -a "$OUTDIR/pairwarp.log"
-  if MK_NO_PYTEST=1 passed "$OUTDIR/pairwarp_check.log" \
-      && grep -q "ERROR SUMMARY: 0 errors" "$OUTDIR/pairwarp_check.log"; then
-    time_ab pairwarp "MK_ATTN_PAIR_WARP=3" ${MK_PW_BATCH:-256,1024} "MK_ATTN_PAIR_WARP=3" ""
-  else
-    echo "== pairwarp: checks FAILED, not timed" | tee -a "$OUTDIR/pairwarp.log"; rc=1
-  fi
 fi
 if has normbatch; then
   # MK_NORM_ROW_BATCH_BIG (mk/instructions/_rows_kernel.py: rows of an RMSNORM whose loads are

@@ -872,23 +872,6 @@ def test_all_opcode_journal_variant_compiles_without_spills(tmp_path):
         r"globaltimer", M.compile_fake(journal=True, gemm=(), attn_page_size=0).__ptx__))
 
 
-def test_pair_warp_variant_compiles_without_spills(tmp_path):
-    """MK_ATTN_PAIR_WARP=3 (a MODE_PAIR instruction's second unit on warpgroup 1's rows 48-63,
-    another SM sub-partition than the first unit's; off by default, not yet timed): the
-    all-opcode M64 variant with split-K compiles with 0 spills and no call, the module read the
-    switch, and the PTX differs from the default's. (Its journal variant spills 16 bytes: time it
-    without the journal.)"""
-    ptx = variant_ptx(tmp_path, "pairwarp3", {"MK_ATTN_PAIR_WARP": "3"},
-                      "from mk.instructions import _attention_kernel as ak; "
-                      "assert ak.PAIR_WARP == 3, ak.PAIR_WARP")
-    assert not re.search(r"^\s*call", ptx, flags=re.M), "function calls in the kernel"
-    assert_clean(ptxas_report(ptx, str(tmp_path / "pairwarp3")))
-    default = variant_ptx(tmp_path, "pairwarp0", {"MK_ATTN_PAIR_WARP": "0"},
-                          "from mk.instructions import _attention_kernel as ak; "
-                          "assert ak.PAIR_WARP == 0")
-    assert default != ptx
-
-
 def test_m64_tiles_at_class_256_compile_with_split_k(tmp_path):
     """The M <= 256 class on the 64-row tiles (the default before session 7; scripts/gpu_next.sh
     `tiles` times them against the 128-row default through MK_TILES): the all-opcode M256

@@ -13,11 +13,11 @@ def test_knob_env_records_the_variables_the_code_reads(monkeypatch):
             monkeypatch.delenv(k)
     assert knob_env() == {}
     monkeypatch.setenv("MK_TILES", "DOWN@256=m128n256")
-    monkeypatch.setenv("MK_ATTN_PAIR_WARP", "3")
+    monkeypatch.setenv("MK_NISLOTS", "3")
     monkeypatch.setenv("MK_STEPS", "planab")
     monkeypatch.setenv("MK_CACHE_DIR", "/tmp/x")
     monkeypatch.setenv("MK_COMMIT", "abc1234")
-    assert knob_env() == {"MK_ATTN_PAIR_WARP": "3", "MK_TILES": "DOWN@256=m128n256"}
+    assert knob_env() == {"MK_NISLOTS": "3", "MK_TILES": "DOWN@256=m128n256"}
     assert git_commit() == "abc1234"
 
 

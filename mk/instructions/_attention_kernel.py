@@ -139,14 +139,10 @@ WG_SPLIT = os.environ.get("MK_ATTN_WG_SPLIT", "0") == "1"
 # B=1 (-6.9%), -4.4% at B=64, -1.9% at B=256; "bulk" -7.1% / -4.6% / -1.2%. Both passed the
 # attention harness GPU tests, the two-layer checks and racecheck; loop is the default as the
 # simpler of two equals (generic stores only, no proxy fences).
-# The consumer warp of a MODE_PAIR instruction's second unit (warpgroup 1), compile-time
-# (MK_ATTN_PAIR_WARP, 0-3): a decode unit's rows are its warpgroup's warp 0 (rows 0-15) unless
-# moved; warps 4 and 8 (the two warpgroups' warp 0) share SM sub-partition 0 and the pipe that runs
-# the softmax's conversions and exp2 (session 12), so both units' softmax would queue there.
-# With 3 the second unit's rows are warpgroup 1's rows 48-63 (warp 11, sub-partition 3).
-PAIR_WARP = int(os.environ.get("MK_ATTN_PAIR_WARP", "0"))
-if not 0 <= PAIR_WARP <= 3:
-    raise ValueError(f"MK_ATTN_PAIR_WARP={PAIR_WARP}: expected 0 .. 3")
+# A MODE_PAIR instruction's second unit keeps warpgroup 1's warp 0 (rows 0-15). Moving it to
+# warp 3, another SM sub-partition than the first unit's warp 0 (MK_ATTN_PAIR_WARP=3, session 15),
+# was within a run's spread (B=256 -1.6%, B=1024 -0.5%), kept the m64n64 chain that the swapped
+# one beat in session 32, and was removed in session 63.
 STORE_MODE = os.environ.get("MK_ATTN_STORE", "loop")
 if STORE_MODE not in ("unrolled", "loop", "bulk"):
     raise ValueError(f"MK_ATTN_STORE={STORE_MODE!r}: expected unrolled, loop or bulk")
@@ -162,9 +158,8 @@ THREAD_SHARE = CONSUMER_THREADS  # done/empty init count of the "thread" hand-of
 # memory per warpgroup beside the page pool (the caller's `scratch`): Q^T (8 x 128 bf16, the
 # wgmma B layout) at 0, P^T (8 x 64 bf16) at SWAP_P_OFF, the four warps' column maxima / sums
 # (4 x 8 fp32) at SWAP_RED_OFF. The pages, their waits and releases are the same as the other
-# path's. Not with the experimental wg_split / PAIR_WARP layouts (their decode units keep the
-# m64n64 chain).
-SWAPPED = not WG_SPLIT and PAIR_WARP == 0
+# path's. Not with the experimental wg_split layout (its decode units keep the m64n64 chain).
+SWAPPED = not WG_SPLIT
 SWAP_ROWS = 8
 SWAP_P_OFF = 2048
 SWAP_P_BYTES = 1024                 # P^T of one 64-key block: 8 rows x 64 keys bf16
@@ -373,17 +368,6 @@ def second_unit(pair, mode: Int32, qpk: Int32, kv0: Int32, nblk: Int32):
             if nblk_b > nblk:
                 walk = walk + 1
     return paired, kend_b, nblk_b, walk
-
-
-@cute.jit
-def moved_rows(mtot: Int32) -> Int32:
-    """PAIR_WARP > 0: the rows a pair's second unit is moved by in warpgroup 1's tile (its query
-    row m at tile / epilogue page row m + 16 PAIR_WARP), 0 when its mtot rows would not fit
-    below row 64; the consumers and the storer agree through this one function."""
-    shift = Int32(0)
-    if mtot <= 64 - 16 * PAIR_WARP:
-        shift = Int32(16 * PAIR_WARP)
-    return shift
 
 
 @cute.jit
@@ -826,15 +810,12 @@ Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "1") == "1"
 def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int32, row0: Int32,
                    mw: Int32, mtot: Int32, qpk: Int32, head0: Int32):
     """The Q A-fragment of query rows mw + r (see attn_consume), all loads first (rows outside
-    [0, mtot) are zero; mw < 0 only for a moved pair unit, PAIR_WARP)."""
+    [0, mtot) are zero)."""
     n = cute.size(tSrQ) // 2
     raw = cute.make_rmem_tensor(cute.make_layout(n), Int32)     # 2 bf16 per load, as 32 bits
     for v in cutlass.range_constexpr(n):
         r, c = tQcQ[2 * v]
         m = imin(mw + r, mtot - 1)
-        if cutlass.const_expr(PAIR_WARP > 0):
-            if m < 0:                       # rows before a moved pair unit's (mw < 0)
-                m = Int32(0)
         it = m // qpk
         h = m - it * qpk
         addr = q_base + Int64((row0 + it) * ldq + (head0 + h) * D + c) * 2
@@ -851,10 +832,6 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
         if mw + r >= mtot:
             q0 = BFloat16(0.0)
             q1 = BFloat16(0.0)
-        if cutlass.const_expr(PAIR_WARP > 0):
-            if mw + r < 0:
-                q0 = BFloat16(0.0)
-                q1 = BFloat16(0.0)
         tSrQ[2 * v] = q0
         tSrQ[2 * v + 1] = q1
 
@@ -872,9 +849,6 @@ def load_q_rows(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int32,
             m = mw + r
             q0 = Float32(0.0)
             q1 = Float32(0.0)
-            if cutlass.const_expr(PAIR_WARP > 0):
-                if m < 0:
-                    m = mtot                # a row before a moved pair unit's: zero
             if m < mtot:
                 it = m // qpk
                 h = m - it * qpk
@@ -1488,7 +1462,7 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
     # swapped chain's SWAP_SPLIT
     split_units = wg_split or (swap is not None and SWAP_SPLIT)
     if cutlass.const_expr(swap is not None):
-        assert not wg_split and PAIR_WARP == 0, "the swapped chain: no wg_split, PAIR_WARP 0"
+        assert not wg_split, "the swapped chain: no wg_split"
         # swap_bundle's arguments: each use builds its part (one bundle built here and carried
         # through the loops kept its values live across the other path: 12 B of spills)
         sw = (swap, wg, wtid, accS, accO0)
@@ -1523,8 +1497,6 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
                         row0_w = pair[0]
                         pos0_w = pair[1]
                         kend_w = kend_b
-                        if cutlass.const_expr(PAIR_WARP > 0):
-                            mw = -moved_rows(mtot)          # rows in warp PAIR_WARP
             active = mw < mtot                    # warp-uniform (decode, no split: WG1 idles)
             # a warp's rows are [16 wq, 16 wq + 16) of its warpgroup's 64, r0 and r0 + 8 of each
             # thread: a decode token's 8 q heads are warp 0's first row half, so the other warps
@@ -1532,9 +1504,6 @@ def attn_consume(mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, sK_layout: cute.C
             # half of it; the wgmmas are the warpgroup's whatever its rows
             warp_rows = mw + wq * 16 < mtot
             both_halves = mw + wq * 16 + 8 < mtot
-            if cutlass.const_expr(PAIR_WARP > 0 and pair is not None):
-                if mw + wq * 16 < 0:              # before a moved pair unit's rows
-                    warp_rows = cutlass.Boolean(False)
             if cutlass.const_expr(sw is not None):
                 warp_rows = active                # the swapped chain runs on all four warps
             # ---- Q rows -> A fragment (registers), zero past the last row; or Q^T into the
@@ -1982,12 +1951,9 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
 @cute.jit
 def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_page: cutlass.Constexpr,
                     mbase: Int32, mtot: Int32, div: Int32, head0: Int32, row0: Int32,
-                    base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr,
-                    r_first=None):
+                    base: Int64, ld: Int32, sid: Int32, nthreads: cutlass.Constexpr):
     """Store one epilogue page: page row r = query row m = mbase + r (< mtot) -> destination row
-    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes). r_first
-    (None: 0): the first page row that may hold a query row (a moved pair unit's, PAIR_WARP:
-    mbase < 0, the rows before r_first are no query's).
+    row0 + m // div, columns (head0 + m % div) * D + [0, D) (element size ob bytes).
     STORE_MODE (above): "bulk" = one bulk copy (async proxy) per row, the page's reads complete
     on return; "loop" = the chunks in a loop that is not unrolled."""
     rb = D * ob                     # bytes per page row
@@ -1999,9 +1965,6 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
         for it in cutlass.range_constexpr((rows_in_page + nthreads - 1) // nthreads):
             r = it * nthreads + sid
             m = mbase + r
-            if cutlass.const_expr(r_first is not None):
-                if r < r_first:
-                    m = mtot
             if r < rows_in_page and m < mtot:
                 i, h = row_head(m, div, head0)
                 prims.cp_async_bulk_global_shared_cta(
@@ -2021,9 +1984,6 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
         if valid > rows_in_page:
             valid = Int32(rows_in_page)
         q0 = Int32(0)
-        if cutlass.const_expr(r_first is not None):
-            valid = valid - r_first
-            q0 = r_first * cpr
         if valid < 0:
             valid = Int32(0)
         for it in cutlass.range((valid * cpr + (nthreads - 1)) // nthreads, unroll=1):
@@ -2032,9 +1992,6 @@ def store_rows_page(pool: Int32, page: Int32, ob: cutlass.Constexpr, rows_in_pag
     for it in cutlass.range_constexpr(rows_in_page * cpr // nthreads
                                       if STORE_MODE == "unrolled" else 0):
         q = it * nthreads + sid
-        if cutlass.const_expr(r_first is not None):
-            if q < r_first * cpr:
-                q = Int32(rows_in_page * cpr)   # no row: store_chunk's m >= mtot
         store_chunk(pool, page, ob, q, mbase, mtot, div, head0, row0, base, ld)
 
 
@@ -2123,16 +2080,10 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                 for w in cutlass.range_constexpr(E_DIRECT):
                     mbase = m0 + w * 64
                     row0_w = row0
-                    r_first = None
                     if cutlass.const_expr(w == 1 and pair is not None):
-                        if cutlass.const_expr(PAIR_WARP > 0):
-                            r_first = Int32(0)
                         if paired:
                             mbase = Int32(0)
                             row0_w = pair[0]
-                            if cutlass.const_expr(PAIR_WARP > 0):
-                                r_first = moved_rows(mtot)            # as attn_consume
-                                mbase = -r_first
                     page, _ = page_of(pg + w, npages)
                     rk.wait_done(done, page, dpar, timeout_ns, state, ticket)
                     if cutlass.const_expr(len(stamps) > 0):
@@ -2140,7 +2091,7 @@ def attn_store(out_base: Int64, ldo: Int32, part_base: Int64, ldp: Int32, lse_ba
                         rk.journal_stamp(journal, ticket, stamps[1 + 3 * w], first)
                     if cutlass.const_expr(not NOSTORE):
                         store_rows_page(pool, page, 2, 64, mbase, mtot, qpk, head0, row0_w,
-                                        out_base, ldo, sid, nthreads, r_first)
+                                        out_base, ldo, sid, nthreads)
                     if cutlass.const_expr(len(stamps) > 0 and w == 0):
                         rk.journal_stamp(journal, ticket, stamps[2], first)
                     free_page(page, empty, sid, bar_id, nthreads, share)
