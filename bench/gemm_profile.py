@@ -6,11 +6,7 @@
 A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
 tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several) or "nosig"
 (the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
-config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "tmastore=V"
-(MK_GEMM_TMA_STORE=V: 0 the storer's copy, residual (the default) full RESIDUAL tiles through TMA
-stores, 1 RESIDUAL and SILU_MUL tiles) or "stsm=V" (MK_GEMM_STSM=V, the same values: epilogues
-staged by stmatrix) or "tmastoref32=1" (MK_GEMM_TMA_STORE_F32=1: LM_HEAD's float32 tiles through
-TMA stores) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
+config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
 128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
 tile's at once) or "ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile
 stamped, mk.trace.gemm_ktrace's per-K-step table: loads issued how early, in flight how long,
@@ -56,8 +52,7 @@ from bench import _jobs  # noqa: E402
 
 LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
-KNOBS = {"tmastore": "MK_GEMM_TMA_STORE", "stsm": "MK_GEMM_STSM",
-         "tmastoref32": "MK_GEMM_TMA_STORE_F32", "chain": "MK_GEMM_CHAIN_HANDOFF",
+KNOBS = {"chain": "MK_GEMM_CHAIN_HANDOFF",
          "ktrace": "MK_GEMM_KTRACE",
          "reglow": "MK_REG_LOW", "reghigh": "MK_REG_HIGH"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts

@@ -352,31 +352,6 @@
 #          checks and timings with 0 / 1 and with two-B-page tiles elsewhere (MK_WIDE_TILES), the
 #          two-layer checks of the 1024 class, racecheck, memcheck: wide.log, wide_gemm_*.json
 #   widetime decode MK_WIDE_BATCH (1024,4096) as it is and with MK_WIDE_ON_ENV: widetime_{off,on}.json
-#   tmastore MK_GEMM_TMA_STORE=1 (full bf16 GEMM tiles, O_PROJ / DOWN / GATE_UP on 64-column-box
-#          tiles, leave the staging pages through TMA stores from one storer thread) and
-#          MK_GEMM_STSM=1 (RESIDUAL / SILU_MUL epilogues staged by stmatrix), both built in
-#          session 24, compile-checked only: bench/gemm_profile.py's poisoned checks with each
-#          (TMA: O_PROJ 200 / 1100 / 4096, DOWN 1024 / 4096, GATE_UP 1100 / 4096; STSM: O_PROJ 200 / 1100, DOWN 64 /
-#          1024, GATE_UP 1024 / 4096; both: O_PROJ 1100, DOWN 4096) and timings as it is, with
-#          each and combined (O_PROJ / DOWN / GATE_UP at 1024 / 4096), then with both on the
-#          two-layer checks (478 tokens split-K auto, 208 tokens never), racecheck and memcheck:
-#          tmastore.log, tmastore.json, racecheck_full.log, memcheck_full.log (~9 min). Then
-#          time the step (planab / time_ab at 1024,4096) with what gains
-#          (session 25 ran this step: all correct; RESIDUAL tiles -2..-3.3% with both, the
-#          default since then as "residual"; the MK_GEMM_TMA_STORE=1 / MK_GEMM_STSM=1 values
-#          take SILU_MUL too, which lost 1.4% at GATE_UP 4096)
-#   epiab  the epilogue default against the build before it (MK_GEMM_TMA_STORE=0 MK_GEMM_STSM=0)
-#          in the step, megakernel only, at MK_EPIAB_BATCH (default 1024; MK_EPIAB_ARGS, e.g.
-#          --journal, to both): epiab.log, epiab_{off,on}.json ("on" = the old build; ~2 min
-#          per batch)
-#   f32store MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores, built in
-#          session 25): bench/gemm_profile.py's poisoned checks of LM_HEAD at 64 / 200 / 1024 /
-#          1100 / 4096, timings at 256 / 1024 / 4096 with and without, LM_HEAD on m128n256 (8
-#          float32 epilogue pages) checked and timed at 1024 / 4096 with and without, QKV_ROPE
-#          on m128n256 (two heads a tile) checked and timed at 4096, then with it the
-#          two-layer checks (split-K auto / never) of 64 one-token prompts (8 full 64-row
-#          LM_HEAD tiles) and their racecheck: f32store.log, f32store.json, racecheck_full.log
-#          (~9 min)
 #   floor  each GEMM opcode's first tile alone in a launch (bench/gemm_profile.py kind floor:
 #          the launch, the roles' prologue, one tile's latency) and its whole matrix, at
 #          MK_FLOOR_M (default "64 256"), and (kind launch, since session 27) a launch of one
@@ -1125,7 +1100,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [tmastore]=570 [epiab]=240 [f32store]=560 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120)
@@ -2181,13 +2156,6 @@ if has genoverlap; then
       > "$OUTDIR/genoverlap.log" 2>&1 || rc=1
   grep -E "^round|^median|error|Error|Traceback" "$OUTDIR/genoverlap.log" | tail -20
 fi
-if has epiab; then
-  # session 25's default epilogue (RESIDUAL tiles: TMA stores + stmatrix staging) against the
-  # build before it, megakernel only, off = the default, on = the old epilogue
-  : > "$OUTDIR/epiab.log"
-  time_ab epiab "MK_GEMM_TMA_STORE=0 MK_GEMM_STSM=0 (the epilogue before session 25)" \
-      ${MK_EPIAB_BATCH:-1024} "MK_GEMM_TMA_STORE=0 MK_GEMM_STSM=0" "" "${MK_EPIAB_ARGS:-}"
-fi
 if has wgtime; then
   # timing only (the checks are wgsplit's / wgrace's): where ATTENTION is most of the step
   # (B=256: 46% of the busy time in session 8) the halved serial chain of key blocks may pay more
@@ -2367,89 +2335,6 @@ if has widetime; then
   MK_AB_TIMEOUT=${MK_AB_TIMEOUT:-280} time_ab widetime "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" \
       ${MK_WIDE_BATCH:-1024,4096} "${MK_WIDE_ON_ENV:-MK_GEMM_WIDE=1}" ""
 fi
-if has tmastore; then
-  J=""
-  for c in O_PROJ:200 O_PROJ:1100 O_PROJ:4096 DOWN:1024 DOWN:4096 GATE_UP:1100 GATE_UP:4096; do
-    J="$J,$c:check:tmastore=1"
-  done
-  for c in O_PROJ:200 O_PROJ:1100 DOWN:64 DOWN:1024 GATE_UP:1024 GATE_UP:4096; do
-    J="$J,$c:check:stsm=1"
-  done
-  J="$J,O_PROJ:1100:check:tmastore=1+stsm=1,DOWN:4096:check:tmastore=1+stsm=1"
-  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096; do
-    J="$J,$c:time:,$c:time:tmastore=1,$c:time:stsm=1"
-    J="$J,$c:time:tmastore=1+stsm=1"
-  done
-  for c in GATE_UP:1024 GATE_UP:4096; do
-    J="$J,$c:time:,$c:time:tmastore=1,$c:time:stsm=1,$c:time:tmastore=1+stsm=1"
-  done
-  run_profile tmastore "${J#,}" 330
-  # the two-layer checks and sanitizers with both switches (bench/gemm_profile.py's checks above
-  # tell them apart)
-  export MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1
-  tcheck() {    # the two-layer check with these arguments, if it still fits (its timeout $1)
-    local lim=$1; shift
-    if [ $SECONDS -lt $((DEADLINE - lim)) ]; then
-      echo "== check MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1 $*" | tee -a "$OUTDIR/tmastore.log"
-      timeout $lim python -m mk.megakernel_step check "$@" 2>&1 | grep -v "^\[mk" | tail -1 \
-          | cut -c1-300 | tee -a "$OUTDIR/tmastore.log"
-    else
-      echo "== check $* skipped (time)" | tee -a "$OUTDIR/tmastore.log"; rc=1
-    fi
-  }
-  tcheck 100 --layers 2 --split-k 0 --prompt-lens 1,13,64,130,200,70
-  echo "== racecheck / memcheck MK_GEMM_TMA_STORE=1 MK_GEMM_STSM=1, two-layer step, split-K auto"
-  CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-      check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 \
-      > "$OUTDIR/racecheck_full.log" 2>&1
-  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
-  tcheck 90 --layers 2 --split-k 1
-  if [ $SECONDS -lt $((DEADLINE - 110)) ]; then
-    timeout 110 compute-sanitizer --tool memcheck --report-api-errors no python -m mk.megakernel_step check --layers 2 \
-        --decode-steps 1 --split-k 0 --prompt-lens 1,13,64,130,200,70 > "$OUTDIR/memcheck_full.log" 2>&1
-    grep -E "ERROR SUMMARY|passed" "$OUTDIR/memcheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/tmastore.log"
-  fi
-  unset MK_GEMM_TMA_STORE MK_GEMM_STSM
-fi
-if has f32store; then
-  # MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores; built in session 25,
-  # compile-checked only): the poisoned checks (64 sequences: one full m64n128 row tile; 200 /
-  # 1100: full and partial row tiles; 1024 / 4096 on m128n128; the vocabulary shard's last
-  # column tile is partial in all), the timings as it is and with it, then the two-layer
-  # checks of 64 one-token prompts (full LM_HEAD tiles) and their racecheck
-  J=""
-  for m in 64 200 1024 1100 4096; do J="$J,LM_HEAD:$m:check:tmastoref32=1"; done
-  for m in 1024 4096; do
-    J="$J,LM_HEAD:$m:check:tile=m128n256,LM_HEAD:$m:check:tile=m128n256+tmastoref32=1"
-  done
-  for m in 256 1024 4096; do J="$J,LM_HEAD:$m:time:,LM_HEAD:$m:time:tmastoref32=1"; done
-  # LM_HEAD on the 128 x 256 tile (half the tiles, each re-reading its A rows half as often:
-  # m128n128 pulls ~9 TB/s of operands from L2 at its rate) with 8 float32 epilogue pages of
-  # the ring's 13: one stage of the next tile prefetches during the epilogue
-  for m in 1024 4096; do
-    J="$J,LM_HEAD:$m:time:tile=m128n256,LM_HEAD:$m:time:tile=m128n256+tmastoref32=1"
-  done
-  # the same question for QKV_ROPE (m128n128 per head, 1.65x cuBLAS at M = 4096 in session 23;
-  # its two-head m128n256 tile lost in the 1024 class's step in session 20, not timed alone)
-  J="$J,QKV_ROPE:4096:check:tile=m128n256,QKV_ROPE:4096:time:,QKV_ROPE:4096:time:tile=m128n256"
-  run_profile f32store "${J#,}" 300
-  # the two-layer step with 64 one-token prompts: its first step's LM_HEAD is 8 full 64-row
-  # tiles (and O_PROJ / DOWN full m64n128 tiles through the default's TMA store), then racecheck
-  ones=$(printf '1,%.0s' $(seq 64)); ones=${ones%,}
-  for sk in 0 1; do
-    echo "== check MK_GEMM_TMA_STORE_F32=1 --layers 2 --split-k $sk --prompt-lens 1 x 64" \
-        | tee -a "$OUTDIR/f32store.log"
-    MK_GEMM_TMA_STORE_F32=1 timeout 100 python -m mk.megakernel_step check --layers 2 \
-        --split-k $sk --prompt-lens "$ones" 2>&1 | grep -v "^\[mk" | tail -1 | cut -c1-300 \
-        | tee -a "$OUTDIR/f32store.log"
-  done
-  echo "== racecheck MK_GEMM_TMA_STORE_F32=1, the same check, split-K auto, one decode step" \
-      | tee -a "$OUTDIR/f32store.log"
-  MK_GEMM_TMA_STORE_F32=1 CUTE_DSL_LINEINFO=1 timeout 150 compute-sanitizer --tool racecheck \
-      python -m mk.megakernel_step check --layers 2 --decode-steps 1 --split-k 0 \
-      --prompt-lens "$ones" > "$OUTDIR/racecheck_full.log" 2>&1
-  grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$OUTDIR/f32store.log"
-fi
 if has lm256; then
   # session 26: LM_HEAD on m128n256 in the 1024 / max classes (the default since then; the
   # f32store step timed it alone: -10.5% / -8.7% at M = 1024 / 4096). The 256 class too (126
@@ -2458,7 +2343,7 @@ if has lm256; then
   # checks of a 478-token first step (the 1024 class: LM_HEAD m128n256, six sequences)
   J="LM_HEAD:200:check:tile=m128n256,LM_HEAD:256:check:tile=m128n256"
   J="$J,QKV_ROPE:1024:check:tile=m128n256"
-  for e in "" tile=m128n256 tmastoref32=1 tile=m128n256+tmastoref32=1; do J="$J,LM_HEAD:256:time:$e"; done
+  for e in "" tile=m128n256; do J="$J,LM_HEAD:256:time:$e"; done
   for m in 1024 4096; do J="$J,QKV_ROPE:$m:time:,QKV_ROPE:$m:time:tile=m128n256"; done
   run_profile lm256 "$J" 240 | tee "$OUTDIR/lm256_summary.log"
   for sk in 0 1; do

@@ -10,20 +10,16 @@ from bench.gemm_profile import job_env
 
 def test_job_parts_set_their_switches():
     assert job_env("O_PROJ:1024:time:") == {"MK_GEMM_EXPERIMENT": ""}
-    assert job_env("DOWN:4096:check:tmastore=1+stsm=1") == {
-        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1"}
-    assert job_env("LM_HEAD:1024:time:tmastoref32=1") == {
-        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_TMA_STORE_F32": "1"}
     assert job_env("O_PROJ:64:floor:") == {"MK_GEMM_EXPERIMENT": ""}
     assert job_env("DOWN:256:launch:") == {"MK_GEMM_EXPERIMENT": ""}
-    assert job_env("LM_HEAD:1024:check:chain=0+tmastoref32=1") == {
-        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_CHAIN_HANDOFF": "0", "MK_GEMM_TMA_STORE_F32": "1"}
+    assert job_env("LM_HEAD:1024:check:chain=0") == {
+        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_CHAIN_HANDOFF": "0"}
     assert job_env("DOWN:64:time:nostore+nob1+batch+tile=m64n128+nosig") == {
         "MK_GEMM_EXPERIMENT": "nostore,nob1", "MK_GEMM_EPI_BATCH": "1"}
     assert job_env("O_PROJ:64:journal:noop") == {"MK_GEMM_EXPERIMENT": ""}
 
 
-@pytest.mark.parametrize("job", ["O_PROJ:1024:time:tmastor=1", "O_PROJ:1024:time:nostor",
+@pytest.mark.parametrize("job", ["O_PROJ:1024:time:tmastore=1", "O_PROJ:1024:time:nostor",
                                  "O_PROJ:1024:time", "O_PROJ:1024:timing:"])
 def test_bad_jobs_are_refused(job):
     with pytest.raises(SystemExit, match="gemm_profile: job"):

@@ -978,9 +978,8 @@ def assert_variant_clean(ptx: str, tmp_path, name: str) -> None:
 
 
 def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
-    """The GEMM epilogue's default since session 25 (MK_GEMM_TMA_STORE=residual and
-    MK_GEMM_STSM=residual; compile-time, read at import, so in a process of its own): in the
-    all-opcode 1024-class variant with split-K, O_PROJ's m128n256 tiles (RESIDUAL; DOWN's run
+    """The GEMM epilogue (session 25's; its switches removed in session 63): in the all-opcode
+    1024-class variant with split-K, O_PROJ's m128n256 tiles (RESIDUAL; DOWN's run
     through the same bodies: MK_GEMM_TWIN, the default since session 44) stage their output by
     stmatrix.x4 after an ldmatrix.x4 of the residual (two chains of eight column groups: 16 + 16)
     and leave through TMA stores (one per 16 KB page, four) with a write wait before the signal;
@@ -989,7 +988,6 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
     the last chain (1 + 2). GATE_UP's SiLU tiles keep the pair stores and the copy. 0 spills, no
     call."""
     ptx = variant_ptx(tmp_path, "epi_default", {}, GK +
-                      "assert (gk.TMA_STORE, gk.STSM) == ('residual', 'residual')\n"
                       "assert gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
                       "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
                       "assert not gk.tma_stores(gk.EPI_ROPE, T['m128n128'])\n"
@@ -1006,56 +1004,7 @@ def test_gemm_epilogue_default_compiles_without_spills(tmp_path):
     assert_variant_clean(ptx, tmp_path, "epi_default")
 
 
-def test_gemm_epilogue_switch_values_compile_without_spills(tmp_path):
-    """MK_GEMM_TMA_STORE / MK_GEMM_STSM = 0 (the epilogue before session 25: pair stores and the
-    storer's copy) and = 1 (SILU_MUL too: GATE_UP's gu_m128n112 tiles of the 1024 class stage by
-    seven stmatrix, and keep the copy, 112 columns being no whole box; gu_m128 above 1024 tokens
-    takes the TMA store, tests/test_gemm_gpu.py), the second with MK_GEMM_CHAIN_HANDOFF=0 (the
-    whole-tile hand-over before session 28: a read wait per page): each compiles with 0 spills
-    and no call. O_PROJ's bodies are DOWN's too (MK_GEMM_TWIN)."""
-    old = variant_ptx(tmp_path, "epi0", {"MK_GEMM_TMA_STORE": "0", "MK_GEMM_STSM": "0"}, GK +
-                      "assert not gk.tma_stores(gk.EPI_RESIDUAL, T['m128n256'])\n"
-                      "assert not gk.stsm_chain_ok(gk.EPI_RESIDUAL, 32)", m_class=1024)
-    assert epilogue_counts(old) == (0, 0, 0, 0) and "cp.async.bulk.wait_group" not in old
-    assert_variant_clean(old, tmp_path, "epi0")
-    both = variant_ptx(tmp_path, "epi1", {"MK_GEMM_TMA_STORE": "1", "MK_GEMM_STSM": "1",
-                                          "MK_GEMM_CHAIN_HANDOFF": "0"}, GK +
-                       "assert gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128'])\n"
-                       "assert not gk.tma_stores(gk.EPI_SILU_MUL, T['gu_m128n112'])\n"
-                       "assert gk.stsm_chain_ok(gk.EPI_SILU_MUL, 28)\n"
-                       "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 0\n"
-                       "import mk.megakernel as M\nassert M.GEMM_TWIN", m_class=1024)
-    assert epilogue_counts(both) == (4, 4, 23, 16)      # O_PROJ's 4 / 4 / 16 / 16, GATE_UP's 7
-    assert_variant_clean(both, tmp_path, "epi1")
-
-
-def test_gemm_epilogue_experiments_compile_without_spills(tmp_path):
-    """The off-by-default epilogue experiment (compile-time, in a process of its own):
-    MK_GEMM_TMA_STORE_F32=1 (LM_HEAD's float32 tiles through TMA stores: its m128n256 tile in the
-    1024 class since session 26, eight boxes of 128 rows x 32 float32, one per page), next to
-    O_PROJ's four bf16 boxes (DOWN's tiles run O_PROJ's bodies: MK_GEMM_TWIN); the 128 x 256
-    tiles' epilogue pages go chain by chain (the default since session 28: one read wait for the
-    first chain's pages, then one per page of the last chain). 0 spills, no call."""
-    ptx = variant_ptx(tmp_path, "epi_experiments",
-                      {"MK_GEMM_TMA_STORE_F32": "1", "MK_GEMM_CHAIN_HANDOFF": "1"}, GK +
-                      "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n128'])\n"
-                      "assert gk.tma_stores(gk.EPI_STORE_F32, T['m64n128'])\n"
-                      "assert gk.tma_stores(gk.EPI_STORE_F32, T['m128n256'])\n"
-                      "assert gk.chain_pages(T['m128n256'], gk.EPI_RESIDUAL) == 2\n"
-                      "assert gk.chain_pages(T['m128n256'], gk.EPI_STORE_F32) == 4\n"
-                      "assert gk.chain_pages(T['m128n128'], gk.EPI_RESIDUAL) == 0\n"
-                      "assert gk.chain_pages(T['gu_m128'], gk.EPI_SILU_MUL) == 0\n"
-                      "import mk.megakernel as M\nassert M.GEMM_TWIN", m_class=1024)
-    # bulk stores: LM_HEAD's 8, O_PROJ's 4 (DOWN runs O_PROJ's bodies: MK_GEMM_TWIN); read
-    # waits (chain by chain): LM_HEAD's 1 + 4, O_PROJ's 1 + 2
-    assert epilogue_counts(ptx) == (12, 8, 16, 16)
-    assert_variant_clean(ptx, tmp_path, "epi_experiments")
-
-
 @pytest.mark.parametrize("var,value,shown", [
-    ("MK_GEMM_TMA_STORE", "yes", "MK_GEMM_TMA_STORE='yes'"),
-    ("MK_GEMM_STSM", "2", "MK_GEMM_STSM='2'"),
-    ("MK_GEMM_TMA_STORE_F32", "residual", "MK_GEMM_TMA_STORE_F32='residual'"),
     ("MK_GEMM_CHAIN_HANDOFF", "2", "MK_GEMM_CHAIN_HANDOFF='2'")])
 def test_gemm_switch_bad_value_is_refused(var, value, shown):
     """A GEMM body switch outside its values is refused at import with the variable named."""

@@ -234,55 +234,23 @@ def kt_stamp(journal, ticket: Int32, k: Int32, word: cutlass.Constexpr, me):
 # bench/GEMM_NOTES.md session 24. The epilogue pages follow the tile's last stage in its window.)
 
 
-# How a full tile's bf16 epilogue (RESIDUAL, SILU_MUL: O_PROJ, DOWN, GATE_UP) leaves its staging
-# pages (MK_GEMM_TMA_STORE): "0" the storer warps' copy (64 threads, a 16-byte LDS + STG pair
-# per chunk, 1024 of them per 128 x 256 tile; the build until session 24), "residual" (the
-# default since session 25) RESIDUAL tiles (O_PROJ, DOWN) through TMA stores, "1" RESIDUAL and
-# SILU_MUL tiles: one storer thread issues the pages' TMA stores (cp.async.bulk.tensor, one 16 KB
-# box per page of 128 rows) and frees each page once the engine has read it
-# (cp.async.bulk.wait_group.read); partial tiles (rows or columns past the matrix: a decode
-# batch's last row tile, gu_m128n112's 112-column tiles) and QKV_ROPE keep the copy. Session 24
+# A full RESIDUAL tile (O_PROJ, DOWN) leaves its staging pages through TMA stores: one storer
+# thread issues the pages' TMA stores (cp.async.bulk.tensor, one 16 KB box per page of 128 rows)
+# and frees each page once the engine has read it (cp.async.bulk.wait_group.read); partial tiles
+# (rows or columns past the matrix: a decode batch's last row tile), the other epilogues and
+# QKV_ROPE keep the storer warps' copy (64 threads, a 16-byte LDS + STG pair per chunk). Its
+# consumers write it into the pages by stmatrix (stsm_epilogue: per four accumulator pairs, 16
+# columns x the warp's 16 rows, one stmatrix.x4 after one ldmatrix.x4 of the residual, one row
+# address per lane: a quarter of the shared-memory instructions of the pair stores). Session 24
 # (bench/GEMM_NOTES.md) found the per-tile cost set by how long the storer holds the epilogue
-# pages, which the next tile's third and fourth stages load into (store_body 2.1-5.2 us at
-# B=1024). The consumers fence their staging writes to the async proxy before the hand-off; the
-# storer waits for the stores' writes before the instruction's signal. Session 25
-# (gemm_profile, tmastore_2026-12-02_s25): with STSM, O_PROJ -2.6% / -3.3% at M = 1024 / 4096,
-# DOWN -2.0% / -2.1%; GATE_UP's SiLU tiles +0.7% / +1.4% with it, so "residual".
-TMA_STORE = os.environ.get("MK_GEMM_TMA_STORE", "residual")
-if TMA_STORE not in ("0", "residual", "1"):
-    raise ValueError(f"MK_GEMM_TMA_STORE={TMA_STORE!r}: expected 0, residual or 1")
-
-
-# How the consumers write a RESIDUAL or SILU_MUL epilogue (O_PROJ, DOWN, GATE_UP) into the
-# staging pages (MK_GEMM_STSM): "0" per accumulator pair a 4-byte st.shared (RESIDUAL: after a
-# 4-byte ld.shared of the residual and the add), each at its swizzled address (the build until
-# session 24), "residual" (the default since session 25) RESIDUAL tiles as "1", SILU_MUL's
-# pairs as "0", "1" both: per four pairs (16 columns x the warp's 16 rows) one stmatrix.x4
-# (RESIDUAL: after one ldmatrix.x4 of the residual), one row address per lane: a quarter of the
-# shared-memory instructions and their addresses (session 24's journal at B=1024: DOWN's
-# epilogue 2.8 us of work per tile, GATE_UP's 3.7). The same values: RESIDUAL's add in packed
-# bf16 (rk.add_bf16x2, the HADD2 the compiler makes of the pair path); SILU_MUL's values rounded
-# by .to(BFloat16) into a register fragment recast to words (packing float32 values with
-# cvt.rn.bf16x2 turned its HMUL2 product into FMUL + F2F per element). Chains whose output
-# pairs are no multiple of four keep the pair stores. 0 spills in every class and the journal
-# variant (SASS of the 1024 class with "1": STS -156, LDS -128, 32 LDSM, 39 STSM). Session 25:
-# GPU-checked; with the TMA store it takes RESIDUAL tiles a further ~1%, GATE_UP +0.5% / -0.3%
-# (noise) at M = 1024 / 4096 alone.
-STSM = os.environ.get("MK_GEMM_STSM", "residual")
-if STSM not in ("0", "residual", "1"):
-    raise ValueError(f"MK_GEMM_STSM={STSM!r}: expected 0, residual or 1")
-
-
-# LM_HEAD's float32 tiles (EPI_STORE_F32) through TMA stores as well (MK_GEMM_TMA_STORE_F32=1;
-# full tiles of whole 32-column boxes: m128n128 / m64n128, four 16 KB boxes of 128 x 32 float32
-# per 128-row tile): the float32 store box's own S2G atom over a SW128 layout of 32 float32
-# columns (the byte pattern the consumers' fp32 staging and the copy use). LM_HEAD stayed at 1.06
-# of cuBLAS + eager epilogue at M >= 1024 (bench/GEMM_NOTES.md session 23), its copy after the
-# consumers 2.05 us + 2.1 us of tail per 63 us tile at B=1024 (session 24's journal). Built in
-# session 25, compile-checked only: off until GPU-checked.
-TMA_STORE_F32 = os.environ.get("MK_GEMM_TMA_STORE_F32", "0")
-if TMA_STORE_F32 not in ("0", "1"):
-    raise ValueError(f"MK_GEMM_TMA_STORE_F32={TMA_STORE_F32!r}: expected 0 or 1")
+# pages, which the next tile's third and fourth stages load into. The consumers fence their
+# staging writes to the async proxy before the hand-off; the storer waits for the stores' writes
+# before the instruction's signal. Session 25 (gemm_profile, tmastore_2026-12-02_s25): O_PROJ
+# -2.6% / -3.3% at M = 1024 / 4096, DOWN -2.0% / -2.1% against the copy and pair stores. Removed
+# in session 63, lost: the same for GATE_UP's SILU_MUL tiles (MK_GEMM_TMA_STORE=1 /
+# MK_GEMM_STSM=1, +0.7% / +1.4% at M = 1024 / 4096 in session 25), the copy and pair stores for
+# RESIDUAL tiles (=0, the build until session 24), and LM_HEAD's float32 tiles through TMA
+# stores (MK_GEMM_TMA_STORE_F32=1, session 26: +0.8% / -0.3% on its m128n256 tile).
 
 
 # (A full RESIDUAL tile's residual added by its TMA store, cp.reduce.async.bulk.tensor .add onto
@@ -330,18 +298,10 @@ def chain_pages(cfg, epi: int) -> int:
     return cp if cp * cfg.chains() == cfg.epi_pages(ob) else 0
 
 
-def _switch_takes(value: str, epi: int) -> bool:
-    """Whether a per-epilogue switch's value ("0", "residual", "1") covers epilogue epi."""
-    return epi == EPI_RESIDUAL if value == "residual" else (
-        value == "1" and epi in (EPI_RESIDUAL, EPI_SILU_MUL))
-
-
 def tma_stores(epi: int, cfg) -> bool:
     """Whether full tiles of epilogue `epi` on tile `cfg` leave through TMA stores (trace time):
-    outputs whose tile width is whole 128-byte boxes (gu_m128n112's 112 bf16 columns: a box
-    would write 16 of the next tile's)."""
-    takes = _switch_takes(TMA_STORE, epi) or (TMA_STORE_F32 == "1" and epi == EPI_STORE_F32)
-    return takes and cfg.bn * out_bytes_of(epi) % 128 == 0
+    RESIDUAL outputs whose tile width is whole 128-byte boxes."""
+    return epi == EPI_RESIDUAL and cfg.bn * out_bytes_of(epi) % 128 == 0
 
 
 @cute.jit
@@ -471,7 +431,7 @@ class GemmAtoms:
     """Host-side (inside the @cute.jit __call__) TMA atoms, smem layouts and the tiled MMA of one
     tile config. x: activations (T, K, NBX) K-contiguous; w: weights (N, K, L) K-contiguous;
     y: destination (T, N, NBY) N-contiguous (bf16; its residual TMA load, with `residual`, and
-    with `store` its TMA store (TMA_STORE), both over the epilogue box)."""
+    with `store` its TMA store (tma_stores), both over the epilogue box)."""
 
     def __init__(self, cfg: TileConfig, x: cute.Tensor, w: cute.Tensor, y=None, residual=False,
                  store=False):
@@ -520,16 +480,10 @@ class GemmAtoms:
         if residual:
             self.tma_r, self.gR = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, y, self.sA_layout,
                                                                          (cfg.bm, BK))
-        # the TMA store's box: the epilogue box of bf16 (the A page's layout) or of float32 (32
-        # columns, SW128: the same bytes per row, the same swizzle)
+        # the TMA store's box: the epilogue box of bf16 (the A page's layout)
         self.tma_s, self.gS, self.sY_layout = None, None, self.sA_layout
         if store:
             box_cols = BK
-            if y.element_type == Float32:
-                box_cols = 32
-                self.sY_layout = cute.slice_(sm90_utils.make_smem_layout_a(
-                    lay, (cfg.bm, B_ROWS, box_cols), Float32, 1), (None, None, 0))
-                assert cute.size_in_bytes(Float32, self.sY_layout) == cfg.bm * 128
             s2g = cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp()
             self.tma_s, self.gS = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 s2g, y, self.sY_layout, (cfg.bm, box_cols))
@@ -1179,7 +1133,7 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
         else:
             if cutlass.const_expr(parts is not None):
                 raise ValueError("PlanConfig.norm_fold=4's ROW_PART sums are written by the "
-                                 "stmatrix epilogue (MK_GEMM_STSM) only")
+                                 "stmatrix epilogue only")
             pair_epilogue(cfg, epi, accs, acc, tCcC, col_off + ch * cfg.wn, pool, ep0, npages)
         if cutlass.const_expr(cp > 0 and ch < nout - 1):
             hand_off_epilogue_pages(cfg, epi, done, pg, ch * cp, (ch + 1) * cp, npages, lane,
@@ -1320,9 +1274,9 @@ def hand_off_epilogue_pages(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, done
 
 
 def stsm_chain_ok(epi: int, npair: int) -> bool:
-    """Whether a chain of npair output pairs of epilogue epi takes the stmatrix epilogue (STSM;
-    trace time)."""
-    return _switch_takes(STSM, epi) and npair % 4 == 0 and "noepi" not in EXPERIMENT
+    """Whether a chain of npair output pairs of epilogue epi takes the stmatrix epilogue (RESIDUAL
+    chains of whole groups of four pairs; trace time)."""
+    return epi == EPI_RESIDUAL and npair % 4 == 0 and "noepi" not in EXPERIMENT
 
 
 @cute.jit
@@ -1371,15 +1325,15 @@ def pair_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
 def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCcC: cute.Tensor,
                   coff: Int32, pool: Int32, ep0: Int32, npages: cutlass.Constexpr, lane: Int32,
                   parts=None):
-    """pair_epilogue with one stmatrix.x4 per four output pairs (STSM): pairs 4k .. 4k + 3 of a
+    """pair_epilogue with one stmatrix.x4 per four output pairs (RESIDUAL): pairs 4k .. 4k + 3 of a
     thread are the wgmma fragment's (rows r, r + 8) x (columns c, c + 8) of column group k, i.e.
     the four 8 x 8 matrices of the warp's 16 rows x 16 columns in the order stmatrix takes them;
     lane l gives the row address of matrix l // 8, row l % 8 (matrix m: rows + 8 (m & 1),
     columns + 8 (m >> 1)). A group's 16 columns lie in one 64-column box, each matrix row in one
     16-byte chunk of the swizzle, so epi_addr of the row's first column is its address.
-    RESIDUAL: the residual by one ldmatrix.x4 of the same addresses (the same fragment order),
-    group by group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in
-    packed bf16 (rk.add_bf16x2). SILU_MUL: out_pair's values rounded as pair_epilogue rounds them.
+    The residual by one ldmatrix.x4 of the same addresses (the same fragment order), group by
+    group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in packed bf16
+    (rk.add_bf16x2).
     parts (RESIDUAL, PlanConfig.norm_fold=4: row_part_target's): the sums of squares of the h
     words over each four column groups (64 columns) into ROW_PART (store_row_part)."""
     ob = out_bytes_of(epi)
@@ -1393,27 +1347,13 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     col = c0 - ((lane & 3) << 1) + ((m >> 1) << 3) + coff
     for k in cutlass.range_constexpr(ngroup):
         a = epi_addr(pool, ep0, row, col + 16 * k, cfg.bm, ob, npages)
-        resid = None
-        if cutlass.const_expr(epi == EPI_RESIDUAL):
-            resid = prims.ldmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
-                                                 assumed_align=16).llvm_ptr, 4,
-                                   prims.MMALayout.ROW)
+        resid = prims.ldmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
+                                             assumed_align=16).llvm_ptr, 4, prims.MMALayout.ROW)
         words = []
-        if cutlass.const_expr(epi == EPI_RESIDUAL):
-            for i in cutlass.range_constexpr(4):
-                v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
-                # torch: dst + bf16(y), rounded once more to bf16 (residual_add's value)
-                words.append(rk.add_bf16x2(Int32(resid[i]), rk.pack_bf16x2(v0, v1)))
-        else:
-            # the bf16 values as pair_epilogue rounds them (.to(BFloat16): SILU_MUL's product
-            # stays one HMUL2 per pair), their words by a register recast
-            frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-            for i in cutlass.range_constexpr(4):
-                v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
-                frag[2 * i] = v0.to(BFloat16)
-                frag[2 * i + 1] = v1.to(BFloat16)
-            packed = cute.recast_tensor(frag, Int32)
-            words = [packed[i] for i in range(4)]
+        for i in cutlass.range_constexpr(4):
+            v0, v1 = out_pair(cfg, accs, acc, 4 * k + i)
+            # torch: dst + bf16(y), rounded once more to bf16 (residual_add's value)
+            words.append(rk.add_bf16x2(Int32(resid[i]), rk.pack_bf16x2(v0, v1)))
         if cutlass.const_expr(parts is not None):
             # word i holds row r0 + 8 (i & 1)'s pair of the group (the fragment's order)
             for i in cutlass.range_constexpr(4):
