@@ -5,15 +5,13 @@
 
 A job is OP:M:KIND:EXPERIMENT. EXPERIMENT is MK_GEMM_EXPERIMENT (gk.EXPERIMENT: parts of the
 tile's work compiled out, e.g. "nostore", "noepi", "nob1"; "+" separates several) or "nosig"
-(the plan carries no signals, so the storer skips its fence + release) or "tile=NAME" (another gk.TILES
-config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or "chain=V" (MK_GEMM_CHAIN_HANDOFF=V: 1, the default since session 28, a
-128 x 256 tile's epilogue pages handed over and freed one output chain at a time; 0 the whole
-tile's at once) or "ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile
-stamped, mk.trace.gemm_ktrace's per-K-step table: loads issued how early, in flight how long,
-the consumers' waits, the tensor pipe's cycles per step) or "reglow=N" / "reghigh=N"
-(MK_REG_LOW / MK_REG_HIGH: the setmaxnreg split; a variant with QKV_ROPE, as the step's, runs
-80 / 208 where one without runs 72 / 216); an unknown part is
-refused. KIND:
+(the plan carries no signals, so the storer skips its release) or "tile=NAME" (another
+gk.TILES config for this opcode instead of the table's) or "batch" (MK_GEMM_EPI_BATCH=1) or
+"ktrace=N" (MK_GEMM_KTRACE=N, journal jobs: the first N K steps of every tile stamped,
+mk.trace.gemm_ktrace's per-K-step table: loads issued how early, in flight how long, the
+consumers' waits, the tensor pipe's cycles per step) or "reglow=N" / "reghigh=N" (MK_REG_LOW /
+MK_REG_HIGH: the setmaxnreg split; a variant with QKV_ROPE, as the step's, runs 80 / 208 where
+one without runs 72 / 216); an unknown part is refused. KIND:
     time     median us of one whole-matrix launch, cold L2 (bench/gemm.py's rotation and timer)
     journal  the journal variant: per-CTA intervals between consecutive tile ends (= the service
              time of one tile at steady state), percentiles
@@ -52,8 +50,7 @@ from bench import _jobs  # noqa: E402
 
 LOCK = "/tmp/mk_gemm_gpu.lock"
 # EXPERIMENT parts NAME=VALUE that set a compile-time switch of the GEMM bodies
-KNOBS = {"chain": "MK_GEMM_CHAIN_HANDOFF",
-         "ktrace": "MK_GEMM_KTRACE",
+KNOBS = {"ktrace": "MK_GEMM_KTRACE",
          "reglow": "MK_REG_LOW", "reghigh": "MK_REG_HIGH"}
 EXPERIMENTS = ("nostore", "noepi", "nob1", "earlyfree")      # MK_GEMM_EXPERIMENT parts
 FLAGS = ("nosig", "batch", "noop", "first")

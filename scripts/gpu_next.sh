@@ -356,12 +356,7 @@
 #          the launch, the roles' prologue, one tile's latency) and its whole matrix, at
 #          MK_FLOOR_M (default "64 256"), and (kind launch, since session 27) a launch of one
 #          NOOP in the same variant: floor.log, floor.json, floor_summary.log (~2 min in s27)
-#   chain  MK_GEMM_CHAIN_HANDOFF (1, the default since session 28: a 128 x 256 tile's epilogue
-#          pages handed over and freed one output chain at a time; 0 the whole tile's): poisoned
-#          checks, O_PROJ / DOWN / LM_HEAD 1024 / 4096 timed with 0 and 1, the two-layer checks,
-#          racecheck, decode B=MK_CHAIN_BATCH (1024) 0 / 1: chain.log, chain.json,
-#          chain_summary.log, chain_{off,on}.json, racecheck_full.log (~6 min in session 28).
-#          (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
+#   (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
 #   (sticket, session 28's MK_STATIC_FIRST_TICKET=1, timed in session 56: no gain, removed)
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
@@ -1100,7 +1095,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [chain]=590 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120)
@@ -2349,28 +2344,6 @@ if has lm256; then
   for sk in 0 1; do
     check_to "$OUTDIR/lm256_summary.log" --split-k $sk --prompt-lens 1,13,64,130,200,70
   done
-fi
-if has chain; then
-  # MK_GEMM_CHAIN_HANDOFF=1 (built in session 27, the default since session 28): a 128 x 256
-  # tile's epilogue pages handed to the storer and freed one output chain (128 columns) at a
-  # time, so the first half's TMA stores go out while the second is staged and its pages
-  # return to the loader sooner.
-  # Poisoned checks (O_PROJ 200 / 1024 / 1100, DOWN 1024 / 4096, LM_HEAD 1024 / 1100: whole and
-  # partial tiles, bf16 and float32 pages), timings of O_PROJ / DOWN / LM_HEAD at 1024 / 4096
-  # with 0 and 1, the two-layer checks of a 512-
-  # and a 478-token first step and racecheck with it, then (MK_CHAIN_TIME=1, default) decode
-  # B=MK_CHAIN_BATCH (1024) megakernel only, off / on, journal on: chain.log, chain.json,
-  # chain_summary.log, chain_{off,on}.json, racecheck_full.log
-  J=""
-  for c in O_PROJ:200 O_PROJ:1024 O_PROJ:1100 DOWN:1024 DOWN:4096 LM_HEAD:1024 LM_HEAD:1100; do
-    J="$J,$c:check:chain=1"
-  done
-  for c in O_PROJ:1024 O_PROJ:4096 DOWN:1024 DOWN:4096 LM_HEAD:1024 LM_HEAD:4096; do
-    J="$J,$c:time:chain=0,$c:time:chain=1"
-  done
-  run_profile chain "${J#,}" ${MK_CHAIN_PROFILE_S:-240} | tee "$OUTDIR/chain_summary.log"
-  switch_step chain MK_GEMM_CHAIN_HANDOFF 1 "$OUTDIR/chain_summary.log" 1 \
-      "${MK_CHAIN_TIME:-1}" "${MK_CHAIN_BATCH:-1024}"
 fi
 if has launchcost; then
   # where a short launch's time goes (issue 5's misses at M = 64 / 256): the empty kernel of the

@@ -12,8 +12,6 @@ def test_job_parts_set_their_switches():
     assert job_env("O_PROJ:1024:time:") == {"MK_GEMM_EXPERIMENT": ""}
     assert job_env("O_PROJ:64:floor:") == {"MK_GEMM_EXPERIMENT": ""}
     assert job_env("DOWN:256:launch:") == {"MK_GEMM_EXPERIMENT": ""}
-    assert job_env("LM_HEAD:1024:check:chain=0") == {
-        "MK_GEMM_EXPERIMENT": "", "MK_GEMM_CHAIN_HANDOFF": "0"}
     assert job_env("DOWN:64:time:nostore+nob1+batch+tile=m64n128+nosig") == {
         "MK_GEMM_EXPERIMENT": "nostore,nob1", "MK_GEMM_EPI_BATCH": "1"}
     assert job_env("O_PROJ:64:journal:noop") == {"MK_GEMM_EXPERIMENT": ""}

@@ -212,7 +212,7 @@ class Ring:
         self.stage_full = stage_full
         # negative control: "stage" waits with the B loads completing on their own barriers
         self.b_on_own_full = b_on_own_full
-        # MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over the epilogue pages
+        # gk.chain_pages: the consumers wait for, stage and hand over the epilogue pages
         # chain_pages at a time (a tile whose page count it divides; 0: all at once)
         self.chain_pages = chain_pages
         # who observes the B pages' own `full` phases under "stage" (a plain arrival completes
@@ -655,7 +655,7 @@ def test_protocol_holds_under_random_interleavings(operand_free, stage_full):
 
 @pytest.mark.parametrize("chain_pages", [1, 2])
 def test_protocol_holds_with_the_epilogue_handed_over_by_chain(chain_pages):
-    """MK_GEMM_CHAIN_HANDOFF: the consumers wait for, stage and hand over a tile's epilogue
+    """gk.chain_pages: the consumers wait for, stage and hand over a tile's epilogue
     pages one output chain at a time (two of a 128 x 256 bf16 tile's four pages; 1: page by
     page), while the storer takes them in ring order: every wait passes on its own phase, every
     read holds its own position's data, every schedule ends."""

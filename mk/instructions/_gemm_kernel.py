@@ -264,7 +264,7 @@ def kt_stamp(journal, ticket: Int32, k: Int32, word: cutlass.Constexpr, me):
 # Removed; bench/GEMM_NOTES.md session 28.)
 
 
-# A 128 x 256 tile's epilogue handed to the storer chain by chain (MK_GEMM_CHAIN_HANDOFF=1): the
+# A 128 x 256 tile's epilogue handed to the storer chain by chain: the
 # consumers wait for the pages of one output chain (128 columns: two bf16 pages, four float32
 # ones), stage it and hand those pages over (`done`) before the next chain's, so the storer's TMA
 # stores of the first half go out while the second is staged; the storer frees a chain's pages
@@ -277,18 +277,16 @@ def kt_stamp(journal, ticket: Int32, k: Int32, word: cutlass.Constexpr, me):
 # (H200, bench/results/chain_*_2026-12-02_s28): O_PROJ -2.5% / -1.8% at M = 1024 / 4096,
 # LM_HEAD -0.8% / -0.5%, DOWN +0.4% / +0.3% (noise), the B=1024 step 45.02 -> 44.91 ms (its
 # DOWN instructions 53.5 -> 51.3 us, O_PROJ 20.9 -> 20.0); poisoned checks, the two-layer checks
-# and racecheck (0 hazards) pass. MK_GEMM_CHAIN_HANDOFF=0 builds the whole-tile hand-over.
-CHAIN_HANDOFF = os.environ.get("MK_GEMM_CHAIN_HANDOFF", "1")
-if CHAIN_HANDOFF not in ("0", "1"):
-    raise ValueError(f"MK_GEMM_CHAIN_HANDOFF={CHAIN_HANDOFF!r}: expected 0 or 1")
+# and racecheck (0 hazards) pass. The whole-tile hand-over it beat (MK_GEMM_CHAIN_HANDOFF=0)
+# was removed in session 63.
 
 
 def chain_pages(cfg, epi: int) -> int:
     """Epilogue pages that each output chain of tile cfg fills where the consumers hand them
-    over chain by chain (CHAIN_HANDOFF), else 0 (trace time)."""
+    over chain by chain, else 0 (trace time)."""
     # "M" mode: both warpgroups write every column of chain ch, [ch * wn, (ch + 1) * wn)
-    if CHAIN_HANDOFF != "1" or epi == EPI_ROPE or cfg.gate_up or cfg.wg != "M" \
-            or cfg.chains() < 2 or "noepi" in EXPERIMENT:
+    if epi == EPI_ROPE or cfg.gate_up or cfg.wg != "M" or cfg.chains() < 2 \
+            or "noepi" in EXPERIMENT:
         return 0
     bpp = 128 // cfg.bm
     ob = out_bytes_of(epi)
@@ -1081,7 +1079,7 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
     nch = cfg.chains()
     ob = out_bytes_of(epi)
     ne = cfg.epi_pages(ob)
-    # CHAIN_HANDOFF: chain ch's pages [ch * cp, (ch + 1) * cp) waited for and handed over around
+    # chain_pages: chain ch's pages [ch * cp, (ch + 1) * cp) waited for and handed over around
     # its own epilogue (cp = 0: every page before the first chain, all handed over after the last)
     cp = chain_pages(cfg, epi)
     wait_epilogue_pages(full, empty, pg, 0, cp if cp > 0 else ne, npages, timeout_ns, state,
@@ -1099,7 +1097,7 @@ def consume_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, tCcC:
             parts = row_part_target(split, row0, rows)
     if cutlass.const_expr(epi_word >= 0):
         # a time, not a summed clock: a clock register held through the waits spilled the
-        # journal variant's consumers (8 bytes at M1024 / max); with CHAIN_HANDOFF the first
+        # journal variant's consumers (8 bytes at M1024 / max); chain by chain the first
         # chain's pages
         rk.journal_stamp(journal, ticket, epi_word, me)
     ep0 = pg % npages
@@ -1789,7 +1787,7 @@ def store_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, ybase: Int64,
     by_tma = 0
     if cutlass.const_expr(tma_store is not None):
         by_tma = whole_tile(cfg, epi, rows, cols)
-    # CHAIN_HANDOFF: a chain's pages freed once the engine has read them, before the wait for the
+    # chain_pages: a chain's pages freed once the engine has read them, before the wait for the
     # next chain's (cp = 0: every page after the last store)
     cp = chain_pages(cfg, epi) if tma_store is not None else 0
     freed = 0
