@@ -358,6 +358,8 @@
 #          NOOP in the same variant: floor.log, floor.json, floor_summary.log (~2 min in s27)
 #   (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
 #   (sticket, session 28's MK_STATIC_FIRST_TICKET=1, timed in session 56: no gain, removed)
+#   (ownphase, pairwarp, tmastore, epiab, f32store, chain: their switches lost, removed in
+#   session 63: bench/GEMM_NOTES.md session 63)
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
