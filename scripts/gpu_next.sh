@@ -1432,31 +1432,6 @@ bench_in_tree() {
   { table "$TMPD/$name.log" | grep -E "^decode"; grep Error "$TMPD/$name.log"; } | tee -a "$log"
   rm -f "$OUTDIR"/"$name"_*_journal.pt "$OUTDIR"/"$name"_*_timeline.png
 }
-# a compile-time switch VAR=VALUE in the step: the two-layer checks (split-K auto) of a 512-token
-# first step (whole tiles of the 1024 class) and of the 478-token one (partial tiles) into LOG,
-# with RACE=1 a racecheck of the first (racecheck_full.log), then with TIME=1 decode BATCH,
-# megakernel only, VAR=0 / VAR=VALUE with the journal (time_variant NAME off / on)
-#   switch_step NAME VAR VALUE LOG RACE TIME BATCH
-switch_step() {
-  local name=$1 var=$2 val=$3 log=$4 race=$5 tm=$6 batch=$7
-  export "$var=$val" MK_CHECK_TAG="$var=$val "
-  for a in "--split-k 0 --prompt-lens 256,256" "--split-k 0 --prompt-lens 1,13,64,130,200,70"; do
-    # shellcheck disable=SC2086  # $a: the arguments, split
-    check_to "$log" $a
-  done
-  if [ "$race" = 1 ]; then
-    echo "== racecheck $var=$val, 256,256 split-K auto" | tee -a "$log"
-    CUTE_DSL_LINEINFO=1 timeout 170 compute-sanitizer --tool racecheck python -m mk.megakernel_step \
-        check --layers 2 --decode-steps 1 --split-k 0 --prompt-lens 256,256 \
-        > "$OUTDIR/racecheck_full.log" 2>&1
-    grep -E "SUMMARY|passed" "$OUTDIR/racecheck_full.log" | cut -c1-200 | tee -a "$log"
-  fi
-  unset "$var" MK_CHECK_TAG
-  if [ "$tm" = 1 ]; then
-    time_variant "$name" off "$var=0" "$batch" "" ""
-    time_variant "$name" on "$var=$val" "$batch" "$var=$val" ""
-  fi
-}
 # time_ab, only when the variant's checks' log NAME.log passed
 timed_ab() {
   if passed "$OUTDIR/$1.log"; then
