@@ -394,8 +394,23 @@
 # tokens, prefill ATTENTION in 16-token row chunks, since session 23 one `full` barrier per GEMM
 # stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1),
 # since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
-# MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT: the device's copy carries an older .git, and without it
-# the bench JSONs record <old>-dirty):
+# MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
+# written into the command: the device's copy carries an older .git, so without it (or with
+# MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000035. Session 63 (`*_s63_h200*` at d1e93f3, `*_9507500_2026-12-07_s63_h100*`): run ahead's
+#      first run failed the HF parity test (a launch record made in inference mode, copied into
+#      outside it; fixed in 1eef68b), then on the H100 passed it and gave 0.798 / 0.804 / 0.878 /
+#      0.939 of one step at a time's wall on four jobs (planned ahead 0.815 / 0.828 / 0.913 /
+#      0.972), tokens equal; issue 6's ratios as session 57's (B=1 .. 1024, mixed 0.997); the
+#      prompt-attention split: a third of a case is left with no math, no loads, no stores. In
+#      order:
+#      1. `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify` (the two-layer
+#         checks and racecheck with device_stream; not run since session 60's change), then
+#         `pytest -m gpu tests/test_megakernel_gpu.py` (the lost switches' removal kept the
+#         default PTX byte-identical: a check, not a change).
+#      2. Issue 5's table (`MK_STEPS=gemm`), e2e B=4096 (`MK_E2E_BATCH=4096 MK_E2E_MIXED=none`).
+#      3. The attention skeleton: bench/attention.py's all-off variant (noload+nomath+nostore,
+#         ~3.5 us an instruction of nothing) journaled, to see which waits hold it; not built.
 #   000034. Session 62 ran 000033's 1 on one H100 (`*_0c74c71_2026-12-07_s62_h100*`): the step
 #      tests passed at the attn_lpt=2 default (19); a launch's host time alone is 48 us (median;
 #      marshalling 17, the stub 33), so session 61's 0.34 ms a launch inside the job is not the
