@@ -253,9 +253,8 @@ EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 # With EARLY_WEIGHTS, the loader grants the data-less page of RMSNORM, SPLITK_REDUCE and
 # ATTN_REDUCE without waiting for `iready` (their consumers wait for it anyway): the controller's
 # release then wakes the consumers directly instead of the loader, whose grant then woke them,
-# on every small instruction of the critical path (4-5 a layer at B <= 64; session 33).
-# MK_GRANT_EARLY=0 builds the loader that waits first.
-GRANT_EARLY = EARLY_WEIGHTS and os.environ.get("MK_GRANT_EARLY", "1") != "0"
+# on every small instruction of the critical path (4-5 a layer at B <= 64; session 33: the loader
+# that waited first, MK_GRANT_EARLY=0 until session 63, was 0.5% slower at B=1 and 64).
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -832,7 +831,7 @@ class MegakernelDSL:
                             # pages the loader only grants (no data: RMSNORM, SPLITK_REDUCE,
                             # ATTN_REDUCE) do not wait: their consumers wait for `iready`
                             # themselves before they read, so the grant is off the path from
-                            # the controller's waits to the body (GRANT_EARLY)
+                            # the controller's waits to the body
                             ready = (iready + islot, iph)
                             early_op = Int32(0)
                             for gi in cutlass.range_constexpr(NG):
@@ -841,18 +840,17 @@ class MegakernelDSL:
                             if cutlass.const_expr(self.attn_ps > 0):
                                 if op == ak.OP_ATTENTION:
                                     early_op = Int32(1)
-                            if cutlass.const_expr(GRANT_EARLY):
-                                if op == rk.OP_RMSNORM:
+                            if op == rk.OP_RMSNORM:
+                                early_op = Int32(1)
+                            if cutlass.const_expr(self.lm_norm_as_norm()):
+                                if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
                                     early_op = Int32(1)
-                                if cutlass.const_expr(self.lm_norm_as_norm()):
-                                    if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
-                                        early_op = Int32(1)
-                                if cutlass.const_expr(self.splitk):
-                                    if op == OP_SPLITK_REDUCE:
-                                        early_op = Int32(1)
-                                if cutlass.const_expr(self.attn_ps > 0):
-                                    if op == ak.OP_ATTN_REDUCE:
-                                        early_op = Int32(1)
+                            if cutlass.const_expr(self.splitk):
+                                if op == OP_SPLITK_REDUCE:
+                                    early_op = Int32(1)
+                            if cutlass.const_expr(self.attn_ps > 0):
+                                if op == ak.OP_ATTN_REDUCE:
+                                    early_op = Int32(1)
                             if early_op == 0:
                                 rk.bar_wait(iready + islot, iph, timeout_ns, state,
                                             rk.ERR_INSTR_READY, t)

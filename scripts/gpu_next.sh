@@ -119,9 +119,6 @@
 #   ktncu  ncu warp-stall samples of the isolated GATE_UP consumer loop in the step's build and in
 #          the lean build (--profile-isolated), bench/ncu_loop_stalls.py side by side (no_inst:
 #          waits for instructions): ktncu.log, ncu_ktncu_*_source.csv.gz (~4 min)
-#   grant  MK_GRANT_EARLY=0 vs the default (1: the data-less pages of RMSNORM / SPLITK_REDUCE /
-#          ATTN_REDUCE granted without the loader's `iready` wait), decode MK_GRANT_BATCH
-#          (1,64,256), megakernel only, journal on: grant.log, grant_{off,on}.json (~4.5 min)
 #   memcheck the two-layer check at 478 tokens (split-K auto) and compute-sanitizer memcheck of the
 #          two-layer step, the build as it is: memcheck.log, memcheck_full.log (~4 min)
 #   synccheck compute-sanitizer synccheck of the two-layer step (session 32: 8 "Missing wait"
@@ -358,8 +355,8 @@
 #          NOOP in the same variant: floor.log, floor.json, floor_summary.log (~2 min in s27)
 #   (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
 #   (sticket, session 28's MK_STATIC_FIRST_TICKET=1, timed in session 56: no gain, removed)
-#   (ownphase, pairwarp, tmastore, epiab, f32store, chain: their switches lost, removed in
-#   session 63: bench/GEMM_NOTES.md session 63)
+#   (ownphase, pairwarp, tmastore, epiab, f32store, chain, grant: their switches lost, removed
+#   in session 63: bench/GEMM_NOTES.md session 63)
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
@@ -1112,7 +1109,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [grant]=270 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120)
@@ -1260,7 +1257,7 @@ if has verify; then
       ${MK_VERIFY_EXTRA:-} \
       > "$OUTDIR/verify.log" 2>&1
   # the build is the default's but for the compile-time switches exported (MK_* here)
-  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|GRANT|WAIT|CLASS)[A-Z_]*=' | sort | tr '\n' ' ' \
+  echo "== verify ($(env | grep -E '^MK_(ATTN|GEMM|OWN|ROWS|WAIT|CLASS)[A-Z_]*=' | sort | tr '\n' ' ' \
       | sed 's/ $//' | grep . || echo default build))"; cat "$OUTDIR/verify.log"
   passed "$OUTDIR/verify.log" && echo "== verify: all passed" || { echo "== verify: FAILED"; rc=1; }
 fi
@@ -1688,14 +1685,6 @@ if has clocks; then
     done
   done
   smi_stop
-fi
-if has grant; then
-  # MK_GRANT_EARLY (session 33, default 1): the loader grants RMSNORM / SPLITK_REDUCE /
-  # ATTN_REDUCE's data-less page without waiting for `iready`. Timed only (its checks: verify):
-  # decode MK_GRANT_BATCH with 0 and the default, journal on: grant.log, grant_{off,on}.json
-  : > "$OUTDIR/grant.log"
-  time_variant grant off "MK_GRANT_EARLY=0" ${MK_GRANT_BATCH:-1,64,256} "MK_GRANT_EARLY=0" ""
-  time_variant grant on "default (MK_GRANT_EARLY=1)" ${MK_GRANT_BATCH:-1,64,256} "" ""
 fi
 if has repeat; then
   # the same decode run MK_REPEAT_N (3) times, each its own process, environment MK_REPEAT_ENV
