@@ -23,10 +23,9 @@ Execution model
   The controller runs up to NISLOTS instructions ahead, so the next instruction's waits overlap
   the current instruction's body; in the variants that claim after loads (claim_after_loads_for:
   the M classes above 64 tokens) it claims the next one only once the loader has issued the
-  current one's loads, so that a long tile does not hold tickets other SMs could run. With
-  EARLY_WEIGHTS (compile-time, on by default) it hands an instruction over before its waits and
-  signals the slot's `iready` after them, so the loader can stream a GEMM's weights (and an
-  ATTENTION's earlier-step K/V) during the waits.
+  current one's loads, so that a long tile does not hold tickets other SMs could run. It hands
+  an instruction over before its waits and signals the slot's `iready` after them, so the loader
+  can stream a GEMM's weights (and an ATTENTION's earlier-step K/V) during the waits.
 * Split-K (Megakernel(splitk=<SPLITK workspace>), a compile-time variant): split GEMM tiles run in
   their opcode's slot (mk/instructions/_gemm_kernel.py: K slice, float32 partials from the
   consumers' registers); SPLITK_REDUCE (mk/instructions/_splitk_kernel.py) runs in both consumer
@@ -238,11 +237,10 @@ ERR_BAD_META = 7       # the step metadata contradicts the compiled variant (KV 
 # before the step's new rows (written by earlier steps); every other load, and the consumers and
 # the storer, wait for `iready` first. A failed wait still releases `iready` (the abort flag is
 # raised, the roles finish the instruction on whatever is in memory, the host raises the recorded
-# error) and ends the queue at the next slot. Compile-time, on by default since its GPU checks
-# passed (session 6: rows 31/31, step 7/7, two-layer checks, racecheck 0) and it saved 2.2% / 0.8%
-# of the 70B rank's decode step at B=1 / 64 (bench/results/ab_2026-11-29_s6_summary.json);
-# MK_EARLY_WEIGHTS=0 builds the controller that waits before it hands an instruction over.
-EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
+# error) and ends the queue at the next slot. GPU-checked in session 6 (rows 31/31, step 7/7,
+# two-layer checks, racecheck 0); the controller that waited before it handed an instruction
+# over (the build of sessions 1-5, MK_EARLY_WEIGHTS=0 until session 63) was 2.2% / 0.8% slower
+# at B=1 / 64 of the 70B rank's decode step (bench/results/ab_2026-11-29_s6_summary.json).
 # The storer's signal (the instruction's counter, after the barrier that orders every store of
 # the instruction before it) is red.release.gpu alone: a release is cumulative in the PTX model,
 # and the storer barrier synchronizes the other storer threads' stores (and thread 0's drained
@@ -250,11 +248,11 @@ EARLY_WEIGHTS = os.environ.get("MK_EARLY_WEIGHTS", "1") != "0"
 # page's `done` mbarrier; one MEMBAR.GPU, no L1 invalidation. The fence.acq_rel.gpu before it
 # (the build of sessions 1-33, MK_SIGNAL_FENCE=both until session 63) cost session 34 3.4% / 3.2%
 # of decode B=1 / 64 (bench/results/sigfence_*_s34.json).
-# With EARLY_WEIGHTS, the loader grants the data-less page of RMSNORM, SPLITK_REDUCE and
-# ATTN_REDUCE without waiting for `iready` (their consumers wait for it anyway): the controller's
-# release then wakes the consumers directly instead of the loader, whose grant then woke them,
-# on every small instruction of the critical path (4-5 a layer at B <= 64; session 33: the loader
-# that waited first, MK_GRANT_EARLY=0 until session 63, was 0.5% slower at B=1 and 64).
+# The loader grants the data-less page of RMSNORM, SPLITK_REDUCE and ATTN_REDUCE without waiting
+# for `iready` (their consumers wait for it anyway): the controller's release then wakes the
+# consumers directly instead of the loader, whose grant then woke them, on every small
+# instruction of the critical path (4-5 a layer at B <= 64; session 33: the loader that waited
+# first, MK_GRANT_EARLY=0 until session 63, was 0.5% slower at B=1 and 64).
 # Claim after loads (a compile-time variant, MegakernelDSL(claim_after_loads=True)): the controller
 # claims the next ticket only once the loader has issued every load of the instruction before it
 # (`lnext`), not as soon as a ring slot is free. A free slot is no sign that the SM can run the
@@ -557,11 +555,10 @@ class MegakernelDSL:
             aops = [aa.tma, aa.gKV, aa.box_layout, aa.mma_qk, aa.mma_pv, aa.sK_layout,
                     aa.sV_layout] + aa.swap_ops()
 
-        # the CTA's shared memory; `iready` only in the EARLY_WEIGHTS variant
+        # the CTA's shared memory
         fields = dict(ifull=cute.struct.MemRange[cutlass.Int64, NISLOTS],
-                      iempty=cute.struct.MemRange[cutlass.Int64, NISLOTS])
-        if cutlass.const_expr(EARLY_WEIGHTS):
-            fields["iready"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
+                      iempty=cute.struct.MemRange[cutlass.Int64, NISLOTS],
+                      iready=cute.struct.MemRange[cutlass.Int64, NISLOTS])
         if cutlass.const_expr(self.claim_after_loads):
             fields["lnext"] = cute.struct.MemRange[cutlass.Int64, NISLOTS]
         fields.update(
@@ -632,12 +629,10 @@ class MegakernelDSL:
                    iempty: cute.Pointer, iready, lnext, lane: Int32, bidx: Int32,
                    HM: cutlass.Constexpr):
         """The controller warp: per free ring slot a ticket from the queue, the instruction's
-        words into the slot, its waits (instr_waits), `ifull`. Without EARLY_WEIGHTS the slot is
-        filled after the waits (END after a failed one); with it, before them, and `iready`
-        follows the waits (after a failed wait too: the roles finish that instruction, the error
-        is recorded and the host raises it) and END goes into the next slot. With
-        claim_after_loads a ticket is claimed only once the loader is done with the previous
-        slot's instruction (`lnext`)."""
+        words into the slot, `ifull`, then its waits (instr_waits) and `iready` (after a failed
+        wait too: the roles finish that instruction, the error is recorded and the host raises
+        it); END goes into the next slot. With claim_after_loads a ticket is claimed only once
+        the loader is done with the previous slot's instruction (`lnext`)."""
         islot = Int32(0)
         iph = Int32(0)
         live = Int32(1)
@@ -670,11 +665,6 @@ class MegakernelDSL:
             w = Int32(OP_END)
             if t < n_instr:
                 w = instrs[t, lane]
-                if cutlass.const_expr(not EARLY_WEIGHTS):
-                    if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
-                                        meta, bidx) == 0:
-                        w = Int32(OP_END)
-                        live = Int32(0)
             else:
                 live = Int32(0)
             if lane == 0:
@@ -683,13 +673,12 @@ class MegakernelDSL:
             else:
                 ring[islot * INSTR_WORDS + lane] = w
             rk.release(ifull + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
-            if cutlass.const_expr(EARLY_WEIGHTS):
-                if t < n_instr:
-                    if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
-                                        meta, bidx) == 0:
-                        stop = Int32(1)
-                    # the waits' acquire loads are this warp's; the release hands them on
-                    rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
+            if t < n_instr:
+                if self.instr_waits(w, t, tf, lane, counters, state, timeout_ns, journal,
+                                    meta, bidx) == 0:
+                    stop = Int32(1)
+                # the waits' acquire loads are this warp's; the release hands them on
+                rk.release(iready + islot, rk.arrivals(HM, 32), 32, lane, 0, HM)
             if cutlass.const_expr(rk.WATCHDOG):
                 nfill = nfill + 1
             islot, iph = next_slot(islot, iph)
@@ -715,16 +704,10 @@ class MegakernelDSL:
 
     @cute.jit
     def claim(self, state: cute.Tensor, n_instr: Int32, stop: Int32, lane: Int32) -> Int32:
-        """The controller's next ticket from the queue (lane 0's atomic, broadcast); with
-        EARLY_WEIGHTS n_instr (END) once a wait failed (stop)."""
+        """The controller's next ticket from the queue (lane 0's atomic, broadcast); n_instr
+        (END) once a wait failed (stop)."""
         t = Int32(n_instr)
-        if cutlass.const_expr(EARLY_WEIGHTS):
-            if stop == 0:
-                if lane == 0:
-                    t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
-                                             sem="relaxed", scope="gpu")
-                t = cute.arch.shuffle_sync(t, 0)
-        else:
+        if stop == 0:
             if lane == 0:
                 t = cute.arch.atomic_add((state.iterator + rk.S_HEAD).llvm_ptr, Int32(1),
                                          sem="relaxed", scope="gpu")
@@ -754,9 +737,7 @@ class MegakernelDSL:
         st = smem.allocate(self.storage)
         ifull = st.ifull.data_ptr()
         iempty = st.iempty.data_ptr()
-        iready = None
-        if cutlass.const_expr(EARLY_WEIGHTS):
-            iready = st.iready.data_ptr()
+        iready = st.iready.data_ptr()
         lnext = None
         if cutlass.const_expr(self.claim_after_loads):
             lnext = st.lnext.data_ptr()
@@ -790,8 +771,7 @@ class MegakernelDSL:
             with cute.arch.elect_one():
                 for s in cutlass.range_constexpr(NISLOTS):
                     cute.arch.mbarrier_init(ifull + s, rk.arrivals(HM, 32))   # controller
-                    if cutlass.const_expr(EARLY_WEIGHTS):
-                        cute.arch.mbarrier_init(iready + s, rk.arrivals(HM, 32))
+                    cute.arch.mbarrier_init(iready + s, rk.arrivals(HM, 32))
                     if cutlass.const_expr(self.claim_after_loads):
                         cute.arch.mbarrier_init(lnext + s, rk.arrivals(HM, 32))   # loader
                     # loader + storer + consumer
@@ -823,37 +803,35 @@ class MegakernelDSL:
                     else:
                         t = tick[islot]
                         self.stamp(journal, t, J_LOAD0, lane == 0)
-                        ready = None
-                        if cutlass.const_expr(EARLY_WEIGHTS):
-                            # a GEMM waits for `iready` inside gemm_load, after its first weight
-                            # pages, ATTENTION inside attn_load after its first K/V blocks of
-                            # earlier steps; every other body's loads wait here. Bodies whose
-                            # pages the loader only grants (no data: RMSNORM, SPLITK_REDUCE,
-                            # ATTN_REDUCE) do not wait: their consumers wait for `iready`
-                            # themselves before they read, so the grant is off the path from
-                            # the controller's waits to the body
-                            ready = (iready + islot, iph)
-                            early_op = Int32(0)
-                            for gi in cutlass.range_constexpr(NG):
-                                if op == GS[gi].op:
-                                    early_op = Int32(1)
-                            if cutlass.const_expr(self.attn_ps > 0):
-                                if op == ak.OP_ATTENTION:
-                                    early_op = Int32(1)
-                            if op == rk.OP_RMSNORM:
+                        # a GEMM waits for `iready` inside gemm_load, after its first weight
+                        # pages, ATTENTION inside attn_load after its first K/V blocks of
+                        # earlier steps; every other body's loads wait here. Bodies whose
+                        # pages the loader only grants (no data: RMSNORM, SPLITK_REDUCE,
+                        # ATTN_REDUCE) do not wait: their consumers wait for `iready`
+                        # themselves before they read, so the grant is off the path from
+                        # the controller's waits to the body
+                        ready = (iready + islot, iph)
+                        early_op = Int32(0)
+                        for gi in cutlass.range_constexpr(NG):
+                            if op == GS[gi].op:
                                 early_op = Int32(1)
-                            if cutlass.const_expr(self.lm_norm_as_norm()):
-                                if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
-                                    early_op = Int32(1)
-                            if cutlass.const_expr(self.splitk):
-                                if op == OP_SPLITK_REDUCE:
-                                    early_op = Int32(1)
-                            if cutlass.const_expr(self.attn_ps > 0):
-                                if op == ak.OP_ATTN_REDUCE:
-                                    early_op = Int32(1)
-                            if early_op == 0:
-                                rk.bar_wait(iready + islot, iph, timeout_ns, state,
-                                            rk.ERR_INSTR_READY, t)
+                        if cutlass.const_expr(self.attn_ps > 0):
+                            if op == ak.OP_ATTENTION:
+                                early_op = Int32(1)
+                        if op == rk.OP_RMSNORM:
+                            early_op = Int32(1)
+                        if cutlass.const_expr(self.lm_norm_as_norm()):
+                            if op == gat.OP_EMBED or op == gat.OP_LM_NORM:
+                                early_op = Int32(1)
+                        if cutlass.const_expr(self.splitk):
+                            if op == OP_SPLITK_REDUCE:
+                                early_op = Int32(1)
+                        if cutlass.const_expr(self.attn_ps > 0):
+                            if op == ak.OP_ATTN_REDUCE:
+                                early_op = Int32(1)
+                        if early_op == 0:
+                            rk.bar_wait(iready + islot, iph, timeout_ns, state,
+                                        rk.ERR_INSTR_READY, t)
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_load(tma, mT, op, ring[base + A_SRC], ring[base + A_DST],
                                               ring[base + W_ROW0], ring[base + W_ROWS],
@@ -889,9 +867,7 @@ class MegakernelDSL:
                                 pg = rk.grant_page(pg, NP, full, empty, timeout_ns, state, t)
                         if cutlass.const_expr(self.attn_ps > 0):
                             if op == ak.OP_ATTENTION:
-                                new0 = None
-                                if cutlass.const_expr(EARLY_WEIGHTS):
-                                    new0 = ring[base + at.A_NEW0]
+                                new0 = ring[base + at.A_NEW0]
                                 pg = ak.attn_load(aops[0], aops[1], aops[2], self.attn_ps, meta,
                                                   ring[base + W_LAYER], ring[base + W_ROWS],
                                                   ring[base + W_COL0], ring[base + W_COLS],
@@ -940,9 +916,8 @@ class MegakernelDSL:
                     else:
                         t = tick[islot]
                         self.stamp(journal, t, J_STORE0, sid == 0)
-                        if cutlass.const_expr(EARLY_WEIGHTS):
-                            rk.bar_wait(iready + islot, iph, timeout_ns, state,
-                                        rk.ERR_INSTR_READY, t)
+                        rk.bar_wait(iready + islot, iph, timeout_ns, state,
+                                    rk.ERR_INSTR_READY, t)
                         sv = opaque_copy(sid, t)      # see the consumer's ctv
                         if op == rk.OP_COPY or op == rk.OP_RESIDUAL_ADD:
                             pg = rk.rows_store(op, ring[base + A_DST], ring[base + W_ROW0],
@@ -1013,9 +988,8 @@ class MegakernelDSL:
                 else:
                     t = tick[islot]
                     self.stamp(journal, t, J_CONS0, ctid == 0)
-                    if cutlass.const_expr(EARLY_WEIGHTS):
-                        rk.bar_wait(iready + islot, (nins // NISLOTS) & 1, timeout_ns, state,
-                                    rk.ERR_INSTR_READY, t)
+                    rk.bar_wait(iready + islot, (nins // NISLOTS) & 1, timeout_ns, state,
+                                rk.ERR_INSTR_READY, t)
                     # ctid, re-derived per instruction from a value the compiler cannot predict
                     # (tickets are >= 0): every body's thread-index-derived setup (fragment
                     # coordinates, addresses) then stays inside its own branch instead of being
@@ -1510,7 +1484,7 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
 
 
 def smem_bytes_estimate(npages: int = NPAGES, claim_after_loads: bool = False) -> int:
-    slot_bars = 2 + int(EARLY_WEIGHTS) + int(claim_after_loads)   # ifull, iempty, iready, lnext
+    slot_bars = 3 + int(claim_after_loads)   # ifull, iempty, iready, lnext
     return (npages * rk.PAGE + 1024 + 8 * (slot_bars * NISLOTS + 3 * npages)
             + 4 * (NISLOTS * INSTR_WORDS + NISLOTS + 4) + 2 * ak.SWAP_SCRATCH * int(ak.SWAPPED))
 
@@ -2069,7 +2043,7 @@ def _check_attention(s, ops, attn, kv_shape, meta_page_size):
         if ((a[:, at.A_NEW0] < 0) | (a[:, at.A_NEW0] > a[:, at.A_POS0])).any():
             raise ValueError("megakernel: an ATTENTION's A_NEW0 (the sequence's first position "
                              "written by this step) must be in [0, pos0]: keys before it are read "
-                             "before the instruction's waits (EARLY_WEIGHTS)")
+                             "before the instruction's waits")
         mode = a[:, at.A_MODE]
         if ((mode != at.MODE_DIRECT) & (mode != at.MODE_PARTIAL) & (mode != at.MODE_PAIR)).any():
             raise ValueError("megakernel: ATTENTION mode must be 0 (direct), 1 (partial) or 2 "

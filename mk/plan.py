@@ -330,7 +330,7 @@ class PlanConfig:
     # L2_PREFETCH body in only when this is > 0.
     l2_prefetch_mib: int = 0
     # ... leaving each K slice's first l2_prefetch_skip columns to the GEMM's own early weight
-    # loads (EARLY_WEIGHTS: an instruction claimed during the attention streams its first ring of
+    # loads (an instruction claimed during the attention streams its first ring of
     # weight pages into shared memory then, so prefetching those columns into L2 too buys
     # nothing; 256 = four K steps of the ring), and O_PROJ's weights only when
     # l2_prefetch_o_proj is 1 (at B <= 64 an O_PROJ tile's K slice fits in the ring: its early

@@ -310,7 +310,7 @@ def gemm_ktrace(journal, n: int, ktrace: int, skip: int = 4, waited_cycles: int 
                     for stage k, minus k: how far the loader ran ahead (the ring holds ~4
                     stages; steps within 4 of the tile's end left out)
         wg_skew     C1_FULL - C_FULL: warpgroup 1 past the barrier after warpgroup 0
-    The loader's stamps of stages its early weight loads took (EARLY_WEIGHTS) are missing (0):
+    The loader's stamps of stages its early weight loads took are missing (0):
     those steps count only in the consumer columns, and as issued in `ahead`."""
     import numpy as np
     if ktrace <= 0:

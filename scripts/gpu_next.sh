@@ -130,10 +130,6 @@
 #          harness, cold / warm us and the difference to "none": attnexp.log, attnexp.json (~2 min)
 #   base   the step as it is: decode B=1 and 256 of the 70B TP8 rank, timed, with the journal's
 #          per-opcode breakdown and each role's own times (megakernel only; ~3 min)
-#   early  MK_EARLY_WEIGHTS=0 (the controller that waits before the hand-over; early weight loads
-#          are the default since session 6, GPU-verified): decode B=1 / 64 / 256 (MK_EARLY_BATCH)
-#          with the default and with it (session 6 timed B=1 / 64 only: -2.2% / -0.8% with early
-#          loads): early.log, early_{on,off}.json, "on" = MK_EARLY_WEIGHTS=0 (~5 min)
 #   l2pf   PlanConfig.l2_prefetch_mib (L2_PREFETCH, bench/E2E_NOTES.md): the two-layer step vs
 #          mk.vm and racecheck with it, then decode B=1 / 16 / 64 with --plan l2_prefetch_mib=40
 #          and without: l2pf.log, l2pf_{on,off}.json (~5 min). Session 6: no gain (+0.1% / +1.1%
@@ -355,8 +351,8 @@
 #          NOOP in the same variant: floor.log, floor.json, floor_summary.log (~2 min in s27)
 #   (rl2, MK_GEMM_RESIDUAL_L2, ran in session 28, lost and was removed)
 #   (sticket, session 28's MK_STATIC_FIRST_TICKET=1, timed in session 56: no gain, removed)
-#   (ownphase, pairwarp, tmastore, epiab, f32store, chain, grant: their switches lost, removed
-#   in session 63: bench/GEMM_NOTES.md session 63)
+#   (ownphase, pairwarp, tmastore, epiab, f32store, chain, grant, early: their switches lost,
+#   removed in session 63: bench/GEMM_NOTES.md session 63)
 #   launchcost the empty kernel of the megakernel's shape, one NOOP, the journal of a NOOP / a
 #          first tile (where a short launch's time goes): launchcost.log, .json, _summary.log
 #          (~1.5 min). (fclaim, session 28's MK_FIRST_CLAIM_EARLY A/B, ran once, no gain, removed)
@@ -1106,7 +1102,7 @@ rc=0
 # A step runs only if its usual duration still fits before MK_DEADLINE_S seconds from the start
 # (default 570: a device call ends at 600 s, and a call cut off mid-step returns half a log)
 DEADLINE=${MK_DEADLINE_S:-570}
-declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [early]=300 [l2pf]=300
+declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
@@ -1759,10 +1755,6 @@ if has rslice; then
     time_variant rslice $r "SPLITK_REDUCE rows $r${MK_RSLICE_EXTRA:-}" ${MK_RSLICE_BATCH:-64,256} \
         "" "--plan splitk_reduce_rows=$r${MK_RSLICE_EXTRA:-}"
   done
-fi
-if has early; then     # timing only: the variant without early loads is the old default
-  : > "$OUTDIR/early.log"
-  time_ab early MK_EARLY_WEIGHTS=0 ${MK_EARLY_BATCH:-1,64,256} "MK_EARLY_WEIGHTS=0" ""
 fi
 if has l2pf; then
   ( export MK_CHECK_EXTRA="--l2-prefetch-mib 1"; echo "== l2_prefetch_mib checks"; checks ) \

@@ -686,16 +686,6 @@ def assert_switch_adds_waits(tmp_path, name: str, var: str, check: str) -> None:
     assert_clean(ptxas_report(ptx["1"], str(tmp_path / f"{name}1")))
 
 
-def test_early_weights_variant_compiles_without_spills(tmp_path):
-    """MK_EARLY_WEIGHTS=1, the default (the controller hands an instruction over before its
-    dependency waits; a GEMM's loader streams its first weight pages during them, every other role
-    waits for the slot's `iready`): compile-time, read at import, so in a process of its own. The all-opcode
-    M64 variant with split-K compiles with 0 spills and no call, and has more mbarrier waits
-    than the MK_EARLY_WEIGHTS=0 variant (the roles' `iready` waits)."""
-    assert_switch_adds_waits(tmp_path, "early", "MK_EARLY_WEIGHTS",
-                             "assert M.EARLY_WEIGHTS == {on}")
-
-
 def test_instruction_ring_depth_variant_compiles_without_spills(tmp_path):
     """MK_NISLOTS (the controller's look-ahead, 4 by default; compile-time, read at import, so in
     a process of its own): the all-opcode M64 variant with split-K compiles with 0 spills and no

@@ -220,7 +220,7 @@ def test_attention_segments_and_splits():
 
 def test_attention_new0_is_the_sequences_first_new_position():
     """A_NEW0 = the sequence's start position in this step, for every segment of it: keys before
-    it predate the step (the EARLY_WEIGHTS loader reads them before the waits), keys in
+    it predate the step (the loader's early loads read them before the waits), keys in
     [new0, pos0) of a later segment are this step's rows of the sequence's earlier segments."""
     plan = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, CFG)
     from mk.instructions import attention as at

@@ -532,7 +532,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     the loader's time waiting for free K/V pages, summed, into that word of row `ticket`.
     pair: the second unit's words (second_unit), or None (a body that never runs pairs).
 
-    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS),
+    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's early loads),
     with new0 (the instruction's A_NEW0: the sequence's first position written by this step;
     not pos0, since a later segment of a sequence attends to this step's rows of the earlier
     ones): the first unit's key blocks that end at or before new0 hold K/V written by earlier

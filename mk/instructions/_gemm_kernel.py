@@ -561,28 +561,22 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     split: a SplitTile when the variant runs split-K tiles (None: not compiled in). A split tile's
     K loop starts at its k0 word, and it has no epilogue pages (its partial goes from the
     consumers' registers to the SPLITK workspace).
-    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's EARLY_WEIGHTS:
-    the controller hands the instruction over before its waits are met): the weight (B) pages of
-    the first stages are loaded before that wait, since weights depend on no instruction, and
-    the activation (A) pages of those stages after it.
+    ready: (mbarrier, phase) of the instruction's dependencies (the megakernel's controller hands
+    the instruction over before its waits are met): the weight (B) pages of the first stages are
+    loaded before that wait, since weights depend on no instruction, and the activation (A)
+    pages of those stages after it.
     rows / cols: the tile's (where the store adds the residual: a whole tile loads none).
     ktrace: the journal where the variant writes the K-step trace (KTRACE), else None.
     twin: a TwinSource where a second opcode's tiles run through this body (xb is then the
     caller's choice for the instruction), else None."""
-    if cutlass.const_expr(ready is None):
-        # activations were written by generic-proxy stores of other CTAs (acquired by the
-        # controller): order them before this warp's async-proxy reads (with `ready`: after it)
-        cute.arch.fence_proxy("async.global")
     a_bytes = cfg.bm * BK * 2
     k0 = Int32(0)
     if cutlass.const_expr(split is not None):
         k0 = split.k0()     # 0 in every unsplit instruction
-    k_first = 0
-    if cutlass.const_expr(ready is not None):
-        k_first = prefetch_weights(cfg, tma_a, gA, tma_b, gB, sA_layout, sB_layout, xb, layer,
-                                   row0, col0, up_row0, k0, kt, pool, full, empty, pg, npages,
-                                   timeout_ns, state, ticket, ready, twin)
-        pg = pg + k_first * cfg.stage_pages
+    k_first = prefetch_weights(cfg, tma_a, gA, tma_b, gB, sA_layout, sB_layout, xb, layer, row0,
+                               col0, up_row0, k0, kt, pool, full, empty, pg, npages, timeout_ns,
+                               state, ticket, ready, twin)
+    pg = pg + k_first * cfg.stage_pages
     for k in range(k_first, kt):
         kc = k * BK
         if cutlass.const_expr(split is not None):
@@ -769,7 +763,7 @@ def prefetch_weights(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, gA: cute.Tens
                      full: cute.Pointer, empty: cute.Pointer, pg: Int32,
                      npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
                      ticket: Int32, ready, twin=None) -> Int32:
-    """gemm_load's first stages under EARLY_WEIGHTS: the B pages of up to a ring's worth of
+    """gemm_load's first stages: the B pages of up to a ring's worth of
     stages (their A pages taken in ring order but left empty), then the wait for the
     instruction's dependencies, then those stages' A pages. Returns the stages done."""
     a_bytes = cfg.bm * BK * 2

@@ -32,8 +32,8 @@ ATTENTION arguments:                       ATTN_REDUCE arguments:
     ARG0 + 8  slot (mode 1): first ATTN_PARTIAL / ATTN_LSE row of this split
     ARG0 + 9  new0: the sequence's first position written by this step (<= pos0; a sequence whose
               rows span several blocks has segments with pos0 > new0). Keys before it come from
-              earlier steps, so the megakernel's EARLY_WEIGHTS loader may read them before the
-              instruction's waits; 0 = none (the faces ignore it)
+              earlier steps, so the megakernel's loader may read them before the instruction's
+              waits (early weight loads); 0 = none (the faces ignore it)
     ARG0 + 10 .. 13 (mode 2): the second unit's token row, pos0, page table offset and new0
 
 The CuTe DSL bodies will live in mk/instructions/attention_kernel.py (GPU path only).
