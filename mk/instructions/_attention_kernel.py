@@ -410,9 +410,9 @@ def page_wait(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cute.Te
 # shuffled out per sub-box) instead of loading each block's entries before its TMA: with one
 # dependent L2 round trip per 64-key block, the single loader warp could not keep ahead of the
 # consumers (decode ran at ~2.4 us per block whatever the consumers did, and page 64 was no
-# faster than page 16; bench/ATTENTION_NOTES.md). Compile-time, on by default since its GPU check
-# (bench/results/switches_2026-11-29.log); MK_ATTN_TABLE_PREFETCH=0 builds the per-block loads.
-TABLE_PREFETCH = os.environ.get("MK_ATTN_TABLE_PREFETCH", "1") == "1"
+# faster than page 16; bench/ATTENTION_NOTES.md). GPU-checked in session 4 with four other
+# switches (bench/results/switches_2026-11-29.log), which together took decode B=1 15.29 -> 13.94
+# ms; the per-block loads (MK_ATTN_TABLE_PREFETCH=0 until session 63) were never timed alone.
 
 
 # ============================================================================ loader (1 warp)
@@ -462,8 +462,8 @@ def load_kv_ring(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.Composed
                  timeout_ns: Int64, state: cute.Tensor, ticket: Int32, wclk=None,
                  policy=None, two: cutlass.Constexpr = True) -> Int32:
     """attn_load's ring blocks j_first .. j_end - 1 (ring_block: unit a's, or a pair's a and b
-    alternating; two=False: a body that never runs pairs, unit a's alone) with TABLE_PREFETCH:
-    each unit's page-table entries 32 per warp-wide load (lane i holds entry 32c + i of the
+    alternating; two=False: a body that never runs pairs, unit a's alone): each unit's
+    page-table entries 32 per warp-wide load (lane i holds entry 32c + i of the
     sequence's table), handed to each sub-box by a shuffle. A few words past a sequence's table
     may be read (clamped to the metadata buffer) and are never used: sub-boxes past the key end
     issue no TMA."""
@@ -536,11 +536,9 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     with new0 (the instruction's A_NEW0: the sequence's first position written by this step;
     not pos0, since a later segment of a sequence attends to this step's rows of the earlier
     ones): the first unit's key blocks that end at or before new0 hold K/V written by earlier
-    steps, so up to half a ring of them is loaded before that wait (with TABLE_PREFETCH;
-    otherwise the wait comes first)."""
-    psb = min(page_size, KB)
-    nsub = KB // psb
-    early = ready is not None and TABLE_PREFETCH and not NOLOAD      # compile-time
+    steps, so up to half a ring of them is loaded before that wait (not under NOLOAD: the wait
+    comes first)."""
+    early = ready is not None and not NOLOAD      # compile-time
     if cutlass.const_expr(ready is None):
         # K/V rows were written by generic-proxy stores (QKV_ROPE storers of other CTAs, acquired
         # by the controller): order them before this warp's async-proxy reads
@@ -554,7 +552,6 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
     wclk = rk.make_wait_clock(wait_word)
     policy = kv_policy(R)
     lstride = meta[mc.M_KV_LAYER_STRIDE]
-    crows = cute.make_rmem_tensor(cute.make_layout(nsub), Int32)
     lrow = layer * lstride
     n_mt = (R * qpk + (MT - 1)) // MT
     ne = Int32(E_DIRECT)
@@ -574,7 +571,7 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                 # epilogue page (the same empty wait, one plain arrive on full)
                 for b in range(2 * nring):
                     pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
-            elif cutlass.const_expr(TABLE_PREFETCH):
+            else:
                 j_first = Int32(0)
                 if cutlass.const_expr(early):
                     if waited == 0:
@@ -608,27 +605,6 @@ def attn_load(tma: cute.CopyAtom, gKV: cute.Tensor, box_layout: cute.ComposedLay
                                   page_off, kend_b, page_off_b, walk, j_first, nring, pool,
                                   full, empty, pg, npages, timeout_ns, state, ticket, wclk,
                                   policy, pair is not None)
-            else:
-                for j in range(nring):
-                    u, b = ring_block(j, walk)
-                    kb0 = kv0 + b * KB
-                    kend_u = kend
-                    page_off_u = page_off
-                    if u == 1:
-                        kend_u = kend_b
-                        page_off_u = page_off_b
-                    nval = valid_subboxes(kend_u, kb0, psb)
-                    # the block's page-table entries, all loaded before the first TMA (one latency,
-                    # not one per sub-box: a TMA issue orders the loads after it) and shared by K, V
-                    for s in cutlass.range_constexpr(nsub):
-                        crow_s = Int32(0)
-                        if s < nval:
-                            p = kb0 + s * psb
-                            crow_s = (lrow + meta[page_off_u + p // page_size] * page_size
-                                      + p % page_size)
-                        crows[s] = crow_s
-                    pg = load_kv_block(tma, gKV, box_layout, psb, crows, nval, kc, pool, full,
-                                       empty, pg, npages, timeout_ns, state, ticket, wclk, policy)
             for e in range(ne):
                 pg = grant_page(pg, npages, full, empty, timeout_ns, state, ticket)
     if cutlass.const_expr(early):
