@@ -569,17 +569,17 @@ def test_check_plan_norm_fold_unsplit():
 # ------------------------------------------------------------------- experimental switches
 # The compile-time switches that are on by default since their GPU check
 # (bench/results/switches_2026-11-29.log), with the value that turns each off.
-SWITCHES_OFF = {"MK_ABORT_POLL_AFTER_NS": "0", "MK_ATTN_Q_HOIST": "0", "MK_SPLITS_IN_FLIGHT": "1",
+SWITCHES_OFF = {"MK_ABORT_POLL_AFTER_NS": "0", "MK_SPLITS_IN_FLIGHT": "1",
                 "MK_ATTN_REDUCE_LOADS_FIRST": "0"}
 
 
 def test_experimental_switches_compile_without_spills(tmp_path):
     """MK_ABORT_POLL_AFTER_NS (page waits read the abort word only after 2 us; 0 = on every
-    poll), MK_ATTN_Q_HOIST (attention's Q loads first), MK_SPLITS_IN_FLIGHT (SPLITK_REDUCE's and
+    poll), MK_SPLITS_IN_FLIGHT (SPLITK_REDUCE's and
     the folded RMSNORM's partial loads of several splits issued together; 1 = a split per round
     trip) and MK_ATTN_REDUCE_LOADS_FIRST (ATTN_REDUCE's loads two splits ahead) are on by
     default. They are compile-time, read at import, so each variant compiles in a process of its
-    own: the all-opcode M64 variant with split-K and all four switches off compiles, 0 spills, no
+    own: the all-opcode M64 variant with split-K and all three switches off compiles, 0 spills, no
     call; the modules read the switches as set (on by default, off with SWITCHES_OFF's values);
     and the switched-off PTX differs from the default's (the switches still change the kernel)."""
     import subprocess
@@ -590,12 +590,12 @@ def test_experimental_switches_compile_without_spills(tmp_path):
         "from mk.instructions import _rows_kernel as rk, _attention_kernel as ak\n"
         "from mk.instructions import _splitk_kernel as sk\n"
         "on = sys.argv[1] == '1'\n"
-        "got = (rk.ABORT_POLL_AFTER_NS > 0, ak.Q_HOIST, rk.SPLITS_IN_FLIGHT > 1, ak.REDUCE_LOADS_FIRST)\n"
-        "assert got == (on,) * 4, got\n"
+        "got = (rk.ABORT_POLL_AFTER_NS > 0, rk.SPLITS_IN_FLIGHT > 1, ak.REDUCE_LOADS_FIRST)\n"
+        "assert got == (on,) * 3, got\n"
         "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
         "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
     ptx = {}
-    for flag in ("1", "0"):             # 1: the defaults (switches unset), 0: all four off
+    for flag in ("1", "0"):             # 1: the defaults (switches unset), 0: all three off
         out = tmp_path / f"sw{flag}.ptx"
         env = {k: v for k, v in os.environ.items() if k not in SWITCHES_OFF}
         if flag == "0":

@@ -776,10 +776,11 @@ def wg_barrier(wg: Int32):
 # past the last query row read row mtot - 1 and are zeroed after), instead of one load behind
 # each row test, whose use before the next test made the loads run one L2 round trip after
 # another (the suspect of the ~30 us an ATTENTION instruction costs beside its key blocks,
-# bench/ATTENTION_NOTES.md session 5). Compile-time, on by default since its GPU check
-# (bench/results/switches_2026-11-29.log); MK_ATTN_Q_HOIST=0 builds the per-row loads. Not with
-# wg_split (the harness's split variants spill 12-16 B with both; neither is in the megakernel).
-Q_HOIST = os.environ.get("MK_ATTN_Q_HOIST", "1") == "1"
+# bench/ATTENTION_NOTES.md session 5). GPU-checked in session 4 with four other switches
+# (bench/results/switches_2026-11-29.log), which together took decode B=1 15.29 -> 13.94 ms; the
+# per-row loads everywhere (MK_ATTN_Q_HOIST=0 until session 63) were never timed alone. Not with
+# wg_split (the harness's split variants spill 12-16 B with both; neither is in the megakernel):
+# it keeps the per-row loads.
 
 
 @cute.jit
@@ -815,9 +816,9 @@ def load_q_hoisted(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int
 @cute.jit
 def load_q_rows(tSrQ: cute.Tensor, tQcQ: cute.Tensor, q_base: Int64, ldq: Int32, row0: Int32,
                 mw: Int32, mtot: Int32, qpk: Int32, head0: Int32, wg_split: cutlass.Constexpr):
-    """Q rows mw + r -> the A fragment (registers), zero past the last row: all loads first
-    (Q_HOIST) or one behind each row test."""
-    if cutlass.const_expr(Q_HOIST and not wg_split):
+    """Q rows mw + r -> the A fragment (registers), zero past the last row: all loads first, or
+    (wg_split) one behind each row test."""
+    if cutlass.const_expr(not wg_split):
         load_q_hoisted(tSrQ, tQcQ, q_base, ldq, row0, mw, mtot, qpk, head0)
     else:
         for v in cutlass.range_constexpr(cute.size(tSrQ) // 2):
