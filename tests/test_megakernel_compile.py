@@ -566,22 +566,19 @@ def test_check_plan_norm_fold_unsplit():
         M.check_plan(bad, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
 
 
-# ------------------------------------------------------------------- experimental switches
-# The compile-time switches that are on by default since their GPU check
-# (bench/results/switches_2026-11-29.log), with the value that turns each off.
-SWITCHES_OFF = {"MK_ABORT_POLL_AFTER_NS": "0", "MK_SPLITS_IN_FLIGHT": "1",
-                "MK_ATTN_REDUCE_LOADS_FIRST": "0"}
+# ------------------------------------------------------------------------- numeric tunables
+# Compile-time numeric tunables (on since session 4 / 33), at the value that turns their gain off:
+# their other values are kept for tuning, so they still have to compile.
+TUNABLES_OFF = {"MK_ABORT_POLL_AFTER_NS": "0", "MK_SPLITS_IN_FLIGHT": "1"}
 
 
-def test_experimental_switches_compile_without_spills(tmp_path):
-    """MK_ABORT_POLL_AFTER_NS (page waits read the abort word only after 2 us; 0 = on every
-    poll), MK_SPLITS_IN_FLIGHT (SPLITK_REDUCE's and
-    the folded RMSNORM's partial loads of several splits issued together; 1 = a split per round
-    trip) and MK_ATTN_REDUCE_LOADS_FIRST (ATTN_REDUCE's loads two splits ahead) are on by
-    default. They are compile-time, read at import, so each variant compiles in a process of its
-    own: the all-opcode M64 variant with split-K and all three switches off compiles, 0 spills, no
-    call; the modules read the switches as set (on by default, off with SWITCHES_OFF's values);
-    and the switched-off PTX differs from the default's (the switches still change the kernel)."""
+def test_numeric_tunables_off_compile_without_spills(tmp_path):
+    """MK_ABORT_POLL_AFTER_NS (page waits read the abort word only after 2000 ns by default; 0 =
+    on every poll) and MK_SPLITS_IN_FLIGHT (SPLITK_REDUCE's and the folded RMSNORM's partial
+    loads of 4 splits issued together by default; 1 = a split per round trip) are tunables, read
+    at import, so each variant compiles in a process of its own: the all-opcode M64 variant with
+    split-K and both at TUNABLES_OFF's values compiles, 0 spills, no call; the modules read them
+    as set; and its PTX differs from the default's (the values still change the kernel)."""
     import subprocess
     import sys
     code = (
@@ -590,21 +587,21 @@ def test_experimental_switches_compile_without_spills(tmp_path):
         "from mk.instructions import _rows_kernel as rk, _attention_kernel as ak\n"
         "from mk.instructions import _splitk_kernel as sk\n"
         "on = sys.argv[1] == '1'\n"
-        "got = (rk.ABORT_POLL_AFTER_NS > 0, rk.SPLITS_IN_FLIGHT > 1, ak.REDUCE_LOADS_FIRST)\n"
-        "assert got == (on,) * 3, got\n"
+        "got = (rk.ABORT_POLL_AFTER_NS > 0, rk.SPLITS_IN_FLIGHT > 1)\n"
+        "assert got == (on,) * 2, got\n"
         "comp = M.compile_fake(gemm=M.class_slots(64), attn_page_size=16, gather=True, splitk=True)\n"
         "open(sys.argv[2], 'w').write(comp.__ptx__)\n") % (os.path.dirname(__file__), ROOT)
     ptx = {}
-    for flag in ("1", "0"):             # 1: the defaults (switches unset), 0: all three off
+    for flag in ("1", "0"):             # 1: the defaults (unset), 0: TUNABLES_OFF's values
         out = tmp_path / f"sw{flag}.ptx"
-        env = {k: v for k, v in os.environ.items() if k not in SWITCHES_OFF}
+        env = {k: v for k, v in os.environ.items() if k not in TUNABLES_OFF}
         if flag == "0":
-            env.update(SWITCHES_OFF)
+            env.update(TUNABLES_OFF)
         r = subprocess.run([sys.executable, "-c", code, flag, str(out)], env=env,
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         ptx[flag] = out.read_text()
-    assert ptx["0"] != ptx["1"], "the switches no longer change the PTX"
+    assert ptx["0"] != ptx["1"], "the tunables no longer change the PTX"
     assert not re.search(r"^\s*call", ptx["0"], flags=re.M), "function calls in the kernel"
     rep = ptxas_report(ptx["0"], str(tmp_path / "sw0"))
     assert_clean(rep)

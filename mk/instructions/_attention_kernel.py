@@ -1716,9 +1716,9 @@ def merge_page(ep0: Int32, mode: Int32, npages: cutlass.Constexpr) -> Int32:
 # ATTN_REDUCE's loads two splits ahead: the LSE maximum and the weighted sum each take two splits
 # per iteration with every load issued before its use (the plain loops wait for each split's
 # loads before the next split's: ~2 x nsplit dependent L2 round trips per row). Same float32
-# operations in the same order. Compile-time, on by default since its GPU check
-# (bench/results/switches_2026-11-29.log); MK_ATTN_REDUCE_LOADS_FIRST=0 builds the plain loops.
-REDUCE_LOADS_FIRST = os.environ.get("MK_ATTN_REDUCE_LOADS_FIRST", "1") == "1"
+# operations in the same order. GPU-checked in session 4 with four other switches
+# (bench/results/switches_2026-11-29.log), which together took decode B=1 15.29 -> 13.94 ms; the
+# plain loops (MK_ATTN_REDUCE_LOADS_FIRST=0 until session 63) were never timed alone.
 
 # ATTN_REDUCE of a page of at most WIDE_ROWS (token, head) rows (a decode token's q heads of one KV
 # head: 8 at qpk 8) on every consumer thread: a warp per row, 4 columns a lane, WIDE_SPLITS splits
@@ -1890,27 +1890,9 @@ def reduce_consume(part: cute.Tensor, lse_t: cute.Tensor, row0: Int32, R: Int32,
         elif m < mtot:
             it = m // nh
             h = h0 + m - it * nh
-            mx = Float32(NEG_INF)
             acc = cute.make_rmem_tensor(cute.make_layout(32), Float32)
             acc.fill(0.0)
-            den = Float32(0.0)
-            if cutlass.const_expr(REDUCE_LOADS_FIRST):
-                mx, den = reduce_row_loads_first(part, lse_t, acc, slot0, R, it, h, cq, nsplit,
-                                                 ldp)
-            else:
-                for j in range(nsplit):
-                    mx = cute.arch.fmax(mx, lse_t[slot0 + j * R + it, h])
-                for j in range(nsplit):
-                    srow = slot0 + j * R + it
-                    w = cute.math.exp2((lse_t[srow, h] - mx) * Float32(LOG2E), fastmath=True)
-                    den = den + w
-                    for q in cutlass.range_constexpr(8):
-                        off = Int64(srow) * Int64(ldp) + Int64(h * D + cq + q * 4)
-                        pv = cute.make_tensor(cute.make_ptr(Float32, (part.iterator + off).toint(),
-                                                            cute.AddressSpace.gmem, assumed_align=16),
-                                              cute.make_layout(4)).load()
-                        for u in cutlass.range_constexpr(4):
-                            acc[q * 4 + u] = acc[q * 4 + u] + w * pv[u]
+            mx, den = reduce_row_loads_first(part, lse_t, acc, slot0, R, it, h, cq, nsplit, ldp)
             inv = Float32(1.0) / den
             for q in cutlass.range_constexpr(4):          # 4 chunks of 8 bf16 (16 B)
                 a = pool + page * PAGE + r * 256 + (cq + q * 8) * 2
