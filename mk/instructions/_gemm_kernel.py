@@ -569,6 +569,9 @@ def gemm_load(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tma_a: cute.CopyAt
     ktrace: the journal where the variant writes the K-step trace (KTRACE), else None.
     twin: a TwinSource where a second opcode's tiles run through this body (xb is then the
     caller's choice for the instruction), else None."""
+    # the controller hands every instruction over before its waits are met (session 63 removed
+    # the build that waited first): a caller without `ready` would load A before its producer
+    assert ready is not None, "gemm_load: ready (the dependencies' mbarrier, phase) is required"
     a_bytes = cfg.bm * BK * 2
     k0 = Int32(0)
     if cutlass.const_expr(split is not None):
