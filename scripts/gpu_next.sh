@@ -401,7 +401,10 @@
 #         checks and racecheck with device_stream; not run since session 60's change), then
 #         `pytest -m gpu tests/test_megakernel_gpu.py` (the lost switches' removal kept the
 #         default PTX byte-identical: a check, not a change).
-#      2. Issue 5's table (`MK_STEPS=gemm`), e2e B=4096 (`MK_E2E_BATCH=4096 MK_E2E_MIXED=none`).
+#      2. Issue 5's table (`MK_STEPS=gemm`); e2e B=4096 (`MK_E2E_BATCH=4096 MK_E2E_MIXED=none`),
+#         so that issue 6's every point has been measured at one commit (1..1024 and mixed in
+#         session 63: all below 1; on an H200, the issue's GPU, if one comes: all points, in two
+#         calls).
 #      3. The attention skeleton: bench/attention.py's all-off variant (noload+nomath+nostore,
 #         ~3.5 us an instruction of nothing) journaled, to see which waits hold it; not built.
 #   000034. Session 62 ran 000033's 1 on one H100 (`*_0c74c71_2026-12-07_s62_h100*`): the step
