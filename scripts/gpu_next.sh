@@ -407,6 +407,10 @@
 #         calls).
 #      3. The attention skeleton: bench/attention.py's all-off variant (noload+nomath+nostore,
 #         ~3.5 us an instruction of nothing) journaled, to see which waits hold it; not built.
+#         A candidate from the code (not measured): every K / V page goes consumers `done` ->
+#         storer (waits it, in ring order) -> `empty` -> loader -> `full`, a relay through three
+#         warps per page; consumers that free K / V pages themselves would cut the storer out
+#         (the page-protocol model first: tests/test_page_protocol.py).
 #   000034. Session 62 ran 000033's 1 on one H100 (`*_0c74c71_2026-12-07_s62_h100*`): the step
 #      tests passed at the attn_lpt=2 default (19); a launch's host time alone is 48 us (median;
 #      marshalling 17, the stub 33), so session 61's 0.34 ms a launch inside the job is not the
