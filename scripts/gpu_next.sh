@@ -386,8 +386,8 @@
 # split-K up to 1024 tokens with its reduce in row slices, uneven split-K slices at 257..1024
 # tokens, prefill ATTENTION in 16-token row chunks, since session 23 one `full` barrier per GEMM
 # stage (MK_GEMM_STAGE_FULL=stage) and one N = 256 wgmma chain over two B pages (MK_GEMM_WIDE=1),
-# since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (MK_GEMM_TMA_STORE=residual,
-# MK_GEMM_STSM=residual); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
+# since session 25 O_PROJ / DOWN staged by stmatrix and TMA-stored (no switch since session
+# 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
 #   000035. Session 63 (`*_s63_h200*` at d1e93f3, `*_9507500_2026-12-07_s63_h100*`): run ahead's
