@@ -177,7 +177,7 @@ J_MMA_WAIT, J_ATTN_SOFTMAX = 23, 24
 J_EPI_READY = 25
 assert gk.KT_BASE >= J_EPI_READY + 1, "the K-step trace starts after the journal's own words"
 JCTA_WORDS = 4         # per-CTA row: t_entry, t_exit, sm, 0
-BAR_CONSUMER = 1       # both consumer warpgroups (256 threads)
+BAR_CONSUMER = gk.BAR_CONSUMERS   # both consumer warpgroups (256 threads)
 BAR_STORER = 2
 BAR_WG0 = 4            # consumer warpgroup 0 alone (the rows bodies, "group" hand-off);
                        # 3 is ak.BAR_ATTN (both consumer warpgroups, inside attn_consume)

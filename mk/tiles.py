@@ -63,6 +63,10 @@ TILE_SHAPES = {
     "m128n128": TileShape("m128n128", 128, 1, 128, "M"),
     "m64n256": TileShape("m64n256", 64, 2, 128, "PAGE"),
     "m64n128": TileShape("m64n128", 64, 1, 64, "N"),
+    # half of m64n128 (64-row B pages, m64n32 per warpgroup): at M <= 64 O_PROJ / DOWN make 128
+    # whole tiles of 8192 columns for 132 SMs, so every SM streams weights without a split-K
+    # reduce phase (session 64)
+    "m64n64": TileShape("m64n64", 64, 1, 32, "N", b_rows=64),
     "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
     # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128

@@ -252,6 +252,12 @@
 #          Engine.generate one step at a time vs planned ahead (overlap="plan") vs run ahead
 #          (overlap=True); per round also the megakernel's device time and the wall time
 #          outside it a step: genoverlap.log, genoverlap.json (~3 min)
+#   od64   O_PROJ / DOWN at M <= 64 on m64n64 tiles (MK_OD64_TILES; 128 whole tiles, no split
+#          reduce; norm_fold=4's ROW_PART then replaces the RMSNORM phases at B <= 64):
+#          bench/gemm.py at M = 64 / 40 default / tiles, the two-layer checks with the tiles
+#          (split-K never / auto, a 41-token first step), racecheck, then if clean decode
+#          MK_OD64_BATCH (1,16,64) default / tiles: od64.log, od64_gemm_{off,on}.json,
+#          od64_{off,on}.json (~8 min)
 #   launchhost where the host's 0.34 ms a launch goes (session 61's genoverlap): one prepared
 #          step of the tiny model launched --reps times by part (bench/launch_host.py: full
 #          launch, _args, argument marshalling, the host stub, a launch of arguments marshalled
@@ -1115,7 +1121,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120)
+                   [launchhost]=120 [od64]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2100,6 +2106,42 @@ if has planab; then
     time_variant planab "${e%%:*}" "--plan ${pl:-(none)} $ev" ${MK_PLANAB_BATCH:-16,64} "$ev" \
         "$mx ${pl:+--plan $pl}"
   done
+fi
+if has od64; then
+  # session 64: O_PROJ / DOWN at M <= 64 on m64n64 (64-row B pages, m64n32 per warpgroup, 128
+  # whole tiles of 8192 columns) instead of m64n128 split in two: no split-K reduce, and with
+  # unsplit writers norm_fold=4's ROW_PART replaces the RMSNORM phases at B <= 64 (an m64n64
+  # tile's warpgroups join their 32-column halves of a 64-column part in shared memory).
+  # bench/gemm.py at M = 64 (and 40: a rows tail) default / tiles, the two-layer checks with the
+  # tiles (decode steps of 4 tokens: the M64 class; split-K never: every O_PROJ / DOWN tile
+  # unsplit, writing ROW_PART; auto: the tiny model's 8 tiles split; a 41-token first step),
+  # racecheck of the split-K-never step, then decode MK_OD64_BATCH (1,16,64) default / tiles,
+  # megakernel only, no journal: od64.log, od64_gemm_{off,on}.json, od64_{off,on}.json (~8 min)
+  od_env="MK_TILES=${MK_OD64_TILES:-O_PROJ@64=m64n64,DOWN@64=m64n64}"
+  : > "$OUTDIR/od64.log"
+  for v in off on; do
+    e=""; [ $v = on ] && e=$od_env
+    echo "== bench/gemm.py M=64 ($v: ${e:-default})" | tee -a "$OUTDIR/od64.log"
+    env $e timeout 200 python bench/gemm.py --suite --no-compile --ops O_PROJ,DOWN --m 64 \
+        --odd-m 40 --reps 30 --split-k auto --out "$OUTDIR/od64_gemm_$v.json" \
+        > "$TMPD/od64_gemm_$v.log" 2>&1 || rc=1
+    grep -vE "^\[mk" "$TMPD/od64_gemm_$v.log" | grep -E "^(O_PROJ|DOWN) |PASS|FAIL|Error" \
+        | tee -a "$OUTDIR/od64.log"
+  done
+  export MK_TILES=${od_env#MK_TILES=}
+  MK_CHECK_TAG="m64n64 " check_to "$OUTDIR/od64.log" --split-k 1
+  MK_CHECK_TAG="m64n64 " check_to "$OUTDIR/od64.log" --split-k 0
+  MK_CHECK_TAG="m64n64 " check_to "$OUTDIR/od64.log" --split-k 1 --prompt-lens 13,20,1,7
+  MK_CHECK_TAG="m64n64 " racecheck_to "$OUTDIR/od64.log" --split-k 1
+  unset MK_TILES
+  if ! grep -q '"passed": false' "$OUTDIR/od64.log" \
+      && [ "$(grep -c '"passed": true' "$OUTDIR/od64.log")" -ge 4 ] \
+      && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/od64.log"; then
+    untraced_runs od64 "off|||${MK_OD64_BATCH:-1,16,64}" "on|$od_env||${MK_OD64_BATCH:-1,16,64}"
+  else
+    echo "== m64n64: a check or racecheck failed, not timed" | tee -a "$OUTDIR/od64.log"
+    rc=1
+  fi
 fi
 if has planpair; then
   # plan variants on one compiled kernel, their reps interleaved with the default plan's in one

@@ -104,6 +104,8 @@ NUM_CONSUMER_WARPS = 8         # two consumer warpgroups
 CONSUMER_THREADS = 256
 EMPTY_ARRIVALS = NUM_CONSUMER_WARPS
 DONE_ARRIVALS = NUM_CONSUMER_WARPS
+# the named barrier of both consumer warpgroups (mk.megakernel.BAR_CONSUMER)
+BAR_CONSUMERS = 1
 # In an m64n128 accumulator fragment, element i = e + 2h + 4j holds column 8j + 2(lane%4) + e of
 # row 16w + lane/4 + 8h: for j < 8 (i < 32) the element of column c + 64 is i + PARTNER_64 (RoPE's
 # rotate-half partner; the up column of a one-page gate/up tile's gate column)
@@ -368,10 +370,11 @@ class TileConfig(tiles.TileShape):
         return self.chains() * 64 * self.wn // 128
 
     def check(self, out_bytes: int = 2, npages: int = 13):
-        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (56, 64, 112, 128)
+        assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (32, 56, 64, 112, 128)
         assert self.b_rows == B_ROWS or (self.b_rows == 112 and self.gate_up
-                                         and self.wg in ("M", "N")), \
-            "112-row B pages only for gate/up tiles in M or N mode"
+                                         and self.wg in ("M", "N")) or (
+            self.b_rows == 64 and not self.gate_up and self.wg == "N" and self.nb == 1), \
+            "112-row B pages only for gate/up tiles in M or N mode, 64-row ones for m64n64"
         if self.wg == "M":
             assert self.bm == 128 and self.wn == self.b_rows
         elif self.wg == "N":
@@ -1330,7 +1333,8 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in packed bf16
     (rk.add_bf16x2).
     parts (RESIDUAL, PlanConfig.norm_fold=4: row_part_target's): the sums of squares of the h
-    words over each four column groups (64 columns) into ROW_PART (store_row_part)."""
+    words over each four column groups (64 columns) into ROW_PART (write_row_part; an m64n64
+    tile's two warpgroups join their halves first: join_warpgroup_halves)."""
     ob = out_bytes_of(epi)
     ngroup = out_pairs(cfg, acc) // 4
     r0, c0 = tCcC[0]
@@ -1358,7 +1362,15 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
                 # the group's first column in the tile: the warp's (c0 less the lane's pair,
                 # which in "N" mode carries the warpgroup's 64 columns) + coff + 16 k
                 gcol = c0 - ((lane & 3) << 1) + coff + 16 * (k - k % 4)
-                store_row_part(parts, ss, r0, gcol // mc.ROW_PART_COLS, lane)
+                xs = quad_row_sums(ss)
+                if cutlass.const_expr(cfg.wn < mc.ROW_PART_COLS):
+                    # m64n64: each warpgroup holds half of the part's columns
+                    half = (c0 - ((lane & 3) << 1)) // cfg.wn
+                    xs = join_warpgroup_halves(cfg, xs, r0, lane, half, pool, ep0)
+                    if half == 0:
+                        write_row_part(parts, xs, r0, 0, lane)
+                else:
+                    write_row_part(parts, xs, r0, gcol // mc.ROW_PART_COLS, lane)
                 ss = [Float32(0.0), Float32(0.0)]
         prims.stmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
                                      assumed_align=16).llvm_ptr, words, prims.MMALayout.ROW)
@@ -1372,17 +1384,26 @@ def row_part_target(split, row0: Int32, rows: Int32):
             split.ring[split.base + W_COL0], row0, rows, split.ring[split.base + W_COLS])
 
 
-@cute.jit
-def store_row_part(parts, ss: list, r: Int32, slot: Int32, lane: Int32):
-    """The four lanes of a row pair sum their squares (ss: rows r / r + 8 of the tile) and lane 0
-    of the four stores each row's into ROW_PART[row0 + row, word - 1 + col0 / 64 + slot] (the
-    tile's rows and column groups only: a tile narrower than its config computes padding
-    columns; nothing where the tile's A_ROW_PART word is 0)."""
-    rp, ld, word, col0, row0, rows, cols = parts
-    for h in cutlass.range_constexpr(2):
+def quad_row_sums(ss: list) -> list:
+    """The sums of the four lanes of each row pair (ss: the thread's rows r / r + 8), in every
+    lane of the four."""
+    xs = []
+    for h in range(2):          # trace time (a plain helper, not a @cute.jit body)
         x = ss[h]
         x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
         x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+        xs.append(x)
+    return xs
+
+
+@cute.jit
+def write_row_part(parts, xs: list, r: Int32, slot: Int32, lane: Int32):
+    """Lane 0 of each four stores its rows' sums (xs: rows r / r + 8 of the tile, quad_row_sums)
+    into ROW_PART[row0 + row, word - 1 + col0 / 64 + slot] (the tile's rows and column groups
+    only: a tile narrower than its config computes padding columns; nothing where the tile's
+    A_ROW_PART word is 0)."""
+    rp, ld, word, col0, row0, rows, cols = parts
+    for h in cutlass.range_constexpr(2):
         row = r + 8 * h
         if word > 0:
             if lane % 4 == 0:
@@ -1390,7 +1411,30 @@ def store_row_part(parts, ss: list, r: Int32, slot: Int32, lane: Int32):
                     col = word - 1 + col0 // mc.ROW_PART_COLS + slot
                     addr = rp + (Int64(row0 + row) * Int64(ld) + Int64(col)) * 4
                     cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
-                                                   assumed_align=4), cute.make_layout(1))[0] = x
+                                                   assumed_align=4), cute.make_layout(1))[0] = xs[h]
+
+
+@cute.jit
+def join_warpgroup_halves(cfg: cutlass.Constexpr, xs: list, r: Int32, lane: Int32, half: Int32,
+                          pool: Int32, ep0: Int32) -> list:
+    """A tile whose warpgroups hold 32 columns each of one 64-column ROW_PART group (m64n64):
+    warpgroup 1's row sums (quad_row_sums) to warpgroup 0 through the epilogue page's unused
+    second box (the tile's output is its first), after both consumer warpgroups' named barrier;
+    returns warpgroup 0's sums plus warpgroup 1's, in that order (deterministic)."""
+    assert cfg.bm == 64 and cfg.epi_boxes(2) == 1, "the scratch is the second 64-row box"
+    scratch = cute.make_tensor(cute.make_ptr(Float32, pool + ep0 * PAGE + cfg.bm * 128,
+                                             cute.AddressSpace.smem, assumed_align=4),
+                               cute.make_layout(cfg.bm))
+    if half == 1:
+        if lane % 4 == 0:
+            scratch[r] = xs[0]
+            scratch[r + 8] = xs[1]
+    cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=CONSUMER_THREADS)
+    lo, hi = xs[0], xs[1]
+    if half == 0:
+        lo = lo + scratch[r]
+        hi = hi + scratch[r + 8]
+    return [lo, hi]
 
 
 def operand_bar(empty: cute.Pointer, done: cute.Pointer) -> cute.Pointer:
