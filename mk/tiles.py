@@ -7,7 +7,7 @@ same table (`step_tiles`), and `gemm_tile_error` is the tile predicate mk.megake
 applies before a launch (tests apply it to default plans on the CPU).
 
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64; a B page is 128 weight
-rows, or 112 for the gu_m*n112 / gu_m128n56 tiles (see _gemm_kernel.py's docstring for the
+rows, or 112 for the gu_m*n112 / gu_m128n56 tiles, 64 for m64n64 (see _gemm_kernel.py's docstring for the
 wgmma modes "M", "N", "PAGE"). GATE_UP tiles load the gate and the up rows of the same output
 columns: 128 (112) in two B pages (bn = 128 / 112), or 64 (56) in one (gu_m128n64: 64 gate rows
 then 64 up rows, bn = 64).
@@ -65,7 +65,7 @@ TILE_SHAPES = {
     "m64n128": TileShape("m64n128", 64, 1, 64, "N"),
     # half of m64n128 (64-row B pages, m64n32 per warpgroup): at M <= 64 O_PROJ / DOWN make 128
     # whole tiles of 8192 columns for 132 SMs, so every SM streams weights without a split-K
-    # reduce phase (session 64)
+    # reduce phase (the M <= 64 class's since session 64)
     "m64n64": TileShape("m64n64", 64, 1, 32, "N", b_rows=64),
     "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
@@ -96,9 +96,15 @@ TILE_TABLE = {
     # (DOWN) for 132 SMs, a phase of its own under the op-major queue; m128n128 makes 128.
     # 70B TP8 decode ctx 1024, H200, session 18 (bench/results/planab_{base,od}_2026-11-30_s18):
     # B=256 17.884 -> 15.528 ms (-13.2%); under the interleaved queue (session 16) it was +1.7%.
-    # Splitting m128n256 along K instead lost (DOWN +1.0%, O and DOWN +2.3%: the reduce hop)
-    Op.O_PROJ: ("m64n128", "m128n128", "m128n256", "m128n256"),
-    Op.DOWN: ("m64n128", "m128n128", "m128n256", "m128n256"),
+    # Splitting m128n256 along K instead lost (DOWN +1.0%, O and DOWN +2.3%: the reduce hop).
+    # At M <= 64 on m64n64 since session 64 (128 whole tiles where m64n128 made 64, split in two
+    # with a SPLITK_REDUCE each; whole writers of h also let norm_fold=4's ROW_PART replace the
+    # RMSNORM phases): 70B TP8 decode ctx 1024, H100, B=1 / 16 / 64 8.553 -> 8.295 / 8.722 ->
+    # 8.594 / 9.751 -> 9.398 ms (-3.0% / -1.5% / -3.6%); bench/gemm.py M=64 O_PROJ 18.5 -> 14.5
+    # us, DOWN 32.2 -> 28.4 (bench/results/od64_*_839263e_2026-12-07_s64_h100*); the two-layer
+    # checks, racecheck, memcheck and synccheck clean
+    Op.O_PROJ: ("m64n64", "m128n128", "m128n256", "m128n256"),
+    Op.DOWN: ("m64n64", "m128n128", "m128n256", "m128n256"),
     # GATE_UP at 64 < M <= 256 on 64-column tiles (gu_m128n64): at B=256 gu_m128 made 56 tiles,
     # split in two by the planner with a SPLITK_REDUCE per tile; gu_m128n64 makes 112 whole ones
     # (no reduce). 70B TP8 decode ctx 1024, H200, session 16 (bench/results/tiles256_*,

@@ -25,7 +25,7 @@ from cutlass import BFloat16, Float32  # noqa: E402
 pytestmark = pytest.mark.compile
 
 REQUIRED_PTX = {
-    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(56|64|112|128|256)k16\.f32\.bf16\.bf16",
+    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(32|56|64|112|128|256)k16\.f32\.bf16\.bf16",
     "wgmma wait_group 1 (async chain)": r"wgmma\.wait_group\.sync\.aligned\s+1;",
     "cp.async.bulk.tensor": r"cp\.async\.bulk\.tensor",
     "setmaxnreg.inc": r"setmaxnreg\.inc",
@@ -39,10 +39,12 @@ REQUIRED_PTX = {
 CASES = [
     ("O_PROJ", "m128n256", 8),
     ("O_PROJ", "m128n128", 4),     # the M <= 256 class since session 18
-    ("O_PROJ", "m64n128", 4),
+    ("O_PROJ", "m64n128", 4),      # the M <= 64 class until session 64
+    ("O_PROJ", "m64n64", 4),       # the M <= 64 class since session 64: m64n32 per warpgroup
     ("DOWN", "m128n256", 8),
     ("DOWN", "m128n128", 4),
     ("DOWN", "m64n128", 4),
+    ("DOWN", "m64n64", 4),
     ("GATE_UP", "gu_m128", 8),
     ("GATE_UP", "gu_m64", 8),
     ("GATE_UP", "gu_m128n64", 4),      # one B page of 64 gate + 64 up rows
@@ -98,7 +100,7 @@ def test_tile_table_fits_the_pool():
             cfg = gk.TILES[name]
             cfg.check(gk.out_bytes_of(gk.epi_of(op)), 13)
             assert cfg.gate_up == (op == Op.GATE_UP), (op, name)
-    for m, want in ((64, "m64n128"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
+    for m, want in ((64, "m64n64"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
                     (1024, "m128n256"), (4096, "m128n256")):
         assert gk.choose_tile(Op.O_PROJ, m).name == want
 

@@ -1313,3 +1313,21 @@ def test_row_parts_variant_compiles_without_spills(tmp_path):
     for pat in (r"shfl\.sync\.bfly", r"\brsqrt\."):
         n = [len(re.findall(pat, p)) for p in (base, ptx)]
         assert n[1] > n[0], (pat, n)
+
+
+def test_row_parts_m64_variant_joins_warpgroup_halves(tmp_path):
+    """The M64 class with ROW_PART (norm_fold=4, its default plan since O_PROJ / DOWN run whole
+    m64n64 tiles there, session 64): each warpgroup holds 32 of a 64-column part's columns, so
+    the O_PROJ / DOWN epilogue joins the halves through shared memory after the consumers' named
+    barrier (gk.join_warpgroup_halves). It compiles with 0 spills and no call, on m64n32 wgmmas,
+    with more of that barrier than the class's build without ROW_PART."""
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op
+    assert gk.choose_tile(Op.O_PROJ, 64).name == "m64n64", "the table changed: update this test"
+    ptx = variant_ptx(tmp_path, "rowparts64", {}, "", m_class=64, slots=", row_parts=True")
+    assert_clean_variant(tmp_path, "rowparts64", ptx)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16", ptx)
+    base = variant_ptx(tmp_path, "rowparts_base64", {}, "", m_class=64)
+    bar = r"bar\.sync\s+%d," % gk.BAR_CONSUMERS
+    n = [len(re.findall(bar, p)) for p in (base, ptx)]
+    assert n[1] > n[0], n

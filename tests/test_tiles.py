@@ -26,8 +26,9 @@ def test_table_classes():
     """The classes and picks the GPU compile gate and GEMM_NOTES describe."""
     for m, cls in ((1, 0), (64, 0), (65, 1), (256, 1), (257, 2), (1024, 2), (1025, 3), (4096, 3)):
         assert tiles.m_class(m) == cls, m
-    # O_PROJ / DOWN: m128n128 at 64 < M <= 256 since session 18 (128 tiles at B=256, not 64)
-    for m, want in ((64, "m64n128"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
+    # O_PROJ / DOWN: m128n128 at 64 < M <= 256 since session 18 (128 tiles at B=256, not 64),
+    # m64n64 at M <= 64 since session 64 (128 whole tiles, not 64 split in two)
+    for m, want in ((64, "m64n64"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
                     (1024, "m128n256"), (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
         assert tiles.tile_name(Op.DOWN, m) == want

@@ -13,13 +13,15 @@ of bf16). Every shared-memory operand box is exactly one 16 KiB page of the mega
     A page   BM x 64 bf16 (BM = 128: the whole page; BM = 64: half of it), SW128 K-major
     B page   128 weight rows x 64 bf16, SW128 K-major (112 rows for the gate/up tiles of 112 /
              56 output columns, gu_m128n112 / gu_m64n112 / gu_m128n56: wgmma N = 112, or 56 per
-             warpgroup in N mode; a 14 KiB load)
+             warpgroup in N mode; a 14 KiB load; 64 rows for m64n64: m64n32 per warpgroup, an
+             8 KiB load)
 so no operand needs two *contiguous* pages, and the pool can be used in plain ring order by every
 role. A stage (one K-step) is 1 A page + NB B pages. Two consumer warpgroups (256 threads) share
 each stage; how they split the tile is the config's `wg` mode:
     "M"     BM = 128: warpgroup w owns rows [64w, 64w+64) and every B page (one accumulator of
             64 x 128 per B page: wgmma m64n128k16, two chains for NB = 2)
-    "N"     BM = 64:  warpgroup w owns columns [64w, 64w+64) of every B page (m64n64k16)
+    "N"     BM = 64:  warpgroup w owns columns [64w, 64w+64) of every B page (m64n64k16; half
+            the page's rows, wn, on 112- / 64-row pages)
     "PAGE"  BM = 64, NB = 2: warpgroup w owns B page w (m64n128k16)
 GATE_UP loads the gate rows [c0, c0+BNo) and the up rows [I + c0, I + c0 + BNo) of the stacked
 gate_up weight (one TMA descriptor, two coordinates): NB = 2 pages of 128 rows (gate page, up page:
