@@ -396,6 +396,21 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000036. Session 64 (`*_s64_h100*` at 05c1817, 839263e, 129c834): the step tests (19),
+#      the two-layer checks and racecheck pass at 05c1817; issue 6's every point in one run
+#      below 1 (0.89 / 0.91 / 0.96 / 0.95 / 0.98 / 0.98, mixed 0.996); O_PROJ / DOWN on m64n64
+#      at M <= 64 (the default since 129c834: 128 whole tiles, ROW_PART at B <= 64): B=1 / 16 /
+#      64 -3.0% / -1.5% / -3.6%, bench/gemm.py M=64 O_PROJ 1.01, DOWN 0.99 of cuBLAS +
+#      epilogue; memcheck / synccheck clean, the parity step tests pass. In order:
+#      1. `MK_VERIFY_FILES=tests/test_megakernel_gpu.py MK_STEPS=verify`, then
+#         `pytest -m gpu tests/test_megakernel_step_gpu.py tests/test_gemm_gpu.py` (the
+#         m64n64 default's whole GPU suite: only the parity tests ran with it; test_gemm_gpu
+#         has DOWN at M = 64 / 40 on it now).
+#      2. Issue 5's table at the new default (`MK_STEPS=gemm`, ~420 s): the M = 64 rows (O_PROJ
+#         1.01 in session 64's od64 run) and DOWN 1024 (1.04 in session 55) are the misses.
+#      3. genoverlap's small jobs (`MK_GO_ARGS="--job 1:128:128:256 --job 16:128:128:256"`):
+#         the m64n64 default in generation.
+#      4. 000035's 3 (the attention skeleton), not run.
 #   000035. Session 63 (`*_s63_h200*` at d1e93f3, `*_9507500_2026-12-07_s63_h100*`): run ahead's
 #      first run failed the HF parity test (a launch record made in inference mode, copied into
 #      outside it; fixed in 1eef68b), then on the H100 passed it and gave 0.798 / 0.804 / 0.878 /
