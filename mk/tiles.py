@@ -7,10 +7,10 @@ same table (`step_tiles`), and `gemm_tile_error` is the tile predicate mk.megake
 applies before a launch (tests apply it to default plans on the CPU).
 
 A tile is BM token rows x BN output columns of x @ W^T, K-step BK = 64; a B page is 128 weight
-rows, or 112 for the gu_m*n112 / gu_m128n56 tiles, 64 for m64n64 (see _gemm_kernel.py's docstring for the
-wgmma modes "M", "N", "PAGE"). GATE_UP tiles load the gate and the up rows of the same output
-columns: 128 (112) in two B pages (bn = 128 / 112), or 64 (56) in one (gu_m128n64: 64 gate rows
-then 64 up rows, bn = 64).
+rows, or 112 for the gu_m*n112 / gu_m128n56 tiles, 64 for m64n64 (see _gemm_kernel.py's
+docstring for the wgmma modes "M", "N", "PAGE"). GATE_UP tiles load the gate and the up rows of
+the same output columns: 128 (112) in two B pages (bn = 128 / 112), or 64 (56) in one
+(gu_m128n64: 64 gate rows then 64 up rows, bn = 64).
 
 M class: M = the step's token rows (the megakernel compiles one variant per class and picks it from
 the step's token count, `Megakernel(gemm_m=...)`); LM_HEAD's rows are sequences, and its M may be

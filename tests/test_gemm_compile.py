@@ -25,7 +25,8 @@ from cutlass import BFloat16, Float32  # noqa: E402
 pytestmark = pytest.mark.compile
 
 REQUIRED_PTX = {
-    "wgmma.mma_async": r"wgmma\.mma_async\.sync\.aligned\.m64n(32|56|64|112|128|256)k16\.f32\.bf16\.bf16",
+    "wgmma.mma_async":
+        r"wgmma\.mma_async\.sync\.aligned\.m64n(32|56|64|112|128|256)k16\.f32\.bf16\.bf16",
     "wgmma wait_group 1 (async chain)": r"wgmma\.wait_group\.sync\.aligned\s+1;",
     "cp.async.bulk.tensor": r"cp\.async\.bulk\.tensor",
     "setmaxnreg.inc": r"setmaxnreg\.inc",

@@ -247,7 +247,8 @@ def test_uneven_split_70b_tp8(monkeypatch):
     """At 70B TP8 up to 64 tokens only GATE_UP's 128-column tiles (the table's before session 20)
     split unevenly: 28 tiles in 29 + 29 + 29 + 29 + 12 K steps (126 SMs, at most 29 K steps
     each, against 4 x 32 on 112), the slices on the GPU bodies' BK grid; QKV_ROPE keeps its
-    factor and O_PROJ / DOWN stay whole (m64n64: 128 tiles). The 112-row tiles' 32 split evenly in 4 on 128 SMs. Off by default."""
+    factor and O_PROJ / DOWN stay whole (m64n64: 128 tiles). The 112-row tiles' 32 split evenly
+    in 4 on 128 SMs. Off by default."""
     cfg = PlanConfig(split_k=0, split_uneven_max_tokens=64, split_uneven_min_tokens=0)
     for m in (1, 16, 64):
         plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
