@@ -252,7 +252,9 @@
 #          Engine.generate one step at a time vs planned ahead (overlap="plan") vs run ahead
 #          (overlap=True); per round also the megakernel's device time and the wall time
 #          outside it a step: genoverlap.log, genoverlap.json (~3 min)
-#   od64   O_PROJ / DOWN at M <= 64 on m64n64 tiles (MK_OD64_TILES; 128 whole tiles, no split
+#   od64   O_PROJ / DOWN at M <= 64 on MK_OD64_TILES (default m64n128, the tile before session 64;
+#          session 64 ran it with MK_OD64_TILES m64n64 against m64n128, made m64n64 the default:
+#          128 whole tiles, no split
 #          reduce; norm_fold=4's ROW_PART then replaces the RMSNORM phases at B <= 64):
 #          bench/gemm.py at M = 64 / 40 default / tiles, the two-layer checks with the tiles
 #          (split-K never / auto, a 41-token first step), racecheck, then if clean decode
@@ -2132,7 +2134,8 @@ if has od64; then
   # unsplit, writing ROW_PART; auto: the tiny model's 8 tiles split; a 41-token first step),
   # racecheck of the split-K-never step, then decode MK_OD64_BATCH (1,16,64) default / tiles,
   # megakernel only, no journal: od64.log, od64_gemm_{off,on}.json, od64_{off,on}.json (~8 min)
-  od_env="MK_TILES=${MK_OD64_TILES:-O_PROJ@64=m64n64,DOWN@64=m64n64}"
+  # ("on" is m64n128, the tile before session 64, since m64n64 became the default)
+  od_env="MK_TILES=${MK_OD64_TILES:-O_PROJ@64=m64n128,DOWN@64=m64n128}"
   : > "$OUTDIR/od64.log"
   for v in off on; do
     e=""; [ $v = on ] && e=$od_env
@@ -2144,17 +2147,17 @@ if has od64; then
         | tee -a "$OUTDIR/od64.log"
   done
   export MK_TILES=${od_env#MK_TILES=}
-  MK_CHECK_TAG="m64n64 " check_to "$OUTDIR/od64.log" --split-k 1
-  MK_CHECK_TAG="m64n64 " check_to "$OUTDIR/od64.log" --split-k 0
-  MK_CHECK_TAG="m64n64 " check_to "$OUTDIR/od64.log" --split-k 1 --prompt-lens 13,20,1,7
-  MK_CHECK_TAG="m64n64 " racecheck_to "$OUTDIR/od64.log" --split-k 1
+  MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 1
+  MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 0
+  MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 1 --prompt-lens 13,20,1,7
+  MK_CHECK_TAG="$MK_TILES " racecheck_to "$OUTDIR/od64.log" --split-k 1
   unset MK_TILES
   if ! grep -q '"passed": false' "$OUTDIR/od64.log" \
       && [ "$(grep -c '"passed": true' "$OUTDIR/od64.log")" -ge 4 ] \
       && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/od64.log"; then
     untraced_runs od64 "off|||${MK_OD64_BATCH:-1,16,64}" "on|$od_env||${MK_OD64_BATCH:-1,16,64}"
   else
-    echo "== m64n64: a check or racecheck failed, not timed" | tee -a "$OUTDIR/od64.log"
+    echo "== $od_env: a check or racecheck failed, not timed" | tee -a "$OUTDIR/od64.log"
     rc=1
   fi
 fi
