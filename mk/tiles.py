@@ -67,6 +67,9 @@ TILE_SHAPES = {
     # whole tiles of 8192 columns for 132 SMs, so every SM streams weights without a split-K
     # reduce phase (the M <= 64 class's since session 64)
     "m64n64": TileShape("m64n64", 64, 1, 32, "N", b_rows=64),
+    # the same 64-row B page under BM = 128 (m64n64 per warpgroup, "M" mode): 128 whole O_PROJ
+    # / DOWN tiles per 128-row block (session 64, an MK_TILES candidate for 65..128 tokens)
+    "m128n64": TileShape("m128n64", 128, 1, 64, "M", b_rows=64),
     "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
     # 64 output columns: one B page of 64 gate + 64 up rows, twice the tiles of gu_m128

@@ -259,7 +259,8 @@
 #          bench/gemm.py at M = 64 / 40 default / tiles, the two-layer checks with the tiles
 #          (split-K never / auto, a 41-token first step), racecheck, then if clean decode
 #          MK_OD64_BATCH (1,16,64) default / tiles: od64.log, od64_gemm_{off,on}.json,
-#          od64_{off,on}.json (~8 min)
+#          od64_{off,on}.json (~8 min). Another class: see the step (MK_OD64_M, MK_OD64_ODD,
+#          MK_OD64_LENS; m128n64 at 65..256 tokens, session 64's candidate)
 #   launchhost where the host's 0.34 ms a launch goes (session 61's genoverlap): one prepared
 #          step of the tiny model launched --reps times by part (bench/launch_host.py: full
 #          launch, _args, argument marshalling, the host stub, a launch of arguments marshalled
@@ -2134,14 +2135,18 @@ if has od64; then
   # unsplit, writing ROW_PART; auto: the tiny model's 8 tiles split; a 41-token first step),
   # racecheck of the split-K-never step, then decode MK_OD64_BATCH (1,16,64) default / tiles,
   # megakernel only, no journal: od64.log, od64_gemm_{off,on}.json, od64_{off,on}.json (~8 min)
-  # ("on" is m64n128, the tile before session 64, since m64n64 became the default)
+  # ("on" is m64n128, the tile before session 64, since m64n64 became the default). Another
+  # class: MK_OD64_TILES="O_PROJ@256=m128n64,DOWN@256=m128n64" MK_OD64_M=128,256
+  # MK_OD64_ODD=200 MK_OD64_LENS=60,30,10,20 MK_OD64_BATCH=96,128,192,256 (m128n64 at 65..256
+  # tokens: 128 whole tiles a row block, ROW_PART at 65..128 tokens; session 64's candidate)
   od_env="MK_TILES=${MK_OD64_TILES:-O_PROJ@64=m64n128,DOWN@64=m64n128}"
   : > "$OUTDIR/od64.log"
   for v in off on; do
     e=""; [ $v = on ] && e=$od_env
-    echo "== bench/gemm.py M=64 ($v: ${e:-default})" | tee -a "$OUTDIR/od64.log"
-    env $e timeout 200 python bench/gemm.py --suite --no-compile --ops O_PROJ,DOWN --m 64 \
-        --odd-m 40 --reps 30 --split-k auto --out "$OUTDIR/od64_gemm_$v.json" \
+    echo "== bench/gemm.py M=${MK_OD64_M:-64} ($v: ${e:-default})" | tee -a "$OUTDIR/od64.log"
+    env $e timeout 200 python bench/gemm.py --suite --no-compile --ops O_PROJ,DOWN \
+        --m "${MK_OD64_M:-64}" --odd-m "${MK_OD64_ODD:-40}" --reps 30 --split-k auto \
+        --out "$OUTDIR/od64_gemm_$v.json" \
         > "$TMPD/od64_gemm_$v.log" 2>&1 || rc=1
     grep -vE "^\[mk" "$TMPD/od64_gemm_$v.log" | grep -E "^(O_PROJ|DOWN) |PASS|FAIL|Error" \
         | tee -a "$OUTDIR/od64.log"
@@ -2149,7 +2154,8 @@ if has od64; then
   export MK_TILES=${od_env#MK_TILES=}
   MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 1
   MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 0
-  MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 1 --prompt-lens 13,20,1,7
+  MK_CHECK_TAG="$MK_TILES " check_to "$OUTDIR/od64.log" --split-k 1 \
+      --prompt-lens "${MK_OD64_LENS:-13,20,1,7}"
   MK_CHECK_TAG="$MK_TILES " racecheck_to "$OUTDIR/od64.log" --split-k 1
   unset MK_TILES
   if ! grep -q '"passed": false' "$OUTDIR/od64.log" \

@@ -46,6 +46,7 @@ CASES = [
     ("DOWN", "m128n128", 4),
     ("DOWN", "m64n128", 4),
     ("DOWN", "m64n64", 4),
+    ("DOWN", "m128n64", 4),        # not in the table: session 64's candidate at 65..256 tokens
     ("GATE_UP", "gu_m128", 8),
     ("GATE_UP", "gu_m64", 8),
     ("GATE_UP", "gu_m128n64", 4),      # one B page of 64 gate + 64 up rows

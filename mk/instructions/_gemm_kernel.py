@@ -375,8 +375,8 @@ class TileConfig(tiles.TileShape):
         assert self.bm in (64, 128) and self.nb in (1, 2) and self.wn in (32, 56, 64, 112, 128)
         assert self.b_rows == B_ROWS or (self.b_rows == 112 and self.gate_up
                                          and self.wg in ("M", "N")) or (
-            self.b_rows == 64 and not self.gate_up and self.wg == "N" and self.nb == 1), \
-            "112-row B pages only for gate/up tiles in M or N mode, 64-row ones for m64n64"
+            self.b_rows == 64 and not self.gate_up and self.wg in ("M", "N") and self.nb == 1), \
+            "112-row B pages only for gate/up tiles in M or N mode, 64-row ones for m64n64 / m128n64"
         if self.wg == "M":
             assert self.bm == 128 and self.wn == self.b_rows
         elif self.wg == "N":
