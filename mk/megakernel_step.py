@@ -98,9 +98,9 @@ def class_row_parts(plan_cfg: PlanConfig, model: ModelConfig, parallel, kernel: 
                     num_tokens: int) -> bool:
     """Whether the megakernel variant of num_tokens' M class compiles PlanConfig.norm_fold=4's
     ROW_PART code (mk.megakernel.GemmSlot.row_parts): only where a step of the class may use it
-    (mk.plan.row_parts_planned; the M64 class of the 70B rank does not: its O_PROJ / DOWN
-    split), so the small steps keep the norm_fold=2 build (a plan that uses ROW_PART in a build
-    without it is refused by the host check)."""
+    (mk.plan.row_parts_planned; e.g. not where every O_PROJ / DOWN splits), so such classes keep
+    the norm_fold=2 build (a plan that uses ROW_PART in a build without it is refused by the
+    host check)."""
     from mk import tiles
     from mk.plan import row_parts_planned
     return row_parts_planned(plan_cfg, kernel, model, parallel,

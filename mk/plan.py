@@ -1278,7 +1278,8 @@ def row_parts_planned(cfg: PlanConfig, kernel: KernelConfig, model: ModelConfig,
                       parallel: ParallelConfig, lo: int, hi: int) -> bool:
     """Whether cfg may plan ROW_PART (norm_fold=4: an O_PROJ or DOWN that does not split, at TP
     1) in some step of lo..hi token rows: the megakernel variant of an M class compiles the
-    ROW_PART code only then (at most 128 tokens both split and the plans are norm_fold=2's).
+    ROW_PART code only then (at 70B TP8 in 65..128 tokens both split and the plans are
+    norm_fold=2's; up to 64 they are whole m64n64 tiles since session 64).
     Conservative: the writers' 64-column alignment, the planner's last condition, is not asked."""
     if cfg.norm_fold != 4 or parallel.tp_size != 1:
         return False
