@@ -413,7 +413,15 @@
 #         1.01 in session 64's od64 run) and DOWN 1024 (1.04 in session 55) are the misses.
 #      3. genoverlap's small jobs (`MK_GO_ARGS="--job 1:128:128:256 --job 16:128:128:256"`):
 #         the m64n64 default in generation.
-#      4. 000035's 3 (the attention skeleton), not run.
+#      4. m128n64 at 65..256 tokens (built, 0 spills in the M256 class with and without
+#         ROW_PART, CPU plans and checks pass with it; not GPU-run): `MK_STEPS=od64
+#         MK_OD64_TILES=O_PROJ@256=m128n64,DOWN@256=m128n64 MK_OD64_M=128,256 MK_OD64_ODD=200
+#         MK_OD64_LENS=60,30,10,20 MK_OD64_BATCH=96,128,192,256`. At 96 / 128 tokens O_PROJ /
+#         DOWN become 128 whole tiles (64 split in two now) and the RMSNORM phases leave the plan
+#         (ROW_PART), as m64n64 did up to 64; at 192 / 256 they are 256 tiles (two waves) where
+#         m128n128 makes 128: if it loses there, split the class (64 < M <= 128) rather than drop
+#         it.
+#      5. 000035's 3 (the attention skeleton), not run.
 #   000035. Session 63 (`*_s63_h200*` at d1e93f3, `*_9507500_2026-12-07_s63_h100*`): run ahead's
 #      first run failed the HF parity test (a launch record made in inference mode, copied into
 #      outside it; fixed in 1eef68b), then on the H100 passed it and gave 0.798 / 0.804 / 0.878 /
