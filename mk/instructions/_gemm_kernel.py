@@ -1335,7 +1335,7 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
     group (every group's first, as EPI_BATCH, spilled 176 bytes at M1024), added in packed bf16
     (rk.add_bf16x2).
     parts (RESIDUAL, PlanConfig.norm_fold=4: row_part_target's): the sums of squares of the h
-    words over each four column groups (64 columns) into ROW_PART (write_row_part; an m64n64
+    words over each four column groups (64 columns) into ROW_PART (store_row_part; an m64n64
     tile's two warpgroups join their halves first: join_warpgroup_halves)."""
     ob = out_bytes_of(epi)
     ngroup = out_pairs(cfg, acc) // 4
@@ -1364,15 +1364,15 @@ def stsm_epilogue(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, accs, acc, tCc
                 # the group's first column in the tile: the warp's (c0 less the lane's pair,
                 # which in "N" mode carries the warpgroup's 64 columns) + coff + 16 k
                 gcol = c0 - ((lane & 3) << 1) + coff + 16 * (k - k % 4)
-                xs = quad_row_sums(ss)
                 if cutlass.const_expr(cfg.wn < mc.ROW_PART_COLS):
                     # m64n64: each warpgroup holds half of the part's columns
                     half = (c0 - ((lane & 3) << 1)) // cfg.wn
-                    xs = join_warpgroup_halves(cfg, xs, r0, lane, half, pool, ep0)
+                    xs = join_warpgroup_halves(cfg, quad_row_sums(ss), r0, lane, half, pool,
+                                               ep0)
                     if half == 0:
-                        write_row_part(parts, xs, r0, 0, lane)
+                        store_row_part(parts, xs, r0, 0, lane, True)
                 else:
-                    write_row_part(parts, xs, r0, gcol // mc.ROW_PART_COLS, lane)
+                    store_row_part(parts, ss, r0, gcol // mc.ROW_PART_COLS, lane)
                 ss = [Float32(0.0), Float32(0.0)]
         prims.stmatrix(cute.make_ptr(BFloat16, a, cute.AddressSpace.smem,
                                      assumed_align=16).llvm_ptr, words, prims.MMALayout.ROW)
@@ -1388,7 +1388,7 @@ def row_part_target(split, row0: Int32, rows: Int32):
 
 def quad_row_sums(ss: list) -> list:
     """The sums of the four lanes of each row pair (ss: the thread's rows r / r + 8), in every
-    lane of the four."""
+    lane of the four (store_row_part's own sums, for a tile that joins them first)."""
     xs = []
     for h in range(2):          # trace time (a plain helper, not a @cute.jit body)
         x = ss[h]
@@ -1399,13 +1399,18 @@ def quad_row_sums(ss: list) -> list:
 
 
 @cute.jit
-def write_row_part(parts, xs: list, r: Int32, slot: Int32, lane: Int32):
-    """Lane 0 of each four stores its rows' sums (xs: rows r / r + 8 of the tile, quad_row_sums)
-    into ROW_PART[row0 + row, word - 1 + col0 / 64 + slot] (the tile's rows and column groups
-    only: a tile narrower than its config computes padding columns; nothing where the tile's
-    A_ROW_PART word is 0)."""
+def store_row_part(parts, ss: list, r: Int32, slot: Int32, lane: Int32,
+                   summed: cutlass.Constexpr = False):
+    """The four lanes of a row pair sum their squares (ss: rows r / r + 8 of the tile; summed:
+    already quad_row_sums') and lane 0 of the four stores each row's into ROW_PART[row0 + row,
+    word - 1 + col0 / 64 + slot] (the tile's rows and column groups only: a tile narrower than
+    its config computes padding columns; nothing where the tile's A_ROW_PART word is 0)."""
     rp, ld, word, col0, row0, rows, cols = parts
     for h in cutlass.range_constexpr(2):
+        x = ss[h]
+        if cutlass.const_expr(not summed):
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
         row = r + 8 * h
         if word > 0:
             if lane % 4 == 0:
@@ -1413,7 +1418,7 @@ def write_row_part(parts, xs: list, r: Int32, slot: Int32, lane: Int32):
                     col = word - 1 + col0 // mc.ROW_PART_COLS + slot
                     addr = rp + (Int64(row0 + row) * Int64(ld) + Int64(col)) * 4
                     cute.make_tensor(cute.make_ptr(Float32, addr, cute.AddressSpace.gmem,
-                                                   assumed_align=4), cute.make_layout(1))[0] = xs[h]
+                                                   assumed_align=4), cute.make_layout(1))[0] = x
 
 
 @cute.jit
