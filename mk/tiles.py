@@ -68,7 +68,7 @@ TILE_SHAPES = {
     # reduce phase (the M <= 64 class's since session 64)
     "m64n64": TileShape("m64n64", 64, 1, 32, "N", b_rows=64),
     # the same 64-row B page under BM = 128 (m64n64 per warpgroup, "M" mode): 128 whole O_PROJ
-    # / DOWN tiles per 128-row block (session 64, an MK_TILES candidate for 65..128 tokens)
+    # / DOWN tiles per 128-row block (session 64; the 65..128-token class's since session 65)
     "m128n64": TileShape("m128n64", 128, 1, 64, "M", b_rows=64),
     "gu_m128": TileShape("gu_m128", 128, 2, 128, "M", gate_up=True),
     "gu_m64": TileShape("gu_m64", 64, 2, 64, "N", gate_up=True),
@@ -94,7 +94,7 @@ TILE_SHAPES = {
 # on the H200 (session 7, bench/results/tiles_2026-11-29_s7.json), decode B=128 22.04 -> 19.76 ms
 # and B=256 33.99 -> 29.33 ms against BM = 64 there.
 TILE_TABLE = {
-    # op:            (M <= 64,    M <= 256,    M <= 1024,   M > 1024)
+    # op:            (M <= 64,    M <= 128,    M <= 256,    M <= 1024,   M > 1024)
     # O_PROJ / DOWN at 64 < M <= 256 on m128n128: at B=256 m128n256 made 64 tiles of ~50 us
     # (DOWN) for 132 SMs, a phase of its own under the op-major queue; m128n128 makes 128.
     # 70B TP8 decode ctx 1024, H200, session 18 (bench/results/planab_{base,od}_2026-11-30_s18):
@@ -106,8 +106,14 @@ TILE_TABLE = {
     # 8.594 / 9.751 -> 9.398 ms (-3.0% / -1.5% / -3.6%); bench/gemm.py M=64 O_PROJ 18.5 -> 14.5
     # us, DOWN 32.2 -> 28.4 (bench/results/od64_*_839263e_2026-12-07_s64_h100*); the two-layer
     # checks, racecheck, memcheck and synccheck clean
-    Op.O_PROJ: ("m64n64", "m128n128", "m128n256", "m128n256"),
-    Op.DOWN: ("m64n64", "m128n128", "m128n256", "m128n256"),
+    # At 64 < M <= 128 on m128n64 since session 65 (its own class: 128 whole tiles a row block
+    # where m128n128 made 64, split in two with a reduce, and ROW_PART replaces the RMSNORM
+    # phases as at M <= 64): 70B TP8 decode ctx 1024, H100, B=96 / 128 10.348 -> 9.858 / 11.206
+    # -> 10.475 ms (-4.7% / -6.5%), bench/gemm.py M=128 O_PROJ 23.5 -> 15.3 us, DOWN 37.1 ->
+    # 29.3; at B=192 / 256 it lost (+10.9% / +10.2%: 256 tiles, two waves), so 129..256 keep
+    # m128n128 (bench/results/om128_*_eca0b14_2026-12-07_s65_h100*)
+    Op.O_PROJ: ("m64n64", "m128n64", "m128n128", "m128n256", "m128n256"),
+    Op.DOWN: ("m64n64", "m128n64", "m128n128", "m128n256", "m128n256"),
     # GATE_UP at 64 < M <= 256 on 64-column tiles (gu_m128n64): at B=256 gu_m128 made 56 tiles,
     # split in two by the planner with a SPLITK_REDUCE per tile; gu_m128n64 makes 112 whole ones
     # (no reduce). 70B TP8 decode ctx 1024, H200, session 16 (bench/results/tiles256_*,
@@ -123,7 +129,7 @@ TILE_TABLE = {
     # (bench/results/gutiles112_*_2026-12-01_s20): B=1 / 16 / 64 -0.4% / +0.0% / -0.2%, B=256 /
     # 512 / 1024 -0.5% / -2.3% / -3.0%; its GPU tests, the two-layer checks (never / auto, a
     # 478-token step), racecheck and memcheck clean. Above 1024 gu_m128 stays (not timed there)
-    Op.GATE_UP: ("gu_m64n112", "gu_m128n56", "gu_m128n112", "gu_m128"),
+    Op.GATE_UP: ("gu_m64n112", "gu_m128n56", "gu_m128n56", "gu_m128n112", "gu_m128"),
     # LM_HEAD at 64 < M <= 256 on m128n128 since session 20 (half the tiles, each re-reading half
     # as many weight bytes per flop): bench/gemm.py at M=256 188.4 -> 131.6 us, 1.55 -> 1.09 of
     # cuBLAS + epilogue (bench/results/gemm_lm128_2026-12-01_s20; poisoned checks at M=200 / 256)
@@ -134,16 +140,18 @@ TILE_TABLE = {
     # 64 < M <= 256 since session 27 (126 tiles for 132 SMs at M=256 instead of 252):
     # bench/gemm_profile.py at M=256 126.0 -> 117.1 us (bench/results/lm256_2026-12-02_s27.json;
     # poisoned checks at 200 / 256)
-    Op.LM_HEAD: ("m64n128", "m128n256", "m128n256", "m128n256"),
+    Op.LM_HEAD: ("m64n128", "m128n256", "m128n256", "m128n256", "m128n256"),
     # QKV: RoPE pairs (c, c + 64) of a 128-wide head must sit in one thread: wgmma N = 128 per
     # head ("M" or "PAGE" mode). At M <= 64 one head per 128-row tile, not two per 64-row one:
     # 10 tiles split 8 ways instead of 6 split 16 (the same weight bytes per SM, half the
     # partials for QKV's reduce to read): decode B=16 -0.6%, B=64 -1.1%, B=1 -0.1% on the H200
     # (session 14, bench/results/tiles_qkv64_*_2026-11-30_s14.json; m64n256 before)
-    Op.QKV_ROPE: ("m128n128", "m128n128", "m128n128", "m128n128"),
+    Op.QKV_ROPE: ("m128n128", "m128n128", "m128n128", "m128n128", "m128n128"),
 }
-M_CLASSES = (64, 256, 1024)
-CLASS_NAMES = ("64", "256", "1024", "max")      # the classes by their upper bound (max: > 1024)
+# 128 splits the old 64 < M <= 256 class for O_PROJ / DOWN's tile (session 65); the other
+# opcodes take the same tile in both halves
+M_CLASSES = (64, 128, 256, 1024)
+CLASS_NAMES = ("64", "128", "256", "1024", "max")      # the classes by their upper bound (max: > 1024)
 
 
 def table_overrides(text: str, table: dict | None = None) -> dict:
@@ -187,17 +195,17 @@ TOKEN_GEMM_OPS = (Op.QKV_ROPE, Op.O_PROJ, Op.GATE_UP, Op.DOWN)
 
 
 def m_class(m: int) -> int:
-    """Index of M's class: 0 (M <= 64), 1 (<= 256), 2 (<= 1024), 3 (> 1024)."""
+    """Index of M's class: 0 (M <= 64), 1 (<= 128), 2 (<= 256), 3 (<= 1024), 4 (> 1024)."""
     return sum(1 for b in M_CLASSES if m > b)
 
 
 def class_fewest_tokens(m: int) -> int:
-    """The smallest step (token rows) of M's class: 1, 65, 257 or 1025."""
+    """The smallest step (token rows) of M's class: 1, 65, 129, 257 or 1025."""
     return ((0,) + M_CLASSES)[m_class(m)] + 1
 
 
 def class_largest_tokens(m: int, max_tokens: int) -> int:
-    """The largest step (token rows) of M's class: 64, 256, 1024 or max_tokens (the compiled
+    """The largest step (token rows) of M's class: 64, 128, 256, 1024 or max_tokens (the compiled
     maximum, for the class above 1024)."""
     c = m_class(m)
     return M_CLASSES[c] if c < len(M_CLASSES) else max_tokens

@@ -260,7 +260,12 @@
 #          (split-K never / auto, a 41-token first step), racecheck, then if clean decode
 #          MK_OD64_BATCH (1,16,64) default / tiles: od64.log, od64_gemm_{off,on}.json,
 #          od64_{off,on}.json (~8 min). Another class: see the step (MK_OD64_M, MK_OD64_ODD,
-#          MK_OD64_LENS; m128n64 at 65..256 tokens, session 64's candidate)
+#          MK_OD64_LENS; m128n64 at 65..256 tokens, session 64's candidate; session 65: it won at
+#          96 / 128 tokens and lost at 192 / 256, so 65..128 became a class of its own)
+#   cls128 the 65..128-token class (session 65: O_PROJ / DOWN on m128n64, 128 whole tiles, ROW_PART
+#          instead of the RMSNORM phases): the two-layer checks with first steps of 120 and 100
+#          tokens (split-K auto / never), racecheck of the 120-token step, then decode
+#          MK_C128_BATCH (96,128) at the default, no journal: cls128.log, cls128_on.json (~5 min)
 #   launchhost where the host's 0.34 ms a launch goes (session 61's genoverlap): one prepared
 #          step of the tiny model launched --reps times by part (bench/launch_host.py: full
 #          launch, _args, argument marshalling, the host stub, a launch of arguments marshalled
@@ -1147,7 +1152,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120 [od64]=480)
+                   [launchhost]=120 [od64]=480 [cls128]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2132,6 +2137,20 @@ if has planab; then
     time_variant planab "${e%%:*}" "--plan ${pl:-(none)} $ev" ${MK_PLANAB_BATCH:-16,64} "$ev" \
         "$mx ${pl:+--plan $pl}"
   done
+fi
+if has cls128; then
+  : > "$OUTDIR/cls128.log"
+  check_to "$OUTDIR/cls128.log" --split-k 0 --prompt-lens 60,30,10,20
+  check_to "$OUTDIR/cls128.log" --split-k 1 --prompt-lens 1,13,64,22
+  racecheck_to "$OUTDIR/cls128.log" --split-k 0 --prompt-lens 60,30,10,20
+  if ! grep -q '"passed": false' "$OUTDIR/cls128.log" \
+      && [ "$(grep -c '"passed": true' "$OUTDIR/cls128.log")" -ge 3 ] \
+      && grep -q "RACECHECK SUMMARY: 0 hazards" "$OUTDIR/cls128.log"; then
+    untraced_runs cls128 "on|||${MK_C128_BATCH:-96,128}"
+  else
+    echo "== cls128: a check or racecheck failed, not timed" | tee -a "$OUTDIR/cls128.log"
+    rc=1
+  fi
 fi
 if has od64; then
   # session 64: O_PROJ / DOWN at M <= 64 on m64n64 (64-row B pages, m64n32 per warpgroup, 128

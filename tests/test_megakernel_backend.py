@@ -172,9 +172,11 @@ def test_tile_table_overrides_are_validated():
     """MK_TILES (mk.tiles.table_overrides): entries replace the class's tile; a tile the opcode's
     body cannot run, an unknown opcode, class or tile is refused with the reason."""
     from mk.ir import Op
-    from mk.tiles import TILE_TABLE, table_overrides
+    from mk.tiles import CLASS_NAMES, TILE_TABLE, table_overrides
     t = table_overrides("GATE_UP@256=gu_m128, DOWN@max=m128n128")
-    assert t[Op.GATE_UP][1] == "gu_m128" and t[Op.DOWN][3] == "m128n128"
+    assert t[Op.GATE_UP][CLASS_NAMES.index("256")] == "gu_m128"
+    assert t[Op.DOWN][CLASS_NAMES.index("max")] == "m128n128"
+    assert t[Op.GATE_UP][CLASS_NAMES.index("128")] == TILE_TABLE[Op.GATE_UP][1]
     assert t[Op.QKV_ROPE] == TILE_TABLE[Op.QKV_ROPE]
     for bad, why in (("GATE_UP@256=m128n256", "gate/up"), ("QKV_ROPE@64=m64n128", "wgmma N"),
                      ("ATTENTION@64=m64n128", "tile table row"), ("DOWN@512=m64n128", "class"),
@@ -188,7 +190,8 @@ def test_m128_tiles_at_batch_128_and_256_plan_and_pass_the_host_check():
     the 70B TP8 rank's B = 128 and B = 256 decode steps plan with 128-row token blocks, split-K on
     the token GEMMs at B = 128 and at B = 256 on those whose own cap allows it (QKV_ROPE and
     GATE_UP since session 9: PlanConfig.splitk_token_cap; GATE_UP's 64-column tiles of session 16
-    are too many to split at B = 256), and pass the
+    are too many to split at B = 256, O_PROJ / DOWN's 128 m128n64 tiles at B = 128 since session
+    65), and pass the
     megakernel's host check (in a process of its own: the tile table is read at import, and
     MK_TILES is cleared)."""
     pytest.importorskip("cutlass")
@@ -213,6 +216,8 @@ for b in (128, 256):
     want = {op for op in SPLITK_OP_CAPS if b <= cfg.splitk_token_cap(op)}
     if b == 256:        # GATE_UP's 112 tiles of 64 columns (session 16) do not split on 132 SMs
         want.discard(Op.GATE_UP)
+    if b == 128:        # nor O_PROJ / DOWN's 128 tiles of 64 columns (m128n64, session 65)
+        want -= {Op.O_PROJ, Op.DOWN}
     assert split == want and want, (b, split, want)
     assert (count(plan, Op.SPLITK_REDUCE) > 0) and count(whole, Op.SPLITK_REDUCE) == 0
     nbuf, T, H, kw = meta_operands(model, kernel, cfg, b)
@@ -468,12 +473,12 @@ def test_two_layer_check_refuses_bad_arguments_before_the_gpu(argv, why, capsys)
 
 def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
     """The backend's default plan (mk.megakernel_step.DEFAULT_PLAN: norm_fold=4, timed in session
-    49) on the 70B TP8 rank: at 65..128 tokens (O_PROJ / DOWN split) it is the unfolded plan
-    instruction for instruction (those steps run as before, on folded weights with unit norm
-    weights); at B=256 GATE_UP reads the residual rows h instead of the normed rows, its rows
-    scaled from the ROW_PART sums O_PROJ's tiles leave (an epilogue wait on ROW_PARTS), and no
-    RMSNORM is planned; up to 64 tokens (O_PROJ / DOWN whole on m64n64 since session 64) the
-    split GATE_UP reads h too, its reduce scales the rows, and no RMSNORM is planned either.
+    49) on the 70B TP8 rank: at B=256 GATE_UP reads the residual rows h instead of the normed
+    rows, its rows scaled from the ROW_PART sums O_PROJ's tiles leave (an epilogue wait on
+    ROW_PARTS), and no RMSNORM is planned; up to 128 tokens (O_PROJ / DOWN whole on m64n64 since
+    session 64, on m128n64 at 65..128 since session 65: before, those split there and the plan
+    was the unfolded one) the split GATE_UP reads h too, its reduce scales the rows, and no
+    RMSNORM is planned either.
     --plan / the backend's plan_cfg overrides win."""
     sys.path.insert(0, str(ROOT / "bench"))
     from host_step import point_batch, rank_model
@@ -503,15 +508,12 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
         got, old = (Planner(model, ParallelConfig(), kernel, cfg, fast_path=False)
                     .plan(point_batch(b, 1024, 0, 16)).instrs
                     for cfg in (default_plan_config(model), unfolded))
-        if 64 < b <= 128:
-            assert got.shape == old.shape and bool((got == old).all()), b
-            continue
         gate_up = got[got[:, W_OPCODE] == int(Op.GATE_UP)]
         gate_up_old = old[old[:, W_OPCODE] == int(Op.GATE_UP)]
         assert len(gate_up) == len(gate_up_old) > 0
         assert (gate_up[:, mm.A_SRC] == int(Buf.HIDDEN)).all()
         assert (gate_up_old[:, mm.A_SRC] == int(Buf.NORMED)).all()
-        if b > 64:      # whole GATE_UP tiles wait for their rows' ROW_PART sums
+        if b > 128:     # whole GATE_UP tiles wait for their rows' ROW_PART sums
             assert (gate_up[:, A_EPI_WAIT] == ROW_PARTS).all()
         assert (gate_up_old[:, A_EPI_WAIT] == 0).all()
         assert not (got[:, W_OPCODE] == int(Op.RMSNORM)).any()
@@ -520,10 +522,10 @@ def test_default_plan_folds_the_norms_only_where_it_changes_the_plan():
 def test_row_part_code_only_in_the_classes_whose_plans_use_it():
     """norm_fold=4's ROW_PART code is compiled into an M class's variant only where a step of
     the class may plan it (mk.megakernel_step.class_row_parts): in every class of the 70B rank
-    (its M64 class since session 64: O_PROJ / DOWN whole on m64n64) but not with norm_fold=2,
-    in every class with split-K never; and every planned step that writes or reads ROW_PART
-    falls in a class that compiles it (the default plan's: every step but 65..128 tokens, where
-    O_PROJ / DOWN split on m128n128)."""
+    (its M64 class since session 64: O_PROJ / DOWN whole on m64n64; its M128 class, new in
+    session 65, on m128n64) but not with norm_fold=2, in every class with split-K never; and
+    every planned step writes and reads ROW_PART, in a class that compiles it (until session 65
+    the steps of 65..128 tokens did not: O_PROJ / DOWN split there on m128n128)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from host_step import point_batch, rank_model
 
@@ -537,8 +539,8 @@ def test_row_part_code_only_in_the_classes_whose_plans_use_it():
     kernel = KernelConfig(page_size=16, max_seqs=4096, max_context=1024, max_batch_tokens=4096,
                           num_kv_pages=512 * 64)
     cfg = default_plan_config(model)
-    assert [class_row_parts(cfg, model, par, kernel, m) for m in (1, 64, 65, 256, 1024, 4096)] \
-        == [True, True, True, True, True, True]
+    assert all(class_row_parts(cfg, model, par, kernel, m)
+               for m in (1, 64, 65, 128, 129, 256, 1024, 4096))
     never = default_plan_config(model, split_k=1)
     assert all(class_row_parts(never, model, par, kernel, m) for m in (1, 64, 256, 4096))
     assert not class_row_parts(default_plan_config(model, norm_fold=2), model, par, kernel, 4096)
@@ -554,7 +556,7 @@ def test_row_part_code_only_in_the_classes_whose_plans_use_it():
                             & sum(ops == w for w in writers).bool()).any())
             if uses:
                 assert class_row_parts(c, model, par, kernel, b), (c.split_k, b)
-            assert uses == (c.split_k == 1 or not 64 < b <= 128), (c.split_k, b)
+            assert uses, (c.split_k, b)
 
 
 def test_default_plan_falls_back_where_the_hidden_size_does_not_allow_row_parts():

@@ -620,8 +620,8 @@ AUTO_70B = {1: ((10, 13), (128, 1), (32, 4), (128, 1)),
             16: ((10, 13), (128, 1), (32, 4), (128, 1)),
             64: ((10, 13), (128, 1), (32, 4), (128, 1)),
             # BM = 128: 1 row tile; GATE_UP on half-width tiles (gu_m128n56) from 65 tokens,
-            # O_PROJ / DOWN on m128n128 (session 18)
-            128: ((10, 8), (64, 2), (64, 2), (64, 2)),
+            # O_PROJ / DOWN on m128n64 up to 128 tokens (session 65): 128 whole tiles
+            128: ((10, 8), (128, 1), (64, 2), (128, 1)),
             # over splitk_max_tokens: only the ops with their own cap of 256 (QKV_ROPE and
             # GATE_UP: -15.8% at B=256 on the H200, session 9); GATE_UP's 128 half-width tiles
             # are too many to split on 132 SMs
@@ -760,7 +760,7 @@ def test_reduce_slices_never_outnumber_the_sms(m):
 # 10 head tiles: 13 ways instead of 8 at B <= 128, its 20 at B=256: 6 instead of 4)
 FILL_70B = {1: ((10, 13), (128, 1), (32, 4), (128, 1)),
             64: ((10, 13), (128, 1), (32, 4), (128, 1)),
-            128: ((10, 13), (64, 2), (64, 2), (64, 2)),
+            128: ((10, 13), (128, 1), (64, 2), (128, 1)),
             256: ((20, 6), (128, 1), (128, 1), (128, 1))}
 
 

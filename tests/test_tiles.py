@@ -19,17 +19,22 @@ LLAMA_70B = ModelConfig(hidden_size=8192, intermediate_size=28672, num_layers=2,
                         num_kv_heads=8, head_dim=128, vocab_size=128256)
 KERNEL_70B = KernelConfig(token_block=128, page_size=16, max_batch_tokens=4096, max_seqs=4096,
                           max_context=4096, num_kv_pages=65536)
-MS = (1, 64, 256, 1024, 4096)
+MS = (1, 64, 128, 256, 1024, 4096)
 
 
 def test_table_classes():
     """The classes and picks the GPU compile gate and GEMM_NOTES describe."""
-    for m, cls in ((1, 0), (64, 0), (65, 1), (256, 1), (257, 2), (1024, 2), (1025, 3), (4096, 3)):
+    for m, cls in ((1, 0), (64, 0), (65, 1), (128, 1), (129, 2), (256, 2), (257, 3), (1024, 3),
+                   (1025, 4), (4096, 4)):
         assert tiles.m_class(m) == cls, m
-    # O_PROJ / DOWN: m128n128 at 64 < M <= 256 since session 18 (128 tiles at B=256, not 64),
-    # m64n64 at M <= 64 since session 64 (128 whole tiles, not 64 split in two)
-    for m, want in ((64, "m64n64"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
-                    (1024, "m128n256"), (4096, "m128n256")):
+        assert tiles.class_fewest_tokens(m) == (1, 65, 129, 257, 1025)[cls]
+        assert tiles.class_largest_tokens(m, 4096) == (64, 128, 256, 1024, 4096)[cls]
+    # O_PROJ / DOWN: m128n128 at 128 < M <= 256 since session 18 (128 tiles at B=256, not 64),
+    # m64n64 at M <= 64 since session 64 and m128n64 at 64 < M <= 128 since session 65 (128
+    # whole tiles, not 64 split in two)
+    for m, want in ((64, "m64n64"), (65, "m128n64"), (128, "m128n64"), (129, "m128n128"),
+                    (256, "m128n128"), (257, "m128n256"), (1024, "m128n256"),
+                    (4096, "m128n256")):
         assert tiles.tile_name(Op.O_PROJ, m) == want
         assert tiles.tile_name(Op.DOWN, m) == want
     # GATE_UP: half-width tiles at 64 < M <= 256 since session 16, full ones around them (the
@@ -119,15 +124,17 @@ def test_default_plan_satisfies_the_gpu_tiles(m, tp_rank):
         p, row0, rows, col0, cols, K = gemm_words(s, op)
         assert len(p), op
         seen.add(op)
-        # the megakernel compiles one variant per M class: token count (LM_HEAD also by sequences)
-        for mm_ in ((m, S) if op == Op.LM_HEAD else (m,)):
-            shape = tiles.tile_shape(op, mm_)
-            qkv = op == Op.QKV_ROPE
-            err = tiles.gemm_tile_error(op.name, shape, row0, rows, col0, cols, K,
-                                        p[:, qk.A_HEAD_DIM] if qkv else None,
-                                        p[:, qk.A_SEC_COL0] if qkv else None)
-            assert err is None, (m, op.name, err)
-            assert (K % 64 == 0).all() and (rows <= shape.bm).all() and (cols <= shape.bn).all()
+        # the megakernel compiles one variant per M class of the token count
+        shape = tiles.tile_shape(op, m)
+        qkv = op == Op.QKV_ROPE
+        err = tiles.gemm_tile_error(op.name, shape, row0, rows, col0, cols, K,
+                                    p[:, qk.A_HEAD_DIM] if qkv else None,
+                                    p[:, qk.A_SEC_COL0] if qkv else None)
+        assert err is None, (m, op.name, err)
+        assert (K % 64 == 0).all() and (rows <= shape.bm).all() and (cols <= shape.bn).all()
+        if op == Op.LM_HEAD:
+            # its row tiles (sequences) also fit the BM of the sequence count's class
+            assert (rows <= tiles.tile_shape(op, S).bm).all()
         bn = tiles.tile_shape(op, m).bn
         assert cols.max() == bn, (op.name, cols.max(), bn)
         H = LLAMA_70B.hidden_size
