@@ -42,11 +42,12 @@ CASES = [
     ("O_PROJ", "m128n128", 4),     # the M <= 256 class since session 18
     ("O_PROJ", "m64n128", 4),      # the M <= 64 class until session 64
     ("O_PROJ", "m64n64", 4),       # the M <= 64 class since session 64: m64n32 per warpgroup
+    ("O_PROJ", "m128n64", 4),      # the 65..128 class since session 65: m64n64 per warpgroup
     ("DOWN", "m128n256", 8),
     ("DOWN", "m128n128", 4),
     ("DOWN", "m64n128", 4),
     ("DOWN", "m64n64", 4),
-    ("DOWN", "m128n64", 4),        # not in the table: session 64's candidate at 65..256 tokens
+    ("DOWN", "m128n64", 4),        # the 65..128 class since session 65: m64n64 per warpgroup
     ("GATE_UP", "gu_m128", 8),
     ("GATE_UP", "gu_m64", 8),
     ("GATE_UP", "gu_m128n64", 4),      # one B page of 64 gate + 64 up rows
@@ -102,8 +103,9 @@ def test_tile_table_fits_the_pool():
             cfg = gk.TILES[name]
             cfg.check(gk.out_bytes_of(gk.epi_of(op)), 13)
             assert cfg.gate_up == (op == Op.GATE_UP), (op, name)
-    for m, want in ((64, "m64n64"), (65, "m128n128"), (256, "m128n128"), (257, "m128n256"),
-                    (1024, "m128n256"), (4096, "m128n256")):
+    for m, want in ((64, "m64n64"), (65, "m128n64"), (128, "m128n64"), (129, "m128n128"),
+                    (256, "m128n128"), (257, "m128n256"), (1024, "m128n256"),
+                    (4096, "m128n256")):
         assert gk.choose_tile(Op.O_PROJ, m).name == want
 
 

@@ -12,12 +12,14 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")]
 
 # (op, M): M picks the tile config (gk.TILE_TABLE): 64 -> m64n64 (O_PROJ / DOWN since session 64),
-# m64n128 (LM_HEAD), 40 -> the same tiles with a rows tail, 200 (odd:
+# m64n128 (LM_HEAD), 40 -> the same tiles with a rows tail, 128 / 100 (a rows tail) -> O_PROJ /
+# DOWN on m128n64 (the 65..128 class since session 65), 200 (odd:
 # the rows tail) -> the M <= 256 tiles (BM = 128 since session 7: O_PROJ / DOWN m128n128 (since
 # session 18; m128n256 before), gu_m128n56 (since session 20), LM_HEAD m128n256 (since session
 # 27), QKV m128n128), 1024 -> the BM = 128 tiles (m128n256, gu_m128n112, m128n128; LM_HEAD
 # m128n256 since session 26); GATE_UP at 2048: gu_m128 (the M > 1024 class)
-CASES = [("O_PROJ", 64), ("DOWN", 64), ("DOWN", 40), ("LM_HEAD", 64), ("GATE_UP", 2048)] + [
+CASES = [("O_PROJ", 64), ("DOWN", 64), ("DOWN", 40), ("O_PROJ", 128), ("DOWN", 100),
+         ("LM_HEAD", 64), ("GATE_UP", 2048)] + [
     (op, m) for op in ("O_PROJ", "DOWN", "GATE_UP", "LM_HEAD", "QKV_ROPE") for m in (200, 1024)]
 
 

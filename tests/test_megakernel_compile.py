@@ -1315,6 +1315,16 @@ def test_row_parts_variant_compiles_without_spills(tmp_path):
         assert n[1] > n[0], (pat, n)
 
 
+def test_row_parts_m128_variant_compiles_without_spills(tmp_path):
+    """The 65..128-token class (session 65: O_PROJ / DOWN on m128n64, 128 whole tiles, so its
+    default plan writes ROW_PART) with ROW_PART compiles with 0 spills and no call (each
+    warpgroup holds a 64-column part's 64 rows: no join of halves)."""
+    ptx = variant_ptx(tmp_path, "rowparts128", {},
+                      "assert {'m128n64', 'gu_m128n56'} <= {s.tile for s in M.class_slots(128)}",
+                      m_class=128, slots=", row_parts=True")
+    assert_clean_variant(tmp_path, "rowparts128", ptx)
+
+
 def test_row_parts_m64_variant_joins_warpgroup_halves(tmp_path):
     """The M64 class with ROW_PART (norm_fold=4, its default plan since O_PROJ / DOWN run whole
     m64n64 tiles there, session 64): each warpgroup holds 32 of a 64-column part's columns, so
