@@ -1363,6 +1363,9 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
            bool(gather), bool(splitk), bool(l2_prefetch),
            bool(claim_after_loads)) + tuple(shape_key)
     if key not in _COMPILED:
+        if verbose:     # a variant takes 10-30 s: say so before the wait, not only after it
+            print("[mk.megakernel] compiling a variant (once per process and M class) ...",
+                  flush=True)
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
