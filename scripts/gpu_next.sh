@@ -404,6 +404,26 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000037. Session 65 (`*_s65_h100*` at eca0b14, 896395e): issue 5's table at the m64n64 default
+#      (every point <= 1.0 of cuBLAS + epilogue but DOWN 1024: 1.02-1.04 in six runs; L2 hints
+#      do not move it); 53 of 55 GPU tests passed (none failed) before the verify call's cap;
+#      65..128 tokens a class of its own with O_PROJ / DOWN on m128n64 (default since 896395e:
+#      decode B=96 / 128 -4.7% / -6.5%; its checks and racecheck pass). In order:
+#      1. `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify` at HEAD (the step
+#         tests, the two-layer checks with the 1144-token step, racecheck: the 129..256 class's
+#         variant no longer compiles O_PROJ / DOWN's split code, class_split_ops of 129 tokens),
+#         then in a second call `pytest -m gpu tests/test_megakernel_gpu.py` and
+#         `tests/test_gemm_gpu.py -k "M64 or M40 or M128 or M100"` (the m64n64 / m128n64 cases)
+#         and decode B=192 / 256 (`MK_STEPS=cls128 MK_C128_BATCH=192,256` times the default
+#         after its checks: 12.649 / 13.920 ms at eca0b14 in session 65).
+#      2. DOWN 1024 (the last point over 1.0): ncu of its tiles against cuBLAS's kernel (L2 ->
+#         SM bytes per K step, issue slots of the role warps) to say why with a profile; session
+#         55's ppbound: with no epilogue and no store at all it still takes 99.0 us against
+#         cuBLAS + epilogue's ~98, so the mainloop's rate (1.24x cuBLAS alone) is the gap.
+#      3. Wave quantization at 257..384 and 513..896 tokens (not in issue 5 / 6's lists): every
+#         O_PROJ / GATE_UP / DOWN phase there is 96 tiles (0.73 of a wave), 160 (1.21), 192
+#         (1.45) or 224 (1.70) on 132 SMs; decode B=320 / 384 / 640 / 768 with the 256 class's
+#         tiles (MK_TILES ...@1024=...) against the default shows what a finer class split buys.
 #   000036. Session 64 (`*_s64_h100*` at 05c1817, 839263e, 129c834): the step tests (19),
 #      the two-layer checks and racecheck pass at 05c1817; issue 6's every point in one run
 #      below 1 (0.89 / 0.91 / 0.96 / 0.95 / 0.98 / 0.98, mixed 0.996); O_PROJ / DOWN on m64n64
