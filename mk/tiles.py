@@ -151,7 +151,7 @@ TILE_TABLE = {
 # 128 splits the old 64 < M <= 256 class for O_PROJ / DOWN's tile (session 65); the other
 # opcodes take the same tile in both halves
 M_CLASSES = (64, 128, 256, 1024)
-CLASS_NAMES = ("64", "128", "256", "1024", "max")      # the classes by their upper bound (max: > 1024)
+CLASS_NAMES = ("64", "128", "256", "1024", "max")  # the classes by their upper bound (max: > 1024)
 
 
 def table_overrides(text: str, table: dict | None = None) -> dict:

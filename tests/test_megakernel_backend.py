@@ -554,9 +554,8 @@ def test_row_part_code_only_in_the_classes_whose_plans_use_it():
                          & ((ops == int(Op.QKV_ROPE)) | (ops == int(Op.GATE_UP)))).any()
                         or ((s[:, A_ROW_PART] != 0)
                             & sum(ops == w for w in writers).bool()).any())
-            if uses:
-                assert class_row_parts(c, model, par, kernel, b), (c.split_k, b)
             assert uses, (c.split_k, b)
+            assert class_row_parts(c, model, par, kernel, b), (c.split_k, b)
 
 
 def test_default_plan_falls_back_where_the_hidden_size_does_not_allow_row_parts():
