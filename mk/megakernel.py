@@ -86,6 +86,7 @@ except ImportError as _e:  # `python -m mk.megakernel ...` without CuTe DSL: a c
         sys.exit(f"error: the megakernel needs NVIDIA's CuTe DSL (pip install "
                  f"nvidia-cutlass-dsl): {_e}")
     raise
+import cuda.bindings.driver as cuda_driver
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
@@ -520,7 +521,8 @@ class MegakernelDSL:
                  gx4: cute.Tensor, gw4: cute.Tensor, gy4: cute.Tensor,
                  meta: cute.Tensor, inv_freq: cute.Tensor, kv: cute.Tensor,
                  aq: cute.Tensor, aout: cute.Tensor, apart: cute.Tensor, alse: cute.Tensor,
-                 embed: cute.Tensor, lastn: cute.Tensor, sk: cute.Tensor, grid: Int32, stream):
+                 embed: cute.Tensor, lastn: cute.Tensor, sk: cute.Tensor, grid: Int32,
+                 stream: cuda_driver.CUstream):
         """GEMM slot i (GEMM_OPS order): gx_i activations (T, K, Z) K-contiguous, gw_i the
         layer-stacked weights (N, K, L), gy_i the destination (T, N, Z) N-contiguous (float32 for
         LM_HEAD; the Q buffer for QKV_ROPE), compact in z; small dummies for opcodes not compiled
@@ -1340,6 +1342,95 @@ class MegakernelDSL:
 # ==================================================================================== host side
 _COMPILED: dict = {}
 
+# Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR; unset or "" = off):
+# each variant takes 10-30 s to compile, once per process and M class, so a job that meets five
+# classes spends minutes compiling before it is warm. A variant is stored as the DSL's AOT
+# export (JitCompiledFunction.export_to_c: the host entry and the cubin in one object file) and
+# loaded back with cute.runtime.load_module; its file name hashes everything the code generation
+# reads (compile_cache_name), so a changed source, switch, DSL version or GPU gets a new file.
+COMPILE_CACHE_DIR = os.environ.get("MK_COMPILE_CACHE", "")
+
+
+def _source_digest() -> bytes:
+    """sha256 of every .py file of the mk package (what the traced bodies are made of)."""
+    import hashlib
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    return h.digest()
+
+
+def _arg_signature(a) -> str:
+    """What a kernel argument fixes in the compiled code: a tensor's element type, alignment
+    and layout (dynamic extents print as ?), without its address; a scalar's type."""
+    import re
+    if hasattr(a, "element_type"):
+        return "%s/%s/%s" % (a.element_type, getattr(a, "_assumed_align", None),
+                             re.sub(r"0x[0-9a-fA-F]+@", "", str(a)))
+    return type(a).__name__
+
+
+def compile_cache_name(key: tuple, args) -> str:
+    """The file name (no directory, no suffix) of variant `key` compiled for `args` in
+    COMPILE_CACHE_DIR: a hash of the key, the arguments' signatures, mk's source, the
+    compile-time switches (MK_* and CUTE_DSL_* environment), the DSL's version and the
+    device's compute capability."""
+    import hashlib
+    from importlib import metadata
+    h = hashlib.sha256(repr(key).encode())
+    h.update(repr([_arg_signature(a) for a in args]).encode())
+    h.update(_source_digest())
+    for k in sorted(os.environ):
+        if k.startswith(("MK_", "CUTE_DSL_")) and k != "MK_COMPILE_CACHE":
+            h.update(f"{k}={os.environ[k]}\n".encode())
+    try:
+        h.update(metadata.version("nvidia-cutlass-dsl").encode())
+    except metadata.PackageNotFoundError:
+        h.update(b"dsl ?")
+    if torch.cuda.is_available():
+        h.update(repr(torch.cuda.get_device_capability()).encode())
+    return "mk_" + h.hexdigest()[:40]
+
+
+def _cache_load(cache_dir: str, name: str):
+    """The variant stored as cache_dir/name.o, or None (absent, or unreadable: then it is
+    compiled again and the file replaced)."""
+    path = os.path.join(cache_dir, name + ".o")
+    if not os.path.isfile(path):
+        return None
+    try:
+        return getattr(cute.runtime.load_module(path), name)
+    except Exception as e:  # noqa: BLE001 - a bad file costs a compile, not the job
+        print(f"[mk.megakernel] compile cache: {path} not loaded ({type(e).__name__}: {e}); "
+              "compiling", file=sys.stderr, flush=True)
+        return None
+
+
+def _cache_store(comp, cache_dir: str, name: str) -> None:
+    """Export a compiled variant to cache_dir/name.o: written into a private directory, then
+    renamed into place (processes that compile the same variant at once, as the ranks of a
+    torchrun job do, each replace the file whole). A failure is reported, not raised."""
+    import shutil
+    import tempfile
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".export_", dir=cache_dir)
+        try:
+            comp.export_to_c(tmp, name, function_prefix=name)
+            os.replace(os.path.join(tmp, name + ".o"), os.path.join(cache_dir, name + ".o"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"[mk.megakernel] compile cache: {name} not stored in {cache_dir} "
+              f"({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+
 
 def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
     from cutlass.cute.runtime import from_dlpack
@@ -1362,15 +1453,26 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
     key = (journal, handoff, int(backoff_ns), tuple(gemm), int(attn_page_size),
            bool(gather), bool(splitk), bool(l2_prefetch),
            bool(claim_after_loads)) + tuple(shape_key)
+    name = compile_cache_name(key, args) if key not in _COMPILED and COMPILE_CACHE_DIR else None
+    if name is not None:
+        loaded = _cache_load(COMPILE_CACHE_DIR, name)
+        if loaded is not None:
+            _COMPILED[key] = loaded
+            if verbose:
+                print(f"[mk.megakernel] variant {name} loaded from {COMPILE_CACHE_DIR}",
+                      flush=True)
     if key not in _COMPILED:
         if verbose:     # a variant takes 10-30 s: say so before the wait, not only after it
-            print("[mk.megakernel] compiling a variant (once per process and M class) ...",
+            print("[mk.megakernel] compiling a variant (once per process and M class"
+                  + ("" if COMPILE_CACHE_DIR else "; MK_COMPILE_CACHE=DIR keeps it") + ") ...",
                   flush=True)
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,
                           attn_page_size=attn_page_size, gather=gather, splitk=splitk,
                           l2_prefetch=l2_prefetch, claim_after_loads=claim_after_loads), *args)
+        if name is not None:
+            _cache_store(_COMPILED[key], COMPILE_CACHE_DIR, name)
         if verbose:
             tiles = ",".join(f"{Op(g.op).name}:{g.tile}"
                              + (f"(twin of {Op(g.twin_of).name})" if g.twin_of >= 0 else "")

@@ -1,0 +1,121 @@
+"""mk.megakernel's compile cache on disk (MK_COMPILE_CACHE=DIR): the file name of a variant
+changes with everything its code generation reads, a variant round-trips through the DSL's AOT
+export and load (CPU: compiled for sm_90a on fake tensors), and on a Hopper GPU a second process
+loads the first one's variants instead of compiling them and its step still matches the
+interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+KEY = (False, "thread", 0, (), 16, True, True, False, False, (4, 8, 16), (2, 8))
+
+try:
+    import cutlass
+    import cutlass.cute as cute
+except ImportError:     # the tests that need it skip
+    cute = None
+
+if cute is not None:
+    # a kernel small enough to compile in a second (a stream argument would need the CUDA
+    # runtime's symbols to export: the megakernel's own export is the GPU test's)
+    @cute.kernel
+    def bump(x: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        x[tidx] = x[tidx] + 1
+
+    @cute.jit
+    def launch_bump(x: cute.Tensor):
+        bump(x).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+
+def test_cache_name_follows_key_arguments_and_switches(monkeypatch):
+    pytest.importorskip("cutlass")
+    from cutlass import Int32
+    from cutlass.cute.runtime import from_dlpack
+
+    import mk.megakernel as M
+    t = torch.zeros(4, 8)
+    a = from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=1)
+    name = M.compile_cache_name(KEY, [a, Int32(3)])
+    assert name.startswith("mk_") and len(name) == 43
+    # the same key and argument types: the same name, whatever the tensor's address and values
+    b = from_dlpack(torch.ones(4, 8), assumed_align=16).mark_layout_dynamic(leading_dim=1)
+    assert M.compile_cache_name(KEY, [b, Int32(7)]) == name
+    # another key, element type, alignment or static layout: another name
+    assert M.compile_cache_name(KEY[:-1] + ((2, 16),), [a, Int32(3)]) != name
+    c = from_dlpack(torch.zeros(4, 8, dtype=torch.bfloat16), assumed_align=16)
+    assert M.compile_cache_name(KEY, [c.mark_layout_dynamic(leading_dim=1), Int32(3)]) != name
+    d = from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=1)
+    assert M.compile_cache_name(KEY, [d, Int32(3)]) != name
+    assert M.compile_cache_name(KEY, [from_dlpack(t, assumed_align=16), Int32(3)]) != name
+    # a compile-time switch (read at import) changes it; the cache's own directory does not
+    monkeypatch.setenv("MK_TILES", "DOWN@max=m128n128")
+    assert M.compile_cache_name(KEY, [a, Int32(3)]) != name
+    monkeypatch.delenv("MK_TILES")
+    monkeypatch.setenv("MK_COMPILE_CACHE", "/elsewhere")
+    assert M.compile_cache_name(KEY, [a, Int32(3)]) == name
+
+
+def round_trip(cache_dir: str) -> None:
+    """Store a compiled kernel, load it back, and try a missing and a corrupt file (run in a
+    process whose CUTE_DSL_ARCH was set before the DSL's import: without a GPU the export
+    resolves its host code against that target only)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    import mk.megakernel as M
+    comp = cute.compile[cute.GPUArch("sm_90a")](launch_bump,
+                                               make_fake_compact_tensor(cutlass.Float32, (32,)))
+    print("absent", M._cache_load(cache_dir, "mk_absent"))
+    M._cache_store(comp, cache_dir, "mk_probe")
+    print("files", sorted(os.listdir(cache_dir)))
+    loaded = M._cache_load(cache_dir, "mk_probe")
+    print("loaded", callable(loaded), type(loaded).__name__ == type(comp).__name__)
+    with open(os.path.join(cache_dir, "mk_bad.o"), "wb") as f:
+        f.write(b"not an object file")
+    print("bad", M._cache_load(cache_dir, "mk_bad"))
+
+
+def test_a_variant_round_trips_through_the_disk(tmp_path):
+    """_cache_store exports a compiled function whole into the directory (nothing else left
+    there), _cache_load gives back a callable compiled function; a missing or corrupt file is a
+    miss (None; the corrupt one reported), not an error."""
+    pytest.importorskip("cutlass")
+    code = ("import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+            "import test_compile_cache as t; t.round_trip(sys.argv[1])\n"
+            % (str(ROOT / "tests"), str(ROOT)))
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if not ln.startswith("[")]
+    assert lines == ["absent None", "files ['mk_probe.o']", "loaded True True", "bad None"], \
+        r.stdout + r.stderr[-3000:]
+    assert "mk_bad.o not loaded" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_a_second_process_loads_the_variants_and_still_matches(tmp_path):
+    """Two processes run the same two-layer step check (tiny model, checked against mk.vm) with
+    one MK_COMPILE_CACHE: the first compiles and stores its variants, the second loads them all
+    (no compile) and passes too."""
+    env = dict(os.environ, MK_COMPILE_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "mk.megakernel_step", "check", "--layers", "2",
+           "--split-k", "0", "--decode-steps", "1"]
+    outs = []
+    for _ in range(2):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert '"passed": true' in r.stdout, r.stdout[-3000:]
+        outs.append(r.stdout + r.stderr)
+    assert "compiled variant" in outs[0] and list((tmp_path / "cache").glob("mk_*.o"))
+    assert "loaded from" in outs[1] and "compiled variant" not in outs[1], outs[1][-3000:]
