@@ -415,7 +415,12 @@
 #         then in a second call `pytest -m gpu tests/test_megakernel_gpu.py` and
 #         `tests/test_gemm_gpu.py -k "M64 or M40 or M128 or M100"` (the m64n64 / m128n64 cases)
 #         and decode B=192 / 256 (`MK_STEPS=cls128 MK_C128_BATCH=192,256` times the default
-#         after its checks: 12.649 / 13.920 ms at eca0b14 in session 65).
+#         after its checks: 12.649 / 13.920 ms at eca0b14 in session 65). The host entry's
+#         stream is annotated CUstream since c2ab19f (the AOT export needs it; PTX unchanged):
+#         any GPU test shows the launch still takes it. Then `pytest -m gpu
+#         tests/test_compile_cache.py` (MK_COMPILE_CACHE: a second process loads the first's
+#         variants and passes the two-layer check; if it does, consider it on by default under
+#         ~/.cache/mk and time a load against a compile).
 #      2. DOWN 1024 (the last point over 1.0): ncu of its tiles against cuBLAS's kernel (L2 ->
 #         SM bytes per K step, issue slots of the role warps) to say why with a profile; session
 #         55's ppbound: with no epilogue and no store at all it still takes 99.0 us against
