@@ -1166,6 +1166,8 @@ if [ -z "${MK_GPU_NEXT_ONE:-}" ] && [ "$(echo $STEPS | wc -w)" -gt 1 ]; then
 fi
 B="python launch/bench.py --systems megakernel --skip-check --mixed none --reps 10 --warmup 3 --no-png"
 # the M <= 256 class on the 64-row tiles (the default before session 7)
+# (MK_TILES classes by their upper bound: since session 65 "256" is 129..256 and "128" is 65..128;
+# the steps below that name @256 for 65..256 tokens were written before that split)
 M64_AT_256="QKV_ROPE@256=m64n256,O_PROJ@256=m64n256,GATE_UP@256=gu_m64,DOWN@256=m64n256"
 rc=0
 # A step runs only if its usual duration still fits before MK_DEADLINE_S seconds from the start
