@@ -95,8 +95,9 @@ TILE_SHAPES = {
 # and B=256 33.99 -> 29.33 ms against BM = 64 there.
 TILE_TABLE = {
     # op:            (M <= 64,    M <= 128,    M <= 256,    M <= 1024,   M > 1024)
-    # O_PROJ / DOWN at 64 < M <= 256 on m128n128: at B=256 m128n256 made 64 tiles of ~50 us
-    # (DOWN) for 132 SMs, a phase of its own under the op-major queue; m128n128 makes 128.
+    # O_PROJ / DOWN at 64 < M <= 256 (128 < M <= 256 since session 65, below) on m128n128: at
+    # B=256 m128n256 made 64 tiles of ~50 us (DOWN) for 132 SMs, a phase of its own under the
+    # op-major queue; m128n128 makes 128.
     # 70B TP8 decode ctx 1024, H200, session 18 (bench/results/planab_{base,od}_2026-11-30_s18):
     # B=256 17.884 -> 15.528 ms (-13.2%); under the interleaved queue (session 16) it was +1.7%.
     # Splitting m128n256 along K instead lost (DOWN +1.0%, O and DOWN +2.3%: the reduce hop).
