@@ -1380,16 +1380,18 @@ def _arg_signature(a) -> str:
 def compile_cache_name(key: tuple, args) -> str:
     """The file name (no directory, no suffix) of variant `key` compiled for `args` in
     COMPILE_CACHE_DIR: a hash of the key, the arguments' signatures, mk's source, the
-    compile-time switches (MK_* and CUTE_DSL_* environment), the DSL's version and the
-    device's compute capability."""
+    compile-time switches (mk.provenance.knob_env's MK_* variables and CUTE_DSL_*), the DSL's
+    version and the device's compute capability."""
     import hashlib
     from importlib import metadata
+
+    from mk.provenance import knob_env
     h = hashlib.sha256(repr(key).encode())
     h.update(repr([_arg_signature(a) for a in args]).encode())
     h.update(_source_digest())
-    for k in sorted(os.environ):
-        if k.startswith(("MK_", "CUTE_DSL_")) and k != "MK_COMPILE_CACHE":
-            h.update(f"{k}={os.environ[k]}\n".encode())
+    switches = dict(knob_env(), **{k: v for k, v in os.environ.items()
+                                   if k.startswith("CUTE_DSL_")})
+    h.update(repr(sorted(switches.items())).encode())
     try:
         h.update(metadata.version("nvidia-cutlass-dsl").encode())
     except metadata.PackageNotFoundError:

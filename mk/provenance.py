@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # MK_ variables that only say where things go, not what runs
-_WHERE_VARS = {"MK_COMMIT", "MK_CACHE_DIR", "MK_NO_PROGRESS", "MK_BENCH_TRACEBACK"}
+_WHERE_VARS = {"MK_COMMIT", "MK_CACHE_DIR", "MK_NO_PROGRESS", "MK_BENCH_TRACEBACK",
+               "MK_COMPILE_CACHE"}
 
 
 def _read_vars() -> set:

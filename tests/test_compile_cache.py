@@ -63,6 +63,10 @@ def test_cache_name_follows_key_arguments_and_switches(monkeypatch):
     monkeypatch.delenv("MK_TILES")
     monkeypatch.setenv("MK_COMPILE_CACHE", "/elsewhere")
     assert M.compile_cache_name(KEY, [a, Int32(3)]) == name
+    # nor do a script's own variables (mk.provenance.knob_env: only the ones mk reads count)
+    monkeypatch.setenv("MK_STEPS", "verify")
+    monkeypatch.setenv("MK_COMMIT", "0123abc")
+    assert M.compile_cache_name(KEY, [a, Int32(3)]) == name
 
 
 def round_trip(cache_dir: str) -> None:
