@@ -6,6 +6,10 @@
         python bench/gemm_ncu.py --ops GATE_UP,DOWN --m 4096
     ncu -i OUT.ncu-rep --page details --csv > OUT.csv
     python bench/gemm_ncu.py --summary OUT.csv       # the figures side by side
+    ncu -i OUT.ncu-rep --page raw --csv > RAW.csv     # optional: every collected metric
+    python bench/gemm_ncu.py --summary OUT.csv --raw RAW.csv   # + the tensor pipe, bytes, stalls
+
+(`scripts/gpu_next.sh gemmncu` runs all of it, with the scheduler and warp-state sections.)
 
 The question it answers (issue 5, M >= 1024): is mk's tile mainloop bound by the SMs' tensor
 pipes, by L2 -> SM traffic (each CTA loads its own A and B tiles; cuBLAS shares them between the
@@ -27,7 +31,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # figures of the details page that answer the question (section, metric name as ncu prints it)
 METRICS = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "L1/TEX Cache Throughput",
            "L2 Cache Throughput", "DRAM Throughput", "L2 Hit Rate", "Mem Busy", "Max Bandwidth",
-           "Executed Ipc Active", "SM Busy", "Issue Slots Busy")
+           "Executed Ipc Active", "SM Busy", "Issue Slots Busy", "No Eligible",
+           "Active Warps Per Scheduler", "Eligible Warps Per Scheduler",
+           "Warp Cycles Per Issued Instruction")
+# raw metrics (by name fragment) that split "the tensor pipe idles" into its causes: the pipe's
+# own activity, the bytes L2 hands the SMs (no multicast in mk), DRAM, the issue slots
+RAW_FRAGMENTS = ("gpu__time_duration.sum", "tensor_op", "lts__t_bytes.sum",
+                 "lts__t_sectors_srcunit_tex", "xbar2l1tex", "dram__bytes_read.sum",
+                 "smsp__issue_active", "smsp__inst_executed.sum", "sm__cycles_elapsed.avg")
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 
 
 def profile(ops: list[str], m: int) -> None:
@@ -64,6 +76,33 @@ def profile(ops: list[str], m: int) -> None:
         h.check()
 
 
+def raw_summary(path: str) -> None:
+    """ncu's raw page (a metric per column, a unit row, a row per kernel): RAW_FRAGMENTS' metrics
+    and each kernel's six largest stall reasons (warps stalled per issued instruction)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f)]
+    hdr_at = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if hdr_at is None or len(rows) < hdr_at + 3:
+        print(f"gemm_ncu.py: {path} has no raw kernel rows", file=sys.stderr)
+        return
+    names, units = rows[hdr_at], rows[hdr_at + 1]
+    for r in rows[hdr_at + 2:]:
+        val = dict(zip(names, r))
+        print(f"== raw: {val.get('ID', '?')} {val.get('Kernel Name', '')[:60]}")
+        for i, n in enumerate(names):
+            if any(fr in n for fr in RAW_FRAGMENTS) and i < len(r):
+                print(f"   {n:72s} {r[i]} {units[i] if i < len(units) else ''}")
+        stalls = []
+        for i, n in enumerate(names):
+            if n.startswith(STALL_PREFIX) and n.endswith("_per_issue_active.ratio") and i < len(r):
+                try:
+                    stalls.append((float(r[i].replace(",", "")), n[len(STALL_PREFIX):]))
+                except ValueError:
+                    pass
+        for v, n in sorted(stalls, reverse=True)[:6]:
+            print(f"   stalled {n:64s} {v:.3f}")
+
+
 def summary(path: str) -> int:
     """The details page's CSV: one row per (kernel, metric); prints METRICS per kernel."""
     with open(path, newline="") as f:
@@ -89,9 +128,13 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default="GATE_UP,DOWN")
     p.add_argument("--m", type=int, default=4096)
     p.add_argument("--summary", default=None, help="print the figures of an ncu details CSV")
+    p.add_argument("--raw", default=None, help="with --summary: ncu's raw-page CSV as well")
     a = p.parse_args(argv)
     if a.summary:
-        return summary(a.summary)
+        rc = summary(a.summary)
+        if a.raw:
+            raw_summary(a.raw)
+        return rc
     profile([o.strip() for o in a.ops.split(",") if o.strip()], a.m)
     return 0
 

@@ -352,6 +352,10 @@
 #          MK_GU_TILES: the whole MK_TILES value instead (a tile per class, e.g. session 19's
 #          "GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"), MK_GU_TESTS: the tile's GPU tests
 #          (default the two-page gate/up tests)
+#   gemmncu a GEMM's whole-matrix launch against cuBLAS's kernel under Nsight Compute
+#          (bench/gemm_ncu.py; MK_GN_OPS DOWN, MK_GN_M 1024: issue 5's last point over 1.0): the
+#          tensor pipe, L2 -> SM bytes, issue slots and warp states side by side: gemmncu.log,
+#          gemmncu_{details,raw}.csv.gz (~3 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -1179,7 +1183,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120 [od64]=480 [cls128]=300)
+                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=300)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2818,6 +2822,25 @@ if has e2e; then
   timeout ${MK_E2E_TIMEOUT:-560} python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
       --mixed ${MK_E2E_MIXED:-none} ${MK_E2E_ARGS:-} --out "$OUTDIR/e2e.json" > "$OUTDIR/e2e.log" 2>&1 || rc=1
   grep -vE "^\[mk\.(plan|compile)" "$OUTDIR/e2e.log" | tail -25
+fi
+if has gemmncu; then
+  # issue 5's last point over cuBLAS + epilogue (DOWN 1024): mk's whole-matrix launch and
+  # cuBLAS's kernel under Nsight Compute (bench/gemm_ncu.py; one replayed launch each): the
+  # tensor pipe's active share, L2 -> SM traffic, the schedulers' issue slots and what the warps
+  # wait on, side by side. gemmncu.log (the summary), gemmncu_details.csv.gz, gemmncu_raw.csv.gz
+  gn_ops=${MK_GN_OPS:-DOWN}; gn_m=${MK_GN_M:-1024}
+  timeout 260 ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      --section LaunchStats -f -o "$TMPD/gemmncu" \
+      python bench/gemm_ncu.py --ops "$gn_ops" --m "$gn_m" > "$TMPD/gemmncu_run.log" 2>&1 || rc=1
+  grep -vE "^\[mk" "$TMPD/gemmncu_run.log" | grep -vE "^==PROF==" | tail -8 > "$OUTDIR/gemmncu.log"
+  ncu -i "$TMPD/gemmncu.ncu-rep" --page details --csv > "$OUTDIR/gemmncu_details.csv" 2>&1 || rc=1
+  ncu -i "$TMPD/gemmncu.ncu-rep" --page raw --csv > "$OUTDIR/gemmncu_raw.csv" 2>&1 || rc=1
+  python bench/gemm_ncu.py --summary "$OUTDIR/gemmncu_details.csv" --raw "$OUTDIR/gemmncu_raw.csv" \
+      >> "$OUTDIR/gemmncu.log" 2>&1 || rc=1
+  gzip -f "$OUTDIR/gemmncu_details.csv" "$OUTDIR/gemmncu_raw.csv"
+  echo "== gemmncu $gn_ops M=$gn_m"; cat "$OUTDIR/gemmncu.log"
 fi
 if has ncu; then
   # where the warps of the step wait, per source line (CUTE_DSL_LINEINFO: the Python lines of the

@@ -43,3 +43,30 @@ def test_summary_of_an_empty_csv_fails(tmp_path, capsys):
     path.write_text(",".join(COLUMNS) + "\n")
     assert gemm_ncu.summary(str(path)) == 1
     assert "holds no rows" in capsys.readouterr().err
+
+
+def test_raw_summary_prints_the_chosen_metrics_and_the_largest_stalls(tmp_path, capsys):
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "l1tex__t_bytes.sum",
+             "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"]
+    names += [stall.format(r) for r in ("barrier", "long_scoreboard", "wait", "sleeping",
+                                        "math_pipe_throttle", "branch_resolving", "no_instruction")]
+    units = ["", "", "us", "byte", "%"] + [""] * 7
+    kernels = [["0", "kernel_cutlass_mk", "101.5", "9", "62.9",
+                "0.5", "1,234.5", "2.0", "0.1", "3.0", "0.2", "0.3"],
+               ["1", "nvjet_sm90_tst_128x256", "82.0", "9", "86.8",
+                "0", "0", "0", "0", "0", "0", "x"]]
+    path = tmp_path / "raw.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([names, units] + kernels)
+    gemm_ncu.raw_summary(str(path))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "== raw: 0 kernel_cutlass_mk"
+    assert out[1].split() == ["gpu__time_duration.sum", "101.5", "us"]
+    assert out[2].split()[0].startswith("sm__pipe_tensor_op") and out[2].endswith("62.9 %")
+    assert not any("l1tex__t_bytes" in ln for ln in out)
+    # the six largest stall reasons, largest first (thousands separators read), the 7th left out
+    stalls = [ln.split()[1] for ln in out if ln.strip().startswith("stalled")][:6]
+    assert stalls[0].startswith("long_scoreboard") and stalls[1].startswith("math_pipe")
+    assert not any("sleeping" in s for s in stalls)
+    assert "== raw: 1 nvjet_sm90_tst_128x256" in out
