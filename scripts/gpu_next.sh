@@ -352,6 +352,10 @@
 #          MK_GU_TILES: the whole MK_TILES value instead (a tile per class, e.g. session 19's
 #          "GATE_UP@256=gu_m128n56,GATE_UP@1024=gu_m128n112"), MK_GU_TESTS: the tile's GPU tests
 #          (default the two-page gate/up tests)
+#   wave   wave quantization in the 257..1024 class (96 / 160 / 192 / 224 wide tiles at 384 /
+#          640 / 768 / 896 tokens): the two-layer check of the 1024 class with half-width O_PROJ /
+#          DOWN / GATE_UP tiles (MK_WAVE_VARIANTS od128 gu56 both), then decode MK_WAVE_BATCH
+#          (320,384,640,768) default / each: wave.log, wave_*.json (~7 min)
 #   gemmncu a GEMM's whole-matrix launch against cuBLAS's kernel under Nsight Compute
 #          (bench/gemm_ncu.py; MK_GN_OPS DOWN, MK_GN_M 1024: issue 5's last point over 1.0): the
 #          tensor pipe, L2 -> SM bytes, issue slots and warp states side by side: gemmncu.log,
@@ -1183,7 +1187,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=300)
+                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=300 [wave]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2822,6 +2826,36 @@ if has e2e; then
   timeout ${MK_E2E_TIMEOUT:-560} python launch/bench.py --batch ${MK_E2E_BATCH:-1,16,64,256} \
       --mixed ${MK_E2E_MIXED:-none} ${MK_E2E_ARGS:-} --out "$OUTDIR/e2e.json" > "$OUTDIR/e2e.log" 2>&1 || rc=1
   grep -vE "^\[mk\.(plan|compile)" "$OUTDIR/e2e.log" | tail -25
+fi
+if has wave; then
+  # wave quantization in the 257..1024 class: O_PROJ / DOWN on m128n256 and GATE_UP on
+  # gu_m128n112 make 32 tiles a 128-row block, so 96 / 160 / 192 / 224 tiles at 384 / 640 / 768
+  # / 896 tokens (0.73 / 1.21 / 1.45 / 1.70 waves of 132 SMs). Half-width tiles (m128n128,
+  # gu_m128n56) take 1.5 waves' time where the wide ones take 2 at 640 / 768, at ~6% more time a
+  # tile (session 55). Per variant (MK_WAVE_VARIANTS: od128 gu56 both, or NAME=MK_TILES-value)
+  # the two-layer check of a 478-token first step (the 1024 class), then decode MK_WAVE_BATCH
+  # (320,384,640,768) default / each checked variant, megakernel only: wave.log, wave_*.json
+  wv_b=${MK_WAVE_BATCH:-320,384,640,768}
+  wv_runs=("base|||$wv_b")
+  : > "$OUTDIR/wave.log"
+  for v in ${MK_WAVE_VARIANTS:-od128 gu56 both}; do
+    case $v in
+      od128) t="O_PROJ@1024=m128n128,DOWN@1024=m128n128" ;;
+      gu56) t="GATE_UP@1024=gu_m128n56" ;;
+      both) t="O_PROJ@1024=m128n128,DOWN@1024=m128n128,GATE_UP@1024=gu_m128n56" ;;
+      *=*) t=${v#*=}; v=${v%%=*} ;;
+      *) echo "== wave: unknown variant $v" | tee -a "$OUTDIR/wave.log"; rc=1; continue ;;
+    esac
+    n0=$(grep -c '"passed": true' "$OUTDIR/wave.log")
+    MK_TILES=$t MK_CHECK_TAG="$t " check_to "$OUTDIR/wave.log" --split-k 0 \
+        --prompt-lens 1,13,64,130,200,70
+    if [ "$(grep -c '"passed": true' "$OUTDIR/wave.log")" -gt "$n0" ]; then
+      wv_runs+=("$v|MK_TILES=$t||$wv_b")
+    else
+      echo "== wave: $v ($t) failed its check, not timed" | tee -a "$OUTDIR/wave.log"; rc=1
+    fi
+  done
+  untraced_runs wave "${wv_runs[@]}"
 fi
 if has gemmncu; then
   # issue 5's last point over cuBLAS + epilogue (DOWN 1024): mk's whole-matrix launch and
