@@ -359,7 +359,7 @@
 #   gemmncu a GEMM's whole-matrix launch against cuBLAS's kernel under Nsight Compute
 #          (bench/gemm_ncu.py; MK_GN_OPS DOWN, MK_GN_M 1024: issue 5's last point over 1.0): the
 #          tensor pipe, L2 -> SM bytes, issue slots and warp states side by side: gemmncu.log,
-#          gemmncu_{details,raw}.csv.gz (~3 min)
+#          gemmncu_{details,raw}.csv.gz (~2 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -1187,7 +1187,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=300 [wave]=480)
+                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
