@@ -1342,13 +1342,29 @@ class MegakernelDSL:
 # ==================================================================================== host side
 _COMPILED: dict = {}
 
-# Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR; unset or "" = off):
-# each variant takes 10-30 s to compile, once per process and M class, so a job that meets five
-# classes spends minutes compiling before it is warm. A variant is stored as the DSL's AOT
+# Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR; default
+# $XDG_CACHE_HOME/mk/kernels, else ~/.cache/mk/kernels; "" / 0 / off = none): each variant takes
+# 10-30 s to compile, once per process and M class, so a job that meets five classes spends
+# minutes compiling before it is warm, in every rank. A variant is stored as the DSL's AOT
 # export (JitCompiledFunction.export_to_c: the host entry and the cubin in one object file) and
 # loaded back with cute.runtime.load_module; its file name hashes everything the code generation
 # reads (compile_cache_name), so a changed source, switch, DSL version or GPU gets a new file.
-COMPILE_CACHE_DIR = os.environ.get("MK_COMPILE_CACHE", "")
+# The directory keeps the COMPILE_CACHE_KEEP most recently used files (each edit of mk's source
+# makes new ones).
+COMPILE_CACHE_KEEP = 64
+
+
+def compile_cache_dir(env=None) -> str:
+    """The compile cache's directory from MK_COMPILE_CACHE (see above), "" when it is off."""
+    env = os.environ if env is None else env
+    v = env.get("MK_COMPILE_CACHE")
+    if v is None:
+        base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "mk", "kernels")
+    return "" if v.strip().lower() in ("", "0", "off", "none") else v
+
+
+COMPILE_CACHE_DIR = compile_cache_dir()
 
 
 def _source_digest() -> bytes:
@@ -1408,11 +1424,16 @@ def _cache_load(cache_dir: str, name: str):
     if not os.path.isfile(path):
         return None
     try:
-        return getattr(cute.runtime.load_module(path), name)
+        fn = getattr(cute.runtime.load_module(path), name)
     except Exception as e:  # noqa: BLE001 - a bad file costs a compile, not the job
         print(f"[mk.megakernel] compile cache: {path} not loaded ({type(e).__name__}: {e}); "
               "compiling", file=sys.stderr, flush=True)
         return None
+    try:
+        os.utime(path)          # recently used: _cache_prune keeps it
+    except OSError:             # a read-only cache still serves
+        pass
+    return fn
 
 
 def _cache_store(comp, cache_dir: str, name: str) -> None:
@@ -1429,9 +1450,28 @@ def _cache_store(comp, cache_dir: str, name: str) -> None:
             os.replace(os.path.join(tmp, name + ".o"), os.path.join(cache_dir, name + ".o"))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        _cache_prune(cache_dir, COMPILE_CACHE_KEEP)
     except Exception as e:  # noqa: BLE001
         print(f"[mk.megakernel] compile cache: {name} not stored in {cache_dir} "
               f"({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+
+
+def _cache_prune(cache_dir: str, keep: int) -> None:
+    """Delete all but the `keep` most recently used variants (mk_*.o by modification time;
+    _cache_load touches what it loads). Another process's concurrent prune is harmless: a
+    file already gone is skipped, a variant deleted under a loader is compiled again."""
+    entries = []
+    for f in os.listdir(cache_dir):
+        if f.startswith("mk_") and f.endswith(".o"):
+            try:
+                entries.append((os.stat(os.path.join(cache_dir, f)).st_mtime, f))
+            except FileNotFoundError:
+                pass
+    for _, f in sorted(entries, reverse=True)[keep:]:
+        try:
+            os.remove(os.path.join(cache_dir, f))
+        except FileNotFoundError:
+            pass
 
 
 def _dl(t: torch.Tensor, align: int = 16, dynamic: bool = True):
@@ -1457,17 +1497,18 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
            bool(claim_after_loads)) + tuple(shape_key)
     name = compile_cache_name(key, args) if key not in _COMPILED and COMPILE_CACHE_DIR else None
     if name is not None:
+        t0 = time.time()
         loaded = _cache_load(COMPILE_CACHE_DIR, name)
         if loaded is not None:
             _COMPILED[key] = loaded
             if verbose:
-                print(f"[mk.megakernel] variant {name} loaded from {COMPILE_CACHE_DIR}",
-                      flush=True)
+                print(f"[mk.megakernel] variant {name} loaded from {COMPILE_CACHE_DIR} in "
+                      f"{time.time() - t0:.2f} s", flush=True)
     if key not in _COMPILED:
         if verbose:     # a variant takes 10-30 s: say so before the wait, not only after it
-            print("[mk.megakernel] compiling a variant (once per process and M class"
-                  + ("" if COMPILE_CACHE_DIR else "; MK_COMPILE_CACHE=DIR keeps it") + ") ...",
-                  flush=True)
+            print("[mk.megakernel] compiling a variant (once per M class; "
+                  + (f"kept in {COMPILE_CACHE_DIR} for later processes" if COMPILE_CACHE_DIR
+                     else "per process: MK_COMPILE_CACHE is off") + ") ...", flush=True)
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,

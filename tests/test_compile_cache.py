@@ -69,6 +69,30 @@ def test_cache_name_follows_key_arguments_and_switches(monkeypatch):
     assert M.compile_cache_name(KEY, [a, Int32(3)]) == name
 
 
+def test_the_cache_directory_defaults_to_the_user_cache_and_can_be_turned_off(tmp_path):
+    import mk.megakernel as M
+    home = os.path.expanduser("~")
+    assert M.compile_cache_dir({}) == os.path.join(home, ".cache", "mk", "kernels")
+    assert M.compile_cache_dir({"XDG_CACHE_HOME": "/xdg"}) == "/xdg/mk/kernels"
+    assert M.compile_cache_dir({"MK_COMPILE_CACHE": str(tmp_path)}) == str(tmp_path)
+    for off in ("", "0", "off", "OFF", " none "):
+        assert M.compile_cache_dir({"MK_COMPILE_CACHE": off, "XDG_CACHE_HOME": "/x"}) == ""
+
+
+def test_prune_keeps_the_most_recently_used_variants(tmp_path):
+    import mk.megakernel as M
+    for i in range(5):
+        f = tmp_path / f"mk_{i}.o"
+        f.write_bytes(b"x")
+        os.utime(f, (1000 + i, 1000 + i))
+    os.utime(tmp_path / "mk_0.o", (2000, 2000))     # loaded lately: kept though made first
+    (tmp_path / "notes.txt").write_text("not a variant")
+    (tmp_path / ".export_abc").mkdir()                # another process's export under way
+    M._cache_prune(str(tmp_path), 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".export_abc", "mk_0.o", "mk_3.o",
+                                                          "mk_4.o", "notes.txt"]
+
+
 def round_trip(cache_dir: str) -> None:
     """Store a compiled kernel, load it back, and try a missing and a corrupt file (run in a
     process whose CUTE_DSL_ARCH was set before the DSL's import: without a GPU the export
