@@ -1342,8 +1342,9 @@ class MegakernelDSL:
 # ==================================================================================== host side
 _COMPILED: dict = {}
 
-# Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR; default
-# $XDG_CACHE_HOME/mk/kernels, else ~/.cache/mk/kernels; "" / 0 / off = none): each variant takes
+# Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR, or "on" for
+# $XDG_CACHE_HOME/mk/kernels, else ~/.cache/mk/kernels; unset, "" / 0 / off = none: off by
+# default until its GPU test, tests/test_compile_cache.py, has run): each variant takes
 # 10-30 s to compile, once per process and M class, so a job that meets five classes spends
 # minutes compiling before it is warm, in every rank. A variant is stored as the DSL's AOT
 # export (JitCompiledFunction.export_to_c: the host entry and the cubin in one object file) and
@@ -1357,8 +1358,8 @@ COMPILE_CACHE_KEEP = 64
 def compile_cache_dir(env=None) -> str:
     """The compile cache's directory from MK_COMPILE_CACHE (see above), "" when it is off."""
     env = os.environ if env is None else env
-    v = env.get("MK_COMPILE_CACHE")
-    if v is None:
+    v = env.get("MK_COMPILE_CACHE", "")
+    if v.strip().lower() in ("on", "1", "default"):
         base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return os.path.join(base, "mk", "kernels")
     return "" if v.strip().lower() in ("", "0", "off", "none") else v
@@ -1508,7 +1509,7 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
         if verbose:     # a variant takes 10-30 s: say so before the wait, not only after it
             print("[mk.megakernel] compiling a variant (once per M class; "
                   + (f"kept in {COMPILE_CACHE_DIR} for later processes" if COMPILE_CACHE_DIR
-                     else "per process: MK_COMPILE_CACHE is off") + ") ...", flush=True)
+                     else "per process: MK_COMPILE_CACHE=on keeps it") + ") ...", flush=True)
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,

@@ -69,11 +69,14 @@ def test_cache_name_follows_key_arguments_and_switches(monkeypatch):
     assert M.compile_cache_name(KEY, [a, Int32(3)]) == name
 
 
-def test_the_cache_directory_defaults_to_the_user_cache_and_can_be_turned_off(tmp_path):
+def test_the_cache_directory_is_off_by_default_and_on_names_the_user_cache(tmp_path):
     import mk.megakernel as M
     home = os.path.expanduser("~")
-    assert M.compile_cache_dir({}) == os.path.join(home, ".cache", "mk", "kernels")
-    assert M.compile_cache_dir({"XDG_CACHE_HOME": "/xdg"}) == "/xdg/mk/kernels"
+    assert M.compile_cache_dir({}) == ""
+    assert M.compile_cache_dir({"MK_COMPILE_CACHE": "on"}) == os.path.join(home, ".cache", "mk",
+                                                                           "kernels")
+    assert M.compile_cache_dir({"MK_COMPILE_CACHE": "1", "XDG_CACHE_HOME": "/xdg"}) \
+        == "/xdg/mk/kernels"
     assert M.compile_cache_dir({"MK_COMPILE_CACHE": str(tmp_path)}) == str(tmp_path)
     for off in ("", "0", "off", "OFF", " none "):
         assert M.compile_cache_dir({"MK_COMPILE_CACHE": off, "XDG_CACHE_HOME": "/x"}) == ""
