@@ -412,6 +412,17 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000038. Session 66: no device (every start refused; the budget went to failed starts).
+#      Plan 000037 stands, with these steps built for it: 1. `MK_VERIFY_FILES="tests/
+#      test_megakernel_gpu.py tests/test_compile_cache.py" MK_STEPS=verify` (the CUstream launch
+#      since c2ab19f, the compile cache's two-process test; with MK_COMPILE_CACHE=on exported the
+#      checks' processes load each other's variants: racecheck_full.log says "loaded from ... in
+#      X s"), then the step tests in a call of their own; if the cache passes, make it the
+#      default (compile_cache_dir: unset -> on) and record a load's time against a compile's.
+#      2. `MK_STEPS=gemmncu` (DOWN 1024 against cuBLAS under ncu, ~2 min) for issue 5's last
+#      miss. 3. `MK_STEPS=wave` (~7 min: half-width tiles in the 257..1024 class at 320..768
+#      tokens), then `MK_STEPS=cls128 MK_C128_BATCH=192,256` (the 129..256 variant without
+#      O_PROJ / DOWN split code; 12.649 / 13.920 ms at eca0b14).
 #   000037. Session 65 (`*_s65_h100*` at eca0b14, 896395e): issue 5's table at the m64n64 default
 #      (every point <= 1.0 of cuBLAS + epilogue but DOWN 1024: 1.02-1.04 in six runs; L2 hints
 #      do not move it); 53 of 55 GPU tests passed (none failed) before the verify call's cap;
