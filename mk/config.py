@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def cache_root(env=None) -> Path:
+    """mk's cache on this machine (the tiny checkpoints, compiled kernels): $MK_CACHE_DIR, else
+    ~/.cache/mk."""
+    env = os.environ if env is None else env
+    return Path(env.get("MK_CACHE_DIR") or Path.home() / ".cache" / "mk")
 
 
 class ConfigError(ValueError):

@@ -1343,7 +1343,7 @@ class MegakernelDSL:
 _COMPILED: dict = {}
 
 # Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR, or "on" for
-# $XDG_CACHE_HOME/mk/kernels, else ~/.cache/mk/kernels; unset, "" / 0 / off = none: off by
+# mk.config.cache_root()/kernels, ~/.cache/mk/kernels; unset, "" / 0 / off = none: off by
 # default until its GPU test, tests/test_compile_cache.py, has run): each variant takes
 # 10-30 s to compile, once per process and M class, so a job that meets five classes spends
 # minutes compiling before it is warm, in every rank. A variant is stored as the DSL's AOT
@@ -1360,8 +1360,8 @@ def compile_cache_dir(env=None) -> str:
     env = os.environ if env is None else env
     v = env.get("MK_COMPILE_CACHE", "")
     if v.strip().lower() in ("on", "1", "default"):
-        base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.path.join(base, "mk", "kernels")
+        from mk.config import cache_root
+        return str(cache_root(env) / "kernels")
     return "" if v.strip().lower() in ("", "0", "off", "none") else v
 
 

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from dataclasses import replace
 
-from mk.config import ModelConfig, RopeConfig
+from mk.config import ModelConfig, RopeConfig, cache_root
 
 # Bump when the weights produced for a given (config, seed) change, so stale caches are not reused.
 _GENERATOR_VERSION = 1
@@ -120,7 +120,7 @@ def write_checkpoint(directory: str | Path, config: ModelConfig, state_dict: dic
 def tiny_checkpoint(seed: int = 0, cache_dir: str | Path | None = None, *,
                     config: ModelConfig = TINY_CONFIG) -> Path:
     """Path of the tiny random checkpoint for `seed`, writing it first if it is not cached."""
-    root = Path(cache_dir or os.environ.get("MK_CACHE_DIR") or Path.home() / ".cache" / "mk")
+    root = Path(cache_dir) if cache_dir else cache_root()
     final = root / f"tiny-{seed}-{config_hash(config)}"
     if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
         return final

@@ -75,11 +75,11 @@ def test_the_cache_directory_is_off_by_default_and_on_names_the_user_cache(tmp_p
     assert M.compile_cache_dir({}) == ""
     assert M.compile_cache_dir({"MK_COMPILE_CACHE": "on"}) == os.path.join(home, ".cache", "mk",
                                                                            "kernels")
-    assert M.compile_cache_dir({"MK_COMPILE_CACHE": "1", "XDG_CACHE_HOME": "/xdg"}) \
-        == "/xdg/mk/kernels"
+    # the tiny checkpoints' root (mk.config.cache_root): $MK_CACHE_DIR where set
+    assert M.compile_cache_dir({"MK_COMPILE_CACHE": "1", "MK_CACHE_DIR": "/c"}) == "/c/kernels"
     assert M.compile_cache_dir({"MK_COMPILE_CACHE": str(tmp_path)}) == str(tmp_path)
     for off in ("", "0", "off", "OFF", " none "):
-        assert M.compile_cache_dir({"MK_COMPILE_CACHE": off, "XDG_CACHE_HOME": "/x"}) == ""
+        assert M.compile_cache_dir({"MK_COMPILE_CACHE": off, "MK_CACHE_DIR": "/c"}) == ""
 
 
 def test_prune_keeps_the_most_recently_used_variants(tmp_path):
