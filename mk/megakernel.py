@@ -91,6 +91,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from mk import tiles
+from mk.config import cache_root
 from mk.instructions import _attention_kernel as ak
 from mk.instructions import _gather_kernel as gat
 from mk.instructions import _gemm_kernel as gk
@@ -1360,7 +1361,6 @@ def compile_cache_dir(env=None) -> str:
     env = os.environ if env is None else env
     v = env.get("MK_COMPILE_CACHE", "")
     if v.strip().lower() in ("on", "1", "default"):
-        from mk.config import cache_root
         return str(cache_root(env) / "kernels")
     return "" if v.strip().lower() in ("", "0", "off", "none") else v
 
