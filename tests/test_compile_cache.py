@@ -139,7 +139,10 @@ def test_a_second_process_loads_the_variants_and_still_matches(tmp_path):
     """Two processes run the same two-layer step check (tiny model, checked against mk.vm) with
     one MK_COMPILE_CACHE: the first compiles and stores its variants, the second loads them all
     (no compile) and passes too."""
-    env = dict(os.environ, MK_COMPILE_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    # ROOT ahead of the caller's PYTHONPATH, not instead of it: the DSL itself may live there
+    # (the GPU machine's prelude puts it on PYTHONPATH)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, MK_COMPILE_CACHE=str(tmp_path / "cache"), PYTHONPATH=path)
     cmd = [sys.executable, "-m", "mk.megakernel_step", "check", "--layers", "2",
            "--split-k", "0", "--decode-steps", "1"]
     outs = []
