@@ -8,6 +8,7 @@
     python bench/gemm_ncu.py --summary OUT.csv       # the figures side by side
     ncu -i OUT.ncu-rep --page raw --csv > RAW.csv     # optional: every collected metric
     python bench/gemm_ncu.py --summary OUT.csv --raw RAW.csv   # + the tensor pipe, bytes, stalls
+                                                      # and both kernels side by side (.gz read)
 
 (`scripts/gpu_next.sh gemmncu` runs all of it, with the scheduler and warp-state sections.)
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import os
 import sys
 
@@ -76,10 +78,90 @@ def profile(ops: list[str], m: int) -> None:
         h.check()
 
 
+def _open_text(path: str):
+    """A CSV as text, gzipped (bench/results keeps them so) or not."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", newline="")
+    return open(path, newline="")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except (AttributeError, ValueError):
+        return None
+
+
+# bytes per unit of ncu's byte metrics
+_BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+# the stall reasons the side-by-side table turns into warps per scheduler
+SIDE_STALLS = ("gmma", "long_scoreboard", "barrier", "wait", "dispatch_stall", "mio_throttle")
+
+
+def side_by_side(names: list, units: list, kernels: list) -> list[tuple]:
+    """The raw page's kernels as (figure, value per kernel) rows: what splits "mk's tile is slower"
+    into the tensor pipe's busy and idle time, the bytes L2 hands the SMs, DRAM and where the
+    warps wait. A figure whose metrics a kernel lacks is None for it.
+
+    tensor busy / idle us: the tensor pipe's active share of the elapsed cycles times the
+    duration, and the rest; L2 -> SM MB: the SMs' read sectors at L2 (32 bytes each); stalled
+    warps per scheduler: warps stalled per issued instruction x issued instructions per active
+    cycle (so a reason's share of the scheduler's warps at any moment)."""
+    rows = []
+
+    def col(val: dict, name: str):
+        return _number(val.get(name, ""))
+
+    vals = [dict(zip(names, k)) for k in kernels]
+    unit = dict(zip(names, units))
+    figs: list[tuple[str, list]] = []
+    dur = [col(v, "gpu__time_duration.sum") for v in vals]
+    figs.append(("duration us", dur))
+    tp = [col(v, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed")
+          for v in vals]
+    figs.append(("tensor pipe active % of elapsed", tp))
+    busy = [None if d is None or t is None else d * t / 100 for d, t in zip(dur, tp)]
+    figs.append(("tensor busy us", busy))
+    figs.append(("tensor idle us", [None if d is None or b is None else d - b
+                                    for d, b in zip(dur, busy)]))
+    rd = [col(v, "lts__t_sectors_srcunit_tex_op_read.sum") for v in vals]
+    figs.append(("L2 -> SM reads MB", [None if r is None else r * 32 / 1e6 for r in rd]))
+    figs.append(("L2 SM-sector % of peak",
+                 [col(v, "lts__t_sectors_srcunit_tex.sum.pct_of_peak_sustained_elapsed")
+                  for v in vals]))
+    scale = _BYTE_UNITS.get(unit.get("dram__bytes_read.sum", ""), None)
+    figs.append(("DRAM reads MB", [None if scale is None or col(v, "dram__bytes_read.sum") is None
+                                   else col(v, "dram__bytes_read.sum") * scale / 1e6
+                                   for v in vals]))
+    issue = [col(v, "smsp__issue_active.avg.per_cycle_active") for v in vals]
+    figs.append(("issued per scheduler cycle", issue))
+    for reason in SIDE_STALLS:
+        r = [col(v, f"{STALL_PREFIX}{reason}_per_issue_active.ratio") for v in vals]
+        figs.append((f"warps stalled on {reason}",
+                     [None if a is None or i is None else a * i for a, i in zip(r, issue)]))
+    for name, v in figs:
+        rows.append((name, v))
+    return rows
+
+
+def print_side_by_side(names: list, units: list, kernels: list) -> None:
+    heads = [k[names.index("Kernel Name")][:18] if "Kernel Name" in names else "?"
+             for k in kernels]
+    print("== side by side" + "".join(f" | {h:>18s}" for h in heads)
+          + (" | first / second" if len(kernels) == 2 else ""))
+    for name, v in side_by_side(names, units, kernels):
+        cells = "".join(" | " + (f"{x:18.3f}" if x is not None else f"{'-':>18s}") for x in v)
+        ratio = ""
+        if len(v) == 2 and v[0] is not None and v[1]:
+            ratio = f" | {v[0] / v[1]:.2f}"
+        print(f"   {name:32s}{cells}{ratio}")
+
+
 def raw_summary(path: str) -> None:
     """ncu's raw page (a metric per column, a unit row, a row per kernel): RAW_FRAGMENTS' metrics
-    and each kernel's six largest stall reasons (warps stalled per issued instruction)."""
-    with open(path, newline="") as f:
+    and each kernel's six largest stall reasons (warps stalled per issued instruction), then the
+    kernels side by side (side_by_side)."""
+    with _open_text(path) as f:
         rows = [r for r in csv.reader(f)]
     hdr_at = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
     if hdr_at is None or len(rows) < hdr_at + 3:
@@ -101,11 +183,12 @@ def raw_summary(path: str) -> None:
                     pass
         for v, n in sorted(stalls, reverse=True)[:6]:
             print(f"   stalled {n:64s} {v:.3f}")
+    print_side_by_side(names, units, rows[hdr_at + 2:])
 
 
 def summary(path: str) -> int:
     """The details page's CSV: one row per (kernel, metric); prints METRICS per kernel."""
-    with open(path, newline="") as f:
+    with _open_text(path) as f:
         rows = list(csv.DictReader(f))
     if not rows:
         print(f"gemm_ncu.py: {path} holds no rows", file=sys.stderr)

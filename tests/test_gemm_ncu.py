@@ -70,3 +70,35 @@ def test_raw_summary_prints_the_chosen_metrics_and_the_largest_stalls(tmp_path, 
     assert stalls[0].startswith("long_scoreboard") and stalls[1].startswith("math_pipe")
     assert not any("sleeping" in s for s in stalls)
     assert "== raw: 1 nvjet_sm90_tst_128x256" in out
+
+
+def test_side_by_side_splits_the_duration_and_reads_gzip(tmp_path, capsys):
+    """Two kernels of a gzipped raw page: tensor busy / idle us from the pipe's share of the
+    duration, L2 -> SM MB from read sectors, DRAM MB by its unit, stalled warps per scheduler as
+    ratio x issue rate; a kernel missing a metric gets '-', and the ratio column compares them."""
+    import gzip
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum",
+             "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+             "lts__t_sectors_srcunit_tex_op_read.sum", "dram__bytes_read.sum",
+             "smsp__issue_active.avg.per_cycle_active", stall.format("gmma")]
+    units = ["", "", "us", "%", "sector", "Gbyte", "", "inst"]
+    kernels = [["0", "kernel_cutlass_mk", "100", "68", "1,000,000", "0.5", "0.2", "1.5"],
+               ["1", "nvjet_sm90", "80", "85", "500,000", "0.25", "0.1", ""]]
+    path = tmp_path / "raw.csv.gz"
+    with gzip.open(path, "wt", newline="") as f:
+        csv.writer(f).writerows([names, units] + kernels)
+    rows = dict(gemm_ncu.side_by_side(names, units, kernels))
+    assert rows["tensor busy us"] == [68.0, 68.0]
+    assert rows["tensor idle us"] == [32.0, 12.0]
+    assert rows["L2 -> SM reads MB"] == [32.0, 16.0]
+    assert rows["DRAM reads MB"] == [500.0, 250.0]
+    assert rows["warps stalled on gmma"][0] == 0.2 * 1.5
+    assert rows["warps stalled on gmma"][1] is None
+    assert rows["warps stalled on barrier"] == [None, None]
+    gemm_ncu.raw_summary(str(path))
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("tensor idle us"))
+    assert line.split("|")[-1].strip() == f"{32 / 12:.2f}"
+    gmma = next(ln for ln in out.splitlines() if "stalled on gmma" in ln)
+    assert gmma.split("|")[2].strip() == "-"
