@@ -360,6 +360,10 @@
 #          (bench/gemm_ncu.py; MK_GN_OPS DOWN, MK_GN_M 1024: issue 5's last point over 1.0): the
 #          tensor pipe, L2 -> SM bytes, issue slots and warp states side by side: gemmncu.log,
 #          gemmncu_{details,raw}.csv.gz (~2 min)
+#   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
+#          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
+#          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines (bench/gemm_ncu_summary.py):
+#          gemmsrc.log, ncu_gs_{mk,cublas}.source.csv.gz (~3 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -1198,7 +1202,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480)
+                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2886,6 +2890,36 @@ if has gemmncu; then
       >> "$OUTDIR/gemmncu.log" 2>&1 || rc=1
   gzip -f "$OUTDIR/gemmncu_details.csv" "$OUTDIR/gemmncu_raw.csv"
   echo "== gemmncu $gn_ops M=$gn_m"; cat "$OUTDIR/gemmncu.log"
+fi
+if has gemmsrc; then
+  # gemmncu's "the tensor pipe idles" instruction by instruction: warp-stall sampling of mk's
+  # whole-matrix launch of MK_GN_OPS (DOWN) at MK_GN_M (1024), then of cuBLAS's kernel (one ncu
+  # run each, -k picks the kernel). The mk variant is compiled once (the first run stores it in
+  # MK_COMPILE_CACHE, the second loads it). bench/ncu_loop_stalls.py: the consumer loop's share
+  # of the samples and its stall reasons; bench/gemm_ncu_summary.py: the 40 SASS lines with the
+  # most samples and their neighbourhoods (the loop, the waits, the epilogue). gemmsrc.log,
+  # ncu_gs_{mk,cublas}.source.csv.gz (~3 min)
+  gn_ops=${MK_GN_OPS:-DOWN}; gn_m=${MK_GN_M:-1024}
+  : > "$OUTDIR/gemmsrc.log"
+  for k in "mk|regex:Megakernel" "cublas|regex:nvjet|sm90_xmma|cutlass3x"; do
+    n=${k%%|*}
+    MK_COMPILE_CACHE=${MK_COMPILE_CACHE:-$TMPD/kernels} timeout 220 ncu --profile-from-start off \
+        --clock-control none -k "${k#*|}" -c 1 --section SourceCounters --section WarpStateStats \
+        -f -o "$TMPD/gs_$n" python bench/gemm_ncu.py --ops "$gn_ops" --m "$gn_m" \
+        > "$TMPD/gs_$n.log" 2>&1 || { rc=1; tail -5 "$TMPD/gs_$n.log" | tee -a "$OUTDIR/gemmsrc.log"; }
+    grep -E "loaded from|compiled variant" "$TMPD/gs_$n.log" | sed -E 's/gemm=.* in / ... in /' \
+        | cut -c1-160 | tee -a "$OUTDIR/gemmsrc.log"
+    ncu -i "$TMPD/gs_$n.ncu-rep" --page source --csv --print-source sass \
+        > "$OUTDIR/ncu_gs_$n.source.csv" 2> "$TMPD/gs_src.err" \
+      || { rc=1; tail -5 "$TMPD/gs_src.err" | tee -a "$OUTDIR/gemmsrc.log"; }
+  done
+  { echo "== $gn_ops M=$gn_m consumer loops: mk (HGMMA ${MK_GS_MK_HGMMA:-64x256x16}), cuBLAS"
+    python bench/ncu_loop_stalls.py --hgmma ${MK_GS_MK_HGMMA:-64x256x16} "$OUTDIR/ncu_gs_mk.source.csv"
+    python bench/ncu_loop_stalls.py --hgmma ${MK_GS_CUBLAS_HGMMA:-64x128x16} \
+        "$OUTDIR/ncu_gs_cublas.source.csv"
+    python bench/gemm_ncu_summary.py "$OUTDIR"; } >> "$OUTDIR/gemmsrc.log" 2>&1 || rc=1
+  gzip -f "$OUTDIR"/ncu_gs_*.source.csv
+  echo "== gemmsrc $gn_ops M=$gn_m"; grep -B1 -A3 "^file" "$OUTDIR/gemmsrc.log" | cut -c1-160
 fi
 if has ncu; then
   # where the warps of the step wait, per source line (CUTE_DSL_LINEINFO: the Python lines of the
