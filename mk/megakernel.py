@@ -1343,14 +1343,16 @@ class MegakernelDSL:
 # ==================================================================================== host side
 _COMPILED: dict = {}
 
-# Compiled variants kept on disk between processes (MK_COMPILE_CACHE=DIR, or "on" for
-# mk.config.cache_root()/kernels, ~/.cache/mk/kernels; unset, "" / 0 / off = none: off by
-# default until its GPU test, tests/test_compile_cache.py, has run): each variant takes
-# 10-30 s to compile, once per process and M class, so a job that meets five classes spends
-# minutes compiling before it is warm, in every rank. A variant is stored as the DSL's AOT
-# export (JitCompiledFunction.export_to_c: the host entry and the cubin in one object file) and
-# loaded back with cute.runtime.load_module; its file name hashes everything the code generation
-# reads (compile_cache_name), so a changed source, switch, DSL version or GPU gets a new file.
+# Compiled variants kept on disk between processes (unset or "on": mk.config.cache_root()/kernels,
+# ~/.cache/mk/kernels; MK_COMPILE_CACHE=DIR: there; "" / 0 / off / none: no cache): each variant
+# takes 10-30 s to compile, once per process and M class, so a job that meets five classes
+# spends minutes compiling before it is warm, in every rank. On by default since session 67
+# (its GPU test passed on an H100: a second process loads both variants of the two-layer
+# check, 36 -> 7 s of wall time, bench/results/compile_cache_*_s67_h100.log). A variant is
+# stored as the DSL's AOT export (JitCompiledFunction.export_to_c: the host entry and the cubin
+# in one object file) and loaded back with cute.runtime.load_module; its file name hashes
+# everything the code generation reads (compile_cache_name), so a changed source, switch, DSL
+# version or GPU gets a new file.
 # The directory keeps the COMPILE_CACHE_KEEP most recently used files (each edit of mk's source
 # makes new ones).
 COMPILE_CACHE_KEEP = 64
@@ -1359,8 +1361,8 @@ COMPILE_CACHE_KEEP = 64
 def compile_cache_dir(env=None) -> str:
     """The compile cache's directory from MK_COMPILE_CACHE (see above), "" when it is off."""
     env = os.environ if env is None else env
-    v = env.get("MK_COMPILE_CACHE", "")
-    if v.strip().lower() in ("on", "1", "default"):
+    v = env.get("MK_COMPILE_CACHE")
+    if v is None or v.strip().lower() in ("on", "1", "default"):
         return str(cache_root(env) / "kernels")
     return "" if v.strip().lower() in ("", "0", "off", "none") else v
 
@@ -1602,11 +1604,21 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
     Uses cuOccupancyMaxActiveBlocksPerMultiprocessor on the compiled cubin when it can be loaded,
     else the device limits (shared memory, threads, registers) — both are reported."""
     props = torch.cuda.get_device_properties(device)
+
+    def device_limits(why: str) -> tuple[int, str]:
+        per_sm_smem = props.shared_memory_per_multiprocessor
+        by_smem = per_sm_smem // (smem_bytes + 1024)
+        by_threads = props.max_threads_per_multi_processor // THREADS
+        by_regs = 65536 // (THREADS * LAUNCH_REGS)   # setmaxnreg redistributes 384 x 168
+        return int(min(by_smem, by_threads, by_regs)), f"device limits ({why})"
+
+    cubin = getattr(compiled, "__cubin__", None)
+    if cubin is None:
+        # a variant loaded from the compile cache (the AOT export) keeps no cubin to query; the
+        # device limits give the same answer for this kernel (its shared memory allows one)
+        return device_limits("no cubin to query: a variant loaded from the compile cache")
     try:
         import cuda.bindings.driver as drv
-        cubin = compiled.__cubin__
-        if cubin is None:
-            raise RuntimeError("no cubin kept")
         if isinstance(cubin, str):
             cubin = cubin.encode("latin1")
         err, mod = drv.cuModuleLoadData(cubin)
@@ -1625,11 +1637,7 @@ def resident_blocks_per_sm(compiled, smem_bytes: int, device: int = 0) -> tuple[
             raise RuntimeError(f"occupancy query: {err}")
         return int(nb), "cuOccupancyMaxActiveBlocksPerMultiprocessor"
     except Exception as e:  # noqa: BLE001 - fall back to the device limits, and say so
-        per_sm_smem = props.shared_memory_per_multiprocessor
-        by_smem = per_sm_smem // (smem_bytes + 1024)
-        by_threads = props.max_threads_per_multi_processor // THREADS
-        by_regs = 65536 // (THREADS * LAUNCH_REGS)   # setmaxnreg redistributes 384 x 168
-        return int(min(by_smem, by_threads, by_regs)), f"device limits ({type(e).__name__}: {e})"
+        return device_limits(f"{type(e).__name__}: {e}")
 
 
 def smem_bytes_estimate(npages: int = NPAGES, claim_after_loads: bool = False) -> int:

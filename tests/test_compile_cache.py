@@ -69,12 +69,13 @@ def test_cache_name_follows_key_arguments_and_switches(monkeypatch):
     assert M.compile_cache_name(KEY, [a, Int32(3)]) == name
 
 
-def test_the_cache_directory_is_off_by_default_and_on_names_the_user_cache(tmp_path):
+def test_the_cache_directory_is_the_user_cache_unless_turned_off(tmp_path):
     import mk.megakernel as M
     home = os.path.expanduser("~")
-    assert M.compile_cache_dir({}) == ""
-    assert M.compile_cache_dir({"MK_COMPILE_CACHE": "on"}) == os.path.join(home, ".cache", "mk",
-                                                                           "kernels")
+    user = os.path.join(home, ".cache", "mk", "kernels")
+    assert M.compile_cache_dir({}) == user
+    assert M.compile_cache_dir({"MK_COMPILE_CACHE": "on"}) == user
+    assert M.compile_cache_dir({"MK_CACHE_DIR": "/c"}) == "/c/kernels"
     # the tiny checkpoints' root (mk.config.cache_root): $MK_CACHE_DIR where set
     assert M.compile_cache_dir({"MK_COMPILE_CACHE": "1", "MK_CACHE_DIR": "/c"}) == "/c/kernels"
     assert M.compile_cache_dir({"MK_COMPILE_CACHE": str(tmp_path)}) == str(tmp_path)
@@ -153,3 +154,20 @@ def test_a_second_process_loads_the_variants_and_still_matches(tmp_path):
         outs.append(r.stdout + r.stderr)
     assert "compiled variant" in outs[0] and list((tmp_path / "cache").glob("mk_*.o"))
     assert "loaded from" in outs[1] and "compiled variant" not in outs[1], outs[1][-3000:]
+
+
+def test_a_loaded_variant_takes_its_blocks_per_sm_from_the_device_limits(monkeypatch):
+    """A variant loaded from the cache keeps no cubin for the occupancy query: the grid comes
+    from the device limits, said plainly (not as an error), one block a SM for this kernel's
+    shared memory on a Hopper's 228 KiB."""
+    pytest.importorskip("cutlass")
+    import types
+
+    import mk.megakernel as M
+    props = types.SimpleNamespace(shared_memory_per_multiprocessor=233472,
+                                  max_threads_per_multi_processor=2048)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=0: props)
+    loaded = types.SimpleNamespace()            # what cute.runtime.load_module's function lacks
+    blocks, how = M.resident_blocks_per_sm(loaded, M.smem_bytes_estimate())
+    assert blocks == 1
+    assert how == "device limits (no cubin to query: a variant loaded from the compile cache)"
