@@ -455,6 +455,19 @@ def page_of(pg: Int32, npages: cutlass.Constexpr):
     return Int32(upg % npages), Int32((upg // npages) & 1)
 
 
+@cute.jit
+def ring_add(page: Int32, parity: Int32, d, npages: cutlass.Constexpr):
+    """(page, parity) of the ring count d after one whose (page, parity) is given, for 0 <= d <
+    npages: page_of(pg + d) from page_of(pg) with an add and a compare instead of a division (a
+    cursor for loops that walk the ring a few pages at a time)."""
+    page_d = page + d
+    parity_d = parity
+    if page_d >= npages:
+        page_d = page_d - npages
+        parity_d = parity_d ^ 1
+    return page_d, parity_d
+
+
 # The storer's parity of every page's done[p]. done[p] completes a phase only for the page uses
 # the storer waits on (result and epilogue pages, a GEMM's last stage); a page the consumers free
 # themselves (RESIDUAL_ADD's src page, a GEMM's operand pages under GEMM_OPERAND_FREE=consumer)
