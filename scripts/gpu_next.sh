@@ -360,6 +360,9 @@
 #          (bench/gemm_ncu.py; MK_GN_OPS DOWN, MK_GN_M 1024: issue 5's last point over 1.0): the
 #          tensor pipe, L2 -> SM bytes, issue slots and warp states side by side: gemmncu.log,
 #          gemmncu_{details,raw}.csv.gz (~2 min)
+#   cursor MK_GEMM_PAGE_CURSOR=1 (the K loop's ring position stepped without divisions): every
+#          GEMM GPU test, the two-layer checks, racecheck; if clean bench/gemm.py at M = 1024 /
+#          4096 default / cursor / default: cursor.log, cursor_checks.log, cursor_*.json (~8 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines (bench/gemm_ncu_summary.py):
@@ -416,6 +419,22 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000039. Session 67 (`*_s67_h100*`, 13a8995 / 9a6a830; the H200 asked for, an H100 came;
+#      8 of 12 asks failed to start): issue 5's table again (DOWN 1024 1.04, GATE_UP 64 1.03: the
+#      spread), DOWN 1024 under ncu (gemmncu: tensor pipe busy 67.9 us in mk against 70.1 in
+#      cuBLAS, idle 32.0 against 11.8; 1.46x the L2 -> SM bytes) and per instruction (gemmsrc:
+#      the consumers in their K loop most of the time, ~8% of the samples on the loop's page
+#      divisions); verify at 13a8995 (36 megakernel GPU tests, the three two-layer checks,
+#      racecheck 0); the compile cache's GPU test passed and it is on by default. In order:
+#      1. `MK_STEPS=cursor` (~8 min): MK_GEMM_PAGE_CURSOR=1's GPU checks and its timing at
+#         M = 1024 / 4096; if it is faster at DOWN 1024 and nowhere slower, make it the default
+#         (PAGE_CURSOR: "0" -> "1") and rerun `MK_STEPS=gemm`.
+#      2. `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify` (the step tests at
+#         HEAD, with the compile cache on by default: the checks' processes load each other's
+#         variants; a loaded variant's grid line now says "device limits (no cubin to query:
+#         ...)").
+#      3. On an H200 when one comes: `MK_STEPS="gemm gemmncu"` (~2 min; the issue names it).
+#      4. Plan 000038's 3 (wave, cls128).
 #   000038. Session 66: no device (every start refused; the budget went to failed starts).
 #      Plan 000037 stands, with these steps built for it: 1. `MK_VERIFY_FILES="tests/
 #      test_megakernel_gpu.py tests/test_compile_cache.py" MK_STEPS=verify` (the CUstream launch
@@ -1202,7 +1221,8 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
-                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240)
+                   [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
+                   [cursor]=500)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2890,6 +2910,30 @@ if has gemmncu; then
       >> "$OUTDIR/gemmncu.log" 2>&1 || rc=1
   gzip -f "$OUTDIR/gemmncu_details.csv" "$OUTDIR/gemmncu_raw.csv"
   echo "== gemmncu $gn_ops M=$gn_m"; cat "$OUTDIR/gemmncu.log"
+fi
+if has cursor; then
+  # MK_GEMM_PAGE_CURSOR=1 (the consumers' K loop steps its ring position with an add and a
+  # compare instead of a division by NPAGES per page: session 67's gemmsrc put ~8% of DOWN
+  # 1024's samples on those divisions): every GEMM GPU test (every tile mode), the two-layer
+  # checks (208 tokens never / auto, 1144 tokens) and racecheck; then, if all passed,
+  # bench/gemm.py at M = MK_CUR_M (1024,4096) default / cursor / default again (alternated:
+  # the clock drifts within a call): cursor.log, cursor_checks.log, cursor_{off,on,off2}.json
+  # (~8 min)
+  MK_GEMM_PAGE_CURSOR=1 MK_CHECK_PYTEST_S=240 checks tests/test_gemm_gpu.py \
+      > "$OUTDIR/cursor_checks.log" 2>&1
+  cat "$OUTDIR/cursor_checks.log" | tee "$OUTDIR/cursor.log"
+  if passed "$OUTDIR/cursor_checks.log"; then
+    for v in off on off2; do
+      cur=0; [ $v = on ] && cur=1
+      echo "== gemm MK_GEMM_PAGE_CURSOR=$cur ($v)" | tee -a "$OUTDIR/cursor.log"
+      MK_GEMM_PAGE_CURSOR=$cur timeout 150 python bench/gemm.py --suite --no-compile \
+          --ops ${MK_CUR_OPS:-O_PROJ,GATE_UP,DOWN,LM_HEAD} --m ${MK_CUR_M:-1024,4096} --odd-m 0 \
+          --reps 15 --out "$OUTDIR/cursor_$v.json" > "$TMPD/cursor_$v.log" 2>&1 || rc=1
+      grep -E "^[A-Z_]+ +[0-9]+ " "$TMPD/cursor_$v.log" | tee -a "$OUTDIR/cursor.log"
+    done
+  else
+    echo "== cursor: checks failed, not timed" | tee -a "$OUTDIR/cursor.log"; rc=1
+  fi
 fi
 if has gemmsrc; then
   # gemmncu's "the tensor pipe idles" instruction by instruction: warp-stall sampling of mk's
