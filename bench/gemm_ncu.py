@@ -107,7 +107,6 @@ def side_by_side(names: list, units: list, kernels: list) -> list[tuple]:
     duration, and the rest; L2 -> SM MB: the SMs' read sectors at L2 (32 bytes each); stalled
     warps per scheduler: warps stalled per issued instruction x issued instructions per active
     cycle (so a reason's share of the scheduler's warps at any moment)."""
-    rows = []
 
     def col(val: dict, name: str):
         return _number(val.get(name, ""))
@@ -139,9 +138,7 @@ def side_by_side(names: list, units: list, kernels: list) -> list[tuple]:
         r = [col(v, f"{STALL_PREFIX}{reason}_per_issue_active.ratio") for v in vals]
         figs.append((f"warps stalled on {reason}",
                      [None if a is None or i is None else a * i for a, i in zip(r, issue)]))
-    for name, v in figs:
-        rows.append((name, v))
-    return rows
+    return figs
 
 
 def print_side_by_side(names: list, units: list, kernels: list) -> None:
