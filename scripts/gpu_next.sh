@@ -362,7 +362,8 @@
 #          gemmncu_{details,raw}.csv.gz (~2 min)
 #   cursor MK_GEMM_PAGE_CURSOR=1 (the K loop's ring position stepped without divisions): every
 #          GEMM GPU test, the two-layer checks, racecheck; if clean bench/gemm.py at M = 1024 /
-#          4096 default / cursor / default: cursor.log, cursor_checks.log, cursor_*.json (~8 min)
+#          4096 default / cursor / default (and decode MK_CUR_BATCH default / cursor where set,
+#          +~4 min): cursor.log, cursor_checks.log, cursor_*.json (~8 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines (bench/gemm_ncu_summary.py):
@@ -2931,6 +2932,10 @@ if has cursor; then
           --reps 15 --out "$OUTDIR/cursor_$v.json" > "$TMPD/cursor_$v.log" 2>&1 || rc=1
       grep -E "^[A-Z_]+ +[0-9]+ " "$TMPD/cursor_$v.log" | tee -a "$OUTDIR/cursor.log"
     done
+    # MK_CUR_BATCH (e.g. 1024): decode of the 70B TP8 rank, default / cursor, no journal
+    if [ -n "${MK_CUR_BATCH:-}" ]; then
+      untraced_runs cursor "step_off|||$MK_CUR_BATCH" "step_on|MK_GEMM_PAGE_CURSOR=1||$MK_CUR_BATCH"
+    fi
   else
     echo "== cursor: checks failed, not timed" | tee -a "$OUTDIR/cursor.log"; rc=1
   fi
