@@ -221,3 +221,46 @@ def test_accumulator_fragment_is_what_the_epilogues_assume():
         assert val_shape == (2, 2, cfg.wn // 8), (name, val_shape)
         assert val_stride == (mt, 8, 8 * mt), (name, val_stride)
         assert thr_shape[:2] == (4, 8) and thr_stride[:2] == (2 * mt, 1), (name, thr_shape)
+
+
+def _k_loop(sass: str, shape: str) -> list[str]:
+    """The consumers' K loop in `nvdisasm -c` output: the instructions from the label that the
+    first backward branch after the last HGMMA.<shape> jumps to (at or before the first HGMMA)
+    through that branch."""
+    lines = sass.splitlines()
+    label_at = {m.group(1): i for i, ln in enumerate(lines)
+                if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    hgmma = [i for i, ln in enumerate(lines) if f"HGMMA.{shape}" in ln]
+    assert hgmma, f"no HGMMA.{shape} in the SASS"
+    for k in range(hgmma[-1] + 1, len(lines)):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", lines[k])
+        if m and label_at.get(m.group(1), len(lines)) <= hgmma[0]:
+            return [ln for ln in lines[label_at[m.group(1)]:k + 1]
+                    if re.match(r"^\s+/\*[0-9a-f]+\*/", ln)]
+    raise AssertionError("no backward branch closes the HGMMA loop")
+
+
+@pytest.mark.parametrize("cursor", ["0", "1"])
+def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor):
+    """MK_GEMM_PAGE_CURSOR=1 (the K loop steps its ring position with rk.ring_add): the K loop of
+    the lean DOWN build of the 1024 class has no IMAD.HI (page_of's division by NPAGES) left,
+    where the default build's has them; both issue the tile's four HGMMA.64x256x16 a K step.
+    Compiled in a process of its own (the switch is read at import)."""
+    import sys
+    from pathlib import Path
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    import code_size as cs
+    if cs.find_tool("ptxas") is None or cs.find_tool("nvdisasm") is None:
+        pytest.fail("ptxas / nvdisasm missing: pip install -e '.[test]' brings both")
+    code = ("import sys; sys.path.insert(0, %r); import code_size as cs; "
+            "print(cs.compile_sass(1024, sys.argv[1], build='lean', op='DOWN'))" % str(bench))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MK_")}
+    env["MK_GEMM_PAGE_CURSOR"] = cursor
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=str(bench.parent))
+    assert r.returncode == 0, r.stderr[-3000:]
+    loop = _k_loop(r.stdout, "64x256x16")
+    assert sum("HGMMA.64x256x16" in ln for ln in loop) == 4
+    divisions = sum("IMAD.HI" in ln for ln in loop)
+    assert (divisions == 0) if cursor == "1" else (divisions > 0), (cursor, divisions)

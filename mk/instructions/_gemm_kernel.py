@@ -201,14 +201,15 @@ ONE_FULL = STAGE_FULL == "stage"
 # global stores (16 lost in session 24: O_PROJ +13%, DOWN +4.5%; the switch MK_GEMM_STORE_UNROLL
 # removed in session 28).
 STORE_UNROLL = 4
-# The consumers' K loop walks the ring with a cursor (MK_GEMM_PAGE_CURSOR=1: the stage's first
-# page and parity carried from one K step to the next, each page of the stage rk.ring_add from
-# it) instead of page_of(ring count) per page, a division by NPAGES each (8 a K step with the
-# release and b_phases_seen). Session 67's warp-stall sampling of DOWN at M = 1024
-# (bench/results/gemmsrc_9a6a830_2026-12-07_s67_h100.log) put ~8% of the kernel's samples on
-# those divisions' IMAD.HI / SHF / IMAD lines between the HGMMAs, mostly `dispatch` stalls,
-# where cuBLAS's loop steps its stage in uniform registers. Off until its GPU checks and timing
-# (plan 000039).
+# The consumers' K loop walks the ring with a cursor (MK_GEMM_PAGE_CURSOR=1: the stage's (page,
+# parity) slots carried from one K step to the next, each advanced by rk.ring_add, and the
+# previous stage's pages kept for its release) instead of page_of(ring count) per page, a
+# division by NPAGES each (8 a K step with the release and b_phases_seen). Session 67's
+# warp-stall sampling of DOWN at M = 1024 (bench/results/gemmsrc_9a6a830_2026-12-07_s67_h100.log)
+# put ~8% of the kernel's samples on those divisions' IMAD.HI / SHF / IMAD lines between the
+# HGMMAs, mostly `dispatch` stalls, where cuBLAS's loop steps its stage in uniform registers.
+# The lean DOWN M1024 loop: 140 SASS instructions, no IMAD.HI, against 148 with 6
+# (tests/test_gemm_compile.py). Off until its GPU checks and timing (plan 000039).
 PAGE_CURSOR = os.environ.get("MK_GEMM_PAGE_CURSOR", "0") == "1"
 # K-step trace (journal variant only; MK_GEMM_KTRACE=N, 0 = off): the first N K steps of every
 # GEMM tile leave KT_WORDS SM-clock stamps (clock64, cycles) each in the tile's journal row, from
@@ -678,18 +679,18 @@ def own_phase_seen(bar: cute.Pointer, phase: Int32, timeout_ns: Int64, state: cu
 
 
 @cute.jit
-def b_phases_seen_at(cfg: cutlass.Constexpr, full: cute.Pointer, page_b: Int32, parity_b: Int32,
-                     npages: cutlass.Constexpr, timeout_ns: Int64, state: cute.Tensor,
+def b_phases_seen_at(nb: cutlass.Constexpr, full: cute.Pointer, pb0: Int32, qb0: Int32,
+                     pb1: Int32, qb1: Int32, timeout_ns: Int64, state: cute.Tensor,
                      ticket: Int32):
-    """b_phases_seen with the first B page given as (page, parity) (the K loop's cursor)."""
-    seen = cutlass.Boolean(True)
-    for j in cutlass.range_constexpr(cfg.nb):
-        page, ph = rk.ring_add(page_b, parity_b, j, npages)
-        seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
+    """b_phases_seen with the stage's NB (1 or 2) B pages given as (page, parity) (the K loop's
+    carried slots)."""
+    seen = cute.arch.mbarrier_try_wait(full + pb0, qb0)
+    if cutlass.const_expr(nb > 1):
+        seen = seen & cute.arch.mbarrier_try_wait(full + pb1, qb1)
     if not seen:
-        for j in cutlass.range_constexpr(cfg.nb):
-            page, ph = rk.ring_add(page_b, parity_b, j, npages)
-            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        bar_wait(full + pb0, qb0, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+        if cutlass.const_expr(nb > 1):
+            bar_wait(full + pb1, qb1, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
 
 
 @cute.jit
@@ -1014,22 +1015,26 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     mainloop_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
     wclk = rk.make_wait_clock(wait_word)
     mclk = rk.make_wait_clock(mma_word)
-    # PAGE_CURSOR: (page, parity) of the K step's first ring position, and of the previous one's
-    cur_page, cur_par = page_of(pg, npages)
-    prev_page, prev_par = cur_page, cur_par
+    # PAGE_CURSOR: (page, parity) of the K step's stage's ring positions 0..2 (one division each
+    # per tile, then a ring_add each per K step), and the previous stage's pages (its release)
+    s0, s0p = page_of(pg, npages)
+    s1, s1p = rk.ring_add(s0, s0p, 1, npages)
+    s2, s2p = rk.ring_add(s0, s0p, 2, npages)
+    r0, r1, r2 = s0, s1, s2
     for k in range(kt):
         sp = pg + k * cfg.stage_pages
         a_off = stage_a_offset(cfg, sp, npages)
         if cutlass.const_expr(PAGE_CURSOR):
-            a_off = stage_a_offset_at(cfg, cur_page, npages)
+            a_off = stage_a_offset_at(cfg, s0, npages)
         b_off = stage_b_offset(a_off)
-        pa, pha = stage_page(cur_page, cur_par, sp, a_off, npages)
+        slots = ((s0, s0p), (s1, s1p), (s2, s2p))
+        pa, pha = stage_page(slots, sp, a_off, npages)
         t0 = rk.wait_clock_start(wclk)
         kt_stamp(ktrace, ticket, k, KT_C_WAIT, ctid == 0)
         bar_wait(full + pa, pha, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         if cutlass.const_expr(not ONE_FULL):
             for j in cutlass.range_constexpr(cfg.nb):
-                pb, phb = stage_page(cur_page, cur_par, sp, b_off + j, npages)
+                pb, phb = stage_page(slots, sp, b_off + j, npages)
                 bar_wait(full + pb, phb, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
         kt_stamp(ktrace, ticket, k, KT_C_FULL, ctid == 0)
         kt_stamp(ktrace, ticket, k, KT_C1_FULL, ctid == 128)
@@ -1041,7 +1046,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             jb = ch
             if cutlass.const_expr(cfg.wg == "PAGE"):
                 jb = wg
-            pb, _ = stage_page(cur_page, cur_par, sp, b_off + jb, npages)
+            pb, _ = stage_page(slots, sp, b_off + jb, npages)
             tCrB = mainloop_mma.make_fragment_B(
                 thr_main.partition_B(page_tensor(pool, pb, sB_layout)))
             for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
@@ -1054,7 +1059,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 row_sumsq(ssq, pool + pa * PAGE, tCcC[0][0], tCcC[2][0], lane % 4)
         if cutlass.const_expr("earlyfree" in EXPERIMENT):
             if k > 0:
-                release_previous_stage(prev_page, prev_par, pg + (k - 1) * spp, spp, npages,
+                release_previous_stage((r0, r1, r2), pg + (k - 1) * spp, spp, npages,
                                        operand_bar(empty, done), lane, share)
         t0 = rk.wait_clock_start(mclk)
         cute.nvgpu.warpgroup.wait_group(1)
@@ -1065,20 +1070,25 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # the previous stage's wgmmas retired: free its pages (OPERAND_FREE): every use
                 # of a page completes exactly one phase of full and of empty, and no waiter can
                 # fall two phases behind
-                release_previous_stage(prev_page, prev_par, pg + (k - 1) * spp, spp, npages,
+                release_previous_stage((r0, r1, r2), pg + (k - 1) * spp, spp, npages,
                                        operand_bar(empty, done), lane, share)
         if cutlass.const_expr(ONE_FULL):
             # this stage's B pages' own phases, before this thread's arrival frees the stage
             # (the next iteration, or the `done` after the loop); its wgmmas run meanwhile
             if ctid == 0:
                 if cutlass.const_expr(PAGE_CURSOR):
-                    pb0, phb0 = rk.ring_add(cur_page, cur_par, b_off, npages)
-                    b_phases_seen_at(cfg, full, pb0, phb0, npages, timeout_ns, state, ticket)
+                    pb0, qb0 = stage_page(slots, sp, b_off, npages)
+                    pb1, qb1 = stage_page(slots, sp, b_off + cfg.nb - 1, npages)
+                    b_phases_seen_at(cfg.nb, full, pb0, qb0, pb1, qb1, timeout_ns, state,
+                                     ticket)
                 else:
                     b_phases_seen(cfg, full, sp + b_off, npages, timeout_ns, state, ticket)
         if cutlass.const_expr(PAGE_CURSOR):
-            prev_page, prev_par = cur_page, cur_par
-            cur_page, cur_par = rk.ring_add(cur_page, cur_par, spp, npages)
+            r0, r1, r2 = s0, s1, s2
+            s0, s0p = rk.ring_add(s0, s0p, spp, npages)
+            s1, s1p = rk.ring_add(s1, s1p, spp, npages)
+            if cutlass.const_expr(spp > 2):
+                s2, s2p = rk.ring_add(s2, s2p, spp, npages)
     cute.nvgpu.warpgroup.wait_group(0)
     if cutlass.const_expr(cfg.wide):
         # the N = 256 fragment is the two N = 128 chains' side by side (element e + 2h + 4j holds
@@ -1511,31 +1521,34 @@ def release_stage(stage_pg: Int32, spp: cutlass.Constexpr, npages: cutlass.Const
         consumer_arrive(bars + pp, lane, share)
 
 
-def stage_page(cur_page, cur_par, stage_pg, d, npages: int):
-    """(page, parity) of ring offset d in a K step's stage: from the loop's cursor (the stage's
-    first page and parity) under PAGE_CURSOR, else from the stage's ring count stage_pg."""
-    if PAGE_CURSOR:
-        return rk.ring_add(cur_page, cur_par, d, npages)
-    return page_of(stage_pg + d, npages)
-
-
-def release_previous_stage(prev_page, prev_par, stage_pg, spp: int, npages: int, bars, lane,
-                           share: int):
-    """The K loop's release of the previous stage: from its cursor under PAGE_CURSOR."""
-    if PAGE_CURSOR:
-        release_stage_at(prev_page, prev_par, spp, npages, bars, lane, share)
-    else:
-        release_stage(stage_pg, spp, npages, bars, lane, share)
+def stage_page(slots, stage_pg, d, npages: int):
+    """(page, parity) of ring offset d (0..2) in a K step's stage: one of the loop's carried
+    slots (PAGE_CURSOR; a run-time d picks by selects), else page_of the stage's ring count."""
+    if not PAGE_CURSOR:
+        return page_of(stage_pg + d, npages)
+    if isinstance(d, int):
+        return slots[d]
+    return _pick_slot(d, slots[0][0], slots[0][1], slots[1][0], slots[1][1], slots[2][0],
+                      slots[2][1])
 
 
 @cute.jit
-def release_stage_at(stage_page: Int32, stage_parity: Int32, spp: cutlass.Constexpr,
-                     npages: cutlass.Constexpr, bars: cute.Pointer, lane: Int32,
-                     share: cutlass.Constexpr):
-    """release_stage with the stage's first page given (the K loop's cursor)."""
-    for j in cutlass.range_constexpr(spp):
-        pp, _ = rk.ring_add(stage_page, stage_parity, j, npages)
-        consumer_arrive(bars + pp, lane, share)
+def _pick_slot(d: Int32, p0: Int32, q0: Int32, p1: Int32, q1: Int32, p2: Int32, q2: Int32):
+    page, parity = p0, q0
+    if d == 1:
+        page, parity = p1, q1
+    if d == 2:
+        page, parity = p2, q2
+    return page, parity
+
+
+def release_previous_stage(prev_pages, stage_pg, spp: int, npages: int, bars, lane, share: int):
+    """The K loop's release of the previous stage: its carried pages under PAGE_CURSOR."""
+    if PAGE_CURSOR:
+        for j in range(spp):
+            consumer_arrive(bars + prev_pages[j], lane, share)
+    else:
+        release_stage(stage_pg, spp, npages, bars, lane, share)
 
 
 @cute.jit
