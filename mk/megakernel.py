@@ -1511,7 +1511,7 @@ def compile_megakernel(args, journal: bool, verbose: bool = True, shape_key=(),
         if verbose:     # a variant takes 10-30 s: say so before the wait, not only after it
             print("[mk.megakernel] compiling a variant (once per M class; "
                   + (f"kept in {COMPILE_CACHE_DIR} for later processes" if COMPILE_CACHE_DIR
-                     else "per process: MK_COMPILE_CACHE=on keeps it") + ") ...", flush=True)
+                     else "per process: MK_COMPILE_CACHE turned it off") + ") ...", flush=True)
         t0 = time.time()
         _COMPILED[key] = cute.compile[cute.KeepCUBIN](
             MegakernelDSL(journal=journal, handoff=handoff, backoff_ns=backoff_ns, gemm=gemm,

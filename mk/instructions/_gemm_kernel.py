@@ -546,10 +546,7 @@ def stage_a_offset(cfg, stage_pg, npages: int):
 @cute.jit
 def _wrap_a_offset(stage_pg: Int32, npages: cutlass.Constexpr) -> Int32:
     page, _ = page_of(stage_pg, npages)
-    off = Int32(0)
-    if page == npages - 2:
-        off = Int32(2)
-    return off
+    return _wrap_a_offset_at(page, npages)
 
 
 def stage_a_offset_at(cfg, stage_page: Int32, npages: int):
@@ -702,14 +699,9 @@ def b_phases_seen(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
     complete before it (the loader arrives on each before issuing the TMA whose bytes that
     barrier counts), so the try_waits go back to back and normally all pass; the bounded waits
     only when one did not."""
-    seen = cutlass.Boolean(True)
-    for j in cutlass.range_constexpr(cfg.nb):
-        page, ph = page_of(pg_b + j, npages)
-        seen = seen & cute.arch.mbarrier_try_wait(full + page, ph)
-    if not seen:
-        for j in cutlass.range_constexpr(cfg.nb):
-            page, ph = page_of(pg_b + j, npages)
-            bar_wait(full + page, ph, timeout_ns, state, rk.ERR_PAGE_FULL, ticket)
+    pb0, qb0 = page_of(pg_b, npages)
+    pb1, qb1 = page_of(pg_b + cfg.nb - 1, npages)
+    b_phases_seen_at(cfg.nb, full, pb0, qb0, pb1, qb1, timeout_ns, state, ticket)
 
 
 class TwinSource:
@@ -1023,9 +1015,10 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     r0, r1, r2 = s0, s1, s2
     for k in range(kt):
         sp = pg + k * cfg.stage_pages
-        a_off = stage_a_offset(cfg, sp, npages)
         if cutlass.const_expr(PAGE_CURSOR):
             a_off = stage_a_offset_at(cfg, s0, npages)
+        else:
+            a_off = stage_a_offset(cfg, sp, npages)
         b_off = stage_b_offset(a_off)
         slots = ((s0, s0p), (s1, s1p), (s2, s2p))
         pa, pha = stage_page(slots, sp, a_off, npages)
