@@ -366,8 +366,8 @@
 #          +~4 min): cursor.log, cursor_checks.log, cursor_*.json (~8 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
-#          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines (bench/gemm_ncu_summary.py):
-#          gemmsrc.log, ncu_gs_{mk,cublas}.source.csv.gz (~3 min)
+#          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
+#          (bench/gemm_ncu_summary.py): gemmsrc.log, ncu_gs_{mk,cublas}.source.csv.gz (~3 min)
 #   ncu    Nsight Compute warp-stall sampling per source line (CUTE_DSL_LINEINFO=1), one launch of
 #          4 layers at B = 1 and 256 (MK_NCU_BATCH): ncu_b*.ncu-rep, ncu_b*_source.csv.gz,
 #          ncu_details.csv (at B=1 most samples are idle warps: see bench/E2E_NOTES.md)
@@ -2922,7 +2922,7 @@ if has cursor; then
   # (~8 min)
   MK_GEMM_PAGE_CURSOR=1 MK_CHECK_PYTEST_S=240 checks tests/test_gemm_gpu.py \
       > "$OUTDIR/cursor_checks.log" 2>&1
-  cat "$OUTDIR/cursor_checks.log" | tee "$OUTDIR/cursor.log"
+  tee "$OUTDIR/cursor.log" < "$OUTDIR/cursor_checks.log"
   if passed "$OUTDIR/cursor_checks.log"; then
     for v in off on off2; do
       cur=0; [ $v = on ] && cur=1
@@ -2955,7 +2955,8 @@ if has gemmsrc; then
     MK_COMPILE_CACHE=${MK_COMPILE_CACHE:-$TMPD/kernels} timeout 220 ncu --profile-from-start off \
         --clock-control none -k "${k#*|}" -c 1 --section SourceCounters --section WarpStateStats \
         -f -o "$TMPD/gs_$n" python bench/gemm_ncu.py --ops "$gn_ops" --m "$gn_m" \
-        > "$TMPD/gs_$n.log" 2>&1 || { rc=1; tail -5 "$TMPD/gs_$n.log" | tee -a "$OUTDIR/gemmsrc.log"; }
+        > "$TMPD/gs_$n.log" 2>&1 \
+      || { rc=1; tail -5 "$TMPD/gs_$n.log" | tee -a "$OUTDIR/gemmsrc.log"; }
     grep -E "loaded from|compiled variant" "$TMPD/gs_$n.log" | sed -E 's/gemm=.* in / ... in /' \
         | cut -c1-160 | tee -a "$OUTDIR/gemmsrc.log"
     ncu -i "$TMPD/gs_$n.ncu-rep" --page source --csv --print-source sass \
@@ -2963,7 +2964,8 @@ if has gemmsrc; then
       || { rc=1; tail -5 "$TMPD/gs_src.err" | tee -a "$OUTDIR/gemmsrc.log"; }
   done
   { echo "== $gn_ops M=$gn_m consumer loops: mk (HGMMA ${MK_GS_MK_HGMMA:-64x256x16}), cuBLAS"
-    python bench/ncu_loop_stalls.py --hgmma ${MK_GS_MK_HGMMA:-64x256x16} "$OUTDIR/ncu_gs_mk.source.csv"
+    python bench/ncu_loop_stalls.py --hgmma ${MK_GS_MK_HGMMA:-64x256x16} \
+        "$OUTDIR/ncu_gs_mk.source.csv"
     python bench/ncu_loop_stalls.py --hgmma ${MK_GS_CUBLAS_HGMMA:-64x128x16} \
         "$OUTDIR/ncu_gs_cublas.source.csv"
     python bench/gemm_ncu_summary.py "$OUTDIR"; } >> "$OUTDIR/gemmsrc.log" 2>&1 || rc=1
