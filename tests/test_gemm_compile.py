@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -246,8 +248,6 @@ def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor):
     the lean DOWN build of the 1024 class has no IMAD.HI (page_of's division by NPAGES) left,
     where the default build's has them; both issue the tile's four HGMMA.64x256x16 a K step.
     Compiled in a process of its own (the switch is read at import)."""
-    import sys
-    from pathlib import Path
     bench = Path(__file__).resolve().parent.parent / "bench"
     sys.path.insert(0, str(bench))
     import code_size as cs
