@@ -211,6 +211,13 @@ STORE_UNROLL = 4
 # The lean DOWN M1024 loop: 140 SASS instructions, no IMAD.HI, against 148 with 6
 # (tests/test_gemm_compile.py). Off until its GPU checks and timing (plan 000039).
 PAGE_CURSOR = os.environ.get("MK_GEMM_PAGE_CURSOR", "0") == "1"
+# The K loop's stage pages marked warp-uniform (MK_GEMM_UNIFORM_PAGES=1: a shuffle each, and the
+# mainloop's fragments sliced at the warpgroup's first thread), so ptxas builds the wgmma
+# descriptors in uniform registers: the lean DOWN M1024 loop with the cursor then moves 2
+# descriptor words to uniform registers a K step instead of 16 (R2UR) and is 131 SASS
+# instructions against 140, where session 67's profile put 1-2% of the samples on those moves
+# and the rest of the descriptor arithmetic between the HGMMAs. Off until its GPU run.
+UNIFORM_PAGES = os.environ.get("MK_GEMM_UNIFORM_PAGES", "0") == "1"
 # K-step trace (journal variant only; MK_GEMM_KTRACE=N, 0 = off): the first N K steps of every
 # GEMM tile leave KT_WORDS SM-clock stamps (clock64, cycles) each in the tile's journal row, from
 # word KT_BASE on (mk.megakernel sizes the row): consumer thread 0 before and after its wait for
@@ -978,6 +985,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         mma_tid = ctid % 128
     thr_mma = tiled_mma.get_slice(mma_tid)
     thr_main = mainloop_mma.get_slice(mma_tid)
+    if cutlass.const_expr(UNIFORM_PAGES):
+        thr_main = mainloop_mma.get_slice(cute.arch.make_warp_uniform(mma_tid - mma_tid % 128))
     nch = cfg.chains()
     spp = cfg.stage_pages
 
@@ -1032,6 +1041,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
         kt_stamp(ktrace, ticket, k, KT_C_FULL, ctid == 0)
         kt_stamp(ktrace, ticket, k, KT_C1_FULL, ctid == 128)
         rk.wait_clock_add(wclk, t0)
+        if cutlass.const_expr(UNIFORM_PAGES):
+            pa = cute.arch.make_warp_uniform(pa)
         tCrA = mainloop_mma.make_fragment_A(
             thr_main.partition_A(page_tensor(pool, pa, sA_layout)))
         cute.nvgpu.warpgroup.fence()
@@ -1040,6 +1051,8 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
             if cutlass.const_expr(cfg.wg == "PAGE"):
                 jb = wg
             pb, _ = stage_page(slots, sp, b_off + jb, npages)
+            if cutlass.const_expr(UNIFORM_PAGES):
+                pb = cute.arch.make_warp_uniform(pb)
             tCrB = mainloop_mma.make_fragment_B(
                 thr_main.partition_B(page_tensor(pool, pb, sB_layout)))
             for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
