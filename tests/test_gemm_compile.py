@@ -242,12 +242,14 @@ def _k_loop(sass: str, shape: str) -> list[str]:
     raise AssertionError("no backward branch closes the HGMMA loop")
 
 
-@pytest.mark.parametrize("cursor", ["0", "1"])
-def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor):
+@pytest.mark.parametrize("cursor,uniform", [("0", "0"), ("1", "0"), ("1", "1")])
+def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor, uniform):
     """MK_GEMM_PAGE_CURSOR=1 (the K loop steps its ring position with rk.ring_add): the K loop of
     the lean DOWN build of the 1024 class has no IMAD.HI (page_of's division by NPAGES) left,
     where the default build's has them; both issue the tile's four HGMMA.64x256x16 a K step.
-    Compiled in a process of its own (the switch is read at import)."""
+    MK_GEMM_UNIFORM_PAGES=1 on top: the wgmma descriptors are built in uniform registers, so
+    the loop moves at most 4 words from vector registers (R2UR) where it moved 16.
+    Compiled in a process of its own (the switches are read at import)."""
     bench = Path(__file__).resolve().parent.parent / "bench"
     sys.path.insert(0, str(bench))
     import code_size as cs
@@ -257,6 +259,7 @@ def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor):
             "print(cs.compile_sass(1024, sys.argv[1], build='lean', op='DOWN'))" % str(bench))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MK_")}
     env["MK_GEMM_PAGE_CURSOR"] = cursor
+    env["MK_GEMM_UNIFORM_PAGES"] = uniform
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=600, cwd=str(bench.parent))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -264,3 +267,5 @@ def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor):
     assert sum("HGMMA.64x256x16" in ln for ln in loop) == 4
     divisions = sum("IMAD.HI" in ln for ln in loop)
     assert (divisions == 0) if cursor == "1" else (divisions > 0), (cursor, divisions)
+    moves = sum(" R2UR " in ln for ln in loop)
+    assert (moves <= 4) if uniform == "1" else (moves >= 16), (uniform, moves)
