@@ -2932,7 +2932,7 @@ if has cursor; then
         on) e="MK_GEMM_PAGE_CURSOR=1" ;;
         uni) e="MK_GEMM_PAGE_CURSOR=1 MK_GEMM_UNIFORM_PAGES=1" ;;
         unid) e="MK_GEMM_UNIFORM_PAGES=1" ;;
-        *) e="MK_GEMM_PAGE_CURSOR=0" ;;
+        *) e="MK_GEMM_PAGE_CURSOR=0 MK_GEMM_UNIFORM_PAGES=0" ;;
       esac
       echo "== gemm $e ($v)" | tee -a "$OUTDIR/cursor.log"
       # shellcheck disable=SC2086  # $e: VAR=VALUE words

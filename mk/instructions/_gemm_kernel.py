@@ -201,23 +201,24 @@ ONE_FULL = STAGE_FULL == "stage"
 # global stores (16 lost in session 24: O_PROJ +13%, DOWN +4.5%; the switch MK_GEMM_STORE_UNROLL
 # removed in session 28).
 STORE_UNROLL = 4
-# The consumers' K loop walks the ring with a cursor (MK_GEMM_PAGE_CURSOR=1: the stage's (page,
-# parity) slots carried from one K step to the next, each advanced by rk.ring_add, and the
+# The consumers' K loop walks the ring with a cursor (MK_GEMM_PAGE_CURSOR, default 1: the stage's
+# (page, parity) slots carried from one K step to the next, each advanced by rk.ring_add, and the
 # previous stage's pages kept for its release) instead of page_of(ring count) per page, a
-# division by NPAGES each (8 a K step with the release and b_phases_seen). Session 67's
-# warp-stall sampling of DOWN at M = 1024 (bench/results/gemmsrc_9a6a830_2026-12-07_s67_h100.log)
-# put ~8% of the kernel's samples on those divisions' IMAD.HI / SHF / IMAD lines between the
-# HGMMAs, mostly `dispatch` stalls, where cuBLAS's loop steps its stage in uniform registers.
-# The lean DOWN M1024 loop: 140 SASS instructions, no IMAD.HI, against 148 with 6
-# (tests/test_gemm_compile.py). Off until its GPU checks and timing (plan 000039).
-PAGE_CURSOR = os.environ.get("MK_GEMM_PAGE_CURSOR", "0") == "1"
-# The K loop's stage pages marked warp-uniform (MK_GEMM_UNIFORM_PAGES=1: a shuffle each, and the
-# mainloop's fragments sliced at the warpgroup's first thread), so ptxas builds the wgmma
-# descriptors in uniform registers: the lean DOWN M1024 loop with the cursor then moves 2
-# descriptor words to uniform registers a K step instead of 16 (R2UR) and is 131 SASS
-# instructions against 140, where session 67's profile put 1-2% of the samples on those moves
-# and the rest of the descriptor arithmetic between the HGMMAs. Off until its GPU run.
-UNIFORM_PAGES = os.environ.get("MK_GEMM_UNIFORM_PAGES", "0") == "1"
+# division by NPAGES each (8 a K step with the release and b_phases_seen), and marks the stage's
+# pages warp-uniform (MK_GEMM_UNIFORM_PAGES, default 1: a shuffle each, and the mainloop's
+# fragments sliced at the warpgroup's first thread) so that ptxas builds the wgmma descriptors
+# in uniform registers. Session 67's warp-stall sampling of DOWN at M = 1024
+# (bench/results/gemmsrc_9a6a830_2026-12-07_s67_h100.log) put ~8% of the kernel's samples on
+# the divisions' IMAD.HI / SHF / IMAD lines between the HGMMAs and 1-2% on the descriptors' R2UR
+# moves, mostly `dispatch` stalls, where cuBLAS's loop steps its stage in uniform registers.
+# The lean DOWN M1024 loop: 131 SASS instructions, no IMAD.HI, 2 R2UR, against 148 with 6
+# IMAD.HI and 16 R2UR (tests/test_gemm_compile.py). Both together, session 68 on an H100
+# (bench/results/cursor_*_6f94fec_2026-12-07_s68_h100*; every GEMM GPU test, the two-layer
+# checks and racecheck clean): DOWN 1024 101.9 -> 91.7 us (-10%), 4096 -9%, O_PROJ -6 / -7%,
+# GATE_UP -12 / -10% (M = 1024 / 4096). "0" restores the old loop (each switch alone compiles,
+# but only the pair ran on a GPU).
+PAGE_CURSOR = os.environ.get("MK_GEMM_PAGE_CURSOR", "1") == "1"
+UNIFORM_PAGES = os.environ.get("MK_GEMM_UNIFORM_PAGES", "1") == "1"
 # K-step trace (journal variant only; MK_GEMM_KTRACE=N, 0 = off): the first N K steps of every
 # GEMM tile leave KT_WORDS SM-clock stamps (clock64, cycles) each in the tile's journal row, from
 # word KT_BASE on (mk.megakernel sizes the row): consumer thread 0 before and after its wait for
