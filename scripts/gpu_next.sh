@@ -421,6 +421,18 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000040. Session 68 (`cursor_*_6f94fec_2026-12-07_s68_h100*`; one H100 start in ten asks):
+#      the page cursor + warp-uniform stage pages passed every GEMM GPU test (27), the three
+#      two-layer checks and racecheck, and cut DOWN 1024 101.9 -> 91.7 us (1.03 -> 0.93 of
+#      cuBLAS + epilogue), -6 to -12% at O_PROJ / GATE_UP / DOWN, M = 1024 / 4096: the default
+#      since cf6c0bb. In order:
+#      1. `MK_STEPS=gemm` (~5 min): issue 5's whole table at the new default (QKV_ROPE,
+#         LM_HEAD and M = 64 / 256 not re-timed), on the H200 if one comes, else the H100.
+#      2. `MK_VERIFY_FILES="tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py"
+#         MK_STEPS=verify` (the megakernel and step GPU tests at the new default).
+#      3. `MK_STEPS=gemmncu` again (DOWN 1024: what is left of the tensor pipe's idle time), then
+#         `MK_STEPS=cursor MK_CUR_VARIANTS="off on uni"` if the cursor alone is worth knowing.
+#      4. Plan 000038's 3 (wave, cls128), and the decode / prompt steps at the new default.
 #   000039. Session 67 (`*_s67_h100*`, 13a8995 / 9a6a830; the H200 asked for, an H100 came;
 #      8 of 12 asks failed to start): issue 5's table again (DOWN 1024 1.04, GATE_UP 64 1.03: the
 #      spread), DOWN 1024 under ncu (gemmncu: tensor pipe busy 67.9 us in mk against 70.1 in
