@@ -2932,11 +2932,12 @@ if has cursor; then
   # page indices marked warp-uniform, so the wgmma descriptors are built in uniform registers):
   # every GEMM GPU test (every tile mode), the two-layer checks (208 tokens never / auto, 1144
   # tokens) and racecheck; then, if all passed, bench/gemm.py at M = MK_CUR_M (1024,4096) for
-  # each of MK_CUR_VARIANTS (off on uni off2: default / cursor / cursor + uniform / default
-  # again, alternated because the clock drifts within a call): cursor.log, cursor_checks.log,
-  # cursor_<variant>.json (~9 min)
+  # each of MK_CUR_VARIANTS (off on uni off2: the old loop (both switches 0) / the cursor alone
+  # / cursor + uniform (the default since session 68) / the old loop again, alternated because
+  # the clock drifts within a call): cursor.log, cursor_checks.log, cursor_<variant>.json
+  # (~9 min; session 68's first call cut the GEMM tests at 240 s, hence 330)
   ( export MK_GEMM_PAGE_CURSOR=1 MK_GEMM_UNIFORM_PAGES=${MK_CUR_UNI:-1}
-    MK_CHECK_PYTEST_S=240 checks tests/test_gemm_gpu.py ) > "$OUTDIR/cursor_checks.log" 2>&1
+    MK_CHECK_PYTEST_S=330 checks tests/test_gemm_gpu.py ) > "$OUTDIR/cursor_checks.log" 2>&1
   tee "$OUTDIR/cursor.log" < "$OUTDIR/cursor_checks.log"
   if passed "$OUTDIR/cursor_checks.log"; then
     for v in ${MK_CUR_VARIANTS:-off on uni off2}; do
