@@ -365,6 +365,9 @@
 #          test, the two-layer checks, racecheck; if clean bench/gemm.py at M = 1024 / 4096 for
 #          MK_CUR_VARIANTS (off on uni off2; and decode MK_CUR_BATCH default / cursor + uniform
 #          where set, +~4 min): cursor.log, cursor_checks.log, cursor_*.json (~9 min)
+#   gemmab MK_AB_ENV (a GEMM switch, VAR=VALUE words) through every GEMM GPU test, the
+#          two-layer checks and racecheck; if clean bench/gemm.py at M = MK_AB_M (1024,4096)
+#          default / switch / default: gemmab.log, gemmab_checks.log, gemmab_*.json (~9 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
@@ -430,8 +433,10 @@
 #         LM_HEAD and M = 64 / 256 not re-timed), on the H200 if one comes, else the H100.
 #      2. `MK_VERIFY_FILES="tests/test_megakernel_gpu.py tests/test_megakernel_step_gpu.py"
 #         MK_STEPS=verify` (the megakernel and step GPU tests at the new default).
-#      3. `MK_STEPS=gemmncu` again (DOWN 1024: what is left of the tensor pipe's idle time), then
-#         `MK_STEPS=cursor MK_CUR_VARIANTS="off on uni"` if the cursor alone is worth knowing.
+#      3. `MK_STEPS=gemmab MK_AB_ENV=MK_GEMM_PHASES_EARLY=1` (~9 min): thread 0's B-phase waits
+#         before the wgmma wait (built in session 68, off); if faster and nowhere slower, make it
+#         the default. Then `MK_STEPS=gemmncu` again (DOWN 1024: what is left of the tensor
+#         pipe's idle time).
 #      4. Plan 000038's 3 (wave, cls128), and the decode / prompt steps at the new default.
 #   000039. Session 67 (`*_s67_h100*`, 13a8995 / 9a6a830; the H200 asked for, an H100 came;
 #      8 of 12 asks failed to start): issue 5's table again (DOWN 1024 1.04, GATE_UP 64 1.03: the
@@ -1236,7 +1241,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
-                   [cursor]=560)
+                   [cursor]=560 [gemmab]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2961,6 +2966,35 @@ if has cursor; then
     fi
   else
     echo "== cursor: checks failed, not timed" | tee -a "$OUTDIR/cursor.log"; rc=1
+  fi
+fi
+if has gemmab; then
+  # A GEMM switch against the default: MK_AB_ENV (VAR=VALUE words, e.g.
+  # "MK_GEMM_PHASES_EARLY=1") through every GEMM GPU test (every tile mode), the two-layer
+  # checks (208 tokens never / auto, 1144 tokens) and racecheck; then, if all passed,
+  # bench/gemm.py at M = MK_AB_M (1024,4096) for MK_AB_OPS (O_PROJ,GATE_UP,DOWN) default /
+  # switch / default again (alternated: the clock drifts within a call): gemmab.log,
+  # gemmab_checks.log, gemmab_{def,ab,def2}.json (~9 min)
+  if [ -z "${MK_AB_ENV:-}" ]; then
+    echo "== gemmab: set MK_AB_ENV (the switch to test, VAR=VALUE words)"; rc=1
+  else
+    # shellcheck disable=SC2086  # VAR=VALUE words
+    ( export $MK_AB_ENV
+      MK_CHECK_PYTEST_S=330 checks tests/test_gemm_gpu.py ) > "$OUTDIR/gemmab_checks.log" 2>&1
+    { echo "== gemmab $MK_AB_ENV"; cat "$OUTDIR/gemmab_checks.log"; } | tee "$OUTDIR/gemmab.log"
+    if passed "$OUTDIR/gemmab_checks.log"; then
+      for v in def ab def2; do
+        e="MK_AB_NONE=1"; [ $v = ab ] && e="$MK_AB_ENV"
+        echo "== gemm $e ($v)" | tee -a "$OUTDIR/gemmab.log"
+        # shellcheck disable=SC2086  # $e: VAR=VALUE words
+        env $e timeout 150 python bench/gemm.py --suite --no-compile \
+            --ops ${MK_AB_OPS:-O_PROJ,GATE_UP,DOWN} --m ${MK_AB_M:-1024,4096} --odd-m 0 \
+            --reps 15 --out "$OUTDIR/gemmab_$v.json" > "$TMPD/gemmab_$v.log" 2>&1 || rc=1
+        grep -E "^[A-Z_]+ +[0-9]+ " "$TMPD/gemmab_$v.log" | tee -a "$OUTDIR/gemmab.log"
+      done
+    else
+      echo "== gemmab: checks failed, not timed" | tee -a "$OUTDIR/gemmab.log"; rc=1
+    fi
   fi
 fi
 if has gemmsrc; then

@@ -219,6 +219,14 @@ STORE_UNROLL = 4
 # but only the pair ran on a GPU).
 PAGE_CURSOR = os.environ.get("MK_GEMM_PAGE_CURSOR", "1") == "1"
 UNIFORM_PAGES = os.environ.get("MK_GEMM_UNIFORM_PAGES", "1") == "1"
+# ONE_FULL's observation of a stage's B-page phases by consumer thread 0 (b_phases_seen) right
+# after the K step's commit (MK_GEMM_PHASES_EARLY=1), while its wgmmas run, instead of after the
+# wait for the previous step's: a warpgroup issues its next HGMMAs only once all four of its
+# warps arrive, so warp 0's divergent waits there held back warpgroup 0's next K step. The
+# phases are the same (the stage's A-page `full` has completed, so its bytes landed; the B
+# pages' own arrivals are the loader's plain ones); the observation still precedes the stage's
+# release. Off until its GPU run.
+PHASES_EARLY = os.environ.get("MK_GEMM_PHASES_EARLY", "0") == "1"
 # K-step trace (journal variant only; MK_GEMM_KTRACE=N, 0 = off): the first N K steps of every
 # GEMM tile leave KT_WORDS SM-clock stamps (clock64, cycles) each in the tile's journal row, from
 # word KT_BASE on (mk.megakernel sizes the row): consumer thread 0 before and after its wait for
@@ -1060,6 +1068,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
                           tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(ONE_FULL and PHASES_EARLY):
+            stage_b_phases_seen(cfg, full, slots, sp, b_off, npages, ctid, timeout_ns, state,
+                                ticket)
         if cutlass.const_expr(own is not None and split.self_scale):
             # while the stage's wgmmas run: this thread's quarter of its two rows in the A page
             if own:
@@ -1079,17 +1090,9 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # fall two phases behind
                 release_previous_stage((r0, r1, r2), pg + (k - 1) * spp, spp, npages,
                                        operand_bar(empty, done), lane, share)
-        if cutlass.const_expr(ONE_FULL):
-            # this stage's B pages' own phases, before this thread's arrival frees the stage
-            # (the next iteration, or the `done` after the loop); its wgmmas run meanwhile
-            if ctid == 0:
-                if cutlass.const_expr(PAGE_CURSOR):
-                    pb0, qb0 = stage_page(slots, sp, b_off, npages)
-                    pb1, qb1 = stage_page(slots, sp, b_off + cfg.nb - 1, npages)
-                    b_phases_seen_at(cfg.nb, full, pb0, qb0, pb1, qb1, timeout_ns, state,
-                                     ticket)
-                else:
-                    b_phases_seen(cfg, full, sp + b_off, npages, timeout_ns, state, ticket)
+        if cutlass.const_expr(ONE_FULL and not PHASES_EARLY):
+            stage_b_phases_seen(cfg, full, slots, sp, b_off, npages, ctid, timeout_ns, state,
+                                ticket)
         if cutlass.const_expr(PAGE_CURSOR):
             r0, r1, r2 = s0, s1, s2
             s0, s0p = rk.ring_add(s0, s0p, spp, npages)
@@ -1547,6 +1550,36 @@ def _pick_slot(d: Int32, p0: Int32, q0: Int32, p1: Int32, q1: Int32, p2: Int32, 
     if d == 2:
         page, parity = p2, q2
     return page, parity
+
+
+def stage_b_phases_seen(cfg, full: cute.Pointer, slots, sp, b_off, npages: int, ctid: Int32,
+                        timeout_ns: Int64, state: cute.Tensor, ticket: Int32):
+    """ONE_FULL: consumer thread 0 observes this stage's B pages' own `full` phases before its
+    arrival frees the stage (the next K step, or the `done` after the loop)."""
+    if PAGE_CURSOR:
+        pb0, qb0 = stage_page(slots, sp, b_off, npages)
+        pb1, qb1 = stage_page(slots, sp, b_off + cfg.nb - 1, npages)
+        _b_phases_seen_by_thread0(cfg.nb, full, pb0, qb0, pb1, qb1, ctid, timeout_ns, state,
+                                  ticket)
+    else:
+        _b_phases_seen_count_by_thread0(cfg, full, sp + b_off, npages, ctid, timeout_ns, state,
+                                        ticket)
+
+
+@cute.jit
+def _b_phases_seen_by_thread0(nb: cutlass.Constexpr, full: cute.Pointer, pb0: Int32, qb0: Int32,
+                              pb1: Int32, qb1: Int32, ctid: Int32, timeout_ns: Int64,
+                              state: cute.Tensor, ticket: Int32):
+    if ctid == 0:
+        b_phases_seen_at(nb, full, pb0, qb0, pb1, qb1, timeout_ns, state, ticket)
+
+
+@cute.jit
+def _b_phases_seen_count_by_thread0(cfg: cutlass.Constexpr, full: cute.Pointer, pg_b: Int32,
+                                    npages: cutlass.Constexpr, ctid: Int32, timeout_ns: Int64,
+                                    state: cute.Tensor, ticket: Int32):
+    if ctid == 0:
+        b_phases_seen(cfg, full, pg_b, npages, timeout_ns, state, ticket)
 
 
 def release_previous_stage(prev_pages, stage_pg, spp: int, npages: int, bars, lane, share: int):
