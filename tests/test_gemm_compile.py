@@ -242,14 +242,10 @@ def _k_loop(sass: str, shape: str) -> list[str]:
     raise AssertionError("no backward branch closes the HGMMA loop")
 
 
-@pytest.mark.parametrize("cursor,uniform", [("0", "0"), ("1", "0"), ("1", "1")])
-def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor, uniform):
-    """MK_GEMM_PAGE_CURSOR=1 (the K loop steps its ring position with rk.ring_add): the K loop of
-    the lean DOWN build of the 1024 class has no IMAD.HI (page_of's division by NPAGES) left,
-    where the default build's has them; both issue the tile's four HGMMA.64x256x16 a K step.
-    MK_GEMM_UNIFORM_PAGES=1 on top: the wgmma descriptors are built in uniform registers, so
-    the loop moves at most 4 words from vector registers (R2UR) where it moved 16.
-    Compiled in a process of its own (the switches are read at import)."""
+def _lean_down_k_loop(tmp_path, switches: dict) -> list[str]:
+    """The consumers' K loop (_k_loop) of the lean DOWN build of the 1024 class with the MK_*
+    switches `switches` (every other MK_ variable dropped), compiled in a process of its own:
+    the switches are read at import."""
     bench = Path(__file__).resolve().parent.parent / "bench"
     sys.path.insert(0, str(bench))
     import code_size as cs
@@ -258,12 +254,23 @@ def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor, uni
     code = ("import sys; sys.path.insert(0, %r); import code_size as cs; "
             "print(cs.compile_sass(1024, sys.argv[1], build='lean', op='DOWN'))" % str(bench))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MK_")}
-    env["MK_GEMM_PAGE_CURSOR"] = cursor
-    env["MK_GEMM_UNIFORM_PAGES"] = uniform
+    env.update(switches)
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=600, cwd=str(bench.parent))
     assert r.returncode == 0, r.stderr[-3000:]
-    loop = _k_loop(r.stdout, "64x256x16")
+    return _k_loop(r.stdout, "64x256x16")
+
+
+@pytest.mark.parametrize("cursor,uniform", [("0", "0"), ("1", "0"), ("1", "1")])
+def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor, uniform):
+    """MK_GEMM_PAGE_CURSOR=1 (the K loop steps its ring position with rk.ring_add): the K loop of
+    the lean DOWN build of the 1024 class has no IMAD.HI (page_of's division by NPAGES) left,
+    where the old loop has them; both issue the tile's four HGMMA.64x256x16 a K step.
+    MK_GEMM_UNIFORM_PAGES=1 on top (with the cursor, the default): the wgmma descriptors are
+    built in uniform registers, so the loop moves at most 4 words from vector registers (R2UR)
+    where it moved 16."""
+    loop = _lean_down_k_loop(tmp_path, {"MK_GEMM_PAGE_CURSOR": cursor,
+                                        "MK_GEMM_UNIFORM_PAGES": uniform})
     assert sum("HGMMA.64x256x16" in ln for ln in loop) == 4
     divisions = sum("IMAD.HI" in ln for ln in loop)
     assert (divisions == 0) if cursor == "1" else (divisions > 0), (cursor, divisions)
@@ -275,22 +282,9 @@ def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor, uni
 def test_phases_early_moves_thread0s_waits_before_the_wgmma_wait(tmp_path, early):
     """MK_GEMM_PHASES_EARLY=1: consumer thread 0's waits on the stage's B-page phases
     (b_phases_seen) run between the K step's last HGMMA and its wait for the previous step's
-    wgmmas (WARPGROUP.DEPBAR), while the wgmmas run; by default they follow that wait. The lean
-    DOWN build of the 1024 class, compiled in a process of its own (the switch is read at
-    import)."""
-    bench = Path(__file__).resolve().parent.parent / "bench"
-    sys.path.insert(0, str(bench))
-    import code_size as cs
-    if cs.find_tool("ptxas") is None or cs.find_tool("nvdisasm") is None:
-        pytest.fail("ptxas / nvdisasm missing: pip install -e '.[test]' brings both")
-    code = ("import sys; sys.path.insert(0, %r); import code_size as cs; "
-            "print(cs.compile_sass(1024, sys.argv[1], build='lean', op='DOWN'))" % str(bench))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MK_")}
-    env["MK_GEMM_PHASES_EARLY"] = early
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
-                       capture_output=True, text=True, timeout=600, cwd=str(bench.parent))
-    assert r.returncode == 0, r.stderr[-3000:]
-    loop = _k_loop(r.stdout, "64x256x16")
+    wgmmas (WARPGROUP.DEPBAR), while the wgmmas run; by default they follow that wait (the lean
+    DOWN build of the 1024 class)."""
+    loop = _lean_down_k_loop(tmp_path, {"MK_GEMM_PHASES_EARLY": early})
     last_hgmma = max(i for i, ln in enumerate(loop) if "HGMMA.64x256x16" in ln)
     depbar = next(i for i, ln in enumerate(loop) if "WARPGROUP.DEPBAR" in ln)
     assert depbar > last_hgmma
