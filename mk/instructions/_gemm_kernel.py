@@ -993,9 +993,12 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
     if cutlass.const_expr(cfg.wg == "PAGE"):
         mma_tid = ctid % 128
     thr_mma = tiled_mma.get_slice(mma_tid)
-    thr_main = mainloop_mma.get_slice(mma_tid)
+    main_tid = mma_tid
     if cutlass.const_expr(UNIFORM_PAGES):
-        thr_main = mainloop_mma.get_slice(cute.arch.make_warp_uniform(mma_tid - mma_tid % 128))
+        # a wgmma's smem operands are the whole warpgroup's: its first thread's slice is every
+        # thread's, and a warp-uniform one keeps the descriptors in uniform registers
+        main_tid = cute.arch.make_warp_uniform(mma_tid - mma_tid % 128)
+    thr_main = mainloop_mma.get_slice(main_tid)
     nch = cfg.chains()
     spp = cfg.stage_pages
 
