@@ -360,14 +360,11 @@
 #          (bench/gemm_ncu.py; MK_GN_OPS DOWN, MK_GN_M 1024: issue 5's last point over 1.0): the
 #          tensor pipe, L2 -> SM bytes, issue slots and warp states side by side: gemmncu.log,
 #          gemmncu_{details,raw}.csv.gz (~2 min)
-#   cursor MK_GEMM_PAGE_CURSOR=1 (the K loop's ring position stepped without divisions) with
-#          MK_GEMM_UNIFORM_PAGES=MK_CUR_UNI (1; descriptors in uniform registers): every GEMM GPU
-#          test, the two-layer checks, racecheck; if clean bench/gemm.py at M = 1024 / 4096 for
-#          MK_CUR_VARIANTS (off on uni off2; and decode MK_CUR_BATCH default / cursor + uniform
-#          where set, +~4 min): cursor.log, cursor_checks.log, cursor_*.json (~9 min)
 #   gemmab MK_AB_ENV (a GEMM switch, VAR=VALUE words) through every GEMM GPU test, the
 #          two-layer checks and racecheck; if clean bench/gemm.py at M = MK_AB_M (1024,4096)
-#          default / switch / default: gemmab.log, gemmab_checks.log, gemmab_*.json (~9 min)
+#          default / switch / default: gemmab.log, gemmab_checks.log, gemmab_*.json (~9 min).
+#          Session 68's cursor step, which it replaces: MK_AB_ENV="MK_GEMM_PAGE_CURSOR=0
+#          MK_GEMM_UNIFORM_PAGES=0" (the old loop against the default)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
@@ -1241,7 +1238,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
-                   [cursor]=560 [gemmab]=560)
+                   [gemmab]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2930,51 +2927,14 @@ if has gemmncu; then
   gzip -f "$OUTDIR/gemmncu_details.csv" "$OUTDIR/gemmncu_raw.csv"
   echo "== gemmncu $gn_ops M=$gn_m"; cat "$OUTDIR/gemmncu.log"
 fi
-if has cursor; then
-  # MK_GEMM_PAGE_CURSOR=1 (the consumers' K loop steps its ring position with an add and a
-  # compare instead of a division by NPAGES per page: session 67's gemmsrc put ~8% of DOWN
-  # 1024's samples on those divisions) with MK_GEMM_UNIFORM_PAGES=MK_CUR_UNI (1: the stage's
-  # page indices marked warp-uniform, so the wgmma descriptors are built in uniform registers):
-  # every GEMM GPU test (every tile mode), the two-layer checks (208 tokens never / auto, 1144
-  # tokens) and racecheck; then, if all passed, bench/gemm.py at M = MK_CUR_M (1024,4096) for
-  # each of MK_CUR_VARIANTS (off on uni off2: the old loop (both switches 0) / the cursor alone
-  # / cursor + uniform (the default since session 68) / the old loop again, alternated because
-  # the clock drifts within a call): cursor.log, cursor_checks.log, cursor_<variant>.json
-  # (~9 min; session 68's first call cut the GEMM tests at 240 s, hence 330)
-  ( export MK_GEMM_PAGE_CURSOR=1 MK_GEMM_UNIFORM_PAGES=${MK_CUR_UNI:-1}
-    MK_CHECK_PYTEST_S=330 checks tests/test_gemm_gpu.py ) > "$OUTDIR/cursor_checks.log" 2>&1
-  tee "$OUTDIR/cursor.log" < "$OUTDIR/cursor_checks.log"
-  if passed "$OUTDIR/cursor_checks.log"; then
-    for v in ${MK_CUR_VARIANTS:-off on uni off2}; do
-      case $v in
-        on) e="MK_GEMM_PAGE_CURSOR=1" ;;
-        uni) e="MK_GEMM_PAGE_CURSOR=1 MK_GEMM_UNIFORM_PAGES=1" ;;
-        unid) e="MK_GEMM_UNIFORM_PAGES=1" ;;
-        *) e="MK_GEMM_PAGE_CURSOR=0 MK_GEMM_UNIFORM_PAGES=0" ;;
-      esac
-      echo "== gemm $e ($v)" | tee -a "$OUTDIR/cursor.log"
-      # shellcheck disable=SC2086  # $e: VAR=VALUE words
-      env $e timeout 150 python bench/gemm.py --suite --no-compile \
-          --ops ${MK_CUR_OPS:-O_PROJ,GATE_UP,DOWN,LM_HEAD} --m ${MK_CUR_M:-1024,4096} --odd-m 0 \
-          --reps 15 --out "$OUTDIR/cursor_$v.json" > "$TMPD/cursor_$v.log" 2>&1 || rc=1
-      grep -E "^[A-Z_]+ +[0-9]+ " "$TMPD/cursor_$v.log" | tee -a "$OUTDIR/cursor.log"
-    done
-    # MK_CUR_BATCH (e.g. 1024): decode of the 70B TP8 rank, default / cursor + uniform
-    if [ -n "${MK_CUR_BATCH:-}" ]; then
-      untraced_runs cursor "step_off|||$MK_CUR_BATCH" \
-          "step_on|MK_GEMM_PAGE_CURSOR=1 MK_GEMM_UNIFORM_PAGES=1||$MK_CUR_BATCH"
-    fi
-  else
-    echo "== cursor: checks failed, not timed" | tee -a "$OUTDIR/cursor.log"; rc=1
-  fi
-fi
 if has gemmab; then
   # A GEMM switch against the default: MK_AB_ENV (VAR=VALUE words, e.g.
   # "MK_GEMM_PHASES_EARLY=1") through every GEMM GPU test (every tile mode), the two-layer
   # checks (208 tokens never / auto, 1144 tokens) and racecheck; then, if all passed,
   # bench/gemm.py at M = MK_AB_M (1024,4096) for MK_AB_OPS (O_PROJ,GATE_UP,DOWN) default /
   # switch / default again (alternated: the clock drifts within a call): gemmab.log,
-  # gemmab_checks.log, gemmab_{def,ab,def2}.json (~9 min)
+  # gemmab_checks.log, gemmab_{def,ab,def2}.json (~9 min; 240 s of pytest cut session 68's
+  # GEMM tests at 26 of 27, hence 330)
   if [ -z "${MK_AB_ENV:-}" ]; then
     echo "== gemmab: set MK_AB_ENV (the switch to test, VAR=VALUE words)"; rc=1
   else
@@ -2984,8 +2944,8 @@ if has gemmab; then
     { echo "== gemmab $MK_AB_ENV"; cat "$OUTDIR/gemmab_checks.log"; } | tee "$OUTDIR/gemmab.log"
     if passed "$OUTDIR/gemmab_checks.log"; then
       for v in def ab def2; do
-        e="MK_AB_NONE=1"; [ $v = ab ] && e="$MK_AB_ENV"
-        echo "== gemm $e ($v)" | tee -a "$OUTDIR/gemmab.log"
+        e=""; [ $v = ab ] && e="$MK_AB_ENV"
+        echo "== gemm ${e:-default} ($v)" | tee -a "$OUTDIR/gemmab.log"
         # shellcheck disable=SC2086  # $e: VAR=VALUE words
         env $e timeout 150 python bench/gemm.py --suite --no-compile \
             --ops ${MK_AB_OPS:-O_PROJ,GATE_UP,DOWN} --m ${MK_AB_M:-1024,4096} --odd-m 0 \
