@@ -365,6 +365,11 @@
 #          default / switch / default: gemmab.log, gemmab_checks.log, gemmab_*.json (~9 min).
 #          Session 68's cursor step, which it replaces: MK_AB_ENV="MK_GEMM_PAGE_CURSOR=0
 #          MK_GEMM_UNIFORM_PAGES=0" (the old loop against the default)
+#   attnuni MK_ATTN_UNIFORM_PAGES=1 (the attention wgmmas' descriptors in uniform registers):
+#          the attention GPU tests, the two-layer checks (--kv-split 1024, default, every decode
+#          paired), racecheck + synccheck: attnuni.log (~7 min)
+#   attnunitime MK_ATTN_UNIFORM_PAGES off / on / off, decode MK_AU_BATCH (64,256,1024), no
+#          journal: attnunitime.log, attnunitime_{off,on,off2}.json (~6 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
@@ -421,6 +426,14 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000041. Session 69 (no device: two failed starts, then loans paused): plan 000040 still
+#      stands, in its order (1. `gemm` on the H200 if one comes, 2. verify, 3. gemmab with
+#      MK_GEMM_PHASES_EARLY=1, then gemmncu, 4. wave / cls128 / decode and prompt steps), and
+#      after its 3: `MK_STEPS=attnuni` (~7 min) then `MK_STEPS=attnunitime` (~6 min):
+#      MK_ATTN_UNIFORM_PAGES=1 (built this session, off), the attention wgmmas' descriptors in
+#      uniform registers (decode chain loop 653 -> 578 SASS instructions, R2UR 64 -> 10); if
+#      its checks are clean and decode is faster at B=64 / 256 / 1024 and nowhere slower, make
+#      it the default.
 #   000040. Session 68 (`cursor_*_6f94fec_2026-12-07_s68_h100*`; one H100 start in ten asks):
 #      the page cursor + warp-uniform stage pages passed every GEMM GPU test (27), the three
 #      two-layer checks and racecheck, and cut DOWN 1024 101.9 -> 91.7 us (1.03 -> 0.93 of
@@ -1238,7 +1251,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
-                   [gemmab]=560)
+                   [gemmab]=560 [attnuni]=450 [attnunitime]=420)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1860,6 +1873,21 @@ if has swapsplit; then
   # MK_ATTN_SWAP_SPLIT=1 (session 35, ak.SWAP_SPLIT): a lone decode unit's key blocks over both
   # warpgroups, merged at the end: swapsplit.log (~7 min; its timing is the step swapsplittime)
   attn_switch_checks swapsplit MK_ATTN_SWAP_SPLIT=1
+fi
+if has attnuni; then
+  # MK_ATTN_UNIFORM_PAGES=1 (session 69, ak.UNIFORM_PAGES): the attention wgmmas' descriptors in
+  # uniform registers (the decode chain's key block: 64 -> 10 R2UR, 653 -> 578 SASS
+  # instructions): the attention GPU tests, the two-layer checks (--kv-split 1024, default,
+  # every decode paired), racecheck and synccheck: attnuni.log (~7 min; its timing is the step
+  # attnunitime)
+  attn_switch_checks attnuni MK_ATTN_UNIFORM_PAGES=1
+fi
+if has attnunitime; then
+  # MK_ATTN_UNIFORM_PAGES off / on / off again, decode MK_AU_BATCH (64,256,1024), no journal:
+  # attnunitime.log, attnunitime_{off,on,off2}.json (~6 min)
+  : > "$OUTDIR/attnunitime.log"
+  untraced_runs attnunitime "off|||${MK_AU_BATCH:-64,256,1024}" \
+      "on|MK_ATTN_UNIFORM_PAGES=1||${MK_AU_BATCH:-64,256,1024}" "off2|||${MK_AU_BATCH:-64,256,1024}"
 fi
 if has swapsplittime; then
   # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal on:

@@ -108,3 +108,42 @@ def swapped_probe():
     """bench/probes/swapped_decode_probe.py (its compile_ptx, and wgmma_modes: the PTX's wgmma
     shapes / transposes, which the swapped decode chain's tests count)."""
     return probe_module("swapped_decode_probe")
+
+
+def hgmma_loop(sass: str, shape: str) -> list[str]:
+    """The loop around the HGMMA.<shape> instructions in `nvdisasm -c` output (a GEMM's K loop,
+    an attention unit's key-block loop): the instructions from the label that the first backward
+    branch after the last HGMMA.<shape> jumps to (at or before the first HGMMA) through that
+    branch."""
+    lines = sass.splitlines()
+    label_at = {m.group(1): i for i, ln in enumerate(lines)
+                if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    hgmma = [i for i, ln in enumerate(lines) if f"HGMMA.{shape}" in ln]
+    assert hgmma, f"no HGMMA.{shape} in the SASS"
+    for k in range(hgmma[-1] + 1, len(lines)):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", lines[k])
+        if m and label_at.get(m.group(1), len(lines)) <= hgmma[0]:
+            return [ln for ln in lines[label_at[m.group(1)]:k + 1]
+                    if re.match(r"^\s+/\*[0-9a-f]+\*/", ln)]
+    raise AssertionError("no backward branch closes the HGMMA loop")
+
+
+def megakernel_sass(tmp_path, switches: dict, m: int, build: str, op: str) -> str:
+    """The SASS (bench/code_size.compile_sass) of the megakernel variant of M class m, build
+    `build` (mk.megakernel.BUILDS) around opcode op, with the MK_* switches `switches` (every
+    other MK_ variable dropped), compiled in a process of its own: the switches are read at
+    import."""
+    import sys
+    from pathlib import Path
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    from mk.cuda_tools import find_tool
+    if find_tool("ptxas") is None or find_tool("nvdisasm") is None:
+        pytest.fail("ptxas / nvdisasm missing: pip install -e '.[test]' brings both")
+    code = ("import sys; sys.path.insert(0, %r); import code_size as cs; "
+            "print(cs.compile_sass(%d, sys.argv[1], build=%r, op=%r))" % (str(bench), m, build, op))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MK_")}
+    env.update(switches)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=str(bench.parent))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout

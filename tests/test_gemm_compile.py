@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from _compile_gate import (assert_clean, assert_split_variant, dump_dir,  # noqa: F401
+                           hgmma_loop, megakernel_sass,
                            ptxas_report)  # (env set first)
 
 import cutlass  # noqa: E402  (after _compile_gate: CUTE_DSL_ARCH)
@@ -225,40 +224,11 @@ def test_accumulator_fragment_is_what_the_epilogues_assume():
         assert thr_shape[:2] == (4, 8) and thr_stride[:2] == (2 * mt, 1), (name, thr_shape)
 
 
-def _k_loop(sass: str, shape: str) -> list[str]:
-    """The consumers' K loop in `nvdisasm -c` output: the instructions from the label that the
-    first backward branch after the last HGMMA.<shape> jumps to (at or before the first HGMMA)
-    through that branch."""
-    lines = sass.splitlines()
-    label_at = {m.group(1): i for i, ln in enumerate(lines)
-                if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    hgmma = [i for i, ln in enumerate(lines) if f"HGMMA.{shape}" in ln]
-    assert hgmma, f"no HGMMA.{shape} in the SASS"
-    for k in range(hgmma[-1] + 1, len(lines)):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", lines[k])
-        if m and label_at.get(m.group(1), len(lines)) <= hgmma[0]:
-            return [ln for ln in lines[label_at[m.group(1)]:k + 1]
-                    if re.match(r"^\s+/\*[0-9a-f]+\*/", ln)]
-    raise AssertionError("no backward branch closes the HGMMA loop")
-
-
 def _lean_down_k_loop(tmp_path, switches: dict) -> list[str]:
-    """The consumers' K loop (_k_loop) of the lean DOWN build of the 1024 class with the MK_*
+    """The consumers' K loop (hgmma_loop) of the lean DOWN build of the 1024 class with the MK_*
     switches `switches` (every other MK_ variable dropped), compiled in a process of its own:
     the switches are read at import."""
-    bench = Path(__file__).resolve().parent.parent / "bench"
-    sys.path.insert(0, str(bench))
-    import code_size as cs
-    if cs.find_tool("ptxas") is None or cs.find_tool("nvdisasm") is None:
-        pytest.fail("ptxas / nvdisasm missing: pip install -e '.[test]' brings both")
-    code = ("import sys; sys.path.insert(0, %r); import code_size as cs; "
-            "print(cs.compile_sass(1024, sys.argv[1], build='lean', op='DOWN'))" % str(bench))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MK_")}
-    env.update(switches)
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
-                       capture_output=True, text=True, timeout=600, cwd=str(bench.parent))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return _k_loop(r.stdout, "64x256x16")
+    return hgmma_loop(megakernel_sass(tmp_path, switches, 1024, "lean", "DOWN"), "64x256x16")
 
 
 @pytest.mark.parametrize("cursor,uniform", [("0", "0"), ("1", "0"), ("1", "1")])
