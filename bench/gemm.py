@@ -444,18 +444,33 @@ def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
     argl = [args(st) for st in sets]
     cub_us, _ = time_rotating([(lambda a=a: torch.matmul(a[0], a[1].t())) for a in argl], reps)
     torch_us, _ = time_rotating([(lambda a=a: f(*a)) for a in argl], reps)
-    comp_us, comp_err = None, None
+    comp_us, comp_err, comp_rel = None, None, None
     if do_compile:
         try:
             fc = torch.compile(f, dynamic=False)
+            a0 = argl[0]
+            # the rows both peers write: q's first m, and the K / V cache rows of the m slots
+            rows = a0[5].long() + KV_PER_LAYER
+            q, kv = a0[2], a0[3]
+
+            def poison():
+                q[:m].fill_(float("nan"))
+                for half in kv:
+                    half.index_fill_(0, rows, float("nan"))
+            comp_rel = compile_peer_check(
+                lambda: fc(*a0), lambda: f(*a0),
+                lambda: [q[:m], kv[0].index_select(0, rows), kv[1].index_select(0, rows)],
+                poison)
             comp_us, _ = time_rotating([(lambda a=a: fc(*a)) for a in argl], reps, warm=3)
         except Exception as e:  # noqa: BLE001
             comp_err = f"{type(e).__name__}: {str(e)[:200]}"
+        comp_us, comp_err = compile_peer_result(comp_rel, comp_us, comp_err)
     flops = 2.0 * m * QKV * H
     return dict(op="QKV_ROPE", m=m, n=QKV, k=H, tile=tile_name(cfg, ns), nsplit=ns,
                 n_instr=int(instrs.shape[0]),
                 buffer_sets=R, mk_us=mk_us, cublas_us=cub_us, torch_us=torch_us,
-                compile_us=comp_us, compile_error=comp_err, mk_tflops=flops / mk_us / 1e6,
+                compile_us=comp_us, compile_error=comp_err, compile_rel_err=comp_rel,
+                mk_tflops=flops / mk_us / 1e6,
                 cublas_tflops=flops / cub_us / 1e6, ratio_vs_torch=mk_us / torch_us,
                 ratio_vs_cublas=mk_us / cub_us,
                 ratio_vs_compile=(mk_us / comp_us) if comp_us else None)
@@ -584,7 +599,9 @@ def torch_fns(op: str, x, w, y, m: int):
     return cub, eager
 
 
-def compiled_fn(op: str):
+def epilogue_fn(op: str):
+    """The torch.compile peer's function of op (matmul + the epilogue, returning the output; the
+    inputs: x, w and, for O_PROJ / DOWN, the residual r), uncompiled."""
     if op == "LM_HEAD":
         def f(x, w):
             return torch.matmul(x, w.t()).float()
@@ -595,7 +612,44 @@ def compiled_fn(op: str):
     else:
         def f(x, w, r):
             return r + torch.matmul(x, w.t())
-    return torch.compile(f, dynamic=False)
+    return f
+
+
+def compiled_fn(op: str):
+    return torch.compile(epilogue_fn(op), dynamic=False)
+
+
+# the torch.compile peer is timed only if its output matches eager torch's (bf16 relative error)
+COMPILE_TOL = 1e-2
+
+
+def compile_peer_check(run_compiled, run_eager, outputs=None, poison=None) -> float:
+    """The compiled peer against the eager one on one buffer set; returns the worst relative
+    error (inf where the compiled peer left poison). Without `outputs` run_compiled / run_eager
+    return their result tensors. With it (a callable returning the tensors both peers write, or
+    copies of them) run_eager() writes them, they are copied, poison() fills them with NaN in
+    place, and run_compiled() writes them again."""
+    if outputs is None:
+        ref, got = [run_eager()], [run_compiled()]
+    else:
+        run_eager()
+        ref = [b.clone() for b in outputs()]
+        poison()
+        run_compiled()
+        got = outputs()
+    worst = 0.0
+    for g, r in zip(got, ref):
+        if torch.isnan(g.float()).any() and not torch.isnan(r.float()).any():
+            return float("inf")
+        worst = max(worst, rel_err(g, r))
+    return worst
+
+
+def compile_peer_result(rel: float, us: float | None, err: str | None):
+    """(compile_us, compile_error) of a checked peer: no time where it failed its check."""
+    if err is None and not rel <= COMPILE_TOL:
+        return None, f"torch.compile output differs from eager torch: rel_err {rel:.3g}"
+    return us, err
 
 
 def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
@@ -620,24 +674,26 @@ def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
     pairs = [torch_fns(op, x, w, y, m) for x, w, y in sets]
     cub_us, _ = time_rotating([p[0] for p in pairs], reps)
     torch_us, _ = time_rotating([p[1] for p in pairs], reps)
-    comp_us, comp_err = None, None
+    comp_us, comp_err, comp_rel = None, None, None
     if do_compile:
         try:
-            f = compiled_fn(op)
+            f, f_eager = compiled_fn(op), epilogue_fn(op)
             if op in ("O_PROJ", "DOWN"):
-                cfns = [(lambda x=x, w=w, y=y: f(x[:m], w[1], y[:m])) for x, w, y in sets]
+                cargs = [(x[:m], w[1], y[:m]) for x, w, y in sets]
             elif op == "GATE_UP":
-                cfns = [(lambda x=x, w=w: f(x[:m], w[1])) for x, w, _ in sets]
+                cargs = [(x[:m], w[1]) for x, w, _ in sets]
             else:
-                cfns = [(lambda x=x, w=w: f(x[:m], w)) for x, w, _ in sets]
-            comp_us, _ = time_rotating(cfns, reps, warm=3)
+                cargs = [(x[:m], w) for x, w, _ in sets]
+            comp_rel = compile_peer_check(lambda: f(*cargs[0]), lambda: f_eager(*cargs[0]))
+            comp_us, _ = time_rotating([(lambda a=a: f(*a)) for a in cargs], reps, warm=3)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             comp_err = f"{type(e).__name__}: {str(e)[:200]}"
+        comp_us, comp_err = compile_peer_result(comp_rel, comp_us, comp_err)
     flops = 2.0 * m * N * K
     row = dict(op=op, m=m, n=N, k=K, tile=tile_name(cfg, ns), nsplit=ns,
                n_instr=int(instrs.shape[0]), buffer_sets=R,
                mk_us=mk_us, cublas_us=cub_us, torch_us=torch_us, compile_us=comp_us,
-               compile_error=comp_err,
+               compile_error=comp_err, compile_rel_err=comp_rel,
                mk_tflops=flops / mk_us / 1e6, cublas_tflops=flops / cub_us / 1e6,
                ratio_vs_torch=mk_us / torch_us, ratio_vs_cublas=mk_us / cub_us,
                ratio_vs_compile=(mk_us / comp_us) if comp_us else None)
@@ -696,6 +752,9 @@ def table(rows):
         out.append(f"{r['op']:8s} {r['m']:5d} {r['tile']:13s} {r['mk_us']:9.1f} {r['cublas_us']:9.1f} "
                    f"{r['torch_us']:9.1f} {cu} {r['ratio_vs_torch']:8.2f} {r['ratio_vs_cublas']:8.2f} {rc} "
                    f"{r['mk_tflops']:8.0f} {r['cublas_tflops']:9.0f}")
+    for r in rows:
+        if r.get("compile_error"):
+            out.append(f"  torch.compile peer, {r['op']} M={r['m']}: {r['compile_error']}")
     return "\n".join(out)
 
 

@@ -365,6 +365,9 @@
 #          default / switch / default: gemmab.log, gemmab_checks.log, gemmab_*.json (~9 min).
 #          Session 68's cursor step, which it replaces: MK_AB_ENV="MK_GEMM_PAGE_CURSOR=0
 #          MK_GEMM_UNIFORM_PAGES=0" (the old loop against the default)
+#   gemmtc issue 5's table with the torch.compile peer too (matmul + epilogue compiled, checked
+#          against eager torch before it is timed): MK_TC_OPS (O_PROJ,GATE_UP,DOWN; then
+#          QKV_ROPE,LM_HEAD) at MK_TC_M (64,256,1024,4096): gemmtc.log, gemmtc.json (~9 min)
 #   attnuni MK_ATTN_UNIFORM_PAGES=1 (the attention wgmmas' descriptors in uniform registers):
 #          the attention GPU tests, the two-layer checks (--kv-split 1024, default, every decode
 #          paired), racecheck + synccheck: attnuni.log (~7 min)
@@ -433,7 +436,9 @@
 #      MK_ATTN_UNIFORM_PAGES=1 (built this session, off), the attention wgmmas' descriptors in
 #      uniform registers (decode chain loop 653 -> 578 SASS instructions, R2UR 64 -> 10); if
 #      its checks are clean and decode is faster at B=64 / 256 / 1024 and nowhere slower, make
-#      it the default.
+#      it the default. When a call's time is left over: `MK_STEPS=gemmtc` (~9 min, then again
+#      with MK_TC_OPS=QKV_ROPE,LM_HEAD): issue 5's third peer, torch.compile of the matmul +
+#      epilogue, never recorded (every table since session 3 ran --no-compile).
 #   000040. Session 68 (`cursor_*_6f94fec_2026-12-07_s68_h100*`; one H100 start in ten asks):
 #      the page cursor + warp-uniform stage pages passed every GEMM GPU test (27), the three
 #      two-layer checks and racecheck, and cut DOWN 1024 101.9 -> 91.7 us (1.03 -> 0.93 of
@@ -1251,7 +1256,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
-                   [gemmab]=560 [attnuni]=450 [attnunitime]=420)
+                   [gemmab]=560 [attnuni]=450 [attnunitime]=420 [gemmtc]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -2376,6 +2381,17 @@ if has gemm; then
       --odd-m 0 --reps 15 --split-k ${MK_GEMM_SPLIT:-auto} \
       --out "$OUTDIR/gemm.json" > "$OUTDIR/gemm.log" 2>&1 || rc=1
   grep -vE "^\[mk\." "$OUTDIR/gemm.log" | tail -30
+fi
+if has gemmtc; then
+  # issue 5's table with its third peer, torch.compile of the matmul + the epilogue (Inductor
+  # fuses the epilogue; its output is checked against eager torch's before it is timed, and a
+  # mismatch is recorded instead of a time): MK_TC_OPS (O_PROJ,GATE_UP,DOWN; QKV_ROPE,LM_HEAD in
+  # a second call) at M = MK_TC_M (64,256,1024,4096), the checks first as in `gemm`:
+  # gemmtc.log, gemmtc.json, gemmtc.png (~9 min: each op's process compiles its four shapes)
+  timeout 560 python bench/gemm.py --suite --ops ${MK_TC_OPS:-O_PROJ,GATE_UP,DOWN} \
+      --m ${MK_TC_M:-64,256,1024,4096} --odd-m 0 --reps 15 --bench-timeout 240 \
+      --out "$OUTDIR/gemmtc.json" > "$OUTDIR/gemmtc.log" 2>&1 || rc=1
+  grep -vE "^\[mk\." "$OUTDIR/gemmtc.log" | tail -30
 fi
 if has ppbound; then
   pm=${MK_PPB_M:-4096}
