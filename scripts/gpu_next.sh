@@ -438,7 +438,10 @@
 #      its checks are clean and decode is faster at B=64 / 256 / 1024 and nowhere slower, make
 #      it the default. When a call's time is left over: `MK_STEPS=gemmtc` (~9 min, then again
 #      with MK_TC_OPS=QKV_ROPE,LM_HEAD): issue 5's third peer, torch.compile of the matmul +
-#      epilogue, never recorded (every table since session 3 ran --no-compile).
+#      epilogue, never recorded (every table since session 3 ran --no-compile). And GATE_UP at
+#      M <= 64 on gu_m128n56 split in two (half the partial bytes, reduces of two): `MK_STEPS=
+#      gemmab MK_AB_ENV="MK_TILES=GATE_UP@64=gu_m128n56" MK_AB_M=64 MK_AB_OPS=GATE_UP`; if
+#      faster, `MK_STEPS=tiles MK_TILES_VALUE=GATE_UP@64=gu_m128n56 MK_TILES_BATCH=1,16,64`.
 #   000040. Session 68 (`cursor_*_6f94fec_2026-12-07_s68_h100*`; one H100 start in ten asks):
 #      the page cursor + warp-uniform stage pages passed every GEMM GPU test (27), the three
 #      two-layer checks and racecheck, and cut DOWN 1024 101.9 -> 91.7 us (1.03 -> 0.93 of
