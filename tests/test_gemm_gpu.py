@@ -163,6 +163,7 @@ def test_two_page_gate_up_tile_at_256_matches_torch_face(m):
 
 
 @pytest.mark.parametrize("tile,cls,m", [("gu_m64n112", "64", 64), ("gu_m64n112", "64", 13),
+                                        ("gu_m128n56", "64", 64), ("gu_m128n56", "64", 13),
                                         ("gu_m128n56", "256", 200), ("gu_m128n56", "256", 128),
                                         ("gu_m128n112", "1024", 512), ("gu_m128n112", "1024", 300)])
 def test_112_row_gate_up_tiles_match_torch_face(tile, cls, m):
@@ -170,7 +171,8 @@ def test_112_row_gate_up_tiles_match_torch_face(tile, cls, m):
     56 per warpgroup / 112; 32 / 64 / 32 tiles per token block at 70B TP8 where gu_m64 /
     gu_m128n64 / gu_m128 make 28 / 56 / 28; A/B candidates via MK_TILES) against GATE_UP's
     torch face, whole tiles and split along K as the planner splits (M <= 64: 32 tiles x 4,
-    M=128: 64 x 2)."""
+    M=128: 64 x 2). gu_m128n56 in the M <= 64 class (session 69's candidate: 64 tiles x 2,
+    128-row wgmmas over at most 64 tokens)."""
     for split in ("none", "auto"):
         res = _gate_up_tile_case(tile, cls, m, split)
         assert res["finite"] and res["poison_intact"] and res["rel_err"] < 1e-2 and res["ok"], \
