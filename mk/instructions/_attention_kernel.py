@@ -867,12 +867,15 @@ def release_kv_page(page: Int32, done: cute.Pointer, narrow, share: cutlass.Cons
         rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
 
 
-def operand_slice(mma: cute.TiledMma, thr, page: Int32):
-    """The slice and page a wgmma's shared-memory operands are built from: the warpgroup's first
-    thread's and a warp-uniform page under UNIFORM_PAGES, else the thread's own slice `thr`."""
-    if not UNIFORM_PAGES:
-        return thr, page
-    return mma.get_slice(0), cute.arch.make_warp_uniform(page)
+def operand_thr(mma: cute.TiledMma, thr):
+    """The slice a wgmma's shared-memory operands are partitioned with: the warpgroup's first
+    thread's under UNIFORM_PAGES, else the thread's own slice `thr`."""
+    return mma.get_slice(0) if UNIFORM_PAGES else thr
+
+
+def operand_page(page: Int32) -> Int32:
+    """A shared-memory operand's page (or address), warp-uniform under UNIFORM_PAGES."""
+    return cute.arch.make_warp_uniform(page) if UNIFORM_PAGES else page
 
 
 @cute.jit
@@ -881,7 +884,7 @@ def qk_issue(mma_qk: cute.TiledMma, thr_qk, accS: cute.Tensor, tSrQ: cute.Tensor
     """S += Q K^T of the K page pk (64 keys, both head-dim halves) into accS (zeroed by the
     caller: attn_blocks says why): the wgmmas issued and committed as one group, not waited
     for."""
-    thr_qk, pk = operand_slice(mma_qk, thr_qk, pk)
+    thr_qk, pk = operand_thr(mma_qk, thr_qk), operand_page(pk)
     cute.nvgpu.warpgroup.fence()
     for hf in cutlass.range_constexpr(2):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
@@ -897,7 +900,7 @@ def pv_issue(mma_pv: cute.TiledMma, thr_pv, accO0: cute.Tensor, accO1: cute.Tens
              tOrP: cute.Tensor, pool: Int32, pv: Int32, sV_layout: cute.ComposedLayout):
     """O += P V of the V page pv (P from registers): issued and committed as one group, not
     waited for."""
-    thr_pv, pv = operand_slice(mma_pv, thr_pv, pv)
+    thr_pv, pv = operand_thr(mma_pv, thr_pv), operand_page(pv)
     cute.nvgpu.warpgroup.fence()
     tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(swz_tensor(pool, pv, 0, sV_layout)))
     tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(swz_tensor(pool, pv, HALF_BYTES,
@@ -998,9 +1001,7 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
     mma_s, mma_o, sKt_layout, sVt_layout, sQt_layout, sPt_layout, scratch = swap
     # opaque: derived afresh at each use (hoisted out of the instruction loop, the Q^T / P^T
     # descriptors and addresses stayed live across every body: the megakernel spilled 112 B)
-    scr = rk.opaque(scratch + wg * SWAP_SCRATCH)
-    if cutlass.const_expr(UNIFORM_PAGES):
-        scr = cute.arch.make_warp_uniform(scr)
+    scr = operand_page(rk.opaque(scratch + wg * SWAP_SCRATCH))
     sQt = cute.make_tensor(cute.recast_ptr(cute.make_ptr(BFloat16, scr, cute.AddressSpace.smem,
                                                          assumed_align=1024),
                                            sQt_layout.inner, dtype=BFloat16), sQt_layout.outer)
@@ -1011,16 +1012,13 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
     red = cute.make_tensor(cute.make_ptr(Float32, scr + SWAP_RED_OFF, cute.AddressSpace.smem,
                                          assumed_align=16),
                            cute.make_layout((4, SWAP_ROWS), stride=(SWAP_ROWS, 1)))
-    thr_s = mma_s.get_slice(wtid)
-    thr_o = mma_o.get_slice(wtid)
-    if cutlass.const_expr(UNIFORM_PAGES):
-        # every operand of the chain is in shared memory (page_chain_issue takes these slices)
-        thr_s = mma_s.get_slice(0)
-        thr_o = mma_o.get_slice(0)
-    tSrQt = thr_s.make_fragment_B(thr_s.partition_B(sQt))
-    tOrPt = thr_o.make_fragment_B(thr_o.partition_B(sPt))
     thr_s_own = mma_s.get_slice(wtid)
     thr_o_own = mma_o.get_slice(wtid)
+    # every operand of the chain is in shared memory (page_chain_issue takes these slices)
+    thr_s = operand_thr(mma_s, thr_s_own)
+    thr_o = operand_thr(mma_o, thr_o_own)
+    tSrQt = thr_s.make_fragment_B(thr_s.partition_B(sQt))
+    tOrPt = thr_o.make_fragment_B(thr_o.partition_B(sPt))
     tScSt = thr_s_own.partition_C(cute.make_identity_tensor((KB, SWAP_ROWS)))
     tOcOt = thr_o_own.partition_C(cute.make_identity_tensor((D, SWAP_ROWS)))
     accSt = cute.make_tensor(accS.iterator, cute.make_layout(thr_s.partition_shape_C((KB, SWAP_ROWS))))
@@ -1082,8 +1080,7 @@ def page_chain_issue(mma: cute.TiledMma, thr, a_layout: cute.ComposedLayout, poo
                      page: Int32, tB: cute.Tensor, acc: cute.Tensor):
     """acc += A B with A the pool page `page` (a_layout) and B the scratch operand tB, over the
     whole K extent: issued and committed as one group, not waited for."""
-    if cutlass.const_expr(UNIFORM_PAGES):
-        page = cute.arch.make_warp_uniform(page)     # thr: swap_bundle's, thread 0's slice
+    page = operand_page(page)                       # thr: swap_bundle's operand slice
     cute.nvgpu.warpgroup.fence()
     tA = thr.make_fragment_A(thr.partition_A(swz_tensor(pool, page, 0, a_layout)))
     for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
