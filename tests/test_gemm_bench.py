@@ -1,5 +1,6 @@
-"""bench/gemm.py's torch.compile peer on the CPU: its function is the eager peer's math, and it is
-timed only once its output matches eager torch's (compile_peer_check / compile_peer_result)."""
+"""bench/gemm.py on the CPU: its torch.compile peer's function is the eager peer's math, and it is
+timed only once its output matches eager torch's (compile_peer_check / compile_peer_result); the
+--suite orchestration under MK_GEMM_DRYRUN (faked checks and timings)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,37 @@ def test_a_compiled_peer_that_writes_nothing_fails_on_the_poison():
 def test_a_peer_that_raised_keeps_its_error():
     assert bg.compile_peer_result(None, None, "BackendCompilerFailed: x") == \
         (None, "BackendCompilerFailed: x")
+
+
+def _suite(tmp_path, dryrun: str, ops: str):
+    """bench/gemm.py --suite on the CPU with MK_GEMM_DRYRUN (faked checks and timings: the
+    orchestration only): (exit code, the JSON it wrote)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "gemm.json"
+    env = dict(os.environ, MK_GEMM_DRYRUN=dryrun)
+    r = subprocess.run([sys.executable, str(root / "bench" / "gemm.py"), "--suite", "--ops", ops,
+                        "--m", "64,256", "--odd-m", "0", "--reps", "3", "--bench-timeout", "240",
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=str(root))
+    return r.returncode, json.loads(out.read_text())
+
+
+def test_suite_times_every_op_whose_checks_passed(tmp_path):
+    """The suite (gpu_next.sh's gemm / gemmtc steps): every op's checks, then its timing, one
+    row per (op, M), and the record says all checks passed."""
+    rc, res = _suite(tmp_path, "1", "O_PROJ,GATE_UP")
+    assert rc == 0 and res["all_checks_pass"] is True
+    assert sorted((r["op"], r["m"]) for r in res["rows"]) == \
+        [("GATE_UP", 64), ("GATE_UP", 256), ("O_PROJ", 64), ("O_PROJ", 256)]
+    assert all(r["mk_us"] > 0 and r["ratio_vs_torch"] > 0 for r in res["rows"])
+
+
+def test_suite_does_not_time_an_op_that_failed_its_checks(tmp_path):
+    rc, res = _suite(tmp_path, "fail:DOWN", "O_PROJ,DOWN")
+    assert rc != 0 and res["all_checks_pass"] is False
+    assert {r["op"] for r in res["rows"] if "mk_us" in r} == {"O_PROJ"}
