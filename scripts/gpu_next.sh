@@ -431,7 +431,9 @@
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
 #   000041. Session 69 (no device: two failed starts, then loans paused): plan 000040 still
 #      stands, in its order (1. `gemm` on the H200 if one comes, 2. verify, 3. gemmab with
-#      MK_GEMM_PHASES_EARLY=1, then gemmncu, 4. wave / cls128 / decode and prompt steps), and
+#      MK_GEMM_PHASES_EARLY=1, then gemmncu, 4. wave / cls128 / decode and prompt steps; before
+#      PHASES_EARLY becomes the default, decode B=256 / 1024 with it too: session 37's "early"
+#      placement of the same waits, by warp 0's lanes after the wgmmas, lost 5.7% at B=256), and
 #      after its 3: `MK_STEPS=attnuni` (~7 min) then `MK_STEPS=attnunitime` (~6 min):
 #      MK_ATTN_UNIFORM_PAGES=1 (built this session, off), the attention wgmmas' descriptors in
 #      uniform registers (decode chain loop 653 -> 578 SASS instructions, R2UR 64 -> 10); if
