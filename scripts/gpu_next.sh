@@ -371,8 +371,9 @@
 #   attnuni MK_ATTN_UNIFORM_PAGES=1 (the attention wgmmas' descriptors in uniform registers):
 #          the attention GPU tests, the two-layer checks (--kv-split 1024, default, every decode
 #          paired), racecheck + synccheck: attnuni.log (~7 min)
-#   attnunitime MK_ATTN_UNIFORM_PAGES off / on / off, decode MK_AU_BATCH (64,256,1024), no
-#          journal: attnunitime.log, attnunitime_{off,on,off2}.json (~6 min)
+#   decab  MK_AB_ENV (a compile-time switch, VAR=VALUE words) against the default in decode:
+#          default / switch / default, MK_DECAB_BATCH (64,256,1024), no journal, no checks (run
+#          them first: gemmab, attnuni, tiles): decab.log, decab_{def,ab,def2}.json (~6 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
@@ -432,9 +433,11 @@
 #   000041. Session 69 (no device: two failed starts, then loans paused): plan 000040 still
 #      stands, in its order (1. `gemm` on the H200 if one comes, 2. verify, 3. gemmab with
 #      MK_GEMM_PHASES_EARLY=1, then gemmncu, 4. wave / cls128 / decode and prompt steps; before
-#      PHASES_EARLY becomes the default, decode B=256 / 1024 with it too: session 37's "early"
-#      placement of the same waits, by warp 0's lanes after the wgmmas, lost 5.7% at B=256), and
-#      after its 3: `MK_STEPS=attnuni` (~7 min) then `MK_STEPS=attnunitime` (~6 min):
+#      PHASES_EARLY becomes the default, `decab MK_AB_ENV=MK_GEMM_PHASES_EARLY=1
+#      MK_DECAB_BATCH=256,1024` too: session 37's "early" placement of the same waits, by warp
+#      0's lanes after the wgmmas, lost 5.7% at B=256), and
+#      after its 3: `MK_STEPS=attnuni` (~7 min) then `MK_STEPS=decab
+#      MK_AB_ENV=MK_ATTN_UNIFORM_PAGES=1` (~6 min):
 #      MK_ATTN_UNIFORM_PAGES=1 (built this session, off), the attention wgmmas' descriptors in
 #      uniform registers (decode chain loop 653 -> 578 SASS instructions, R2UR 64 -> 10); if
 #      its checks are clean and decode is faster at B=64 / 256 / 1024 and nowhere slower, make
@@ -1261,7 +1264,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
-                   [gemmab]=560 [attnuni]=450 [attnunitime]=420 [gemmtc]=560)
+                   [gemmab]=560 [attnuni]=450 [decab]=420 [gemmtc]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1888,16 +1891,22 @@ if has attnuni; then
   # MK_ATTN_UNIFORM_PAGES=1 (session 69, ak.UNIFORM_PAGES): the attention wgmmas' descriptors in
   # uniform registers (the decode chain's key block: 64 -> 10 R2UR, 653 -> 578 SASS
   # instructions): the attention GPU tests, the two-layer checks (--kv-split 1024, default,
-  # every decode paired), racecheck and synccheck: attnuni.log (~7 min; its timing is the step
-  # attnunitime)
+  # every decode paired), racecheck and synccheck: attnuni.log (~7 min; its timing: the step
+  # decab with MK_AB_ENV=MK_ATTN_UNIFORM_PAGES=1)
   attn_switch_checks attnuni MK_ATTN_UNIFORM_PAGES=1
 fi
-if has attnunitime; then
-  # MK_ATTN_UNIFORM_PAGES off / on / off again, decode MK_AU_BATCH (64,256,1024), no journal:
-  # attnunitime.log, attnunitime_{off,on,off2}.json (~6 min)
-  : > "$OUTDIR/attnunitime.log"
-  untraced_runs attnunitime "off|||${MK_AU_BATCH:-64,256,1024}" \
-      "on|MK_ATTN_UNIFORM_PAGES=1||${MK_AU_BATCH:-64,256,1024}" "off2|||${MK_AU_BATCH:-64,256,1024}"
+if has decab; then
+  # a compile-time switch against the default in the decode step: MK_AB_ENV (VAR=VALUE words)
+  # default / switch / default again (alternated: the clock drifts within a call), decode
+  # MK_DECAB_BATCH (64,256,1024), no journal; no checks here (gemmab / attnuni / tiles run
+  # them): decab.log, decab_{def,ab,def2}.json (~6 min)
+  if [ -z "${MK_AB_ENV:-}" ]; then
+    echo "== decab: set MK_AB_ENV (the switch to time, VAR=VALUE words)"; rc=1
+  else
+    : > "$OUTDIR/decab.log"
+    untraced_runs decab "def|||${MK_DECAB_BATCH:-64,256,1024}" \
+        "ab|$MK_AB_ENV||${MK_DECAB_BATCH:-64,256,1024}" "def2|||${MK_DECAB_BATCH:-64,256,1024}"
+  fi
 fi
 if has swapsplittime; then
   # MK_ATTN_SWAP_SPLIT off / on, timed only: decode MK_SWAPSPLIT_BATCH (1,16,64,128), journal on:
