@@ -2987,7 +2987,7 @@ if has gemmncu; then
 fi
 if has gemmab; then
   # A GEMM switch against the default: MK_AB_ENV (VAR=VALUE words, e.g.
-  # "MK_GEMM_PHASES_EARLY=1") through every GEMM GPU test (every tile mode), the two-layer
+  # "MK_TILES=GATE_UP@64=gu_m128n56") through every GEMM GPU test (every tile mode), the two-layer
   # checks (208 tokens never / auto, 1144 tokens) and racecheck; then, if all passed,
   # bench/gemm.py at M = MK_AB_M (1024,4096) for MK_AB_OPS (O_PROJ,GATE_UP,DOWN) default /
   # switch / default again (alternated: the clock drifts within a call): gemmab.log,

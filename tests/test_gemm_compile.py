@@ -246,17 +246,3 @@ def test_page_cursor_takes_the_divisions_out_of_the_k_loop(tmp_path, cursor, uni
     assert (divisions == 0) if cursor == "1" else (divisions > 0), (cursor, divisions)
     moves = sum(" R2UR " in ln for ln in loop)
     assert (moves <= 4) if uniform == "1" else (moves >= 16), (uniform, moves)
-
-
-@pytest.mark.parametrize("early", ["0", "1"])
-def test_phases_early_moves_thread0s_waits_before_the_wgmma_wait(tmp_path, early):
-    """MK_GEMM_PHASES_EARLY=1: consumer thread 0's waits on the stage's B-page phases
-    (b_phases_seen) run between the K step's last HGMMA and its wait for the previous step's
-    wgmmas (WARPGROUP.DEPBAR), while the wgmmas run; by default they follow that wait (the lean
-    DOWN build of the 1024 class)."""
-    loop = _lean_down_k_loop(tmp_path, {"MK_GEMM_PHASES_EARLY": early})
-    last_hgmma = max(i for i, ln in enumerate(loop) if "HGMMA.64x256x16" in ln)
-    depbar = next(i for i, ln in enumerate(loop) if "WARPGROUP.DEPBAR" in ln)
-    assert depbar > last_hgmma
-    waits_before = sum("TRYWAIT" in ln for ln in loop[last_hgmma:depbar])
-    assert (waits_before >= 2) if early == "1" else (waits_before == 0), (early, waits_before)

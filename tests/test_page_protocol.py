@@ -218,10 +218,8 @@ class Ring:
         # who observes the B pages' own `full` phases under "stage" (a plain arrival completes
         # them): "consumer" (gk.b_phases_seen: a consumer once the stage's A page passed, before
         # its arrival frees the stage; session 32's loader-side wait lost, removed in session
-        # 63); "consumer_early" (gk.PHASES_EARLY): the same waits right after the stage's
-        # wgmmas are issued, before the previous stage's release; None: the negative control,
-        # the kernel before session 32; "consumer_late" (a negative control): the consumer's
-        # waits after its arrival that frees the stage
+        # 63); None: the negative control, the kernel before session 32; "consumer_late" (a
+        # negative control): the consumer's waits after its arrival that frees the stage
         self.b_phase_seen = b_phase_seen
         self.contents = [None] * NP     # the ring position whose load landed last in each page
         self.in_flight = []             # loads issued, not landed: (page, position, barrier)
@@ -453,8 +451,6 @@ class Ring:
                 yield from self.wait(self.full[q % NP], (q // NP) & 1, q)
             for j in range(spp):
                 self.read(pg + pos(k) + j)
-            if self.b_phase_seen == "consumer_early" and seer:
-                yield from self.b_phases_seen(pg + pos(k), spp)
             if k > 0:
                 self.release_stage(pg + pos(k - 1), spp, False, w)
                 if self.b_phase_seen == "consumer_late" and seer:
@@ -655,15 +651,6 @@ def test_protocol_holds_under_random_interleavings(operand_free, stage_full):
         rng = random.Random(seed)
         run(Ring(operand_free=operand_free, done_parity="mask", stage_full=stage_full),
             random_prog(rng), rng)
-
-
-def test_protocol_holds_with_the_b_phases_seen_before_the_previous_release():
-    """gk.PHASES_EARLY (MK_GEMM_PHASES_EARLY=1): consumer thread 0 observes a stage's B pages'
-    own `full` phases right after issuing the stage's wgmmas, before the previous stage's
-    release: every wait passes on its own phase, every read holds its own position's data, every
-    schedule ends."""
-    _holds(dict(operand_free="consumer", done_parity="mask", stage_full="stage",
-                b_phase_seen="consumer_early"))
 
 
 @pytest.mark.parametrize("chain_pages", [1, 2])

@@ -219,14 +219,6 @@ STORE_UNROLL = 4
 # but only the pair ran on a GPU).
 PAGE_CURSOR = os.environ.get("MK_GEMM_PAGE_CURSOR", "1") == "1"
 UNIFORM_PAGES = os.environ.get("MK_GEMM_UNIFORM_PAGES", "1") == "1"
-# ONE_FULL's observation of a stage's B-page phases by consumer thread 0 (b_phases_seen) right
-# after the K step's commit (MK_GEMM_PHASES_EARLY=1), while its wgmmas run, instead of after the
-# wait for the previous step's: a warpgroup issues its next HGMMAs only once all four of its
-# warps arrive, so warp 0's divergent waits there held back warpgroup 0's next K step. The
-# phases are the same (the stage's A-page `full` has completed, so its bytes landed; the B
-# pages' own arrivals are the loader's plain ones); the observation still precedes the stage's
-# release. Off until its GPU run.
-PHASES_EARLY = os.environ.get("MK_GEMM_PHASES_EARLY", "0") == "1"
 # K-step trace (journal variant only; MK_GEMM_KTRACE=N, 0 = off): the first N K steps of every
 # GEMM tile leave KT_WORDS SM-clock stamps (clock64, cycles) each in the tile's journal row, from
 # word KT_BASE on (mk.megakernel sizes the row): consumer thread 0 before and after its wait for
@@ -680,7 +672,11 @@ def wait_epilogue_counter(counters: cute.Tensor, epi_wait: Int32, target: Int32,
 # test_wait nothing branches on ("test", "consumer_test") is no observation for synccheck
 # (session 38's probe, `synccheck_probe_4eee517_2026-12-04_s38.log`); warp 0's lanes waiting
 # right after the stage's wgmmas ("early") lost +5.7% at B=256 in session 37
-# (bench/results/ownphase_*_s37.json). Consumer costs ~2% at B=256 against nobody waiting.
+# (bench/results/ownphase_*_s37.json); thread 0 waiting right after the stage's commit, before
+# the wait for the previous stage's wgmmas (MK_GEMM_PHASES_EARLY, sessions 68-69, removed) was
+# correct and no faster with the page cursor: DOWN 1024 91.8 against 91.2 / 90.2 us, GATE_UP
+# 4096 619.8 against 615.8 / 618.4 (bench/results/phasesearly_*_s69_h100*). Consumer costs ~2%
+# at B=256 against nobody waiting.
 
 
 @cute.jit
@@ -1071,9 +1067,6 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 cute.gemm(mainloop_mma, mains[ch], tCrA[(None, None, kb)],
                           tCrB[(None, None, kb)], mains[ch])
         cute.nvgpu.warpgroup.commit_group()
-        if cutlass.const_expr(ONE_FULL and PHASES_EARLY):
-            stage_b_phases_seen(cfg, full, slots, sp, b_off, npages, ctid, timeout_ns, state,
-                                ticket)
         if cutlass.const_expr(own is not None and split.self_scale):
             # while the stage's wgmmas run: this thread's quarter of its two rows in the A page
             if own:
@@ -1093,7 +1086,7 @@ def gemm_consume(cfg: cutlass.Constexpr, epi: cutlass.Constexpr, tiled_mma: cute
                 # fall two phases behind
                 release_previous_stage((r0, r1, r2), pg + (k - 1) * spp, spp, npages,
                                        operand_bar(empty, done), lane, share)
-        if cutlass.const_expr(ONE_FULL and not PHASES_EARLY):
+        if cutlass.const_expr(ONE_FULL):
             stage_b_phases_seen(cfg, full, slots, sp, b_off, npages, ctid, timeout_ns, state,
                                 ticket)
         if cutlass.const_expr(PAGE_CURSOR):
