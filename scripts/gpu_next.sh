@@ -430,6 +430,20 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000042. Session 69, second half (an H100 for five calls at 45952f3, `*_s69_h100*`): issue
+#      5's table at the cursor default (DOWN 1024 0.93 the one point over the 0.9 target at
+#      M >= 1024; GATE_UP 64 at par, 0.98-1.01), MK_GEMM_PHASES_EARLY lost (removed), DOWN 1024
+#      under ncu again (tensor idle 20.7 against cuBLAS's 11.8 us; the operand bytes and the
+#      epilogue left), GATE_UP@64 on gu_m128n56 checked and -5.4% at M = 64, the step and 27
+#      megakernel GPU tests passed. In order:
+#      1. On the H200 when one comes: `MK_STEPS=gemm` (issue 5 names it; the M = 64 points are
+#         the ones at risk there, bench/GEMM_NOTES.md session 69).
+#      2. `MK_STEPS=decab MK_AB_ENV=MK_TILES=GATE_UP@64=gu_m128n56 MK_DECAB_BATCH=1,16,64`
+#         (~5 min): if B=64 is not slower, make gu_m128n56 the M <= 64 class's GATE_UP tile
+#         (mk/tiles.py TILE_TABLE; its checks passed, `gu64tiles_*`).
+#      3. `MK_STEPS=attnuni`, then `MK_STEPS=decab MK_AB_ENV=MK_ATTN_UNIFORM_PAGES=1`.
+#      4. `MK_VERIFY_FILES=tests/test_megakernel_gpu.py MK_STEPS=verify` (the 9 megakernel GPU
+#         tests the call's limit cut), `MK_STEPS=gemmtc` (two calls), then plan 000040's 4.
 #   000041. Session 69 (no device: two failed starts, then loans paused): plan 000040 still
 #      stands, in its order (1. `gemm` on the H200 if one comes, 2. verify, 3. gemmab with
 #      MK_GEMM_PHASES_EARLY=1, then gemmncu, 4. wave / cls128 / decode and prompt steps; before
