@@ -368,12 +368,11 @@
 #   gemmtc issue 5's table with the torch.compile peer too (matmul + epilogue compiled, checked
 #          against eager torch before it is timed): MK_TC_OPS (O_PROJ,GATE_UP,DOWN; then
 #          QKV_ROPE,LM_HEAD) at MK_TC_M (64,256,1024,4096): gemmtc.log, gemmtc.json (~9 min)
-#   attnuni MK_ATTN_UNIFORM_PAGES=1 (the attention wgmmas' descriptors in uniform registers):
-#          the attention GPU tests, the two-layer checks (--kv-split 1024, default, every decode
-#          paired), racecheck + synccheck: attnuni.log (~7 min)
+#   (attnuni, session 69's MK_ATTN_UNIFORM_PAGES=1: its checks passed, decode +0.9 / +1.1% at
+#          B=64 / 256 in session 70, removed)
 #   decab  MK_AB_ENV (a compile-time switch, VAR=VALUE words) against the default in decode:
 #          default / switch / default, MK_DECAB_BATCH (64,256,1024), no journal, no checks (run
-#          them first: gemmab, attnuni, tiles): decab.log, decab_{def,ab,def2}.json (~6 min)
+#          them first: gemmab, swapsplit, tiles): decab.log, decab_{def,ab,def2}.json (~6 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
@@ -1278,7 +1277,7 @@ declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
-                   [gemmab]=560 [attnuni]=450 [decab]=420 [gemmtc]=560)
+                   [gemmab]=560 [decab]=420 [gemmtc]=560)
 has() {
   case " $STEPS " in *" $1 "*) ;; *) return 1 ;; esac
   if [ $((SECONDS + ${STEP_S[$1]:-0})) -gt "$DEADLINE" ]; then
@@ -1901,18 +1900,10 @@ if has swapsplit; then
   # warpgroups, merged at the end: swapsplit.log (~7 min; its timing is the step swapsplittime)
   attn_switch_checks swapsplit MK_ATTN_SWAP_SPLIT=1
 fi
-if has attnuni; then
-  # MK_ATTN_UNIFORM_PAGES=1 (session 69, ak.UNIFORM_PAGES): the attention wgmmas' descriptors in
-  # uniform registers (the decode chain's key block: 64 -> 10 R2UR, 653 -> 578 SASS
-  # instructions): the attention GPU tests, the two-layer checks (--kv-split 1024, default,
-  # every decode paired), racecheck and synccheck: attnuni.log (~7 min; its timing: the step
-  # decab with MK_AB_ENV=MK_ATTN_UNIFORM_PAGES=1)
-  attn_switch_checks attnuni MK_ATTN_UNIFORM_PAGES=1
-fi
 if has decab; then
   # a compile-time switch against the default in the decode step: MK_AB_ENV (VAR=VALUE words)
   # default / switch / default again (alternated: the clock drifts within a call), decode
-  # MK_DECAB_BATCH (64,256,1024), no journal; no checks here (gemmab / attnuni / tiles run
+  # MK_DECAB_BATCH (64,256,1024), no journal; no checks here (gemmab / swapsplit / tiles run
   # them): decab.log, decab_{def,ab,def2}.json (~6 min)
   if [ -z "${MK_AB_ENV:-}" ]; then
     echo "== decab: set MK_AB_ENV (the switch to time, VAR=VALUE words)"; rc=1

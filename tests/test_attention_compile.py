@@ -14,9 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.compile
 
-from _compile_gate import (BAD_PTXAS, assert_clean, dump_dir, hgmma_loop,  # noqa: F401
-                           megakernel_sass, ptxas_report, probe_module,
-                           swapped_probe)  # (env set first)
+from _compile_gate import (BAD_PTXAS, assert_clean, dump_dir, ptxas_report,  # noqa: F401
+                           probe_module, swapped_probe)  # (env set first)
 
 REQUIRED_PTX = {
     "wgmma.mma_async (RS, bf16)": r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16",
@@ -376,21 +375,3 @@ def test_swap_split_pairs_and_split_units_sync_both_warpgroups_alike():
     counts = {on: [len(t) for t in swapped_barrier_trace(131, 201, on).values()]
               for on in (False, True)}
     assert counts == {False: [10, 12], True: [19, 19]}, counts
-
-
-@pytest.mark.parametrize("uniform", ["0", "1"])
-def test_uniform_pages_build_the_attention_descriptors_in_uniform_registers(tmp_path, uniform):
-    """MK_ATTN_UNIFORM_PAGES=1: the key-block loops of the megakernel's 129..256 class (the
-    families build: attention beside DOWN's GEMM slot) build their wgmma descriptors in uniform
-    registers. The swapped decode chain's loop (16 HGMMA.64x8x16 a key block) moves at most 16
-    words from vector registers (R2UR) where the default moves 4 a wgmma, 64; the m64n64
-    chain's loop (16 HGMMA.64x64x16, B from shared memory only) at most 4 where it moves 32
-    (the printed instruction counts: 653 -> 578 and 1173 -> 1147 in session 69)."""
-    sass = megakernel_sass(tmp_path, {"MK_ATTN_UNIFORM_PAGES": uniform}, 256, "families", "DOWN")
-    for shape, most, least in (("64x8x16", 16, 64), ("64x64x16", 4, 32)):
-        loop = hgmma_loop(sass, shape)
-        assert sum(f"HGMMA.{shape}" in ln for ln in loop) == 16, shape
-        moves = sum(" R2UR " in ln for ln in loop)
-        assert (moves <= most) if uniform == "1" else (moves >= least), (shape, uniform, moves)
-        print(f"MK_ATTN_UNIFORM_PAGES={uniform}: HGMMA.{shape} loop {len(loop)} instructions, "
-              f"{moves} R2UR")

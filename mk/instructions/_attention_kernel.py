@@ -192,15 +192,6 @@ SWAP_SPLIT = SWAP_SPLIT_VALUE == "1" and SWAPPED
 # us an instruction, 2 blocks (B=16's 128-key splits) 9.42 -> 9.71, 1 block (B=1's) 7.50 ->
 # 8.06; a straight line through them crosses even near 3.3 blocks.
 SWAP_SPLIT_MIN_BLOCKS = 4
-# The wgmmas' shared-memory operands (K / V pages, the swapped chain's Q^T / P^T scratch) sliced
-# at the warpgroup's thread 0 and their page numbers and scratch address marked warp-uniform
-# (MK_ATTN_UNIFORM_PAGES=1): ptxas then builds the descriptors in uniform registers instead of
-# per thread, moved by R2UR before every HGMMA (4 a wgmma: the decode chain's key block had 64
-# R2UR for its 16 HGMMA.64x8x16). A warpgroup's smem operand is the whole warpgroup's, so the
-# first thread's slice is every thread's; the accumulators' coordinates keep the thread's own.
-# The GEMM K loop's same change (MK_GEMM_UNIFORM_PAGES, with its page cursor) made it 6-12%
-# faster (session 68). Off until its GPU run.
-UNIFORM_PAGES = os.environ.get("MK_ATTN_UNIFORM_PAGES", "0") == "1"
 # Leave-one-out profiling variants of ATTENTION (compile-time, read once at import; never set in
 # production; like the GEMM bodies' MK_GEMM_EXPERIMENT): comma- (or +-) separated parts of the
 # work to leave out, so that timing differences place the time of one instruction
@@ -867,24 +858,12 @@ def release_kv_page(page: Int32, done: cute.Pointer, narrow, share: cutlass.Cons
         rk.release(done + page, share, CONSUMER_THREADS, ctid, BAR_ATTN, hm)
 
 
-def operand_thr(mma: cute.TiledMma, thr):
-    """The slice a wgmma's shared-memory operands are partitioned with: the warpgroup's first
-    thread's under UNIFORM_PAGES, else the thread's own slice `thr`."""
-    return mma.get_slice(0) if UNIFORM_PAGES else thr
-
-
-def operand_page(page: Int32) -> Int32:
-    """A shared-memory operand's page (or address), warp-uniform under UNIFORM_PAGES."""
-    return cute.arch.make_warp_uniform(page) if UNIFORM_PAGES else page
-
-
 @cute.jit
 def qk_issue(mma_qk: cute.TiledMma, thr_qk, accS: cute.Tensor, tSrQ: cute.Tensor, pool: Int32,
              pk: Int32, sK_layout: cute.ComposedLayout):
     """S += Q K^T of the K page pk (64 keys, both head-dim halves) into accS (zeroed by the
     caller: attn_blocks says why): the wgmmas issued and committed as one group, not waited
     for."""
-    thr_qk, pk = operand_thr(mma_qk, thr_qk), operand_page(pk)
     cute.nvgpu.warpgroup.fence()
     for hf in cutlass.range_constexpr(2):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(
@@ -900,7 +879,6 @@ def pv_issue(mma_pv: cute.TiledMma, thr_pv, accO0: cute.Tensor, accO1: cute.Tens
              tOrP: cute.Tensor, pool: Int32, pv: Int32, sV_layout: cute.ComposedLayout):
     """O += P V of the V page pv (P from registers): issued and committed as one group, not
     waited for."""
-    thr_pv, pv = operand_thr(mma_pv, thr_pv), operand_page(pv)
     cute.nvgpu.warpgroup.fence()
     tOrV0 = thr_pv.make_fragment_B(thr_pv.partition_B(swz_tensor(pool, pv, 0, sV_layout)))
     tOrV1 = thr_pv.make_fragment_B(thr_pv.partition_B(swz_tensor(pool, pv, HALF_BYTES,
@@ -996,12 +974,11 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
     """(mma_s, mma_o, thr_s, thr_o, sKt_layout, sVt_layout, tSrQt, tOrPt, tScSt, tOcOt, accSt,
     accOt, sQt, sPt, red, scratch address) of warpgroup wg; S^T and O^T accumulate in the first
     elements of the other path's accS / accO0 registers (never live together); the tiled MMAs
-    accumulate (attn_mma_init). thr_s / thr_o slice the operands (thread 0's under
-    UNIFORM_PAGES); tScSt / tOcOt are the thread's own coordinates."""
+    accumulate (attn_mma_init)."""
     mma_s, mma_o, sKt_layout, sVt_layout, sQt_layout, sPt_layout, scratch = swap
     # opaque: derived afresh at each use (hoisted out of the instruction loop, the Q^T / P^T
     # descriptors and addresses stayed live across every body: the megakernel spilled 112 B)
-    scr = operand_page(rk.opaque(scratch + wg * SWAP_SCRATCH))
+    scr = rk.opaque(scratch + wg * SWAP_SCRATCH)
     sQt = cute.make_tensor(cute.recast_ptr(cute.make_ptr(BFloat16, scr, cute.AddressSpace.smem,
                                                          assumed_align=1024),
                                            sQt_layout.inner, dtype=BFloat16), sQt_layout.outer)
@@ -1012,15 +989,12 @@ def swap_bundle(swap, wg: Int32, wtid: Int32, accS: cute.Tensor, accO0: cute.Ten
     red = cute.make_tensor(cute.make_ptr(Float32, scr + SWAP_RED_OFF, cute.AddressSpace.smem,
                                          assumed_align=16),
                            cute.make_layout((4, SWAP_ROWS), stride=(SWAP_ROWS, 1)))
-    thr_s_own = mma_s.get_slice(wtid)
-    thr_o_own = mma_o.get_slice(wtid)
-    # every operand of the chain is in shared memory (page_chain_issue takes these slices)
-    thr_s = operand_thr(mma_s, thr_s_own)
-    thr_o = operand_thr(mma_o, thr_o_own)
+    thr_s = mma_s.get_slice(wtid)
+    thr_o = mma_o.get_slice(wtid)
     tSrQt = thr_s.make_fragment_B(thr_s.partition_B(sQt))
     tOrPt = thr_o.make_fragment_B(thr_o.partition_B(sPt))
-    tScSt = thr_s_own.partition_C(cute.make_identity_tensor((KB, SWAP_ROWS)))
-    tOcOt = thr_o_own.partition_C(cute.make_identity_tensor((D, SWAP_ROWS)))
+    tScSt = thr_s.partition_C(cute.make_identity_tensor((KB, SWAP_ROWS)))
+    tOcOt = thr_o.partition_C(cute.make_identity_tensor((D, SWAP_ROWS)))
     accSt = cute.make_tensor(accS.iterator, cute.make_layout(thr_s.partition_shape_C((KB, SWAP_ROWS))))
     accOt = cute.make_tensor(accO0.iterator, cute.make_layout(thr_o.partition_shape_C((D, SWAP_ROWS))))
     return (mma_s, mma_o, thr_s, thr_o, sKt_layout, sVt_layout, tSrQt, tOrPt, tScSt, tOcOt, accSt,
@@ -1080,7 +1054,6 @@ def page_chain_issue(mma: cute.TiledMma, thr, a_layout: cute.ComposedLayout, poo
                      page: Int32, tB: cute.Tensor, acc: cute.Tensor):
     """acc += A B with A the pool page `page` (a_layout) and B the scratch operand tB, over the
     whole K extent: issued and committed as one group, not waited for."""
-    page = operand_page(page)                       # thr: swap_bundle's operand slice
     cute.nvgpu.warpgroup.fence()
     tA = thr.make_fragment_A(thr.partition_A(swz_tensor(pool, page, 0, a_layout)))
     for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
