@@ -429,6 +429,16 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000043. Session 70 (an H100 for seven calls at bc4090e, `*_s70_h100*`): issue 5's table
+#      again (the same within 0.03), its torch.compile peer recorded (gemmtc), GATE_UP@64 on
+#      gu_m128n56 kept off (decode B=64 +0.5% again), MK_ATTN_UNIFORM_PAGES lost (removed),
+#      the 36 megakernel GPU tests passed. In order:
+#      1. On the H200 when one comes: `MK_STEPS=gemm` (issue 5 names it; never run there since
+#         session 55's move to H100s).
+#      2. `MK_VERIFY_FILES=tests/test_attention_gpu.py MK_STEPS=verify` at HEAD (attention is
+#         back to its pre-switch source, the same opcodes as bc4090e's: a check, ~4 min), then
+#         `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify`.
+#      3. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
 #   000042. Session 69, second half (an H100 for five calls at 45952f3, `*_s69_h100*`): issue
 #      5's table at the cursor default (DOWN 1024 0.93 the one point over the 0.9 target at
 #      M >= 1024; GATE_UP 64 at par, 0.98-1.01), MK_GEMM_PHASES_EARLY lost (removed), DOWN 1024
