@@ -438,7 +438,12 @@
 #      2. `MK_VERIFY_FILES=tests/test_attention_gpu.py MK_STEPS=verify` at HEAD (attention is
 #         back to its pre-switch source, the same opcodes as bc4090e's: a check, ~4 min), then
 #         `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify`.
-#      3. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
+#      3. GATE_UP at 129..256 tokens on gu_m128n112 split in two (session 38's gu256 candidate,
+#         never run; compiles at 168 registers, 0 spills in session 70): first the matrix,
+#         `MK_STEPS=gemmab MK_AB_ENV=MK_TILES=GATE_UP@256=gu_m128n112 MK_AB_CHECKS=0
+#         MK_AB_M=256 MK_AB_OPS=GATE_UP` (~3 min; GATE_UP 256 is mk's worst point against
+#         torch.compile, 1.18), then if faster `MK_STEPS=gu256` (checks + decode B=192 / 256).
+#      4. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
 #   000042. Session 69, second half (an H100 for five calls at 45952f3, `*_s69_h100*`): issue
 #      5's table at the cursor default (DOWN 1024 0.93 the one point over the 0.9 target at
 #      M >= 1024; GATE_UP 64 at par, 0.98-1.01), MK_GEMM_PHASES_EARLY lost (removed), DOWN 1024
