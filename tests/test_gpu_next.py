@@ -35,3 +35,32 @@ def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "step 'no_such_step' has 0 blocks" in r.stderr
     assert "memcheck" not in r.stdout
+
+
+# What a device call carries besides the tracked tree: .gpu/ with CuTe DSL's archive
+# (../shared/gpu/cutlass-dsl-4.8.1-cu13-py312.tar.xz) and prelude.sh, under one 64 MiB limit.
+# Sizes are counted in whole 4 KiB blocks, as the disk holds them: counted in bytes, the tree
+# session 70's call was refused for fitted by 0.2 MiB; in blocks it was 0.9 MiB over.
+DEVICE_CARRY_LIMIT = 64 << 20
+BLOCK = 4096
+GPU_DIR_SIZES = (54_558_872, 1_108)
+# one session's results (~0.3-0.7 MiB of JSON, logs and charts) must still fit
+SESSION_RESULTS_BYTES = 1 << 19
+
+
+def blocks(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def test_the_tree_fits_a_device_call():
+    """The tracked tree plus .gpu/ stays under the device tool's 64 MiB with room for one more
+    session's results (session 70's first call was refused for a tree over the limit). When
+    this fails, move the oldest results into an archive (bench/results/README.md says how)."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    tree = sum(blocks((ROOT / f).stat().st_size) for f in files if f and (ROOT / f).is_file())
+    gpu_dir = sum(blocks(s) for s in GPU_DIR_SIZES)
+    room = DEVICE_CARRY_LIMIT - gpu_dir - tree
+    assert room >= SESSION_RESULTS_BYTES, (
+        f"tracked tree {tree / 2**20:.2f} MiB + .gpu {gpu_dir / 2**20:.2f} MiB leaves "
+        f"{room / 2**20:.2f} MiB of the device call's 64 MiB: archive old bench/results")
