@@ -370,9 +370,11 @@
 #          QKV_ROPE,LM_HEAD) at MK_TC_M (64,256,1024,4096): gemmtc.log, gemmtc.json (~9 min)
 #   (attnuni, session 69's MK_ATTN_UNIFORM_PAGES=1: its checks passed, decode +0.9 / +1.1% at
 #          B=64 / 256 in session 70, removed)
-#   decab  MK_AB_ENV (a compile-time switch, VAR=VALUE words) against the default in decode:
-#          default / switch / default, MK_DECAB_BATCH (64,256,1024), no journal, no checks (run
-#          them first: gemmab, swapsplit, tiles): decab.log, decab_{def,ab,def2}.json (~6 min)
+#   decab  MK_AB_ENV (a compile-time switch, VAR=VALUE words) and / or MK_AB_ARGS (bench.py
+#          arguments, e.g. --plan ...) against the default in decode: default / switch /
+#          default, MK_DECAB_BATCH (64,256,1024), no journal, no checks (run them first: gemmab,
+#          swapsplit, tiles); MK_AB2_ENV / MK_AB2_ARGS a second variant: decab.log,
+#          decab_{def,ab[,ab2],def2}.json (~6 min)
 #   gemmsrc gemmncu's kernels instruction by instruction: ncu warp-stall sampling of mk's launch
 #          and of cuBLAS's (one run each), the consumer loop's share and stall reasons
 #          (bench/ncu_loop_stalls.py) and the 40 most-sampled SASS lines
@@ -443,7 +445,15 @@
 #         `MK_STEPS=gemmab MK_AB_ENV=MK_TILES=GATE_UP@256=gu_m128n112 MK_AB_CHECKS=0
 #         MK_AB_M=256 MK_AB_OPS=GATE_UP` (~3 min; GATE_UP 256 is mk's worst point against
 #         torch.compile, 1.18), then if faster `MK_STEPS=gu256` (checks + decode B=192 / 256).
-#      4. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
+#      4. GATE_UP@64 on gu_m128n56 with 32-row reduce slices (its B=64 loss came with twice
+#         the SPLITK_REDUCE instructions, 256 a layer: bench/GEMM_NOTES.md session 70):
+#         `MK_STEPS=decab MK_AB_ARGS="--plan splitk_reduce_rows=32"
+#         MK_AB2_ENV=MK_TILES=GATE_UP@64=gu_m128n56 MK_AB2_ARGS="--plan splitk_reduce_rows=32"
+#         MK_DECAB_BATCH=64`
+#         (~4 min; the same with MK_DECAB_BATCH=1,16 if B=64 gains). If the pair wins at B=64
+#         and B=1 / 16 keep their -1%, the tile and the slice rows of the M <= 64 class go in
+#         together (splitk_reduce_rows per op, or per class: a planner change, with its checks).
+#      5. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
 #   000042. Session 69, second half (an H100 for five calls at 45952f3, `*_s69_h100*`): issue
 #      5's table at the cursor default (DOWN 1024 0.93 the one point over the 0.9 target at
 #      M >= 1024; GATE_UP 64 at par, 0.98-1.01), MK_GEMM_PHASES_EARLY lost (removed), DOWN 1024
@@ -1916,15 +1926,21 @@ if has swapsplit; then
 fi
 if has decab; then
   # a compile-time switch against the default in the decode step: MK_AB_ENV (VAR=VALUE words)
+  # and / or MK_AB_ARGS (launch/bench.py arguments, e.g. "--plan splitk_reduce_rows=32"),
   # default / switch / default again (alternated: the clock drifts within a call), decode
   # MK_DECAB_BATCH (64,256,1024), no journal; no checks here (gemmab / swapsplit / tiles run
-  # them): decab.log, decab_{def,ab,def2}.json (~6 min)
-  if [ -z "${MK_AB_ENV:-}" ]; then
-    echo "== decab: set MK_AB_ENV (the switch to time, VAR=VALUE words)"; rc=1
+  # them); MK_AB2_ENV / MK_AB2_ARGS: a second variant timed after the first: decab.log,
+  # decab_{def,ab[,ab2],def2}.json (~6 min, ~8 with a second variant)
+  if [ -z "${MK_AB_ENV:-}${MK_AB_ARGS:-}" ]; then
+    echo "== decab: set MK_AB_ENV (the switch to time, VAR=VALUE words) or MK_AB_ARGS"; rc=1
   else
     : > "$OUTDIR/decab.log"
-    untraced_runs decab "def|||${MK_DECAB_BATCH:-64,256,1024}" \
-        "ab|$MK_AB_ENV||${MK_DECAB_BATCH:-64,256,1024}" "def2|||${MK_DECAB_BATCH:-64,256,1024}"
+    bt=${MK_DECAB_BATCH:-64,256,1024}
+    variants=("def|||$bt" "ab|${MK_AB_ENV:-}|${MK_AB_ARGS:-}|$bt")
+    if [ -n "${MK_AB2_ENV:-}${MK_AB2_ARGS:-}" ]; then
+      variants+=("ab2|${MK_AB2_ENV:-}|${MK_AB2_ARGS:-}|$bt")
+    fi
+    untraced_runs decab "${variants[@]}" "def2|||$bt"
   fi
 fi
 if has swapsplittime; then
