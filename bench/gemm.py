@@ -139,13 +139,15 @@ def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, 
 
 
 def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0,
-                 k_bounds=None):
+                 k_bounds=None, reduce_rows=0):
     """Each unsplit GEMM tile of `instrs` -> nsplit split tiles (K slices k_bounds [nsplit + 1],
     default near-equal multiples of 64, like mk.plan) signalling a new counter ctr0 + i, then
-    (after every split tile of the stream) one SPLITK_REDUCE per tile waiting for it (target
-    nsplit) and sending the unsplit tile's signal. Uneven slices (a short last one, the
-    planner's uneven_split) queue every tile's last slice after all the others, as mk.plan
-    does. Returns (int32 [n, 32] stream, counters used)."""
+    (after every split tile of the stream) its SPLITK_REDUCE waiting for them (target nsplit)
+    and sending the unsplit tile's signal: one per tile, or with reduce_rows > 0 (an int, or
+    {tile row0: rows}) one per slice of at most that many of the tile's rows, tile by tile
+    (mk.plan's row slices). Uneven
+    slices (a short last one, the planner's uneven_split) queue every tile's last slice after
+    all the others, as mk.plan does. Returns (int32 [n, 32] stream, counters used)."""
     import mk.instructions._common as mc
     from mk.instructions import matmul as mm
     from mk.instructions import splitk as sk
@@ -175,15 +177,19 @@ def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_c
         args = [0] * len(u.args)
         for w, v in words.items():
             args[w - ARG0] = v
-        reduces.append(Instruction(int(Op.SPLITK_REDUCE), layer=u.layer, row0=u.row0, rows=u.rows,
-                                   col0=u.col0, cols=u.cols, waits=[(ctr0 + i, nsplit)],
-                                   signal=u.signal, signal_count=u.signal_count, args=args))
+        h = (reduce_rows.get(u.row0, 0) if isinstance(reduce_rows, dict) else reduce_rows) \
+            or u.rows
+        for r0 in range(u.row0, u.row0 + u.rows, h):
+            reduces.append(Instruction(int(Op.SPLITK_REDUCE), layer=u.layer, row0=r0,
+                                       rows=min(h, u.row0 + u.rows - r0), col0=u.col0,
+                                       cols=u.cols, waits=[(ctr0 + i, nsplit)], signal=u.signal,
+                                       signal_count=u.signal_count, args=list(args)))
     widths = [int(k_bounds[j + 1] - k_bounds[j]) for j in range(nsplit)] if k_bounds is not None \
         else []
     if widths and len(set(widths[:-1])) == 1 and widths[-1] < widths[0]:
         splits = ([s for i, s in enumerate(splits) if i % nsplit != nsplit - 1]
                   + splits[nsplit - 1::nsplit])
-    return serialize(splits + reduces), ctr0 + len(reduces)
+    return serialize(splits + reduces), ctr0 + len(instrs)
 
 
 def nsplit_for(op: str, m: int, ntiles: int, split=None, sms: int | None = None) -> int:
@@ -207,6 +213,17 @@ def auto_plan(sms: int):
     return PlanConfig(split_k=0, num_sms=sms, **PLAN)
 
 
+def step_reduce_rows(op: str, m: int, instrs: torch.Tensor, nsplit: int, sms: int) -> dict:
+    """{row tile's row0: rows per SPLITK_REDUCE slice (0: the whole tile)} of op's split tiles
+    `instrs` (unsplit, one row tile a token block, as the step's rows family) as the step's
+    planner would cut them in a step of m tokens on sms SMs (PlanConfig.reduce_slice_rows)."""
+    tiles = deserialize(instrs.cpu())
+    block_rows = dict(sorted({u.row0: u.rows for u in tiles}.items()))
+    rows = auto_plan(sms).reduce_slice_rows(Op[op], m, list(block_rows.values()),
+                                            len(tiles) // len(block_rows), nsplit)
+    return {r0: int(h) for r0, h in zip(block_rows, rows)}
+
+
 def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=None):
     """(stream, nsplit, SPLITK workspace or None): instrs cut into split tiles + reduces where
     nsplit_for says so (the workspace: nsplit x T float32 rows of the op's partial width,
@@ -217,12 +234,15 @@ def split_plan(op: str, m: int, instrs: torch.Tensor, nctr: int, T: int, split=N
     K, N, NO, _, _ = SHAPES[op]
     up = N // 2 if op == "GATE_UP" else 0
     width = 2 * up if op == "GATE_UP" else (QKV if op == "QKV_ROPE" else NO)
-    k_bounds = None                 # a forced factor: near-equal slices
+    k_bounds = None                 # a forced factor: near-equal slices, whole-tile reduces
+    reduce_rows = 0
     if (SPLIT_K if split is None else split) == "auto":
         # the planner's slices for its factor (uneven ones above 256 tokens: QKV_ROPE at 1024)
+        # and its reduces' row slices
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         k_bounds = auto_plan(sms).op_k_slices(m, int(instrs.shape[0]), K, ns)
-    stream, _ = split_stream(instrs, ns, T, nctr, up, k_bounds)
+        reduce_rows = step_reduce_rows(op, m, instrs, ns, sms)
+    stream, _ = split_stream(instrs, ns, T, nctr, up, k_bounds, reduce_rows)
     sk = torch.full((ns * T, width), POISON, dtype=torch.float32, device="cuda")
     return stream, ns, sk
 

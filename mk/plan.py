@@ -647,6 +647,33 @@ class PlanConfig:
             return b
         return self.k_slices(K, nsplit)
 
+    def reduce_slice_rows(self, op, num_tokens: int, block_rows, tiles_per_block: int,
+                          nsplit: int, tp1: bool = True) -> np.ndarray:
+        """Rows per SPLITK_REDUCE slice of op's split tiles in each token block (block_rows: the
+        blocks' rows; tiles_per_block: op's output tiles in a block): splitk_reduce_rows, or
+        more where op would get over two reduces per SM (B=64's 256 O_PROJ / DOWN reduces on 132
+        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%), or, in steps of several token
+        blocks, over what the split tiles leave free (below); 0 = whole tiles (also where op does
+        not split, the step is over splitk_reduce_max_tokens, or its reduce signals a peer:
+        O_PROJ / DOWN at TP > 1 (tp1 False), whose TP_REDUCE counts tiles). plan_step cuts its
+        reduces so, and bench/gemm.py its whole matrices' as the step would."""
+        block_rows = np.asarray(block_rows)
+        nb = len(block_rows)
+        R = self.splitk_reduce_rows
+        if (nsplit <= 1 or not R or num_tokens > self.splitk_reduce_max_tokens
+                or (op in (Op.O_PROJ, Op.DOWN) and not tp1)):
+            return np.zeros(nb, np.int64)
+        per_tile = max(1, 2 * self.num_sms // (nb * tiles_per_block))
+        if nb > 1:
+            # a block's reduces are queued before the next block's split tiles of op (the
+            # policies' block-diagonal order) and each holds an SM while it waits for its tile's
+            # splits: they may take only the SMs that the split tiles of this block and the next
+            # leave (session 11, cap raised to 256: B=256's 112 GATE_UP reduces of block 0 held
+            # the SMs that block 1's 56 split tiles needed, +65%; rslice_16_2026-11-30_s11.json)
+            free = self.num_sms - 2 * nsplit * tiles_per_block
+            per_tile = min(per_tile, max(1, free // tiles_per_block))
+        return np.maximum(R, -(-block_rows // per_tile))
+
     def k_slices(self, K: int, nsplit: int) -> np.ndarray:
         """Bounds [nsplit + 1] of the K slices: near-equal multiples of splitk_align (the last
         slice ends at K)."""
@@ -1643,28 +1670,8 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     # DOWN's folded into the next layer's attention norm (PlanConfig.fold_down_reduce)
     fold_d = bool(cfg.fold_down_reduce) and tp1 and nsplit[Op.DOWN] > 1
 
-    def reduce_slice_rows(op):
-        """Rows per SPLITK_REDUCE slice of op's split tiles in each block: splitk_reduce_rows, or
-        more where op would get over two reduces per SM (B=64's 256 O_PROJ / DOWN reduces on 132
-        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%), or, in steps of several token
-        blocks, over what the split tiles leave free (below); 0 = whole tiles (also where op does
-        not split, the step is over splitk_reduce_max_tokens, or its reduce signals a peer:
-        O_PROJ / DOWN at TP > 1, whose TP_REDUCE counts tiles)."""
-        R = cfg.splitk_reduce_rows
-        if (nsplit[op] <= 1 or not R or T > cfg.splitk_reduce_max_tokens
-                or (op in (Op.O_PROJ, Op.DOWN) and not tp1)):
-            return np.zeros(nb, np.int64)
-        per_tile = max(1, 2 * cfg.num_sms // (nb * ntiles[op]))
-        if nb > 1:
-            # a block's reduces are queued before the next block's split tiles of op (the
-            # policies' block-diagonal order) and each holds an SM while it waits for its tile's
-            # splits: they may take only the SMs that the split tiles of this block and the next
-            # leave (session 11, cap raised to 256: B=256's 112 GATE_UP reduces of block 0 held
-            # the SMs that block 1's 56 split tiles needed, +65%; rslice_16_2026-11-30_s11.json)
-            free = cfg.num_sms - 2 * nsplit[op] * ntiles[op]
-            per_tile = min(per_tile, max(1, free // ntiles[op]))
-        return np.maximum(R, -(-brows // per_tile))
-    red_h = {op: reduce_slice_rows(op) for op in ntiles}
+    red_h = {op: cfg.reduce_slice_rows(op, T, brows, ntiles[op], nsplit[op], tp1)
+             for op in ntiles}
     # SPLITK_REDUCE instructions per split output tile in each block (1: whole tiles)
     red_sl = {op: reduce_slice_count(brows, h) for op, h in red_h.items()}
     # signals per block of each counter that consumers wait for (a split tile's reduce slices

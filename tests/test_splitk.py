@@ -943,6 +943,50 @@ def test_gemm_bench_splits_as_the_planner():
                 assert list(red.waits) == [(nctr + i, ns)] and red.signal == u.signal
 
 
+@pytest.mark.parametrize("m", [1, 16, 64, 256, 1024])
+def test_bench_reduces_are_the_steps_row_slices(m):
+    """bench/gemm.py's whole-matrix split plans cut their SPLITK_REDUCEs into the row slices
+    that plan_step cuts a step of m tokens into (PlanConfig.reduce_slice_rows; 70B TP8, 132
+    SMs): the same (row0, rows) per reduced op, every split tile's rows reduced exactly once,
+    each slice waiting for all of its tile's splits and sending the tile's signal."""
+    pytest.importorskip("cutlass")
+    import bench.gemm as bg
+    from mk.instructions import _gemm_kernel as gk
+    from mk.ir import Op, deserialize
+    plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
+                     PlanConfig(split_k=0, num_sms=132))
+    s = plan.instrs.numpy()
+    step_reduces = s[(s[:, W_LAYER] == 0) & (s[:, W_OPCODE] == int(Op.SPLITK_REDUCE))]
+    compared = 0
+    for op in ("QKV_ROPE", "O_PROJ", "GATE_UP", "DOWN"):
+        K, N, NO, _, _ = bg.SHAPES[op]
+        cfg = gk.choose_tile(Op[op], m)
+        if op == "QKV_ROPE":
+            instrs, nctr = bg.plan_qkv(cfg, m, bg.QKV_SECTIONS, K, bg.HEAD_DIM, layer=1)
+        else:
+            instrs, nctr = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=1)
+        nt = int(instrs.shape[0])
+        ns = bg.nsplit_for(op, m, nt, "auto", sms=132)
+        mine = step_reduces[step_reduces[:, sk.A_OP] == int(Op[op])]
+        assert (ns > 1) == (len(mine) > 0), (op, m, ns, len(mine))
+        if ns < 2:
+            continue
+        slice_rows = bg.step_reduce_rows(op, m, instrs, ns, sms=132)
+        stream, _ = bg.split_stream(instrs, ns, m + 64, nctr, N // 2 if op == "GATE_UP" else 0,
+                                    None, slice_rows)
+        reduces = [u for u in deserialize(stream) if u.opcode == int(Op.SPLITK_REDUCE)]
+        assert sorted((u.row0, u.rows) for u in reduces) == sorted(
+            (int(r[W_ROW0]), int(r[W_ROWS])) for r in mine), (op, m)
+        for i, tile in enumerate(deserialize(instrs)):
+            own = sorted((u.row0, u.rows) for u in reduces if u.waits[0][0] == nctr + i)
+            assert own[0][0] == tile.row0 and all(
+                a + n == b for (a, n), (b, _) in zip(own, own[1:] + [(tile.row0 + tile.rows, 0)]))
+            assert all(u.waits == [(nctr + i, ns)] and u.signal == tile.signal
+                       for u in reduces if u.waits[0][0] == nctr + i)
+        compared += 1
+    assert compared > 0, m
+
+
 @pytest.mark.parametrize("split_k", [1, 0], ids=["never", "auto"])
 def test_float32_112_row_gate_up_tiles_equal_the_table(gqa, one_thread, monkeypatch, split_k):
     """GATE_UP on the 112-row B page tiles in every class (gu_m64n112 / gu_m128n56 / gu_m128n112,
