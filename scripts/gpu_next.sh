@@ -435,8 +435,9 @@
 #      again (the same within 0.03), its torch.compile peer recorded (gemmtc), GATE_UP@64 on
 #      gu_m128n56 kept off (decode B=64 +0.5% again), MK_ATTN_UNIFORM_PAGES lost (removed),
 #      the 36 megakernel GPU tests passed. In order:
-#      1. On the H200 when one comes: `MK_STEPS=gemm` (issue 5 names it; never run there since
-#         session 55's move to H100s).
+#      1. `MK_STEPS=gemm`, on the H200 if one comes (issue 5 names it; never run there since
+#         session 55's move to H100s): the first table whose split rows (QKV_ROPE at M <= 1024,
+#         GATE_UP 64) reduce in the step's row slices (bench/GEMM_NOTES.md session 70).
 #      2. `MK_VERIFY_FILES=tests/test_attention_gpu.py MK_STEPS=verify` at HEAD (attention is
 #         back to its pre-switch source, the same opcodes as bc4090e's: a check, ~4 min), then
 #         `MK_VERIFY_FILES=tests/test_megakernel_step_gpu.py MK_STEPS=verify`.
