@@ -138,6 +138,16 @@ def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, 
     return serialize(out), (0 if signal_base is None else signal_base + mt)
 
 
+def unsplit_plan(op: str, m: int, layer: int = 1):
+    """(tile config, unsplit instructions, counters used) of op's whole matrix at M = m on the
+    table's tile (plan_qkv for QKV_ROPE, plan_tiles otherwise; buffers 0)."""
+    K, _, NO, _, _ = SHAPES[op]
+    cfg = gk.choose_tile(Op[op], m)
+    if op == "QKV_ROPE":
+        return (cfg, *plan_qkv(cfg, m, QKV_SECTIONS, K, HEAD_DIM, layer=layer))
+    return (cfg, *plan_tiles(Op[op], cfg, m, NO, K, layer=layer))
+
+
 def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0,
                  k_bounds=None, reduce_rows=0):
     """Each unsplit GEMM tile of `instrs` -> nsplit split tiles (K slices k_bounds [nsplit + 1],
@@ -145,9 +155,9 @@ def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_c
     (after every split tile of the stream) its SPLITK_REDUCE waiting for them (target nsplit)
     and sending the unsplit tile's signal: one per tile, or with reduce_rows > 0 (an int, or
     {tile row0: rows}) one per slice of at most that many of the tile's rows, tile by tile
-    (mk.plan's row slices). Uneven
-    slices (a short last one, the planner's uneven_split) queue every tile's last slice after
-    all the others, as mk.plan does. Returns (int32 [n, 32] stream, counters used)."""
+    (mk.plan's row slices). Uneven slices (a short last one, the planner's uneven_split) queue
+    every tile's last slice after all the others, as mk.plan does. Returns (int32 [n, 32]
+    stream, counters used)."""
     import mk.instructions._common as mc
     from mk.instructions import matmul as mm
     from mk.instructions import splitk as sk

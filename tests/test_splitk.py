@@ -895,17 +895,12 @@ def test_gemm_bench_splits_as_the_planner():
     pytest.importorskip("cutlass")
     import bench.gemm as bg
     from mk.instructions import _common as mc
-    from mk.instructions import _gemm_kernel as gk
     from mk.instructions import matmul as mm
     from mk.ir import ARG0, Op, deserialize
     for op in ("O_PROJ", "GATE_UP", "DOWN", "QKV_ROPE", "LM_HEAD"):
         K, N, NO, src, dst = bg.SHAPES[op]
         for m in (64, 256, 1024, 4096):
-            cfg = gk.choose_tile(Op[op], m)
-            if op == "QKV_ROPE":
-                instrs, nctr = bg.plan_qkv(cfg, m, bg.QKV_SECTIONS, K, bg.HEAD_DIM, layer=1)
-            else:
-                instrs, nctr = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=1)
+            _, instrs, nctr = bg.unsplit_plan(op, m)
             nt = int(instrs.shape[0])
             ns = bg.nsplit_for(op, m, nt, "auto", sms=132)
             assert bg.nsplit_for(op, m, nt, "none", sms=132) == 1
@@ -951,7 +946,6 @@ def test_bench_reduces_are_the_steps_row_slices(m):
     each slice waiting for all of its tile's splits and sending the tile's signal."""
     pytest.importorskip("cutlass")
     import bench.gemm as bg
-    from mk.instructions import _gemm_kernel as gk
     from mk.ir import Op, deserialize
     plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B,
                      PlanConfig(split_k=0, num_sms=132))
@@ -959,12 +953,8 @@ def test_bench_reduces_are_the_steps_row_slices(m):
     step_reduces = s[(s[:, W_LAYER] == 0) & (s[:, W_OPCODE] == int(Op.SPLITK_REDUCE))]
     compared = 0
     for op in ("QKV_ROPE", "O_PROJ", "GATE_UP", "DOWN"):
-        K, N, NO, _, _ = bg.SHAPES[op]
-        cfg = gk.choose_tile(Op[op], m)
-        if op == "QKV_ROPE":
-            instrs, nctr = bg.plan_qkv(cfg, m, bg.QKV_SECTIONS, K, bg.HEAD_DIM, layer=1)
-        else:
-            instrs, nctr = bg.plan_tiles(Op[op], cfg, m, NO, K, layer=1)
+        N = bg.SHAPES[op][1]
+        _, instrs, nctr = bg.unsplit_plan(op, m)
         nt = int(instrs.shape[0])
         ns = bg.nsplit_for(op, m, nt, "auto", sms=132)
         mine = step_reduces[step_reduces[:, sk.A_OP] == int(Op[op])]
