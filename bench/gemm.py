@@ -93,8 +93,6 @@ def plan_tiles(op, cfg: gk.TileConfig, m: int, n_out: int, k: int, layer: int = 
     format with matmul.py's argument words, in grouped raster order (group_m row tiles share each
     weight tile while it is in L2). signal_base: row tile i signals counter signal_base + i (target:
     the number of column tiles), None for no signals. Returns (int32 [n, 32] tensor, n_counters)."""
-    import torch
-
     from mk.instructions.matmul import A_EPI, A_K, A_SLOT_STRIDE, A_DST, A_SRC
     from mk.ir import ARG0, NUM_ARGS, Instruction, serialize
     mt = -(-m // cfg.bm)

@@ -1494,7 +1494,7 @@ class Planner:
     def _splits(self, meta: StepMeta, last: dict) -> tuple[np.ndarray, np.ndarray]:
         """(keys per split, splits) of each attention unit's segment at meta's positions, as
         plan_step sizes them (spread_kv_splits over the step's segments)."""
-        seq, row0, nrows, seg_of = last["seq"], last["row0"], last["nrows"], last["seg_of"]
+        row0, nrows, seg_of = last["row0"], last["nrows"], last["seg_of"]
         rows_end = np.zeros(len(last["seg_r0"]), np.int64)
         np.maximum.at(rows_end, seg_of, row0 + nrows)
         s_seq = last["seg_seq"]
@@ -1571,7 +1571,6 @@ def plan_step(batch: StepBatch, model: ModelConfig, parallel: ParallelConfig = P
     (d_c0, d_w, d_own), (g_c0, g_w, _) = ct[Op.DOWN], ct[Op.GATE_UP]
     qkv_base = np.array([0, hq * D, (hq + hkv) * D])[qkv_sec]
     n_qkv, n_o, n_d, n_g = len(qkv_c0), len(o_c0), len(d_c0), len(g_c0)
-    o_per_slice, d_per_slice = n_o // n, n_d // n
 
     # split-K: nsplit per op, the SK counters of its split output tiles (tile b * ntiles + t)
     ntiles = {Op.QKV_ROPE: n_qkv, Op.O_PROJ: n_o, Op.GATE_UP: n_g, Op.DOWN: n_d}
