@@ -138,12 +138,14 @@ def plan_qkv(cfg: gk.TileConfig, m: int, sections, k: int, head_dim: int = 128, 
 
 def unsplit_plan(op: str, m: int, layer: int = 1):
     """(tile config, unsplit instructions, counters used) of op's whole matrix at M = m on the
-    table's tile (plan_qkv for QKV_ROPE, plan_tiles otherwise; buffers 0)."""
-    K, _, NO, _, _ = SHAPES[op]
+    table's tile, reading and writing SHAPES' buffers (plan_qkv for QKV_ROPE, plan_tiles
+    otherwise)."""
+    K, _, NO, src, dst = SHAPES[op]
     cfg = gk.choose_tile(Op[op], m)
     if op == "QKV_ROPE":
-        return (cfg, *plan_qkv(cfg, m, QKV_SECTIONS, K, HEAD_DIM, layer=layer))
-    return (cfg, *plan_tiles(Op[op], cfg, m, NO, K, layer=layer))
+        return (cfg, *plan_qkv(cfg, m, QKV_SECTIONS, K, HEAD_DIM, layer=layer, src=int(src),
+                               dst=int(dst)))
+    return (cfg, *plan_tiles(Op[op], cfg, m, NO, K, layer=layer, src=int(src), dst=int(dst)))
 
 
 def split_stream(instrs: torch.Tensor, nsplit: int, stride: int, ctr0: int, up_col: int = 0,
@@ -399,11 +401,8 @@ def run_qkv_face(instrs, x, w, q, kv, meta):
 
 
 def check_qkv(m: int, layer: int = 1, seed: int = 0):
-    from mk.instructions import _gemm_kernel as gk
-    cfg = gk.choose_tile(Op.QKV_ROPE, m)
     x, w, q, kv, meta, invf = make_qkv_problem(m, seed=seed)
-    unsplit, nctr = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=layer,
-                             src=int(Buf.NORMED), dst=int(Buf.Q))
+    cfg, unsplit, nctr = unsplit_plan("QKV_ROPE", m, layer)
     # the oracle: the unsplit tiles' faces (a split stream must match them within bf16 rounding)
     rq, rkv = run_qkv_face(unsplit, x, w, q, kv, meta)
     instrs, ns, sk = split_plan("QKV_ROPE", m, unsplit, nctr, x.shape[0])
@@ -448,13 +447,10 @@ def qkv_torch_fn(m, layer=1):
 
 
 def bench_qkv(m: int, reps: int, l2_bytes: int, do_compile: bool):
-    from mk.instructions import _gemm_kernel as gk
-    cfg = gk.choose_tile(Op.QKV_ROPE, m)
     set_bytes = 2 * QKV * H * 2 + (m + 64) * H * 2
     R = min(16, max(2, math.ceil(3 * l2_bytes / set_bytes)))
     sets = [make_qkv_problem(m, seed=100 + i) for i in range(R)]
-    unsplit, nctr = plan_qkv(cfg, m, QKV_SECTIONS, H, HEAD_DIM, layer=1, src=int(Buf.NORMED),
-                             dst=int(Buf.Q))
+    cfg, unsplit, nctr = unsplit_plan("QKV_ROPE", m, 1)
     instrs, ns, sk = split_plan("QKV_ROPE", m, unsplit, nctr, m + 64)
     h = MkGemm(Op.QKV_ROPE, m)
     mk_us, _ = time_rotating([h.launcher(h.prepare(instrs, x, w, q, meta, invf, kv, sk))
@@ -547,14 +543,10 @@ def diagnose(got, ref, tile_bm: int = 128, tile_bn: int = 128) -> dict:
 
 
 def check_case(op: str, m: int, layer: int = 1, seed: int = 0):
-    from mk.instructions import _gemm_kernel as gk
     if op == "QKV_ROPE":
         return check_qkv(m, layer, seed)
-    K, N, NO, src, dst = SHAPES[op]
-    cfg = gk.choose_tile(Op[op], m)
     x, w, y = make_problem(op, m, seed=seed)
-    lay = 0 if op == "LM_HEAD" else layer
-    unsplit, nctr = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
+    cfg, unsplit, nctr = unsplit_plan(op, m, 0 if op == "LM_HEAD" else layer)
     # the oracle: the unsplit tiles' faces (a split stream must match them within bf16 rounding)
     ref = run_face(op, unsplit, x, w, y)
     instrs, ns, sk = split_plan(op, m, unsplit, nctr, x.shape[0])
@@ -683,8 +675,7 @@ def compile_peer_result(rel: float, us: float | None, err: str | None):
 def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
     if op == "QKV_ROPE":
         return bench_qkv(m, reps, l2_bytes, do_compile)
-    K, N, NO, src, dst = SHAPES[op]
-    cfg = gk.choose_tile(Op[op], m)
+    K, N, NO, _, _ = SHAPES[op]
     wbytes = N * K * 2 * (1 if op == "LM_HEAD" else 2)
     set_bytes = wbytes + (m + 64) * (K * 2 + NO * 4)
     R = max(2, math.ceil(3 * l2_bytes / set_bytes))
@@ -692,8 +683,7 @@ def bench_case(op: str, m: int, reps: int, l2_bytes: int, do_compile: bool):
     sets = [make_problem(op, m, seed=100 + i) for i in range(R)]
     for _, _, y in sets:
         y.nan_to_num_(0.0)
-    lay = 0 if op == "LM_HEAD" else 1
-    unsplit, nctr = plan_tiles(Op[op], cfg, m, NO, K, layer=lay, src=int(src), dst=int(dst))
+    cfg, unsplit, nctr = unsplit_plan(op, m, 0 if op == "LM_HEAD" else 1)
     instrs, ns, sk = split_plan(op, m, unsplit, nctr, m + 64)
     h = MkGemm(Op[op], m)
     mk_fns = [h.launcher(h.prepare(instrs, x, w, y, splitk=sk)) for x, w, y in sets]
