@@ -322,6 +322,12 @@ class PlanConfig:
     # slices there gained (session 19, planab_{base,rs}_2026-12-01_s19, the 478-token check
     # first): B=256 15.128 -> 14.948 ms (-1.2%), B=384 -1.4%, B=512 -0.7%
     splitk_reduce_rows: int = 16
+    # GATE_UP's rows per reduce slice (0: splitk_reduce_rows). With gu_m128n56 in the M <= 64
+    # class (mk/tiles.py) its 64 tiles x 2 splits cut in 16-row slices made 256 reduces a layer
+    # at B=64, +0.5% on decode (session 70); in 32-row slices, 128: H100, decode ctx 1024, B=64
+    # 9.40 -> 9.25 / 9.31 ms (-1.6% / -0.6%, two runs, every op's slices at 32 rows) where 32-row
+    # slices on the old tile lost 1.3% (bench/results/decab*_4b2b785_2026-12-08_s71_h100*)
+    gate_up_reduce_rows: int = 32
     splitk_reduce_max_tokens: int = 1024
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)
     # MiB of each layer's next GEMM weights that the SMs its attention leaves idle bring into L2
@@ -429,7 +435,7 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.partial_rows must be >= 0, got {self.partial_rows}")
         # (a kv_split_min at or over kv_split never spreads: the split size is at most kv_split)
         zero_ok = ("split_k", "l2_prefetch_mib", "l2_prefetch_skip", "kv_split_min",
-                   "splitk_reduce_rows",
+                   "splitk_reduce_rows", "gate_up_reduce_rows",
                    "splitk_reduce_max_tokens", "small_norm_max_tokens", "split_fill_max_tokens",
                    "norm_fill_max_tokens", "big_norm_min_tokens", "attn_chunk_rows",
                    "split_uneven_max_tokens", "split_uneven_min_tokens"
@@ -650,16 +656,19 @@ class PlanConfig:
     def reduce_slice_rows(self, op, num_tokens: int, block_rows, tiles_per_block: int,
                           nsplit: int, tp1: bool = True) -> np.ndarray:
         """Rows per SPLITK_REDUCE slice of op's split tiles in each token block (block_rows: the
-        blocks' rows; tiles_per_block: op's output tiles in a block): splitk_reduce_rows, or
-        more where op would get over two reduces per SM (B=64's 256 O_PROJ / DOWN reduces on 132
-        SMs gained, B=256's 896 GATE_UP reduces lost 19.4%), or, in steps of several token
-        blocks, over what the split tiles leave free (below); 0 = whole tiles (also where op does
-        not split, the step is over splitk_reduce_max_tokens, or its reduce signals a peer:
-        O_PROJ / DOWN at TP > 1 (tp1 False), whose TP_REDUCE counts tiles). plan_step cuts its
-        reduces so, and bench/gemm.py its whole matrices' as the step would."""
+        blocks' rows; tiles_per_block: op's output tiles in a block): splitk_reduce_rows (GATE_UP:
+        gate_up_reduce_rows), or more where op would get over two reduces per SM (B=64's 256
+        O_PROJ / DOWN reduces on 132 SMs gained, B=256's 896 GATE_UP reduces lost 19.4%), or, in
+        steps of several token blocks, over what the split tiles leave free (below); 0 = whole
+        tiles (also where op does not split, the step is over splitk_reduce_max_tokens, or its
+        reduce signals a peer: O_PROJ / DOWN at TP > 1 (tp1 False), whose TP_REDUCE counts
+        tiles). plan_step cuts its reduces so, and bench/gemm.py its whole matrices' as the step
+        would."""
         block_rows = np.asarray(block_rows)
         nb = len(block_rows)
         R = self.splitk_reduce_rows
+        if op == Op.GATE_UP and R:
+            R = self.gate_up_reduce_rows or R
         if (nsplit <= 1 or not R or num_tokens > self.splitk_reduce_max_tokens
                 or (op in (Op.O_PROJ, Op.DOWN) and not tp1)):
             return np.zeros(nb, np.int64)
