@@ -130,8 +130,9 @@ TILE_TABLE = {
     # (bench/results/gutiles112_*_2026-12-01_s20): B=1 / 16 / 64 -0.4% / +0.0% / -0.2%, B=256 /
     # 512 / 1024 -0.5% / -2.3% / -3.0%; its GPU tests, the two-layer checks (never / auto, a
     # 478-token step), racecheck and memcheck clean. Above 1024 gu_m128 stays (not timed there)
-    # At M <= 64 on gu_m128n56 since session 71 (64 tiles where gu_m64n112 made 32, split in two;
-    # its reduces in 32-row slices, PlanConfig.gate_up_reduce_rows): 70B TP8 decode ctx 1024,
+    # At M <= 64 on gu_m128n56 since session 71 (64 tiles split in two where gu_m64n112 made 32
+    # split in four; reduces in 32-row slices, PlanConfig.gate_up_reduce_rows, so 128 a layer at
+    # B=64 as before, where 16-row slices made 256 and lost 0.5%): 70B TP8 decode ctx 1024,
     # H100, B=1 / 16 / 64 8.25 / 8.54 / 9.38 -> 8.17 / 8.44 / 9.31 ms (-1.0% / -1.2% / -0.7%;
     # B=64 -1.6% in a second run) (bench/results/decab*_4b2b785_2026-12-08_s71_h100*)
     Op.GATE_UP: ("gu_m128n56", "gu_m128n56", "gu_m128n56", "gu_m128n112", "gu_m128"),

@@ -546,8 +546,9 @@ def test_default_tiles_from_the_table_and_overrides():
     plan = plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, PlanConfig(kv_split=16))
     t = plan.tiles
     assert (t.token_block, t.lm_block) == (KERNEL.token_block, KERNEL.token_block)
-    # M = 51: class 0 (GATE_UP on 112-row B pages: 112 output columns; O_PROJ / DOWN on m64n64)
-    assert (t.o, t.down, t.mlp, t.lm, t.qkv) == (64, 64, 112, 128, 128)
+    # M = 51: class 0 (GATE_UP on 112-row B pages: 56 output columns, gu_m128n56 since session
+    # 71; O_PROJ / DOWN on m64n64)
+    assert (t.o, t.down, t.mlp, t.lm, t.qkv) == (64, 64, 56, 128, 128)
     assert plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), KERNEL, CFG).tiles.qkv == 8
     big = KernelConfig(**{**KERNEL.__dict__, "token_block": 128})
     assert plan_step(mixed_batch(), MODEL, ParallelConfig(1, 0), big).tiles.token_block == 64

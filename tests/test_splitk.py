@@ -247,12 +247,12 @@ def test_uneven_split_70b_tp8(monkeypatch):
     """At 70B TP8 up to 64 tokens only GATE_UP's 128-column tiles (the table's before session 20)
     split unevenly: 28 tiles in 29 + 29 + 29 + 29 + 12 K steps (126 SMs, at most 29 K steps
     each, against 4 x 32 on 112), the slices on the GPU bodies' BK grid; QKV_ROPE keeps its
-    factor and O_PROJ / DOWN stay whole (m64n64: 128 tiles). The 112-row tiles' 32 split evenly
-    in 4 on 128 SMs. Off by default."""
+    factor and O_PROJ / DOWN stay whole (m64n64: 128 tiles). The table's 56-column tiles'
+    (gu_m128n56 since session 71) 64 split evenly in 2 on 128 SMs. Off by default."""
     cfg = PlanConfig(split_k=0, split_uneven_max_tokens=64, split_uneven_min_tokens=0)
     for m in (1, 16, 64):
         plan = plan_step(batch_70b(m), LLAMA_70B, ParallelConfig(8, 0), KERNEL_70B, cfg)
-        assert plan.layout["splitk"]["GATE_UP"] == (32, 4)
+        assert plan.layout["splitk"]["GATE_UP"] == (64, 2)
     monkeypatch.setitem(tiles.TILE_TABLE, Op.GATE_UP,
                         ("gu_m64", "gu_m128n64", "gu_m128", "gu_m128"))
     for m in (1, 16, 64):
@@ -360,9 +360,9 @@ def test_folded_reduce_equals_the_split_plan(gqa, one_thread, tp, fold):
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
-    """PlanConfig.splitk_reduce_rows: each split tile's SPLITK_REDUCE cut into row slices (3 rows:
-    slices of 3 and a shorter last one) computes per element what the whole-tile reduce does, so
-    every step's logits are bitwise the unsliced split plan's (queue and random modes); the
+    """PlanConfig.splitk_reduce_rows (GATE_UP's too: gate_up_reduce_rows=0): each split tile's
+    SPLITK_REDUCE cut into row slices (3 rows: slices of 3 and a shorter last one) computes per
+    element what the whole-tile reduce does, so every step's logits are bitwise the unsliced split plan's (queue and random modes); the
     slices cover each tile's rows once, and the counters' consumers wait for all of them (the
     VM checks every target). At TP 2 only QKV_ROPE's and GATE_UP's reduces are cut."""
     w = gqa(tp, torch.float32)
@@ -372,7 +372,7 @@ def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
     for split_k, sms in ((2, 4096), (0, 16)):
         # (unfolded: the folds leave O_PROJ / DOWN without per-layer reduces to cut)
         base = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=0, num_sms=sms, **NO_FOLD))
-        sliced = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=3,
+        sliced = VM(w, KERNEL, split_cfg(split_k, splitk_reduce_rows=3, gate_up_reduce_rows=0,
                                           splitk_reduce_max_tokens=4096, num_sms=sms, **NO_FOLD))
         for i, batch in enumerate(vm_steps):
             want = base.step(batch)
@@ -614,11 +614,12 @@ def batch_70b(m):
 # QKV_ROPE: one head per tile; up to split_fill_max_tokens = 64 the factors fill the SMs (13),
 # above it powers of two (session 17: B=1 / 16 -1.3% / -1.2% with 13, B=128 +1.5%, B=256 +7.3%)
 # GATE_UP on 112-row B pages up to 1024 tokens (session 20): 32 tiles of 112 columns per token
-# block (28 of 128 before), 64 of 56 at 65..256 tokens (56 of 64 before)
+# block (28 of 128 before), 64 of 56 at 65..256 tokens (56 of 64 before), and at 1..64 tokens
+# too since session 71 (gu_m128n56: 64 tiles split in 2 where gu_m64n112's 32 split in 4)
 # up to 64 tokens O_PROJ / DOWN on m64n64 (session 64): 128 whole tiles fill the SMs
-AUTO_70B = {1: ((10, 13), (128, 1), (32, 4), (128, 1)),
-            16: ((10, 13), (128, 1), (32, 4), (128, 1)),
-            64: ((10, 13), (128, 1), (32, 4), (128, 1)),
+AUTO_70B = {1: ((10, 13), (128, 1), (64, 2), (128, 1)),
+            16: ((10, 13), (128, 1), (64, 2), (128, 1)),
+            64: ((10, 13), (128, 1), (64, 2), (128, 1)),
             # BM = 128: 1 row tile; GATE_UP on half-width tiles (gu_m128n56) from 65 tokens,
             # O_PROJ / DOWN on m128n64 up to 128 tokens (session 65): 128 whole tiles
             128: ((10, 8), (128, 1), (64, 2), (128, 1)),
@@ -695,9 +696,10 @@ def test_auto_splitk_workspace_holds_every_step_70b_tp8():
 def test_default_reduce_slices_70b_tp8(m):
     """The default PlanConfig cuts a split tile's SPLITK_REDUCE into 16-row slices (on the H200:
     B=64 -7.3%, B=128 -13.5%; B=192 / 256 lost 57% / 65% in session 11, when GATE_UP split
-    there too): at TP 8 the QKV_ROPE and GATE_UP reduces of a 64-token step come in 4 slices
-    per tile, of a 128-token step in 8 (GATE_UP's in 4: its 56 split tiles of 64 columns would
-    make 448 slices, over two per SM), O_PROJ / DOWN stay whole (their reduces signal peers), a
+    there too): at TP 8 the QKV_ROPE reduces of a 64-token step come in 4 slices per tile
+    (GATE_UP's in 2 of 32 rows, PlanConfig.gate_up_reduce_rows, since session 71), of a
+    128-token step in 8 (GATE_UP's in 4: its 56 split tiles of 64 columns would make 448
+    slices, over two per SM), O_PROJ / DOWN stay whole (their reduces signal peers), a
     16-token step is unchanged. Above 128 tokens only QKV_ROPE splits, and since session 19
     (B=256 / 384 / 512 -1.2% / -1.4% / -0.7%) its reduces are sliced too, taller slices where
     16 rows would give an op over two reduces per SM."""
@@ -716,7 +718,8 @@ def test_default_reduce_slices_70b_tp8(m):
             assert (nc > nw) if op == Op.QKV_ROPE else nc == nw == 0, (op, nw, nc)
             assert nc <= 2 * PlanConfig().num_sms * nl, (op, nc)
             continue
-        slices = {64: 4, 128: 8 if op == Op.QKV_ROPE else 4}.get(m, 1) \
+        slices = {64: 4 if op == Op.QKV_ROPE else 2,
+                  128: 8 if op == Op.QKV_ROPE else 4}.get(m, 1) \
             if op in (Op.QKV_ROPE, Op.GATE_UP) else 1
         assert nc == slices * nw, (op, nw, nc)
 
@@ -758,8 +761,8 @@ def test_reduce_slices_never_outnumber_the_sms(m):
 
 # fill split factors: the largest with tiles x nsplit <= 132, not only powers of two (QKV_ROPE's
 # 10 head tiles: 13 ways instead of 8 at B <= 128, its 20 at B=256: 6 instead of 4)
-FILL_70B = {1: ((10, 13), (128, 1), (32, 4), (128, 1)),
-            64: ((10, 13), (128, 1), (32, 4), (128, 1)),
+FILL_70B = {1: ((10, 13), (128, 1), (64, 2), (128, 1)),
+            64: ((10, 13), (128, 1), (64, 2), (128, 1)),
             128: ((10, 13), (128, 1), (64, 2), (128, 1)),
             256: ((20, 6), (128, 1), (128, 1), (128, 1))}
 
