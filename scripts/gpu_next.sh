@@ -30,9 +30,9 @@
 #          no journal: nf2.log, nf2_{off,nf1,nf2}.json (~7 min)
 #   qkv256 QKV_ROPE on m128n256 in the 1024 / max classes (MK_TILES): two-layer checks,
 #          racecheck; if clean decode B=1024 / 4096 default / the tile: qkv256.log (~7 min)
-#   gu256  GATE_UP@256 on gu_m128n112 split in 2 (MK_TILES): the two-layer checks (split-K
-#          auto / never), racecheck; if clean decode MK_GU256_BATCH (192,256) default / tile /
-#          default, no journal: gu256.log (~6 min)
+#   gu64   GATE_UP at <= 64 tokens on gu_m128n56, 32-row reduce slices (the default since
+#          session 71): the two-layer checks of 64-token steps, racecheck, bench/gemm.py GATE_UP
+#          64, then decode MK_GU64_BATCH (1,16,64,128) default / session 70's: gu64.log (~6 min)
 #   ktrace the GEMM K-step trace (MK_GEMM_KTRACE): journal jobs of GATE_UP / DOWN at M = 1024
 #          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per
 #          K step when the loads were issued / wanted / landed and the tensor pipe's cycles
@@ -1299,7 +1299,7 @@ DEADLINE=${MK_DEADLINE_S:-570}
 declare -A STEP_S=([verify]=470 [attnexp]=150 [base]=180 [l2pf]=300
                    [wgsplit]=540 [split]=360 [rwide]=420 [tiles]=300 [e2e]=480 [ncu]=300
                    [storecheck]=300 [storetime]=360 [wgrace]=240 [splitk256]=150 [wgtime]=300 [treeab]=420 [opsplit]=330 [tiles256]=480 [attnstep]=300
-                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu256]=400 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
+                   [opcombo]=330 [caps512]=300 [page64]=240 [gemm]=420 [rslice]=240 [l2hint]=420 [gemmold]=300 [normrows]=420 [stab]=420 [planab]=300 [islots]=480 [claim]=480 [fold]=420 [normbatch]=420 [normbatchtime]=420 [nf4]=540 [gathercons]=420 [gatherconstime]=420 [pair]=480 [gutiles]=540 [l2skip]=300 [fill]=420 [wide]=480 [widetime]=360 [lm256]=300 [lmverify]=150 [floor]=300 [launchcost]=200 [swapped]=420 [synccheck]=240 [swapsplit]=450 [swapsplittime]=330 [pairrace]=240 [repeat]=400 [normfold]=480 [gu64]=420 [ktrace]=330 [clocks]=420 [nf2]=480 [qkv256]=420 [ktsplit]=450 [ktbisect]=520 [waitslim]=540
                    [ktncu]=300 [twin]=400 [twintime]=420 [memcheck]=270 [normbig]=480 [shares]=240
                    [nself]=480 [attnlpt]=240 [planpair]=300 [genoverlap]=200 [stepgpu]=360
                    [launchhost]=120 [od64]=480 [cls128]=300 [gemmncu]=200 [wave]=480 [gemmsrc]=240
@@ -1724,23 +1724,25 @@ if has qkv256; then
   checked_runs qkv256 2 "off1024|||1024" "tile1024|MK_TILES=$QT||1024" "off4096|||4096" \
       "tile4096|MK_TILES=$QT||4096"
 fi
-if has gu256; then
-  # GATE_UP at 129..256 tokens on gu_m128n112 tiles split in 2 (MK_TILES; auto split takes 2:
-  # 64 tiles x 2 = 128 units, as many as gu_m128n56's 128 tiles, each reading half as many
-  # activation bytes per weight byte: GATE_UP 256 is 61.7 us against cuBLAS's 47.8 and
-  # torch.compile's 52.4 in session 70). Checks with the tile at the default plan: the
-  # two-layer step vs mk.vm (split-K auto: the 208-token first step is the 256 class, and
-  # split-K never), racecheck; if all passed, decode MK_GU256_BATCH (192,256), megakernel
-  # only, no journal: default / the tile / default: gu256.log, gu256_{def,tile,def2}.json
-  # (~6 min)
-  : > "$OUTDIR/gu256.log"
-  export MK_TILES=GATE_UP@256=gu_m128n112 MK_CHECK_TAG="MK_TILES=GATE_UP@256=gu_m128n112 "
-  check_to "$OUTDIR/gu256.log" --split-k 0
-  check_to "$OUTDIR/gu256.log" --split-k 1
-  racecheck_to "$OUTDIR/gu256.log" --split-k 0
-  unset MK_TILES MK_CHECK_TAG
-  bt=${MK_GU256_BATCH:-192,256}
-  checked_runs gu256 3 "def|||$bt" "tile|MK_TILES=GATE_UP@256=gu_m128n112||$bt" "def2|||$bt"
+if has gu64; then
+  # GATE_UP at <= 64 tokens on gu_m128n56 with 32-row reduce slices (the default since session
+  # 71, plan 000044): the two-layer checks of 64-token steps, split-K auto (64 one-token prompts
+  # then decode steps of 64 rows; a mixed 64-token step), racecheck of the first, bench/gemm.py
+  # GATE_UP at M = 64 / 13 (poisoned checks, timing); if all passed, decode MK_GU64_BATCH
+  # (1,16,64,128), megakernel only, no journal: default / session 70's default (gu_m64n112,
+  # 16-row slices) / default: gu64.log, gu64_{def,s70,def2}.json (~6 min)
+  : > "$OUTDIR/gu64.log"
+  ones=$(python -c "print(','.join(['1'] * 64))")
+  check_to "$OUTDIR/gu64.log" --split-k 0 --prompt-lens "$ones"
+  check_to "$OUTDIR/gu64.log" --split-k 0 --prompt-lens 1,13,20,30
+  racecheck_to "$OUTDIR/gu64.log" --split-k 0 --prompt-lens "$ones"
+  echo "== bench/gemm.py GATE_UP M=64 (checks at 64 / 13)" | tee -a "$OUTDIR/gu64.log"
+  timeout 150 python bench/gemm.py --suite --no-compile --ops GATE_UP --m 64 --odd-m 13 \
+      --reps 15 --out "$OUTDIR/gu64_gemm.json" 2>&1 | grep -E "PASS|FAIL|^GATE_UP|Error" \
+      | tee -a "$OUTDIR/gu64.log"
+  bt=${MK_GU64_BATCH:-1,16,64,128}
+  checked_runs gu64 2 "def|||$bt" \
+      "s70|MK_TILES=GATE_UP@64=gu_m64n112|--plan gate_up_reduce_rows=16|$bt" "def2|||$bt"
 fi
 # nvidia-smi's SM clock, power and throttle reasons every 100 ms into LOG while the rest of the
 # step runs: smi_start LOG; ...; smi_stop (a long kernel runs under the power cap, a short launch
