@@ -134,7 +134,7 @@ TILE_TABLE = {
     # split in four; reduces in 32-row slices, PlanConfig.gate_up_reduce_rows, so 128 a layer at
     # B=64 as before, where 16-row slices made 256 and lost 0.5%): 70B TP8 decode ctx 1024,
     # H100, B=1 / 16 / 64 8.25 / 8.54 / 9.38 -> 8.17 / 8.44 / 9.31 ms (-1.0% / -1.2% / -0.7%;
-    # B=64 -1.6% in a second run) (bench/results/decab*_4b2b785_2026-12-08_s71_h100*)
+    # B=64 -1.6% in another run) (bench/results/decab*_4b2b785_2026-12-08_s71_h100*)
     Op.GATE_UP: ("gu_m128n56", "gu_m128n56", "gu_m128n56", "gu_m128n112", "gu_m128"),
     # LM_HEAD at 64 < M <= 256 on m128n128 since session 20 (half the tiles, each re-reading half
     # as many weight bytes per flop): bench/gemm.py at M=256 188.4 -> 131.6 us, 1.55 -> 1.09 of

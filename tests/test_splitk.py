@@ -362,9 +362,10 @@ def test_folded_reduce_equals_the_split_plan(gqa, one_thread, tp, fold):
 def test_reduce_row_slices_equal_the_whole_tile_reduce(gqa, one_thread, tp):
     """PlanConfig.splitk_reduce_rows (GATE_UP's too: gate_up_reduce_rows=0): each split tile's
     SPLITK_REDUCE cut into row slices (3 rows: slices of 3 and a shorter last one) computes per
-    element what the whole-tile reduce does, so every step's logits are bitwise the unsliced split plan's (queue and random modes); the
-    slices cover each tile's rows once, and the counters' consumers wait for all of them (the
-    VM checks every target). At TP 2 only QKV_ROPE's and GATE_UP's reduces are cut."""
+    element what the whole-tile reduce does, so every step's logits are bitwise the unsliced
+    split plan's (queue and random modes); the slices cover each tile's rows once, and the
+    counters' consumers wait for all of them (the VM checks every target). At TP 2 only
+    QKV_ROPE's and GATE_UP's reduces are cut."""
     w = gqa(tp, torch.float32)
     vm_steps = mixed_steps(V)
     # forced 2 with SMs to spare: every slice 3 rows at most; auto on the 16 pretended SMs: the
