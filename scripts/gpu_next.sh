@@ -431,6 +431,16 @@
 # 63); all GPU-checked; always set MK_COMMIT, to this machine's HEAD
 # written into the command: the device's copy carries an older .git, so without it (or with
 # MK_COMMIT=$(git rev-parse --short HEAD) run there, session 63) the JSONs record the old one):
+#   000044. Session 71 (an H100 for six calls at 4b2b785, `*_s71_h100*`): issue 5's table with
+#      the step's reduce slices (every shape under cuBLAS + epilogue; DOWN 1024 0.94 the one
+#      M >= 1024 point over 0.9), gu256 lost (1.15, removed), the attention + step GPU tests
+#      passed, GATE_UP@64 on gu_m128n56 with 32-row slices gained at B=1 / 16 / 64 and became
+#      the default (PlanConfig.gate_up_reduce_rows=32). In order:
+#      1. `MK_STEPS=gu64` if bench/GEMM_NOTES.md session 71 still says GPU_PENDING (the new
+#         default's 64-token checks, racecheck, gemm 64 / 13, decode against session 70's).
+#      2. `MK_STEPS=gemm` on the H200 if one comes (issue 5 names it; last run there in session
+#         23), else `MK_VERIFY_FILES=tests/test_gemm_gpu.py MK_STEPS=verify`.
+#      3. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
 #   000043. Session 70 (an H100 for seven calls at bc4090e, `*_s70_h100*`): issue 5's table
 #      again (the same within 0.03), its torch.compile peer recorded (gemmtc), GATE_UP@64 on
 #      gu_m128n56 kept off (decode B=64 +0.5% again), MK_ATTN_UNIFORM_PAGES lost (removed),
