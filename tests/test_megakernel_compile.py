@@ -337,7 +337,9 @@ def test_check_plan_accepts_reduce_row_slices(reduce_rows):
     from mk.ir import W_OPCODE, W_ROWS
     # (num_sms high enough that the reduces-per-op cap leaves the slices at reduce_rows)
     # (unfolded: the folds, on by default, leave O_PROJ / DOWN no per-layer reduce to slice)
+    # (gate_up_reduce_rows=0: GATE_UP's slices at reduce_rows too)
     instrs, (nbuf, T, H), kw, sk_shape = _tiny_step_plan(4, splitk_reduce_rows=reduce_rows,
+                                                        gate_up_reduce_rows=0,
                                                         splitk_reduce_max_tokens=4096,
                                                         num_sms=4096, **NO_FOLD)
     M.check_plan(instrs, nbuf, T, H, 1 << 20, splitk_shape=sk_shape, **kw)
