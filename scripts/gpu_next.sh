@@ -436,8 +436,9 @@
 #      M >= 1024 point over 0.9), gu256 lost (1.15, removed), the attention + step GPU tests
 #      passed, GATE_UP@64 on gu_m128n56 with 32-row slices gained at B=1 / 16 / 64 and became
 #      the default (PlanConfig.gate_up_reduce_rows=32). In order:
-#      1. `MK_STEPS=gu64` if bench/GEMM_NOTES.md session 71 still says GPU_PENDING (the new
-#         default's 64-token checks, racecheck, gemm 64 / 13, decode against session 70's).
+#      1. `MK_STEPS=gu64` (~6 min; the new default's 64-token checks, racecheck, gemm 64 / 13,
+#         decode against session 70's; never GPU-run at HEAD: three starts failed after it).
+#         If a check fails, revert the M <= 64 class to gu_m64n112 with gate_up_reduce_rows=16.
 #      2. `MK_STEPS=gemm` on the H200 if one comes (issue 5 names it; last run there in session
 #         23), else `MK_VERIFY_FILES=tests/test_gemm_gpu.py MK_STEPS=verify`.
 #      3. Plan 000040's 4 (wave / cls128 / the decode and prompt steps at the cursor default).
