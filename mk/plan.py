@@ -326,7 +326,8 @@ class PlanConfig:
     # class (mk/tiles.py) its 64 tiles x 2 splits cut in 16-row slices made 256 reduces a layer
     # at B=64, +0.5% on decode (session 70); in 32-row slices, 128: H100, decode ctx 1024, B=64
     # 9.40 -> 9.25 / 9.31 ms (-1.6% / -0.7%, two runs, every op's slices at 32 rows) where 32-row
-    # slices on the old tile lost 1.3% (bench/results/decab*_4b2b785_2026-12-08_s71_h100*)
+    # slices on the old tile lost 1.3% (bench/results/decab*_4b2b785_2026-12-08_s71_h100*).
+    # Untimed: at 65..96 tokens (gu_m128n56 split in 2 too) it makes 192 reduces, not 256
     gate_up_reduce_rows: int = 32
     splitk_reduce_max_tokens: int = 1024
     splitk_align: int = tiles.BK    # K slice granularity (the GPU bodies need BK; tests go lower)

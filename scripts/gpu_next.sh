@@ -32,7 +32,8 @@
 #          racecheck; if clean decode B=1024 / 4096 default / the tile: qkv256.log (~7 min)
 #   gu64   GATE_UP at <= 64 tokens on gu_m128n56, 32-row reduce slices (the default since
 #          session 71): the two-layer checks of 64-token steps, racecheck, bench/gemm.py GATE_UP
-#          64, then decode MK_GU64_BATCH (1,16,64,128) default / session 70's: gu64.log (~6 min)
+#          64, then decode MK_GU64_BATCH (1,16,64,96,128) default / session 70's: gu64.log
+#          (~7 min)
 #   ktrace the GEMM K-step trace (MK_GEMM_KTRACE): journal jobs of GATE_UP / DOWN at M = 1024
 #          and 4096, 128 K steps traced, then decode MK_KT_BATCH (1024) journaled with 64: per
 #          K step when the loads were issued / wanted / landed and the tensor pipe's cycles
@@ -1740,7 +1741,8 @@ if has gu64; then
   # 71, plan 000044): the two-layer checks of 64-token steps, split-K auto (64 one-token prompts
   # then decode steps of 64 rows; a mixed 64-token step), racecheck of the first, bench/gemm.py
   # GATE_UP at M = 64 / 13 (poisoned checks, timing); if all passed, decode MK_GU64_BATCH
-  # (1,16,64,128), megakernel only, no journal: default / session 70's default (gu_m64n112,
+  # (1,16,64,96,128: at 65..96 tokens GATE_UP's 32-row slices make 192 reduces, not 256),
+  # megakernel only, no journal: default / session 70's default (gu_m64n112,
   # 16-row slices) / default: gu64.log, gu64_{def,s70,def2}.json (~6 min)
   : > "$OUTDIR/gu64.log"
   ones=$(python -c "print(','.join(['1'] * 64))")
@@ -1751,7 +1753,7 @@ if has gu64; then
   timeout 150 python bench/gemm.py --suite --no-compile --ops GATE_UP --m 64 --odd-m 13 \
       --reps 15 --out "$OUTDIR/gu64_gemm.json" 2>&1 | grep -E "PASS|FAIL|^GATE_UP|Error" \
       | tee -a "$OUTDIR/gu64.log"
-  bt=${MK_GU64_BATCH:-1,16,64,128}
+  bt=${MK_GU64_BATCH:-1,16,64,96,128}
   checked_runs gu64 2 "def|||$bt" \
       "s70|MK_TILES=GATE_UP@64=gu_m64n112|--plan gate_up_reduce_rows=16|$bt" "def2|||$bt"
 fi
