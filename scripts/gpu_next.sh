@@ -1743,7 +1743,7 @@ if has gu64; then
   # GATE_UP at M = 64 / 13 (poisoned checks, timing); if all passed, decode MK_GU64_BATCH
   # (1,16,64,96,128: at 65..96 tokens GATE_UP's 32-row slices make 192 reduces, not 256),
   # megakernel only, no journal: default / session 70's default (gu_m64n112,
-  # 16-row slices) / default: gu64.log, gu64_{def,s70,def2}.json (~6 min)
+  # 16-row slices) / default: gu64.log, gu64_{def,s70,def2}.json (~7 min)
   : > "$OUTDIR/gu64.log"
   ones=$(python -c "print(','.join(['1'] * 64))")
   check_to "$OUTDIR/gu64.log" --split-k 0 --prompt-lens "$ones"
@@ -1752,6 +1752,9 @@ if has gu64; then
   echo "== bench/gemm.py GATE_UP M=64 (checks at 64 / 13)" | tee -a "$OUTDIR/gu64.log"
   timeout 150 python bench/gemm.py --suite --no-compile --ops GATE_UP --m 64 --odd-m 13 \
       --reps 15 --out "$OUTDIR/gu64_gemm.json" 2>&1 | grep -E "PASS|FAIL|^GATE_UP|Error" \
+      | tee -a "$OUTDIR/gu64.log"
+  # (a failed matrix check stops the timing too: checks_clean reads this marker)
+  grep -qE "FAIL|Error" "$OUTDIR/gu64.log" && echo '== gemm checks "passed": false' \
       | tee -a "$OUTDIR/gu64.log"
   bt=${MK_GU64_BATCH:-1,16,64,96,128}
   checked_runs gu64 2 "def|||$bt" \
